@@ -1,0 +1,8 @@
+"""llm-cluster: load the stack spec, build the components, export the outputs."""
+import pulumi
+
+from components.cluster import deploy
+from components.spec.pulumi_config import spec_from_pulumi
+
+for _name, _value in deploy(spec_from_pulumi()).items():
+    pulumi.export(_name, _value)

@@ -1,0 +1,1 @@
+"""llm-cluster: stack model, planning functions and the Pulumi components that register them."""

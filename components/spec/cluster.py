@@ -1,0 +1,220 @@
+"""Stack model: SSH access, nodes, NCCL, models and pools."""
+from __future__ import annotations
+
+import ipaddress
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from components.facts.hardware import (
+    DTYPE_ALIASES, GPUS, KV_CACHE_DTYPES, QUANTIZATION_METHODS, VLLM_IMAGE_REPO, VLLM_VOLTA_VERSION,
+)
+from components.spec.base import NAME_PATTERN, Spec
+
+Port = Annotated[int, Field(ge=1, le=65535)]
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+
+
+class SshSpec(Spec):
+    """How the operator's machine reaches every node."""
+
+    user: str = "root"
+    """Remote user; must be allowed to run docker and write /etc/hosts (root or passwordless sudo)."""
+    port: Port = 22
+    agent: bool = True
+    """Authenticate with the running ssh-agent (SSH_AUTH_SOCK)."""
+    key_path: str | None = None
+    """Private key file on the operator's machine (used by ssh for the Docker provider and commands)."""
+    host_key_checking: bool = False
+    """When true every node must state its `hostKey`; when false host keys are not checked."""
+    dial_error_limit: int = Field(default=10, ge=-1)
+    per_dial_timeout_seconds: int = Field(default=15, ge=1, le=600)
+
+
+class GpuSpec(Spec):
+    """The GPUs in one node, as `nvidia-smi --query-gpu=name` names them."""
+
+    model: str
+    count: int = Field(ge=1, le=16)
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, v: str) -> str:
+        if v not in GPUS:
+            raise ValueError(f"unknown GPU model {v!r}; known: {', '.join(sorted(GPUS))}")
+        return v
+
+
+class HcaSpec(Spec):
+    """The RDMA NIC NCCL uses between nodes."""
+
+    device: str = Field(pattern=r"^[A-Za-z0-9_]+$")
+    port: int = Field(default=1, ge=1, le=8)
+    link_layer: Literal["ethernet", "infiniband"] = "ethernet"
+    """`ethernet` for RoCE (then a GID index is required), `infiniband` for IB."""
+    gid_index: int | None = Field(default=None, ge=0, le=255)
+    rate_gbps: int = Field(default=200, ge=1)
+    """Expected port rate; preflight fails when `ibstat` reports less."""
+
+    @model_validator(mode="after")
+    def _roce_needs_gid(self) -> HcaSpec:
+        if self.link_layer == "ethernet" and self.gid_index is None:
+            raise ValueError("gidIndex is required for RoCE (linkLayer: ethernet); RoCEv2 is usually 3")
+        return self
+
+
+class NodeDefaults(Spec):
+    """Values every node takes unless it states its own."""
+
+    gpu: GpuSpec | None = None
+    hca: HcaSpec | None = None
+    interface: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:-]+$")
+    driver_min_version: str | None = Field(default=None, pattern=r"^\d+(\.\d+){0,2}$")
+    disk_path: str = "/data"
+    min_free_disk_gib: int = Field(default=0, ge=0)
+
+
+class NodeSpec(Spec):
+    """One GPU server."""
+
+    address: str
+    """Cluster address: VLLM_HOST_IP, Ray node IP, /etc/hosts and gateway upstreams use it."""
+    ssh_address: str | None = None
+    """Address SSH and Docker use, when it differs from the cluster address."""
+    host_key: str | None = None
+    gpu: GpuSpec | None = None
+    hca: HcaSpec | None = None
+    interface: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:-]+$")
+    """Management interface for NCCL/GLOO bootstrap sockets (NCCL_SOCKET_IFNAME)."""
+    driver_min_version: str | None = Field(default=None, pattern=r"^\d+(\.\d+){0,2}$")
+    disk_path: str | None = None
+    min_free_disk_gib: int | None = Field(default=None, ge=0)
+
+    @field_validator("address")
+    @classmethod
+    def _ip(cls, v: str) -> str:
+        try:
+            ipaddress.ip_address(v)
+        except ValueError:
+            raise ValueError(f"{v!r} is not an IPv4 or IPv6 address") from None
+        return v
+
+
+class NcclSpec(Spec):
+    """NCCL/GLOO settings every GPU container gets (HCA, GID index and interface come from nodes)."""
+
+    ib_disable: bool = False
+    debug: Literal["VERSION", "WARN", "INFO", "TRACE"] = "WARN"
+    extra_env: dict[EnvName, str] = Field(default_factory=dict)
+
+
+class WeightsSource(Spec):
+    """Where a model's weights come from: copied from a node that has them, or a shared mount."""
+
+    node: str | None = None
+    """A node that already holds the weights at the model's path; others get a fan-out copy."""
+    shared_mount: str | None = None
+    """`server:/export` NFS share mounted at the model path on every node instead of copying."""
+    present: bool = False
+    """The weights are already on every node (verified, never copied)."""
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> WeightsSource:
+        given = [k for k, v in (("node", self.node), ("sharedMount", self.shared_mount),
+                                ("present", self.present or None)) if v]
+        if len(given) != 1:
+            raise ValueError(f"state exactly one of node, sharedMount, present (got {given or 'none'})")
+        return self
+
+
+class ModelSpec(Spec):
+    """One model checkpoint on the nodes."""
+
+    path: str = Field(pattern=r"^/[^\s'\"]*$")
+    """Absolute directory on every node of the pools that serve it."""
+    arch: str | None = None
+    """Catalog name of the architecture (see `python -m plan.capacity --list`)."""
+    config_json: str | None = None
+    """Path (on the operator's machine) of the checkpoint's config.json, for models not in the catalog."""
+    quantization: str | None = None
+    """vLLM `--quantization` method of the checkpoint; unset for fp16/bf16 checkpoints."""
+    quant_bits: int = Field(default=4, ge=2, le=8)
+    group_size: int = Field(default=128, ge=-1)
+    dtype: Literal[tuple(DTYPE_ALIASES)] = "half"  # type: ignore[valid-type]
+    served_names: list[str] = Field(default_factory=list)
+    """Names clients send as `model`; the first is the one responses carry. Default: the model key."""
+    source: WeightsSource
+    revision: str = "1"
+    """Bump to force the weights to be re-synced and re-verified on every node."""
+    size_gib: float | None = Field(default=None, gt=0)
+    """On-disk size, for the free-space preflight; estimated from the architecture when unset."""
+    trust_remote_code: bool = False
+
+    @field_validator("quantization")
+    @classmethod
+    def _known_method(cls, v: str | None) -> str | None:
+        if v is not None and v not in QUANTIZATION_METHODS:
+            raise ValueError(f"unknown quantization {v!r}; vLLM 0.9.2 knows: "
+                             f"{', '.join(sorted(QUANTIZATION_METHODS))}")
+        return v
+
+    @model_validator(mode="after")
+    def _arch_source(self) -> ModelSpec:
+        if (self.arch is None) == (self.config_json is None):
+            raise ValueError("state exactly one of arch (a catalog name) or configJson (a path)")
+        return self
+
+
+class VllmOptions(Spec):
+    """vLLM engine options; each maps to one `vllm serve` flag of 0.9.2."""
+
+    max_model_len: int = Field(ge=16)
+    max_num_seqs: int = Field(default=256, ge=1)
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    kv_cache_dtype: Literal[KV_CACHE_DTYPES] = "auto"  # type: ignore[valid-type]
+    block_size: Literal[1, 8, 16, 32, 64, 128] = 16
+    swap_space_gib: int = Field(default=4, ge=0)
+    enable_prefix_caching: bool | None = None
+    """None leaves vLLM's default; on V100 the stack states false (Triton kernels assert on sm_70)."""
+    enable_chunked_prefill: bool | None = None
+    enforce_eager: bool = False
+    extra_args: list[str] = Field(default_factory=list)
+    """Further `vllm serve` flags verbatim; the policy pack checks each against vLLM 0.9.2's parser."""
+
+
+class PoolSpec(Spec):
+    """A set of nodes serving one model: replicas (pipelineParallel 1) or Ray TP×PP instances."""
+
+    model: str
+    nodes: list[str] = Field(min_length=1)
+    engine: Literal["vllm"] = "vllm"
+    image: str = f"{VLLM_IMAGE_REPO}:{VLLM_VOLTA_VERSION}"
+    tensor_parallel: int = Field(ge=1, le=16)
+    pipeline_parallel: int = Field(default=1, ge=1, le=16)
+    """Nodes one instance spans; >1 runs the instance on a Ray cluster across those nodes."""
+    replicas_per_node: int = Field(default=1, ge=1, le=16)
+    """With pipelineParallel 1: instances per node, each on its own tensorParallel GPUs."""
+    port: Port = 8000
+    """First vLLM port on each node; replica i on a node listens on port + i."""
+    ray_port: Port = 6379
+    ray_dashboard_port: Port = 8265
+    ray_client_port: Port = 10001
+    shm_size_gib: int = Field(default=32, ge=1)
+    vllm: VllmOptions
+    env: dict[EnvName, str] = Field(default_factory=dict)
+    """Extra environment for every container of the pool (VLLM_USE_V1 is set by the product)."""
+    read_timeout_seconds: int = Field(default=600, ge=1)
+    """Gateway read timeout for this pool's upstreams (long generations stream for minutes)."""
+    load_timeout_minutes: int = Field(default=30, ge=1)
+    """How long the readiness gate waits for /health (weights load 5–15 min on local disks)."""
+    ray_gate_timeout_seconds: int = Field(default=300, ge=10)
+
+    @field_validator("nodes")
+    @classmethod
+    def _no_repeats(cls, v: list[str]) -> list[str]:
+        seen = [n for i, n in enumerate(v) if n in v[:i]]
+        if seen:
+            raise ValueError(f"node {seen[0]!r} is listed twice")
+        return v

@@ -1,0 +1,241 @@
+"""The whole stack config: sections, cross-references, and loading from Pulumi config."""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import Field, ValidationError
+
+from components.spec.base import NAME_RE, Spec, SpecError, SpecIssue, issues_from_validation_error
+from components.spec.cluster import (
+    ModelSpec, NcclSpec, NodeDefaults, NodeSpec, PoolSpec, SshSpec,
+)
+from components.spec.gateway import GatewaySpec
+from components.spec.monitoring import MonitoringSpec
+
+NAMESPACE = "llm-cluster"
+
+# Config keys that may only hold Pulumi secrets (`pulumi config set --secret`).
+SECRET_KEYS: dict[str, str] = {
+    "sshPrivateKey": "SSH private key (PEM/OpenSSH) used for every node",
+    "sshPrivateKeyPassword": "passphrase of sshPrivateKey",
+    "gatewayApiKeys": 'JSON object {"<key id>": "<api key>"} for the gateway',
+    "gatewayTlsCert": "PEM certificate chain for the gateway's HTTPS listener",
+    "gatewayTlsKey": "PEM private key for the gateway's HTTPS listener",
+    "grafanaAdminPassword": "Grafana admin password (generated on the host when unset)",
+    "alertmanagerConfig": "alertmanager.yml with receivers (its webhooks carry tokens)",
+}
+
+
+class StackSpec(Spec):
+    """Everything one `Pulumi.<stack>.yaml` states about the cluster."""
+
+    ssh: SshSpec = SshSpec()
+    node_defaults: NodeDefaults = NodeDefaults()
+    nodes: dict[str, NodeSpec] = Field(min_length=1)
+    nccl: NcclSpec = NcclSpec()
+    models: dict[str, ModelSpec] = Field(default_factory=dict)
+    pools: dict[str, PoolSpec] = Field(default_factory=dict)
+    gateway: GatewaySpec | None = None
+    monitoring: MonitoringSpec | None = None
+    secrets: frozenset[str] = Field(default=frozenset(), exclude=True)
+    """Names of the secret config keys the stack provides (values never enter the spec)."""
+
+    def node(self, name: str) -> NodeSpec:
+        """The node with nodeDefaults filled in."""
+        node = self.nodes[name]
+        d = self.node_defaults
+        fill = {f: getattr(d, f) for f in ("gpu", "hca", "interface", "driver_min_version",
+                                           "disk_path", "min_free_disk_gib")
+                if getattr(node, f) is None}
+        return node.model_copy(update=fill)
+
+    def served_names(self, model: str) -> list[str]:
+        """Names clients use for a model; the model key when none are stated."""
+        return list(self.models[model].served_names) or [model]
+
+
+SECTIONS = [f.alias for f in StackSpec.model_fields.values() if not f.exclude]
+
+
+def _check_references(s: StackSpec) -> list[SpecIssue]:
+    """Cross-section rules pydantic cannot see: references, ownership, uniqueness, ports."""
+    # Imported here: topology reads the spec module, so a top-level import would be circular.
+    from components.planning.topology import instances, nodes_per_instance
+
+    issues: list[SpecIssue] = []
+    add = lambda path, msg: issues.append(SpecIssue(path, msg))  # noqa: E731
+    node_names = ", ".join(s.nodes)
+    pool_names = ", ".join(s.pools) or "(none)"
+
+    for name in list(s.nodes) + list(s.pools) + list(s.models):
+        if not NAME_RE.match(name):
+            add(name, "names must be lowercase letters, digits and '-' (a DNS label)")
+    seen_addr: dict[str, str] = {}
+    for name in s.nodes:
+        n = s.node(name)
+        if n.address in seen_addr:
+            add(f"nodes.{name}.address", f"{n.address} is already the address of {seen_addr[n.address]}")
+        seen_addr[n.address] = name
+        if n.gpu is None:
+            add(f"nodes.{name}.gpu", "required here or in nodeDefaults (model and count)")
+        if s.ssh.host_key_checking and not n.host_key:
+            add(f"nodes.{name}.hostKey", "required when ssh.hostKeyChecking is true")
+
+    owner: dict[str, str] = {}
+    for pname, p in s.pools.items():
+        if p.model not in s.models:
+            add(f"pools.{pname}.model", f"{p.model!r} is not a model; models are: {', '.join(s.models) or '(none)'}")
+        for i, nname in enumerate(p.nodes):
+            if nname not in s.nodes:
+                add(f"pools.{pname}.nodes[{i}]", f"{nname!r} is not a node; nodes are: {node_names}")
+            elif nname in owner:
+                add(f"pools.{pname}.nodes[{i}]", f"{nname!r} already serves pool {owner[nname]!r}; "
+                    "a node belongs to at most one pool")
+            else:
+                owner[nname] = pname
+        known = [s.node(n) for n in p.nodes if n in s.nodes]
+        if any(n.gpu is None for n in known) or not known:
+            continue
+        if len({(n.gpu.model, n.gpu.count) for n in known}) > 1:
+            add(f"pools.{pname}.nodes", "all nodes of a pool need the same GPU model and count; got "
+                + ", ".join(f"{n}={s.node(n).gpu.count}x{s.node(n).gpu.model}" for n in p.nodes if n in s.nodes))
+            continue
+        g = known[0].gpu.count
+        span = nodes_per_instance(p, g)
+        if len(p.nodes) % span:
+            add(f"pools.{pname}.nodes", f"{len(p.nodes)} nodes do not split into instances of {span} "
+                f"node(s) (tensorParallel {p.tensor_parallel} x pipelineParallel {p.pipeline_parallel} "
+                f"on {g} GPUs per node); give a multiple of {span}")
+        if p.replicas_per_node > 1 and (span > 1 or p.tensor_parallel * p.pipeline_parallel * p.replicas_per_node > g):
+            add(f"pools.{pname}.replicasPerNode", f"{p.replicas_per_node} replicas x tensorParallel "
+                f"{p.tensor_parallel} x pipelineParallel {p.pipeline_parallel} needs more than the {g} GPUs of a node")
+        if span > 1:
+            for nname in (n for n in p.nodes if n in s.nodes):
+                n = s.node(nname)
+                if n.hca is None:
+                    add(f"nodes.{nname}.hca", f"required (here or in nodeDefaults): pool {pname!r} spans nodes")
+                if n.interface is None:
+                    add(f"nodes.{nname}.interface", f"required (here or in nodeDefaults): pool {pname!r} spans nodes")
+
+    for mname, m in s.models.items():
+        if m.source.node is not None and m.source.node not in s.nodes:
+            add(f"models.{mname}.source.node", f"{m.source.node!r} is not a node; nodes are: {node_names}")
+    served: dict[str, str] = {}
+    for mname in s.models:
+        for i, sn in enumerate(s.served_names(mname)):
+            if sn in served and served[sn] != mname:
+                add(f"models.{mname}.servedNames[{i}]", f"{sn!r} is already a served name of model {served[sn]!r}")
+            served[sn] = mname
+
+    g = s.gateway
+    if g is not None:
+        if g.node not in s.nodes:
+            add("gateway.node", f"{g.node!r} is not a node; nodes are: {node_names}")
+        if g.default_pool not in s.pools:
+            add("gateway.defaultPool", f"{g.default_pool!r} is not a pool; pools are: {pool_names}")
+        for prefix, pool in g.path_routes.items():
+            if pool not in s.pools:
+                add(f"gateway.pathRoutes.{prefix}", f"{pool!r} is not a pool; pools are: {pool_names}")
+        for alias, pool in g.aliases.items():
+            if pool not in s.pools:
+                add(f"gateway.aliases.{alias}", f"{pool!r} is not a pool; pools are: {pool_names}")
+            if alias in served:
+                add(f"gateway.aliases.{alias}", f"{alias!r} is already a served name of model {served[alias]!r}")
+        ids: set[str] = set()
+        allowed = set(served) | set(s.pools) | set(g.aliases)
+        for i, k in enumerate(g.api_keys):
+            if k.id in ids:
+                add(f"gateway.apiKeys[{i}].id", f"{k.id!r} is used by another key")
+            ids.add(k.id)
+            for j, mname in enumerate(k.models):
+                if mname not in allowed:
+                    add(f"gateway.apiKeys[{i}].models[{j}]", f"{mname!r} names no served model, alias or pool; "
+                        f"allowed: {', '.join(sorted(allowed))}")
+        if g.tls and not {"gatewayTlsCert", "gatewayTlsKey"} <= s.secrets:
+            add("gateway.tls", "needs the secrets gatewayTlsCert and gatewayTlsKey "
+                "(pulumi config set --secret gatewayTlsCert < cert.pem)")
+    if s.monitoring is not None and s.monitoring.node not in s.nodes:
+        add("monitoring.node", f"{s.monitoring.node!r} is not a node; nodes are: {node_names}")
+    if not issues:
+        issues += _check_ports(s, instances)
+    return issues
+
+
+def _check_ports(s: StackSpec, instances: Any) -> list[SpecIssue]:
+    """Every host-network listener on a node gets its own port."""
+    used: dict[str, dict[int, str]] = {n: {} for n in s.nodes}
+    issues: list[SpecIssue] = []
+
+    def claim(node: str, port: int, key: str) -> None:
+        if port in used[node]:
+            issues.append(SpecIssue(key, f"port {port} on {node} is already taken by {used[node][port]}"))
+        else:
+            used[node][port] = key
+
+    for pname, p in s.pools.items():
+        for inst in instances(s, pname):
+            claim(inst.head, inst.port, f"pools.{pname}.port")
+            if inst.uses_ray:
+                for n in inst.nodes:
+                    # Ray's GCS port on the head; workers bind the dashboard agent and client ports too.
+                    if n == inst.head:
+                        claim(n, p.ray_port, f"pools.{pname}.rayPort")
+                        claim(n, p.ray_dashboard_port, f"pools.{pname}.rayDashboardPort")
+                        claim(n, p.ray_client_port, f"pools.{pname}.rayClientPort")
+    if s.gateway is not None:
+        claim(s.gateway.node, s.gateway.port, "gateway.port")
+    m = s.monitoring
+    if m is not None:
+        for n in s.nodes:
+            claim(n, m.dcgm_exporter.port, "monitoring.dcgmExporter.port")
+            claim(n, m.node_exporter.port, "monitoring.nodeExporter.port")
+        claim(m.node, m.prometheus.port, "monitoring.prometheus.port")
+        claim(m.node, m.grafana.port, "monitoring.grafana.port")
+        if m.alertmanager is not None:
+            claim(m.node, m.alertmanager.port, "monitoring.alertmanager.port")
+    return issues
+
+
+def parse_stack(sections: Mapping[str, Any], secrets: frozenset[str] = frozenset()) -> StackSpec:
+    """Validate the stack's sections (YAML names: ssh, nodes, pools, …); raise SpecError listing every issue."""
+    try:
+        spec = StackSpec.model_validate({**sections, "secrets": secrets}, by_alias=True)
+    except ValidationError as err:
+        raise SpecError(issues_from_validation_error(err)) from None
+    issues = _check_references(spec)
+    if issues:
+        raise SpecError(issues)
+    return spec
+
+
+def load_stack_config(config: Mapping[str, Any], secret_keys: set[str] | frozenset[str]) -> StackSpec:
+    """Build the spec from Pulumi config (full keys `llm-cluster:<section>`), refusing unknown keys and plaintext secrets."""
+    issues: list[SpecIssue] = []
+    sections: dict[str, Any] = {}
+    secrets: set[str] = set()
+    prefix = NAMESPACE + ":"
+    for full_key, raw in config.items():
+        if not full_key.startswith(prefix):
+            continue
+        key = full_key[len(prefix):]
+        if key in SECRET_KEYS:
+            if full_key not in secret_keys:
+                issues.append(SpecIssue(full_key, "must be a secret: set it with "
+                                        f"`pulumi config set --secret {key}` ({SECRET_KEYS[key]})"))
+            secrets.add(key)
+        elif key in SECTIONS:
+            if isinstance(raw, str):
+                try:
+                    raw = json.loads(raw)
+                except json.JSONDecodeError as e:
+                    issues.append(SpecIssue(full_key, f"is not valid JSON/YAML structure: {e.msg}"))
+                    continue
+            sections[key] = raw
+        else:
+            issues.append(SpecIssue(full_key, "unknown config key; allowed: "
+                                    + ", ".join(prefix + k for k in SECTIONS + sorted(SECRET_KEYS))))
+    if issues:
+        raise SpecError(issues)
+    return parse_stack(sections, frozenset(secrets))

@@ -1,0 +1,182 @@
+"""Run the Pulumi program under the mock runtime and record every registration as the engine would see it."""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+from google.protobuf import json_format
+from pulumi.runtime import mocks as pulumi_mocks
+from pulumi.runtime.config import set_all_config
+from pulumi.runtime.settings import SETTINGS
+from pulumi.runtime.stack import run_pulumi_func
+from pulumi.runtime.sync_await import _sync_await
+
+SIG = "4dabf18193072939515e22adb298388d"
+SECRET_SIG = "1b47061264138c4ac30d75fd1eb44270"
+ASSET_SIG = "c44067f5952c0a294b673a41bacd8c17"
+ARCHIVE_SIG = "0def7320c3a5731c473e5ecbe6d01bc7"
+UNKNOWN = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"
+SECRET_MARK = "[secret]"
+
+
+@dataclass
+class Registration:
+    """One RegisterResource call: what the engine (and so the policy pack) would receive."""
+
+    urn: str
+    type: str
+    name: str
+    parent: str
+    custom: bool
+    inputs: dict[str, Any]  # wire form: secrets as {SIG: SECRET_SIG, "value": …}
+    dependencies: list[str]
+    property_dependencies: dict[str, list[str]]
+    provider: str
+    options: dict[str, Any]
+    outputs: dict[str, Any] = field(default_factory=dict)  # register_outputs of components
+
+    def plain_inputs(self) -> dict[str, Any]:
+        """Inputs with secret envelopes replaced by their values (what an Analyze callback sees)."""
+        return unwrap(self.inputs, reveal=True)
+
+    def display_inputs(self) -> dict[str, Any]:
+        """Inputs with every secret value replaced by "[secret]" (safe to print and store)."""
+        return unwrap(self.inputs, reveal=False)
+
+
+def unwrap(value: Any, *, reveal: bool) -> Any:
+    """Strip Pulumi's wire envelopes: secrets (revealed or masked), assets (their text or path)."""
+    if isinstance(value, dict):
+        sig = value.get(SIG)
+        if sig == SECRET_SIG:
+            return unwrap(value.get("value"), reveal=reveal) if reveal else SECRET_MARK
+        if sig == ASSET_SIG:
+            return {"asset": {k: v for k, v in value.items() if k != SIG}}
+        if sig == ARCHIVE_SIG:
+            return {"archive": {k: unwrap(v, reveal=reveal) for k, v in value.items() if k != SIG}}
+        return {k: unwrap(v, reveal=reveal) for k, v in value.items()}
+    if isinstance(value, list):
+        return [unwrap(v, reveal=reveal) for v in value]
+    return value
+
+
+def _fake_id(name: str) -> str:
+    return hashlib.sha256(name.encode()).hexdigest()[:12]
+
+
+# Computed outputs the providers return and the program reads downstream; without them a mock
+# resolves those outputs to None and the dependent inputs silently vanish (see README).
+COMPUTED_OUTPUTS: dict[str, Callable[[str, dict[str, Any]], dict[str, Any]]] = {
+    "docker:index/remoteImage:RemoteImage": lambda name, inp: {
+        "imageId": "sha256:" + hashlib.sha256(str(inp.get("name")).encode()).hexdigest(),
+        "repoDigest": f"{inp.get('name')}@sha256:" + hashlib.sha256(str(inp.get("name")).encode()).hexdigest(),
+    },
+    "command:remote:Command": lambda name, inp: {"stdout": "", "stderr": ""},
+    "command:local:Command": lambda name, inp: {"stdout": "", "stderr": ""},
+    "random:index/randomPassword:RandomPassword": lambda name, inp: {"result": "mock-" + _fake_id(name)},
+}
+
+
+class PlanMocks(pulumi_mocks.Mocks):
+    """Echo inputs back as state and add the computed outputs the program depends on."""
+
+    def new_resource(self, args: pulumi_mocks.MockResourceArgs) -> tuple[str, dict[str, Any]]:
+        state = dict(args.inputs)
+        extra = COMPUTED_OUTPUTS.get(args.typ)
+        if extra is not None:
+            state.update(extra(args.name, args.inputs))
+        return (f"{args.name}-id" if args.custom else "", state)
+
+    def call(self, args: pulumi_mocks.MockCallArgs) -> dict[str, Any]:
+        return {}
+
+
+class RecordingMonitor(pulumi_mocks.MockMonitor):
+    """A MockMonitor that keeps each raw RegisterResourceRequest (parent, dependencies, options)."""
+
+    def __init__(self, mocks: pulumi_mocks.Mocks):
+        super().__init__(mocks)
+        self.registrations: list[Registration] = []
+        self._by_urn: dict[str, Registration] = {}
+
+    def RegisterResource(self, request: Any) -> Any:
+        if request.type != "pulumi:pulumi:Stack":
+            urn = self.make_urn(request.parent, request.type, request.name)
+            options = {
+                "deleteBeforeReplace": request.deleteBeforeReplace,
+                "protect": request.protect,
+                "ignoreChanges": list(request.ignoreChanges),
+                "replaceOnChanges": list(request.replaceOnChanges),
+                "retainOnDelete": request.retainOnDelete,
+                "customTimeouts": json_format.MessageToDict(request.customTimeouts),
+                "additionalSecretOutputs": list(request.additionalSecretOutputs),
+                "deletedWith": request.deletedWith,
+            }
+            reg = Registration(
+                urn=urn, type=request.type, name=request.name, parent=request.parent,
+                custom=bool(request.custom),
+                inputs=json_format.MessageToDict(request.object),
+                dependencies=list(request.dependencies),
+                property_dependencies={k: list(v.urns) for k, v in request.propertyDependencies.items()},
+                provider=request.provider, options=options,
+            )
+            self.registrations.append(reg)
+            self._by_urn[urn] = reg
+        return super().RegisterResource(request)
+
+    def RegisterResourceOutputs(self, request: Any) -> Any:
+        reg = self._by_urn.get(request.urn)
+        if reg is not None:
+            reg.outputs = json_format.MessageToDict(request.outputs)
+        return super().RegisterResourceOutputs(request)
+
+
+@dataclass
+class ProgramRun:
+    """What one run of the program registered, plus its stack outputs."""
+
+    registrations: list[Registration]
+    stack_outputs: dict[str, Any]
+
+    def by_type(self, type_: str) -> list[Registration]:
+        """Registrations of one resource type, in registration order."""
+        return [r for r in self.registrations if r.type == type_]
+
+    def get(self, name: str) -> Registration:
+        """The registration with this logical name (names are unique in this program)."""
+        found = [r for r in self.registrations if r.name == name]
+        if len(found) != 1:
+            raise KeyError(f"{len(found)} resources named {name!r}")
+        return found[0]
+
+
+def config_for_mocks(config: Mapping[str, Any], secret_keys: set[str]) -> dict[str, str]:
+    """Pulumi passes every config value to the program as a string; objects travel as JSON."""
+    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()}
+
+
+def run_program(program: Callable[[], None], config: Mapping[str, Any], secret_keys: set[str],
+                *, project: str = "llm-cluster", stack: str = "prod", preview: bool = False) -> ProgramRun:
+    """Run `program` under the mock runtime with this stack config; return every registration."""
+    monitor = RecordingMonitor(PlanMocks())
+    pulumi_mocks.set_mocks(PlanMocks(), project=project, stack=stack, preview=preview, monitor=monitor)
+    set_all_config(config_for_mocks(config, secret_keys), secret_keys=sorted(secret_keys))
+    SETTINGS.rpc_manager.clear()
+    SETTINGS.outputs.clear()
+    stack_outputs: dict[str, Any] = {}
+    original_export = pulumi.export
+
+    def record_export(name: str, value: Any) -> None:
+        stack_outputs[name] = value
+        original_export(name, value)
+
+    pulumi.export = record_export  # the program exports through the module attribute
+    try:
+        _sync_await(run_pulumi_func(program))
+    finally:
+        pulumi.export = original_export
+    return ProgramRun(monitor.registrations, stack_outputs)
