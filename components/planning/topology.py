@@ -61,3 +61,27 @@ def instances(spec: StackSpec, pool_name: str) -> list[Instance]:
 def all_instances(spec: StackSpec) -> list[Instance]:
     """Instances of every pool, pools in stack order."""
     return [i for p in spec.pools for i in instances(spec, p)]
+
+
+def images_for_node(spec: StackSpec, node: str) -> list[str]:
+    """Every image a node runs, so each node pulls exactly what its containers need."""
+    images: list[str] = []
+    for pool in spec.pools.values():
+        if node in pool.nodes:
+            images.append(pool.image)
+    if spec.gateway is not None and spec.gateway.node == node:
+        images.append(spec.gateway.image)
+    m = spec.monitoring
+    if m is not None:
+        images += [m.dcgm_exporter.image, m.node_exporter.image]
+        if m.node == node:
+            images += [m.prometheus.image, m.grafana.image]
+            if m.alertmanager is not None:
+                images.append(m.alertmanager.image)
+    return list(dict.fromkeys(images))
+
+
+def resource_suffix(text: str) -> str:
+    """A name fragment from an image ref or path: `vllm/vllm-openai:v0.9.2` -> `vllm-openai-v0-9-2`."""
+    last = text.rstrip("/").split("/")[-1]
+    return "".join(c if c.isalnum() else "-" for c in last.lower()).strip("-")
