@@ -84,10 +84,15 @@ COMPUTED_OUTPUTS: dict[str, Callable[[str, dict[str, Any]], dict[str, Any]]] = {
 class PlanMocks(pulumi_mocks.Mocks):
     """Echo inputs back as state and add the computed outputs the program depends on."""
 
+    def __init__(self, preview: bool = False):
+        self.preview = preview
+
     def new_resource(self, args: pulumi_mocks.MockResourceArgs) -> tuple[str, dict[str, Any]]:
         state = dict(args.inputs)
         extra = COMPUTED_OUTPUTS.get(args.typ)
-        if extra is not None:
+        # In a preview the engine knows no computed output yet (an image id, a command's stdout):
+        # leaving them out makes them unknown, exactly what the policy pack sees at preview.
+        if extra is not None and not self.preview:
             state.update(extra(args.name, args.inputs))
         return (f"{args.name}-id" if args.custom else "", state)
 
@@ -137,7 +142,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
 
 @dataclass
 class ProgramRun:
-    """What one run of the program registered, plus its stack outputs."""
+    """What one run of the program registered, plus its stack outputs (secrets masked)."""
 
     registrations: list[Registration]
     stack_outputs: dict[str, Any]
@@ -162,8 +167,9 @@ def config_for_mocks(config: Mapping[str, Any], secret_keys: set[str]) -> dict[s
 def run_program(program: Callable[[], None], config: Mapping[str, Any], secret_keys: set[str],
                 *, project: str = "llm-cluster", stack: str = "prod", preview: bool = False) -> ProgramRun:
     """Run `program` under the mock runtime with this stack config; return every registration."""
-    monitor = RecordingMonitor(PlanMocks())
-    pulumi_mocks.set_mocks(PlanMocks(), project=project, stack=stack, preview=preview, monitor=monitor)
+    mocks = PlanMocks(preview)
+    monitor = RecordingMonitor(mocks)
+    pulumi_mocks.set_mocks(mocks, project=project, stack=stack, preview=preview, monitor=monitor)
     set_all_config(config_for_mocks(config, secret_keys), secret_keys=sorted(secret_keys))
     SETTINGS.rpc_manager.clear()
     SETTINGS.outputs.clear()
@@ -179,4 +185,14 @@ def run_program(program: Callable[[], None], config: Mapping[str, Any], secret_k
         _sync_await(run_pulumi_func(program))
     finally:
         pulumi.export = original_export
-    return ProgramRun(monitor.registrations, stack_outputs)
+    return ProgramRun(monitor.registrations, {k: _settle(v) for k, v in stack_outputs.items()})
+
+
+def _settle(value: Any) -> Any:
+    """A stack output as `pulumi stack output` would show it: secrets masked, unknowns marked."""
+    out = pulumi.Output.from_input(value)
+    if _sync_await(out.is_secret()):
+        return SECRET_MARK
+    if not _sync_await(out.is_known()):
+        return "[unknown until deployed]"
+    return _sync_await(out.future())

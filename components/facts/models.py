@@ -1,8 +1,10 @@
 """Model architecture facts (from published config.json files) that the capacity planner needs.
 
-Every catalog entry cites the Hugging Face repo whose config.json it copies. Values were checked
-against copies of those config.json files found in public code (marked "checked"); where no copy was
-found the value is from the model card or the architecture's sibling config and the comment says so.
+Every catalog entry cites the Hugging Face repo whose config.json it copies. Entries marked "checked"
+were compared with copies of that config.json found in public code; the others (Llama-3.3-70B,
+Llama-3.1-405B, Qwen3-235B-A22B, gpt-oss-120b, DeepSeek-R1/V3) are transcribed from the cited file
+without a second copy to compare against, and their total parameter counts are cross-checked
+against the model cards by tests/test_models_catalog.py.
 `params_b` is the total parameter count the model card publishes (billions), kept to cross-check
 the planner's own count; it is never used for sizing.
 """

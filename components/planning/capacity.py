@@ -75,6 +75,7 @@ class CapacityEstimate:
     dtype: str
     quantization: str | None
     kv_cache_dtype: str
+    uses_mla: bool
     mla_enabled: bool
     max_model_len: int
     max_num_seqs: int
@@ -294,7 +295,8 @@ def estimate(arch: ModelArch, gpu_memory_gib: float, *, tp: int, pp: int,
     return CapacityEstimate(
         model=arch.name, gpu_memory_gib=gpu_memory_gib, tp=tp, pp=pp,
         gpu_memory_utilization=gpu_memory_utilization, dtype=dtype, quantization=quantization,
-        kv_cache_dtype=kv_cache_dtype, mla_enabled=mla_enabled and arch.uses_mla,
+        kv_cache_dtype=kv_cache_dtype, uses_mla=arch.uses_mla,
+        mla_enabled=mla_enabled and arch.uses_mla,
         max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=batched,
         layers_per_stage=tuple(stages), weights_gib_per_gpu=max(weights) / GIB,
         weights_gib_total=weights_total / GIB, kv_bytes_per_token_per_gpu=kv_per_token[worst],

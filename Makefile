@@ -1,0 +1,41 @@
+# llm-cluster — `make plan` (offline plan of a stack) and `make test` (every test).
+# Both set themselves up on a fresh machine: .venv, pinned requirements, and (as root) the Debian
+# packages the tests drive for real (nginx + njs, promtool, shellcheck, graphviz).
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STACK ?= prod
+CONFIG ?=
+PLAN_ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: plan test system-deps bench clean
+
+$(VENV)/.runtime: requirements.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	@touch $@
+
+$(VENV)/.test: requirements.txt requirements-test.txt $(VENV)/.runtime
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements-test.txt
+	@touch $@
+
+## plan: the offline plan of Pulumi.$(STACK).yaml (or CONFIG=path); exit 0 ok, 1 policy violation, 2 invalid config
+plan: $(VENV)/.runtime
+	@$(PY) -m plan $(if $(CONFIG),--config $(CONFIG),--stack $(STACK)) $(PLAN_ARGS)
+
+## system-deps: Debian packages the real-tool tests use (installs them when root, else says what to install)
+system-deps:
+	@bash .ci/system-deps
+
+## test: every test tier, real tools included
+test: $(VENV)/.test system-deps
+	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+
+## bench: the benchmarks' figures (printed, never asserted)
+bench: $(VENV)/.test system-deps
+	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf build .pytest_cache

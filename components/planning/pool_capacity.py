@@ -1,0 +1,70 @@
+"""Capacity of each pool from the stack: the capacity planner fed with the pool's real settings."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from components.facts.hardware import DTYPE_ALIASES, engine_support, gpu
+from components.facts.models import ModelArch, arch_from_config_json, model_arch
+from components.planning.capacity import CapacityEstimate, estimate
+from components.spec import SpecError, SpecIssue, StackSpec
+
+
+def model_architecture(spec: StackSpec, model: str) -> ModelArch:
+    """The model's architecture: a catalog entry, or parsed from its config.json."""
+    m = spec.models[model]
+    if m.arch is not None:
+        try:
+            return model_arch(m.arch)
+        except KeyError as e:
+            raise SpecError([SpecIssue(f"models.{model}.arch", str(e.args[0]))]) from None
+    path = Path(m.config_json or "")
+    try:
+        return arch_from_config_json(json.loads(path.read_text()), model)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SpecError([SpecIssue(f"models.{model}.configJson", f"cannot read {path}: {e}")]) from None
+
+
+def resolved_dtype(dtype: str, capability: int) -> str:
+    """What `--dtype` becomes on this GPU: `auto` falls back to float16 where bf16 is missing."""
+    resolved = DTYPE_ALIASES[dtype]
+    if resolved == "auto":
+        return "bfloat16" if "bfloat16" in engine_support(capability).dtypes else "float16"
+    return resolved
+
+
+def mla_enabled(spec: StackSpec, pool: str) -> bool:
+    """MLA stays on unless the pool sets VLLM_MLA_DISABLE=1 (vLLM's own switch)."""
+    return spec.pools[pool].env.get("VLLM_MLA_DISABLE", "0") not in ("1", "true", "True")
+
+
+def pool_capacity(spec: StackSpec, pool: str, *, mla: bool | None = None) -> CapacityEstimate:
+    """Weights, KV cache and concurrency per GPU of one pool's instances, as vLLM will compute them."""
+    p = spec.pools[pool]
+    m = spec.models[p.model]
+    node_gpu = spec.node(p.nodes[0]).gpu
+    assert node_gpu is not None  # the spec refuses nodes without GPUs
+    g = gpu(node_gpu.model)
+    v = p.vllm
+    return estimate(
+        model_architecture(spec, p.model), g.memory_gib,
+        tp=p.tensor_parallel, pp=p.pipeline_parallel, gpu_memory_utilization=v.gpu_memory_utilization,
+        dtype=resolved_dtype(m.dtype, g.capability), quantization=m.quantization,
+        quant_bits=m.quant_bits, group_size=m.group_size, kv_cache_dtype=v.kv_cache_dtype,
+        max_model_len=v.max_model_len, max_num_seqs=v.max_num_seqs,
+        max_num_batched_tokens=v.max_num_batched_tokens, block_size=v.block_size,
+        mla_enabled=mla_enabled(spec, pool) if mla is None else mla,
+    )
+
+
+def capacity_report(spec: StackSpec) -> dict[str, dict[str, object]]:
+    """plan.json `capacity`: per pool the estimate as deployed, and for MLA models the other MLA setting too."""
+    out: dict[str, dict[str, object]] = {}
+    for pool in spec.pools:
+        est = pool_capacity(spec, pool)
+        entry: dict[str, object] = {"asDeployed": est.to_dict()}
+        if est.uses_mla:
+            entry["mlaOn" if not est.mla_enabled else "mlaOff"] = pool_capacity(
+                spec, pool, mla=not est.mla_enabled).to_dict()
+        out[pool] = entry
+    return out

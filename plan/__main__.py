@@ -1,0 +1,101 @@
+"""`python -m plan`: the offline plan of a stack — exit 0 clean, 1 mandatory violation, 2 invalid config."""
+from __future__ import annotations
+
+import argparse
+import json
+import runpy
+import shutil
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from components.spec import SpecError, load_stack_config  # noqa: E402
+from plan.graph import component_graph, write_graph  # noqa: E402
+from plan.harness import run_program  # noqa: E402
+from plan.report import PlanResult, artifacts_of, plan_json, render_text, write_artifacts  # noqa: E402
+from plan.secrets import find_leaks, text_leaks  # noqa: E402
+from plan.stackfile import load_stack_file  # noqa: E402
+
+EXIT_OK, EXIT_VIOLATION, EXIT_INVALID = 0, 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m plan", description=__doc__)
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--stack", default="prod", help="plan Pulumi.<stack>.yaml (default: prod)")
+    where.add_argument("--config", type=Path, help="plan any stack file")
+    p.add_argument("--out", type=Path, default=ROOT / "build" / "plan", help="output root (default: build/plan)")
+    p.add_argument("--up", action="store_true",
+                   help="model `pulumi up` (computed outputs known) instead of `pulumi preview`")
+    p.add_argument("--policy-config", type=Path, help="policy pack config JSON, as --policy-pack-config")
+    p.add_argument("--quiet", action="store_true", help="print only the verdict")
+    return p
+
+
+def _step(msg: str, start: float) -> None:
+    print(f"[{time.monotonic() - start:5.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Validate, run the program under mocks, check policies and secrets, print and write the plan."""
+    args = _parser().parse_args(argv)
+    start = time.monotonic()
+    path = args.config or ROOT / f"Pulumi.{args.stack}.yaml"
+    try:
+        stack = load_stack_file(path, None if args.config else args.stack)
+        spec = load_stack_config(stack.config, stack.secret_keys)
+        from components.planning.pool_capacity import capacity_report
+        capacity = capacity_report(spec)
+    except SpecError as err:
+        print(f"invalid stack config {path}:", file=sys.stderr)
+        for issue in err.issues:
+            print(f"  {issue}", file=sys.stderr)
+        return EXIT_INVALID
+    policy_config = None
+    if args.policy_config:
+        try:
+            policy_config = json.loads(args.policy_config.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            print(f"--policy-config {args.policy_config}: {e}", file=sys.stderr)
+            return EXIT_INVALID
+    _step(f"stack {stack.name}: config valid ({len(spec.nodes)} nodes, {len(spec.pools)} pools)", start)
+
+    run = run_program(lambda: runpy.run_path(str(ROOT / "__main__.py"), run_name="__pulumi_main__"),
+                      stack.config, set(stack.secret_keys), stack=stack.name, preview=not args.up)
+    _step(f"program registered {len(run.registrations)} resources", start)
+
+    from plan.analyze import Violation, analyze
+    violations = analyze(run.registrations, policy_config)
+    violations += [
+        Violation("no-plaintext-secrets", "mandatory", leak.urn,
+                  f"the value of secret config {leak.secret_key} appears in plaintext at {leak.path}; "
+                  "keep it an Output from pulumi.Config().require_secret and never .apply() it into a string",
+                  "", leak.urn.rsplit("::", 1)[-1])
+        for leak in find_leaks(run.registrations, stack.secret_values)
+    ]
+    _step(f"policy pack: {len(violations)} violation(s)", start)
+
+    out_dir = args.out / stack.name
+    shutil.rmtree(out_dir, ignore_errors=True)
+    out_dir.mkdir(parents=True)
+    result = PlanResult(stack.name, str(path), not args.up, spec, run, violations, capacity)
+    result.artifacts = write_artifacts(artifacts_of(run), out_dir)
+    result.artifacts += [str(p.relative_to(out_dir)) for p in write_graph(component_graph(run.registrations), out_dir)]
+    text = render_text(result)
+    doc = json.dumps(plan_json(result), indent=2, sort_keys=False)
+    leaked = text_leaks(text + doc, stack.secret_values)
+    if leaked:  # belt and braces: the report itself must never carry a secret
+        print(f"refusing to write the plan: it would contain the secret(s) {', '.join(leaked)}", file=sys.stderr)
+        return EXIT_VIOLATION
+    (out_dir / "plan.json").write_text(doc)
+    (out_dir / "plan.txt").write_text(text)
+    print(text if not args.quiet else text.splitlines()[-1])
+    _step(f"wrote {out_dir / 'plan.json'}, plan.txt, {len(result.artifacts)} artifacts", start)
+    return EXIT_VIOLATION if result.mandatory else EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""What the offline plan prints and writes: the readable plan, plan.json and the generated artifacts."""
+from __future__ import annotations
+
+import shlex
+import textwrap
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from components.planning.topology import all_instances
+from components.spec import StackSpec
+from plan.harness import ProgramRun, Registration
+
+CONTAINER = "docker:index/container:Container"
+REMOTE_COMMAND = "command:remote:Command"
+LOCAL_COMMAND = "command:local:Command"
+DOCKER_PROVIDER = "pulumi:providers:docker"
+GPU_NODE = "llm-cluster:node:GpuNode"
+
+
+@dataclass
+class PlanResult:
+    """Everything one plan produced, for printing and for plan.json."""
+
+    stack: str
+    config_path: str
+    preview: bool
+    spec: StackSpec
+    run: ProgramRun
+    violations: list[Any] = field(default_factory=list)  # plan.analyze.Violation
+    capacity: dict[str, Any] = field(default_factory=dict)
+    artifacts: list[str] = field(default_factory=list)
+
+    @property
+    def mandatory(self) -> list[Any]:
+        """Violations that fail `pulumi preview` (remediate counts as mandatory when reporting)."""
+        return [v for v in self.violations if v.enforcement_level in ("mandatory", "remediate")]
+
+
+def node_of(reg: Registration, run: ProgramRun, spec: StackSpec) -> str | None:
+    """Which server a resource acts on: by its Docker provider, or by its SSH connection's host."""
+    if reg.type.startswith("docker:") and reg.provider:
+        provider_urn = reg.provider.rsplit("::", 1)[0]
+        for r in run.registrations:
+            if r.urn == provider_urn:
+                parent = next((p for p in run.registrations if p.urn == r.parent and p.type == GPU_NODE), None)
+                if parent is not None:
+                    return parent.plain_inputs().get("node")
+    if reg.type == REMOTE_COMMAND:
+        host = (reg.plain_inputs().get("connection") or {}).get("host")
+        for name, node in spec.nodes.items():
+            if host in (node.address, node.ssh_address):
+                return name
+    if reg.type == GPU_NODE:
+        return reg.plain_inputs().get("node")
+    return None
+
+
+def artifacts_of(run: ProgramRun) -> dict[str, str]:
+    """Every script and file the program ships to the nodes: relative path -> text (secrets masked)."""
+    files: dict[str, str] = {}
+    for r in run.registrations:
+        inputs = r.display_inputs()
+        if r.type in (REMOTE_COMMAND, LOCAL_COMMAND):
+            for phase in ("create", "update", "delete"):
+                if isinstance(inputs.get(phase), str):
+                    files[f"scripts/{r.name}.{phase}.sh"] = inputs[phase]
+        if r.type == CONTAINER:
+            for up in inputs.get("uploads") or []:
+                if isinstance(up.get("content"), str):
+                    files[f"files/{r.name}{up['file']}"] = up["content"]
+    return files
+
+
+def _labels(inputs: dict[str, Any]) -> dict[str, str]:
+    return {lbl["label"]: lbl["value"] for lbl in inputs.get("labels") or []}
+
+
+def _wrap(prefix: str, words: list[str], width: int = 110) -> list[str]:
+    text = " ".join(shlex.quote(str(w)) for w in words)
+    return textwrap.wrap(text, width=width, initial_indent=prefix, subsequent_indent=" " * len(prefix),
+                         break_on_hyphens=False, break_long_words=False) or [prefix.rstrip()]
+
+
+def render_text(result: PlanResult) -> str:
+    """The plan as a person reads it: nodes, containers, commands, pools, routes, capacity, policy."""
+    spec, run = result.spec, result.run
+    out: list[str] = []
+    counts = Counter(r.type for r in run.registrations)
+    out.append(f"llm-cluster plan · stack {result.stack} ({result.config_path}) · "
+               f"{'preview' if result.preview else 'up'} mode")
+    out.append(f"{len(spec.nodes)} nodes · {len(spec.pools)} pools · {len(all_instances(spec))} vLLM instances · "
+               f"{len(run.registrations)} resources (" + ", ".join(
+                   f"{n} {t.split(':')[-1]}" for t, n in sorted(counts.items())) + ")")
+
+    per_node: dict[str, list[Registration]] = defaultdict(list)
+    for r in run.registrations:
+        n = node_of(r, run, spec)
+        if n is not None and r.type in (CONTAINER, REMOTE_COMMAND):
+            per_node[n].append(r)
+    out.append("\nNodes")
+    for name in spec.nodes:
+        node = spec.node(name)
+        gpu = f"{node.gpu.count} x {node.gpu.model}" if node.gpu else "no GPUs"
+        out.append(f"  {name}  {node.address}  {gpu}")
+        for r in per_node.get(name, []):
+            inp = r.display_inputs()
+            if r.type == REMOTE_COMMAND:
+                first = (inp.get("create") or "").strip().splitlines()
+                desc = next((ln[2:] for ln in first if ln.startswith("# ") and not ln.startswith("#!")), "")
+                out.append(f"    command    {r.name}" + (f"  — {desc}" if desc else ""))
+                continue
+            labels = _labels(inp)
+            image = labels.get("llm-cluster.image") or inp.get("image")
+            out.append(f"    container  {inp.get('name', r.name)}  {image}  restart={inp.get('restart', 'no')} "
+                       f"network={inp.get('networkMode', 'bridge')}")
+            argv = list(inp.get("entrypoints") or []) + list(inp.get("command") or [])
+            if argv:
+                out += _wrap("        argv  ", argv)
+            env = sorted(inp.get("envs") or [])
+            if env:
+                out += _wrap("        env   ", env)
+
+    out.append("\nPools")
+    for pname, pool in spec.pools.items():
+        for inst in all_instances(spec):
+            if inst.pool != pname:
+                continue
+            how = f"TP{inst.tensor_parallel} x PP{inst.pipeline_parallel} on Ray" if inst.uses_ray \
+                else f"TP{inst.tensor_parallel}"
+            out.append(f"  {pname:<12} {inst.name:<22} {pool.model} · {how} · {'+'.join(inst.nodes)} → "
+                       f"http://{spec.node(inst.head).address}:{inst.port}/v1")
+
+    if spec.gateway is not None:
+        g = spec.gateway
+        out.append(f"\nGateway  http://{spec.node(g.node).address}:{g.port}  (API keys required)")
+        for pname in spec.pools:
+            names = [n for m in spec.models if spec.pools[pname].model == m for n in spec.served_names(m)]
+            names += [a for a, p in g.aliases.items() if p == pname]
+            out.append(f"  model {', '.join(names)} → {pname}")
+        for prefix, pname in g.path_routes.items():
+            out.append(f"  path  {prefix} → {pname}")
+        out.append(f"  path  /v1/ (any other model) → {g.default_pool}")
+
+    if result.capacity:
+        out.append("\nCapacity (per GPU, as vLLM 0.9.2 will compute it)")
+        out.append(f"  {'pool':<11}{'setting':<12}{'weights':>9}{'KV cache':>10}{'KV tokens':>11}"
+                   f"{'max conc.':>11}{'rule of thumb':>15}  fits")
+        for pname, entry in result.capacity.items():
+            for setting, est in entry.items():
+                out.append(f"  {pname:<11}{setting:<12}{est['weights_gib_per_gpu']:>8.1f}G"
+                           f"{est['kv_cache_gib_per_gpu']:>9.1f}G{est['kv_tokens']:>11}"
+                           f"{est['max_concurrency']:>10.1f}x{est['rule_of_thumb_gib_total']:>13.0f}G  "
+                           + ("yes" if est["fits"] else "NO — " + est["reason"]))
+
+    out.append("\nPolicy")
+    if not result.violations:
+        out.append("  no violations")
+    for v in sorted(result.violations, key=lambda v: (v.enforcement_level != "mandatory", v.policy_name)):
+        out += textwrap.wrap(f"[{v.enforcement_level}] {v.policy_name} · {v.resource_name}: {v.message}",
+                             width=110, initial_indent="  ", subsequent_indent="      ")
+    verdict = (f"{len(result.mandatory)} mandatory violation(s): `pulumi preview --policy-pack policies` "
+               "would fail" if result.mandatory else "no mandatory violation")
+    out.append(f"  → {verdict}")
+    return "\n".join(out) + "\n"
+
+
+def plan_json(result: PlanResult) -> dict[str, Any]:
+    """The machine-readable plan (contract: resources, policy, capacity — secrets masked)."""
+    run = result.run
+    return {
+        "stack": result.stack,
+        "config": result.config_path,
+        "mode": "preview" if result.preview else "up",
+        "resources": [
+            {"urn": r.urn, "type": r.type, "name": r.name, "parent": r.parent, "custom": r.custom,
+             "node": node_of(r, run, result.spec), "inputs": r.display_inputs(),
+             "dependencies": r.dependencies, "propertyDependencies": r.property_dependencies,
+             "provider": r.provider, "options": r.options}
+            for r in run.registrations
+        ],
+        "outputs": run.stack_outputs,
+        "policy": {
+            "violations": [
+                {"policy": v.policy_name, "enforcementLevel": v.enforcement_level, "urn": v.urn,
+                 "resource": v.resource_name, "type": v.resource_type, "message": v.message}
+                for v in result.violations
+            ],
+            "mandatory": len(result.mandatory),
+        },
+        "capacity": result.capacity,
+        "artifacts": result.artifacts,
+    }
+
+
+def write_artifacts(files: dict[str, str], out_dir: Path) -> list[str]:
+    """Write each artifact under out_dir; return their relative paths."""
+    for rel, text in files.items():
+        path = out_dir / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return sorted(files)

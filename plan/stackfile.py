@@ -1,0 +1,86 @@
+"""Read `Pulumi.<stack>.yaml` as the Pulumi CLI would hand it to the program, with no passphrase."""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from components.spec import NAMESPACE, SpecError, SpecIssue
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys: YAML would silently keep the last one."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (the second one would silently win)", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+@dataclass(frozen=True)
+class StackFile:
+    """A stack's config: plain values, and the secure ones replaced by opaque placeholders."""
+
+    name: str
+    path: Path
+    config: dict[str, Any]
+    secret_keys: frozenset[str]
+    secret_values: dict[str, str]  # full key -> the placeholder standing in for the encrypted value
+
+
+def secret_placeholder(stack: str, key: str) -> str:
+    """A unique marker for one secret: if it ever shows up in plaintext, the plan has leaked it."""
+    digest = hashlib.sha256(f"{stack}/{key}".encode()).hexdigest()[:16]
+    return f"plan-secret-{digest}"
+
+
+def _placeholder_value(stack: str, key: str, config: dict[str, Any]) -> str:
+    """A placeholder of the shape the program parses (the gateway keys are a JSON object)."""
+    marker = secret_placeholder(stack, key)
+    if key == f"{NAMESPACE}:gatewayApiKeys":
+        ids = [k.get("id") for k in (config.get(f"{NAMESPACE}:gateway") or {}).get("apiKeys", [])
+               if isinstance(k, dict)] or ["default"]
+        return "{" + ", ".join(f'"{i}": "{marker}-{n}"' for n, i in enumerate(ids)) + "}"
+    if key == f"{NAMESPACE}:sshPrivateKey":
+        return f"-----BEGIN OPENSSH PRIVATE KEY-----\n{marker}\n-----END OPENSSH PRIVATE KEY-----\n"
+    return marker
+
+
+def load_stack_file(path: Path, name: str | None = None) -> StackFile:
+    """Parse a stack file; raise SpecError (never a traceback) when it cannot be read."""
+    name = name or path.name.removeprefix("Pulumi.").removesuffix(".yaml")
+    try:
+        doc = yaml.load(path.read_text(), Loader=_StrictLoader)  # noqa: S506 (a SafeLoader subclass)
+    except FileNotFoundError:
+        raise SpecError([SpecIssue(str(path), "stack file not found")]) from None
+    except yaml.YAMLError as e:
+        raise SpecError([SpecIssue(str(path), f"is not valid YAML: {e}")]) from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("config", {}), dict):
+        raise SpecError([SpecIssue(f"{path}", "must be a mapping with a `config:` mapping")])
+    raw: dict[str, Any] = doc.get("config") or {}
+    config: dict[str, Any] = {}
+    secret_keys: set[str] = set()
+    secrets: dict[str, str] = {}
+    for key, value in raw.items():
+        # Pulumi lets stack files drop the project prefix for the project's own keys.
+        full = key if ":" in key else f"{NAMESPACE}:{key}"
+        if isinstance(value, dict) and set(value) == {"secure"}:
+            secret_keys.add(full)
+            continue
+        config[full] = value
+    for full in sorted(secret_keys):
+        secrets[full] = _placeholder_value(name, full, config)
+        config[full] = secrets[full]
+    return StackFile(name, path, config, frozenset(secret_keys), secrets)

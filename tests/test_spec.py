@@ -1,0 +1,225 @@
+"""Every stack-validation rule: an accepted case and a refused one with its exact message."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from components.planning.topology import instances
+from components.spec import SpecError, load_stack_config
+
+NS = "llm-cluster:"
+Mutation = Callable[[dict[str, Any]], None]
+
+
+def refused(config: dict[str, Any], secret_keys: frozenset[str] = frozenset()) -> list[str]:
+    with pytest.raises(SpecError) as err:
+        load_stack_config(config, secret_keys)
+    return [str(i) for i in err.value.issues]
+
+
+def section(config: dict[str, Any], name: str) -> Any:
+    return config[NS + name]
+
+
+def test_reference_stack_is_valid(config: dict[str, Any]) -> None:
+    spec = load_stack_config(config, set())
+    assert list(spec.nodes) == [f"gpu-0{i}" for i in range(1, 7)]
+    assert spec.node("gpu-04").hca.gid_index == 3  # filled from nodeDefaults
+    assert [i.name for i in instances(spec, "chat")] == [f"chat-gpu-0{i}" for i in range(3, 7)]
+    assert instances(spec, "reasoning")[0].nodes == ("gpu-01", "gpu-02")
+
+
+REFUSED: list[tuple[str, Mutation, list[str]]] = [
+    ("unknown key lists the allowed ones",
+     lambda c: section(c, "pools")["chat"].update(tensorParalel=8),
+     ["pools.chat.tensorParalel: unknown key 'tensorParalel'; allowed keys here: engine, env, image, "
+      "loadTimeoutMinutes, model, nodes, pipelineParallel, port, rayClientPort, rayDashboardPort, "
+      "rayGateTimeoutSeconds, rayPort, readTimeoutSeconds, replicasPerNode, shmSizeGib, tensorParallel, vllm"]),
+    ("required key missing",
+     lambda c: section(c, "pools")["chat"].pop("vllm"),
+     ["pools.chat.vllm: required key is missing"]),
+    ("wrong type names the value",
+     lambda c: section(c, "pools")["chat"].update(tensorParallel="eight"),
+     ["pools.chat.tensorParallel: 'eight' is not allowed: Input should be a valid integer, "
+      "unable to parse string as an integer"]),
+    ("out of range",
+     lambda c: section(c, "pools")["chat"]["vllm"].update(gpuMemoryUtilization=1.5),
+     ["pools.chat.vllm.gpuMemoryUtilization: 1.5 is not allowed: Input should be less than or equal to 1"]),
+    ("port out of range",
+     lambda c: section(c, "gateway").update(port=70000),
+     ["gateway.port: 70000 is not allowed: Input should be less than or equal to 65535"]),
+    ("invalid address",
+     lambda c: section(c, "nodes")["gpu-03"].update(address="192.168.10.300"),
+     ["nodes.gpu-03.address: '192.168.10.300' is not an IPv4 or IPv6 address"]),
+    ("duplicate address",
+     lambda c: section(c, "nodes")["gpu-02"].update(address="192.168.10.11"),
+     ["nodes.gpu-02.address: 192.168.10.11 is already the address of gpu-01"]),
+    ("unknown GPU model",
+     lambda c: section(c, "nodes")["gpu-06"].update(gpu={"model": "Tesla V100", "count": 8}),
+     ["nodes.gpu-06.gpu.model: unknown GPU model 'Tesla V100'; known: NVIDIA A10, NVIDIA A100 80GB PCIe, "
+      "NVIDIA A100-PCIE-40GB, NVIDIA A100-SXM4-40GB, NVIDIA A100-SXM4-80GB, NVIDIA H100 80GB HBM3, "
+      "NVIDIA H100 PCIe, NVIDIA H200, NVIDIA L40S, Tesla T4, Tesla V100-PCIE-16GB, Tesla V100-PCIE-32GB, "
+      "Tesla V100-SXM2-16GB, Tesla V100-SXM2-32GB"]),
+    ("pool model must exist",
+     lambda c: section(c, "pools")["chat"].update(model="qwen3-32b"),
+     ["pools.chat.model: 'qwen3-32b' is not a model; models are: deepseek-r1, qwen3-30b-a3b"]),
+    ("pool node must exist",
+     lambda c: section(c, "pools")["reasoning"]["nodes"].__setitem__(1, "gpu-09"),
+     ["pools.reasoning.nodes[1]: 'gpu-09' is not a node; nodes are: gpu-01, gpu-02, gpu-03, gpu-04, gpu-05, gpu-06"]),
+    ("a node serves one pool",
+     lambda c: section(c, "pools")["chat"]["nodes"].append("gpu-02"),
+     ["pools.chat.nodes[4]: 'gpu-02' already serves pool 'reasoning'; a node belongs to at most one pool"]),
+    ("a node listed twice",
+     lambda c: section(c, "pools")["chat"]["nodes"].append("gpu-03"),
+     ["pools.chat.nodes: node 'gpu-03' is listed twice"]),
+    ("nodes must split into instances",
+     lambda c: section(c, "pools")["reasoning"].update(nodes=["gpu-01", "gpu-02", "gpu-03"]) or
+     section(c, "pools")["chat"].update(nodes=["gpu-04", "gpu-05", "gpu-06"]),
+     ["pools.reasoning.nodes: 3 nodes do not split into instances of 2 node(s) (tensorParallel 8 x "
+      "pipelineParallel 2 on 8 GPUs per node); give a multiple of 2"]),
+    ("one GPU model per pool",
+     lambda c: section(c, "nodes")["gpu-02"].update(gpu={"model": "Tesla V100-SXM2-16GB", "count": 8}),
+     ["pools.reasoning.nodes: all nodes of a pool need the same GPU model and count; got "
+      "gpu-01=8xTesla V100-SXM2-32GB, gpu-02=8xTesla V100-SXM2-16GB"]),
+    ("replicas per node must fit the node",
+     lambda c: section(c, "pools")["chat"].update(tensorParallel=4, replicasPerNode=3),
+     ["pools.chat.replicasPerNode: 3 replicas x tensorParallel 4 x pipelineParallel 1 needs more than "
+      "the 8 GPUs of a node"]),
+    ("RoCE needs a GID index",
+     lambda c: section(c, "nodeDefaults")["hca"].pop("gidIndex"),
+     ["nodeDefaults.hca: gidIndex is required for RoCE (linkLayer: ethernet); RoCEv2 is usually 3"]),
+    ("multi-node pools need an HCA",
+     lambda c: section(c, "nodeDefaults").pop("hca"),
+     ["nodes.gpu-01.hca: required (here or in nodeDefaults): pool 'reasoning' spans nodes",
+      "nodes.gpu-02.hca: required (here or in nodeDefaults): pool 'reasoning' spans nodes"]),
+    ("weights come from exactly one source",
+     lambda c: section(c, "models")["qwen3-30b-a3b"].update(source={"node": "gpu-03", "present": True}),
+     ["models.qwen3-30b-a3b.source: state exactly one of node, sharedMount, present (got ['node', 'present'])"]),
+    ("weights source node must exist",
+     lambda c: section(c, "models")["qwen3-30b-a3b"].update(source={"node": "gpu-07"}),
+     ["models.qwen3-30b-a3b.source.node: 'gpu-07' is not a node; nodes are: gpu-01, gpu-02, gpu-03, "
+      "gpu-04, gpu-05, gpu-06"]),
+    ("architecture from the catalog or a config.json, not both",
+     lambda c: section(c, "models")["qwen3-30b-a3b"].update(configJson="/tmp/config.json"),
+     ["models.qwen3-30b-a3b: state exactly one of arch (a catalog name) or configJson (a path)"]),
+    ("quantization must be a vLLM method",
+     lambda c: section(c, "models")["deepseek-r1"].update(quantization="gptq-int4"),
+     ["models.deepseek-r1.quantization: unknown quantization 'gptq-int4'; vLLM 0.9.2 knows: aqlm, auto-round, "
+      "awq, awq_marlin, bitblas, bitsandbytes, compressed-tensors, deepspeedfp, experts_int8, fbgemm_fp8, fp8, "
+      "gguf, gptq, gptq_bitblas, gptq_marlin, gptq_marlin_24, hqq, ipex, marlin, modelopt, modelopt_fp4, "
+      "moe_wna16, neuron_quant, ptpc_fp8, qqq, quark, rtn, torchao, tpu_int8"]),
+    ("served names are unique across models",
+     lambda c: section(c, "models")["qwen3-30b-a3b"].update(servedNames=["deepseek-r1"]),
+     ["models.qwen3-30b-a3b.servedNames[0]: 'deepseek-r1' is already a served name of model 'deepseek-r1'"]),
+    ("names are DNS labels",
+     lambda c: section(c, "pools").__setitem__("Chat_Pool", section(c, "pools").pop("chat"))
+     or section(c, "gateway").update(defaultPool="Chat_Pool"),
+     ["Chat_Pool: names must be lowercase letters, digits and '-' (a DNS label)"]),
+    ("gateway node must exist",
+     lambda c: section(c, "gateway").update(node="mgmt-01"),
+     ["gateway.node: 'mgmt-01' is not a node; nodes are: gpu-01, gpu-02, gpu-03, gpu-04, gpu-05, gpu-06"]),
+    ("gateway default pool must exist",
+     lambda c: section(c, "gateway").update(defaultPool="fast"),
+     ["gateway.defaultPool: 'fast' is not a pool; pools are: reasoning, chat"]),
+    ("path routes name pools",
+     lambda c: section(c, "gateway").update(pathRoutes={"/smart/v1/": "smart"}),
+     ["gateway.pathRoutes./smart/v1/: 'smart' is not a pool; pools are: reasoning, chat"]),
+    ("path routes end in /v1/",
+     lambda c: section(c, "gateway").update(pathRoutes={"/smart/": "reasoning"}),
+     ["gateway.pathRoutes: path route '/smart/' must start with / and end with /v1/ (e.g. /smart/v1/)"]),
+    ("aliases do not shadow served names",
+     lambda c: section(c, "gateway").update(aliases={"qwen3-30b-a3b": "reasoning"}),
+     ["gateway.aliases.qwen3-30b-a3b: 'qwen3-30b-a3b' is already a served name of model 'qwen3-30b-a3b'"]),
+    ("API key ids are unique",
+     lambda c: section(c, "gateway")["apiKeys"].append({"id": "default"}),
+     ["gateway.apiKeys[1].id: 'default' is used by another key"]),
+    ("API key allowlists name served models",
+     lambda c: section(c, "gateway")["apiKeys"].append({"id": "team-a", "models": ["gpt-4"]}),
+     ["gateway.apiKeys[1].models[0]: 'gpt-4' names no served model, alias or pool; allowed: "
+      "/data/models/DeepSeek-R1-GPTQ-Int4, /data/models/Qwen3-30B-A3B, chat, deepseek-r1, qwen3-30b-a3b, reasoning"]),
+    ("TLS needs its secrets",
+     lambda c: section(c, "gateway").update(tls=True),
+     ["gateway.tls: needs the secrets gatewayTlsCert and gatewayTlsKey "
+      "(pulumi config set --secret gatewayTlsCert < cert.pem)"]),
+    ("monitoring node must exist",
+     lambda c: section(c, "monitoring").update(node="gpu-7"),
+     ["monitoring.node: 'gpu-7' is not a node; nodes are: gpu-01, gpu-02, gpu-03, gpu-04, gpu-05, gpu-06"]),
+    ("ports do not collide on a node",
+     lambda c: section(c, "gateway").update(port=8000),
+     ["gateway.port: port 8000 on gpu-01 is already taken by pools.reasoning.port"]),
+    ("exporter ports do not collide with vLLM",
+     lambda c: section(c, "monitoring").update(nodeExporter={"image": "prom/node-exporter:v1.8.2", "port": 8000}),
+     ["monitoring.nodeExporter.port: port 8000 on gpu-01 is already taken by pools.reasoning.port",
+      "monitoring.nodeExporter.port: port 8000 on gpu-03 is already taken by pools.chat.port",
+      "monitoring.nodeExporter.port: port 8000 on gpu-04 is already taken by pools.chat.port",
+      "monitoring.nodeExporter.port: port 8000 on gpu-05 is already taken by pools.chat.port",
+      "monitoring.nodeExporter.port: port 8000 on gpu-06 is already taken by pools.chat.port"]),
+    ("host key checking needs host keys",
+     lambda c: section(c, "ssh").update(hostKeyChecking=True),
+     [f"nodes.gpu-0{i}.hostKey: required when ssh.hostKeyChecking is true" for i in range(1, 7)]),
+    ("unknown config key",
+     lambda c: c.update({NS + "pool": {}}),
+     ["llm-cluster:pool: unknown config key; allowed: llm-cluster:ssh, llm-cluster:nodeDefaults, llm-cluster:nodes, "
+      "llm-cluster:nccl, llm-cluster:models, llm-cluster:pools, llm-cluster:gateway, llm-cluster:monitoring, "
+      "llm-cluster:alertmanagerConfig, llm-cluster:gatewayApiKeys, llm-cluster:gatewayTlsCert, "
+      "llm-cluster:gatewayTlsKey, llm-cluster:grafanaAdminPassword, llm-cluster:sshPrivateKey, "
+      "llm-cluster:sshPrivateKeyPassword"]),
+    ("secrets must be secret",
+     lambda c: c.update({NS + "sshPrivateKey": "-----BEGIN OPENSSH PRIVATE KEY-----"}),
+     ["llm-cluster:sshPrivateKey: must be a secret: set it with `pulumi config set --secret sshPrivateKey` "
+      "(SSH private key (PEM/OpenSSH) used for every node)"]),
+]
+
+
+@pytest.mark.parametrize("mutate,expected", [(m, e) for _, m, e in REFUSED], ids=[n for n, _, _ in REFUSED])
+def test_refused_with_key_path_and_what_is_allowed(config: dict[str, Any], mutate: Mutation,
+                                                    expected: list[str]) -> None:
+    mutate(config)
+    assert refused(config) == expected
+
+
+ACCEPTED: list[tuple[str, Mutation]] = [
+    ("two TP4 replicas per node", lambda c: section(c, "pools")["chat"].update(tensorParallel=4, replicasPerNode=2)),
+    ("InfiniBand needs no GID index",
+     lambda c: section(c, "nodeDefaults").update(hca={"device": "mlx5_0", "linkLayer": "infiniband"})),
+    ("a shared mount as weights source",
+     lambda c: section(c, "models")["qwen3-30b-a3b"].update(source={"sharedMount": "nas:/export/models"})),
+    ("host keys given with checking on",
+     lambda c: section(c, "ssh").update(hostKeyChecking=True) or [
+         n.update(hostKey="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHVuaXF1ZQ") for n in section(c, "nodes").values()]),
+    ("an alias to a pool", lambda c: section(c, "gateway").update(aliases={"gpt-4o": "chat"})),
+    ("a key limited to a pool", lambda c: section(c, "gateway")["apiKeys"].append({"id": "team-a", "models": ["chat"]})),
+    ("a TP=16 instance spans two nodes (the policy pack judges it)",
+     lambda c: section(c, "pools")["reasoning"].update(tensorParallel=16, pipelineParallel=1)),
+]
+
+
+@pytest.mark.parametrize("mutate", [m for _, m in ACCEPTED], ids=[n for n, _ in ACCEPTED])
+def test_accepted_variants(config: dict[str, Any], mutate: Mutation) -> None:
+    mutate(config)
+    load_stack_config(config, set())
+
+
+def test_secret_keys_are_accepted_when_secret(config: dict[str, Any]) -> None:
+    config[NS + "gatewayApiKeys"] = '{"default": "sk-1"}'
+    spec = load_stack_config(config, {NS + "gatewayApiKeys"})
+    assert spec.secrets == frozenset({"gatewayApiKeys"})
+    assert "sk-1" not in spec.model_dump_json()
+
+
+def test_two_replicas_per_node_get_their_own_gpus_and_ports(config: dict[str, Any]) -> None:
+    section(config, "pools")["chat"].update(tensorParallel=4, replicasPerNode=2)
+    chat = instances(load_stack_config(config, set()), "chat")
+    assert [(i.name, i.port, i.gpu_ids) for i in chat[:2]] == [
+        ("chat-gpu-03-r0", 8000, (0, 1, 2, 3)), ("chat-gpu-03-r1", 8001, (4, 5, 6, 7))]
+
+
+def test_all_issues_are_reported_at_once(config: dict[str, Any]) -> None:
+    section(config, "pools")["reasoning"]["nodes"][1] = "gpu-09"
+    section(config, "gateway").update(node="mgmt")
+    assert refused(config) == [
+        "pools.reasoning.nodes[1]: 'gpu-09' is not a node; nodes are: gpu-01, gpu-02, gpu-03, gpu-04, gpu-05, gpu-06",
+        "gateway.node: 'mgmt' is not a node; nodes are: gpu-01, gpu-02, gpu-03, gpu-04, gpu-05, gpu-06",
+    ]
