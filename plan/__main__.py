@@ -67,8 +67,12 @@ def main(argv: list[str] | None = None) -> int:
                       stack.config, set(stack.secret_keys), stack=stack.name, preview=not args.up)
     _step(f"program registered {len(run.registrations)} resources", start)
 
-    from plan.analyze import Violation, analyze
-    violations = analyze(run.registrations, policy_config)
+    from plan.analyze import PolicyConfigError, Violation, analyze
+    try:
+        violations = analyze(run.registrations, policy_config)
+    except PolicyConfigError as err:
+        print(f"--policy-config {args.policy_config}: {err}", file=sys.stderr)
+        return EXIT_INVALID
     violations += [
         Violation("no-plaintext-secrets", "mandatory", leak.urn,
                   f"the value of secret config {leak.secret_key} appears in plaintext at {leak.path}; "

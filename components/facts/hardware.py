@@ -12,6 +12,14 @@ Sources (cited per fact below):
   [vllm-mla]   attention/backends/mla/common.py:226,1069 (MLA prefill calls FlashAttention-2,
                which needs sm_80: vllm_flash_attn/flash_attn_interface.py:35-37).
   [nv-specs]   NVIDIA data sheets for memory sizes (V100, T4, A10, A100, L40S, H100, H200).
+  [vllm-fp16]  vllm/config.py:3221-3241 (model types that refuse float16; on sm_70 `auto` gives float32).
+  [vllm-ct]    compressed_tensors/schemes/* (no compressed-tensors linear scheme accepts sm_70; W8A8-int8
+               needs 7.5) and compressed_tensors.py:213-235; issue #20216.
+  [vllm-docs-q] docs/features/quantization/supported_hardware.md at v0.9.2 (Volta: GPTQ, BitBLAS, AQLM,
+               bitsandbytes, DeepSpeedFP, GGUF yes; AWQ, Marlin, INT8 W8A8, FP8 no).
+  [lmdeploy]   LMDeploy's supported-platforms table: TurboMind runs AWQ/GPTQ int4 on Volta (sm_70).
+  [vllm-docker] docker/Dockerfile at v0.9.2: TORCH_CUDA_ARCH_LIST incl. 7.0 (:9,165); requirements/cuda.txt
+               installs ray[cgraph], so every vllm/vllm-openai image carries Ray.
 """
 from __future__ import annotations
 
@@ -75,6 +83,29 @@ DTYPE_ALIASES: dict[str, str] = {
 DTYPE_BYTES: dict[str, int] = {"float16": 2, "bfloat16": 2, "float32": 4}
 
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+FP8_KV_CACHE_DTYPES = frozenset(d for d in KV_CACHE_DTYPES if d.startswith("fp8"))
+
+# config.json model_type values vLLM 0.9.2 refuses to run in float16 ("The model type … does not
+# support float16"); below sm_80 `--dtype auto` therefore resolves them to float32. [vllm-fp16]
+FP16_REFUSING_MODEL_TYPES = frozenset({"gemma2", "gemma3", "plamo2", "glm4"})
+
+# Checkpoint formats that store FP8 weights (Volta and Turing have no FP8 units). [vllm-cap]
+FP8_QUANTIZATION_METHODS = frozenset({"fp8", "fbgemm_fp8", "ptpc_fp8", "modelopt"})
+# compressed-tensors passes the config-level gate at 7.0, but none of its linear schemes loads
+# below 7.5 (W8A8-int8); WNA16 and W8A16-fp8 need 8.0. [vllm-ct]
+COMPRESSED_TENSORS_MIN_SCHEME_CAPABILITY = 75
+# What to use instead when a method needs more than the GPU has. [vllm-docs-q] [lmdeploy]
+QUANTIZATION_WAY_OUT: dict[str, str] = {
+    "awq": "serve a GPTQ checkpoint of the model (--quantization gptq), or serve the AWQ checkpoint "
+           "with LMDeploy (TurboMind runs AWQ on sm_70)",
+    "awq_marlin": "serve a GPTQ checkpoint of the model (--quantization gptq), or serve the AWQ checkpoint "
+                  "with LMDeploy (TurboMind runs AWQ on sm_70)",
+    "gptq_marlin": "use --quantization gptq (or leave it unset: vLLM picks plain gptq itself below sm_80)",
+    "gptq_marlin_24": "use a dense GPTQ checkpoint with --quantization gptq",
+    "gptq_bitblas": "use --quantization gptq (or bitblas)",
+    "marlin": "use --quantization gptq with a GPTQ checkpoint",
+    "compressed-tensors": "use a GPTQ (--quantization gptq) or GGUF checkpoint of the model",
+}
 
 
 @dataclass(frozen=True)
@@ -118,6 +149,11 @@ CHUNKED_PREFILL_AUTO_ABOVE = 32768
 # (docker/Dockerfile:9,165 at v0.9.2). Every vllm/vllm-openai image carries Ray.
 VLLM_IMAGE_REPO = "vllm/vllm-openai"
 VLLM_VOLTA_VERSION = "v0.9.2"
+# Image tags of VLLM_IMAGE_REPO whose engine runs on GPUs without V1 support (below sm_80): the
+# product's flag table and facts are for 0.9.2, so that is the one tag accepted. [vllm-docker]
+VLLM_V0_IMAGE_TAGS = frozenset({VLLM_VOLTA_VERSION})
+# Image repositories that carry Ray (multi-node vLLM needs it in every container). [vllm-docker]
+IMAGES_WITH_RAY = frozenset({VLLM_IMAGE_REPO, "rayproject/ray", "rayproject/ray-ml"})
 
 
 def gpu(name: str) -> GpuModel:
@@ -126,3 +162,16 @@ def gpu(name: str) -> GpuModel:
         return GPUS[name]
     except KeyError:
         raise KeyError(f"unknown GPU model {name!r}; known: {', '.join(sorted(GPUS))}") from None
+
+
+def quantization_min_capability(method: str) -> int | None:
+    """The capability a quantization method really needs in vLLM 0.9.2 (None: unknown or not CUDA)."""
+    need = QUANTIZATION_MIN_CAPABILITY.get(method)
+    if need is not None and method == "compressed-tensors":
+        need = max(need, COMPRESSED_TENSORS_MIN_SCHEME_CAPABILITY)  # [vllm-ct]
+    return need
+
+
+def capability_text(capability: int) -> str:
+    """70 -> 'sm_70 (compute capability 7.0)'."""
+    return f"sm_{capability} (compute capability {capability // 10}.{capability % 10})"

@@ -1,0 +1,17 @@
+"""The policy list shared by policies/__main__.py (the CLI's pack) and plan/analyze.py (the offline plan)."""
+from __future__ import annotations
+
+from pulumi_policy import EnforcementLevel, Policy
+
+from policies.rules import capacity, flags, hardware, image, security, topology
+
+PACK_NAME = "llm-cluster-hardware"
+PACK_VERSION = "0.1.0"
+PACK_DESCRIPTION = "Refuses at preview what the GPUs cannot run (vLLM 0.9.2 facts), plus topology and security rules."
+# Every policy states its own level; this is only the pack's fallback.
+DEFAULT_LEVEL = EnforcementLevel.MANDATORY
+
+POLICIES: list[Policy] = [
+    *hardware.POLICIES, *image.POLICIES, *topology.POLICIES, *flags.POLICIES, *security.POLICIES,
+    *capacity.POLICIES,
+]

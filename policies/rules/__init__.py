@@ -1,0 +1,1 @@
+"""The pack's rules, one module per concern; each exposes POLICIES."""

@@ -1,0 +1,58 @@
+"""Rule 11: memory fit, from the capacity planner's estimate on the ModelServer (`capacity` prop)."""
+from __future__ import annotations
+
+from typing import Any
+
+from pulumi_policy import (
+    EnforcementLevel, PolicyConfigSchema, ReportViolation, ResourceValidationArgs, ResourceValidationPolicy,
+)
+
+from policies.rules.common import MODEL_SERVER, config_with_defaults, number
+
+
+def _capacity(args: ResourceValidationArgs) -> dict[str, Any]:
+    """The planner's estimate; not_applicable (raises) when the resource carries none."""
+    if args.resource_type != MODEL_SERVER:
+        args.not_applicable("not a ModelServer")
+    capacity = args.props.get("capacity")
+    if not capacity:
+        args.not_applicable("no capacity estimate on this ModelServer")
+    return dict(capacity)
+
+
+def validate_fit(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """Mandatory: not one sequence of max-model-len fits in the KV cache left after the weights."""
+    capacity = _capacity(args)
+    if capacity.get("fits") is False:
+        report(f"does not fit: {capacity.get('reason') or 'no room for one sequence of max-model-len'}. "
+               "Lower --max-model-len, raise --gpu-memory-utilization, quantize the weights (GPTQ), or spread "
+               "the model over more GPUs (tensor/pipeline parallel).", None)
+
+
+HEADROOM_CONFIG = PolicyConfigSchema(properties={"minConcurrency": {
+    "type": "number", "minimum": 0, "default": 4,
+    "description": "Warn when fewer full-length sequences than this fit in the KV cache at once."}})
+
+
+def validate_headroom(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """Advisory: fewer concurrent full-length sequences than the configured minimum."""
+    capacity = _capacity(args)
+    threshold = float(config_with_defaults(args, HEADROOM_CONFIG)["minConcurrency"])
+    concurrency = capacity.get("max_concurrency")
+    if capacity.get("fits") is False or concurrency is None:
+        return
+    if float(concurrency) < threshold:
+        tokens = number(capacity.get("kv_tokens"))
+        report(f"only {float(concurrency):.1f} sequences of max-model-len fit in the KV cache at once "
+               f"({tokens if tokens is not None else '?'} tokens), below minConcurrency {threshold:g}: requests "
+               "queue or get preempted under load. Lower --max-model-len, or add GPUs to the instance.", None)
+
+
+POLICIES = [
+    ResourceValidationPolicy(name="memory-fit", description="The model and one max-model-len sequence fit in GPU memory.",
+                             validate=validate_fit, enforcement_level=EnforcementLevel.MANDATORY),
+    ResourceValidationPolicy(name="memory-headroom",
+                             description="Enough KV cache for the configured number of concurrent full-length sequences.",
+                             validate=validate_headroom, config_schema=HEADROOM_CONFIG,
+                             enforcement_level=EnforcementLevel.ADVISORY),
+]

@@ -1,0 +1,192 @@
+"""What the rules read: resource types, labels, env, and the vLLM launch a resource describes."""
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pulumi_policy import (
+    EnforcementLevel, PolicyConfigSchema, ReportViolation, ResourceValidationArgs, ResourceValidationPolicy,
+)
+
+from components.facts.hardware import GPUS, GpuModel
+from policies.rules.serve_args import ServeArgs, parse_serve
+
+CONTAINER = "docker:index/container:Container"
+REMOTE_COMMAND = "command:remote:Command"
+MODEL_SERVER = "llm-cluster:vllm:ModelServer"
+RAY_CLUSTER = "llm-cluster:ray:RayCluster"
+GATEWAY = "llm-cluster:gateway:Gateway"
+COMPONENT_PREFIX = "llm-cluster:"
+
+ROLE = "llm-cluster.role"
+GPU_MODEL_LABEL = "llm-cluster.gpu-model"
+IMAGE_LABEL = "llm-cluster.image"
+LINK_LAYER_LABEL = "llm-cluster.link-layer"
+RAY_ROLES = frozenset({"ray-head", "ray-worker"})
+
+
+def number(value: Any) -> int | None:
+    """Props arrive with numbers as floats (mocks, the engine's Struct): 8.0 -> 8; None stays None."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(float(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def labels(props: Mapping[str, Any]) -> dict[str, str]:
+    """A container's `labels` [{label, value}] as a dict."""
+    return {str(item.get("label")): str(item.get("value")) for item in props.get("labels") or []}
+
+
+def env_of(envs: Any) -> dict[str, str]:
+    """A container's `envs` ["K=V"] (or a component's env dict) as a dict."""
+    if isinstance(envs, Mapping):
+        return {str(k): str(v) for k, v in envs.items()}
+    out: dict[str, str] = {}
+    for item in envs or []:
+        key, _, value = str(item).partition("=")
+        out[key] = value
+    return out
+
+
+def container_argv(props: Mapping[str, Any]) -> list[str]:
+    """What a container runs: entrypoints followed by command (the image's own when both are unset)."""
+    return [str(t) for t in list(props.get("entrypoints") or []) + list(props.get("command") or [])]
+
+
+def is_ray_container(props: Mapping[str, Any]) -> bool:
+    """A container that runs a Ray node: its role label, or `ray start` in what it runs."""
+    argv = container_argv(props)
+    return labels(props).get(ROLE) in RAY_ROLES or any(
+        argv[i].rsplit("/", 1)[-1] == "ray" and argv[i + 1] == "start" for i in range(len(argv) - 1))
+
+
+def urn_types(urn: str) -> list[str]:
+    """The type chain in a URN: [parent types…, own type]."""
+    parts = urn.split("::")
+    return parts[2].split("$") if len(parts) >= 4 else []
+
+
+def under_component(urn: str) -> bool:
+    """Whether a resource was registered by one of the product's components (its URN's parent chain)."""
+    return any(t.startswith(COMPONENT_PREFIX) for t in urn_types(urn)[:-1])
+
+
+def serve_tokens(argv: list[str]) -> list[str] | None:
+    """The tokens after `vllm serve` in an argv (also inside a `bash -c` script); None if it serves nothing."""
+    for i in range(len(argv) - 1):
+        if argv[i].rsplit("/", 1)[-1] == "vllm" and argv[i + 1] == "serve":
+            return argv[i + 2:]
+    for token in argv:
+        if "vllm serve" in token:
+            try:
+                words = shlex.split(token.split("vllm serve", 1)[1].split("\n\n")[0].replace("\\\n", " "))
+            except ValueError:
+                return None
+            return [w for w in words if w not in (";", "&&")]
+    return None
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One vLLM server as a resource describes it: argv after `vllm serve`, env, GPU, model, layout."""
+
+    resource: str  # "ModelServer" or "container"
+    args: ServeArgs
+    env: dict[str, str]
+    gpu_name: str | None
+    gpu: GpuModel | None
+    arch: str | None = None  # model catalog name (ModelServer props)
+    quantization: str | None = None  # the checkpoint's method (ModelServer props)
+    nodes: tuple[str, ...] = ()
+    gpus_per_node: int | None = None
+    image: str | None = None
+    model_path: str | None = None
+    props: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def capability(self) -> int | None:
+        """The GPU's compute capability (70 for V100), None when the GPU is not in the facts table."""
+        return self.gpu.capability if self.gpu else None
+
+    def where(self) -> str:
+        """'Tesla V100-SXM2-32GB (sm_70)' for messages."""
+        assert self.gpu is not None
+        return f"{self.gpu.name} (sm_{self.gpu.capability})"
+
+
+def launch_of(args: ResourceValidationArgs) -> Launch | None:
+    """The vLLM launch a resource describes: ModelServer props, or a raw container running `vllm serve`.
+
+    Containers registered by the product's components are skipped: their ModelServer carries the same
+    argv and env, so a fault is reported once, on the component. A container added outside the
+    components is checked on its own (GPU from its llm-cluster.gpu-model label).
+    """
+    props = args.props
+    if args.resource_type == MODEL_SERVER:
+        argv = [str(t) for t in props.get("argv") or []]
+        tokens = serve_tokens(argv)
+        gpu_name = props.get("gpuModel")
+        return Launch(
+            resource="ModelServer", args=parse_serve(tokens if tokens is not None else argv),
+            env=env_of(props.get("env")), gpu_name=gpu_name, gpu=GPUS.get(str(gpu_name)),
+            arch=props.get("arch"), quantization=props.get("quantization"),
+            nodes=tuple(props.get("nodes") or ()), gpus_per_node=number(props.get("gpuCount")),
+            image=props.get("image"), model_path=props.get("modelPath"), props=props,
+        )
+    if args.resource_type != CONTAINER or under_component(args.urn):
+        return None
+    tokens = serve_tokens(container_argv(props))
+    if tokens is None:
+        return None
+    lab = labels(props)
+    gpu_name = lab.get(GPU_MODEL_LABEL)
+    parsed = parse_serve(tokens)
+    return Launch(resource="container", args=parsed, env=env_of(props.get("envs")), gpu_name=gpu_name,
+                  gpu=GPUS.get(str(gpu_name)), image=lab.get(IMAGE_LABEL),
+                  model_path=parsed.get("model_tag"), props=props)
+
+
+def config_with_defaults(args: Any, schema: PolicyConfigSchema | None) -> dict[str, Any]:
+    """The policy's config: schema defaults overlaid with what the user configured."""
+    out = {k: v.get("default") for k, v in (schema.properties if schema else {}).items() if "default" in v}
+    out.update(args.get_config() or {})
+    return out
+
+
+Check = Callable[[Launch, dict[str, Any]], list[str]]
+
+
+def launch_policy(name: str, description: str, check: Check, *, level: EnforcementLevel = EnforcementLevel.MANDATORY,
+                  config: PolicyConfigSchema | None = None, needs_gpu: bool = True) -> ResourceValidationPolicy:
+    """A policy over every vLLM launch (ModelServer props or a raw container); one violation per message."""
+
+    def validate(args: ResourceValidationArgs, report: ReportViolation) -> None:
+        launch = launch_of(args)
+        if launch is None:
+            args.not_applicable("not a vLLM server")
+            return
+        if needs_gpu and launch.gpu is None:
+            args.not_applicable(f"GPU model {launch.gpu_name!r} is not in the facts table")
+            return
+        for message in check(launch, config_with_defaults(args, config)):
+            report(message, None)
+
+    return ResourceValidationPolicy(name=name, description=description, validate=validate,
+                                    enforcement_level=level, config_schema=config)
+
+
+def image_parts(ref: str) -> tuple[str, str | None]:
+    """'vllm/vllm-openai:v0.9.2@sha256:…' -> ('vllm/vllm-openai', 'v0.9.2'); Docker Hub prefixes removed."""
+    ref = ref.split("@", 1)[0]
+    repo, tag = ref, None
+    if ":" in ref.rsplit("/", 1)[-1]:
+        repo, tag = ref.rsplit(":", 1)
+    repo = re.sub(r"^(docker\.io/|index\.docker\.io/|registry-1\.docker\.io/)", "", repo)
+    repo = re.sub(r"^library/", "", repo)
+    return repo, tag

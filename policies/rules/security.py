@@ -1,0 +1,140 @@
+"""Rule 9: the gateway requires API keys; no secret in plaintext among inputs; vLLM, Ray and metrics
+ports stay on the cluster network.
+
+What a pack can see of secrets: pulumi_policy's Analyze unwraps Pulumi secrets to plaintext, so a rule
+cannot tell a secret-wrapped value from a literal. This rule therefore refuses secret-bearing *places*
+that hold a literal value (env names like *_PASSWORD, `--api-key` in an argv, `X_TOKEN=…` in a remote
+script): such values are readable by anyone with `docker inspect` or `ps` on the node whether or not
+Pulumi encrypts them. `make plan` additionally checks every registration's wire form for the stack's
+secret values outside secret envelopes (plan/, the lead's check).
+"""
+from __future__ import annotations
+
+import re
+
+from pulumi_policy import (
+    EnforcementLevel, PolicyConfigSchema, ReportViolation, ResourceValidationArgs, ResourceValidationPolicy,
+)
+
+from policies.rules.common import (
+    CONTAINER, GATEWAY, REMOTE_COMMAND, ROLE, config_with_defaults, container_argv, env_of, is_ray_container,
+    labels, serve_tokens,
+)
+from policies.rules.serve_args import parse_serve
+
+
+def validate_gateway(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """The Gateway component must require API keys and know at least one."""
+    if args.resource_type != GATEWAY:
+        args.not_applicable("not a gateway")
+        return
+    props = args.props
+    if not props.get("authRequired"):
+        report("authRequired is false: every model would be open to anyone who reaches the gateway's port. "
+               "Keep API keys on (state gateway.apiKeys, or leave it empty to have a key generated on the host).",
+               None)
+    elif not props.get("apiKeyIds"):
+        report("no API key: with auth required and no key, the gateway refuses every client. State "
+               "gateway.apiKeys, or leave it empty to have a key generated on the host.", None)
+
+
+# Env names that carry credentials by convention; *_FILE variants point at a file and are fine.
+SECRET_ENV = re.compile(r"(PASSWORD|PASSWD|SECRET|TOKEN|API_KEY|APIKEY|PRIVATE_KEY|ACCESS_KEY)$", re.IGNORECASE)
+SECRET_FLAGS = ("--api-key", "--hf-token")
+# `NAME=value` or `--api-key value` in a script with a literal value (not $VAR, $(…), a path or a quote of one).
+_SCRIPT_ASSIGN = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)=(['\"]?)([^\s'\"$`/][^\s'\"]*)")
+_SCRIPT_FLAG = re.compile(r"(--api-key|--hf-token)[= ]+(['\"]?)([^\s'\"$`/-][^\s'\"]*)")
+
+SECRETS_CONFIG = PolicyConfigSchema(properties={"ignoreEnv": {
+    "type": "array", "items": {"type": "string"}, "default": [],
+    "description": "Env names that look secret-bearing but carry no secret (or that you accept in env)."}})
+
+
+def _literal(value: str) -> bool:
+    return bool(value) and not value.startswith(("$", "/"))
+
+
+def secret_findings(argv: list[str], env: dict[str, str], scripts: list[str], ignore: set[str]) -> list[str]:
+    """Where a resource holds a credential as a literal: env names, serve flags, script assignments."""
+    found = [f"env {name}" for name, value in env.items()
+             if SECRET_ENV.search(name) and name not in ignore and _literal(value)]
+    tokens = serve_tokens(argv)
+    if tokens is not None:
+        parsed = parse_serve(tokens)
+        found += [flag for flag in SECRET_FLAGS if _literal(str(parsed.get(flag[2:].replace("-", "_")) or ""))]
+    for script in scripts:
+        found += [f"script {m.group(1)}=…" for m in _SCRIPT_ASSIGN.finditer(script)
+                  if SECRET_ENV.search(m.group(1)) and m.group(1) not in ignore]
+        found += [f"script {m.group(1)} …" for m in _SCRIPT_FLAG.finditer(script)]
+    return list(dict.fromkeys(found))
+
+
+def validate_secrets(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """Containers (env, argv) and remote commands (environment, scripts)."""
+    props = args.props
+    ignore = set(config_with_defaults(args, SECRETS_CONFIG)["ignoreEnv"])
+    if args.resource_type == CONTAINER:
+        found = secret_findings(container_argv(props), env_of(props.get("envs")), [], ignore)
+    elif args.resource_type == REMOTE_COMMAND:
+        scripts = [str(props.get(k)) for k in ("create", "update", "delete") if props.get(k)]
+        found = secret_findings([], env_of(props.get("environment")), scripts, ignore)
+    else:
+        args.not_applicable("neither a container nor a remote command")
+        return
+    if found:
+        report(f"credential in plain text: {', '.join(found)}. Anyone with docker or shell access on the node "
+               "reads it (docker inspect, ps, the command log). Read it from a file on the host "
+               "(NAME__FILE, --api-key \"$(cat /etc/llm-cluster/…)\"), or list a harmless env name in this "
+               "policy's ignoreEnv.", None)
+
+
+EXPOSURE_CONFIG = PolicyConfigSchema(properties={"publicRoles": {
+    "type": "array", "items": {"type": "string"}, "default": ["gateway", "grafana"],
+    "description": "llm-cluster.role values whose ports may be published on every interface."}})
+_WILDCARDS = ("", "0.0.0.0", "::", "[::]")
+
+
+def validate_exposure(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """Published ports only for public roles; host-network vLLM and Ray bind a cluster address."""
+    if args.resource_type != CONTAINER:
+        args.not_applicable("not a container")
+        return
+    props = args.props
+    config = config_with_defaults(args, EXPOSURE_CONFIG)
+    role = labels(props).get(ROLE, "")
+    if role not in config["publicRoles"]:
+        for port in props.get("ports") or []:
+            if str(port.get("ip") or "") in _WILDCARDS:
+                report(f"port {int(float(port.get('internal')))} of a {role or 'unlabelled'} container is published "
+                       "on every interface: vLLM, Ray and metrics ports serve without authentication. Publish it "
+                       "on the node's cluster address (ports[].ip) or drop it and let the gateway/Prometheus reach "
+                       "it over the cluster network.", None)
+    argv = container_argv(props)
+    tokens = serve_tokens(argv)
+    if tokens is not None and props.get("networkMode") == "host":
+        host = parse_serve(tokens).get("host")
+        if str(host or "") in _WILDCARDS:
+            report(f"vllm serve --host {host or '(unset)'} on the host network listens on every interface of the "
+                   "node, and /v1, /metrics and /health answer without a key there (only the gateway checks keys). "
+                   "Pass --host <the node's cluster address>.", None)
+    if is_ray_container(props):
+        for i, token in enumerate(argv):
+            value = token.partition("=")[2] if token.startswith("--dashboard-host=") else (
+                argv[i + 1] if token == "--dashboard-host" and i + 1 < len(argv) else None)
+            if value is not None and value in _WILDCARDS:
+                report(f"ray start --dashboard-host={value} opens Ray's dashboard (job submission = code execution) "
+                       "on every interface. Bind it to the node's cluster address or leave it on 127.0.0.1.", None)
+
+
+POLICIES = [
+    ResourceValidationPolicy(name="gateway-auth", description="The gateway requires API keys.",
+                             validate=validate_gateway, enforcement_level=EnforcementLevel.MANDATORY),
+    ResourceValidationPolicy(name="no-plaintext-secrets",
+                             description="No credential as a literal value in env, argv or remote scripts.",
+                             validate=validate_secrets, config_schema=SECRETS_CONFIG,
+                             enforcement_level=EnforcementLevel.MANDATORY),
+    ResourceValidationPolicy(name="internal-ports",
+                             description="vLLM, Ray and metrics ports stay on the cluster network.",
+                             validate=validate_exposure, config_schema=EXPOSURE_CONFIG,
+                             enforcement_level=EnforcementLevel.MANDATORY),
+]
