@@ -67,14 +67,21 @@ def mermaid(graph: ComponentGraph) -> str:
     return "\n".join(lines) + "\n"
 
 
+# One fill colour per component kind, so the columns read at a glance.
+_COLOURS = ["#dbe9f6", "#e3f1dc", "#fbe5c8", "#f6d5d5", "#e6dcf2", "#f2f2c9", "#d9f0ef"]
+
+
 def dot(graph: ComponentGraph) -> str:
-    """Graphviz digraph, one cluster per component kind."""
+    """Graphviz digraph: one column per component kind, prerequisites on the left."""
     ids = _ids(graph)
-    lines = ["digraph deployment {", "  rankdir=LR;", '  node [shape=box, style="rounded,filled", fillcolor="#eef3fb"];']
-    for kind in dict.fromkeys(graph.kinds.values()):
-        lines.append(f'  subgraph "cluster_{kind}" {{ label="{kind}";')
-        lines += [f'    {ids[u]} [label="{lbl}"];' for u, lbl in graph.nodes.items() if graph.kinds[u] == kind]
-        lines.append("  }")
+    lines = ["digraph deployment {", "  rankdir=LR; nodesep=0.25; ranksep=1.0;",
+             '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=11];',
+             '  edge [color="#667788", arrowsize=0.7];']
+    for n, kind in enumerate(dict.fromkeys(graph.kinds.values())):
+        members = [u for u in graph.nodes if graph.kinds[u] == kind]
+        colour = _COLOURS[n % len(_COLOURS)]
+        lines += [f'  {ids[u]} [label="{graph.nodes[u]}\\n({kind})", fillcolor="{colour}"];' for u in members]
+        lines.append("  { rank=same; " + " ".join(ids[u] for u in members) + " }")
     lines += [f"  {ids[a]} -> {ids[b]};" for a, b in graph.edges]
     return "\n".join(lines + ["}"]) + "\n"
 
