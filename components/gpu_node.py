@@ -1,13 +1,30 @@
-"""GpuNode: one server reached over SSH — connection, Docker provider, pulled images."""
+"""GpuNode: one server reached over SSH — connection, Docker provider, /etc/hosts block, preflight, images.
+
+SSH authentication, in the order the stack states it:
+- `ssh.keyPath`: commands get the key file's content (read when the program runs, kept a secret);
+  the Docker provider's ssh gets `-i <keyPath>`.
+- the secret config `sshPrivateKey`: commands get it as `private_key`; the Docker provider runs the
+  local `ssh` binary, which cannot take key material, so a local command writes it to a 0600 file
+  under ~/.ssh/llm-cluster/<stack>/ (removed on destroy) and ssh gets `-i` that file.
+- `ssh.agent`: commands and Docker's ssh use the running ssh-agent (SSH_AUTH_SOCK).
+Host keys: with `hostKeyChecking` each node's `hostKey` pins the commands' connection, and a local
+known_hosts file pins Docker's ssh (StrictHostKeyChecking=yes); without it neither checks.
+"""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import pulumi
 import pulumi_docker as docker
-from pulumi_command import remote
+from pulumi_command import local, remote
 
 from components.base import Component
+from components.planning.node_scripts import (
+    bash_command, hosts_create_script, hosts_delete_script, hosts_entries, known_hosts_line,
+    node_expectation, operator_file_create_script, operator_file_delete_script, operator_file_path,
+    preflight_script, script_hash,
+)
 from components.planning.topology import resource_suffix
 from components.spec import StackSpec
 
@@ -19,6 +36,17 @@ class GpuNodeArgs:
     spec: StackSpec
     node: str
     images: list[str]
+
+
+def read_key_file(key_path: str) -> str:
+    """The private key at ssh.keyPath on the operator's machine; a RunError naming the key when unreadable."""
+    path = os.path.expanduser(key_path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise pulumi.RunError(f"ssh.keyPath: cannot read the private key {key_path!r} ({e.strerror}); "
+                              "fix the path or use ssh.agent / the secret sshPrivateKey") from None
 
 
 class GpuNode(Component):
@@ -35,21 +63,64 @@ class GpuNode(Component):
         ssh = spec.ssh
         host = node.ssh_address or node.address
         self.address: str = node.address
+
+        private_key: pulumi.Input[str] | None = None
+        docker_key: str | None = None
+        docker_files: list[pulumi.Resource] = []
+        if ssh.key_path:
+            private_key = pulumi.Output.secret(read_key_file(ssh.key_path))
+            docker_key = ssh.key_path
+        elif "sshPrivateKey" in spec.secrets:
+            private_key = pulumi.Config().require_secret("sshPrivateKey")
+            docker_key = operator_file_path(pulumi.get_stack(), args.node, "key")
+            docker_files.append(self._operator_file("ssh-key", docker_key, private_key))
+        passphrase = (pulumi.Config().require_secret("sshPrivateKeyPassword")
+                      if private_key is not None and "sshPrivateKeyPassword" in spec.secrets else None)
+        # agent_socket_path stays unset: the provider then reads SSH_AUTH_SOCK, as ssh does.
         self.connection: remote.ConnectionArgs = remote.ConnectionArgs(
-            host=host, port=ssh.port, user=ssh.user, host_key=node.host_key,
+            host=host, port=ssh.port, user=ssh.user, private_key=private_key,
+            private_key_password=passphrase, host_key=node.host_key,
             dial_error_limit=ssh.dial_error_limit, per_dial_timeout=ssh.per_dial_timeout_seconds,
         )
-        ssh_opts = ["-o", f"StrictHostKeyChecking={'yes' if ssh.host_key_checking else 'no'}",
-                    "-o", f"Port={ssh.port}"]
-        if ssh.key_path:
-            ssh_opts += ["-i", ssh.key_path]
+
+        ssh_opts = ["-o", f"Port={ssh.port}"]
+        if ssh.host_key_checking and node.host_key:
+            known_hosts = operator_file_path(pulumi.get_stack(), args.node, "known_hosts")
+            docker_files.append(self._operator_file(
+                "known-hosts", known_hosts, known_hosts_line(host, ssh.port, node.host_key)))
+            ssh_opts += ["-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known_hosts}"]
+        else:
+            ssh_opts += ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
+        if docker_key:
+            ssh_opts += ["-i", docker_key]
         self.provider: docker.Provider = docker.Provider(
-            self.child("docker"), host=f"ssh://{ssh.user}@{host}", ssh_opts=ssh_opts, opts=self.opts())
-        self.ready: list[pulumi.Resource] = []
+            self.child("docker"), host=f"ssh://{ssh.user}@{host}", ssh_opts=ssh_opts,
+            opts=self.opts(depends_on=docker_files))
+
+        hosts = hosts_create_script(hosts_entries(spec))
+        self.hosts: remote.Command = remote.Command(
+            self.child("hosts"), connection=self.connection, create=bash_command(hosts),
+            delete=bash_command(hosts_delete_script()), triggers=[script_hash(hosts)],
+            # A replacement must not run the old delete after the new create: it would remove the block.
+            opts=self.opts(delete_before_replace=True))
+        preflight = preflight_script(node_expectation(spec, args.node))
+        # Read-only checks: nothing to undo, so no delete.
+        self.preflight: remote.Command = remote.Command(
+            self.child("preflight"), connection=self.connection, create=bash_command(preflight),
+            triggers=[script_hash(preflight)], opts=self.opts())
+        self.ready: list[pulumi.Resource] = [self.hosts, self.preflight]
         self.images: dict[str, docker.RemoteImage] = {
             ref: docker.RemoteImage(
                 self.child(f"image-{resource_suffix(ref)}"), name=ref, keep_locally=True,
-                opts=self.opts(provider=self.provider, depends_on=self.ready))
+                opts=self.opts(provider=self.provider, depends_on=[self.preflight]))
             for ref in args.images
         }
         self.register_outputs({"address": node.address})
+
+    def _operator_file(self, suffix: str, path: str, content: pulumi.Input[str]) -> local.Command:
+        """A file on the operator's machine for Docker's ssh, written from stdin (secrets stay secret)."""
+        create = operator_file_create_script(path)
+        return local.Command(
+            self.child(suffix), create=bash_command(create), stdin=content,
+            delete=bash_command(operator_file_delete_script(path)), triggers=[script_hash(create)],
+            opts=self.opts(delete_before_replace=True))

@@ -1,0 +1,435 @@
+"""Node preflight: parsers of nvidia-smi, ibstat, ibv_devices, docker info and df, and the node check.
+
+Standard library only, and Python 3.8-compatible: the preflight script ships this file's source to
+the node (`python3 -` with a heredoc) and runs `main()` there, so one tested implementation parses
+both the fixtures here and the real outputs on the server. Everything above `collect` is pure.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One preflight result: an error stops the deployment, a warning is printed."""
+
+    level: str  # "error" | "warning"
+    what: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.level.upper()}: {self.what}\n    fix: {self.fix}"
+
+
+# --- parsers --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One GPU row of `nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total`."""
+
+    name: str
+    compute_cap: Optional[str]  # "7.0"; None when the driver predates the compute_cap field
+    driver_version: str
+    memory_mib: Optional[int]
+
+
+GPU_QUERY_FIELDS = "name,compute_cap,driver_version,memory.total"
+GPU_QUERY_FIELDS_OLD_DRIVER = "name,driver_version,memory.total"
+
+
+def parse_gpu_query(text: str) -> List[GpuInfo]:
+    """Rows of `nvidia-smi --query-gpu=<GPU_QUERY_FIELDS> --format=csv,noheader` (compute_cap may be absent)."""
+    gpus = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if not line.strip():
+            continue
+        if len(cells) == 4:
+            name, cap, driver, mem = cells
+        elif len(cells) == 3:
+            name, driver, mem = cells
+            cap = None
+        else:
+            raise ValueError(f"unexpected nvidia-smi --query-gpu row: {line!r}")
+        m = re.match(r"^(\d+)\s*MiB$", mem)
+        gpus.append(GpuInfo(name, cap, driver, int(m.group(1)) if m else None))
+    return gpus
+
+
+@dataclass(frozen=True)
+class Topology:
+    """`nvidia-smi topo -m`: the link between every GPU pair and from every NIC to every GPU."""
+
+    gpus: Tuple[str, ...]
+    links: Dict[Tuple[str, str], str]  # (GPU0, GPU1) -> "NV2" | "PIX" | "SYS" | …
+    nics: Dict[str, Dict[str, str]]  # mlx5_0 -> {GPU0: "PIX", …}
+
+    def nvlink_peers(self, gpu: str) -> List[str]:
+        """GPUs this one reaches over NVLink (NV#)."""
+        return [b for (a, b), kind in self.links.items() if a == gpu and kind.startswith("NV")]
+
+    @property
+    def has_nvlink(self) -> bool:
+        """Whether any GPU pair is joined by NVLink."""
+        return any(kind.startswith("NV") for kind in self.links.values())
+
+
+def parse_topo(text: str) -> Topology:
+    """Parse the matrix of `nvidia-smi topo -m` (GPU and NIC rows; affinity columns are ignored)."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    header_i = next((i for i, ln in enumerate(lines) if re.match(r"^\s+GPU0\b", ln)), None)
+    if header_i is None:
+        raise ValueError("no GPU0 header row in nvidia-smi topo -m output")
+    # Device columns are single tokens; "CPU Affinity" and what follows are not devices.
+    columns = []
+    for token in lines[header_i].split():
+        if token in ("CPU", "NUMA", "GPU") or token.startswith("Affinity"):
+            break
+        columns.append(token)
+    gpus = tuple(c for c in columns if re.match(r"^GPU\d+$", c))
+    links: Dict[Tuple[str, str], str] = {}
+    nics: Dict[str, Dict[str, str]] = {}
+    for ln in lines[header_i + 1:]:
+        if ln.startswith("Legend"):
+            break
+        cells = ln.split()
+        row, values = cells[0], cells[1:1 + len(columns)]
+        if len(values) < len(columns):
+            raise ValueError(f"topo row {row!r} has {len(values)} cells, expected {len(columns)}")
+        if row in gpus:
+            for col, kind in zip(columns, values):
+                if col in gpus and col != row:
+                    links[(row, col)] = kind
+        else:
+            nics[row] = {col: kind for col, kind in zip(columns, values) if col in gpus}
+    return Topology(gpus, links, nics)
+
+
+@dataclass(frozen=True)
+class IbPort:
+    """One port of an HCA as ibstat reports it."""
+
+    state: str
+    physical_state: str
+    rate_gbps: int
+    link_layer: str
+
+
+def parse_ibstat(text: str) -> Dict[str, Dict[int, IbPort]]:
+    """`ibstat`: CA name -> port number -> state, physical state, rate and link layer."""
+    cas: Dict[str, Dict[int, IbPort]] = {}
+    ca: Optional[str] = None
+    port: Optional[int] = None
+    fields: Dict[str, str] = {}
+
+    def flush() -> None:
+        if ca is not None and port is not None:
+            cas[ca][port] = IbPort(fields.get("State", "?"), fields.get("Physical state", "?"),
+                                   int(fields.get("Rate", "0") or 0), fields.get("Link layer", "?"))
+
+    for line in text.splitlines():
+        m = re.match(r"^CA '([^']+)'", line)
+        if m:
+            flush()
+            ca, port, fields = m.group(1), None, {}
+            cas[ca] = {}
+            continue
+        m = re.match(r"^\s+Port (\d+):\s*$", line)
+        if m and ca is not None:
+            flush()
+            port, fields = int(m.group(1)), {}
+            continue
+        m = re.match(r"^\s+([A-Za-z ]+):\s*(.*?)\s*$", line)
+        if m and port is not None:
+            fields[m.group(1)] = m.group(2)
+    flush()
+    return cas
+
+
+def parse_ibv_devices(text: str) -> Dict[str, str]:
+    """`ibv_devices`: verbs device name -> node GUID."""
+    devices = {}
+    for line in text.splitlines():
+        cells = line.split()
+        if len(cells) == 2 and re.match(r"^[0-9a-fA-F]{16}$", cells[1]):
+            devices[cells[0]] = cells[1]
+    return devices
+
+
+def parse_docker_runtimes(text: str) -> Tuple[List[str], Optional[str]]:
+    """`docker info`: the registered runtimes and the default one."""
+    runtimes: List[str] = []
+    default = None
+    for line in text.splitlines():
+        m = re.match(r"^\s*Runtimes:\s*(.*)$", line)
+        if m:
+            runtimes = m.group(1).split()
+        m = re.match(r"^\s*Default Runtime:\s*(\S+)", line)
+        if m:
+            default = m.group(1)
+    return runtimes, default
+
+
+def parse_df_available(text: str) -> int:
+    """`df -Pk <path>`: bytes available on the file system holding the path."""
+    rows = [ln.split() for ln in text.splitlines()[1:] if ln.strip()]
+    if not rows or len(rows[-1]) < 6:
+        raise ValueError(f"unexpected df -Pk output: {text!r}")
+    return int(rows[-1][-3]) * 1024
+
+
+def version_tuple(version: str) -> Tuple[int, ...]:
+    """'560.28.03' -> (560, 28, 3) for comparisons."""
+    return tuple(int(p) for p in re.findall(r"\d+", version))
+
+
+# --- the check -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Expectation:
+    """What the stack says about one node: the preflight checks the server against it."""
+
+    node: str
+    gpu_model: str
+    gpu_count: int
+    compute_cap: str  # "7.0"
+    nvlink: bool  # SXM parts: NVLink expected between the GPUs
+    max_tensor_parallel: int  # widest TP a pool runs on this node (0: no pool)
+    driver_min: Optional[str]
+    hca: Optional[Dict[str, object]]  # device, port, link_layer, rate_gbps
+    disk_path: str
+    min_free_gib: int
+    models: List[Dict[str, object]] = field(default_factory=list)  # path, size_bytes to be copied here
+
+    def to_json(self) -> str:
+        """The form the preflight script passes to the node."""
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Expectation":
+        """Inverse of to_json."""
+        return cls(**json.loads(text))
+
+
+@dataclass
+class Outputs:
+    """Raw command outputs collected on the node; None when the command is missing or failed."""
+
+    gpus: Optional[str] = None
+    topo: Optional[str] = None
+    ibstat: Optional[str] = None
+    ibv_devices: Optional[str] = None
+    docker_info: Optional[str] = None
+    container_cli: bool = False  # nvidia-container-cli on PATH (docker --gpus uses its hook)
+    df: Optional[str] = None
+    present_bytes: Dict[str, int] = field(default_factory=dict)  # model path -> bytes already there
+    errors: Dict[str, str] = field(default_factory=dict)  # command -> why it produced nothing
+
+
+def _missing(out: Outputs, key: str, tool: str, install: str) -> List[Finding]:
+    why = out.errors.get(key, "no output")
+    return [Finding("error", f"`{tool}` gave nothing ({why})", install)]
+
+
+def check_gpus(exp: Expectation, out: Outputs) -> List[Finding]:
+    """GPU count, model, compute capability and driver version against the stack."""
+    if out.gpus is None:
+        return _missing(out, "gpus", "nvidia-smi --query-gpu", "install the NVIDIA driver "
+                        f"(>= {exp.driver_min or 'the stack minimum'}) and check `nvidia-smi` runs")
+    gpus = parse_gpu_query(out.gpus)
+    where = f"nodes.{exp.node}.gpu (or nodeDefaults.gpu)"
+    found: List[Finding] = []
+    names = sorted({g.name for g in gpus})
+    if len(gpus) != exp.gpu_count:
+        found.append(Finding("error", f"{exp.node} has {len(gpus)} GPU(s), the stack expects {exp.gpu_count}",
+                             "check for a GPU fallen off the bus (`nvidia-smi -q`, dmesg Xid errors) "
+                             f"or set {where}.count to {len(gpus)}"))
+    wrong = [n for n in names if n != exp.gpu_model]
+    if wrong:
+        found.append(Finding("error", f"{exp.node} has {', '.join(wrong)}, the stack expects {exp.gpu_model}",
+                             f"set {where}.model to {wrong[0]!r}"))
+    caps = sorted({g.compute_cap for g in gpus if g.compute_cap and g.compute_cap != exp.compute_cap})
+    if caps and not wrong:
+        found.append(Finding("error", f"{exp.node} reports compute capability {', '.join(caps)}, "
+                             f"{exp.gpu_model} is {exp.compute_cap}",
+                             "the GPU table (components/facts/hardware.py) or the driver is wrong; "
+                             "report it with `nvidia-smi -q` output"))
+    drivers = sorted({g.driver_version for g in gpus})
+    if exp.driver_min and drivers:
+        old = [d for d in drivers if version_tuple(d) < version_tuple(exp.driver_min)]
+        if old:
+            found.append(Finding("error", f"{exp.node} runs NVIDIA driver {', '.join(old)}, the stack needs "
+                                 f">= {exp.driver_min}",
+                                 f"upgrade the driver to {exp.driver_min} or newer (same version on all nodes)"))
+    return found
+
+
+def check_topology(exp: Expectation, out: Outputs) -> List[Finding]:
+    """NVLink vs PCIe between the GPUs, and where the HCA sits."""
+    if out.topo is None:
+        return _missing(out, "topo", "nvidia-smi topo -m", "install the NVIDIA driver and check `nvidia-smi topo -m`")
+    topo = parse_topo(out.topo)
+    found: List[Finding] = []
+    if exp.nvlink and not topo.has_nvlink:
+        found.append(Finding("error", f"{exp.node}: `nvidia-smi topo -m` shows no NVLink between any GPUs, "
+                             f"but {exp.gpu_model} is an NVLink (SXM) part",
+                             "check `nvidia-smi nvlink -s` and the NVLink/fabric state, or set the GPU model "
+                             "to the PCIe variant if these are PCIe cards"))
+    elif exp.nvlink:
+        lonely = [g for g in topo.gpus if not topo.nvlink_peers(g)]
+        if lonely:
+            found.append(Finding("warning", f"{exp.node}: {', '.join(lonely)} have no NVLink peer",
+                                 "check `nvidia-smi nvlink -s` for links down; TP traffic to them goes over PCIe"))
+    elif not topo.has_nvlink and exp.max_tensor_parallel >= 8:
+        found.append(Finding("warning", f"{exp.node}: GPUs talk over PCIe only and a pool runs "
+                             f"tensorParallel {exp.max_tensor_parallel} here; all-reduce will be slow",
+                             "consider tensorParallel 4 with replicasPerNode 2 on PCIe nodes"))
+    hca = exp.hca
+    if hca is not None and hca["device"] in topo.nics:
+        near = [g for g, kind in topo.nics[str(hca["device"])].items() if kind in ("PIX", "PXB")]
+        if not near:
+            found.append(Finding("warning", f"{exp.node}: {hca['device']} is not behind a PCIe switch with any GPU",
+                                 "GPUDirect RDMA will cross the CPU; pick the HCA closest to the GPUs if there is one"))
+    return found
+
+
+def check_hca(exp: Expectation, out: Outputs) -> List[Finding]:
+    """The HCA NCCL uses: present, port Active/LinkUp at the expected rate and link layer."""
+    hca = exp.hca
+    if hca is None:
+        return []
+    device, port = str(hca["device"]), int(hca["port"])  # type: ignore[call-overload]
+    where = f"nodes.{exp.node}.hca (or nodeDefaults.hca)"
+    if out.ibstat is None:
+        return _missing(out, "ibstat", "ibstat", "install infiniband-diags (and the MLNX_OFED/rdma-core driver)")
+    cas = parse_ibstat(out.ibstat)
+    found: List[Finding] = []
+    if out.ibv_devices is not None and device not in parse_ibv_devices(out.ibv_devices):
+        found.append(Finding("error", f"{exp.node}: ibv_devices does not list {device}",
+                             "load the RDMA driver (rdma-core / MLNX_OFED) so the verbs device exists"))
+    if device not in cas:
+        return found + [Finding("error", f"{exp.node}: no HCA {device}; ibstat shows {', '.join(cas) or 'none'}",
+                                f"set {where}.device to one of them")]
+    if port not in cas[device]:
+        return found + [Finding("error", f"{exp.node}: {device} has no port {port}",
+                                f"set {where}.port to one of {', '.join(map(str, cas[device]))}")]
+    p = cas[device][port]
+    if p.state != "Active" or p.physical_state != "LinkUp":
+        fix = ("the link is up but no subnet manager assigned it: start opensm or check the switch's SM"
+               if p.physical_state == "LinkUp" else "check the cable, the switch port and `ibstat` on the peer")
+        found.append(Finding("error", f"{exp.node}: {device} port {port} is {p.state}/{p.physical_state}, "
+                             "not Active/LinkUp", fix))
+    if p.rate_gbps < int(hca["rate_gbps"]):  # type: ignore[call-overload]
+        found.append(Finding("error", f"{exp.node}: {device} port {port} runs at {p.rate_gbps} Gb/s, "
+                             f"the stack expects {hca['rate_gbps']}",
+                             f"check cable/transceiver and switch port speed, or set {where}.rateGbps"))
+    if p.link_layer.lower() != str(hca["link_layer"]):
+        found.append(Finding("error", f"{exp.node}: {device} port {port} link layer is {p.link_layer}, "
+                             f"the stack says {hca['link_layer']}",
+                             f"set {where}.linkLayer to {p.link_layer.lower()!r}"))
+    return found
+
+
+def check_container_runtime(exp: Expectation, out: Outputs) -> List[Finding]:
+    """Docker present, with the NVIDIA runtime registered or its --gpus hook installed."""
+    if out.docker_info is None:
+        return _missing(out, "docker_info", "docker info",
+                        "install Docker (>= 19.03) and let the SSH user run it (root or the docker group)")
+    runtimes, _default = parse_docker_runtimes(out.docker_info)
+    if "nvidia" not in runtimes and not out.container_cli:
+        return [Finding("error", f"{exp.node}: Docker has no nvidia runtime ({' '.join(runtimes) or 'none'}) "
+                        "and nvidia-container-cli is missing",
+                        "install nvidia-container-toolkit, then `nvidia-ctk runtime configure --runtime=docker` "
+                        "and `systemctl restart docker`")]
+    return []
+
+
+def check_disk(exp: Expectation, out: Outputs) -> List[Finding]:
+    """Free space at diskPath for the weights still to come, and never below minFreeDiskGib."""
+    if out.df is None:
+        return _missing(out, "df", f"df -Pk {exp.disk_path}", f"create {exp.disk_path} (nodes.{exp.node}.diskPath)")
+    available = parse_df_available(out.df)
+    to_copy = sum(max(0, int(m["size_bytes"]) - out.present_bytes.get(str(m["path"]), 0))  # type: ignore[call-overload]
+                  for m in exp.models)
+    need = max(exp.min_free_gib * GIB, to_copy)
+    if available < need:
+        return [Finding("error", f"{exp.node}: {available / GIB:.0f} GiB free at {exp.disk_path}, "
+                        f"need {need / GIB:.0f} GiB (weights still to copy: {to_copy / GIB:.0f} GiB, "
+                        f"minFreeDiskGib: {exp.min_free_gib})",
+                        f"free space on {exp.disk_path} or point nodes.{exp.node}.diskPath at a larger disk")]
+    return []
+
+
+CHECKS: List[Callable[[Expectation, Outputs], List[Finding]]] = [
+    check_gpus, check_topology, check_hca, check_container_runtime, check_disk]
+
+
+def check_node(exp: Expectation, out: Outputs) -> List[Finding]:
+    """Every preflight finding for one node, errors first."""
+    found = [f for check in CHECKS for f in check(exp, out)]
+    return sorted(found, key=lambda f: f.level != "error")
+
+
+# --- on the node ---------------------------------------------------------------------------------
+
+Runner = Callable[[List[str]], Tuple[int, str, str]]
+
+
+def run_command(argv: List[str]) -> Tuple[int, str, str]:
+    """Run a command; (127, "", reason) when it is not installed."""
+    try:
+        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+    except OSError as e:
+        return 127, "", str(e)
+    return p.returncode, p.stdout, p.stderr
+
+
+def collect(exp: Expectation, run: Runner = run_command) -> Outputs:
+    """Run the tools on the node and keep their raw outputs."""
+    out = Outputs()
+
+    def take(key: str, argv: List[str], accept_partial: bool = False) -> Optional[str]:
+        code, stdout, stderr = run(argv)
+        # ibstat exits non-zero when one CA of many fails (ibpanic) but still prints the others.
+        if code == 0 or (accept_partial and stdout.strip()):
+            return stdout
+        out.errors[key] = (stderr.strip().splitlines() or [f"exit status {code}"])[-1]
+        return None
+
+    out.gpus = take("gpus", ["nvidia-smi", f"--query-gpu={GPU_QUERY_FIELDS}", "--format=csv,noheader"])
+    if out.gpus is None:
+        # Drivers before ~510 refuse the compute_cap field; the model name still identifies the GPU.
+        out.gpus = take("gpus", ["nvidia-smi", f"--query-gpu={GPU_QUERY_FIELDS_OLD_DRIVER}", "--format=csv,noheader"])
+    out.topo = take("topo", ["nvidia-smi", "topo", "-m"])
+    if exp.hca is not None:
+        out.ibstat = take("ibstat", ["ibstat"], accept_partial=True)
+        out.ibv_devices = take("ibv_devices", ["ibv_devices"])
+    out.docker_info = take("docker_info", ["docker", "info"], accept_partial=True)
+    out.container_cli = run(["nvidia-container-cli", "--version"])[0] == 0
+    out.df = take("df", ["df", "-Pk", exp.disk_path])
+    for m in exp.models:
+        code, stdout, _ = run(["du", "-sb", str(m["path"])])
+        out.present_bytes[str(m["path"])] = int(stdout.split()[0]) if code == 0 and stdout.strip() else 0
+    return out
+
+
+def main(argv: List[str]) -> int:
+    """`python3 - <expectation json>`: print every finding; exit 1 when any is an error."""
+    exp = Expectation.from_json(argv[0])
+    findings = check_node(exp, collect(exp))
+    for f in findings:
+        print(f, file=sys.stderr if f.level == "error" else sys.stdout)
+    errors = sum(f.level == "error" for f in findings)
+    print(f"preflight {exp.node}: {errors} error(s), {len(findings) - errors} warning(s)")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

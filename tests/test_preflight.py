@@ -1,0 +1,318 @@
+"""Preflight parsers on real outputs (tests/fixtures/preflight), the node check, and the shipped script run end to end."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from components.planning.node_scripts import node_expectation, preflight_script
+from components.planning.preflight import (
+    GIB, Expectation, Finding, Outputs, check_node, parse_df_available, parse_docker_runtimes,
+    parse_gpu_query, parse_ibstat, parse_ibv_devices, parse_topo, version_tuple,
+)
+
+FIX = Path(__file__).parent / "fixtures" / "preflight"
+
+
+def fixture(name: str) -> str:
+    return (FIX / name).read_text()
+
+
+TOPO_DGX1 = "nvidia-smi-topo-m.dgx1-v100-4nic.ucx-py-docs.txt"
+TOPO_1NIC = "nvidia-smi-topo-m.8x-v100-sxm2-16gb-dgx1-like-1nic.oneflow-dlperf.txt"
+TOPO_H100 = "nvidia-smi-topo-m.8x-h100-nv18-no-nics.ml-engineering.txt"
+TOPO_PCIE = "nvidia-smi-topo-m.8x-pcie-gpus-pix-phb-sys.model-not-stated.matrix-only.nccl-issue-1439.txt"
+SMI_TABLE = "nvidia-smi.8x-tesla-v100-sxm2-32gb.azure-nd40rs-v2.drv535.usernetes-azure.txt"
+IB_ROCE = "ibstat.cx7-mt4129-rate200-ethernet-roce-active.first-2-CA-blocks.mooncake-issue-1999.txt"
+IB_9CA = "ibstat.a100-9x-mt4126vf-8ib-hdr200-1eth200-active.gpud-testdata.txt"
+IB_PANIC = "ibstat.a100-azure-8x-cx6vf-mt4124-ib-hdr200-active-with-ibpanic-stderr.gpud-testdata.txt"
+IB_DOWN_DISABLED = "ibstat.cx6-mt4123-hdr200-ib-active-plus-down-disabled.first-2-of-3-CA-blocks.nccl-tests-issue-128.txt"
+IB_NO_SM = "ibstat-mlx5_7.cx6-vf-mt4124-rate200-ib-state-down-phys-linkup.network-operator-issue-249.txt"
+IB_POLLING = "ibstat.cx7-mt4129-state-down-phys-polling.guids-redacted-by-source.gpud-pr-482.txt"
+IB_H100 = "ibstat.h100-cx6dx-mt4125-eth-down-disabled-plus-cx7-ib400-active.gpud-testdata.txt"
+IBV_ONE = "ibv_devices.single-vf-mlx5_10-in-k8s-pod.cascade-docker.txt"
+IBV_FOUR = "ibv_devices.vfs-with-zero-node-guid.whitespace-collapsed-as-posted.sriov-network-device-plugin-issue-20.txt"
+DOCKER_OK = "docker-info-grep-Runtimes.nvidia-runtime-present.nvidia-container-toolkit-issue-196.txt"
+DOCKER_DEFAULT = "docker-info-grep-runtime-root.nvidia-default-runtime.jetson.isaac_ros_common-docs.txt"
+DOCKER_MISSING = "docker-info-grep-runtime.nvidia-runtime-missing.nvidia-container-toolkit-issue-653.txt"
+
+
+def query_csv_from_table(table: str, count: int | None = None) -> str:
+    """The `--query-gpu=name,compute_cap,driver_version,memory.total` rows the real table's GPUs give."""
+    driver = re.search(r"Driver Version: (\S+)", table).group(1)  # type: ignore[union-attr]
+    names = re.findall(r"^\|\s+\d+\s+(.+?)\s{2,}(?:On|Off)\s+\|", table, re.M)
+    mems = re.findall(r"/\s+(\d+)MiB \|", table)
+    rows = [f"{n}, 7.0, {driver}, {m} MiB" for n, m in zip(names, mems)]
+    return "\n".join(rows[:count]) + "\n"
+
+
+# --- parsers ------------------------------------------------------------------------------------
+
+def test_gpu_query_rows_from_the_v100_table() -> None:
+    gpus = parse_gpu_query(query_csv_from_table(fixture(SMI_TABLE)))
+    assert len(gpus) == 8
+    assert {(g.name, g.compute_cap, g.driver_version, g.memory_mib) for g in gpus} == {
+        ("Tesla V100-SXM2-32GB", "7.0", "535.183.01", 32768)}
+
+
+def test_gpu_query_without_compute_cap_from_an_old_driver() -> None:
+    assert parse_gpu_query("Tesla V100-SXM2-32GB, 470.57.02, 32510 MiB\n")[0].compute_cap is None
+    with pytest.raises(ValueError, match="unexpected nvidia-smi"):
+        parse_gpu_query("garbage\n")
+
+
+def test_topo_dgx1_hybrid_cube_mesh_links_and_nic_affinity() -> None:
+    topo = parse_topo(fixture(TOPO_DGX1))
+    assert topo.gpus == tuple(f"GPU{i}" for i in range(8))
+    assert topo.links[("GPU0", "GPU1")] == "NV1" and topo.links[("GPU0", "GPU3")] == "NV2"
+    assert topo.links[("GPU0", "GPU5")] == "SYS"
+    assert topo.nvlink_peers("GPU0") == ["GPU1", "GPU2", "GPU3", "GPU4"]
+    assert topo.has_nvlink
+    assert set(topo.nics) == {"mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"}
+    assert [g for g, k in topo.nics["mlx5_0"].items() if k == "PIX"] == ["GPU0", "GPU1"]
+
+
+def test_topo_with_node_column_and_legend() -> None:
+    topo = parse_topo(fixture(TOPO_1NIC))
+    assert topo.nics == {"mlx5_0": {"GPU0": "NODE", "GPU1": "NODE", "GPU2": "PIX", "GPU3": "PIX",
+                                    "GPU4": "SYS", "GPU5": "SYS", "GPU6": "SYS", "GPU7": "SYS"}}
+    assert len(topo.links) == 56
+
+
+def test_topo_nvswitch_and_numa_columns() -> None:
+    topo = parse_topo(fixture(TOPO_H100))
+    assert set(topo.links.values()) == {"NV18"} and topo.nics == {}
+
+
+def test_topo_pcie_only_has_no_nvlink() -> None:
+    topo = parse_topo(fixture(TOPO_PCIE))
+    assert not topo.has_nvlink
+    assert set(topo.links.values()) == {"PIX", "PHB", "SYS"}
+    assert topo.nvlink_peers("GPU0") == []
+
+
+def test_ibstat_roce_ports() -> None:
+    cas = parse_ibstat(fixture(IB_ROCE))
+    assert set(cas) == {"mlx5_0", "mlx5_1"}
+    p = cas["mlx5_0"][1]
+    assert (p.state, p.physical_state, p.rate_gbps, p.link_layer) == ("Active", "LinkUp", 200, "Ethernet")
+
+
+def test_ibstat_tab_indented_nine_cas_mixed_link_layers() -> None:
+    cas = parse_ibstat(fixture(IB_9CA))
+    assert len(cas) == 9
+    assert cas["mlx5_0"][1].link_layer == "Ethernet" and cas["mlx5_1"][1].link_layer == "InfiniBand"
+    assert all(ports[1].state == "Active" and ports[1].rate_gbps == 200 for ports in cas.values())
+
+
+def test_ibstat_keeps_the_cas_printed_before_an_ibpanic() -> None:
+    cas = parse_ibstat(fixture(IB_PANIC))
+    assert len(cas) == 8 and "mlx5_8" not in cas
+
+
+def test_ibstat_down_states() -> None:
+    assert parse_ibstat(fixture(IB_DOWN_DISABLED))["mlx5_1"][1].physical_state == "Disabled"
+    no_sm = parse_ibstat(fixture(IB_NO_SM))["mlx5_7"][1]
+    assert (no_sm.state, no_sm.physical_state) == ("Down", "LinkUp")
+    polling = parse_ibstat(fixture(IB_POLLING))["mlx5_10"][1]
+    assert (polling.state, polling.physical_state, polling.rate_gbps) == ("Down", "Polling", 10)
+    h100 = parse_ibstat(fixture(IB_H100))
+    assert [ca for ca, ports in h100.items() if ports[1].state != "Active"] == ["mlx5_2", "mlx5_7", "mlx5_8"]
+
+
+def test_ibv_devices() -> None:
+    assert parse_ibv_devices(fixture(IBV_ONE)) == {"mlx5_10": "e2b239fffe173d23"}
+    assert list(parse_ibv_devices(fixture(IBV_FOUR))) == ["mlx5_2", "mlx5_0", "mlx5_3", "mlx5_1"]
+
+
+def test_docker_runtimes() -> None:
+    assert parse_docker_runtimes(fixture(DOCKER_OK)) == (["io.containerd.runc.v2", "runc", "nvidia"], None)
+    assert parse_docker_runtimes(fixture(DOCKER_DEFAULT))[1] == "nvidia"
+    assert parse_docker_runtimes(fixture(DOCKER_MISSING)) == (["io.containerd.runc.v2", "runc"], "runc")
+
+
+def test_df_of_this_machine() -> None:
+    out = subprocess.run(["df", "-Pk", "/"], capture_output=True, text=True, check=True).stdout
+    assert parse_df_available(out) == int(out.splitlines()[-1].split()[3]) * 1024
+
+
+def test_driver_versions_compare_numerically() -> None:
+    assert version_tuple("535.183.01") < version_tuple("560.28.03") < version_tuple("560.100")
+
+
+# --- the check ----------------------------------------------------------------------------------
+
+@pytest.fixture
+def expected(prod_spec) -> Expectation:  # type: ignore[no-untyped-def]
+    """gpu-02 of the reference stack, with the driver minimum the Azure fixture meets."""
+    return dataclasses.replace(node_expectation(prod_spec, "gpu-02"), driver_min="535.0")
+
+
+def healthy() -> Outputs:
+    return Outputs(gpus=query_csv_from_table(fixture(SMI_TABLE)), topo=fixture(TOPO_DGX1),
+                   ibstat=fixture(IB_ROCE), ibv_devices=fixture(IBV_FOUR), docker_info=fixture(DOCKER_OK),
+                   df="Filesystem 1024-blocks Used Available Capacity Mounted on\n"
+                      f"/dev/nvme0n1 7000000000 1000 {500 * 1024 * 1024} 1% /data\n")
+
+
+def errors(findings: list[Finding]) -> list[str]:
+    return [f.what for f in findings if f.level == "error"]
+
+
+def test_a_healthy_reference_node_passes(expected: Expectation) -> None:
+    assert check_node(expected, healthy()) == []
+
+
+def test_the_reference_driver_minimum_refuses_the_azure_535_driver(prod_spec) -> None:  # type: ignore[no-untyped-def]
+    found = check_node(node_expectation(prod_spec, "gpu-02"), healthy())
+    assert found == [Finding("error", "gpu-02 runs NVIDIA driver 535.183.01, the stack needs >= 560.28.03",
+                             "upgrade the driver to 560.28.03 or newer (same version on all nodes)")]
+
+
+def test_a_missing_gpu_names_the_count_to_fix(expected: Expectation) -> None:
+    out = dataclasses.replace(healthy(), gpus=query_csv_from_table(fixture(SMI_TABLE), 7))
+    [f] = check_node(expected, out)
+    assert f.what == "gpu-02 has 7 GPU(s), the stack expects 8"
+    assert "nodes.gpu-02.gpu (or nodeDefaults.gpu).count to 7" in f.fix
+
+
+def test_another_gpu_model_names_the_model_to_set(expected: Expectation) -> None:
+    exp = dataclasses.replace(expected, gpu_model="Tesla V100-SXM2-16GB")
+    [f] = check_node(exp, healthy())
+    assert f.what == "gpu-02 has Tesla V100-SXM2-32GB, the stack expects Tesla V100-SXM2-16GB"
+    assert f.fix == "set nodes.gpu-02.gpu (or nodeDefaults.gpu).model to 'Tesla V100-SXM2-32GB'"
+
+
+def test_sxm_gpus_without_nvlink_are_an_error(expected: Expectation) -> None:
+    [f] = check_node(expected, dataclasses.replace(healthy(), topo=fixture(TOPO_PCIE)))
+    assert f.level == "error" and "shows no NVLink between any GPUs" in f.what
+
+
+def test_pcie_gpus_with_tp8_are_only_a_warning(expected: Expectation) -> None:
+    exp = dataclasses.replace(expected, nvlink=False)
+    [f] = check_node(exp, dataclasses.replace(healthy(), topo=fixture(TOPO_PCIE)))
+    assert f.level == "warning" and "tensorParallel 8" in f.what
+    assert check_node(dataclasses.replace(exp, max_tensor_parallel=4),
+                      dataclasses.replace(healthy(), topo=fixture(TOPO_PCIE))) == []
+
+
+def test_hca_without_subnet_manager_says_to_start_opensm(expected: Expectation) -> None:
+    exp = dataclasses.replace(expected, hca={"device": "mlx5_7", "port": 1, "link_layer": "infiniband",
+                                             "rate_gbps": 200})
+    found = check_node(exp, dataclasses.replace(healthy(), ibstat=fixture(IB_NO_SM), ibv_devices=None))
+    assert found == [Finding("error", "gpu-02: mlx5_7 port 1 is Down/LinkUp, not Active/LinkUp",
+                             "the link is up but no subnet manager assigned it: start opensm or check the "
+                             "switch's SM")]
+
+
+def test_hca_down_disabled_and_slow(expected: Expectation) -> None:
+    exp = dataclasses.replace(expected, hca={"device": "mlx5_1", "port": 1, "link_layer": "infiniband",
+                                             "rate_gbps": 200})
+    found = check_node(exp, dataclasses.replace(healthy(), ibstat=fixture(IB_DOWN_DISABLED), ibv_devices=None))
+    assert errors(found) == ["gpu-02: mlx5_1 port 1 is Down/Disabled, not Active/LinkUp",
+                             "gpu-02: mlx5_1 port 1 runs at 10 Gb/s, the stack expects 200"]
+
+
+def test_hca_link_layer_and_missing_device(expected: Expectation) -> None:
+    found = check_node(expected, dataclasses.replace(healthy(), ibstat=fixture(IB_DOWN_DISABLED)))
+    assert errors(found) == ["gpu-02: mlx5_0 port 1 link layer is InfiniBand, the stack says ethernet"]
+    assert found[0].fix == "set nodes.gpu-02.hca (or nodeDefaults.hca).linkLayer to 'infiniband'"
+    found = check_node(expected, dataclasses.replace(healthy(), ibstat=fixture(IB_POLLING),
+                                                     ibv_devices=fixture(IBV_ONE)))
+    assert errors(found) == ["gpu-02: ibv_devices does not list mlx5_0",
+                             "gpu-02: no HCA mlx5_0; ibstat shows mlx5_10"]
+
+
+def test_nvidia_runtime_missing_unless_the_gpus_hook_is_installed(expected: Expectation) -> None:
+    out = dataclasses.replace(healthy(), docker_info=fixture(DOCKER_MISSING))
+    [f] = check_node(expected, out)
+    assert "nvidia-container-toolkit" in f.fix and "io.containerd.runc.v2 runc" in f.what
+    assert check_node(expected, dataclasses.replace(out, container_cli=True)) == []
+
+
+def test_disk_needs_the_weights_still_to_copy(expected: Expectation) -> None:
+    # 500 GiB free: enough for the ~325 GiB DeepSeek-R1 GPTQ estimate, not for 600 GiB.
+    big = dataclasses.replace(expected, models=[{"path": "/data/models/x", "size_bytes": 600 * GIB}])
+    [f] = check_node(big, healthy())
+    assert f.what == ("gpu-02: 500 GiB free at /data, need 600 GiB (weights still to copy: 600 GiB, "
+                      "minFreeDiskGib: 100)")
+    # Weights already half there (an interrupted copy) need only the rest.
+    assert check_node(big, dataclasses.replace(healthy(), present_bytes={"/data/models/x": 300 * GIB})) == []
+
+
+def test_a_missing_tool_is_an_error_saying_what_to_install(expected: Expectation) -> None:
+    out = dataclasses.replace(healthy(), ibstat=None, errors={"ibstat": "[Errno 2] No such file or directory"})
+    [f] = check_node(expected, out)
+    assert f.what == "`ibstat` gave nothing ([Errno 2] No such file or directory)"
+    assert f.fix.startswith("install infiniband-diags")
+
+
+# --- the script, on this machine with fake tools that print the real outputs ---------------------
+
+def fake_tools(bin_dir: Path, *, gpus: str, topo: str, ibstat: str, docker: str) -> None:
+    files = {"gpus": gpus, "topo": topo, "ibstat": ibstat, "ibv": fixture(IBV_FOUR), "docker": docker}
+    for key, text in files.items():
+        (bin_dir / f"{key}.out").write_text(text)
+    tools = {
+        "nvidia-smi": 'if [ "$1" = topo ]; then cat "$D/topo.out"; else cat "$D/gpus.out"; fi',
+        "ibstat": 'cat "$D/ibstat.out"',
+        "ibv_devices": 'cat "$D/ibv.out"',
+        "docker": 'cat "$D/docker.out"',
+    }
+    for name, body in tools.items():
+        path = bin_dir / name
+        path.write_text(f'#!/bin/sh\nD="{bin_dir}"\n{body}\n')
+        path.chmod(0o755)
+
+
+def run_preflight(tmp_path: Path, exp: Expectation, **outputs: str) -> subprocess.CompletedProcess[str]:
+    if shutil.which("python3") is None:
+        pytest.fail("python3 is needed on PATH to run the preflight script (apt-get install python3)")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake_tools(bin_dir, **outputs)
+    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    return subprocess.run(["bash", "-c", preflight_script(exp)], capture_output=True, text=True, env=env)
+
+
+def test_preflight_script_passes_on_a_healthy_node(tmp_path: Path, expected: Expectation) -> None:
+    exp = dataclasses.replace(expected, disk_path=str(tmp_path), min_free_gib=0,
+                              models=[{"path": str(tmp_path / "none"), "size_bytes": 1}])
+    done = run_preflight(tmp_path, exp, gpus=query_csv_from_table(fixture(SMI_TABLE)),
+                         topo=fixture(TOPO_DGX1), ibstat=fixture(IB_ROCE), docker=fixture(DOCKER_OK))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "preflight gpu-02: 0 error(s), 0 warning(s)"
+
+
+def test_preflight_script_fails_with_what_to_fix(tmp_path: Path, prod_spec) -> None:  # type: ignore[no-untyped-def]
+    exp = dataclasses.replace(node_expectation(prod_spec, "gpu-02"), disk_path=str(tmp_path), min_free_gib=0,
+                              models=[])
+    done = run_preflight(tmp_path, exp, gpus=query_csv_from_table(fixture(SMI_TABLE), 7),
+                         topo=fixture(TOPO_PCIE), ibstat=fixture(IB_H100), docker=fixture(DOCKER_MISSING))
+    assert done.returncode == 1
+    assert done.stdout.strip().splitlines()[-1] == "preflight gpu-02: 5 error(s), 0 warning(s)"
+    for text in ["ERROR: gpu-02 has 7 GPU(s), the stack expects 8",
+                 "ERROR: gpu-02 runs NVIDIA driver 535.183.01, the stack needs >= 560.28.03",
+                 "ERROR: gpu-02: `nvidia-smi topo -m` shows no NVLink between any GPUs",
+                 "ERROR: gpu-02: mlx5_0 port 1 link layer is InfiniBand, the stack says ethernet",
+                 "ERROR: gpu-02: Docker has no nvidia runtime (io.containerd.runc.v2 runc)"]:
+        assert text in done.stderr
+
+
+def test_preflight_module_stays_python_3_8_and_stdlib_only() -> None:
+    # It runs on the nodes' own python3 (Ubuntu 20.04 ships 3.8) without any package installed.
+    import ast
+    import sys
+
+    from components.planning import preflight
+
+    source = Path(preflight.__file__).read_text()
+    tree = ast.parse(source, feature_version=(3, 8))
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"}
