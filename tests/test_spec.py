@@ -159,6 +159,14 @@ REFUSED: list[tuple[str, Mutation, list[str]]] = [
     ("host key checking needs host keys",
      lambda c: section(c, "ssh").update(hostKeyChecking=True),
      [f"nodes.gpu-0{i}.hostKey: required when ssh.hostKeyChecking is true" for i in range(1, 7)]),
+    ("the nodes must be reachable somehow",
+     lambda c: section(c, "ssh").update(agent=False),
+     ["ssh.agent: is false but neither ssh.keyPath nor the secret sshPrivateKey is given: the nodes could not "
+      "be reached; use the agent, a key file, or the secret key"]),
+    ("alertmanager needs its receivers secret",
+     lambda c: section(c, "monitoring").update(alertmanager={"image": "prom/alertmanager:v0.27.0", "port": 9093}),
+     ["monitoring.alertmanager: needs the secret alertmanagerConfig holding alertmanager.yml "
+      "(pulumi config set --secret alertmanagerConfig < alertmanager.yml)"]),
     ("unknown config key",
      lambda c: c.update({NS + "pool": {}}),
      ["llm-cluster:pool: unknown config key; allowed: llm-cluster:ssh, llm-cluster:nodeDefaults, llm-cluster:nodes, "
@@ -189,6 +197,8 @@ ACCEPTED: list[tuple[str, Mutation]] = [
     ("host keys given with checking on",
      lambda c: section(c, "ssh").update(hostKeyChecking=True) or [
          n.update(hostKey="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHVuaXF1ZQ") for n in section(c, "nodes").values()]),
+    ("a key file instead of the agent",
+     lambda c: section(c, "ssh").update(agent=False, keyPath="~/.ssh/id_ed25519")),
     ("an alias to a pool", lambda c: section(c, "gateway").update(aliases={"gpt-4o": "chat"})),
     ("a key limited to a pool", lambda c: section(c, "gateway")["apiKeys"].append({"id": "team-a", "models": ["chat"]})),
     ("a TP=16 instance spans two nodes (the policy pack judges it)",

@@ -1,10 +1,19 @@
-"""Stack model: exporters, Prometheus, alert thresholds, Grafana."""
+"""Stack model: exporters, Prometheus, alert thresholds, Grafana, optional Alertmanager."""
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from components.spec.base import Spec
+from components.spec.base import Spec, SpecIssue
 from components.spec.cluster import Port
+
+if TYPE_CHECKING:  # the stack module imports this one
+    from components.spec.stack import StackSpec
+
+# FB_USED counts more than vLLM's gpuMemoryUtilization budget: the CUDA context and NCCL buffers
+# (about 0.5 GiB per GPU, 1.5 % of a 32 GB V100) sit outside it.
+UNBUDGETED_GPU_MEMORY_RATIO = 0.02
 
 
 class ServiceSpec(Spec):
@@ -17,14 +26,23 @@ class ServiceSpec(Spec):
 class AlertThresholds(Spec):
     """Alert thresholds; the defaults follow the runbooks, corrected where they were wrong."""
 
-    min_generation_tokens_per_second: float = Field(default=100, ge=0)
+    min_generation_tokens_per_second: float = Field(default=5, ge=0)
+    """Pool-wide generation floor while requests are running: catches a stalled engine (an NCCL
+    hang produces zero tokens with requests in flight). Never fires at idle, unlike the runbook's
+    `rate(...) < 1000`, which fired every quiet night."""
     ttft_p95_seconds: float = Field(default=2.0, gt=0)
+    """p95 of vLLM's time-to-first-token histogram (the runbook queried end-to-end latency)."""
     gpu_memory_used_ratio: float = Field(default=0.95, gt=0, le=1)
+    """FB_USED / (FB_USED + FB_FREE); must exceed every pool's gpuMemoryUtilization (vLLM takes it) + 0.02."""
     gpu_low_utilization_percent: float = Field(default=30, ge=0, le=100)
+    """Fires only while the instance owning the GPUs has requests running (not idle, not loading)."""
     kv_cache_usage_ratio: float = Field(default=0.98, gt=0, le=1)
     gpu_temperature_celsius: float = Field(default=85, gt=0)
     gateway_5xx_ratio: float = Field(default=0.05, gt=0, le=1)
+    gateway_upstream_failures: float = Field(default=3, ge=0)
+    """Failed upstream attempts of one upstream per 5 minutes before the gateway alert fires."""
     for_minutes: int = Field(default=5, ge=1)
+    """How long a performance condition must hold; availability alerts use shorter fixed windows."""
 
 
 class MonitoringSpec(Spec):
@@ -41,3 +59,30 @@ class MonitoringSpec(Spec):
     retention_days: int = Field(default=15, ge=1)
     scrape_interval_seconds: int = Field(default=15, ge=1, le=300)
     thresholds: AlertThresholds = AlertThresholds()
+
+
+def monitoring_issues(spec: StackSpec) -> list[SpecIssue]:
+    """Cross-section rules of the monitoring section: secrets it needs, thresholds the pools make moot."""
+    m = spec.monitoring
+    if m is None:
+        if "alertmanagerConfig" in spec.secrets:
+            return [SpecIssue("alertmanagerConfig", "is set but monitoring is not configured; "
+                              "add monitoring.alertmanager (image and port) or remove the secret")]
+        return []
+    issues: list[SpecIssue] = []
+    if m.alertmanager is not None and "alertmanagerConfig" not in spec.secrets:
+        issues.append(SpecIssue("monitoring.alertmanager", "needs the secret alertmanagerConfig holding "
+                                "alertmanager.yml (pulumi config set --secret alertmanagerConfig < alertmanager.yml)"))
+    if m.alertmanager is None and "alertmanagerConfig" in spec.secrets:
+        issues.append(SpecIssue("monitoring.alertmanager", "is unset but the secret alertmanagerConfig is "
+                                "given; set monitoring.alertmanager (image and port) to deploy Alertmanager"))
+    ratio = m.thresholds.gpu_memory_used_ratio
+    for pname, pool in spec.pools.items():
+        floor = round(pool.vllm.gpu_memory_utilization + UNBUDGETED_GPU_MEMORY_RATIO, 4)
+        if ratio <= floor:
+            issues.append(SpecIssue(
+                "monitoring.thresholds.gpuMemoryUsedRatio",
+                f"{ratio} would fire on every GPU of pool {pname!r}: vLLM takes gpuMemoryUtilization "
+                f"{pool.vllm.gpu_memory_utilization} at start, plus CUDA context and NCCL buffers; "
+                f"set it above {floor}"))
+    return issues

@@ -12,7 +12,7 @@ from components.spec.cluster import (
     ModelSpec, NcclSpec, NodeDefaults, NodeSpec, PoolSpec, SshSpec,
 )
 from components.spec.gateway import GatewaySpec
-from components.spec.monitoring import MonitoringSpec
+from components.spec.monitoring import MonitoringSpec, monitoring_issues
 
 NAMESPACE = "llm-cluster"
 
@@ -158,6 +158,10 @@ def _check_references(s: StackSpec) -> list[SpecIssue]:
                 "(pulumi config set --secret gatewayTlsCert < cert.pem)")
     if s.monitoring is not None and s.monitoring.node not in s.nodes:
         add("monitoring.node", f"{s.monitoring.node!r} is not a node; nodes are: {node_names}")
+    issues += monitoring_issues(s)
+    if not s.ssh.agent and not s.ssh.key_path and "sshPrivateKey" not in s.secrets:
+        add("ssh.agent", "is false but neither ssh.keyPath nor the secret sshPrivateKey is given: "
+            "the nodes could not be reached; use the agent, a key file, or the secret key")
     if not issues:
         issues += _check_ports(s, instances)
     return issues

@@ -1,0 +1,554 @@
+"""Monitoring plan: Prometheus scrape config, alert rules, Grafana provisioning and the password script."""
+from __future__ import annotations
+
+import json
+import shlex
+import textwrap
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from components.planning.topology import Instance, all_instances
+from components.spec.monitoring import MonitoringSpec
+from components.spec.stack import StackSpec
+
+# Ray's per-node metrics agent serves Prometheus text here: `ray start --metrics-export-port` on
+# every node of a multi-node instance must pass this value (until PoolSpec carries its own).
+RAY_METRICS_EXPORT_PORT = 8080
+
+# The gateway's metrics contract: nginx has no native Prometheus metrics, so the gateway serves
+# these on `<gateway node>:<gateway port>/metrics`, reachable from the cluster network only.
+GATEWAY_METRICS: dict[str, str] = {
+    "llm_gateway_requests_total": "counter{key_id,model,pool,status}: requests answered, by API key id, "
+                                  "requested model, routed pool and HTTP status",
+    "llm_gateway_upstream_failures_total": "counter{pool,upstream}: upstream attempts that failed "
+                                           "(connect error, timeout, 5xx) and were passed to the next upstream",
+}
+
+# Files are laid out under /etc in the containers: `prometheus/…` -> /etc/prometheus/…, and so on.
+PROMETHEUS_CONFIG = "prometheus/prometheus.yml"
+PROMETHEUS_RULES = "prometheus/rules/llm-cluster.rules.yml"
+GRAFANA_DATASOURCE = "grafana/provisioning/datasources/llm-cluster.yaml"
+GRAFANA_DASHBOARD_PROVIDER = "grafana/provisioning/dashboards/llm-cluster.yaml"
+GRAFANA_DASHBOARDS_DIR = "grafana/dashboards/llm-cluster"
+ALERTMANAGER_CONFIG_PATH = "/etc/alertmanager/alertmanager.yml"
+
+GRAFANA_PASSWORD_FILE = "/etc/llm-cluster/grafana/admin-password"
+GRAFANA_PASSWORD_MOUNT = "/run/secrets/grafana-admin-password"
+# The official Grafana image runs as uid 472, gid 0: the mounted password file must be readable by it.
+GRAFANA_FILE_OWNER = "472:0"
+DATASOURCE_UID = "prometheus"
+
+# Fixed windows for availability alerts: a lost node or engine matters within minutes, whatever
+# for_minutes says about performance conditions.
+SERVICE_DOWN_FOR = "2m"
+NODE_DOWN_FOR = "2m"
+RAY_NODES_LOST_FOR = "1m"
+
+
+def container_path(rel: str) -> str:
+    """Where a generated file (key of monitoring_files) lives inside its container."""
+    return "/etc/" + rel
+
+
+def host_port(address: str, port: int) -> str:
+    """`host:port` for a listener or a target (IPv6 in brackets)."""
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+@dataclass(frozen=True)
+class ScrapeTarget:
+    """One /metrics endpoint Prometheus scrapes, with the labels that name it."""
+
+    job: str
+    address: str
+    port: int
+    labels: dict[str, str] = field(default_factory=dict)
+    scheme: str = "http"
+
+    @property
+    def target(self) -> str:
+        """host:port as Prometheus writes it."""
+        return host_port(self.address, self.port)
+
+
+def _monitoring(spec: StackSpec) -> MonitoringSpec:
+    if spec.monitoring is None:
+        raise ValueError("the stack has no monitoring section")
+    return spec.monitoring
+
+
+def node_pools(spec: StackSpec) -> dict[str, str]:
+    """Node -> the pool it serves (nodes outside every pool are absent)."""
+    return {n: pname for pname, p in spec.pools.items() for n in p.nodes}
+
+
+def scrape_targets(spec: StackSpec) -> list[ScrapeTarget]:
+    """Every endpoint: exporters per node, vLLM instances, Ray nodes, the gateway, the monitors."""
+    m = _monitoring(spec)
+    pools = node_pools(spec)
+    targets: list[ScrapeTarget] = []
+    for job, svc in (("node", m.node_exporter), ("dcgm", m.dcgm_exporter)):
+        for n in spec.nodes:
+            labels = {"instance": n, "node": n} | ({"pool": pools[n]} if n in pools else {})
+            targets.append(ScrapeTarget(job, spec.node(n).address, svc.port, labels))
+    for inst in all_instances(spec):
+        targets.append(ScrapeTarget("vllm", spec.node(inst.head).address, inst.port,
+                                    {"instance": inst.name, "node": inst.head, "pool": inst.pool}))
+    for inst in all_instances(spec):
+        if inst.uses_ray:
+            for n in inst.nodes:
+                targets.append(ScrapeTarget("ray", spec.node(n).address, RAY_METRICS_EXPORT_PORT,
+                                            {"instance": n, "node": n, "pool": inst.pool, "ray_cluster": inst.name}))
+    g = spec.gateway
+    if g is not None:
+        targets.append(ScrapeTarget("gateway", spec.node(g.node).address, g.port,
+                                    {"instance": g.node, "node": g.node}, "https" if g.tls else "http"))
+    mon_addr = spec.node(m.node).address
+    targets.append(ScrapeTarget("prometheus", mon_addr, m.prometheus.port, {"instance": m.node, "node": m.node}))
+    if m.alertmanager is not None:
+        targets.append(ScrapeTarget("alertmanager", mon_addr, m.alertmanager.port,
+                                    {"instance": m.node, "node": m.node}))
+    return targets
+
+
+def _yaml(data: Any) -> str:
+    return yaml.safe_dump(data, sort_keys=False, width=10_000, allow_unicode=True)
+
+
+def prometheus_config(spec: StackSpec) -> str:
+    """prometheus.yml: one job per kind of endpoint, static targets from the spec, rules beside it."""
+    m = _monitoring(spec)
+    interval = f"{m.scrape_interval_seconds}s"
+    jobs: dict[str, list[ScrapeTarget]] = {}
+    for t in scrape_targets(spec):
+        jobs.setdefault(t.job, []).append(t)
+    scrape_configs = []
+    for job, targets in jobs.items():
+        cfg: dict[str, Any] = {"job_name": job, "scheme": targets[0].scheme}
+        if targets[0].scheme == "https":
+            # The gateway's certificate names its public hostname; the scrape goes to its cluster address.
+            cfg["tls_config"] = {"insecure_skip_verify": True}
+        cfg["static_configs"] = [{"targets": [t.target], "labels": t.labels} for t in targets]
+        scrape_configs.append(cfg)
+    config: dict[str, Any] = {
+        "global": {"scrape_interval": interval, "evaluation_interval": interval},
+        # Relative to the config file: /etc/prometheus/rules in the container, a tmpdir in tests.
+        "rule_files": ["rules/*.yml"],
+    }
+    if m.alertmanager is not None:
+        am = host_port(spec.node(m.node).address, m.alertmanager.port)
+        config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [am]}]}]}
+    config["scrape_configs"] = scrape_configs
+    return _yaml(config)
+
+
+@dataclass(frozen=True)
+class AlertRule:
+    """One Prometheus alerting rule."""
+
+    alert: str
+    expr: str
+    severity: str
+    summary: str
+    description: str
+    for_: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def to_yaml_dict(self) -> dict[str, Any]:
+        """The rule as it appears in a rules file."""
+        out: dict[str, Any] = {"alert": self.alert, "expr": self.expr}
+        if self.for_:
+            out["for"] = self.for_
+        out["labels"] = {"severity": self.severity, **self.labels}
+        out["annotations"] = {"summary": self.summary, "description": self.description}
+        return out
+
+
+def _gpu_selector(inst: Instance) -> str:
+    """DCGM label matchers for the GPUs an instance owns (dcgm-exporter's `gpu` is the index)."""
+    nodes = "|".join(inst.nodes)
+    sel = f'job="dcgm", node=~"{nodes}"'
+    if inst.gpu_ids is not None:
+        sel += ', gpu=~"' + "|".join(str(g) for g in inst.gpu_ids) + '"'
+    return sel
+
+
+def alert_groups(spec: StackSpec) -> dict[str, list[AlertRule]]:
+    """Every alert, grouped; thresholds and expected counts come from the stack."""
+    m = _monitoring(spec)
+    t = m.thresholds
+    for_ = f"{t.for_minutes}m"
+    instances = all_instances(spec)
+    ray_instances = [i for i in instances if i.uses_ray]
+    serving: list[AlertRule] = [
+        # Runbook: rate(vllm:num_generation_tokens_total[5m]) < 1000 -- a metric vLLM 0.9.2 does not
+        # export, and a threshold that fires whenever traffic is low. Here: tokens stop while work is queued.
+        AlertRule(
+            "ThroughputDrop",
+            "sum by (pool) (rate(vllm:generation_tokens_total{job=\"vllm\"}[5m])) < "
+            f"{t.min_generation_tokens_per_second:g} and on (pool) "
+            "sum by (pool) (vllm:num_requests_running{job=\"vllm\"}) > 0",
+            "warning", "Pool {{ $labels.pool }} generates almost nothing while requests are running",
+            "{{ $value | printf \"%.2f\" }} tokens/s with requests in flight (floor "
+            f"{t.min_generation_tokens_per_second:g}): a stalled engine (NCCL hang, stuck worker).",
+            for_),
+        # Runbook: histogram_quantile over vllm:e2e_request_latency_seconds_bucket, i.e. end-to-end
+        # latency labelled as TTFT. Here: the time-to-first-token histogram, per pool.
+        AlertRule(
+            "HighTTFT",
+            "histogram_quantile(0.95, sum by (pool, le) "
+            "(rate(vllm:time_to_first_token_seconds_bucket{job=\"vllm\"}[5m]))) > "
+            f"{t.ttft_p95_seconds:g}",
+            "warning", "TTFT p95 of pool {{ $labels.pool }} above " f"{t.ttft_p95_seconds:g}s",
+            "Time to first token p95 is {{ $value | printf \"%.2f\" }}s.", for_),
+        AlertRule(
+            "KVCacheFull",
+            f"vllm:gpu_cache_usage_perc{{job=\"vllm\"}} > {t.kv_cache_usage_ratio:g}",
+            "warning", "KV cache of {{ $labels.instance }} nearly full",
+            "KV cache usage {{ $value | printf \"%.3f\" }}: new requests wait and running ones get preempted.",
+            for_),
+        # Runbook: up{job="vllm"} == 0 only; a vanished target (or a whole pool gone) never fired.
+        AlertRule(
+            "ServiceDown", "up{job=\"vllm\"} == 0",
+            "critical", "vLLM instance {{ $labels.instance }} is down",
+            "{{ $labels.instance }} (pool {{ $labels.pool }}) does not answer /metrics; a restarted "
+            "instance reloads its weights for minutes before it serves again.", SERVICE_DOWN_FOR),
+    ]
+    for pname in spec.pools:
+        serving.append(AlertRule(
+            "PoolDown",
+            f"(count(up{{job=\"vllm\", pool=\"{pname}\"}} == 1) or vector(0)) == 0",
+            "critical", f"Pool {pname} has no serving instance",
+            f"No vLLM instance of pool {pname} answers (or none is scraped): requests routed to it fail.",
+            SERVICE_DOWN_FOR, {"pool": pname}))
+
+    gpu: list[AlertRule] = [
+        # Runbook: DCGM_FI_DEV_FB_USED / DCGM_FI_DEV_FB_TOTAL; dcgm-exporter exports no FB_TOTAL.
+        AlertRule(
+            "GPUMemoryHigh",
+            "DCGM_FI_DEV_FB_USED{job=\"dcgm\"} / (DCGM_FI_DEV_FB_USED{job=\"dcgm\"} + "
+            f"DCGM_FI_DEV_FB_FREE{{job=\"dcgm\"}}) > {t.gpu_memory_used_ratio:g}",
+            "critical", "GPU {{ $labels.gpu }} of {{ $labels.node }} almost out of memory",
+            "Framebuffer {{ $value | printf \"%.3f\" }} used (vLLM reserves its gpuMemoryUtilization; "
+            "more means another process).", for_),
+        AlertRule(
+            "GPUXidError", "DCGM_FI_DEV_XID_ERRORS{job=\"dcgm\"} > 0",
+            "critical", "GPU {{ $labels.gpu }} of {{ $labels.node }} reported Xid {{ $value }}",
+            "Xid {{ $value }} (48: double-bit ECC, 79: fallen off the bus, 13/31/43: kernel faults); "
+            "check `nvidia-smi -q` and dmesg, drain and reset the GPU.", None),
+        AlertRule(
+            "GPUTemperatureHigh",
+            f"DCGM_FI_DEV_GPU_TEMP{{job=\"dcgm\"}} > {t.gpu_temperature_celsius:g}",
+            "warning", "GPU {{ $labels.gpu }} of {{ $labels.node }} is hot",
+            "{{ $value }} C (threshold " f"{t.gpu_temperature_celsius:g} C); the GPU throttles soon.", for_),
+    ]
+    # Runbook: DCGM_FI_DEV_GPU_UTIL < 30 fired on idle-by-design GPUs, nodes outside every pool and
+    # GPUs still loading weights. Here: one rule per instance, only while that instance has work.
+    for inst in instances:
+        gpu.append(AlertRule(
+            "GPULowUtilization",
+            f"avg by (node) (DCGM_FI_DEV_GPU_UTIL{{{_gpu_selector(inst)}}}) < "
+            f"{t.gpu_low_utilization_percent:g} and on () "
+            f"sum(vllm:num_requests_running{{job=\"vllm\", instance=\"{inst.name}\"}}) > 0",
+            "info", f"GPUs of {inst.name} on " "{{ $labels.node }} idle while it has requests",
+            "Average GPU utilization {{ $value | printf \"%.0f\" }}% with requests running.",
+            f"{2 * t.for_minutes}m", {"pool": inst.pool, "vllm_instance": inst.name}))
+
+    nodes: list[AlertRule] = [
+        AlertRule(
+            "NodeDown", "up{job=\"node\"} == 0",
+            "critical", "Node {{ $labels.node }} is unreachable",
+            "node-exporter on {{ $labels.node }} does not answer: the host is down or off the network.",
+            NODE_DOWN_FOR),
+        AlertRule(
+            "DCGMExporterDown", "up{job=\"dcgm\"} == 0 unless on (node) up{job=\"node\"} == 0",
+            "warning", "No GPU metrics from {{ $labels.node }}",
+            "dcgm-exporter on {{ $labels.node }} does not answer while the node does: GPU alerts "
+            "for it are blind.", for_),
+    ]
+    expected = {}
+    for tgt in scrape_targets(spec):
+        expected[tgt.job] = expected.get(tgt.job, 0) + 1
+    for job, count in expected.items():
+        nodes.append(AlertRule(
+            "TargetsMissing", f"(count(up{{job=\"{job}\"}}) or vector(0)) < {count}",
+            "warning", f"Prometheus scrapes fewer {job} targets than the stack has",
+            f"{{{{ $value }}}} of {count} {job} targets are configured: prometheus.yml is not the generated one.",
+            for_, {"job": job}))
+
+    ray: list[AlertRule] = []
+    for inst in ray_instances:
+        ray.append(AlertRule(
+            "RayNodesLost",
+            f"(count(up{{job=\"ray\", ray_cluster=\"{inst.name}\"}} == 1) or vector(0)) < {len(inst.nodes)}",
+            "critical", f"Ray cluster {inst.name} lost nodes",
+            f"{{{{ $value }}}} of {len(inst.nodes)} Ray nodes of {inst.name} report metrics; the "
+            f"TP x PP engine of pool {inst.pool} cannot run without all of them.",
+            RAY_NODES_LOST_FOR, {"pool": inst.pool, "ray_cluster": inst.name}))
+
+    gateway: list[AlertRule] = []
+    if spec.gateway is not None:
+        gateway = [
+            AlertRule(
+                "GatewayDown", "up{job=\"gateway\"} == 0",
+                "critical", "The gateway on {{ $labels.node }} is down",
+                "nginx does not answer /metrics: every client request fails.", SERVICE_DOWN_FOR),
+            AlertRule(
+                "Gateway5xxRateHigh",
+                "sum by (pool) (rate(llm_gateway_requests_total{job=\"gateway\", status=~\"5..\"}[5m])) / "
+                "sum by (pool) (rate(llm_gateway_requests_total{job=\"gateway\"}[5m])) > "
+                f"{t.gateway_5xx_ratio:g}",
+                "warning", "Gateway answers 5xx for pool {{ $labels.pool }}",
+                "{{ $value | printf \"%.3f\" }} of requests end in 5xx (threshold "
+                f"{t.gateway_5xx_ratio:g}).", for_),
+            AlertRule(
+                "GatewayUpstreamFailures",
+                "sum by (pool, upstream) (increase(llm_gateway_upstream_failures_total{job=\"gateway\"}[5m])) > "
+                f"{t.gateway_upstream_failures:g}",
+                "warning", "Upstream {{ $labels.upstream }} of pool {{ $labels.pool }} keeps failing",
+                "{{ $value | printf \"%.0f\" }} failed attempts in 5 minutes; nginx passes them to other "
+                "upstreams, so capacity is reduced.", for_),
+        ]
+
+    groups = {"llm-serving": serving, "llm-gpu": gpu, "llm-nodes": nodes, "llm-ray": ray, "llm-gateway": gateway}
+    return {k: v for k, v in groups.items() if v}
+
+
+def alert_rules(spec: StackSpec) -> str:
+    """The Prometheus rules file (YAML text)."""
+    return _yaml({"groups": [{"name": name, "rules": [r.to_yaml_dict() for r in rules]}
+                             for name, rules in alert_groups(spec).items()]})
+
+
+# --- Grafana -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Panel:
+    """A time-series panel: title, unit and PromQL queries with their legends."""
+
+    title: str
+    unit: str
+    queries: tuple[tuple[str, str], ...]  # (expr, legendFormat)
+
+
+def _rate(metric: str, sel: str) -> str:
+    return f"rate({metric}{{{sel}}}[$__rate_interval])"
+
+
+def _quantiles(metric: str, sel: str) -> tuple[tuple[str, str], ...]:
+    return tuple((f"histogram_quantile({q}, sum by (pool, le) ({_rate(metric, sel)}))",
+                  f"{{{{pool}}}} p{round(q * 100)}") for q in (0.5, 0.95, 0.99))
+
+
+VLLM_SEL = 'job="vllm", pool=~"$pool"'
+DCGM_SEL = 'job="dcgm", node=~"$node"'
+NODE_SEL = 'job="node", node=~"$node"'
+
+SERVING_PANELS: tuple[Panel, ...] = (
+    Panel("Generation throughput per pool", "tokens/s (generated)",
+          ((f"sum by (pool) ({_rate('vllm:generation_tokens_total', VLLM_SEL)})", "{{pool}} generated"),
+           (f"sum by (pool) ({_rate('vllm:prompt_tokens_total', VLLM_SEL)})", "{{pool}} prompt"))),
+    Panel("Time to first token", "s", _quantiles("vllm:time_to_first_token_seconds_bucket", VLLM_SEL)),
+    Panel("Time per output token", "s", _quantiles("vllm:time_per_output_token_seconds_bucket", VLLM_SEL)),
+    Panel("KV cache usage", "percentunit",
+          ((f"vllm:gpu_cache_usage_perc{{{VLLM_SEL}}}", "{{instance}}"),)),
+    Panel("Queue depth", "short",
+          ((f"sum by (pool) (vllm:num_requests_waiting{{{VLLM_SEL}}})", "{{pool}} waiting"),
+           (f"sum by (pool) (vllm:num_requests_running{{{VLLM_SEL}}})", "{{pool}} running"))),
+    Panel("Preemptions", "short",
+          ((f"sum by (pool) ({_rate('vllm:num_preemptions_total', VLLM_SEL)})", "{{pool}}"),)),
+)
+GATEWAY_PANELS: tuple[Panel, ...] = (
+    Panel("Gateway requests by key, model and status", "reqps",
+          (("sum by (key_id, model, status) (rate(llm_gateway_requests_total{job=\"gateway\"}[$__rate_interval]))",
+            "{{key_id}} {{model}} {{status}}"),)),
+    Panel("Gateway 5xx ratio per pool", "percentunit",
+          (("sum by (pool) (rate(llm_gateway_requests_total{job=\"gateway\", status=~\"5..\"}[$__rate_interval])) / "
+            "sum by (pool) (rate(llm_gateway_requests_total{job=\"gateway\"}[$__rate_interval]))", "{{pool}}"),)),
+    Panel("Gateway upstream failures", "short",
+          (("sum by (pool, upstream) (increase(llm_gateway_upstream_failures_total{job=\"gateway\"}[$__rate_interval]))",
+            "{{pool}} {{upstream}}"),)),
+)
+GPU_PANELS: tuple[Panel, ...] = (
+    Panel("GPU utilization per node", "percent",
+          ((f"avg by (node) (DCGM_FI_DEV_GPU_UTIL{{{DCGM_SEL}}})", "{{node}}"),)),
+    Panel("GPU memory used per node", "percentunit",
+          ((f"sum by (node) (DCGM_FI_DEV_FB_USED{{{DCGM_SEL}}}) / (sum by (node) (DCGM_FI_DEV_FB_USED{{{DCGM_SEL}}}) "
+            f"+ sum by (node) (DCGM_FI_DEV_FB_FREE{{{DCGM_SEL}}}))", "{{node}}"),)),
+    Panel("GPU temperature per node (hottest GPU)", "celsius",
+          ((f"max by (node) (DCGM_FI_DEV_GPU_TEMP{{{DCGM_SEL}}})", "{{node}}"),)),
+    Panel("GPU power per node", "watt",
+          ((f"sum by (node) (DCGM_FI_DEV_POWER_USAGE{{{DCGM_SEL}}})", "{{node}}"),)),
+    Panel("Last Xid error per GPU", "short",
+          ((f"max by (node, gpu) (DCGM_FI_DEV_XID_ERRORS{{{DCGM_SEL}}})", "{{node}} GPU {{gpu}}"),)),
+    Panel("Node CPU busy", "percentunit",
+          ((f"1 - avg by (node) (rate(node_cpu_seconds_total{{{NODE_SEL}, mode=\"idle\"}}[$__rate_interval]))",
+            "{{node}}"),)),
+    Panel("Node memory available", "percentunit",
+          ((f"node_memory_MemAvailable_bytes{{{NODE_SEL}}} / node_memory_MemTotal_bytes{{{NODE_SEL}}}", "{{node}}"),)),
+)
+
+
+def _variable(name: str, query: str) -> dict[str, Any]:
+    return {"name": name, "type": "query", "datasource": {"type": "prometheus", "uid": DATASOURCE_UID},
+            "query": {"query": query, "refId": name}, "definition": query, "refresh": 2,
+            "includeAll": True, "multi": True, "current": {"text": "All", "value": "$__all"}}
+
+
+def _dashboard(uid: str, title: str, sections: list[tuple[str, tuple[Panel, ...]]],
+               variables: list[dict[str, Any]]) -> dict[str, Any]:
+    ds = {"type": "prometheus", "uid": DATASOURCE_UID}
+    panels: list[dict[str, Any]] = []
+    y = 0
+    for section, section_panels in sections:
+        panels.append({"id": len(panels) + 1, "type": "row", "title": section, "collapsed": False,
+                       "gridPos": {"h": 1, "w": 24, "x": 0, "y": y}, "panels": []})
+        y += 1
+        for i, p in enumerate(section_panels):
+            panels.append({
+                "id": len(panels) + 1, "type": "timeseries", "title": p.title, "datasource": ds,
+                "gridPos": {"h": 8, "w": 12, "x": 12 * (i % 2), "y": y + 8 * (i // 2)},
+                "fieldConfig": {"defaults": {"unit": p.unit}, "overrides": []},
+                "options": {"legend": {"displayMode": "list", "placement": "bottom"}},
+                "targets": [{"refId": chr(ord("A") + j), "datasource": ds, "expr": expr, "legendFormat": legend}
+                            for j, (expr, legend) in enumerate(p.queries)],
+            })
+        y += 8 * ((len(section_panels) + 1) // 2)
+    return {"uid": uid, "title": title, "tags": ["llm-cluster"], "editable": False, "schemaVersion": 39,
+            "time": {"from": "now-6h", "to": "now"}, "refresh": "30s", "timezone": "browser",
+            "templating": {"list": variables}, "panels": panels}
+
+
+def dashboards(spec: StackSpec) -> dict[str, dict[str, Any]]:
+    """Dashboard JSON models by file name: serving (pools, gateway) and GPU nodes."""
+    serving_sections = [("Pools", SERVING_PANELS)]
+    if spec.gateway is not None:
+        serving_sections.append(("Gateway", GATEWAY_PANELS))
+    return {
+        "llm-serving.json": _dashboard("llm-serving", "LLM serving", serving_sections,
+                                       [_variable("pool", "label_values(vllm:num_requests_running, pool)")]),
+        "gpu-nodes.json": _dashboard("llm-gpu-nodes", "GPU nodes", [("GPUs and hosts", GPU_PANELS)],
+                                     [_variable("node", "label_values(up{job=\"node\"}, node)")]),
+    }
+
+
+def grafana_provisioning(spec: StackSpec) -> dict[str, str]:
+    """Datasource and dashboard-provider YAML plus dashboard JSON, by path (see container_path)."""
+    m = _monitoring(spec)
+    datasource = {"apiVersion": 1, "datasources": [{
+        "name": "Prometheus", "uid": DATASOURCE_UID, "type": "prometheus", "access": "proxy",
+        "url": f"http://{host_port(spec.node(m.node).address, m.prometheus.port)}",
+        "isDefault": True, "editable": False,
+        "jsonData": {"timeInterval": f"{m.scrape_interval_seconds}s"},
+    }]}
+    provider = {"apiVersion": 1, "providers": [{
+        "name": "llm-cluster", "folder": "LLM cluster", "type": "file", "disableDeletion": True,
+        "allowUiUpdates": False, "options": {"path": container_path(GRAFANA_DASHBOARDS_DIR)},
+    }]}
+    files = {GRAFANA_DATASOURCE: _yaml(datasource), GRAFANA_DASHBOARD_PROVIDER: _yaml(provider)}
+    for name, model in dashboards(spec).items():
+        files[f"{GRAFANA_DASHBOARDS_DIR}/{name}"] = json.dumps(model, indent=2) + "\n"
+    return files
+
+
+def prometheus_files(spec: StackSpec) -> dict[str, str]:
+    """The Prometheus container's files: config and rules."""
+    return {PROMETHEUS_CONFIG: prometheus_config(spec), PROMETHEUS_RULES: alert_rules(spec)}
+
+
+def monitoring_files(spec: StackSpec) -> dict[str, str]:
+    """Every generated monitoring file by relative path (the plan writes them beside plan.json)."""
+    return prometheus_files(spec) | grafana_provisioning(spec)
+
+
+# --- container command lines ---------------------------------------------------------------------
+# Every monitoring container runs on the host network and binds the node's cluster address only:
+# the policy pack refuses internal ports reachable beyond the cluster network.
+
+def node_exporter_args(spec: StackSpec, node: str) -> list[str]:
+    """node-exporter flags: the host's root file system mounted at /host, cluster address only."""
+    m = _monitoring(spec)
+    return ["--path.rootfs=/host", f"--web.listen-address={host_port(spec.node(node).address, m.node_exporter.port)}"]
+
+
+def dcgm_exporter_env(spec: StackSpec, node: str) -> list[str]:
+    """dcgm-exporter environment (its entrypoint reads flags from these variables)."""
+    m = _monitoring(spec)
+    return [f"DCGM_EXPORTER_LISTEN={host_port(spec.node(node).address, m.dcgm_exporter.port)}",
+            "DCGM_EXPORTER_KUBERNETES=false"]
+
+
+def prometheus_args(spec: StackSpec) -> list[str]:
+    """Prometheus flags: generated config, retention from the stack, lifecycle API for reloads."""
+    m = _monitoring(spec)
+    return [f"--config.file={container_path(PROMETHEUS_CONFIG)}",
+            "--storage.tsdb.path=/prometheus",
+            f"--storage.tsdb.retention.time={m.retention_days}d",
+            f"--web.listen-address={host_port(spec.node(m.node).address, m.prometheus.port)}",
+            "--web.enable-lifecycle"]
+
+
+def grafana_env(spec: StackSpec) -> list[str]:
+    """Grafana settings: cluster address, admin password from the mounted file, no phoning home."""
+    m = _monitoring(spec)
+    return [f"GF_SERVER_HTTP_ADDR={spec.node(m.node).address}",
+            f"GF_SERVER_HTTP_PORT={m.grafana.port}",
+            "GF_SECURITY_ADMIN_USER=admin",
+            f"GF_SECURITY_ADMIN_PASSWORD__FILE={GRAFANA_PASSWORD_MOUNT}",
+            "GF_USERS_ALLOW_SIGN_UP=false",
+            "GF_AUTH_ANONYMOUS_ENABLED=false",
+            "GF_ANALYTICS_REPORTING_ENABLED=false",
+            "GF_ANALYTICS_CHECK_FOR_UPDATES=false"]
+
+
+def alertmanager_args(spec: StackSpec) -> list[str]:
+    """Alertmanager flags: config from the secret, cluster address, HA gossip off (one instance)."""
+    m = _monitoring(spec)
+    assert m.alertmanager is not None
+    return [f"--config.file={ALERTMANAGER_CONFIG_PATH}",
+            "--storage.path=/alertmanager",
+            f"--web.listen-address={host_port(spec.node(m.node).address, m.alertmanager.port)}",
+            # An empty cluster address disables gossip, which would otherwise listen on 0.0.0.0:9094.
+            "--cluster.listen-address="]
+
+
+# --- Grafana admin password on the host ----------------------------------------------------------
+
+def _private_write(path: str, owner: str, fill: str) -> str:
+    """Shell lines that write a file atomically, 0600 and owned by `owner`; `fill` writes "$tmp"."""
+    q, d, o = shlex.quote(path), shlex.quote(path.rsplit("/", 1)[0]), shlex.quote(owner)
+    return f"""install -d -m 0700 {d}
+umask 077
+tmp=$(mktemp {q}.XXXXXX)
+{fill}
+chown {o} "$tmp"
+chmod 0600 "$tmp"
+mv -f "$tmp" {q}
+"""
+
+
+def grafana_password_generate_script(path: str = GRAFANA_PASSWORD_FILE, owner: str = GRAFANA_FILE_OWNER) -> str:
+    """Create the admin password file once (random, 0600, readable by Grafana's uid) and print it."""
+    # 24 random bytes -> 32 URL-safe characters, kept in a variable so they never reach a log.
+    fill = "password=$(head -c 24 /dev/urandom | base64 | tr '/+' '_-')\nprintf '%s' \"$password\" > \"$tmp\""
+    write = textwrap.indent(_private_write(path, owner, fill), "  ")
+    q = shlex.quote(path)
+    return f"set -euo pipefail\nif [ ! -s {q} ]; then\n{write}fi\ncat {q}\n"
+
+
+def grafana_password_store_script(path: str = GRAFANA_PASSWORD_FILE, owner: str = GRAFANA_FILE_OWNER) -> str:
+    """Write the password given on stdin to the admin password file (0600, Grafana's uid), atomically."""
+    return "set -euo pipefail\n" + _private_write(path, owner, 'cat > "$tmp"')
+
+
+def grafana_password_delete_script(path: str = GRAFANA_PASSWORD_FILE) -> str:
+    """Remove the admin password file (and its directory when empty)."""
+    q, d = shlex.quote(path), shlex.quote(path.rsplit("/", 1)[0])
+    return f"""set -euo pipefail
+rm -f {q}
+if [ -d {d} ]; then
+  rmdir --ignore-fail-on-non-empty {d}
+fi
+"""
