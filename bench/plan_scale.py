@@ -1,7 +1,9 @@
 """Wall time of the offline plan for the reference stack and synthetic 60- and 600-node stacks.
 
 Next to each: the floor — a bare Pulumi mock program registering the same number of plain resources
-in the same harness — and the policy pass on its own. Prints figures and ratios; asserts nothing.
+in the same harness — and a second floor registering plain resources with the very same inputs (what
+the SDK's per-property serialisation costs, whatever program builds them); the policy pass on its
+own. Prints figures and ratios; asserts nothing.
 """
 from __future__ import annotations
 
@@ -46,11 +48,11 @@ def synthetic(nodes: int) -> dict[str, Any]:
     return cfg
 
 
-def floor(count: int) -> float:
-    """Seconds for a bare mock program registering `count` plain resources."""
+def floor(inputs: list[dict[str, Any]]) -> float:
+    """Seconds for a bare mock program registering one plain resource per inputs dict."""
     def program() -> None:
-        for i in range(count):
-            pulumi.CustomResource("bench:index:Plain", f"r{i}", {"index": i, "text": "x" * 64})
+        for i, props in enumerate(inputs):
+            pulumi.CustomResource("bench:index:Plain", f"r{i}", props)
     t = time.perf_counter()
     run_program(program, {}, set(), stack="floor")
     return time.perf_counter() - t
@@ -70,12 +72,13 @@ def measure(label: str, config: dict[str, Any]) -> None:
     artifacts_of(run), component_graph(run.registrations), render_text(result), plan_json(result)
     t4 = time.perf_counter()
     n = len(run.registrations)
-    bare = floor(n)
-    total = t4 - t0
-    print(f"{label:>10}: {len(spec.nodes):4d} nodes {n:6d} resources | validate {t1 - t0:6.2f}s "
-          f"program {t2 - t1:6.2f}s (floor {bare:6.2f}s, {(t2 - t1) / bare:4.2f}x) "
-          f"policy {t3 - t2:6.2f}s report {t4 - t3:6.2f}s | total {total:6.2f}s "
-          f"= {1000 * total / len(spec.nodes):6.1f} ms/node")
+    bare = floor([{"index": i, "text": "x" * 64} for i in range(n)])
+    same = floor([r.plain_inputs() for r in run.registrations])
+    total, program = t4 - t0, t2 - t1
+    print(f"{label:>10}: {len(spec.nodes):4d} nodes {n:6d} resources | validate {t1 - t0:5.2f}s "
+          f"program {program:6.2f}s = {program / bare:4.2f}x floor ({bare:5.2f}s), "
+          f"{program / same:4.2f}x same-inputs floor ({same:5.2f}s) | policy {t3 - t2:5.2f}s "
+          f"report {t4 - t3:5.2f}s | total {total:6.2f}s = {1000 * total / len(spec.nodes):5.1f} ms/node")
 
 
 def main() -> None:

@@ -38,23 +38,25 @@ class PlanResult:
         return [v for v in self.violations if v.enforcement_level in ("mandatory", "remediate")]
 
 
-def node_of(reg: Registration, run: ProgramRun, spec: StackSpec) -> str | None:
-    """Which server a resource acts on: by its Docker provider, or by its SSH connection's host."""
-    if reg.type.startswith("docker:") and reg.provider:
-        provider_urn = reg.provider.rsplit("::", 1)[0]
-        for r in run.registrations:
-            if r.urn == provider_urn:
-                parent = next((p for p in run.registrations if p.urn == r.parent and p.type == GPU_NODE), None)
-                if parent is not None:
-                    return parent.plain_inputs().get("node")
-    if reg.type == REMOTE_COMMAND:
-        host = (reg.plain_inputs().get("connection") or {}).get("host")
-        for name, node in spec.nodes.items():
-            if host in (node.address, node.ssh_address):
-                return name
-    if reg.type == GPU_NODE:
-        return reg.plain_inputs().get("node")
-    return None
+def node_index(run: ProgramRun, spec: StackSpec) -> dict[str, str]:
+    """urn -> the server a resource acts on: by its Docker provider, or by its SSH connection's host."""
+    by_address = {a: name for name, n in spec.nodes.items() for a in (n.address, n.ssh_address) if a}
+    node_of_component = {r.urn: r.plain_inputs().get("node") for r in run.registrations if r.type == GPU_NODE}
+    node_of_provider = {r.urn: node_of_component[r.parent] for r in run.registrations
+                        if r.type == DOCKER_PROVIDER and r.parent in node_of_component}
+    index: dict[str, str] = {}
+    for r in run.registrations:
+        if r.type == GPU_NODE:
+            node = node_of_component[r.urn]
+        elif r.type.startswith("docker:") and r.provider:
+            node = node_of_provider.get(r.provider.rsplit("::", 1)[0])
+        elif r.type == REMOTE_COMMAND:
+            node = by_address.get((r.plain_inputs().get("connection") or {}).get("host"))
+        else:
+            node = None
+        if node is not None:
+            index[r.urn] = node
+    return index
 
 
 def artifacts_of(run: ProgramRun) -> dict[str, str]:
@@ -95,10 +97,10 @@ def render_text(result: PlanResult) -> str:
                    f"{n} {t.split(':')[-1]}" for t, n in sorted(counts.items())) + ")")
 
     per_node: dict[str, list[Registration]] = defaultdict(list)
+    where = node_index(run, spec)
     for r in run.registrations:
-        n = node_of(r, run, spec)
-        if n is not None and r.type in (CONTAINER, REMOTE_COMMAND):
-            per_node[n].append(r)
+        if r.urn in where and r.type in (CONTAINER, REMOTE_COMMAND):
+            per_node[where[r.urn]].append(r)
     out.append("\nNodes")
     for name in spec.nodes:
         node = spec.node(name)
@@ -169,13 +171,14 @@ def render_text(result: PlanResult) -> str:
 def plan_json(result: PlanResult) -> dict[str, Any]:
     """The machine-readable plan (contract: resources, policy, capacity — secrets masked)."""
     run = result.run
+    where = node_index(run, result.spec)
     return {
         "stack": result.stack,
         "config": result.config_path,
         "mode": "preview" if result.preview else "up",
         "resources": [
             {"urn": r.urn, "type": r.type, "name": r.name, "parent": r.parent, "custom": r.custom,
-             "node": node_of(r, run, result.spec), "inputs": r.display_inputs(),
+             "node": where.get(r.urn), "inputs": r.display_inputs(),
              "dependencies": r.dependencies, "propertyDependencies": r.property_dependencies,
              "provider": r.provider, "options": r.options}
             for r in run.registrations

@@ -1,0 +1,196 @@
+"""Ray planning for multi-node vLLM: `ray start` argv, the GPU readiness gate, the head's entry script.
+
+Restart semantics (the runbook runs `docker exec -it ray-head bash -c 'vllm serve …'`, which dies with
+the shell and needs a person to start it again; here nothing is manual):
+- The Ray head container *is* the multi-node server. Its entrypoint is `ray-head.sh`: it starts the
+  Ray head, waits (without a deadline) until every GPU of the instance has joined, then `exec`s the
+  container's command, the full `vllm serve` argv. vLLM's ray.init() joins that cluster (RAY_ADDRESS).
+- Every container restarts `unless-stopped`, so docker also starts them again when a node boots.
+- vLLM dies, or the head container or node restarts: docker starts the head again; the workers lose
+  the GCS, their `ray start --block` exits (after Ray's GCS reconnect timeout, 60 s by default), docker
+  restarts them, they join the new head, and vLLM starts once all GPUs are back.
+- A worker node dies: its Ray actors and NCCL peers are gone, and vLLM's API server shuts down when a
+  request meets the dead engine (its default; VLLM_KEEP_ALIVE_ON_ENGINE_DEATH unset), which restarts
+  the head as above. (Read from vLLM 0.9.2's launcher, not observed on hardware.) A server that stays
+  up but broken is only marked unhealthy (docker restarts no unhealthy container); the gateway's
+  passive failover takes it out of rotation, and `docker restart ray-head-<instance>` is the one step.
+- `pulumi destroy`, or a replacement (delete before replace: names and GPUs are fixed), stops each
+  container with SIGTERM and a grace period, so vLLM frees its GPUs and exits cleanly.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from components.planning.topology import Instance
+from components.spec import StackSpec
+
+# Where ray-head.sh is uploaded inside the head container (the image has no such folder of its own).
+RAY_HEAD_SCRIPT = "/opt/llm-cluster/ray-head.sh"
+
+_GPU_LINE = re.compile(r"^\s*([0-9.]+)/([0-9.]+)\s+GPU\b", re.M)
+_NODE_LINE = re.compile(r"^\s+(\d+)\s+node_\S+")
+
+
+@dataclass(frozen=True)
+class RayStatus:
+    """What `ray status` says about the cluster: active nodes and GPUs."""
+
+    nodes: int
+    gpus_total: float
+    gpus_used: float
+
+
+def parse_ray_status(text: str) -> RayStatus:
+    """Parse `ray status` output; the Python twin of the gate's awk (same lines, same answers)."""
+    nodes, active = 0, False
+    for line in text.splitlines():
+        if line and not line[0].isspace():
+            active = line.startswith("Active:")
+            continue
+        m = _NODE_LINE.match(line)
+        if active and m:
+            nodes += int(m.group(1))
+    gpu_match = _GPU_LINE.search(text)
+    used, total = (float(gpu_match.group(1)), float(gpu_match.group(2))) if gpu_match else (0.0, 0.0)
+    return RayStatus(nodes, total, used)
+
+
+def head_container_name(instance: Instance) -> str:
+    """The Ray head's container name (fixed: the gate and operators `docker exec` into it)."""
+    return f"ray-head-{instance.name}"
+
+
+def worker_container_name(instance: Instance) -> str:
+    """A Ray worker's container name (one per worker node of the instance)."""
+    return f"ray-worker-{instance.name}"
+
+
+def gpus_per_node(spec: StackSpec, instance: Instance) -> int:
+    """GPUs each Ray node advertises: the whole node (its containers get every GPU)."""
+    g = spec.node(instance.head).gpu
+    assert g is not None  # the spec refuses nodes without GPUs
+    return g.count
+
+
+def want_gpus(spec: StackSpec, instance: Instance) -> int:
+    """GPUs the gate waits for: every GPU of every node of the instance."""
+    return gpus_per_node(spec, instance) * len(instance.nodes)
+
+
+def head_address(spec: StackSpec, instance: Instance) -> str:
+    """`<head address>:<rayPort>`: the GCS address workers join and `ray status` asks."""
+    return f"{spec.node(instance.head).address}:{spec.pools[instance.pool].ray_port}"
+
+
+def ray_head_start_argv(spec: StackSpec, instance: Instance) -> list[str]:
+    """`ray start --head` for the instance's head node (not blocking: the script goes on to vLLM)."""
+    pool = spec.pools[instance.pool]
+    address = spec.node(instance.head).address
+    return ["ray", "start", "--head", f"--port={pool.ray_port}", f"--node-ip-address={address}",
+            f"--num-gpus={gpus_per_node(spec, instance)}",
+            # Dashboard on the cluster address only: it can run jobs, so never 0.0.0.0.
+            f"--dashboard-host={address}", f"--dashboard-port={pool.ray_dashboard_port}",
+            f"--ray-client-server-port={pool.ray_client_port}", "--disable-usage-stats"]
+
+
+def ray_worker_argv(spec: StackSpec, instance: Instance, node: str) -> list[str]:
+    """`ray start --block` joining the head: it exits when the head goes, so docker restarts it to rejoin."""
+    return ["ray", "start", "--block", f"--address={head_address(spec, instance)}",
+            f"--node-ip-address={spec.node(node).address}",
+            f"--num-gpus={gpus_per_node(spec, instance)}", "--disable-usage-stats"]
+
+
+def ray_status_argv(spec: StackSpec, instance: Instance, container: str | None = None) -> list[str]:
+    """`ray status` against the instance's GCS; through `docker exec` into `container` when given."""
+    status = ["ray", "status", "--address", head_address(spec, instance)]
+    return ["docker", "exec", container, *status] if container else status
+
+
+def gate_hints(spec: StackSpec, instance: Instance) -> list[str]:
+    """What to check when workers do not join, with this instance's ports, interfaces and containers."""
+    pool = spec.pools[instance.pool]
+    head = spec.node(instance.head)
+    ifaces = sorted({spec.node(n).interface or "?" for n in instance.nodes})
+    return [f"the firewall lets the workers reach {head.address} on TCP {pool.ray_port} (GCS) and "
+            f"{pool.ray_client_port} (client) and the nodes reach each other on Ray's high ports",
+            f"NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME ({', '.join(ifaces)}) carry the nodes' cluster addresses",
+            "the nodes' clocks are in sync (chrony)",
+            *(f"docker logs {worker_container_name(instance)} on {n}" for n in instance.nodes[1:])]
+
+
+def _gate_lines(status_cmd: Sequence[str], want: int, timeout_s: int, instance: str,
+                want_nodes: int | None, hints: Sequence[str], interval_s: int) -> str:
+    """The polling loop shared by the deploy-time gate and ray-head.sh (timeout 0 = wait forever)."""
+    nodes_wanted = f"/{want_nodes}" if want_nodes else ""
+    check = "; ".join(hints) if hints else "ray status on the head and docker logs of the workers"
+    return f"""status_cmd=({' '.join(shlex.quote(a) for a in status_cmd)})
+want={int(want)}
+timeout={int(timeout_s)}
+instance={shlex.quote(instance)}
+start=$SECONDS
+last=""
+next_report=0
+gpus=0
+nodes=0
+while :; do
+  status=$("${{status_cmd[@]}}" 2>&1) || status=""
+  # Same parse as parse_ray_status(): the total after "/" on the GPU line, and the node
+  # counts listed under "Active:".
+  gpus=$(awk '$2 == "GPU" {{ split($1, a, "/"); printf "%d", a[2]; exit }}' <<<"$status")
+  nodes=$(awk '/^Active:/ {{ on = 1; next }} /^[^ ]/ {{ on = 0 }} on && $2 ~ /^node_/ {{ n += $1 }} END {{ printf "%d", n }}' <<<"$status")
+  gpus=${{gpus:-0}}
+  elapsed=$((SECONDS - start))
+  if [[ "$gpus/$nodes" != "$last" ]] || (( elapsed >= next_report )); then
+    echo "ray: $gpus/$want GPUs, $nodes node(s)"
+    last="$gpus/$nodes"
+    next_report=$((elapsed + 30))
+  fi
+  if (( gpus >= want )); then
+    break
+  fi
+  if (( timeout > 0 && elapsed >= timeout )); then
+    echo "ray gate $instance: timed out after ${{timeout}}s with $gpus of $want GPUs on $nodes{nodes_wanted} node(s):" \\
+      "$((want - gpus)) GPUs missing. Check: "{shlex.quote(check)} >&2
+    exit 1
+  fi
+  sleep {int(interval_s)}
+done"""
+
+
+def ray_gate_script(status_cmd: Sequence[str], want_gpus: int, timeout_s: int, instance: str, *,
+                    want_nodes: int | None = None, hints: Sequence[str] = (), interval_s: int = 5) -> str:
+    """Bash that polls `ray status` until `want_gpus` GPUs are in the cluster; exits 1 naming what is missing."""
+    return f"""#!/usr/bin/env bash
+# Readiness gate for {instance}: wait until Ray reports {want_gpus} GPUs.
+set -euo pipefail
+{_gate_lines(status_cmd, want_gpus, timeout_s, instance, want_nodes, hints, interval_s)}
+echo "ray gate $instance: $gpus GPUs on $nodes node(s) after $((SECONDS - start))s"
+"""
+
+
+def ray_head_script(spec: StackSpec, instance: Instance, *, interval_s: int = 5) -> str:
+    """ray-head.sh: start the Ray head, wait for all the instance's GPUs, then exec the container's command."""
+    nodes = len(instance.nodes)
+    start = " ".join(shlex.quote(a) for a in ray_head_start_argv(spec, instance))
+    # No deadline inside the container: exiting would restart the head and throw out the workers that
+    # already joined; the deploy-time gate is the one that times out and says what is missing.
+    gate = _gate_lines(ray_status_argv(spec, instance), want_gpus(spec, instance), 0, instance.name,
+                       nodes, gate_hints(spec, instance), interval_s)
+    return f"""#!/usr/bin/env bash
+# Ray head of {instance.name}: start Ray, wait for the {nodes} nodes' GPUs, then run the container's
+# command (vllm serve). Runs at every start of the container, so a restart needs no manual step.
+set -euo pipefail
+if (( $# == 0 )); then
+  echo "usage: ray-head.sh <command to run once the cluster is complete>..." >&2
+  exit 2
+fi
+{start}
+# vLLM's ray.init() joins this cluster, not a new local one.
+export RAY_ADDRESS={shlex.quote(head_address(spec, instance))}
+{gate}
+echo "ray: cluster complete, starting: $*"
+exec "$@"
+"""

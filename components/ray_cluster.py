@@ -1,0 +1,135 @@
+"""RayCluster: the Ray head (which becomes the multi-node vLLM server) and workers of one instance, and its GPU gate."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_docker as docker
+from pulumi_command import remote
+
+from components.base import Component
+from components.gpu_node import GpuNode
+from components.planning import ray as plan
+from components.planning.node_scripts import bash_command, script_hash
+from components.planning.topology import Instance
+from components.planning.vllm import container_envs, container_labels, health_url, vllm_argv, vllm_env
+from components.spec import StackSpec
+
+# Seconds docker waits after SIGTERM before SIGKILL on stop/delete: vLLM frees GPU memory and
+# NCCL communicators on a clean shutdown, which a SIGKILL skips.
+STOP_GRACE_SECONDS = 60
+# Margin over a gate's own deadline for SSH and the last poll, so the gate's message, not
+# Pulumi's timeout, is what the operator sees.
+GATE_TIMEOUT_MARGIN_SECONDS = 120
+
+
+@dataclass(frozen=True)
+class RayClusterArgs:
+    """One multi-node instance, the GpuNodes it spans, and per node the resource that puts its weights in place."""
+
+    spec: StackSpec
+    instance: Instance
+    nodes: Mapping[str, GpuNode]
+    weights_ready: Mapping[str, pulumi.Resource]
+
+
+def gpu_container_args(spec: StackSpec, instance: Instance, node: GpuNode, node_name: str,
+                       role: str) -> dict[str, object]:
+    """docker.Container arguments every GPU container of an instance shares (vLLM, Ray head, Ray worker)."""
+    pool = spec.pools[instance.pool]
+    model = spec.models[pool.model]
+    gpus: dict[str, object]
+    if instance.gpu_ids is None:
+        gpus = {"gpus": "all"}
+    else:
+        # `gpus="device=0,1"` is parsed by docker as CSV (one id plus a count): name the ids instead.
+        gpus = {"device_requests": [docker.ContainerDeviceRequestArgs(
+            driver="nvidia", device_ids=[str(i) for i in instance.gpu_ids], capabilities=["gpu"])]}
+    return dict(
+        image=node.images[pool.image].image_id,
+        network_mode="host",  # NCCL, Ray and vLLM bind the node's addresses and many ports
+        ipc_mode="host",  # NCCL shares memory between the TP processes
+        shm_size=pool.shm_size_gib * 1024,
+        init=True,  # tini as PID 1 reaps Ray's and vLLM's orphaned processes and forwards SIGTERM
+        restart="unless-stopped",
+        destroy_grace_seconds=STOP_GRACE_SECONDS,
+        envs=container_envs(vllm_env(spec, instance, node_name)),
+        labels=[docker.ContainerLabelArgs(label=k, value=v)
+                for k, v in container_labels(spec, instance, node_name, role).items()],
+        volumes=[docker.ContainerVolumeArgs(host_path=model.path, container_path=model.path, read_only=True)],
+        **gpus,
+    )
+
+
+def gpu_container_opts(node: GpuNode, node_name: str, weights_ready: Mapping[str, pulumi.Resource],
+                       extra: list[pulumi.Resource] | None = None) -> dict[str, object]:
+    """Resource options of a GPU container: its node's provider, the node and its weights ready first."""
+    after = [*node.ready, *([weights_ready[node_name]] if node_name in weights_ready else []), *(extra or [])]
+    # Fixed names and the same GPUs: the old container must be gone before the new one starts.
+    return dict(provider=node.provider, depends_on=after, delete_before_replace=True)
+
+
+def vllm_healthcheck(spec: StackSpec, instance: Instance) -> docker.ContainerHealthcheckArgs:
+    """docker's view of the server's health (`docker ps`), patient while the weights load."""
+    return docker.ContainerHealthcheckArgs(
+        tests=["CMD", "curl", "-fsS", "-o", "/dev/null", "--max-time", "5", health_url(spec, instance)],
+        interval="30s", timeout="10s", retries=3,
+        start_period=f"{spec.pools[instance.pool].load_timeout_minutes * 60}s")
+
+
+def gate_command_args(script: str, timeout_s: int,
+                      triggers: list[pulumi.Input[str]]) -> tuple[dict[str, object], pulumi.CustomTimeouts]:
+    """remote.Command arguments and timeouts for a gate script under bash; re-run when it or its targets change."""
+    return dict(
+        create=bash_command(script),  # bash whatever the login shell is (dash has no pipefail)
+        triggers=[script_hash(script), *triggers],
+        logging="stdoutAndStderr",
+    ), pulumi.CustomTimeouts(create=f"{timeout_s + GATE_TIMEOUT_MARGIN_SECONDS}s")
+
+
+class RayCluster(Component):
+    """Ray head and workers for one multi-node vLLM instance, and a gate that waits for all their GPUs.
+
+    The head container runs `ray-head.sh` with the vLLM argv as its command: see
+    components.planning.ray for why this makes restarts of the head, or of its node, need no manual step.
+    """
+
+    TYPE = "llm-cluster:ray:RayCluster"
+
+    def __init__(self, name: str, args: RayClusterArgs, opts: pulumi.ResourceOptions | None = None):
+        spec, inst = args.spec, args.instance
+        pool = spec.pools[inst.pool]
+        wanted = plan.want_gpus(spec, inst)
+        super().__init__(name, {"pool": inst.pool, "instance": inst.name, "nodes": list(inst.nodes),
+                                "head": inst.head, "wantGpus": wanted, "image": pool.image,
+                                "rayPort": pool.ray_port}, opts)
+        head_node = args.nodes[inst.head]
+        script = plan.ray_head_script(spec, inst)
+        head_name = plan.head_container_name(inst)
+        self.head: docker.Container = docker.Container(
+            self.child("head"), name=head_name,
+            entrypoints=["/bin/bash", plan.RAY_HEAD_SCRIPT], command=vllm_argv(spec, inst),
+            uploads=[docker.ContainerUploadArgs(file=plan.RAY_HEAD_SCRIPT, content=script, executable=True)],
+            healthcheck=vllm_healthcheck(spec, inst),
+            **gpu_container_args(spec, inst, head_node, inst.head, "ray-head"),
+            opts=self.opts(**gpu_container_opts(head_node, inst.head, args.weights_ready)))
+        self.workers: dict[str, docker.Container] = {}
+        for n in inst.nodes[1:]:
+            worker_argv = plan.ray_worker_argv(spec, inst, n)
+            self.workers[n] = docker.Container(
+                self.child(f"worker-{n}"), name=plan.worker_container_name(inst),
+                # The image's entrypoint is the API server; a worker only runs Ray.
+                entrypoints=worker_argv[:1], command=worker_argv[1:],
+                **gpu_container_args(spec, inst, args.nodes[n], n, "ray-worker"),
+                opts=self.opts(**gpu_container_opts(args.nodes[n], n, args.weights_ready, [self.head])))
+        gate_script = plan.ray_gate_script(
+            plan.ray_status_argv(spec, inst, head_name), wanted, pool.ray_gate_timeout_seconds, inst.name,
+            want_nodes=len(inst.nodes), hints=plan.gate_hints(spec, inst))
+        command_args, timeouts = gate_command_args(
+            gate_script, pool.ray_gate_timeout_seconds,
+            [self.head.id, *(w.id for w in self.workers.values())])
+        self.gate: remote.Command = remote.Command(
+            self.child("gate"), connection=head_node.connection, **command_args,
+            opts=self.opts(depends_on=[self.head, *self.workers.values()], custom_timeouts=timeouts))
+        self.register_outputs({"head": inst.head, "wantGpus": wanted})

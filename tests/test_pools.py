@@ -1,0 +1,326 @@
+"""The reference stack's pools under Pulumi's mocks: components, containers, gates, dependencies, secrets."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import shutil
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components.planning.ray import RAY_HEAD_SCRIPT
+from plan.harness import SECRET_SIG, SIG, UNKNOWN, ProgramRun, Registration
+
+CONTAINER = "docker:index/container:Container"
+COMMAND = "command:remote:Command"
+RAY = "llm-cluster:ray:RayCluster"
+SERVER = "llm-cluster:vllm:ModelServer"
+NODE = "llm-cluster:node:GpuNode"
+POOL_NODES = {"reasoning": ["gpu-01", "gpu-02"], "chat": ["gpu-03", "gpu-04", "gpu-05", "gpu-06"]}
+ADDRESS = {f"gpu-0{i}": f"192.168.10.1{i}" for i in range(1, 7)}
+
+REASONING_ARGV = [
+    "vllm", "serve", "/data/models/DeepSeek-R1-GPTQ-Int4",
+    "--served-model-name", "deepseek-r1", "/data/models/DeepSeek-R1-GPTQ-Int4",
+    "--host", "192.168.10.11", "--port", "8000", "--tensor-parallel-size", "8", "--pipeline-parallel-size", "2",
+    "--distributed-executor-backend", "ray", "--dtype", "half", "--max-model-len", "16384", "--max-num-seqs", "32",
+    "--gpu-memory-utilization", "0.92", "--quantization", "gptq", "--swap-space", "4",
+    "--no-enable-prefix-caching", "--no-enable-chunked-prefill", "--trust-remote-code",
+]
+
+
+def chat_argv(node: str) -> list[str]:
+    return ["vllm", "serve", "/data/models/Qwen3-30B-A3B",
+            "--served-model-name", "qwen3-30b-a3b", "/data/models/Qwen3-30B-A3B",
+            "--host", ADDRESS[node], "--port", "8000", "--tensor-parallel-size", "8",
+            "--distributed-executor-backend", "mp", "--dtype", "half", "--max-model-len", "32768",
+            "--max-num-seqs", "128", "--gpu-memory-utilization", "0.9", "--swap-space", "4",
+            "--no-enable-prefix-caching", "--no-enable-chunked-prefill"]
+
+
+def env_of(node: str) -> list[str]:
+    return sorted(["VLLM_USE_V1=0", "VLLM_WORKER_MULTIPROC_METHOD=spawn", "NCCL_IB_DISABLE=0", "NCCL_IB_HCA=mlx5_0",
+                   "NCCL_IB_GID_INDEX=3", "NCCL_SOCKET_IFNAME=bond0", "GLOO_SOCKET_IFNAME=bond0", "NCCL_DEBUG=WARN",
+                   f"VLLM_HOST_IP={ADDRESS[node]}"])
+
+
+def labels(role: str, pool: str, instance: str, node: str) -> list[dict[str, str]]:
+    return [{"label": f"llm-cluster.{k}", "value": v} for k, v in [
+        ("role", role), ("pool", pool), ("instance", instance), ("node", node),
+        ("gpu-model", "Tesla V100-SXM2-32GB"), ("image", "vllm/vllm-openai:v0.9.2")]]
+
+
+def script_of(create: str) -> str:
+    """The bash script a Command's `create` hands to bash (node_scripts.bash_command's heredoc)."""
+    m = re.fullmatch(r"bash -c \"\$\(cat <<'(\w+)'\n(.*)\n\1\n\)\" llm-cluster", create, re.S)
+    assert m, create[:80]
+    return m.group(2) + "\n"
+
+
+def by_urn(run: ProgramRun) -> dict[str, Registration]:
+    return {r.urn: r for r in run.registrations}
+
+
+def mine(run: ProgramRun) -> list[Registration]:
+    """Registrations of the pool components and their children."""
+    top = {r.urn for r in run.registrations if r.type in (RAY, SERVER)}
+    return [r for r in run.registrations if r.urn in top or r.parent in top]
+
+
+def closure(run: ProgramRun, reg: Registration) -> set[str]:
+    """Every URN a resource waits for, directly or through others (parents' waits included)."""
+    urns = by_urn(run)
+    seen: set[str] = set()
+    todo = list(reg.dependencies)
+    while todo:
+        u = todo.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        todo += urns[u].dependencies if u in urns else []
+    return seen
+
+
+def node_of(run: ProgramRun, urn: str) -> str | None:
+    """The node a resource belongs to: its GpuNode ancestor, or a node named in its name."""
+    urns = by_urn(run)
+    r = urns.get(urn)
+    while r is not None:
+        if r.type == NODE:
+            return r.name
+        r = urns.get(r.parent)
+    found = re.findall(r"gpu-0[1-6]", urn.rsplit("::", 1)[-1])
+    return found[-1] if found else None
+
+
+def pool_of(run: ProgramRun, urn: str) -> str | None:
+    """The pool a resource belongs to, when it is one of the pool components or their children."""
+    urns = by_urn(run)
+    r = urns.get(urn)
+    while r is not None:
+        if r.type in (RAY, SERVER):
+            return r.inputs["pool"]
+        r = urns.get(r.parent)
+    return None
+
+
+def test_reference_pools_register_these_components_and_children(prod_run: ProgramRun) -> None:
+    regs = mine(prod_run)
+    assert Counter(r.type for r in regs) == {SERVER: 5, RAY: 1, CONTAINER: 6, COMMAND: 6}
+    parent_name = {r.urn: r.name for r in prod_run.registrations}
+    assert sorted((r.name, parent_name.get(r.parent, "stack")) for r in regs if r.custom) == sorted([
+        ("reasoning-gpu-01-ray-head", "reasoning-gpu-01-ray"),
+        ("reasoning-gpu-01-ray-worker-gpu-02", "reasoning-gpu-01-ray"),
+        ("reasoning-gpu-01-ray-gate", "reasoning-gpu-01-ray"),
+        ("reasoning-gpu-01-health", "reasoning-gpu-01"),
+        *[(f"chat-{n}-vllm", f"chat-{n}") for n in POOL_NODES["chat"]],
+        *[(f"chat-{n}-health", f"chat-{n}") for n in POOL_NODES["chat"]],
+    ])
+    assert {r.name for r in regs if not r.custom} == {
+        "reasoning-gpu-01-ray", "reasoning-gpu-01", "chat-gpu-03", "chat-gpu-04", "chat-gpu-05", "chat-gpu-06"}
+    assert all(r.parent.endswith("::llm-cluster-prod") for r in regs if not r.custom)
+
+
+def test_stack_exports_each_instance_endpoint(prod_run: ProgramRun) -> None:
+    assert prod_run.stack_outputs["endpoints"] == {
+        "reasoning-gpu-01": "http://192.168.10.11:8000",
+        **{f"chat-{n}": f"http://{ADDRESS[n]}:8000" for n in POOL_NODES["chat"]}}
+
+
+def _gpu_container_common(c: dict[str, Any], shm_gib: int, model_path: str) -> None:
+    assert c["networkMode"] == "host" and c["ipcMode"] == "host" and c["gpus"] == "all"
+    assert c["shmSize"] == shm_gib * 1024
+    assert c["restart"] == "unless-stopped" and c["destroyGraceSeconds"] == 60 and c["init"] is True
+    assert c["volumes"] == [{"hostPath": model_path, "containerPath": model_path, "readOnly": True}]
+    assert "deviceRequests" not in c
+
+
+def test_ray_head_runs_its_script_with_the_vllm_argv_as_command(prod_run: ProgramRun) -> None:
+    reg = prod_run.get("reasoning-gpu-01-ray-head")
+    c = reg.plain_inputs()
+    assert c["name"] == "ray-head-reasoning-gpu-01"
+    assert c["entrypoints"] == ["/bin/bash", RAY_HEAD_SCRIPT]
+    assert c["command"] == REASONING_ARGV
+    assert c["envs"] == env_of("gpu-01")
+    assert c["labels"] == labels("ray-head", "reasoning", "reasoning-gpu-01", "gpu-01")
+    _gpu_container_common(c, 64, "/data/models/DeepSeek-R1-GPTQ-Int4")
+    [upload] = c["uploads"]
+    assert upload["file"] == RAY_HEAD_SCRIPT and upload["executable"] is True
+    assert "ray start --head --port=6379 --node-ip-address=192.168.10.11 --num-gpus=8" in upload["content"]
+    assert upload["content"].rstrip().endswith('exec "$@"')
+    assert c["healthcheck"] == {"tests": ["CMD", "curl", "-fsS", "-o", "/dev/null", "--max-time", "5",
+                                          "http://192.168.10.11:8000/health"],
+                                "interval": "30s", "timeout": "10s", "retries": 3, "startPeriod": "1800s"}
+    assert reg.options["deleteBeforeReplace"] is True
+    assert reg.provider.split("::")[-2].endswith("gpu-01-docker")
+
+
+def test_ray_worker_joins_the_head_after_it(prod_run: ProgramRun) -> None:
+    reg = prod_run.get("reasoning-gpu-01-ray-worker-gpu-02")
+    c = reg.plain_inputs()
+    assert c["name"] == "ray-worker-reasoning-gpu-01"
+    assert [*c["entrypoints"], *c["command"]] == [
+        "ray", "start", "--block", "--address=192.168.10.11:6379", "--node-ip-address=192.168.10.12",
+        "--num-gpus=8", "--disable-usage-stats"]
+    assert c["envs"] == env_of("gpu-02")
+    assert c["labels"] == labels("ray-worker", "reasoning", "reasoning-gpu-01", "gpu-02")
+    _gpu_container_common(c, 64, "/data/models/DeepSeek-R1-GPTQ-Int4")
+    assert "uploads" not in c and "healthcheck" not in c
+    assert prod_run.get("reasoning-gpu-01-ray-head").urn in reg.dependencies
+    assert reg.options["deleteBeforeReplace"] is True
+    assert reg.provider.split("::")[-2].endswith("gpu-02-docker")
+
+
+@pytest.mark.parametrize("node", POOL_NODES["chat"])
+def test_chat_replica_container(prod_run: ProgramRun, node: str) -> None:
+    reg = prod_run.get(f"chat-{node}-vllm")
+    c = reg.plain_inputs()
+    assert c["name"] == f"vllm-chat-{node}"
+    # `vllm` is the entrypoint: the image's own (the API server module) would get `vllm serve` as arguments.
+    assert [*c["entrypoints"], *c["command"]] == chat_argv(node)
+    assert c["entrypoints"] == ["vllm"]
+    assert c["envs"] == env_of(node)
+    assert c["labels"] == labels("vllm", "chat", f"chat-{node}", node)
+    _gpu_container_common(c, 32, "/data/models/Qwen3-30B-A3B")
+    # The id of the image pulled on that node, not a tag that could move under the container.
+    assert c["image"].startswith("sha256:")
+    assert reg.property_dependencies["image"] == [prod_run.get(f"{node}-image-vllm-openai-v0-9-2").urn]
+    assert reg.options["deleteBeforeReplace"] is True
+    assert reg.provider.split("::")[-2].endswith(f"{node}-docker")
+
+
+def test_replicas_sharing_a_node_get_their_own_gpus(stack_runner: Callable[..., ProgramRun],
+                                                    config: dict[str, Any]) -> None:
+    config["llm-cluster:pools"]["chat"].update(tensorParallel=4, replicasPerNode=2)
+    run = stack_runner(config)
+    c0 = run.get("chat-gpu-03-r0-vllm").plain_inputs()
+    c1 = run.get("chat-gpu-03-r1-vllm").plain_inputs()
+    assert "gpus" not in c0
+    assert c0["deviceRequests"] == [{"driver": "nvidia", "deviceIds": ["0", "1", "2", "3"], "capabilities": ["gpu"]}]
+    assert c1["deviceRequests"][0]["deviceIds"] == ["4", "5", "6", "7"]
+    assert c1["command"][c1["command"].index("--port") + 1] == "8001"
+    assert run.stack_outputs["endpoints"]["chat-gpu-03-r1"] == "http://192.168.10.13:8001"
+
+
+def test_ray_gate_waits_for_sixteen_gpus_after_both_containers(prod_run: ProgramRun) -> None:
+    reg = prod_run.get("reasoning-gpu-01-ray-gate")
+    c = reg.plain_inputs()
+    head, worker = prod_run.get("reasoning-gpu-01-ray-head"), prod_run.get("reasoning-gpu-01-ray-worker-gpu-02")
+    assert {head.urn, worker.urn} <= set(reg.dependencies)
+    assert c["connection"]["host"] == "192.168.10.11"
+    script = script_of(c["create"])
+    assert "status_cmd=(docker exec ray-head-reasoning-gpu-01 ray status --address 192.168.10.11:6379)" in script
+    assert "want=16\n" in script and "timeout=300\n" in script
+    # Re-run when the script changes or either container is replaced.
+    assert c["triggers"][1:] == ["reasoning-gpu-01-ray-head-id", "reasoning-gpu-01-ray-worker-gpu-02-id"]
+    assert re.fullmatch(r"[0-9a-f]{16}", c["triggers"][0])
+    assert reg.options["customTimeouts"] == {"create": "420s"}
+
+
+def test_health_gates_follow_their_server(prod_run: ProgramRun) -> None:
+    multi = prod_run.get("reasoning-gpu-01-health")
+    assert set(multi.dependencies) == {prod_run.get("reasoning-gpu-01-ray-gate").urn,
+                                       prod_run.get("reasoning-gpu-01-ray-head").urn}
+    assert multi.plain_inputs()["triggers"][1:] == ["reasoning-gpu-01-ray-head-id"]
+    assert "container=ray-head-reasoning-gpu-01\n" in script_of(multi.plain_inputs()["create"])
+    for n in POOL_NODES["chat"]:
+        gate = prod_run.get(f"chat-{n}-health")
+        c = gate.plain_inputs()
+        assert gate.dependencies == [prod_run.get(f"chat-{n}-vllm").urn]
+        assert c["connection"]["host"] == ADDRESS[n]
+        script = script_of(c["create"])
+        assert f"url=http://{ADDRESS[n]}:8000/health\n" in script and "timeout=1800\n" in script
+        assert gate.options["customTimeouts"] == {"create": "1920s"}
+
+
+def test_every_generated_script_is_valid_shellcheck_clean_bash(prod_run: ProgramRun, tmp_path: Path) -> None:
+    scripts = {"ray-head.sh": prod_run.get("reasoning-gpu-01-ray-head").plain_inputs()["uploads"][0]["content"]}
+    for r in mine(prod_run):
+        if r.type == COMMAND:
+            scripts[r.name] = script_of(r.plain_inputs()["create"])
+    assert len(scripts) == 7
+    shellcheck = shutil.which("shellcheck")
+    if not shellcheck:
+        pytest.fail("shellcheck is not installed: `apt-get install shellcheck` (make test installs it)")
+    for name, text in scripts.items():
+        path = tmp_path / name
+        path.write_text(text)
+        assert text.startswith("#!/usr/bin/env bash\n") and "\nset -euo pipefail\n" in text
+        assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0, name
+        lint = subprocess.run([shellcheck, str(path)], capture_output=True, text=True)
+        assert lint.returncode == 0, f"{name}:\n{lint.stdout}"
+
+
+def test_model_server_props_carry_what_the_policy_pack_reads(prod_run: ProgramRun) -> None:
+    props = prod_run.get("reasoning-gpu-01").plain_inputs()
+    assert {k: v for k, v in props.items() if k not in ("capacity", "env")} == {
+        "pool": "reasoning", "instance": "reasoning-gpu-01", "model": "deepseek-r1",
+        "modelPath": "/data/models/DeepSeek-R1-GPTQ-Int4", "arch": "deepseek-r1", "quantization": "gptq",
+        "dtype": "half", "gpuModel": "Tesla V100-SXM2-32GB", "gpuCount": 8, "nodes": ["gpu-01", "gpu-02"],
+        "tensorParallel": 8, "pipelineParallel": 2, "image": "vllm/vllm-openai:v0.9.2", "argv": REASONING_ARGV}
+    assert sorted(f"{k}={v}" for k, v in props["env"].items()) == env_of("gpu-01")
+    assert isinstance(props["capacity"], dict) and props["capacity"]
+    assert prod_run.get("chat-gpu-05").plain_inputs()["argv"] == chat_argv("gpu-05")
+    assert prod_run.get("reasoning-gpu-01-ray").plain_inputs() == {
+        "pool": "reasoning", "instance": "reasoning-gpu-01", "nodes": ["gpu-01", "gpu-02"], "head": "gpu-01",
+        "wantGpus": 16, "image": "vllm/vllm-openai:v0.9.2", "rayPort": 6379}
+
+
+def test_preview_knows_everything_a_policy_reads_except_the_image_id(prod_preview_run: ProgramRun) -> None:
+    for r in mine(prod_preview_run):
+        inputs = r.plain_inputs()
+        if r.type == CONTAINER:
+            assert inputs["image"] == UNKNOWN
+            inputs.pop("image")
+        if r.type == COMMAND:
+            inputs.pop("triggers")  # container ids are unknown until the containers exist
+        assert UNKNOWN not in json.dumps(inputs), r.name
+
+
+def test_each_pool_waits_only_on_its_own_nodes_and_never_on_the_other_pool(prod_run: ProgramRun) -> None:
+    for r in mine(prod_run):
+        pool = r.inputs.get("pool") if not r.custom else pool_of(prod_run, r.urn)
+        for dep in closure(prod_run, r):
+            assert pool_of(prod_run, dep) in (None, pool), f"{r.name} waits on {dep}"
+            node = node_of(prod_run, dep)
+            assert node is None or node in POOL_NODES[pool], f"{r.name} ({pool}) waits on {dep} of {node}"
+
+
+def test_containers_wait_for_their_node_image_and_weights_only(prod_run: ProgramRun) -> None:
+    urns = by_urn(prod_run)
+    head = prod_run.get("reasoning-gpu-01-ray-head").urn
+    for r in mine(prod_run):
+        if r.type != CONTAINER:
+            continue
+        node = r.plain_inputs()["labels"][3]["value"]
+        deps = set(r.dependencies) - {head}  # a worker also waits for its head, which is on another node
+        assert prod_run.get(f"{node}-image-vllm-openai-v0-9-2").urn in deps, r.name
+        weights = [d for d in deps if urns[urns[d].parent].type == "llm-cluster:weights:ModelWeights"]
+        assert weights and {node_of(prod_run, d) for d in weights} == {node}, r.name
+        assert {node_of(prod_run, d) for d in deps} == {node}, r.name
+
+
+def test_nothing_outside_a_pool_waits_for_model_loading(prod_run: ProgramRun) -> None:
+    gates = {r.urn for r in mine(prod_run) if r.type == COMMAND}
+    inside = {r.urn for r in mine(prod_run)}
+    for r in prod_run.registrations:
+        if r.urn not in inside:
+            assert not (closure(prod_run, r) & gates), f"{r.name} waits for a pool's readiness gate"
+
+
+def test_ssh_secrets_stay_secret_in_every_pool_resource(stack_runner: Callable[..., ProgramRun],
+                                                        config: dict[str, Any]) -> None:
+    key = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA-pools-test\n-----END OPENSSH PRIVATE KEY-----"
+    config["llm-cluster:sshPrivateKey"] = key
+    run = stack_runner(config, {"llm-cluster:sshPrivateKey"})
+    for r in mine(run):
+        shown = json.dumps(r.display_inputs())
+        assert "b3BlbnNzaC1rZXktdjEAAAAA" not in shown, r.name
+        if r.type == COMMAND:
+            # The command provider wraps the whole connection as a secret.
+            assert r.inputs["connection"].get(SIG) == SECRET_SIG
+    assert "b3BlbnNzaC1rZXktdjEAAAAA" not in json.dumps(run.stack_outputs)

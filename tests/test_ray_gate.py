@@ -1,0 +1,233 @@
+"""Readiness gates against a real Ray on loopback: a head and a worker, each advertising 8 GPUs."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from components.planning.ray import (
+    RayStatus, gate_hints, parse_ray_status, ray_gate_script, ray_head_script, ray_head_start_argv,
+    ray_status_argv, ray_worker_argv, want_gpus,
+)
+from components.planning.topology import Instance, instances
+from components.spec import StackSpec, parse_stack
+
+FIXTURES = Path(__file__).parent / "fixtures" / "ray"
+VENV_BIN = Path(sys.executable).parent
+# Upper bounds for waiting on Ray itself: a guard against hanging CI, never a timing assertion.
+SETTLE_S = 120
+
+
+def _ray() -> str:
+    found = shutil.which("ray", path=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    if not found:
+        pytest.fail("ray is not installed: `.venv/bin/pip install -r requirements-test.txt` (ray==2.60.0)")
+    return found
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def loopback_spec(ray_port: int, dashboard_port: int, client_port: int) -> StackSpec:
+    """A 2-node TP8×PP2 pool whose nodes are 127.0.0.1 (head) and 127.0.0.2 (worker)."""
+    return parse_stack({
+        "nodeDefaults": {"gpu": {"model": "Tesla V100-SXM2-32GB", "count": 8}, "interface": "lo",
+                         "hca": {"device": "mlx5_0", "gidIndex": 3}},
+        "nodes": {"head": {"address": "127.0.0.1"}, "worker": {"address": "127.0.0.2"}},
+        "models": {"m": {"arch": "qwen3-30b-a3b", "path": "/data/models/m", "source": {"present": True}}},
+        "pools": {"loop": {"model": "m", "nodes": ["head", "worker"], "tensorParallel": 8,
+                           "pipelineParallel": 2, "rayPort": ray_port, "rayDashboardPort": dashboard_port,
+                           "rayClientPort": client_port, "rayGateTimeoutSeconds": 10,
+                           "vllm": {"maxModelLen": 4096}}},
+    })
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def _wait_for(predicate, what: str) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + SETTLE_S
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"gave up waiting for {what}")
+        time.sleep(0.5)
+
+
+@dataclass
+class LoopbackCluster:
+    """A running head (started by ray-head.sh) and worker, and what the head script did."""
+
+    spec: StackSpec
+    instance: Instance
+    head_rc: int
+    head_log: str
+    exec_marker: str
+
+
+def _run(script: str, tmp: Path, name: str) -> subprocess.CompletedProcess[str]:
+    path = tmp / name
+    path.write_text(script)
+    return subprocess.run(["bash", str(path)], capture_output=True, text=True, env=_env(), timeout=SETTLE_S)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackCluster]:
+    """ray-head.sh starts the head and waits; a worker joins; the script then execs its command."""
+    ray = _ray()
+    tmp = tmp_path_factory.mktemp("ray")
+    spec = loopback_spec(*_free_ports(3))
+    inst = instances(spec, "loop")[0]
+    head_script = tmp / "ray-head.sh"
+    head_script.write_text(ray_head_script(spec, inst, interval_s=1))
+    marker = tmp / "exec-args"
+    log = tmp / "head.log"
+    worker: subprocess.Popen[bytes] | None = None
+    try:
+        with log.open("w") as out:
+            # The stub stands in for `vllm serve …`: it records the arguments the script exec'd.
+            head = subprocess.Popen(
+                ["bash", str(head_script), "bash", "-c", f'printf "%s\\n" "$@" > {marker}', "_",
+                 "vllm", "serve", "/data/models/m"],
+                stdout=out, stderr=subprocess.STDOUT, env=_env())
+        # Start the worker only once the head's gate has seen the head alone, so the log shows both steps.
+        _wait_for(lambda: "ray: 8/16 GPUs, 1 node(s)" in log.read_text() or head.poll() is not None,
+                  "the head's first progress line")
+        worker = subprocess.Popen(ray_worker_argv(spec, inst, "worker"), stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, env=_env())
+        head_rc = head.wait(timeout=SETTLE_S)
+        yield LoopbackCluster(spec, inst, head_rc, log.read_text(),
+                              marker.read_text() if marker.exists() else "")
+    finally:
+        if worker is not None and worker.poll() is None:
+            worker.terminate()
+            worker.wait(timeout=SETTLE_S)
+        subprocess.run([ray, "stop", "--force"], capture_output=True, env=_env(), timeout=SETTLE_S)
+
+
+def test_head_script_waits_for_every_gpu_then_execs_the_command(cluster: LoopbackCluster) -> None:
+    assert cluster.head_rc == 0, cluster.head_log
+    assert "ray: 8/16 GPUs, 1 node(s)" in cluster.head_log
+    assert "ray: 16/16 GPUs, 2 node(s)" in cluster.head_log
+    assert "ray: cluster complete, starting: bash -c " in cluster.head_log
+    # exec "$@": the container's command reaches vLLM's place unchanged.
+    assert cluster.exec_marker == "vllm\nserve\n/data/models/m\n"
+
+
+def test_head_script_starts_ray_with_the_planned_head_argv(cluster: LoopbackCluster) -> None:
+    pool = cluster.spec.pools["loop"]
+    assert ray_head_start_argv(cluster.spec, cluster.instance) == [
+        "ray", "start", "--head", f"--port={pool.ray_port}", "--node-ip-address=127.0.0.1", "--num-gpus=8",
+        "--dashboard-host=127.0.0.1", f"--dashboard-port={pool.ray_dashboard_port}",
+        f"--ray-client-server-port={pool.ray_client_port}", "--disable-usage-stats"]
+    assert ray_worker_argv(cluster.spec, cluster.instance, "worker") == [
+        "ray", "start", "--block", f"--address=127.0.0.1:{pool.ray_port}", "--node-ip-address=127.0.0.2",
+        "--num-gpus=8", "--disable-usage-stats"]
+
+
+def test_gate_passes_when_the_wanted_gpus_are_there(cluster: LoopbackCluster, tmp_path: Path) -> None:
+    want = want_gpus(cluster.spec, cluster.instance)
+    assert want == 16
+    script = ray_gate_script(ray_status_argv(cluster.spec, cluster.instance), want, 30, "loop-head",
+                             want_nodes=2, interval_s=1)
+    done = _run(script, tmp_path, "gate.sh")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "ray: 16/16 GPUs, 2 node(s)"
+    assert lines[-1].startswith("ray gate loop-head: 16 GPUs on 2 node(s) after ")
+
+
+def test_gate_times_out_naming_what_is_missing(cluster: LoopbackCluster, tmp_path: Path) -> None:
+    hints = gate_hints(cluster.spec, cluster.instance)
+    script = ray_gate_script(ray_status_argv(cluster.spec, cluster.instance), 24, 3, "loop-head",
+                             want_nodes=3, hints=hints, interval_s=1)
+    done = _run(script, tmp_path, "gate.sh")
+    assert done.returncode == 1
+    assert done.stdout.splitlines()[0] == "ray: 16/24 GPUs, 2 node(s)"
+    port, client = cluster.spec.pools["loop"].ray_port, cluster.spec.pools["loop"].ray_client_port
+    assert done.stderr.strip() == (
+        "ray gate loop-head: timed out after 3s with 16 of 24 GPUs on 2/3 node(s): 8 GPUs missing. "
+        f"Check: the firewall lets the workers reach 127.0.0.1 on TCP {port} (GCS) and {client} (client) "
+        "and the nodes reach each other on Ray's high ports; NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME (lo) "
+        "carry the nodes' cluster addresses; the nodes' clocks are in sync (chrony); "
+        "docker logs ray-worker-loop-head on worker")
+
+
+def test_python_parser_reads_the_live_cluster_like_the_gate(cluster: LoopbackCluster) -> None:
+    out = subprocess.run(ray_status_argv(cluster.spec, cluster.instance), capture_output=True, text=True,
+                         env=_env(), timeout=SETTLE_S, check=True).stdout
+    assert parse_ray_status(out) == RayStatus(nodes=2, gpus_total=16.0, gpus_used=0.0)
+
+
+def test_worker_exits_when_its_head_goes_so_docker_restarts_it_to_rejoin() -> None:
+    """The restart chain's link: `ray start --block` on a worker ends when the head's node dies."""
+    ray = _ray()
+    spec = loopback_spec(*_free_ports(3))
+    inst = instances(spec, "loop")[0]
+    # A blocking head in its own process group: killing that group by id is what a dying head
+    # container (or node) does to every Ray process in it at once.
+    head = subprocess.Popen([*ray_head_start_argv(spec, inst), "--block"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=_env(), start_new_session=True)
+    worker = None
+    try:
+        status = ray_status_argv(spec, inst)
+        _wait_for(lambda: subprocess.run(status, capture_output=True, env=_env()).returncode == 0, "the head")
+        # Ray's default is 60 s of GCS reconnect attempts; 5 s keeps the test short.
+        worker = subprocess.Popen(ray_worker_argv(spec, inst, "worker"), stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL,
+                                  env={**_env(), "RAY_gcs_rpc_server_reconnect_timeout_s": "5"})
+        _wait_for(lambda: parse_ray_status(subprocess.run(status, capture_output=True, text=True,
+                                                          env=_env()).stdout).nodes == 2, "the worker")
+        os.killpg(head.pid, signal.SIGKILL)
+        head.wait(timeout=SETTLE_S)
+        assert worker.wait(timeout=SETTLE_S) != 0
+    finally:
+        if head.poll() is None:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait(timeout=SETTLE_S)
+        if worker is not None and worker.poll() is None:
+            worker.terminate()
+            worker.wait(timeout=SETTLE_S)
+        subprocess.run([ray, "stop", "--force"], capture_output=True, env=_env(), timeout=SETTLE_S)
+
+
+@pytest.mark.parametrize("fixture,nodes,total,used", [
+    ("ray-status.2-nodes-16-gpu.verl-docs.txt", 2, 16.0, 0.0),
+    ("ray-status.2-nodes-16-gpu-idle.gpustack-issue-2077.txt", 2, 16.0, 0.0),
+    ("ray-status.2-nodes-16-gpu-all-reserved-in-placement-groups.vllm-issue-5094.txt", 2, 16.0, 16.0),
+])
+def test_parser_and_gate_read_published_ray_status(fixture: str, nodes: int, total: float, used: float,
+                                                   tmp_path: Path) -> None:
+    text = (FIXTURES / fixture).read_text()
+    assert parse_ray_status(text) == RayStatus(nodes, total, used)
+    # The gate's awk on the same text: it passes at 16 and names 1 missing GPU at 17.
+    ok = _run(ray_gate_script(["cat", str(FIXTURES / fixture)], 16, 5, "fx"), tmp_path, "ok.sh")
+    assert ok.returncode == 0 and ok.stdout.splitlines()[0] == "ray: 16/16 GPUs, 2 node(s)"
+    short = _run(ray_gate_script(["cat", str(FIXTURES / fixture)], 17, 1, "fx", interval_s=1), tmp_path, "no.sh")
+    assert short.returncode == 1
+    assert short.stderr.startswith("ray gate fx: timed out after 1s with 16 of 17 GPUs on 2 node(s): 1 GPUs missing.")
+
+
+def test_gate_counts_nothing_while_ray_is_unreachable(tmp_path: Path) -> None:
+    # A failing status command (GCS not up yet) is "0 GPUs", not a crash of the gate under set -e.
+    done = _run(ray_gate_script(["false"], 8, 1, "down", interval_s=1), tmp_path, "down.sh")
+    assert done.returncode == 1
+    assert done.stdout.splitlines()[0] == "ray: 0/8 GPUs, 0 node(s)"
+    assert "with 0 of 8 GPUs on 0 node(s): 8 GPUs missing" in done.stderr

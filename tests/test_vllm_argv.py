@@ -1,0 +1,274 @@
+"""vLLM argv, env and the /health gate: exact outputs, parsed by a parser rebuilt from vLLM 0.9.2's own."""
+from __future__ import annotations
+
+import argparse
+import http.server
+import json
+import re
+import shutil
+import socket
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components.planning.topology import instances
+from components.planning.vllm import (
+    container_labels, endpoint, health_gate_script, health_url, vllm_argv, vllm_env,
+)
+from components.spec import StackSpec, load_stack_config
+
+SERVE_ARGS = Path(__file__).parent / "fixtures" / "vllm-0.9.2-serve-args.json"
+
+
+class ParseError(Exception):
+    """argparse refused the command line."""
+
+
+class StrictParser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting, and takes no abbreviations (a typo is an error)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ParseError(message)
+
+
+def _human_int(text: str) -> int:
+    # vLLM's human_readable_int takes 1k / 1K / 2M; the planner writes plain integers.
+    mult = {"k": 1000, "K": 1024, "m": 10**6, "M": 2**20}
+    return int(float(text[:-1]) * mult[text[-1]]) if text[-1:] in mult else int(text)
+
+
+TYPES = {"int": int, "float": float, "human_readable_int": _human_int}
+
+
+def serve_parser() -> StrictParser:
+    """`vllm serve`'s parser rebuilt from the 0.9.2 dump: option strings, actions, nargs, choices, types."""
+    parser = StrictParser(prog="vllm serve", allow_abbrev=False, add_help=False)
+    for entry in json.loads(SERVE_ARGS.read_text()):
+        if "positional" in entry:
+            parser.add_argument(entry["positional"], nargs=entry["nargs"])
+            continue
+        kind, opts = entry["kind"], entry["opts"]
+        if kind == "_HelpAction":
+            continue
+        if kind == "BooleanOptionalAction":
+            parser.add_argument(*[o for o in opts if not o.startswith("--no-")],
+                                action=argparse.BooleanOptionalAction)
+        elif kind == "_StoreTrueAction":
+            parser.add_argument(*opts, action="store_true")
+        else:
+            kw: dict[str, Any] = {"type": TYPES.get(entry["type"], str)}
+            if entry["nargs"] is not None:
+                kw["nargs"] = entry["nargs"]
+            if entry["choices"] is not None:
+                kw["choices"] = entry["choices"]
+            parser.add_argument(*opts, action="append" if kind == "_AppendAction" else "store", **kw)
+    return parser
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """Parse a planned argv as `vllm serve` 0.9.2 would (its first two words must be `vllm serve`)."""
+    assert argv[:2] == ["vllm", "serve"]
+    return serve_parser().parse_args(argv[2:])
+
+
+def spec_with(config: dict[str, Any], pool: str, **vllm: Any) -> StackSpec:
+    """The reference stack with some of one pool's vllm options changed."""
+    config["llm-cluster:pools"][pool]["vllm"].update(vllm)
+    return load_stack_config(config, set())
+
+
+def test_parser_rebuilt_from_the_dump_is_strict() -> None:
+    # These must fail, or the checks below prove nothing.
+    for bad in (["/m", "--tensor-parallel-size", "two"], ["/m", "--dtype", "bf16"], ["/m", "--block-size", "24"],
+                ["/m", "--kv-cache-dtype", "int8"], ["/m", "--gpu-memory-util", "0.9"], ["/m", "--no-such-flag"]):
+        with pytest.raises(ParseError):
+            serve_parser().parse_args(bad)
+
+
+def test_reasoning_argv_is_exact_and_parses(prod_spec: StackSpec) -> None:
+    inst = instances(prod_spec, "reasoning")[0]
+    argv = vllm_argv(prod_spec, inst)
+    assert argv == [
+        "vllm", "serve", "/data/models/DeepSeek-R1-GPTQ-Int4",
+        "--served-model-name", "deepseek-r1", "/data/models/DeepSeek-R1-GPTQ-Int4",
+        "--host", "192.168.10.11", "--port", "8000",
+        "--tensor-parallel-size", "8", "--pipeline-parallel-size", "2",
+        "--distributed-executor-backend", "ray",
+        "--dtype", "half", "--max-model-len", "16384", "--max-num-seqs", "32",
+        "--gpu-memory-utilization", "0.92", "--quantization", "gptq", "--swap-space", "4",
+        "--no-enable-prefix-caching", "--no-enable-chunked-prefill", "--trust-remote-code",
+    ]
+    ns = parse(argv)
+    assert ns.model_tag == "/data/models/DeepSeek-R1-GPTQ-Int4"
+    assert ns.served_model_name == ["deepseek-r1", "/data/models/DeepSeek-R1-GPTQ-Int4"]
+    assert (ns.tensor_parallel_size, ns.pipeline_parallel_size) == (8, 2)
+    assert ns.distributed_executor_backend == "ray" and ns.dtype == "half"
+    assert ns.enable_prefix_caching is False and ns.enable_chunked_prefill is False
+    assert ns.trust_remote_code is True and ns.gpu_memory_utilization == 0.92
+    assert ns.model is None  # `vllm serve --model` is refused by vLLM 0.9.2
+
+
+def test_chat_replica_argv_is_exact_and_parses(prod_spec: StackSpec) -> None:
+    insts = instances(prod_spec, "chat")
+    assert [i.name for i in insts] == ["chat-gpu-03", "chat-gpu-04", "chat-gpu-05", "chat-gpu-06"]
+    argv = vllm_argv(prod_spec, insts[2])
+    assert argv == [
+        "vllm", "serve", "/data/models/Qwen3-30B-A3B",
+        "--served-model-name", "qwen3-30b-a3b", "/data/models/Qwen3-30B-A3B",
+        "--host", "192.168.10.15", "--port", "8000", "--tensor-parallel-size", "8",
+        "--distributed-executor-backend", "mp",
+        "--dtype", "half", "--max-model-len", "32768", "--max-num-seqs", "128",
+        "--gpu-memory-utilization", "0.9", "--swap-space", "4",
+        "--no-enable-prefix-caching", "--no-enable-chunked-prefill",
+    ]
+    assert parse(argv).max_model_len == 32768
+
+
+def test_every_optional_flag_is_a_real_flag_with_a_valid_value(config: dict[str, Any]) -> None:
+    spec = spec_with(config, "chat", kvCacheDtype="fp8_e5m2", blockSize=32, swapSpaceGib=0,
+                     maxNumBatchedTokens=8192, enablePrefixCaching=True, enableChunkedPrefill=True,
+                     enforceEager=True, extraArgs=["--disable-log-requests", "--max-log-len", "100"])
+    argv = vllm_argv(spec, instances(spec, "chat")[0])
+    assert argv[argv.index("--swap-space"):] == [
+        "--swap-space", "0", "--max-num-batched-tokens", "8192", "--enable-prefix-caching",
+        "--enable-chunked-prefill", "--enforce-eager", "--disable-log-requests", "--max-log-len", "100"]
+    assert argv[argv.index("--kv-cache-dtype"):argv.index("--kv-cache-dtype") + 2] == ["--kv-cache-dtype", "fp8_e5m2"]
+    ns = parse(argv)
+    assert (ns.kv_cache_dtype, ns.block_size, ns.max_num_batched_tokens) == ("fp8_e5m2", 32, 8192)
+    assert ns.enable_prefix_caching and ns.enable_chunked_prefill and ns.enforce_eager and ns.disable_log_requests
+
+
+def test_unstated_tristates_and_defaults_leave_vllm_its_own(config: dict[str, Any]) -> None:
+    for key in ("enablePrefixCaching", "enableChunkedPrefill"):
+        del config["llm-cluster:pools"]["chat"]["vllm"][key]
+    spec = load_stack_config(config, set())
+    argv = vllm_argv(spec, instances(spec, "chat")[0])
+    assert not [a for a in argv if "prefix-caching" in a or "chunked-prefill" in a]
+    assert "--block-size" not in argv and "--kv-cache-dtype" not in argv and "--quantization" not in argv
+    assert parse(argv).enable_prefix_caching is None
+
+
+def test_single_gpu_replicas_state_no_executor_and_listen_on_their_own_port(config: dict[str, Any]) -> None:
+    config["llm-cluster:pools"]["chat"].update(tensorParallel=1, replicasPerNode=8)
+    spec = load_stack_config(config, set())
+    insts = instances(spec, "chat")
+    r3 = insts[3]
+    assert (r3.name, r3.port, r3.gpu_ids) == ("chat-gpu-03-r3", 8003, (3,))
+    argv = vllm_argv(spec, r3)
+    assert "--distributed-executor-backend" not in argv
+    assert argv[argv.index("--port") + 1] == "8003" and parse(argv).tensor_parallel_size == 1
+    assert endpoint(spec, r3) == "http://192.168.10.13:8003"
+    assert health_url(spec, r3) == "http://192.168.10.13:8003/health"
+
+
+def test_extra_args_that_vllm_does_not_know_fail_the_real_parser(config: dict[str, Any]) -> None:
+    spec = spec_with(config, "chat", extraArgs=["--enable-expert-paralel"])
+    with pytest.raises(ParseError, match="unrecognized arguments: --enable-expert-paralel"):
+        parse(vllm_argv(spec, instances(spec, "chat")[0]))
+
+
+def test_env_of_a_reasoning_worker_node(prod_spec: StackSpec) -> None:
+    inst = instances(prod_spec, "reasoning")[0]
+    assert vllm_env(prod_spec, inst, "gpu-02") == {
+        "VLLM_USE_V1": "0", "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+        "NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": "mlx5_0", "NCCL_IB_GID_INDEX": "3",
+        "NCCL_SOCKET_IFNAME": "bond0", "GLOO_SOCKET_IFNAME": "bond0", "NCCL_DEBUG": "WARN",
+        "VLLM_HOST_IP": "192.168.10.12",
+    }
+
+
+def test_env_takes_nccl_extras_and_pool_env_but_keeps_the_node_ip(config: dict[str, Any]) -> None:
+    config["llm-cluster:nccl"].update(ibDisable=True, debug="INFO", extraEnv={"NCCL_P2P_LEVEL": "NVL"})
+    config["llm-cluster:pools"]["reasoning"]["env"] = {"VLLM_MLA_DISABLE": "1", "NCCL_DEBUG": "TRACE",
+                                                      "VLLM_HOST_IP": "10.0.0.1"}
+    config["llm-cluster:nodes"]["gpu-02"]["hca"] = {"device": "mlx5_1", "port": 2, "linkLayer": "infiniband"}
+    spec = load_stack_config(config, set())
+    env = vllm_env(spec, instances(spec, "reasoning")[0], "gpu-02")
+    assert env["NCCL_IB_DISABLE"] == "1" and env["NCCL_P2P_LEVEL"] == "NVL" and env["VLLM_MLA_DISABLE"] == "1"
+    assert env["NCCL_DEBUG"] == "TRACE"  # the pool's value wins over the stack's
+    assert env["VLLM_HOST_IP"] == "192.168.10.12"  # never a pool-wide value
+    assert env["NCCL_IB_HCA"] == "mlx5_1:2" and "NCCL_IB_GID_INDEX" not in env  # InfiniBand: no GID
+
+
+def test_v1_engine_is_left_alone_on_ampere(config: dict[str, Any]) -> None:
+    config["llm-cluster:nodeDefaults"]["gpu"]["model"] = "NVIDIA A100-SXM4-80GB"
+    spec = load_stack_config(config, set())
+    assert "VLLM_USE_V1" not in vllm_env(spec, instances(spec, "chat")[0], "gpu-03")
+
+
+def test_labels_name_role_pool_instance_gpu_and_image(prod_spec: StackSpec) -> None:
+    inst = instances(prod_spec, "reasoning")[0]
+    assert container_labels(prod_spec, inst, "gpu-02", "ray-worker") == {
+        "llm-cluster.role": "ray-worker", "llm-cluster.pool": "reasoning",
+        "llm-cluster.instance": "reasoning-gpu-01", "llm-cluster.node": "gpu-02",
+        "llm-cluster.gpu-model": "Tesla V100-SXM2-32GB", "llm-cluster.image": "vllm/vllm-openai:v0.9.2",
+    }
+
+
+# --- the /health gate, with real bash, shellcheck and curl ---
+
+def _tool(name: str, package: str) -> str:
+    path = shutil.which(name)
+    if not path:
+        pytest.fail(f"{name} is not installed: `apt-get install {package}` (make test installs it)")
+    return path
+
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def healthy_url() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Health)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/health"
+    server.shutdown()
+    server.server_close()
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_health_gate_is_valid_shellcheck_clean_bash(tmp_path: Path) -> None:
+    script = tmp_path / "gate.sh"
+    script.write_text(health_gate_script("http://192.168.10.13:8000/health", 1800, "vllm-chat-gpu-03"))
+    assert subprocess.run([_tool("bash", "bash"), "-n", str(script)], capture_output=True).returncode == 0
+    lint = subprocess.run([_tool("shellcheck", "shellcheck"), str(script)], capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout
+
+
+def test_health_gate_passes_once_health_answers(healthy_url: str, tmp_path: Path) -> None:
+    _tool("curl", "curl")
+    script = tmp_path / "gate.sh"
+    script.write_text(health_gate_script(healthy_url, 10, "vllm-x"))
+    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"vllm: {healthy_url} healthy after ")
+
+
+def test_health_gate_reports_progress_and_times_out_with_what_to_check(tmp_path: Path) -> None:
+    _tool("curl", "curl")
+    url = f"http://127.0.0.1:{_closed_port()}/health"
+    script = tmp_path / "gate.sh"
+    script.write_text(health_gate_script(url, 2, "vllm-chat-gpu-03", interval_s=1, progress_every_s=1))
+    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin"})  # no docker here: the log tail is skipped
+    assert done.returncode == 1
+    # Seconds as bash counts them: whole-second ticks, so the exact figures are not asserted.
+    assert re.fullmatch(rf"vllm: waiting for {re.escape(url)}: \d+s elapsed \(timeout 2s\)", done.stdout.splitlines()[0])
+    assert re.match(rf"vllm: {re.escape(url)} not healthy after \d+s \(timeout 2s\)\. Check `docker logs "
+                    r"vllm-chat-gpu-03` \(weights path mounted and complete", done.stderr)
