@@ -19,7 +19,7 @@ from components.planning.monitoring import (
     grafana_password_store_script, grafana_provisioning, monitoring_files, prometheus_config,
     scrape_targets,
 )
-from components.spec import StackSpec, load_stack_config
+from components.spec import SpecError, StackSpec, load_stack_config
 from components.spec.monitoring import monitoring_issues
 
 METRICS_DIR = Path(__file__).parent / "fixtures" / "metrics"
@@ -253,9 +253,16 @@ def test_thresholds_come_from_the_stack(config: dict[str, Any]) -> None:
 
 # --- spec checks of the monitoring section -----------------------------------------------------------
 
+def spec_issues(config: dict[str, Any], secret_keys: set[str] | None = None) -> list[str]:
+    """The stack validation's messages (monitoring_issues runs inside load_stack_config)."""
+    with pytest.raises(SpecError) as err:
+        load_stack_config(config, secret_keys or set())
+    return [str(i) for i in err.value.issues]
+
+
 def test_alertmanager_without_its_secret_is_refused(config: dict[str, Any]) -> None:
     config[NS + "monitoring"]["alertmanager"] = {"image": "prom/alertmanager:v0.27.0", "port": 9093}
-    assert [str(i) for i in monitoring_issues(load_stack_config(config, set()))] == [
+    assert spec_issues(config) == [
         "monitoring.alertmanager: needs the secret alertmanagerConfig holding alertmanager.yml "
         "(pulumi config set --secret alertmanagerConfig < alertmanager.yml)"]
     assert monitoring_issues(with_alertmanager(config)) == []
@@ -263,14 +270,14 @@ def test_alertmanager_without_its_secret_is_refused(config: dict[str, Any]) -> N
 
 def test_alertmanager_secret_without_alertmanager_is_refused(config: dict[str, Any]) -> None:
     config[NS + "alertmanagerConfig"] = "route: {receiver: ops}\n"
-    assert [str(i) for i in monitoring_issues(load_stack_config(config, {NS + "alertmanagerConfig"}))] == [
+    assert spec_issues(config, {NS + "alertmanagerConfig"}) == [
         "monitoring.alertmanager: is unset but the secret alertmanagerConfig is given; set "
         "monitoring.alertmanager (image and port) to deploy Alertmanager"]
 
 
 def test_gpu_memory_threshold_within_vllm_reservation_is_refused(config: dict[str, Any]) -> None:
     config[NS + "monitoring"]["thresholds"] = {"gpuMemoryUsedRatio": 0.93}
-    assert [str(i) for i in monitoring_issues(load_stack_config(config, set()))] == [
+    assert spec_issues(config) == [
         "monitoring.thresholds.gpuMemoryUsedRatio: 0.93 would fire on every GPU of pool 'reasoning': vLLM "
         "takes gpuMemoryUtilization 0.92 at start, plus CUDA context and NCCL buffers; set it above 0.94"]
     config[NS + "monitoring"]["thresholds"] = {"gpuMemoryUsedRatio": 0.95}  # the default

@@ -165,7 +165,7 @@ def test_ray_worker_joins_the_head_after_it(prod_run: ProgramRun) -> None:
     assert c["name"] == "ray-worker-reasoning-gpu-01"
     assert [*c["entrypoints"], *c["command"]] == [
         "ray", "start", "--block", "--address=192.168.10.11:6379", "--node-ip-address=192.168.10.12",
-        "--num-gpus=8", "--disable-usage-stats"]
+        "--num-gpus=8", "--metrics-export-port=8080", "--disable-usage-stats"]
     assert c["envs"] == env_of("gpu-02")
     assert c["labels"] == labels("ray-worker", "reasoning", "reasoning-gpu-01", "gpu-02")
     _gpu_container_common(c, 64, "/data/models/DeepSeek-R1-GPTQ-Int4")

@@ -44,7 +44,7 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
-def loopback_spec(ray_port: int, dashboard_port: int, client_port: int) -> StackSpec:
+def loopback_spec(ray_port: int, dashboard_port: int, client_port: int, metrics_port: int) -> StackSpec:
     """A 2-node TP8×PP2 pool whose nodes are 127.0.0.1 (head) and 127.0.0.2 (worker)."""
     return parse_stack({
         "nodeDefaults": {"gpu": {"model": "Tesla V100-SXM2-32GB", "count": 8}, "interface": "lo",
@@ -53,7 +53,8 @@ def loopback_spec(ray_port: int, dashboard_port: int, client_port: int) -> Stack
         "models": {"m": {"arch": "qwen3-30b-a3b", "path": "/data/models/m", "source": {"present": True}}},
         "pools": {"loop": {"model": "m", "nodes": ["head", "worker"], "tensorParallel": 8,
                            "pipelineParallel": 2, "rayPort": ray_port, "rayDashboardPort": dashboard_port,
-                           "rayClientPort": client_port, "rayGateTimeoutSeconds": 10,
+                           "rayClientPort": client_port, "rayMetricsPort": metrics_port,
+                           "rayGateTimeoutSeconds": 10,
                            "vllm": {"maxModelLen": 4096}}},
     })
 
@@ -93,7 +94,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackCluste
     """ray-head.sh starts the head and waits; a worker joins; the script then execs its command."""
     ray = _ray()
     tmp = tmp_path_factory.mktemp("ray")
-    spec = loopback_spec(*_free_ports(3))
+    spec = loopback_spec(*_free_ports(4))
     inst = instances(spec, "loop")[0]
     head_script = tmp / "ray-head.sh"
     head_script.write_text(ray_head_script(spec, inst, interval_s=1))
@@ -136,10 +137,11 @@ def test_head_script_starts_ray_with_the_planned_head_argv(cluster: LoopbackClus
     assert ray_head_start_argv(cluster.spec, cluster.instance) == [
         "ray", "start", "--head", f"--port={pool.ray_port}", "--node-ip-address=127.0.0.1", "--num-gpus=8",
         "--dashboard-host=127.0.0.1", f"--dashboard-port={pool.ray_dashboard_port}",
-        f"--ray-client-server-port={pool.ray_client_port}", "--disable-usage-stats"]
+        f"--ray-client-server-port={pool.ray_client_port}", f"--metrics-export-port={pool.ray_metrics_port}",
+        "--disable-usage-stats"]
     assert ray_worker_argv(cluster.spec, cluster.instance, "worker") == [
         "ray", "start", "--block", f"--address=127.0.0.1:{pool.ray_port}", "--node-ip-address=127.0.0.2",
-        "--num-gpus=8", "--disable-usage-stats"]
+        "--num-gpus=8", f"--metrics-export-port={pool.ray_metrics_port}", "--disable-usage-stats"]
 
 
 def test_gate_passes_when_the_wanted_gpus_are_there(cluster: LoopbackCluster, tmp_path: Path) -> None:
@@ -179,7 +181,7 @@ def test_python_parser_reads_the_live_cluster_like_the_gate(cluster: LoopbackClu
 def test_worker_exits_when_its_head_goes_so_docker_restarts_it_to_rejoin() -> None:
     """The restart chain's link: `ray start --block` on a worker ends when the head's node dies."""
     ray = _ray()
-    spec = loopback_spec(*_free_ports(3))
+    spec = loopback_spec(*_free_ports(4))
     inst = instances(spec, "loop")[0]
     # A blocking head in its own process group: killing that group by id is what a dying head
     # container (or node) does to every Ray process in it at once.

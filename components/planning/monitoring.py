@@ -15,7 +15,6 @@ from components.spec.stack import StackSpec
 
 # Ray's per-node metrics agent serves Prometheus text here: `ray start --metrics-export-port` on
 # every node of a multi-node instance must pass this value (until PoolSpec carries its own).
-RAY_METRICS_EXPORT_PORT = 8080
 
 # The gateway's metrics contract: nginx has no native Prometheus metrics, so the gateway serves
 # these on `<gateway node>:<gateway port>/metrics`, reachable from the cluster network only.
@@ -99,7 +98,7 @@ def scrape_targets(spec: StackSpec) -> list[ScrapeTarget]:
     for inst in all_instances(spec):
         if inst.uses_ray:
             for n in inst.nodes:
-                targets.append(ScrapeTarget("ray", spec.node(n).address, RAY_METRICS_EXPORT_PORT,
+                targets.append(ScrapeTarget("ray", spec.node(n).address, spec.pools[inst.pool].ray_metrics_port,
                                             {"instance": n, "node": n, "pool": inst.pool, "ray_cluster": inst.name}))
     g = spec.gateway
     if g is not None:

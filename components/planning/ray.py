@@ -93,14 +93,16 @@ def ray_head_start_argv(spec: StackSpec, instance: Instance) -> list[str]:
             f"--num-gpus={gpus_per_node(spec, instance)}",
             # Dashboard on the cluster address only: it can run jobs, so never 0.0.0.0.
             f"--dashboard-host={address}", f"--dashboard-port={pool.ray_dashboard_port}",
-            f"--ray-client-server-port={pool.ray_client_port}", "--disable-usage-stats"]
+            f"--ray-client-server-port={pool.ray_client_port}",
+            f"--metrics-export-port={pool.ray_metrics_port}", "--disable-usage-stats"]
 
 
 def ray_worker_argv(spec: StackSpec, instance: Instance, node: str) -> list[str]:
     """`ray start --block` joining the head: it exits when the head goes, so docker restarts it to rejoin."""
     return ["ray", "start", "--block", f"--address={head_address(spec, instance)}",
             f"--node-ip-address={spec.node(node).address}",
-            f"--num-gpus={gpus_per_node(spec, instance)}", "--disable-usage-stats"]
+            f"--num-gpus={gpus_per_node(spec, instance)}",
+            f"--metrics-export-port={spec.pools[instance.pool].ray_metrics_port}", "--disable-usage-stats"]
 
 
 def ray_status_argv(spec: StackSpec, instance: Instance, container: str | None = None) -> list[str]:

@@ -201,6 +201,8 @@ class PoolSpec(Spec):
     ray_port: Port = 6379
     ray_dashboard_port: Port = 8265
     ray_client_port: Port = 10001
+    ray_metrics_port: Port = 8080
+    """Ray's Prometheus export port (`--metrics-export-port`) on every node of a Ray instance."""
     shm_size_gib: int = Field(default=32, ge=1)
     vllm: VllmOptions
     env: dict[EnvName, str] = Field(default_factory=dict)

@@ -11,17 +11,31 @@ class RateLimitSpec(Spec):
     """Per-key request rate: nginx limit_req (leaky bucket) with a burst."""
 
     requests_per_second: float = Field(gt=0)
+    """nginx counts whole requests per second or per minute: 0.5 (= 30/min) is fine, 0.3333 is not."""
     burst: int = Field(default=0, ge=0)
+    """Requests above the rate served at once before 429s start (nginx `burst=` with `nodelay`)."""
+
+    @field_validator("requests_per_second")
+    @classmethod
+    def _whole_per_minute(cls, v: float) -> float:
+        # nginx's limit_req_zone takes `<int>r/s` or `<int>r/m`; anything finer would be rounded silently.
+        per_minute = v * 60
+        if abs(per_minute - round(per_minute)) > 1e-6:
+            raise ValueError(f"{v} requests/s is not a whole number of requests per minute "
+                             f"({per_minute:.4f}/min); nginx rates are whole requests per second or "
+                             "per minute, e.g. 0.5 (= 30/min)")
+        return v
 
 
 class ApiKeySpec(Spec):
     """One client of the gateway. The key itself is a secret (config `gatewayApiKeys`), never here."""
 
     id: Name
-    """Shown in logs and metrics in place of the key."""
+    """Shown in logs in place of the key."""
     rate_limit: RateLimitSpec | None = None
+    """This key's limit; when unset, `defaultRateLimit` (and when that is unset too, none)."""
     models: list[str] = Field(default_factory=list)
-    """Served model names (or pool names) this key may use; empty = all."""
+    """Served model names, aliases or pool names this key may use; empty = all."""
 
 
 class GatewaySpec(Spec):
@@ -30,19 +44,30 @@ class GatewaySpec(Spec):
     node: str
     port: Port = 80
     image: str = "nginx:1.27.5"
-    """An official nginx image: it carries the njs module the router needs."""
+    """An official nginx image: it carries the njs module the router needs (pin a tag or a digest)."""
     default_pool: str
-    """Pool for plain /v1/ requests whose model names no pool (the runbook's default route)."""
+    """The runbook's default `/v1/` route: its models are listed first by GET /v1/models (clients that
+    take the first listed model land there). Requests are routed by their `model`; an unknown model
+    is answered 404, never sent here."""
     path_routes: dict[str, str] = Field(default_factory=dict)
-    """Path prefix -> pool, e.g. {"/smart/v1/": reasoning}; the prefix is rewritten to /v1/."""
+    """Path prefix -> pool, e.g. {"/smart/v1/": reasoning}; the prefix is rewritten to /v1/ and only
+    that pool's models are accepted under it."""
     aliases: dict[str, str] = Field(default_factory=dict)
-    """Extra model name -> pool."""
+    """Extra model name -> pool; the gateway rewrites `model` to the pool's first served name."""
     api_keys: list[ApiKeySpec] = Field(default_factory=list)
     """Key ids and limits; when empty, one key `default` is generated on the gateway host."""
     default_rate_limit: RateLimitSpec | None = None
+    """Limit for keys that state none."""
     max_body_mib: int = Field(default=16, ge=1, le=1024)
+    """Largest request body (413 above); bodies are held in memory so njs can read `model`."""
     max_fails: int = Field(default=2, ge=0)
+    """Passive health: failed attempts within failTimeoutSeconds that take a replica out."""
     fail_timeout_seconds: int = Field(default=30, ge=1)
+    """Passive health: the failure window, and how long a failed replica stays out."""
+    connect_timeout_seconds: int = Field(default=5, ge=1, le=75)
+    """A replica that does not accept a connection within this is skipped for the next one."""
+    upstream_keepalive: int = Field(default=32, ge=0)
+    """Idle keepalive connections each nginx worker keeps to each pool (0 = none)."""
     tls: bool = False
     """Serve HTTPS with the secrets `gatewayTlsCert` / `gatewayTlsKey`."""
 
@@ -53,4 +78,18 @@ class GatewaySpec(Spec):
             if not (prefix.startswith("/") and prefix.endswith("/v1/")):
                 raise ValueError(f"path route {prefix!r} must start with / and end with /v1/ "
                                  "(e.g. /smart/v1/)")
+            if prefix == "/v1/":
+                raise ValueError("path route '/v1/' is the gateway's own model-routed prefix; "
+                                 "use defaultPool for it")
+            if not all(c.isalnum() or c in "/-_." for c in prefix):
+                raise ValueError(f"path route {prefix!r} may hold only letters, digits and / - _ .")
+        return v
+
+    @field_validator("aliases")
+    @classmethod
+    def _alias_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for alias in v:
+            if not alias or any(c in alias for c in "\"\\") or not alias.isprintable():
+                raise ValueError(f"alias {alias!r} must be a non-empty printable name without quotes "
+                                 "or backslashes")
         return v

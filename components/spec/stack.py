@@ -182,12 +182,11 @@ def _check_ports(s: StackSpec, instances: Any) -> list[SpecIssue]:
         for inst in instances(s, pname):
             claim(inst.head, inst.port, f"pools.{pname}.port")
             if inst.uses_ray:
+                claim(inst.head, p.ray_port, f"pools.{pname}.rayPort")
+                claim(inst.head, p.ray_dashboard_port, f"pools.{pname}.rayDashboardPort")
+                claim(inst.head, p.ray_client_port, f"pools.{pname}.rayClientPort")
                 for n in inst.nodes:
-                    # Ray's GCS port on the head; workers bind the dashboard agent and client ports too.
-                    if n == inst.head:
-                        claim(n, p.ray_port, f"pools.{pname}.rayPort")
-                        claim(n, p.ray_dashboard_port, f"pools.{pname}.rayDashboardPort")
-                        claim(n, p.ray_client_port, f"pools.{pname}.rayClientPort")
+                    claim(n, p.ray_metrics_port, f"pools.{pname}.rayMetricsPort")
     if s.gateway is not None:
         claim(s.gateway.node, s.gateway.port, "gateway.port")
     m = s.monitoring

@@ -1,0 +1,154 @@
+/*
+ * llm-cluster gateway (njs): API key -> key id, routing by the request's `model`, token usage.
+ *
+ * Runs on njs 0.7.9 (Debian's nginx 1.22, where the tests run it) and njs 0.8.x (the official
+ * nginx 1.27 image): ES5 plus `import`, and only features both have (js_set, js_var,
+ * js_preload_object, js_body_filter, r.internalRedirect to a named location).
+ *
+ * Data comes from two preloaded objects, so neither this file nor nginx.conf holds a key:
+ *   llm_routes  routes.json, generated from the stack (models, pools, prefixes, allowlists)
+ *   llm_keys    sha256(key) -> key id, made on the gateway host or from the stack's secret
+ * Each request runs in its own VM (two when proxied: the internal redirect to the pool location
+ * starts a new one for the body filter), so module-level variables are per request and global
+ * code is kept to a minimum: it runs for every VM.
+ */
+import crypto from 'crypto';
+
+/* An OpenAI-style error; every error njs answers is the client's (4xx). */
+function fail(r, status, message, code, param) {
+    r.headersOut['Content-Type'] = 'application/json';
+    r.return(status, JSON.stringify({error: {message: message, type: 'invalid_request_error',
+                                             param: param || null, code: code || null}}));
+}
+
+/* js_set $llm_key_id: the id of the presented key, '' when it is missing or unknown. */
+function keyId(r) {
+    var auth = r.headersIn['Authorization'];
+    if (!auth || auth.length < 8 || auth.slice(0, 7).toLowerCase() !== 'bearer ') {
+        return '';
+    }
+    var key = auth.slice(7).trim();
+    if (!key) {
+        return '';
+    }
+    // Looking up the digest, not the key: the lookup time says nothing about the key.
+    var id = llm_keys[crypto.createHash('sha256').update(key).digest('hex')];
+    return typeof id === 'string' ? id : '';
+}
+
+/* '/smart/v1/chat/completions' -> '/smart/v1/'; the endpoints themselves never contain '/v1/'. */
+function prefixOf(r) {
+    var uri = r.uri;
+    return uri.slice(0, uri.lastIndexOf('/v1/') + 4);
+}
+
+/* Model names a key may see under a prefix: the prefix's pool only, or every pool in list order. */
+function visibleNames(prefix, id) {
+    var fixed = llm_routes.prefixes[prefix];
+    var allow = llm_routes.allow[id];
+    var names = [];
+    var order = llm_routes.order;
+    for (var i = 0; i < order.length; i++) {
+        if (fixed && order[i] !== fixed) {
+            continue;
+        }
+        var listed = llm_routes.listing[order[i]];
+        for (var j = 0; j < listed.length; j++) {
+            if (!allow || allow[listed[j]]) {
+                names.push(listed[j]);
+            }
+        }
+    }
+    return names;
+}
+
+/* js_content of POST /v1/{chat/completions,completions,embeddings} and the path-route prefixes. */
+function route(r) {
+    if (r.method !== 'POST') {
+        return fail(r, 405, 'Method ' + r.method + ' is not allowed on ' + r.uri + '; use POST.',
+                    'method_not_allowed');
+    }
+    var body;
+    try {
+        body = JSON.parse(r.requestText);
+    } catch (e) {
+        return fail(r, 400, 'We could not parse the JSON body of your request: ' + e.message,
+                    'invalid_json');
+    }
+    if (body === null || typeof body !== 'object' || Array.isArray(body)) {
+        return fail(r, 400, 'The request body must be a JSON object.', 'invalid_json');
+    }
+    var model = body.model;
+    if (typeof model !== 'string' || model === '') {
+        return fail(r, 400, 'You must provide a model parameter (a string).', 'missing_model', 'model');
+    }
+    r.variables.llm_model = model;
+    var id = r.variables.llm_key_id;
+    var prefix = prefixOf(r);
+    var fixed = llm_routes.prefixes[prefix];
+    var entry = llm_routes.models[model];
+    if (!entry || (fixed && entry[0] !== fixed)) {
+        return fail(r, 404, 'The model \'' + model + '\' does not exist under ' + prefix
+                    + '. Available models: ' + visibleNames(prefix, id).join(', '),
+                    'model_not_found', 'model');
+    }
+    var allow = llm_routes.allow[id];
+    if (allow && !allow[model]) {
+        return fail(r, 403, 'The API key \'' + id + '\' may not use the model \'' + model
+                    + '\'. Allowed models: ' + visibleNames(prefix, id).join(', '),
+                    'model_not_allowed', 'model');
+    }
+    var pool = entry[0];
+    r.variables.llm_pool = pool;
+    if (entry[1]) {
+        // An alias: vLLM only knows its served names, so the body goes out with the real one.
+        body.model = entry[1];
+        r.variables.llm_body = JSON.stringify(body);
+        r.internalRedirect('@llm_alias_' + pool);
+        return;
+    }
+    r.internalRedirect('@llm_pool_' + pool);
+}
+
+/* js_content of GET /v1/models (and <prefix>models): the models this key may use, OpenAI-style. */
+function models(r) {
+    if (r.method !== 'GET' && r.method !== 'HEAD') {
+        return fail(r, 405, 'Method ' + r.method + ' is not allowed on ' + r.uri + '; use GET.',
+                    'method_not_allowed');
+    }
+    var names = visibleNames(prefixOf(r), r.variables.llm_key_id);
+    var created = Math.floor(Date.now() / 1000);
+    var data = [];
+    for (var i = 0; i < names.length; i++) {
+        var m = llm_routes.meta[names[i]];
+        data.push({id: names[i], object: 'model', created: created, owned_by: 'llm-cluster',
+                   root: m[0], max_model_len: m[1]});
+    }
+    r.headersOut['Content-Type'] = 'application/json';
+    r.return(200, JSON.stringify({object: 'list', data: data}));
+}
+
+/*
+ * js_body_filter of the pool locations: pass every chunk on untouched, and read the `usage` object
+ * (the JSON response's, or a stream's last chunk with include_usage) into the log variables.
+ * The last 512 characters are kept so an object split across two chunks is still read.
+ */
+var tail = '';
+
+function usage(r, data, flags) {
+    r.sendBuffer(data, flags);
+    var text = tail + data.toString();
+    var at = text.lastIndexOf('"usage"');
+    if (at >= 0) {
+        var obj = text.slice(at, at + 400);
+        var p = /"prompt_tokens"\s*:\s*(\d+)/.exec(obj);
+        var c = /"completion_tokens"\s*:\s*(\d+)/.exec(obj);
+        var t = /"total_tokens"\s*:\s*(\d+)/.exec(obj);
+        if (p) { r.variables.llm_prompt_tokens = p[1]; }
+        if (c) { r.variables.llm_completion_tokens = c[1]; }
+        if (t) { r.variables.llm_total_tokens = t[1]; }
+    }
+    tail = text.length > 512 ? text.slice(text.length - 512) : text;
+}
+
+export default {keyId: keyId, route: route, models: models, usage: usage};

@@ -1,0 +1,188 @@
+"""The Gateway component under Pulumi's mocks: what it registers, with which inputs, secrets and dependencies."""
+from __future__ import annotations
+
+import json
+import runpy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components.planning.gateway import (
+    gateway_files, key_digests, keys_delete_script, keys_script, readiness_script,
+)
+from components.spec import StackSpec, load_stack_config
+from plan.harness import SECRET_SIG, SIG, ProgramRun, Registration, run_program, unwrap
+from plan.stackfile import load_stack_file
+
+ROOT = Path(__file__).resolve().parent.parent
+GATEWAY = "llm-cluster:gateway:Gateway"
+CONTAINER = "docker:index/container:Container"
+COMMAND = "command:remote:Command"
+KEYS = {"default": "sk-live-4f1c2a9b7e"}
+
+
+def config() -> dict[str, Any]:
+    return load_stack_file(ROOT / "Pulumi.prod.yaml", "prod").config
+
+
+def run(cfg: dict[str, Any], secrets: set[str] | None = None, preview: bool = False) -> ProgramRun:
+    return run_program(lambda: runpy.run_path(str(ROOT / "__main__.py"), run_name="__pulumi_main__"),
+                       cfg, secrets or set(), preview=preview)
+
+
+def with_secret_keys(keys: dict[str, str]) -> tuple[dict[str, Any], set[str]]:
+    cfg = config()
+    cfg["llm-cluster:gatewayApiKeys"] = json.dumps(keys)
+    return cfg, {"llm-cluster:gatewayApiKeys"}
+
+
+@pytest.fixture(scope="module")
+def generated() -> ProgramRun:
+    """The reference stack: no key in config, so keys are generated on gpu-01."""
+    return run(config())
+
+
+@pytest.fixture(scope="module")
+def from_secret() -> ProgramRun:
+    cfg, secrets = with_secret_keys(KEYS)
+    return run(cfg, secrets)
+
+
+def spec() -> StackSpec:
+    return load_stack_config(config(), set())
+
+
+def uploads(reg: Registration, reveal: bool = False) -> dict[str, Any]:
+    inputs = reg.plain_inputs() if reveal else reg.display_inputs()
+    return {u["file"]: u["content"] for u in inputs["uploads"]}
+
+
+def is_secret(value: Any) -> bool:
+    return isinstance(value, dict) and value.get(SIG) == SECRET_SIG
+
+
+def test_component_props_are_what_the_policy_pack_reads(generated: ProgramRun) -> None:
+    (gw,) = generated.by_type(GATEWAY)
+    assert gw.name == "gateway" and gw.parent.endswith("pulumi:pulumi:Stack::llm-cluster-prod")
+    assert gw.plain_inputs() == {
+        "node": "gpu-01", "port": 80.0, "image": "nginx:1.27.5", "authRequired": True, "apiKeyIds": ["default"],
+        "keySource": "generated", "tls": False,
+        "routes": {"deepseek-r1": "reasoning", "/data/models/DeepSeek-R1-GPTQ-Int4": "reasoning",
+                   "qwen3-30b-a3b": "chat", "/data/models/Qwen3-30B-A3B": "chat"},
+        "pathRoutes": {"/smart/v1/": "reasoning"},
+        "exposedPaths": ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models",
+                         "/smart/v1/chat/completions", "/smart/v1/completions", "/smart/v1/embeddings",
+                         "/smart/v1/models"]}
+
+
+def test_children_are_parented_to_the_gateway(generated: ProgramRun) -> None:
+    (gw,) = generated.by_type(GATEWAY)
+    children = sorted((r.type, r.name) for r in generated.registrations if r.parent == gw.urn)
+    assert children == [(COMMAND, "gateway-keys"), (COMMAND, "gateway-ready"), (CONTAINER, "gateway-nginx")]
+
+
+def test_container_runs_the_generated_config_on_host_network(generated: ProgramRun) -> None:
+    c = generated.get("gateway-nginx")
+    inputs = c.plain_inputs()
+    image = generated.get("gpu-01-image-nginx-1-27-5")
+    assert inputs["name"] == "llm-gateway" and inputs["networkMode"] == "host"
+    assert inputs["restart"] == "unless-stopped" and c.options["deleteBeforeReplace"] is True
+    assert inputs["image"].startswith("sha256:") and image.urn in c.property_dependencies["image"]
+    assert c.provider.startswith(generated.get("gpu-01-docker").urn)
+    assert {(label["label"], label["value"]) for label in inputs["labels"]} == {
+        ("llm-cluster.role", "gateway"), ("llm-cluster.image", "nginx:1.27.5"), ("llm-cluster.key-ids", "default")}
+    files = gateway_files(spec())
+    assert uploads(c) == {f"/etc/nginx/{rel}": text for rel, text in files.items()}
+    assert inputs["volumes"] == [{"hostPath": "/etc/llm-cluster/gateway/nginx", "containerPath": "/etc/nginx/llm-keys",
+                                  "readOnly": True}]
+    assert inputs["healthcheck"]["tests"] == [
+        "CMD-SHELL",
+        "curl -sk -o /dev/null -w '%{http_code}' --max-time 3 http://127.0.0.1:80/v1/models | grep -qx 401"]
+    assert not inputs.get("ports")
+
+
+def test_gateway_depends_on_its_node_and_keys_never_on_the_models(generated: ProgramRun) -> None:
+    c = generated.get("gateway-nginx")
+    by_urn = {r.urn: r for r in generated.registrations}
+    assert {by_urn[u].name for u in c.dependencies} == {
+        "gpu-01-hosts", "gpu-01-preflight", "gpu-01-image-nginx-1-27-5", "gateway-keys"}
+    (gw,) = generated.by_type(GATEWAY)
+    ours = [r for r in generated.registrations if r.parent == gw.urn]
+    for r in ours:
+        for dep in r.dependencies:
+            assert by_urn[dep].name.startswith(("gpu-01-", "gateway-")), (r.name, by_urn[dep].name)
+
+
+def test_keys_are_generated_on_the_host_and_kept_secret(generated: ProgramRun) -> None:
+    cmd = generated.get("gateway-keys")
+    inputs = cmd.plain_inputs()
+    assert inputs["create"] == keys_script(["default"])
+    assert inputs["delete"] == keys_delete_script()
+    assert inputs["logging"] == "stderr"
+    # No triggers: a replace would run `delete` and drop every key; an edit re-runs the script in place.
+    assert "triggers" not in inputs
+    assert "stdout" in cmd.options["additionalSecretOutputs"]
+    (gw,) = generated.by_type(GATEWAY)
+    assert is_secret(gw.outputs["apiKeys"])
+    assert generated.stack_outputs.keys() >= {"gatewayUrl", "gatewayApiKeys"}
+
+
+def test_readiness_check_follows_the_container(generated: ProgramRun) -> None:
+    ready = generated.get("gateway-ready")
+    c = generated.get("gateway-nginx")
+    assert ready.plain_inputs()["create"] == readiness_script(80, False, 120, "gpu-01")
+    assert ready.plain_inputs()["triggers"] == [f"{c.name}-id"]
+    assert c.urn in ready.dependencies
+
+
+def test_url_output_is_the_gateway_nodes_address(generated: ProgramRun) -> None:
+    (gw,) = generated.by_type(GATEWAY)
+    assert gw.outputs["url"] == "http://192.168.10.11:80"
+
+
+def test_keys_from_the_secret_reach_nginx_only_as_digests(from_secret: ProgramRun) -> None:
+    assert not [r for r in from_secret.registrations if r.name == "gateway-keys"]
+    (gw,) = from_secret.by_type(GATEWAY)
+    assert gw.plain_inputs()["keySource"] == "secret"
+    c = from_secret.get("gateway-nginx")
+    wire = {u["file"]: u["content"] for u in c.inputs["uploads"]}
+    assert is_secret(wire["/etc/nginx/llm-keys/key-hashes.json"])
+    assert uploads(c, reveal=True)["/etc/nginx/llm-keys/key-hashes.json"] == key_digests(KEYS, ["default"])
+    assert uploads(c)["/etc/nginx/llm-keys/key-hashes.json"] == "[secret]"
+    assert c.plain_inputs()["volumes"] == []
+    assert is_secret(gw.outputs["apiKeys"])
+    # The key itself appears nowhere outside a secret envelope.
+    for r in from_secret.registrations:
+        assert KEYS["default"] not in json.dumps(r.display_inputs())
+        assert KEYS["default"] not in json.dumps(unwrap(r.outputs, reveal=False))
+
+
+def test_secret_keys_must_match_the_stacks_ids() -> None:
+    cfg, secrets = with_secret_keys({"ops": "sk-1"})
+    with pytest.raises(ValueError, match=r"missing: default, not in the stack: ops"):
+        run(cfg, secrets)
+
+
+def test_tls_uploads_certificate_and_key_as_secrets() -> None:
+    cfg = config()
+    cfg["llm-cluster:gateway"].update({"tls": True, "port": 443})
+    cfg["llm-cluster:gatewayTlsCert"] = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+    cfg["llm-cluster:gatewayTlsKey"] = "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n"
+    result = run(cfg, {"llm-cluster:gatewayTlsCert", "llm-cluster:gatewayTlsKey"})
+    c = result.get("gateway-nginx")
+    wire = {u["file"]: u["content"] for u in c.inputs["uploads"]}
+    assert is_secret(wire["/etc/nginx/llm-tls/cert.pem"]) and is_secret(wire["/etc/nginx/llm-tls/key.pem"])
+    assert uploads(c, reveal=True)["/etc/nginx/llm-tls/key.pem"] == cfg["llm-cluster:gatewayTlsKey"]
+    assert "listen 443 ssl;" in uploads(c)["/etc/nginx/nginx.conf"]
+    (gw,) = result.by_type(GATEWAY)
+    assert gw.plain_inputs()["tls"] is True and gw.outputs["url"] == "https://192.168.10.11:443"
+    assert "https://127.0.0.1:443/v1/models" in result.get("gateway-ready").plain_inputs()["create"]
+
+
+def test_preview_knows_what_the_policies_read() -> None:
+    result = run(config(), preview=True)
+    (gw,) = result.by_type(GATEWAY)
+    assert gw.plain_inputs()["authRequired"] is True and gw.plain_inputs()["apiKeyIds"] == ["default"]
+    labels = {label["label"]: label["value"] for label in result.get("gateway-nginx").plain_inputs()["labels"]}
+    assert labels["llm-cluster.image"] == "nginx:1.27.5"

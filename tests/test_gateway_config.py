@@ -1,0 +1,333 @@
+"""The gateway's generated nginx config, routing table, key digests and host scripts (no Pulumi, no nginx)."""
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import shutil
+import socket
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components.planning.gateway import (
+    DIGESTS_FILE, GatewayLayout, exposed_paths, gateway_files, key_digests, key_ids, keys_delete_script,
+    keys_script, nginx_conf, nginx_rate, rate_zones, readiness_script, render_gateway, routes, routes_table,
+    upstream_servers,
+)
+from components.spec import RateLimitSpec, SpecError, StackSpec, load_stack_config
+
+
+def spec_with(config: dict[str, Any], secrets: set[str] | None = None, **gateway: Any) -> StackSpec:
+    """The reference stack with gateway keys replaced (YAML names) and these secret config keys set."""
+    config["llm-cluster:gateway"].update(gateway)
+    for key in secrets or ():
+        config[f"llm-cluster:{key}"] = "[secret]"
+    return load_stack_config(config, {f"llm-cluster:{key}" for key in secrets or ()})
+
+
+def lines(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines()]
+
+
+def block(conf: str, header: str) -> list[str]:
+    """The stripped lines of the `{ … }` block that opens with `header`."""
+    out, depth, inside = [], 0, False
+    for line in lines(conf):
+        if not inside and line == header + " {":
+            inside, depth = True, 1
+            continue
+        if inside:
+            depth += line.count("{") - line.count("}")
+            if depth == 0:
+                return out
+            out.append(line)
+    raise AssertionError(f"no block {header!r}")
+
+
+def need(tool: str, package: str) -> str:
+    path = shutil.which(tool)
+    if path is None:
+        pytest.fail(f"{tool} is not installed: run `make test` as root or `apt-get install -y {package}`")
+    return path
+
+
+# --- the reference stack ----------------------------------------------------------------------
+
+def test_reference_upstreams_are_the_pools_heads_with_passive_health_and_keepalive(prod_spec: StackSpec) -> None:
+    conf = gateway_files(prod_spec)["nginx.conf"]
+    assert block(conf, "upstream llm_pool_chat") == [
+        "zone llm_pool_chat 64k;", "least_conn;",
+        "server 192.168.10.13:8000 max_fails=2 fail_timeout=30s;",
+        "server 192.168.10.14:8000 max_fails=2 fail_timeout=30s;",
+        "server 192.168.10.15:8000 max_fails=2 fail_timeout=30s;",
+        "server 192.168.10.16:8000 max_fails=2 fail_timeout=30s;",
+        "keepalive 32;"]
+    # TP8 x PP2 on gpu-01 + gpu-02 is one engine served from its Ray head, gpu-01.
+    assert block(conf, "upstream llm_pool_reasoning") == [
+        "zone llm_pool_reasoning 64k;", "least_conn;",
+        "server 192.168.10.11:8000 max_fails=2 fail_timeout=30s;", "keepalive 32;"]
+    assert upstream_servers(prod_spec, "reasoning") == [("192.168.10.11", 8000)]
+
+
+def test_reference_pool_locations_stream_retry_only_unsent_and_use_the_pools_timeouts(prod_spec: StackSpec) -> None:
+    conf = gateway_files(prod_spec)["nginx.conf"]
+    for pool, timeout in (("chat", 600), ("reasoning", 900)):
+        body = block(conf, f"location @llm_pool_{pool}")
+        assert f"proxy_pass http://llm_pool_{pool};" in body
+        assert f"proxy_read_timeout {timeout}s;" in body
+        assert "proxy_buffering off;" in body
+        assert "proxy_http_version 1.1;" in body
+        assert 'proxy_set_header Connection "";' in body
+        assert 'proxy_set_header Authorization "";' in body
+        # Connection errors and connect timeouts only; a POST already sent is never re-sent.
+        assert [line for line in body if line.startswith("proxy_next_upstream")] == [
+            "proxy_next_upstream error timeout;"]
+        assert "rewrite ^/.+?(/v1/.*)$ $1 break;" in body
+        assert "js_body_filter gateway.usage buffer_type=buffer;" in body
+    assert "non_idempotent" not in conf and "http_5" not in conf
+
+
+def test_reference_listener_limits_and_module_path(prod_spec: StackSpec) -> None:
+    conf = lines(gateway_files(prod_spec)["nginx.conf"])
+    assert conf[1] == "load_module modules/ngx_http_js_module.so;"
+    assert "user nginx;" in conf
+    server = block("\n".join(conf), "server")
+    assert server[0] == "listen 80;"
+    assert not any("ssl" in line for line in server)
+    assert "client_max_body_size 16m;" in conf and "client_body_buffer_size 16m;" in conf
+    assert "limit_req_zone $llm_rl_0 zone=llm_rl_0:10m rate=20r/s;" in conf
+    assert "limit_req_status 429;" in conf
+    # `default` is a map keyword: the key id must be escaped to match literally.
+    assert block("\n".join(conf), "map $llm_key_id $llm_rl_0") == ['default "";', "\\default $llm_key_id;"]
+    for endpoint in ("chat/completions", "completions", "embeddings", "models"):
+        for prefix in ("/v1/", "/smart/v1/"):
+            loc = block("\n".join(conf), f"location = {prefix}{endpoint}")
+            assert loc[:3] == ['if ($llm_key_id = "") {', "return 401;", "}"]
+            assert loc[3] == "limit_req zone=llm_rl_0 burst=40 nodelay;"
+            assert loc[4] == ("js_content gateway.models;" if endpoint == "models" else "js_content gateway.route;")
+
+
+def test_only_the_openai_endpoints_are_exposed(prod_spec: StackSpec) -> None:
+    assert exposed_paths(prod_spec) == [
+        "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models",
+        "/smart/v1/chat/completions", "/smart/v1/completions", "/smart/v1/embeddings", "/smart/v1/models"]
+    conf = gateway_files(prod_spec)["nginx.conf"]
+    exact = sorted(line.split()[2] for line in lines(conf) if line.startswith("location = "))
+    assert exact == sorted(exposed_paths(prod_spec))
+    assert block(conf, "location /") == ["return 404;"]
+    assert [line for line in lines(conf) if line.startswith("location ") and "@" not in line and "=" not in line] \
+        == ["location / {"]
+
+
+def test_reference_routes_every_served_name_to_its_pool(prod_spec: StackSpec) -> None:
+    assert routes(prod_spec) == {
+        "deepseek-r1": "reasoning", "/data/models/DeepSeek-R1-GPTQ-Int4": "reasoning",
+        "qwen3-30b-a3b": "chat", "/data/models/Qwen3-30B-A3B": "chat"}
+    table = routes_table(prod_spec)
+    assert table["order"] == ["chat", "reasoning"]  # defaultPool first in /v1/models
+    assert table["prefixes"] == {"/smart/v1/": "reasoning"}
+    assert table["models"]["qwen3-30b-a3b"] == ["chat", ""]
+    assert table["meta"]["deepseek-r1"] == ["/data/models/DeepSeek-R1-GPTQ-Int4", 16384]
+    assert table["allow"] == {}
+    assert key_ids(prod_spec) == ["default"]
+
+
+def test_reference_error_pages_are_openai_json(prod_spec: StackSpec) -> None:
+    conf = gateway_files(prod_spec)["nginx.conf"]
+    for status, code in ((401, "invalid_api_key"), (404, "not_found"), (413, "request_too_large"),
+                         (429, "rate_limit_exceeded"), (502, "upstream_unavailable"), (504, "upstream_timeout")):
+        assert f"error_page {status} @llm_e{status};" in lines(conf)
+        ret = [line for line in block(conf, f"location @llm_e{status}") if line.startswith("return")][0]
+        body = json.loads(ret.split(" ", 2)[2].rstrip(";").strip("'"))
+        assert body["error"]["code"] == code and body["error"]["message"]
+    assert 'add_header WWW-Authenticate "Bearer" always;' in block(conf, "location @llm_e401")
+    assert "16 MiB" in block(conf, "location @llm_e413")[-1]
+
+
+# --- variants ---------------------------------------------------------------------------------
+
+def test_aliases_get_a_rewriting_location_and_the_pools_first_name(config: dict[str, Any]) -> None:
+    spec = spec_with(config, aliases={"fast": "chat"})
+    table = routes_table(spec)
+    assert table["models"]["fast"] == ["chat", "qwen3-30b-a3b"]
+    assert table["listing"]["chat"] == ["qwen3-30b-a3b", "/data/models/Qwen3-30B-A3B", "fast"]
+    conf = nginx_conf(spec, GatewayLayout(port=80))
+    alias = block(conf, "location @llm_alias_chat")
+    assert alias[0] == "proxy_set_body $llm_body;"
+    assert alias[1:] == block(conf, "location @llm_pool_chat")
+    assert "location @llm_alias_reasoning {" not in lines(conf)
+
+
+def test_allowlists_expand_pool_names_to_served_names_and_aliases(config: dict[str, Any]) -> None:
+    spec = spec_with(config, aliases={"fast": "chat"}, apiKeys=[
+        {"id": "ops"}, {"id": "analyst", "models": ["reasoning", "fast"]}])
+    assert routes_table(spec)["allow"] == {"analyst": {
+        "deepseek-r1": True, "/data/models/DeepSeek-R1-GPTQ-Int4": True, "fast": True}}
+
+
+def test_one_rate_zone_per_distinct_rate_and_burst(config: dict[str, Any]) -> None:
+    spec = spec_with(config, defaultRateLimit={"requestsPerSecond": 5, "burst": 10}, apiKeys=[
+        {"id": "a"}, {"id": "b", "rateLimit": {"requestsPerSecond": 0.5, "burst": 2}},
+        {"id": "c", "rateLimit": {"requestsPerSecond": 5, "burst": 10}},
+        {"id": "d", "rateLimit": {"requestsPerSecond": 0.5, "burst": 3}}])
+    assert [(nginx_rate(limit), limit.burst, ids) for limit, ids in rate_zones(spec)] == [
+        ("5r/s", 10, ["a", "c"]), ("30r/m", 2, ["b"]), ("30r/m", 3, ["d"])]
+    conf = nginx_conf(spec, GatewayLayout(port=80))
+    loc = block(conf, "location = /v1/chat/completions")
+    assert [line for line in loc if line.startswith("limit_req")] == [
+        "limit_req zone=llm_rl_0 burst=10 nodelay;", "limit_req zone=llm_rl_1 burst=2 nodelay;",
+        "limit_req zone=llm_rl_2 burst=3 nodelay;"]
+    assert block(conf, "map $llm_key_id $llm_rl_1") == ['default "";', "b $llm_key_id;"]
+
+
+def test_no_limit_stated_means_no_zone(config: dict[str, Any]) -> None:
+    spec = spec_with(config, apiKeys=[])
+    assert key_ids(spec) == ["default"] and rate_zones(spec) == []
+    conf = nginx_conf(spec, GatewayLayout(port=80))
+    assert "limit_req" not in conf
+    assert block(conf, "location = /v1/models") == [
+        'if ($llm_key_id = "") {', "return 401;", "}", "js_content gateway.models;"]
+
+
+def test_rates_are_whole_per_second_or_per_minute(config: dict[str, Any]) -> None:
+    assert nginx_rate(RateLimitSpec(requestsPerSecond=20)) == "20r/s"
+    assert nginx_rate(RateLimitSpec(requestsPerSecond=0.5)) == "30r/m"
+    assert nginx_rate(RateLimitSpec(requestsPerSecond=1 / 60)) == "1r/m"
+    with pytest.raises(SpecError) as err:
+        spec_with(config, defaultRateLimit={"requestsPerSecond": 0.3333})
+    assert str(err.value) == ("gateway.defaultRateLimit.requestsPerSecond: 0.3333 requests/s is not a whole "
+                              "number of requests per minute (19.9980/min); nginx rates are whole requests "
+                              "per second or per minute, e.g. 0.5 (= 30/min)")
+
+
+def test_path_routes_refuse_the_plain_prefix_and_odd_characters(config: dict[str, Any]) -> None:
+    with pytest.raises(SpecError, match=r"path route '/v1/' is the gateway's own model-routed prefix"):
+        spec_with(config, pathRoutes={"/v1/": "chat"})
+    with pytest.raises(SpecError, match=r"may hold only letters, digits"):
+        spec_with(config, pathRoutes={"/a b;/v1/": "chat"})
+
+
+def test_tls_listens_with_the_uploaded_certificate(config: dict[str, Any]) -> None:
+    spec = spec_with(config, {"gatewayTlsCert", "gatewayTlsKey"}, tls=True, port=443)
+    server = block(nginx_conf(spec, GatewayLayout(port=443)), "server")
+    assert server[:5] == ["listen 443 ssl;", "ssl_certificate /etc/nginx/llm-tls/cert.pem;",
+                          "ssl_certificate_key /etc/nginx/llm-tls/key.pem;", "ssl_protocols TLSv1.2 TLSv1.3;",
+                          "ssl_session_cache shared:llm_tls:10m;"]
+
+
+def test_loopback_layout_changes_only_paths_and_the_listener(prod_spec: StackSpec, tmp_path: Path) -> None:
+    """What the nginx tests run is the deployed config: the same lines but for where files live."""
+    deployed = gateway_files(prod_spec)
+    local = render_gateway(prod_spec, GatewayLayout(
+        port=18080, listen_address="127.0.0.1", conf_dir=str(tmp_path), load_module="/x.so",
+        digests_file=f"{tmp_path}/k.json", pid_file=f"{tmp_path}/pid", error_log=f"{tmp_path}/e",
+        access_log=f"{tmp_path}/a", temp_dir=None, user=None))
+    assert local["llm/gateway.js"] == deployed["llm/gateway.js"]
+    assert local["llm/routes.json"] == deployed["llm/routes.json"]
+    differ = set(lines(deployed["nginx.conf"])) ^ set(lines(local["nginx.conf"]))
+    heads = {line.split()[0] for line in differ}
+    assert heads == {"load_module", "user", "pid", "error_log", "access_log", "js_preload_object",
+                     "js_import", "listen"}
+
+
+# --- keys -------------------------------------------------------------------------------------
+
+def test_key_digests_map_sha256_to_ids_and_refuse_gaps() -> None:
+    text = key_digests({"a": "sk-one", "b": "sk-two"}, ["a", "b"])
+    assert json.loads(text) == {hashlib.sha256(b"sk-one").hexdigest(): "a",
+                                hashlib.sha256(b"sk-two").hexdigest(): "b"}
+    assert "sk-one" not in text
+    with pytest.raises(ValueError, match=r"missing: b, not in the stack: c"):
+        key_digests({"a": "sk-one", "c": "sk-three"}, ["a", "b"])
+    with pytest.raises(ValueError, match="same key to two ids"):
+        key_digests({"a": "sk-same", "b": "sk-same"}, ["a", "b"])
+
+
+def test_no_generated_file_holds_a_key(config: dict[str, Any]) -> None:
+    spec = spec_with(config, apiKeys=[{"id": "ops"}, {"id": "analyst", "models": ["chat"]}])
+    files = gateway_files(spec)
+    keys = {"ops": "sk-ops-9f8e7d", "analyst": "sk-analyst-1a2b3c"}
+    digests = key_digests(keys, key_ids(spec))
+    for text in [*files.values(), digests]:
+        assert not any(k in text for k in keys.values())
+
+
+def run_bash(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", "-c", script, "keys", *args], capture_output=True, text=True, check=True)
+
+
+def snapshot(root: Path) -> dict[str, tuple[str, int, int]]:
+    return {str(p.relative_to(root)): (p.read_text(), p.stat().st_mtime_ns, p.stat().st_mode & 0o777)
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_keys_script_makes_keeps_and_drops_keys_and_writes_digests(tmp_path: Path) -> None:
+    root = tmp_path / "gw"
+    first = run_bash(keys_script(["default", "ops"], str(root)))
+    keys = json.loads(first.stdout)
+    assert sorted(keys) == ["default", "ops"]
+    assert all(k.startswith("sk-") and len(k) == 51 for k in keys.values())
+    assert keys["default"] != keys["ops"]
+    assert json.loads((root / "keys.json").read_text()) == keys
+    assert (root / "keys.json").stat().st_mode & 0o777 == 0o600
+    # The digests the host writes are the ones nginx looks up: same as key_digests.
+    assert json.loads((root / "nginx" / DIGESTS_FILE).read_text()) == json.loads(
+        key_digests(keys, ["default", "ops"]))
+
+    before = snapshot(root)
+    again = run_bash(keys_script(["default", "ops"], str(root)))
+    assert again.stdout == first.stdout
+    assert snapshot(root) == before  # a second run changes nothing, not even mtimes
+
+    grown = json.loads(run_bash(keys_script(["default", "ops", "new"], str(root))).stdout)
+    assert {k: grown[k] for k in ("default", "ops")} == keys and grown["new"] not in keys.values()
+    shrunk = json.loads(run_bash(keys_script(["ops"], str(root))).stdout)
+    assert shrunk == {"ops": keys["ops"]}
+    assert sorted(p.name for p in (root / "keys").iterdir()) == ["ops"]
+
+    run_bash(keys_delete_script(str(root)))
+    assert not root.exists()
+    run_bash(keys_delete_script(str(root)))  # deleting twice is fine
+
+
+def test_host_scripts_pass_shellcheck() -> None:
+    shellcheck = need("shellcheck", "shellcheck")
+    for script in (keys_script(["default", "we'ird"]), keys_delete_script(),
+                   readiness_script(80, False, 120, "gpu-01"), readiness_script(443, True, 60)):
+        result = subprocess.run([shellcheck, "-s", "bash", "-"], input=script, capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout
+
+
+class _Answer401(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802
+        self.send_response(401 if self.path == "/v1/models" else 200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_readiness_script_passes_on_401_and_fails_with_a_message_otherwise() -> None:
+    need("curl", "curl")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answer401)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        ok = subprocess.run(["bash", "-c", readiness_script(server.server_address[1], False, 30, "gpu-01")],
+                            capture_output=True, text=True)
+        assert ok.returncode == 0 and "refuses requests without a key" in ok.stdout
+    finally:
+        server.shutdown()
+        server.server_close()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    down = subprocess.run(["bash", "-c", readiness_script(closed, False, 1, "gpu-01")],
+                          capture_output=True, text=True)
+    assert down.returncode == 1
+    assert down.stderr.strip() == (f"gateway on gpu-01:{closed} did not answer 401 on /v1/models within 1s "
+                                   "(last status: 000); see: docker logs llm-gateway")

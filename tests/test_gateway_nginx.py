@@ -1,0 +1,680 @@
+"""The generated gateway on the real nginx + njs, on loopback, in front of fake OpenAI replicas.
+
+Fake replicas are Python HTTP/1.1 servers in threads that record every request and answer like vLLM's
+OpenAI server (JSON with `usage`, or SSE chunks ending with a usage chunk and `[DONE]`). API keys
+come from the real host script (keys_script), so the digests njs looks up are the ones bash wrote.
+"""
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import shutil
+import socket
+import ssl
+import subprocess
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components.planning.gateway import DIGESTS_FILE, GatewayLayout, key_ids, keys_script, render_gateway
+from components.spec import StackSpec, load_stack_config
+from plan.stackfile import load_stack_file
+
+NJS_MODULE = "/usr/lib/nginx/modules/ngx_http_js_module.so"
+CHAT = "qwen3-30b-a3b"
+R1 = "deepseek-r1"
+USAGE = {"prompt_tokens": 11, "total_tokens": 18, "completion_tokens": 7}
+STREAM_USAGE = {"prompt_tokens": 5, "total_tokens": 8, "completion_tokens": 3}
+WAIT = 20.0  # upper bound for anything the tests wait on; reaching it is a failure, never a pass
+
+
+def nginx_binary() -> str:
+    path = shutil.which("nginx")
+    if path is None or not Path(NJS_MODULE).exists():
+        pytest.fail("nginx with njs is needed: run `make test` as root, or "
+                    "`apt-get install -y nginx-light libnginx-mod-http-js`")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --- fake vLLM replicas -----------------------------------------------------------------------
+
+class FakeReplica:
+    """A fake vLLM OpenAI server on 127.0.0.1 that records what reaches it and can be killed."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.requests: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        self.gates: dict[str, threading.Event] = defaultdict(threading.Event)
+        self.conns: set[socket.socket] = set()
+        self.killed = False
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server.daemon_threads = True
+        self.port = int(self.server.server_address[1])
+        self.addr = f"127.0.0.1:{self.port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def rids(self) -> list[str]:
+        """The `rid` field of every request body received, in order."""
+        return [r["body"].get("rid") for r in self.requests if isinstance(r["body"], dict)]
+
+    def kill(self) -> None:
+        """Stop like a crashed server: no listener, every connection closed."""
+        self.killed = True
+        self.server.shutdown()
+        self.server.server_close()
+        for conn in list(self.conns):
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+                conn.close()
+            except OSError:
+                pass
+        for gate in self.gates.values():
+            gate.set()
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        replica = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def setup(self) -> None:
+                super().setup()
+                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                replica.conns.add(self.connection)
+
+            def finish(self) -> None:
+                replica.conns.discard(self.connection)
+                try:
+                    super().finish()
+                except OSError:
+                    pass
+
+            def do_POST(self) -> None:  # noqa: N802
+                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                try:
+                    body = json.loads(raw)
+                except ValueError:
+                    body = raw.decode(errors="replace")
+                with replica.lock:
+                    replica.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
+                if isinstance(body, dict) and body.get("hold"):
+                    replica.gates[body["hold"]].wait(WAIT)
+                    if replica.killed:
+                        return  # crashed meanwhile: nothing is sent back
+                if isinstance(body, dict) and body.get("stream"):
+                    self._stream(body)
+                    return
+                out = json.dumps({"id": "cmpl-1", "object": "chat.completion", "served_by": replica.name,
+                                  "path": self.path, "model": body.get("model") if isinstance(body, dict) else None,
+                                  "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
+                                  "usage": USAGE}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def _chunk(self, data: bytes) -> None:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+
+            def _stream(self, body: dict[str, Any]) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                for i in range(3):
+                    event = {"choices": [{"index": 0, "delta": {"content": f"t{i}"}}]}
+                    if with_usage:
+                        event["usage"] = None
+                    self._chunk(b"data: " + json.dumps(event).encode() + b"\n\n")
+                    if i == 0 and body.get("gate"):
+                        # Nothing more until the client has shown it holds the first chunk.
+                        replica.gates[body["gate"]].wait(WAIT)
+                if with_usage:
+                    self._chunk(b"data: " + json.dumps({"choices": [], "usage": STREAM_USAGE}).encode() + b"\n\n")
+                self._chunk(b"data: [DONE]\n\n")
+                self.wfile.write(b"0\r\n\r\n")
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        return Handler
+
+
+# --- the gateway under test -------------------------------------------------------------------
+
+class NginxGateway:
+    """The generated config on the real nginx, bound to 127.0.0.1, its files under `root`."""
+
+    def __init__(self, spec: StackSpec, upstreams: dict[str, list[FakeReplica]], root: Path, digests: Path,
+                 tls_dir: Path | None = None):
+        self.root = root
+        self.port = free_port()
+        layout = GatewayLayout(
+            port=self.port, listen_address="127.0.0.1", conf_dir=str(root), load_module=NJS_MODULE,
+            digests_file=str(digests), tls_dir=str(tls_dir or root / "tls"), pid_file=str(root / "nginx.pid"),
+            error_log=str(root / "error.log"), access_log=str(root / "access.log"), temp_dir=str(root / "tmp"),
+            user=None, worker_processes="2")
+        self.files = render_gateway(spec, layout, {p: [("127.0.0.1", r.port) for r in rs] for p, rs in upstreams.items()})
+        for rel, text in self.files.items():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text(text)
+        (root / "tmp").mkdir(exist_ok=True)
+        nginx = nginx_binary()
+        conf = str(root / "nginx.conf")
+        check = subprocess.run([nginx, "-t", "-q", "-p", str(root), "-c", conf], capture_output=True, text=True)
+        assert check.returncode == 0, check.stderr
+        self.proc = subprocess.Popen([nginx, "-p", str(root), "-c", conf, "-g", "daemon off;"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + WAIT
+        while True:
+            if self.proc.poll() is not None:
+                pytest.fail(f"nginx exited: {self.proc.stderr.read().decode() if self.proc.stderr else ''}"
+                            f"{(root / 'error.log').read_text() if (root / 'error.log').exists() else ''}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail("nginx did not listen")
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(WAIT)
+
+    def log(self, at_least: int = 0) -> list[dict[str, Any]]:
+        """The access log, one JSON object per request, once it has `at_least` lines.
+
+        nginx writes a request's line after the client has its response, so a test that just got
+        its answer waits for the line.
+        """
+        deadline = time.monotonic() + WAIT
+        while True:
+            lines = (self.root / "access.log").read_text().splitlines()
+            if len(lines) >= at_least or time.monotonic() > deadline:
+                return [json.loads(line) for line in lines]
+            time.sleep(0.01)
+
+    def call(self, method: str, path: str, body: Any = None, key: str | None = None,
+             headers: dict[str, str] | None = None, raw: bytes | None = None,
+             context: ssl.SSLContext | None = None) -> tuple[int, dict[str, str], Any]:
+        """One request on a fresh connection: status, headers, JSON body (or text)."""
+        if context is not None:
+            conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+                "127.0.0.1", self.port, timeout=WAIT, context=context)
+        else:
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=WAIT)
+        hdrs = dict(headers or {})
+        if key is not None:
+            hdrs["Authorization"] = f"Bearer {key}"
+        data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+        if data is not None:
+            hdrs.setdefault("Content-Type", "application/json")
+        try:
+            conn.request(method, path, body=data, headers=hdrs)
+            resp = conn.getresponse()
+            text = resp.read().decode()
+            try:
+                payload: Any = json.loads(text)
+            except ValueError:
+                payload = text
+            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, payload
+        finally:
+            conn.close()
+
+
+def prod_config() -> dict[str, Any]:
+    """A fresh copy of the reference stack's config."""
+    return load_stack_file(Path(__file__).resolve().parent.parent / "Pulumi.prod.yaml", "prod").config
+
+
+def gateway_config(**gateway: Any) -> dict[str, Any]:
+    """The reference stack with test keys: one for most tests, one tightly limited, one restricted."""
+    config = prod_config()
+    config["llm-cluster:gateway"].update({
+        "maxBodyMib": 1, "aliases": {"fast": "chat"},
+        "apiKeys": [{"id": "default", "rateLimit": {"requestsPerSecond": 1000, "burst": 1000}},
+                    {"id": "limited", "rateLimit": {"requestsPerSecond": 1 / 60, "burst": 1}},
+                    {"id": "analyst", "models": ["reasoning"]}],
+        **gateway})
+    return config
+
+
+def host_keys(spec: StackSpec, root: Path) -> tuple[dict[str, str], Path]:
+    """Keys made by the real host script into `root`; the digest file nginx preloads."""
+    out = subprocess.run(["bash", "-c", keys_script(key_ids(spec), str(root))], capture_output=True,
+                         text=True, check=True)
+    return json.loads(out.stdout), root / "nginx" / DIGESTS_FILE
+
+
+def send_held(gw: NginxGateway, key: str, replicas: list[FakeReplica], rid: str,
+              ) -> tuple[FakeReplica, threading.Thread, dict[str, Any]]:
+    """Send a request its replica holds unanswered (until its gate opens); return that replica."""
+    held: dict[str, Any] = {}
+    client = threading.Thread(target=lambda: held.update(result=gw.call(
+        "POST", "/v1/chat/completions", {"model": CHAT, "rid": rid, "hold": rid}, key)))
+    client.start()
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        got = next((r for r in replicas if rid in r.rids()), None)
+        if got is not None:
+            return got, client, held
+        time.sleep(0.01)
+    pytest.fail(f"no replica received the held request {rid!r}")
+
+
+@contextlib.contextmanager
+def own_gateway(spec: StackSpec, pools: dict[str, list[FakeReplica]], root: Path,
+                tls_dir: Path | None = None) -> Iterator[tuple[NginxGateway, dict[str, str]]]:
+    """A gateway of its own for a test that kills replicas or changes the listener; host-made keys."""
+    keys, digests = host_keys(spec, root / "keys")
+    (root / "gw").mkdir()
+    gw = NginxGateway(spec, pools, root / "gw", digests, tls_dir=tls_dir)
+    try:
+        yield gw, keys
+    finally:
+        gw.stop()
+        for rs in pools.values():
+            for r in rs:
+                r.kill()
+
+
+@pytest.fixture(scope="module")
+def replicas() -> Iterator[dict[str, list[FakeReplica]]]:
+    pools = {"chat": [FakeReplica(f"chat-{i}") for i in range(4)], "reasoning": [FakeReplica("reasoning-0")]}
+    yield pools
+    for rs in pools.values():
+        for r in rs:
+            r.kill()
+
+
+@pytest.fixture(scope="module")
+def gw_keys(tmp_path_factory: pytest.TempPathFactory,
+            replicas: dict[str, list[FakeReplica]]) -> Iterator[tuple[NginxGateway, dict[str, str]]]:
+    spec = load_stack_config(gateway_config(), set())
+    keys, digests = host_keys(spec, tmp_path_factory.mktemp("keys"))
+    gw = NginxGateway(spec, replicas, tmp_path_factory.mktemp("gateway"), digests)
+    yield gw, keys
+    gw.stop()
+
+
+@pytest.fixture
+def gw(gw_keys: tuple[NginxGateway, dict[str, str]]) -> NginxGateway:
+    return gw_keys[0]
+
+
+@pytest.fixture
+def keys(gw_keys: tuple[NginxGateway, dict[str, str]]) -> dict[str, str]:
+    return gw_keys[1]
+
+
+def by_name(replicas: dict[str, list[FakeReplica]]) -> dict[str, FakeReplica]:
+    return {r.name: r for rs in replicas.values() for r in rs}
+
+
+def error_code(payload: Any) -> str:
+    """The OpenAI error's code; fails unless the body has the OpenAI error shape."""
+    assert isinstance(payload, dict) and set(payload) == {"error"}, payload
+    assert set(payload["error"]) == {"message", "type", "param", "code"}, payload
+    return str(payload["error"]["code"])
+
+
+# --- nginx -t -----------------------------------------------------------------------------------
+
+def self_signed(dir_: Path) -> Path:
+    dir_.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(dir_ / "key.pem"),
+                    "-out", str(dir_ / "cert.pem")], capture_output=True, check=True)
+    return dir_
+
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "reference": {},
+    "no-keys-no-limits": {"apiKeys": []},
+    "default-limit-zones": {"defaultRateLimit": {"requestsPerSecond": 0.5, "burst": 2},
+                            "apiKeys": [{"id": "a"}, {"id": "b", "rateLimit": {"requestsPerSecond": 3}}]},
+    "aliases-allowlists": {"aliases": {"fast": "chat", "smart": "reasoning"},
+                           "apiKeys": [{"id": "x", "models": ["fast", "deepseek-r1"]}]},
+    "two-prefixes-big-body": {"pathRoutes": {"/smart/v1/": "reasoning", "/team/chat/v1/": "chat"},
+                              "maxBodyMib": 256, "upstreamKeepalive": 0},
+    "tls": {"tls": True, "port": 443},
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_nginx_accepts_the_generated_config(variant: str, tmp_path: Path) -> None:
+    config = prod_config()
+    config["llm-cluster:gateway"].update(VARIANTS[variant])
+    secrets = set()
+    if variant == "tls":
+        config["llm-cluster:gatewayTlsCert"] = config["llm-cluster:gatewayTlsKey"] = "[secret]"
+        secrets = {"llm-cluster:gatewayTlsCert", "llm-cluster:gatewayTlsKey"}
+    spec = load_stack_config(config, secrets)
+    layout = GatewayLayout(port=free_port(), listen_address="127.0.0.1", conf_dir=str(tmp_path),
+                           load_module=NJS_MODULE, digests_file=str(tmp_path / "digests.json"),
+                           tls_dir=str(self_signed(tmp_path / "tls")), pid_file=str(tmp_path / "pid"),
+                           error_log=str(tmp_path / "error.log"), access_log=str(tmp_path / "access.log"),
+                           temp_dir=str(tmp_path / "tmp"), user=None)
+    # The deployed upstreams (the stack's node addresses): nginx -t does not connect to them.
+    for rel, text in render_gateway(spec, layout).items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    (tmp_path / "digests.json").write_text("{}")
+    (tmp_path / "tmp").mkdir()
+    result = subprocess.run([nginx_binary(), "-t", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "test is successful" in result.stderr
+
+
+# --- routing ------------------------------------------------------------------------------------
+
+def test_routes_by_model_to_the_pool_that_serves_it(gw: NginxGateway, keys: dict[str, str],
+                                                    replicas: dict[str, list[FakeReplica]]) -> None:
+    chat_names = {r.name for r in replicas["chat"]}
+    for model in (CHAT, "/data/models/Qwen3-30B-A3B"):
+        status, _, out = gw.call("POST", "/v1/chat/completions", {"model": model, "messages": []}, keys["default"])
+        assert status == 200 and out["served_by"] in chat_names and out["model"] == model
+    for endpoint in ("chat/completions", "completions", "embeddings"):
+        status, _, out = gw.call("POST", f"/v1/{endpoint}", {"model": R1}, keys["default"])
+        assert (status, out["served_by"], out["path"]) == (200, "reasoning-0", f"/v1/{endpoint}")
+
+
+def test_path_route_pins_its_pool_and_rewrites_the_prefix(gw: NginxGateway, keys: dict[str, str]) -> None:
+    status, _, out = gw.call("POST", "/smart/v1/chat/completions?x=1", {"model": R1}, keys["default"])
+    assert (status, out["served_by"], out["path"]) == (200, "reasoning-0", "/v1/chat/completions?x=1")
+    status, _, out = gw.call("POST", "/smart/v1/chat/completions", {"model": CHAT}, keys["default"])
+    assert status == 404 and error_code(out) == "model_not_found"
+    assert out["error"]["message"] == ("The model 'qwen3-30b-a3b' does not exist under /smart/v1/. "
+                                       "Available models: deepseek-r1, /data/models/DeepSeek-R1-GPTQ-Int4")
+
+
+def test_alias_reaches_its_pool_with_the_served_name(gw: NginxGateway, keys: dict[str, str],
+                                                     replicas: dict[str, list[FakeReplica]]) -> None:
+    status, _, out = gw.call("POST", "/v1/chat/completions",
+                             {"model": "fast", "messages": [{"role": "user", "content": "你好"}], "rid": "alias"},
+                             keys["default"])
+    assert status == 200 and out["model"] == CHAT
+    sent = [r for rs in replicas["chat"] for r in rs.requests if r["body"].get("rid") == "alias"]
+    assert [r["body"] for r in sent] == [{"model": CHAT, "messages": [{"role": "user", "content": "你好"}],
+                                          "rid": "alias"}]
+
+
+def test_least_conn_spreads_requests_and_avoids_a_busy_replica(gw: NginxGateway, keys: dict[str, str],
+                                                               replicas: dict[str, list[FakeReplica]]) -> None:
+    chat = replicas["chat"]
+    before = {r.name: len(r.requests) for r in chat}
+    for _ in range(8):
+        assert gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["default"])[0] == 200
+    spread = [len(r.requests) - before[r.name] for r in chat]
+    assert min(spread) >= 1 and max(spread) <= 3, spread
+
+    # One replica busy with a long request: least_conn sends everything else to the idle ones.
+    busy, client, held = send_held(gw, keys["default"], chat, "busy")
+    try:
+        served = [gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["default"])[2]["served_by"]
+                  for _ in range(6)]
+        assert busy.name not in served and len(set(served)) == 3, served
+    finally:
+        busy.gates["busy"].set()
+        client.join(WAIT)
+    assert held["result"][0] == 200
+
+
+def test_models_list_is_answered_by_the_gateway_per_key_and_prefix(gw: NginxGateway, keys: dict[str, str],
+                                                                   replicas: dict[str, list[FakeReplica]]) -> None:
+    status, _, out = gw.call("GET", "/v1/models", key=keys["default"])
+    assert status == 200 and out["object"] == "list"
+    assert [m["id"] for m in out["data"]] == [CHAT, "/data/models/Qwen3-30B-A3B", "fast", R1,
+                                              "/data/models/DeepSeek-R1-GPTQ-Int4"]
+    assert out["data"][0]["max_model_len"] == 32768 and out["data"][0]["root"] == "/data/models/Qwen3-30B-A3B"
+    _, _, smart = gw.call("GET", "/smart/v1/models", key=keys["default"])
+    assert [m["id"] for m in smart["data"]] == [R1, "/data/models/DeepSeek-R1-GPTQ-Int4"]
+    _, _, analyst = gw.call("GET", "/v1/models", key=keys["analyst"])
+    assert [m["id"] for m in analyst["data"]] == [R1, "/data/models/DeepSeek-R1-GPTQ-Int4"]
+    assert not any("models" in r["path"] for rs in replicas.values() for rep in rs for r in rep.requests)
+
+
+# --- errors -------------------------------------------------------------------------------------
+
+def test_missing_or_wrong_key_is_401_before_anything_is_read(gw: NginxGateway, keys: dict[str, str],
+                                                             replicas: dict[str, list[FakeReplica]]) -> None:
+    seen = sum(len(r.requests) for r in by_name(replicas).values())
+    for headers in ({}, {"Authorization": "Bearer sk-wrong"}, {"Authorization": f"Basic {keys['default']}"},
+                    {"Authorization": "Bearer "}):
+        for method, path in (("POST", "/v1/chat/completions"), ("GET", "/v1/models"),
+                             ("POST", "/smart/v1/completions")):
+            status, hdrs, out = gw.call(method, path, {"model": CHAT} if method == "POST" else None,
+                                        headers=headers)
+            assert status == 401 and error_code(out) == "invalid_api_key", (headers, path)
+            assert hdrs["www-authenticate"] == "Bearer"
+    assert sum(len(r.requests) for r in by_name(replicas).values()) == seen
+
+
+def test_key_not_allowed_the_model_is_403(gw: NginxGateway, keys: dict[str, str]) -> None:
+    status, _, out = gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["analyst"])
+    assert status == 403 and error_code(out) == "model_not_allowed"
+    assert out["error"]["message"] == ("The API key 'analyst' may not use the model 'qwen3-30b-a3b'. "
+                                       "Allowed models: deepseek-r1, /data/models/DeepSeek-R1-GPTQ-Int4")
+    status, _, out = gw.call("POST", "/v1/chat/completions", {"model": R1}, keys["analyst"])
+    assert (status, out["served_by"]) == (200, "reasoning-0")
+
+
+def test_rate_limit_is_per_key_and_429_is_openai_json(gw: NginxGateway, keys: dict[str, str]) -> None:
+    # `limited`: 1 request/minute with a burst of 1, so the third request in a row is refused.
+    statuses = [gw.call("GET", "/v1/models", key=keys["limited"]) for _ in range(3)]
+    assert [s for s, _, _ in statuses] == [200, 200, 429]
+    assert error_code(statuses[2][2]) == "rate_limit_exceeded"
+    assert statuses[2][2]["error"]["type"] == "requests"
+    # Other keys have their own buckets.
+    assert gw.call("GET", "/v1/models", key=keys["default"])[0] == 200
+
+
+def test_unknown_model_is_404_listing_the_available_ones(gw: NginxGateway, keys: dict[str, str]) -> None:
+    status, _, out = gw.call("POST", "/v1/completions", {"model": "gpt-4o"}, keys["default"])
+    assert status == 404 and error_code(out) == "model_not_found" and out["error"]["param"] == "model"
+    assert out["error"]["message"] == (
+        "The model 'gpt-4o' does not exist under /v1/. Available models: qwen3-30b-a3b, "
+        "/data/models/Qwen3-30B-A3B, fast, deepseek-r1, /data/models/DeepSeek-R1-GPTQ-Int4")
+
+
+@pytest.mark.parametrize(("raw", "code"), [
+    (b'{"model": "qwen3', "invalid_json"), (b"", "invalid_json"), (b"[1, 2]", "invalid_json"),
+    (b'{"messages": []}', "missing_model"), (b'{"model": 7}', "missing_model"), (b'{"model": ""}', "missing_model"),
+])
+def test_bad_json_or_missing_model_is_400(gw: NginxGateway, keys: dict[str, str], raw: bytes, code: str) -> None:
+    status, _, out = gw.call("POST", "/v1/chat/completions", raw=raw, key=keys["default"])
+    assert status == 400 and error_code(out) == code
+
+
+def test_body_over_the_limit_is_413(gw: NginxGateway, keys: dict[str, str]) -> None:
+    big = {"model": CHAT, "prompt": "x" * (1024 * 1024)}  # maxBodyMib: 1
+    status, _, out = gw.call("POST", "/v1/completions", big, keys["default"])
+    assert status == 413 and error_code(out) == "request_too_large"
+    assert out["error"]["message"] == "Request body too large: the gateway accepts at most 1 MiB."
+    near = {"model": CHAT, "prompt": "x" * (1024 * 1024 - 100)}
+    assert gw.call("POST", "/v1/completions", near, keys["default"])[0] == 200
+
+
+def test_wrong_method_is_405(gw: NginxGateway, keys: dict[str, str]) -> None:
+    status, _, out = gw.call("GET", "/v1/chat/completions", key=keys["default"])
+    assert status == 405 and error_code(out) == "method_not_allowed"
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/health", "/load", "/ping", "/version", "/tokenize",
+                                  "/v1/score", "/v1/chat/completions/", "/v1/../metrics", "/smart/metrics",
+                                  "/smart/v1/../../health", "/"])
+def test_internal_endpoints_are_never_reachable(gw: NginxGateway, keys: dict[str, str], path: str,
+                                                replicas: dict[str, list[FakeReplica]]) -> None:
+    seen = sum(len(r.requests) for r in by_name(replicas).values())
+    for method in ("GET", "POST"):
+        status, _, out = gw.call(method, path, {"model": CHAT} if method == "POST" else None, keys["default"])
+        assert status == 404 and error_code(out) == "not_found"
+    assert sum(len(r.requests) for r in by_name(replicas).values()) == seen
+
+
+def test_replicas_never_see_the_clients_key(gw: NginxGateway, keys: dict[str, str],
+                                            replicas: dict[str, list[FakeReplica]]) -> None:
+    assert gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["default"])[0] == 200
+    received = [r for rep in by_name(replicas).values() for r in rep.requests]
+    assert received and not any("authorization" in {h.lower() for h in r["headers"]} for r in received)
+    assert all(r["headers"].get("X-Request-Id") for r in received)
+
+
+# --- streaming and usage ------------------------------------------------------------------------
+
+def test_stream_chunks_reach_the_client_before_the_replica_finishes(gw: NginxGateway, keys: dict[str, str],
+                                                                     replicas: dict[str, list[FakeReplica]]) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=WAIT)
+    body = {"model": R1, "stream": True, "stream_options": {"include_usage": True}, "gate": "first-chunk"}
+    conn.request("POST", "/v1/chat/completions", json.dumps(body),
+                 {"Authorization": f"Bearer {keys['default']}", "Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.getheader("Content-Type") == "text/event-stream"
+    # The replica holds everything after its first event until this client has it: with buffering
+    # this read would wait out the timeout and fail.
+    first = resp.read1(65536)
+    assert b'"t0"' in first and b'"t1"' not in first
+    replica = by_name(replicas)["reasoning-0"]
+    replica.gates["first-chunk"].set()
+    rest = resp.read().decode()
+    conn.close()
+    assert rest.endswith("data: [DONE]\n\n") and '"t2"' in rest
+    assert json.loads(rest.split("data: ")[-2])["usage"] == STREAM_USAGE
+
+
+def test_log_lines_carry_key_id_model_pool_and_tokens_never_a_key(gw: NginxGateway, keys: dict[str, str],
+                                                                  replicas: dict[str, list[FakeReplica]]) -> None:
+    # A query string marks this test's lines: the log is buffered and shared with the other tests.
+    assert gw.call("POST", "/v1/chat/completions?t=plain", {"model": "fast"}, keys["default"])[0] == 200
+    status, _, text = gw.call("POST", "/smart/v1/chat/completions?t=stream",
+                              {"model": R1, "stream": True, "stream_options": {"include_usage": True}},
+                              keys["analyst"])
+    assert status == 200 and text.endswith("data: [DONE]\n\n")
+    assert gw.call("POST", "/v1/chat/completions?t=refused", {"model": CHAT}, "sk-not-a-key")[0] == 401
+    deadline = time.monotonic() + WAIT
+    mine: dict[str, dict[str, Any]] = {}
+    while len(mine) < 3 and time.monotonic() < deadline:
+        mine = {line["path"].split("?t=")[1]: line for line in gw.log() if "?t=" in line["path"]}
+        time.sleep(0.05)
+    plain, stream, refused = mine["plain"], mine["stream"], mine["refused"]
+    chat_addrs = {r.addr for r in replicas["chat"]}
+    assert plain["key_id"] == "default" and plain["model"] == "fast" and plain["pool"] == "chat"
+    assert plain["upstream"] in chat_addrs and plain["status"] == 200 and plain["upstream_status"] == "200"
+    assert (plain["prompt_tokens"], plain["completion_tokens"], plain["total_tokens"]) == (11, 7, 18)
+    assert plain["path"] == "/v1/chat/completions?t=plain" and plain["method"] == "POST"
+    assert isinstance(plain["request_time"], float) and plain["request_bytes"] > 0 and plain["response_bytes"] > 0
+    assert stream["key_id"] == "analyst" and stream["model"] == R1 and stream["pool"] == "reasoning"
+    assert stream["upstream"] == by_name(replicas)["reasoning-0"].addr
+    assert (stream["prompt_tokens"], stream["completion_tokens"], stream["total_tokens"]) == (5, 3, 8)
+    assert refused["key_id"] == "" and refused["status"] == 401 and refused["prompt_tokens"] is None
+    logs = (gw.root / "access.log").read_text() + (gw.root / "error.log").read_text()
+    for key in [*keys.values(), "sk-not-a-key"]:
+        assert key not in logs
+
+
+# --- failover -----------------------------------------------------------------------------------
+
+def test_killed_replica_loses_only_requests_already_sent_to_it(tmp_path: Path) -> None:
+    spec = load_stack_config(gateway_config(), set())
+    chat = [FakeReplica("a"), FakeReplica("b")]
+    with own_gateway(spec, {"chat": chat, "reasoning": [FakeReplica("r")]}, tmp_path) as (gw, keys):
+        key = keys["default"]
+        for _ in range(4):  # warm keepalive connections to both replicas
+            assert gw.call("POST", "/v1/chat/completions", {"model": CHAT}, key)[0] == 200
+
+        # 1. A request the victim has received and not answered: lost with it, never re-sent.
+        victim, client, held = send_held(gw, key, chat, "held")
+        survivor = next(r for r in chat if r is not victim)
+        victim.kill()
+        client.join(WAIT)
+        status, _, out = held["result"]
+        assert status == 502 and error_code(out) == "upstream_unavailable"
+        assert "held" not in survivor.rids()
+
+        # 2. Requests not yet sent: connection refused on the victim, retried on the survivor.
+        results = [gw.call("POST", "/v1/chat/completions", {"model": CHAT, "rid": f"s{i}"}, key) for i in range(20)]
+        assert [s for s, _, _ in results] == [200] * 20
+        assert [o["served_by"] for _, _, o in results] == [survivor.name] * 20
+        log = gw.log(at_least=4 + 1 + 20)
+        assert [line["upstream"] for line in log if line["status"] != 200] == [victim.addr]
+        # (Each worker buffers its own log lines: match lines by content, not position.)
+        retried = [line["upstream"] for line in log if ", " in line["upstream"]]
+        assert retried, "no request tried the dead replica first"
+        assert set(retried) == {f"{victim.addr}, {survivor.addr}"}
+        tried_victim = retried
+        # Passive health: max_fails (2) failures in all, the held request's included, take it out.
+        assert len(tried_victim) <= 1
+
+        # 3. The last replica gone: an OpenAI-style 502, no hang.
+        survivor.kill()
+        status, _, out = gw.call("POST", "/v1/chat/completions", {"model": CHAT}, key)
+        assert status == 502 and error_code(out) == "upstream_unavailable"
+
+
+def test_replica_killed_under_load_fails_only_requests_it_had_been_sent(tmp_path: Path) -> None:
+    spec = load_stack_config(gateway_config(), set())
+    chat = [FakeReplica("a"), FakeReplica("b")]
+    results: list[tuple[int, dict[str, str], Any]] = []
+    lock = threading.Lock()
+    started = threading.Semaphore(0)
+    with own_gateway(spec, {"chat": chat, "reasoning": [FakeReplica("r")]}, tmp_path) as (gw, keys):
+
+        def client(n: int) -> None:
+            for i in range(25):
+                started.release()
+                r = gw.call("POST", "/v1/chat/completions", {"model": CHAT, "rid": f"{n}-{i}"}, keys["default"])
+                with lock:
+                    results.append(r)
+
+        threads = [threading.Thread(target=client, args=(n,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        for _ in range(30):  # kill mid-run, after 30 of the 100 requests have started
+            started.acquire()
+        chat[0].kill()
+        for t in threads:
+            t.join(WAIT * 3)
+        assert len(results) == 100
+        failed = [r for r in results if r[0] != 200]
+        sent_then_lost = [line for line in gw.log(at_least=100) if line["status"] == 502]
+        # Every failure is a request nginx had already sent to the killed replica (one attempt, not
+        # re-sent); every other request, retried or not, succeeded.
+        assert len(failed) == len(sent_then_lost)
+        assert all(line["upstream"] == chat[0].addr for line in sent_then_lost)
+        assert all(error_code(out) == "upstream_unavailable" for _, _, out in failed)
+        assert len(failed) <= 4  # at most one in flight per client when the replica died
+
+
+# --- TLS ----------------------------------------------------------------------------------------
+
+def test_tls_gateway_serves_https_with_the_certificate(tmp_path: Path) -> None:
+    config = gateway_config(tls=True, port=443)
+    config["llm-cluster:gatewayTlsCert"] = config["llm-cluster:gatewayTlsKey"] = "[secret]"
+    spec = load_stack_config(config, {"llm-cluster:gatewayTlsCert", "llm-cluster:gatewayTlsKey"})
+    tls = self_signed(tmp_path / "tls")
+    pools = {"chat": [FakeReplica("c")], "reasoning": [FakeReplica("r")]}
+    with own_gateway(spec, pools, tmp_path, tls_dir=tls) as (gw, keys):
+        context = ssl.create_default_context(cafile=str(tls / "cert.pem"))
+        status, _, out = gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["default"], context=context)
+        assert (status, out["served_by"]) == (200, "c")
+        assert gw.call("GET", "/v1/models", context=context)[0] == 401
+        assert gw.call("GET", "/v1/models", key=keys["default"])[0] == 400  # plain HTTP on the TLS port
