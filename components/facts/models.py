@@ -10,7 +10,7 @@ the planner's own count; it is never used for sizing.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 # config.json model_type values this module reads, grouped by the attention/MLP family vLLM uses.
@@ -112,13 +112,6 @@ MODELS: dict[str, ModelArch] = {
                   moe_intermediate_size=2048, num_shared_experts=1, first_k_dense_replace=3,
                   kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, qk_nope_head_dim=128,
                   v_head_dim=128, params_b=671.0),
-        # deepseek-ai/DeepSeek-V3 — https://huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json
-        ModelArch("deepseek-v3", "deepseek-ai/DeepSeek-V3", "deepseek_v3", num_layers=61,
-                  hidden_size=7168, num_attention_heads=128, num_kv_heads=128, head_dim=192,
-                  vocab_size=129280, intermediate_size=18432, num_experts=256, experts_per_token=8,
-                  moe_intermediate_size=2048, num_shared_experts=1, first_k_dense_replace=3,
-                  kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, qk_nope_head_dim=128,
-                  v_head_dim=128, params_b=671.0),
         # moonshotai/Kimi-K2-Instruct — https://huggingface.co/moonshotai/Kimi-K2-Instruct/blob/main/config.json
         # (DeepSeek-V3 shape with 64 heads, 384 experts, 1 dense layer; checked against a copy of
         # the Kimi-K2.5 text_config. vocab_size 163840 from the K2 config, not re-checked.)
@@ -136,6 +129,9 @@ MODELS: dict[str, ModelArch] = {
                   vocab_size=152064, intermediate_size=27648, qkv_bias=True, params_b=32.8),
     ]
 }
+# deepseek-ai/DeepSeek-V3 — https://huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json:
+# the same architecture as R1 (R1 is V3 post-trained), so the entry is R1's under V3's name.
+MODELS["deepseek-v3"] = replace(MODELS["deepseek-r1"], name="deepseek-v3", hf_id="deepseek-ai/DeepSeek-V3")
 
 
 def model_arch(name: str) -> ModelArch:
