@@ -12,9 +12,12 @@ from components.base import Component
 from components.planning.pool_capacity import pool_capacity
 from components.planning.ray import head_container_name
 from components.planning.topology import Instance
-from components.planning.vllm import endpoint, health_gate_script, health_url, vllm_argv, vllm_env
+from components.planning.vllm import (
+    endpoint, health_gate_script, health_url, supervised_argv, vllm_argv, vllm_env,
+)
 from components.ray_cluster import (
     RayCluster, RayClusterArgs, gate_command_args, gpu_container_args, gpu_container_opts, vllm_healthcheck,
+    watchdog_upload,
 )
 from components.spec import StackSpec
 
@@ -56,14 +59,15 @@ class ModelServer(Component):
         self.endpoint: str = endpoint(spec, inst)
         self.container: docker.Container | None = None
         if args.ray is None:
-            argv = vllm_argv(spec, inst)
+            argv = supervised_argv(spec, inst)
             container_name = f"vllm-{inst.name}"
             self.container = docker.Container(
                 self.child("vllm"), name=container_name,
                 # The runbook's `docker run … vllm/vllm-openai:v0.9.2 vllm serve …` hands `vllm serve`
                 # to the image's ENTRYPOINT (python3 -m vllm.entrypoints.openai.api_server) as
-                # arguments, which that parser refuses: the entrypoint must be `vllm` itself.
-                entrypoints=argv[:1], command=argv[1:],
+                # arguments, which that parser refuses: the entrypoint is overridden (the watchdog,
+                # which then runs `vllm serve`).
+                entrypoints=argv[:2], command=argv[2:], uploads=[watchdog_upload(spec, inst)],
                 healthcheck=vllm_healthcheck(spec, inst),
                 **gpu_container_args(spec, inst, head, inst.head, "vllm"),
                 opts=self.opts(**gpu_container_opts(head, inst.head, args.weights_ready)))

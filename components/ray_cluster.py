@@ -13,7 +13,10 @@ from components.gpu_node import GpuNode
 from components.planning import ray as plan
 from components.planning.node_scripts import bash_command, script_hash
 from components.planning.topology import Instance
-from components.planning.vllm import container_envs, container_labels, health_url, vllm_argv, vllm_env
+from components.planning.vllm import (
+    WATCHDOG_SCRIPT, container_envs, container_labels, health_probe_argv, health_url,
+    instance_watchdog_script, supervised_argv, vllm_env,
+)
 from components.spec import StackSpec
 
 # Seconds docker waits after SIGTERM before SIGKILL on stop/delete: vLLM frees GPU memory and
@@ -73,9 +76,15 @@ def gpu_container_opts(node: GpuNode, node_name: str, weights_ready: Mapping[str
 def vllm_healthcheck(spec: StackSpec, instance: Instance) -> docker.ContainerHealthcheckArgs:
     """docker's view of the server's health (`docker ps`), patient while the weights load."""
     return docker.ContainerHealthcheckArgs(
-        tests=["CMD", "curl", "-fsS", "-o", "/dev/null", "--max-time", "5", health_url(spec, instance)],
+        tests=["CMD", *health_probe_argv(health_url(spec, instance))],
         interval="30s", timeout="10s", retries=3,
         start_period=f"{spec.pools[instance.pool].load_timeout_minutes * 60}s")
+
+
+def watchdog_upload(spec: StackSpec, instance: Instance) -> docker.ContainerUploadArgs:
+    """The vLLM watchdog script, uploaded into the container that runs vLLM."""
+    return docker.ContainerUploadArgs(file=WATCHDOG_SCRIPT, content=instance_watchdog_script(spec, instance),
+                                      executable=True)
 
 
 def gate_command_args(script: str, timeout_s: int,
@@ -109,8 +118,9 @@ class RayCluster(Component):
         head_name = plan.head_container_name(inst)
         self.head: docker.Container = docker.Container(
             self.child("head"), name=head_name,
-            entrypoints=["/bin/bash", plan.RAY_HEAD_SCRIPT], command=vllm_argv(spec, inst),
-            uploads=[docker.ContainerUploadArgs(file=plan.RAY_HEAD_SCRIPT, content=script, executable=True)],
+            entrypoints=["/bin/bash", plan.RAY_HEAD_SCRIPT], command=supervised_argv(spec, inst),
+            uploads=[docker.ContainerUploadArgs(file=plan.RAY_HEAD_SCRIPT, content=script, executable=True),
+                     watchdog_upload(spec, inst)],
             healthcheck=vllm_healthcheck(spec, inst),
             **gpu_container_args(spec, inst, head_node, inst.head, "ray-head"),
             opts=self.opts(**gpu_container_opts(head_node, inst.head, args.weights_ready)))

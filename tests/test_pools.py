@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from components.planning.ray import RAY_HEAD_SCRIPT
+from components.planning.vllm import WATCHDOG_SCRIPT, health_probe_argv, watchdog_script
 from plan.harness import SECRET_SIG, SIG, UNKNOWN, ProgramRun, Registration
 
 CONTAINER = "docker:index/container:Container"
@@ -21,6 +22,7 @@ RAY = "llm-cluster:ray:RayCluster"
 SERVER = "llm-cluster:vllm:ModelServer"
 NODE = "llm-cluster:node:GpuNode"
 POOL_NODES = {"reasoning": ["gpu-01", "gpu-02"], "chat": ["gpu-03", "gpu-04", "gpu-05", "gpu-06"]}
+PROBE = health_probe_argv("")[2]
 ADDRESS = {f"gpu-0{i}": f"192.168.10.1{i}" for i in range(1, 7)}
 
 REASONING_ARGV = [
@@ -144,16 +146,18 @@ def test_ray_head_runs_its_script_with_the_vllm_argv_as_command(prod_run: Progra
     c = reg.plain_inputs()
     assert c["name"] == "ray-head-reasoning-gpu-01"
     assert c["entrypoints"] == ["/bin/bash", RAY_HEAD_SCRIPT]
-    assert c["command"] == REASONING_ARGV
+    # Once every GPU has joined, ray-head.sh execs the watchdog, which runs and supervises vLLM.
+    assert c["command"] == ["/bin/bash", WATCHDOG_SCRIPT, *REASONING_ARGV]
     assert c["envs"] == env_of("gpu-01")
     assert c["labels"] == labels("ray-head", "reasoning", "reasoning-gpu-01", "gpu-01")
     _gpu_container_common(c, 64, "/data/models/DeepSeek-R1-GPTQ-Int4")
-    [upload] = c["uploads"]
+    [upload, watchdog] = c["uploads"]
     assert upload["file"] == RAY_HEAD_SCRIPT and upload["executable"] is True
     assert "ray start --head --port=6379 --node-ip-address=192.168.10.11 --num-gpus=8" in upload["content"]
     assert upload["content"].rstrip().endswith('exec "$@"')
-    assert c["healthcheck"] == {"tests": ["CMD", "curl", "-fsS", "-o", "/dev/null", "--max-time", "5",
-                                          "http://192.168.10.11:8000/health"],
+    assert watchdog == {"file": WATCHDOG_SCRIPT, "executable": True, "content": watchdog_script(
+        "http://192.168.10.11:8000/health", load_timeout_s=1800, unhealthy_after_s=300)}
+    assert c["healthcheck"] == {"tests": ["CMD", "python3", "-c", PROBE, "http://192.168.10.11:8000/health"],
                                 "interval": "30s", "timeout": "10s", "retries": 3, "startPeriod": "1800s"}
     assert reg.options["deleteBeforeReplace"] is True
     assert reg.provider.split("::")[-2].endswith("gpu-01-docker")
@@ -180,9 +184,12 @@ def test_chat_replica_container(prod_run: ProgramRun, node: str) -> None:
     reg = prod_run.get(f"chat-{node}-vllm")
     c = reg.plain_inputs()
     assert c["name"] == f"vllm-chat-{node}"
-    # `vllm` is the entrypoint: the image's own (the API server module) would get `vllm serve` as arguments.
-    assert [*c["entrypoints"], *c["command"]] == chat_argv(node)
-    assert c["entrypoints"] == ["vllm"]
+    # The entrypoint is replaced (the image's own, the API server module, would get `vllm serve` as
+    # arguments): the watchdog runs `vllm serve` and exits when it hangs, so docker restarts it.
+    assert c["entrypoints"] == ["/bin/bash", WATCHDOG_SCRIPT]
+    assert c["command"] == chat_argv(node)
+    assert c["uploads"] == [{"file": WATCHDOG_SCRIPT, "executable": True, "content": watchdog_script(
+        f"http://{ADDRESS[node]}:8000/health", load_timeout_s=1800, unhealthy_after_s=300)}]
     assert c["envs"] == env_of(node)
     assert c["labels"] == labels("vllm", "chat", f"chat-{node}", node)
     _gpu_container_common(c, 32, "/data/models/Qwen3-30B-A3B")
@@ -203,6 +210,7 @@ def test_replicas_sharing_a_node_get_their_own_gpus(stack_runner: Callable[..., 
     assert c0["deviceRequests"] == [{"driver": "nvidia", "deviceIds": ["0", "1", "2", "3"], "capabilities": ["gpu"]}]
     assert c1["deviceRequests"][0]["deviceIds"] == ["4", "5", "6", "7"]
     assert c1["command"][c1["command"].index("--port") + 1] == "8001"
+    assert "http://192.168.10.13:8001/health" in c1["uploads"][0]["content"]
     assert run.stack_outputs["endpoints"]["chat-gpu-03-r1"] == "http://192.168.10.13:8001"
 
 

@@ -36,7 +36,8 @@ REFUSED: list[tuple[str, Mutation, list[str]]] = [
      lambda c: section(c, "pools")["chat"].update(tensorParalel=8),
      ["pools.chat.tensorParalel: unknown key 'tensorParalel'; allowed keys here: engine, env, image, "
       "loadTimeoutMinutes, model, nodes, pipelineParallel, port, rayClientPort, rayDashboardPort, "
-      "rayGateTimeoutSeconds, rayMetricsPort, rayPort, readTimeoutSeconds, replicasPerNode, shmSizeGib, tensorParallel, vllm"]),
+      "rayGateTimeoutSeconds, rayMetricsPort, rayPort, readTimeoutSeconds, replicasPerNode, "
+      "restartUnhealthyAfterSeconds, shmSizeGib, tensorParallel, vllm"]),
     ("required key missing",
      lambda c: section(c, "pools")["chat"].pop("vllm"),
      ["pools.chat.vllm: required key is missing"]),

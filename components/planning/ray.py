@@ -12,8 +12,9 @@ the shell and needs a person to start it again; here nothing is manual):
 - A worker node dies: its Ray actors and NCCL peers are gone, and vLLM's API server shuts down when a
   request meets the dead engine (its default; VLLM_KEEP_ALIVE_ON_ENGINE_DEATH unset), which restarts
   the head as above. (Read from vLLM 0.9.2's launcher, not observed on hardware.) A server that stays
-  up but broken is only marked unhealthy (docker restarts no unhealthy container); the gateway's
-  passive failover takes it out of rotation, and `docker restart ray-head-<instance>` is the one step.
+  up but broken would only be marked unhealthy (docker restarts no unhealthy container), so vLLM runs
+  under the watchdog (components.planning.vllm.watchdog_script), which exits when /health fails for
+  the pool's restartUnhealthyAfterSeconds, and the chain above follows.
 - `pulumi destroy`, or a replacement (delete before replace: names and GPUs are fixed), stops each
   container with SIGTERM and a grace period, so vLLM frees its GPUs and exits cleanly.
 """

@@ -151,3 +151,78 @@ until curl -fs -o /dev/null --max-time 5 "$url"; do
 done
 echo "vllm: $url healthy after $((SECONDS - start))s"
 """
+
+
+# Uploaded beside ray-head.sh into every vLLM container; ray-head.sh finds it next to itself.
+WATCHDOG_SCRIPT = "/opt/llm-cluster/vllm-watchdog.sh"
+# A probe that needs nothing the image might lack: python3 is what vLLM itself runs on.
+_PROBE = "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=10)"
+
+
+def health_probe_argv(url: str) -> list[str]:
+    """A command that exits 0 when vLLM's /health answers 200 (docker healthcheck and watchdog)."""
+    return ["python3", "-c", _PROBE, url]
+
+
+def watchdog_script(url: str, *, load_timeout_s: int, unhealthy_after_s: int, interval_s: int = 15) -> str:
+    """vllm-watchdog.sh: run vLLM; exit, so docker restarts the container, when it hangs.
+
+    docker restarts a container whose process exits, not one that is merely unhealthy: a vLLM that
+    never finishes loading, or whose engine hangs (an NCCL peer gone), would stay down until a person
+    notices. The watchdog turns both into an exit. `unhealthy_after_s` 0 turns it off (plain exec).
+    """
+    if unhealthy_after_s <= 0:
+        return '#!/usr/bin/env bash\n# vLLM watchdog disabled (restartUnhealthyAfterSeconds: 0).\nexec "$@"\n'
+    probe = " ".join(shlex.quote(a) for a in health_probe_argv(url)[:-1])
+    return f"""#!/usr/bin/env bash
+# vLLM watchdog: run the server; exit when it is not healthy {load_timeout_s}s after start, or stays
+# unhealthy for {unhealthy_after_s}s after having served, so that docker (restart unless-stopped) starts
+# it again. docker itself never restarts a container that is only unhealthy.
+set -euo pipefail
+url={shlex.quote(url)}
+if (( $# == 0 )); then
+  echo "usage: vllm-watchdog.sh <vllm command>..." >&2
+  exit 2
+fi
+healthy() {{ {probe} "$url" >/dev/null 2>&1; }}
+"$@" &
+child=$!
+stop() {{
+  kill -TERM "$child" 2>/dev/null || true
+  wait "$child" 2>/dev/null || true
+}}
+trap 'stop; exit 143' TERM INT
+started=$SECONDS
+last_ok=""
+while kill -0 "$child" 2>/dev/null; do
+  sleep {int(interval_s)} &
+  wait $!
+  if healthy; then
+    last_ok=$SECONDS
+  elif [[ -z "$last_ok" ]] && (( SECONDS - started >= {int(load_timeout_s)} )); then
+    echo "watchdog: $url not healthy {load_timeout_s}s after start; stopping vLLM so docker restarts it" \\
+      "(check this container's log above: weights, GPU memory; or raise loadTimeoutMinutes)" >&2
+    stop
+    exit 70
+  elif [[ -n "$last_ok" ]] && (( SECONDS - last_ok >= {int(unhealthy_after_s)} )); then
+    echo "watchdog: $url unhealthy for $((SECONDS - last_ok))s after serving; stopping vLLM so docker" \\
+      "restarts it (look for NCCL errors and Xid events: dmesg, nvidia-smi)" >&2
+    stop
+    exit 70
+  fi
+done
+# vLLM exited by itself: pass its status on.
+wait "$child"
+"""
+
+
+def instance_watchdog_script(spec: StackSpec, instance: Instance) -> str:
+    """The watchdog for one instance, with its pool's load timeout and unhealthy limit."""
+    pool = spec.pools[instance.pool]
+    return watchdog_script(health_url(spec, instance), load_timeout_s=pool.load_timeout_minutes * 60,
+                           unhealthy_after_s=pool.restart_unhealthy_after_seconds)
+
+
+def supervised_argv(spec: StackSpec, instance: Instance) -> list[str]:
+    """What a vLLM container runs: the watchdog, then the `vllm serve` argv it supervises."""
+    return ["/bin/bash", WATCHDOG_SCRIPT, *vllm_argv(spec, instance)]
