@@ -12,6 +12,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import pulumi  # noqa: E402
+
 from components.spec import SpecError, load_stack_config  # noqa: E402
 from plan.graph import component_graph, write_graph  # noqa: E402
 from plan.harness import run_program  # noqa: E402
@@ -63,8 +65,12 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_INVALID
     _step(f"stack {stack.name}: config valid ({len(spec.nodes)} nodes, {len(spec.pools)} pools)", start)
 
-    run = run_program(lambda: runpy.run_path(str(ROOT / "__main__.py"), run_name="__pulumi_main__"),
-                      stack.config, set(stack.secret_keys), stack=stack.name, preview=not args.up)
+    try:
+        run = run_program(lambda: runpy.run_path(str(ROOT / "__main__.py"), run_name="__pulumi_main__"),
+                          stack.config, set(stack.secret_keys), stack=stack.name, preview=not args.up)
+    except pulumi.RunError as err:  # what the program raises for a config it cannot deploy
+        print(f"invalid stack config {path}:\n  {err}", file=sys.stderr)
+        return EXIT_INVALID
     _step(f"program registered {len(run.registrations)} resources", start)
 
     from plan.analyze import PolicyConfigError, Violation, analyze

@@ -155,3 +155,27 @@ def test_component_graph_folds_resource_dependencies_onto_components() -> None:
 def test_reference_yaml_has_no_secret_values() -> None:
     config = yaml.safe_load(PROD_TEXT)["config"]
     assert not any(isinstance(v, dict) and "secure" in v for v in config.values())
+
+
+def test_policy_config_lowers_a_rule_and_bad_config_exits_2(tmp_path: Path) -> None:
+    bf16 = stack_file(tmp_path, PROD_TEXT.replace("      dtype: half               # V100 has no bf16",
+                                                  "      dtype: bfloat16"))
+    refused = plan(tmp_path, "--config", str(bf16), "--quiet")
+    assert refused.returncode == 1
+    lowered = tmp_path / "policy.json"
+    lowered.write_text('{"gpu-dtype": "advisory"}')
+    assert plan(tmp_path, "--config", str(bf16), "--quiet", "--policy-config", str(lowered)).returncode == 0
+    lowered.write_text('{"gpu-dtype": "sometimes"}')
+    bad = plan(tmp_path, "--config", str(bf16), "--policy-config", str(lowered))
+    assert bad.returncode == 2
+    assert "gpu-dtype: enforcement level 'sometimes' is not one of" in bad.stderr
+
+
+def test_a_config_the_program_refuses_exits_2_without_traceback(tmp_path: Path) -> None:
+    # The key file is read when the program runs (its content becomes a secret): a missing one is
+    # the program's own RunError, reported like any invalid config.
+    text = PROD_TEXT.replace("    agent: true\n", "    agent: false\n    keyPath: /nonexistent/id_ed25519\n")
+    proc = plan(tmp_path, "--config", str(stack_file(tmp_path, text)))
+    assert proc.returncode == 2, proc.stderr
+    assert "ssh.keyPath" in proc.stderr and "/nonexistent/id_ed25519" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -70,7 +70,7 @@ def images_for_node(spec: StackSpec, node: str) -> list[str]:
         if node in pool.nodes:
             images.append(pool.image)
     if spec.gateway is not None and spec.gateway.node == node:
-        images.append(spec.gateway.image)
+        images += [spec.gateway.image, spec.gateway.exporter_image]
     m = spec.monitoring
     if m is not None:
         images += [m.dcgm_exporter.image, m.node_exporter.image]
