@@ -3,15 +3,16 @@ from __future__ import annotations
 
 from pulumi_policy import EnforcementLevel, Policy
 
-from policies.rules import capacity, flags, hardware, image, security, topology
+from policies.rules import capacity, containers, flags, hardware, image, security, topology
 
 PACK_NAME = "llm-cluster-hardware"
-PACK_VERSION = "0.1.0"
-PACK_DESCRIPTION = "Refuses at preview what the GPUs cannot run (vLLM 0.9.2 facts), plus topology and security rules."
+PACK_VERSION = "0.2.0"
+PACK_DESCRIPTION = ("Refuses at preview what the GPUs cannot run (vLLM 0.9.2 facts), plus topology, security and "
+                    "container rules.")
 # Every policy states its own level; this is only the pack's fallback.
 DEFAULT_LEVEL = EnforcementLevel.MANDATORY
 
 POLICIES: list[Policy] = [
     *hardware.POLICIES, *image.POLICIES, *topology.POLICIES, *flags.POLICIES, *security.POLICIES,
-    *capacity.POLICIES,
+    *capacity.POLICIES, *containers.POLICIES,
 ]

@@ -10,9 +10,21 @@ from google.protobuf import struct_pb2
 from pulumi.runtime import proto
 from pulumi_policy.policy import _PolicyAnalyzerServicer
 
+from components.planning.gateway import exporter_argv
+from components.planning.monitoring import (
+    alertmanager_args, dcgm_exporter_env, grafana_env, node_exporter_args, prometheus_args,
+)
+from components.planning.ray import RAY_HEAD_SCRIPT, ray_head_script
+from components.planning.topology import all_instances
+from components.planning.vllm import container_envs, vllm_argv, vllm_env
+from components.spec import StackSpec
+from components.spec.monitoring import ServiceSpec
 from plan.analyze import LEVEL_NAMES, configure_request
-from plan.harness import UNKNOWN
+from plan.harness import UNKNOWN, ProgramRun
 from policies.pack import DEFAULT_LEVEL, PACK_NAME, PACK_VERSION, POLICIES
+from policies.rules.bindings import LISTENERS
+from policies.rules.common import RAY_ROLES, role_of
+from policies.rules.security import EXPOSURE_CONFIG
 
 STACK = "urn:pulumi:prod::llm-cluster::"
 V100 = "Tesla V100-SXM2-32GB"
@@ -55,14 +67,21 @@ def set_flag(props: dict[str, Any], flag: str, value: str) -> dict[str, Any]:
 
 
 def analyze(type_: str, name: str, props: dict[str, Any], *, parent_type: str | None = None,
-            config: dict[str, Any] | None = None) -> list[tuple[str, str, str]]:
-    """(policy, level, message) for one AnalyzeRequest through a freshly configured servicer."""
+            config: dict[str, Any] | None = None,
+            delete_before_replace: bool | None = True) -> list[tuple[str, str, str]]:
+    """(policy, level, message) for one AnalyzeRequest through a freshly configured servicer.
+
+    Resource options as the engine sends them: delete_before_replace None is an option the program left unset.
+    """
     servicer = _PolicyAnalyzerServicer(PACK_NAME, PACK_VERSION, list(POLICIES), DEFAULT_LEVEL)
     servicer.Configure(configure_request(config), None)
     chain = f"{parent_type}${type_}" if parent_type else type_
     s = struct_pb2.Struct()
     s.update(props)
-    request = proto.AnalyzeRequest(urn=f"{STACK}{chain}::{name}", type=type_, name=name, properties=s)
+    options = proto.AnalyzerResourceOptions(deleteBeforeReplace=bool(delete_before_replace),
+                                            deleteBeforeReplaceDefined=delete_before_replace is not None)
+    request = proto.AnalyzeRequest(urn=f"{STACK}{chain}::{name}", type=type_, name=name, properties=s,
+                                   options=options)
     response = servicer.Analyze(request, None)
     return [(d.policyName, LEVEL_NAMES[d.enforcementLevel], d.message) for d in response.diagnostics]
 
@@ -249,7 +268,7 @@ def test_attention_heads_must_divide_by_tp() -> None:
 
 
 RAY_WORKER = {
-    "name": "ray-worker", "networkMode": "host", "entrypoints": ["ray"],
+    "name": "ray-worker", "networkMode": "host", "restart": "unless-stopped", "entrypoints": ["ray"],
     "command": ["start", "--block", "--address=192.168.10.11:6379", "--node-ip-address=192.168.10.12"],
     "envs": [f"{k}={v}" for k, v in CHAT_ENV.items()],
     "labels": [{"label": "llm-cluster.role", "value": "ray-worker"},
@@ -342,7 +361,7 @@ PLAINTEXT = ("Anyone with docker or shell access on the node reads it (docker in
 
 
 def test_literal_api_key_and_token_in_a_container_are_refused() -> None:
-    props = {"networkMode": "host", "entrypoints": ["vllm"],
+    props = {"networkMode": "host", "restart": "unless-stopped", "entrypoints": ["vllm"],
              "command": CHAT_ARGV[1:] + ["--api-key", "sk-live-123"],
              "envs": ["HF_TOKEN=hf_abc", "VLLM_USE_V1=0", "GF_SECURITY_ADMIN_PASSWORD__FILE=/run/secrets/pw"],
              "labels": [{"label": "llm-cluster.role", "value": "vllm"}]}
@@ -362,31 +381,239 @@ def test_secret_assignment_in_a_remote_script_is_refused() -> None:
         "no-plaintext-secrets", f"credential in plain text: script OPENAI_API_KEY=…. {PLAINTEXT}")
 
 
+def test_a_published_internal_port_is_refused_unless_on_one_address() -> None:
+    props = {"networkMode": "bridge", "restart": "unless-stopped", "image": "prom/prometheus:v2.55.1",
+             "labels": [{"label": "llm-cluster.role", "value": "prometheus"}],
+             "ports": [{"internal": 9090.0, "external": 9090.0, "ip": "192.168.10.11"}]}
+    assert analyze(CONTAINER, "p", props, parent_type=MONITORING) == []
+    props["ports"] = [{"internal": 9090.0, "external": 9090.0}]
+    assert analyze(CONTAINER, "p", props, parent_type=MONITORING) == only(
+        "internal-ports", "port 9090 of a prometheus container is published on every interface: vLLM, Ray and "
+        "metrics ports serve without authentication. Publish it on the node's cluster address (ports[].ip) or drop "
+        "it and let the gateway/Prometheus reach it over the cluster network.")
+
+
+# --- rule 9: what host-network services bind ----------------------------------------------------
+
+MONITORING = "llm-cluster:monitoring:Monitoring"
+GATEWAY = "llm-cluster:gateway:Gateway"
+CLUSTER_ADDRESS = "<the node's cluster address>"
+
+
+def host_container(role: str, image: str, *, command: list[str] | None = None,
+                   envs: list[str] | None = None) -> dict[str, Any]:
+    """A container as the components register it: fixed name, host network, restart, role and image labels."""
+    props: dict[str, Any] = {
+        "name": role, "networkMode": "host", "restart": "unless-stopped", "image": UNKNOWN,
+        "labels": [{"label": "llm-cluster.role", "value": role}, {"label": "llm-cluster.image", "value": image}]}
+    if command is not None:
+        props["command"] = command
+    if envs is not None:
+        props["envs"] = envs
+    return props
+
+
+@pytest.fixture(scope="module")
+def services(prod_spec: StackSpec) -> dict[str, tuple[dict[str, Any], str]]:
+    """Each host-network service of the reference stack (on gpu-02 / the monitoring node) and its parent type,
+    from the planning functions the components call."""
+    m = prod_spec.monitoring
+    assert m is not None and prod_spec.gateway is not None
+    with_alertmanager = prod_spec.model_copy(update={"monitoring": m.model_copy(update={
+        "alertmanager": ServiceSpec(image="prom/alertmanager:v0.27.0", port=9093)})})
+    return {
+        "node-exporter": (host_container("node-exporter", m.node_exporter.image,
+                                         command=node_exporter_args(prod_spec, "gpu-02")), MONITORING),
+        "dcgm-exporter": (host_container("dcgm-exporter", m.dcgm_exporter.image,
+                                         envs=dcgm_exporter_env(prod_spec, "gpu-02")), MONITORING),
+        "prometheus": (host_container("prometheus", m.prometheus.image, command=prometheus_args(prod_spec)),
+                       MONITORING),
+        "grafana": (host_container("grafana", m.grafana.image, envs=grafana_env(prod_spec)), MONITORING),
+        "alertmanager": (host_container("alertmanager", "prom/alertmanager:v0.27.0",
+                                        command=alertmanager_args(with_alertmanager)), MONITORING),
+        "gateway-exporter": (host_container("gateway-exporter", prod_spec.gateway.exporter_image,
+                                            command=exporter_argv(prod_spec)), GATEWAY),
+    }
+
+
+def set_setting(props: dict[str, Any], name: str, value: str | None) -> dict[str, Any]:
+    """A copy with one flag (`--f=v` or `--f v` in command) or env (`NAME=v`) set to value, or dropped (None)."""
+    props = copy.deepcopy(props)
+    if not name.startswith("-"):
+        envs = [e for e in props["envs"] if not e.startswith(name + "=")]
+        props["envs"] = envs + ([f"{name}={value}"] if value is not None else [])
+        return props
+    argv: list[str] = props["command"]
+    if name in argv:
+        i = argv.index(name)
+        argv[i:i + 2] = [name, value] if value is not None else []
+    else:
+        i = next(i for i, t in enumerate(argv) if t.startswith(name + "="))
+        argv[i:i + 1] = [f"{name}={value}"] if value is not None else []
+    return props
+
+
+def exposure(props: dict[str, Any], parent_type: str | None, config: dict[str, Any] | None = None) -> list[str]:
+    """The internal-ports messages for one container (without the policy's description)."""
+    got = analyze(CONTAINER, str(props.get("name") or "c"), props, parent_type=parent_type, config=config)
+    return [d[2].split("\n", 1)[1] for d in got if d[0] == "internal-ports"]
+
+
+def opened(role: str, said: str, serves: str, fix: str) -> str:
+    return (f"{role} on the host network listens on every interface of the node, public ones included ({said}): "
+            f"{serves}. Set {fix}.")
+
+
+NO_AUTH = "answer there without authentication"
+GOSSIP_OFF = ", or --cluster.listen-address= (empty) to turn gossip off: one Alertmanager needs none"
+GRAFANA_PUBLIC = (", or list grafana in this policy's publicRoles to serve it beyond the cluster network behind "
+                  "its own login")
+
+
+def test_every_host_network_service_of_the_reference_binds_its_cluster_address(
+        services: dict[str, tuple[dict[str, Any], str]]) -> None:
+    for role, (props, parent) in services.items():
+        assert analyze(CONTAINER, role, props, parent_type=parent) == [], role
+
+
+def test_every_host_network_role_the_program_registers_is_one_the_rule_reads(prod_run: ProgramRun) -> None:
+    """A new host-network service must come with its listen settings in policies/rules/bindings.py."""
+    public = set(EXPOSURE_CONFIG.properties["publicRoles"]["default"])
+    roles = {role_of(r.plain_inputs()) for r in prod_run.by_type(CONTAINER)
+             if r.plain_inputs().get("networkMode") == "host"}
+    assert roles - set(LISTENERS) - RAY_ROLES - public == {"vllm"}  # vllm: its --host, read by serve_tokens
+    assert set(LISTENERS) - {"alertmanager"} <= roles  # the reference stack runs no Alertmanager
+
+
+@pytest.mark.parametrize("role, setting, value, message", [
+    ("node-exporter", "--web.listen-address", ":9100", opened(
+        "node-exporter", "--web.listen-address=:9100", f"the host's metrics {NO_AUTH}",
+        f"--web.listen-address={CLUSTER_ADDRESS}:9100")),
+    ("node-exporter", "--web.listen-address", None, opened(
+        "node-exporter", "--web.listen-address unset: the default is :9100", f"the host's metrics {NO_AUTH}",
+        f"--web.listen-address={CLUSTER_ADDRESS}:9100")),
+    ("prometheus", "--web.listen-address", "0.0.0.0:9090", opened(
+        "prometheus", "--web.listen-address=0.0.0.0:9090", "every metric, the query API and (with "
+        f"--web.enable-lifecycle) reload and shutdown {NO_AUTH}", f"--web.listen-address={CLUSTER_ADDRESS}:9090")),
+    ("alertmanager", "--web.listen-address", "[::]:9093", opened(
+        "alertmanager", "--web.listen-address=[::]:9093", "its API answers there without authentication (anyone "
+        "can silence alerts)", f"--web.listen-address={CLUSTER_ADDRESS}:9093")),
+    ("alertmanager", "--cluster.listen-address", None, opened(
+        "alertmanager", "--cluster.listen-address unset: the default is 0.0.0.0:9094", "anyone who reaches it can "
+        "join Alertmanager's HA gossip and silence alerts", f"--cluster.listen-address={CLUSTER_ADDRESS}:9094"
+        + GOSSIP_OFF)),
+    ("dcgm-exporter", "DCGM_EXPORTER_LISTEN", ":9400", opened(
+        "dcgm-exporter", "DCGM_EXPORTER_LISTEN=:9400", f"the GPUs' metrics {NO_AUTH}",
+        f"DCGM_EXPORTER_LISTEN={CLUSTER_ADDRESS}:9400 in its env")),
+    ("grafana", "GF_SERVER_HTTP_ADDR", None, opened(
+        "grafana", "GF_SERVER_HTTP_ADDR unset: the default is every interface", "its login page and API face every "
+        "network the node is on", f"GF_SERVER_HTTP_ADDR={CLUSTER_ADDRESS} in its env" + GRAFANA_PUBLIC)),
+    ("grafana", "GF_SERVER_HTTP_ADDR", "0.0.0.0", opened(
+        "grafana", "GF_SERVER_HTTP_ADDR=0.0.0.0", "its login page and API face every network the node is on",
+        f"GF_SERVER_HTTP_ADDR={CLUSTER_ADDRESS} in its env" + GRAFANA_PUBLIC)),
+    ("gateway-exporter", "--listen", "0.0.0.0:9145", opened(
+        "gateway-exporter", "--listen 0.0.0.0:9145", f"per-key usage metrics {NO_AUTH}",
+        f"--listen {CLUSTER_ADDRESS}:9145")),
+    ("gateway-exporter", "--syslog", "0.0.0.0:5514", opened(
+        "gateway-exporter", "--syslog 0.0.0.0:5514", "anyone who reaches it can forge usage lines (the exporter "
+        "counts what arrives)", "--syslog 127.0.0.1:5514")),
+])
+def test_a_host_network_service_on_every_interface_is_refused_naming_the_setting(
+        services: dict[str, tuple[dict[str, Any], str]], role: str, setting: str, value: str | None,
+        message: str) -> None:
+    props, parent = services[role]
+    assert exposure(set_setting(props, setting, value), parent) == [message]
+
+
+def test_an_empty_alertmanager_cluster_address_turns_gossip_off_and_is_fine(
+        services: dict[str, tuple[dict[str, Any], str]]) -> None:
+    props, parent = services["alertmanager"]
+    assert "--cluster.listen-address=" in props["command"]
+    assert exposure(set_setting(props, "--cluster.listen-address", "192.168.10.11:9094"), parent) == []
+    assert exposure(set_setting(props, "--web.listen-address", ""), parent) == [opened(
+        "alertmanager", '--web.listen-address=""', "its API answers there without authentication (anyone can "
+        "silence alerts)", f"--web.listen-address={CLUSTER_ADDRESS}:9093")]
+
+
+def test_dcgm_exporters_address_flag_wins_over_its_env(services: dict[str, tuple[dict[str, Any], str]]) -> None:
+    props, parent = services["dcgm-exporter"]
+    assert exposure({**props, "command": ["-a", ":9400"]}, parent) == [opened(
+        "dcgm-exporter", "-a :9400", f"the GPUs' metrics {NO_AUTH}", f"-a {CLUSTER_ADDRESS}:9400")]
+    assert exposure({**props, "command": ["--address=192.168.10.12:9400"]}, parent) == []
+
+
+def test_a_repeated_listen_flag_is_refused_for_its_open_value(
+        services: dict[str, tuple[dict[str, Any], str]]) -> None:
+    props, parent = services["node-exporter"]
+    props = {**props, "command": props["command"] + ["--web.listen-address", "[::]:9101"]}
+    assert exposure(props, parent) == [opened(
+        "node-exporter", "--web.listen-address=[::]:9101", f"the host's metrics {NO_AUTH}",
+        f"--web.listen-address={CLUSTER_ADDRESS}:9101")]
+
+
+def test_grafana_may_face_every_network_when_listed_as_public(
+        services: dict[str, tuple[dict[str, Any], str]]) -> None:
+    props, parent = services["grafana"]
+    props = set_setting(props, "GF_SERVER_HTTP_ADDR", None)
+    assert exposure(props, parent, {"internal-ports": {"publicRoles": ["gateway", "grafana"]}}) == []
+
+
+def test_unlabelled_services_are_recognised_by_image_or_script() -> None:
+    raw = {"name": "node-exporter", "networkMode": "host", "restart": "unless-stopped",
+           "image": "quay.io/prometheus/node-exporter:v1.8.2"}
+    assert exposure(raw, None) == [opened(
+        "node-exporter", "--web.listen-address unset: the default is :9100", f"the host's metrics {NO_AUTH}",
+        f"--web.listen-address={CLUSTER_ADDRESS}:9100")]
+    # On a bridge network its sockets are the container's own: only published ports reach the node.
+    assert exposure({**raw, "networkMode": "bridge"}, None) == []
+    grafana = {"name": "g", "networkMode": "host", "restart": "unless-stopped", "image": "grafana/grafana-oss:11.3.0",
+               "envs": ["GF_SERVER_HTTP_ADDR=::"]}
+    assert [m.split(" (")[0] for m in exposure(grafana, None)] == [
+        "grafana on the host network listens on every interface of the node, public ones included"]
+    exporter = {"name": "x", "networkMode": "host", "restart": "unless-stopped", "image": "python:3.12-slim",
+                "command": ["sh", "-c", "exec python3 /opt/llm-cluster/gateway_exporter.py --syslog 127.0.0.1:5514 "
+                                        "--listen :9145"]}
+    assert exposure(exporter, None) == [opened(
+        "gateway-exporter", "--listen :9145", f"per-key usage metrics {NO_AUTH}", f"--listen {CLUSTER_ADDRESS}:9145")]
+
+
 def test_vllm_on_the_host_network_must_bind_the_cluster_address() -> None:
-    props = {"networkMode": "host", "entrypoints": ["vllm"], "command": CHAT_ARGV[1:],
+    props = {"networkMode": "host", "restart": "unless-stopped", "entrypoints": ["vllm"], "command": CHAT_ARGV[1:],
              "labels": [{"label": "llm-cluster.role", "value": "vllm"}]}
     assert analyze(CONTAINER, "v", props, parent_type="llm-cluster:vllm:ModelServer") == []
+    why = ("on the host network listens on every interface of the node, and /v1, /metrics and /health answer "
+           "without a key there (only the gateway checks keys). Pass --host <the node's cluster address>.")
     props["command"] = [t for t in CHAT_ARGV[1:] if t not in ("--host", "192.168.10.13")]
     assert analyze(CONTAINER, "v", props, parent_type="llm-cluster:vllm:ModelServer") == only(
-        "internal-ports", "vllm serve --host (unset) on the host network listens on every interface of the node, "
-        "and /v1, /metrics and /health answer without a key there (only the gateway checks keys). Pass --host "
-        "<the node's cluster address>.")
+        "internal-ports", f"vllm serve --host (unset) {why}")
+    props["command"] += ["--host", "0.0.0.0"]
+    assert exposure(props, "llm-cluster:vllm:ModelServer") == [f"vllm serve --host 0.0.0.0 {why}"]
 
 
-def test_published_internal_port_and_open_ray_dashboard_are_refused() -> None:
-    props = {"networkMode": "bridge", "entrypoints": ["ray"], "command": ["start", "--head", "--block"],
-             "labels": [{"label": "llm-cluster.role", "value": "prometheus"}],
-             "ports": [{"internal": 9090.0, "external": 9090.0, "ip": "127.0.0.1"}]}
-    assert of("internal-ports", analyze(CONTAINER, "p", props, parent_type="llm-cluster:monitoring:Monitoring")) == []
-    props["ports"] = [{"internal": 9090.0, "external": 9090.0}]
-    props["command"] += ["--dashboard-host=0.0.0.0"]
-    got = of("internal-ports", analyze(CONTAINER, "p", props, parent_type="llm-cluster:monitoring:Monitoring"))
-    assert [d[2].split("\n")[1] for d in got] == [
-        "port 9090 of a prometheus container is published on every interface: vLLM, Ray and metrics ports serve "
-        "without authentication. Publish it on the node's cluster address (ports[].ip) or drop it and let the "
-        "gateway/Prometheus reach it over the cluster network.",
-        "ray start --dashboard-host=0.0.0.0 opens Ray's dashboard (job submission = code execution) on every "
-        "interface. Bind it to the node's cluster address or leave it on 127.0.0.1."]
+RAY_DASHBOARD = ("opens Ray's dashboard (job submission = code execution) on every interface. Bind it to the "
+                 "node's cluster address or leave it on 127.0.0.1.")
+
+
+def test_the_ray_heads_uploaded_script_is_read_for_the_dashboard_host(prod_spec: StackSpec) -> None:
+    inst = next(i for i in all_instances(prod_spec) if i.uses_ray)
+    script = ray_head_script(prod_spec, inst)
+    assert f"--dashboard-host={prod_spec.node(inst.head).address}" in script
+    props = host_container("ray-head", "vllm/vllm-openai:v0.9.2", command=vllm_argv(prod_spec, inst),
+                           envs=container_envs(vllm_env(prod_spec, inst, inst.head)))
+    props |= {"entrypoints": ["/bin/bash", RAY_HEAD_SCRIPT],
+              "uploads": [{"file": RAY_HEAD_SCRIPT, "content": script, "executable": True}]}
+    assert exposure(props, "llm-cluster:ray:RayCluster") == []
+    props["uploads"][0]["content"] = script.replace(
+        f"--dashboard-host={prod_spec.node(inst.head).address}", "--dashboard-host=0.0.0.0")
+    assert exposure(props, "llm-cluster:ray:RayCluster") == [f"ray start --dashboard-host=0.0.0.0 {RAY_DASHBOARD}"]
+
+
+def test_a_raw_ray_start_with_the_dashboard_on_every_interface_is_refused() -> None:
+    props = {"networkMode": "host", "restart": "unless-stopped", "entrypoints": ["ray"],
+             "command": ["start", "--head", "--port=6379", "--block"], "image": "vllm/vllm-openai:v0.9.2"}
+    assert exposure(props, None) == []  # Ray's own default is localhost
+    props["command"] += ["--dashboard-host", "::"]
+    assert exposure(props, None) == [f"ray start --dashboard-host=:: {RAY_DASHBOARD}"]
 
 
 # --- rule 10: MLA ------------------------------------------------------------------------------
@@ -422,11 +649,71 @@ def test_low_concurrency_is_advisory_with_a_configurable_threshold() -> None:
     assert model_server(props, config={"memory-headroom": {"minConcurrency": 2}}) == []
 
 
+# --- rule 12: containers -----------------------------------------------------------------------
+
+def exporter(**changes: Any) -> dict[str, Any]:
+    """The reference node-exporter container (as Monitoring registers it), with changes."""
+    props = host_container("node-exporter", "prom/node-exporter:v1.8.2",
+                           command=["--path.rootfs=/host", "--web.listen-address=192.168.10.12:9100"])
+    return props | changes
+
+
+def in_monitoring(props: dict[str, Any], **kw: Any) -> list[tuple[str, str, str]]:
+    return analyze(CONTAINER, "monitoring-gpu-02-node-exporter", props, parent_type=MONITORING, **kw)
+
+
+def unpinned(ref: str, why: str, repo: str) -> list[tuple[str, str, str]]:
+    return only("pinned-images", f"image {ref} is not pinned ({why}): each node pulls whatever the tag points to "
+                "that day, so nodes drift apart and a replaced node can come back with another version. Pin a "
+                f"version tag ({repo}:<version>) or a digest ({repo}@sha256:<digest>).", level="advisory")
+
+
+def test_a_latest_or_untagged_image_is_advisory() -> None:
+    assert in_monitoring(exporter()) == []
+    latest = exporter(labels=[{"label": "llm-cluster.role", "value": "node-exporter"},
+                              {"label": "llm-cluster.image", "value": "prom/node-exporter:latest"}])
+    assert in_monitoring(latest) == unpinned("prom/node-exporter:latest", "tag latest moves to new builds",
+                                             "prom/node-exporter")
+    # Without the label, a ref in `image` is read; Docker Hub's library/ prefix is dropped in the advice.
+    untagged = {"name": "gw", "networkMode": "bridge", "restart": "unless-stopped", "image": "docker.io/library/nginx"}
+    assert analyze(CONTAINER, "gw", untagged) == unpinned(
+        "docker.io/library/nginx", "it has no tag, so Docker pulls :latest", "nginx")
+
+
+def test_digests_pin_and_the_mutable_tags_are_configurable() -> None:
+    ref = "prom/node-exporter@sha256:" + "0" * 64
+    assert in_monitoring(exporter(labels=[{"label": "llm-cluster.image", "value": ref}])) == []
+    stable = exporter(labels=[{"label": "llm-cluster.image", "value": "nginx:stable"}])
+    assert [d[0] for d in in_monitoring(stable)] == ["pinned-images"]
+    assert in_monitoring(stable, config={"pinned-images": {"mutableTags": ["latest"]}}) == []
+
+
+def test_a_fixed_name_container_replaced_create_first_is_refused() -> None:
+    assert in_monitoring(exporter(), delete_before_replace=None) == only(
+        "container-replace", "container node-exporter has a fixed name but is replaced create-first: Docker refuses "
+        "a second container named node-exporter (and the GPUs and ports the old one holds), so the first change "
+        "that replaces it fails mid-update. Set delete_before_replace=True in its resource options.")
+    assert of("container-replace", in_monitoring(exporter(), delete_before_replace=False))
+    unnamed = {k: v for k, v in exporter().items() if k != "name"}
+    assert in_monitoring(unnamed, delete_before_replace=None) == []
+
+
+def test_a_container_that_does_not_come_back_after_a_reboot_is_advisory() -> None:
+    fix = "Set restart=\"unless-stopped\"."
+    assert in_monitoring(exporter(restart="always")) == []
+    assert in_monitoring({k: v for k, v in exporter().items() if k != "restart"}) == only(
+        "container-restart", "restart is no: node-exporter stays down after it exits and after a reboot of the "
+        f"node. {fix}", level="advisory")
+    assert in_monitoring(exporter(restart="on-failure")) == only(
+        "container-restart", "restart is on-failure: node-exporter stays down after a clean exit or a reboot of the "
+        f"node (on-failure restarts only after a non-zero exit). {fix}", level="advisory")
+
+
 # --- raw containers, preview and config -------------------------------------------------------
 
 def raw_vllm(**changes: Any) -> dict[str, Any]:
     env = {**CHAT_ENV}
-    return {"networkMode": "host", "entrypoints": ["vllm"], "command": CHAT_ARGV[1:],
+    return {"networkMode": "host", "restart": "unless-stopped", "entrypoints": ["vllm"], "command": CHAT_ARGV[1:],
             "envs": [f"{k}={v}" for k, v in env.items()],
             "labels": [{"label": "llm-cluster.role", "value": "vllm"},
                        {"label": "llm-cluster.gpu-model", "value": V100},
@@ -446,7 +733,7 @@ def test_a_raw_vllm_container_is_checked_but_a_component_child_is_left_to_its_mo
 def test_unknown_argv_at_preview_is_an_advisory_cant_run() -> None:
     got = model_server(server(argv=UNKNOWN))
     assert {d[1] for d in got} == {"advisory"}
-    assert got[0][2].startswith("can't run policy 'gpu-dtype' from policy pack 'llm-cluster-hardware@v0.1.0' "
+    assert got[0][2].startswith("can't run policy 'gpu-dtype' from policy pack 'llm-cluster-hardware@v0.2.0' "
                                 "during preview")
 
 
@@ -470,3 +757,10 @@ def test_policy_config_is_checked_against_the_schemas(config: dict[str, Any], me
     with pytest.raises(PolicyConfigError) as err:
         configure_request(config)
     assert str(err.value).startswith(message)
+
+
+def test_an_unlabelled_container_with_an_image_id_unknown_at_preview_is_read_without_the_image() -> None:
+    props = {"name": "mine", "networkMode": "host", "restart": "unless-stopped", "image": UNKNOWN,
+             "command": ["--web.listen-address=:9100"]}
+    # No role and no image ref to read: nothing to report, and no "can't run during preview" either.
+    assert analyze(CONTAINER, "mine", props) == []

@@ -10,6 +10,7 @@ from typing import Any
 from pulumi_policy import (
     EnforcementLevel, PolicyConfigSchema, ReportViolation, ResourceValidationArgs, ResourceValidationPolicy,
 )
+from pulumi_policy.proxy import UnknownValueError
 
 from components.facts.hardware import GPUS, GpuModel
 from policies.rules.serve_args import ServeArgs, parse_serve
@@ -26,6 +27,13 @@ GPU_MODEL_LABEL = "llm-cluster.gpu-model"
 IMAGE_LABEL = "llm-cluster.image"
 LINK_LAYER_LABEL = "llm-cluster.link-layer"
 RAY_ROLES = frozenset({"ray-head", "ray-worker"})
+GATEWAY_EXPORTER_SCRIPT = "gateway_exporter.py"
+# Roles of well-known images by repository name (the last path part), for containers without a role label.
+ROLE_BY_IMAGE: dict[str, str] = {
+    "node-exporter": "node-exporter", "prometheus": "prometheus", "alertmanager": "alertmanager",
+    "dcgm-exporter": "dcgm-exporter", "grafana": "grafana", "grafana-oss": "grafana",
+    "grafana-enterprise": "grafana",
+}
 
 
 def number(value: Any) -> int | None:
@@ -57,6 +65,47 @@ def env_of(envs: Any) -> dict[str, str]:
 def container_argv(props: Mapping[str, Any]) -> list[str]:
     """What a container runs: entrypoints followed by command (the image's own when both are unset)."""
     return [str(t) for t in list(props.get("entrypoints") or []) + list(props.get("command") or [])]
+
+
+def container_image(props: Mapping[str, Any]) -> str | None:
+    """The image ref a container states: its llm-cluster.image label (`image` is an unknown id at preview)."""
+    ref = labels(props).get(IMAGE_LABEL)
+    if ref:
+        return ref
+    try:
+        image = props.get("image")
+    except UnknownValueError:
+        # A RemoteImage's id, unknown at preview; at update it is a sha256 id, never a ref either.
+        return None
+    return image if isinstance(image, str) and image and not image.startswith("sha256:") else None
+
+
+def words(argv: list[str]) -> list[str]:
+    """An argv with `bash -c` scripts split into words too, so flags inside a script are seen."""
+    out: list[str] = []
+    for token in argv:
+        out.append(token)
+        if any(c.isspace() for c in token):
+            try:
+                out += shlex.split(token, comments=True)
+            except ValueError:  # unbalanced quotes: the token stays as it is
+                pass
+    return out
+
+
+def role_of(props: Mapping[str, Any]) -> str:
+    """A container's role: its llm-cluster.role label, else recognised by image or script; '' if unknown."""
+    role = labels(props).get(ROLE)
+    if role:
+        return role
+    ref = container_image(props)
+    if ref:
+        role = ROLE_BY_IMAGE.get(image_parts(ref)[0].rsplit("/", 1)[-1], "")
+        if role:
+            return role
+    if any(w.rsplit("/", 1)[-1] == GATEWAY_EXPORTER_SCRIPT for w in words(container_argv(props))):
+        return "gateway-exporter"
+    return ""
 
 
 def is_ray_container(props: Mapping[str, Any]) -> bool:

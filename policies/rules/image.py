@@ -9,8 +9,8 @@ from components.facts.hardware import (
     IMAGES_WITH_RAY, VLLM_IMAGE_REPO, VLLM_V0_IMAGE_TAGS, VLLM_VOLTA_VERSION, engine_support,
 )
 from policies.rules.common import (
-    CONTAINER, IMAGE_LABEL, RAY_CLUSTER, config_with_defaults, image_parts, is_ray_container, labels, launch_of,
-    under_component,
+    CONTAINER, IMAGE_LABEL, RAY_CLUSTER, config_with_defaults, container_image, image_parts, is_ray_container,
+    launch_of, under_component,
 )
 
 CONFIG = PolicyConfigSchema(properties={
@@ -19,15 +19,6 @@ CONFIG = PolicyConfigSchema(properties={
     "rayImages": {"type": "array", "items": {"type": "string"}, "default": [],
                   "description": "Further image repositories (or refs) that contain Ray."},
 })
-
-
-def _container_image(props: Any) -> str | None:
-    """The image ref a container states: its llm-cluster.image label (`image` is an unknown id at preview)."""
-    ref = labels(props).get(IMAGE_LABEL)
-    if ref:
-        return ref
-    image = props.get("image")
-    return image if isinstance(image, str) and not image.startswith("sha256:") else None
 
 
 def vllm_line_problem(ref: str | None, gpu_text: str, needs_v0: bool, config: dict[str, Any]) -> str | None:
@@ -64,14 +55,14 @@ def validate(args: ResourceValidationArgs, report: ReportViolation) -> None:
     problems: list[str | None] = []
     launch = launch_of(args)
     if launch is not None and launch.gpu is not None:
-        image = launch.image if launch.resource == "ModelServer" else _container_image(args.props)
+        image = launch.image if launch.resource == "ModelServer" else container_image(args.props)
         problems.append(vllm_line_problem(image, launch.where(), not engine_support(launch.gpu.capability).v1_engine,
                                           config))
     if args.resource_type == RAY_CLUSTER:
         problems.append(ray_problem(args.props.get("image"), config))
     elif args.resource_type == CONTAINER and not under_component(args.urn):
         if is_ray_container(args.props):
-            problems.append(ray_problem(_container_image(args.props), config))
+            problems.append(ray_problem(container_image(args.props), config))
     for problem in problems:
         if problem:
             report(problem, None)

@@ -1,5 +1,6 @@
-"""Rule 9: the gateway requires API keys; no secret in plaintext among inputs; vLLM, Ray and metrics
-ports stay on the cluster network.
+"""Rule 9: the gateway requires API keys; no secret in plaintext among inputs; vLLM, Ray, metrics and
+monitoring ports stay on the cluster network (published ports, and on the host network the address
+each service binds: policies.rules.bindings).
 
 What a pack can see of secrets: pulumi_policy's Analyze unwraps Pulumi secrets to plaintext, so a rule
 cannot tell a secret-wrapped value from a literal. This rule therefore refuses secret-bearing *places*
@@ -11,14 +12,17 @@ secret values outside secret envelopes (plan/, the lead's check).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
 from pulumi_policy import (
     EnforcementLevel, PolicyConfigSchema, ReportViolation, ResourceValidationArgs, ResourceValidationPolicy,
 )
 
+from policies.rules.bindings import binding_problems, every_interface, flag_values
 from policies.rules.common import (
-    CONTAINER, GATEWAY, REMOTE_COMMAND, ROLE, config_with_defaults, container_argv, env_of, is_ray_container,
-    labels, serve_tokens,
+    CONTAINER, GATEWAY, REMOTE_COMMAND, config_with_defaults, container_argv, env_of, is_ray_container, role_of,
+    serve_tokens, words,
 )
 from policies.rules.serve_args import parse_serve
 
@@ -89,39 +93,52 @@ def validate_secrets(args: ResourceValidationArgs, report: ReportViolation) -> N
 
 
 EXPOSURE_CONFIG = PolicyConfigSchema(properties={"publicRoles": {
-    "type": "array", "items": {"type": "string"}, "default": ["gateway", "grafana"],
-    "description": "llm-cluster.role values whose ports may be published on every interface."}})
-_WILDCARDS = ("", "0.0.0.0", "::", "[::]")
+    "type": "array", "items": {"type": "string"}, "default": ["gateway"],
+    "description": "llm-cluster.role values that may listen on every interface (published ports or host network)."}})
+
+
+def ray_start_words(props: Mapping[str, Any]) -> list[str]:
+    """The words of every `ray start` a container runs: its argv, and scripts uploaded into it (ray-head.sh)."""
+    found = words(container_argv(props))
+    for upload in props.get("uploads") or []:
+        for line in str(upload.get("content") or "").splitlines():
+            if "ray start" in line:
+                found += words([line])
+    return found
 
 
 def validate_exposure(args: ResourceValidationArgs, report: ReportViolation) -> None:
-    """Published ports only for public roles; host-network vLLM and Ray bind a cluster address."""
+    """Published ports only for public roles; host-network services bind a cluster address."""
     if args.resource_type != CONTAINER:
         args.not_applicable("not a container")
         return
     props = args.props
     config = config_with_defaults(args, EXPOSURE_CONFIG)
-    role = labels(props).get(ROLE, "")
-    if role not in config["publicRoles"]:
-        for port in props.get("ports") or []:
-            if str(port.get("ip") or "") in _WILDCARDS:
-                report(f"port {int(float(port.get('internal')))} of a {role or 'unlabelled'} container is published "
-                       "on every interface: vLLM, Ray and metrics ports serve without authentication. Publish it "
-                       "on the node's cluster address (ports[].ip) or drop it and let the gateway/Prometheus reach "
-                       "it over the cluster network.", None)
+    role = role_of(props)
+    if role in config["publicRoles"]:
+        return
+    for port in props.get("ports") or []:
+        if every_interface(str(port.get("ip") or "")):
+            report(f"port {int(float(port.get('internal')))} of a {role or 'unlabelled'} container is published "
+                   "on every interface: vLLM, Ray and metrics ports serve without authentication. Publish it "
+                   "on the node's cluster address (ports[].ip) or drop it and let the gateway/Prometheus reach "
+                   "it over the cluster network.", None)
+    if props.get("networkMode") != "host":
+        return  # the container's own sockets sit in its network namespace; only `ports` reach the node's
     argv = container_argv(props)
+    for problem in binding_problems(role, words(argv), env_of(props.get("envs"))):
+        report(problem, None)
     tokens = serve_tokens(argv)
-    if tokens is not None and props.get("networkMode") == "host":
+    if tokens is not None:
         host = parse_serve(tokens).get("host")
-        if str(host or "") in _WILDCARDS:
+        if every_interface(str(host or "")):
             report(f"vllm serve --host {host or '(unset)'} on the host network listens on every interface of the "
                    "node, and /v1, /metrics and /health answer without a key there (only the gateway checks keys). "
                    "Pass --host <the node's cluster address>.", None)
     if is_ray_container(props):
-        for i, token in enumerate(argv):
-            value = token.partition("=")[2] if token.startswith("--dashboard-host=") else (
-                argv[i + 1] if token == "--dashboard-host" and i + 1 < len(argv) else None)
-            if value is not None and value in _WILDCARDS:
+        # Unset is fine: Ray's dashboard defaults to localhost.
+        for _, value in flag_values(ray_start_words(props), ("--dashboard-host",)):
+            if every_interface(value):
                 report(f"ray start --dashboard-host={value} opens Ray's dashboard (job submission = code execution) "
                        "on every interface. Bind it to the node's cluster address or leave it on 127.0.0.1.", None)
 
@@ -134,7 +151,7 @@ POLICIES = [
                              validate=validate_secrets, config_schema=SECRETS_CONFIG,
                              enforcement_level=EnforcementLevel.MANDATORY),
     ResourceValidationPolicy(name="internal-ports",
-                             description="vLLM, Ray and metrics ports stay on the cluster network.",
+                             description="vLLM, Ray, metrics and monitoring ports stay on the cluster network.",
                              validate=validate_exposure, config_schema=EXPOSURE_CONFIG,
                              enforcement_level=EnforcementLevel.MANDATORY),
 ]
