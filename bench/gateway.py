@@ -3,9 +3,11 @@
 The fake replica is nginx itself answering a fixed chat completion (with `usage`), so the replica is
 never the bottleneck. Plain proxy and gateway both run one nginx worker with keepalive upstreams;
 the gateway is the reference stack's generated config (njs key lookup, body routing, per-key
-limit_req at a rate it never reaches, usage body filter, JSON access log). wrk drives each target:
-one connection for latency (p50/p99), 32 connections for requests/s. Prints figures and ratios;
-asserts nothing.
+limit_req at a rate it never reaches, usage body filter, JSON access log), once without and once
+with its metrics (a syslog datagram per request to the real exporter, as deployed). wrk drives each
+target: one connection for latency (p50/p99), 32 connections for requests/s. Afterwards the
+exporter's line count is compared with the requests wrk completed (UDP may drop under load).
+Prints figures and ratios; asserts nothing.
 """
 from __future__ import annotations
 
@@ -17,13 +19,16 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from components.planning.gateway import GatewayLayout, key_digests, key_ids, render_gateway  # noqa: E402
-from components.spec import load_stack_config  # noqa: E402
+from components.planning.gateway import (  # noqa: E402
+    EXPORTER_SOURCE, GatewayLayout, key_digests, key_ids, render_gateway,
+)
+from components.spec import StackSpec, load_stack_config  # noqa: E402
 from plan.stackfile import load_stack_file  # noqa: E402
 
 NJS_MODULE = "/usr/lib/nginx/modules/ngx_http_js_module.so"
@@ -86,7 +91,53 @@ def wrk(url: str, connections: int, root: Path) -> dict[str, float]:
 
     bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     return {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),  # type: ignore[union-attr]
-            "p50": ms("50%"), "p99": ms("99%"), "non2xx": float(bad.group(1)) if bad else 0.0}
+            "p50": ms("50%"), "p99": ms("99%"), "non2xx": float(bad.group(1)) if bad else 0.0,
+            "requests": float(re.search(r"(\d+) requests in", out).group(1))}  # type: ignore[union-attr]
+
+
+def start_gateway(spec: StackSpec, root: Path, up: int, syslog_port: int | None) -> tuple[subprocess.Popen[bytes], int]:
+    """The generated gateway (one worker) in front of the fake replica; its port."""
+    (root / "tmp").mkdir(parents=True)
+    port = free_port()
+    (root / "digests.json").write_text(key_digests({"default": KEY}, key_ids(spec)))
+    layout = GatewayLayout(
+        port=port, listen_address="127.0.0.1", conf_dir=str(root), load_module=NJS_MODULE,
+        digests_file=str(root / "digests.json"), pid_file=str(root / "pid"),
+        error_log=str(root / "error.log"), access_log=str(root / "access.log"),
+        temp_dir=str(root / "tmp"), user=None, worker_processes="1", syslog_port=syslog_port)
+    files = render_gateway(spec, layout, {pool: [("127.0.0.1", up)] for pool in spec.pools})
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return start_nginx(root, files["nginx.conf"], port), port
+
+
+def exporter_lines(port: int) -> float:
+    """llm_gateway_log_lines_total once it stops growing (the exporter drains its socket)."""
+    last = -1.0
+    while True:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        lines = float(re.search(r"^llm_gateway_log_lines_total (\d+)$", text, re.M).group(1))  # type: ignore[union-attr]
+        if lines == last:
+            return lines
+        last = lines
+        time.sleep(0.5)
+
+
+def record_rate(lines: int = 100_000) -> float:
+    """Lines per second Metrics.record() takes in, in process: the exporter's ceiling on one core."""
+    from components.planning.gateway_exporter import Metrics  # noqa: PLC0415
+    line = {"time": "2025-01-01T00:00:00+00:00", "request_id": "0" * 32, "key_id": "default", "method": "POST",
+            "path": "/v1/chat/completions", "model": "qwen3-30b-a3b", "pool": "chat", "upstream": "127.0.0.1:8000",
+            "status": 200, "upstream_status": "200", "request_time": 0.012, "upstream_time": "0.011",
+            "request_bytes": 312, "response_bytes": 420, "prompt_tokens": 11, "completion_tokens": 7,
+            "total_tokens": 18}
+    datagram = b"<190>Jan  1 00:00:00 llmgw: " + json.dumps(line, separators=(",", ":")).encode()
+    metrics = Metrics()
+    start = time.perf_counter()
+    for _ in range(lines):
+        metrics.record(datagram)
+    return lines / (time.perf_counter() - start)
 
 
 def main() -> None:
@@ -102,10 +153,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
         base = Path(tmp)
         try:
-            up_root, proxy_root, gw_root = base / "replica", base / "proxy", base / "gateway"
-            for d in (up_root, proxy_root, gw_root / "tmp"):
+            up_root, proxy_root = base / "replica", base / "proxy"
+            for d in (up_root, proxy_root):
                 d.mkdir(parents=True)
-            up, proxy, gw = free_port(), free_port(), free_port()
+            up, proxy, syslog, metrics = free_port(), free_port(), free_port(), free_port()
             reply = REPLY.replace("'", "")
             procs.append(start_nginx(up_root, simple_conf(
                 up_root, up, f"default_type application/json; return 200 '{reply}';"), up))
@@ -113,22 +164,20 @@ def main() -> None:
                 proxy_root, proxy,
                 'proxy_pass http://replica; proxy_http_version 1.1; proxy_set_header Connection "";',
                 f"upstream replica {{ server 127.0.0.1:{up}; keepalive 32; }}"), proxy))
-            (gw_root / "digests.json").write_text(key_digests({"default": KEY}, key_ids(spec)))
-            layout = GatewayLayout(
-                port=gw, listen_address="127.0.0.1", conf_dir=str(gw_root), load_module=NJS_MODULE,
-                digests_file=str(gw_root / "digests.json"), pid_file=str(gw_root / "pid"),
-                error_log=str(gw_root / "error.log"), access_log=str(gw_root / "access.log"),
-                temp_dir=str(gw_root / "tmp"), user=None, worker_processes="1")
-            files = render_gateway(spec, layout, {pool: [("127.0.0.1", up)] for pool in spec.pools})
-            for rel, text in files.items():
-                (gw_root / rel).parent.mkdir(parents=True, exist_ok=True)
-                (gw_root / rel).write_text(text)
-            procs.append(start_nginx(gw_root, files["nginx.conf"], gw))
+            # (free_port's TCP port is free for UDP too in practice; the exporter fails loudly if not.)
+            procs.append(subprocess.Popen([sys.executable, str(EXPORTER_SOURCE), "--syslog", f"127.0.0.1:{syslog}",
+                                           "--listen", f"127.0.0.1:{metrics}"], stderr=subprocess.DEVNULL))
+            proc, gw = start_gateway(spec, base / "gateway", up, None)
+            procs.append(proc)
+            proc, gw_metrics = start_gateway(spec, base / "gateway-metrics", up, syslog)
+            procs.append(proc)
 
             targets = {"direct": f"http://127.0.0.1:{up}/v1/chat/completions",
                        "nginx proxy_pass": f"http://127.0.0.1:{proxy}/v1/chat/completions",
-                       "gateway": f"http://127.0.0.1:{gw}/v1/chat/completions"}
+                       "gateway": f"http://127.0.0.1:{gw}/v1/chat/completions",
+                       "gateway+metrics": f"http://127.0.0.1:{gw_metrics}/v1/chat/completions"}
             results = {name: (wrk(url, 1, base), wrk(url, 32, base)) for name, url in targets.items()}
+            counted = exporter_lines(metrics)
         finally:
             for p in procs:
                 p.terminate()
@@ -139,12 +188,18 @@ def main() -> None:
     for name, (single, many) in results.items():
         print(f"{name:<18}{single['p50']:>14.3f}{single['p99']:>14.3f}{many['rps']:>14.0f}{many['p99']:>15.3f}"
               f"{int(single['non2xx'] + many['non2xx']):>9}")
-    direct, plain, gate = (results[n] for n in targets)
+    direct, plain, gate, metered = (results[n] for n in targets)
     print(f"added p50 vs plain nginx: {gate[0]['p50'] - plain[0]['p50']:+.3f} ms "
           f"(vs direct: {gate[0]['p50'] - direct[0]['p50']:+.3f} ms); target < 1 ms")
     print(f"added p99 vs plain nginx: {gate[0]['p99'] - plain[0]['p99']:+.3f} ms")
     print(f"throughput gateway / plain nginx: {gate[1]['rps'] / plain[1]['rps']:.2f}x; target >= 0.80x "
           f"(gateway / direct: {gate[1]['rps'] / direct[1]['rps']:.2f}x)")
+    print(f"metrics (syslog datagram per request): p50 {metered[0]['p50'] - gate[0]['p50']:+.3f} ms, "
+          f"throughput {metered[1]['rps'] / gate[1]['rps']:.2f}x of the gateway without them")
+    print(f"exporter alone: {record_rate():.0f} log lines/s parsed and counted on one core")
+    completed = metered[0]["requests"] + metered[1]["requests"]
+    print(f"exporter counted {counted:.0f} log lines for {completed:.0f} completed requests "
+          f"({max(0.0, completed - counted) / completed:.2%} lost; lines of requests cut off by wrk's stop count too)")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Gateway: nginx + njs on one node, the cluster's single OpenAI endpoint (routing, keys, limits, usage)."""
+"""Gateway: nginx + njs on one node, the cluster's single OpenAI endpoint (routing, keys, limits, usage),
+and the exporter that turns its usage log into Prometheus metrics."""
 from __future__ import annotations
 
 import json
@@ -11,7 +12,8 @@ from pulumi_command import remote
 from components.base import Component
 from components.gpu_node import GpuNode
 from components.planning.gateway import (
-    CONTAINER_NAME, HOST_DIGESTS_DIR, container_layout, exposed_paths, gateway_files, key_digests, key_ids,
+    CONTAINER_NAME, EXPORTER_CONTAINER_NAME, EXPORTER_PATH, HOST_DIGESTS_DIR, container_layout, exporter_argv,
+    exporter_probe, exporter_source, exposed_paths, gateway_files, key_digests, key_ids, keyless_status,
     keys_delete_script, keys_script, readiness_script, routes,
 )
 from components.spec import StackSpec
@@ -26,15 +28,15 @@ class GatewayArgs:
     spec: StackSpec
     node: GpuNode
     api_keys_secret: pulumi.Output[str] | None = None
-    """Config `gatewayApiKeys` (JSON {id: key}); when None the keys are generated on the node."""
+    """Config `gatewayApiKeys` (JSON {id: key}); when None the keys are generated on the node (with auth)."""
     tls_cert: pulumi.Output[str] | None = None
     tls_key: pulumi.Output[str] | None = None
 
 
 class Gateway(Component):
-    """The nginx container with the generated config, its API keys, and a readiness check.
+    """The nginx container with the generated config, its API keys, a readiness check, and the metrics exporter.
 
-    It depends only on its node (and image): it comes up before the models finish loading and
+    It depends only on its node (and images): it comes up before the models finish loading and
     answers 502 for a pool until one of its replicas accepts connections.
     """
 
@@ -47,27 +49,36 @@ class Gateway(Component):
             raise ValueError("Gateway needs the stack's gateway section")
         if g.tls and (args.tls_cert is None or args.tls_key is None):
             raise ValueError("gateway.tls needs the secrets gatewayTlsCert and gatewayTlsKey")
+        if not g.auth and args.api_keys_secret is not None:
+            raise ValueError("gateway.auth is false but the secret gatewayApiKeys is set: the keys would never be "
+                             "checked; remove the secret or set auth: true")
         ids = key_ids(spec)
+        key_source = ("secret" if args.api_keys_secret is not None else "generated") if g.auth else "none"
         super().__init__(name, {
-            "node": g.node, "port": g.port, "image": g.image, "authRequired": True, "apiKeyIds": ids,
-            "keySource": "secret" if args.api_keys_secret is not None else "generated", "tls": g.tls,
+            "node": g.node, "port": g.port, "image": g.image, "authRequired": g.auth, "apiKeyIds": ids,
+            "keySource": key_source, "tls": g.tls,
             "routes": routes(spec), "pathRoutes": dict(g.path_routes), "exposedPaths": exposed_paths(spec),
+            "metricsPort": g.metrics_port, "exporterImage": g.exporter_image,
         }, opts)
         layout = container_layout(spec)
         image = node.images[g.image]
+        exporter = self._exporter(spec, node)
 
         uploads = [docker.ContainerUploadArgs(file=f"{layout.conf_dir}/{rel}", content=text)
                    for rel, text in gateway_files(spec).items()]
         volumes: list[docker.ContainerVolumeArgs] = []
-        deps: list[pulumi.Resource] = [*node.ready, image]
-        if args.api_keys_secret is not None:
+        # After the exporter: the first requests' log lines find it listening.
+        deps: list[pulumi.Resource] = [*node.ready, image, exporter]
+        # Without auth there are no keys anywhere: nothing generated, uploaded or mounted, no output.
+        self.api_keys: pulumi.Output[str] | None = None
+        if g.auth and args.api_keys_secret is not None:
             keys = pulumi.Output.secret(args.api_keys_secret)
             # Only the digests enter the container; a key that does not match the stack's ids stops the
             # deployment with a message naming them.
             digests = keys.apply(lambda text: key_digests(json.loads(text), ids))
             uploads.append(docker.ContainerUploadArgs(file=layout.digests_file, content=pulumi.Output.secret(digests)))
-            self.api_keys: pulumi.Output[str] = keys
-        else:
+            self.api_keys = keys
+        elif g.auth:
             # No `triggers`: a changed id list updates the command in place, and the script keeps the
             # keys it already made (a replace would run `delete` and drop every key).
             keys_cmd = remote.Command(
@@ -88,7 +99,7 @@ class Gateway(Component):
 
         scheme = "https" if g.tls else "http"
         probe = (f"curl -sk -o /dev/null -w '%{{http_code}}' --max-time 3 {scheme}://127.0.0.1:{g.port}/v1/models"
-                 " | grep -qx 401")
+                 f" | grep -qx {keyless_status(g.auth)}")
         container = docker.Container(
             self.child("nginx"), name=CONTAINER_NAME, image=image.image_id, network_mode="host",
             restart="unless-stopped", uploads=uploads, volumes=volumes,
@@ -107,10 +118,32 @@ class Gateway(Component):
 
         self.ready: remote.Command = remote.Command(
             self.child("ready"), connection=node.connection,
-            create=readiness_script(g.port, g.tls, READY_TIMEOUT_SECONDS, g.node),
+            create=readiness_script(g.port, g.tls, READY_TIMEOUT_SECONDS, g.node, g.auth),
             # A new container (a replace) must be checked again.
             triggers=[container.id],
             opts=self.opts(depends_on=[container]))
         self.container: docker.Container = container
+        self.exporter: docker.Container = exporter
         self.url: pulumi.Output[str] = pulumi.Output.from_input(f"{scheme}://{node.address}:{g.port}")
         self.register_outputs({"url": self.url, "apiKeys": self.api_keys})
+
+    def _exporter(self, spec: StackSpec, node: GpuNode) -> docker.Container:
+        """The metrics exporter: our one-file Python program in the official image, on the host network."""
+        g = spec.gateway
+        assert g is not None
+        if g.exporter_image not in node.images:
+            raise ValueError(f"node {g.node} does not pull gateway.exporterImage {g.exporter_image}: "
+                             "images_for_node must list it for the gateway's node")
+        image = node.images[g.exporter_image]
+        return docker.Container(
+            self.child("exporter"), name=EXPORTER_CONTAINER_NAME, image=image.image_id, network_mode="host",
+            restart="unless-stopped", command=exporter_argv(spec),
+            uploads=[docker.ContainerUploadArgs(file=EXPORTER_PATH, content=exporter_source())],
+            # UDP on loopback in, HTTP out, both on ports >= 1024 (the spec's bounds): no root needed.
+            user="65534:65534",
+            labels=[docker.ContainerLabelArgs(label="llm-cluster.role", value="gateway-exporter"),
+                    docker.ContainerLabelArgs(label="llm-cluster.image", value=g.exporter_image)],
+            log_opts={"max-size": "10m", "max-file": "3"},
+            healthcheck=docker.ContainerHealthcheckArgs(
+                tests=exporter_probe(spec), interval="30s", timeout="5s", retries=3, start_period="5s"),
+            opts=self.opts(provider=node.provider, delete_before_replace=True, depends_on=[*node.ready, image]))

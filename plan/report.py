@@ -136,7 +136,10 @@ def render_text(result: PlanResult) -> str:
 
     if spec.gateway is not None:
         g = spec.gateway
-        out.append(f"\nGateway  http://{spec.node(g.node).address}:{g.port}  (API keys required)")
+        auth = "API keys required" if g.auth else "NO API keys: auth is false, lab only"
+        scheme = "https" if g.tls else "http"
+        out.append(f"\nGateway  {scheme}://{spec.node(g.node).address}:{g.port}  ({auth}) · metrics on "
+                   f":{g.metrics_port}/metrics")
         for pname in spec.pools:
             names = [n for m in spec.models if spec.pools[pname].model == m for n in spec.served_names(m)]
             names += [a for a, p in g.aliases.items() if p == pname]

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from components.planning.gateway import (
-    gateway_files, key_digests, keys_delete_script, keys_script, readiness_script,
+    exporter_source, gateway_files, key_digests, keys_delete_script, keys_script, readiness_script,
 )
 from components.spec import StackSpec, load_stack_config
 from plan.harness import SECRET_SIG, SIG, ProgramRun, Registration, run_program, unwrap
@@ -73,23 +73,32 @@ def test_component_props_are_what_the_policy_pack_reads(generated: ProgramRun) -
         "pathRoutes": {"/smart/v1/": "reasoning"},
         "exposedPaths": ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models",
                          "/smart/v1/chat/completions", "/smart/v1/completions", "/smart/v1/embeddings",
-                         "/smart/v1/models"]}
+                         "/smart/v1/models"],
+        "metricsPort": 9145.0, "exporterImage": "python:3.12-slim"}
 
 
 def test_children_are_parented_to_the_gateway(generated: ProgramRun) -> None:
     (gw,) = generated.by_type(GATEWAY)
     children = sorted((r.type, r.name) for r in generated.registrations if r.parent == gw.urn)
-    assert children == [(COMMAND, "gateway-keys"), (COMMAND, "gateway-ready"), (CONTAINER, "gateway-nginx")]
+    assert children == [(COMMAND, "gateway-keys"), (COMMAND, "gateway-ready"), (CONTAINER, "gateway-exporter"),
+                        (CONTAINER, "gateway-nginx")]
+
+
+def host_network_container(run: ProgramRun, resource: str, name: str, image: str) -> Registration:
+    """A gateway container, checked for what every one shares: fixed name, host network, restart,
+    delete-first replacement, the node's pulled image and Docker provider."""
+    c = run.get(resource)
+    inputs = c.plain_inputs()
+    assert inputs["name"] == name and inputs["networkMode"] == "host"
+    assert inputs["restart"] == "unless-stopped" and c.options["deleteBeforeReplace"] is True
+    assert inputs["image"].startswith("sha256:") and run.get(image).urn in c.property_dependencies["image"]
+    assert c.provider.startswith(run.get("gpu-01-docker").urn)
+    return c
 
 
 def test_container_runs_the_generated_config_on_host_network(generated: ProgramRun) -> None:
-    c = generated.get("gateway-nginx")
+    c = host_network_container(generated, "gateway-nginx", "llm-gateway", "gpu-01-image-nginx-1-27-5")
     inputs = c.plain_inputs()
-    image = generated.get("gpu-01-image-nginx-1-27-5")
-    assert inputs["name"] == "llm-gateway" and inputs["networkMode"] == "host"
-    assert inputs["restart"] == "unless-stopped" and c.options["deleteBeforeReplace"] is True
-    assert inputs["image"].startswith("sha256:") and image.urn in c.property_dependencies["image"]
-    assert c.provider.startswith(generated.get("gpu-01-docker").urn)
     assert {(label["label"], label["value"]) for label in inputs["labels"]} == {
         ("llm-cluster.role", "gateway"), ("llm-cluster.image", "nginx:1.27.5"), ("llm-cluster.key-ids", "default")}
     files = gateway_files(spec())
@@ -105,13 +114,35 @@ def test_container_runs_the_generated_config_on_host_network(generated: ProgramR
 def test_gateway_depends_on_its_node_and_keys_never_on_the_models(generated: ProgramRun) -> None:
     c = generated.get("gateway-nginx")
     by_urn = {r.urn: r for r in generated.registrations}
+    # The exporter first: nginx's first log lines find it listening.
     assert {by_urn[u].name for u in c.dependencies} == {
-        "gpu-01-hosts", "gpu-01-preflight", "gpu-01-image-nginx-1-27-5", "gateway-keys"}
+        "gpu-01-hosts", "gpu-01-preflight", "gpu-01-image-nginx-1-27-5", "gateway-keys", "gateway-exporter"}
     (gw,) = generated.by_type(GATEWAY)
     ours = [r for r in generated.registrations if r.parent == gw.urn]
     for r in ours:
         for dep in r.dependencies:
             assert by_urn[dep].name.startswith(("gpu-01-", "gateway-")), (r.name, by_urn[dep].name)
+
+
+def test_exporter_runs_the_uploaded_program_unprivileged_on_host_network(generated: ProgramRun) -> None:
+    c = host_network_container(generated, "gateway-exporter", "llm-gateway-exporter", "gpu-01-image-python-3-12-slim")
+    inputs = c.plain_inputs()
+    assert inputs["command"] == ["python3", "/opt/llm-cluster/gateway_exporter.py", "--syslog", "127.0.0.1:5514",
+                                 "--listen", "192.168.10.11:9145"]
+    assert uploads(c) == {"/opt/llm-cluster/gateway_exporter.py": exporter_source()}
+    assert inputs["user"] == "65534:65534"
+    assert {(label["label"], label["value"]) for label in inputs["labels"]} == {
+        ("llm-cluster.role", "gateway-exporter"), ("llm-cluster.image", "python:3.12-slim")}
+    assert inputs["healthcheck"]["tests"] == [
+        "CMD", "python3", "-c",
+        "import urllib.request; urllib.request.urlopen('http://192.168.10.11:9145/metrics', timeout=3)"]
+    assert not inputs.get("ports") and not inputs.get("envs")
+    by_urn = {r.urn: r for r in generated.registrations}
+    assert {by_urn[u].name for u in c.dependencies} == {
+        "gpu-01-hosts", "gpu-01-preflight", "gpu-01-image-python-3-12-slim"}
+    # nginx sends it the usage log on the port it listens on.
+    conf = uploads(generated.get("gateway-nginx"))["/etc/nginx/nginx.conf"]
+    assert "    access_log syslog:server=127.0.0.1:5514,tag=llmgw,nohostname llm_usage;" in conf.splitlines()
 
 
 def test_keys_are_generated_on_the_host_and_kept_secret(generated: ProgramRun) -> None:
@@ -186,3 +217,30 @@ def test_preview_knows_what_the_policies_read() -> None:
     assert gw.plain_inputs()["authRequired"] is True and gw.plain_inputs()["apiKeyIds"] == ["default"]
     labels = {label["label"]: label["value"] for label in result.get("gateway-nginx").plain_inputs()["labels"]}
     assert labels["llm-cluster.image"] == "nginx:1.27.5"
+
+
+def test_without_auth_no_key_is_made_uploaded_mounted_or_exported() -> None:
+    cfg = config()
+    cfg["llm-cluster:gateway"].update(auth=False, apiKeys=[])
+    result = run(cfg)
+    (gw,) = result.by_type(GATEWAY)
+    props = gw.plain_inputs()
+    assert (props["authRequired"], props["apiKeyIds"], props["keySource"]) == (False, [], "none")
+    assert sorted(r.name for r in result.registrations if r.parent == gw.urn) == [
+        "gateway-exporter", "gateway-nginx", "gateway-ready"]
+    c = result.get("gateway-nginx")
+    inputs = c.plain_inputs()
+    assert inputs["volumes"] == [] and sorted(uploads(c)) == [
+        "/etc/nginx/llm/gateway.js", "/etc/nginx/llm/routes.json", "/etc/nginx/nginx.conf"]
+    assert "llm_keys" not in uploads(c)["/etc/nginx/nginx.conf"]
+    assert "llm-cluster.key-ids" in {label["label"] for label in inputs["labels"]}
+    assert inputs["healthcheck"]["tests"][1].endswith("| grep -qx 200")
+    assert result.get("gateway-ready").plain_inputs()["create"] == readiness_script(80, False, 120, "gpu-01", auth=False)
+    assert gw.outputs.get("apiKeys") is None and result.stack_outputs.get("gatewayApiKeys") is None
+
+
+def test_without_auth_a_key_secret_is_refused() -> None:
+    cfg, secrets = with_secret_keys(KEYS)
+    cfg["llm-cluster:gateway"].update(auth=False, apiKeys=[])
+    with pytest.raises(ValueError, match=r"gateway.auth is false but the secret gatewayApiKeys is set"):
+        run(cfg, secrets)

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from components.planning.gateway import (
-    DIGESTS_FILE, GatewayLayout, exposed_paths, gateway_files, key_digests, key_ids, keys_delete_script,
-    keys_script, nginx_conf, nginx_rate, rate_zones, readiness_script, render_gateway, routes, routes_table,
-    upstream_servers,
+    DIGESTS_FILE, GatewayLayout, container_layout, exporter_argv, exporter_probe, exposed_paths, gateway_files,
+    key_digests, key_ids, keys_delete_script, keys_script, nginx_conf, nginx_rate, rate_zones, readiness_script,
+    render_gateway, routes, routes_table, upstream_servers,
 )
 from components.spec import RateLimitSpec, SpecError, StackSpec, load_stack_config
 
@@ -109,6 +109,37 @@ def test_reference_listener_limits_and_module_path(prod_spec: StackSpec) -> None
             assert loc[:3] == ['if ($llm_key_id = "") {', "return 401;", "}"]
             assert loc[3] == "limit_req zone=llm_rl_0 burst=40 nodelay;"
             assert loc[4] == ("js_content gateway.models;" if endpoint == "models" else "js_content gateway.route;")
+
+
+def test_usage_log_goes_to_stdout_and_one_datagram_per_request_to_the_exporter(prod_spec: StackSpec) -> None:
+    conf = lines(gateway_files(prod_spec)["nginx.conf"])
+    assert [line for line in conf if line.startswith("access_log")] == [
+        "access_log /dev/stdout llm_usage buffer=64k flush=1s;",
+        # nginx refuses `buffer=` on syslog; the tag is what the exporter's parser skips.
+        "access_log syslog:server=127.0.0.1:5514,tag=llmgw,nohostname llm_usage;"]
+    assert container_layout(prod_spec).syslog_port == 5514
+    assert "syslog" not in nginx_conf(prod_spec, GatewayLayout(port=80))  # a layout without the exporter
+
+
+def test_exporter_command_listens_on_the_cluster_address_and_reads_loopback(config: dict[str, Any]) -> None:
+    spec = spec_with(config, metricsPort=9200, exporterSyslogPort=5600)
+    assert exporter_argv(spec) == ["python3", "/opt/llm-cluster/gateway_exporter.py", "--syslog", "127.0.0.1:5600",
+                                   "--listen", "192.168.10.11:9200"]
+    assert exporter_probe(spec)[-1] == (
+        "import urllib.request; urllib.request.urlopen('http://192.168.10.11:9200/metrics', timeout=3)")
+    assert "syslog:server=127.0.0.1:5600," in gateway_files(spec)["nginx.conf"]
+
+
+@pytest.mark.parametrize(("gateway", "message"), [
+    ({"metricsPort": 80}, "gateway.metricsPort: 80 is not allowed: Input should be greater than or equal to 1024"),
+    ({"metricsPort": 8000}, "gateway.metricsPort: port 8000 on gpu-01 is already taken by pools.reasoning.port"),
+    ({"exporterSyslogPort": 9145}, "gateway.exporterSyslogPort: port 9145 on gpu-01 is already taken by gateway.metricsPort"),
+])
+def test_exporter_ports_are_unprivileged_and_claimed_on_the_gateway_node(config: dict[str, Any], gateway: dict[str, Any],
+                                                                         message: str) -> None:
+    with pytest.raises(SpecError) as err:
+        spec_with(config, **gateway)
+    assert str(err.value) == message
 
 
 def test_only_the_openai_endpoints_are_exposed(prod_spec: StackSpec) -> None:
@@ -211,6 +242,30 @@ def test_path_routes_refuse_the_plain_prefix_and_odd_characters(config: dict[str
         spec_with(config, pathRoutes={"/a b;/v1/": "chat"})
 
 
+def test_without_auth_nothing_checks_or_loads_a_key(config: dict[str, Any], prod_spec: StackSpec) -> None:
+    spec = spec_with(config, auth=False, apiKeys=[])
+    assert key_ids(spec) == [] and rate_zones(spec) == []
+    files = gateway_files(spec)
+    assert "llm_keys" not in files["nginx.conf"] and "limit_req" not in files["nginx.conf"]
+    for endpoint in ("chat/completions", "models"):
+        assert block(files["nginx.conf"], f"location = /v1/{endpoint}") == [
+            "js_content gateway.models;" if endpoint == "models" else "js_content gateway.route;"]
+    assert json.loads(files["llm/routes.json"])["auth"] is False
+    assert routes_table(prod_spec)["auth"] is True
+
+
+@pytest.mark.parametrize(("gateway", "path"), [
+    ({"apiKeys": [{"id": "ops"}]}, "gateway.apiKeys"),
+    ({"apiKeys": [], "defaultRateLimit": {"requestsPerSecond": 5}}, "gateway.defaultRateLimit"),
+])
+def test_without_auth_keys_and_limits_are_refused_not_ignored(config: dict[str, Any], gateway: dict[str, Any],
+                                                              path: str) -> None:
+    with pytest.raises(SpecError) as err:
+        spec_with(config, auth=False, **gateway)
+    assert str(err.value) == (f"{path}: keys and limits are not checked when auth is false; "
+                              "remove them or set auth: true")
+
+
 def test_tls_listens_with_the_uploaded_certificate(config: dict[str, Any]) -> None:
     spec = spec_with(config, {"gatewayTlsCert", "gatewayTlsKey"}, tls=True, port=443)
     server = block(nginx_conf(spec, GatewayLayout(port=443)), "server")
@@ -297,7 +352,8 @@ def test_keys_script_makes_keeps_and_drops_keys_and_writes_digests(tmp_path: Pat
 def test_host_scripts_pass_shellcheck() -> None:
     shellcheck = need("shellcheck", "shellcheck")
     for script in (keys_script(["default", "we'ird"]), keys_delete_script(),
-                   readiness_script(80, False, 120, "gpu-01"), readiness_script(443, True, 60)):
+                   readiness_script(80, False, 120, "gpu-01"), readiness_script(443, True, 60),
+                   readiness_script(8080, False, 30, "gpu-01", auth=False)):
         result = subprocess.run([shellcheck, "-s", "bash", "-"], input=script, capture_output=True, text=True)
         assert result.returncode == 0, result.stdout
 

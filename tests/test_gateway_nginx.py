@@ -23,7 +23,9 @@ from typing import Any
 
 import pytest
 
-from components.planning.gateway import DIGESTS_FILE, GatewayLayout, key_ids, keys_script, render_gateway
+from components.planning.gateway import (
+    DIGESTS_FILE, GatewayLayout, key_ids, keys_script, readiness_script, render_gateway,
+)
 from components.spec import StackSpec, load_stack_config
 from plan.stackfile import load_stack_file
 
@@ -163,14 +165,14 @@ class NginxGateway:
     """The generated config on the real nginx, bound to 127.0.0.1, its files under `root`."""
 
     def __init__(self, spec: StackSpec, upstreams: dict[str, list[FakeReplica]], root: Path, digests: Path,
-                 tls_dir: Path | None = None):
+                 tls_dir: Path | None = None, syslog_port: int | None = None):
         self.root = root
         self.port = free_port()
         layout = GatewayLayout(
             port=self.port, listen_address="127.0.0.1", conf_dir=str(root), load_module=NJS_MODULE,
             digests_file=str(digests), tls_dir=str(tls_dir or root / "tls"), pid_file=str(root / "nginx.pid"),
             error_log=str(root / "error.log"), access_log=str(root / "access.log"), temp_dir=str(root / "tmp"),
-            user=None, worker_processes="2")
+            user=None, worker_processes="2", syslog_port=syslog_port)
         self.files = render_gateway(spec, layout, {p: [("127.0.0.1", r.port) for r in rs] for p, rs in upstreams.items()})
         for rel, text in self.files.items():
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -678,3 +680,37 @@ def test_tls_gateway_serves_https_with_the_certificate(tmp_path: Path) -> None:
         assert (status, out["served_by"]) == (200, "c")
         assert gw.call("GET", "/v1/models", context=context)[0] == 401
         assert gw.call("GET", "/v1/models", key=keys["default"])[0] == 400  # plain HTTP on the TLS port
+
+
+# --- auth: false (a lab only) -------------------------------------------------------------------
+
+def test_gateway_without_auth_serves_without_a_key_and_logs_no_key_id(tmp_path: Path) -> None:
+    config = prod_config()
+    config["llm-cluster:gateway"].update(auth=False, apiKeys=[])
+    spec = load_stack_config(config, set())
+    pools = {"chat": [FakeReplica("c")], "reasoning": [FakeReplica("r")]}
+    # No key file exists, and nginx must not need one.
+    gw = NginxGateway(spec, pools, tmp_path, tmp_path / "no-such-key-file.json")
+    try:
+        status, _, out = gw.call("POST", "/v1/chat/completions", {"model": CHAT})
+        assert (status, out["served_by"]) == (200, "c")
+        # A presented key is neither required nor checked.
+        status, _, out = gw.call("POST", "/smart/v1/chat/completions", {"model": R1}, key="sk-anything")
+        assert (status, out["served_by"]) == (200, "r")
+        status, _, models = gw.call("GET", "/v1/models")
+        assert status == 200 and models["data"][0]["id"] == CHAT
+        # Routing is unchanged: an unknown model is still 404, internal paths still unreachable.
+        assert gw.call("POST", "/v1/chat/completions", {"model": "gpt-4o"})[0] == 404
+        assert gw.call("GET", "/metrics")[0] == 404
+        log = gw.log(at_least=5)
+        assert [line["key_id"] for line in log] == [""] * 5
+        assert [line["pool"] for line in log if line["status"] == 200 and line["model"]] == ["chat", "reasoning"]
+        ready = subprocess.run(["bash", "-c", readiness_script(gw.port, False, 10, "gpu-01", auth=False)],
+                               capture_output=True, text=True)
+        assert ready.returncode == 0, ready.stderr
+        assert ready.stdout.strip() == f"gateway on gpu-01:{gw.port} is up and serves without a key (auth: false)"
+    finally:
+        gw.stop()
+        for rs in pools.values():
+            for r in rs:
+                r.kill()

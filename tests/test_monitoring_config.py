@@ -220,10 +220,20 @@ def test_scrape_config_covers_every_endpoint_of_the_reference_stack(prod_spec: S
     assert jobs["ray"] == [
         (f"192.168.10.1{i}:8080", {"instance": f"gpu-0{i}", "node": f"gpu-0{i}", "pool": "reasoning",
                                    "ray_cluster": "reasoning-gpu-01"}) for i in (1, 2)]
-    assert jobs["gateway"] == [("192.168.10.11:80", {"instance": "gpu-01", "node": "gpu-01"})]
+    # The exporter beside nginx, not nginx: the gateway port serves only the OpenAI API.
+    assert jobs["gateway"] == [("192.168.10.11:9145", {"instance": "gpu-01", "node": "gpu-01"})]
     assert config["global"] == {"scrape_interval": "15s", "evaluation_interval": "15s"}
     assert config["rule_files"] == ["rules/*.yml"]
     assert "alerting" not in config
+
+
+def test_gateway_is_scraped_at_its_exporter_over_http_even_when_it_serves_tls(config: dict[str, Any]) -> None:
+    config[NS + "gateway"].update(tls=True, port=443, metricsPort=9200)
+    config[NS + "gatewayTlsCert"] = config[NS + "gatewayTlsKey"] = "[secret]"
+    spec = load_stack_config(config, {NS + "gatewayTlsCert", NS + "gatewayTlsKey"})
+    (job,) = [j for j in yaml.safe_load(prometheus_config(spec))["scrape_configs"] if j["job_name"] == "gateway"]
+    assert job == {"job_name": "gateway", "scheme": "http", "static_configs": [
+        {"targets": ["192.168.10.11:9200"], "labels": {"instance": "gpu-01", "node": "gpu-01"}}]}
 
 
 def with_alertmanager(config: dict[str, Any]) -> StackSpec:

@@ -92,6 +92,27 @@ def test_make_plan_exits_1_naming_the_rule_and_0_on_the_reference(tmp_path: Any)
     assert '"gpu-dtype"' in plan_json and "--dtype bfloat16: bfloat16 needs compute capability 8.0" in plan_json
 
 
+def test_a_gateway_without_auth_is_refused_unless_the_lab_lowers_the_rule(tmp_path: Any) -> None:
+    config = prod_config()
+    config[NS + "gateway"].update(auth=False, apiKeys=[])
+    registrations = run_stack(config, preview=True).registrations
+    assert mandatory(analyze(registrations)) == [("gateway-auth", "gateway")]
+    # The policy config (`--policy-pack-config`) may lower it: a lab then sees an advisory.
+    lowered = analyze(registrations, {"gateway-auth": "advisory"})
+    assert mandatory(lowered) == [] and "gateway-auth" in {v.policy_name for v in lowered}
+    stack = _stack_file(tmp_path, config)
+    refused = subprocess.run([sys.executable, "-m", "plan", "--quiet", "--out", str(tmp_path / "out"),
+                              "--config", stack], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 1, refused.stderr
+    plan_json = (tmp_path / "out" / "changed" / "plan.json").read_text()
+    assert '"gateway-auth"' in plan_json and "authRequired is false" in plan_json
+    (tmp_path / "lab.json").write_text('{"gateway-auth": "advisory"}')
+    lab = subprocess.run([sys.executable, "-m", "plan", "--quiet", "--out", str(tmp_path / "lab"), "--config", stack,
+                          "--policy-config", str(tmp_path / "lab.json")], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert lab.returncode == 0, lab.stderr
+
+
 def test_the_runbooks_deepseek_command_verbatim_is_told_which_flags_fail_on_v100() -> None:
     """Runbook 000 §6.2, copied as is into a ModelServer on the reference cluster's reasoning pool."""
     argv = ("vllm serve /data/models/DeepSeek-R1-GPTQ-Int4 --tensor-parallel-size 8 --pipeline-parallel-size 2 "
@@ -131,7 +152,10 @@ def test_the_runbooks_ray_head_command_opens_the_dashboard() -> None:
     assert [(v.policy_name, v.message.split("\n", 1)[1]) for v in analyze([reg])] == [
         ("internal-ports", "ray start --dashboard-host=0.0.0.0 opens Ray's dashboard (job submission = code "
                            "execution) on every interface. Bind it to the node's cluster address or leave it on "
-                           "127.0.0.1.")]
+                           "127.0.0.1."),
+        # The runbook's `docker run -d --name ray-head …` has no --restart: a reboot leaves the pool down.
+        ("container-restart", "restart is no: the container stays down after it exits and after a reboot of the "
+                              "node. Set restart=\"unless-stopped\".")]
 
 
 def test_the_pack_starts_the_way_the_cli_runs_it() -> None:

@@ -6,8 +6,9 @@
  * js_preload_object, js_body_filter, r.internalRedirect to a named location).
  *
  * Data comes from two preloaded objects, so neither this file nor nginx.conf holds a key:
- *   llm_routes  routes.json, generated from the stack (models, pools, prefixes, allowlists)
+ *   llm_routes  routes.json, generated from the stack (auth, models, pools, prefixes, allowlists)
  *   llm_keys    sha256(key) -> key id, made on the gateway host or from the stack's secret
+ *               (absent when auth is off)
  * Each request runs in its own VM (two when proxied: the internal redirect to the pool location
  * starts a new one for the body filter), so module-level variables are per request and global
  * code is kept to a minimum: it runs for every VM.
@@ -21,8 +22,11 @@ function fail(r, status, message, code, param) {
                                              param: param || null, code: code || null}}));
 }
 
-/* js_set $llm_key_id: the id of the presented key, '' when it is missing or unknown. */
+/* js_set $llm_key_id: the id of the presented key, '' when it is missing or unknown, or auth is off. */
 function keyId(r) {
+    if (!llm_routes.auth) {
+        return '';  // no key file is loaded then: llm_keys is not defined
+    }
     var auth = r.headersIn['Authorization'];
     if (!auth || auth.length < 8 || auth.slice(0, 7).toLowerCase() !== 'bearer ') {
         return '';

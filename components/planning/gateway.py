@@ -15,7 +15,9 @@ One OpenAI endpoint for every pool:
   "requests with a non-idempotent method (POST, LOCK, PATCH) are not passed to the next server if a
   request has been sent to an upstream server").
 - One JSON access-log line per request with the key id (never the key), model, pool, upstream,
-  status, times, bytes and the response's token usage.
+  status, times, bytes and the response's token usage: to stdout, and as a syslog datagram to the
+  metrics exporter on loopback (gateway_exporter.py), which counts them for Prometheus.
+- `auth: false` (a lab only; the policy pack refuses it by default): no key lookup, no 401, no keys.
 """
 from __future__ import annotations
 
@@ -26,11 +28,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from components.planning.monitoring import host_port
 from components.planning.topology import instances
 from components.spec.gateway import RateLimitSpec
 from components.spec.stack import StackSpec
 
 NJS_SOURCE = Path(__file__).with_suffix(".js")
+EXPORTER_SOURCE = Path(__file__).with_name("gateway_exporter.py")
 
 # Endpoints routed by `model` (POST) under /v1/ and under every path-route prefix.
 MODEL_ENDPOINTS = ("chat/completions", "completions", "embeddings")
@@ -41,6 +45,10 @@ HOST_KEYS_DIR = "/etc/llm-cluster/gateway"
 HOST_DIGESTS_DIR = f"{HOST_KEYS_DIR}/nginx"
 DIGESTS_FILE = "key-hashes.json"
 CONTAINER_NAME = "llm-gateway"
+EXPORTER_CONTAINER_NAME = "llm-gateway-exporter"
+EXPORTER_PATH = "/opt/llm-cluster/gateway_exporter.py"
+# The syslog tag nginx puts before each line (letters, digits, _; at most 32).
+SYSLOG_TAG = "llmgw"
 # nginx `map` keywords: a key id spelled like one must be escaped to be matched literally.
 _MAP_KEYWORDS = {"default", "hostnames", "include", "volatile"}
 
@@ -65,6 +73,8 @@ class GatewayLayout:
     user: str | None = "nginx"
     """Worker user (the image has `nginx`); None when nginx does not start as root."""
     worker_processes: str = "auto"
+    syslog_port: int | None = None
+    """UDP port on 127.0.0.1 of the metrics exporter that receives a copy of the usage log; None: none."""
 
     @property
     def njs_file(self) -> str:
@@ -80,12 +90,14 @@ class GatewayLayout:
 def container_layout(spec: StackSpec) -> GatewayLayout:
     """The layout of the gateway container: official nginx image, host network, the stack's port."""
     assert spec.gateway is not None
-    return GatewayLayout(port=spec.gateway.port)
+    return GatewayLayout(port=spec.gateway.port, syslog_port=spec.gateway.exporter_syslog_port)
 
 
 def key_ids(spec: StackSpec) -> list[str]:
-    """Key ids of the stack: the apiKeys' ids, or `default` when none are stated (never open)."""
+    """Key ids of the stack: the apiKeys' ids, or `default` when none are stated; none without auth."""
     assert spec.gateway is not None
+    if not spec.gateway.auth:
+        return []
     return [k.id for k in spec.gateway.api_keys] or [DEFAULT_KEY_ID]
 
 
@@ -126,6 +138,8 @@ def rate_zones(spec: StackSpec) -> list[tuple[RateLimitSpec, list[str]]]:
     """One limit_req zone per distinct (rate, burst), with the key ids it limits (stack order)."""
     g = spec.gateway
     assert g is not None
+    if not g.auth:
+        return []  # the limits are per key (the spec refuses limits without auth)
     limits = {k.id: k.rate_limit or g.default_rate_limit for k in g.api_keys}
     if not g.api_keys:
         limits = {DEFAULT_KEY_ID: g.default_rate_limit}
@@ -156,7 +170,7 @@ def routes_table(spec: StackSpec) -> dict[str, object]:
             allowed = [n for m in k.models for n in (listing.get(m) or [m])]
             allow[k.id] = {n: True for n in allowed}
     order = [g.default_pool] + [p for p in spec.pools if p != g.default_pool]
-    return {"models": models, "listing": listing, "meta": meta, "order": order,
+    return {"auth": g.auth, "models": models, "listing": listing, "meta": meta, "order": order,
             "prefixes": dict(g.path_routes), "allow": allow}
 
 
@@ -256,7 +270,7 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
             out.append(f"    {kind}_temp_path {layout.temp_dir}/{kind};")
     out += ["",
             f"    js_preload_object llm_routes from {layout.routes_file};",
-            f"    js_preload_object llm_keys from {layout.digests_file};",
+            *([f"    js_preload_object llm_keys from {layout.digests_file};"] if g.auth else []),
             f"    js_import gateway from {layout.njs_file};",
             "    js_set $llm_key_id gateway.keyId;",
             "    js_var $llm_model;",
@@ -268,8 +282,12 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
             "",
             f"    log_format llm_usage escape=json '{LOG_FORMAT}';",
             # Buffered: one write per 64k of lines or per second instead of one per request.
-            f"    access_log {layout.access_log} llm_usage buffer=64k flush=1s;",
-            ""]
+            f"    access_log {layout.access_log} llm_usage buffer=64k flush=1s;"]
+    if layout.syslog_port is not None:
+        # One UDP datagram per request (nginx cannot buffer syslog): the metrics exporter's input.
+        # A stopped exporter costs nothing but an error-log line per failed send.
+        out.append(f"    access_log syslog:server=127.0.0.1:{layout.syslog_port},tag={SYSLOG_TAG},nohostname llm_usage;")
+    out.append("")
 
     zones = rate_zones(spec)
     if zones:
@@ -313,7 +331,7 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
             ""]
     guard = ['            if ($llm_key_id = "") {',
              "                return 401;",
-             "            }"]
+             "            }"] if g.auth else []
     # nginx refuses `burst=0`: without a burst the zone's rate alone applies.
     guard += [f"            limit_req zone=llm_rl_{i}" + (f" burst={limit.burst} nodelay;" if limit.burst else ";")
               for i, (limit, _) in enumerate(zones)]
@@ -443,11 +461,18 @@ rm -rf -- {shlex.quote(keys_dir)}
 """
 
 
-def readiness_script(port: int, tls: bool, timeout_seconds: int = 120, node: str = "") -> str:
-    """Wait until the gateway answers GET /v1/models without a key with 401: up, and not open."""
+def keyless_status(auth: bool) -> int:
+    """What GET /v1/models answers a request without a key: 401, or 200 when auth is off."""
+    return 401 if auth else 200
+
+
+def readiness_script(port: int, tls: bool, timeout_seconds: int = 120, node: str = "", auth: bool = True) -> str:
+    """Wait until GET /v1/models without a key answers 401 (up, and not open), or 200 when auth is off."""
     scheme = "https" if tls else "http"
     url = shlex.quote(f"{scheme}://127.0.0.1:{port}/v1/models")
     where = shlex.quote(f"{node}:{port}" if node else str(port))
+    expected = keyless_status(auth)
+    meaning = "refuses requests without a key" if auth else "serves without a key (auth: false)"
     return f"""#!/usr/bin/env bash
 set -euo pipefail
 where={where}
@@ -455,13 +480,39 @@ deadline=$((SECONDS + {int(timeout_seconds)}))
 code=none
 while [ "$SECONDS" -lt "$deadline" ]; do
   code=$(curl -sk -o /dev/null -w '%{{http_code}}' --max-time 5 {url} || true)
-  if [ "$code" = 401 ]; then
-    echo "gateway on $where is up and refuses requests without a key"
+  if [ "$code" = {expected} ]; then
+    echo "gateway on $where is up and {meaning}"
     exit 0
   fi
   sleep 2
 done
-echo "gateway on $where did not answer 401 on /v1/models within {int(timeout_seconds)}s" \\
+echo "gateway on $where did not answer {expected} on /v1/models within {int(timeout_seconds)}s" \\
   "(last status: $code); see: docker logs {CONTAINER_NAME}" >&2
 exit 1
 """
+
+
+def exporter_source() -> str:
+    """The metrics exporter program uploaded into the exporter container."""
+    return EXPORTER_SOURCE.read_text()
+
+
+def metrics_address(spec: StackSpec) -> str:
+    """host:port where the exporter serves /metrics: the gateway node's cluster address."""
+    g = spec.gateway
+    assert g is not None
+    return host_port(spec.node(g.node).address, g.metrics_port)
+
+
+def exporter_argv(spec: StackSpec) -> list[str]:
+    """The exporter's command: syslog from nginx on loopback, /metrics on the cluster address."""
+    g = spec.gateway
+    assert g is not None
+    return ["python3", EXPORTER_PATH, "--syslog", f"127.0.0.1:{g.exporter_syslog_port}",
+            "--listen", metrics_address(spec)]
+
+
+def exporter_probe(spec: StackSpec) -> list[str]:
+    """The exporter container's healthcheck: the slim Python image has no curl, so Python fetches /metrics."""
+    url = f"http://{metrics_address(spec)}/metrics"
+    return ["CMD", "python3", "-c", f"import urllib.request; urllib.request.urlopen({url!r}, timeout=3)"]

@@ -16,13 +16,15 @@ from components.spec.stack import StackSpec
 # Ray's per-node metrics agent serves Prometheus text here: `ray start --metrics-export-port` on
 # every node of a multi-node instance must pass this value (until PoolSpec carries its own).
 
-# The gateway's metrics contract: nginx has no native Prometheus metrics, so the gateway serves
-# these on `<gateway node>:<gateway port>/metrics`, reachable from the cluster network only.
+# The gateway's metrics contract: nginx has no native Prometheus metrics, so the gateway's exporter
+# (components/planning/gateway_exporter.py, fed nginx's usage log) serves these on
+# `<gateway node>:<gateway.metricsPort>/metrics`, reachable from the cluster network only.
 GATEWAY_METRICS: dict[str, str] = {
     "llm_gateway_requests_total": "counter{key_id,model,pool,status}: requests answered, by API key id, "
-                                  "requested model, routed pool and HTTP status",
-    "llm_gateway_upstream_failures_total": "counter{pool,upstream}: upstream attempts that failed "
-                                           "(connect error, timeout, 5xx) and were passed to the next upstream",
+                                  "routed model, routed pool and HTTP status",
+    "llm_gateway_upstream_failures_total": "counter{pool,upstream}: attempts on a replica that failed "
+                                           "(upstream status 502/504: connect error, broken response, timeout); "
+                                           "upstream=none when no replica was live",
 }
 
 # Files are laid out under /etc in the containers: `prometheus/…` -> /etc/prometheus/…, and so on.
@@ -102,8 +104,9 @@ def scrape_targets(spec: StackSpec) -> list[ScrapeTarget]:
                                             {"instance": n, "node": n, "pool": inst.pool, "ray_cluster": inst.name}))
     g = spec.gateway
     if g is not None:
-        targets.append(ScrapeTarget("gateway", spec.node(g.node).address, g.port,
-                                    {"instance": g.node, "node": g.node}, "https" if g.tls else "http"))
+        # The exporter beside nginx, plain HTTP on the cluster network whether or not the gateway serves TLS.
+        targets.append(ScrapeTarget("gateway", spec.node(g.node).address, g.metrics_port,
+                                    {"instance": g.node, "node": g.node}))
     mon_addr = spec.node(m.node).address
     targets.append(ScrapeTarget("prometheus", mon_addr, m.prometheus.port, {"instance": m.node, "node": m.node}))
     if m.alertmanager is not None:
@@ -126,9 +129,6 @@ def prometheus_config(spec: StackSpec) -> str:
     scrape_configs = []
     for job, targets in jobs.items():
         cfg: dict[str, Any] = {"job_name": job, "scheme": targets[0].scheme}
-        if targets[0].scheme == "https":
-            # The gateway's certificate names its public hostname; the scrape goes to its cluster address.
-            cfg["tls_config"] = {"insecure_skip_verify": True}
         cfg["static_configs"] = [{"targets": [t.target], "labels": t.labels} for t in targets]
         scrape_configs.append(cfg)
     config: dict[str, Any] = {

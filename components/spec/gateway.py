@@ -1,7 +1,7 @@
 """Stack model: the OpenAI-compatible gateway (nginx + njs)."""
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from components.spec.base import Spec
 from components.spec.cluster import Name, Port
@@ -45,6 +45,16 @@ class GatewaySpec(Spec):
     port: Port = 80
     image: str = "nginx:1.27.5"
     """An official nginx image: it carries the njs module the router needs (pin a tag or a digest)."""
+    auth: bool = True
+    """Require an API key. `false` serves every model to anyone who reaches the port: for a lab only,
+    and the policy pack's mandatory `gateway-auth` rule refuses it unless its level is lowered."""
+    metrics_port: int = Field(default=9145, ge=1024, le=65535)
+    """Where the gateway's metrics exporter serves /metrics, on the node's cluster address (the exporter
+    runs unprivileged, hence >= 1024)."""
+    exporter_syslog_port: int = Field(default=5514, ge=1024, le=65535)
+    """UDP port on 127.0.0.1 where the exporter receives nginx's usage log as syslog datagrams."""
+    exporter_image: str = "python:3.12-slim"
+    """An official Python image (3.8+) that runs the exporter, a single standard-library file."""
     default_pool: str
     """The runbook's default `/v1/` route: its models are listed first by GET /v1/models (clients that
     take the first listed model land there). Requests are routed by their `model`; an unknown model
@@ -70,6 +80,14 @@ class GatewaySpec(Spec):
     """Idle keepalive connections each nginx worker keeps to each pool (0 = none)."""
     tls: bool = False
     """Serve HTTPS with the secrets `gatewayTlsCert` / `gatewayTlsKey`."""
+
+    @field_validator("api_keys", "default_rate_limit")
+    @classmethod
+    def _keys_need_auth(cls, v: object, info: ValidationInfo) -> object:
+        # Keys and limits without auth would be listed and silently never checked.
+        if v and info.data.get("auth") is False:
+            raise ValueError("keys and limits are not checked when auth is false; remove them or set auth: true")
+        return v
 
     @field_validator("path_routes")
     @classmethod

@@ -189,6 +189,9 @@ def _check_ports(s: StackSpec, instances: Any) -> list[SpecIssue]:
                     claim(n, p.ray_metrics_port, f"pools.{pname}.rayMetricsPort")
     if s.gateway is not None:
         claim(s.gateway.node, s.gateway.port, "gateway.port")
+        claim(s.gateway.node, s.gateway.metrics_port, "gateway.metricsPort")
+        # UDP on loopback, so no TCP listener collides with it; claimed anyway: one number, one purpose.
+        claim(s.gateway.node, s.gateway.exporter_syslog_port, "gateway.exporterSyslogPort")
     m = s.monitoring
     if m is not None:
         for n in s.nodes:
