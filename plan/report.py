@@ -146,7 +146,8 @@ def render_text(result: PlanResult) -> str:
             out.append(f"  model {', '.join(names)} → {pname}")
         for prefix, pname in g.path_routes.items():
             out.append(f"  path  {prefix} → {pname}")
-        out.append(f"  path  /v1/ (any other model) → {g.default_pool}")
+        out.append(f"  path  /v1/ → the pool serving the body's model (unknown model: 404); "
+                   f"GET /v1/models lists {g.default_pool} first")
 
     if result.capacity:
         out.append("\nCapacity (per GPU, as vLLM 0.9.2 will compute it)")
