@@ -42,7 +42,10 @@ def server_props(spec: StackSpec, instance: Instance) -> dict[str, Any]:
         "nodes": list(instance.nodes), "tensorParallel": instance.tensor_parallel,
         "pipelineParallel": instance.pipeline_parallel, "image": pool.image,
         "argv": vllm_argv(spec, instance), "env": vllm_env(spec, instance, instance.head),
-        "capacity": pool_capacity(spec, instance.pool).to_dict(),
+        "capacity": (capacity := pool_capacity(spec, instance.pool)).to_dict(),
+        # What VLLM_MLA_DISABLE=1 would cost, so the MLA advice can give the figures with the fix.
+        "capacityWithoutMla": (pool_capacity(spec, instance.pool, mla=False).to_dict()
+                               if capacity.mla_enabled else None),
     }
 
 

@@ -629,6 +629,26 @@ def test_mla_on_v100_is_advisory_and_silenced_by_vllm_mla_disable() -> None:
     assert of("mla-attention", model_server(props)) == []
 
 
+MLA_ADVICE = ("deepseek_v3 uses MLA attention: vLLM 0.9.2 picks TRITON_MLA on V0, but its prefill calls "
+              "FlashAttention-2, which needs compute capability 8.0; on Tesla V100-SXM2-32GB (sm_70) it is likely "
+              "to fail (inferred from vLLM's code, not tested). Set VLLM_MLA_DISABLE=1 in the pool's env (vLLM then "
+              "keeps the full per-head KV cache: check the capacity plan), or serve it on sm_80+.")
+
+
+def test_mla_advice_gives_the_capacity_without_mla() -> None:
+    fits = {"fits": True, "kv_tokens": 40960.0, "max_model_len": 8192.0, "reason": ""}
+    props = server(arch="deepseek-r1", quantization="gptq", capacityWithoutMla=fits)
+    assert of("mla-attention", model_server(props)) == only(
+        "mla-attention", MLA_ADVICE + " With it, the KV cache holds 40960 tokens per instance (5.0 sequences of "
+        "8192).", level="advisory")
+    short = {"fits": False, "kv_tokens": 14384.0, "max_model_len": 16384.0,
+             "reason": "the KV cache holds 14384 tokens, fewer than max-model-len 16384"}
+    props = server(arch="deepseek-r1", quantization="gptq", capacityWithoutMla=short)
+    assert of("mla-attention", model_server(props)) == only(
+        "mla-attention", MLA_ADVICE + " With it, the KV cache holds 14384 tokens, fewer than max-model-len 16384.",
+        level="advisory")
+
+
 # --- rule 11: memory ---------------------------------------------------------------------------
 
 def test_model_that_does_not_fit_is_mandatory() -> None:

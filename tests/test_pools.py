@@ -265,13 +265,16 @@ def test_every_generated_script_is_valid_shellcheck_clean_bash(prod_run: Program
 
 def test_model_server_props_carry_what_the_policy_pack_reads(prod_run: ProgramRun) -> None:
     props = prod_run.get("reasoning-gpu-01").plain_inputs()
-    assert {k: v for k, v in props.items() if k not in ("capacity", "env")} == {
+    assert {k: v for k, v in props.items() if k not in ("capacity", "capacityWithoutMla", "env")} == {
         "pool": "reasoning", "instance": "reasoning-gpu-01", "model": "deepseek-r1",
         "modelPath": "/data/models/DeepSeek-R1-GPTQ-Int4", "arch": "deepseek-r1", "quantization": "gptq",
         "dtype": "half", "gpuModel": "Tesla V100-SXM2-32GB", "gpuCount": 8, "nodes": ["gpu-01", "gpu-02"],
         "tensorParallel": 8, "pipelineParallel": 2, "image": "vllm/vllm-openai:v0.9.2", "argv": REASONING_ARGV}
     assert sorted(f"{k}={v}" for k, v in props["env"].items()) == env_of("gpu-01")
-    assert isinstance(props["capacity"], dict) and props["capacity"]
+    assert props["capacity"]["mla_enabled"] is True and props["capacity"]["fits"] is True
+    # DeepSeek's MLA on V100 is in doubt, so the props carry what turning it off would cost.
+    assert props["capacityWithoutMla"]["mla_enabled"] is False and props["capacityWithoutMla"]["fits"] is False
+    assert prod_run.get("chat-gpu-05").plain_inputs()["capacityWithoutMla"] is None
     assert prod_run.get("chat-gpu-05").plain_inputs()["argv"] == chat_argv("gpu-05")
     assert prod_run.get("reasoning-gpu-01-ray").plain_inputs() == {
         "pool": "reasoning", "instance": "reasoning-gpu-01", "nodes": ["gpu-01", "gpu-02"], "head": "gpu-01",

@@ -3,6 +3,7 @@ chunked prefill / prefix caching, MLA). Facts come from components.facts.hardwar
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from pulumi_policy import EnforcementLevel, PolicyConfigSchema
@@ -12,7 +13,7 @@ from components.facts.hardware import (
     FP16_REFUSING_MODEL_TYPES, QUANTIZATION_METHODS, QUANTIZATION_MIN_CAPABILITY, QUANTIZATION_WAY_OUT,
     capability_text, engine_support, quantization_min_capability,
 )
-from policies.rules.common import Launch, launch_policy
+from policies.rules.common import Launch, launch_policy, number
 
 
 def model_arch_or_none(name: str | None) -> Any:
@@ -150,10 +151,18 @@ def check_mla(launch: Launch, config: dict[str, Any]) -> list[str]:
     model = _uses_mla(launch)
     if model is None or engine_support(cap).mla or launch.env.get("VLLM_MLA_DISABLE") == "1":
         return []
-    return [f"{model} uses MLA attention: vLLM 0.9.2 picks TRITON_MLA on V0, but its prefill calls "
-            f"FlashAttention-2, which needs compute capability 8.0; on {launch.where()} it is likely to fail "
-            "(inferred from vLLM's code, not tested). Set VLLM_MLA_DISABLE=1 in the pool's env (vLLM then keeps "
-            "the full per-head KV cache: check the capacity plan), or serve it on sm_80+."]
+    message = (f"{model} uses MLA attention: vLLM 0.9.2 picks TRITON_MLA on V0, but its prefill calls "
+               f"FlashAttention-2, which needs compute capability 8.0; on {launch.where()} it is likely to fail "
+               "(inferred from vLLM's code, not tested). Set VLLM_MLA_DISABLE=1 in the pool's env (vLLM then "
+               "keeps the full per-head KV cache: check the capacity plan), or serve it on sm_80+.")
+    without = launch.props.get("capacityWithoutMla")
+    if isinstance(without, Mapping) and without.get("fits") is False:
+        message += f" With it, {without.get('reason')}."
+    elif isinstance(without, Mapping) and without.get("kv_tokens") is not None:
+        tokens, length = number(without["kv_tokens"]) or 0, number(without.get("max_model_len")) or 0
+        message += (f" With it, the KV cache holds {tokens} tokens per instance "
+                    f"({tokens / length if length else 0:.1f} sequences of {length}).")
+    return [message]
 
 
 FLOAT32_CONFIG = PolicyConfigSchema(properties={"allowFloat32": {
