@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 .PHONY: plan test system-deps bench clean
 
 $(VENV)/.runtime: requirements.txt
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@test -x $(VENV)/bin/pip || { rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
 	@touch $@
 
@@ -21,7 +21,9 @@ $(VENV)/.test: requirements.txt requirements-test.txt $(VENV)/.runtime
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements-test.txt
 	@touch $@
 
-## plan: the offline plan of Pulumi.$(STACK).yaml (or CONFIG=path); exit 0 ok, 1 policy violation, 2 invalid config
+## plan: the offline plan of Pulumi.$(STACK).yaml (or CONFIG=path). The planner exits 0 ok, 1 policy
+## violation, 2 invalid config; GNU make reports a failed recipe as its own status 2 after printing
+## "Error 1" or "Error 2" — scripts that must tell them apart run `.venv/bin/python -m plan` directly.
 plan: $(VENV)/.runtime
 	@$(PY) -m plan $(if $(CONFIG),--config $(CONFIG),--stack $(STACK)) $(PLAN_ARGS)
 

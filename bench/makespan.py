@@ -1,8 +1,8 @@
 """Makespan of `pulumi up` for a stack: the dependency graph's critical path vs the runbook's one-after-another.
 
 Run: .venv/bin/python bench/makespan.py [--plan build/plan/prod/plan.json] [--stack-file Pulumi.prod.yaml]
-Without --plan it reads build/plan/<stack>/plan.json when `make plan` wrote it, else runs the program under
-the mock runtime itself. Figures only: nothing here is asserted by a test.
+Without --plan it runs the program under the mock runtime itself (a plan.json on disk may be stale).
+Figures only: nothing here is asserted by a test.
 
 Step durations (seconds). Sources: the runbook (000_*.txt: "首次启动加载模型 5~15 分钟", the 200G link of
 each node); the rest are stated assumptions, changeable with the flags below.
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import runpy
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,11 +62,10 @@ def resources(plan: Path | None, stack_file: Path, stack: str) -> list[dict[str,
     """plan.json's resources, or the same fields from a mock run of the program."""
     if plan is not None:
         return json.loads(plan.read_text())["resources"]
-    from plan.harness import run_program
+    from plan.harness import run_main_program, run_program
 
     config = load_stack_file(stack_file, stack).config
-    run = run_program(lambda: runpy.run_path(str(ROOT / "__main__.py"), run_name="__pulumi_main__"),
-                      config, set(), stack=stack)
+    run = run_main_program(config, set(), stack=stack)
     return [{"urn": r.urn, "type": r.type, "name": r.name, "custom": r.custom,
              "dependencies": r.dependencies} for r in run.registrations]
 
@@ -153,25 +151,23 @@ def _fmt(seconds: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Print both makespans and their ratio for a fast and a slow model load."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--plan", type=Path, help="plan.json (default: build/plan/<stack>/plan.json if present)")
+    p.add_argument("--plan", type=Path, help="read this plan.json (default: run the program under mocks, so the "
+                   "figures never come from a stale plan)")
     p.add_argument("--stack", default="prod")
     p.add_argument("--stack-file", type=Path, default=ROOT / "Pulumi.prod.yaml")
     p.add_argument("--pull-gbps", type=float, default=1.0, help="registry bandwidth per node (Gbit/s)")
     p.add_argument("--hash-gibps", type=float, default=1.0, help="sha256 over the weights (GiB/s)")
     p.add_argument("--copy-gbps", type=float, help="weights copy rate (Gbit/s; default: the HCA's rate; "
                    "a single rsync over SSH is disk- and CPU-bound, often 5-10)")
-    p.add_argument("--from-program", action="store_true", help="ignore plan.json; run the program under mocks")
     p.add_argument("--load-min", type=float, default=5.0, help="fast model load (minutes)")
     p.add_argument("--load-max", type=float, default=15.0, help="slow model load (minutes)")
     args = p.parse_args(argv)
     if args.plan is not None and not args.plan.exists():
         p.error(f"{args.plan} does not exist (run `make plan`, or leave --plan out)")
-    plan = args.plan or ROOT / "build" / "plan" / args.stack / "plan.json"
-    source = plan if plan.exists() and not args.from_program else None
     spec = load_stack_config(load_stack_file(args.stack_file, args.stack).config, set())
-    res = resources(source, args.stack_file, args.stack)
+    res = resources(args.plan, args.stack_file, args.stack)
     print(f"stack {args.stack}: {sum(1 for r in res if r.get('custom', True))} resources from "
-          f"{source or 'a mock run of the program'}; {len(all_instances(spec))} vLLM instances")
+          f"{args.plan or 'a mock run of the program'}; {len(all_instances(spec))} vLLM instances")
     copy = f"{args.copy_gbps:g} Gbit/s" if args.copy_gbps else "each target's HCA rate"
     print(f"assumptions: pull {args.pull_gbps:g} Gbit/s per node, sha256 {args.hash_gibps:g} GiB/s, copies at {copy}, " + ", ".join(f"{m} {model_size_bytes(spec, m) / GIB:.0f} GiB" for m in spec.models))
     for label, minutes in (("fast load", args.load_min), ("slow load", args.load_max)):

@@ -8,7 +8,6 @@ own. Prints figures and ratios; asserts nothing.
 from __future__ import annotations
 
 import copy
-import runpy
 import sys
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ import pulumi  # noqa: E402
 from components.spec import load_stack_config  # noqa: E402
 from plan.analyze import analyze  # noqa: E402
 from plan.graph import component_graph  # noqa: E402
-from plan.harness import run_program  # noqa: E402
+from plan.harness import run_main_program, run_program  # noqa: E402
 from plan.report import PlanResult, artifacts_of, plan_json, render_text  # noqa: E402
 from plan.stackfile import load_stack_file  # noqa: E402
 
@@ -63,8 +62,7 @@ def measure(label: str, config: dict[str, Any]) -> None:
     t0 = time.perf_counter()
     spec = load_stack_config(config, set())
     t1 = time.perf_counter()
-    run = run_program(lambda: runpy.run_path(str(ROOT / "__main__.py"), run_name="__pulumi_main__"),
-                      config, set(), stack=label, preview=True)
+    run = run_main_program(config, set(), stack=label, preview=True)
     t2 = time.perf_counter()
     violations = analyze(run.registrations)
     t3 = time.perf_counter()

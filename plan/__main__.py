@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import runpy
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -16,7 +16,7 @@ import pulumi  # noqa: E402
 
 from components.spec import SpecError, load_stack_config  # noqa: E402
 from plan.graph import component_graph, write_graph  # noqa: E402
-from plan.harness import run_program  # noqa: E402
+from plan.harness import run_main_program  # noqa: E402
 from plan.report import PlanResult, artifacts_of, plan_json, render_text, write_artifacts  # noqa: E402
 from plan.secrets import find_leaks, text_leaks  # noqa: E402
 from plan.stackfile import load_stack_file  # noqa: E402
@@ -33,18 +33,24 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--up", action="store_true",
                    help="model `pulumi up` (computed outputs known) instead of `pulumi preview`")
     p.add_argument("--policy-config", type=Path, help="policy pack config JSON, as --policy-pack-config")
-    p.add_argument("--quiet", action="store_true", help="print only the verdict")
+    p.add_argument("--quiet", action="store_true", help="print only the verdict (errors still go to stderr)")
     return p
 
 
-def _step(msg: str, start: float) -> None:
-    print(f"[{time.monotonic() - start:5.1f}s] {msg}", file=sys.stderr, flush=True)
+def _progress(quiet: bool) -> Callable[[str], None]:
+    """Progress lines on stderr with the elapsed time; none with --quiet."""
+    start = time.monotonic()
+
+    def step(msg: str) -> None:
+        if not quiet:
+            print(f"[{time.monotonic() - start:5.1f}s] {msg}", file=sys.stderr, flush=True)
+    return step
 
 
 def main(argv: list[str] | None = None) -> int:
     """Validate, run the program under mocks, check policies and secrets, print and write the plan."""
     args = _parser().parse_args(argv)
-    start = time.monotonic()
+    step = _progress(args.quiet)
     path = args.config or ROOT / f"Pulumi.{args.stack}.yaml"
     try:
         stack = load_stack_file(path, None if args.config else args.stack)
@@ -63,47 +69,53 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, json.JSONDecodeError) as e:
             print(f"--policy-config {args.policy_config}: {e}", file=sys.stderr)
             return EXIT_INVALID
-    _step(f"stack {stack.name}: config valid ({len(spec.nodes)} nodes, {len(spec.pools)} pools)", start)
+    step(f"stack {stack.name}: config valid ({len(spec.nodes)} nodes, {len(spec.pools)} pools)")
 
     try:
-        run = run_program(lambda: runpy.run_path(str(ROOT / "__main__.py"), run_name="__pulumi_main__"),
-                          stack.config, set(stack.secret_keys), stack=stack.name, preview=not args.up)
+        run = run_main_program(stack.config, stack.secret_keys, stack=stack.name, preview=not args.up)
     except pulumi.RunError as err:  # what the program raises for a config it cannot deploy
         print(f"invalid stack config {path}:\n  {err}", file=sys.stderr)
         return EXIT_INVALID
-    _step(f"program registered {len(run.registrations)} resources", start)
+    step(f"program registered {len(run.registrations)} resources")
 
-    from plan.analyze import PolicyConfigError, Violation, analyze
+    leaks = find_leaks(run.registrations, stack.secret_values)
+    files = artifacts_of(run)
+    leaked_files = sorted(rel for rel, text in files.items() if text_leaks(text, stack.secret_values))
+    if leaks or leaked_files:
+        # Nothing is written: the plan's files would carry the secret too.
+        print("refusing to write the plan: secret config values appear in plaintext (keep them Outputs from "
+              "pulumi.Config().require_secret; never .apply() them into plain strings):", file=sys.stderr)
+        for leak in leaks:
+            print(f"  {leak.secret_key}: {leak.urn} at {leak.path}", file=sys.stderr)
+        for rel in leaked_files:
+            print(f"  in the generated file {rel}", file=sys.stderr)
+        return EXIT_VIOLATION
+
+    from plan.analyze import PolicyConfigError, analyze
     try:
         violations = analyze(run.registrations, policy_config)
     except PolicyConfigError as err:
         print(f"--policy-config {args.policy_config}: {err}", file=sys.stderr)
         return EXIT_INVALID
-    violations += [
-        Violation("no-plaintext-secrets", "mandatory", leak.urn,
-                  f"the value of secret config {leak.secret_key} appears in plaintext at {leak.path}; "
-                  "keep it an Output from pulumi.Config().require_secret and never .apply() it into a string",
-                  "", leak.urn.rsplit("::", 1)[-1])
-        for leak in find_leaks(run.registrations, stack.secret_values)
-    ]
-    _step(f"policy pack: {len(violations)} violation(s)", start)
+    step(f"policy pack: {len(violations)} violation(s)")
 
     out_dir = args.out / stack.name
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
     result = PlanResult(stack.name, str(path), not args.up, spec, run, violations, capacity)
-    result.artifacts = write_artifacts(artifacts_of(run), out_dir)
+    result.artifacts = write_artifacts(files, out_dir)
     result.artifacts += [str(p.relative_to(out_dir)) for p in write_graph(component_graph(run.registrations), out_dir)]
     text = render_text(result)
     doc = json.dumps(plan_json(result), indent=2, sort_keys=False)
     leaked = text_leaks(text + doc, stack.secret_values)
     if leaked:  # belt and braces: the report itself must never carry a secret
+        shutil.rmtree(out_dir, ignore_errors=True)
         print(f"refusing to write the plan: it would contain the secret(s) {', '.join(leaked)}", file=sys.stderr)
         return EXIT_VIOLATION
     (out_dir / "plan.json").write_text(doc)
     (out_dir / "plan.txt").write_text(text)
-    print(text if not args.quiet else text.splitlines()[-1])
-    _step(f"wrote {out_dir / 'plan.json'}, plan.txt, {len(result.artifacts)} artifacts", start)
+    print(text if not args.quiet else text.splitlines()[-1].strip())
+    step(f"wrote {out_dir / 'plan.json'}, plan.txt, {len(result.artifacts)} artifacts")
     return EXIT_VIOLATION if result.mandatory else EXIT_OK
 
 

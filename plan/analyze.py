@@ -65,7 +65,7 @@ def _struct_dict(s: struct_pb2.Struct) -> dict[str, Any]:
 
 def _level_of(value: Any, where: str) -> int:
     name = value.value if isinstance(value, EnforcementLevel) else value
-    if name not in LEVELS:
+    if not isinstance(name, str) or name not in LEVELS:
         raise PolicyConfigError(f"{where}: enforcement level {name!r} is not one of {', '.join(LEVELS)}")
     return LEVELS[name]
 
@@ -76,11 +76,14 @@ def configure_request(policy_config: Mapping[str, Any] | None) -> proto.Configur
     Accepts the CLI's `--policy-pack-config` shape: {"<policy>": "<level>" | {"enforcementLevel": …, k: v},
     "all": "<level>"}.
     """
+    if policy_config is not None and not isinstance(policy_config, Mapping):
+        raise PolicyConfigError(f"the policy config must be a JSON object, got {type(policy_config).__name__}")
     config = dict(policy_config or {})
     by_name = {p.name: p for p in POLICIES}
     unknown = sorted(set(config) - set(by_name) - {"all"})
     if unknown:
         raise PolicyConfigError(f"unknown policy {unknown[0]!r}; policies: {', '.join(by_name)}")
+    # The CLI takes only a level for "all" (no properties: they are per policy).
     all_level = _level_of(config["all"], "all") if "all" in config else None
     request = proto.ConfigureAnalyzerRequest()
     for name, policy in by_name.items():
@@ -104,7 +107,7 @@ def configure_request(policy_config: Mapping[str, Any] | None) -> proto.Configur
 
 def _validate(props: Mapping[str, Any], schema: dict[str, Any], name: str) -> None:
     """Check a policy's config properties against its schema, as the CLI does (gojsonschema)."""
-    import jsonschema  # only when properties are configured (requirements-test.txt today)
+    import jsonschema  # imported only when properties are configured: the default plan never needs it
     try:
         jsonschema.validate(dict(props), schema)
     except jsonschema.ValidationError as err:

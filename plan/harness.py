@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import runpy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pulumi
@@ -159,7 +161,7 @@ class ProgramRun:
         return found[0]
 
 
-def config_for_mocks(config: Mapping[str, Any], secret_keys: set[str]) -> dict[str, str]:
+def config_for_mocks(config: Mapping[str, Any]) -> dict[str, str]:
     """Pulumi passes every config value to the program as a string; objects travel as JSON."""
     return {k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()}
 
@@ -170,7 +172,7 @@ def run_program(program: Callable[[], None], config: Mapping[str, Any], secret_k
     mocks = PlanMocks(preview)
     monitor = RecordingMonitor(mocks)
     pulumi_mocks.set_mocks(mocks, project=project, stack=stack, preview=preview, monitor=monitor)
-    set_all_config(config_for_mocks(config, secret_keys), secret_keys=sorted(secret_keys))
+    set_all_config(config_for_mocks(config), secret_keys=sorted(secret_keys))
     SETTINGS.rpc_manager.clear()
     SETTINGS.outputs.clear()
     stack_outputs: dict[str, Any] = {}
@@ -186,6 +188,16 @@ def run_program(program: Callable[[], None], config: Mapping[str, Any], secret_k
     finally:
         pulumi.export = original_export
     return ProgramRun(monitor.registrations, {k: _settle(v) for k, v in stack_outputs.items()})
+
+
+PROGRAM = Path(__file__).resolve().parent.parent / "__main__.py"
+
+
+def run_main_program(config: Mapping[str, Any], secret_keys: set[str] | frozenset[str], *,
+                     stack: str = "prod", preview: bool = False) -> ProgramRun:
+    """Run the project's own __main__.py (the program `pulumi up` runs) under the mock runtime."""
+    return run_program(lambda: runpy.run_path(str(PROGRAM), run_name="__pulumi_main__"), config,
+                       set(secret_keys), stack=stack, preview=preview)
 
 
 def _settle(value: Any) -> Any:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
         seen.add(key)
     return loader.construct_mapping(node, deep=deep)
 
+
+_STACK_NAME = re.compile(r"^(?!\.{1,2}$)[A-Za-z0-9_.-]+$")
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
@@ -60,16 +63,25 @@ def _placeholder_value(stack: str, key: str, config: dict[str, Any]) -> str:
 
 def load_stack_file(path: Path, name: str | None = None) -> StackFile:
     """Parse a stack file; raise SpecError (never a traceback) when it cannot be read."""
-    name = name or path.name.removeprefix("Pulumi.").removesuffix(".yaml")
+    name = name if name is not None else path.name.removeprefix("Pulumi.").removesuffix(".yaml")
+    if not _STACK_NAME.match(name):
+        # The name becomes build/plan/<name>/, which the plan empties first: never '', '..' or a path.
+        raise SpecError([SpecIssue(str(path), f"stack name {name!r} must be letters, digits, '-', '_' or '.' "
+                                   "(Pulumi.<name>.yaml)")])
     try:
-        doc = yaml.load(path.read_text(), Loader=_StrictLoader)  # noqa: S506 (a SafeLoader subclass)
+        doc = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)  # noqa: S506 (SafeLoader subclass)
     except FileNotFoundError:
         raise SpecError([SpecIssue(str(path), "stack file not found")]) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError([SpecIssue(str(path), f"cannot be read as UTF-8 text: {e}")]) from None
     except yaml.YAMLError as e:
         raise SpecError([SpecIssue(str(path), f"is not valid YAML: {e}")]) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("config", {}), dict):
         raise SpecError([SpecIssue(f"{path}", "must be a mapping with a `config:` mapping")])
     raw: dict[str, Any] = doc.get("config") or {}
+    odd = [k for k in raw if not isinstance(k, str)]
+    if odd:
+        raise SpecError([SpecIssue(f"config.{odd[0]!r}", "config keys are strings like llm-cluster:nodes")])
     config: dict[str, Any] = {}
     secret_keys: set[str] = set()
     secrets: dict[str, str] = {}

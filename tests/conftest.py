@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import copy
-import runpy
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from components.spec import StackSpec, load_stack_config  # noqa: E402
-from plan.harness import ProgramRun, run_program  # noqa: E402
+from plan.harness import ProgramRun, run_main_program  # noqa: E402
 from plan.stackfile import load_stack_file  # noqa: E402
 
 PROD = ROOT / "Pulumi.prod.yaml"
@@ -28,8 +27,7 @@ def prod_config() -> dict[str, Any]:
 def run_stack(config: dict[str, Any], secret_keys: set[str] | None = None, *, preview: bool = False,
               stack: str = "prod") -> ProgramRun:
     """Run the real __main__.py under the mock runtime with this config."""
-    return run_program(lambda: runpy.run_path(str(ROOT / "__main__.py"), run_name="__pulumi_main__"),
-                       config, secret_keys or set(), stack=stack, preview=preview)
+    return run_main_program(config, secret_keys or set(), stack=stack, preview=preview)
 
 
 @pytest.fixture

@@ -78,6 +78,35 @@ def test_secure_values_stay_secret_everywhere(tmp_path: Path) -> None:
     for text in written + [proc.stdout, proc.stderr]:
         assert marker not in text
         assert "AAABAHd3" not in text
+    doc = json.loads((tmp_path / "out" / "test" / "plan.json").read_text())
+    assert doc["outputs"]["gatewayApiKeys"] == "[secret]"
+    keys_upload = [r for r in doc["resources"] if r["name"] == "gateway-nginx"][0]["inputs"]["uploads"]
+    assert "[secret]" in json.dumps(keys_upload)  # the digests of the given keys travel as a secret
+
+
+def test_a_leaked_secret_stops_the_plan_before_anything_is_written(tmp_path: Path, monkeypatch, capsys) -> None:
+    import plan.__main__ as cli
+    stack = load_stack_file(stack_file(tmp_path, PROD_TEXT + "  llm-cluster:grafanaAdminPassword:\n"
+                                                  "    secure: v1:opaque\n"))
+    marker = stack.secret_values["llm-cluster:grafanaAdminPassword"]
+    real = cli.run_main_program
+
+    def leaky(*args, **kwargs):
+        run = real(*args, **kwargs)
+        run.registrations[0].inputs["note"] = f"password={marker}"
+        return run
+    monkeypatch.setattr(cli, "run_main_program", leaky)
+    assert cli.main(["--config", str(stack.path), "--out", str(tmp_path / "out"), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "llm-cluster:grafanaAdminPassword: urn:pulumi:test::llm-cluster::pulumi:pulumi:Stack$llm-cluster:node:" \
+           "GpuNode::gpu-01 at inputs.note" in err
+    assert marker not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_quiet_prints_only_the_verdict(tmp_path: Path) -> None:
+    proc = plan(tmp_path, "--quiet")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "→ no mandatory violation\n", "")
 
 
 @pytest.mark.parametrize("edit,expected", [
