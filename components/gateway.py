@@ -13,9 +13,10 @@ from components.base import Component
 from components.gpu_node import GpuNode
 from components.planning.gateway import (
     CONTAINER_NAME, EXPORTER_CONTAINER_NAME, EXPORTER_PATH, HOST_DIGESTS_DIR, container_layout, exporter_argv,
-    exporter_probe, exporter_source, exposed_paths, gateway_files, key_digests, key_ids, keyless_status,
+    exporter_probe, exporter_source, exposed_paths, gateway_files, healthcheck_probe, key_digests, key_ids,
     keys_delete_script, keys_script, readiness_script, routes,
 )
+from components.planning.node_scripts import bash_command
 from components.spec import StackSpec
 
 READY_TIMEOUT_SECONDS = 120
@@ -49,9 +50,7 @@ class Gateway(Component):
             raise ValueError("Gateway needs the stack's gateway section")
         if g.tls and (args.tls_cert is None or args.tls_key is None):
             raise ValueError("gateway.tls needs the secrets gatewayTlsCert and gatewayTlsKey")
-        if not g.auth and args.api_keys_secret is not None:
-            raise ValueError("gateway.auth is false but the secret gatewayApiKeys is set: the keys would never be "
-                             "checked; remove the secret or set auth: true")
+        # A gatewayApiKeys secret without auth is refused by the spec (gateway.auth).
         ids = key_ids(spec)
         key_source = ("secret" if args.api_keys_secret is not None else "generated") if g.auth else "none"
         super().__init__(name, {
@@ -81,9 +80,10 @@ class Gateway(Component):
         elif g.auth:
             # No `triggers`: a changed id list updates the command in place, and the script keeps the
             # keys it already made (a replace would run `delete` and drop every key).
+            # bash_command: the SSH user's login shell may be dash; the scripts are bash.
             keys_cmd = remote.Command(
-                self.child("keys"), connection=node.connection, create=keys_script(ids),
-                delete=keys_delete_script(),
+                self.child("keys"), connection=node.connection, create=bash_command(keys_script(ids)),
+                delete=bash_command(keys_delete_script()),
                 # stdout is the keys: a secret in state, and kept out of the engine's log.
                 logging=remote.Logging.STDERR,
                 opts=self.opts(additional_secret_outputs=["stdout"], depends_on=list(node.ready)))
@@ -98,8 +98,6 @@ class Gateway(Component):
             ]
 
         scheme = "https" if g.tls else "http"
-        probe = (f"curl -sk -o /dev/null -w '%{{http_code}}' --max-time 3 {scheme}://127.0.0.1:{g.port}/v1/models"
-                 f" | grep -qx {keyless_status(g.auth)}")
         container = docker.Container(
             self.child("nginx"), name=CONTAINER_NAME, image=image.image_id, network_mode="host",
             restart="unless-stopped", uploads=uploads, volumes=volumes,
@@ -113,12 +111,12 @@ class Gateway(Component):
             # The usage log goes to stdout: bounded by the json-file driver's rotation.
             log_opts={"max-size": "100m", "max-file": "10"},
             healthcheck=docker.ContainerHealthcheckArgs(
-                tests=["CMD-SHELL", probe], interval="30s", timeout="5s", retries=3, start_period="5s"),
+                tests=healthcheck_probe(spec), interval="30s", timeout="5s", retries=3, start_period="5s"),
             opts=self.opts(provider=node.provider, delete_before_replace=True, depends_on=deps))
 
         self.ready: remote.Command = remote.Command(
             self.child("ready"), connection=node.connection,
-            create=readiness_script(g.port, g.tls, READY_TIMEOUT_SECONDS, g.node, g.auth),
+            create=bash_command(readiness_script(g.port, g.tls, READY_TIMEOUT_SECONDS, g.node, g.auth)),
             # A new container (a replace) must be checked again.
             triggers=[container.id],
             opts=self.opts(depends_on=[container]))

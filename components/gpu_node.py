@@ -77,9 +77,10 @@ class GpuNode(Component):
         passphrase = (pulumi.Config().require_secret("sshPrivateKeyPassword")
                       if private_key is not None and "sshPrivateKeyPassword" in spec.secrets else None)
         # agent_socket_path stays unset: the provider then reads SSH_AUTH_SOCK, as ssh does.
+        # A hostKey pins the connection only with hostKeyChecking, as it pins Docker's ssh below.
         self.connection: remote.ConnectionArgs = remote.ConnectionArgs(
             host=host, port=ssh.port, user=ssh.user, private_key=private_key,
-            private_key_password=passphrase, host_key=node.host_key,
+            private_key_password=passphrase, host_key=node.host_key if ssh.host_key_checking else None,
             dial_error_limit=ssh.dial_error_limit, per_dial_timeout=ssh.per_dial_timeout_seconds,
         )
 

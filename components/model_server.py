@@ -9,11 +9,10 @@ import pulumi_docker as docker
 from pulumi_command import remote
 
 from components.base import Component
-from components.planning.pool_capacity import pool_capacity
-from components.planning.ray import head_container_name
+from components.planning.pool_capacity import capacity_dict
 from components.planning.topology import Instance
 from components.planning.vllm import (
-    endpoint, health_gate_script, health_url, supervised_argv, vllm_argv, vllm_env,
+    endpoint, health_gate_script, health_url, server_container_name, supervised_argv, vllm_argv, vllm_env,
 )
 from components.ray_cluster import (
     RayCluster, RayClusterArgs, gate_command_args, gpu_container_args, gpu_container_opts, vllm_healthcheck,
@@ -42,10 +41,10 @@ def server_props(spec: StackSpec, instance: Instance) -> dict[str, Any]:
         "nodes": list(instance.nodes), "tensorParallel": instance.tensor_parallel,
         "pipelineParallel": instance.pipeline_parallel, "image": pool.image,
         "argv": vllm_argv(spec, instance), "env": vllm_env(spec, instance, instance.head),
-        "capacity": (capacity := pool_capacity(spec, instance.pool)).to_dict(),
+        "capacity": (capacity := capacity_dict(spec, instance.pool)),
         # What VLLM_MLA_DISABLE=1 would cost, so the MLA advice can give the figures with the fix.
-        "capacityWithoutMla": (pool_capacity(spec, instance.pool, mla=False).to_dict()
-                               if capacity.mla_enabled else None),
+        "capacityWithoutMla": (capacity_dict(spec, instance.pool, mla=False)
+                               if capacity.get("mla_enabled") else None),
     }
 
 
@@ -61,11 +60,12 @@ class ModelServer(Component):
         head = args.nodes[inst.head]
         self.endpoint: str = endpoint(spec, inst)
         self.container: docker.Container | None = None
+        # Single node: this component's own container; multi-node: the Ray head, which runs vLLM.
+        container_name = server_container_name(inst)
         if args.ray is None:
             argv = supervised_argv(spec, inst)
-            container_name = f"vllm-{inst.name}"
             self.container = docker.Container(
-                self.child("vllm"), name=container_name,
+                self.child("vllm"),
                 # The runbook's `docker run … vllm/vllm-openai:v0.9.2 vllm serve …` hands `vllm serve`
                 # to the image's ENTRYPOINT (python3 -m vllm.entrypoints.openai.api_server) as
                 # arguments, which that parser refuses: the entrypoint is overridden (the watchdog,
@@ -78,7 +78,6 @@ class ModelServer(Component):
             target_id = self.container.id
         else:
             # Multi-node: the Ray head container runs vLLM once every GPU has joined.
-            container_name = head_container_name(inst)
             waits_on = [args.ray.gate]
             target_id = args.ray.head.id
         timeout_s = pool.load_timeout_minutes * 60

@@ -15,6 +15,8 @@ from components.planning.monitoring import (
     grafana_password_generate_script, grafana_password_store_script, grafana_provisioning, host_port,
     node_exporter_args, prometheus_args, prometheus_files,
 )
+from components.planning.node_scripts import bash_command
+from components.planning.ray import NODE_TEXTFILE_DIR
 from components.spec import StackSpec
 
 
@@ -62,12 +64,16 @@ class Monitoring(Component):
                             envs=dcgm_exporter_env(spec, n), gpus="all",
                             capabilities=docker.ContainerCapabilitiesArgs(adds=["SYS_ADMIN"]))
             # node-exporter's documented container form: host network and PID namespace, the
-            # host's / read-only at /host with rslave propagation so later mounts show up.
+            # host's / read-only at /host with rslave propagation so later mounts show up. The
+            # textfile directory (Ray heads write their cluster's size there) is its own read-only
+            # volume: docker creates it on every node, so the collector never finds it missing.
             self._container(n, "node-exporter", m.node_exporter.image,
                             command=node_exporter_args(spec, n), pid_mode="host",
                             mounts=[docker.ContainerMountArgs(
                                 target="/host", source="/", type="bind", read_only=True,
-                                bind_options=docker.ContainerMountBindOptionsArgs(propagation="rslave"))])
+                                bind_options=docker.ContainerMountBindOptionsArgs(propagation="rslave"))],
+                            volumes=[docker.ContainerVolumeArgs(host_path=NODE_TEXTFILE_DIR,
+                                                                container_path=NODE_TEXTFILE_DIR, read_only=True)])
 
         mon = m.node
         node = args.nodes[mon]
@@ -100,11 +106,12 @@ class Monitoring(Component):
 
     def _admin_password(self, node: GpuNode, given: pulumi.Output[str] | None) -> remote.Command:
         """The Grafana admin password file on the host: stored from config, or generated once there."""
-        delete = grafana_password_delete_script()
+        # bash whatever the login shell is: the scripts use pipefail, which dash lacks.
+        delete = bash_command(grafana_password_delete_script())
         if given is None:
             cmd = remote.Command(
                 self.child("grafana-admin-password"), connection=node.connection,
-                create=grafana_password_generate_script(), delete=delete,
+                create=bash_command(grafana_password_generate_script()), delete=delete,
                 # stdout carries the password: secret, and kept out of the engine's log.
                 logging=remote.Logging.STDERR,
                 opts=self.opts(additional_secret_outputs=["stdout"], depends_on=list(node.ready)))
@@ -113,9 +120,11 @@ class Monitoring(Component):
         secret = pulumi.Output.secret(given)
         cmd = remote.Command(
             self.child("grafana-admin-password"), connection=node.connection,
-            create=grafana_password_store_script(), delete=delete, stdin=secret,
+            create=bash_command(grafana_password_store_script()), delete=delete, stdin=secret,
             # A new password replaces the command (new id), which replaces the Grafana container.
-            triggers=[secret], logging=remote.Logging.STDERR, opts=self.opts(depends_on=list(node.ready)))
+            # Delete first: the old command's delete removes the very file the new one would write.
+            triggers=[secret], logging=remote.Logging.STDERR,
+            opts=self.opts(depends_on=list(node.ready), delete_before_replace=True))
         self.grafana_admin_password = secret
         return cmd
 

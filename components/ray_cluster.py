@@ -14,7 +14,7 @@ from components.planning import ray as plan
 from components.planning.node_scripts import bash_command, script_hash
 from components.planning.topology import Instance
 from components.planning.vllm import (
-    WATCHDOG_SCRIPT, container_envs, container_labels, health_probe_argv, health_url,
+    WATCHDOG_SCRIPT, container_envs, container_labels, container_name, health_probe_argv, health_url,
     instance_watchdog_script, supervised_argv, vllm_env,
 )
 from components.spec import StackSpec
@@ -37,8 +37,8 @@ class RayClusterArgs:
     weights_ready: Mapping[str, pulumi.Resource]
 
 
-def gpu_container_args(spec: StackSpec, instance: Instance, node: GpuNode, node_name: str,
-                       role: str) -> dict[str, object]:
+def gpu_container_args(spec: StackSpec, instance: Instance, node: GpuNode, node_name: str, role: str,
+                       extra_volumes: list[docker.ContainerVolumeArgs] | None = None) -> dict[str, object]:
     """docker.Container arguments every GPU container of an instance shares (vLLM, Ray head, Ray worker)."""
     pool = spec.pools[instance.pool]
     model = spec.models[pool.model]
@@ -50,9 +50,13 @@ def gpu_container_args(spec: StackSpec, instance: Instance, node: GpuNode, node_
         gpus = {"device_requests": [docker.ContainerDeviceRequestArgs(
             driver="nvidia", device_ids=[str(i) for i in instance.gpu_ids], capabilities=["gpu"])]}
     return dict(
+        name=container_name(instance, role),
         image=node.images[pool.image].image_id,
         network_mode="host",  # NCCL, Ray and vLLM bind the node's addresses and many ports
-        ipc_mode="host",  # NCCL shares memory between the TP processes
+        # vLLM's TP workers (PyTorch, NCCL) and Ray's object store share memory through /dev/shm,
+        # all inside this one container: a private /dev/shm of shmSizeGib, as the runbook's
+        # `--shm-size` (vLLM's Docker docs: `--ipc=host` or `--shm-size`). Not ipc_mode="host":
+        # with it docker mounts the host's /dev/shm and ignores shm_size, so shmSizeGib did nothing.
         shm_size=pool.shm_size_gib * 1024,
         init=True,  # tini as PID 1 reaps Ray's and vLLM's orphaned processes and forwards SIGTERM
         restart="unless-stopped",
@@ -60,7 +64,8 @@ def gpu_container_args(spec: StackSpec, instance: Instance, node: GpuNode, node_
         envs=container_envs(vllm_env(spec, instance, node_name)),
         labels=[docker.ContainerLabelArgs(label=k, value=v)
                 for k, v in container_labels(spec, instance, node_name, role).items()],
-        volumes=[docker.ContainerVolumeArgs(host_path=model.path, container_path=model.path, read_only=True)],
+        volumes=[docker.ContainerVolumeArgs(host_path=model.path, container_path=model.path, read_only=True),
+                 *(extra_volumes or [])],
         **gpus,
     )
 
@@ -115,20 +120,23 @@ class RayCluster(Component):
                                 "rayPort": pool.ray_port}, opts)
         head_node = args.nodes[inst.head]
         script = plan.ray_head_script(spec, inst)
-        head_name = plan.head_container_name(inst)
+        head_name = container_name(inst, "ray-head")
+        # ray-head.sh writes the cluster's size there for the node's node-exporter (see planning.ray).
+        textfile_dir = docker.ContainerVolumeArgs(host_path=plan.NODE_TEXTFILE_DIR,
+                                                  container_path=plan.NODE_TEXTFILE_DIR)
         self.head: docker.Container = docker.Container(
-            self.child("head"), name=head_name,
+            self.child("head"),
             entrypoints=["/bin/bash", plan.RAY_HEAD_SCRIPT], command=supervised_argv(spec, inst),
             uploads=[docker.ContainerUploadArgs(file=plan.RAY_HEAD_SCRIPT, content=script, executable=True),
                      watchdog_upload(spec, inst)],
             healthcheck=vllm_healthcheck(spec, inst),
-            **gpu_container_args(spec, inst, head_node, inst.head, "ray-head"),
+            **gpu_container_args(spec, inst, head_node, inst.head, "ray-head", [textfile_dir]),
             opts=self.opts(**gpu_container_opts(head_node, inst.head, args.weights_ready)))
         self.workers: dict[str, docker.Container] = {}
         for n in inst.nodes[1:]:
             worker_argv = plan.ray_worker_argv(spec, inst, n)
             self.workers[n] = docker.Container(
-                self.child(f"worker-{n}"), name=plan.worker_container_name(inst),
+                self.child(f"worker-{n}"),
                 # The image's entrypoint is the API server; a worker only runs Ray.
                 entrypoints=worker_argv[:1], command=worker_argv[1:],
                 **gpu_container_args(spec, inst, args.nodes[n], n, "ray-worker"),

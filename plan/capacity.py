@@ -38,8 +38,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="as vllm serve takes it; auto means float16 (the V100 answer)")
     p.add_argument("--quantization", default=None,
                    help="gptq, awq, moe_wna16, bitsandbytes, fp8, ... (default: the config.json's, or none)")
-    p.add_argument("--quant-bits", type=int, default=None, help="weight bits for gptq/awq (default 4)")
-    p.add_argument("--group-size", type=int, default=None, help="quantization group size (default 128)")
+    p.add_argument("--quant-bits", type=int, default=None,
+                   help="weight bits for gptq/awq, 2..8 (default: the config.json's, or 4)")
+    p.add_argument("--group-size", type=int, default=None,
+                   help="quantization group size, -1 for per-channel (default: the config.json's, or 128)")
     p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--max-num-seqs", type=int, default=256)
@@ -78,6 +80,11 @@ def run(argv: list[str]) -> tuple[CapacityEstimate, dict[str, object]]:
                if value is None]
     if missing:
         raise UsageError(f"missing {', '.join(missing)}")
+    # Only None is "not given": 0 is a value, and out of range.
+    if args.quant_bits is not None and not 2 <= args.quant_bits <= 8:
+        raise UsageError(f"--quant-bits {args.quant_bits}: weight bits must be between 2 and 8")
+    if args.group_size is not None and args.group_size != -1 and args.group_size < 1:
+        raise UsageError(f"--group-size {args.group_size}: must be -1 (one group per output channel) or at least 1")
     arch, checkpoint_quant = _load_model(args.model)
     if args.gpu is not None:
         try:
@@ -93,8 +100,10 @@ def run(argv: list[str]) -> tuple[CapacityEstimate, dict[str, object]]:
     try:
         est = estimate(arch, memory, tp=args.tp, pp=args.pp,
                        gpu_memory_utilization=args.gpu_memory_utilization, dtype=dtype,
-                       quantization=quantization, quant_bits=args.quant_bits or bits,
-                       group_size=args.group_size or group, kv_cache_dtype=args.kv_cache_dtype,
+                       quantization=quantization,
+                       quant_bits=bits if args.quant_bits is None else args.quant_bits,
+                       group_size=group if args.group_size is None else args.group_size,
+                       kv_cache_dtype=args.kv_cache_dtype,
                        max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                        max_num_batched_tokens=args.max_num_batched_tokens,
                        block_size=args.block_size, mla_enabled=not args.no_mla)

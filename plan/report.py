@@ -155,6 +155,9 @@ def render_text(result: PlanResult) -> str:
                    f"{'max conc.':>11}{'rule of thumb':>15}  fits")
         for pname, entry in result.capacity.items():
             for setting, est in entry.items():
+                if "error" in est:
+                    out.append(f"  {pname:<11}{setting:<12}{est['error']}")
+                    continue
                 out.append(f"  {pname:<11}{setting:<12}{est['weights_gib_per_gpu']:>8.1f}G"
                            f"{est['kv_cache_gib_per_gpu']:>9.1f}G{est['kv_tokens']:>11}"
                            f"{est['max_concurrency']:>10.1f}x{est['rule_of_thumb_gib_total']:>13.0f}G  "

@@ -6,12 +6,19 @@ import json
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from components.facts import hardware
+from components.facts.hardware import GPUS, engine_support
 from components.facts.models import model_arch
-from components.planning.capacity import (GIB, estimate, kv_bytes_per_token_per_layer,
-                                          layers_per_stage, linear_bytes_per_param)
+from components.planning import capacity
+from components.planning.capacity import (GIB, default_max_num_batched_tokens, estimate,
+                                          kv_bytes_per_token_per_layer, layers_per_stage,
+                                          linear_bytes_per_param)
+from components.planning.pool_capacity import pool_capacity
+from components.spec import load_stack_config
 from plan.capacity import main as cli_main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -245,8 +252,59 @@ def test_cli_lists_the_catalog(capsys) -> None:
       "--gpu-memory-utilization", "1.5"], "gpu-memory-utilization must be in (0, 1]"),
     (["--model", "qwen3-32b", "--gpu-memory-gib", "32", "--max-model-len", "8", "--dtype", "int4"],
      "invalid choice: 'int4'"),
+    # 0 is a value, not "unset": refused, not replaced by the default.
+    ([*R1_ARGS, "--quant-bits", "0"], "error: --quant-bits 0: weight bits must be between 2 and 8"),
+    ([*R1_ARGS, "--quant-bits", "16"], "error: --quant-bits 16: weight bits must be between 2 and 8"),
+    ([*R1_ARGS, "--group-size", "0"],
+     "error: --group-size 0: must be -1 (one group per output channel) or at least 1"),
+    ([*R1_ARGS, "--group-size", "-2"],
+     "error: --group-size -2: must be -1 (one group per output channel) or at least 1"),
 ])
 def test_cli_bad_input_exits_2_with_a_message_and_no_traceback(args, message, capsys) -> None:
     assert cli_main(args) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+# --- vLLM's default batch budget, and the facts the planner shares -----------------------------
+
+def test_default_batch_budget_is_v0s_on_volta_and_v1s_from_sm80() -> None:
+    # V0 without chunked prefill: the whole max-model-len in one batch.
+    assert default_max_num_batched_tokens(32768) == 32768 and default_max_num_batched_tokens(1024) == 2048
+    # V1 (arg_utils _set_default_args_v1, OpenAI server): 8192 on >= 70 GiB GPUs but A100s, else 2048.
+    v1 = {name: default_max_num_batched_tokens(32768, v1_engine=True, gpu_name=name, gpu_memory_gib=g.memory_gib)
+          for name, g in GPUS.items() if engine_support(g.capability).v1_engine}
+    assert v1 == {"NVIDIA A10": 2048, "NVIDIA A100-SXM4-40GB": 2048, "NVIDIA A100-SXM4-80GB": 2048,
+                  "NVIDIA A100-PCIE-40GB": 2048, "NVIDIA A100 80GB PCIe": 2048, "NVIDIA L40S": 2048,
+                  "NVIDIA H100 80GB HBM3": 8192, "NVIDIA H100 PCIe": 8192, "NVIDIA H200": 8192}
+
+
+@pytest.mark.parametrize("gpu_name,batched", [("Tesla V100-SXM2-32GB", 32768), ("NVIDIA A100-SXM4-80GB", 2048),
+                                              ("NVIDIA H100 80GB HBM3", 8192)])
+def test_pool_capacity_uses_the_engine_the_gpu_runs(config: dict[str, Any], gpu_name: str, batched: int) -> None:
+    config["llm-cluster:nodeDefaults"]["gpu"]["model"] = gpu_name
+    config["llm-cluster:pools"]["chat"]["vllm"]["maxModelLen"] = 32768
+    est = pool_capacity(load_stack_config(config, set()), "chat")
+    assert est.max_num_batched_tokens == batched
+
+
+def test_the_planner_reads_dtypes_and_fp8_methods_from_the_facts() -> None:
+    assert capacity.KV_CACHE_DTYPES is hardware.KV_CACHE_DTYPES
+    assert capacity.DTYPE_BYTES is hardware.DTYPE_BYTES
+    # ptpc_fp8 stores 1-byte weights like every FP8 method vLLM knows.
+    assert linear_bytes_per_param("ptpc_fp8", 2, 8, 128) == 1.0
+    assert hardware.FP8_QUANTIZATION_METHODS <= capacity.QUANTIZATIONS
+
+
+@pytest.mark.parametrize("flags, given", [
+    (["--quant-bits", "8"], {"quant_bits": 8}),
+    (["--quant-bits", "2"], {"quant_bits": 2}),
+    (["--group-size", "-1"], {"group_size": -1}),
+    (["--group-size", "1"], {"group_size": 1}),
+])
+def test_cli_quantization_bits_and_group_size_are_used_as_given(flags, given, capsys) -> None:
+    cli_main([*R1_ARGS, *flags, "--json"])
+    data = json.loads(capsys.readouterr().out)
+    expected = estimate(model_arch("deepseek-r1"), V100, **R1_V100, **given).to_dict()
+    assert data == {"gpu": "Tesla V100-SXM2-32GB", **expected}
+    assert data != {"gpu": "Tesla V100-SXM2-32GB", **estimate(model_arch("deepseek-r1"), V100, **R1_V100).to_dict()}

@@ -6,11 +6,14 @@ import runpy
 from pathlib import Path
 from typing import Any
 
+import pulumi
 import pytest
 
 from components.planning.gateway import (
-    exporter_source, gateway_files, key_digests, keys_delete_script, keys_script, readiness_script,
+    exporter_source, gateway_files, healthcheck_probe, key_digests, keys_delete_script, keys_script,
+    readiness_script,
 )
+from components.planning.node_scripts import bash_command
 from components.spec import StackSpec, load_stack_config
 from plan.harness import SECRET_SIG, SIG, ProgramRun, Registration, run_program, unwrap
 from plan.stackfile import load_stack_file
@@ -105,7 +108,7 @@ def test_container_runs_the_generated_config_on_host_network(generated: ProgramR
     assert uploads(c) == {f"/etc/nginx/{rel}": text for rel, text in files.items()}
     assert inputs["volumes"] == [{"hostPath": "/etc/llm-cluster/gateway/nginx", "containerPath": "/etc/nginx/llm-keys",
                                   "readOnly": True}]
-    assert inputs["healthcheck"]["tests"] == [
+    assert inputs["healthcheck"]["tests"] == healthcheck_probe(spec()) == [
         "CMD-SHELL",
         "curl -sk -o /dev/null -w '%{http_code}' --max-time 3 http://127.0.0.1:80/v1/models | grep -qx 401"]
     assert not inputs.get("ports")
@@ -148,8 +151,8 @@ def test_exporter_runs_the_uploaded_program_unprivileged_on_host_network(generat
 def test_keys_are_generated_on_the_host_and_kept_secret(generated: ProgramRun) -> None:
     cmd = generated.get("gateway-keys")
     inputs = cmd.plain_inputs()
-    assert inputs["create"] == keys_script(["default"])
-    assert inputs["delete"] == keys_delete_script()
+    assert inputs["create"] == bash_command(keys_script(["default"]))
+    assert inputs["delete"] == bash_command(keys_delete_script())
     assert inputs["logging"] == "stderr"
     # No triggers: a replace would run `delete` and drop every key; an edit re-runs the script in place.
     assert "triggers" not in inputs
@@ -162,7 +165,8 @@ def test_keys_are_generated_on_the_host_and_kept_secret(generated: ProgramRun) -
 def test_readiness_check_follows_the_container(generated: ProgramRun) -> None:
     ready = generated.get("gateway-ready")
     c = generated.get("gateway-nginx")
-    assert ready.plain_inputs()["create"] == readiness_script(80, False, 120, "gpu-01")
+    # Wrapped for bash: the SSH user's login shell may be dash.
+    assert ready.plain_inputs()["create"] == bash_command(readiness_script(80, False, 120, "gpu-01"))
     assert ready.plain_inputs()["triggers"] == [f"{c.name}-id"]
     assert c.urn in ready.dependencies
 
@@ -235,12 +239,13 @@ def test_without_auth_no_key_is_made_uploaded_mounted_or_exported() -> None:
     assert "llm_keys" not in uploads(c)["/etc/nginx/nginx.conf"]
     assert "llm-cluster.key-ids" in {label["label"] for label in inputs["labels"]}
     assert inputs["healthcheck"]["tests"][1].endswith("| grep -qx 200")
-    assert result.get("gateway-ready").plain_inputs()["create"] == readiness_script(80, False, 120, "gpu-01", auth=False)
+    assert result.get("gateway-ready").plain_inputs()["create"] == bash_command(
+        readiness_script(80, False, 120, "gpu-01", auth=False))
     assert gw.outputs.get("apiKeys") is None and result.stack_outputs.get("gatewayApiKeys") is None
 
 
-def test_without_auth_a_key_secret_is_refused() -> None:
+def test_without_auth_a_key_secret_is_refused_by_the_spec() -> None:
     cfg, secrets = with_secret_keys(KEYS)
     cfg["llm-cluster:gateway"].update(auth=False, apiKeys=[])
-    with pytest.raises(ValueError, match=r"gateway.auth is false but the secret gatewayApiKeys is set"):
+    with pytest.raises(pulumi.RunError, match=r"gateway.auth: is false but the secret gatewayApiKeys is set"):
         run(cfg, secrets)

@@ -15,9 +15,10 @@ import pytest
 
 from components.planning.gateway import (
     DIGESTS_FILE, GatewayLayout, container_layout, exporter_argv, exporter_probe, exposed_paths, gateway_files,
-    key_digests, key_ids, keys_delete_script, keys_script, nginx_conf, nginx_rate, rate_zones, readiness_script,
-    render_gateway, routes, routes_table, upstream_servers,
+    healthcheck_probe, key_digests, key_ids, keyless_probe, keys_delete_script, keys_script, nginx_conf, nginx_rate,
+    rate_zones, readiness_script, render_gateway, routes, routes_table, upstream_servers,
 )
+from components.planning.node_scripts import bash_command
 from components.spec import RateLimitSpec, SpecError, StackSpec, load_stack_config
 
 
@@ -387,3 +388,36 @@ def test_readiness_script_passes_on_401_and_fails_with_a_message_otherwise() -> 
     assert down.returncode == 1
     assert down.stderr.strip() == (f"gateway on gpu-01:{closed} did not answer 401 on /v1/models within 1s "
                                    "(last status: 000); see: docker logs llm-gateway")
+
+
+def test_healthcheck_probe_sends_the_readiness_request_under_sh(config: dict[str, Any]) -> None:
+    need("curl", "curl")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answer401)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    try:
+        kind, probe = healthcheck_probe(spec_with(config, port=port))
+        assert kind == "CMD-SHELL" and probe == f"{keyless_probe(port, False, 3)} | grep -qx 401"
+        assert f"  code=$({keyless_probe(port, False, 5)} || true)\n" in readiness_script(port, False)
+        # Docker runs CMD-SHELL with /bin/sh.
+        assert subprocess.run(["sh", "-c", probe]).returncode == 0
+        _, open_probe = healthcheck_probe(spec_with(config, auth=False, apiKeys=[]))
+        assert open_probe == f"{keyless_probe(port, False, 3)} | grep -qx 200"
+        assert subprocess.run(["sh", "-c", open_probe]).returncode == 1  # 401 is not what an open gateway answers
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_host_scripts_run_when_the_login_shell_is_dash(tmp_path: Path) -> None:
+    need("dash", "dash")
+    root = tmp_path / "gw"
+    # Handed to dash as it is, the script fails (arrays, pipefail)...
+    assert subprocess.run(["dash", "-c", keys_script(["default"], str(root))], capture_output=True).returncode != 0
+    # ...so the component sends it through bash_command, which hands it to bash whatever the login shell.
+    made = subprocess.run(["dash", "-c", bash_command(keys_script(["default"], str(root)))],
+                          capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    assert list(json.loads(made.stdout)) == ["default"]
+    assert subprocess.run(["dash", "-c", bash_command(keys_delete_script(str(root)))]).returncode == 0
+    assert not root.exists()

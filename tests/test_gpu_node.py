@@ -131,3 +131,13 @@ def test_pinned_host_keys_for_commands_and_docker(
         "-o", "Port=2222", "-o", "StrictHostKeyChecking=yes",
         "-o", "UserKnownHostsFile=~/.ssh/llm-cluster/prod/gpu-03.known_hosts"]
     assert docker.dependencies == [run.get("gpu-03-known-hosts").urn]
+
+
+def test_host_keys_without_checking_pin_nothing(
+        config: dict[str, Any], stack_runner: Callable[..., ProgramRun]) -> None:
+    config["llm-cluster:nodes"]["gpu-03"]["hostKey"] = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI2"
+    run = stack_runner(config)
+    assert "hostKey" not in run.get("gpu-03-preflight").plain_inputs()["connection"]
+    assert "hostKey" not in run.get("gpu-03-hosts").plain_inputs()["connection"]
+    assert run.by_type("command:local:Command") == []
+    assert "StrictHostKeyChecking=no" in json.loads(run.get("gpu-03-docker").plain_inputs()["sshOpts"])

@@ -33,9 +33,9 @@ def test_reference_weights_components_and_commands(prod_run: ProgramRun) -> None
                                   "sourceNode": "gpu-03", "nodes": ["gpu-03", "gpu-04", "gpu-05", "gpu-06"]},
     }
     assert set(weights_children(prod_run, "weights-deepseek-r1")) == {
-        "manifest-gpu-01", "copy-gpu-01-to-gpu-02", "verify-gpu-02"}
+        "manifest-gpu-01", "check-gpu-01", "copy-gpu-01-to-gpu-02", "verify-gpu-02"}
     assert set(weights_children(prod_run, "weights-qwen3-30b-a3b")) == {
-        "manifest-gpu-03", "copy-gpu-03-to-gpu-04", "verify-gpu-04", "copy-gpu-03-to-gpu-05",
+        "manifest-gpu-03", "check-gpu-03", "copy-gpu-03-to-gpu-04", "verify-gpu-04", "copy-gpu-03-to-gpu-05",
         "verify-gpu-05", "copy-gpu-04-to-gpu-06", "verify-gpu-06"}
 
 
@@ -43,6 +43,7 @@ def test_fan_out_dependencies(prod_run: ProgramRun) -> None:
     c = weights_children(prod_run, "weights-qwen3-30b-a3b")
     deps = {name: dep_names(prod_run, r.dependencies) for name, r in c.items()}
     assert deps["manifest-gpu-03"] == {"gpu-03-hosts", "gpu-03-preflight"}
+    assert deps["check-gpu-03"] == {"gpu-03-hosts", "gpu-03-preflight"}  # the source's server waits for this only
     assert deps["copy-gpu-03-to-gpu-04"] == {"weights-qwen3-30b-a3b-manifest-gpu-03", "gpu-04-hosts",
                                              "gpu-04-preflight"}
     assert deps["copy-gpu-03-to-gpu-05"] == {"weights-qwen3-30b-a3b-manifest-gpu-03", "gpu-05-hosts",
@@ -55,6 +56,8 @@ def test_fan_out_dependencies(prod_run: ProgramRun) -> None:
 
 def test_commands_run_where_they_should(prod_run: ProgramRun) -> None:
     c = weights_children(prod_run, "weights-qwen3-30b-a3b")
+    # A failed verify says which copy to replace to send the removed files again.
+    assert "weights-qwen3-30b-a3b-copy-gpu-04-to-gpu-06" in c["verify-gpu-06"].plain_inputs()["create"]
     host = lambda name: c[name].plain_inputs()["connection"]["host"]  # noqa: E731
     assert host("manifest-gpu-03") == "192.168.10.13"
     assert host("copy-gpu-04-to-gpu-06") == "192.168.10.14"  # on the serving node
@@ -66,11 +69,13 @@ def test_commands_run_where_they_should(prod_run: ProgramRun) -> None:
     assert "rm -f --" in copy["delete"] and "expected" in copy["delete"]
 
 
-def test_every_weights_command_triggers_on_path_and_revision_and_replaces_delete_first(
+def test_every_weights_command_triggers_on_its_script_and_revision_and_replaces_delete_first(
         prod_run: ProgramRun) -> None:
     for name, r in weights_children(prod_run, "weights-deepseek-r1").items():
+        # The path is in the script, so its hash covers it.
         triggers = r.plain_inputs()["triggers"]
-        assert triggers[:2] == [R1, "1"] and len(triggers[2]) == 16, name
+        assert len(triggers) == 2 and triggers[0] == "1" and len(triggers[1]) == 16, name
+        assert f"root={R1}\n" in r.plain_inputs()["create"], name
         assert r.options["deleteBeforeReplace"] is True
         assert r.options["replaceOnChanges"] == ["triggers[*]"]
     c = weights_children(prod_run, "weights-deepseek-r1")
@@ -82,8 +87,8 @@ def test_a_revision_bump_replaces_every_step(config: dict[str, Any],
                                              stack_runner: Callable[..., ProgramRun]) -> None:
     config["llm-cluster:models"]["deepseek-r1"]["revision"] = "2"
     run = stack_runner(config)
-    assert {r.plain_inputs()["triggers"][1] for r in weights_children(run, "weights-deepseek-r1").values()} == {"2"}
-    assert {r.plain_inputs()["triggers"][1] for r in weights_children(run, "weights-qwen3-30b-a3b").values()} == {"1"}
+    assert {r.plain_inputs()["triggers"][0] for r in weights_children(run, "weights-deepseek-r1").values()} == {"2"}
+    assert {r.plain_inputs()["triggers"][0] for r in weights_children(run, "weights-qwen3-30b-a3b").values()} == {"1"}
 
 
 def upstream(run: ProgramRun, urn: str) -> set[str]:
@@ -139,7 +144,7 @@ def test_a_source_outside_the_pool_serves_it(config: dict[str, Any],
     assert "manifest-gpu-01" in c
 
 
-def test_ready_maps_every_node_to_its_verified_step(config: dict[str, Any]) -> None:
+def test_ready_maps_the_source_to_its_check_and_targets_to_their_verify(config: dict[str, Any]) -> None:
     made: dict[str, ModelWeights] = {}
 
     def program() -> None:
@@ -149,8 +154,22 @@ def test_ready_maps_every_node_to_its_verified_step(config: dict[str, Any]) -> N
 
     run_program(program, config, set())
     ready = {node: res._name for node, res in made["w"].ready.items()}  # type: ignore[attr-defined]
-    assert ready == {"gpu-03": "w-manifest-gpu-03", "gpu-04": "w-verify-gpu-04", "gpu-05": "w-verify-gpu-05",
+    assert ready == {"gpu-03": "w-check-gpu-03", "gpu-04": "w-verify-gpu-04", "gpu-05": "w-verify-gpu-05",
                      "gpu-06": "w-verify-gpu-06"}
+
+
+def test_the_source_server_does_not_wait_for_the_manifest(prod_run: ProgramRun) -> None:
+    servers = {r.name: r for r in prod_run.by_type("docker:index/container:Container")
+               if r.plain_inputs().get("name", "").startswith("vllm-")}
+    on = lambda node: next(r for r in servers.values()  # noqa: E731
+                           if r.provider.startswith(prod_run.get(f"{node}-docker").urn + "::"))
+    source = upstream(prod_run, on("gpu-03").urn)
+    assert prod_run.get("weights-qwen3-30b-a3b-manifest-gpu-03").urn not in source
+    assert prod_run.get("weights-qwen3-30b-a3b-check-gpu-03").urn in source
+    # A target's server waits for its verified copy, which waits for the manifest.
+    target = upstream(prod_run, on("gpu-04").urn)
+    assert {prod_run.get(n).urn for n in ("weights-qwen3-30b-a3b-verify-gpu-04",
+                                          "weights-qwen3-30b-a3b-manifest-gpu-03")} <= target
 
 
 def test_the_source_must_be_among_the_nodes(config: dict[str, Any]) -> None:

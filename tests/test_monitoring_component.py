@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 
 from components.planning.monitoring import (
-    alert_rules, grafana_password_generate_script, grafana_password_store_script, grafana_provisioning,
-    prometheus_config,
+    alert_rules, grafana_password_delete_script, grafana_password_generate_script, grafana_password_store_script,
+    grafana_provisioning, prometheus_config,
 )
+from components.planning.node_scripts import bash_command
 from components.spec import StackSpec, load_stack_config
 from plan.harness import ProgramRun, Registration
 from tests.conftest import prod_config, run_stack
@@ -71,12 +72,22 @@ def test_dcgm_exporter_gets_the_gpus_and_binds_the_cluster_address(prod_run: Pro
     assert inputs["envs"] == ["DCGM_EXPORTER_LISTEN=192.168.10.14:9400", "DCGM_EXPORTER_KUBERNETES=false"]
 
 
-def test_node_exporter_sees_the_host_read_only(prod_run: ProgramRun) -> None:
-    inputs = prod_run.get("monitoring-gpu-05-node-exporter").plain_inputs()
-    assert inputs["command"] == ["--path.rootfs=/host", "--web.listen-address=192.168.10.15:9100"]
-    assert inputs["pidMode"] == "host"
-    assert inputs["mounts"] == [{"target": "/host", "source": "/", "type": "bind", "readOnly": True,
-                                 "bindOptions": {"propagation": "rslave"}}]
+def test_node_exporter_sees_the_host_and_the_ray_textfiles_read_only(prod_run: ProgramRun) -> None:
+    # On every node, Ray head or not: docker creates the directory, so the collector never misses it.
+    for n in ("gpu-01", "gpu-05"):
+        inputs = prod_run.get(f"monitoring-{n}-node-exporter").plain_inputs()
+        assert inputs["command"] == ["--path.rootfs=/host",
+                                     "--collector.textfile.directory=/var/lib/llm-cluster/node-exporter",
+                                     f"--web.listen-address=192.168.10.1{n[-1]}:9100"]
+        assert inputs["pidMode"] == "host"
+        assert inputs["mounts"] == [{"target": "/host", "source": "/", "type": "bind", "readOnly": True,
+                                     "bindOptions": {"propagation": "rslave"}}]
+        # The Ray head writes its textfile into the same host directory.
+        assert inputs["volumes"] == [{"hostPath": "/var/lib/llm-cluster/node-exporter",
+                                      "containerPath": "/var/lib/llm-cluster/node-exporter", "readOnly": True}]
+    head = prod_run.get("reasoning-gpu-01-ray-head").plain_inputs()
+    assert {"hostPath": "/var/lib/llm-cluster/node-exporter",
+            "containerPath": "/var/lib/llm-cluster/node-exporter"} in head["volumes"]
 
 
 def test_prometheus_runs_the_generated_config_and_rules(prod_run: ProgramRun, prod_spec: StackSpec) -> None:
@@ -110,7 +121,9 @@ def test_grafana_is_provisioned_and_reads_its_password_from_a_file(prod_run: Pro
 def test_without_a_configured_password_one_is_generated_on_the_host_as_a_secret(prod_run: ProgramRun) -> None:
     cmd = prod_run.get("monitoring-grafana-admin-password")
     inputs = cmd.plain_inputs()
-    assert inputs["create"] == grafana_password_generate_script()
+    # Under bash whatever the login shell is (dash has no pipefail).
+    assert inputs["create"] == bash_command(grafana_password_generate_script())
+    assert inputs["delete"] == bash_command(grafana_password_delete_script())
     assert inputs["logging"] == "stderr"  # stdout carries the password: never into the engine's log
     assert "stdout" in cmd.options["additionalSecretOutputs"]
     assert provider_node(prod_run.get("monitoring-gpu-01-grafana")) == "gpu-01"
@@ -150,8 +163,11 @@ def test_configured_secrets_never_appear_in_plaintext(secret_run: ProgramRun) ->
     cmd = secret_run.get("monitoring-grafana-admin-password")
     assert cmd.display_inputs()["stdin"] == "[secret]"
     assert cmd.plain_inputs()["stdin"] == PASSWORD
-    assert cmd.plain_inputs()["create"] == grafana_password_store_script()
+    assert cmd.plain_inputs()["create"] == bash_command(grafana_password_store_script())
+    assert cmd.plain_inputs()["delete"] == bash_command(grafana_password_delete_script())
     assert cmd.display_inputs()["triggers"] == ["[secret]"]  # a new password replaces the command…
+    # …old one deleted first: its delete removes the file, which must not follow the new create.
+    assert cmd.options["deleteBeforeReplace"] is True
     grafana = secret_run.get("monitoring-gpu-01-grafana")
     labels = {lbl["label"]: lbl["value"] for lbl in grafana.plain_inputs()["labels"]}
     assert labels["llm-cluster.grafana-password-writer"] == "monitoring-grafana-admin-password-id"  # …and Grafana

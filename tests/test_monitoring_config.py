@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 import yaml
 
+from components.planning.gateway_exporter import Metrics
+from components.planning.node_scripts import bash_command
 from components.planning.monitoring import (
-    GATEWAY_METRICS, PROMETHEUS_CONFIG, PROMETHEUS_RULES, AlertRule, alert_groups, alert_rules,
+    PROMETHEUS_CONFIG, PROMETHEUS_RULES, AlertRule, alert_groups, alert_rules,
     dashboards, grafana_password_delete_script, grafana_password_generate_script,
     grafana_password_store_script, grafana_provisioning, monitoring_files, prometheus_config,
     scrape_targets,
@@ -164,10 +166,12 @@ def test_every_metric_in_rules_and_dashboards_is_exported(prod_spec: StackSpec) 
             "DCGM_FI_DEV_XID_ERRORS", "node_cpu_seconds_total", "llm_gateway_requests_total"} <= used
 
 
-def test_gateway_contract_fixture_matches_the_code() -> None:
-    listed = {line.split()[0] for line in (METRICS_DIR / "llm-gateway-contract.txt").read_text().splitlines()
-              if line and not line.startswith("#")}
-    assert listed == set(GATEWAY_METRICS)
+def test_gateway_contract_fixture_matches_the_exporter() -> None:
+    listed = dict(line.split() for line in (METRICS_DIR / "llm-gateway-contract.txt").read_text().splitlines()
+                  if line and not line.startswith("#"))
+    # What the exporter itself declares (# TYPE lines of its exposition), not a copy kept beside it.
+    declared = dict(line.split()[2:4] for line in Metrics().render().splitlines() if line.startswith("# TYPE "))
+    assert listed == declared
 
 
 def test_runbook_rule_mistakes_are_corrected(prod_spec: StackSpec) -> None:
@@ -211,15 +215,13 @@ def test_scrape_config_covers_every_endpoint_of_the_reference_stack(prod_spec: S
     config = yaml.safe_load(prometheus_config(prod_spec))
     jobs = {j["job_name"]: [(s["targets"][0], s["labels"]) for s in j["static_configs"]]
             for j in config["scrape_configs"]}
-    assert list(jobs) == ["node", "dcgm", "vllm", "ray", "gateway", "prometheus"]
+    # No `ray` job: the vLLM image's Ray (ray[cgraph]) exports no metrics; the heads' textfile rides on `node`.
+    assert list(jobs) == ["node", "dcgm", "vllm", "gateway", "prometheus"]
     assert [t for t, _ in jobs["node"]] == [f"192.168.10.1{i}:9100" for i in range(1, 7)]
     assert [t for t, _ in jobs["dcgm"]] == [f"192.168.10.1{i}:9400" for i in range(1, 7)]
     assert jobs["dcgm"][0][1] == {"instance": "gpu-01", "node": "gpu-01", "pool": "reasoning"}
     assert jobs["vllm"] == [("192.168.10.11:8000", {"instance": "reasoning-gpu-01", "node": "gpu-01", "pool": "reasoning"})] + [
         (f"192.168.10.1{i}:8000", {"instance": f"chat-gpu-0{i}", "node": f"gpu-0{i}", "pool": "chat"}) for i in range(3, 7)]
-    assert jobs["ray"] == [
-        (f"192.168.10.1{i}:8080", {"instance": f"gpu-0{i}", "node": f"gpu-0{i}", "pool": "reasoning",
-                                   "ray_cluster": "reasoning-gpu-01"}) for i in (1, 2)]
     # The exporter beside nginx, not nginx: the gateway port serves only the OpenAI API.
     assert jobs["gateway"] == [("192.168.10.11:9145", {"instance": "gpu-01", "node": "gpu-01"})]
     assert config["global"] == {"scrape_interval": "15s", "evaluation_interval": "15s"}
@@ -289,9 +291,16 @@ def test_gpu_memory_threshold_within_vllm_reservation_is_refused(config: dict[st
     config[NS + "monitoring"]["thresholds"] = {"gpuMemoryUsedRatio": 0.93}
     assert spec_issues(config) == [
         "monitoring.thresholds.gpuMemoryUsedRatio: 0.93 would fire on every GPU of pool 'reasoning': vLLM "
-        "takes gpuMemoryUtilization 0.92 at start, plus CUDA context and NCCL buffers; set it above 0.94"]
+        "takes gpuMemoryUtilization 0.92 at start, plus its CUDA context (about 0.5 GiB of the 32 GiB "
+        "Tesla V100-SXM2-32GB); set it above 0.9356"]
     config[NS + "monitoring"]["thresholds"] = {"gpuMemoryUsedRatio": 0.95}  # the default
     assert monitoring_issues(load_stack_config(config, set())) == []
+    # The CUDA context weighs more on a smaller GPU: the default is too low for 0.92 of a 16 GB V100.
+    config[NS + "nodeDefaults"]["gpu"]["model"] = "Tesla V100-SXM2-16GB"
+    assert spec_issues(config) == [
+        "monitoring.thresholds.gpuMemoryUsedRatio: 0.95 would fire on every GPU of pool 'reasoning': vLLM "
+        "takes gpuMemoryUtilization 0.92 at start, plus its CUDA context (about 0.5 GiB of the 16 GiB "
+        "Tesla V100-SXM2-16GB); set it above 0.9513"]
 
 
 # --- Grafana -----------------------------------------------------------------------------------------
@@ -385,7 +394,11 @@ def every_up(spec: StackSpec, drop: tuple[str, str] | None = None) -> list[tuple
 def cases(spec: StackSpec) -> list[Case]:
     gw200 = 'job="gateway", instance="gpu-01", node="gpu-01", key_id="default", model="qwen3-30b-a3b", pool="chat"'
     upstream = 'job="gateway", instance="gpu-01", node="gpu-01", pool="chat", upstream="192.168.10.14:8000"'
-    ray = 'job="ray", pool="reasoning", ray_cluster="reasoning-gpu-01"'
+    # The head's textfile, served by gpu-01's node-exporter.
+    ray = 'job="node", instance="gpu-01", node="gpu-01", pool="reasoning", ray_cluster="reasoning-gpu-01"'
+    mtime = ('node_textfile_mtime_seconds{job="node", instance="gpu-01", node="gpu-01", pool="reasoning", '
+             'file="/var/lib/llm-cluster/node-exporter/llm-ray-reasoning-gpu-01.prom"}')
+    ray_alert = {"pool": "reasoning", "ray_cluster": "reasoning-gpu-01"}
     return [
         Case("ThroughputDrop", "requests running, 1 token/s", "15m",
              [(f"vllm:generation_tokens_total{{{VLLM03}}}", "0+60x20"), (f"vllm:num_requests_running{{{VLLM03}}}", "3x20")],
@@ -459,12 +472,19 @@ def cases(spec: StackSpec) -> list[Case]:
              every_up(spec, drop=("node", "gpu-06")), [({"job": "node"}, 5.0)]),
         Case("TargetsMissing", "every generated target scraped", "10m", every_up(spec)),
         Case("RayNodesLost", "worker gpu-02 gone", "5m",
-             [(f'up{{{ray}, instance="gpu-01", node="gpu-01"}}', "1x10"),
-              (f'up{{{ray}, instance="gpu-02", node="gpu-02"}}', "0x10")],
-             [({"pool": "reasoning", "ray_cluster": "reasoning-gpu-01"}, 1.0)]),
-        Case("RayNodesLost", "both Ray nodes up", "5m",
-             [(f'up{{{ray}, instance="gpu-01", node="gpu-01"}}', "1x10"),
-              (f'up{{{ray}, instance="gpu-02", node="gpu-02"}}', "1x10")]),
+             [(f"llm_ray_nodes{{{ray}}}", "2 2 1x8"), (f"llm_ray_status_up{{{ray}}}", "1x10")], [(ray_alert, 1.0)]),
+        Case("RayNodesLost", "ray status fails on the head: 0 nodes", "5m",
+             [(f"llm_ray_nodes{{{ray}}}", "0x10"), (f"llm_ray_status_up{{{ray}}}", "0x10")], [(ray_alert, 0.0)]),
+        Case("RayNodesLost", "both Ray nodes in the cluster", "5m",
+             [(f"llm_ray_nodes{{{ray}}}", "2x10"), (f"llm_ray_status_up{{{ray}}}", "1x10")]),
+        Case("RayNodesLost", "a worker rejoining within a minute", "5m",
+             [(f"llm_ray_nodes{{{ray}}}", "2 2 1 2 2 2 2 2 2 2")]),
+        Case("RayMetricsStale", "the head stopped rewriting its textfile at 1 minute", "7m",
+             [(f"llm_ray_nodes{{{ray}}}", "2x10"), (mtime, "0 60x10")], [(ray_alert, 360.0)]),
+        Case("RayMetricsStale", "no textfile at all (head never started, or node-exporter lacks the mount)", "5m",
+             [('up{job="node", instance="gpu-01", node="gpu-01", pool="reasoning"}', "1x10")], [(ray_alert, 0.0)]),
+        Case("RayMetricsStale", "rewritten every minute", "7m",
+             [(f"llm_ray_nodes{{{ray}}}", "2x10"), (mtime, "0+60x10")]),
         Case("GatewayDown", "gateway down", "5m", [('up{job="gateway", instance="gpu-01", node="gpu-01"}', "0x10")],
              [({"job": "gateway", "instance": "gpu-01", "node": "gpu-01"}, 0.0)]),
         Case("GatewayDown", "gateway up", "5m", [('up{job="gateway", instance="gpu-01", node="gpu-01"}', "1x10")]),
@@ -577,6 +597,23 @@ def test_generated_password_is_created_once_private_and_deleted(tmp_path: Path) 
     assert run(["bash", "-c", grafana_password_delete_script(path)]).returncode == 0
     assert not os.path.exists(path) and not os.path.exists(os.path.dirname(path))
     assert run(["bash", "-c", grafana_password_delete_script(path)]).returncode == 0  # twice is fine
+
+
+def test_password_scripts_run_under_dash_as_the_login_shell(tmp_path: Path) -> None:
+    # remote.Command hands `create` to the login shell; on Debian/Ubuntu that may be dash, which has
+    # no pipefail: wrapped in bash_command, the scripts run (and stdin still reaches the store script).
+    dash = shutil.which("dash") or pytest.fail("dash is not installed (Debian: apt-get install -y dash)")
+    path = str(tmp_path / "grafana" / "admin-password")
+    owner = f"{os.getuid()}:{os.getgid()}"
+    bare = run([dash, "-c", grafana_password_store_script(path, owner)], input="from-config-password-1")
+    assert bare.returncode != 0 and "pipefail" in bare.stderr
+    stored = run([dash, "-c", bash_command(grafana_password_store_script(path, owner))], input="from-config-password-1")
+    assert stored.returncode == 0, stored.stderr
+    assert Path(path).read_text() == "from-config-password-1"
+    deleted = run([dash, "-c", bash_command(grafana_password_delete_script(path))])
+    assert deleted.returncode == 0 and not os.path.exists(path)
+    generated = run([dash, "-c", bash_command(grafana_password_generate_script(path, owner))])
+    assert generated.returncode == 0 and generated.stdout == Path(path).read_text()
 
 
 def test_given_password_is_stored_from_stdin_only(tmp_path: Path) -> None:

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from components.facts.models import model_arch
 from components.planning import node_scripts as ns
+from components.planning.capacity import checkpoint_bytes, linear_bytes_per_param, model_params
 from components.spec import StackSpec
 
 PATH = "/data/models/DeepSeek-R1-GPTQ-Int4"
@@ -184,6 +186,43 @@ def test_verify_marks_a_matching_copy_and_refuses_a_corrupt_one(tmp_path: Path) 
     assert "verified" not in state_of(dst)
 
 
+def copy_like_rsync_a(src: Path, dst: Path) -> list[str]:
+    """`rsync -a`'s quick check: send only files missing on the target or differing in size or mtime."""
+    sent = []
+    for f in sorted(p for p in src.rglob("*") if p.is_file() and ".llm-cluster" not in p.parts):
+        rel = f.relative_to(src)
+        t = dst / rel
+        if not t.exists() or (t.stat().st_size, t.stat().st_mtime_ns) != (f.stat().st_size, f.stat().st_mtime_ns):
+            t.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(f, t)
+            sent.append(str(rel))
+    return sent
+
+
+def test_verify_removes_a_corrupt_file_so_the_next_copy_sends_it_again(tmp_path: Path) -> None:
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    make_weights(src)
+    assert run(ns.manifest_build_script(str(src))).returncode == 0
+    copy_like_rsync(src, dst)
+    # A shard arrived damaged: same size, same mtime, other bytes. rsync -a would never send it again.
+    shard = dst / "model-00001-of-00002.safetensors"
+    st = shard.stat()
+    shard.write_bytes(os.urandom(st.st_size))
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    verify = ns.manifest_verify_script(str(dst), "weights-r1-copy-gpu-01-to-gpu-02")
+    bad = run(verify)
+    assert bad.returncode == 1
+    assert ("    fix: those files were removed here, so the next copy sends them again: run pulumi up --replace "
+            "<urn of weights-r1-copy-gpu-01-to-gpu-02> (pulumi stack --show-urns); if it repeats, check the disk\n"
+            ) in bad.stderr
+    assert not shard.exists()
+    assert "model-00001" not in (dst / ".llm-cluster" / "cache").read_text()  # its stale checksum is gone too
+    assert copy_like_rsync_a(src, dst) == ["model-00001-of-00002.safetensors"]
+    again = run(verify)
+    assert again.returncode == 0, again.stderr
+    assert "hashing 1 changed file(s)" in again.stdout
+
+
 def test_verify_without_the_source_manifest_says_the_copy_did_not_finish(tmp_path: Path) -> None:
     (tmp_path / "w").mkdir()
     done = run(ns.manifest_verify_script(str(tmp_path / "w")))
@@ -218,6 +257,34 @@ def test_fstab_entry_is_removed_once_and_only_it(tmp_path: Path) -> None:
     assert run(unmount).returncode == 0 and fstab.read_text() == other
     assert ns.fstab_entry("nas:/export/r1", "/data/models/r1/") == "nas:/export/r1 /data/models/r1 nfs ro,_netdev 0 0"
     assert f"entry='nas:/export/r1 {PATH} nfs ro,_netdev 0 0'" in ns.mount_script("nas:/export/r1", PATH)
+
+
+def test_a_share_is_never_expanded_by_the_shell(tmp_path: Path) -> None:
+    # The spec refuses such shares; the script must not depend on it.
+    share = "nas:/export/$(touch pwned)`touch pwned2`"
+    script = ns.mount_script(share, str(tmp_path / "m"), str(tmp_path / "fstab"))
+    assert f"share={ns.q(share)}\n" in script and 'cannot mount $share at' in script
+    assert f"echo {ns.q(f'    fix: check the export {share} holds the model' + chr(39) + 's files')} >&2" in script
+    done = subprocess.run(["bash", "-c", script.replace('mount "$root" ||', 'false ||')], cwd=tmp_path,
+                          capture_output=True, text=True)
+    assert done.returncode == 1 and f"ERROR: cannot mount {share} at" in done.stderr
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "pwned2").exists()
+
+
+def test_a_newline_in_a_value_does_not_end_the_comment_line() -> None:
+    script = ns.copy_delete_script(PATH, target_login="root@10.0.0.2\nrm -rf /tmp/x", ssh=SSH)
+    lines = script.splitlines()
+    assert lines[1] == f"# llm-cluster: forget the copy of {PATH} on root@10.0.0.2 rm -rf /tmp/x"
+    assert lines[2] == "set -euo pipefail"
+
+
+def test_bookkeeping_lives_in_state_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ns, "STATE_DIR", ".bookkeeping")
+    for script in (ns.manifest_build_script(PATH), ns.manifest_verify_script(PATH),
+                   ns.copy_script(PATH, serving="gpu-01", target="gpu-02", target_login="root@10.0.0.2",
+                                  ssh=SSH, manifest="manifest"),
+                   ns.copy_delete_script(PATH, target_login="root@10.0.0.2", ssh=SSH)):
+        assert ".llm-cluster/" not in script and ".bookkeeping" in script
 
 
 def test_present_check_requires_a_readable_config(tmp_path: Path) -> None:
@@ -275,8 +342,13 @@ def test_reference_node_expectation(prod_spec: StackSpec) -> None:
 
 
 def test_model_size_estimate_and_override(prod_spec: StackSpec) -> None:
-    # 671B parameters at 4 bits plus one fp16 scale and a 4-bit zero per 128: ~325 GiB.
-    assert round(ns.model_size_bytes(prod_spec, "deepseek-r1") / 2**30) == 325
+    # The capacity planner's whole model: linear layers at 4 bits plus one fp16 scale and a 4-bit zero
+    # per 128, embeddings, LM head, norms and routers at fp16 (not the catalog's params_b x 4 bits).
+    arch = model_arch("deepseek-r1")
+    linear = linear_bytes_per_param("gptq", 2, 4, 128)
+    assert ns.model_size_bytes(prod_spec, "deepseek-r1") == int(checkpoint_bytes(arch, act_bytes=2, linear_bytes=linear))
+    assert round(ns.model_size_bytes(prod_spec, "deepseek-r1") / 2**30) == 327
+    assert checkpoint_bytes(arch, act_bytes=2, linear_bytes=linear) - model_params(arch) * linear > 2 * 2**30
     assert round(ns.model_size_bytes(prod_spec, "qwen3-30b-a3b") / 2**30) == 57  # 30.5B fp16
     m = prod_spec.models["deepseek-r1"].model_copy(update={"size_gib": 360.0})
     spec = prod_spec.model_copy(update={"models": {**prod_spec.models, "deepseek-r1": m}})

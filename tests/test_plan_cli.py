@@ -208,3 +208,13 @@ def test_a_config_the_program_refuses_exits_2_without_traceback(tmp_path: Path) 
     assert proc.returncode == 2, proc.stderr
     assert "ssh.keyPath" in proc.stderr and "/nonexistent/id_ed25519" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_pool_the_planner_cannot_model_still_plans_and_the_pack_names_the_fault(tmp_path: Path) -> None:
+    text = PROD_TEXT.replace("tensorParallel: 8         # one replica per node", "tensorParallel: 3")
+    proc = plan(tmp_path, "--config", str(stack_file(tmp_path, text)))
+    assert proc.returncode == 1, proc.stderr
+    assert "  chat       asDeployed  capacity not estimated: qwen3-30b-a3b has 32 attention heads, not " \
+           "divisible by tensor parallel size 3" in proc.stdout
+    assert "[mandatory] parallelism · chat-gpu-03" in proc.stdout
+    assert "Traceback" not in proc.stderr

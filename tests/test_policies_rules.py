@@ -223,14 +223,19 @@ def test_a_v1_only_vllm_image_on_v100_is_refused() -> None:
                         config={"vllm-image": {"voltaImages": ["registry.local/vllm:0.9.2"]}}) == []
 
 
-def test_ray_cluster_image_without_ray_is_refused() -> None:
+def test_ray_cluster_image_without_ray_and_vllm_is_refused() -> None:
     props = {"pool": "reasoning", "instance": "reasoning-gpu-01", "nodes": ["gpu-01", "gpu-02"], "head": "gpu-01",
              "wantGpus": 16.0, "image": "vllm/vllm-openai:v0.9.2", "rayPort": 6379.0}
     assert analyze("llm-cluster:ray:RayCluster", "reasoning-gpu-01", props) == []
     got = analyze("llm-cluster:ray:RayCluster", "reasoning-gpu-01", {**props, "image": "nvcr.io/nvidia/pytorch:24.05"})
-    assert got == only("vllm-image", "image nvcr.io/nvidia/pytorch:24.05 is not known to contain Ray, which every "
-                       "container of a multi-node instance runs (known: rayproject/ray, rayproject/ray-ml, "
-                       "vllm/vllm-openai). Use vllm/vllm-openai:v0.9.2, or list the image in this policy's rayImages.")
+    assert got == only("vllm-image", "image nvcr.io/nvidia/pytorch:24.05 is not known to contain Ray and vLLM, which "
+                       "every container of a multi-node instance runs (known: vllm/vllm-openai). Use "
+                       "vllm/vllm-openai:v0.9.2, or list the image in this policy's rayImages.")
+    # Ray without vLLM is not enough: the head runs `vllm serve`, the workers vLLM's engine workers.
+    got = analyze("llm-cluster:ray:RayCluster", "reasoning-gpu-01", {**props, "image": "rayproject/ray:2.46.0-gpu"})
+    assert got == only("vllm-image", "image rayproject/ray:2.46.0-gpu is not known to contain Ray and vLLM, which "
+                       "every container of a multi-node instance runs (known: vllm/vllm-openai). Use "
+                       "vllm/vllm-openai:v0.9.2, or list the image in this policy's rayImages.")
 
 
 # --- rule 7: topology --------------------------------------------------------------------------
@@ -379,6 +384,24 @@ def test_secret_assignment_in_a_remote_script_is_refused() -> None:
     props["create"] += "export OPENAI_API_KEY=sk-abc\n"
     assert analyze("command:remote:Command", "keys", props) == only(
         "no-plaintext-secrets", f"credential in plain text: script OPENAI_API_KEY=…. {PLAINTEXT}")
+
+
+def test_secret_assignment_in_a_containers_shell_snippet_is_refused() -> None:
+    script = " ".join(CHAT_ARGV)
+    props = {"networkMode": "host", "restart": "unless-stopped", "entrypoints": ["bash", "-c"],
+             "command": [f'HF_TOKEN="$(cat /run/secrets/hf)" {script}'], "envs": ["VLLM_USE_V1=0"],
+             "labels": [{"label": "llm-cluster.role", "value": "vllm"}]}
+    assert analyze(CONTAINER, "c", props, parent_type="llm-cluster:vllm:ModelServer") == []
+    props["command"] = [f"HF_TOKEN=hf_live {script}"]
+    assert analyze(CONTAINER, "c", props, parent_type="llm-cluster:vllm:ModelServer") == only(
+        "no-plaintext-secrets", f"credential in plain text: script HF_TOKEN=…. {PLAINTEXT}")
+    # A flag in the snippet is reported once (by the server's parse), not again as a script flag.
+    props["command"] = [f"{script} --api-key sk-live-123"]
+    assert analyze(CONTAINER, "c", props, parent_type="llm-cluster:vllm:ModelServer") == only(
+        "no-plaintext-secrets", f"credential in plain text: --api-key. {PLAINTEXT}")
+    assert analyze(CONTAINER, "c", {**props, "command": [f"HF_TOKEN=hf_live {script}"]},
+                   parent_type="llm-cluster:vllm:ModelServer",
+                   config={"no-plaintext-secrets": {"ignoreEnv": ["HF_TOKEN"]}}) == []
 
 
 def test_a_published_internal_port_is_refused_unless_on_one_address() -> None:
@@ -748,6 +771,101 @@ def test_a_raw_vllm_container_is_checked_but_a_component_child_is_left_to_its_mo
                     "dtype: half).")
     assert analyze(CONTAINER, "mine", props) == expected
     assert analyze(CONTAINER, "mine", props, parent_type="llm-cluster:vllm:ModelServer") == []
+
+
+API_SERVER = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+BF16 = ("gpu-dtype", "--dtype bfloat16: bfloat16 needs compute capability 8.0; Tesla V100-SXM2-32GB (sm_70) has none "
+        "(vLLM 0.9.2 refuses it at startup). Use --dtype half (the stack's model dtype: half).")
+
+
+def api_server_args(dtype: str = "bfloat16") -> list[str]:
+    """The reference replica's flags as the api_server takes them: the model as --model."""
+    return ["--model", "/data/models/Qwen3-30B-A3B"] + [t if t != "half" else dtype for t in CHAT_ARGV[3:]]
+
+
+def image_default_entrypoint(**changes: Any) -> dict[str, Any]:
+    """The runbook's `docker run vllm/vllm-openai:v0.9.2 --model /m …`: no entrypoints, the command is the
+    image ENTRYPOINT's (the api_server's) arguments."""
+    props = {k: v for k, v in raw_vllm().items() if k != "entrypoints"}
+    props["command"] = api_server_args()
+    props.update(changes)
+    return props
+
+
+def test_the_vllm_images_own_entrypoint_is_read_as_the_api_server() -> None:
+    # --model is the api_server's model flag: not reported; the bf16 on a V100 is.
+    assert analyze(CONTAINER, "mine", image_default_entrypoint()) == only(*BF16)
+    # The image ref from `image` when there is no label.
+    unlabelled = image_default_entrypoint(image="vllm/vllm-openai:v0.9.2", labels=[
+        {"label": "llm-cluster.gpu-model", "value": V100}])
+    assert analyze(CONTAINER, "mine", unlabelled) == only(*BF16)
+    # Another image's entrypoint is not vLLM's: its command alone starts nothing the rules know.
+    other = image_default_entrypoint(image="nginx:1.27.3", labels=[{"label": "llm-cluster.gpu-model", "value": V100}])
+    assert analyze(CONTAINER, "mine", other) == []
+
+
+def test_the_api_server_module_spelled_out_is_a_launch_in_argv_and_in_a_script() -> None:
+    spelled = image_default_entrypoint(entrypoints=API_SERVER)
+    assert analyze(CONTAINER, "mine", spelled) == only(*BF16)
+    script = image_default_entrypoint(entrypoints=["bash", "-c"],
+                                      command=["exec " + " ".join(API_SERVER + api_server_args())])
+    assert analyze(CONTAINER, "mine", script) == only(*BF16)
+    assert analyze(CONTAINER, "mine", image_default_entrypoint(command=api_server_args("half"))) == []
+
+
+def test_the_api_servers_flags_take_the_model_as_model_and_no_positional() -> None:
+    prefix = "vllm.entrypoints.openai.api_server: "
+    missing = image_default_entrypoint(command=api_server_args("half")[2:])
+    assert analyze(CONTAINER, "mine", missing) == only(
+        "vllm-serve-flags", f"{prefix}the model is missing: the api_server takes it as --model /path/to/model "
+        "(without it vLLM 0.9.2 loads its default, facebook/opt-125m, from Hugging Face)")
+    # `vllm serve` handed to the image's entrypoint as arguments: the api_server refuses each word.
+    serve = image_default_entrypoint(command=["vllm", "serve"] + CHAT_ARGV[2:])
+    positional = ("the api_server takes no positional argument (the model is --model; to run another program in "
+                  "the vllm/vllm-openai image, set the container's entrypoints)")
+    assert [d[2].split("\n", 1)[1] for d in of("vllm-serve-flags", analyze(CONTAINER, "mine", serve))] == [
+        f"{prefix}unexpected positional argument 'vllm': {positional}",
+        f"{prefix}unexpected positional argument 'serve': {positional}",
+        f"{prefix}unexpected positional argument '/data/models/Qwen3-30B-A3B': {positional}",
+        f"{prefix}the model is missing: the api_server takes it as --model /path/to/model (without it vLLM "
+        "0.9.2 loads its default, facebook/opt-125m, from Hugging Face)"]
+    unknown = image_default_entrypoint(command=api_server_args("half") + ["--enable-prefix-cache"])
+    assert analyze(CONTAINER, "mine", unknown) == only(
+        "vllm-serve-flags", f"{prefix}unrecognized flag --enable-prefix-cache: not a "
+        "`vllm.entrypoints.openai.api_server` flag in vLLM 0.9.2; did you mean --enable-prefix-caching?")
+
+
+def test_the_api_server_on_every_interface_is_refused_like_vllm_serve() -> None:
+    props = image_default_entrypoint(command=api_server_args("half"))
+    props["command"] = [t if t != "192.168.10.13" else "0.0.0.0" for t in props["command"]]
+    assert analyze(CONTAINER, "mine", props) == only(
+        "internal-ports", "vllm.entrypoints.openai.api_server --host 0.0.0.0 on the host network listens on every "
+        "interface of the node, and /v1, /metrics and /health answer without a key there (only the gateway checks "
+        "keys). Pass --host <the node's cluster address>.")
+
+
+GPU_UNKNOWN = ("the hardware rules (gpu-dtype, vllm-v1-engine, gpu-quantization, gpu-fp8, "
+               "gpu-chunked-prefill-prefix-caching, mla-attention, vllm-image) cannot judge")
+
+
+def test_a_raw_vllm_container_without_its_gpu_gets_one_advisory_asking_for_the_label() -> None:
+    no_label = image_default_entrypoint(labels=[{"label": "llm-cluster.image", "value": "vllm/vllm-openai:v0.9.2"}])
+    expected = only("vllm-gpu-unknown", f"this vLLM container has no llm-cluster.gpu-model label, so {GPU_UNKNOWN} "
+                    "it. Add the label llm-cluster.gpu-model=<nvidia-smi name> (nvidia-smi --query-gpu=name "
+                    "--format=csv,noheader, e.g. Tesla V100-SXM2-32GB) so the hardware rules apply.", level="advisory")
+    assert analyze(CONTAINER, "mine", no_label) == expected
+    serve = raw_vllm(labels=[{"label": "llm-cluster.image", "value": "vllm/vllm-openai:v0.9.2"}])
+    assert analyze(CONTAINER, "mine", serve) == expected
+    k80 = image_default_entrypoint(labels=[{"label": "llm-cluster.gpu-model", "value": "Tesla K80"},
+                                           {"label": "llm-cluster.image", "value": "vllm/vllm-openai:v0.9.2"}])
+    assert analyze(CONTAINER, "mine", k80) == only(
+        "vllm-gpu-unknown", "llm-cluster.gpu-model=Tesla K80 is not a GPU in this pack's facts table (known: Tesla "
+        "V100-SXM2-16GB, Tesla V100-SXM2-32GB, Tesla V100-PCIE-16GB, Tesla V100-PCIE-32GB, Tesla T4, NVIDIA A10, "
+        "NVIDIA A100-SXM4-40GB, NVIDIA A100-SXM4-80GB, NVIDIA A100-PCIE-40GB, NVIDIA A100 80GB PCIe, NVIDIA L40S, "
+        f"NVIDIA H100 80GB HBM3, NVIDIA H100 PCIe, NVIDIA H200), so {GPU_UNKNOWN} this vLLM container. Label it "
+        "with one of the known names.", level="advisory")
+    # A component's container is its ModelServer's business (which always states its GPU).
+    assert analyze(CONTAINER, "mine", no_label, parent_type="llm-cluster:vllm:ModelServer") == []
 
 
 def test_unknown_argv_at_preview_is_an_advisory_cant_run() -> None:

@@ -160,12 +160,41 @@ def test_the_runbooks_ray_head_command_opens_the_dashboard() -> None:
 
 def test_the_pack_starts_the_way_the_cli_runs_it() -> None:
     """`python -m pulumi.policy <engine> <packDir>` with cwd = policies/: it prints its gRPC port and serves."""
+    import queue
+    import threading
+
     proc = subprocess.Popen([sys.executable, "-u", "-m", "pulumi.policy", "127.0.0.1:1", "."], cwd=ROOT / "policies",
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    # readline() has no timeout: read the first line in a thread and wait for it a bounded time.
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=lambda: lines.put(proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+
+    def stop() -> str:
+        """End the server, then read its stderr (reading a running server's stderr would block forever)."""
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=30)
+        reader.join(timeout=30)
+        return proc.stderr.read()  # type: ignore[union-attr]
+
     try:
-        first = proc.stdout.readline().strip() if proc.stdout else ""
-        assert first.isdigit(), proc.stderr.read() if proc.stderr else first
-        assert proc.poll() is None
+        try:
+            first: str | None = lines.get(timeout=60).strip()
+        except queue.Empty:
+            first = None
+        if first is None or not first.isdigit():
+            rc = proc.poll()
+            err = stop()
+            said = "no line within 60 s" if first is None else f"first line {first!r}"
+            pytest.fail(f"the pack did not print its port ({said}; exit status {rc}); stderr:\n{err}")
+        assert proc.poll() is None, stop()
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop()
+        proc.stdout.close()
+        proc.stderr.close()

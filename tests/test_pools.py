@@ -133,11 +133,14 @@ def test_stack_exports_each_instance_endpoint(prod_run: ProgramRun) -> None:
         **{f"chat-{n}": f"http://{ADDRESS[n]}:8000" for n in POOL_NODES["chat"]}}
 
 
-def _gpu_container_common(c: dict[str, Any], shm_gib: int, model_path: str) -> None:
-    assert c["networkMode"] == "host" and c["ipcMode"] == "host" and c["gpus"] == "all"
-    assert c["shmSize"] == shm_gib * 1024
+def _gpu_container_common(c: dict[str, Any], shm_gib: int, model_path: str,
+                          extra_volumes: list[dict[str, Any]] | None = None) -> None:
+    assert c["networkMode"] == "host" and c["gpus"] == "all"
+    # A private /dev/shm of shmSizeGib: with ipcMode host docker would mount the host's and ignore it.
+    assert "ipcMode" not in c and c["shmSize"] == shm_gib * 1024
     assert c["restart"] == "unless-stopped" and c["destroyGraceSeconds"] == 60 and c["init"] is True
-    assert c["volumes"] == [{"hostPath": model_path, "containerPath": model_path, "readOnly": True}]
+    assert c["volumes"] == [{"hostPath": model_path, "containerPath": model_path, "readOnly": True},
+                            *(extra_volumes or [])]
     assert "deviceRequests" not in c
 
 
@@ -150,10 +153,14 @@ def test_ray_head_runs_its_script_with_the_vllm_argv_as_command(prod_run: Progra
     assert c["command"] == ["/bin/bash", WATCHDOG_SCRIPT, *REASONING_ARGV]
     assert c["envs"] == env_of("gpu-01")
     assert c["labels"] == labels("ray-head", "reasoning", "reasoning-gpu-01", "gpu-01")
-    _gpu_container_common(c, 64, "/data/models/DeepSeek-R1-GPTQ-Int4")
+    # The host's node-exporter textfile directory, where ray-head.sh writes the cluster's size.
+    _gpu_container_common(c, 64, "/data/models/DeepSeek-R1-GPTQ-Int4", [
+        {"hostPath": "/var/lib/llm-cluster/node-exporter", "containerPath": "/var/lib/llm-cluster/node-exporter"}])
     [upload, watchdog] = c["uploads"]
     assert upload["file"] == RAY_HEAD_SCRIPT and upload["executable"] is True
-    assert "ray start --head --port=6379 --node-ip-address=192.168.10.11 --num-gpus=8" in upload["content"]
+    assert ("ray start --head --port=6379 --node-ip-address=192.168.10.11 --num-gpus=8 --dashboard-host=192.168.10.11 "
+            "--dashboard-port=8265 --ray-client-server-port=10001 --disable-usage-stats\n") in upload["content"]
+    assert "textfile=/var/lib/llm-cluster/node-exporter/llm-ray-reasoning-gpu-01.prom\n" in upload["content"]
     assert upload["content"].rstrip().endswith('exec "$@"')
     assert watchdog == {"file": WATCHDOG_SCRIPT, "executable": True, "content": watchdog_script(
         "http://192.168.10.11:8000/health", load_timeout_s=1800, unhealthy_after_s=300)}
@@ -169,7 +176,7 @@ def test_ray_worker_joins_the_head_after_it(prod_run: ProgramRun) -> None:
     assert c["name"] == "ray-worker-reasoning-gpu-01"
     assert [*c["entrypoints"], *c["command"]] == [
         "ray", "start", "--block", "--address=192.168.10.11:6379", "--node-ip-address=192.168.10.12",
-        "--num-gpus=8", "--metrics-export-port=8080", "--disable-usage-stats"]
+        "--num-gpus=8", "--disable-usage-stats"]
     assert c["envs"] == env_of("gpu-02")
     assert c["labels"] == labels("ray-worker", "reasoning", "reasoning-gpu-01", "gpu-02")
     _gpu_container_common(c, 64, "/data/models/DeepSeek-R1-GPTQ-Int4")

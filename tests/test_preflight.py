@@ -236,13 +236,22 @@ def test_nvidia_runtime_missing_unless_the_gpus_hook_is_installed(expected: Expe
 
 
 def test_disk_needs_the_weights_still_to_copy(expected: Expectation) -> None:
-    # 500 GiB free: enough for the ~325 GiB DeepSeek-R1 GPTQ estimate, not for 600 GiB.
+    # 500 GiB free: enough for the ~327 GiB DeepSeek-R1 GPTQ estimate + 100 GiB kept free, not for 600 GiB.
     big = dataclasses.replace(expected, models=[{"path": "/data/models/x", "size_bytes": 600 * GIB}])
     [f] = check_node(big, healthy())
-    assert f.what == ("gpu-02: 500 GiB free at /data, need 600 GiB (weights still to copy: 600 GiB, "
+    assert f.what == ("gpu-02: 500 GiB free at /data, need 700 GiB (weights still to copy: 600 GiB, "
                       "minFreeDiskGib: 100)")
     # Weights already half there (an interrupted copy) need only the rest.
     assert check_node(big, dataclasses.replace(healthy(), present_bytes={"/data/models/x": 300 * GIB})) == []
+
+
+def test_disk_keeps_min_free_after_the_copy(expected: Expectation) -> None:
+    # 450 GiB to copy into 500 GiB free would leave 50 GiB: below minFreeDiskGib 100.
+    tight = dataclasses.replace(expected, models=[{"path": "/data/models/x", "size_bytes": 450 * GIB}])
+    [f] = check_node(tight, healthy())
+    assert f.what == ("gpu-02: 500 GiB free at /data, need 550 GiB (weights still to copy: 450 GiB, "
+                      "minFreeDiskGib: 100)")
+    assert check_node(dataclasses.replace(tight, min_free_gib=50), healthy()) == []
 
 
 def test_a_missing_tool_is_an_error_saying_what_to_install(expected: Expectation) -> None:

@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 
 from components.planning.ray import (
-    RayStatus, gate_hints, parse_ray_status, ray_gate_script, ray_head_script, ray_head_start_argv,
-    ray_status_argv, ray_worker_argv, want_gpus,
+    RAY_TEXTFILE_METRICS, RayStatus, gate_hints, parse_ray_status, ray_gate_script, ray_head_script,
+    ray_head_start_argv, ray_metrics_writer, ray_status_argv, ray_textfile, ray_worker_argv, want_gpus,
 )
 from components.planning.topology import Instance, instances
 from components.spec import StackSpec, parse_stack
+from tests.test_monitoring_config import tool
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ray"
 VENV_BIN = Path(sys.executable).parent
@@ -44,7 +45,7 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
-def loopback_spec(ray_port: int, dashboard_port: int, client_port: int, metrics_port: int) -> StackSpec:
+def loopback_spec(ray_port: int, dashboard_port: int, client_port: int) -> StackSpec:
     """A 2-node TP8×PP2 pool whose nodes are 127.0.0.1 (head) and 127.0.0.2 (worker)."""
     return parse_stack({
         "nodeDefaults": {"gpu": {"model": "Tesla V100-SXM2-32GB", "count": 8}, "interface": "lo",
@@ -53,8 +54,7 @@ def loopback_spec(ray_port: int, dashboard_port: int, client_port: int, metrics_
         "models": {"m": {"arch": "qwen3-30b-a3b", "path": "/data/models/m", "source": {"present": True}}},
         "pools": {"loop": {"model": "m", "nodes": ["head", "worker"], "tensorParallel": 8,
                            "pipelineParallel": 2, "rayPort": ray_port, "rayDashboardPort": dashboard_port,
-                           "rayClientPort": client_port, "rayMetricsPort": metrics_port,
-                           "rayGateTimeoutSeconds": 10,
+                           "rayClientPort": client_port, "rayGateTimeoutSeconds": 10,
                            "vllm": {"maxModelLen": 4096}}},
     })
 
@@ -81,6 +81,41 @@ class LoopbackCluster:
     head_rc: int
     head_log: str
     exec_marker: str
+    textfile: Path
+    """Where ray-head.sh's metrics writer puts the node-exporter textfile."""
+    textfile_text: str
+    """The textfile once it counted both nodes (observed after the exec: later tests stop Ray)."""
+    rewritten_after_exec: bool
+    """Whether the writer rewrote it after that, the exec'd command being gone."""
+
+
+def _kill_group(proc: subprocess.Popen[bytes] | None) -> None:
+    """SIGKILL a process started with start_new_session=True and everything in its group (Ray's daemons it
+    started stay in it), whether or not the leader itself is still running."""
+    if proc is None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # the whole group is gone already
+    proc.wait(timeout=SETTLE_S)
+
+
+def _observe(textfile: Path) -> tuple[str, bool]:
+    """The head's textfile once it counts both nodes, and whether it is rewritten after that ("" and False on timeout)."""
+    deadline = time.monotonic() + SETTLE_S
+
+    def complete() -> bool:
+        return textfile.exists() and 'llm_ray_nodes{ray_cluster="loop-head"} 2\n' in textfile.read_text()
+
+    while not complete():
+        if time.monotonic() > deadline:
+            return (textfile.read_text() if textfile.exists() else ""), False
+        time.sleep(0.2)
+    text, before = textfile.read_text(), textfile.stat().st_mtime_ns
+    while textfile.stat().st_mtime_ns == before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return text, textfile.stat().st_mtime_ns != before
 
 
 def _run(script: str, tmp: Path, name: str) -> subprocess.CompletedProcess[str]:
@@ -94,32 +129,37 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackCluste
     """ray-head.sh starts the head and waits; a worker joins; the script then execs its command."""
     ray = _ray()
     tmp = tmp_path_factory.mktemp("ray")
-    spec = loopback_spec(*_free_ports(4))
+    spec = loopback_spec(*_free_ports(3))
     inst = instances(spec, "loop")[0]
     head_script = tmp / "ray-head.sh"
-    head_script.write_text(ray_head_script(spec, inst, interval_s=1))
+    textfile_dir = tmp / "node-exporter"
+    head_script.write_text(ray_head_script(spec, inst, interval_s=1, textfile_dir=str(textfile_dir),
+                                           metrics_interval_s=1))
     marker = tmp / "exec-args"
     log = tmp / "head.log"
+    head: subprocess.Popen[bytes] | None = None
     worker: subprocess.Popen[bytes] | None = None
     try:
         with log.open("w") as out:
             # The stub stands in for `vllm serve …`: it records the arguments the script exec'd.
+            # Its own process group: ray-head.sh polls with no deadline by design, so teardown kills the group.
             head = subprocess.Popen(
                 ["bash", str(head_script), "bash", "-c", f'printf "%s\\n" "$@" > {marker}', "_",
                  "vllm", "serve", "/data/models/m"],
-                stdout=out, stderr=subprocess.STDOUT, env=_env())
+                stdout=out, stderr=subprocess.STDOUT, env=_env(), start_new_session=True)
         # Start the worker only once the head's gate has seen the head alone, so the log shows both steps.
         _wait_for(lambda: "ray: 8/16 GPUs, 1 node(s)" in log.read_text() or head.poll() is not None,
                   "the head's first progress line")
         worker = subprocess.Popen(ray_worker_argv(spec, inst, "worker"), stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL, env=_env())
+                                  stderr=subprocess.DEVNULL, env=_env(), start_new_session=True)
         head_rc = head.wait(timeout=SETTLE_S)
+        textfile = Path(ray_textfile(inst, str(textfile_dir)))
         yield LoopbackCluster(spec, inst, head_rc, log.read_text(),
-                              marker.read_text() if marker.exists() else "")
+                              marker.read_text() if marker.exists() else "", textfile, *_observe(textfile))
     finally:
-        if worker is not None and worker.poll() is None:
-            worker.terminate()
-            worker.wait(timeout=SETTLE_S)
+        # Whatever failed above (a timeout, an assertion in a wait): no ray-head.sh left polling forever.
+        _kill_group(head)
+        _kill_group(worker)
         subprocess.run([ray, "stop", "--force"], capture_output=True, env=_env(), timeout=SETTLE_S)
 
 
@@ -137,11 +177,10 @@ def test_head_script_starts_ray_with_the_planned_head_argv(cluster: LoopbackClus
     assert ray_head_start_argv(cluster.spec, cluster.instance) == [
         "ray", "start", "--head", f"--port={pool.ray_port}", "--node-ip-address=127.0.0.1", "--num-gpus=8",
         "--dashboard-host=127.0.0.1", f"--dashboard-port={pool.ray_dashboard_port}",
-        f"--ray-client-server-port={pool.ray_client_port}", f"--metrics-export-port={pool.ray_metrics_port}",
-        "--disable-usage-stats"]
+        f"--ray-client-server-port={pool.ray_client_port}", "--disable-usage-stats"]
     assert ray_worker_argv(cluster.spec, cluster.instance, "worker") == [
         "ray", "start", "--block", f"--address=127.0.0.1:{pool.ray_port}", "--node-ip-address=127.0.0.2",
-        "--num-gpus=8", f"--metrics-export-port={pool.ray_metrics_port}", "--disable-usage-stats"]
+        "--num-gpus=8", "--disable-usage-stats"]
 
 
 def test_gate_passes_when_the_wanted_gpus_are_there(cluster: LoopbackCluster, tmp_path: Path) -> None:
@@ -181,7 +220,7 @@ def test_python_parser_reads_the_live_cluster_like_the_gate(cluster: LoopbackClu
 def test_worker_exits_when_its_head_goes_so_docker_restarts_it_to_rejoin() -> None:
     """The restart chain's link: `ray start --block` on a worker ends when the head's node dies."""
     ray = _ray()
-    spec = loopback_spec(*_free_ports(4))
+    spec = loopback_spec(*_free_ports(3))
     inst = instances(spec, "loop")[0]
     # A blocking head in its own process group: killing that group by id is what a dying head
     # container (or node) does to every Ray process in it at once.
@@ -233,3 +272,59 @@ def test_gate_counts_nothing_while_ray_is_unreachable(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert done.stdout.splitlines()[0] == "ray: 0/8 GPUs, 0 node(s)"
     assert "with 0 of 8 GPUs on 0 node(s): 8 GPUs missing" in done.stderr
+
+
+# --- the head's node-exporter textfile ---------------------------------------------------------------
+
+METRICS_FIXTURE = Path(__file__).parent / "fixtures" / "metrics" / "llm-ray-textfile.txt"
+
+
+def _samples(text: str) -> dict[str, str]:
+    """`series value` lines of a Prometheus text file, by series."""
+    return dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+
+
+def test_head_publishes_the_cluster_for_node_exporter_and_keeps_on_after_the_exec(cluster: LoopbackCluster) -> None:
+    assert cluster.head_rc == 0, cluster.head_log
+    assert _samples(cluster.textfile_text) == {
+        'llm_ray_nodes{ray_cluster="loop-head"}': "2",
+        'llm_ray_gpus{ray_cluster="loop-head"}': "16",
+        'llm_ray_status_up{ray_cluster="loop-head"}': "1"}
+    # node-exporter runs as nobody and reads what root wrote in the head container.
+    assert oct(cluster.textfile.stat().st_mode & 0o777) == "0o644"
+    assert [p.name for p in cluster.textfile.parent.glob("*.prom")] == ["llm-ray-loop-head.prom"]
+    # The exec'd command (the stub) was gone, and the file was still rewritten: the writer outlives the exec.
+    assert cluster.rewritten_after_exec
+
+
+def test_the_textfile_passes_promtool_and_matches_the_metrics_fixture(cluster: LoopbackCluster) -> None:
+    text = cluster.textfile_text
+    out = subprocess.run([tool("promtool"), "check", "metrics"], input=text, capture_output=True, text=True,
+                         timeout=SETTLE_S)
+    assert out.returncode == 0, out.stdout + out.stderr
+    types = {line.split()[2]: line.split()[3] for line in text.splitlines() if line.startswith("# TYPE ")}
+    listed = dict(line.split() for line in METRICS_FIXTURE.read_text().splitlines()
+                  if line and not line.startswith("#"))
+    assert types == listed == {name: "gauge" for name in RAY_TEXTFILE_METRICS}
+
+
+def test_writer_says_down_when_ray_status_fails_and_cleans_up_after_a_killed_writer(tmp_path: Path) -> None:
+    published = FIXTURES / "ray-status.2-nodes-16-gpu.verl-docs.txt"
+    for name, cmd, want in (("down", ["false"], ("0", "0", "0")), ("fx", ["cat", str(published)], ("2", "16", "1"))):
+        textfile = tmp_path / name / f"llm-ray-{name}.prom"
+        textfile.parent.mkdir()
+        leftover = textfile.parent / f".{textfile.name}.Ab12Cd"  # a writer killed between write and rename
+        leftover.write_text("llm_ray_nodes 1\n")
+        script = tmp_path / f"{name}.sh"
+        script.write_text("#!/usr/bin/env bash\nset -euo pipefail\n"
+                          + ray_metrics_writer(cmd, name, str(textfile), 1) + "\nwait\n")
+        writer = subprocess.Popen(["bash", str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  start_new_session=True)
+        try:
+            _wait_for(textfile.exists, f"the {name} textfile")
+            label = f'{{ray_cluster="{name}"}}'
+            assert _samples(textfile.read_text()) == {
+                f"llm_ray_nodes{label}": want[0], f"llm_ray_gpus{label}": want[1], f"llm_ray_status_up{label}": want[2]}
+            assert not leftover.exists()
+        finally:
+            _kill_group(writer)

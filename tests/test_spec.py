@@ -36,7 +36,7 @@ REFUSED: list[tuple[str, Mutation, list[str]]] = [
      lambda c: section(c, "pools")["chat"].update(tensorParalel=8),
      ["pools.chat.tensorParalel: unknown key 'tensorParalel'; allowed keys here: engine, env, image, "
       "loadTimeoutMinutes, model, nodes, pipelineParallel, port, rayClientPort, rayDashboardPort, "
-      "rayGateTimeoutSeconds, rayMetricsPort, rayPort, readTimeoutSeconds, replicasPerNode, "
+      "rayGateTimeoutSeconds, rayPort, readTimeoutSeconds, replicasPerNode, "
       "restartUnhealthyAfterSeconds, shmSizeGib, tensorParallel, vllm"]),
     ("required key missing",
      lambda c: section(c, "pools")["chat"].pop("vllm"),
@@ -53,7 +53,23 @@ REFUSED: list[tuple[str, Mutation, list[str]]] = [
      ["gateway.port: 70000 is not allowed: Input should be less than or equal to 65535"]),
     ("invalid address",
      lambda c: section(c, "nodes")["gpu-03"].update(address="192.168.10.300"),
-     ["nodes.gpu-03.address: '192.168.10.300' is not an IPv4 or IPv6 address"]),
+     ["nodes.gpu-03.address: '192.168.10.300' is not an IPv4 address"]),
+    ("IPv6 addresses are refused by name",
+     lambda c: section(c, "nodes")["gpu-03"].update(address="fd00::13"),
+     ["nodes.gpu-03.address: 'fd00::13': IPv6 cluster addresses are not supported yet; give the node's "
+      "IPv4 address"]),
+    ("an IPv6 SSH address too",
+     lambda c: section(c, "nodes")["gpu-03"].update(sshAddress="fd00::13"),
+     ["nodes.gpu-03.sshAddress: 'fd00::13': IPv6 cluster addresses are not supported yet; give the node's "
+      "IPv4 address"]),
+    ("the SSH user is a POSIX user name",
+     lambda c: section(c, "ssh").update(user="root\n$(reboot)"),
+     ["ssh.user: 'root\\n$(reboot)' is not a POSIX user name (letters, digits, '.', '_', '-', not starting "
+      "with '-', at most 32 characters)"]),
+    ("a shared mount is server:/path of safe characters",
+     lambda c: section(c, "models")["qwen3-30b-a3b"].update(source={"sharedMount": "nas:/export/$(id)\n#"}),
+     ["models.qwen3-30b-a3b.source.sharedMount: 'nas:/export/$(id)\\n#' is not an NFS share server:/path "
+      "(a host name or IPv4 address, then an absolute path of letters, digits and . _ + / -)"]),
     ("duplicate address",
      lambda c: section(c, "nodes")["gpu-02"].update(address="192.168.10.11"),
      ["nodes.gpu-02.address: 192.168.10.11 is already the address of gpu-01"]),
@@ -189,12 +205,26 @@ def test_refused_with_key_path_and_what_is_allowed(config: dict[str, Any], mutat
     assert refused(config) == expected
 
 
+def test_without_auth_a_key_secret_is_refused(config: dict[str, Any]) -> None:
+    section(config, "gateway").update(auth=False, apiKeys=[])
+    config[NS + "gatewayApiKeys"] = '{"default": "sk-1"}'
+    assert refused(config, frozenset({NS + "gatewayApiKeys"})) == [
+        "gateway.auth: is false but the secret gatewayApiKeys is set: the keys would never be checked; "
+        "remove the secret (pulumi config rm gatewayApiKeys) or set auth: true"]
+    del config[NS + "gatewayApiKeys"]
+    load_stack_config(config, set())
+
+
 ACCEPTED: list[tuple[str, Mutation]] = [
     ("two TP4 replicas per node", lambda c: section(c, "pools")["chat"].update(tensorParallel=4, replicasPerNode=2)),
     ("InfiniBand needs no GID index",
      lambda c: section(c, "nodeDefaults").update(hca={"device": "mlx5_0", "linkLayer": "infiniband"})),
     ("a shared mount as weights source",
      lambda c: section(c, "models")["qwen3-30b-a3b"].update(source={"sharedMount": "nas:/export/models"})),
+    ("a shared mount on an IPv4 server", lambda c: section(c, "models")["qwen3-30b-a3b"].update(
+        source={"sharedMount": "10.0.0.5:/srv/nfs/Qwen3-30B_A3B.v2"})),
+    ("a non-root SSH user", lambda c: section(c, "ssh").update(user="svc-llm.ops_1")),
+    ("an SSH host name", lambda c: section(c, "nodes")["gpu-03"].update(sshAddress="gpu-03.mgmt.example.com")),
     ("host keys given with checking on",
      lambda c: section(c, "ssh").update(hostKeyChecking=True) or [
          n.update(hostKey="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHVuaXF1ZQ") for n in section(c, "nodes").values()]),

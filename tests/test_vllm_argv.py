@@ -17,7 +17,8 @@ import pytest
 
 from components.planning.topology import instances
 from components.planning.vllm import (
-    container_labels, endpoint, health_gate_script, health_url, vllm_argv, vllm_env,
+    container_labels, container_name, endpoint, health_gate_script, health_url, server_container_name, vllm_argv,
+    vllm_env,
 )
 from components.spec import StackSpec, load_stack_config
 
@@ -207,6 +208,17 @@ def test_labels_name_role_pool_instance_gpu_and_image(prod_spec: StackSpec) -> N
         "llm-cluster.instance": "reasoning-gpu-01", "llm-cluster.node": "gpu-02",
         "llm-cluster.gpu-model": "Tesla V100-SXM2-32GB", "llm-cluster.image": "vllm/vllm-openai:v0.9.2",
     }
+
+
+def test_container_names_come_from_one_function_of_instance_and_role(prod_spec: StackSpec) -> None:
+    ray, chat = instances(prod_spec, "reasoning")[0], instances(prod_spec, "chat")[0]
+    assert [container_name(ray, r) for r in ("ray-head", "ray-worker")] == [
+        "ray-head-reasoning-gpu-01", "ray-worker-reasoning-gpu-01"]
+    assert container_name(chat, "vllm") == "vllm-chat-gpu-03"
+    # The container running `vllm serve` (what the /health gate's hint names): its own, or the Ray head.
+    assert (server_container_name(chat), server_container_name(ray)) == ("vllm-chat-gpu-03", "ray-head-reasoning-gpu-01")
+    with pytest.raises(ValueError, match="unknown GPU container role 'head'; roles are: vllm, ray-head, ray-worker"):
+        container_name(ray, "head")
 
 
 # --- the /health gate, with real bash, shellcheck and curl ---

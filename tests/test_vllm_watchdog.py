@@ -1,11 +1,16 @@
 """The vLLM watchdog, run for real with bash against a fake server: it turns a hang into an exit."""
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -13,13 +18,17 @@ import pytest
 from components.planning.vllm import watchdog_script
 
 # A stand-in for `vllm serve`: /health answers 200 while the flag file says "ok", 503 otherwise;
-# it exits with the code written to the flag file as "exit N".
+# it exits with the code written to the flag file as "exit N". Every request is appended to the log
+# file as "<path> <status>", so a test can see what the watchdog's own probe (GET /health) was told.
 FAKE_VLLM = r'''
 import http.server, sys, threading, os
-port, flag = int(sys.argv[1]), sys.argv[2]
+port, flag, log = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        self.send_response(200 if open(flag).read().strip() == "ok" else 503)
+        code = 200 if open(flag).read().strip() == "ok" else 503
+        with open(log, "a") as out:
+            out.write(f"{self.path} {code}\n")
+        self.send_response(code)
         self.end_headers()
     def log_message(self, *a):
         pass
@@ -32,8 +41,11 @@ while True:
         os._exit(int(state.split()[1]))
     time.sleep(0.1)
 '''
-# Upper bound so a broken watchdog cannot hang the suite; not a timing assertion.
+# Upper bounds so a broken watchdog cannot hang the suite; not timing assertions.
 BOUND_S = 60
+READY_S = 30
+# The test's own /health requests carry this query, so the log tells them from the watchdog's probes.
+TEST_PROBE = "/health?from=test"
 
 
 def _port() -> int:
@@ -42,19 +54,85 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def start(tmp_path: Path, state: str, *, load_timeout_s: int = 30, unhealthy_after_s: int = 2
-          ) -> tuple[subprocess.Popen[str], Path]:
-    port = _port()
-    flag = tmp_path / "flag"
-    flag.write_text(state)
-    fake = tmp_path / "fake_vllm.py"
-    fake.write_text(FAKE_VLLM)
-    script = tmp_path / "vllm-watchdog.sh"
-    script.write_text(watchdog_script(f"http://127.0.0.1:{port}/health", load_timeout_s=load_timeout_s,
-                                      unhealthy_after_s=unhealthy_after_s, interval_s=1))
-    proc = subprocess.Popen(["bash", str(script), sys.executable, str(fake), str(port), str(flag)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    return proc, flag
+@dataclass
+class Watchdog:
+    """A running watchdog (bash) supervising the fake server, in its own process group."""
+
+    proc: subprocess.Popen[str]
+    flag: Path
+    port: int
+    log: Path
+
+    def probes(self) -> list[int]:
+        """The status of every /health probe the watchdog made so far (not the test's own requests)."""
+        text = self.log.read_text() if self.log.exists() else ""
+        return [int(code) for path, _, code in (line.partition(" ") for line in text.splitlines())
+                if path == "/health"]
+
+    def wait_for_health(self) -> None:
+        """Poll the fake server's /health until it answers 200 (bounded)."""
+        deadline = time.monotonic() + READY_S
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{TEST_PROBE}", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass  # not listening yet, or 503
+            if self.proc.poll() is not None:
+                pytest.fail(f"the watchdog exited ({self.proc.returncode}) before /health answered 200")
+            if time.monotonic() > deadline:
+                pytest.fail(f"the fake server's /health did not answer 200 within {READY_S}s")
+            time.sleep(0.1)
+
+    def wait_for_probes(self, status: int, count: int = 1) -> None:
+        """Wait until the watchdog's own probe was answered `status` at least `count` times (bounded)."""
+        deadline = time.monotonic() + READY_S
+        while self.probes().count(status) < count:
+            if self.proc.poll() is not None:
+                pytest.fail(f"the watchdog exited ({self.proc.returncode}) after probes {self.probes()}, "
+                            f"before {count} answered {status}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"the watchdog's probe was not answered {status} {count} time(s) within "
+                            f"{READY_S}s: {self.probes()}")
+            time.sleep(0.1)
+
+    def wait_until_served(self) -> None:
+        """The fake answers 200 and the watchdog has seen it healthy at least once (it is in its loop)."""
+        self.wait_for_health()
+        self.wait_for_probes(200)
+
+
+@pytest.fixture
+def watchdogs(tmp_path: Path) -> Iterator[Callable[..., Watchdog]]:
+    """Start watchdogs; teardown kills each one's process group (bash and the fake server), also when an
+    assertion failed half-way."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(state: str, *, load_timeout_s: int = 30, unhealthy_after_s: int = 2) -> Watchdog:
+        port = _port()
+        flag = tmp_path / "flag"
+        flag.write_text(state)
+        log = tmp_path / "requests.log"
+        fake = tmp_path / "fake_vllm.py"
+        fake.write_text(FAKE_VLLM)
+        script = tmp_path / "vllm-watchdog.sh"
+        script.write_text(watchdog_script(f"http://127.0.0.1:{port}/health", load_timeout_s=load_timeout_s,
+                                          unhealthy_after_s=unhealthy_after_s, interval_s=1))
+        proc = subprocess.Popen(["bash", str(script), sys.executable, str(fake), str(port), str(flag), str(log)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        started.append(proc)
+        return Watchdog(proc, flag, port, log)
+
+    try:
+        yield start
+    finally:
+        for proc in started:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # the group is gone: the watchdog and its server ended
+            proc.communicate(timeout=BOUND_S)
 
 
 def _fake_running(tmp_path: Path) -> bool:
@@ -69,48 +147,54 @@ def test_script_is_shellcheck_clean() -> None:
         assert lint.returncode == 0, lint.stdout
 
 
-def test_a_server_that_hangs_after_serving_is_stopped_so_docker_restarts_it(tmp_path: Path) -> None:
-    proc, flag = start(tmp_path, "ok")
-    time.sleep(2.5)  # let it be healthy at least once
-    assert proc.poll() is None
-    flag.write_text("hang")
-    _, err = proc.communicate(timeout=BOUND_S)
-    assert proc.returncode == 70
+def test_a_server_that_hangs_after_serving_is_stopped_so_docker_restarts_it(
+        tmp_path: Path, watchdogs: Callable[..., Watchdog]) -> None:
+    w = watchdogs("ok")
+    w.wait_until_served()  # healthy at least once, as the watchdog saw it
+    assert w.proc.poll() is None
+    w.flag.write_text("hang")
+    _, err = w.proc.communicate(timeout=BOUND_S)
+    assert w.proc.returncode == 70
     assert "unhealthy for" in err and "after serving; stopping vLLM so docker restarts it" in err
     assert not _fake_running(tmp_path)  # vLLM was stopped, not left behind
 
 
-def test_a_server_that_never_loads_is_stopped_after_the_load_timeout(tmp_path: Path) -> None:
-    proc, _ = start(tmp_path, "loading", load_timeout_s=3)
-    _, err = proc.communicate(timeout=BOUND_S)
-    assert proc.returncode == 70
+def test_a_server_that_never_loads_is_stopped_after_the_load_timeout(
+        tmp_path: Path, watchdogs: Callable[..., Watchdog]) -> None:
+    w = watchdogs("loading", load_timeout_s=3)
+    _, err = w.proc.communicate(timeout=BOUND_S)
+    assert w.proc.returncode == 70
     assert "not healthy 3s after start; stopping vLLM so docker restarts it" in err
     assert not _fake_running(tmp_path)
 
 
-def test_unhealthy_while_loading_is_not_a_hang(tmp_path: Path) -> None:
-    proc, flag = start(tmp_path, "loading", load_timeout_s=30, unhealthy_after_s=1)
-    time.sleep(4)  # well past unhealthy_after: loading is judged by the load timeout only
-    assert proc.poll() is None
-    flag.write_text("exit 0")
-    proc.communicate(timeout=BOUND_S)
-    assert proc.returncode == 0
+def test_unhealthy_while_loading_is_not_a_hang(watchdogs: Callable[..., Watchdog]) -> None:
+    w = watchdogs("loading", load_timeout_s=30, unhealthy_after_s=1)
+    # Four unhealthy probes, one a second: the watchdog judged the third (>= 2 s after the first, well past
+    # unhealthy_after) before it made the fourth, and went on: loading is judged by the load timeout only.
+    w.wait_for_probes(503, count=4)
+    assert w.proc.poll() is None
+    w.flag.write_text("exit 0")
+    w.proc.communicate(timeout=BOUND_S)
+    assert w.proc.returncode == 0
 
 
-def test_vllm_exit_status_is_passed_on(tmp_path: Path) -> None:
-    proc, flag = start(tmp_path, "ok")
-    time.sleep(1.5)
-    flag.write_text("exit 3")
-    proc.communicate(timeout=BOUND_S)
-    assert proc.returncode == 3
+def test_vllm_exit_status_is_passed_on(watchdogs: Callable[..., Watchdog]) -> None:
+    # unhealthy_after well above the probe interval: the probe that finds the exited server gone must not
+    # read as "unhealthy after serving" (that limit is the hang test's business).
+    w = watchdogs("ok", unhealthy_after_s=30)
+    w.wait_until_served()
+    w.flag.write_text("exit 3")
+    w.proc.communicate(timeout=BOUND_S)
+    assert w.proc.returncode == 3
 
 
-def test_docker_stop_reaches_vllm(tmp_path: Path) -> None:
-    proc, _ = start(tmp_path, "ok")
-    time.sleep(1.5)
-    proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=BOUND_S)
-    assert proc.returncode == 143
+def test_docker_stop_reaches_vllm(tmp_path: Path, watchdogs: Callable[..., Watchdog]) -> None:
+    w = watchdogs("ok")
+    w.wait_until_served()  # the watchdog is in its loop: its TERM trap is set, the server runs
+    w.proc.send_signal(signal.SIGTERM)
+    w.proc.communicate(timeout=BOUND_S)
+    assert w.proc.returncode == 143
     assert not _fake_running(tmp_path)
 
 

@@ -20,6 +20,10 @@ Sources (cited per fact below):
   [lmdeploy]   LMDeploy's supported-platforms table: TurboMind runs AWQ/GPTQ int4 on Volta (sm_70).
   [vllm-docker] docker/Dockerfile at v0.9.2: TORCH_CUDA_ARCH_LIST incl. 7.0 (:9,165); requirements/cuda.txt
                installs ray[cgraph], so every vllm/vllm-openai image carries Ray.
+  [vllm-mem]   worker/worker.py determine_num_available_blocks and utils.memory_profiling at v0.9.2: the
+               budget is total x gpuMemoryUtilization minus weights, activation peak and the non-torch
+               increase over a baseline taken after CUDA init; startup logs in
+               tests/fixtures/vllm-startup-logs ("non_torch_memory takes 0.30GiB" at TP 2).
 """
 from __future__ import annotations
 
@@ -84,6 +88,16 @@ DTYPE_BYTES: dict[str, int] = {"float16": 2, "bfloat16": 2, "float32": 4}
 
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 FP8_KV_CACHE_DTYPES = frozenset(d for d in KV_CACHE_DTYPES if d.startswith("fp8"))
+
+# GPU memory per GPU outside torch's allocator that vLLM's profiler counts *inside* the
+# gpuMemoryUtilization budget (cuBLAS workspaces; NCCL buffers when TP x PP > 1), so the KV cache
+# gets that much less. [vllm-mem]
+NON_TORCH_GIB_SINGLE_GPU = 0.1
+NON_TORCH_GIB_MULTI_GPU = 0.3
+# GPU memory per GPU vLLM never counts in that budget: the process's CUDA context, created before the
+# profiler's baseline. A GPU serving vLLM therefore shows about gpuMemoryUtilization x total plus
+# this much used (DCGM_FI_DEV_FB_USED). [vllm-mem]
+CUDA_CONTEXT_GIB = 0.5
 
 # config.json model_type values vLLM 0.9.2 refuses to run in float16 ("The model type … does not
 # support float16"); below sm_80 `--dtype auto` therefore resolves them to float32. [vllm-fp16]
@@ -152,8 +166,10 @@ VLLM_VOLTA_VERSION = "v0.9.2"
 # Image tags of VLLM_IMAGE_REPO whose engine runs on GPUs without V1 support (below sm_80): the
 # product's flag table and facts are for 0.9.2, so that is the one tag accepted. [vllm-docker]
 VLLM_V0_IMAGE_TAGS = frozenset({VLLM_VOLTA_VERSION})
-# Image repositories that carry Ray (multi-node vLLM needs it in every container). [vllm-docker]
-IMAGES_WITH_RAY = frozenset({VLLM_IMAGE_REPO, "rayproject/ray", "rayproject/ray-ml"})
+# Image repositories that carry both Ray and vLLM: every container of a Ray pool needs both (the head
+# runs `vllm serve`, the workers run vLLM's engine workers as Ray actors), so Ray-only images such as
+# rayproject/ray or rayproject/ray-ml do not qualify. [vllm-docker]
+IMAGES_WITH_RAY = frozenset({VLLM_IMAGE_REPO})
 
 
 def gpu(name: str) -> GpuModel:

@@ -37,28 +37,31 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from components.facts.hardware import (
+    DTYPE_BYTES, FP8_QUANTIZATION_METHODS, KV_CACHE_DTYPES, NON_TORCH_GIB_MULTI_GPU, NON_TORCH_GIB_SINGLE_GPU,
+)
 from components.facts.models import ModelArch
 
 GIB = 1024**3
-ACTIVATION_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 # Weight-only integer schemes whose overhead is one fp16 scale + one packed zero per group.
 GROUPED_INT_METHODS = frozenset({"gptq", "awq", "moe_wna16", "gptq_marlin", "awq_marlin",
                                  "compressed-tensors", "auto-round"})
-FP8_METHODS = frozenset({"fp8", "fbgemm_fp8", "modelopt"})
-QUANTIZATIONS = GROUPED_INT_METHODS | FP8_METHODS | {"bitsandbytes"}
+QUANTIZATIONS = GROUPED_INT_METHODS | FP8_QUANTIZATION_METHODS | {"bitsandbytes"}
 # vLLM pads the vocabulary of VocabParallelEmbedding/ParallelLMHead to a multiple of this.
 VOCAB_PADDING = 64
 # V0 default when chunked prefill is off (arg_utils / SchedulerConfig): max(max_model_len, 2048).
 DEFAULT_MIN_BATCHED_TOKENS = 2048
+# V1 always chunks prefills; the OpenAI server's default budget (arg_utils _set_default_args_v1):
+# 8192 on GPUs with >= 70 GiB that are not A100s (PR #17885: larger budgets slow A100s), else 2048.
+V1_BATCHED_TOKENS_LARGE_GPU = 8192
+V1_BATCHED_TOKENS = 2048
+V1_LARGE_GPU_MIN_GIB = 70
 # V0 fused MoE processes at most this many tokens at once (VLLM_FUSED_MOE_CHUNK_SIZE default).
 FUSED_MOE_CHUNK = 32768
 # Bytes per (sequence x vocabulary entry) held at the sampler's peak in the profile run.
 SAMPLER_BYTES_PER_LOGIT = 38
 # Copies of the residual stream (hidden, residual, normed input, attention output) alive at once.
 RESIDUAL_COPIES = 4
-NON_TORCH_GIB_SINGLE = 0.1
-NON_TORCH_GIB_MULTI = 0.3
 # The runbooks' rule of thumb: parameters x bytes per parameter x 1.2.
 RULE_OF_THUMB_FACTOR = 1.2
 
@@ -122,7 +125,7 @@ def linear_bytes_per_param(quantization: str | None, act_bytes: int, quant_bits:
     """Bytes one quantized linear-layer weight costs, scales and zero points included."""
     if quantization is None:
         return float(act_bytes)
-    if quantization in FP8_METHODS:
+    if quantization in FP8_QUANTIZATION_METHODS:
         return 1.0
     if quantization == "bitsandbytes":
         return quant_bits / 8 + 1 / 64 + 4 / (64 * 256)
@@ -216,11 +219,20 @@ def _stage_weight_bytes(arch: ModelArch, start: int, end: int, *, tp: int, pp: i
     return plain * act_bytes + quantized * linear_bytes
 
 
+def checkpoint_bytes(arch: ModelArch, *, act_bytes: int, linear_bytes: float) -> float:
+    """The model's weights once, as its files hold them: no TP split, no vocabulary padding, no MLA copies.
+
+    Linear layers cost `linear_bytes` per parameter (quantized), embeddings, LM head, norms, biases and
+    routers `act_bytes` (linear_bytes_per_param gives the former).
+    """
+    padding = (_padded_vocab(arch) - arch.vocab_size) * arch.hidden_size * (1 if arch.tie_word_embeddings else 2)
+    return _stage_weight_bytes(arch, 0, arch.num_layers, tp=1, pp=1, first=True, last=True,
+                               act_bytes=act_bytes, linear_bytes=linear_bytes, mla_enabled=False) - padding * act_bytes
+
+
 def model_params(arch: ModelArch) -> float:
     """Total parameters the planner counts for the model (one copy, no padding), for cross-checks."""
-    return _stage_weight_bytes(arch, 0, arch.num_layers, tp=1, pp=1, first=True, last=True,
-                               act_bytes=1, linear_bytes=1.0, mla_enabled=False) - (
-        _padded_vocab(arch) - arch.vocab_size) * arch.hidden_size * (1 if arch.tie_word_embeddings else 2)
+    return checkpoint_bytes(arch, act_bytes=1, linear_bytes=1.0)
 
 
 def activation_peak_bytes(arch: ModelArch, *, tp: int, act_bytes: int, max_num_batched_tokens: int,
@@ -238,15 +250,20 @@ def activation_peak_bytes(arch: ModelArch, *, tp: int, act_bytes: int, max_num_b
     return max(forward, sampler)
 
 
-def default_max_num_batched_tokens(max_model_len: int) -> int:
-    """vLLM V0's max_num_batched_tokens when chunked prefill is off (the only mode on V100)."""
-    return max(max_model_len, DEFAULT_MIN_BATCHED_TOKENS)
+def default_max_num_batched_tokens(max_model_len: int, *, v1_engine: bool = False, gpu_name: str = "",
+                                   gpu_memory_gib: float = 0.0) -> int:
+    """vLLM's max_num_batched_tokens when unset: V0 without chunked prefill (the only mode on V100), or V1's."""
+    if not v1_engine:
+        return max(max_model_len, DEFAULT_MIN_BATCHED_TOKENS)
+    if gpu_memory_gib >= V1_LARGE_GPU_MIN_GIB and "a100" not in gpu_name.lower():
+        return V1_BATCHED_TOKENS_LARGE_GPU
+    return V1_BATCHED_TOKENS
 
 
 def _rule_of_thumb_bytes_per_param(quantization: str | None, act_bytes: int, quant_bits: int) -> float:
     if quantization is None:
         return float(act_bytes)
-    if quantization in FP8_METHODS:
+    if quantization in FP8_QUANTIZATION_METHODS:
         return 1.0
     return quant_bits / 8
 
@@ -255,18 +272,23 @@ def estimate(arch: ModelArch, gpu_memory_gib: float, *, tp: int, pp: int,
              gpu_memory_utilization: float, dtype: str, quantization: str | None = None,
              quant_bits: int = 4, group_size: int = 128, kv_cache_dtype: str = "auto",
              max_model_len: int, max_num_seqs: int, max_num_batched_tokens: int | None = None,
-             block_size: int = 16, mla_enabled: bool = True) -> CapacityEstimate:
-    """Estimate weights, KV cache and concurrency per GPU for one pool, the way vLLM V0 will."""
+             block_size: int = 16, mla_enabled: bool = True, v1_engine: bool = False,
+             gpu_name: str = "") -> CapacityEstimate:
+    """Estimate weights, KV cache and concurrency per GPU for one pool, the way vLLM will.
+
+    `v1_engine` and `gpu_name` only pick vLLM's default max_num_batched_tokens when it is unset.
+    """
     _check_inputs(arch, gpu_memory_gib, tp, pp, gpu_memory_utilization, dtype, kv_cache_dtype,
                   max_model_len, max_num_seqs, block_size)
-    act_bytes = ACTIVATION_BYTES[dtype]
+    act_bytes = DTYPE_BYTES[dtype]
     kv_bytes = act_bytes if kv_cache_dtype == "auto" else 1
     linear_bytes = linear_bytes_per_param(quantization, act_bytes, quant_bits, group_size)
-    batched = max_num_batched_tokens or default_max_num_batched_tokens(max_model_len)
+    batched = max_num_batched_tokens or default_max_num_batched_tokens(
+        max_model_len, v1_engine=v1_engine, gpu_name=gpu_name, gpu_memory_gib=gpu_memory_gib)
     stages = layers_per_stage(arch.num_layers, pp)
     activation = activation_peak_bytes(arch, tp=tp, act_bytes=act_bytes,
                                        max_num_batched_tokens=batched, max_num_seqs=max_num_seqs)
-    non_torch = (NON_TORCH_GIB_MULTI if tp * pp > 1 else NON_TORCH_GIB_SINGLE) * GIB
+    non_torch = (NON_TORCH_GIB_MULTI_GPU if tp * pp > 1 else NON_TORCH_GIB_SINGLE_GPU) * GIB
     budget = gpu_memory_gib * GIB * gpu_memory_utilization
     per_token_layer = kv_bytes_per_token_per_layer(arch, tp, kv_bytes, mla_enabled)
 
@@ -318,8 +340,8 @@ def _check_inputs(arch: ModelArch, gpu_memory_gib: float, tp: int, pp: int, util
                          f"not divisible by tensor parallel size {tp}")
     if not 0 < util <= 1:
         raise ValueError(f"gpu-memory-utilization must be in (0, 1], got {util}")
-    if dtype not in ACTIVATION_BYTES:
-        raise ValueError(f"dtype {dtype!r} is not one of {', '.join(ACTIVATION_BYTES)}")
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ValueError(f"kv-cache-dtype {kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
     if max_model_len < 1 or max_num_seqs < 1 or block_size < 1:

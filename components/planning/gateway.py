@@ -466,10 +466,21 @@ def keyless_status(auth: bool) -> int:
     return 401 if auth else 200
 
 
+def keyless_probe(port: int, tls: bool, max_time: int) -> str:
+    """A curl printing the status of GET /v1/models without a key on the gateway's host (000 if none)."""
+    url = shlex.quote(f"{'https' if tls else 'http'}://127.0.0.1:{port}/v1/models")
+    return f"curl -sk -o /dev/null -w '%{{http_code}}' --max-time {int(max_time)} {url}"
+
+
+def healthcheck_probe(spec: StackSpec) -> list[str]:
+    """The nginx container's healthcheck: the readiness script's request, answered as it expects."""
+    g = spec.gateway
+    assert g is not None
+    return ["CMD-SHELL", f"{keyless_probe(g.port, g.tls, 3)} | grep -qx {keyless_status(g.auth)}"]
+
+
 def readiness_script(port: int, tls: bool, timeout_seconds: int = 120, node: str = "", auth: bool = True) -> str:
     """Wait until GET /v1/models without a key answers 401 (up, and not open), or 200 when auth is off."""
-    scheme = "https" if tls else "http"
-    url = shlex.quote(f"{scheme}://127.0.0.1:{port}/v1/models")
     where = shlex.quote(f"{node}:{port}" if node else str(port))
     expected = keyless_status(auth)
     meaning = "refuses requests without a key" if auth else "serves without a key (auth: false)"
@@ -479,7 +490,7 @@ where={where}
 deadline=$((SECONDS + {int(timeout_seconds)}))
 code=none
 while [ "$SECONDS" -lt "$deadline" ]; do
-  code=$(curl -sk -o /dev/null -w '%{{http_code}}' --max-time 5 {url} || true)
+  code=$({keyless_probe(port, tls, 5)} || true)
   if [ "$code" = {expected} ]; then
     echo "gateway on $where is up and {meaning}"
     exit 0

@@ -41,7 +41,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Dict, List, Optional, Tuple
 
-# Seconds; LLM requests run from milliseconds (refusals, short embeddings) to the 900 s read timeout.
+# Seconds; LLM requests run from milliseconds (refusals, short embeddings) up to the pools' readTimeoutSeconds.
 DURATION_BUCKETS: Tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0,
                                        120.0, 300.0, 600.0, 900.0)
 DEFAULT_MAX_SERIES = 10000

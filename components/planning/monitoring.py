@@ -9,23 +9,13 @@ from typing import Any
 
 import yaml
 
+from components.planning.ray import (
+    NODE_TEXTFILE_DIR, RAY_METRICS_INTERVAL_S, ray_textfile,
+)
 from components.planning.topology import Instance, all_instances
+from components.planning.vllm import container_name
 from components.spec.monitoring import MonitoringSpec
 from components.spec.stack import StackSpec
-
-# Ray's per-node metrics agent serves Prometheus text here: `ray start --metrics-export-port` on
-# every node of a multi-node instance must pass this value (until PoolSpec carries its own).
-
-# The gateway's metrics contract: nginx has no native Prometheus metrics, so the gateway's exporter
-# (components/planning/gateway_exporter.py, fed nginx's usage log) serves these on
-# `<gateway node>:<gateway.metricsPort>/metrics`, reachable from the cluster network only.
-GATEWAY_METRICS: dict[str, str] = {
-    "llm_gateway_requests_total": "counter{key_id,model,pool,status}: requests answered, by API key id, "
-                                  "routed model, routed pool and HTTP status",
-    "llm_gateway_upstream_failures_total": "counter{pool,upstream}: attempts on a replica that failed "
-                                           "(upstream status 502/504: connect error, broken response, timeout); "
-                                           "upstream=none when no replica was live",
-}
 
 # Files are laid out under /etc in the containers: `prometheus/…` -> /etc/prometheus/…, and so on.
 PROMETHEUS_CONFIG = "prometheus/prometheus.yml"
@@ -46,6 +36,8 @@ DATASOURCE_UID = "prometheus"
 SERVICE_DOWN_FOR = "2m"
 NODE_DOWN_FOR = "2m"
 RAY_NODES_LOST_FOR = "1m"
+# A Ray head's textfile older than this (4 missed rewrites) means its writer, or the head, is gone.
+RAY_TEXTFILE_STALE_SECONDS = 4 * RAY_METRICS_INTERVAL_S
 
 
 def container_path(rel: str) -> str:
@@ -66,7 +58,6 @@ class ScrapeTarget:
     address: str
     port: int
     labels: dict[str, str] = field(default_factory=dict)
-    scheme: str = "http"
 
     @property
     def target(self) -> str:
@@ -86,7 +77,7 @@ def node_pools(spec: StackSpec) -> dict[str, str]:
 
 
 def scrape_targets(spec: StackSpec) -> list[ScrapeTarget]:
-    """Every endpoint: exporters per node, vLLM instances, Ray nodes, the gateway, the monitors."""
+    """Every endpoint: exporters per node, vLLM instances, the gateway, the monitors (Ray: see alert_groups)."""
     m = _monitoring(spec)
     pools = node_pools(spec)
     targets: list[ScrapeTarget] = []
@@ -97,11 +88,6 @@ def scrape_targets(spec: StackSpec) -> list[ScrapeTarget]:
     for inst in all_instances(spec):
         targets.append(ScrapeTarget("vllm", spec.node(inst.head).address, inst.port,
                                     {"instance": inst.name, "node": inst.head, "pool": inst.pool}))
-    for inst in all_instances(spec):
-        if inst.uses_ray:
-            for n in inst.nodes:
-                targets.append(ScrapeTarget("ray", spec.node(n).address, spec.pools[inst.pool].ray_metrics_port,
-                                            {"instance": n, "node": n, "pool": inst.pool, "ray_cluster": inst.name}))
     g = spec.gateway
     if g is not None:
         # The exporter beside nginx, plain HTTP on the cluster network whether or not the gateway serves TLS.
@@ -128,7 +114,8 @@ def prometheus_config(spec: StackSpec) -> str:
         jobs.setdefault(t.job, []).append(t)
     scrape_configs = []
     for job, targets in jobs.items():
-        cfg: dict[str, Any] = {"job_name": job, "scheme": targets[0].scheme}
+        # Every exporter serves plain HTTP on the cluster network (the gateway's too, even with TLS).
+        cfg: dict[str, Any] = {"job_name": job, "scheme": "http"}
         cfg["static_configs"] = [{"targets": [t.target], "labels": t.labels} for t in targets]
         scrape_configs.append(cfg)
     config: dict[str, Any] = {
@@ -277,15 +264,33 @@ def alert_groups(spec: StackSpec) -> dict[str, list[AlertRule]]:
             f"{{{{ $value }}}} of {count} {job} targets are configured: prometheus.yml is not the generated one.",
             for_, {"job": job}))
 
+    # Ray's own metrics need ray[default], which the vLLM image lacks: each head writes llm_ray_*
+    # into a node-exporter textfile (components.planning.ray), scraped with its node's job="node".
     ray: list[AlertRule] = []
     for inst in ray_instances:
+        want, head = len(inst.nodes), container_name(inst, "ray-head")
+        textfile = ray_textfile(inst).rsplit("/", 1)[1]
+        file_re = textfile.replace(".", "[.]")  # `file` is the path node-exporter read (1.5: the full path)
         ray.append(AlertRule(
             "RayNodesLost",
-            f"(count(up{{job=\"ray\", ray_cluster=\"{inst.name}\"}} == 1) or vector(0)) < {len(inst.nodes)}",
+            f"max(llm_ray_nodes{{job=\"node\", ray_cluster=\"{inst.name}\"}}) < {want}",
             "critical", f"Ray cluster {inst.name} lost nodes",
-            f"{{{{ $value }}}} of {len(inst.nodes)} Ray nodes of {inst.name} report metrics; the "
-            f"TP x PP engine of pool {inst.pool} cannot run without all of them.",
+            f"{{{{ $value }}}} of {want} Ray nodes of {inst.name} are in the cluster (ray status on its head "
+            f"{inst.head}; 0 when ray status fails, llm_ray_status_up 0): the TP x PP engine of pool "
+            f"{inst.pool} cannot run without all of them.",
             RAY_NODES_LOST_FOR, {"pool": inst.pool, "ray_cluster": inst.name}))
+        # Without a fresh textfile RayNodesLost sees nothing (or a frozen count): say so.
+        ray.append(AlertRule(
+            "RayMetricsStale",
+            f"(time() - max(node_textfile_mtime_seconds{{job=\"node\", file=~\"(.*/)?{file_re}\"}}) "
+            f"> {RAY_TEXTFILE_STALE_SECONDS}) or "
+            f"((count(llm_ray_nodes{{job=\"node\", ray_cluster=\"{inst.name}\"}}) or vector(0)) == 0)",
+            "warning", f"No fresh Ray metrics from {inst.name}",
+            f"node-exporter on {inst.head} has no {textfile} rewritten within {RAY_TEXTFILE_STALE_SECONDS}s "
+            f"(the head container {head} rewrites it every {RAY_METRICS_INTERVAL_S}s): the container is "
+            f"not running or its metrics writer stopped, so RayNodesLost cannot see this cluster. Check "
+            f"`docker ps -a` and `docker logs {head}` on {inst.head}.",
+            SERVICE_DOWN_FOR, {"pool": inst.pool, "ray_cluster": inst.name}))
 
     gateway: list[AlertRule] = []
     if spec.gateway is not None:
@@ -467,9 +472,10 @@ def monitoring_files(spec: StackSpec) -> dict[str, str]:
 # the policy pack refuses internal ports reachable beyond the cluster network.
 
 def node_exporter_args(spec: StackSpec, node: str) -> list[str]:
-    """node-exporter flags: the host's root file system mounted at /host, cluster address only."""
+    """node-exporter flags: the host's root at /host, the textfile directory (Ray heads), cluster address only."""
     m = _monitoring(spec)
-    return ["--path.rootfs=/host", f"--web.listen-address={host_port(spec.node(node).address, m.node_exporter.port)}"]
+    return ["--path.rootfs=/host", f"--collector.textfile.directory={NODE_TEXTFILE_DIR}",
+            f"--web.listen-address={host_port(spec.node(node).address, m.node_exporter.port)}"]
 
 
 def dcgm_exporter_env(spec: StackSpec, node: str) -> list[str]:

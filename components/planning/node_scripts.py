@@ -15,7 +15,7 @@ import shlex
 from components.facts.hardware import DTYPE_ALIASES, DTYPE_BYTES, GPUS
 from components.facts.models import model_arch
 from components.planning import preflight
-from components.planning.capacity import GIB, linear_bytes_per_param, model_params
+from components.planning.capacity import GIB, checkpoint_bytes, linear_bytes_per_param
 from components.planning.preflight import Expectation
 from components.spec import StackSpec
 
@@ -29,7 +29,9 @@ q = shlex.quote
 
 
 def _script(purpose: str, body: str) -> str:
-    return f"#!/usr/bin/env bash\n# llm-cluster: {purpose}\nset -euo pipefail\n{body}"
+    # The purpose carries stack values (paths, shares, logins): a newline in one must not end the comment.
+    comment = "".join(c if c.isprintable() else " " for c in purpose)
+    return f"#!/usr/bin/env bash\n# llm-cluster: {comment}\nset -euo pipefail\n{body}"
 
 
 def bash_command(script: str) -> str:
@@ -90,20 +92,19 @@ def hosts_delete_script(hosts_file: str = "/etc/hosts") -> str:
 # --- preflight -----------------------------------------------------------------------------------
 
 def model_size_bytes(spec: StackSpec, model: str) -> int:
-    """On-disk size of a model's weights: `sizeGib` when stated, else estimated from the catalog (0 if unknown)."""
+    """On-disk size of a model's weights: `sizeGib` when stated, else the capacity planner's whole-model
+    weights (quantized linear layers, embeddings and LM head at the activation dtype); 0 if unknown."""
     m = spec.models[model]
     if m.size_gib is not None:
         return int(m.size_gib * GIB)
     if m.arch is None:
         return 0  # configJson models without sizeGib: only minFreeDiskGib guards the disk
-    arch = model_arch(m.arch)
-    params = arch.params_b * 1e9 if arch.params_b else model_params(arch)
     act_bytes = DTYPE_BYTES.get(DTYPE_ALIASES[m.dtype], 2)
     try:
-        per_param = linear_bytes_per_param(m.quantization, act_bytes, m.quant_bits, m.group_size)
+        linear = linear_bytes_per_param(m.quantization, act_bytes, m.quant_bits, m.group_size)
     except ValueError:  # a method the capacity planner does not model: its nominal bit width
-        per_param = m.quant_bits / 8
-    return int(params * per_param)
+        linear = m.quant_bits / 8
+    return int(checkpoint_bytes(model_arch(m.arch), act_bytes=act_bytes, linear_bytes=linear))
 
 
 def copied_models(spec: StackSpec, node: str) -> list[str]:
@@ -148,8 +149,8 @@ def preflight_script(exp: Expectation) -> str:
 # Sizes, mtimes and sha256 of every file under the model directory, cached in $state/cache so that
 # only files whose size or mtime changed are hashed again (hashing 400 GB takes the best part of an
 # hour). The manifest is "size<TAB>sha256<TAB>relative path", sorted: equal weights, equal manifest.
+# The caller sets $root (the model directory) and $state (_state_vars).
 _BUILD_MANIFEST = r"""
-state="$root/.llm-cluster"
 mkdir -p "$state"
 touch "$state/cache"
 tab=$(printf '\t')
@@ -178,21 +179,30 @@ rm -f "$state/stat" "$state/pending"
 """
 
 
+def _state_vars(path: str) -> str:
+    """$root, the model directory, and $state, llm-cluster's bookkeeping under it."""
+    return f"root={q(path.rstrip('/') or '/')}\nstate=\"$root/{STATE_DIR}\"\n"
+
+
 def manifest_build_script(path: str) -> str:
     """On the weights' source: (re)build the manifest of sizes and sha256, hashing only changed files."""
-    body = (f"root={q(path.rstrip('/') or '/')}\n"
-            "test -d \"$root\" || { echo \"ERROR: $root does not exist on $(hostname)\" >&2; "
+    body = (_state_vars(path)
+            + "test -d \"$root\" || { echo \"ERROR: $root does not exist on $(hostname)\" >&2; "
             "echo \"    fix: put the weights there, or correct the model's path/source.node\" >&2; exit 1; }\n"
             + _BUILD_MANIFEST.lstrip()
             + "echo \"manifest: $state/manifest ($(sha256sum < \"$state/manifest\" | cut -c 1-16))\"\n")
     return _script(f"manifest of the weights at {path}", body)
 
 
-def manifest_verify_script(path: str) -> str:
-    """On a target: the local weights match the source's manifest ($state/expected); marks them verified."""
-    body = (f"root={q(path.rstrip('/') or '/')}\n"
-            "test -f \"$root/.llm-cluster/expected\" || { echo \"ERROR: no source manifest at "
-            "$root/.llm-cluster/expected on $(hostname)\" >&2; echo \"    fix: the copy did not finish; "
+def manifest_verify_script(path: str, copy_command: str = "this node's copy command") -> str:
+    """On a target: the local weights match the source's manifest ($state/expected); marks them verified.
+
+    A mismatched file is removed (with its cached checksum): rsync skips a file whose size and mtime
+    match, so a corrupt one left in place would never be sent again.
+    """
+    body = (_state_vars(path)
+            + "test -f \"$state/expected\" || { echo \"ERROR: no source manifest at "
+            "$state/expected on $(hostname)\" >&2; echo \"    fix: the copy did not finish; "
             "run pulumi up again (rsync resumes)\" >&2; exit 1; }\n"
             + _BUILD_MANIFEST.lstrip()
             + r"""wrong=$(LC_ALL=C comm -23 <(LC_ALL=C sort "$state/expected") <(LC_ALL=C sort "$state/manifest"))
@@ -201,10 +211,16 @@ if [ -n "$wrong" ]; then
   count=$(printf '%s\n' "$wrong" | wc -l)
   echo "ERROR: $count file(s) at $root on $(hostname) differ from the source (size, sha256, path):" >&2
   printf '%s\n' "$wrong" | head -n 20 >&2
-  echo "    fix: run pulumi up again with --replace on this node's copy command, or check the disk" >&2
+  printf '%s\n' "$wrong" | cut -f 3- > "$state/wrong"
+  awk -F '\t' 'FILENAME == ARGV[1] { bad[$0] = 1; next } !($4 in bad)' "$state/wrong" "$state/cache" > "$state/cache.new"
+  mv "$state/cache.new" "$state/cache"
+  while IFS= read -r rel; do rm -f -- "${root:?}/$rel"; done < "$state/wrong"
+  rm -f "$state/wrong"
+""" + f"""  echo {q(f"    fix: those files were removed here, so the next copy sends them again: run pulumi up "
+                f"--replace <urn of {copy_command}> (pulumi stack --show-urns); if it repeats, check the disk")} >&2
   exit 1
 fi
-want=$(sha256sum < "$state/expected" | cut -d ' ' -f 1)
+""" + r"""want=$(sha256sum < "$state/expected" | cut -d ' ' -f 1)
 if [ "$(cat "$state/verified" 2>/dev/null || true)" != "$want" ]; then echo "$want" > "$state/verified"; fi
 echo "verified: $root matches the source manifest ($(cut -c 1-16 "$state/verified"))"
 """)
@@ -286,28 +302,33 @@ def fstab_entry(share: str, path: str) -> str:
 _CHECK_READABLE = """\
 test -r "$root/config.json" || {
   echo "ERROR: $root/config.json is not readable on $(hostname)" >&2
-  echo "    fix: {fix}" >&2
+  echo {fix} >&2
   exit 1
 }
 echo "$root: $(find "$root" -maxdepth 1 -type f | wc -l) files, config.json readable"
 """
 
 
+def _check_readable(fix: str) -> str:
+    return _CHECK_READABLE.replace("{fix}", q(f"    fix: {fix}"))
+
+
 def mount_script(share: str, path: str, fstab: str = "/etc/fstab") -> str:
     """Mount the share at the model path (fstab entry added once) and check the weights are readable."""
     body = f"""root={q(path.rstrip('/'))}
+share={q(share)}
 entry={q(fstab_entry(share, path))}
 fstab={q(fstab)}
 mkdir -p "$root"
 grep -qxF -- "$entry" "$fstab" || printf '%s\\n' "$entry" >> "$fstab"
 if ! mountpoint -q "$root"; then
   mount "$root" || {{
-    echo "ERROR: cannot mount {share} at $root on $(hostname)" >&2
+    echo "ERROR: cannot mount $share at $root on $(hostname)" >&2
     echo "    fix: install nfs-common and check that the server exports the share to this node" >&2
     exit 1
   }}
 fi
-""" + _CHECK_READABLE.replace("{fix}", f"check the export {share} holds the model's files")
+""" + _check_readable(f"check the export {share} holds the model's files")
     return _script(f"mount {share} at {path}", body)
 
 
@@ -329,8 +350,8 @@ fi
 
 def present_check_script(path: str) -> str:
     """Weights said to be on the node already: check they are there and readable (nothing to undo)."""
-    body = f"root={q(path.rstrip('/'))}\n" + _CHECK_READABLE.replace(
-        "{fix}", "put the weights there, or use source.node / source.sharedMount for this model")
+    body = f"root={q(path.rstrip('/'))}\n" + _check_readable(
+        "put the weights there, or use source.node / source.sharedMount for this model")
     return _script(f"check the weights at {path}", body)
 
 

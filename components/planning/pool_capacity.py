@@ -54,17 +54,28 @@ def pool_capacity(spec: StackSpec, pool: str, *, mla: bool | None = None) -> Cap
         max_model_len=v.max_model_len, max_num_seqs=v.max_num_seqs,
         max_num_batched_tokens=v.max_num_batched_tokens, block_size=v.block_size,
         mla_enabled=mla_enabled(spec, pool) if mla is None else mla,
+        # sm_80+ runs V1 (chunked prefill always on): its own default batch budget.
+        v1_engine=engine_support(g.capability).v1_engine, gpu_name=g.name,
     )
+
+
+def capacity_dict(spec: StackSpec, pool: str, *, mla: bool | None = None) -> dict[str, object]:
+    """The estimate as JSON, or {"error": why} when the planner cannot model the pool (say, heads not
+    divisible by TP): the plan still runs and the policy pack names the real fault."""
+    try:
+        return pool_capacity(spec, pool, mla=mla).to_dict()
+    except ValueError as err:
+        return {"error": f"capacity not estimated: {err}"}
 
 
 def capacity_report(spec: StackSpec) -> dict[str, dict[str, object]]:
     """plan.json `capacity`: per pool the estimate as deployed, and for MLA models the other MLA setting too."""
     out: dict[str, dict[str, object]] = {}
     for pool in spec.pools:
-        est = pool_capacity(spec, pool)
-        entry: dict[str, object] = {"asDeployed": est.to_dict()}
-        if est.uses_mla:
-            entry["mlaOn" if not est.mla_enabled else "mlaOff"] = pool_capacity(
-                spec, pool, mla=not est.mla_enabled).to_dict()
+        est = capacity_dict(spec, pool)
+        entry: dict[str, object] = {"asDeployed": est}
+        if est.get("uses_mla"):
+            entry["mlaOn" if not est["mla_enabled"] else "mlaOff"] = capacity_dict(
+                spec, pool, mla=not est["mla_enabled"])
         out[pool] = entry
     return out

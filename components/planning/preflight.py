@@ -352,13 +352,13 @@ def check_container_runtime(exp: Expectation, out: Outputs) -> List[Finding]:
 
 
 def check_disk(exp: Expectation, out: Outputs) -> List[Finding]:
-    """Free space at diskPath for the weights still to come, and never below minFreeDiskGib."""
+    """Free space at diskPath for the weights still to come plus minFreeDiskGib (left free after the copy)."""
     if out.df is None:
         return _missing(out, "df", f"df -Pk {exp.disk_path}", f"create {exp.disk_path} (nodes.{exp.node}.diskPath)")
     available = parse_df_available(out.df)
     to_copy = sum(max(0, int(m["size_bytes"]) - out.present_bytes.get(str(m["path"]), 0))  # type: ignore[call-overload]
                   for m in exp.models)
-    need = max(exp.min_free_gib * GIB, to_copy)
+    need = to_copy + exp.min_free_gib * GIB
     if available < need:
         return [Finding("error", f"{exp.node}: {available / GIB:.0f} GiB free at {exp.disk_path}, "
                         f"need {need / GIB:.0f} GiB (weights still to copy: {to_copy / GIB:.0f} GiB, "

@@ -8,6 +8,20 @@ from components.planning.topology import Instance
 from components.spec import StackSpec
 
 LABEL_PREFIX = "llm-cluster."
+# Roles of an instance's GPU containers: the `llm-cluster.role` label, and the prefix of the name.
+GPU_CONTAINER_ROLES = ("vllm", "ray-head", "ray-worker")
+
+
+def container_name(instance: Instance, role: str) -> str:
+    """The fixed name of an instance's GPU container of `role` (gates, hints and operators use it)."""
+    if role not in GPU_CONTAINER_ROLES:
+        raise ValueError(f"unknown GPU container role {role!r}; roles are: {', '.join(GPU_CONTAINER_ROLES)}")
+    return f"{role}-{instance.name}"
+
+
+def server_container_name(instance: Instance) -> str:
+    """The container that runs `vllm serve`: its own (one node), or the Ray head (multi-node)."""
+    return container_name(instance, "ray-head" if instance.uses_ray else "vllm")
 
 
 def vllm_argv(spec: StackSpec, instance: Instance) -> list[str]:

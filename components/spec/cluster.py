@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -14,6 +15,24 @@ from components.spec.base import NAME_PATTERN, Spec
 Port = Annotated[int, Field(ge=1, le=65535)]
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+
+
+# A POSIX user name (portable filename characters, no leading '-'), at most 32 as Linux allows.
+USER_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}"
+HOST_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?")
+# An NFS export `server:/path`: a host name or IPv4 address, and a path of safe characters only.
+SHARE_PATTERN = r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?:/[A-Za-z0-9._+/-]*"
+
+
+def ipv4_address(v: str) -> str:
+    """An IPv4 address; IPv6 is refused by name (addr:port and user@addr are built without brackets)."""
+    try:
+        ip = ipaddress.ip_address(v)
+    except ValueError:
+        raise ValueError(f"{v!r} is not an IPv4 address") from None
+    if ip.version == 6:
+        raise ValueError(f"{v!r}: IPv6 cluster addresses are not supported yet; give the node's IPv4 address")
+    return v
 
 
 class SshSpec(Spec):
@@ -30,6 +49,15 @@ class SshSpec(Spec):
     """When true every node must state its `hostKey`; when false host keys are not checked."""
     dial_error_limit: int = Field(default=10, ge=-1)
     per_dial_timeout_seconds: int = Field(default=15, ge=1, le=600)
+
+    @field_validator("user")
+    @classmethod
+    def _posix_user(cls, v: str) -> str:
+        # It lands in ssh logins and in the scripts: nothing a shell or a comment line would read twice.
+        if not re.fullmatch(USER_PATTERN, v):
+            raise ValueError(f"{v!r} is not a POSIX user name (letters, digits, '.', '_', '-', not "
+                             "starting with '-', at most 32 characters)")
+        return v
 
 
 class GpuSpec(Spec):
@@ -73,6 +101,7 @@ class NodeDefaults(Spec):
     driver_min_version: str | None = Field(default=None, pattern=r"^\d+(\.\d+){0,2}$")
     disk_path: str = "/data"
     min_free_disk_gib: int = Field(default=0, ge=0)
+    """Free space the preflight requires at diskPath on top of the weights still to copy there."""
 
 
 class NodeSpec(Spec):
@@ -94,11 +123,17 @@ class NodeSpec(Spec):
     @field_validator("address")
     @classmethod
     def _ip(cls, v: str) -> str:
-        try:
-            ipaddress.ip_address(v)
-        except ValueError:
-            raise ValueError(f"{v!r} is not an IPv4 or IPv6 address") from None
-        return v
+        return ipv4_address(v)
+
+    @field_validator("ssh_address")
+    @classmethod
+    def _ssh_host(cls, v: str | None) -> str | None:
+        # A host name is fine here (only SSH resolves it); an address must be IPv4 like the cluster's.
+        if v is None or (HOST_RE.fullmatch(v) and not v.replace(".", "").isdigit()):
+            return v
+        if ":" in v or v.replace(".", "").isdigit():
+            return ipv4_address(v)
+        raise ValueError(f"{v!r} is not a host name or IPv4 address")
 
 
 class NcclSpec(Spec):
@@ -116,6 +151,14 @@ class WeightsSource(Spec):
     """A node that already holds the weights at the model's path; others get a fan-out copy."""
     shared_mount: str | None = None
     """`server:/export` NFS share mounted at the model path on every node instead of copying."""
+
+    @field_validator("shared_mount")
+    @classmethod
+    def _share(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(SHARE_PATTERN, v):
+            raise ValueError(f"{v!r} is not an NFS share server:/path (a host name or IPv4 address, then an "
+                             "absolute path of letters, digits and . _ + / -)")
+        return v
     present: bool = False
     """The weights are already on every node (verified, never copied)."""
 
@@ -201,8 +244,6 @@ class PoolSpec(Spec):
     ray_port: Port = 6379
     ray_dashboard_port: Port = 8265
     ray_client_port: Port = 10001
-    ray_metrics_port: Port = 8080
-    """Ray's Prometheus export port (`--metrics-export-port`) on every node of a Ray instance."""
     shm_size_gib: int = Field(default=32, ge=1)
     vllm: VllmOptions
     env: dict[EnvName, str] = Field(default_factory=dict)

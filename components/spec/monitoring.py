@@ -5,15 +5,12 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
+from components.facts.hardware import CUDA_CONTEXT_GIB, GPUS
 from components.spec.base import Spec, SpecIssue
 from components.spec.cluster import Port
 
 if TYPE_CHECKING:  # the stack module imports this one
     from components.spec.stack import StackSpec
-
-# FB_USED counts more than vLLM's gpuMemoryUtilization budget: the CUDA context and NCCL buffers
-# (about 0.5 GiB per GPU, 1.5 % of a 32 GB V100) sit outside it.
-UNBUDGETED_GPU_MEMORY_RATIO = 0.02
 
 
 class ServiceSpec(Spec):
@@ -33,7 +30,8 @@ class AlertThresholds(Spec):
     ttft_p95_seconds: float = Field(default=2.0, gt=0)
     """p95 of vLLM's time-to-first-token histogram (the runbook queried end-to-end latency)."""
     gpu_memory_used_ratio: float = Field(default=0.95, gt=0, le=1)
-    """FB_USED / (FB_USED + FB_FREE); must exceed every pool's gpuMemoryUtilization (vLLM takes it) + 0.02."""
+    """FB_USED / (FB_USED + FB_FREE); must exceed every pool's gpuMemoryUtilization (vLLM takes it) plus
+    the CUDA context's share of its GPU (facts.hardware.CUDA_CONTEXT_GIB), which vLLM does not budget."""
     gpu_low_utilization_percent: float = Field(default=30, ge=0, le=100)
     """Fires only while the instance owning the GPUs has requests running (not idle, not loading)."""
     kv_cache_usage_ratio: float = Field(default=0.98, gt=0, le=1)
@@ -78,11 +76,17 @@ def monitoring_issues(spec: StackSpec) -> list[SpecIssue]:
                                 "given; set monitoring.alertmanager (image and port) to deploy Alertmanager"))
     ratio = m.thresholds.gpu_memory_used_ratio
     for pname, pool in spec.pools.items():
-        floor = round(pool.vllm.gpu_memory_utilization + UNBUDGETED_GPU_MEMORY_RATIO, 4)
+        g = spec.node(pool.nodes[0]).gpu if pool.nodes[0] in spec.nodes else None
+        known = GPUS.get(g.model) if g is not None else None
+        if known is None:
+            continue  # the pool's own checks name the missing node or the unknown GPU
+        # FB_USED counts more than vLLM's budget: the CUDA context sits outside it.
+        floor = round(pool.vllm.gpu_memory_utilization + CUDA_CONTEXT_GIB / known.memory_gib, 4)
         if ratio <= floor:
             issues.append(SpecIssue(
                 "monitoring.thresholds.gpuMemoryUsedRatio",
                 f"{ratio} would fire on every GPU of pool {pname!r}: vLLM takes gpuMemoryUtilization "
-                f"{pool.vllm.gpu_memory_utilization} at start, plus CUDA context and NCCL buffers; "
+                f"{pool.vllm.gpu_memory_utilization} at start, plus its CUDA context (about {CUDA_CONTEXT_GIB:g} GiB "
+                f"of the {known.memory_gib:g} GiB {known.name}); "
                 f"set it above {floor}"))
     return issues

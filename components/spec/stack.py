@@ -153,6 +153,9 @@ def _check_references(s: StackSpec) -> list[SpecIssue]:
                 if mname not in allowed:
                     add(f"gateway.apiKeys[{i}].models[{j}]", f"{mname!r} names no served model, alias or pool; "
                         f"allowed: {', '.join(sorted(allowed))}")
+        if not g.auth and "gatewayApiKeys" in s.secrets:
+            add("gateway.auth", "is false but the secret gatewayApiKeys is set: the keys would never be checked; "
+                "remove the secret (pulumi config rm gatewayApiKeys) or set auth: true")
         if g.tls and not {"gatewayTlsCert", "gatewayTlsKey"} <= s.secrets:
             add("gateway.tls", "needs the secrets gatewayTlsCert and gatewayTlsKey "
                 "(pulumi config set --secret gatewayTlsCert < cert.pem)")
@@ -185,8 +188,6 @@ def _check_ports(s: StackSpec, instances: Any) -> list[SpecIssue]:
                 claim(inst.head, p.ray_port, f"pools.{pname}.rayPort")
                 claim(inst.head, p.ray_dashboard_port, f"pools.{pname}.rayDashboardPort")
                 claim(inst.head, p.ray_client_port, f"pools.{pname}.rayClientPort")
-                for n in inst.nodes:
-                    claim(n, p.ray_metrics_port, f"pools.{pname}.rayMetricsPort")
     if s.gateway is not None:
         claim(s.gateway.node, s.gateway.port, "gateway.port")
         claim(s.gateway.node, s.gateway.metrics_port, "gateway.metricsPort")

@@ -12,8 +12,8 @@ from pulumi_policy import (
 )
 from pulumi_policy.proxy import UnknownValueError
 
-from components.facts.hardware import GPUS, GpuModel
-from policies.rules.serve_args import ServeArgs, parse_serve
+from components.facts.hardware import GPUS, VLLM_IMAGE_REPO, GpuModel
+from policies.rules.serve_args import API_SERVER, SERVE, ServeArgs, parse_serve
 
 CONTAINER = "docker:index/container:Container"
 REMOTE_COMMAND = "command:remote:Command"
@@ -126,19 +126,65 @@ def under_component(urn: str) -> bool:
     return any(t.startswith(COMPONENT_PREFIX) for t in urn_types(urn)[:-1])
 
 
-def serve_tokens(argv: list[str]) -> list[str] | None:
-    """The tokens after `vllm serve` in an argv (also inside a `bash -c` script); None if it serves nothing."""
+# The two ways vLLM 0.9.2 starts its OpenAI server: the `vllm serve` CLI (SERVE), and the module
+# (API_SERVER_MODULE) that the vllm/vllm-openai image runs as its ENTRYPOINT, `python3 -m
+# vllm.entrypoints.openai.api_server` (docker/Dockerfile:527 at v0.9.2).
+API_SERVER_MODULE = API_SERVER
+_API_SERVER_IN_SCRIPT = re.compile(r"-m\s+" + re.escape(API_SERVER_MODULE) + r"(?=\s|$)")
+
+
+def _script_tail(tail: str) -> list[str] | None:
+    """The words of a script after the server's name, up to the end of its command (blank line)."""
+    try:
+        found = shlex.split(tail.split("\n\n")[0].replace("\\\n", " "))
+    except ValueError:
+        return None
+    return [w for w in found if w not in (";", "&&")]
+
+
+def server_tokens(argv: list[str]) -> tuple[str, list[str]] | None:
+    """(program, its arguments) for the vLLM server an argv starts, also inside a `bash -c` script:
+    `vllm serve …` gives (SERVE, …), `python3 -m vllm.entrypoints.openai.api_server …` gives
+    (API_SERVER_MODULE, …); None if it starts neither."""
     for i in range(len(argv) - 1):
         if argv[i].rsplit("/", 1)[-1] == "vllm" and argv[i + 1] == "serve":
-            return argv[i + 2:]
+            return SERVE, argv[i + 2:]
+        if argv[i] == "-m" and argv[i + 1] == API_SERVER_MODULE:
+            return API_SERVER_MODULE, argv[i + 2:]
     for token in argv:
-        if "vllm serve" in token:
-            try:
-                words = shlex.split(token.split("vllm serve", 1)[1].split("\n\n")[0].replace("\\\n", " "))
-            except ValueError:
-                return None
-            return [w for w in words if w not in (";", "&&")]
+        serve_at = token.find("vllm serve")
+        module = _API_SERVER_IN_SCRIPT.search(token)
+        if serve_at < 0 and module is None:
+            continue
+        if module is None or 0 <= serve_at < module.start():
+            tail = _script_tail(token[serve_at + len("vllm serve"):])
+            return None if tail is None else (SERVE, tail)
+        tail = _script_tail(token[module.end():])
+        return None if tail is None else (API_SERVER_MODULE, tail)
     return None
+
+
+def serve_tokens(argv: list[str]) -> list[str] | None:
+    """The tokens after `vllm serve` in an argv (also inside a `bash -c` script); None if it serves nothing."""
+    found = server_tokens(argv)
+    return found[1] if found and found[0] == SERVE else None
+
+
+def container_server(props: Mapping[str, Any]) -> tuple[str, list[str]] | None:
+    """The vLLM server a container starts: its entrypoints+command, or, without entrypoints on a
+    vllm/vllm-openai image, the image's ENTRYPOINT (the api_server) with the command as its arguments
+    (`docker run vllm/vllm-openai:v0.9.2 --model /m …`, the runbook's form)."""
+    if not props.get("entrypoints"):
+        ref = container_image(props)
+        if ref and image_parts(ref)[0] == VLLM_IMAGE_REPO:
+            return API_SERVER_MODULE, [str(t) for t in props.get("command") or []]
+    return server_tokens(container_argv(props))
+
+
+def parse_server(found: tuple[str, list[str]]) -> ServeArgs:
+    """Parse a server's arguments with the parser of the program that reads them."""
+    program, tokens = found
+    return parse_serve(tokens, program=program)
 
 
 @dataclass(frozen=True)
@@ -170,7 +216,8 @@ class Launch:
 
 
 def launch_of(args: ResourceValidationArgs) -> Launch | None:
-    """The vLLM launch a resource describes: ModelServer props, or a raw container running `vllm serve`.
+    """The vLLM launch a resource describes: ModelServer props, or a raw container running `vllm serve`
+    or the api_server (spelled out, or the vllm/vllm-openai image's own ENTRYPOINT: container_server).
 
     Containers registered by the product's components are skipped: their ModelServer carries the same
     argv and env, so a fault is reported once, on the component. A container added outside the
@@ -190,15 +237,14 @@ def launch_of(args: ResourceValidationArgs) -> Launch | None:
         )
     if args.resource_type != CONTAINER or under_component(args.urn):
         return None
-    tokens = serve_tokens(container_argv(props))
-    if tokens is None:
+    found = container_server(props)
+    if found is None:
         return None
     lab = labels(props)
     gpu_name = lab.get(GPU_MODEL_LABEL)
-    parsed = parse_serve(tokens)
+    parsed = parse_server(found)
     return Launch(resource="container", args=parsed, env=env_of(props.get("envs")), gpu_name=gpu_name,
-                  gpu=GPUS.get(str(gpu_name)), image=lab.get(IMAGE_LABEL),
-                  model_path=parsed.get("model_tag"), props=props)
+                  gpu=GPUS.get(str(gpu_name)), image=lab.get(IMAGE_LABEL), model_path=parsed.model, props=props)
 
 
 def config_with_defaults(args: Any, schema: PolicyConfigSchema | None) -> dict[str, Any]:

@@ -1,4 +1,7 @@
-"""Rule 8: every `vllm serve` flag is real in vLLM 0.9.2 and has a valid value; the model is positional."""
+"""Rule 8: every `vllm serve` flag is real in vLLM 0.9.2 and has a valid value; the model is positional.
+
+The api_server (`python3 -m vllm.entrypoints.openai.api_server`, the vllm/vllm-openai image's ENTRYPOINT)
+is read with the same options, its model as `--model` (policies.rules.serve_args)."""
 from __future__ import annotations
 
 from typing import Any
@@ -7,12 +10,14 @@ from policies.rules.common import Launch, launch_policy
 
 
 def check_flags(launch: Launch, config: dict[str, Any]) -> list[str]:
-    """One message per parse error of the argv after `vllm serve`, in argparse's (and vLLM's) words."""
-    return [f"vllm serve: {error}" for error in launch.args.errors]
+    """One message per parse error of the server's argv, in argparse's (and vLLM's) words, prefixed with the
+    program that reads it (`vllm serve` or `vllm.entrypoints.openai.api_server`)."""
+    return [f"{launch.args.program}: {error}" for error in launch.args.errors]
 
 
 POLICIES = [
     launch_policy("vllm-serve-flags",
-                  "Every `vllm serve` flag must exist in vLLM 0.9.2 with a valid value, the model given as positional.",
+                  "Every `vllm serve` (or api_server) flag must exist in vLLM 0.9.2 with a valid value, the model "
+                  "given as positional (as --model to the api_server).",
                   check_flags, needs_gpu=False),
 ]

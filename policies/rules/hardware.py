@@ -1,5 +1,6 @@
 """Rules 1-5 and 10: what vLLM 0.9.2 cannot run on the GPU it is given (dtype, engine, quantization, FP8,
-chunked prefill / prefix caching, MLA). Facts come from components.facts.hardware."""
+chunked prefill / prefix caching, MLA). Facts come from components.facts.hardware. A raw vLLM container
+whose GPU is not known gets one advisory (vllm-gpu-unknown) instead of passing these silently."""
 from __future__ import annotations
 
 import re
@@ -10,10 +11,10 @@ from pulumi_policy import EnforcementLevel, PolicyConfigSchema
 
 from components.facts.hardware import (
     CHUNKED_PREFILL_AUTO_ABOVE, DTYPE_ALIASES, FP8_KV_CACHE_DTYPES, FP8_QUANTIZATION_METHODS,
-    FP16_REFUSING_MODEL_TYPES, QUANTIZATION_METHODS, QUANTIZATION_MIN_CAPABILITY, QUANTIZATION_WAY_OUT,
+    FP16_REFUSING_MODEL_TYPES, GPUS, QUANTIZATION_METHODS, QUANTIZATION_MIN_CAPABILITY, QUANTIZATION_WAY_OUT,
     capability_text, engine_support, quantization_min_capability,
 )
-from policies.rules.common import Launch, launch_policy, number
+from policies.rules.common import GPU_MODEL_LABEL, Launch, launch_policy, number
 
 
 def model_arch_or_none(name: str | None) -> Any:
@@ -165,6 +166,27 @@ def check_mla(launch: Launch, config: dict[str, Any]) -> list[str]:
     return [message]
 
 
+# The rules that need the GPU (launch_policy's needs_gpu, and vllm-image's vLLM line).
+GPU_RULES = ("gpu-dtype", "vllm-v1-engine", "gpu-quantization", "gpu-fp8", "gpu-chunked-prefill-prefix-caching",
+             "mla-attention", "vllm-image")
+
+
+def check_gpu_known(launch: Launch, config: dict[str, Any]) -> list[str]:
+    """Advisory: a raw vLLM container whose GPU the hardware rules cannot look up (no label, or a name not
+    in the facts table) would otherwise pass them silently as not applicable."""
+    if launch.resource != "container" or launch.gpu is not None:
+        return []
+    rules = ", ".join(GPU_RULES)
+    fix = (f"Add the label {GPU_MODEL_LABEL}=<nvidia-smi name> (nvidia-smi --query-gpu=name --format=csv,noheader, "
+           "e.g. Tesla V100-SXM2-32GB) so the hardware rules apply.")
+    if not launch.gpu_name:
+        return [f"this vLLM container has no {GPU_MODEL_LABEL} label, so the hardware rules ({rules}) cannot "
+                f"judge it. {fix}"]
+    return [f"{GPU_MODEL_LABEL}={launch.gpu_name} is not a GPU in this pack's facts table (known: "
+            f"{', '.join(GPUS)}), so the hardware rules ({rules}) cannot judge this vLLM container. "
+            f"Label it with one of the known names."]
+
+
 FLOAT32_CONFIG = PolicyConfigSchema(properties={"allowFloat32": {
     "type": "boolean", "default": False,
     "description": "Accept float32 (explicit, or auto on a model type that refuses float16)."}})
@@ -182,4 +204,7 @@ POLICIES = [
                   check_prefill),
     launch_policy("mla-attention", "MLA attention (DeepSeek-V2/V3/R1, Kimi-K2) needs FlashAttention-2 (sm_80+).",
                   check_mla, level=EnforcementLevel.ADVISORY),
+    launch_policy("vllm-gpu-unknown",
+                  "A vLLM container names its GPU (llm-cluster.gpu-model) so the hardware rules can judge it.",
+                  check_gpu_known, level=EnforcementLevel.ADVISORY, needs_gpu=False),
 ]

@@ -17,7 +17,7 @@ CONFIG = PolicyConfigSchema(properties={
     "voltaImages": {"type": "array", "items": {"type": "string"}, "default": [],
                     "description": "Further image refs known to run vLLM 0.9.2's V0 engine (e.g. a mirror or a local build)."},
     "rayImages": {"type": "array", "items": {"type": "string"}, "default": [],
-                  "description": "Further image repositories (or refs) that contain Ray."},
+                  "description": "Further image repositories (or refs) that contain Ray and vLLM."},
 })
 
 
@@ -38,13 +38,13 @@ def vllm_line_problem(ref: str | None, gpu_text: str, needs_v0: bool, config: di
 
 
 def ray_problem(ref: str | None, config: dict[str, Any]) -> str | None:
-    """Why an image cannot run a Ray node, or None."""
+    """Why an image cannot run a Ray node of a vLLM instance (it needs Ray and vLLM), or None."""
     if ref is None:
         return f"no image reference to check for Ray: label the container {IMAGE_LABEL}=<image ref>."
     repo, _ = image_parts(ref)
     if repo in IMAGES_WITH_RAY or repo in config["rayImages"] or ref in config["rayImages"]:
         return None
-    return (f"image {ref} is not known to contain Ray, which every container of a multi-node instance runs "
+    return (f"image {ref} is not known to contain Ray and vLLM, which every container of a multi-node instance runs "
             f"(known: {', '.join(sorted(IMAGES_WITH_RAY))}). Use {VLLM_IMAGE_REPO}:{VLLM_VOLTA_VERSION}, or list "
             "the image in this policy's rayImages.")
 

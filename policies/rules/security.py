@@ -21,10 +21,9 @@ from pulumi_policy import (
 
 from policies.rules.bindings import binding_problems, every_interface, flag_values
 from policies.rules.common import (
-    CONTAINER, GATEWAY, REMOTE_COMMAND, config_with_defaults, container_argv, env_of, is_ray_container, role_of,
-    serve_tokens, words,
+    CONTAINER, GATEWAY, REMOTE_COMMAND, config_with_defaults, container_argv, container_server, env_of,
+    is_ray_container, parse_server, role_of, words,
 )
-from policies.rules.serve_args import parse_serve
 
 
 def validate_gateway(args: ResourceValidationArgs, report: ReportViolation) -> None:
@@ -45,8 +44,9 @@ def validate_gateway(args: ResourceValidationArgs, report: ReportViolation) -> N
 # Env names that carry credentials by convention; *_FILE variants point at a file and are fine.
 SECRET_ENV = re.compile(r"(PASSWORD|PASSWD|SECRET|TOKEN|API_KEY|APIKEY|PRIVATE_KEY|ACCESS_KEY)$", re.IGNORECASE)
 SECRET_FLAGS = ("--api-key", "--hf-token")
-# `NAME=value` or `--api-key value` in a script with a literal value (not $VAR, $(…), a path or a quote of one).
-_SCRIPT_ASSIGN = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)=(['\"]?)([^\s'\"$`/][^\s'\"]*)")
+# `NAME=value` or `--api-key value` in a script with a literal value (not $VAR, $(…), a path or a quote of one);
+# a name after `-` is a flag's (--hf-token=…), which _SCRIPT_FLAG and the server's parse read.
+_SCRIPT_ASSIGN = re.compile(r"(?<![\w-])([A-Za-z_][A-Za-z0-9_]*)=(['\"]?)([^\s'\"$`/][^\s'\"]*)")
 _SCRIPT_FLAG = re.compile(r"(--api-key|--hf-token)[= ]+(['\"]?)([^\s'\"$`/-][^\s'\"]*)")
 
 SECRETS_CONFIG = PolicyConfigSchema(properties={"ignoreEnv": {
@@ -58,18 +58,20 @@ def _literal(value: str) -> bool:
     return bool(value) and not value.startswith(("$", "/"))
 
 
-def secret_findings(argv: list[str], env: dict[str, str], scripts: list[str], ignore: set[str]) -> list[str]:
-    """Where a resource holds a credential as a literal: env names, serve flags, script assignments."""
+def secret_findings(server: tuple[str, list[str]] | None, env: dict[str, str], scripts: list[str],
+                    ignore: set[str]) -> list[str]:
+    """Where a resource holds a credential as a literal: env names, the vLLM server's flags (`server`:
+    common.server_tokens / container_server), script assignments."""
     found = [f"env {name}" for name, value in env.items()
              if SECRET_ENV.search(name) and name not in ignore and _literal(value)]
-    tokens = serve_tokens(argv)
-    if tokens is not None:
-        parsed = parse_serve(tokens)
+    if server is not None:
+        parsed = parse_server(server)
         found += [flag for flag in SECRET_FLAGS if _literal(str(parsed.get(flag[2:].replace("-", "_")) or ""))]
     for script in scripts:
         found += [f"script {m.group(1)}=…" for m in _SCRIPT_ASSIGN.finditer(script)
                   if SECRET_ENV.search(m.group(1)) and m.group(1) not in ignore]
-        found += [f"script {m.group(1)} …" for m in _SCRIPT_FLAG.finditer(script)]
+        # A flag the server's parse already reported is not reported again from its script.
+        found += [f"script {m.group(1)} …" for m in _SCRIPT_FLAG.finditer(script) if m.group(1) not in found]
     return list(dict.fromkeys(found))
 
 
@@ -78,10 +80,12 @@ def validate_secrets(args: ResourceValidationArgs, report: ReportViolation) -> N
     props = args.props
     ignore = set(config_with_defaults(args, SECRETS_CONFIG)["ignoreEnv"])
     if args.resource_type == CONTAINER:
-        found = secret_findings(container_argv(props), env_of(props.get("envs")), [], ignore)
+        # Argv tokens with whitespace are shell snippets (`bash -c 'HF_TOKEN=hf_… vllm serve …'`).
+        snippets = [t for t in container_argv(props) if any(c.isspace() for c in t)]
+        found = secret_findings(container_server(props), env_of(props.get("envs")), snippets, ignore)
     elif args.resource_type == REMOTE_COMMAND:
         scripts = [str(props.get(k)) for k in ("create", "update", "delete") if props.get(k)]
-        found = secret_findings([], env_of(props.get("environment")), scripts, ignore)
+        found = secret_findings(None, env_of(props.get("environment")), scripts, ignore)
     else:
         args.not_applicable("neither a container nor a remote command")
         return
@@ -128,11 +132,11 @@ def validate_exposure(args: ResourceValidationArgs, report: ReportViolation) -> 
     argv = container_argv(props)
     for problem in binding_problems(role, words(argv), env_of(props.get("envs"))):
         report(problem, None)
-    tokens = serve_tokens(argv)
-    if tokens is not None:
-        host = parse_serve(tokens).get("host")
+    server = container_server(props)
+    if server is not None:
+        host = parse_server(server).get("host")
         if every_interface(str(host or "")):
-            report(f"vllm serve --host {host or '(unset)'} on the host network listens on every interface of the "
+            report(f"{server[0]} --host {host or '(unset)'} on the host network listens on every interface of the "
                    "node, and /v1, /metrics and /health answer without a key there (only the gateway checks keys). "
                    "Pass --host <the node's cluster address>.", None)
     if is_ray_container(props):

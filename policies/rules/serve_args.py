@@ -1,4 +1,12 @@
-"""`vllm serve` argv parsed by an argparse parser rebuilt from vLLM 0.9.2's own (policies/data dump)."""
+"""`vllm serve` argv parsed by an argparse parser rebuilt from vLLM 0.9.2's own (policies/data dump).
+
+The same dump gives the parser of `python3 -m vllm.entrypoints.openai.api_server` (the vllm/vllm-openai
+image's ENTRYPOINT): both are built by make_arg_parser + AsyncEngineArgs.add_cli_args, so they take the
+same options; the api_server has no `model_tag` positional and takes the model as `--model` (which
+`vllm serve` refuses). The few options only `vllm serve` adds (cli/serve.py: --headless,
+--data-parallel-start-rank, --api-server-count, --config) are not told apart in the dump and are
+accepted for both.
+"""
 from __future__ import annotations
 
 import argparse
@@ -18,6 +26,13 @@ ARGS_DUMP = Path(__file__).resolve().parent.parent / "data" / "vllm-0.9.2-serve-
 MODEL_FLAG_MESSAGE = ("With `vllm serve`, you should provide the model as a positional argument or in a "
                       "config file instead of via the `--model` option.")
 MISSING_MODEL_MESSAGE = "the model is missing: `vllm serve` takes it as the positional argument (vllm serve /path/to/model …)"
+# The programs whose argv is parsed: the CLI, and the module the vllm/vllm-openai image runs.
+SERVE = "vllm serve"
+API_SERVER = "vllm.entrypoints.openai.api_server"
+# EngineArgs' default --model in 0.9.2 (the dump's default), what the api_server loads without --model.
+API_SERVER_MISSING_MODEL_MESSAGE = (
+    "the model is missing: the api_server takes it as --model /path/to/model (without it vLLM 0.9.2 loads its "
+    "default, facebook/opt-125m, from Hugging Face)")
 
 
 class _ParseError(Exception):
@@ -51,13 +66,16 @@ def _choice(value: Any) -> Any:
     return None if value == "None" else value
 
 
-@lru_cache(maxsize=1)
-def serve_parser() -> argparse.ArgumentParser:
-    """The `vllm serve` parser of 0.9.2, options from the dump; every default suppressed (only what is given)."""
-    parser = _Parser(prog="vllm serve", add_help=False, allow_abbrev=False, exit_on_error=False)
+@lru_cache(maxsize=2)
+def serve_parser(program: str = SERVE) -> argparse.ArgumentParser:
+    """The `vllm serve` parser of 0.9.2 (or the api_server's: no positional), options from the dump; every
+    default suppressed (only what is given)."""
+    prog = SERVE if program == SERVE else f"python3 -m {API_SERVER}"
+    parser = _Parser(prog=prog, add_help=False, allow_abbrev=False, exit_on_error=False)
     for entry in json.loads(ARGS_DUMP.read_text()):
         if "positional" in entry:
-            parser.add_argument(entry["positional"], nargs=entry["nargs"], default=argparse.SUPPRESS)
+            if program == SERVE:  # the api_server takes no positional: its model is --model
+                parser.add_argument(entry["positional"], nargs=entry["nargs"], default=argparse.SUPPRESS)
             continue
         kind, opts = entry["kind"], entry["opts"]
         kw: dict[str, Any] = {"default": argparse.SUPPRESS}
@@ -85,9 +103,9 @@ def serve_parser() -> argparse.ArgumentParser:
     return parser
 
 
-@lru_cache(maxsize=1)
-def _option_strings() -> tuple[str, ...]:
-    return tuple(s for a in serve_parser()._actions for s in a.option_strings)  # noqa: SLF001
+@lru_cache(maxsize=2)
+def _option_strings(program: str = SERVE) -> tuple[str, ...]:
+    return tuple(s for a in serve_parser(program)._actions for s in a.option_strings)  # noqa: SLF001
 
 
 def _normalize(token: str) -> str:
@@ -123,6 +141,12 @@ class ServeArgs:
 
     values: dict[str, Any] = field(default_factory=dict)
     errors: tuple[str, ...] = ()
+    program: str = SERVE  # SERVE or API_SERVER: which parser read the argv
+
+    @property
+    def model(self) -> str | None:
+        """The model served: the positional of `vllm serve`, `--model` of the api_server."""
+        return self.values.get("model_tag" if self.program == SERVE else "model")
 
     def get(self, dest: str, default: Any = None) -> Any:
         """An option's value if given, else `default` (vLLM's default is not assumed)."""
@@ -133,9 +157,10 @@ class ServeArgs:
         return dest in self.values
 
 
-def parse_serve(tokens: list[str]) -> ServeArgs:
-    """Parse the tokens after `vllm serve`; collect every error (not only argparse's first)."""
-    parser = serve_parser()
+def parse_serve(tokens: list[str], program: str = SERVE) -> ServeArgs:
+    """Parse the tokens after `vllm serve` (or after `-m vllm.entrypoints.openai.api_server` with program
+    API_SERVER); collect every error (not only argparse's first)."""
+    parser = serve_parser(program)
     remaining = [_normalize(t) for t in tokens]
     errors: list[str] = []
     namespace, extras = argparse.Namespace(), []
@@ -154,15 +179,21 @@ def parse_serve(tokens: list[str]) -> ServeArgs:
     for token in extras:
         if token.startswith("-"):
             name = token.partition("=")[0]
-            close = difflib.get_close_matches(name, _option_strings(), n=1)
+            close = difflib.get_close_matches(name, _option_strings(program), n=1)
             hint = f"; did you mean {close[0]}?" if close else ""
-            errors.append(f"unrecognized flag {name}: not a `vllm serve` flag in vLLM 0.9.2{hint}")
+            errors.append(f"unrecognized flag {name}: not a `{program}` flag in vLLM 0.9.2{hint}")
             previous_unknown = "=" not in token
         elif not previous_unknown:
-            errors.append(f"unexpected positional argument {token!r}: `vllm serve` takes one model")
+            errors.append(f"unexpected positional argument {token!r}: " + (
+                "`vllm serve` takes one model" if program == SERVE
+                else "the api_server takes no positional argument (the model is --model; to run another "
+                     "program in the vllm/vllm-openai image, set the container's entrypoints)"))
         else:
             previous_unknown = False  # the value of the unknown flag before it
-    if "model" in values:
+    if program == API_SERVER:
+        if not values.get("model"):
+            errors.append(API_SERVER_MISSING_MODEL_MESSAGE)
+    elif "model" in values:
         errors.append(MODEL_FLAG_MESSAGE)
     elif not values.get("model_tag"):
         errors.append(MISSING_MODEL_MESSAGE)
@@ -171,4 +202,4 @@ def parse_serve(tokens: list[str]) -> ServeArgs:
         # argparse has no choices for --quantization; vLLM refuses it only at startup (config.py:951-957).
         errors.append(f"argument --quantization/-q: unknown quantization method {q!r}; vLLM 0.9.2 knows: "
                       + ", ".join(sorted(QUANTIZATION_METHODS)))
-    return ServeArgs(values, tuple(errors))
+    return ServeArgs(values, tuple(errors), program)
