@@ -485,6 +485,7 @@ def readiness_script(port: int, tls: bool, timeout_seconds: int = 120, node: str
     expected = keyless_status(auth)
     meaning = "refuses requests without a key" if auth else "serves without a key (auth: false)"
     return f"""#!/usr/bin/env bash
+# Readiness gate: wait until the gateway {meaning}.
 set -euo pipefail
 where={where}
 deadline=$((SECONDS + {int(timeout_seconds)}))

@@ -540,7 +540,8 @@ def grafana_password_generate_script(path: str = GRAFANA_PASSWORD_FILE, owner: s
     fill = "password=$(head -c 24 /dev/urandom | base64 | tr '/+' '_-')\nprintf '%s' \"$password\" > \"$tmp\""
     write = textwrap.indent(_private_write(path, owner, fill), "  ")
     q = shlex.quote(path)
-    return f"set -euo pipefail\nif [ ! -s {q} ]; then\n{write}fi\ncat {q}\n"
+    return (f"# Grafana admin password: generated once on this host, printed for the stack's secret output.\n"
+            f"set -euo pipefail\nif [ ! -s {q} ]; then\n{write}fi\ncat {q}\n")
 
 
 def grafana_password_store_script(path: str = GRAFANA_PASSWORD_FILE, owner: str = GRAFANA_FILE_OWNER) -> str:
