@@ -62,7 +62,7 @@ def resources(plan: Path | None, stack_file: Path, stack: str) -> list[dict[str,
     """plan.json's resources, or the same fields from a mock run of the program."""
     if plan is not None:
         return json.loads(plan.read_text())["resources"]
-    from plan.harness import run_main_program, run_program
+    from plan.harness import run_main_program
 
     config = load_stack_file(stack_file, stack).config
     run = run_main_program(config, set(), stack=stack)

@@ -52,7 +52,7 @@ class ModelWeights(Component):
     TYPE = "llm-cluster:weights:ModelWeights"
 
     def __init__(self, name: str, args: ModelWeightsArgs, opts: pulumi.ResourceOptions | None = None):
-        spec, m = args.spec, args.spec.models[args.model]
+        m = args.spec.models[args.model]
         src = m.source
         method = "copy" if src.node else "sharedMount" if src.shared_mount else "present"
         super().__init__(name, {"model": args.model, "path": m.path, "revision": m.revision,

@@ -4,7 +4,6 @@ from __future__ import annotations
 import hashlib
 import http.server
 import json
-import shutil
 import socket
 import subprocess
 import threading
@@ -20,6 +19,7 @@ from components.planning.gateway import (
 )
 from components.planning.node_scripts import bash_command
 from components.spec import RateLimitSpec, SpecError, StackSpec, load_stack_config
+from tests.support import tool
 
 
 def spec_with(config: dict[str, Any], secrets: set[str] | None = None, **gateway: Any) -> StackSpec:
@@ -49,11 +49,6 @@ def block(conf: str, header: str) -> list[str]:
     raise AssertionError(f"no block {header!r}")
 
 
-def need(tool: str, package: str) -> str:
-    path = shutil.which(tool)
-    if path is None:
-        pytest.fail(f"{tool} is not installed: run `make test` as root or `apt-get install -y {package}`")
-    return path
 
 
 # --- the reference stack ----------------------------------------------------------------------
@@ -351,7 +346,7 @@ def test_keys_script_makes_keeps_and_drops_keys_and_writes_digests(tmp_path: Pat
 
 
 def test_host_scripts_pass_shellcheck() -> None:
-    shellcheck = need("shellcheck", "shellcheck")
+    shellcheck = tool("shellcheck")
     for script in (keys_script(["default", "we'ird"]), keys_delete_script(),
                    readiness_script(80, False, 120, "gpu-01"), readiness_script(443, True, 60),
                    readiness_script(8080, False, 30, "gpu-01", auth=False)):
@@ -370,7 +365,7 @@ class _Answer401(http.server.BaseHTTPRequestHandler):
 
 
 def test_readiness_script_passes_on_401_and_fails_with_a_message_otherwise() -> None:
-    need("curl", "curl")
+    tool("curl")
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answer401)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -391,7 +386,7 @@ def test_readiness_script_passes_on_401_and_fails_with_a_message_otherwise() -> 
 
 
 def test_healthcheck_probe_sends_the_readiness_request_under_sh(config: dict[str, Any]) -> None:
-    need("curl", "curl")
+    tool("curl")
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answer401)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     port = server.server_address[1]
@@ -410,7 +405,7 @@ def test_healthcheck_probe_sends_the_readiness_request_under_sh(config: dict[str
 
 
 def test_host_scripts_run_when_the_login_shell_is_dash(tmp_path: Path) -> None:
-    need("dash", "dash")
+    tool("dash")
     root = tmp_path / "gw"
     # Handed to dash as it is, the script fails (arrays, pipefail)...
     assert subprocess.run(["dash", "-c", keys_script(["default"], str(root))], capture_output=True).returncode != 0

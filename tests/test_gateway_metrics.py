@@ -11,7 +11,6 @@ from __future__ import annotations
 import ast
 import http.client
 import json
-import shutil
 import socket
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from components.spec import load_stack_config
 from tests.test_gateway_nginx import (
     CHAT, R1, WAIT, FakeReplica, NginxGateway, free_port, gateway_config, host_keys,
 )
+from tests.support import tool
 
 
 def free_udp_port() -> int:
@@ -211,9 +211,7 @@ def test_metrics_hold_no_api_key(traffic: Traffic) -> None:
 
 
 def test_scraped_text_passes_promtool_check_metrics(traffic: Traffic) -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.fail("promtool is not installed: run `make test` as root or `apt-get install -y prometheus`")
+    promtool = tool("promtool")
     out = subprocess.run([promtool, "check", "metrics"], input=traffic.text, capture_output=True, text=True)
     assert (out.returncode, out.stdout + out.stderr) == (0, "")
 
@@ -305,8 +303,7 @@ def test_label_values_are_escaped_per_the_exposition_format(
     metrics.record(rewritten(captured[0][0], model='x"y\\z\nw 模型'))
     text = metrics.render()
     assert 'llm_gateway_requests_total{key_id="default",model="x\\"y\\\\z\\nw 模型",pool="chat",status="200"} 1' in text
-    promtool = shutil.which("promtool")
-    assert promtool is not None, "promtool is not installed: apt-get install -y prometheus"
+    promtool = tool("promtool")
     out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
     assert (out.returncode, out.stdout + out.stderr) == (0, "")
 

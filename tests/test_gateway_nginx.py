@@ -28,6 +28,7 @@ from components.planning.gateway import (
 )
 from components.spec import StackSpec, load_stack_config
 from plan.stackfile import load_stack_file
+from tests.support import free_port
 
 NJS_MODULE = "/usr/lib/nginx/modules/ngx_http_js_module.so"
 CHAT = "qwen3-30b-a3b"
@@ -44,12 +45,6 @@ def nginx_binary() -> str:
         pytest.fail("nginx with njs is needed: run `make test` as root, or "
                     "`apt-get install -y nginx-light libnginx-mod-http-js`")
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --- fake vLLM replicas -----------------------------------------------------------------------

@@ -12,7 +12,7 @@ from components.planning.monitoring import (
     grafana_provisioning, prometheus_config,
 )
 from components.planning.node_scripts import bash_command
-from components.spec import StackSpec, load_stack_config
+from components.spec import StackSpec
 from plan.harness import ProgramRun, Registration
 from tests.conftest import prod_config, run_stack
 

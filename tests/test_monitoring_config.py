@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,21 +22,12 @@ from components.planning.monitoring import (
 )
 from components.spec import SpecError, StackSpec, load_stack_config
 from components.spec.monitoring import monitoring_issues
+from tests.support import tool
 
 METRICS_DIR = Path(__file__).parent / "fixtures" / "metrics"
 NS = "llm-cluster:"
 
 
-DEBIAN_PACKAGES = {"promtool": "prometheus", "shellcheck": "shellcheck"}
-
-
-def tool(name: str) -> str:
-    """Path of a real tool the test drives; a clear failure (never a skip) when it is missing."""
-    path = shutil.which(name)
-    if path is None:
-        pytest.fail(f"{name} is not installed: run `make system-deps` "
-                    f"(Debian: apt-get install -y {DEBIAN_PACKAGES[name]})")
-    return path
 
 
 def run(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
@@ -602,7 +592,7 @@ def test_generated_password_is_created_once_private_and_deleted(tmp_path: Path) 
 def test_password_scripts_run_under_dash_as_the_login_shell(tmp_path: Path) -> None:
     # remote.Command hands `create` to the login shell; on Debian/Ubuntu that may be dash, which has
     # no pipefail: wrapped in bash_command, the scripts run (and stdin still reaches the store script).
-    dash = shutil.which("dash") or pytest.fail("dash is not installed (Debian: apt-get install -y dash)")
+    dash = tool("dash")
     path = str(tmp_path / "grafana" / "admin-password")
     owner = f"{os.getuid()}:{os.getgid()}"
     bare = run([dash, "-c", grafana_password_store_script(path, owner)], input="from-config-password-1")

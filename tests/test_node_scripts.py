@@ -14,6 +14,7 @@ from components.facts.models import model_arch
 from components.planning import node_scripts as ns
 from components.planning.capacity import checkpoint_bytes, linear_bytes_per_param, model_params
 from components.spec import StackSpec
+from tests.support import tool
 
 PATH = "/data/models/DeepSeek-R1-GPTQ-Int4"
 SSH = ns.ssh_argv(22, False)
@@ -42,11 +43,6 @@ def every_script(spec: StackSpec) -> dict[str, str]:
     return scripts
 
 
-def need(tool: str, package: str) -> str:
-    path = shutil.which(tool)
-    if path is None:
-        pytest.fail(f"{tool} is not installed: apt-get install {package} (make test installs it)")
-    return path
 
 
 def run(script: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -55,7 +51,7 @@ def run(script: str, *args: str, env: dict[str, str] | None = None) -> subproces
 
 
 def test_every_script_is_shellcheck_clean_and_parses(prod_spec: StackSpec, tmp_path: Path) -> None:
-    shellcheck = need("shellcheck", "shellcheck")
+    shellcheck = tool("shellcheck")
     paths = []
     for name, text in every_script(prod_spec).items():
         assert text.startswith("#!/usr/bin/env bash\n") and "\nset -euo pipefail\n" in text, name
@@ -131,7 +127,7 @@ def state_of(root: Path) -> dict[str, bytes]:
 
 
 def test_manifest_is_stable_and_rehashes_only_changed_files(tmp_path: Path) -> None:
-    need("sha256sum", "coreutils")
+    tool("sha256sum")
     root = tmp_path / "weights"
     make_weights(root)
     build = ns.manifest_build_script(str(root))

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import shutil
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 from components.planning.ray import RAY_HEAD_SCRIPT
 from components.planning.vllm import WATCHDOG_SCRIPT, health_probe_argv, watchdog_script
 from plan.harness import SECRET_SIG, SIG, UNKNOWN, ProgramRun, Registration
+from tests.support import tool
 
 CONTAINER = "docker:index/container:Container"
 COMMAND = "command:remote:Command"
@@ -258,9 +258,7 @@ def test_every_generated_script_is_valid_shellcheck_clean_bash(prod_run: Program
         if r.type == COMMAND:
             scripts[r.name] = script_of(r.plain_inputs()["create"])
     assert len(scripts) == 7
-    shellcheck = shutil.which("shellcheck")
-    if not shellcheck:
-        pytest.fail("shellcheck is not installed: `apt-get install shellcheck` (make test installs it)")
+    shellcheck = tool("shellcheck")
     for name, text in scripts.items():
         path = tmp_path / name
         path.write_text(text)

@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ from components.planning.ray import (
 )
 from components.planning.topology import Instance, instances
 from components.spec import StackSpec, parse_stack
-from tests.test_monitoring_config import tool
+from tests.support import free_ports, tool
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ray"
 VENV_BIN = Path(sys.executable).parent
@@ -33,16 +32,6 @@ def _ray() -> str:
     if not found:
         pytest.fail("ray is not installed: `.venv/bin/pip install -r requirements-test.txt` (ray==2.60.0)")
     return found
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def loopback_spec(ray_port: int, dashboard_port: int, client_port: int) -> StackSpec:
@@ -129,7 +118,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackCluste
     """ray-head.sh starts the head and waits; a worker joins; the script then execs its command."""
     ray = _ray()
     tmp = tmp_path_factory.mktemp("ray")
-    spec = loopback_spec(*_free_ports(3))
+    spec = loopback_spec(*free_ports(3))
     inst = instances(spec, "loop")[0]
     head_script = tmp / "ray-head.sh"
     textfile_dir = tmp / "node-exporter"
@@ -220,7 +209,7 @@ def test_python_parser_reads_the_live_cluster_like_the_gate(cluster: LoopbackClu
 def test_worker_exits_when_its_head_goes_so_docker_restarts_it_to_rejoin() -> None:
     """The restart chain's link: `ray start --block` on a worker ends when the head's node dies."""
     ray = _ray()
-    spec = loopback_spec(*_free_ports(3))
+    spec = loopback_spec(*free_ports(3))
     inst = instances(spec, "loop")[0]
     # A blocking head in its own process group: killing that group by id is what a dying head
     # container (or node) does to every Ray process in it at once.

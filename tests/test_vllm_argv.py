@@ -5,7 +5,6 @@ import argparse
 import http.server
 import json
 import re
-import shutil
 import socket
 import subprocess
 import threading
@@ -21,6 +20,7 @@ from components.planning.vllm import (
     vllm_env,
 )
 from components.spec import StackSpec, load_stack_config
+from tests.support import tool
 
 SERVE_ARGS = Path(__file__).parent / "fixtures" / "vllm-0.9.2-serve-args.json"
 
@@ -223,11 +223,6 @@ def test_container_names_come_from_one_function_of_instance_and_role(prod_spec: 
 
 # --- the /health gate, with real bash, shellcheck and curl ---
 
-def _tool(name: str, package: str) -> str:
-    path = shutil.which(name)
-    if not path:
-        pytest.fail(f"{name} is not installed: `apt-get install {package}` (make test installs it)")
-    return path
 
 
 class _Health(http.server.BaseHTTPRequestHandler):
@@ -258,13 +253,13 @@ def _closed_port() -> int:
 def test_health_gate_is_valid_shellcheck_clean_bash(tmp_path: Path) -> None:
     script = tmp_path / "gate.sh"
     script.write_text(health_gate_script("http://192.168.10.13:8000/health", 1800, "vllm-chat-gpu-03"))
-    assert subprocess.run([_tool("bash", "bash"), "-n", str(script)], capture_output=True).returncode == 0
-    lint = subprocess.run([_tool("shellcheck", "shellcheck"), str(script)], capture_output=True, text=True)
+    assert subprocess.run([tool("bash"), "-n", str(script)], capture_output=True).returncode == 0
+    lint = subprocess.run([tool("shellcheck"), str(script)], capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout
 
 
 def test_health_gate_passes_once_health_answers(healthy_url: str, tmp_path: Path) -> None:
-    _tool("curl", "curl")
+    tool("curl")
     script = tmp_path / "gate.sh"
     script.write_text(health_gate_script(healthy_url, 10, "vllm-x"))
     done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60)
@@ -273,7 +268,7 @@ def test_health_gate_passes_once_health_answers(healthy_url: str, tmp_path: Path
 
 
 def test_health_gate_reports_progress_and_times_out_with_what_to_check(tmp_path: Path) -> None:
-    _tool("curl", "curl")
+    tool("curl")
     url = f"http://127.0.0.1:{_closed_port()}/health"
     script = tmp_path / "gate.sh"
     script.write_text(health_gate_script(url, 2, "vllm-chat-gpu-03", interval_s=1, progress_every_s=1))

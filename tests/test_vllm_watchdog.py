@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from components.planning.vllm import watchdog_script
+from tests.support import free_port
 
 # A stand-in for `vllm serve`: /health answers 200 while the flag file says "ok", 503 otherwise;
 # it exits with the code written to the flag file as "exit N". Every request is appended to the log
@@ -46,12 +46,6 @@ BOUND_S = 60
 READY_S = 30
 # The test's own /health requests carry this query, so the log tells them from the watchdog's probes.
 TEST_PROBE = "/health?from=test"
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -110,7 +104,7 @@ def watchdogs(tmp_path: Path) -> Iterator[Callable[..., Watchdog]]:
     started: list[subprocess.Popen[str]] = []
 
     def start(state: str, *, load_timeout_s: int = 30, unhealthy_after_s: int = 2) -> Watchdog:
-        port = _port()
+        port = free_port()
         flag = tmp_path / "flag"
         flag.write_text(state)
         log = tmp_path / "requests.log"
