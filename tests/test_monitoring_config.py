@@ -362,7 +362,7 @@ def lbl(selector: str) -> dict[str, str]:
 
 
 def dcgm(node: str, gpu: str, **extra: str) -> str:
-    return ", ".join([f'job="dcgm"', f'instance="{node}"', f'node="{node}"', f'gpu="{gpu}"']
+    return ", ".join(['job="dcgm"', f'instance="{node}"', f'node="{node}"', f'gpu="{gpu}"']
                      + [f'{k}="{v}"' for k, v in extra.items()])
 
 
