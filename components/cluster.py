@@ -10,7 +10,7 @@ from components.gpu_node import GpuNode, GpuNodeArgs
 from components.model_server import ModelServer, ModelServerArgs
 from components.model_weights import ModelWeights, ModelWeightsArgs
 from components.monitoring import Monitoring, MonitoringArgs
-from components.planning.topology import all_instances, images_for_node
+from components.planning.topology import all_instances, images_for_node, weights_nodes
 from components.ray_cluster import RayCluster, RayClusterArgs
 from components.spec import NAMESPACE, StackSpec
 
@@ -22,15 +22,12 @@ def deploy(spec: StackSpec) -> dict[str, Any]:
     # Nodes prepare in parallel: nothing orders one node after another.
     nodes = {n: GpuNode(n, GpuNodeArgs(spec, n, images_for_node(spec, n))) for n in spec.nodes}
 
-    # One component per model over every node of the pools serving it (plus its source node), so a
-    # model's copy fans out once even when two pools serve it.
+    # One component per model over every node that needs it, so a model's copy fans out once even
+    # when two pools serve it.
     weights: dict[str, ModelWeights] = {}
     for model in dict.fromkeys(p.model for p in spec.pools.values()):
-        holders = [n for p in spec.pools.values() if p.model == model for n in p.nodes]
-        source = spec.models[model].source.node
-        members = list(dict.fromkeys(([source] if source else []) + holders))
-        weights[model] = ModelWeights(f"weights-{model}",
-                                      ModelWeightsArgs(spec, model, {n: nodes[n] for n in members}))
+        weights[model] = ModelWeights(f"weights-{model}", ModelWeightsArgs(
+            spec, model, {n: nodes[n] for n in weights_nodes(spec, model)}))
 
     # Each instance depends only on its own nodes and their weights: pools come up (or fail) apart.
     servers: dict[str, ModelServer] = {}

@@ -13,6 +13,7 @@ import pulumi
 from google.protobuf import json_format
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime.config import set_all_config
+from pulumi.runtime import settings
 from pulumi.runtime.settings import SETTINGS
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
@@ -171,6 +172,9 @@ def run_program(program: Callable[[], None], config: Mapping[str, Any], secret_k
     """Run `program` under the mock runtime with this stack config; return every registration."""
     mocks = PlanMocks(preview)
     monitor = RecordingMonitor(mocks)
+    # The root Stack resource outlives a run in this process; without a fresh one, a second run
+    # under another stack name would parent everything to the first run's stack.
+    settings.ROOT.set(None)
     pulumi_mocks.set_mocks(mocks, project=project, stack=stack, preview=preview, monitor=monitor)
     set_all_config(config_for_mocks(config), secret_keys=sorted(secret_keys))
     SETTINGS.rpc_manager.clear()

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.planning.topology import all_instances
+from components.planning.node_scripts import fanout_rounds
+from components.planning.topology import all_instances, weights_nodes
 from components.spec import StackSpec
 from plan.harness import ProgramRun, Registration
 
@@ -133,6 +134,20 @@ def render_text(result: PlanResult) -> str:
                 else f"TP{inst.tensor_parallel}"
             out.append(f"  {pname:<12} {inst.name:<22} {pool.model} · {how} · {'+'.join(inst.nodes)} → "
                        f"http://{spec.node(inst.head).address}:{inst.port}/v1")
+
+    out.append("\nWeights")
+    for model in dict.fromkeys(p.model for p in spec.pools.values()):
+        m = spec.models[model]
+        where = weights_nodes(spec, model)
+        if m.source.node:
+            rounds = fanout_rounds(m.source.node, where)
+            how = " · ".join(f"round {i}: " + ", ".join(f"{a}→{b}" for a, b in pairs)
+                             for i, pairs in enumerate(rounds, 1)) or "no copy (one node)"
+            out.append(f"  {model:<14} {m.path} from {m.source.node}, verified on every node; {how}")
+        elif m.source.shared_mount:
+            out.append(f"  {model:<14} {m.path} mounted from {m.source.shared_mount} on {', '.join(where)}")
+        else:
+            out.append(f"  {model:<14} {m.path} already on {', '.join(where)} (verified)")
 
     if spec.gateway is not None:
         g = spec.gateway

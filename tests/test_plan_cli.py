@@ -47,6 +47,9 @@ def test_reference_stack_plans_clean(prod_plan: tuple[subprocess.CompletedProces
            "http://192.168.10.11:8000/v1" in out
     assert out.count("qwen3-30b-a3b · TP8 · gpu-0") == 4
     assert "  path  /smart/v1/ → reasoning" in out
+    # The weights fan out: each node that has them serves the next (2 rounds for 4 nodes, not 3 copies).
+    assert "  qwen3-30b-a3b  /data/models/Qwen3-30B-A3B from gpu-03, verified on every node; round 1: " \
+           "gpu-03→gpu-04 · round 2: gpu-03→gpu-05, gpu-04→gpu-06" in out
     assert out.rstrip().endswith("→ no mandatory violation")
     assert "Traceback" not in proc.stderr
 
@@ -218,3 +221,10 @@ def test_a_pool_the_planner_cannot_model_still_plans_and_the_pack_names_the_faul
            "divisible by tensor parallel size 3" in proc.stdout
     assert "[mandatory] parallelism · chat-gpu-03" in proc.stdout
     assert "Traceback" not in proc.stderr
+
+
+def test_each_run_gets_its_own_root_stack() -> None:
+    from tests.conftest import prod_config, run_stack
+    for name in ("alpha", "beta"):
+        run = run_stack(prod_config(), stack=name)
+        assert run.get("gpu-01").parent == f"urn:pulumi:{name}::llm-cluster::pulumi:pulumi:Stack::llm-cluster-{name}"

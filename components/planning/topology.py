@@ -85,3 +85,10 @@ def resource_suffix(text: str) -> str:
     """A name fragment from an image ref or path: `vllm/vllm-openai:v0.9.2` -> `vllm-openai-v0-9-2`."""
     last = text.rstrip("/").split("/")[-1]
     return "".join(c if c.isalnum() else "-" for c in last.lower()).strip("-")
+
+
+def weights_nodes(spec: StackSpec, model: str) -> list[str]:
+    """Nodes that need a model's weights: its source node first, then every node of the pools serving it."""
+    source = spec.models[model].source.node
+    holders = [n for p in spec.pools.values() if p.model == model for n in p.nodes]
+    return list(dict.fromkeys(([source] if source else []) + holders))
