@@ -10,6 +10,7 @@ from typing import Any
 
 from components.planning.node_scripts import fanout_rounds
 from components.planning.topology import all_instances, weights_nodes
+from components.planning.vllm import endpoint
 from components.spec import StackSpec
 from plan.harness import ProgramRun, Registration
 
@@ -133,7 +134,7 @@ def render_text(result: PlanResult) -> str:
             how = f"TP{inst.tensor_parallel} x PP{inst.pipeline_parallel} on Ray" if inst.uses_ray \
                 else f"TP{inst.tensor_parallel}"
             out.append(f"  {pname:<12} {inst.name:<22} {pool.model} · {how} · {'+'.join(inst.nodes)} → "
-                       f"http://{spec.node(inst.head).address}:{inst.port}/v1")
+                       f"{endpoint(spec, inst)}/v1")
 
     out.append("\nWeights")
     for model in dict.fromkeys(p.model for p in spec.pools.values()):
