@@ -9,15 +9,15 @@ import pulumi_docker as docker
 from pulumi_command import remote
 
 from components.base import Component
+from components.gpu_containers import (
+    gate_command_args, gpu_container_args, gpu_container_opts, vllm_healthcheck, watchdog_upload,
+)
 from components.planning.pool_capacity import capacity_dict
 from components.planning.topology import Instance
 from components.planning.vllm import (
     endpoint, health_gate_script, health_url, server_container_name, supervised_argv, vllm_argv, vllm_env,
 )
-from components.ray_cluster import (
-    RayCluster, RayClusterArgs, gate_command_args, gpu_container_args, gpu_container_opts, vllm_healthcheck,
-    watchdog_upload,
-)
+from components.ray_cluster import RayCluster, RayClusterArgs
 from components.spec import StackSpec
 
 

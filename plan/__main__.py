@@ -14,7 +14,9 @@ sys.path.insert(0, str(ROOT))
 
 import pulumi  # noqa: E402
 
+from components.planning.pool_capacity import capacity_report  # noqa: E402
 from components.spec import SpecError, load_stack_config  # noqa: E402
+from plan.analyze import PolicyConfigError, analyze  # noqa: E402
 from plan.graph import component_graph, write_graph  # noqa: E402
 from plan.harness import run_main_program  # noqa: E402
 from plan.report import PlanResult, artifacts_of, plan_json, render_text, write_artifacts  # noqa: E402
@@ -55,7 +57,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         stack = load_stack_file(path, None if args.config else args.stack)
         spec = load_stack_config(stack.config, stack.secret_keys)
-        from components.planning.pool_capacity import capacity_report
         capacity = capacity_report(spec)
     except SpecError as err:
         print(f"invalid stack config {path}:", file=sys.stderr)
@@ -91,7 +92,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  in the generated file {rel}", file=sys.stderr)
         return EXIT_VIOLATION
 
-    from plan.analyze import PolicyConfigError, analyze
     try:
         violations = analyze(run.registrations, policy_config)
     except PolicyConfigError as err:

@@ -12,17 +12,19 @@ from typing import Any
 import pulumi
 from google.protobuf import json_format
 from pulumi.runtime import mocks as pulumi_mocks
+from pulumi.runtime import rpc
 from pulumi.runtime.config import set_all_config
 from pulumi.runtime import settings
 from pulumi.runtime.settings import SETTINGS
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
-SIG = "4dabf18193072939515e22adb298388d"
-SECRET_SIG = "1b47061264138c4ac30d75fd1eb44270"
-ASSET_SIG = "c44067f5952c0a294b673a41bacd8c17"
-ARCHIVE_SIG = "0def7320c3a5731c473e5ecbe6d01bc7"
-UNKNOWN = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"
+# Pulumi's wire-format markers, taken from the pinned SDK rather than copied.
+SIG = rpc._special_sig_key
+SECRET_SIG = rpc._special_secret_sig
+ASSET_SIG = rpc._special_asset_sig
+ARCHIVE_SIG = rpc._special_archive_sig
+UNKNOWN = rpc.UNKNOWN
 SECRET_MARK = "[secret]"
 
 
@@ -67,20 +69,19 @@ def unwrap(value: Any, *, reveal: bool) -> Any:
     return value
 
 
-def _fake_id(name: str) -> str:
-    return hashlib.sha256(name.encode()).hexdigest()[:12]
+def _digest(text: str) -> str:
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 # Computed outputs the providers return and the program reads downstream; without them a mock
 # resolves those outputs to None and the dependent inputs silently vanish (see README).
-COMPUTED_OUTPUTS: dict[str, Callable[[str, dict[str, Any]], dict[str, Any]]] = {
-    "docker:index/remoteImage:RemoteImage": lambda name, inp: {
-        "imageId": "sha256:" + hashlib.sha256(str(inp.get("name")).encode()).hexdigest(),
-        "repoDigest": f"{inp.get('name')}@sha256:" + hashlib.sha256(str(inp.get("name")).encode()).hexdigest(),
+COMPUTED_OUTPUTS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "docker:index/remoteImage:RemoteImage": lambda inp: {
+        "imageId": _digest(str(inp.get("name"))),
+        "repoDigest": f"{inp.get('name')}@{_digest(str(inp.get('name')))}",
     },
-    "command:remote:Command": lambda name, inp: {"stdout": "", "stderr": ""},
-    "command:local:Command": lambda name, inp: {"stdout": "", "stderr": ""},
-    "random:index/randomPassword:RandomPassword": lambda name, inp: {"result": "mock-" + _fake_id(name)},
+    "command:remote:Command": lambda inp: {"stdout": "", "stderr": ""},
+    "command:local:Command": lambda inp: {"stdout": "", "stderr": ""},
 }
 
 
@@ -96,7 +97,7 @@ class PlanMocks(pulumi_mocks.Mocks):
         # In a preview the engine knows no computed output yet (an image id, a command's stdout):
         # leaving them out makes them unknown, exactly what the policy pack sees at preview.
         if extra is not None and not self.preview:
-            state.update(extra(args.name, args.inputs))
+            state.update(extra(args.inputs))
         return (f"{args.name}-id" if args.custom else "", state)
 
     def call(self, args: pulumi_mocks.MockCallArgs) -> dict[str, Any]:

@@ -5,11 +5,12 @@ import shlex
 import textwrap
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from components.planning.node_scripts import fanout_rounds
-from components.planning.topology import all_instances, weights_nodes
+from components.planning.topology import all_instances, instances, weights_nodes
 from components.planning.vllm import endpoint
 from components.spec import StackSpec
 from plan.harness import ProgramRun, Registration
@@ -33,6 +34,11 @@ class PlanResult:
     violations: list[Any] = field(default_factory=list)  # plan.analyze.Violation
     capacity: dict[str, Any] = field(default_factory=dict)
     artifacts: list[str] = field(default_factory=list)
+
+    @cached_property
+    def node_of(self) -> dict[str, str]:
+        """urn -> node, computed once for the text and plan.json."""
+        return node_index(self.run, self.spec)
 
     @property
     def mandatory(self) -> list[Any]:
@@ -99,10 +105,9 @@ def render_text(result: PlanResult) -> str:
                    f"{n} {t.split(':')[-1]}" for t, n in sorted(counts.items())) + ")")
 
     per_node: dict[str, list[Registration]] = defaultdict(list)
-    where = node_index(run, spec)
     for r in run.registrations:
-        if r.urn in where and r.type in (CONTAINER, REMOTE_COMMAND):
-            per_node[where[r.urn]].append(r)
+        if r.urn in result.node_of and r.type in (CONTAINER, REMOTE_COMMAND):
+            per_node[result.node_of[r.urn]].append(r)
     out.append("\nNodes")
     for name in spec.nodes:
         node = spec.node(name)
@@ -128,9 +133,7 @@ def render_text(result: PlanResult) -> str:
 
     out.append("\nPools")
     for pname, pool in spec.pools.items():
-        for inst in all_instances(spec):
-            if inst.pool != pname:
-                continue
+        for inst in instances(spec, pname):
             how = f"TP{inst.tensor_parallel} x PP{inst.pipeline_parallel} on Ray" if inst.uses_ray \
                 else f"TP{inst.tensor_parallel}"
             out.append(f"  {pname:<12} {inst.name:<22} {pool.model} · {how} · {'+'.join(inst.nodes)} → "
@@ -156,9 +159,8 @@ def render_text(result: PlanResult) -> str:
         scheme = "https" if g.tls else "http"
         out.append(f"\nGateway  {scheme}://{spec.node(g.node).address}:{g.port}  ({auth}) · metrics on "
                    f":{g.metrics_port}/metrics")
-        for pname in spec.pools:
-            names = [n for m in spec.models if spec.pools[pname].model == m for n in spec.served_names(m)]
-            names += [a for a, p in g.aliases.items() if p == pname]
+        for pname, pool in spec.pools.items():
+            names = spec.served_names(pool.model) + [a for a, p in g.aliases.items() if p == pname]
             out.append(f"  model {', '.join(names)} → {pname}")
         for prefix, pname in g.path_routes.items():
             out.append(f"  path  {prefix} → {pname}")
@@ -194,14 +196,13 @@ def render_text(result: PlanResult) -> str:
 def plan_json(result: PlanResult) -> dict[str, Any]:
     """The machine-readable plan (contract: resources, policy, capacity — secrets masked)."""
     run = result.run
-    where = node_index(run, result.spec)
     return {
         "stack": result.stack,
         "config": result.config_path,
         "mode": "preview" if result.preview else "up",
         "resources": [
             {"urn": r.urn, "type": r.type, "name": r.name, "parent": r.parent, "custom": r.custom,
-             "node": where.get(r.urn), "inputs": r.display_inputs(),
+             "node": result.node_of.get(r.urn), "inputs": r.display_inputs(),
              "dependencies": r.dependencies, "propertyDependencies": r.property_dependencies,
              "provider": r.provider, "options": r.options}
             for r in run.registrations

@@ -1,13 +1,12 @@
 """Find secret values that escaped their Pulumi secret envelope anywhere in what the program registered."""
 from __future__ import annotations
 
-import re
-
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from plan.harness import SECRET_SIG, SIG, Registration
+from plan.stackfile import SECRET_MARKER
 
 
 @dataclass(frozen=True)
@@ -33,12 +32,9 @@ def _walk_plain(value: Any, path: str) -> Iterable[tuple[str, str]]:
         yield path, value
 
 
-_MARKER = re.compile(r"plan-secret-[0-9a-f]{16}")
-
-
 def _markers(secret_values: Mapping[str, str]) -> dict[str, str]:
     """marker -> secret key; JSON-shaped placeholders embed the marker in each of their values."""
-    return {m: key for key, value in secret_values.items() for m in _MARKER.findall(value)}
+    return {m: key for key, value in secret_values.items() for m in SECRET_MARKER.findall(value)}
 
 
 def find_leaks(registrations: list[Registration], secret_values: Mapping[str, str]) -> list[Leak]:

@@ -43,6 +43,10 @@ class StackFile:
     secret_values: dict[str, str]  # full key -> the placeholder standing in for the encrypted value
 
 
+# What secret_placeholder makes: find it anywhere and the plan has leaked that secret.
+SECRET_MARKER = re.compile(r"plan-secret-[0-9a-f]{16}")
+
+
 def secret_placeholder(stack: str, key: str) -> str:
     """A unique marker for one secret: if it ever shows up in plaintext, the plan has leaked it."""
     digest = hashlib.sha256(f"{stack}/{key}".encode()).hexdigest()[:16]

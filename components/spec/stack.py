@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pydantic import Field, ValidationError
@@ -59,119 +59,158 @@ class StackSpec(Spec):
 SECTIONS = [f.alias for f in StackSpec.model_fields.values() if not f.exclude]
 
 
+def _not_one_of(value: str, kind: str, known: Iterable[str]) -> str:
+    """The one wording of a dangling reference: what was given, and what exists."""
+    return f"{value!r} is not a {kind}; {kind}s are: {', '.join(known) or '(none)'}"
+
+
 def _check_references(s: StackSpec) -> list[SpecIssue]:
     """Cross-section rules pydantic cannot see: references, ownership, uniqueness, ports."""
-    # Imported here: topology reads the spec module, so a top-level import would be circular.
-    from components.planning.topology import instances, nodes_per_instance
+    issues = (_check_names_and_nodes(s) + _check_pools(s) + _check_models(s) + _check_gateway(s)
+              + _check_monitoring_and_ssh(s))
+    return issues or _check_ports(s)
 
+
+def _check_names_and_nodes(s: StackSpec) -> list[SpecIssue]:
     issues: list[SpecIssue] = []
-    add = lambda path, msg: issues.append(SpecIssue(path, msg))  # noqa: E731
-    node_names = ", ".join(s.nodes)
-    pool_names = ", ".join(s.pools) or "(none)"
-
     for name in list(s.nodes) + list(s.pools) + list(s.models):
         if not NAME_RE.match(name):
-            add(name, "names must be lowercase letters, digits and '-' (a DNS label)")
+            issues.append(SpecIssue(name, "names must be lowercase letters, digits and '-' (a DNS label)"))
     seen_addr: dict[str, str] = {}
     for name in s.nodes:
         n = s.node(name)
         if n.address in seen_addr:
-            add(f"nodes.{name}.address", f"{n.address} is already the address of {seen_addr[n.address]}")
+            issues.append(SpecIssue(f"nodes.{name}.address",
+                                    f"{n.address} is already the address of {seen_addr[n.address]}"))
         seen_addr[n.address] = name
         if n.gpu is None:
-            add(f"nodes.{name}.gpu", "required here or in nodeDefaults (model and count)")
+            issues.append(SpecIssue(f"nodes.{name}.gpu", "required here or in nodeDefaults (model and count)"))
         if s.ssh.host_key_checking and not n.host_key:
-            add(f"nodes.{name}.hostKey", "required when ssh.hostKeyChecking is true")
-
-    owner: dict[str, str] = {}
-    for pname, p in s.pools.items():
-        if p.model not in s.models:
-            add(f"pools.{pname}.model", f"{p.model!r} is not a model; models are: {', '.join(s.models) or '(none)'}")
-        for i, nname in enumerate(p.nodes):
-            if nname not in s.nodes:
-                add(f"pools.{pname}.nodes[{i}]", f"{nname!r} is not a node; nodes are: {node_names}")
-            elif nname in owner:
-                add(f"pools.{pname}.nodes[{i}]", f"{nname!r} already serves pool {owner[nname]!r}; "
-                    "a node belongs to at most one pool")
-            else:
-                owner[nname] = pname
-        known = [s.node(n) for n in p.nodes if n in s.nodes]
-        if any(n.gpu is None for n in known) or not known:
-            continue
-        if len({(n.gpu.model, n.gpu.count) for n in known}) > 1:
-            add(f"pools.{pname}.nodes", "all nodes of a pool need the same GPU model and count; got "
-                + ", ".join(f"{n}={s.node(n).gpu.count}x{s.node(n).gpu.model}" for n in p.nodes if n in s.nodes))
-            continue
-        g = known[0].gpu.count
-        span = nodes_per_instance(p, g)
-        if len(p.nodes) % span:
-            add(f"pools.{pname}.nodes", f"{len(p.nodes)} nodes do not split into instances of {span} "
-                f"node(s) (tensorParallel {p.tensor_parallel} x pipelineParallel {p.pipeline_parallel} "
-                f"on {g} GPUs per node); give a multiple of {span}")
-        if p.replicas_per_node > 1 and (span > 1 or p.tensor_parallel * p.pipeline_parallel * p.replicas_per_node > g):
-            add(f"pools.{pname}.replicasPerNode", f"{p.replicas_per_node} replicas x tensorParallel "
-                f"{p.tensor_parallel} x pipelineParallel {p.pipeline_parallel} needs more than the {g} GPUs of a node")
-        if span > 1:
-            for nname in (n for n in p.nodes if n in s.nodes):
-                n = s.node(nname)
-                if n.hca is None:
-                    add(f"nodes.{nname}.hca", f"required (here or in nodeDefaults): pool {pname!r} spans nodes")
-                if n.interface is None:
-                    add(f"nodes.{nname}.interface", f"required (here or in nodeDefaults): pool {pname!r} spans nodes")
-
-    for mname, m in s.models.items():
-        if m.source.node is not None and m.source.node not in s.nodes:
-            add(f"models.{mname}.source.node", f"{m.source.node!r} is not a node; nodes are: {node_names}")
-    served: dict[str, str] = {}
-    for mname in s.models:
-        for i, sn in enumerate(s.served_names(mname)):
-            if sn in served and served[sn] != mname:
-                add(f"models.{mname}.servedNames[{i}]", f"{sn!r} is already a served name of model {served[sn]!r}")
-            served[sn] = mname
-
-    g = s.gateway
-    if g is not None:
-        if g.node not in s.nodes:
-            add("gateway.node", f"{g.node!r} is not a node; nodes are: {node_names}")
-        if g.default_pool not in s.pools:
-            add("gateway.defaultPool", f"{g.default_pool!r} is not a pool; pools are: {pool_names}")
-        for prefix, pool in g.path_routes.items():
-            if pool not in s.pools:
-                add(f"gateway.pathRoutes.{prefix}", f"{pool!r} is not a pool; pools are: {pool_names}")
-        for alias, pool in g.aliases.items():
-            if pool not in s.pools:
-                add(f"gateway.aliases.{alias}", f"{pool!r} is not a pool; pools are: {pool_names}")
-            if alias in served:
-                add(f"gateway.aliases.{alias}", f"{alias!r} is already a served name of model {served[alias]!r}")
-        ids: set[str] = set()
-        allowed = set(served) | set(s.pools) | set(g.aliases)
-        for i, k in enumerate(g.api_keys):
-            if k.id in ids:
-                add(f"gateway.apiKeys[{i}].id", f"{k.id!r} is used by another key")
-            ids.add(k.id)
-            for j, mname in enumerate(k.models):
-                if mname not in allowed:
-                    add(f"gateway.apiKeys[{i}].models[{j}]", f"{mname!r} names no served model, alias or pool; "
-                        f"allowed: {', '.join(sorted(allowed))}")
-        if not g.auth and "gatewayApiKeys" in s.secrets:
-            add("gateway.auth", "is false but the secret gatewayApiKeys is set: the keys would never be checked; "
-                "remove the secret (pulumi config rm gatewayApiKeys) or set auth: true")
-        if g.tls and not {"gatewayTlsCert", "gatewayTlsKey"} <= s.secrets:
-            add("gateway.tls", "needs the secrets gatewayTlsCert and gatewayTlsKey "
-                "(pulumi config set --secret gatewayTlsCert < cert.pem)")
-    if s.monitoring is not None and s.monitoring.node not in s.nodes:
-        add("monitoring.node", f"{s.monitoring.node!r} is not a node; nodes are: {node_names}")
-    issues += monitoring_issues(s)
-    if not s.ssh.agent and not s.ssh.key_path and "sshPrivateKey" not in s.secrets:
-        add("ssh.agent", "is false but neither ssh.keyPath nor the secret sshPrivateKey is given: "
-            "the nodes could not be reached; use the agent, a key file, or the secret key")
-    if not issues:
-        issues += _check_ports(s, instances)
+            issues.append(SpecIssue(f"nodes.{name}.hostKey", "required when ssh.hostKeyChecking is true"))
     return issues
 
 
-def _check_ports(s: StackSpec, instances: Any) -> list[SpecIssue]:
+def _check_pools(s: StackSpec) -> list[SpecIssue]:
+    # Imported here: topology reads the spec module, so a top-level import would be circular.
+    from components.planning.topology import nodes_per_instance
+
+    issues: list[SpecIssue] = []
+    owner: dict[str, str] = {}
+    for pname, p in s.pools.items():
+        if p.model not in s.models:
+            issues.append(SpecIssue(f"pools.{pname}.model", _not_one_of(p.model, "model", s.models)))
+        for i, nname in enumerate(p.nodes):
+            if nname not in s.nodes:
+                issues.append(SpecIssue(f"pools.{pname}.nodes[{i}]", _not_one_of(nname, "node", s.nodes)))
+            elif nname in owner:
+                issues.append(SpecIssue(f"pools.{pname}.nodes[{i}]", f"{nname!r} already serves pool "
+                                        f"{owner[nname]!r}; a node belongs to at most one pool"))
+            else:
+                owner[nname] = pname
+        members = [n for n in p.nodes if n in s.nodes]
+        gpus = [s.node(n).gpu for n in members]
+        if not members or any(g is None for g in gpus):
+            continue
+        if len({(g.model, g.count) for g in gpus}) > 1:
+            issues.append(SpecIssue(f"pools.{pname}.nodes", "all nodes of a pool need the same GPU model and "
+                                    "count; got " + ", ".join(f"{n}={g.count}x{g.model}" for n, g in zip(members, gpus))))
+            continue
+        per_node = gpus[0].count
+        span = nodes_per_instance(p, per_node)
+        if len(p.nodes) % span:
+            issues.append(SpecIssue(f"pools.{pname}.nodes", f"{len(p.nodes)} nodes do not split into instances of "
+                                    f"{span} node(s) (tensorParallel {p.tensor_parallel} x pipelineParallel "
+                                    f"{p.pipeline_parallel} on {per_node} GPUs per node); give a multiple of {span}"))
+        width = p.tensor_parallel * p.pipeline_parallel
+        if p.replicas_per_node > 1 and (span > 1 or width * p.replicas_per_node > per_node):
+            issues.append(SpecIssue(f"pools.{pname}.replicasPerNode", f"{p.replicas_per_node} replicas x "
+                                    f"tensorParallel {p.tensor_parallel} x pipelineParallel {p.pipeline_parallel} "
+                                    f"needs more than the {per_node} GPUs of a node"))
+        if span > 1:
+            for nname in members:
+                for field in ("hca", "interface"):
+                    if getattr(s.node(nname), field) is None:
+                        issues.append(SpecIssue(f"nodes.{nname}.{field}", "required (here or in nodeDefaults): "
+                                                f"pool {pname!r} spans nodes"))
+    return issues
+
+
+def _served(s: StackSpec) -> dict[str, str]:
+    """Served name -> model (the first model claiming it)."""
+    served: dict[str, str] = {}
+    for mname in s.models:
+        for sn in s.served_names(mname):
+            served.setdefault(sn, mname)
+    return served
+
+
+def _check_models(s: StackSpec) -> list[SpecIssue]:
+    issues: list[SpecIssue] = []
+    for mname, m in s.models.items():
+        if m.source.node is not None and m.source.node not in s.nodes:
+            issues.append(SpecIssue(f"models.{mname}.source.node", _not_one_of(m.source.node, "node", s.nodes)))
+    served = _served(s)
+    for mname in s.models:
+        for i, sn in enumerate(s.served_names(mname)):
+            if served[sn] != mname:
+                issues.append(SpecIssue(f"models.{mname}.servedNames[{i}]",
+                                        f"{sn!r} is already a served name of model {served[sn]!r}"))
+    return issues
+
+
+def _check_gateway(s: StackSpec) -> list[SpecIssue]:
+    g = s.gateway
+    if g is None:
+        return []
+    issues: list[SpecIssue] = []
+    add = lambda path, msg: issues.append(SpecIssue(path, msg))  # noqa: E731
+    if g.node not in s.nodes:
+        add("gateway.node", _not_one_of(g.node, "node", s.nodes))
+    if g.default_pool not in s.pools:
+        add("gateway.defaultPool", _not_one_of(g.default_pool, "pool", s.pools))
+    for prefix, pool in g.path_routes.items():
+        if pool not in s.pools:
+            add(f"gateway.pathRoutes.{prefix}", _not_one_of(pool, "pool", s.pools))
+    served = _served(s)
+    for alias, pool in g.aliases.items():
+        if pool not in s.pools:
+            add(f"gateway.aliases.{alias}", _not_one_of(pool, "pool", s.pools))
+        if alias in served:
+            add(f"gateway.aliases.{alias}", f"{alias!r} is already a served name of model {served[alias]!r}")
+    ids: set[str] = set()
+    allowed = set(served) | set(s.pools) | set(g.aliases)
+    for i, k in enumerate(g.api_keys):
+        if k.id in ids:
+            add(f"gateway.apiKeys[{i}].id", f"{k.id!r} is used by another key")
+        ids.add(k.id)
+        for j, mname in enumerate(k.models):
+            if mname not in allowed:
+                add(f"gateway.apiKeys[{i}].models[{j}]", f"{mname!r} names no served model, alias or pool; "
+                    f"allowed: {', '.join(sorted(allowed))}")
+    if not g.auth and "gatewayApiKeys" in s.secrets:
+        add("gateway.auth", "is false but the secret gatewayApiKeys is set: the keys would never be checked; "
+            "remove the secret (pulumi config rm gatewayApiKeys) or set auth: true")
+    if g.tls and not {"gatewayTlsCert", "gatewayTlsKey"} <= s.secrets:
+        add("gateway.tls", "needs the secrets gatewayTlsCert and gatewayTlsKey "
+            "(pulumi config set --secret gatewayTlsCert < cert.pem)")
+    return issues
+
+
+def _check_monitoring_and_ssh(s: StackSpec) -> list[SpecIssue]:
+    issues: list[SpecIssue] = []
+    if s.monitoring is not None and s.monitoring.node not in s.nodes:
+        issues.append(SpecIssue("monitoring.node", _not_one_of(s.monitoring.node, "node", s.nodes)))
+    issues += monitoring_issues(s)
+    if not s.ssh.agent and not s.ssh.key_path and "sshPrivateKey" not in s.secrets:
+        issues.append(SpecIssue("ssh.agent", "is false but neither ssh.keyPath nor the secret sshPrivateKey is "
+                                "given: the nodes could not be reached; use the agent, a key file, or the secret key"))
+    return issues
+
+
+def _check_ports(s: StackSpec) -> list[SpecIssue]:
     """Every host-network listener on a node gets its own port."""
+    from components.planning.topology import instances  # circular at module level, see _check_pools
+
     used: dict[str, dict[int, str]] = {n: {} for n in s.nodes}
     issues: list[SpecIssue] = []
 
