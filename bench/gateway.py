@@ -30,6 +30,7 @@ from components.planning.gateway import (  # noqa: E402
 )
 from components.spec import StackSpec, load_stack_config  # noqa: E402
 from plan.stackfile import load_stack_file  # noqa: E402
+from tests.support import free_port, free_ports  # noqa: E402
 
 NJS_MODULE = "/usr/lib/nginx/modules/ngx_http_js_module.so"
 KEY = "sk-bench-0123456789abcdef"
@@ -38,12 +39,6 @@ BODY = json.dumps({"model": "qwen3-30b-a3b", "messages": [{"role": "user", "cont
 REPLY = json.dumps({"id": "cmpl-1", "object": "chat.completion", "model": "qwen3-30b-a3b",
                     "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
                     "usage": {"prompt_tokens": 11, "total_tokens": 18, "completion_tokens": 7}})
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_nginx(root: Path, conf: str, port: int) -> subprocess.Popen[bytes]:
@@ -156,7 +151,7 @@ def main() -> None:
             up_root, proxy_root = base / "replica", base / "proxy"
             for d in (up_root, proxy_root):
                 d.mkdir(parents=True)
-            up, proxy, syslog, metrics = free_port(), free_port(), free_port(), free_port()
+            up, proxy, syslog, metrics = free_ports(4)
             reply = REPLY.replace("'", "")
             procs.append(start_nginx(up_root, simple_conf(
                 up_root, up, f"default_type application/json; return 200 '{reply}';"), up))

@@ -7,13 +7,12 @@ CLI does) and sent with Configure, every policy's enforcement level resolved as 
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import re
-
-from google.protobuf import json_format, struct_pb2
+from google.protobuf import struct_pb2
 from pulumi.runtime import proto
 from pulumi_policy import EnforcementLevel
 from pulumi_policy.policy import _PolicyAnalyzerServicer
@@ -42,25 +41,17 @@ class Violation:
     resource_name: str
 
 
-def policy_info() -> list[dict[str, Any]]:
-    """Every policy with its default level, description and config schema (GetAnalyzerInfo)."""
-    info = _servicer().GetAnalyzerInfo(None, None)
-    return [{"name": p.name, "enforcementLevel": LEVEL_NAMES[p.enforcementLevel], "description": p.description,
-             "configSchema": _struct_dict(p.configSchema.properties)} for p in info.policies]
-
-
-def _servicer() -> _PolicyAnalyzerServicer:
-    return _PolicyAnalyzerServicer(PACK_NAME, PACK_VERSION, list(POLICIES), DEFAULT_LEVEL)
+def configured_servicer(policy_config: Mapping[str, Any] | None = None) -> _PolicyAnalyzerServicer:
+    """The pack's analyzer servicer (what the CLI talks to), configured as the engine would (Configure)."""
+    servicer = _PolicyAnalyzerServicer(PACK_NAME, PACK_VERSION, list(POLICIES), DEFAULT_LEVEL)
+    servicer.Configure(configure_request(policy_config), None)
+    return servicer
 
 
 def _struct(value: Mapping[str, Any]) -> struct_pb2.Struct:
     s = struct_pb2.Struct()
     s.update(dict(value))
     return s
-
-
-def _struct_dict(s: struct_pb2.Struct) -> dict[str, Any]:
-    return json_format.MessageToDict(s)
 
 
 def _level_of(value: Any, where: str) -> int:
@@ -161,8 +152,7 @@ def analyze(registrations: Iterable[Registration], policy_config: Mapping[str, A
     """Every violation the pack reports on these registrations (Analyze per resource, then AnalyzeStack)."""
     regs = list(registrations)
     by_urn = {r.urn: r for r in regs}
-    servicer = _servicer()
-    servicer.Configure(configure_request(policy_config), None)
+    servicer = configured_servicer(policy_config)
     violations: list[Violation] = []
     for reg in regs:
         request = proto.AnalyzeRequest(urn=reg.urn, type=reg.type, name=reg.name, properties=_struct(reg.inputs),

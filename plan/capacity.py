@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from components.facts.hardware import DTYPE_ALIASES, KV_CACHE_DTYPES, gpu
+from components.facts.hardware import DTYPE_ALIASES, KV_CACHE_DTYPES, engine_support, gpu
 from components.facts.models import (MODELS, ModelArch, arch_from_config_json, model_arch,
                                      quantization_from_config_json)
 from components.planning.capacity import CapacityEstimate, estimate
@@ -86,11 +86,15 @@ def run(argv: list[str]) -> tuple[CapacityEstimate, dict[str, object]]:
     if args.group_size is not None and args.group_size != -1 and args.group_size < 1:
         raise UsageError(f"--group-size {args.group_size}: must be -1 (one group per output channel) or at least 1")
     arch, checkpoint_quant = _load_model(args.model)
+    v1_engine = False
     if args.gpu is not None:
         try:
-            memory, gpu_name = gpu(args.gpu).memory_gib, args.gpu
+            g = gpu(args.gpu)
         except KeyError as e:
             raise UsageError(str(e.args[0])) from None
+        memory, gpu_name = g.memory_gib, args.gpu
+        # sm_80+ runs V1 and its own default batch budget, as the plan's pool capacity does.
+        v1_engine = engine_support(g.capability).v1_engine
     else:
         memory, gpu_name = args.gpu_memory_gib, None
     dtype = DTYPE_ALIASES[args.dtype]
@@ -106,7 +110,8 @@ def run(argv: list[str]) -> tuple[CapacityEstimate, dict[str, object]]:
                        kv_cache_dtype=args.kv_cache_dtype,
                        max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                        max_num_batched_tokens=args.max_num_batched_tokens,
-                       block_size=args.block_size, mla_enabled=not args.no_mla)
+                       block_size=args.block_size, mla_enabled=not args.no_mla,
+                       v1_engine=v1_engine, gpu_name=gpu_name or "")
     except ValueError as e:
         raise UsageError(str(e)) from None
     return est, {"gpu": gpu_name, "json": args.json}

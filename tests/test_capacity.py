@@ -12,11 +12,11 @@ import pytest
 
 from components.facts import hardware
 from components.facts.hardware import GPUS, engine_support
-from components.facts.models import model_arch
+from components.facts.models import arch_from_config_json, model_arch
 from components.planning import capacity
 from components.planning.capacity import (GIB, default_max_num_batched_tokens, estimate,
                                           kv_bytes_per_token_per_layer, layers_per_stage,
-                                          linear_bytes_per_param)
+                                          linear_bytes_per_param, model_params)
 from components.planning.pool_capacity import pool_capacity
 from components.spec import load_stack_config
 from plan.capacity import main as cli_main
@@ -93,7 +93,6 @@ def test_unknown_quantization_is_refused() -> None:
 
 
 def test_tied_lm_head_is_free_only_without_pipeline_parallelism() -> None:
-    from components.facts.models import arch_from_config_json
     tied = arch_from_config_json({"model_type": "llama", "hidden_size": 1024, "num_attention_heads": 8,
                                   "num_hidden_layers": 4, "intermediate_size": 4096, "vocab_size": 128000,
                                   "tie_word_embeddings": True}, "tiny")
@@ -154,7 +153,6 @@ def test_concurrency_is_kv_tokens_over_max_model_len() -> None:
 def test_rule_of_thumb_is_params_times_bytes_times_1_2() -> None:
     est = estimate(model_arch("qwen3-32b"), V100, tp=8, pp=1, gpu_memory_utilization=0.9,
                    dtype="float16", max_model_len=8192, max_num_seqs=64)
-    from components.planning.capacity import model_params
     assert est.rule_of_thumb_gib_total * GIB == pytest.approx(model_params(model_arch("qwen3-32b")) * 2 * 1.2)
 
 
@@ -228,13 +226,17 @@ def test_cli_json_matches_the_estimate_and_exits_1_when_it_does_not_fit(capsys) 
 
 
 def test_cli_reads_a_config_json_and_its_quantization(tmp_path: Path, capsys) -> None:
+    # Bits and group size other than the defaults (4, 128): they must come from the file.
     cfg = {"model_type": "qwen2", "hidden_size": 5120, "num_attention_heads": 40, "num_hidden_layers": 64,
            "num_key_value_heads": 8, "intermediate_size": 27648, "vocab_size": 152064,
-           "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128}}
+           "quantization_config": {"quant_method": "gptq", "bits": 8, "group_size": 64}}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     assert cli_main(["--model", str(tmp_path), "--gpu-memory-gib", "32", "--tp", "2",
                      "--max-model-len", "8192", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["quantization"] == "gptq"
+    expected = estimate(arch_from_config_json(cfg, tmp_path.name), 32, tp=2, pp=1, gpu_memory_utilization=0.9,
+                        dtype="float16", quantization="gptq", quant_bits=8, group_size=64,
+                        max_model_len=8192, max_num_seqs=256).to_dict()
+    assert json.loads(capsys.readouterr().out) == {"gpu": None, **expected}
 
 
 def test_cli_lists_the_catalog(capsys) -> None:
@@ -286,6 +288,13 @@ def test_pool_capacity_uses_the_engine_the_gpu_runs(config: dict[str, Any], gpu_
     config["llm-cluster:pools"]["chat"]["vllm"]["maxModelLen"] = 32768
     est = pool_capacity(load_stack_config(config, set()), "chat")
     assert est.max_num_batched_tokens == batched
+
+
+@pytest.mark.parametrize("gpu_name,batched", [("Tesla V100-SXM2-32GB", 32768), ("NVIDIA A100-SXM4-80GB", 2048),
+                                              ("NVIDIA H100 80GB HBM3", 8192)])
+def test_cli_uses_the_engine_the_gpu_runs(gpu_name: str, batched: int, capsys) -> None:
+    cli_main(["--model", "qwen3-30b-a3b", "--gpu", gpu_name, "--tp", "8", "--max-model-len", "32768", "--json"])
+    assert json.loads(capsys.readouterr().out)["max_num_batched_tokens"] == batched
 
 
 def test_the_planner_reads_dtypes_and_fp8_methods_from_the_facts() -> None:

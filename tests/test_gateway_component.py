@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import json
-import runpy
-from pathlib import Path
 from typing import Any
 
 import pulumi
@@ -14,46 +12,32 @@ from components.planning.gateway import (
     readiness_script,
 )
 from components.planning.node_scripts import bash_command
-from components.spec import StackSpec, load_stack_config
-from plan.harness import SECRET_SIG, SIG, ProgramRun, Registration, run_program, unwrap
-from plan.stackfile import load_stack_file
+from components.spec import StackSpec
+from plan.harness import SECRET_SIG, SIG, ProgramRun, Registration, unwrap
+from tests.conftest import prod_config, run_stack
 
-ROOT = Path(__file__).resolve().parent.parent
 GATEWAY = "llm-cluster:gateway:Gateway"
 CONTAINER = "docker:index/container:Container"
 COMMAND = "command:remote:Command"
 KEYS = {"default": "sk-live-4f1c2a9b7e"}
 
 
-def config() -> dict[str, Any]:
-    return load_stack_file(ROOT / "Pulumi.prod.yaml", "prod").config
-
-
-def run(cfg: dict[str, Any], secrets: set[str] | None = None, preview: bool = False) -> ProgramRun:
-    return run_program(lambda: runpy.run_path(str(ROOT / "__main__.py"), run_name="__pulumi_main__"),
-                       cfg, secrets or set(), preview=preview)
-
-
 def with_secret_keys(keys: dict[str, str]) -> tuple[dict[str, Any], set[str]]:
-    cfg = config()
+    cfg = prod_config()
     cfg["llm-cluster:gatewayApiKeys"] = json.dumps(keys)
     return cfg, {"llm-cluster:gatewayApiKeys"}
 
 
 @pytest.fixture(scope="module")
-def generated() -> ProgramRun:
+def generated(prod_run: ProgramRun) -> ProgramRun:
     """The reference stack: no key in config, so keys are generated on gpu-01."""
-    return run(config())
+    return prod_run
 
 
 @pytest.fixture(scope="module")
 def from_secret() -> ProgramRun:
     cfg, secrets = with_secret_keys(KEYS)
-    return run(cfg, secrets)
-
-
-def spec() -> StackSpec:
-    return load_stack_config(config(), set())
+    return run_stack(cfg, secrets)
 
 
 def uploads(reg: Registration, reveal: bool = False) -> dict[str, Any]:
@@ -99,16 +83,16 @@ def host_network_container(run: ProgramRun, resource: str, name: str, image: str
     return c
 
 
-def test_container_runs_the_generated_config_on_host_network(generated: ProgramRun) -> None:
+def test_container_runs_the_generated_config_on_host_network(generated: ProgramRun, prod_spec: StackSpec) -> None:
     c = host_network_container(generated, "gateway-nginx", "llm-gateway", "gpu-01-image-nginx-1-27-5")
     inputs = c.plain_inputs()
     assert {(label["label"], label["value"]) for label in inputs["labels"]} == {
         ("llm-cluster.role", "gateway"), ("llm-cluster.image", "nginx:1.27.5"), ("llm-cluster.key-ids", "default")}
-    files = gateway_files(spec())
+    files = gateway_files(prod_spec)
     assert uploads(c) == {f"/etc/nginx/{rel}": text for rel, text in files.items()}
     assert inputs["volumes"] == [{"hostPath": "/etc/llm-cluster/gateway/nginx", "containerPath": "/etc/nginx/llm-keys",
                                   "readOnly": True}]
-    assert inputs["healthcheck"]["tests"] == healthcheck_probe(spec()) == [
+    assert inputs["healthcheck"]["tests"] == healthcheck_probe(prod_spec) == [
         "CMD-SHELL",
         "curl -sk -o /dev/null -w '%{http_code}' --max-time 3 http://127.0.0.1:80/v1/models | grep -qx 401"]
     assert not inputs.get("ports")
@@ -196,15 +180,15 @@ def test_keys_from_the_secret_reach_nginx_only_as_digests(from_secret: ProgramRu
 def test_secret_keys_must_match_the_stacks_ids() -> None:
     cfg, secrets = with_secret_keys({"ops": "sk-1"})
     with pytest.raises(ValueError, match=r"missing: default, not in the stack: ops"):
-        run(cfg, secrets)
+        run_stack(cfg, secrets)
 
 
 def test_tls_uploads_certificate_and_key_as_secrets() -> None:
-    cfg = config()
+    cfg = prod_config()
     cfg["llm-cluster:gateway"].update({"tls": True, "port": 443})
     cfg["llm-cluster:gatewayTlsCert"] = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
     cfg["llm-cluster:gatewayTlsKey"] = "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n"
-    result = run(cfg, {"llm-cluster:gatewayTlsCert", "llm-cluster:gatewayTlsKey"})
+    result = run_stack(cfg, {"llm-cluster:gatewayTlsCert", "llm-cluster:gatewayTlsKey"})
     c = result.get("gateway-nginx")
     wire = {u["file"]: u["content"] for u in c.inputs["uploads"]}
     assert is_secret(wire["/etc/nginx/llm-tls/cert.pem"]) and is_secret(wire["/etc/nginx/llm-tls/key.pem"])
@@ -215,8 +199,8 @@ def test_tls_uploads_certificate_and_key_as_secrets() -> None:
     assert "https://127.0.0.1:443/v1/models" in result.get("gateway-ready").plain_inputs()["create"]
 
 
-def test_preview_knows_what_the_policies_read() -> None:
-    result = run(config(), preview=True)
+def test_preview_knows_what_the_policies_read(prod_preview_run: ProgramRun) -> None:
+    result = prod_preview_run
     (gw,) = result.by_type(GATEWAY)
     assert gw.plain_inputs()["authRequired"] is True and gw.plain_inputs()["apiKeyIds"] == ["default"]
     labels = {label["label"]: label["value"] for label in result.get("gateway-nginx").plain_inputs()["labels"]}
@@ -224,9 +208,9 @@ def test_preview_knows_what_the_policies_read() -> None:
 
 
 def test_without_auth_no_key_is_made_uploaded_mounted_or_exported() -> None:
-    cfg = config()
+    cfg = prod_config()
     cfg["llm-cluster:gateway"].update(auth=False, apiKeys=[])
-    result = run(cfg)
+    result = run_stack(cfg)
     (gw,) = result.by_type(GATEWAY)
     props = gw.plain_inputs()
     assert (props["authRequired"], props["apiKeyIds"], props["keySource"]) == (False, [], "none")
@@ -248,4 +232,4 @@ def test_without_auth_a_key_secret_is_refused_by_the_spec() -> None:
     cfg, secrets = with_secret_keys(KEYS)
     cfg["llm-cluster:gateway"].update(auth=False, apiKeys=[])
     with pytest.raises(pulumi.RunError, match=r"gateway.auth: is false but the secret gatewayApiKeys is set"):
-        run(cfg, secrets)
+        run_stack(cfg, secrets)

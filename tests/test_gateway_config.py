@@ -4,7 +4,6 @@ from __future__ import annotations
 import hashlib
 import http.server
 import json
-import socket
 import subprocess
 import threading
 from pathlib import Path
@@ -19,7 +18,7 @@ from components.planning.gateway import (
 )
 from components.planning.node_scripts import bash_command
 from components.spec import RateLimitSpec, SpecError, StackSpec, load_stack_config
-from tests.support import tool
+from tests.support import free_port, tool
 
 
 def spec_with(config: dict[str, Any], secrets: set[str] | None = None, **gateway: Any) -> StackSpec:
@@ -47,8 +46,6 @@ def block(conf: str, header: str) -> list[str]:
                 return out
             out.append(line)
     raise AssertionError(f"no block {header!r}")
-
-
 
 
 # --- the reference stack ----------------------------------------------------------------------
@@ -375,9 +372,7 @@ def test_readiness_script_passes_on_401_and_fails_with_a_message_otherwise() -> 
     finally:
         server.shutdown()
         server.server_close()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = s.getsockname()[1]
+    closed = free_port()
     down = subprocess.run(["bash", "-c", readiness_script(closed, False, 1, "gpu-01")],
                           capture_output=True, text=True)
     assert down.returncode == 1

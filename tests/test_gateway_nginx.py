@@ -27,7 +27,7 @@ from components.planning.gateway import (
     DIGESTS_FILE, GatewayLayout, key_ids, keys_script, readiness_script, render_gateway,
 )
 from components.spec import StackSpec, load_stack_config
-from plan.stackfile import load_stack_file
+from tests.conftest import prod_config
 from tests.support import free_port
 
 NJS_MODULE = "/usr/lib/nginx/modules/ngx_http_js_module.so"
@@ -236,11 +236,6 @@ class NginxGateway:
             return resp.status, {k.lower(): v for k, v in resp.getheaders()}, payload
         finally:
             conn.close()
-
-
-def prod_config() -> dict[str, Any]:
-    """A fresh copy of the reference stack's config."""
-    return load_stack_file(Path(__file__).resolve().parent.parent / "Pulumi.prod.yaml", "prod").config
 
 
 def gateway_config(**gateway: Any) -> dict[str, Any]:

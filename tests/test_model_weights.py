@@ -20,7 +20,7 @@ def weights_children(run: ProgramRun, component: str) -> dict[str, Any]:
             if r.parent.endswith(f"ModelWeights::{component}")}
 
 
-def dep_names(run: ProgramRun, urns: list[str]) -> set[str]:
+def dep_names(urns: list[str]) -> set[str]:
     return {u.rsplit("::", 1)[1] for u in urns}
 
 
@@ -41,7 +41,7 @@ def test_reference_weights_components_and_commands(prod_run: ProgramRun) -> None
 
 def test_fan_out_dependencies(prod_run: ProgramRun) -> None:
     c = weights_children(prod_run, "weights-qwen3-30b-a3b")
-    deps = {name: dep_names(prod_run, r.dependencies) for name, r in c.items()}
+    deps = {name: dep_names(r.dependencies) for name, r in c.items()}
     assert deps["manifest-gpu-03"] == {"gpu-03-hosts", "gpu-03-preflight"}
     assert deps["check-gpu-03"] == {"gpu-03-hosts", "gpu-03-preflight"}  # the source's server waits for this only
     assert deps["copy-gpu-03-to-gpu-04"] == {"weights-qwen3-30b-a3b-manifest-gpu-03", "gpu-04-hosts",
@@ -121,7 +121,7 @@ def test_shared_mount_mounts_on_every_node(config: dict[str, Any],
     m = c["mount-gpu-05"].plain_inputs()
     assert f"entry='nas:/export/qwen3 {QWEN} nfs ro,_netdev 0 0'" in m["create"]
     assert 'umount "$root"' in m["delete"]
-    assert dep_names(run, c["mount-gpu-05"].dependencies) == {"gpu-05-hosts", "gpu-05-preflight"}
+    assert dep_names(c["mount-gpu-05"].dependencies) == {"gpu-05-hosts", "gpu-05-preflight"}
 
 
 def test_present_weights_are_only_checked(config: dict[str, Any],

@@ -43,8 +43,6 @@ def every_script(spec: StackSpec) -> dict[str, str]:
     return scripts
 
 
-
-
 def run(script: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["bash", "-c", script, "llm-cluster", *args], capture_output=True, text=True,
                           env={**os.environ, **(env or {})})

@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 from google.protobuf import struct_pb2
 from pulumi.runtime import proto
-from pulumi_policy.policy import _PolicyAnalyzerServicer
 
 from components.planning.gateway import exporter_argv
 from components.planning.monitoring import (
@@ -19,9 +18,9 @@ from components.planning.topology import all_instances
 from components.planning.vllm import container_envs, vllm_argv, vllm_env
 from components.spec import StackSpec
 from components.spec.monitoring import ServiceSpec
-from plan.analyze import LEVEL_NAMES, configure_request
+from plan.analyze import LEVEL_NAMES, configure_request, configured_servicer
 from plan.harness import UNKNOWN, ProgramRun
-from policies.pack import DEFAULT_LEVEL, PACK_NAME, PACK_VERSION, POLICIES
+from policies.pack import POLICIES
 from policies.rules.bindings import LISTENERS
 from policies.rules.common import RAY_ROLES, role_of
 from policies.rules.security import EXPOSURE_CONFIG
@@ -73,8 +72,7 @@ def analyze(type_: str, name: str, props: dict[str, Any], *, parent_type: str | 
 
     Resource options as the engine sends them: delete_before_replace None is an option the program left unset.
     """
-    servicer = _PolicyAnalyzerServicer(PACK_NAME, PACK_VERSION, list(POLICIES), DEFAULT_LEVEL)
-    servicer.Configure(configure_request(config), None)
+    servicer = configured_servicer(config)
     chain = f"{parent_type}${type_}" if parent_type else type_
     s = struct_pb2.Struct()
     s.update(props)
@@ -137,8 +135,9 @@ def test_v1_engine_unset_is_refused_on_v100() -> None:
 
 def test_v1_engine_one_is_refused_on_v100_and_fine_on_h100() -> None:
     env = {**CHAT_ENV, "VLLM_USE_V1": "1"}
-    assert [d[0] for d in model_server(server(env=env))] == ["vllm-v1-engine"]
-    assert "is '1'" in model_server(server(env=env))[0][2]
+    assert model_server(server(env=env)) == only(
+        "vllm-v1-engine", "VLLM_USE_V1 is '1': the V1 engine needs compute capability 8.0 and Tesla V100-SXM2-32GB "
+        "(sm_70) has less (VLLM_USE_V1=1 raises NotImplementedError). Set VLLM_USE_V1=0 in the container's env.")
     assert model_server(server(env=env, gpuModel="NVIDIA H100 80GB HBM3")) == []
 
 
@@ -207,7 +206,10 @@ def test_max_model_len_above_32k_turns_chunked_prefill_on_by_itself() -> None:
 
 def test_unset_max_model_len_is_refused_on_v100() -> None:
     props = server(argv_drop=["--no-enable-chunked-prefill", "--max-model-len"])
-    assert [d[2].split("\n")[1][:40] for d in model_server(props)] == ["--max-model-len is unset: vLLM takes the"]
+    assert model_server(props) == only(
+        "gpu-chunked-prefill-prefix-caching",
+        f"--max-model-len is unset: vLLM takes the model's context length and turns chunked prefill on by itself "
+        f"above 32768; {WHY}. Set --max-model-len <= 32768 or pass --no-enable-chunked-prefill.")
 
 
 # --- rule 6: image -----------------------------------------------------------------------------
@@ -504,7 +506,7 @@ def test_every_host_network_role_the_program_registers_is_one_the_rule_reads(pro
     public = set(EXPOSURE_CONFIG.properties["publicRoles"]["default"])
     roles = {role_of(r.plain_inputs()) for r in prod_run.by_type(CONTAINER)
              if r.plain_inputs().get("networkMode") == "host"}
-    assert roles - set(LISTENERS) - RAY_ROLES - public == {"vllm"}  # vllm: its --host, read by serve_tokens
+    assert roles - set(LISTENERS) - RAY_ROLES - public == {"vllm"}  # vllm: its --host, read from the server's argv
     assert set(LISTENERS) - {"alertmanager"} <= roles  # the reference stack runs no Alertmanager
 
 
@@ -641,21 +643,17 @@ def test_a_raw_ray_start_with_the_dashboard_on_every_interface_is_refused() -> N
 
 # --- rule 10: MLA ------------------------------------------------------------------------------
 
-def test_mla_on_v100_is_advisory_and_silenced_by_vllm_mla_disable() -> None:
-    props = server(arch="deepseek-r1", quantization="gptq")
-    assert of("mla-attention", model_server(props)) == only(
-        "mla-attention", "deepseek_v3 uses MLA attention: vLLM 0.9.2 picks TRITON_MLA on V0, but its prefill calls "
-        "FlashAttention-2, which needs compute capability 8.0; on Tesla V100-SXM2-32GB (sm_70) it is likely to fail "
-        "(inferred from vLLM's code, not tested). Set VLLM_MLA_DISABLE=1 in the pool's env (vLLM then keeps the full "
-        "per-head KV cache: check the capacity plan), or serve it on sm_80+.", level="advisory")
-    props["env"]["VLLM_MLA_DISABLE"] = "1"
-    assert of("mla-attention", model_server(props)) == []
-
-
 MLA_ADVICE = ("deepseek_v3 uses MLA attention: vLLM 0.9.2 picks TRITON_MLA on V0, but its prefill calls "
               "FlashAttention-2, which needs compute capability 8.0; on Tesla V100-SXM2-32GB (sm_70) it is likely "
               "to fail (inferred from vLLM's code, not tested). Set VLLM_MLA_DISABLE=1 in the pool's env (vLLM then "
               "keeps the full per-head KV cache: check the capacity plan), or serve it on sm_80+.")
+
+
+def test_mla_on_v100_is_advisory_and_silenced_by_vllm_mla_disable() -> None:
+    props = server(arch="deepseek-r1", quantization="gptq")
+    assert of("mla-attention", model_server(props)) == only("mla-attention", MLA_ADVICE, level="advisory")
+    props["env"]["VLLM_MLA_DISABLE"] = "1"
+    assert of("mla-attention", model_server(props)) == []
 
 
 def test_mla_advice_gives_the_capacity_without_mla() -> None:
@@ -755,27 +753,25 @@ def test_a_container_that_does_not_come_back_after_a_reboot_is_advisory() -> Non
 # --- raw containers, preview and config -------------------------------------------------------
 
 def raw_vllm(**changes: Any) -> dict[str, Any]:
-    env = {**CHAT_ENV}
     return {"networkMode": "host", "restart": "unless-stopped", "entrypoints": ["vllm"], "command": CHAT_ARGV[1:],
-            "envs": [f"{k}={v}" for k, v in env.items()],
+            "envs": [f"{k}={v}" for k, v in CHAT_ENV.items()],
             "labels": [{"label": "llm-cluster.role", "value": "vllm"},
                        {"label": "llm-cluster.gpu-model", "value": V100},
                        {"label": "llm-cluster.image", "value": "vllm/vllm-openai:v0.9.2"}], **changes}
 
 
+BF16 = ("gpu-dtype", "--dtype bfloat16: bfloat16 needs compute capability 8.0; Tesla V100-SXM2-32GB (sm_70) has none "
+        "(vLLM 0.9.2 refuses it at startup). Use --dtype half (the stack's model dtype: half).")
+
+
 def test_a_raw_vllm_container_is_checked_but_a_component_child_is_left_to_its_modelserver() -> None:
     props = raw_vllm()
     props["command"] = [t if t != "half" else "bfloat16" for t in props["command"]]
-    expected = only("gpu-dtype", "--dtype bfloat16: bfloat16 needs compute capability 8.0; Tesla V100-SXM2-32GB "
-                    "(sm_70) has none (vLLM 0.9.2 refuses it at startup). Use --dtype half (the stack's model "
-                    "dtype: half).")
-    assert analyze(CONTAINER, "mine", props) == expected
+    assert analyze(CONTAINER, "mine", props) == only(*BF16)
     assert analyze(CONTAINER, "mine", props, parent_type="llm-cluster:vllm:ModelServer") == []
 
 
 API_SERVER = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
-BF16 = ("gpu-dtype", "--dtype bfloat16: bfloat16 needs compute capability 8.0; Tesla V100-SXM2-32GB (sm_70) has none "
-        "(vLLM 0.9.2 refuses it at startup). Use --dtype half (the stack's model dtype: half).")
 
 
 def api_server_args(dtype: str = "bfloat16") -> list[str]:

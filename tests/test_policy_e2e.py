@@ -81,12 +81,18 @@ def _stack_file(tmp_path: Any, config: dict[str, Any]) -> str:
     return str(path)
 
 
+def _plan(out: Any, *args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m plan --quiet` writing under `out`, as a CI step runs it."""
+    return subprocess.run([sys.executable, "-m", "plan", "--quiet", "--out", str(out), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
 def test_make_plan_exits_1_naming_the_rule_and_0_on_the_reference(tmp_path: Any) -> None:
     config = prod_config()
+    reference = _plan(tmp_path / "reference", "--config", _stack_file(tmp_path, config))
+    assert reference.returncode == 0, reference.stderr
     QWEN(config)["dtype"] = "bfloat16"
-    changed = subprocess.run([sys.executable, "-m", "plan", "--quiet", "--out", str(tmp_path / "out"),
-                              "--config", _stack_file(tmp_path, config)], cwd=ROOT, capture_output=True,
-                             text=True, timeout=300)
+    changed = _plan(tmp_path / "out", "--config", _stack_file(tmp_path, config))
     assert changed.returncode == 1, changed.stderr
     plan_json = (tmp_path / "out" / "changed" / "plan.json").read_text()
     assert '"gpu-dtype"' in plan_json and "--dtype bfloat16: bfloat16 needs compute capability 8.0" in plan_json
@@ -101,15 +107,12 @@ def test_a_gateway_without_auth_is_refused_unless_the_lab_lowers_the_rule(tmp_pa
     lowered = analyze(registrations, {"gateway-auth": "advisory"})
     assert mandatory(lowered) == [] and "gateway-auth" in {v.policy_name for v in lowered}
     stack = _stack_file(tmp_path, config)
-    refused = subprocess.run([sys.executable, "-m", "plan", "--quiet", "--out", str(tmp_path / "out"),
-                              "--config", stack], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    refused = _plan(tmp_path / "out", "--config", stack)
     assert refused.returncode == 1, refused.stderr
     plan_json = (tmp_path / "out" / "changed" / "plan.json").read_text()
     assert '"gateway-auth"' in plan_json and "authRequired is false" in plan_json
     (tmp_path / "lab.json").write_text('{"gateway-auth": "advisory"}')
-    lab = subprocess.run([sys.executable, "-m", "plan", "--quiet", "--out", str(tmp_path / "lab"), "--config", stack,
-                          "--policy-config", str(tmp_path / "lab.json")], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300)
+    lab = _plan(tmp_path / "lab", "--config", stack, "--policy-config", str(tmp_path / "lab.json"))
     assert lab.returncode == 0, lab.stderr
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from components.planning.node_scripts import node_expectation, preflight_script
 from components.planning.preflight import (
-    GIB, Expectation, Finding, Outputs, check_node, parse_df_available, parse_docker_runtimes,
+    GIB, Expectation, Finding, Outputs, check_node, collect, parse_df_available, parse_docker_runtimes,
     parse_gpu_query, parse_ibstat, parse_ibv_devices, parse_topo, version_tuple,
 )
 
@@ -259,6 +259,34 @@ def test_a_missing_tool_is_an_error_saying_what_to_install(expected: Expectation
     [f] = check_node(expected, out)
     assert f.what == "`ibstat` gave nothing ([Errno 2] No such file or directory)"
     assert f.fix.startswith("install infiniband-diags")
+
+
+def test_collect_falls_back_for_old_drivers_and_keeps_what_a_failing_tool_printed(expected: Expectation) -> None:
+    old_row = "Tesla V100-SXM2-32GB, 470.57.02, 32510 MiB\n"
+    path = str(expected.models[0]["path"])
+
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        if argv[0] == "nvidia-smi" and argv[1] != "topo":
+            if "compute_cap" in argv[1]:
+                return 6, "", 'Field "compute_cap" is not a valid field to query.\n'
+            return 0, old_row, ""
+        return {
+            "nvidia-smi": (0, fixture(TOPO_DGX1), ""),
+            "ibstat": (255, fixture(IB_PANIC), "ibpanic: [1234] main: stat of IB device 'mlx5_8' failed\n"),
+            "ibv_devices": (127, "", "[Errno 2] No such file or directory: 'ibv_devices'"),
+            "docker": (0, fixture(DOCKER_OK), ""),
+            "nvidia-container-cli": (127, "", "not found"),
+            "df": (0, healthy().df or "", ""),
+            "du": (0, f"123456\t{path}\n", ""),
+        }[argv[0]]
+
+    out = collect(expected, run)
+    assert out.gpus == old_row and parse_gpu_query(out.gpus)[0].compute_cap is None
+    assert out.ibstat == fixture(IB_PANIC)  # ibpanic on one CA: the others still count
+    assert out.ibv_devices is None
+    assert out.errors["ibv_devices"] == "[Errno 2] No such file or directory: 'ibv_devices'"
+    assert (out.topo, out.docker_info, out.container_cli) == (fixture(TOPO_DGX1), fixture(DOCKER_OK), False)
+    assert out.present_bytes == {path: 123456}
 
 
 # --- the script, on this machine with fake tools that print the real outputs ---------------------

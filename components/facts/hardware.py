@@ -132,7 +132,6 @@ class EngineSupport:
     prefix_caching: bool
     fp8_kv_cache: bool
     mla: bool
-    flash_attention: bool
 
 
 def engine_support(capability: int) -> EngineSupport:
@@ -151,7 +150,6 @@ def engine_support(capability: int) -> EngineSupport:
         # refused there: a preview-time "no" beats a load-time crash.
         fp8_kv_cache=capability >= 75,
         mla=ampere_plus,  # [vllm-mla]
-        flash_attention=ampere_plus,
     )
 
 

@@ -211,8 +211,8 @@ def _stage_weight_bytes(arch: ModelArch, start: int, end: int, *, tp: int, pp: i
         if not (arch.tie_word_embeddings and pp == 1):
             plain += vocab_slice  # LM head (a tied head shares the embedding only when one stage has both)
     quantized = 0.0
+    attn_q, attn_p = _attention_params(arch, tp, mla_enabled)  # the same in every layer
     for i in range(start, end):
-        attn_q, attn_p = _attention_params(arch, tp, mla_enabled)
         mlp_q, mlp_p = _mlp_params(arch, i, tp)
         quantized += attn_q + mlp_q
         plain += attn_p + mlp_p + 2 * h  # input and post-attention norms

@@ -140,9 +140,8 @@ def rate_zones(spec: StackSpec) -> list[tuple[RateLimitSpec, list[str]]]:
     assert g is not None
     if not g.auth:
         return []  # the limits are per key (the spec refuses limits without auth)
-    limits = {k.id: k.rate_limit or g.default_rate_limit for k in g.api_keys}
-    if not g.api_keys:
-        limits = {DEFAULT_KEY_ID: g.default_rate_limit}
+    limits = ({k.id: k.rate_limit or g.default_rate_limit for k in g.api_keys} if g.api_keys
+              else {DEFAULT_KEY_ID: g.default_rate_limit})
     zones: dict[tuple[str, int], tuple[RateLimitSpec, list[str]]] = {}
     for key_id, limit in limits.items():
         if limit is not None:
@@ -322,13 +321,7 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
                 f"        ssl_certificate_key {layout.tls_dir}/key.pem;",
                 "        ssl_protocols TLSv1.2 TLSv1.3;",
                 "        ssl_session_cache shared:llm_tls:10m;"]
-    out += ["        error_page 401 @llm_e401;",
-            "        error_page 404 @llm_e404;",
-            "        error_page 413 @llm_e413;",
-            "        error_page 429 @llm_e429;",
-            "        error_page 502 @llm_e502;",
-            "        error_page 504 @llm_e504;",
-            ""]
+    out += [*(f"        error_page {status} @llm_e{status};" for status in ERRORS), ""]
     guard = ['            if ($llm_key_id = "") {',
              "                return 401;",
              "            }"] if g.auth else []
@@ -383,10 +376,9 @@ def _proxy_block(spec: StackSpec, pool: str, *, rewrite_prefix: bool) -> list[st
     return lines
 
 
-def render_gateway(spec: StackSpec, layout: GatewayLayout | None = None,
+def render_gateway(spec: StackSpec, layout: GatewayLayout,
                    upstreams: Mapping[str, Sequence[tuple[str, int]]] | None = None) -> dict[str, str]:
     """Every file the gateway container needs, by path relative to the layout's conf_dir."""
-    layout = layout or container_layout(spec)
     return {
         "nginx.conf": nginx_conf(spec, layout, upstreams),
         "llm/gateway.js": NJS_SOURCE.read_text(),

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import shlex
 import textwrap
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -254,10 +255,7 @@ def alert_groups(spec: StackSpec) -> dict[str, list[AlertRule]]:
             "dcgm-exporter on {{ $labels.node }} does not answer while the node does: GPU alerts "
             "for it are blind.", for_),
     ]
-    expected = {}
-    for tgt in scrape_targets(spec):
-        expected[tgt.job] = expected.get(tgt.job, 0) + 1
-    for job, count in expected.items():
+    for job, count in Counter(tgt.job for tgt in scrape_targets(spec)).items():
         nodes.append(AlertRule(
             "TargetsMissing", f"(count(up{{job=\"{job}\"}}) or vector(0)) < {count}",
             "warning", f"Prometheus scrapes fewer {job} targets than the stack has",
@@ -298,7 +296,8 @@ def alert_groups(spec: StackSpec) -> dict[str, list[AlertRule]]:
             AlertRule(
                 "GatewayDown", "up{job=\"gateway\"} == 0",
                 "critical", "The gateway on {{ $labels.node }} is down",
-                "nginx does not answer /metrics: every client request fails.", SERVICE_DOWN_FOR),
+                "The gateway's metrics exporter (beside nginx) does not answer /metrics: the node or the "
+                "gateway's containers are down, and the other gateway alerts are blind.", SERVICE_DOWN_FOR),
             AlertRule(
                 "Gateway5xxRateHigh",
                 "sum by (pool) (rate(llm_gateway_requests_total{job=\"gateway\", status=~\"5..\"}[5m])) / "
@@ -463,7 +462,7 @@ def prometheus_files(spec: StackSpec) -> dict[str, str]:
 
 
 def monitoring_files(spec: StackSpec) -> dict[str, str]:
-    """Every generated monitoring file by relative path (the plan writes them beside plan.json)."""
+    """Every generated Prometheus and Grafana file by relative path (see container_path)."""
     return prometheus_files(spec) | grafana_provisioning(spec)
 
 

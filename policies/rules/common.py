@@ -127,10 +127,9 @@ def under_component(urn: str) -> bool:
 
 
 # The two ways vLLM 0.9.2 starts its OpenAI server: the `vllm serve` CLI (SERVE), and the module
-# (API_SERVER_MODULE) that the vllm/vllm-openai image runs as its ENTRYPOINT, `python3 -m
+# (API_SERVER) that the vllm/vllm-openai image runs as its ENTRYPOINT, `python3 -m
 # vllm.entrypoints.openai.api_server` (docker/Dockerfile:527 at v0.9.2).
-API_SERVER_MODULE = API_SERVER
-_API_SERVER_IN_SCRIPT = re.compile(r"-m\s+" + re.escape(API_SERVER_MODULE) + r"(?=\s|$)")
+_API_SERVER_IN_SCRIPT = re.compile(r"-m\s+" + re.escape(API_SERVER) + r"(?=\s|$)")
 
 
 def _script_tail(tail: str) -> list[str] | None:
@@ -145,12 +144,12 @@ def _script_tail(tail: str) -> list[str] | None:
 def server_tokens(argv: list[str]) -> tuple[str, list[str]] | None:
     """(program, its arguments) for the vLLM server an argv starts, also inside a `bash -c` script:
     `vllm serve …` gives (SERVE, …), `python3 -m vllm.entrypoints.openai.api_server …` gives
-    (API_SERVER_MODULE, …); None if it starts neither."""
+    (API_SERVER, …); None if it starts neither."""
     for i in range(len(argv) - 1):
         if argv[i].rsplit("/", 1)[-1] == "vllm" and argv[i + 1] == "serve":
             return SERVE, argv[i + 2:]
-        if argv[i] == "-m" and argv[i + 1] == API_SERVER_MODULE:
-            return API_SERVER_MODULE, argv[i + 2:]
+        if argv[i] == "-m" and argv[i + 1] == API_SERVER:
+            return API_SERVER, argv[i + 2:]
     for token in argv:
         serve_at = token.find("vllm serve")
         module = _API_SERVER_IN_SCRIPT.search(token)
@@ -160,7 +159,7 @@ def server_tokens(argv: list[str]) -> tuple[str, list[str]] | None:
             tail = _script_tail(token[serve_at + len("vllm serve"):])
             return None if tail is None else (SERVE, tail)
         tail = _script_tail(token[module.end():])
-        return None if tail is None else (API_SERVER_MODULE, tail)
+        return None if tail is None else (API_SERVER, tail)
     return None
 
 
@@ -177,7 +176,7 @@ def container_server(props: Mapping[str, Any]) -> tuple[str, list[str]] | None:
     if not props.get("entrypoints"):
         ref = container_image(props)
         if ref and image_parts(ref)[0] == VLLM_IMAGE_REPO:
-            return API_SERVER_MODULE, [str(t) for t in props.get("command") or []]
+            return API_SERVER, [str(t) for t in props.get("command") or []]
     return server_tokens(container_argv(props))
 
 

@@ -152,10 +152,6 @@ class ServeArgs:
         """An option's value if given, else `default` (vLLM's default is not assumed)."""
         return self.values.get(dest, default)
 
-    def given(self, dest: str) -> bool:
-        """Whether the option appears in the argv."""
-        return dest in self.values
-
 
 def parse_serve(tokens: list[str], program: str = SERVE) -> ServeArgs:
     """Parse the tokens after `vllm serve` (or after `-m vllm.entrypoints.openai.api_server` with program
