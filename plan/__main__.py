@@ -18,6 +18,7 @@ from components.planning.pool_capacity import capacity_report  # noqa: E402
 from components.spec import SpecError, load_stack_config  # noqa: E402
 from plan.analyze import PolicyConfigError, analyze  # noqa: E402
 from plan.graph import component_graph, write_graph  # noqa: E402
+from plan.diff import keep_previous, plan_diff, previous_plan  # noqa: E402
 from plan.harness import run_main_program  # noqa: E402
 from plan.report import PlanResult, artifacts_of, plan_json, render_text, write_artifacts  # noqa: E402
 from plan.secrets import find_leaks, text_leaks  # noqa: E402
@@ -36,6 +37,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="model `pulumi up` (computed outputs known) instead of `pulumi preview`")
     p.add_argument("--policy-config", type=Path, help="policy pack config JSON, as --policy-pack-config")
     p.add_argument("--quiet", action="store_true", help="print only the verdict (errors still go to stderr)")
+    p.add_argument("--against", type=Path, metavar="PLAN_JSON",
+                   help="diff against this plan.json (default: the previous plan, kept in <out>/<stack>/previous/)")
     return p
 
 
@@ -70,6 +73,13 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, json.JSONDecodeError) as e:
             print(f"--policy-config {args.policy_config}: {e}", file=sys.stderr)
             return EXIT_INVALID
+    against = None
+    if args.against:
+        try:
+            against = json.loads(args.against.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            print(f"--against {args.against}: {e}", file=sys.stderr)
+            return EXIT_INVALID
     step(f"stack {stack.name}: config valid ({len(spec.nodes)} nodes, {len(spec.pools)} pools)")
 
     try:
@@ -100,11 +110,16 @@ def main(argv: list[str] | None = None) -> int:
     step(f"policy pack: {len(violations)} violation(s)")
 
     out_dir = args.out / stack.name
+    previous = previous_plan(out_dir)
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
+    previous_path = keep_previous(out_dir, previous)
     result = PlanResult(stack.name, str(path), not args.up, spec, run, violations, capacity)
     result.artifacts = write_artifacts(files, out_dir)
     result.artifacts += [str(p.relative_to(out_dir)) for p in write_graph(component_graph(run.registrations), out_dir)]
+    if against is None and previous is not None:
+        against, args.against = json.loads(previous), previous_path
+    result.diff = plan_diff(against, plan_json(result), spec, str(args.against) if args.against else None)
     text = render_text(result)
     doc = json.dumps(plan_json(result), indent=2, sort_keys=False)
     leaked = text_leaks(text + doc, stack.secret_values)

@@ -13,6 +13,7 @@ from components.planning.node_scripts import fanout_rounds
 from components.planning.topology import all_instances, instances, weights_nodes
 from components.planning.vllm import endpoint
 from components.spec import StackSpec
+from plan.diff import render_diff
 from plan.harness import ProgramRun, Registration
 
 CONTAINER = "docker:index/container:Container"
@@ -34,6 +35,7 @@ class PlanResult:
     violations: list[Any] = field(default_factory=list)  # plan.analyze.Violation
     capacity: dict[str, Any] = field(default_factory=dict)
     artifacts: list[str] = field(default_factory=list)
+    diff: dict[str, Any] | None = None  # plan.diff.plan_diff, against the previous plan
 
     @cached_property
     def node_of(self) -> dict[str, str]:
@@ -181,6 +183,9 @@ def render_text(result: PlanResult) -> str:
                            f"{est['max_concurrency']:>10.1f}x{est['rule_of_thumb_gib_total']:>13.0f}G  "
                            + ("yes" if est["fits"] else "NO — " + est["reason"]))
 
+    if result.diff is not None:
+        out += render_diff(result.diff)
+
     out.append("\nPolicy")
     if not result.violations:
         out.append("  no violations")
@@ -218,6 +223,7 @@ def plan_json(result: PlanResult) -> dict[str, Any]:
         },
         "capacity": result.capacity,
         "artifacts": result.artifacts,
+        **({"diff": result.diff} if result.diff is not None else {}),
     }
 
 

@@ -1,0 +1,161 @@
+"""The plan diff: create/update/replace/delete from the providers' own replace rules, and the service impact."""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from plan import __main__ as cli
+from plan.diff import diff_resources, load_replace_rules, replace_inputs_from_schema, summary_line
+from plan.stackfile import secret_placeholder
+from tests.conftest import prod_config
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMAS = ROOT / "tests" / "fixtures" / "schemas"
+NS = "llm-cluster"
+
+
+def write_stack(path: Path, config: dict[str, Any], secure: dict[str, str] | None = None) -> Path:
+    doc = {"config": {**config, **{k: {"secure": v} for k, v in (secure or {}).items()}}}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def plan_twice(tmp_path: Path, before: dict[str, Any], after: dict[str, Any], *extra: str) -> dict[str, Any]:
+    """Plan `before`, then `after` as the same stack; return the second plan.json."""
+    stack = tmp_path / "Pulumi.prod.yaml"
+    out = tmp_path / "out"
+    for config in (before, after):
+        write_stack(stack, config)
+        assert cli.main(["--config", str(stack), "--out", str(out), "--quiet", *extra]) in (0, 1)
+    return json.loads((out / "prod" / "plan.json").read_text())
+
+
+def by_name(diff: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in diff["resources"]}
+
+
+def test_replace_rules_are_the_provider_schemas_own() -> None:
+    data = json.loads((ROOT / "plan" / "provider_replace.json").read_text())
+    derived = {**replace_inputs_from_schema(json.loads((SCHEMAS / "docker-5.2.schema.json").read_text())),
+               **replace_inputs_from_schema(json.loads((SCHEMAS / "command-1.2.1.schema.json").read_text()))}
+    assert {t: e["inputs"] for t, e in data["types"].items()} == derived
+    rules = load_replace_rules()
+    container, cite = rules["docker:index/container:Container"]
+    assert {"image", "envs", "command", "uploads", "labels", "volumes", "deviceCgroupRules"} <= container
+    assert not {"restart", "healthcheck", "destroyGraceSeconds", "wait", "mustRun"} & container
+    assert cite == "docker provider schema: willReplaceOnChanges"
+    assert rules["command:remote:Command"][0] == {"triggers"}
+
+
+def test_an_unchanged_stack_changes_nothing(tmp_path: Path) -> None:
+    plan = plan_twice(tmp_path, prod_config(), prod_config())
+    diff = plan["diff"]
+    assert diff["resources"] == [] and diff["pools"] == {} and diff["services"] == {}
+    assert diff["summary"]["unchanged"] == len(plan["resources"])
+    assert diff["against"] == str(tmp_path / "out" / "prod" / "previous" / "plan.json")
+    assert json.loads((tmp_path / "out" / "prod" / "previous" / "plan.json").read_text())["stack"] == "prod"
+    assert "Resources: " + f"{len(plan['resources'])} unchanged" in (tmp_path / "out" / "prod" / "plan.txt").read_text()
+
+
+def test_the_first_plan_of_a_stack_says_there_is_nothing_to_compare(tmp_path: Path) -> None:
+    write_stack(tmp_path / "Pulumi.prod.yaml", prod_config())
+    assert cli.main(["--config", str(tmp_path / "Pulumi.prod.yaml"), "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    diff = json.loads((tmp_path / "out" / "prod" / "plan.json").read_text())["diff"]
+    assert diff == {"against": None, "note": "no previous plan of this stack: the next plan compares against this one"}
+
+
+def test_a_new_image_replaces_every_replica_of_the_pool_and_recommends_a_rollout(tmp_path: Path) -> None:
+    after = prod_config()
+    after[f"{NS}:pools"]["chat"]["image"] = "vllm/vllm-openai:v0.10.2"
+    diff = plan_twice(tmp_path, prod_config(), after)["diff"]
+    changes = by_name(diff)
+    for node in ("gpu-03", "gpu-04", "gpu-05", "gpu-06"):
+        vllm = changes[f"chat-{node}-vllm"]
+        assert vllm["op"] == "replace" and vllm["delete_before_replace"]
+        assert "labels" in vllm["replace_because"] and "image" in vllm["replace_because"]
+        assert vllm["replace_source"] == "docker provider schema: willReplaceOnChanges"
+        # The gate triggers on the container's id: a new container is checked again.
+        health = changes[f"chat-{node}-health"]
+        assert health["op"] == "replace" and health["replace_because"] == ["triggers"]
+        assert any(c["via"] == f"chat-{node}-vllm" for c in health["changes"])
+        assert changes[f"{node}-image-vllm-openai-v0-10-2"]["op"] == "create"
+    assert "reasoning-gpu-01-ray-head" not in changes
+    chat = diff["pools"]["chat"]
+    assert chat["restarted"] == ["chat-gpu-03", "chat-gpu-04", "chat-gpu-05", "chat-gpu-06"]
+    assert (chat["downAtOnce"], chat["servingThroughout"], chat["downForMinutes"]) == (4, 0, 30)
+    assert "reasoning" not in diff["pools"]
+    assert diff["recommendations"][0] == (
+        "pool chat: this change restarts 4 of 4 instances at once; roll it out instance by instance instead: "
+        "make rollout STACK=prod POOL=chat (maxUnavailable 1)")
+
+
+def test_a_changed_restart_policy_is_an_update_in_place() -> None:
+    before = {"mode": "preview", "resources": [{
+        "urn": "urn:pulumi:prod::p::docker:index/container:Container::c", "type": "docker:index/container:Container",
+        "name": "c", "parent": "", "custom": True, "inputs": {"restart": "no", "image": "x",
+                                                               "labels": [{"label": "llm-cluster.role", "value": "r"}]},
+        "dependencies": [], "propertyDependencies": {}, "options": {}}]}
+    after = copy.deepcopy(before)
+    after["resources"][0]["inputs"]["restart"] = "unless-stopped"
+    [change] = diff_resources(before, after)
+    assert (change.op, [c.path for c in change.changes]) == ("update", ["restart"])
+
+
+def test_a_replaced_resource_replaces_dependents_that_read_its_outputs() -> None:
+    image = {"urn": "urn:pulumi:a::p::docker:index/remoteImage:RemoteImage::img", "type": "docker:index/remoteImage:RemoteImage",
+             "name": "img", "parent": "", "custom": True, "inputs": {"name": "repo:1"}, "dependencies": [],
+             "propertyDependencies": {}, "options": {}}
+    reader = {"urn": "urn:pulumi:a::p::docker:index/container:Container::c", "type": "docker:index/container:Container",
+              "name": "c", "parent": "", "custom": True, "inputs": {"image": "img-id", "restart": "no"},
+              "dependencies": [image["urn"]], "propertyDependencies": {"image": [image["urn"]], "restart": []},
+              "options": {}}
+    waiter = {**reader, "urn": "urn:pulumi:a::p::docker:index/container:Container::w", "name": "w",
+              "propertyDependencies": {}}  # depends_on only: no input reads the image
+    before = {"resources": [image, reader, waiter]}
+    after = copy.deepcopy(before)
+    # Another stack name: the plan of another branch or CI compares as the same resources.
+    for r in after["resources"]:
+        r["urn"] = r["urn"].replace("urn:pulumi:a::", "urn:pulumi:b::")
+    after["resources"][0]["inputs"]["name"] = "repo:2"
+    changes = {c.name: c for c in diff_resources(before, after)}
+    assert changes["img"].op == "replace" and changes["img"].replace_because == ["name"]
+    assert changes["c"].op == "replace" and [(c.path, c.via) for c in changes["c"].changes] == [("image", "img")]
+    assert "w" not in changes
+
+
+def test_the_summary_line_reads_like_pulumi_preview() -> None:
+    assert summary_line({"create": 3, "update": 0, "replace": 7, "delete": 5, "unchanged": 84}) == \
+        "Resources: + 3 to create · +- 7 to replace · - 5 to delete · 84 unchanged"
+
+
+def test_secrets_stay_masked_in_the_diff(tmp_path: Path) -> None:
+    before, after = prod_config(), prod_config()
+    after[f"{NS}:gateway"]["apiKeys"].append({"id": "team-b"})
+    stack, out = tmp_path / "Pulumi.prod.yaml", tmp_path / "out"
+    for config in (before, after):
+        write_stack(stack, config, {f"{NS}:gatewayApiKeys": "v1:AAAA"})
+        assert cli.main(["--config", str(stack), "--out", str(out), "--quiet"]) in (0, 1)
+    text = (out / "prod" / "plan.json").read_text() + (out / "prod" / "plan.txt").read_text()
+    assert secret_placeholder("prod", f"{NS}:gatewayApiKeys") not in text
+    plan = json.loads((out / "prod" / "plan.json").read_text())
+    changes = by_name(plan["diff"])
+    assert [(c["path"], c["before"], c["after"]) for c in changes["gateway-nginx"]["changes"]] == \
+        [("labels[2].value", "default", "default,team-b")]
+    # The digests travel as a secret upload: "[secret]" on both sides, so no value to show or compare.
+    nginx = next(r for r in plan["resources"] if r["name"] == "gateway-nginx")
+    assert any(u["content"] == "[secret]" for u in nginx["inputs"]["uploads"])
+
+
+def test_against_another_plan_and_a_bad_against_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    stack = write_stack(tmp_path / "Pulumi.prod.yaml", prod_config())
+    assert cli.main(["--config", str(stack), "--out", str(tmp_path / "a"), "--quiet"]) == 0
+    base = tmp_path / "a" / "prod" / "plan.json"
+    assert cli.main(["--config", str(stack), "--out", str(tmp_path / "b"), "--quiet", "--against", str(base)]) == 0
+    assert json.loads((tmp_path / "b" / "prod" / "plan.json").read_text())["diff"]["against"] == str(base)
+    assert cli.main(["--config", str(stack), "--out", str(tmp_path / "b"), "--against", str(tmp_path / "nope.json")]) == 2
+    assert "--against" in capsys.readouterr().err
