@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -52,6 +53,16 @@ def _progress(quiet: bool) -> Callable[[str], None]:
     return step
 
 
+def _json_file(path: Path | None, flag: str) -> Any:
+    """The JSON document an option names (None when not given); ValueError naming the option when unreadable."""
+    if path is None:
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{flag} {path}: {e}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Validate, run the program under mocks, check policies and secrets, print and write the plan."""
     args = _parser().parse_args(argv)
@@ -66,20 +77,12 @@ def main(argv: list[str] | None = None) -> int:
         for issue in err.issues:
             print(f"  {issue}", file=sys.stderr)
         return EXIT_INVALID
-    policy_config = None
-    if args.policy_config:
-        try:
-            policy_config = json.loads(args.policy_config.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            print(f"--policy-config {args.policy_config}: {e}", file=sys.stderr)
-            return EXIT_INVALID
-    against = None
-    if args.against:
-        try:
-            against = json.loads(args.against.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            print(f"--against {args.against}: {e}", file=sys.stderr)
-            return EXIT_INVALID
+    try:
+        policy_config = _json_file(args.policy_config, "--policy-config")
+        against = _json_file(args.against, "--against")
+    except ValueError as err:
+        print(err, file=sys.stderr)
+        return EXIT_INVALID
     step(f"stack {stack.name}: config valid ({len(spec.nodes)} nodes, {len(spec.pools)} pools)")
 
     try:
