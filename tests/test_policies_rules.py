@@ -358,8 +358,9 @@ def test_gateway_without_keys_is_refused() -> None:
     gateway = "llm-cluster:gateway:Gateway"
     assert analyze(gateway, "gateway", GATEWAY_PROPS) == []
     assert analyze(gateway, "gateway", {**GATEWAY_PROPS, "authRequired": False}) == only(
-        "gateway-auth", "authRequired is false: every model would be open to anyone who reaches the gateway's port. "
-        "Keep API keys on (state gateway.apiKeys, or leave it empty to have a key generated on the host).")
+        "gateway-auth", "gateway.auth is false: every model would be open to anyone who reaches the gateway's port. "
+        "Set gateway.auth: true (keys in gateway.apiKeys, or none to have one generated on the host), or, for a "
+        "lab only, lower this policy's enforcement level.")
 
 
 PLAINTEXT = ("Anyone with docker or shell access on the node reads it (docker inspect, ps, the command log). Read it "
@@ -676,17 +677,16 @@ def test_model_that_does_not_fit_is_mandatory() -> None:
     capacity = {**CAPACITY, "fits": False, "max_concurrency": 0.0,
                 "reason": "weights need 41.8 GiB per GPU, more than the 29.4 GiB usable"}
     assert model_server(server(capacity=capacity)) == only(
-        "memory-fit", "does not fit: weights need 41.8 GiB per GPU, more than the 29.4 GiB usable. Lower "
-        "--max-model-len, raise --gpu-memory-utilization, quantize the weights (GPTQ), or spread the model over "
-        "more GPUs (tensor/pipeline parallel).")
+        "memory-fit", "does not fit: weights need 41.8 GiB per GPU, more than the 29.4 GiB usable. No single "
+        "change of this pool fits it: use GPUs with more memory, or a smaller model.")
 
 
 def test_low_concurrency_is_advisory_with_a_configurable_threshold() -> None:
     props = server(capacity={**CAPACITY, "max_concurrency": 2.5, "kv_tokens": 81920.0})
     assert model_server(props) == only(
         "memory-headroom", "only 2.5 sequences of max-model-len fit in the KV cache at once (81920 tokens), below "
-        "minConcurrency 4: requests queue or get preempted under load. Lower --max-model-len, or add GPUs to the "
-        "instance.", level="advisory")
+        "minConcurrency 4: requests queue or get preempted under load. Lower --max-model-len to 20480, or add GPUs "
+        "to the instance.", level="advisory")
     assert model_server(props, config={"memory-headroom": {"minConcurrency": 2}}) == []
 
 

@@ -56,8 +56,6 @@ ONE_CHANGE: dict[str, tuple[Callable[[dict[str, Any]], None], str, str]] = {
     "tp16-on-8-gpu-nodes": (_set(REASONING, tensorParallel=16, pipelineParallel=1), "parallelism",
                             "reasoning-gpu-01"),
     "v1-only-image": (_set(CHAT, image="vllm/vllm-openai:v0.10.1"), "vllm-image", "chat-gpu-03"),
-    "model-flag": (lambda c: CHAT(c)["vllm"].update(extraArgs=["--model", "/data/models/Qwen3-30B-A3B"]),
-                   "vllm-serve-flags", "chat-gpu-03"),
     "unknown-flag": (lambda c: CHAT(c)["vllm"].update(extraArgs=["--enable-prefix-cache"]),
                      "vllm-serve-flags", "chat-gpu-03"),
     "literal-hf-token": (_set(CHAT, env={"HF_TOKEN": "hf_live_abc"}), "no-plaintext-secrets", "chat-gpu-03-vllm"),
@@ -110,7 +108,7 @@ def test_a_gateway_without_auth_is_refused_unless_the_lab_lowers_the_rule(tmp_pa
     refused = _plan(tmp_path / "out", "--config", stack)
     assert refused.returncode == 1, refused.stderr
     plan_json = (tmp_path / "out" / "changed" / "plan.json").read_text()
-    assert '"gateway-auth"' in plan_json and "authRequired is false" in plan_json
+    assert '"gateway-auth"' in plan_json and "gateway.auth is false" in plan_json
     (tmp_path / "lab.json").write_text('{"gateway-auth": "advisory"}')
     lab = _plan(tmp_path / "lab", "--config", stack, "--policy-config", str(tmp_path / "lab.json"))
     assert lab.returncode == 0, lab.stderr

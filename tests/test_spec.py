@@ -47,7 +47,36 @@ REFUSED: list[tuple[str, Mutation, list[str]]] = [
       "unable to parse string as an integer"]),
     ("out of range",
      lambda c: section(c, "pools")["chat"]["vllm"].update(gpuMemoryUtilization=1.5),
-     ["pools.chat.vllm.gpuMemoryUtilization: 1.5 is not allowed: Input should be less than or equal to 1"]),
+     ["pools.chat.vllm.gpuMemoryUtilization: 1.5 is not allowed: this is a fraction, 0 < x <= 1"]),
+    ("a percentage where a fraction belongs",
+     lambda c: section(c, "pools")["chat"]["vllm"].update(gpuMemoryUtilization=90),
+     ["pools.chat.vllm.gpuMemoryUtilization: 90 is not allowed: this is a fraction, 0 < x <= 1; 90% is 0.9"]),
+    ("alert ratios are fractions too",
+     lambda c: section(c, "monitoring").setdefault("thresholds", {}).update(kvCacheUsageRatio=98),
+     ["monitoring.thresholds.kvCacheUsageRatio: 98 is not allowed: this is a fraction, 0 < x <= 1; 98% is 0.98"]),
+    ("a relative model path",
+     lambda c: section(c, "models")["qwen3-30b-a3b"].update(path="models/Qwen3-30B-A3B"),
+     ["models.qwen3-30b-a3b.path: 'models/Qwen3-30B-A3B' must be an absolute path on the nodes (starting with /)"]),
+    ("a relative disk path",
+     lambda c: section(c, "nodes")["gpu-03"].update(diskPath="data"),
+     ["nodes.gpu-03.diskPath: 'data' must be an absolute path on the node (starting with /)"]),
+    ("a typed flag in extraArgs names its typed key",
+     lambda c: section(c, "pools")["chat"]["vllm"].update(
+         extraArgs=["--max-model-len", "65536", "--seed", "7", "-tp=4", "--enable_chunked_prefill"]),
+     [f"pools.chat.vllm.extraArgs[{i}]: {said} is set by the typed key {key}: state it there instead. In "
+      "extraArgs it would come after the product's own flag and win in vLLM, while the readiness gates, the "
+      "gateway, the capacity plan and the policies keep using the typed value"
+      for i, said, key in ((0, "'--max-model-len'", "pools.chat.vllm.maxModelLen"),
+                           (4, "'-tp=4' (that is --tensor-parallel-size)", "pools.chat.tensorParallel"),
+                           (5, "'--enable_chunked_prefill' (that is --enable-chunked-prefill)",
+                            "pools.chat.vllm.enableChunkedPrefill"))]),
+    ("the port and host are the product's",
+     lambda c: section(c, "pools")["chat"]["vllm"].update(extraArgs=["--port=9000", "--host", "0.0.0.0"]),
+     [f"pools.chat.vllm.extraArgs[{i}]: {said} is set by the typed key {key}: state it there instead. In "
+      "extraArgs it would come after the product's own flag and win in vLLM, while the readiness gates, the "
+      "gateway, the capacity plan and the policies keep using the typed value"
+      for i, said, key in ((0, "'--port=9000'", "pools.chat.port"),
+                           (1, "'--host'", "nodes.<node>.address"))]),
     ("port out of range",
      lambda c: section(c, "gateway").update(port=70000),
      ["gateway.port: 70000 is not allowed: Input should be less than or equal to 65535"]),
@@ -133,7 +162,13 @@ REFUSED: list[tuple[str, Mutation, list[str]]] = [
     ("names are DNS labels",
      lambda c: section(c, "pools").__setitem__("Chat_Pool", section(c, "pools").pop("chat"))
      or section(c, "gateway").update(defaultPool="Chat_Pool"),
-     ["Chat_Pool: names must be lowercase letters, digits and '-' (a DNS label)"]),
+     ["pools.Chat_Pool: 'Chat_Pool' is not allowed as a name: names become container and host names, so "
+      "lowercase letters, digits and '-' (a DNS label, at most 63 characters)"]),
+    ("a capitalised pool name carries its section",
+     lambda c: section(c, "pools").__setitem__("Chat", section(c, "pools").pop("chat"))
+     or section(c, "gateway").update(defaultPool="Chat"),
+     ["pools.Chat: 'Chat' is not allowed as a name: names become container and host names, so "
+      "lowercase letters, digits and '-' (a DNS label, at most 63 characters)"]),
     ("gateway node must exist",
      lambda c: section(c, "gateway").update(node="mgmt-01"),
      ["gateway.node: 'mgmt-01' is not a node; nodes are: gpu-01, gpu-02, gpu-03, gpu-04, gpu-05, gpu-06"]),

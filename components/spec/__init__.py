@@ -5,11 +5,11 @@ from components.spec.cluster import (
 )
 from components.spec.gateway import ApiKeySpec, GatewaySpec, RateLimitSpec
 from components.spec.monitoring import AlertThresholds, MonitoringSpec, ServiceSpec
-from components.spec.stack import NAMESPACE, SECRET_KEYS, SECTIONS, StackSpec, load_stack_config, parse_stack
+from components.spec.stack import NAMESPACE, SECRET_KEYS, SECTIONS, StackSpec, load_stack_config, parse_stack, stack_keys
 
 __all__ = [
     "AlertThresholds", "ApiKeySpec", "GatewaySpec", "GpuSpec", "HcaSpec", "ModelSpec", "MonitoringSpec",
     "NAMESPACE", "NcclSpec", "NodeSpec", "PoolSpec", "RateLimitSpec", "SECRET_KEYS", "SECTIONS",
     "ServiceSpec", "SpecError", "SpecIssue", "SshSpec", "StackSpec", "VllmOptions", "WeightsSource",
-    "load_stack_config", "parse_stack",
+    "load_stack_config", "parse_stack", "stack_keys",
 ]

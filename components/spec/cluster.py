@@ -5,7 +5,7 @@ import ipaddress
 import re
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from components.facts.hardware import (
     DTYPE_ALIASES, GPUS, KV_CACHE_DTYPES, QUANTIZATION_METHODS, VLLM_IMAGE_REPO, VLLM_VOLTA_VERSION,
@@ -103,6 +103,11 @@ class NodeDefaults(Spec):
     min_free_disk_gib: int = Field(default=0, ge=0)
     """Free space the preflight requires at diskPath on top of the weights still to copy there."""
 
+    @field_validator("disk_path")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        return absolute_path(v, "on the nodes")
+
 
 class NodeSpec(Spec):
     """One GPU server."""
@@ -119,6 +124,11 @@ class NodeSpec(Spec):
     driver_min_version: str | None = Field(default=None, pattern=r"^\d+(\.\d+){0,2}$")
     disk_path: str | None = None
     min_free_disk_gib: int | None = Field(default=None, ge=0)
+
+    @field_validator("disk_path")
+    @classmethod
+    def _absolute_disk(cls, v: str | None) -> str | None:
+        return v if v is None else absolute_path(v, "on the node")
 
     @field_validator("address")
     @classmethod
@@ -174,7 +184,7 @@ class WeightsSource(Spec):
 class ModelSpec(Spec):
     """One model checkpoint on the nodes."""
 
-    path: str = Field(pattern=r"^/[^\s'\"]*$")
+    path: str
     """Absolute directory on every node of the pools that serve it."""
     arch: str | None = None
     """Catalog name of the architecture (see `python -m plan.capacity --list`)."""
@@ -194,6 +204,11 @@ class ModelSpec(Spec):
     """On-disk size, for the free-space preflight; estimated from the architecture when unset."""
     trust_remote_code: bool = False
 
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        return absolute_path(v, "on the nodes")
+
     @field_validator("quantization")
     @classmethod
     def _known_method(cls, v: str | None) -> str | None:
@@ -209,12 +224,100 @@ class ModelSpec(Spec):
         return self
 
 
+# The `vllm serve` flags the product sets from typed stack keys: flag -> the key that owns it, with
+# <pool>, <model> and <node> standing for the names. A flag in extraArgs would be appended after the
+# typed one and win in vLLM, while the gates, the gateway upstreams, the capacity plan and the
+# policies keep reading the typed key: the spec refuses it, naming the key.
+TYPED_FLAGS: dict[str, str] = {
+    "--model": "models.<model>.path",
+    "--served-model-name": "models.<model>.servedNames",
+    "--host": "nodes.<node>.address",
+    "--port": "pools.<pool>.port",
+    "--tensor-parallel-size": "pools.<pool>.tensorParallel",
+    "--pipeline-parallel-size": "pools.<pool>.pipelineParallel",
+    "--distributed-executor-backend": "pools.<pool>.pipelineParallel",
+    "--dtype": "models.<model>.dtype",
+    "--quantization": "models.<model>.quantization",
+    "--trust-remote-code": "models.<model>.trustRemoteCode",
+    "--max-model-len": "pools.<pool>.vllm.maxModelLen",
+    "--max-num-seqs": "pools.<pool>.vllm.maxNumSeqs",
+    "--gpu-memory-utilization": "pools.<pool>.vllm.gpuMemoryUtilization",
+    "--max-num-batched-tokens": "pools.<pool>.vllm.maxNumBatchedTokens",
+    "--kv-cache-dtype": "pools.<pool>.vllm.kvCacheDtype",
+    "--block-size": "pools.<pool>.vllm.blockSize",
+    "--swap-space": "pools.<pool>.vllm.swapSpaceGib",
+    "--enable-prefix-caching": "pools.<pool>.vllm.enablePrefixCaching",
+    "--enable-chunked-prefill": "pools.<pool>.vllm.enableChunkedPrefill",
+    "--enforce-eager": "pools.<pool>.vllm.enforceEager",
+}
+# vLLM's short spellings of typed flags (EngineArgs.add_cli_args).
+FLAG_ALIASES = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-q": "--quantization"}
+
+
+def canonical_flag(token: str) -> str | None:
+    """The long flag a `vllm serve` token sets (`--max_model_len=8`, `--no-enforce-eager`, `-tp`), None for a value."""
+    if not token.startswith("-") or token == "-" or token[1:2].isdigit():
+        return None
+    name = token.partition("=")[0]
+    if name in FLAG_ALIASES:
+        return FLAG_ALIASES[name]
+    if name.startswith("--"):
+        # vLLM's FlexibleArgumentParser reads --max_model_len as --max-model-len.
+        name = "--" + name[2:].replace("_", "-")
+        if name.startswith("--no-") and "--" + name[5:] in TYPED_FLAGS:
+            return "--" + name[5:]
+    return name
+
+
+# Environment the product sets from typed keys (components.planning.vllm.vllm_env).
+TYPED_ENV: dict[str, str] = {
+    "NCCL_IB_HCA": "nodes.<node>.hca.device",
+    "NCCL_IB_GID_INDEX": "nodes.<node>.hca.gidIndex",
+    "NCCL_SOCKET_IFNAME": "nodes.<node>.interface",
+    "GLOO_SOCKET_IFNAME": "nodes.<node>.interface",
+    "NCCL_IB_DISABLE": "nccl.ibDisable",
+    "NCCL_DEBUG": "nccl.debug",
+    "VLLM_HOST_IP": "nodes.<node>.address",
+}
+
+
+def typed_key(flag: str, *, pool: str, model: str, node: str) -> str | None:
+    """The stack key that owns a `vllm serve` flag, with the names filled in; None for other flags."""
+    template = TYPED_FLAGS.get(flag)
+    if template is None:
+        return None
+    return template.replace("<pool>", pool).replace("<model>", model).replace("<node>", node)
+
+
+def _fraction(v: float) -> float:
+    """A fraction in (0, 1]; a percentage (90) is refused saying it is a fraction."""
+    if not 0 < v <= 1:
+        hint = f"; {v:g}% is {v / 100:g}" if 2 <= v <= 100 else ""
+        raise ValueError(f"{v:g} is not allowed: this is a fraction, 0 < x <= 1{hint}")
+    return v
+
+
+Fraction = Annotated[float, AfterValidator(_fraction)]
+
+
+def absolute_path(v: str, where: str) -> str:
+    """An absolute path without whitespace or quotes (it lands in scripts and mounts)."""
+    if not v.startswith("/"):
+        raise ValueError(f"{v!r} must be an absolute path {where} (starting with /)")
+    bad = sorted({c for c in v if c.isspace() or c in "'\"\\"})
+    if bad:
+        raise ValueError(f"{v!r}: the path may not hold whitespace, quotes or backslashes (found {bad!r})")
+    return v
+
+
 class VllmOptions(Spec):
     """vLLM engine options; each maps to one `vllm serve` flag of 0.9.2."""
 
     max_model_len: int = Field(ge=16)
+    """Longest sequence (prompt + output) in tokens; at most the model's context window."""
     max_num_seqs: int = Field(default=256, ge=1)
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    gpu_memory_utilization: Fraction = 0.9
+    """Fraction of each GPU's memory vLLM may use, 0 < x <= 1 (0.9, not 90)."""
     max_num_batched_tokens: int | None = Field(default=None, ge=1)
     kv_cache_dtype: Literal[KV_CACHE_DTYPES] = "auto"  # type: ignore[valid-type]
     block_size: Literal[1, 8, 16, 32, 64, 128] = 16
@@ -224,7 +327,8 @@ class VllmOptions(Spec):
     enable_chunked_prefill: bool | None = None
     enforce_eager: bool = False
     extra_args: list[str] = Field(default_factory=list)
-    """Further `vllm serve` flags verbatim; the policy pack checks each against vLLM 0.9.2's parser."""
+    """Further `vllm serve` flags verbatim; the policy pack checks each against vLLM 0.9.2's parser.
+    Flags a typed key sets (--max-model-len, --port, …) are refused here: state the typed key."""
 
 
 class PoolSpec(Spec):

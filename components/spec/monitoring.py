@@ -7,7 +7,7 @@ from pydantic import Field
 
 from components.facts.hardware import CUDA_CONTEXT_GIB, GPUS
 from components.spec.base import Spec, SpecIssue
-from components.spec.cluster import Port
+from components.spec.cluster import Fraction, Port
 
 if TYPE_CHECKING:  # the stack module imports this one
     from components.spec.stack import StackSpec
@@ -29,14 +29,14 @@ class AlertThresholds(Spec):
     `rate(...) < 1000`, which fired every quiet night."""
     ttft_p95_seconds: float = Field(default=2.0, gt=0)
     """p95 of vLLM's time-to-first-token histogram (the runbook queried end-to-end latency)."""
-    gpu_memory_used_ratio: float = Field(default=0.95, gt=0, le=1)
+    gpu_memory_used_ratio: Fraction = 0.95
     """FB_USED / (FB_USED + FB_FREE); must exceed every pool's gpuMemoryUtilization (vLLM takes it) plus
     the CUDA context's share of its GPU (facts.hardware.CUDA_CONTEXT_GIB), which vLLM does not budget."""
     gpu_low_utilization_percent: float = Field(default=30, ge=0, le=100)
     """Fires only while the instance owning the GPUs has requests running (not idle, not loading)."""
-    kv_cache_usage_ratio: float = Field(default=0.98, gt=0, le=1)
+    kv_cache_usage_ratio: Fraction = 0.98
     gpu_temperature_celsius: float = Field(default=85, gt=0)
-    gateway_5xx_ratio: float = Field(default=0.05, gt=0, le=1)
+    gateway_5xx_ratio: Fraction = 0.05
     gateway_upstream_failures: float = Field(default=3, ge=0)
     """Failed upstream attempts of one upstream per 5 minutes before the gateway alert fires."""
     for_minutes: int = Field(default=5, ge=1)

@@ -9,7 +9,7 @@ from pydantic import Field, ValidationError
 
 from components.spec.base import NAME_RE, Spec, SpecError, SpecIssue, issues_from_validation_error
 from components.spec.cluster import (
-    ModelSpec, NcclSpec, NodeDefaults, NodeSpec, PoolSpec, SshSpec,
+    ModelSpec, NcclSpec, NodeDefaults, NodeSpec, PoolSpec, SshSpec, TYPED_ENV, TYPED_FLAGS, canonical_flag, typed_key,
 )
 from components.spec.gateway import GatewaySpec
 from components.spec.monitoring import MonitoringSpec, monitoring_issues
@@ -56,6 +56,34 @@ class StackSpec(Spec):
         return list(self.models[model].served_names) or [model]
 
 
+def stack_keys(s: StackSpec, pool: str, node: str) -> dict[str, str]:
+    """Where a person edits what a pool's server is given: `vllm serve` flag or env name -> stack key.
+
+    Typed flags map to their typed keys, flags from extraArgs to their extraArgs entry, env names to
+    pools.<pool>.env, nccl.extraEnv or the node key the product derives them from. The policy pack
+    names these keys in its messages (policies.rules.common.name_stack_keys).
+    """
+    p = s.pools[pool]
+    keys: dict[str, str] = {}
+    for flag in TYPED_FLAGS:
+        key = typed_key(flag, pool=pool, model=p.model, node=node)
+        if key is not None:
+            keys[flag] = key
+    for name, template in TYPED_ENV.items():
+        keys[name] = template.replace("<node>", node)
+    for i, token in enumerate(p.vllm.extra_args):
+        flag = canonical_flag(token)
+        if flag is not None:
+            keys.setdefault(flag, f"pools.{pool}.vllm.extraArgs[{i}] (given in extraArgs)")
+    for name in s.nccl.extra_env:
+        keys[name] = f"nccl.extraEnv.{name}"
+    for name in p.env:
+        keys[name] = f"pools.{pool}.env.{name}"
+    # Any other variable a message suggests is set in the pool's env.
+    keys["*env"] = f"pools.{pool}.env"
+    return keys
+
+
 SECTIONS = [f.alias for f in StackSpec.model_fields.values() if not f.exclude]
 
 
@@ -73,9 +101,12 @@ def _check_references(s: StackSpec) -> list[SpecIssue]:
 
 def _check_names_and_nodes(s: StackSpec) -> list[SpecIssue]:
     issues: list[SpecIssue] = []
-    for name in list(s.nodes) + list(s.pools) + list(s.models):
-        if not NAME_RE.match(name):
-            issues.append(SpecIssue(name, "names must be lowercase letters, digits and '-' (a DNS label)"))
+    for section, names in (("nodes", s.nodes), ("pools", s.pools), ("models", s.models)):
+        for name in names:
+            if not NAME_RE.match(name):
+                issues.append(SpecIssue(f"{section}.{name}", f"{name!r} is not allowed as a name: names become "
+                                        "container and host names, so lowercase letters, digits and '-' "
+                                        "(a DNS label, at most 63 characters)"))
     seen_addr: dict[str, str] = {}
     for name in s.nodes:
         n = s.node(name)
@@ -107,6 +138,7 @@ def _check_pools(s: StackSpec) -> list[SpecIssue]:
                                         f"{owner[nname]!r}; a node belongs to at most one pool"))
             else:
                 owner[nname] = pname
+        issues += _check_extra_args(pname, p)
         members = [n for n in p.nodes if n in s.nodes]
         gpus = [s.node(n).gpu for n in members]
         if not members or any(g is None for g in gpus):
@@ -132,6 +164,23 @@ def _check_pools(s: StackSpec) -> list[SpecIssue]:
                     if getattr(s.node(nname), field) is None:
                         issues.append(SpecIssue(f"nodes.{nname}.{field}", "required (here or in nodeDefaults): "
                                                 f"pool {pname!r} spans nodes"))
+    return issues
+
+
+def _check_extra_args(pname: str, p: PoolSpec) -> list[SpecIssue]:
+    """extraArgs may not set a flag a typed key owns: vLLM takes the last one, the rest of the plan the typed one."""
+    issues = []
+    for i, token in enumerate(p.vllm.extra_args):
+        flag = canonical_flag(token)
+        key = typed_key(flag, pool=pname, model=p.model, node="<node>") if flag else None
+        if key is None:
+            continue
+        said = f"{token!r}" + (f" (that is {flag})" if token.partition("=")[0] != flag else "")
+        issues.append(SpecIssue(
+            f"pools.{pname}.vllm.extraArgs[{i}]",
+            f"{said} is set by the typed key {key}: state it there instead. In extraArgs it would come after the "
+            "product's own flag and win in vLLM, while the readiness gates, the gateway, the capacity plan and "
+            "the policies keep using the typed value"))
     return issues
 
 

@@ -13,6 +13,7 @@ from pulumi_policy import (
 from pulumi_policy.proxy import UnknownValueError
 
 from components.facts.hardware import GPUS, VLLM_IMAGE_REPO, GpuModel
+from components.spec.cluster import canonical_flag
 from policies.rules.serve_args import API_SERVER, SERVE, ServeArgs, parse_serve
 
 CONTAINER = "docker:index/container:Container"
@@ -253,6 +254,68 @@ def config_with_defaults(args: Any, schema: PolicyConfigSchema | None) -> dict[s
     return out
 
 
+# Flags and environment variables a message names, to look up the stack key that sets them.
+_MESSAGE_FLAG = re.compile(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*|-tp|-pp|-q)(?![\w-])")
+_MESSAGE_ENV = re.compile(r"(?<![\w.])((?:VLLM|NCCL|GLOO|HF|CUDA|TORCH|PYTORCH|RAY)_[A-Z0-9_]+)\b")
+
+
+def name_stack_keys(message: str, keys: Mapping[str, str]) -> str:
+    """The message with the stack keys to edit appended, for every flag and env name it mentions.
+
+    `keys` is a ModelServer's `stackKeys` (components.spec.stack_keys): flag or env name -> key, with
+    "*env" the pool's env map for variables the pool does not set yet. A key the message already
+    names is not repeated."""
+    edits: dict[str, str] = {}
+    for match in sorted([*_MESSAGE_FLAG.finditer(message), *_MESSAGE_ENV.finditer(message)],
+                        key=lambda m: m.start()):
+        token = match.group(1)
+        if token.startswith("-"):
+            key = keys.get(canonical_flag(token) or token)
+        else:
+            key = keys.get(token) or (f"{keys['*env']}.{token}" if "*env" in keys else None)
+        if key and key.split(" ")[0] not in message and key not in edits:
+            edits[key] = token
+    if not edits:
+        return message
+    listed = ", ".join(f"{key} ({token})" if not key.endswith(")") else f"{key[:-1]}: {token})"
+                       for key, token in edits.items())
+    return f"{message.rstrip()} Stack key{'s' if len(edits) > 1 else ''} to edit: {listed}."
+
+
+def pool_where(pool: str, members: list[str]) -> str:
+    """'pools.chat, 4 instances (chat-gpu-03, …)': the subject of a pool's one violation."""
+    if len(members) == 1:
+        return f"pools.{pool}, instance {members[0]}"
+    return f"pools.{pool}, {len(members)} instances ({', '.join(members)})"
+
+
+def per_pool(validate: Callable[[ResourceValidationArgs, ReportViolation], None]
+             ) -> Callable[[ResourceValidationArgs, ReportViolation], None]:
+    """One violation per pool and rule: a ModelServer of the product reports for its whole pool on the
+    pool's first instance, its message led by the pool's key and instances and followed by the stack
+    keys to edit; the other instances are not applicable. The instances of a pool are built from one
+    pool spec, so they share every verdict (their host, port and node differ, and no ModelServer rule
+    judges those). Raw containers and ModelServers without `poolInstances` report as they are."""
+
+    def validate_pool(args: ResourceValidationArgs, report: ReportViolation) -> None:
+        props = args.props
+        if args.resource_type != MODEL_SERVER or not props.get("poolInstances") or not props.get("pool"):
+            validate(args, report)
+            return
+        members = [str(m) for m in props.get("poolInstances")]
+        if props.get("instance") != members[0]:
+            args.not_applicable(f"reported once for pools.{props.get('pool')}, on its first instance {members[0]}")
+        where = pool_where(str(props.get("pool")), members)
+        keys = {str(k): str(v) for k, v in (props.get("stackKeys") or {}).items()}
+
+        def report_pool(message: str, urn: str | None = None) -> None:
+            report(f"{where}: {name_stack_keys(message, keys)}", urn)
+
+        validate(args, report_pool)
+
+    return validate_pool
+
+
 Check = Callable[[Launch, dict[str, Any]], list[str]]
 
 
@@ -271,7 +334,7 @@ def launch_policy(name: str, description: str, check: Check, *, level: Enforceme
         for message in check(launch, config_with_defaults(args, config)):
             report(message, None)
 
-    return ResourceValidationPolicy(name=name, description=description, validate=validate,
+    return ResourceValidationPolicy(name=name, description=description, validate=per_pool(validate),
                                     enforcement_level=level, config_schema=config)
 
 

@@ -33,9 +33,9 @@ def validate_gateway(args: ResourceValidationArgs, report: ReportViolation) -> N
         return
     props = args.props
     if not props.get("authRequired"):
-        report("authRequired is false: every model would be open to anyone who reaches the gateway's port. "
-               "Keep API keys on (state gateway.apiKeys, or leave it empty to have a key generated on the host).",
-               None)
+        report("gateway.auth is false: every model would be open to anyone who reaches the gateway's port. "
+               "Set gateway.auth: true (keys in gateway.apiKeys, or none to have one generated on the host), or, "
+               "for a lab only, lower this policy's enforcement level.", None)
     elif not props.get("apiKeyIds"):
         report("no API key: with auth required and no key, the gateway refuses every client. State "
                "gateway.apiKeys, or leave it empty to have a key generated on the host.", None)

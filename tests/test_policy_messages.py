@@ -1,0 +1,98 @@
+"""Policy messages say what to edit: one violation per pool and rule listing its instances, the stack
+keys behind every flag and variable named, memory-fit fixes that can work. The real program under
+mocks, the real pack (plan.analyze); each test changes one field of the reference stack."""
+from __future__ import annotations
+
+from typing import Any
+
+from plan.analyze import Violation, analyze
+from policies.pack import POLICIES
+from policies.rules.common import name_stack_keys
+from tests.conftest import prod_config, run_stack
+
+NS = "llm-cluster:"
+DESCRIPTIONS = {p.name: p.description for p in POLICIES}
+CHAT_INSTANCES = "pools.chat, 4 instances (chat-gpu-03, chat-gpu-04, chat-gpu-05, chat-gpu-06)"
+
+
+def violations_of(config: dict[str, Any], policy: str) -> list[Violation]:
+    return [v for v in analyze(run_stack(config, preview=True).registrations) if v.policy_name == policy]
+
+
+def body(v: Violation) -> str:
+    """The message without the description the servicer puts first."""
+    return v.message.removeprefix(DESCRIPTIONS[v.policy_name] + "\n")
+
+
+def test_a_fault_of_a_four_instance_pool_is_one_violation_naming_the_instances_and_the_key() -> None:
+    config = prod_config()
+    config[NS + "models"]["qwen3-30b-a3b"]["dtype"] = "bfloat16"
+    found = violations_of(config, "gpu-dtype")
+    assert [(v.resource_name, v.enforcement_level) for v in found] == [("chat-gpu-03", "mandatory")]
+    assert body(found[0]) == (
+        f"{CHAT_INSTANCES}: --dtype bfloat16: bfloat16 needs compute capability 8.0; Tesla V100-SXM2-32GB "
+        "(sm_70) has none (vLLM 0.9.2 refuses it at startup). Use --dtype half (the stack's model dtype: half). "
+        "Stack key to edit: models.qwen3-30b-a3b.dtype (--dtype).")
+
+
+def test_a_flag_from_extra_args_is_named_as_an_extra_args_entry() -> None:
+    config = prod_config()
+    config[NS + "pools"]["chat"]["vllm"]["extraArgs"] = ["--seed", "7", "--enable-prefix-cache"]
+    found = violations_of(config, "vllm-serve-flags")
+    assert len(found) == 1
+    assert body(found[0]) == (
+        f"{CHAT_INSTANCES}: vllm serve: unrecognized flag --enable-prefix-cache: not a `vllm serve` flag in vLLM "
+        "0.9.2; did you mean --enable-prefix-caching? Stack keys to edit: pools.chat.vllm.extraArgs[2] (given in "
+        "extraArgs: --enable-prefix-cache), pools.chat.vllm.enablePrefixCaching (--enable-prefix-caching).")
+
+
+def test_a_variable_the_advice_asks_for_is_named_in_the_pools_env() -> None:
+    keys = {"--max-model-len": "pools.chat.vllm.maxModelLen", "*env": "pools.chat.env",
+            "NCCL_IB_HCA": "nodes.gpu-03.hca.device", "HF_TOKEN": "nccl.extraEnv.HF_TOKEN"}
+    assert name_stack_keys("Set VLLM_MLA_DISABLE=1, fix NCCL_IB_HCA and HF_TOKEN, lower --max-model-len.", keys) == (
+        "Set VLLM_MLA_DISABLE=1, fix NCCL_IB_HCA and HF_TOKEN, lower --max-model-len. Stack keys to edit: "
+        "pools.chat.env.VLLM_MLA_DISABLE (VLLM_MLA_DISABLE), nodes.gpu-03.hca.device (NCCL_IB_HCA), "
+        "nccl.extraEnv.HF_TOKEN (HF_TOKEN), pools.chat.vllm.maxModelLen (--max-model-len).")
+    # A key the message already names is not repeated; a message without flags is left alone.
+    assert name_stack_keys("raise pools.chat.vllm.maxModelLen (--max-model-len)", keys) == (
+        "raise pools.chat.vllm.maxModelLen (--max-model-len)")
+    assert name_stack_keys("no flag here.", keys) == "no flag here."
+
+
+def test_memory_fit_proposes_fixes_that_work_and_says_when_utilization_cannot() -> None:
+    config = prod_config()
+    # Qwen3-30B-A3B fp16 (about 57 GiB of weights) on one V100 of 32 GB per instance.
+    config[NS + "pools"]["chat"].update(tensorParallel=1, replicasPerNode=1)
+    found = violations_of(config, "memory-fit")
+    assert [v.resource_name for v in found] == ["chat-gpu-03"]
+    text = body(found[0])
+    assert text.startswith(f"{CHAT_INSTANCES}: does not fit: the weights alone need ")
+    assert "To fit: spread each instance over 4 GPUs instead of 1" in text
+    assert "serve a 4-bit GPTQ checkpoint" in text
+    assert "(Raising pools.chat.vllm.gpuMemoryUtilization (a fraction) to 0.95 would not be enough.)" in text
+    assert "maxModelLen from" not in text  # no context length makes the weights fit
+    assert "raise gpu-memory-utilization" not in text  # the planner's generic advice is replaced
+
+
+def test_memory_fit_offers_a_shorter_context_when_only_the_kv_cache_is_short() -> None:
+    config = prod_config()
+    config[NS + "pools"]["reasoning"]["env"] = {"VLLM_MLA_DISABLE": "1"}  # full per-head KV cache: 14384 tokens
+    found = violations_of(config, "memory-fit")
+    assert [v.resource_name for v in found] == ["reasoning-gpu-01"]
+    text = body(found[0])
+    assert text.startswith("pools.reasoning, instance reasoning-gpu-01: does not fit: the KV cache holds 14384 "
+                           "tokens, fewer than max-model-len 16384")
+    assert text.endswith("To fit: raise pools.reasoning.vllm.gpuMemoryUtilization (a fraction) from 0.92 to 0.95; or "
+                         "lower pools.reasoning.vllm.maxModelLen from 16384 to 14384 or less; or spread each "
+                         "instance over 32 GPUs instead of 16 (pools.reasoning.tensorParallel within a node, "
+                         "pools.reasoning.pipelineParallel across nodes).")
+
+
+def test_the_gateway_without_auth_names_gateway_auth() -> None:
+    config = prod_config()
+    config[NS + "gateway"].update(auth=False, apiKeys=[])
+    found = violations_of(config, "gateway-auth")
+    assert [body(v) for v in found] == [
+        "gateway.auth is false: every model would be open to anyone who reaches the gateway's port. Set "
+        "gateway.auth: true (keys in gateway.apiKeys, or none to have one generated on the host), or, for a lab "
+        "only, lower this policy's enforcement level."]
