@@ -20,6 +20,7 @@ import pulumi_docker as docker
 from pulumi_command import local, remote
 
 from components.base import Component
+from components.planning import firewall
 from components.planning.node_scripts import (
     bash_command, hosts_create_script, hosts_delete_script, hosts_entries, known_hosts_line,
     node_expectation, operator_file_create_script, operator_file_delete_script, operator_file_path,
@@ -59,7 +60,10 @@ class GpuNode(Component):
         super().__init__(name, {"node": args.node, "address": node.address,
                                 "gpuModel": node.gpu.model if node.gpu else None,
                                 "gpuCount": node.gpu.count if node.gpu else None,
-                                "images": list(args.images)}, opts)
+                                "images": list(args.images),
+                                # The policy pack's host-firewall advice reads these two.
+                                "firewallManaged": spec.firewall.managed,
+                                "firewallClosedPorts": firewall.advisory_ports(spec, args.node)}, opts)
         ssh = spec.ssh
         host = node.ssh_address or node.address
         self.address: str = node.address
@@ -110,6 +114,16 @@ class GpuNode(Component):
             self.child("preflight"), connection=self.connection, create=bash_command(preflight),
             triggers=[script_hash(preflight)], opts=self.opts())
         self.ready: list[pulumi.Resource] = [self.hosts, self.preflight]
+        self.firewall: remote.Command | None = None
+        if spec.firewall.managed:
+            rules = firewall.create_script(spec, args.node)
+            # Before any container listens: every service of the node waits on `ready`.
+            self.firewall = remote.Command(
+                self.child("firewall"), connection=self.connection, create=bash_command(rules),
+                delete=bash_command(firewall.delete_script(args.node)), triggers=[script_hash(rules)],
+                # A replacement's delete would drop the table the new create just loaded.
+                opts=self.opts(delete_before_replace=True, depends_on=[self.preflight]))
+            self.ready.append(self.firewall)
         self.images: dict[str, docker.RemoteImage] = {
             ref: docker.RemoteImage(
                 self.child(f"image-{resource_suffix(ref)}"), name=ref, keep_locally=True,

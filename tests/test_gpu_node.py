@@ -29,7 +29,7 @@ def test_each_node_has_provider_hosts_preflight_and_its_images(prod_run: Program
     for node in NODES:
         children = {r.name: r for r in prod_run.registrations if r.parent.endswith(f"GpuNode::{node}")}
         assert {n for n in children if not n.startswith(f"{node}-image-")} == {
-            f"{node}-docker", f"{node}-hosts", f"{node}-preflight"}
+            f"{node}-docker", f"{node}-hosts", f"{node}-preflight", f"{node}-firewall"}
         assert children[f"{node}-hosts"].dependencies == []
         assert children[f"{node}-preflight"].dependencies == []
     images = [r for r in prod_run.by_type("docker:index/remoteImage:RemoteImage") if r.name.startswith("gpu-03-")]

@@ -223,7 +223,7 @@ REFUSED: list[tuple[str, Mutation, list[str]]] = [
      lambda c: c.update({NS + "pool": {}}),
      ["llm-cluster:pool: unknown config key; allowed: llm-cluster:ssh, llm-cluster:nodeDefaults, llm-cluster:nodes, "
       "llm-cluster:nccl, llm-cluster:models, llm-cluster:pools, llm-cluster:gateway, llm-cluster:monitoring, "
-      "llm-cluster:alertmanagerConfig, llm-cluster:gatewayApiKeys, llm-cluster:gatewayTlsCert, "
+      "llm-cluster:firewall, llm-cluster:preflight, llm-cluster:alertmanagerConfig, llm-cluster:gatewayApiKeys, llm-cluster:gatewayTlsCert, "
       "llm-cluster:gatewayTlsKey, llm-cluster:grafanaAdminPassword, llm-cluster:sshPrivateKey, "
       "llm-cluster:sshPrivateKeyPassword"]),
     ("secrets must be secret",

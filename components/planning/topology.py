@@ -63,6 +63,33 @@ def all_instances(spec: StackSpec) -> list[Instance]:
     return [i for p in spec.pools for i in instances(spec, p)]
 
 
+def host_ports(spec: StackSpec) -> list[tuple[str, int, str]]:
+    """Every TCP/UDP listener the stack puts on a node's host network: (node, port, stack key)."""
+    out: list[tuple[str, int, str]] = []
+    for pname, p in spec.pools.items():
+        for inst in instances(spec, pname):
+            out.append((inst.head, inst.port, f"pools.{pname}.port"))
+            if inst.uses_ray:
+                out += [(inst.head, p.ray_port, f"pools.{pname}.rayPort"),
+                        (inst.head, p.ray_dashboard_port, f"pools.{pname}.rayDashboardPort"),
+                        (inst.head, p.ray_client_port, f"pools.{pname}.rayClientPort")]
+    g = spec.gateway
+    if g is not None:
+        out += [(g.node, g.port, "gateway.port"), (g.node, g.metrics_port, "gateway.metricsPort"),
+                # UDP on loopback, so no TCP listener collides with it; listed anyway: one number, one purpose.
+                (g.node, g.exporter_syslog_port, "gateway.exporterSyslogPort")]
+    m = spec.monitoring
+    if m is not None:
+        for n in spec.nodes:
+            out += [(n, m.dcgm_exporter.port, "monitoring.dcgmExporter.port"),
+                    (n, m.node_exporter.port, "monitoring.nodeExporter.port")]
+        out += [(m.node, m.prometheus.port, "monitoring.prometheus.port"),
+                (m.node, m.grafana.port, "monitoring.grafana.port")]
+        if m.alertmanager is not None:
+            out.append((m.node, m.alertmanager.port, "monitoring.alertmanager.port"))
+    return out
+
+
 def images_for_node(spec: StackSpec, node: str) -> list[str]:
     """Every image a node runs, so each node pulls exactly what its containers need."""
     images: list[str] = []

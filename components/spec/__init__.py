@@ -1,15 +1,17 @@
 """The stack model: what a user states in `Pulumi.<stack>.yaml`, validated before any resource exists."""
 from components.spec.base import SpecError, SpecIssue
 from components.spec.cluster import (
-    GpuSpec, HcaSpec, ModelSpec, NcclSpec, NodeSpec, PoolSpec, SshSpec, VllmOptions, WeightsSource,
+    FirewallSpec, GpuSpec, HcaSpec, ModelSpec, NcclSpec, NodeSpec, PoolSpec, PreflightSpec, SshSpec,
+    VllmOptions, WeightsSource,
 )
 from components.spec.gateway import ApiKeySpec, GatewaySpec, RateLimitSpec
 from components.spec.monitoring import AlertThresholds, MonitoringSpec, ServiceSpec
 from components.spec.stack import NAMESPACE, SECRET_KEYS, SECTIONS, StackSpec, load_stack_config, parse_stack, stack_keys
 
 __all__ = [
-    "AlertThresholds", "ApiKeySpec", "GatewaySpec", "GpuSpec", "HcaSpec", "ModelSpec", "MonitoringSpec",
-    "NAMESPACE", "NcclSpec", "NodeSpec", "PoolSpec", "RateLimitSpec", "SECRET_KEYS", "SECTIONS",
+    "AlertThresholds", "ApiKeySpec", "FirewallSpec", "GatewaySpec", "GpuSpec", "HcaSpec", "ModelSpec",
+    "MonitoringSpec", "NAMESPACE", "NcclSpec", "NodeSpec", "PoolSpec", "PreflightSpec", "RateLimitSpec",
+    "SECRET_KEYS", "SECTIONS",
     "ServiceSpec", "SpecError", "SpecIssue", "SshSpec", "StackSpec", "VllmOptions", "WeightsSource",
     "load_stack_config", "parse_stack", "stack_keys",
 ]

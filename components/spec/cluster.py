@@ -84,6 +84,14 @@ class HcaSpec(Spec):
     gid_index: int | None = Field(default=None, ge=0, le=255)
     rate_gbps: int = Field(default=200, ge=1)
     """Expected port rate; preflight fails when `ibstat` reports less."""
+    min_write_bandwidth_gbps: float | None = Field(default=None, gt=0)
+    """`ib_write_bw` floor between the nodes of a multi-node instance before Ray starts; default
+    95 % of rateGbps (190 for a 200 Gb HCA, the runbook's figure)."""
+
+    @property
+    def bandwidth_floor_gbps(self) -> float:
+        """The ib_write_bw average the RDMA preflight requires."""
+        return self.min_write_bandwidth_gbps or round(self.rate_gbps * 0.95, 1)
 
     @model_validator(mode="after")
     def _roce_needs_gid(self) -> HcaSpec:
@@ -144,6 +152,53 @@ class NodeSpec(Spec):
         if ":" in v or v.replace(".", "").isdigit():
             return ipv4_address(v)
         raise ValueError(f"{v!r} is not a host name or IPv4 address")
+
+
+def cidr(v: str) -> str:
+    """An IPv4 or IPv6 network in CIDR form (a bare address is one host); host bits must be zero."""
+    try:
+        net = ipaddress.ip_network(v, strict=True)
+    except ValueError as e:
+        try:
+            hint = f"; did you mean {ipaddress.ip_network(v, strict=False)}?"
+        except ValueError:
+            hint = ""
+        raise ValueError(f"{v!r} is not a CIDR network ({e}){hint}") from None
+    return str(net)
+
+
+Cidr = Annotated[str, AfterValidator(cidr)]
+
+
+class FirewallSpec(Spec):
+    """The host firewall llm-cluster manages on every node: one nftables table of its own."""
+
+    managed: bool = True
+    """`false` leaves the host firewall to the operator (the policy pack then says which ports to close)."""
+    trusted_sources: list[Cidr] = Field(default_factory=list)
+    """Networks treated like the cluster's nodes (an operator or monitoring subnet): they reach Ray's
+    dashboard, Prometheus and Grafana."""
+    ephemeral_ports: tuple[Port, Port] = (32768, 60999)
+    """The nodes' ip_local_port_range, where NCCL, Gloo and Ray pick their ports (Linux' default);
+    the firewall refuses to load on a node whose range reaches outside it."""
+
+    @field_validator("ephemeral_ports")
+    @classmethod
+    def _ordered(cls, v: tuple[int, int]) -> tuple[int, int]:
+        if v[0] > v[1]:
+            raise ValueError(f"{v[0]} > {v[1]}: give [first, last] of the range")
+        return v
+
+
+class PreflightSpec(Spec):
+    """Deploy-time checks beyond each node's own preflight (GPUs, driver, HCA, runtime, disk)."""
+
+    max_clock_offset_seconds: float = Field(default=1.0, gt=0)
+    """How far a node's clock may be from the operator's (Ray and TLS need synchronised clocks)."""
+    rdma_bandwidth: bool = True
+    """`ib_write_bw` between every pair of nodes of a multi-node instance before Ray starts."""
+    nccl_all_reduce: bool = True
+    """A short NCCL all-reduce across a multi-node instance before vLLM starts: refused on NET/Socket."""
 
 
 class NcclSpec(Spec):

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pydantic import Field, ValidationInfo, field_validator
 
 from components.spec.base import Spec
-from components.spec.cluster import Name, Port
+from components.spec.cluster import Cidr, Name, Port
 
 
 class RateLimitSpec(Spec):
@@ -80,6 +80,12 @@ class GatewaySpec(Spec):
     """Idle keepalive connections each nginx worker keeps to each pool (0 = none)."""
     tls: bool = False
     """Serve HTTPS with the secrets `gatewayTlsCert` / `gatewayTlsKey`."""
+    allow_from: list[Cidr] = Field(default_factory=lambda: ["0.0.0.0/0", "::/0"], min_length=1)
+    """Client networks the host firewall lets reach the gateway port (default: anyone); the
+    cluster's nodes and firewall.trustedSources always can."""
+    smoke_test: bool = True
+    """After the gateway and every model's health gate: one chat completion per served name through
+    the gateway with a deploy-time key, or the deployment fails."""
 
     @field_validator("api_keys", "default_rate_limit")
     @classmethod

@@ -9,7 +9,8 @@ from pydantic import Field, ValidationError
 
 from components.spec.base import NAME_RE, Spec, SpecError, SpecIssue, issues_from_validation_error
 from components.spec.cluster import (
-    ModelSpec, NcclSpec, NodeDefaults, NodeSpec, PoolSpec, SshSpec, TYPED_ENV, TYPED_FLAGS, canonical_flag, typed_key,
+    FirewallSpec, ModelSpec, NcclSpec, NodeDefaults, NodeSpec, PoolSpec, PreflightSpec, SshSpec, TYPED_ENV,
+    TYPED_FLAGS, canonical_flag, typed_key,
 )
 from components.spec.gateway import GatewaySpec
 from components.spec.monitoring import MonitoringSpec, monitoring_issues
@@ -39,6 +40,8 @@ class StackSpec(Spec):
     pools: dict[str, PoolSpec] = Field(default_factory=dict)
     gateway: GatewaySpec | None = None
     monitoring: MonitoringSpec | None = None
+    firewall: FirewallSpec = FirewallSpec()
+    preflight: PreflightSpec = PreflightSpec()
     secrets: frozenset[str] = Field(default=frozenset(), exclude=True)
     """Names of the secret config keys the stack provides (values never enter the spec)."""
 
@@ -258,38 +261,15 @@ def _check_monitoring_and_ssh(s: StackSpec) -> list[SpecIssue]:
 
 def _check_ports(s: StackSpec) -> list[SpecIssue]:
     """Every host-network listener on a node gets its own port."""
-    from components.planning.topology import instances  # circular at module level, see _check_pools
+    from components.planning.topology import host_ports  # circular at module level, see _check_pools
 
     used: dict[str, dict[int, str]] = {n: {} for n in s.nodes}
     issues: list[SpecIssue] = []
-
-    def claim(node: str, port: int, key: str) -> None:
+    for node, port, key in host_ports(s):
         if port in used[node]:
             issues.append(SpecIssue(key, f"port {port} on {node} is already taken by {used[node][port]}"))
         else:
             used[node][port] = key
-
-    for pname, p in s.pools.items():
-        for inst in instances(s, pname):
-            claim(inst.head, inst.port, f"pools.{pname}.port")
-            if inst.uses_ray:
-                claim(inst.head, p.ray_port, f"pools.{pname}.rayPort")
-                claim(inst.head, p.ray_dashboard_port, f"pools.{pname}.rayDashboardPort")
-                claim(inst.head, p.ray_client_port, f"pools.{pname}.rayClientPort")
-    if s.gateway is not None:
-        claim(s.gateway.node, s.gateway.port, "gateway.port")
-        claim(s.gateway.node, s.gateway.metrics_port, "gateway.metricsPort")
-        # UDP on loopback, so no TCP listener collides with it; claimed anyway: one number, one purpose.
-        claim(s.gateway.node, s.gateway.exporter_syslog_port, "gateway.exporterSyslogPort")
-    m = s.monitoring
-    if m is not None:
-        for n in s.nodes:
-            claim(n, m.dcgm_exporter.port, "monitoring.dcgmExporter.port")
-            claim(n, m.node_exporter.port, "monitoring.nodeExporter.port")
-        claim(m.node, m.prometheus.port, "monitoring.prometheus.port")
-        claim(m.node, m.grafana.port, "monitoring.grafana.port")
-        if m.alertmanager is not None:
-            claim(m.node, m.alertmanager.port, "monitoring.alertmanager.port")
     return issues
 
 

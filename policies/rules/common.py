@@ -21,6 +21,7 @@ REMOTE_COMMAND = "command:remote:Command"
 MODEL_SERVER = "llm-cluster:vllm:ModelServer"
 RAY_CLUSTER = "llm-cluster:ray:RayCluster"
 GATEWAY = "llm-cluster:gateway:Gateway"
+GPU_NODE = "llm-cluster:node:GpuNode"
 COMPONENT_PREFIX = "llm-cluster:"
 
 ROLE = "llm-cluster.role"

@@ -21,7 +21,7 @@ from pulumi_policy import (
 
 from policies.rules.bindings import binding_problems, every_interface, flag_values
 from policies.rules.common import (
-    CONTAINER, GATEWAY, REMOTE_COMMAND, config_with_defaults, container_argv, container_server, env_of,
+    CONTAINER, GATEWAY, GPU_NODE, REMOTE_COMMAND, config_with_defaults, container_argv, container_server, env_of,
     is_ray_container, parse_server, role_of, words,
 )
 
@@ -39,6 +39,19 @@ def validate_gateway(args: ResourceValidationArgs, report: ReportViolation) -> N
     elif not props.get("apiKeyIds"):
         report("no API key: with auth required and no key, the gateway refuses every client. State "
                "gateway.apiKeys, or leave it empty to have a key generated on the host.", None)
+
+
+def validate_host_firewall(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """A node whose host firewall the stack leaves to the operator: say which ports must be closed."""
+    if args.resource_type != GPU_NODE:
+        args.not_applicable("not a GPU node")
+        return
+    if args.props.get("firewallManaged", True):
+        return
+    ports = ", ".join(str(p) for p in args.props.get("firewallClosedPorts") or [])
+    report(f"firewall.managed is false: node {args.props.get('node')} relies on your own firewall. Ray's GCS, "
+           "dashboard and client ports run code for anyone who reaches them; let only the cluster's nodes reach "
+           f"TCP {ports} (keep SSH and the gateway open), or set firewall.managed: true.", None)
 
 
 # Env names that carry credentials by convention; *_FILE variants point at a file and are fine.
@@ -154,6 +167,9 @@ POLICIES = [
                              description="No credential as a literal value in env, argv or remote scripts.",
                              validate=validate_secrets, config_schema=SECRETS_CONFIG,
                              enforcement_level=EnforcementLevel.MANDATORY),
+    ResourceValidationPolicy(name="host-firewall",
+                             description="Ray, NCCL, vLLM and exporter ports reach only the cluster's nodes.",
+                             validate=validate_host_firewall, enforcement_level=EnforcementLevel.ADVISORY),
     ResourceValidationPolicy(name="internal-ports",
                              description="vLLM, Ray, metrics and monitoring ports stay on the cluster network.",
                              validate=validate_exposure, config_schema=EXPOSURE_CONFIG,
