@@ -38,8 +38,9 @@ class Monitoring(Component):
     Every container uses the host network and binds the node's cluster address. Prometheus and
     Grafana config travel as container uploads, so a changed file replaces the container. Grafana
     keeps no state worth keeping (everything it shows is provisioned) and sets its admin password,
-    read from a 0600 file on the host, only when it creates its database: so the container carries
-    the id of the command that wrote the file, and a new password replaces the container.
+    read from a 0600 file on the host, only when it creates its database: so the container is
+    replaced with the command that wrote the file (`replace_with`), and a new password replaces it.
+    (Not a label with the command's id: unknown at a first preview, it would blind the policy pack.)
     """
 
     TYPE = "llm-cluster:monitoring:Monitoring"
@@ -88,8 +89,7 @@ class Monitoring(Component):
                         uploads=_uploads(grafana_provisioning(spec)),
                         volumes=[docker.ContainerVolumeArgs(host_path=GRAFANA_PASSWORD_FILE,
                                                             container_path=GRAFANA_PASSWORD_MOUNT, read_only=True)],
-                        extra_deps=[password_file],
-                        extra_labels={"llm-cluster.grafana-password-writer": password_file.id})
+                        extra_deps=[password_file], replace_with=[password_file])
 
         if m.alertmanager is not None and args.alertmanager_config is not None:
             self._container(mon, "alertmanager", m.alertmanager.image, command=alertmanager_args(spec),
@@ -130,7 +130,7 @@ class Monitoring(Component):
 
     def _container(self, node_name: str, role: str, image_ref: str, *,
                    extra_deps: list[pulumi.Resource] | None = None,
-                   extra_labels: dict[str, pulumi.Input[str]] | None = None, **kwargs: object) -> docker.Container:
+                   replace_with: list[pulumi.Resource] | None = None, **kwargs: object) -> docker.Container:
         """A monitoring container on a node: host network, fixed name, restart and replace policies."""
         node = self._nodes[node_name]
         image = node.images[image_ref]
@@ -138,10 +138,10 @@ class Monitoring(Component):
             self.child(f"{node_name}-{role}"),
             name=role, image=image.image_id, network_mode="host", restart="unless-stopped",
             labels=[docker.ContainerLabelArgs(label=k, value=v) for k, v in
-                    {"llm-cluster.role": role, "llm-cluster.image": image_ref, **(extra_labels or {})}.items()],
+                    {"llm-cluster.role": role, "llm-cluster.image": image_ref}.items()],
             **kwargs,  # type: ignore[arg-type]
             opts=self.opts(provider=node.provider, delete_before_replace=True,
-                           depends_on=[*node.ready, image, *(extra_deps or [])]))
+                           depends_on=[*node.ready, image, *(extra_deps or [])], replace_with=replace_with))
 
 
 def _uploads(files: dict[str, str]) -> list[docker.ContainerUploadArgs]:

@@ -20,9 +20,9 @@ from components.spec import SpecError, load_stack_config  # noqa: E402
 from plan.analyze import PolicyConfigError, analyze  # noqa: E402
 from plan.graph import component_graph, write_graph  # noqa: E402
 from plan.diff import keep_previous, plan_diff, previous_plan  # noqa: E402
-from plan.harness import run_main_program  # noqa: E402
+from plan.harness import DuplicateUrnError, run_main_program  # noqa: E402
 from plan.report import PlanResult, artifacts_of, plan_json, render_text, write_artifacts  # noqa: E402
-from plan.secrets import find_leaks, text_leaks  # noqa: E402
+from plan.secrets import find_leaks, text_leaks, unmarked_outputs  # noqa: E402
 from plan.stackfile import load_stack_file  # noqa: E402
 
 EXIT_OK, EXIT_VIOLATION, EXIT_INVALID = 0, 1, 2
@@ -90,11 +90,16 @@ def main(argv: list[str] | None = None) -> int:
     except pulumi.RunError as err:  # what the program raises for a config it cannot deploy
         print(f"invalid stack config {path}:\n  {err}", file=sys.stderr)
         return EXIT_INVALID
+    except DuplicateUrnError as err:  # the engine would refuse the whole preview
+        print(f"the program cannot be deployed from {path}:\n  {err}", file=sys.stderr)
+        return EXIT_INVALID
     step(f"program registered {len(run.registrations)} resources")
 
-    leaks = find_leaks(run.registrations, stack.secret_values)
+    # The stack's secrets, and (with --up) the keys and passwords the program has the hosts make.
+    secrets = {**stack.secret_values, **run.generated_secrets()}
+    leaks = find_leaks(run.registrations, secrets) + unmarked_outputs(run)
     files = artifacts_of(run)
-    leaked_files = sorted(rel for rel, text in files.items() if text_leaks(text, stack.secret_values))
+    leaked_files = sorted(rel for rel, text in files.items() if text_leaks(text, secrets))
     if leaks or leaked_files:
         # Nothing is written: the plan's files would carry the secret too.
         print("refusing to write the plan: secret config values appear in plaintext (keep them Outputs from "
@@ -125,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     result.diff = plan_diff(against, plan_json(result), spec, str(args.against) if args.against else None)
     text = render_text(result)
     doc = json.dumps(plan_json(result), indent=2, sort_keys=False)
-    leaked = text_leaks(text + doc, stack.secret_values)
+    leaked = text_leaks(text + doc, secrets)
     if leaked:  # belt and braces: the report itself must never carry a secret
         shutil.rmtree(out_dir, ignore_errors=True)
         print(f"refusing to write the plan: it would contain the secret(s) {', '.join(leaked)}", file=sys.stderr)

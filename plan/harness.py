@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import runpy
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +20,8 @@ from pulumi.runtime import settings
 from pulumi.runtime.settings import SETTINGS
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
+
+from plan.stackfile import secret_placeholder
 
 # Pulumi's wire-format markers, taken from the pinned SDK rather than copied.
 SIG = rpc._special_sig_key
@@ -43,6 +47,8 @@ class Registration:
     provider: str
     options: dict[str, Any]
     outputs: dict[str, Any] = field(default_factory=dict)  # register_outputs of components
+    resource_id: str = ""  # what the engine answered: "" at preview (unknown until created)
+    state: dict[str, Any] = field(default_factory=dict)  # a custom resource's outputs, as the engine answered
 
     def plain_inputs(self) -> dict[str, Any]:
         """Inputs with secret envelopes replaced by their values (what an Analyze callback sees)."""
@@ -74,68 +80,121 @@ def _digest(text: str) -> str:
 
 
 # Computed outputs the providers return and the program reads downstream; without them a mock
-# resolves those outputs to None and the dependent inputs silently vanish (see README).
+# resolves those outputs to None and the dependent inputs silently vanish (see README). Only `pulumi
+# up` knows them: a preview leaves them out, so they are unknown, as the engine has them before a create.
 COMPUTED_OUTPUTS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "docker:index/remoteImage:RemoteImage": lambda inp: {
         "imageId": _digest(str(inp.get("name"))),
         "repoDigest": f"{inp.get('name')}@{_digest(str(inp.get('name')))}",
     },
-    "command:remote:Command": lambda inp: {"stdout": "", "stderr": ""},
-    "command:local:Command": lambda inp: {"stdout": "", "stderr": ""},
 }
+COMMAND_TYPES = frozenset({"command:remote:Command", "command:local:Command"})
+
+
+def generated_value(urn: str, prop: str) -> str:
+    """What a command prints, standing in for a value made on the host (a key, a password) at `pulumi up`.
+
+    It has the shape of a stack secret's placeholder, so the plan's leak check finds it wherever it
+    escapes its secret envelope, exactly as it finds a secret from the stack file.
+    """
+    return secret_placeholder("generated", f"{urn}.{prop}")
+
+
+def _is_provider(type_: str) -> bool:
+    return type_.startswith("pulumi:providers:")
 
 
 class PlanMocks(pulumi_mocks.Mocks):
-    """Echo inputs back as state and add the computed outputs the program depends on."""
+    """The engine's answer to a registration: `pulumi up` (ids and computed outputs known) or a preview.
+
+    A preview is a first `pulumi preview`: nothing exists yet. The engine then answers a create with
+    an empty id (the SDK makes it unknown), the inputs it was given, and no computed output (unknown);
+    a provider's id is the engine's unknown sentinel. `pulumi up` answers with an opaque id, the
+    computed outputs the program reads, and each command's stdout (see generated_value).
+    """
 
     def __init__(self, preview: bool = False):
         self.preview = preview
+        # The URN being registered, set by RecordingMonitor on the thread that registers it
+        # (MockResourceArgs carries no parent, so no URN).
+        self.current = threading.local()
 
     def new_resource(self, args: pulumi_mocks.MockResourceArgs) -> tuple[str, dict[str, Any]]:
         state = dict(args.inputs)
+        if not args.custom:
+            return "", state
+        if self.preview:
+            return (UNKNOWN if _is_provider(args.typ) else ""), state
+        urn = getattr(self.current, "urn", f"{args.typ}::{args.name}")
         extra = COMPUTED_OUTPUTS.get(args.typ)
-        # In a preview the engine knows no computed output yet (an image id, a command's stdout):
-        # leaving them out makes them unknown, exactly what the policy pack sees at preview.
-        if extra is not None and not self.preview:
+        if extra is not None:
             state.update(extra(args.inputs))
-        return (f"{args.name}-id" if args.custom else "", state)
+        if args.typ in COMMAND_TYPES:
+            state.update(stdout=generated_value(urn, "stdout"), stderr="")
+        # Opaque, as a real id is: a test that needs one reads it from the run, never guesses it.
+        return hashlib.sha256(urn.encode()).hexdigest()[:32], state
 
     def call(self, args: pulumi_mocks.MockCallArgs) -> dict[str, Any]:
         return {}
 
 
+class DuplicateUrnError(RuntimeError):
+    """Two resources with one URN: the engine refuses the whole deployment, so the harness does too."""
+
+
 class RecordingMonitor(pulumi_mocks.MockMonitor):
     """A MockMonitor that keeps each raw RegisterResourceRequest (parent, dependencies, options)."""
 
-    def __init__(self, mocks: pulumi_mocks.Mocks):
+    def __init__(self, mocks: PlanMocks):
         super().__init__(mocks)
+        self.plan_mocks = mocks
         self.registrations: list[Registration] = []
         self._by_urn: dict[str, Registration] = {}
+        self._lock = threading.Lock()
+
+    def make_urn(self, parent: str, type_: str, name: str) -> str:
+        # As the engine names it: the type qualified by every parent's type but the root stack's
+        # (the SDK's mock keeps the stack's and drops all but the nearest parent's).
+        qualified = parent.split("::")[2] if parent else ""
+        if qualified and qualified != "pulumi:pulumi:Stack":
+            type_ = f"{qualified}${type_}"
+        return "urn:pulumi:" + "::".join([settings.get_stack(), settings.get_project(), type_, name])
 
     def RegisterResource(self, request: Any) -> Any:
-        if request.type != "pulumi:pulumi:Stack":
-            urn = self.make_urn(request.parent, request.type, request.name)
-            options = {
-                "deleteBeforeReplace": request.deleteBeforeReplace,
-                "protect": request.protect,
-                "ignoreChanges": list(request.ignoreChanges),
-                "replaceOnChanges": list(request.replaceOnChanges),
-                "retainOnDelete": request.retainOnDelete,
-                "customTimeouts": json_format.MessageToDict(request.customTimeouts),
-                "additionalSecretOutputs": list(request.additionalSecretOutputs),
-                "deletedWith": request.deletedWith,
-            }
-            reg = Registration(
-                urn=urn, type=request.type, name=request.name, parent=request.parent,
-                custom=bool(request.custom),
-                inputs=json_format.MessageToDict(request.object),
-                dependencies=list(request.dependencies),
-                property_dependencies={k: list(v.urns) for k, v in request.propertyDependencies.items()},
-                provider=request.provider, options=options,
-            )
+        if request.type == "pulumi:pulumi:Stack":
+            return super().RegisterResource(request)
+        urn = self.make_urn(request.parent, request.type, request.name)
+        options = {
+            "deleteBeforeReplace": request.deleteBeforeReplace,
+            "protect": request.protect,
+            "ignoreChanges": list(request.ignoreChanges),
+            "replaceOnChanges": list(request.replaceOnChanges),
+            "retainOnDelete": request.retainOnDelete,
+            "customTimeouts": json_format.MessageToDict(request.customTimeouts),
+            "additionalSecretOutputs": list(request.additionalSecretOutputs),
+            "deletedWith": request.deletedWith,
+            "replaceWith": list(request.replace_with),
+        }
+        reg = Registration(
+            urn=urn, type=request.type, name=request.name, parent=request.parent,
+            custom=bool(request.custom),
+            inputs=json_format.MessageToDict(request.object),
+            dependencies=list(request.dependencies),
+            property_dependencies={k: list(v.urns) for k, v in request.propertyDependencies.items()},
+            provider=request.provider, options=options,
+        )
+        with self._lock:
+            if urn in self._by_urn:
+                # The engine's own words (pkg/resource/deploy/step_generator.go).
+                raise DuplicateUrnError(f"Duplicate resource URN '{urn}'; try giving it a unique name")
             self.registrations.append(reg)
             self._by_urn[urn] = reg
-        return super().RegisterResource(request)
+        self.plan_mocks.current.urn = urn
+        response = super().RegisterResource(request)
+        if reg.custom:
+            reg.resource_id = response.id
+            reg.state = json_format.MessageToDict(response.object)
+        return response
 
     def RegisterResourceOutputs(self, request: Any) -> Any:
         reg = self._by_urn.get(request.urn)
@@ -150,6 +209,24 @@ class ProgramRun:
 
     registrations: list[Registration]
     stack_outputs: dict[str, Any]
+    # The values of the secret stack outputs, revealed: only for the leak check, never to print.
+    secret_output_values: dict[str, Any] = field(default_factory=dict)
+
+    def generated_secrets(self) -> dict[str, str]:
+        """Values made on the hosts at `pulumi up` that are secrets: "<urn>.stdout" -> the value.
+
+        A command's stdout is a secret when the program says so (additional_secret_outputs) or treats
+        it as one: it reaches a secret stack output or a secret input. Empty at preview (unknown).
+        """
+        secret_text = json.dumps(self.secret_output_values) + json.dumps(
+            [_secret_parts(r.inputs) for r in self.registrations])
+        found = {}
+        for r in self.registrations:
+            value = r.state.get("stdout") if r.type in COMMAND_TYPES else None
+            if isinstance(value, str) and value and (
+                    "stdout" in r.options.get("additionalSecretOutputs", []) or value in secret_text):
+                found[f"{r.urn}.stdout"] = value
+        return found
 
     def by_type(self, type_: str) -> list[Registration]:
         """Registrations of one resource type, in registration order."""
@@ -161,6 +238,17 @@ class ProgramRun:
         if len(found) != 1:
             raise KeyError(f"{len(found)} resources named {name!r}")
         return found[0]
+
+
+def _secret_parts(value: Any) -> list[Any]:
+    """Every value inside a secret envelope."""
+    if isinstance(value, dict):
+        if value.get(SIG) == SECRET_SIG:
+            return [value.get("value")]
+        return [p for v in value.values() for p in _secret_parts(v)]
+    if isinstance(value, list):
+        return [p for v in value for p in _secret_parts(v)]
+    return []
 
 
 def config_for_mocks(config: Mapping[str, Any]) -> dict[str, str]:
@@ -192,7 +280,8 @@ def run_program(program: Callable[[], None], config: Mapping[str, Any], secret_k
         _sync_await(run_pulumi_func(program))
     finally:
         pulumi.export = original_export
-    return ProgramRun(monitor.registrations, {k: _settle(v) for k, v in stack_outputs.items()})
+    return ProgramRun(monitor.registrations, {k: _settle(v) for k, v in stack_outputs.items()},
+                      {k: _reveal(v) for k, v in stack_outputs.items() if _is_secret(v) and _is_known(v)})
 
 
 PROGRAM = Path(__file__).resolve().parent.parent / "__main__.py"
@@ -203,6 +292,18 @@ def run_main_program(config: Mapping[str, Any], secret_keys: set[str] | frozense
     """Run the project's own __main__.py (the program `pulumi up` runs) under the mock runtime."""
     return run_program(lambda: runpy.run_path(str(PROGRAM), run_name="__pulumi_main__"), config,
                        set(secret_keys), stack=stack, preview=preview)
+
+
+def _is_secret(value: Any) -> bool:
+    return bool(_sync_await(pulumi.Output.from_input(value).is_secret()))
+
+
+def _is_known(value: Any) -> bool:
+    return bool(_sync_await(pulumi.Output.from_input(value).is_known()))
+
+
+def _reveal(value: Any) -> Any:
+    return _sync_await(pulumi.Output.from_input(value).future())
 
 
 def _settle(value: Any) -> Any:

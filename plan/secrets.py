@@ -5,7 +5,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from plan.harness import SECRET_SIG, SIG, Registration
+from plan.harness import SECRET_SIG, SIG, ProgramRun, Registration
 from plan.stackfile import SECRET_MARKER
 
 
@@ -53,3 +53,15 @@ def find_leaks(registrations: list[Registration], secret_values: Mapping[str, st
 def text_leaks(text: str, secret_values: Mapping[str, str]) -> list[str]:
     """Secret keys whose value appears in a piece of output text (the printed plan, plan.json)."""
     return sorted({key for marker, key in _markers(secret_values).items() if marker in text})
+
+
+def unmarked_outputs(run: ProgramRun) -> list[Leak]:
+    """Commands whose stdout is a secret the host made, but which do not mark it secret: the engine
+    would keep it in plaintext in the state and show it in `pulumi stack export`."""
+    leaks = []
+    by_urn = {r.urn: r for r in run.registrations}
+    for key in run.generated_secrets():
+        urn, prop = key.rsplit(".", 1)
+        if prop not in by_urn[urn].options.get("additionalSecretOutputs", []):
+            leaks.append(Leak(urn, f"outputs.{prop} (not in additional_secret_outputs)", key))
+    return leaks

@@ -1,6 +1,8 @@
 """Helpers the real-tool tests share: the tools they drive, and free loopback ports."""
 from __future__ import annotations
 
+import hashlib
+import re
 import shutil
 import socket
 
@@ -38,3 +40,16 @@ def free_ports(n: int) -> list[int]:
 def free_port() -> int:
     """One free TCP port on 127.0.0.1."""
     return free_ports(1)[0]
+
+
+def script_of(create: str) -> str:
+    """The bash script a Command's `create` hands to bash (node_scripts.bash_command's heredoc)."""
+    m = re.fullmatch(r"bash -c \"\$\(cat <<'(\w+)'\n(.*)\n\1\n\)\" llm-cluster", create, re.S)
+    assert m, create[:80]
+    return m.group(2) + "\n"
+
+
+def content_trigger(script: str) -> str:
+    """The trigger a script must carry: sha256 of exactly its text, 16 hex digits (written out here,
+    not imported, so a trigger computed from anything but the script that runs fails)."""
+    return hashlib.sha256(script.encode()).hexdigest()[:16]

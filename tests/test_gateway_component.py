@@ -151,7 +151,7 @@ def test_readiness_check_follows_the_container(generated: ProgramRun) -> None:
     c = generated.get("gateway-nginx")
     # Wrapped for bash: the SSH user's login shell may be dash.
     assert ready.plain_inputs()["create"] == bash_command(readiness_script(80, False, 120, "gpu-01"))
-    assert ready.plain_inputs()["triggers"] == [f"{c.name}-id"]
+    assert ready.plain_inputs()["triggers"] == [c.resource_id] and c.resource_id
     assert c.urn in ready.dependencies
 
 

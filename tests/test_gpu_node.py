@@ -12,6 +12,7 @@ import pytest
 from components.planning.node_scripts import bash_command, hosts_create_script, hosts_entries
 from components.spec import StackSpec
 from plan.harness import SECRET_SIG, SIG, ProgramRun
+from tests.support import content_trigger, script_of
 
 KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA-test-only\n-----END OPENSSH PRIVATE KEY-----\n"
 NODES = [f"gpu-0{i}" for i in range(1, 7)]
@@ -66,7 +67,7 @@ def test_hosts_block_command(prod_run: ProgramRun, prod_spec: StackSpec) -> None
     assert inputs["create"] == bash_command(hosts_create_script(hosts_entries(prod_spec)))
     assert "'192.168.10.16 gpu-06' '# END llm-cluster'" in inputs["create"]
     assert "# BEGIN llm-cluster" in inputs["delete"] and "printf" not in inputs["delete"]
-    assert len(inputs["triggers"]) == 1 and len(inputs["triggers"][0]) == 16
+    assert inputs["triggers"] == [content_trigger(script_of(inputs["create"]))]
     assert hosts.options["deleteBeforeReplace"] is True
     assert hosts.options["replaceOnChanges"] == ["triggers[*]"]
 
@@ -76,7 +77,8 @@ def test_preflight_runs_the_node_checks_and_has_nothing_to_undo(prod_run: Progra
     assert "python3 - " in inputs["create"] and '"gpu_model": "Tesla V100-SXM2-32GB"' in inputs["create"]
     assert '"driver_min": "560.28.03"' in inputs["create"] and '"node": "gpu-02"' in inputs["create"]
     assert "delete" not in inputs
-    # Each node's preflight states its own expectations, so the scripts differ.
+    # Each node's preflight states its own expectations, so the scripts (and their triggers) differ.
+    assert inputs["triggers"] == [content_trigger(script_of(inputs["create"]))]
     assert inputs["triggers"] != prod_run.get("gpu-01-preflight").plain_inputs()["triggers"]
 
 

@@ -169,8 +169,7 @@ def test_configured_secrets_never_appear_in_plaintext(secret_run: ProgramRun) ->
     # …old one deleted first: its delete removes the file, which must not follow the new create.
     assert cmd.options["deleteBeforeReplace"] is True
     grafana = secret_run.get("monitoring-gpu-01-grafana")
-    labels = {lbl["label"]: lbl["value"] for lbl in grafana.plain_inputs()["labels"]}
-    assert labels["llm-cluster.grafana-password-writer"] == "monitoring-grafana-admin-password-id"  # …and Grafana
+    assert grafana.options["replaceWith"] == [cmd.urn]  # …and with it Grafana, which reads the file once
     assert secret_run.stack_outputs["grafanaAdminPassword"] == "[secret]"
 
 

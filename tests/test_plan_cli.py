@@ -101,8 +101,8 @@ def test_a_leaked_secret_stops_the_plan_before_anything_is_written(tmp_path: Pat
     monkeypatch.setattr(cli, "run_main_program", leaky)
     assert cli.main(["--config", str(stack.path), "--out", str(tmp_path / "out"), "--quiet"]) == 1
     err = capsys.readouterr().err
-    assert "llm-cluster:grafanaAdminPassword: urn:pulumi:test::llm-cluster::pulumi:pulumi:Stack$llm-cluster:node:" \
-           "GpuNode::gpu-01 at inputs.note" in err
+    assert "llm-cluster:grafanaAdminPassword: urn:pulumi:test::llm-cluster::llm-cluster:node:GpuNode::gpu-01 " \
+           "at inputs.note" in err
     assert marker not in err
     assert not (tmp_path / "out").exists()
 

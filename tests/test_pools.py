@@ -14,7 +14,7 @@ import pytest
 from components.planning.ray import RAY_HEAD_SCRIPT
 from components.planning.vllm import WATCHDOG_SCRIPT, health_probe_argv, watchdog_script
 from plan.harness import SECRET_SIG, SIG, UNKNOWN, ProgramRun, Registration
-from tests.support import tool
+from tests.support import content_trigger, script_of, tool
 
 CONTAINER = "docker:index/container:Container"
 COMMAND = "command:remote:Command"
@@ -54,13 +54,6 @@ def labels(role: str, pool: str, instance: str, node: str) -> list[dict[str, str
     return [{"label": f"llm-cluster.{k}", "value": v} for k, v in [
         ("role", role), ("pool", pool), ("instance", instance), ("node", node),
         ("gpu-model", "Tesla V100-SXM2-32GB"), ("image", "vllm/vllm-openai:v0.9.2")]]
-
-
-def script_of(create: str) -> str:
-    """The bash script a Command's `create` hands to bash (node_scripts.bash_command's heredoc)."""
-    m = re.fullmatch(r"bash -c \"\$\(cat <<'(\w+)'\n(.*)\n\1\n\)\" llm-cluster", create, re.S)
-    assert m, create[:80]
-    return m.group(2) + "\n"
 
 
 def by_urn(run: ProgramRun) -> dict[str, Registration]:
@@ -231,8 +224,8 @@ def test_ray_gate_waits_for_sixteen_gpus_after_both_containers(prod_run: Program
     assert "status_cmd=(docker exec ray-head-reasoning-gpu-01 ray status --address 192.168.10.11:6379)" in script
     assert "want=16\n" in script and "timeout=300\n" in script
     # Re-run when the script changes or either container is replaced.
-    assert c["triggers"][1:] == ["reasoning-gpu-01-ray-head-id", "reasoning-gpu-01-ray-worker-gpu-02-id"]
-    assert re.fullmatch(r"[0-9a-f]{16}", c["triggers"][0])
+    assert c["triggers"][1:] == [head.resource_id, worker.resource_id] and all(c["triggers"])
+    assert c["triggers"][0] == content_trigger(script)
     assert reg.options["customTimeouts"] == {"create": "420s"}
 
 
@@ -240,7 +233,7 @@ def test_health_gates_follow_their_server(prod_run: ProgramRun) -> None:
     multi = prod_run.get("reasoning-gpu-01-health")
     assert set(multi.dependencies) == {prod_run.get("reasoning-gpu-01-ray-gate").urn,
                                        prod_run.get("reasoning-gpu-01-ray-head").urn}
-    assert multi.plain_inputs()["triggers"][1:] == ["reasoning-gpu-01-ray-head-id"]
+    assert multi.plain_inputs()["triggers"][1:] == [prod_run.get("reasoning-gpu-01-ray-head").resource_id]
     assert "container=ray-head-reasoning-gpu-01\n" in script_of(multi.plain_inputs()["create"])
     for n in POOL_NODES["chat"]:
         gate = prod_run.get(f"chat-{n}-health")
