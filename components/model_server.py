@@ -12,7 +12,7 @@ from components.base import Component
 from components.gpu_containers import (
     gate_command_args, gpu_container_args, gpu_container_opts, vllm_healthcheck, watchdog_upload,
 )
-from components.planning.pool_capacity import capacity_dict
+from components.planning.pool_capacity import capacity_dict, context_window_dict
 from components.planning.topology import Instance, instances
 from components.planning.vllm import (
     endpoint, health_gate_script, health_url, server_container_name, supervised_argv, vllm_argv, vllm_env,
@@ -44,6 +44,7 @@ def server_props(spec: StackSpec, instance: Instance) -> dict[str, Any]:
         # So the pack reports once per pool, naming its instances and the stack keys to edit.
         "poolInstances": [i.name for i in instances(spec, instance.pool)],
         "stackKeys": stack_keys(spec, instance.pool, instance.head),
+        "contextWindow": context_window_dict(spec, pool.model),
         "capacity": (capacity := capacity_dict(spec, instance.pool)),
         # What VLLM_MLA_DISABLE=1 would cost, so the MLA advice can give the figures with the fix.
         "capacityWithoutMla": (capacity_dict(spec, instance.pool, mla=False)

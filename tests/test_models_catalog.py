@@ -13,7 +13,7 @@ QWEN3_30B_A3B_CONFIG = {
     "hidden_size": 2048, "intermediate_size": 6144, "mlp_only_layers": [], "model_type": "qwen3_moe",
     "moe_intermediate_size": 768, "num_attention_heads": 32, "num_experts": 128,
     "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4,
-    "tie_word_embeddings": False, "vocab_size": 151936,
+    "tie_word_embeddings": False, "vocab_size": 151936, "max_position_embeddings": 40960,
 }
 # Copied from deepseek-ai/DeepSeek-R1 config.json.
 DEEPSEEK_R1_CONFIG = {
@@ -22,7 +22,9 @@ DEEPSEEK_R1_CONFIG = {
     "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
     "num_attention_heads": 128, "num_key_value_heads": 128, "num_hidden_layers": 61,
     "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
-    "v_head_dim": 128, "vocab_size": 129280, "tie_word_embeddings": False,
+    "v_head_dim": 128, "vocab_size": 129280, "tie_word_embeddings": False, "max_position_embeddings": 163840,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                     "original_max_position_embeddings": 4096, "type": "yarn"},
     "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
                             "weight_block_size": [128, 128]},
 }

@@ -51,7 +51,7 @@ ONE_CHANGE: dict[str, tuple[Callable[[dict[str, Any]], None], str, str]] = {
     "fp8-kv-cache": (lambda c: CHAT(c)["vllm"].update(kvCacheDtype="fp8"), "gpu-fp8", "chat-gpu-03"),
     "prefix-caching": (lambda c: CHAT(c)["vllm"].update(enablePrefixCaching=True),
                        "gpu-chunked-prefill-prefix-caching", "chat-gpu-03"),
-    "max-model-len-64k": (lambda c: CHAT(c)["vllm"].update(maxModelLen=65536, enableChunkedPrefill=None),
+    "max-model-len-40k": (lambda c: CHAT(c)["vllm"].update(maxModelLen=40960, enableChunkedPrefill=None),
                           "gpu-chunked-prefill-prefix-caching", "chat-gpu-03"),
     "tp16-on-8-gpu-nodes": (_set(REASONING, tensorParallel=16, pipelineParallel=1), "parallelism",
                             "reasoning-gpu-01"),

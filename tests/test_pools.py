@@ -263,7 +263,8 @@ def test_every_generated_script_is_valid_shellcheck_clean_bash(prod_run: Program
 
 def test_model_server_props_carry_what_the_policy_pack_reads(prod_run: ProgramRun) -> None:
     props = prod_run.get("reasoning-gpu-01").plain_inputs()
-    assert {k: v for k, v in props.items() if k not in ("capacity", "capacityWithoutMla", "env", "stackKeys")} == {
+    assert {k: v for k, v in props.items() if k not in ("capacity", "capacityWithoutMla", "env", "stackKeys",
+                                                           "contextWindow")} == {
         "pool": "reasoning", "instance": "reasoning-gpu-01", "model": "deepseek-r1",
         "modelPath": "/data/models/DeepSeek-R1-GPTQ-Int4", "arch": "deepseek-r1", "quantization": "gptq",
         "dtype": "half", "gpuModel": "Tesla V100-SXM2-32GB", "gpuCount": 8, "nodes": ["gpu-01", "gpu-02"],
@@ -274,6 +275,8 @@ def test_model_server_props_carry_what_the_policy_pack_reads(prod_run: ProgramRu
     assert (keys["--max-model-len"], keys["--dtype"], keys["--host"], keys["NCCL_IB_HCA"], keys["*env"]) == (
         "pools.reasoning.vllm.maxModelLen", "models.deepseek-r1.dtype", "nodes.gpu-01.address",
         "nodes.gpu-01.hca.device", "pools.reasoning.env")
+    assert props["contextWindow"] == {"tokens": 163840, "ropeScaled": True,
+                                      "derivedFrom": "rope_scaling yarn: original_max_position_embeddings=4096 x factor 40"}
     assert prod_run.get("chat-gpu-05").plain_inputs()["poolInstances"] == [
         "chat-gpu-03", "chat-gpu-04", "chat-gpu-05", "chat-gpu-06"]
     assert sorted(f"{k}={v}" for k, v in props["env"].items()) == env_of("gpu-01")

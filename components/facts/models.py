@@ -52,6 +52,11 @@ class ModelArch:
     qk_rope_head_dim: int = 0
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
+    # Context window, as vLLM derives it (ModelConfig._get_and_verify_max_len): the smallest length key
+    # of config.json, then its rope_scaling (a tuple of (key, value) pairs, hashable).
+    max_position_embeddings: int = 0  # 0: config.json states no length key
+    length_key: str = "max_position_embeddings"
+    rope_scaling: tuple[tuple[str, Any], ...] = ()
 
     @property
     def uses_mla(self) -> bool:
@@ -75,34 +80,40 @@ MODELS: dict[str, ModelArch] = {
         ModelArch("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B", "qwen3_moe", num_layers=48, hidden_size=2048,
                   num_attention_heads=32, num_kv_heads=4, head_dim=128, vocab_size=151936,
                   intermediate_size=6144, num_experts=128, experts_per_token=8,
-                  moe_intermediate_size=768, params_b=30.5),
+                  moe_intermediate_size=768, params_b=30.5, max_position_embeddings=40960),
         # Qwen/Qwen3-32B — https://huggingface.co/Qwen/Qwen3-32B/blob/main/config.json (checked)
         ModelArch("qwen3-32b", "Qwen/Qwen3-32B", "qwen3", num_layers=64, hidden_size=5120,
                   num_attention_heads=64, num_kv_heads=8, head_dim=128, vocab_size=151936,
-                  intermediate_size=25600, params_b=32.8),
+                  intermediate_size=25600, params_b=32.8, max_position_embeddings=40960),
         # meta-llama/Llama-3.3-70B-Instruct —
         # https://huggingface.co/meta-llama/Llama-3.3-70B-Instruct/blob/main/config.json
         # (same shape as Llama-3.1-70B; head_dim not in the file: hidden/heads = 128)
         ModelArch("llama-3.3-70b", "meta-llama/Llama-3.3-70B-Instruct", "llama", num_layers=80,
                   hidden_size=8192, num_attention_heads=64, num_kv_heads=8, head_dim=128,
-                  vocab_size=128256, intermediate_size=28672, params_b=70.6),
+                  vocab_size=128256, intermediate_size=28672, params_b=70.6, max_position_embeddings=131072,
+                  rope_scaling=(("rope_type", "llama3"), ("factor", 8.0),
+                                ("original_max_position_embeddings", 8192))),
         # openai/gpt-oss-120b — https://huggingface.co/openai/gpt-oss-120b/blob/main/config.json
         # (num_local_experts=128, experts_per_token=4, intermediate_size=2880 is the expert width).
         # Not runnable on vLLM 0.9.2 (added in 0.10.1); listed because the runbook lists it.
         ModelArch("gpt-oss-120b", "openai/gpt-oss-120b", "gpt_oss", num_layers=36, hidden_size=2880,
                   num_attention_heads=64, num_kv_heads=8, head_dim=64, vocab_size=201088,
                   intermediate_size=2880, qkv_bias=True, num_experts=128, experts_per_token=4,
-                  moe_intermediate_size=2880, params_b=116.8),
+                  moe_intermediate_size=2880, params_b=116.8, max_position_embeddings=131072,
+                  rope_scaling=(("rope_type", "yarn"), ("factor", 32.0),
+                                ("original_max_position_embeddings", 4096))),
         # Qwen/Qwen3-235B-A22B — https://huggingface.co/Qwen/Qwen3-235B-A22B/blob/main/config.json
         ModelArch("qwen3-235b-a22b", "Qwen/Qwen3-235B-A22B", "qwen3_moe", num_layers=94,
                   hidden_size=4096, num_attention_heads=64, num_kv_heads=4, head_dim=128,
                   vocab_size=151936, intermediate_size=12288, num_experts=128, experts_per_token=8,
-                  moe_intermediate_size=1536, params_b=235.0),
+                  moe_intermediate_size=1536, params_b=235.0, max_position_embeddings=40960),
         # meta-llama/Llama-3.1-405B-Instruct —
         # https://huggingface.co/meta-llama/Llama-3.1-405B-Instruct/blob/main/config.json
         ModelArch("llama-3.1-405b", "meta-llama/Llama-3.1-405B-Instruct", "llama", num_layers=126,
                   hidden_size=16384, num_attention_heads=128, num_kv_heads=8, head_dim=128,
-                  vocab_size=128256, intermediate_size=53248, params_b=405.0),
+                  vocab_size=128256, intermediate_size=53248, params_b=405.0, max_position_embeddings=131072,
+                  rope_scaling=(("rope_type", "llama3"), ("factor", 8.0),
+                                ("original_max_position_embeddings", 8192))),
         # deepseek-ai/DeepSeek-R1 — https://huggingface.co/deepseek-ai/DeepSeek-R1/blob/main/config.json
         # (identical to DeepSeek-V3's). The MTP layer (num_nextn_predict_layers=1) is not loaded by
         # vLLM without speculative decoding, so params_b is 671, not the 685 HF shows.
@@ -111,7 +122,9 @@ MODELS: dict[str, ModelArch] = {
                   vocab_size=129280, intermediate_size=18432, num_experts=256, experts_per_token=8,
                   moe_intermediate_size=2048, num_shared_experts=1, first_k_dense_replace=3,
                   kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, qk_nope_head_dim=128,
-                  v_head_dim=128, params_b=671.0),
+                  v_head_dim=128, params_b=671.0, max_position_embeddings=163840,
+                  rope_scaling=(("rope_type", "yarn"), ("factor", 40.0),
+                                ("original_max_position_embeddings", 4096))),
         # moonshotai/Kimi-K2-Instruct — https://huggingface.co/moonshotai/Kimi-K2-Instruct/blob/main/config.json
         # (DeepSeek-V3 shape with 64 heads, 384 experts, 1 dense layer; checked against a copy of
         # the Kimi-K2.5 text_config. vocab_size 163840 from the K2 config, not re-checked.)
@@ -120,13 +133,16 @@ MODELS: dict[str, ModelArch] = {
                   intermediate_size=18432, num_experts=384, experts_per_token=8,
                   moe_intermediate_size=2048, num_shared_experts=1, first_k_dense_replace=1,
                   kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, qk_nope_head_dim=128,
-                  v_head_dim=128, params_b=1000.0),
+                  v_head_dim=128, params_b=1000.0, max_position_embeddings=131072,
+                  rope_scaling=(("rope_type", "yarn"), ("factor", 32.0),
+                                ("original_max_position_embeddings", 4096))),
         # deepseek-ai/DeepSeek-R1-Distill-Qwen-32B —
         # https://huggingface.co/deepseek-ai/DeepSeek-R1-Distill-Qwen-32B/blob/main/config.json
         # (Qwen2.5-32B's architecture; checked against a copy of Qwen2.5-32B's config.json)
         ModelArch("deepseek-r1-distill-qwen-32b", "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B", "qwen2",
                   num_layers=64, hidden_size=5120, num_attention_heads=40, num_kv_heads=8, head_dim=128,
-                  vocab_size=152064, intermediate_size=27648, qkv_bias=True, params_b=32.8),
+                  vocab_size=152064, intermediate_size=27648, qkv_bias=True, params_b=32.8,
+                  max_position_embeddings=131072),
     ]
 }
 # deepseek-ai/DeepSeek-V3 — https://huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json:
@@ -141,6 +157,52 @@ def model_arch(name: str) -> ModelArch:
     except KeyError:
         raise KeyError(f"unknown model {name!r}; known: {', '.join(sorted(MODELS))} "
                        "(or give the path of a config.json)") from None
+
+
+# config.json keys vLLM reads a model's length from, smallest wins (ModelConfig._get_and_verify_max_len,
+# vllm/config.py at v0.9.2; the same list in later lines).
+LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+               "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
+# rope types vLLM does not scale the length by (their max_position_embeddings is already the long one).
+UNSCALED_ROPE_TYPES = frozenset({"su", "longrope", "llama3"})
+
+
+def context_window(arch: ModelArch) -> tuple[int, str] | None:
+    """The longest max_model_len vLLM accepts for the model, and how it was derived; None when config.json
+    states no length (vLLM then assumes 2048 unless --max-model-len is given)."""
+    if not arch.max_position_embeddings:
+        return None
+    length, why = float(arch.max_position_embeddings), f"{arch.length_key}={arch.max_position_embeddings}"
+    rope = dict(arch.rope_scaling)
+    rope_type = rope.get("rope_type") or rope.get("type")
+    # vLLM: Gemma3's length is already scaled; "default" defines no factor.
+    if rope and rope_type not in UNSCALED_ROPE_TYPES and "gemma3" not in arch.model_type:
+        factor = float(rope.get("factor", 1.0))
+        if rope_type == "yarn" and rope.get("original_max_position_embeddings"):
+            length = float(rope["original_max_position_embeddings"])
+            why = f"rope_scaling yarn: original_max_position_embeddings={int(length)}"
+        length *= factor
+        why += f" x factor {factor:g}"
+    return int(length), why
+
+
+def _length_fields(data: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """max_position_embeddings (the smallest length key, or model_max_length where stated), and rope_scaling."""
+    found = [(int(cfg[k]), k) for k in LENGTH_KEYS if isinstance(cfg.get(k), (int, float))]
+    out: dict[str, Any] = {}
+    if found:
+        length, key = min(found)
+        # vLLM lets model_max_length (Command-R, Cohere) override the smallest key.
+        if isinstance(cfg.get("model_max_length"), (int, float)):
+            length, key = int(cfg["model_max_length"]), "model_max_length"
+        out.update(max_position_embeddings=length, length_key=key)
+    rope = cfg.get("rope_scaling") or data.get("rope_scaling")
+    if isinstance(rope, dict):
+        # What the length derivation reads; vLLM renames the older `type` to `rope_type` (patch_rope_scaling).
+        rope = {"rope_type": rope.get("rope_type", rope.get("type")), "factor": rope.get("factor"),
+                "original_max_position_embeddings": rope.get("original_max_position_embeddings")}
+        out["rope_scaling"] = tuple((k, v) for k, v in rope.items() if v is not None)
+    return out
 
 
 def _required(cfg: dict[str, Any], key: str, name: str) -> Any:
@@ -170,6 +232,7 @@ def arch_from_config_json(data: dict[str, Any], name: str) -> ModelArch:
         num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
         vocab_size=int(_required(cfg, "vocab_size", name)),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", data.get("tie_word_embeddings", False))),
+        **_length_fields(data, cfg),
     )
     if model_type in _MLA_TYPES:
         nope, rope = int(cfg["qk_nope_head_dim"]), int(cfg["qk_rope_head_dim"])

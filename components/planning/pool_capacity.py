@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 from components.facts.hardware import DTYPE_ALIASES, engine_support, gpu
-from components.facts.models import ModelArch, arch_from_config_json, model_arch
+from components.facts.models import ModelArch, arch_from_config_json, context_window, model_arch
 from components.planning.capacity import CapacityEstimate, estimate
 from components.spec import SpecError, SpecIssue, StackSpec
 
@@ -23,6 +23,15 @@ def model_architecture(spec: StackSpec, model: str) -> ModelArch:
         return arch_from_config_json(json.loads(path.read_text()), model)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise SpecError([SpecIssue(f"models.{model}.configJson", f"cannot read {path}: {e}")]) from None
+
+
+def context_window_dict(spec: StackSpec, model: str) -> dict[str, object] | None:
+    """The model's context window as vLLM derives it (ModelServer prop `contextWindow`), None when unknown."""
+    arch = model_architecture(spec, model)
+    window = context_window(arch)
+    if window is None:
+        return None
+    return {"tokens": window[0], "derivedFrom": window[1], "ropeScaled": bool(arch.rope_scaling)}
 
 
 def resolved_dtype(dtype: str, capability: int) -> str:
