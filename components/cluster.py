@@ -10,6 +10,7 @@ from components.gpu_node import GpuNode, GpuNodeArgs
 from components.model_server import ModelServer, ModelServerArgs
 from components.model_weights import ModelWeights, ModelWeightsArgs
 from components.monitoring import Monitoring, MonitoringArgs
+from components.planning.engines import engine_for
 from components.planning.topology import all_instances, images_for_node, weights_nodes
 from components.ray_cluster import RayCluster, RayClusterArgs
 from components.spec import NAMESPACE, StackSpec
@@ -34,8 +35,8 @@ def deploy(spec: StackSpec) -> dict[str, Any]:
     for inst in all_instances(spec):
         weights_ready = weights[spec.pools[inst.pool].model].ready
         members = {n: nodes[n] for n in inst.nodes}
-        ray = (RayCluster(f"{inst.name}-ray", RayClusterArgs(spec, inst, members, weights_ready))
-               if inst.uses_ray else None)
+        on_ray = inst.uses_ray and engine_for(spec.pools[inst.pool]).multi_node == "ray"
+        ray = RayCluster(f"{inst.name}-ray", RayClusterArgs(spec, inst, members, weights_ready)) if on_ray else None
         servers[inst.name] = ModelServer(inst.name, ModelServerArgs(spec, inst, members, weights_ready, ray))
     outputs["endpoints"] = {name: s.endpoint for name, s in servers.items()}
 

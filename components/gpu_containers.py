@@ -1,4 +1,4 @@
-"""What every vLLM and Ray container of an instance shares: docker arguments, options, health, gates."""
+"""What every server and Ray container of an instance shares: docker arguments, options, health, gates."""
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -9,9 +9,10 @@ import pulumi_docker as docker
 from components.gpu_node import GpuNode
 from components.planning.node_scripts import bash_command, script_hash
 from components.planning.topology import Instance
-from components.planning.vllm import (
-    WATCHDOG_SCRIPT, container_envs, container_labels, container_name, health_probe_argv, health_url,
-    instance_watchdog_script, vllm_env,
+from components.planning.engines import engine_for
+from components.planning.engines.base import (
+    WATCHDOG_SCRIPT, container_envs, container_labels, container_name, health_probe_argv, instance_watchdog_script,
+    ready_url,
 )
 from components.spec import StackSpec
 
@@ -25,8 +26,9 @@ GATE_TIMEOUT_MARGIN_SECONDS = 120
 
 def gpu_container_args(spec: StackSpec, instance: Instance, node: GpuNode, node_name: str, role: str,
                        extra_volumes: list[docker.ContainerVolumeArgs] | None = None) -> dict[str, object]:
-    """docker.Container arguments every GPU container of an instance shares (vLLM, Ray head, Ray worker)."""
+    """docker.Container arguments every GPU container of an instance shares (server, Ray head, Ray worker)."""
     pool = spec.pools[instance.pool]
+    engine = engine_for(pool)
     model = spec.models[pool.model]
     gpus: dict[str, object]
     if instance.gpu_ids is None:
@@ -47,7 +49,7 @@ def gpu_container_args(spec: StackSpec, instance: Instance, node: GpuNode, node_
         init=True,  # tini as PID 1 reaps Ray's and vLLM's orphaned processes and forwards SIGTERM
         restart="unless-stopped",
         destroy_grace_seconds=STOP_GRACE_SECONDS,
-        envs=container_envs(vllm_env(spec, instance, node_name)),
+        envs=container_envs(engine.serve_env(spec, instance, node_name)),
         labels=[docker.ContainerLabelArgs(label=k, value=v)
                 for k, v in container_labels(spec, instance, node_name, role).items()],
         volumes=[docker.ContainerVolumeArgs(host_path=model.path, container_path=model.path, read_only=True),
@@ -64,18 +66,22 @@ def gpu_container_opts(node: GpuNode, node_name: str, weights_ready: Mapping[str
     return dict(provider=node.provider, depends_on=after, delete_before_replace=True)
 
 
-def vllm_healthcheck(spec: StackSpec, instance: Instance) -> docker.ContainerHealthcheckArgs:
+def server_healthcheck(spec: StackSpec, instance: Instance) -> docker.ContainerHealthcheckArgs:
     """docker's view of the server's health (`docker ps`), patient while the weights load."""
     return docker.ContainerHealthcheckArgs(
-        tests=["CMD", *health_probe_argv(health_url(spec, instance))],
+        tests=["CMD", *health_probe_argv(ready_url(engine_for(spec.pools[instance.pool]), spec, instance))],
         interval="30s", timeout="10s", retries=3,
         start_period=f"{spec.pools[instance.pool].load_timeout_minutes * 60}s")
 
 
-def watchdog_upload(spec: StackSpec, instance: Instance) -> docker.ContainerUploadArgs:
-    """The vLLM watchdog script, uploaded into the container that runs vLLM."""
-    return docker.ContainerUploadArgs(file=WATCHDOG_SCRIPT, content=instance_watchdog_script(spec, instance),
-                                      executable=True)
+def server_uploads(spec: StackSpec, instance: Instance) -> list[docker.ContainerUploadArgs]:
+    """What the container that runs the server gets written into it: the watchdog, and the files its
+    engine asks for (tuned kernel configs)."""
+    engine = engine_for(spec.pools[instance.pool])
+    return [docker.ContainerUploadArgs(file=WATCHDOG_SCRIPT, content=instance_watchdog_script(engine, spec, instance),
+                                       executable=True),
+            *(docker.ContainerUploadArgs(file=u.path, content=u.content, executable=u.executable)
+              for u in engine.uploads(spec, instance))]
 
 
 def gate_command_args(script: str, timeout_s: int,

@@ -1,4 +1,4 @@
-"""ModelServer: one vLLM instance (a single-node replica, or TP×PP served from a RayCluster's head) and its /health gate."""
+"""ModelServer: one engine instance (a single-node replica, or TP×PP served from a RayCluster's head) and its readiness gate."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,13 +10,14 @@ from pulumi_command import remote
 
 from components.base import Component
 from components.gpu_containers import (
-    gate_command_args, gpu_container_args, gpu_container_opts, vllm_healthcheck, watchdog_upload,
+    gate_command_args, gpu_container_args, gpu_container_opts, server_healthcheck, server_uploads,
 )
-from components.planning.pool_capacity import capacity_dict, context_window_dict
+from components.planning.engines import engine_for
+from components.planning.engines.base import (
+    endpoint, health_gate_script, ready_url, server_container_name, supervised_argv,
+)
+from components.planning.pool_capacity import context_window_dict
 from components.planning.topology import Instance, instances
-from components.planning.vllm import (
-    endpoint, health_gate_script, health_url, server_container_name, supervised_argv, vllm_argv, vllm_env,
-)
 from components.ray_cluster import RayCluster, RayClusterArgs
 from components.spec import StackSpec, stack_keys
 
@@ -29,8 +30,9 @@ class ModelServerArgs(RayClusterArgs):
 
 
 def server_props(spec: StackSpec, instance: Instance) -> dict[str, Any]:
-    """The component's props: what the policy pack reads of a vLLM instance (keys are a contract)."""
+    """The component's props: what the policy pack reads of a server instance (keys are a contract)."""
     pool = spec.pools[instance.pool]
+    engine = engine_for(pool)
     model = spec.models[pool.model]
     g = spec.node(instance.head).gpu
     assert g is not None  # the spec refuses nodes without GPUs
@@ -39,44 +41,45 @@ def server_props(spec: StackSpec, instance: Instance) -> dict[str, Any]:
         "arch": model.arch, "quantization": model.quantization, "dtype": model.dtype,
         "gpuModel": g.model, "gpuCount": g.count,  # per node, as GpuNode states it
         "nodes": list(instance.nodes), "tensorParallel": instance.tensor_parallel,
-        "pipelineParallel": instance.pipeline_parallel, "image": pool.image,
-        "argv": vllm_argv(spec, instance), "env": vllm_env(spec, instance, instance.head),
+        "pipelineParallel": instance.pipeline_parallel, "image": pool.image, "engine": pool.engine,
+        "argv": engine.serve_argv(spec, instance), "env": engine.serve_env(spec, instance, instance.head),
         # So the pack reports once per pool, naming its instances and the stack keys to edit.
         "poolInstances": [i.name for i in instances(spec, instance.pool)],
         "stackKeys": stack_keys(spec, instance.pool, instance.head),
         "contextWindow": context_window_dict(spec, pool.model),
-        "capacity": (capacity := capacity_dict(spec, instance.pool)),
+        "capacity": (capacity := engine.capacity(spec, instance.pool)),
         # What VLLM_MLA_DISABLE=1 would cost, so the MLA advice can give the figures with the fix.
-        "capacityWithoutMla": (capacity_dict(spec, instance.pool, mla=False)
+        "capacityWithoutMla": (engine.capacity(spec, instance.pool, mla=False)
                                if capacity.get("mla_enabled") else None),
     }
 
 
 class ModelServer(Component):
-    """A vLLM server: its own container (single node) or the RayCluster's head (multi-node), then a /health gate."""
+    """A server: its own container (single node) or the RayCluster's head (multi-node), then a readiness gate."""
 
     TYPE = "llm-cluster:vllm:ModelServer"
 
     def __init__(self, name: str, args: ModelServerArgs, opts: pulumi.ResourceOptions | None = None):
         spec, inst = args.spec, args.instance
         pool = spec.pools[inst.pool]
+        engine = engine_for(pool)
         super().__init__(name, server_props(spec, inst), opts)
         head = args.nodes[inst.head]
         self.endpoint: str = endpoint(spec, inst)
         self.container: docker.Container | None = None
         # Single node: this component's own container; multi-node: the Ray head, which runs vLLM.
-        container_name = server_container_name(inst)
+        container_name = server_container_name(engine, inst)
         if args.ray is None:
-            argv = supervised_argv(spec, inst)
+            argv = supervised_argv(engine, spec, inst)
             self.container = docker.Container(
-                self.child("vllm"),
+                self.child(engine.server_role),
                 # The runbook's `docker run … vllm/vllm-openai:v0.9.2 vllm serve …` hands `vllm serve`
                 # to the image's ENTRYPOINT (python3 -m vllm.entrypoints.openai.api_server) as
                 # arguments, which that parser refuses: the entrypoint is overridden (the watchdog,
                 # which then runs `vllm serve`).
-                entrypoints=argv[:2], command=argv[2:], uploads=[watchdog_upload(spec, inst)],
-                healthcheck=vllm_healthcheck(spec, inst),
-                **gpu_container_args(spec, inst, head, inst.head, "vllm"),
+                entrypoints=argv[:2], command=argv[2:], uploads=server_uploads(spec, inst),
+                healthcheck=server_healthcheck(spec, inst),
+                **gpu_container_args(spec, inst, head, inst.head, engine.server_role),
                 opts=self.opts(**gpu_container_opts(head, inst.head, args.weights_ready)))
             waits_on: list[pulumi.Resource] = [self.container]
             target_id = self.container.id
@@ -85,7 +88,7 @@ class ModelServer(Component):
             waits_on = [args.ray.gate]
             target_id = args.ray.head.id
         timeout_s = pool.load_timeout_minutes * 60
-        script = health_gate_script(health_url(spec, inst), timeout_s, container_name)
+        script = health_gate_script(ready_url(engine, spec, inst), timeout_s, container_name, server=engine.name)
         command_args, timeouts = gate_command_args(script, timeout_s, [target_id])
         self.gate: remote.Command = remote.Command(
             self.child("health"), connection=head.connection, **command_args,

@@ -10,12 +10,13 @@ from pulumi_command import remote
 
 from components.base import Component
 from components.gpu_containers import (
-    gate_command_args, gpu_container_args, gpu_container_opts, vllm_healthcheck, watchdog_upload,
+    gate_command_args, gpu_container_args, gpu_container_opts, server_healthcheck, server_uploads,
 )
 from components.gpu_node import GpuNode
 from components.planning import ray as plan
 from components.planning.topology import Instance
-from components.planning.vllm import container_name, supervised_argv
+from components.planning.engines import engine_for
+from components.planning.engines.base import container_name, supervised_argv
 from components.spec import StackSpec
 
 
@@ -30,9 +31,10 @@ class RayClusterArgs:
 
 
 class RayCluster(Component):
-    """Ray head and workers for one multi-node vLLM instance, and a gate that waits for all their GPUs.
+    """Ray head and workers for one multi-node instance of an engine that spans nodes on Ray, and a gate
+    that waits for all their GPUs.
 
-    The head container runs `ray-head.sh` with the vLLM argv as its command: see
+    The head container runs `ray-head.sh` with the server's argv as its command: see
     components.planning.ray for why this makes restarts of the head, or of its node, need no manual step.
     """
 
@@ -53,10 +55,10 @@ class RayCluster(Component):
                                                   container_path=plan.NODE_TEXTFILE_DIR)
         self.head: docker.Container = docker.Container(
             self.child("head"),
-            entrypoints=["/bin/bash", plan.RAY_HEAD_SCRIPT], command=supervised_argv(spec, inst),
+            entrypoints=["/bin/bash", plan.RAY_HEAD_SCRIPT], command=supervised_argv(engine_for(pool), spec, inst),
             uploads=[docker.ContainerUploadArgs(file=plan.RAY_HEAD_SCRIPT, content=script, executable=True),
-                     watchdog_upload(spec, inst)],
-            healthcheck=vllm_healthcheck(spec, inst),
+                     *server_uploads(spec, inst)],
+            healthcheck=server_healthcheck(spec, inst),
             **gpu_container_args(spec, inst, head_node, inst.head, "ray-head", [textfile_dir]),
             opts=self.opts(**gpu_container_opts(head_node, inst.head, args.weights_ready)))
         self.workers: dict[str, docker.Container] = {}

@@ -11,7 +11,7 @@ from typing import Any
 
 from components.planning.node_scripts import fanout_rounds
 from components.planning.topology import all_instances, instances, weights_nodes
-from components.planning.vllm import endpoint
+from components.planning.engines.base import endpoint
 from components.spec import StackSpec
 from plan.diff import render_diff
 from plan.harness import ProgramRun, Registration

@@ -33,7 +33,7 @@ DESCRIPTIONS = {p.name: p.description for p in POLICIES}
 CHAT_ARGV = ["vllm", "serve", "/data/models/Qwen3-30B-A3B", "--served-model-name", "qwen3-30b-a3b",
              "--host", "192.168.10.13", "--port", "8000", "--tensor-parallel-size", "8",
              "--distributed-executor-backend", "mp", "--dtype", "half", "--max-model-len", "32768",
-             "--max-num-seqs", "128", "--gpu-memory-utilization", "0.9", "--swap-space", "4",
+             "--max-num-seqs", "128", "--gpu-memory-utilization", "0.9",
              "--no-enable-prefix-caching", "--no-enable-chunked-prefill"]
 CHAT_ENV = {"VLLM_USE_V1": "0", "VLLM_WORKER_MULTIPROC_METHOD": "spawn", "NCCL_IB_DISABLE": "0",
             "NCCL_IB_HCA": "mlx5_0", "NCCL_IB_GID_INDEX": "3", "NCCL_SOCKET_IFNAME": "bond0",

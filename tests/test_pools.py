@@ -30,7 +30,7 @@ REASONING_ARGV = [
     "--served-model-name", "deepseek-r1", "/data/models/DeepSeek-R1-GPTQ-Int4",
     "--host", "192.168.10.11", "--port", "8000", "--tensor-parallel-size", "8", "--pipeline-parallel-size", "2",
     "--distributed-executor-backend", "ray", "--dtype", "half", "--max-model-len", "16384", "--max-num-seqs", "32",
-    "--gpu-memory-utilization", "0.92", "--quantization", "gptq", "--swap-space", "4",
+    "--gpu-memory-utilization", "0.92", "--quantization", "gptq",
     "--no-enable-prefix-caching", "--no-enable-chunked-prefill", "--trust-remote-code",
 ]
 
@@ -40,7 +40,7 @@ def chat_argv(node: str) -> list[str]:
             "--served-model-name", "qwen3-30b-a3b", "/data/models/Qwen3-30B-A3B",
             "--host", ADDRESS[node], "--port", "8000", "--tensor-parallel-size", "8",
             "--distributed-executor-backend", "mp", "--dtype", "half", "--max-model-len", "32768",
-            "--max-num-seqs", "128", "--gpu-memory-utilization", "0.9", "--swap-space", "4",
+            "--max-num-seqs", "128", "--gpu-memory-utilization", "0.9",
             "--no-enable-prefix-caching", "--no-enable-chunked-prefill"]
 
 
@@ -53,7 +53,7 @@ def env_of(node: str) -> list[str]:
 def labels(role: str, pool: str, instance: str, node: str) -> list[dict[str, str]]:
     return [{"label": f"llm-cluster.{k}", "value": v} for k, v in [
         ("role", role), ("pool", pool), ("instance", instance), ("node", node),
-        ("gpu-model", "Tesla V100-SXM2-32GB"), ("image", "vllm/vllm-openai:v0.9.2")]]
+        ("gpu-model", "Tesla V100-SXM2-32GB"), ("image", "vllm/vllm-openai:v0.9.2"), ("engine", "vllm")]]
 
 
 def by_urn(run: ProgramRun) -> dict[str, Registration]:
@@ -268,8 +268,8 @@ def test_model_server_props_carry_what_the_policy_pack_reads(prod_run: ProgramRu
         "pool": "reasoning", "instance": "reasoning-gpu-01", "model": "deepseek-r1",
         "modelPath": "/data/models/DeepSeek-R1-GPTQ-Int4", "arch": "deepseek-r1", "quantization": "gptq",
         "dtype": "half", "gpuModel": "Tesla V100-SXM2-32GB", "gpuCount": 8, "nodes": ["gpu-01", "gpu-02"],
-        "tensorParallel": 8, "pipelineParallel": 2, "image": "vllm/vllm-openai:v0.9.2", "argv": REASONING_ARGV,
-        "poolInstances": ["reasoning-gpu-01"]}
+        "tensorParallel": 8, "pipelineParallel": 2, "image": "vllm/vllm-openai:v0.9.2", "engine": "vllm",
+        "argv": REASONING_ARGV, "poolInstances": ["reasoning-gpu-01"]}
     # Where each flag and variable is edited, for the pack's messages (the head node's keys).
     keys = props["stackKeys"]
     assert (keys["--max-model-len"], keys["--dtype"], keys["--host"], keys["NCCL_IB_HCA"], keys["*env"]) == (

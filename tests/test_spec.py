@@ -152,10 +152,11 @@ REFUSED: list[tuple[str, Mutation, list[str]]] = [
      ["models.qwen3-30b-a3b: state exactly one of arch (a catalog name) or configJson (a path)"]),
     ("quantization must be a vLLM method",
      lambda c: section(c, "models")["deepseek-r1"].update(quantization="gptq-int4"),
-     ["models.deepseek-r1.quantization: unknown quantization 'gptq-int4'; vLLM 0.9.2 knows: aqlm, auto-round, "
-      "awq, awq_marlin, bitblas, bitsandbytes, compressed-tensors, deepspeedfp, experts_int8, fbgemm_fp8, fp8, "
-      "gguf, gptq, gptq_bitblas, gptq_marlin, gptq_marlin_24, hqq, ipex, marlin, modelopt, modelopt_fp4, "
-      "moe_wna16, neuron_quant, ptpc_fp8, qqq, quark, rtn, torchao, tpu_int8"]),
+     ["models.deepseek-r1.quantization: unknown quantization 'gptq-int4'; the known engine versions know: aqlm, "
+      "auto-round, awq, awq_marlin, bitblas, bitsandbytes, compressed-tensors, cpu_awq, deepspeedfp, experts_int8, "
+      "fbgemm_fp8, fp8, fp_quant, gguf, gptq, gptq_bitblas, gptq_marlin, gptq_marlin_24, hqq, inc, ipex, marlin, "
+      "modelopt, modelopt_fp4, modelopt_mixed, modelopt_mxfp8, moe_wna16, mxfp4, mxfp8, neuron_quant, petit_nvfp4, "
+      "ptpc_fp8, qqq, quark, rtn, torchao, tpu_int8"]),
     ("served names are unique across models",
      lambda c: section(c, "models")["qwen3-30b-a3b"].update(servedNames=["deepseek-r1"]),
      ["models.qwen3-30b-a3b.servedNames[0]: 'deepseek-r1' is already a served name of model 'deepseek-r1'"]),

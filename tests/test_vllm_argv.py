@@ -100,7 +100,7 @@ def test_reasoning_argv_is_exact_and_parses(prod_spec: StackSpec) -> None:
         "--tensor-parallel-size", "8", "--pipeline-parallel-size", "2",
         "--distributed-executor-backend", "ray",
         "--dtype", "half", "--max-model-len", "16384", "--max-num-seqs", "32",
-        "--gpu-memory-utilization", "0.92", "--quantization", "gptq", "--swap-space", "4",
+        "--gpu-memory-utilization", "0.92", "--quantization", "gptq",
         "--no-enable-prefix-caching", "--no-enable-chunked-prefill", "--trust-remote-code",
     ]
     ns = parse(argv)
@@ -123,7 +123,7 @@ def test_chat_replica_argv_is_exact_and_parses(prod_spec: StackSpec) -> None:
         "--host", "192.168.10.15", "--port", "8000", "--tensor-parallel-size", "8",
         "--distributed-executor-backend", "mp",
         "--dtype", "half", "--max-model-len", "32768", "--max-num-seqs", "128",
-        "--gpu-memory-utilization", "0.9", "--swap-space", "4",
+        "--gpu-memory-utilization", "0.9",
         "--no-enable-prefix-caching", "--no-enable-chunked-prefill",
     ]
     assert parse(argv).max_model_len == 32768
@@ -207,6 +207,7 @@ def test_labels_name_role_pool_instance_gpu_and_image(prod_spec: StackSpec) -> N
         "llm-cluster.role": "ray-worker", "llm-cluster.pool": "reasoning",
         "llm-cluster.instance": "reasoning-gpu-01", "llm-cluster.node": "gpu-02",
         "llm-cluster.gpu-model": "Tesla V100-SXM2-32GB", "llm-cluster.image": "vllm/vllm-openai:v0.9.2",
+        "llm-cluster.engine": "vllm",
     }
 
 
@@ -217,8 +218,8 @@ def test_container_names_come_from_one_function_of_instance_and_role(prod_spec: 
     assert container_name(chat, "vllm") == "vllm-chat-gpu-03"
     # The container running `vllm serve` (what the /health gate's hint names): its own, or the Ray head.
     assert (server_container_name(chat), server_container_name(ray)) == ("vllm-chat-gpu-03", "ray-head-reasoning-gpu-01")
-    with pytest.raises(ValueError, match="unknown GPU container role 'head'; roles are: vllm, ray-head, ray-worker"):
-        container_name(ray, "head")
+    with pytest.raises(ValueError, match="container role 'head node' must be letters, digits and '-'"):
+        container_name(ray, "head node")
 
 
 # --- the /health gate, with real bash, shellcheck and curl ---

@@ -14,7 +14,7 @@ from components.planning.ray import (
     NODE_TEXTFILE_DIR, RAY_METRICS_INTERVAL_S, ray_textfile,
 )
 from components.planning.topology import Instance, all_instances
-from components.planning.vllm import container_name
+from components.planning.engines.base import container_name
 from components.spec.monitoring import MonitoringSpec
 from components.spec.stack import StackSpec
 

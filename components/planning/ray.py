@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from components.planning.topology import Instance
-from components.planning.vllm import container_name
+from components.planning.engines.base import container_name
 from components.spec import StackSpec
 
 # Where ray-head.sh is uploaded inside the head container (the image has no such folder of its own).

@@ -3,13 +3,12 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from components.facts.hardware import (
-    DTYPE_ALIASES, GPUS, KV_CACHE_DTYPES, QUANTIZATION_METHODS, VLLM_IMAGE_REPO, VLLM_VOLTA_VERSION,
-)
+from components.facts.hardware import DTYPE_ALIASES, GPUS
+from components.facts.images import DEFAULT_IMAGES, KV_CACHE_DTYPES, QUANTIZATION_METHODS
 from components.spec.base import NAME_PATTERN, Spec
 
 Port = Annotated[int, Field(ge=1, le=65535)]
@@ -268,7 +267,7 @@ class ModelSpec(Spec):
     @classmethod
     def _known_method(cls, v: str | None) -> str | None:
         if v is not None and v not in QUANTIZATION_METHODS:
-            raise ValueError(f"unknown quantization {v!r}; vLLM 0.9.2 knows: "
+            raise ValueError(f"unknown quantization {v!r}; the known engine versions know: "
                              f"{', '.join(sorted(QUANTIZATION_METHODS))}")
         return v
 
@@ -304,6 +303,7 @@ TYPED_FLAGS: dict[str, str] = {
     "--enable-prefix-caching": "pools.<pool>.vllm.enablePrefixCaching",
     "--enable-chunked-prefill": "pools.<pool>.vllm.enableChunkedPrefill",
     "--enforce-eager": "pools.<pool>.vllm.enforceEager",
+    "--attention-backend": "pools.<pool>.vllm.attentionBackend",
 }
 # vLLM's short spellings of typed flags (EngineArgs.add_cli_args).
 FLAG_ALIASES = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-q": "--quantization"}
@@ -333,6 +333,7 @@ TYPED_ENV: dict[str, str] = {
     "NCCL_IB_DISABLE": "nccl.ibDisable",
     "NCCL_DEBUG": "nccl.debug",
     "VLLM_HOST_IP": "nodes.<node>.address",
+    "VLLM_TUNED_CONFIG_FOLDER": "pools.<pool>.vllm.moeConfigFiles",
 }
 
 
@@ -366,7 +367,7 @@ def absolute_path(v: str, where: str) -> str:
 
 
 class VllmOptions(Spec):
-    """vLLM engine options; each maps to one `vllm serve` flag of 0.9.2."""
+    """vLLM engine options; each maps to one `vllm serve` flag (checked against the pool's vLLM version)."""
 
     max_model_len: int = Field(ge=16)
     """Longest sequence (prompt + output) in tokens; at most the model's context window."""
@@ -376,13 +377,21 @@ class VllmOptions(Spec):
     max_num_batched_tokens: int | None = Field(default=None, ge=1)
     kv_cache_dtype: Literal[KV_CACHE_DTYPES] = "auto"  # type: ignore[valid-type]
     block_size: Literal[1, 8, 16, 32, 64, 128] = 16
-    swap_space_gib: int = Field(default=4, ge=0)
+    swap_space_gib: int | None = Field(default=None, ge=0)
+    """CPU swap space per GPU (`--swap-space`, V0 lines only: 0.19 has no such flag); unset keeps vLLM's."""
+    attention_backend: str | None = Field(default=None, pattern=r"^[A-Z][A-Z0-9_]*$")
+    """`--attention-backend` (vLLM >= 0.14), e.g. TRITON_ATTN on V100; the policy pack checks it per GPU."""
+    moe_config_files: list[str] = Field(default_factory=list)
+    """Fused-MoE tile configs (files on the operator's machine named as vLLM looks them up, e.g.
+    `E=128,N=96,device_name=Tesla_V100-SXM2-32GB.json`), uploaded into the container and named by
+    VLLM_TUNED_CONFIG_FOLDER: vLLM ships none for V100."""
     enable_prefix_caching: bool | None = None
-    """None leaves vLLM's default; on V100 the stack states false (Triton kernels assert on sm_70)."""
+    """None leaves vLLM's default (on in V1); the policy pack refuses it where the image's Triton kernels die."""
     enable_chunked_prefill: bool | None = None
     enforce_eager: bool = False
+    """`--enforce-eager`: no CUDA graphs or torch.compile (the first thing to try when capture fails on V100)."""
     extra_args: list[str] = Field(default_factory=list)
-    """Further `vllm serve` flags verbatim; the policy pack checks each against vLLM 0.9.2's parser.
+    """Further `vllm serve` flags verbatim; the policy pack checks each against the pool's vLLM parser.
     Flags a typed key sets (--max-model-len, --port, …) are refused here: state the typed key."""
 
 
@@ -392,7 +401,8 @@ class PoolSpec(Spec):
     model: str
     nodes: list[str] = Field(min_length=1)
     engine: Literal["vllm"] = "vllm"
-    image: str = f"{VLLM_IMAGE_REPO}:{VLLM_VOLTA_VERSION}"
+    image: str = ""
+    """Serving image; unset: the engine's default (components.facts.images.DEFAULT_IMAGES)."""
     tensor_parallel: int = Field(ge=1, le=16)
     pipeline_parallel: int = Field(default=1, ge=1, le=16)
     """Nodes one instance spans; >1 runs the instance on a Ray cluster across those nodes."""
@@ -406,7 +416,7 @@ class PoolSpec(Spec):
     shm_size_gib: int = Field(default=32, ge=1)
     vllm: VllmOptions
     env: dict[EnvName, str] = Field(default_factory=dict)
-    """Extra environment for every container of the pool (VLLM_USE_V1 is set by the product)."""
+    """Extra environment for every container of the pool (VLLM_USE_V1 is set by the product where the image reads it)."""
     read_timeout_seconds: int = Field(default=600, ge=1)
     """Gateway read timeout for this pool's upstreams (long generations stream for minutes)."""
     load_timeout_minutes: int = Field(default=30, ge=1)
@@ -424,3 +434,13 @@ class PoolSpec(Spec):
         if seen:
             raise ValueError(f"node {seen[0]!r} is listed twice")
         return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_image(cls, data: Any) -> Any:
+        # The default depends on the engine, so it is filled in before the (frozen) model is built.
+        if isinstance(data, dict) and not data.get("image"):
+            engine = data.get("engine", "vllm")
+            if engine in DEFAULT_IMAGES:
+                data = {**data, "image": DEFAULT_IMAGES[engine]}
+        return data

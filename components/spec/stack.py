@@ -73,7 +73,7 @@ def stack_keys(s: StackSpec, pool: str, node: str) -> dict[str, str]:
         if key is not None:
             keys[flag] = key
     for name, template in TYPED_ENV.items():
-        keys[name] = template.replace("<node>", node)
+        keys[name] = template.replace("<node>", node).replace("<pool>", pool)
     for i, token in enumerate(p.vllm.extra_args):
         flag = canonical_flag(token)
         if flag is not None:

@@ -14,6 +14,7 @@ from components.facts.hardware import (
     FP16_REFUSING_MODEL_TYPES, GPUS, QUANTIZATION_METHODS, QUANTIZATION_MIN_CAPABILITY, QUANTIZATION_WAY_OUT,
     capability_text, engine_support, quantization_min_capability,
 )
+from components.facts.images import image_facts
 from policies.rules.common import GPU_MODEL_LABEL, Launch, launch_policy, number
 
 
@@ -50,8 +51,10 @@ def check_dtype(launch: Launch, config: dict[str, Any]) -> list[str]:
 
 
 def check_v1(launch: Launch, config: dict[str, Any]) -> list[str]:
-    """Rule 2: VLLM_USE_V1=0 below sm_80 (unset means 1 in 0.9.2)."""
-    if engine_support(launch.capability or 0).v1_engine:
+    """Rule 2: VLLM_USE_V1=0 where the image's V1 engine refuses the GPU and its envs.py reads the switch
+    (unset means 1). An image without facts is the vllm-image rule's to judge."""
+    facts = image_facts(launch.image)
+    if facts is None or not facts.reads_vllm_use_v1 or facts.runs_v1(launch.capability or 0):
         return []
     value = launch.env.get("VLLM_USE_V1")
     if value == "0":

@@ -1,0 +1,259 @@
+"""The engine seam: what ModelServer, RayCluster, the gateway, monitoring, capacity and policies ask of an
+engine (vLLM, LMDeploy, llama.cpp), and the engine-neutral pieces they share (container names, labels,
+the readiness gate, the watchdog).
+
+An engine is one `Engine` subclass in its own module, registered in components.planning.engines.ENGINES
+under the `pools.*.engine` value that selects it. Nothing outside the engine modules branches on an
+engine's name: callers ask `engine_for(pool)` and use this interface.
+"""
+from __future__ import annotations
+
+import shlex
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from components.facts.images import ImageFacts, image_facts
+from components.planning.topology import Instance
+from components.spec import StackSpec
+
+LABEL_PREFIX = "llm-cluster."
+# How an engine spans nodes: on a Ray cluster (RayCluster registers head and workers, the server runs
+# on the head), with its own launcher on each node, or not at all.
+MultiNode = Literal["ray", "native", "none"]
+# Ray roles of the containers of a multi-node instance (the head runs the server).
+RAY_ROLES = ("ray-head", "ray-worker")
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A file an engine's server container needs, written into it by docker before it starts."""
+
+    path: str
+    content: str
+    executable: bool = False
+
+
+class Engine(ABC):
+    """One serving engine: its command line, environment, endpoints, metrics, formats and capacity model."""
+
+    name: ClassVar[str]  # the `pools.*.engine` value
+    server_role: ClassVar[str]  # role label and container-name prefix of a single-node server
+    multi_gpu: ClassVar[tuple[str, ...]]  # parallel modes inside a node ("tensor", "pipeline")
+    multi_node: ClassVar[MultiNode]
+    health_path: ClassVar[str] = "/health"  # 200 once the server answers
+    ready_path: ClassVar[str] = "/health"  # 200 once it serves requests (the readiness gate)
+    metrics_path: ClassVar[str] = "/metrics"  # Prometheus exposition
+    metrics_job: ClassVar[str]  # the Prometheus job of its servers
+
+    # -- facts -------------------------------------------------------------------------------------
+    def image_facts(self, spec: StackSpec, pool: str) -> ImageFacts | None:
+        """The facts of the pool's image: declared in the stack for a private build, else the table's
+        entry, None when neither knows it (rules then say it cannot be judged)."""
+        return image_facts(spec.pools[pool].image)
+
+    def metric_names(self, spec: StackSpec, pool: str) -> Mapping[str, str]:
+        """Logical metric name -> the series this pool's engine version exports ({} when unknown)."""
+        facts = self.image_facts(spec, pool)
+        return facts.metrics if facts is not None else {}
+
+    def accepted_quantizations(self, spec: StackSpec, pool: str, capability: int) -> frozenset[str]:
+        """Checkpoint quantization methods the pool's image loads on this compute capability."""
+        facts = self.image_facts(spec, pool)
+        if facts is None:
+            return frozenset()
+        return frozenset(m for m, q in facts.quantizations.items()
+                         if q.min_capability is not None and q.min_capability <= capability)
+
+    # -- the server --------------------------------------------------------------------------------
+    @abstractmethod
+    def serve_argv(self, spec: StackSpec, instance: Instance) -> list[str]:
+        """The server's full command line for one instance."""
+
+    @abstractmethod
+    def serve_env(self, spec: StackSpec, instance: Instance, node: str) -> dict[str, str]:
+        """Environment of every GPU container of an instance on `node`."""
+
+    def uploads(self, spec: StackSpec, instance: Instance) -> list[Upload]:
+        """Files the server container needs besides the watchdog (e.g. tuned kernel configs)."""
+        return []
+
+    @abstractmethod
+    def capacity(self, spec: StackSpec, pool: str, *, mla: bool | None = None) -> dict[str, object]:
+        """The pool's capacity estimate as JSON (plan.json `capacity`), {"error": why} when not modelled."""
+
+
+# -- engine-neutral helpers --------------------------------------------------------------------------
+
+def container_name(instance: Instance, role: str) -> str:
+    """The fixed name of an instance's GPU container of `role` (gates, hints and operators use it)."""
+    if not role or not role.replace("-", "").isalnum():
+        raise ValueError(f"container role {role!r} must be letters, digits and '-'")
+    return f"{role}-{instance.name}"
+
+
+def server_container_name(engine: Engine, instance: Instance) -> str:
+    """The container that runs the server: its own (one node), or the Ray head (multi-node on Ray)."""
+    return container_name(instance, "ray-head" if instance.uses_ray and engine.multi_node == "ray"
+                          else engine.server_role)
+
+
+def endpoint(spec: StackSpec, instance: Instance) -> str:
+    """The instance's OpenAI-compatible base URL (what the gateway proxies to)."""
+    return f"http://{spec.node(instance.head).address}:{instance.port}"
+
+
+def ready_url(engine: Engine, spec: StackSpec, instance: Instance) -> str:
+    """The instance's readiness endpoint on its cluster address."""
+    return f"{endpoint(spec, instance)}{engine.ready_path}"
+
+
+def nccl_env(spec: StackSpec, node: str) -> dict[str, str]:
+    """NCCL/GLOO settings of a node's GPU containers (HCA, GID index, bootstrap interface, debug)."""
+    n = spec.node(node)
+    env = {"NCCL_IB_DISABLE": "1" if spec.nccl.ib_disable else "0"}
+    if n.hca is not None:
+        # NCCL takes `dev:port`; the bare device means every port, which is port 1 on these NICs.
+        env["NCCL_IB_HCA"] = n.hca.device if n.hca.port == 1 else f"{n.hca.device}:{n.hca.port}"
+        if n.hca.link_layer == "ethernet" and n.hca.gid_index is not None:
+            env["NCCL_IB_GID_INDEX"] = str(n.hca.gid_index)  # RoCEv2; IB needs none
+    if n.interface is not None:
+        # Ray copies only the engine's own variables to its workers, so each container needs these itself.
+        env["NCCL_SOCKET_IFNAME"] = n.interface
+        env["GLOO_SOCKET_IFNAME"] = n.interface
+    env["NCCL_DEBUG"] = spec.nccl.debug
+    env.update(spec.nccl.extra_env)
+    return env
+
+
+def container_envs(env: dict[str, str]) -> list[str]:
+    """Docker's `KEY=value` list, sorted: the provider stores a set, so order must not cause diffs."""
+    return [f"{k}={v}" for k, v in sorted(env.items())]
+
+
+def container_labels(spec: StackSpec, instance: Instance, node: str, role: str) -> dict[str, str]:
+    """Labels of a GPU container: what it is, for people, monitoring and policies (known at preview)."""
+    pool = spec.pools[instance.pool]
+    n = spec.node(node)
+    assert n.gpu is not None
+    return {
+        LABEL_PREFIX + "role": role,
+        LABEL_PREFIX + "pool": instance.pool,
+        LABEL_PREFIX + "instance": instance.name,
+        LABEL_PREFIX + "node": node,
+        LABEL_PREFIX + "gpu-model": n.gpu.model,
+        # The container's `image` is an image id, unknown during preview; the reference is not.
+        LABEL_PREFIX + "image": pool.image,
+        LABEL_PREFIX + "engine": pool.engine,
+    }
+
+
+def health_gate_script(url: str, timeout_s: int, container_hint: str, *, server: str = "vllm",
+                       interval_s: int = 5, progress_every_s: int = 30) -> str:
+    """Bash that polls a server's readiness URL until 200, printing elapsed time; times out with what to check."""
+    q_url, q_hint, q_server = shlex.quote(url), shlex.quote(container_hint), shlex.quote(server)
+    return f"""#!/usr/bin/env bash
+# Readiness gate: wait until {server} answers {url} (weights load for 5-15 minutes).
+set -euo pipefail
+url={q_url}
+container={q_hint}
+server={q_server}
+timeout={int(timeout_s)}
+start=$SECONDS
+next_report=0
+# -s without -S: a refused connection every 5 s for 15 minutes is noise, the progress line says it.
+until curl -fs -o /dev/null --max-time 5 "$url"; do
+  elapsed=$((SECONDS - start))
+  if (( elapsed >= timeout )); then
+    echo "$server: $url not healthy after ${{elapsed}}s (timeout ${{timeout}}s)." \\
+      "Check \\`docker logs $container\\` (weights path mounted and complete, out of GPU memory:" \\
+      "lower gpuMemoryUtilization or maxModelLen), \\`nvidia-smi\\` for GPU memory held by another process." >&2
+    if command -v docker >/dev/null 2>&1; then
+      docker logs --tail 30 "$container" >&2 2>&1 || true
+    fi
+    exit 1
+  fi
+  if (( elapsed >= next_report )); then
+    echo "$server: waiting for $url: ${{elapsed}}s elapsed (timeout ${{timeout}}s)"
+    next_report=$((next_report + {int(progress_every_s)}))
+  fi
+  sleep {int(interval_s)}
+done
+echo "$server: $url healthy after $((SECONDS - start))s"
+"""
+
+
+# Uploaded beside ray-head.sh into every server container; ray-head.sh finds it next to itself.
+WATCHDOG_SCRIPT = "/opt/llm-cluster/vllm-watchdog.sh"
+# A probe that needs nothing the image might lack beyond python3 (every engine image here has it).
+_PROBE = "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=10)"
+
+
+def health_probe_argv(url: str) -> list[str]:
+    """A command that exits 0 when the server's readiness URL answers 200 (docker healthcheck, watchdog)."""
+    return ["python3", "-c", _PROBE, url]
+
+
+def watchdog_script(url: str, *, load_timeout_s: int, unhealthy_after_s: int, interval_s: int = 15) -> str:
+    """vllm-watchdog.sh: run the server; exit, so docker restarts the container, when it hangs.
+
+    docker restarts a container whose process exits, not one that is merely unhealthy: a server that
+    never finishes loading, or whose engine hangs (an NCCL peer gone), would stay down until a person
+    notices. The watchdog turns both into an exit. `unhealthy_after_s` 0 turns it off (plain exec).
+    """
+    if unhealthy_after_s <= 0:
+        return '#!/usr/bin/env bash\n# vLLM watchdog disabled (restartUnhealthyAfterSeconds: 0).\nexec "$@"\n'
+    probe = " ".join(shlex.quote(a) for a in health_probe_argv(url)[:-1])
+    return f"""#!/usr/bin/env bash
+# vLLM watchdog: run the server; exit when it is not healthy {load_timeout_s}s after start, or stays
+# unhealthy for {unhealthy_after_s}s after having served, so that docker (restart unless-stopped) starts
+# it again. docker itself never restarts a container that is only unhealthy.
+set -euo pipefail
+url={shlex.quote(url)}
+if (( $# == 0 )); then
+  echo "usage: vllm-watchdog.sh <vllm command>..." >&2
+  exit 2
+fi
+healthy() {{ {probe} "$url" >/dev/null 2>&1; }}
+"$@" &
+child=$!
+stop() {{
+  kill -TERM "$child" 2>/dev/null || true
+  wait "$child" 2>/dev/null || true
+}}
+trap 'stop; exit 143' TERM INT
+started=$SECONDS
+last_ok=""
+while kill -0 "$child" 2>/dev/null; do
+  sleep {int(interval_s)} &
+  wait $!
+  if healthy; then
+    last_ok=$SECONDS
+  elif [[ -z "$last_ok" ]] && (( SECONDS - started >= {int(load_timeout_s)} )); then
+    echo "watchdog: $url not healthy {load_timeout_s}s after start; stopping vLLM so docker restarts it" \\
+      "(check this container's log above: weights, GPU memory; or raise loadTimeoutMinutes)" >&2
+    stop
+    exit 70
+  elif [[ -n "$last_ok" ]] && (( SECONDS - last_ok >= {int(unhealthy_after_s)} )); then
+    echo "watchdog: $url unhealthy for $((SECONDS - last_ok))s after serving; stopping vLLM so docker" \\
+      "restarts it (look for NCCL errors and Xid events: dmesg, nvidia-smi)" >&2
+    stop
+    exit 70
+  fi
+done
+# vLLM exited by itself: pass its status on.
+wait "$child"
+"""
+
+
+def instance_watchdog_script(engine: Engine, spec: StackSpec, instance: Instance) -> str:
+    """The watchdog for one instance, with its pool's load timeout and unhealthy limit."""
+    pool = spec.pools[instance.pool]
+    return watchdog_script(ready_url(engine, spec, instance), load_timeout_s=pool.load_timeout_minutes * 60,
+                           unhealthy_after_s=pool.restart_unhealthy_after_seconds)
+
+
+def supervised_argv(engine: Engine, spec: StackSpec, instance: Instance) -> list[str]:
+    """What a server container runs: the watchdog, then the engine's argv it supervises."""
+    return ["/bin/bash", WATCHDOG_SCRIPT, *engine.serve_argv(spec, instance)]
