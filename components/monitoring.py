@@ -10,10 +10,11 @@ from pulumi_command import remote
 from components.base import Component
 from components.gpu_node import GpuNode
 from components.planning.monitoring import (
-    ALERTMANAGER_CONFIG_PATH, GRAFANA_PASSWORD_FILE, GRAFANA_PASSWORD_MOUNT, alertmanager_args,
-    container_path, dcgm_exporter_env, grafana_env, grafana_password_delete_script,
-    grafana_password_generate_script, grafana_password_store_script, grafana_provisioning, host_port,
-    node_exporter_args, prometheus_args, prometheus_files,
+    ALERTMANAGER_CONFIG, GRAFANA_PASSWORD_FILE, GRAFANA_PASSWORD_MOUNT, alertmanager_args,
+    config_files_delete_script, config_files_script, config_mounts, dcgm_exporter_env, grafana_env,
+    grafana_password_delete_script, grafana_password_generate_script, grafana_password_store_script,
+    grafana_provisioning, grafana_reloads, lifecycle_reloads, monitoring_url, node_exporter_args,
+    prometheus_args, prometheus_files,
 )
 from components.planning.node_scripts import bash_command
 from components.planning.ray import NODE_TEXTFILE_DIR
@@ -35,12 +36,16 @@ class MonitoringArgs:
 class Monitoring(Component):
     """Exporters per node, Prometheus with generated config and rules, Grafana with provisioned dashboards.
 
-    Every container uses the host network and binds the node's cluster address. Prometheus and
-    Grafana config travel as container uploads, so a changed file replaces the container. Grafana
-    keeps no state worth keeping (everything it shows is provisioned) and sets its admin password,
-    read from a 0600 file on the host, only when it creates its database: so the container is
-    replaced with the command that wrote the file (`replace_with`), and a new password replaces it.
-    (Not a label with the command's id: unknown at a first preview, it would blind the policy pack.)
+    Every container uses the host network and binds the node's cluster address. The Prometheus,
+    Grafana and Alertmanager config lives in host directories that one command per service writes
+    and the container mounts read-only: a changed scrape target, rule, dashboard or receiver is an
+    update of that command, which reloads the running service (Prometheus and Alertmanager through
+    POST /-/reload, Grafana through its provisioning reload API). The container is replaced only
+    when its image or runtime settings change. Grafana keeps no state worth keeping (everything it
+    shows is provisioned) and sets its admin password, read from a 0600 file on the host, only when
+    it creates its database: so the container is replaced with the command that wrote the file
+    (`replace_with`), and a new password replaces it. (Not a label with the command's id: unknown
+    at a first preview, it would blind the policy pack.)
     """
 
     TYPE = "llm-cluster:monitoring:Monitoring"
@@ -80,28 +85,35 @@ class Monitoring(Component):
         node = args.nodes[mon]
         data = docker.Volume(self.child("prometheus-data"), name="llm-cluster-prometheus-data",
                              opts=self.opts(provider=node.provider, depends_on=list(node.ready)))
+        prometheus_config = self._config(node, "prometheus", config_files_script(
+            "prometheus", "prometheus", prometheus_files(spec),
+            lifecycle_reloads(monitoring_url(spec, m.prometheus.port))))
         self._container(mon, "prometheus", m.prometheus.image, command=prometheus_args(spec),
-                        uploads=_uploads(prometheus_files(spec)),
-                        volumes=[docker.ContainerVolumeArgs(volume_name=data.name, container_path="/prometheus")])
+                        volumes=[docker.ContainerVolumeArgs(volume_name=data.name, container_path="/prometheus"),
+                                 *_config_volumes("prometheus")],
+                        extra_deps=[prometheus_config])
 
         password_file = self._admin_password(node, args.grafana_admin_password)
+        # After the password file: the reload authenticates with it.
+        grafana_config = self._config(node, "grafana", config_files_script(
+            "grafana", "grafana", grafana_provisioning(spec), grafana_reloads(monitoring_url(spec, m.grafana.port))),
+            after=[password_file])
         self._container(mon, "grafana", m.grafana.image, envs=grafana_env(spec),
-                        uploads=_uploads(grafana_provisioning(spec)),
                         volumes=[docker.ContainerVolumeArgs(host_path=GRAFANA_PASSWORD_FILE,
-                                                            container_path=GRAFANA_PASSWORD_MOUNT, read_only=True)],
-                        extra_deps=[password_file], replace_with=[password_file])
+                                                            container_path=GRAFANA_PASSWORD_MOUNT, read_only=True),
+                                 *_config_volumes("grafana")],
+                        extra_deps=[password_file, grafana_config], replace_with=[password_file])
 
         if m.alertmanager is not None and args.alertmanager_config is not None:
+            # The receivers (webhook URLs, tokens) are a secret: in on stdin, 0600 on the host.
+            alertmanager_config = self._config(node, "alertmanager", config_files_script(
+                "alertmanager", "alertmanager", {}, lifecycle_reloads(monitoring_url(spec, m.alertmanager.port)),
+                stdin_file=ALERTMANAGER_CONFIG, secret=True), stdin=pulumi.Output.secret(args.alertmanager_config))
             self._container(mon, "alertmanager", m.alertmanager.image, command=alertmanager_args(spec),
-                            uploads=[docker.ContainerUploadArgs(
-                                file=ALERTMANAGER_CONFIG_PATH,
-                                content=pulumi.Output.secret(args.alertmanager_config))])
+                            volumes=_config_volumes("alertmanager"), extra_deps=[alertmanager_config])
 
-        address = spec.node(mon).address
-        self.prometheus_url: pulumi.Output[str] = pulumi.Output.from_input(
-            f"http://{host_port(address, m.prometheus.port)}")
-        self.grafana_url: pulumi.Output[str] = pulumi.Output.from_input(
-            f"http://{host_port(address, m.grafana.port)}")
+        self.prometheus_url: pulumi.Output[str] = pulumi.Output.from_input(monitoring_url(spec, m.prometheus.port))
+        self.grafana_url: pulumi.Output[str] = pulumi.Output.from_input(monitoring_url(spec, m.grafana.port))
         self.register_outputs({"prometheusUrl": self.prometheus_url, "grafanaUrl": self.grafana_url})
 
     def _admin_password(self, node: GpuNode, given: pulumi.Output[str] | None) -> remote.Command:
@@ -128,6 +140,16 @@ class Monitoring(Component):
         self.grafana_admin_password = secret
         return cmd
 
+    def _config(self, node: GpuNode, service: str, script: str, *, after: list[pulumi.Resource] | None = None,
+                stdin: pulumi.Input[str] | None = None) -> remote.Command:
+        """The command that writes a service's config files on the host and reloads the running service."""
+        # No triggers: a changed file is an update (the script runs again and reloads), never a
+        # replace, whose delete would pull the files from under the running service.
+        return remote.Command(
+            self.child(f"{service}-config"), connection=node.connection, create=bash_command(script),
+            delete=bash_command(config_files_delete_script(service)), stdin=stdin,
+            opts=self.opts(depends_on=[*node.ready, *(after or [])]))
+
     def _container(self, node_name: str, role: str, image_ref: str, *,
                    extra_deps: list[pulumi.Resource] | None = None,
                    replace_with: list[pulumi.Resource] | None = None, **kwargs: object) -> docker.Container:
@@ -144,5 +166,6 @@ class Monitoring(Component):
                            depends_on=[*node.ready, image, *(extra_deps or [])], replace_with=replace_with))
 
 
-def _uploads(files: dict[str, str]) -> list[docker.ContainerUploadArgs]:
-    return [docker.ContainerUploadArgs(file=container_path(rel), content=text) for rel, text in files.items()]
+def _config_volumes(service: str) -> list[docker.ContainerVolumeArgs]:
+    return [docker.ContainerVolumeArgs(host_path=host, container_path=inside, read_only=True)
+            for host, inside in config_mounts(service)]

@@ -9,6 +9,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from components.planning.monitoring import written_files
 from components.planning.node_scripts import fanout_rounds
 from components.planning.topology import all_instances, instances, weights_nodes
 from components.planning.engines.base import endpoint
@@ -78,6 +79,9 @@ def artifacts_of(run: ProgramRun) -> dict[str, str]:
             for phase in ("create", "update", "delete"):
                 if isinstance(inputs.get(phase), str):
                     files[f"scripts/{r.name}.{phase}.sh"] = inputs[phase]
+            # Config files a command writes on its host (monitoring): beside the containers' uploads.
+            for path, text in written_files(str(inputs.get("create") or "")).items():
+                files[f"files/{r.name}{path}"] = text
         if r.type == CONTAINER:
             for up in inputs.get("uploads") or []:
                 if isinstance(up.get("content"), str):

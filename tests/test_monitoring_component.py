@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from components.planning.monitoring import (
-    alert_rules, grafana_password_delete_script, grafana_password_generate_script, grafana_password_store_script,
-    grafana_provisioning, prometheus_config,
+    config_files_delete_script, config_files_script, grafana_password_delete_script,
+    grafana_password_generate_script, grafana_password_store_script, grafana_provisioning, grafana_reloads,
+    lifecycle_reloads, prometheus_files,
 )
 from components.planning.node_scripts import bash_command
 from components.spec import StackSpec
@@ -96,11 +97,18 @@ def test_prometheus_runs_the_generated_config_and_rules(prod_run: ProgramRun, pr
     assert inputs["command"] == ["--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prometheus",
                                  "--storage.tsdb.retention.time=15d", "--web.listen-address=192.168.10.11:9090",
                                  "--web.enable-lifecycle"]
-    uploads = {u["file"]: u["content"] for u in inputs["uploads"]}
-    assert uploads == {"/etc/prometheus/prometheus.yml": prometheus_config(prod_spec),
-                       "/etc/prometheus/rules/llm-cluster.rules.yml": alert_rules(prod_spec)}
+    # The config is a host directory the config command writes: a change reloads, never replaces.
+    assert "uploads" not in inputs
+    config = prod_run.get("monitoring-prometheus-config")
+    assert config.plain_inputs()["create"] == bash_command(config_files_script(
+        "prometheus", "prometheus", prometheus_files(prod_spec), ["http://192.168.10.11:9090/-/reload"]))
+    assert config.plain_inputs()["delete"] == bash_command(config_files_delete_script("prometheus"))
+    assert "triggers" not in config.plain_inputs() and config.options["replaceOnChanges"] == ["triggers[*]"]
+    assert config.urn in reg.dependencies and config.urn not in reg.property_dependencies.get("volumes", [])
     volume = prod_run.get("monitoring-prometheus-data")
-    assert inputs["volumes"] == [{"volumeName": "llm-cluster-prometheus-data", "containerPath": "/prometheus"}]
+    assert inputs["volumes"] == [{"volumeName": "llm-cluster-prometheus-data", "containerPath": "/prometheus"},
+                                 {"hostPath": "/etc/llm-cluster/monitoring/prometheus",
+                                  "containerPath": "/etc/prometheus", "readOnly": True}]
     assert volume.urn in reg.dependencies
     assert provider_node(volume) == "gpu-01"
 
@@ -108,13 +116,22 @@ def test_prometheus_runs_the_generated_config_and_rules(prod_run: ProgramRun, pr
 def test_grafana_is_provisioned_and_reads_its_password_from_a_file(prod_run: ProgramRun, prod_spec: StackSpec) -> None:
     reg = prod_run.get("monitoring-gpu-01-grafana")
     inputs = reg.plain_inputs()
-    assert {u["file"]: u["content"] for u in inputs["uploads"]} == {
-        "/etc/" + k: v for k, v in grafana_provisioning(prod_spec).items()}
+    assert "uploads" not in inputs
+    config = prod_run.get("monitoring-grafana-config")
+    assert config.plain_inputs()["create"] == bash_command(config_files_script(
+        "grafana", "grafana", grafana_provisioning(prod_spec), grafana_reloads("http://192.168.10.11:3000")))
+    # The reload authenticates with the admin password: its file comes first.
+    assert prod_run.get("monitoring-grafana-admin-password").urn in config.dependencies
+    assert config.urn in reg.dependencies
     assert "GF_SECURITY_ADMIN_PASSWORD__FILE=/run/secrets/grafana-admin-password" in inputs["envs"]
     assert not [e for e in inputs["envs"] if e.startswith("GF_SECURITY_ADMIN_PASSWORD=")]
     assert "GF_SERVER_HTTP_ADDR=192.168.10.11" in inputs["envs"]
     assert inputs["volumes"] == [{"hostPath": "/etc/llm-cluster/grafana/admin-password",
-                                  "containerPath": "/run/secrets/grafana-admin-password", "readOnly": True}]
+                                  "containerPath": "/run/secrets/grafana-admin-password", "readOnly": True},
+                                 {"hostPath": "/etc/llm-cluster/monitoring/grafana/provisioning",
+                                  "containerPath": "/etc/grafana/provisioning", "readOnly": True},
+                                 {"hostPath": "/etc/llm-cluster/monitoring/grafana/dashboards",
+                                  "containerPath": "/etc/grafana/dashboards", "readOnly": True}]
     assert prod_run.get("monitoring-grafana-admin-password").urn in reg.dependencies
 
 
@@ -147,14 +164,19 @@ PASSWORD = "correct-horse-battery-staple-42"
 AM_CONFIG = "route: {receiver: ops}\nreceivers:\n- name: ops\n  webhook_configs: [{url: 'https://hooks.example/T0KEN-xyz'}]\n"
 
 
-@pytest.fixture(scope="module")
-def secret_run() -> ProgramRun:
+def secret_config() -> dict[str, Any]:
     """The reference stack with a configured Grafana password and Alertmanager (secrets)."""
     config = prod_config()
     config[NS + "grafanaAdminPassword"] = PASSWORD
     config[NS + "alertmanagerConfig"] = AM_CONFIG
     config[NS + "monitoring"]["alertmanager"] = {"image": "prom/alertmanager:v0.27.0", "port": 9093}
-    return run_stack(config, {NS + "grafanaAdminPassword", NS + "alertmanagerConfig"})
+    return config
+
+
+@pytest.fixture(scope="module")
+def secret_run() -> ProgramRun:
+    """secret_config under the mocks."""
+    return run_stack(secret_config(), {NS + "grafanaAdminPassword", NS + "alertmanagerConfig"})
 
 
 def test_configured_secrets_never_appear_in_plaintext(secret_run: ProgramRun) -> None:
@@ -176,10 +198,18 @@ def test_configured_secrets_never_appear_in_plaintext(secret_run: ProgramRun) ->
 def test_alertmanager_runs_with_its_secret_config(secret_run: ProgramRun) -> None:
     reg = secret_run.get("monitoring-gpu-01-alertmanager")
     inputs = reg.plain_inputs()
-    assert inputs["uploads"] == [{"file": "/etc/alertmanager/alertmanager.yml", "content": AM_CONFIG}]
     assert inputs["command"] == ["--config.file=/etc/alertmanager/alertmanager.yml", "--storage.path=/alertmanager",
                                  "--web.listen-address=192.168.10.11:9093", "--cluster.listen-address="]
-    assert reg.display_inputs()["uploads"] == [{"file": "/etc/alertmanager/alertmanager.yml", "content": "[secret]"}]
+    assert "uploads" not in inputs
+    assert inputs["volumes"] == [{"hostPath": "/etc/llm-cluster/monitoring/alertmanager",
+                                  "containerPath": "/etc/alertmanager", "readOnly": True}]
+    # The receivers are a secret: on stdin into a 0600 file, reloaded in place.
+    config = secret_run.get("monitoring-alertmanager-config")
+    assert config.plain_inputs()["stdin"] == AM_CONFIG and config.display_inputs()["stdin"] == "[secret]"
+    assert config.plain_inputs()["create"] == bash_command(config_files_script(
+        "alertmanager", "alertmanager", {}, lifecycle_reloads("http://192.168.10.11:9093"),
+        stdin_file="alertmanager/alertmanager.yml", secret=True))
+    assert config.urn in reg.dependencies
     assert inputs["restart"] == "unless-stopped" and reg.options["deleteBeforeReplace"] is True
     assert secret_run.get("monitoring").plain_inputs()["alertmanager"] is True
 

@@ -159,3 +159,16 @@ def test_against_another_plan_and_a_bad_against_file(tmp_path: Path, capsys: pyt
     assert json.loads((tmp_path / "b" / "prod" / "plan.json").read_text())["diff"]["against"] == str(base)
     assert cli.main(["--config", str(stack), "--out", str(tmp_path / "b"), "--against", str(tmp_path / "nope.json")]) == 2
     assert "--against" in capsys.readouterr().err
+
+
+def test_a_monitoring_config_change_reloads_prometheus_and_replaces_no_container(tmp_path: Path) -> None:
+    after = prod_config()
+    after[f"{NS}:monitoring"]["thresholds"] = {"forMinutes": 10}
+    after[f"{NS}:monitoring"]["scrapeIntervalSeconds"] = 30
+    diff = plan_twice(tmp_path, prod_config(), after)["diff"]
+    changed = {c["name"]: c["op"] for c in diff["resources"] if c["custom"]}
+    assert changed == {"monitoring-prometheus-config": "update", "monitoring-grafana-config": "update"}
+    assert [c["path"] for c in by_name(diff)["monitoring-prometheus-config"]["changes"]] == ["create"]
+    assert diff["services"] == {"prometheus": {"reload": ["monitoring-gpu-01-prometheus"]},
+                                "grafana": {"reload": ["monitoring-gpu-01-grafana"]}}
+    assert diff["pools"] == {} and diff["summary"]["replace"] == 0

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import textwrap
 from collections import Counter
@@ -24,7 +25,24 @@ PROMETHEUS_RULES = "prometheus/rules/llm-cluster.rules.yml"
 GRAFANA_DATASOURCE = "grafana/provisioning/datasources/llm-cluster.yaml"
 GRAFANA_DASHBOARD_PROVIDER = "grafana/provisioning/dashboards/llm-cluster.yaml"
 GRAFANA_DASHBOARDS_DIR = "grafana/dashboards/llm-cluster"
-ALERTMANAGER_CONFIG_PATH = "/etc/alertmanager/alertmanager.yml"
+ALERTMANAGER_CONFIG = "alertmanager/alertmanager.yml"
+ALERTMANAGER_CONFIG_PATH = "/etc/" + ALERTMANAGER_CONFIG
+
+# The generated files live on the monitoring host, written by one command per service and
+# bind-mounted read-only into its container (directories, never single files: a file replaced by
+# rename stays the old inode in a file mount). A changed file is then an update of that command,
+# which reloads the running service, not a new container. `<root>/<rel>` on the host is
+# container_path(rel) in the container.
+HOST_CONFIG_ROOT = "/etc/llm-cluster/monitoring"
+CONFIG_DIRS: dict[str, tuple[str, ...]] = {
+    "prometheus": ("prometheus",),
+    # Not all of /etc/grafana: the image's grafana.ini lives there.
+    "grafana": ("grafana/provisioning", "grafana/dashboards"),
+    "alertmanager": ("alertmanager",),
+}
+# The official images run Prometheus and Alertmanager as nobody, Grafana as 472:0.
+CONFIG_OWNERS = {"prometheus": "65534:65534", "grafana": "472:0", "alertmanager": "65534:65534"}
+_FILE_HEREDOC = "LLM_CLUSTER_CONFIG_FILE"
 
 GRAFANA_PASSWORD_FILE = "/etc/llm-cluster/grafana/admin-password"
 GRAFANA_PASSWORD_MOUNT = "/run/secrets/grafana-admin-password"
@@ -44,6 +62,16 @@ RAY_TEXTFILE_STALE_SECONDS = 4 * RAY_METRICS_INTERVAL_S
 def container_path(rel: str) -> str:
     """Where a generated file (key of monitoring_files) lives inside its container."""
     return "/etc/" + rel
+
+
+def host_config_path(rel: str, root: str = HOST_CONFIG_ROOT) -> str:
+    """Where a generated file (key of monitoring_files) lives on the monitoring host."""
+    return f"{root}/{rel}"
+
+
+def config_mounts(service: str) -> list[tuple[str, str]]:
+    """(host directory, container directory) pairs a service's container mounts read-only."""
+    return [(host_config_path(d), container_path(d)) for d in CONFIG_DIRS[service]]
 
 
 def host_port(address: str, port: int) -> str:
@@ -557,3 +585,105 @@ if [ -d {d} ]; then
   rmdir --ignore-fail-on-non-empty {d}
 fi
 """
+
+
+# --- config files on the host, reloaded in place --------------------------------------------------
+
+def _reload_lines(service: str, container: str, requests: list[str], root: str) -> str:
+    """Run each HTTP reload request against the running container; a stopped one reads the files at start."""
+    q = shlex.quote
+    calls = "\n".join(f"  reload {r}" for r in requests)
+    return f"""reload() {{  # reload <curl arguments>: POST, the service's answer on failure
+  local body code
+  body=$(mktemp)
+  code=$(curl -sS -o "$body" -w '%{{http_code}}' -X POST --max-time 60 "$@") || code=000
+  if [[ "$code" != 2* ]]; then
+    echo "{service}: reload failed (HTTP $code): $(head -c 2000 "$body")" >&2
+    echo "{service} keeps its previous config; check the files under {root} and \\`docker logs {container}\\`" >&2
+    rm -f "$body"
+    exit 1
+  fi
+  rm -f "$body"
+}}
+if [[ "$(docker inspect -f '{{{{.State.Running}}}}' {q(container)} 2>/dev/null)" == true ]]; then
+{calls}
+  echo "{service}: config reloaded"
+else
+  echo "{service}: container {container} not running yet; it reads these files when it starts"
+fi
+"""
+
+
+def config_files_script(service: str, container: str, files: dict[str, str], reloads: list[str],
+                        stdin_file: str | None = None, secret: bool = False, root: str = HOST_CONFIG_ROOT) -> str:
+    """Write a service's config files under the host root atomically, drop stale ones, reload the running service.
+
+    `files` maps paths relative to the root (see monitoring_files) to their text; `stdin_file` is one
+    more file whose content arrives on stdin (a secret). `reloads` are curl arguments, one request each.
+    """
+    q = shlex.quote
+    owner = CONFIG_OWNERS[service]
+    mode = "0600" if secret else "0644"
+    roots = [host_config_path(d, root) for d in CONFIG_DIRS[service]]
+    lines = ["#!/usr/bin/env bash",
+             f"# llm-cluster: write the {service} config under {root} and reload {service} in place",
+             "set -euo pipefail",
+             "put() {  # put <path>: stdin into <path>, atomically (same directory, then rename)",
+             '  local tmp',
+             '  install -d -m 0755 "$(dirname "$1")"',
+             '  tmp=$(mktemp "$1.XXXXXX")',
+             '  cat > "$tmp"',
+             f'  chmod {mode} "$tmp"',
+             f'  chown {q(owner)} "$tmp"',
+             '  mv -f "$tmp" "$1"',
+             "}"]
+    lines += [f"install -d -m 0755 {q(r)}" for r in roots]
+    wanted = [host_config_path(rel, root) for rel in files] + ([host_config_path(stdin_file, root)] if stdin_file else [])
+    for rel, text in files.items():
+        if f"\n{_FILE_HEREDOC}\n" in f"\n{text}\n":
+            raise ValueError(f"{rel} contains the heredoc delimiter {_FILE_HEREDOC}")
+        lines.append(f"put {q(host_config_path(rel, root))} <<'{_FILE_HEREDOC}'\n{text.rstrip(chr(10))}\n{_FILE_HEREDOC}")
+    if stdin_file:
+        lines.append(f"put {q(host_config_path(stdin_file, root))}")
+    lines.append("# Files an earlier config wrote and this one does not (a removed rules file): gone.")
+    lines.append(f"find {' '.join(q(r) for r in roots)} -type f -print0 | while IFS= read -r -d '' f; do")
+    lines.append(f'  case "$f" in {"|".join(q(w) for w in wanted)}) ;; *) rm -f -- "$f" ;; esac' if wanted
+                 else '  rm -f -- "$f"')
+    lines.append("done")
+    return "\n".join(lines) + "\n" + _reload_lines(service, container, reloads, root)
+
+
+_PUT = re.compile(rf"^put (\S+) <<'{_FILE_HEREDOC}'\n(.*?)\n{_FILE_HEREDOC}$", re.M | re.S)
+
+
+def written_files(script: str) -> dict[str, str]:
+    """host path -> text of every file a config_files_script writes (the plan lists them as artifacts)."""
+    return {shlex.split(path)[0]: text + "\n" for path, text in _PUT.findall(script)}
+
+
+def config_files_delete_script(service: str) -> str:
+    """Remove a service's config directories from the host (destroy)."""
+    dirs = " ".join(shlex.quote(host_config_path(d)) for d in CONFIG_DIRS[service])
+    return f"#!/usr/bin/env bash\n# llm-cluster: remove the {service} config from {HOST_CONFIG_ROOT}\nset -euo pipefail\nrm -rf -- {dirs}\n"
+
+
+def monitoring_url(spec: StackSpec, port: int) -> str:
+    """http://<monitoring node>:<port>, where Prometheus, Grafana and Alertmanager listen."""
+    return f"http://{host_port(spec.node(_monitoring(spec).node).address, port)}"
+
+
+def lifecycle_reloads(url: str) -> list[str]:
+    """Prometheus and Alertmanager re-read their config on POST /-/reload (Prometheus: --web.enable-lifecycle)."""
+    return [shlex.quote(f"{url}/-/reload")]
+
+
+def grafana_reloads(url: str, password_file: str = GRAFANA_PASSWORD_FILE) -> list[str]:
+    """Grafana's admin API re-reads provisioned datasources and dashboards; the password goes in on stdin.
+
+    `-K <(…)` hands curl its config through a pipe, so the password never shows in the process list.
+    """
+    base = f"{url}/api/admin/provisioning"
+    # curl's config quoting: backslashes and double quotes escaped.
+    auth = (f"-K <(printf 'user = \"admin:%s\"\\n' \"$(sed 's/[\\\\\"]/\\\\&/g' "
+            f"{shlex.quote(password_file)})\")")
+    return [f"{auth} {shlex.quote(base + '/' + kind + '/reload')}" for kind in ("datasources", "dashboards")]
