@@ -5,7 +5,8 @@ the plan of another branch compares too):
 - create / delete: a URN only in the new / the old plan;
 - replace: a changed input that the provider replaces on (the provider schemas' own
   `willReplaceOnChanges` — docker's ForceNew fields — and `replaceOnChanges` resource options such as
-  pulumi-command's `triggers[*]`), see provider_replace.json for the sources;
+  pulumi-command's `triggers[*]`, see provider_replace.json for the sources), or a `replaceWith`
+  resource that is replaced; inputs under `ignoreChanges` do not count;
 - update: any other changed input (the input paths are listed).
 A replaced resource gets a new id and new outputs, so every input of a dependent that reads one of
 its outputs (propertyDependencies) changes too and is judged the same way: a replaced image replaces
@@ -172,16 +173,22 @@ def diff_resources(before: dict[str, Any], after: dict[str, Any],
                 name = _key(via[0]).rsplit("::", 1)[-1]
                 change.changes.append(InputChange(prop, None, None, via=name))
                 touched.add(prop)
-        if not change.changes:
+        options = r.get("options") or {}
+        ignored = {_top(p) for p in options.get("ignoreChanges") or []}
+        change.changes = [c for c in change.changes if _top(c.path) not in ignored]
+        touched -= ignored
+        # replace_with: replaced whenever one of these is (the engine's own rule, no input involved).
+        with_ = [_key(u).rsplit("::", 1)[-1] for u in options.get("replaceWith") or [] if _key(u) in replaced]
+        if not change.changes and not with_:
             continue
         forcing, source = rules.get(r["type"], (frozenset(), None))
-        by_option = _option_replace(r.get("options") or {})
+        by_option = _option_replace(options)
         because = sorted(t for t in touched if t in forcing or t in by_option or "*" in by_option)
-        if because and change.custom:
-            change.op, change.replace_because = "replace", because
+        if (because or with_) and change.custom:
+            change.op, change.replace_because = "replace", because + [f"replaceWith {n}" for n in with_]
             change.replace_source = source if any(t in forcing for t in because) else \
-                "the resource's replaceOnChanges option"
-            change.delete_before_replace = bool((r.get("options") or {}).get("deleteBeforeReplace"))
+                "the resource's replaceOnChanges option" if because else "the resource's replaceWith option"
+            change.delete_before_replace = bool(options.get("deleteBeforeReplace"))
             replaced.add(key)
         else:
             change.op = "update"

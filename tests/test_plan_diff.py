@@ -172,3 +172,21 @@ def test_a_monitoring_config_change_reloads_prometheus_and_replaces_no_container
     assert diff["services"] == {"prometheus": {"reload": ["monitoring-gpu-01-prometheus"]},
                                 "grafana": {"reload": ["monitoring-gpu-01-grafana"]}}
     assert diff["pools"] == {} and diff["summary"]["replace"] == 0
+
+
+def test_a_new_grafana_password_replaces_grafana_through_replace_with(tmp_path: Path) -> None:
+    stack, out = tmp_path / "Pulumi.prod.yaml", tmp_path / "out"
+    for ciphertext in ("v1:AAAA", "v1:BBBB"):
+        write_stack(stack, prod_config(), {f"{NS}:grafanaAdminPassword": ciphertext})
+        assert cli.main(["--config", str(stack), "--out", str(out), "--quiet"]) in (0, 1)
+    # The plan never sees a secret's value (only a placeholder per key): a new ciphertext is no change here.
+    assert json.loads((out / "prod" / "plan.json").read_text())["diff"]["resources"] == []
+    before = json.loads((out / "prod" / "plan.json").read_text())
+    after = copy.deepcopy(before)
+    password = next(r for r in after["resources"] if r["name"] == "monitoring-grafana-admin-password")
+    password["inputs"]["triggers"] = ["[secret]", "another"]
+    changes = {c.name: c for c in diff_resources(before, after)}
+    assert changes["monitoring-grafana-admin-password"].op == "replace"
+    grafana = changes["monitoring-gpu-01-grafana"]
+    assert (grafana.op, grafana.replace_because, grafana.replace_source) == (
+        "replace", ["replaceWith monitoring-grafana-admin-password"], "the resource's replaceWith option")
