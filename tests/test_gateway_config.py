@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 from components.planning.gateway import (
-    DIGESTS_FILE, GatewayLayout, container_layout, exporter_argv, exporter_probe, exposed_paths, gateway_files,
+    DIGESTS_FILE, ERRORS, GatewayLayout, concurrency_zones, container_layout, exporter_argv, exporter_probe, exposed_paths, gateway_files,
     healthcheck_probe, key_digests, key_ids, keyless_probe, keys_delete_script, keys_script, nginx_conf, nginx_rate,
-    rate_zones, readiness_script, render_gateway, routes, routes_table, upstream_servers,
+    rate_zones, readiness_script, render_gateway, reset_interval, retry_after_seconds, routes, routes_table,
+    upstream_servers,
 )
 from components.planning.node_scripts import bash_command
 from components.spec import RateLimitSpec, SpecError, StackSpec, load_stack_config
@@ -58,30 +59,37 @@ def test_reference_upstreams_are_the_pools_heads_with_passive_health_and_keepali
         "server 192.168.10.14:8000 max_fails=2 fail_timeout=30s;",
         "server 192.168.10.15:8000 max_fails=2 fail_timeout=30s;",
         "server 192.168.10.16:8000 max_fails=2 fail_timeout=30s;",
-        "keepalive 32;"]
+        # vLLM's uvicorn closes idle connections after 5 s: nginx lets go at 3 s.
+        "keepalive 32;", "keepalive_timeout 3s;"]
     # TP8 x PP2 on gpu-01 + gpu-02 is one engine served from its Ray head, gpu-01.
     assert block(conf, "upstream llm_pool_reasoning") == [
         "zone llm_pool_reasoning 64k;", "least_conn;",
-        "server 192.168.10.11:8000 max_fails=2 fail_timeout=30s;", "keepalive 32;"]
+        "server 192.168.10.11:8000 max_fails=2 fail_timeout=30s;", "keepalive 32;", "keepalive_timeout 3s;"]
     assert upstream_servers(prod_spec, "reasoning") == [("192.168.10.11", 8000)]
 
 
-def test_reference_pool_locations_stream_retry_only_unsent_and_use_the_pools_timeouts(prod_spec: StackSpec) -> None:
+def test_reference_pool_locations_stream_retry_before_any_byte_and_use_the_pools_timeouts(
+        prod_spec: StackSpec) -> None:
     conf = gateway_files(prod_spec)["nginx.conf"]
     for pool, timeout in (("chat", 600), ("reasoning", 900)):
         body = block(conf, f"location @llm_pool_{pool}")
-        assert f"proxy_pass http://llm_pool_{pool};" in body
+        # The routed endpoint (a map of the normalised $uri), never the raw request line.
+        assert f"proxy_pass http://llm_pool_{pool}$llm_upstream_uri$is_args$args;" in body
         assert f"proxy_read_timeout {timeout}s;" in body
         assert "proxy_buffering off;" in body
         assert "proxy_http_version 1.1;" in body
         assert 'proxy_set_header Connection "";' in body
         assert 'proxy_set_header Authorization "";' in body
-        # Connection errors and connect timeouts only; a POST already sent is never re-sent.
+        # Errors, 5xx and not-ready answers go to another replica, POST included, until the read
+        # timeout (a slow generation is never run twice), at most 3 attempts.
         assert [line for line in body if line.startswith("proxy_next_upstream")] == [
-            "proxy_next_upstream error timeout;"]
-        assert "rewrite ^/.+?(/v1/.*)$ $1 break;" in body
+            "proxy_next_upstream error timeout http_500 http_502 http_503 http_504 non_idempotent;",
+            "proxy_next_upstream_tries 3;", f"proxy_next_upstream_timeout {timeout}s;"]
+        assert not any(line.startswith("rewrite") for line in body)
         assert "js_body_filter gateway.usage buffer_type=buffer;" in body
-    assert "non_idempotent" not in conf and "http_5" not in conf
+    assert block(conf, "map $uri $llm_upstream_uri") == [
+        "~(?<llm_endpoint>/v1/(?:chat/completions|completions|embeddings))$ $llm_endpoint;",
+        "default /v1/unrouted;"]
 
 
 def test_reference_listener_limits_and_module_path(prod_spec: StackSpec) -> None:
@@ -140,8 +148,12 @@ def test_only_the_openai_endpoints_are_exposed(prod_spec: StackSpec) -> None:
         "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models",
         "/smart/v1/chat/completions", "/smart/v1/completions", "/smart/v1/embeddings", "/smart/v1/models"]
     conf = gateway_files(prod_spec)["nginx.conf"]
-    exact = sorted(line.split()[2] for line in lines(conf) if line.startswith("location = "))
+    exact = sorted(line.split()[2] for line in lines(conf) if line.startswith("location = ")
+                   and not line.startswith("location = /_llm_error/"))
     assert exact == sorted(exposed_paths(prod_spec))
+    # The error pages are internal: a client asking for one gets the 404.
+    for status in ERRORS:
+        assert block(conf, f"location = /_llm_error/{status}")[0] == "internal;"
     assert block(conf, "location /") == ["return 404;"]
     assert [line for line in lines(conf) if line.startswith("location ") and "@" not in line and "=" not in line] \
         == ["location / {"]
@@ -162,14 +174,26 @@ def test_reference_routes_every_served_name_to_its_pool(prod_spec: StackSpec) ->
 
 def test_reference_error_pages_are_openai_json(prod_spec: StackSpec) -> None:
     conf = gateway_files(prod_spec)["nginx.conf"]
-    for status, code in ((401, "invalid_api_key"), (404, "not_found"), (413, "request_too_large"),
-                         (429, "rate_limit_exceeded"), (502, "upstream_unavailable"), (504, "upstream_timeout")):
-        assert f"error_page {status} @llm_e{status};" in lines(conf)
-        ret = [line for line in block(conf, f"location @llm_e{status}") if line.startswith("return")][0]
+    for raised, sent, code in ((401, 401, "invalid_api_key"), (404, 404, "not_found"), (413, 413, "request_too_large"),
+                               (429, 429, "rate_limit_exceeded"), (502, 502, "upstream_unavailable"),
+                               (504, 504, "upstream_timeout"), (503, 429, "concurrency_limit_exceeded"),
+                               (494, 431, "headers_too_large"), (497, 400, "https_required")):
+        overwrite = f"={sent} " if sent != raised else ""
+        assert f"error_page {raised} {overwrite}/_llm_error/{raised};" in lines(conf)
+        ret = [line for line in block(conf, f"location = /_llm_error/{raised}") if line.startswith("return")][0]
+        assert ret.split(" ", 2)[1] == str(sent)
         body = json.loads(ret.split(" ", 2)[2].rstrip(";").strip("'"))
         assert body["error"]["code"] == code and body["error"]["message"]
-    assert 'add_header WWW-Authenticate "Bearer" always;' in block(conf, "location @llm_e401")
-    assert "16 MiB" in block(conf, "location @llm_e413")[-1]
+    assert 'add_header WWW-Authenticate "Bearer" always;' in block(conf, "location = /_llm_error/401")
+    assert "16 MiB" in block(conf, "location = /_llm_error/413")[-1]
+    assert block(conf, "location = /_llm_error/429")[2:6] == [
+        "add_header Retry-After $llm_rl_retry_after always;",
+        "add_header x-ratelimit-limit-requests $llm_rl_per_minute always;",
+        "add_header x-ratelimit-remaining-requests 0 always;",
+        "add_header x-ratelimit-reset-requests $llm_rl_reset always;"]
+    # The reference key: 20 r/s.
+    assert block(conf, "map $llm_key_id $llm_rl_retry_after") == ["default 1;", '\\default "1";']
+    assert block(conf, "map $llm_key_id $llm_rl_reset") == ['default "1s";', '\\default "50ms";']
 
 
 # --- variants ---------------------------------------------------------------------------------
@@ -411,3 +435,44 @@ def test_host_scripts_run_when_the_login_shell_is_dash(tmp_path: Path) -> None:
     assert list(json.loads(made.stdout)) == ["default"]
     assert subprocess.run(["dash", "-c", bash_command(keys_delete_script(str(root)))]).returncode == 0
     assert not root.exists()
+
+
+# --- engine servers, limits --------------------------------------------------------------------
+
+def test_upstream_keepalive_follows_the_pools_engine_server_timeout(config: dict[str, Any]) -> None:
+    config["llm-cluster:pools"]["chat"]["env"] = {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "30"}
+    config["llm-cluster:pools"]["reasoning"]["env"] = {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "1"}
+    conf = nginx_conf(load_stack_config(config, set()), GatewayLayout(port=80))
+    assert block(conf, "upstream llm_pool_chat")[-2:] == ["keepalive 32;", "keepalive_timeout 28s;"]
+    # Nothing shorter than 1 s is safe: no idle connections for that pool at all.
+    assert not any(line.startswith("keepalive") for line in block(conf, "upstream llm_pool_reasoning"))
+
+
+def test_engine_without_server_facts_is_a_clear_error() -> None:
+    from components.planning.gateway_engines import engine_server
+    with pytest.raises(ValueError, match="no server facts for engine 'tgi'.*knows: vllm"):
+        engine_server("tgi")
+
+
+def test_concurrency_caps_get_one_zone_per_cap(config: dict[str, Any]) -> None:
+    spec = spec_with(config, defaultMaxConcurrent=8,
+                     apiKeys=[{"id": "a"}, {"id": "b", "maxConcurrent": 2}, {"id": "default", "maxConcurrent": 8}])
+    assert concurrency_zones(spec) == [(8, ["a", "default"]), (2, ["b"])]
+    conf = nginx_conf(spec, GatewayLayout(port=80))
+    assert block(conf, "map $llm_key_id $llm_cc_0") == ['default "";', "a $llm_key_id;", "\\default $llm_key_id;"]
+    assert "limit_conn_zone $llm_cc_1 zone=llm_cc_1:10m;" in lines(conf)
+    assert "limit_conn_status 503;" in lines(conf)
+    loc = block(conf, "location = /v1/chat/completions")
+    assert loc[-3:-1] == ["limit_conn llm_cc_0 8;", "limit_conn llm_cc_1 2;"]
+
+
+def test_concurrency_caps_need_auth(config: dict[str, Any]) -> None:
+    with pytest.raises(SpecError, match="keys and limits are not checked when auth is false"):
+        spec_with(config, auth=False, apiKeys=[], defaultMaxConcurrent=4)
+
+
+@pytest.mark.parametrize(("rps", "retry_after", "reset"), [
+    (20, 1, "50ms"), (1, 1, "1s"), (0.5, 2, "2s"), (1 / 60, 60, "1m0s"), (1 / 90, 90, "1m30s")])
+def test_429_retry_after_and_reset_follow_the_rate(rps: float, retry_after: int, reset: str) -> None:
+    limit = RateLimitSpec.model_construct(requests_per_second=rps, burst=0)
+    assert (retry_after_seconds(limit), reset_interval(limit)) == (retry_after, reset)

@@ -15,9 +15,14 @@
  */
 import crypto from 'crypto';
 
+var LOG_FIELD_MAX = 256;  // gateway.py LOG_FIELD_MAX
+
 /* An OpenAI-style error; every error njs answers is the client's (4xx). */
-function fail(r, status, message, code, param) {
+function fail(r, status, message, code, param, allow) {
     r.headersOut['Content-Type'] = 'application/json';
+    if (allow) {
+        r.headersOut['Allow'] = allow;
+    }
     r.return(status, JSON.stringify({error: {message: message, type: 'invalid_request_error',
                                              param: param || null, code: code || null}}));
 }
@@ -70,7 +75,7 @@ function visibleNames(prefix, id) {
 function route(r) {
     if (r.method !== 'POST') {
         return fail(r, 405, 'Method ' + r.method + ' is not allowed on ' + r.uri + '; use POST.',
-                    'method_not_allowed');
+                    'method_not_allowed', null, 'POST');
     }
     var body;
     try {
@@ -86,7 +91,8 @@ function route(r) {
     if (typeof model !== 'string' || model === '') {
         return fail(r, 400, 'You must provide a model parameter (a string).', 'missing_model', 'model');
     }
-    r.variables.llm_model = model;
+    // The log line must fit one datagram whatever the client sends: the logged name is cut.
+    r.variables.llm_model = model.length > LOG_FIELD_MAX ? model.slice(0, LOG_FIELD_MAX) : model;
     var id = r.variables.llm_key_id;
     var prefix = prefixOf(r);
     var fixed = llm_routes.prefixes[prefix];
@@ -118,7 +124,7 @@ function route(r) {
 function models(r) {
     if (r.method !== 'GET' && r.method !== 'HEAD') {
         return fail(r, 405, 'Method ' + r.method + ' is not allowed on ' + r.uri + '; use GET.',
-                    'method_not_allowed');
+                    'method_not_allowed', null, 'GET, HEAD');
     }
     var names = visibleNames(prefixOf(r), r.variables.llm_key_id);
     var created = Math.floor(Date.now() / 1000);
@@ -133,18 +139,31 @@ function models(r) {
 }
 
 /*
- * js_body_filter of the pool locations: pass every chunk on untouched, and read the `usage` object
- * (the JSON response's, or a stream's last chunk with include_usage) into the log variables.
+ * js_body_filter of the pool locations: pass every chunk on untouched, count the stream events sent
+ * (so a stream the client cut off still says what it was served), and read the `usage` object (the
+ * JSON response's, or a stream's last chunk with include_usage) into the log variables.
  * The last 512 characters are kept so an object split across two chunks is still read.
  */
 var tail = '';
+var events = 0;
 
 function usage(r, data, flags) {
     r.sendBuffer(data, flags);
-    var text = tail + data.toString();
-    var at = text.lastIndexOf('"usage"');
-    if (at >= 0) {
-        var obj = text.slice(at, at + 400);
+    var chunk = data.toString();
+    var text = tail + chunk;
+    // Events start at a line start; counting in `text` from the tail's end counts each once.
+    for (var at = text.indexOf('data:', tail.length > 4 ? tail.length - 4 : 0); at >= 0;
+         at = text.indexOf('data:', at + 5)) {
+        if (at === 0 || text.charAt(at - 1) === '\n') {
+            events++;
+        }
+    }
+    if (events) {
+        r.variables.llm_events = String(events);
+    }
+    var u = text.lastIndexOf('"usage"');
+    if (u >= 0) {
+        var obj = text.slice(u, u + 400);
         var p = /"prompt_tokens"\s*:\s*(\d+)/.exec(obj);
         var c = /"completion_tokens"\s*:\s*(\d+)/.exec(obj);
         var t = /"total_tokens"\s*:\s*(\d+)/.exec(obj);

@@ -23,15 +23,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from components.planning.monitoring import host_port
 from components.planning.topology import instances
-from components.spec.gateway import RateLimitSpec
+from components.planning.gateway_engines import engine_server, upstream_keepalive_seconds
+from components.spec.gateway import ApiKeySpec, RateLimitSpec
 from components.spec.stack import StackSpec
+
+T = TypeVar("T")
 
 NJS_SOURCE = Path(__file__).with_suffix(".js")
 EXPORTER_SOURCE = Path(__file__).with_name("gateway_exporter.py")
@@ -134,19 +139,51 @@ def nginx_rate(limit: RateLimitSpec) -> str:
     return f"{round(rps * 60)}r/m"
 
 
+def _per_key(spec: StackSpec, own: Callable[[ApiKeySpec], T | None], default: T | None) -> dict[str, T | None]:
+    """Key id -> its own value or the stack's default (keys are `default` alone when none are stated)."""
+    g = spec.gateway
+    assert g is not None
+    if not g.auth:
+        return {}  # limits are per key (the spec refuses limits without auth)
+    return {k.id: own(k) or default for k in g.api_keys} if g.api_keys else {DEFAULT_KEY_ID: default}
+
+
+def _zones(values: Mapping[str, T | None], group: Callable[[T], Hashable]) -> list[tuple[T, list[str]]]:
+    """One zone per distinct limit, with the key ids it limits (stack order); unlimited keys in none."""
+    zones: dict[Hashable, tuple[T, list[str]]] = {}
+    for key_id, value in values.items():
+        if value is not None:
+            zones.setdefault(group(value), (value, []))[1].append(key_id)
+    return list(zones.values())
+
+
 def rate_zones(spec: StackSpec) -> list[tuple[RateLimitSpec, list[str]]]:
     """One limit_req zone per distinct (rate, burst), with the key ids it limits (stack order)."""
     g = spec.gateway
     assert g is not None
-    if not g.auth:
-        return []  # the limits are per key (the spec refuses limits without auth)
-    limits = ({k.id: k.rate_limit or g.default_rate_limit for k in g.api_keys} if g.api_keys
-              else {DEFAULT_KEY_ID: g.default_rate_limit})
-    zones: dict[tuple[str, int], tuple[RateLimitSpec, list[str]]] = {}
-    for key_id, limit in limits.items():
-        if limit is not None:
-            zones.setdefault((nginx_rate(limit), limit.burst), (limit, []))[1].append(key_id)
-    return list(zones.values())
+    return _zones(_per_key(spec, lambda k: k.rate_limit, g.default_rate_limit),
+                  lambda limit: (nginx_rate(limit), limit.burst))
+
+
+def concurrency_zones(spec: StackSpec) -> list[tuple[int, list[str]]]:
+    """One limit_conn zone per distinct cap, with the key ids it caps (stack order)."""
+    g = spec.gateway
+    assert g is not None
+    return _zones(_per_key(spec, lambda k: k.max_concurrent, g.default_max_concurrent), lambda cap: cap)
+
+
+def retry_after_seconds(limit: RateLimitSpec) -> int:
+    """Retry-After of a 429 from the rate limit: the time the bucket takes to admit one more request."""
+    return max(1, math.ceil(1 / limit.requests_per_second - 1e-9))
+
+
+def reset_interval(limit: RateLimitSpec) -> str:
+    """x-ratelimit-reset-requests, OpenAI's spelling of a duration: "50ms", "1s", "1m0s"."""
+    ms = round(1000 / limit.requests_per_second)
+    if ms < 1000:
+        return f"{ms}ms"
+    seconds = math.ceil(ms / 1000)
+    return f"{seconds // 60}m{seconds % 60}s" if seconds >= 60 else f"{seconds}s"
 
 
 def routes_table(spec: StackSpec) -> dict[str, object]:
@@ -195,44 +232,118 @@ def _json_error(message: str, code: str, type_: str) -> str:
     return f"'{body}'"
 
 
-# Responses nginx itself produces (before njs runs, or when no replica answers).
-ERRORS: dict[int, tuple[str, str, str]] = {
-    401: ("Missing or invalid API key: send the header Authorization: Bearer <key>.", "invalid_api_key",
-          "invalid_request_error"),
-    404: ("Unknown path: the gateway serves POST /v1/chat/completions, /v1/completions, "
-          "/v1/embeddings and GET /v1/models.", "not_found", "invalid_request_error"),
-    413: ("Request body too large.", "request_too_large", "invalid_request_error"),
-    429: ("Rate limit reached for this API key; slow down and retry.", "rate_limit_exceeded", "requests"),
-    502: ("No replica of the model pool could be reached; retry later.", "upstream_unavailable",
-          "server_error"),
-    504: ("The model pool did not answer in time.", "upstream_timeout", "server_error"),
+@dataclass(frozen=True)
+class ErrorPage:
+    """A response nginx produces itself (no njs, no replica), always an OpenAI-style JSON error."""
+
+    status: int
+    """The status the client sees (nginx's internal 494/497/503 become 431/400/429)."""
+    message: str
+    code: str
+    type: str = "invalid_request_error"
+
+
+# Every status nginx can answer by itself in this config, by the status nginx raises internally.
+ERRORS: dict[int, ErrorPage] = {
+    400: ErrorPage(400, "The request could not be parsed (malformed request line, header or path).", "bad_request"),
+    401: ErrorPage(401, "Missing or invalid API key: send the header Authorization: Bearer <key>.", "invalid_api_key"),
+    404: ErrorPage(404, "Unknown path: the gateway serves POST /v1/chat/completions, /v1/completions, "
+                        "/v1/embeddings and GET /v1/models.", "not_found"),
+    405: ErrorPage(405, "Method not allowed on this path; see the Allow header.", "method_not_allowed"),
+    408: ErrorPage(408, "The request body did not arrive in time.", "request_timeout"),
+    411: ErrorPage(411, "A request body needs Content-Length or chunked Transfer-Encoding.", "length_required"),
+    413: ErrorPage(413, "Request body too large.", "request_too_large"),
+    414: ErrorPage(414, "Request URI too long.", "uri_too_long"),
+    429: ErrorPage(429, "Rate limit reached for this API key; retry after the seconds in Retry-After.",
+                   "rate_limit_exceeded", "requests"),
+    # limit_conn answers 503 (limit_conn_status): the concurrency cap, sent as a 429 of its own.
+    503: ErrorPage(429, "Too many concurrent requests for this API key; wait for one to finish.",
+                   "concurrency_limit_exceeded", "requests"),
+    494: ErrorPage(431, "Request headers too large.", "headers_too_large"),
+    497: ErrorPage(400, "This port speaks HTTPS: use https://.", "https_required"),
+    500: ErrorPage(500, "The gateway failed to handle the request.", "internal_error", "server_error"),
+    501: ErrorPage(501, "Unsupported Transfer-Encoding.", "not_implemented"),
+    502: ErrorPage(502, "No replica of the model pool could be reached; retry later.", "upstream_unavailable",
+                   "server_error"),
+    504: ErrorPage(504, "The model pool did not answer in time.", "upstream_timeout", "server_error"),
+    505: ErrorPage(505, "HTTP version not supported: use HTTP/1.1.", "http_version_not_supported"),
 }
+
+# Error pages are internal locations with a URI, not named ones: nginx cannot redirect a request
+# whose request line it could not parse (no URI) to a named location.
+ERROR_PREFIX = "/_llm_error/"
+
+
+def error_page(raised: int) -> str:
+    """The error_page directive of a status nginx raises; `=status` where the client sees another."""
+    page = ERRORS[raised]
+    overwrite = f"={page.status} " if page.status != raised else ""
+    return f"        error_page {raised} {overwrite}{ERROR_PREFIX}{raised};"
+
+
+# Allow of a 405 nginx answers itself (TRACE, or a method it refuses before njs runs), by path.
+ALLOW_MODELS = "GET, HEAD"
+ALLOW_ENDPOINTS = "POST"
 
 
 def _error_locations(max_body_mib: int) -> list[str]:
     lines = []
-    for status, (message, code, type_) in ERRORS.items():
-        if status == 413:
+    for raised, page in ERRORS.items():
+        message = page.message
+        if raised == 413:
             message = f"Request body too large: the gateway accepts at most {max_body_mib} MiB."
-        lines += [f"        location @llm_e{status} {{",
+        lines += [f"        location = {ERROR_PREFIX}{raised} {{",
+                  "            internal;",
                   "            default_type application/json;"]
-        if status == 401:
+        if raised == 401:
             lines.append('            add_header WWW-Authenticate "Bearer" always;')
-        lines += [f"            return {status} {_json_error(message, code, type_)};",
+        if raised == 405:
+            lines.append("            add_header Allow $llm_allow always;")
+        if raised == 429:
+            # The headers OpenAI clients read to back off (the bucket's rate per minute, nothing left).
+            lines += ["            add_header Retry-After $llm_rl_retry_after always;",
+                      "            add_header x-ratelimit-limit-requests $llm_rl_per_minute always;",
+                      "            add_header x-ratelimit-remaining-requests 0 always;",
+                      "            add_header x-ratelimit-reset-requests $llm_rl_reset always;"]
+        if raised == 503:
+            lines.append("            add_header Retry-After 1 always;")
+        lines += [f"            return {page.status} {_json_error(message, page.code, page.type)};",
                   "        }"]
     return lines
 
 
 LOG_FORMAT = (
     '{"time":"$time_iso8601","request_id":"$request_id","key_id":"$llm_key_id",'
-    '"method":"$request_method","path":"$request_uri","model":"$llm_model","pool":"$llm_pool",'
+    '"method":"$request_method","path":"$llm_log_path","model":"$llm_model","pool":"$llm_pool",'
     '"upstream":"$upstream_addr","status":$status,"upstream_status":"$upstream_status",'
+    '"completed":"$request_completion","events":$llm_events,'
     '"request_time":$request_time,"upstream_time":"$upstream_response_time",'
     '"request_bytes":$request_length,"response_bytes":$bytes_sent,'
     '"prompt_tokens":$llm_prompt_tokens,"completion_tokens":$llm_completion_tokens,'
     '"total_tokens":$llm_total_tokens}'
 )
-"""One JSON object per request. Token counts are JSON numbers, or null when the response had no usage."""
+"""One JSON object per request. Token counts are JSON numbers, or null when the response had no usage.
+`completed` is "OK" when the whole response reached the client and "" when it was cut (the client
+went away mid-stream, or the replica died mid-answer); `events` counts the stream events the client
+was sent, so a cut stream still says what it was served. Client-chosen fields (path, model) are
+truncated so that a line always fits one syslog datagram."""
+
+# Client-controlled text in a log line is cut to this many characters (a line stays < 2 KiB).
+LOG_FIELD_MAX = 256
+# Attempts per request (first + retries), so one request that makes every replica fail cannot take
+# a whole large pool out of service.
+MAX_TRIES = 3
+
+
+def failure_statuses(spec: StackSpec, pool: str) -> list[int]:
+    """Replica statuses counted as failures (retried elsewhere, toward maxFails): 5xx and not-ready."""
+    return sorted({500, 502, 503, 504, *engine_server(spec.pools[pool].engine).not_ready_statuses})
+
+
+def pool_keepalive_seconds(spec: StackSpec, pool: str) -> int:
+    """nginx's idle timeout for a pool's upstream connections, shorter than its engine server's."""
+    p = spec.pools[pool]
+    return upstream_keepalive_seconds(p.engine, p.env)
 
 
 def nginx_conf(spec: StackSpec, layout: GatewayLayout,
@@ -278,6 +389,7 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
             "    js_var $llm_prompt_tokens null;",
             "    js_var $llm_completion_tokens null;",
             "    js_var $llm_total_tokens null;",
+            "    js_var $llm_events 0;",
             "",
             f"    log_format llm_usage escape=json '{LOG_FORMAT}';",
             # Buffered: one write per 64k of lines or per second instead of one per request.
@@ -288,20 +400,17 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
         out.append(f"    access_log syslog:server=127.0.0.1:{layout.syslog_port},tag={SYSLOG_TAG},nohostname llm_usage;")
     out.append("")
 
+    out += _maps(spec)
     zones = rate_zones(spec)
-    if zones:
-        out += ["    # Per-key rate limits: one zone per (rate, burst); a key outside a zone maps to ''",
-                "    # there, and limit_req does not count empty keys.",
-                "    limit_req_status 429;",
-                "    limit_req_log_level warn;"]
-    for i, (limit, ids) in enumerate(zones):
-        out.append(f"    map $llm_key_id $llm_rl_{i} {{")
-        out.append('        default "";')
-        for key_id in ids:
-            literal = f"\\{key_id}" if key_id in _MAP_KEYWORDS else key_id
-            out.append(f"        {literal} $llm_key_id;")
-        out.append("    }")
-        out.append(f"    limit_req_zone $llm_rl_{i} zone=llm_rl_{i}:10m rate={nginx_rate(limit)};")
+    caps = concurrency_zones(spec)
+    out += _limit_zones("req", [f"rate={nginx_rate(limit)}" for limit, _ in zones], [ids for _, ids in zones], [
+        "    # Per-key rate limits: one zone per (rate, burst); a key outside a zone maps to ''",
+        "    # there, and limit_req does not count empty keys.",
+        "    limit_req_status 429;"])
+    out += _limit_zones("conn", ["" for _ in caps], [ids for _, ids in caps], [
+        "    # Per-key concurrency caps: limit_conn counts a request until its last byte is sent.",
+        "    # Its 503 is turned into a 429 of its own (error_page 503 =429).",
+        "    limit_conn_status 503;"])
     out.append("")
 
     for pool, addrs in servers.items():
@@ -310,8 +419,11 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
                 "        least_conn;"]
         out += [f"        server {host}:{port} max_fails={g.max_fails} fail_timeout={g.fail_timeout_seconds}s;"
                 for host, port in addrs]
-        if g.upstream_keepalive:
-            out.append(f"        keepalive {g.upstream_keepalive};")
+        idle = pool_keepalive_seconds(spec, pool)
+        if g.upstream_keepalive and idle:
+            out += [f"        keepalive {g.upstream_keepalive};",
+                    # Shorter than the engine server's own idle timeout: nginx always closes first.
+                    f"        keepalive_timeout {idle}s;"]
         out += ["    }", ""]
 
     out += ["    server {",
@@ -321,13 +433,14 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
                 f"        ssl_certificate_key {layout.tls_dir}/key.pem;",
                 "        ssl_protocols TLSv1.2 TLSv1.3;",
                 "        ssl_session_cache shared:llm_tls:10m;"]
-    out += [*(f"        error_page {status} @llm_e{status};" for status in ERRORS), ""]
+    out += [*(error_page(raised) for raised in ERRORS), ""]
     guard = ['            if ($llm_key_id = "") {',
              "                return 401;",
              "            }"] if g.auth else []
     # nginx refuses `burst=0`: without a burst the zone's rate alone applies.
     guard += [f"            limit_req zone=llm_rl_{i}" + (f" burst={limit.burst} nodelay;" if limit.burst else ";")
               for i, (limit, _) in enumerate(zones)]
+    guard += [f"            limit_conn llm_cc_{i} {cap};" for i, (cap, _) in enumerate(caps)]
     for prefix in path_routes(spec):
         for endpoint in MODEL_ENDPOINTS:
             out += [f"        location = {prefix}{endpoint} {{", *guard,
@@ -338,7 +451,7 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
 
     aliased = set(g.aliases.values())
     for pool in spec.pools:
-        proxy = _proxy_block(spec, pool, rewrite_prefix=bool(g.path_routes))
+        proxy = _proxy_block(spec, pool)
         out += [f"        location @llm_pool_{pool} {{", *proxy, "        }"]
         if pool in aliased:
             out += [f"        location @llm_alias_{pool} {{",
@@ -347,16 +460,67 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
     return "\n".join(out)
 
 
-def _proxy_block(spec: StackSpec, pool: str, *, rewrite_prefix: bool) -> list[str]:
+def _limit_zones(kind: str, params: Sequence[str], ids: Sequence[Sequence[str]], preamble: list[str]) -> list[str]:
+    """limit_req or limit_conn zones, one per distinct limit, each keyed by a map of its key ids."""
+    if not params:
+        return []
+    var = {"req": "rl", "conn": "cc"}[kind]
+    out = [*preamble, f"    limit_{kind}_log_level warn;"]
+    for i, (param, zone_ids) in enumerate(zip(params, ids)):
+        out += _key_map(f"$llm_{var}_{i}", zone_ids)
+        out.append(f"    limit_{kind}_zone $llm_{var}_{i} zone=llm_{var}_{i}:10m{' ' + param if param else ''};")
+    return out
+
+
+def _key_map(variable: str, ids: Sequence[str]) -> list[str]:
+    """A map that is the key id for these keys and '' (not counted by nginx's limits) for others."""
+    out = [f"    map $llm_key_id {variable} {{", '        default "";']
+    out += [f"        {_map_literal(key_id)} $llm_key_id;" for key_id in ids]
+    return out + ["    }"]
+
+
+def _map_literal(key_id: str) -> str:
+    """A key id as a map source: escaped when it is spelled like a map keyword."""
+    return f"\\{key_id}" if key_id in _MAP_KEYWORDS else key_id
+
+
+def _maps(spec: StackSpec) -> list[str]:
+    """Variables computed by nginx alone (no njs): the upstream URI, Allow, log fields, 429 headers."""
+    endpoints = "|".join(MODEL_ENDPOINTS)
+    out = ["    # The endpoint that was routed, as nginx normalised it: never the raw request line",
+           "    # (/metrics/../v1/chat/completions reaches the replica as /v1/chat/completions).",
+           "    map $uri $llm_upstream_uri {",
+           f"        ~(?<llm_endpoint>/v1/(?:{endpoints}))$ $llm_endpoint;",
+           "        default /v1/unrouted;",
+           "    }",
+           # On $request_uri: the error page's internal redirect has changed $uri by then.
+           "    map $request_uri $llm_allow {",
+           f'        "~^[^?]*/v1/models(?:[?]|$)" "{ALLOW_MODELS}";',
+           f'        default "{ALLOW_ENDPOINTS}";',
+           "    }",
+           f"    map $request_uri $llm_log_path {{",
+           f'        "~^(?<llm_path_head>.{{0,{LOG_FIELD_MAX}}})" $llm_path_head;',
+           "    }"]
+    zones = rate_zones(spec)
+    for variable, value in (("$llm_rl_retry_after", lambda lim: str(retry_after_seconds(lim))),
+                            ("$llm_rl_per_minute", lambda lim: str(round(lim.requests_per_second * 60))),
+                            ("$llm_rl_reset", reset_interval)):
+        out += [f"    map $llm_key_id {variable} {{", "        default 1;" if variable != "$llm_rl_reset"
+                else '        default "1s";']
+        out += [f'        {_map_literal(key_id)} "{value(limit)}";' for limit, ids in zones for key_id in ids]
+        out.append("    }")
+    return out
+
+
+def _proxy_block(spec: StackSpec, pool: str) -> list[str]:
     """The proxy directives of one pool's named location."""
     g = spec.gateway
     assert g is not None
-    lines = []
-    if rewrite_prefix:
-        # /smart/v1/chat/completions -> /v1/chat/completions; plain /v1/… paths do not match.
-        lines.append("            rewrite ^/.+?(/v1/.*)$ $1 break;")
-    lines += [
-        f"            proxy_pass http://llm_pool_{pool};",
+    failures = " ".join(f"http_{status}" for status in failure_statuses(spec, pool))
+    timeout = spec.pools[pool].read_timeout_seconds
+    return [
+        # Variables in proxy_pass: the upstream group by name, the routed URI and the query string.
+        f"            proxy_pass http://llm_pool_{pool}$llm_upstream_uri$is_args$args;",
         "            proxy_http_version 1.1;",
         '            proxy_set_header Connection "";',
         "            proxy_set_header Host $host;",
@@ -369,11 +533,18 @@ def _proxy_block(spec: StackSpec, pool: str, *, rewrite_prefix: bool) -> list[st
         "            proxy_buffering off;",
         f"            proxy_connect_timeout {g.connect_timeout_seconds}s;",
         "            proxy_send_timeout 60s;",
-        f"            proxy_read_timeout {spec.pools[pool].read_timeout_seconds}s;",
-        "            proxy_next_upstream error timeout;",
+        f"            proxy_read_timeout {timeout}s;",
+        # Retry semantics (README, "Failover"): a request goes to another replica when the one it
+        # was sent to refused it, closed or reset the connection, or answered a 5xx / not-ready
+        # status, before any byte of an answer reached the client (nginx never retries after that).
+        # POST too (non_idempotent): an inference request has no side effect but compute, so the
+        # client still gets exactly one answer. Not after the read timeout (the window below ends
+        # then): a slow generation is not run twice. These failures also count toward maxFails.
+        f"            proxy_next_upstream error timeout {failures} non_idempotent;",
+        f"            proxy_next_upstream_tries {MAX_TRIES};",
+        f"            proxy_next_upstream_timeout {timeout}s;",
         "            js_body_filter gateway.usage buffer_type=buffer;",
     ]
-    return lines
 
 
 def render_gateway(spec: StackSpec, layout: GatewayLayout,

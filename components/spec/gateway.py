@@ -36,6 +36,9 @@ class ApiKeySpec(Spec):
     """This key's limit; when unset, `defaultRateLimit` (and when that is unset too, none)."""
     models: list[str] = Field(default_factory=list)
     """Served model names, aliases or pool names this key may use; empty = all."""
+    max_concurrent: int | None = Field(default=None, ge=1)
+    """Requests of this key in flight at once (streams included); above it 429. When unset,
+    `defaultMaxConcurrent` (and when that is unset too, no cap)."""
 
 
 class GatewaySpec(Spec):
@@ -68,6 +71,8 @@ class GatewaySpec(Spec):
     """Key ids and limits; when empty, one key `default` is generated on the gateway host."""
     default_rate_limit: RateLimitSpec | None = None
     """Limit for keys that state none."""
+    default_max_concurrent: int | None = Field(default=None, ge=1)
+    """Concurrency cap for keys that state none."""
     max_body_mib: int = Field(default=16, ge=1, le=1024)
     """Largest request body (413 above); bodies are held in memory so njs can read `model`."""
     max_fails: int = Field(default=2, ge=0)
@@ -87,7 +92,7 @@ class GatewaySpec(Spec):
     """After the gateway and every model's health gate: one chat completion per served name through
     the gateway with a deploy-time key, or the deployment fails."""
 
-    @field_validator("api_keys", "default_rate_limit")
+    @field_validator("api_keys", "default_rate_limit", "default_max_concurrent")
     @classmethod
     def _keys_need_auth(cls, v: object, info: ValidationInfo) -> object:
         # Keys and limits without auth would be listed and silently never checked.

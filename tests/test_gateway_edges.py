@@ -1,0 +1,230 @@
+"""The gateway on real nginx at its edges: every status nginx answers by itself is OpenAI JSON, 405
+says Allow, 429 says when to retry, per-key concurrency caps, cut streams in the usage log, log
+lines that always fit a datagram, and the routed endpoint (never the raw path) sent to replicas.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import ssl
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components.planning.gateway import ERRORS
+from components.spec import load_stack_config
+from tests.test_gateway_nginx import (  # noqa: F401 (replicas: a fixture)
+    CHAT, R1, WAIT, FakeReplica, NginxGateway, by_name, error_code, gateway_config, host_keys, own_gateway,
+    replicas, self_signed, send_held,
+)
+
+
+def edge_config(**gateway: Any) -> dict[str, Any]:
+    """The test stack plus a key capped at one request in flight."""
+    config = gateway_config(**gateway)
+    config["llm-cluster:gateway"]["apiKeys"].append({"id": "capped", "maxConcurrent": 1})
+    return config
+
+
+@pytest.fixture(scope="module")
+def pools(replicas: dict[str, list[FakeReplica]]) -> dict[str, list[FakeReplica]]:
+    """The fake replicas of test_gateway_nginx's module fixture (four chat, one reasoning)."""
+    return replicas
+
+
+@pytest.fixture(scope="module")
+def gw_keys(tmp_path_factory: pytest.TempPathFactory,
+            pools: dict[str, list[FakeReplica]]) -> Iterator[tuple[NginxGateway, dict[str, str]]]:
+    spec = load_stack_config(edge_config(), set())
+    keys, digests = host_keys(spec, tmp_path_factory.mktemp("keys"))
+    syslog = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    syslog.bind(("127.0.0.1", 0))
+    syslog.settimeout(WAIT)
+    gw = NginxGateway(spec, pools, tmp_path_factory.mktemp("gateway"), digests,
+                      syslog_port=syslog.getsockname()[1])
+    gw.syslog = syslog  # type: ignore[attr-defined]
+    yield gw, keys
+    gw.stop()
+    syslog.close()
+
+
+def raw(port: int, request: bytes, context: ssl.SSLContext | None = None) -> tuple[int, dict[str, str], Any]:
+    """Send bytes as they are (no client library would send them) and read the whole answer."""
+    sock: socket.socket = socket.create_connection(("127.0.0.1", port), timeout=WAIT)
+    if context is not None:
+        sock = context.wrap_socket(sock, server_hostname="127.0.0.1")
+    sock.sendall(request)
+    data = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except (ConnectionResetError, TimeoutError):
+            break
+        if not chunk:
+            break
+        data += chunk
+    sock.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:] if ":" in line)}
+    try:
+        payload: Any = json.loads(body)
+    except ValueError:
+        payload = body.decode(errors="replace")
+    return int(lines[0].split(" ")[1]), headers, payload
+
+
+NGINX_OWN_ERRORS = [
+    ("malformed-request-line", b"GARBAGE\r\n\r\n", 400, "bad_request"),
+    ("nul-in-path", b"GET /v1/%00models HTTP/1.1\r\nHost: x\r\n\r\n", 400, "bad_request"),
+    ("uri-too-long", b"GET /v1/" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414, "uri_too_long"),
+    ("header-too-large", b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"b" * 9000 + b"\r\n\r\n",
+     431, "headers_too_large"),
+    ("unknown-transfer-encoding", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n",
+     501, "not_implemented"),
+    ("http-version", b"GET /v1/models HTTP/2.7\r\nHost: x\r\n\r\n", 505, "http_version_not_supported"),
+    ("bad-header-name", b"GET /v1/models HTTP/1.1\r\nHost: x\r\nBad Header: 1\r\n\r\n", 400, "bad_request"),
+    ("missing-host", b"GET /v1/models HTTP/1.1\r\n\r\n", 400, "bad_request"),
+]
+
+
+@pytest.mark.parametrize(("request_bytes", "status", "code"), [case[1:] for case in NGINX_OWN_ERRORS],
+                         ids=[case[0] for case in NGINX_OWN_ERRORS])
+def test_errors_nginx_answers_itself_are_openai_json(gw_keys: tuple[NginxGateway, dict[str, str]],
+                                                     request_bytes: bytes, status: int, code: str) -> None:
+    gw, _ = gw_keys
+    got, headers, out = raw(gw.port, request_bytes)
+    assert (got, headers.get("content-type")) == (status, "application/json")
+    assert error_code(out) == code
+    assert out["error"]["message"] == ERRORS[{431: 494}.get(status, status)].message
+
+
+def test_trace_is_405_with_allow_per_path(gw_keys: tuple[NginxGateway, dict[str, str]]) -> None:
+    gw, keys = gw_keys
+    for path, allow in (("/v1/models", "GET, HEAD"), ("/v1/chat/completions", "POST")):
+        status, headers, out = raw(gw.port, f"TRACE {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        assert (status, headers["allow"], error_code(out)) == (405, allow, "method_not_allowed")
+    # The 405s njs answers carry it too.
+    status, headers, out = gw.call("GET", "/v1/chat/completions", key=keys["default"])
+    assert (status, headers["allow"], error_code(out)) == (405, "POST", "method_not_allowed")
+    status, headers, out = gw.call("DELETE", "/v1/models", key=keys["default"])
+    assert (status, headers["allow"], error_code(out)) == (405, "GET, HEAD", "method_not_allowed")
+
+
+def test_429_says_when_to_retry_with_the_headers_openai_clients_read(
+        gw_keys: tuple[NginxGateway, dict[str, str]]) -> None:
+    gw, keys = gw_keys
+    # `limited`: 1 request/minute, burst 1: the third in a row is refused.
+    answers = [gw.call("GET", "/v1/models", key=keys["limited"]) for _ in range(3)]
+    assert [status for status, _, _ in answers] == [200, 200, 429]
+    _, headers, out = answers[2]
+    assert error_code(out) == "rate_limit_exceeded" and out["error"]["type"] == "requests"
+    assert (headers["retry-after"], headers["x-ratelimit-limit-requests"], headers["x-ratelimit-remaining-requests"],
+            headers["x-ratelimit-reset-requests"]) == ("60", "1", "0", "1m0s")
+
+
+def test_concurrency_cap_per_key_is_a_429_of_its_own(gw_keys: tuple[NginxGateway, dict[str, str]],
+                                                     pools: dict[str, list[FakeReplica]]) -> None:
+    gw, keys = gw_keys
+    replica, client, held = send_held(gw, keys["capped"], pools["chat"], "cap")
+    try:
+        status, headers, out = gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["capped"])
+        assert (status, headers["retry-after"], error_code(out)) == (429, "1", "concurrency_limit_exceeded")
+        # Other keys are not capped by it.
+        assert gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["default"])[0] == 200
+    finally:
+        replica.gates["cap"].set()
+        client.join(WAIT)
+    assert held["result"][0] == 200
+    # The request done, the key may send again.
+    assert gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["capped"])[0] == 200
+
+
+def test_replicas_get_the_routed_endpoint_never_the_raw_path(gw_keys: tuple[NginxGateway, dict[str, str]],
+                                                             pools: dict[str, list[FakeReplica]]) -> None:
+    gw, keys = gw_keys
+    for path, sent in (("/metrics/../v1/chat/completions", "/v1/chat/completions"),
+                       ("/v1//completions", "/v1/completions"),
+                       ("/smart/v1/./chat/completions", "/v1/chat/completions"),
+                       ("/v1/%65mbeddings", "/v1/embeddings")):
+        model = R1 if path.startswith("/smart") else CHAT
+        status, _, out = gw.call("POST", path, {"model": model}, keys["default"])
+        assert (status, out["path"]) == (200, sent), path
+
+
+def log_line(gw: NginxGateway, marker: str) -> dict[str, Any]:
+    """The access-log line of the request whose path carries this marker (?t=...)."""
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        for line in gw.log():
+            if line["path"].endswith(f"?t={marker}"):
+                return line
+        time.sleep(0.05)
+    pytest.fail(f"no log line for {marker}")
+
+
+def test_a_stream_the_client_cut_off_is_logged_as_cut_with_what_it_was_served(
+        gw_keys: tuple[NginxGateway, dict[str, str]], pools: dict[str, list[FakeReplica]]) -> None:
+    gw, keys = gw_keys
+    conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=WAIT)
+    body = {"model": R1, "stream": True, "stream_options": {"include_usage": True}, "gate": "cut"}
+    conn.request("POST", "/v1/chat/completions?t=cut", json.dumps(body),
+                 {"Authorization": f"Bearer {keys['default']}", "Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert b'"t0"' in resp.read1(65536)
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
+    by_name(pools)["reasoning-0"].gates["cut"].set()  # the replica goes on; nginx finds the client gone
+    cut = log_line(gw, "cut")
+    assert (cut["status"], cut["completed"], cut["completion_tokens"]) == (200, "", None)
+    assert cut["events"] >= 1
+
+    status, _, text = gw.call("POST", "/v1/chat/completions?t=whole",
+                              {"model": R1, "stream": True, "stream_options": {"include_usage": True}},
+                              keys["default"])
+    assert status == 200 and text.endswith("data: [DONE]\n\n")
+    whole = log_line(gw, "whole")
+    # 3 content events, the usage event, [DONE].
+    assert (whole["completed"], whole["events"], whole["completion_tokens"]) == ("OK", 5, 3)
+
+
+def test_a_huge_model_name_is_cut_in_the_log_and_its_line_still_sent(
+        gw_keys: tuple[NginxGateway, dict[str, str]]) -> None:
+    gw, keys = gw_keys
+    syslog: socket.socket = gw.syslog  # type: ignore[attr-defined]
+    huge = "m" * 200_000
+    status, _, out = gw.call("POST", "/v1/chat/completions?t=huge", {"model": huge}, keys["default"])
+    assert status == 404 and error_code(out) == "model_not_found"
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        datagram = syslog.recv(65536).decode()
+        line = json.loads(datagram[datagram.index("{"):])
+        if line["path"].endswith("?t=huge"):
+            break
+    assert line["model"] == "m" * 256 and len(datagram) < 2048
+
+
+def test_tls_port_answers_plain_http_with_openai_json(tmp_path: Path) -> None:
+    config = gateway_config(tls=True, port=443)
+    config["llm-cluster:gatewayTlsCert"] = config["llm-cluster:gatewayTlsKey"] = "[secret]"
+    spec = load_stack_config(config, {"llm-cluster:gatewayTlsCert", "llm-cluster:gatewayTlsKey"})
+    tls = self_signed(tmp_path / "tls")
+    with own_gateway(spec, {"chat": [FakeReplica("c")], "reasoning": [FakeReplica("r")]}, tmp_path,
+                     tls_dir=tls) as (gw, _):
+        status, headers, out = raw(gw.port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (status, headers["content-type"], error_code(out)) == (400, "application/json", "https_required")
+        context = ssl.create_default_context(cafile=str(tls / "cert.pem"))
+        status, _, out = raw(gw.port, b"GARBAGE\r\n\r\n", context=context)
+        assert (status, error_code(out)) == (400, "bad_request")
+
+
+def test_every_error_page_is_wired(gw_keys: tuple[NginxGateway, dict[str, str]]) -> None:
+    conf = gw_keys[0].files["nginx.conf"]
+    assert [line.strip() for line in conf.splitlines() if line.strip().startswith("error_page")] == [
+        f"error_page {raised} {'' if page.status == raised else f'={page.status} '}/_llm_error/{raised};"
+        for raised, page in ERRORS.items()]
+    assert "error_page 503 =429 /_llm_error/503;" in conf and "error_page 494 =431 /_llm_error/494;" in conf
