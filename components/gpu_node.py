@@ -21,6 +21,7 @@ from pulumi_command import local, remote
 
 from components.base import Component
 from components.planning import firewall
+from components.planning.clock import clock_script
 from components.planning.node_scripts import (
     bash_command, hosts_create_script, hosts_delete_script, hosts_entries, known_hosts_line,
     node_expectation, operator_file_create_script, operator_file_delete_script, operator_file_path,
@@ -113,7 +114,13 @@ class GpuNode(Component):
         self.preflight: remote.Command = remote.Command(
             self.child("preflight"), connection=self.connection, create=bash_command(preflight),
             triggers=[script_hash(preflight)], opts=self.opts())
-        self.ready: list[pulumi.Resource] = [self.hosts, self.preflight]
+        # From the operator's machine, with Docker's ssh settings: the node's clock against this one's.
+        clock = clock_script(["ssh", "-o", "BatchMode=yes", *ssh_opts], f"{ssh.user}@{host}", args.node,
+                             spec.preflight.max_clock_offset_seconds)
+        self.clock: local.Command = local.Command(
+            self.child("clock"), create=bash_command(clock), triggers=[script_hash(clock)],
+            opts=self.opts(depends_on=docker_files))
+        self.ready: list[pulumi.Resource] = [self.hosts, self.preflight, self.clock]
         self.firewall: remote.Command | None = None
         if spec.firewall.managed:
             rules = firewall.create_script(spec, args.node)

@@ -103,7 +103,7 @@ def test_gateway_depends_on_its_node_and_keys_never_on_the_models(generated: Pro
     by_urn = {r.urn: r for r in generated.registrations}
     # The exporter first: nginx's first log lines find it listening.
     assert {by_urn[u].name for u in c.dependencies} == {
-        "gpu-01-hosts", "gpu-01-preflight", "gpu-01-firewall", "gpu-01-image-nginx-1-27-5", "gateway-keys", "gateway-exporter"}
+        "gpu-01-hosts", "gpu-01-preflight", "gpu-01-firewall", "gpu-01-clock", "gpu-01-image-nginx-1-27-5", "gateway-keys", "gateway-exporter"}
     (gw,) = generated.by_type(GATEWAY)
     ours = [r for r in generated.registrations if r.parent == gw.urn]
     for r in ours:
@@ -126,7 +126,7 @@ def test_exporter_runs_the_uploaded_program_unprivileged_on_host_network(generat
     assert not inputs.get("ports") and not inputs.get("envs")
     by_urn = {r.urn: r for r in generated.registrations}
     assert {by_urn[u].name for u in c.dependencies} == {
-        "gpu-01-hosts", "gpu-01-preflight", "gpu-01-firewall", "gpu-01-image-python-3-12-slim"}
+        "gpu-01-hosts", "gpu-01-preflight", "gpu-01-firewall", "gpu-01-clock", "gpu-01-image-python-3-12-slim"}
     # nginx sends it the usage log on the port it listens on.
     conf = uploads(generated.get("gateway-nginx"))["/etc/nginx/nginx.conf"]
     assert "    access_log syslog:server=127.0.0.1:5514,tag=llmgw,nohostname llm_usage;" in conf.splitlines()

@@ -30,7 +30,7 @@ def test_each_node_has_provider_hosts_preflight_and_its_images(prod_run: Program
     for node in NODES:
         children = {r.name: r for r in prod_run.registrations if r.parent.endswith(f"GpuNode::{node}")}
         assert {n for n in children if not n.startswith(f"{node}-image-")} == {
-            f"{node}-docker", f"{node}-hosts", f"{node}-preflight", f"{node}-firewall"}
+            f"{node}-docker", f"{node}-hosts", f"{node}-preflight", f"{node}-firewall", f"{node}-clock"}
         assert children[f"{node}-hosts"].dependencies == []
         assert children[f"{node}-preflight"].dependencies == []
     images = [r for r in prod_run.by_type("docker:index/remoteImage:RemoteImage") if r.name.startswith("gpu-03-")]
@@ -42,6 +42,14 @@ def test_each_node_has_provider_hosts_preflight_and_its_images(prod_run: Program
         assert r.plain_inputs()["keepLocally"] is True
         assert r.dependencies == [prod_run.get("gpu-03-preflight").urn]
         assert r.provider.startswith(provider + "::")
+
+
+def test_the_clock_is_compared_from_the_operators_machine_with_dockers_ssh_options(prod_run: ProgramRun) -> None:
+    clock = prod_run.get("gpu-02-clock").plain_inputs()
+    assert ("remote=$(ssh -o BatchMode=yes -o Port=22 -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
+            "root@192.168.10.12 'date +%s.%N' </dev/null)") in clock["create"]
+    assert "-v bound=1.0 -v node=gpu-02" in clock["create"]
+    assert prod_run.get("gpu-02-clock").dependencies == []
 
 
 def test_docker_provider_over_ssh_with_each_option_its_own_element(prod_run: ProgramRun) -> None:
@@ -58,7 +66,7 @@ def test_agent_connection_is_secret_and_leaves_the_socket_to_ssh_auth_sock(prod_
     conn = hosts.plain_inputs()["connection"]
     assert conn["host"] == "192.168.10.11" and conn["user"] == "root" and conn["port"] == 22
     assert "privateKey" not in conn and "agentSocketPath" not in conn and "hostKey" not in conn
-    assert prod_run.by_type("command:local:Command") == []
+    assert [r.name for r in prod_run.by_type("command:local:Command")] == [f"{n}-clock" for n in NODES]
 
 
 def test_hosts_block_command(prod_run: ProgramRun, prod_spec: StackSpec) -> None:
@@ -141,5 +149,5 @@ def test_host_keys_without_checking_pin_nothing(
     run = stack_runner(config)
     assert "hostKey" not in run.get("gpu-03-preflight").plain_inputs()["connection"]
     assert "hostKey" not in run.get("gpu-03-hosts").plain_inputs()["connection"]
-    assert run.by_type("command:local:Command") == []
+    assert not [r for r in run.by_type("command:local:Command") if not r.name.endswith("-clock")]
     assert "StrictHostKeyChecking=no" in json.loads(run.get("gpu-03-docker").plain_inputs()["sshOpts"])

@@ -43,15 +43,15 @@ def test_reference_weights_components_and_commands(prod_run: ProgramRun) -> None
 def test_fan_out_dependencies(prod_run: ProgramRun) -> None:
     c = weights_children(prod_run, "weights-qwen3-30b-a3b")
     deps = {name: dep_names(r.dependencies) for name, r in c.items()}
-    assert deps["manifest-gpu-03"] == {"gpu-03-hosts", "gpu-03-preflight", "gpu-03-firewall"}
-    assert deps["check-gpu-03"] == {"gpu-03-hosts", "gpu-03-preflight", "gpu-03-firewall"}  # the source's server waits for this only
+    assert deps["manifest-gpu-03"] == {"gpu-03-hosts", "gpu-03-preflight", "gpu-03-firewall", "gpu-03-clock"}
+    assert deps["check-gpu-03"] == {"gpu-03-hosts", "gpu-03-preflight", "gpu-03-firewall", "gpu-03-clock"}  # the source's server waits for this only
     assert deps["copy-gpu-03-to-gpu-04"] == {"weights-qwen3-30b-a3b-manifest-gpu-03", "gpu-04-hosts",
-                                             "gpu-04-preflight", "gpu-04-firewall"}
+                                             "gpu-04-preflight", "gpu-04-firewall", "gpu-04-clock"}
     assert deps["copy-gpu-03-to-gpu-05"] == {"weights-qwen3-30b-a3b-manifest-gpu-03", "gpu-05-hosts",
-                                             "gpu-05-preflight", "gpu-05-firewall"}
+                                             "gpu-05-preflight", "gpu-05-firewall", "gpu-05-clock"}
     # Round 2: gpu-04 serves gpu-06 once its own copy is verified.
     assert deps["copy-gpu-04-to-gpu-06"] == {"weights-qwen3-30b-a3b-verify-gpu-04", "gpu-06-hosts",
-                                             "gpu-06-preflight", "gpu-06-firewall"}
+                                             "gpu-06-preflight", "gpu-06-firewall", "gpu-06-clock"}
     assert deps["verify-gpu-06"] == {"weights-qwen3-30b-a3b-copy-gpu-04-to-gpu-06"}
 
 
@@ -110,7 +110,7 @@ def test_each_model_depends_only_on_its_own_nodes(prod_run: ProgramRun) -> None:
         for r in weights_children(prod_run, comp).values():
             for u in upstream(prod_run, r.urn):
                 name = u.rsplit("::", 1)[1]
-                assert name.startswith(comp) or name.split("-hosts")[0].split("-preflight")[0].split("-firewall")[0] in nodes, (r.name, name)
+                assert name.startswith(comp) or name.split("-hosts")[0].split("-preflight")[0].split("-firewall")[0].split("-clock")[0] in nodes, (r.name, name)
 
 
 def test_shared_mount_mounts_on_every_node(config: dict[str, Any],
@@ -122,7 +122,7 @@ def test_shared_mount_mounts_on_every_node(config: dict[str, Any],
     m = c["mount-gpu-05"].plain_inputs()
     assert f"entry='nas:/export/qwen3 {QWEN} nfs ro,_netdev 0 0'" in m["create"]
     assert 'umount "$root"' in m["delete"]
-    assert dep_names(c["mount-gpu-05"].dependencies) == {"gpu-05-hosts", "gpu-05-preflight", "gpu-05-firewall"}
+    assert dep_names(c["mount-gpu-05"].dependencies) == {"gpu-05-hosts", "gpu-05-preflight", "gpu-05-firewall", "gpu-05-clock"}
 
 
 def test_present_weights_are_only_checked(config: dict[str, Any],

@@ -12,11 +12,17 @@ import pytest
 
 from components.planning.node_scripts import node_expectation, preflight_script
 from components.planning.preflight import (
-    GIB, Expectation, Finding, Outputs, check_node, collect, parse_df_available, parse_docker_runtimes,
-    parse_gpu_query, parse_ibstat, parse_ibv_devices, parse_topo, version_tuple,
+    CHRONY_FIX, GIB, ClockState, Expectation, Finding, Outputs, check_node, collect, parse_chrony_tracking,
+    parse_df_available, parse_docker_runtimes, parse_gpu_query, parse_ibstat, parse_ibv_devices, parse_timedatectl,
+    parse_topo, version_tuple,
 )
 
 FIX = Path(__file__).parent / "fixtures" / "preflight"
+OPS = Path(__file__).parent / "fixtures" / "ops"
+CHRONY_SYNC = (OPS / "chronyc-tracking.synchronised.chrony4.3-recorded-here.txt").read_text()
+CHRONY_UNSYNC = (OPS / "chronyc-tracking.not-synchronised.chrony4.3-recorded-here.txt").read_text()
+TIMEDATECTL_NEW = (OPS / "timedatectl-status.synchronized-yes.systemd-new-format.myblackhole.txt").read_text()
+TIMEDATECTL_OLD = (OPS / "timedatectl.ntp-synchronized-yes.systemd-old-format.mydailyblog.txt").read_text()
 
 
 def fixture(name: str) -> str:
@@ -141,6 +147,21 @@ def test_df_of_this_machine() -> None:
     assert parse_df_available(out) == int(out.splitlines()[-1].split()[3]) * 1024
 
 
+def test_chrony_tracking_synchronised_and_not() -> None:
+    assert parse_chrony_tracking(CHRONY_SYNC) == ClockState("chrony", True, 0.000002413, "C6120901 (198.18.9.1)")
+    assert parse_chrony_tracking(CHRONY_UNSYNC) == ClockState("chrony", False, 0.0, "00000000 ()")
+    with pytest.raises(ValueError, match="no Leap status"):
+        parse_chrony_tracking("506 Cannot talk to daemon\n")
+
+
+def test_timedatectl_in_both_systemd_formats() -> None:
+    assert parse_timedatectl(TIMEDATECTL_NEW) == ClockState("timedatectl", True)
+    assert parse_timedatectl(TIMEDATECTL_OLD) == ClockState("timedatectl", True)
+    # No attributable unsynchronised sample was found (fixtures/ops/SOURCES.md): the one word changed.
+    unsynced = TIMEDATECTL_NEW.replace("System clock synchronized: yes", "System clock synchronized: no")
+    assert parse_timedatectl(unsynced) == ClockState("timedatectl", False)
+
+
 def test_driver_versions_compare_numerically() -> None:
     assert version_tuple("535.183.01") < version_tuple("560.28.03") < version_tuple("560.100")
 
@@ -156,6 +177,7 @@ def expected(prod_spec) -> Expectation:  # type: ignore[no-untyped-def]
 def healthy() -> Outputs:
     return Outputs(gpus=query_csv_from_table(fixture(SMI_TABLE)), topo=fixture(TOPO_DGX1),
                    ibstat=fixture(IB_ROCE), ibv_devices=fixture(IBV_FOUR), docker_info=fixture(DOCKER_OK),
+                   chrony=CHRONY_SYNC, nft="nftables v1.0.6 (Lester Gooch #5)\n",
                    df="Filesystem 1024-blocks Used Available Capacity Mounted on\n"
                       f"/dev/nvme0n1 7000000000 1000 {500 * 1024 * 1024} 1% /data\n")
 
@@ -254,6 +276,36 @@ def test_disk_keeps_min_free_after_the_copy(expected: Expectation) -> None:
     assert check_node(dataclasses.replace(tight, min_free_gib=50), healthy()) == []
 
 
+@pytest.mark.parametrize(("outputs", "what"), [
+    (dict(chrony=CHRONY_UNSYNC),
+     "gpu-02: the clock is not synchronised (chronyc tracking: Leap status Not synchronised)"),
+    (dict(chrony=None, timedatectl=TIMEDATECTL_NEW.replace(": yes", ": no")),
+     "gpu-02: the clock is not synchronised (timedatectl: System clock synchronized: no)"),
+    (dict(chrony=None, errors={"chrony": "[Errno 2] No such file or directory: 'chronyc'",
+                               "timedatectl": "System has not been booted with systemd"}),
+     "gpu-02: no time synchronisation found (chronyc and timedatectl: [Errno 2] No such file or directory: "
+     "'chronyc')"),
+])
+def test_an_unsynchronised_clock_is_refused_naming_chrony(expected: Expectation, outputs: dict, what: str) -> None:
+    assert check_node(expected, dataclasses.replace(healthy(), **outputs)) == [Finding("error", what, CHRONY_FIX)]
+    assert "install chrony" in CHRONY_FIX
+
+
+def test_a_clock_chrony_knows_to_be_off_by_more_than_the_bound_is_refused(expected: Expectation) -> None:
+    tight = dataclasses.replace(expected, max_clock_offset_s=0.000001)
+    assert errors(check_node(tight, healthy())) == [
+        "gpu-02: chrony says the clock is 0.000 s fast of NTP time (bound: preflight.maxClockOffsetSeconds 1e-06)"]
+    assert check_node(dataclasses.replace(expected, max_clock_offset_s=0.5), healthy()) == []
+
+
+def test_nft_is_required_only_when_the_firewall_is_managed(expected: Expectation) -> None:
+    out = dataclasses.replace(healthy(), nft=None, errors={"nft": "[Errno 2] No such file or directory: 'nft'"})
+    assert errors(check_node(expected, out)) == [
+        "gpu-02: `nft` is missing ([Errno 2] No such file or directory: 'nft'); llm-cluster loads the host firewall "
+        "with it"]
+    assert check_node(dataclasses.replace(expected, firewall=False), out) == []
+
+
 def test_a_missing_tool_is_an_error_saying_what_to_install(expected: Expectation) -> None:
     out = dataclasses.replace(healthy(), ibstat=None, errors={"ibstat": "[Errno 2] No such file or directory"})
     [f] = check_node(expected, out)
@@ -278,6 +330,9 @@ def test_collect_falls_back_for_old_drivers_and_keeps_what_a_failing_tool_printe
             "nvidia-container-cli": (127, "", "not found"),
             "df": (0, healthy().df or "", ""),
             "du": (0, f"123456\t{path}\n", ""),
+            "chronyc": (1, "", "506 Cannot talk to daemon\n"),
+            "timedatectl": (0, TIMEDATECTL_NEW, ""),
+            "nft": (127, "", "[Errno 2] No such file or directory: 'nft'"),
         }[argv[0]]
 
     out = collect(expected, run)
@@ -287,12 +342,16 @@ def test_collect_falls_back_for_old_drivers_and_keeps_what_a_failing_tool_printe
     assert out.errors["ibv_devices"] == "[Errno 2] No such file or directory: 'ibv_devices'"
     assert (out.topo, out.docker_info, out.container_cli) == (fixture(TOPO_DGX1), fixture(DOCKER_OK), False)
     assert out.present_bytes == {path: 123456}
+    # chrony's daemon is not running: systemd-timesyncd's view (timedatectl) is asked instead.
+    assert (out.chrony, out.timedatectl) == (None, TIMEDATECTL_NEW)
+    assert out.errors["chrony"] == "506 Cannot talk to daemon" and out.nft is None
 
 
 # --- the script, on this machine with fake tools that print the real outputs ---------------------
 
 def fake_tools(bin_dir: Path, *, gpus: str, topo: str, ibstat: str, docker: str) -> None:
-    files = {"gpus": gpus, "topo": topo, "ibstat": ibstat, "ibv": fixture(IBV_FOUR), "docker": docker}
+    files = {"gpus": gpus, "topo": topo, "ibstat": ibstat, "ibv": fixture(IBV_FOUR), "docker": docker,
+             "chrony": CHRONY_SYNC}
     for key, text in files.items():
         (bin_dir / f"{key}.out").write_text(text)
     tools = {
@@ -300,6 +359,8 @@ def fake_tools(bin_dir: Path, *, gpus: str, topo: str, ibstat: str, docker: str)
         "ibstat": 'cat "$D/ibstat.out"',
         "ibv_devices": 'cat "$D/ibv.out"',
         "docker": 'cat "$D/docker.out"',
+        "chronyc": 'cat "$D/chrony.out"',
+        "nft": "echo 'nftables v1.0.6 (Lester Gooch #5)'",
     }
     for name, body in tools.items():
         path = bin_dir / name

@@ -182,5 +182,5 @@ def test_other_ssh_and_weights_modes_validate(config: dict[str, Any], stack_runn
     cfg["llm-cluster:models"]["qwen3-30b-a3b"]["source"] = {"sharedMount": "nas:/export/qwen3"}
     cfg["llm-cluster:models"]["deepseek-r1"]["source"] = {"present": True}
     run = stack_runner(cfg, {"llm-cluster:sshPrivateKey"})
-    assert len(run.by_type("command:local:Command")) == 12
+    assert len(run.by_type("command:local:Command")) == 18  # per node: key, known_hosts and the clock check
     assert problems_of(run) == []

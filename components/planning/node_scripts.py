@@ -128,6 +128,7 @@ def node_expectation(spec: StackSpec, node: str) -> Expectation:
         disk_path=n.disk_path or "/", min_free_gib=n.min_free_disk_gib or 0,
         models=[{"path": spec.models[m].path, "size_bytes": model_size_bytes(spec, m)}
                 for m in copied_models(spec, node)],
+        firewall=spec.firewall.managed, max_clock_offset_s=spec.preflight.max_clock_offset_seconds,
     )
 
 
@@ -141,7 +142,7 @@ def preflight_script(exp: Expectation) -> str:
             "  echo \"    fix: install python3 (the preflight checks run with it)\" >&2\n"
             "  exit 1\n}\n"
             f"python3 - {q(exp.to_json())} <<'{_PREFLIGHT_HEREDOC}'\n{source.rstrip()}\n{_PREFLIGHT_HEREDOC}\n")
-    return _script(f"preflight of {exp.node} (GPUs, driver, NVLink, HCA, container runtime, disk)", body)
+    return _script(f"preflight of {exp.node} (GPUs, driver, NVLink, HCA, container runtime, disk, clock, nft)", body)
 
 
 # --- model weights -------------------------------------------------------------------------------

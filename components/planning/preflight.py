@@ -1,4 +1,5 @@
-"""Node preflight: parsers of nvidia-smi, ibstat, ibv_devices, docker info and df, and the node check.
+"""Node preflight: parsers of nvidia-smi, ibstat, ibv_devices, docker info, df, chronyc and timedatectl,
+and the node check.
 
 Standard library only, and Python 3.8-compatible: the preflight script ships this file's source to
 the node (`python3 -` with a heredoc) and runs `main()` there, so one tested implementation parses
@@ -185,6 +186,43 @@ def parse_df_available(text: str) -> int:
     return int(rows[-1][-3]) * 1024
 
 
+@dataclass(frozen=True)
+class ClockState:
+    """Whether the node's clock is disciplined, by which service, and its offset when chrony knows it."""
+
+    source: str  # "chrony" | "timedatectl"
+    synchronised: bool
+    offset_s: Optional[float] = None  # chrony's estimate of system time minus NTP time
+    reference: str = ""
+
+
+def parse_chrony_tracking(text: str) -> ClockState:
+    """`chronyc tracking`: synchronised when the leap status is not "Not synchronised" and a source is chosen."""
+    fields = {}
+    for line in text.splitlines():
+        m = re.match(r"^([A-Za-z][A-Za-z ()]*?)\s*:\s*(.*?)\s*$", line)
+        if m:
+            fields[m.group(1)] = m.group(2)
+    if "Leap status" not in fields:
+        raise ValueError(f"no Leap status in chronyc tracking output: {text[:200]!r}")
+    offset = None
+    m = re.match(r"^([0-9.]+) seconds (fast|slow) of NTP time", fields.get("System time", ""))
+    if m:
+        offset = float(m.group(1)) * (1 if m.group(2) == "fast" else -1)
+    reference = fields.get("Reference ID", "")
+    synced = fields["Leap status"] != "Not synchronised" and not reference.startswith("00000000")
+    return ClockState("chrony", synced, offset, reference)
+
+
+def parse_timedatectl(text: str) -> ClockState:
+    """`timedatectl status`: "System clock synchronized" (systemd >= 239) or "NTP synchronized" (older)."""
+    for line in text.splitlines():
+        m = re.match(r"^\s*(System clock synchronized|NTP synchronized):\s*(\S+)", line)
+        if m:
+            return ClockState("timedatectl", m.group(2) == "yes")
+    raise ValueError(f"no synchronized line in timedatectl output: {text[:200]!r}")
+
+
 def version_tuple(version: str) -> Tuple[int, ...]:
     """'560.28.03' -> (560, 28, 3) for comparisons."""
     return tuple(int(p) for p in re.findall(r"\d+", version))
@@ -207,6 +245,8 @@ class Expectation:
     disk_path: str
     min_free_gib: int
     models: List[Dict[str, object]] = field(default_factory=list)  # path, size_bytes to be copied here
+    firewall: bool = False  # llm-cluster loads its nftables table here: nft must exist
+    max_clock_offset_s: float = 1.0
 
     def to_json(self) -> str:
         """The form the preflight script passes to the node."""
@@ -230,6 +270,9 @@ class Outputs:
     container_cli: bool = False  # nvidia-container-cli on PATH (docker --gpus uses its hook)
     df: Optional[str] = None
     present_bytes: Dict[str, int] = field(default_factory=dict)  # model path -> bytes already there
+    nft: Optional[str] = None  # `nft --version`
+    chrony: Optional[str] = None  # `chronyc -n tracking`
+    timedatectl: Optional[str] = None  # `timedatectl status`, when chrony gives nothing
     errors: Dict[str, str] = field(default_factory=dict)  # command -> why it produced nothing
 
 
@@ -367,8 +410,45 @@ def check_disk(exp: Expectation, out: Outputs) -> List[Finding]:
     return []
 
 
+CHRONY_FIX = ("install chrony and point it at your NTP servers (apt-get install chrony; `chronyc sources` "
+              "shows them): Ray's workers and TLS certificates need the nodes' clocks in step")
+
+
+def check_clock(exp: Expectation, out: Outputs) -> List[Finding]:
+    """The clock is disciplined by chrony or systemd-timesyncd, and chrony's offset is within the bound."""
+    try:
+        state = (parse_chrony_tracking(out.chrony) if out.chrony is not None
+                 else parse_timedatectl(out.timedatectl) if out.timedatectl is not None else None)
+    except ValueError as e:
+        return [Finding("error", f"{exp.node}: cannot read the clock's state ({e})", CHRONY_FIX)]
+    if state is None:
+        why = out.errors.get("chrony") or out.errors.get("timedatectl") or "neither is installed"
+        return [Finding("error", f"{exp.node}: no time synchronisation found (chronyc and timedatectl: {why})",
+                        CHRONY_FIX)]
+    if not state.synchronised:
+        shown = "chronyc tracking: Leap status Not synchronised" if state.source == "chrony" \
+            else "timedatectl: System clock synchronized: no"
+        return [Finding("error", f"{exp.node}: the clock is not synchronised ({shown})", CHRONY_FIX)]
+    if state.offset_s is not None and abs(state.offset_s) > exp.max_clock_offset_s:
+        return [Finding("error", f"{exp.node}: chrony says the clock is {abs(state.offset_s):.3f} s "
+                        f"{'fast' if state.offset_s > 0 else 'slow'} of NTP time (bound: "
+                        f"preflight.maxClockOffsetSeconds {exp.max_clock_offset_s:g})",
+                        "let chrony step the clock (`chronyc makestep`) and check its sources (`chronyc sources`)")]
+    return []
+
+
+def check_nft(exp: Expectation, out: Outputs) -> List[Finding]:
+    """nftables is there when llm-cluster manages the host firewall."""
+    if exp.firewall and out.nft is None:
+        return [Finding("error", f"{exp.node}: `nft` is missing ({out.errors.get('nft', 'not installed')}); "
+                        "llm-cluster loads the host firewall with it",
+                        "install nftables (apt-get install nftables), or set firewall.managed: false and "
+                        "close the cluster's ports yourself")]
+    return []
+
+
 CHECKS: List[Callable[[Expectation, Outputs], List[Finding]]] = [
-    check_gpus, check_topology, check_hca, check_container_runtime, check_disk]
+    check_gpus, check_topology, check_hca, check_container_runtime, check_disk, check_clock, check_nft]
 
 
 def check_node(exp: Expectation, out: Outputs) -> List[Finding]:
@@ -414,6 +494,11 @@ def collect(exp: Expectation, run: Runner = run_command) -> Outputs:
     out.docker_info = take("docker_info", ["docker", "info"], accept_partial=True)
     out.container_cli = run(["nvidia-container-cli", "--version"])[0] == 0
     out.df = take("df", ["df", "-Pk", exp.disk_path])
+    out.chrony = take("chrony", ["chronyc", "-n", "tracking"])
+    if out.chrony is None:
+        out.timedatectl = take("timedatectl", ["timedatectl", "status"])
+    if exp.firewall:
+        out.nft = take("nft", ["nft", "--version"])
     for m in exp.models:
         code, stdout, _ = run(["du", "-sb", str(m["path"])])
         out.present_bytes[str(m["path"])] = int(stdout.split()[0]) if code == 0 and stdout.strip() else 0
