@@ -237,7 +237,8 @@ def test_exporter_answers_404_off_metrics_and_the_text_content_type(tmp_path: Pa
 
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[bytes], list[dict[str, object]]]]:
-    """Datagrams the real nginx sent to a socket of ours, and the same requests' lines in its file log."""
+    """Datagrams the real nginx sent to a socket of ours (the 200, then the 404), and the same requests'
+    lines in its file log."""
     spec = load_stack_config(gateway_config(), set())
     keys, digests = host_keys(spec, tmp_path_factory.mktemp("keys"))
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -249,7 +250,10 @@ def captured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[by
         assert gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["default"])[0] == 200
         # A client's odd model name: quotes, backslash, newline and non-ASCII reach the log escaped.
         assert gw.call("POST", "/v1/chat/completions", {"model": 'a"b\\c\nd é 模型'}, keys["default"])[0] == 404
-        datagrams = [sock.recv(65535) for _ in range(2)]
+        # nginx's two workers may send the two lines in either order: put them in request order by
+        # content (the 200 first), so the tests below never depend on which worker was faster.
+        datagrams = sorted((sock.recv(65535) for _ in range(2)), key=lambda d: b'"status":200,' not in d)
+        assert [b'"status":200,' in d for d in datagrams] == [True, False], datagrams
         log = gw.log(at_least=2)
     finally:
         gw.stop()

@@ -116,7 +116,7 @@ def _run(script: str, tmp: Path, name: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackCluster]:
     """ray-head.sh starts the head and waits; a worker joins; the script then execs its command."""
-    ray = _ray()
+    _ray()
     tmp = tmp_path_factory.mktemp("ray")
     spec = loopback_spec(*free_ports(3))
     inst = instances(spec, "loop")[0]
@@ -147,9 +147,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackCluste
                               marker.read_text() if marker.exists() else "", textfile, *_observe(textfile))
     finally:
         # Whatever failed above (a timeout, an assertion in a wait): no ray-head.sh left polling forever.
+        # Only our own groups: `ray stop --force` would kill every Ray on the machine, another test's too.
         _kill_group(head)
         _kill_group(worker)
-        subprocess.run([ray, "stop", "--force"], capture_output=True, env=_env(), timeout=SETTLE_S)
 
 
 def test_head_script_waits_for_every_gpu_then_execs_the_command(cluster: LoopbackCluster) -> None:
@@ -208,7 +208,7 @@ def test_python_parser_reads_the_live_cluster_like_the_gate(cluster: LoopbackClu
 
 def test_worker_exits_when_its_head_goes_so_docker_restarts_it_to_rejoin() -> None:
     """The restart chain's link: `ray start --block` on a worker ends when the head's node dies."""
-    ray = _ray()
+    _ray()
     spec = loopback_spec(*free_ports(3))
     inst = instances(spec, "loop")[0]
     # A blocking head in its own process group: killing that group by id is what a dying head
@@ -221,7 +221,7 @@ def test_worker_exits_when_its_head_goes_so_docker_restarts_it_to_rejoin() -> No
         _wait_for(lambda: subprocess.run(status, capture_output=True, env=_env()).returncode == 0, "the head")
         # Ray's default is 60 s of GCS reconnect attempts; 5 s keeps the test short.
         worker = subprocess.Popen(ray_worker_argv(spec, inst, "worker"), stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, start_new_session=True,
                                   env={**_env(), "RAY_gcs_rpc_server_reconnect_timeout_s": "5"})
         _wait_for(lambda: parse_ray_status(subprocess.run(status, capture_output=True, text=True,
                                                           env=_env()).stdout).nodes == 2, "the worker")
@@ -229,13 +229,10 @@ def test_worker_exits_when_its_head_goes_so_docker_restarts_it_to_rejoin() -> No
         head.wait(timeout=SETTLE_S)
         assert worker.wait(timeout=SETTLE_S) != 0
     finally:
-        if head.poll() is None:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait(timeout=SETTLE_S)
-        if worker is not None and worker.poll() is None:
-            worker.terminate()
-            worker.wait(timeout=SETTLE_S)
-        subprocess.run([ray, "stop", "--force"], capture_output=True, env=_env(), timeout=SETTLE_S)
+        # This cluster's process groups only (the worker's raylet outlives `ray start`): never
+        # `ray stop --force`, which also kills the module's shared cluster and fails later tests.
+        _kill_group(head)
+        _kill_group(worker)
 
 
 @pytest.mark.parametrize("fixture,nodes,total,used", [
