@@ -14,6 +14,7 @@ import argparse
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -55,6 +56,8 @@ def main() -> int:
     p.add_argument("--seed", type=int, action="append", help="replay these seeds instead of random ones")
     p.add_argument("--log-dir", type=Path, default=ROOT / "build" / "flakes")
     args, pytest_args = p.parse_known_args()
+    # A kill of this script must not leave the hogs running: SIGTERM unwinds through the finally below.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.log_dir.mkdir(parents=True, exist_ok=True)
     seeds = args.seed or [random.randrange(1, 2**31) for _ in range(args.runs)]
     failed_runs = 0
