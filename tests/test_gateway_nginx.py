@@ -492,6 +492,19 @@ def test_missing_or_wrong_key_is_401_before_anything_is_read(gw: NginxGateway, k
     assert sum(len(r.requests) for r in by_name(replicas).values()) == seen
 
 
+def test_only_the_bearer_scheme_carries_a_key(gw: NginxGateway, keys: dict[str, str]) -> None:
+    key = keys["default"]
+    # The scheme is case-insensitive (RFC 7235 §2.1)…
+    for scheme in ("Bearer", "bearer", "BEARER"):
+        assert gw.call("GET", "/v1/models", headers={"Authorization": f"{scheme} {key}"})[0] == 200, scheme
+    # …but only Bearer carries an API key: a valid key under any other scheme is refused. The 7-character
+    # ones ("Basic  ", "Digest ") put the key exactly where a Bearer key would be, so only the scheme
+    # check tells them apart.
+    for header in (f"Basic {key}", f"Basic  {key}", f"Digest {key}", f"Token  {key}", key, f"Bearer{key}"):
+        status, hdrs, out = gw.call("GET", "/v1/models", headers={"Authorization": header})
+        assert (status, error_code(out), hdrs["www-authenticate"]) == (401, "invalid_api_key", "Bearer"), header
+
+
 def test_key_not_allowed_the_model_is_403(gw: NginxGateway, keys: dict[str, str]) -> None:
     status, _, out = gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["analyst"])
     assert status == 403 and error_code(out) == "model_not_allowed"

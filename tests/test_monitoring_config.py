@@ -490,6 +490,64 @@ def cases(spec: StackSpec) -> list[Case]:
              [({"pool": "chat", "upstream": "192.168.10.14:8000"}, 10.0)]),
         Case("GatewayUpstreamFailures", "a single failover", "15m",
              [(f"llm_gateway_upstream_failures_total{{{upstream}}}", "0x10 1x10")]),
+        *threshold_cases(gw200, upstream),
+    ]
+
+
+def threshold_cases(gw200: str, upstream: str) -> list[Case]:
+    """Cases just either side of each threshold's default, the defaults written out here (not read
+    from AlertThresholds): a moved default or a flipped comparison fails one of each pair."""
+    ttft_buckets = {"1": "0x20", "2": "0+94x20", "2.5": "0+100x20", "+Inf": "0+100x20"}
+    return [
+        # min_generation_tokens_per_second 5: 4.9 and 5.1 tokens/s with requests running.
+        Case("ThroughputDrop", "4.9 tokens/s, just under the 5 floor", "15m",
+             [(f"vllm:generation_tokens_total{{{VLLM03}}}", "0+294x20"),
+              (f"vllm:num_requests_running{{{VLLM03}}}", "3x20")], [({"pool": "chat"}, 4.9)]),
+        Case("ThroughputDrop", "5.1 tokens/s, just over the 5 floor", "15m",
+             [(f"vllm:generation_tokens_total{{{VLLM03}}}", "0+306x20"),
+              (f"vllm:num_requests_running{{{VLLM03}}}", "3x20")]),
+        # ttft_p95_seconds 2: p95 2.08 s (94 % under 2 s, the rest under 2.5 s) and 1.95 s.
+        Case("HighTTFT", "p95 2.08 s, just over 2 s", "15m", ttft(VLLM03, ttft_buckets),
+             [({"pool": "chat"}, 2 + (95 - 94) / (100 - 94) * 0.5)]),
+        Case("HighTTFT", "p95 1.95 s, just under 2 s", "15m",
+             ttft(VLLM03, {"1": "0x20", "2": "0+100x20", "2.5": "0+100x20", "+Inf": "0+100x20"})),
+        # kv_cache_usage_ratio 0.98
+        Case("KVCacheFull", "cache at 98.5 %", "10m",
+             [(f"vllm:gpu_cache_usage_perc{{{VLLM04}}}", "0.985x20")], [(lbl(VLLM04), 0.985)]),
+        Case("KVCacheFull", "cache at 97.5 %", "10m", [(f"vllm:gpu_cache_usage_perc{{{VLLM04}}}", "0.975x20")]),
+        # gpu_memory_used_ratio 0.95
+        Case("GPUMemoryHigh", "95.5 % of framebuffer used", "10m",
+             [(f"DCGM_FI_DEV_FB_USED{{{dcgm('gpu-03', '5')}}}", "9550x20"),
+              (f"DCGM_FI_DEV_FB_FREE{{{dcgm('gpu-03', '5')}}}", "450x20")], [(lbl(dcgm("gpu-03", "5")), 0.955)]),
+        Case("GPUMemoryHigh", "94.5 % of framebuffer used", "10m",
+             [(f"DCGM_FI_DEV_FB_USED{{{dcgm('gpu-03', '5')}}}", "9450x20"),
+              (f"DCGM_FI_DEV_FB_FREE{{{dcgm('gpu-03', '5')}}}", "550x20")]),
+        # gpu_temperature_celsius 85: above it fires, at it does not.
+        Case("GPUTemperatureHigh", "86 C", "10m",
+             [(f"DCGM_FI_DEV_GPU_TEMP{{{dcgm('gpu-02', '0')}}}", "86x20")], [(lbl(dcgm("gpu-02", "0")), 86.0)]),
+        Case("GPUTemperatureHigh", "85 C, the threshold itself", "10m",
+             [(f"DCGM_FI_DEV_GPU_TEMP{{{dcgm('gpu-02', '0')}}}", "85x20")]),
+        # gpu_low_utilization_percent 30: below it fires, at it does not.
+        Case("GPULowUtilization", "29 % with requests", "15m",
+             [(f"DCGM_FI_DEV_GPU_UTIL{{{dcgm('gpu-04', '0')}}}", "29x20"),
+              (f"vllm:num_requests_running{{{VLLM04}}}", "2x20")],
+             [({"node": "gpu-04", "pool": "chat", "vllm_instance": "chat-gpu-04"}, 29.0)]),
+        Case("GPULowUtilization", "30 % with requests, the threshold itself", "15m",
+             [(f"DCGM_FI_DEV_GPU_UTIL{{{dcgm('gpu-04', '0')}}}", "30x20"),
+              (f"vllm:num_requests_running{{{VLLM04}}}", "2x20")]),
+        # gateway_5xx_ratio 0.05
+        Case("Gateway5xxRateHigh", "6 % 502", "15m",
+             [(f'llm_gateway_requests_total{{{gw200}, status="200"}}', "0+94x20"),
+              (f'llm_gateway_requests_total{{{gw200}, status="502"}}', "0+6x20")], [({"pool": "chat"}, 0.06)]),
+        Case("Gateway5xxRateHigh", "4 % 502", "15m",
+             [(f'llm_gateway_requests_total{{{gw200}, status="200"}}', "0+96x20"),
+              (f'llm_gateway_requests_total{{{gw200}, status="502"}}', "0+4x20")]),
+        # gateway_upstream_failures 3 per 5 minutes: 4 fire, 2.8 do not.
+        Case("GatewayUpstreamFailures", "4 failed attempts in 5 minutes", "15m",
+             [(f"llm_gateway_upstream_failures_total{{{upstream}}}", "0+0.8x20")],
+             [({"pool": "chat", "upstream": "192.168.10.14:8000"}, 4.0)]),
+        Case("GatewayUpstreamFailures", "2.8 failed attempts in 5 minutes", "15m",
+             [(f"llm_gateway_upstream_failures_total{{{upstream}}}", "0+0.56x20")]),
     ]
 
 

@@ -195,7 +195,34 @@ def test_the_pack_starts_the_way_the_cli_runs_it() -> None:
             said = "no line within 60 s" if first is None else f"first line {first!r}"
             pytest.fail(f"the pack did not print its port ({said}; exit status {rc}); stderr:\n{err}")
         assert proc.poll() is None, stop()
+        _ask_the_server(int(first))
     finally:
         stop()
         proc.stdout.close()
         proc.stderr.close()
+
+
+def _ask_the_server(port: int) -> None:
+    """What the engine asks a started pack over gRPC: its policies, then a verdict on one resource."""
+    import grpc
+    from google.protobuf import empty_pb2, struct_pb2
+    from pulumi.runtime import proto
+    from pulumi.runtime.proto import analyzer_pb2_grpc
+
+    from policies.pack import PACK_NAME, POLICIES
+
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = analyzer_pb2_grpc.AnalyzerStub(channel)
+        info = stub.GetAnalyzerInfo(empty_pb2.Empty(), timeout=60)
+        assert info.name == PACK_NAME
+        assert [p.name for p in info.policies] == [p.name for p in POLICIES]
+        # The reference stack's chat container with bf16 on its V100s: the served pack refuses it.
+        config = prod_config()
+        QWEN(config)["dtype"] = "bfloat16"
+        reg = run_stack(config, preview=True).get("chat-gpu-03")
+        props = struct_pb2.Struct()
+        props.update(reg.inputs)
+        got = stub.Analyze(proto.AnalyzeRequest(urn=reg.urn, type=reg.type, name=reg.name, properties=props),
+                           timeout=60)
+        assert [(d.policyName, d.enforcementLevel) for d in got.diagnostics] == [("gpu-dtype", proto.MANDATORY)]
+        assert "--dtype bfloat16: bfloat16 needs compute capability 8.0" in got.diagnostics[0].message

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from components.planning.topology import instances
-from components.spec import SpecError, load_stack_config
+from components.spec import SpecError, StackSpec, load_stack_config
 
 NS = "llm-cluster:"
 Mutation = Callable[[dict[str, Any]], None]
@@ -251,32 +251,49 @@ def test_without_auth_a_key_secret_is_refused(config: dict[str, Any]) -> None:
     load_stack_config(config, set())
 
 
-ACCEPTED: list[tuple[str, Mutation]] = [
-    ("two TP4 replicas per node", lambda c: section(c, "pools")["chat"].update(tensorParallel=4, replicasPerNode=2)),
+# Each accepted variant and what the validated spec must then hold: accepted means kept, not dropped
+# or defaulted away.
+ACCEPTED: list[tuple[str, Mutation, Callable[[StackSpec], object]]] = [
+    ("two TP4 replicas per node", lambda c: section(c, "pools")["chat"].update(tensorParallel=4, replicasPerNode=2),
+     lambda s: (s.pools["chat"].tensor_parallel, s.pools["chat"].replicas_per_node) == (4, 2)),
     ("InfiniBand needs no GID index",
-     lambda c: section(c, "nodeDefaults").update(hca={"device": "mlx5_0", "linkLayer": "infiniband"})),
+     lambda c: section(c, "nodeDefaults").update(hca={"device": "mlx5_0", "linkLayer": "infiniband"}),
+     lambda s: {(h.link_layer, h.gid_index) for n in s.nodes for h in [s.node(n).hca] if h} == {("infiniband", None)}),
     ("a shared mount as weights source",
-     lambda c: section(c, "models")["qwen3-30b-a3b"].update(source={"sharedMount": "nas:/export/models"})),
+     lambda c: section(c, "models")["qwen3-30b-a3b"].update(source={"sharedMount": "nas:/export/models"}),
+     lambda s: s.models["qwen3-30b-a3b"].source.shared_mount == "nas:/export/models"),
     ("a shared mount on an IPv4 server", lambda c: section(c, "models")["qwen3-30b-a3b"].update(
-        source={"sharedMount": "10.0.0.5:/srv/nfs/Qwen3-30B_A3B.v2"})),
-    ("a non-root SSH user", lambda c: section(c, "ssh").update(user="svc-llm.ops_1")),
-    ("an SSH host name", lambda c: section(c, "nodes")["gpu-03"].update(sshAddress="gpu-03.mgmt.example.com")),
+        source={"sharedMount": "10.0.0.5:/srv/nfs/Qwen3-30B_A3B.v2"}),
+     lambda s: s.models["qwen3-30b-a3b"].source.shared_mount == "10.0.0.5:/srv/nfs/Qwen3-30B_A3B.v2"),
+    ("a non-root SSH user", lambda c: section(c, "ssh").update(user="svc-llm.ops_1"),
+     lambda s: s.ssh.user == "svc-llm.ops_1"),
+    ("an SSH host name", lambda c: section(c, "nodes")["gpu-03"].update(sshAddress="gpu-03.mgmt.example.com"),
+     lambda s: (s.nodes["gpu-03"].ssh_address, s.nodes["gpu-04"].ssh_address) == ("gpu-03.mgmt.example.com", None)),
     ("host keys given with checking on",
      lambda c: section(c, "ssh").update(hostKeyChecking=True) or [
-         n.update(hostKey="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHVuaXF1ZQ") for n in section(c, "nodes").values()]),
+         n.update(hostKey="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHVuaXF1ZQ") for n in section(c, "nodes").values()],
+     lambda s: s.ssh.host_key_checking and {n.host_key for n in s.nodes.values()} == {
+         "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHVuaXF1ZQ"}),
     ("a key file instead of the agent",
-     lambda c: section(c, "ssh").update(agent=False, keyPath="~/.ssh/id_ed25519")),
-    ("an alias to a pool", lambda c: section(c, "gateway").update(aliases={"gpt-4o": "chat"})),
-    ("a key limited to a pool", lambda c: section(c, "gateway")["apiKeys"].append({"id": "team-a", "models": ["chat"]})),
+     lambda c: section(c, "ssh").update(agent=False, keyPath="~/.ssh/id_ed25519"),
+     lambda s: (s.ssh.agent, s.ssh.key_path) == (False, "~/.ssh/id_ed25519")),
+    ("an alias to a pool", lambda c: section(c, "gateway").update(aliases={"gpt-4o": "chat"}),
+     lambda s: s.gateway is not None and s.gateway.aliases == {"gpt-4o": "chat"}),
+    ("a key limited to a pool", lambda c: section(c, "gateway")["apiKeys"].append({"id": "team-a", "models": ["chat"]}),
+     lambda s: s.gateway is not None and (s.gateway.api_keys[-1].id, s.gateway.api_keys[-1].models) == (
+         "team-a", ["chat"])),
     ("a TP=16 instance spans two nodes (the policy pack judges it)",
-     lambda c: section(c, "pools")["reasoning"].update(tensorParallel=16, pipelineParallel=1)),
+     lambda c: section(c, "pools")["reasoning"].update(tensorParallel=16, pipelineParallel=1),
+     lambda s: (s.pools["reasoning"].tensor_parallel, s.pools["reasoning"].pipeline_parallel) == (16, 1)),
 ]
 
 
-@pytest.mark.parametrize("mutate", [m for _, m in ACCEPTED], ids=[n for n, _ in ACCEPTED])
-def test_accepted_variants(config: dict[str, Any], mutate: Mutation) -> None:
+@pytest.mark.parametrize("mutate,holds", [(m, h) for _, m, h in ACCEPTED], ids=[n for n, _, _ in ACCEPTED])
+def test_accepted_variants_are_kept_as_given(config: dict[str, Any], mutate: Mutation,
+                                            holds: Callable[[StackSpec], object]) -> None:
+    assert not holds(load_stack_config(config, set())), "the reference stack already holds it: the case proves nothing"
     mutate(config)
-    load_stack_config(config, set())
+    assert holds(load_stack_config(config, set()))
 
 
 def test_secret_keys_are_accepted_when_secret(config: dict[str, Any]) -> None:

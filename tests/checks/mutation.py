@@ -1,0 +1,186 @@
+"""A small mutation check: plant known bugs one at a time in a copy of the tree and run the tests that
+must catch each; print which were caught (killed) and which survived, and the score.
+
+    .venv/bin/python tests/checks/mutation.py            # every mutant
+    .venv/bin/python tests/checks/mutation.py bearer ttft  # mutants whose name contains a word
+
+Each mutant is one exact text replacement (it must match exactly once, so a mutant that no longer
+applies after a refactor is reported as stale instead of silently passing) and the test files that
+ought to fail. The bugs are the kind an audit planted: a capability boundary moved, a check removed,
+an alert threshold changed, capacity arithmetic off by about 1 %, a secret left unmarked. Not part of
+`make test`: it runs the chosen tests once per mutant (about 10 minutes for all of them).
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PYTHON = ROOT / ".venv" / "bin" / "python"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]  # pytest node ids or files: at least one must fail
+    why: str
+
+
+MUTANTS: list[Mutant] = [
+    # --- GPU capability rules: every boundary --------------------------------------------------------
+    Mutant("bf16-on-sm75", "components/facts/hardware.py",
+           'dtypes=frozenset({"float16", "float32"} | ({"bfloat16"} if ampere_plus else set())),',
+           'dtypes=frozenset({"float16", "float32"} | ({"bfloat16"} if capability >= 75 else set())),',
+           ("tests/test_capability_boundaries.py",), "bf16 allowed on T4 (sm_75)"),
+    Mutant("prefix-caching-refused-on-sm75", "components/facts/hardware.py",
+           "prefix_caching=capability >= 75,", "prefix_caching=capability >= 80,",
+           ("tests/test_capability_boundaries.py",), "prefix caching refused on T4"),
+    Mutant("chunked-prefill-on-sm70", "components/facts/hardware.py",
+           "chunked_prefill=capability >= 75,", "chunked_prefill=capability >= 70,",
+           ("tests/test_capability_boundaries.py",), "chunked prefill allowed on V100"),
+    Mutant("fp8-kv-on-sm70", "components/facts/hardware.py",
+           "fp8_kv_cache=capability >= 75,", "fp8_kv_cache=capability >= 70,",
+           ("tests/test_capability_boundaries.py",), "fp8 KV cache allowed on V100"),
+    Mutant("mla-on-sm75", "components/facts/hardware.py",
+           "mla=ampere_plus,  # [vllm-mla]", "mla=capability >= 75,  # [vllm-mla]",
+           ("tests/test_capability_boundaries.py",), "MLA allowed on T4"),
+    Mutant("v1-on-sm75", "components/facts/hardware.py",
+           "v1_engine=ampere_plus,  # [vllm-v1]", "v1_engine=capability >= 75,  # [vllm-v1]",
+           ("tests/test_capability_boundaries.py",), "VLLM_USE_V1=1 allowed on T4"),
+    Mutant("awq-on-sm70", "components/facts/hardware.py",
+           '"awq": 75, "torchao": 75,', '"awq": 70, "torchao": 75,',
+           ("tests/test_capability_boundaries.py",), "AWQ allowed on V100"),
+    Mutant("modelopt-on-sm80", "components/facts/hardware.py",
+           '"modelopt": 89,', '"modelopt": 80,',
+           ("tests/test_capability_boundaries.py",), "modelopt FP8 allowed on A100"),
+    Mutant("quantization-boundary-off-by-one", "policies/rules/hardware.py",
+           "if need is None or cap >= need:", "if need is None or cap > need:",
+           ("tests/test_capability_boundaries.py",), "a GPU exactly at a method's capability refused"),
+    # --- gateway -------------------------------------------------------------------------------------
+    Mutant("bearer-scheme-unchecked", "components/planning/gateway.js",
+           "if (!auth || auth.length < 8 || auth.slice(0, 7).toLowerCase() !== 'bearer ') {",
+           "if (!auth || auth.length < 8) {",
+           ("tests/test_gateway_nginx.py",), "a Basic (or any) scheme header passes with a valid key"),
+    # --- alert thresholds ------------------------------------------------------------------------------
+    Mutant("ttft-2s-to-4s", "components/spec/monitoring.py",
+           "ttft_p95_seconds: float = Field(default=2.0, gt=0)", "ttft_p95_seconds: float = Field(default=4.0, gt=0)",
+           ("tests/test_monitoring_config.py",), "TTFT alert default 2 s -> 4 s"),
+    Mutant("kv-cache-098-to-095", "components/spec/monitoring.py",
+           "kv_cache_usage_ratio: Fraction = 0.98", "kv_cache_usage_ratio: Fraction = 0.95",
+           ("tests/test_monitoring_config.py",), "KV cache alert default 0.98 -> 0.95"),
+    Mutant("gpu-temp-85-to-89", "components/spec/monitoring.py",
+           "gpu_temperature_celsius: float = Field(default=85, gt=0)",
+           "gpu_temperature_celsius: float = Field(default=89, gt=0)",
+           ("tests/test_monitoring_config.py",), "GPU temperature alert default 85 -> 89 C"),
+    Mutant("gpu-memory-095-to-097", "components/spec/monitoring.py",
+           "gpu_memory_used_ratio: Fraction = 0.95", "gpu_memory_used_ratio: Fraction = 0.97",
+           ("tests/test_monitoring_config.py",), "GPU memory alert default 0.95 -> 0.97"),
+    Mutant("temperature-ge-not-gt", "components/planning/monitoring.py",
+           'f"DCGM_FI_DEV_GPU_TEMP{{job=\\"dcgm\\"}} > {t.gpu_temperature_celsius:g}",',
+           'f"DCGM_FI_DEV_GPU_TEMP{{job=\\"dcgm\\"}} >= {t.gpu_temperature_celsius:g}",',
+           ("tests/test_monitoring_config.py",), "the temperature alert fires at the threshold itself"),
+    # --- capacity arithmetic ---------------------------------------------------------------------------
+    Mutant("kv-bytes-per-token-1pct", "components/planning/capacity.py",
+           "return 2 * kv_heads_per_gpu(arch, tp) * arch.head_dim * kv_bytes",
+           "return 2 * kv_heads_per_gpu(arch, tp) * arch.head_dim * kv_bytes * 101 // 100",
+           ("tests/test_capacity_pins.py",), "GQA KV cache bytes per token ~1 % off"),
+    Mutant("mla-kv-bytes-1pct", "components/planning/capacity.py",
+           "return (arch.kv_lora_rank + arch.qk_rope_head_dim) * kv_bytes",
+           "return (arch.kv_lora_rank + arch.qk_rope_head_dim) * kv_bytes * 101 // 100",
+           ("tests/test_capacity_pins.py",), "MLA KV cache bytes per token ~1 % off"),
+    Mutant("moe-experts-1pct", "components/planning/capacity.py",
+           "experts = arch.num_experts * 3 * h * arch.moe_intermediate_size / tp",
+           "experts = arch.num_experts * 3 * h * arch.moe_intermediate_size / tp * 1.01",
+           ("tests/test_capacity_pins.py",), "MoE expert weights ~1 % off"),
+    Mutant("gptq-scales-dropped", "components/planning/capacity.py",
+           "per_group = (2 + quant_bits / 8) / group_size if group_size > 0 else 0.0",
+           "per_group = 2 / group_size if group_size > 0 else 0.0",
+           ("tests/test_capacity_pins.py",), "GPTQ packed zero points not counted (~0.5 % of the weights)"),
+    # --- preview, secrets, triggers --------------------------------------------------------------------
+    Mutant("grafana-id-label-back", "components/monitoring.py",
+           "extra_deps=[password_file], replace_with=[password_file])",
+           "extra_deps=[password_file], labels=[docker.ContainerLabelArgs(label='w', value=password_file.id)])",
+           ("tests/test_harness.py", "tests/test_monitoring_component.py"),
+           "Grafana labelled with the password command's id (blind at preview)"),
+    Mutant("gateway-keys-stdout-unmarked", "components/gateway.py",
+           'opts=self.opts(additional_secret_outputs=["stdout"], depends_on=list(node.ready)))\n'
+           '            self.api_keys = pulumi.Output.secret(keys_cmd.stdout)',
+           'opts=self.opts(depends_on=list(node.ready)))\n'
+           '            self.api_keys = pulumi.Output.secret(keys_cmd.stdout)',
+           ("tests/test_harness.py", "tests/test_gateway_component.py"),
+           "generated API keys kept in plaintext in the state"),
+    Mutant("preview-known-ids", "plan/harness.py",
+           'return (UNKNOWN if _is_provider(args.typ) else ""), state',
+           'return f"{args.name}-id", state',
+           ("tests/test_harness.py",), "the mock answers a preview with known ids"),
+    Mutant("script-trigger-not-the-script", "components/planning/node_scripts.py",
+           "return hashlib.sha256(script.encode()).hexdigest()[:16]",
+           "return hashlib.sha256(script.strip().encode()).hexdigest()[:16]",
+           ("tests/test_gpu_node.py", "tests/test_model_weights.py", "tests/test_pools.py"),
+           "a script's trigger hashed from other text than the script that runs"),
+    # --- the policy pack as the CLI starts it ---------------------------------------------------------
+    Mutant("pack-serves-fewer-policies", "policies/__main__.py",
+           "PolicyPack(name=PACK_NAME, policies=POLICIES,", "PolicyPack(name=PACK_NAME, policies=POLICIES[1:],",
+           ("tests/test_policy_e2e.py::test_the_pack_starts_the_way_the_cli_runs_it",),
+           "the pack the CLI starts serves one policy fewer than the one the plan runs"),
+]
+
+
+def copy_tree(dest: Path) -> None:
+    """The working tree as it is (tracked and untracked files, not ignored ones), with the venv linked."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+                           capture_output=True).stdout.decode().split("\0")
+    for rel in filter(None, files):
+        src = ROOT / rel
+        if src.is_file() and not src.is_symlink():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    (dest / ".venv").symlink_to(ROOT / ".venv" if not (ROOT / ".venv").is_symlink() else (ROOT / ".venv").resolve())
+
+
+def run_mutant(m: Mutant, base: Path) -> tuple[str, float]:
+    """'killed', 'SURVIVED' or 'stale' (the text to replace is not there exactly once)."""
+    target = base / m.path
+    text = target.read_text()
+    if text.count(m.old) != 1:
+        return "stale", 0.0
+    target.write_text(text.replace(m.old, m.new))
+    start = time.monotonic()
+    try:
+        out = subprocess.run([str(PYTHON), "-m", "pytest", "-q", "-x", "-p", "no:randomly", "-p", "no:cacheprovider",
+                              *m.tests], cwd=base, capture_output=True, text=True, timeout=1800)
+    finally:
+        target.write_text(text)
+    # Exit 1 = tests failed (caught). 0 = all passed (survived). Anything else (usage, collection
+    # error) also counts as caught only if tests ran and failed: say which.
+    verdict = {0: "SURVIVED", 1: "killed"}.get(out.returncode, f"error rc={out.returncode}")
+    return verdict, time.monotonic() - start
+
+
+def main(words: list[str]) -> int:
+    chosen = [m for m in MUTANTS if not words or any(w in m.name for w in words)]
+    with tempfile.TemporaryDirectory(prefix="llm-cluster-mutants-") as tmp:
+        base = Path(tmp)
+        copy_tree(base)
+        results = []
+        for m in chosen:
+            verdict, took = run_mutant(m, base)
+            results.append((m, verdict))
+            print(f"{verdict:9} {took:6.0f}s  {m.name}: {m.why}", flush=True)
+    killed = sum(v == "killed" for _, v in results)
+    counted = [v for _, v in results if v != "stale"]
+    print(f"mutation score: {killed}/{len(counted)} killed"
+          + (f" ({len(results) - len(counted)} stale)" if len(counted) != len(results) else ""))
+    return 0 if killed == len(counted) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
