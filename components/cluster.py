@@ -13,6 +13,7 @@ from components.monitoring import Monitoring, MonitoringArgs
 from components.planning.engines import engine_for
 from components.planning.topology import all_instances, images_for_node, weights_nodes
 from components.ray_cluster import RayCluster, RayClusterArgs
+from components.smoke import SmokeTest, SmokeTestArgs
 from components.spec import NAMESPACE, StackSpec
 
 
@@ -48,6 +49,9 @@ def deploy(spec: StackSpec) -> dict[str, Any]:
             tls_cert=secrets.get_secret("gatewayTlsCert"), tls_key=secrets.get_secret("gatewayTlsKey")))
         outputs["gatewayUrl"] = gateway.url
         outputs["gatewayApiKeys"] = gateway.api_keys
+        if spec.gateway.smoke_test and servers:
+            # Last: every server healthy and the gateway up, then one answer per served name.
+            SmokeTest("smoke", SmokeTestArgs(spec, nodes[spec.gateway.node], gateway, list(servers.values())))
 
     if spec.monitoring is not None:
         monitoring = Monitoring("monitoring", MonitoringArgs(

@@ -1,0 +1,72 @@
+"""The deploy-time smoke test: what to ask the gateway (one chat completion per served name) and the script.
+
+The script runs on the gateway's node after the gateway and every model's health gate; the keys
+reach it on stdin (a secret, never in the command line), and components/planning/smoke_client.py
+does the requests.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from components.planning.topology import instances
+from components.planning.vllm import server_container_name
+from components.spec import StackSpec
+
+CLIENT_SOURCE = Path(__file__).with_name("smoke_client.py")
+_HEREDOC = "LLM_CLUSTER_SMOKE_PY"
+# Requests are tiny (16 tokens): a minute covers a cold first request on the largest pool.
+REQUEST_TIMEOUT_SECONDS = 120
+
+
+def key_for(spec: StackSpec, name: str, pool: str) -> str | None:
+    """The first key allowed to use this served name (its own allowlist: names or the pool); None without auth."""
+    g = spec.gateway
+    assert g is not None
+    if not g.auth:
+        return None
+    if not g.api_keys:
+        return "default"
+    for k in g.api_keys:
+        if not k.models or name in k.models or pool in k.models:
+            return k.id
+    return None
+
+
+def smoke_plan(spec: StackSpec, url: str) -> dict[str, object]:
+    """Every served name of every pool with the key to use and what to check when it fails."""
+    g = spec.gateway
+    assert g is not None
+    checks = []
+    for pool, p in spec.pools.items():
+        where = "; ".join(f"docker logs {server_container_name(i, spec)} on {i.head}" for i in instances(spec, pool))
+        for name in spec.served_names(p.model):
+            key = key_for(spec, name, pool)
+            check: dict[str, object] = {
+                "model": name, "pool": pool, "key_id": key,
+                "hint": f"docker logs llm-gateway on {g.node} (the usage line names the upstream); {where}"}
+            if g.auth and key is None:
+                check["skip"] = "no key in gateway.apiKeys may use it"
+            checks.append(check)
+    return {"url": url, "checks": checks, "timeout_seconds": REQUEST_TIMEOUT_SECONDS,
+            # nginx keeps a replica that failed while loading out for failTimeoutSeconds.
+            "retry_seconds": g.fail_timeout_seconds + 30}
+
+
+def smoke_script(spec: StackSpec, url: str) -> str:
+    """Bash for the gateway node: run the client with the plan; the keys JSON comes on stdin."""
+    source = CLIENT_SOURCE.read_text()
+    if f"\n{_HEREDOC}\n" in f"\n{source}\n":
+        raise ValueError(f"smoke client contains the heredoc delimiter {_HEREDOC}")
+    plan = json.dumps(smoke_plan(spec, url), sort_keys=True)
+    return f"""#!/usr/bin/env bash
+# llm-cluster: smoke test, one chat completion per served name through the gateway at {url}
+set -euo pipefail
+prog=$(mktemp)
+trap 'rm -f "$prog"' EXIT
+cat > "$prog" <<'{_HEREDOC}'
+{source.rstrip()}
+{_HEREDOC}
+python3 "$prog" {shlex.quote(plan)}
+"""
