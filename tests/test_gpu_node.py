@@ -66,7 +66,7 @@ def test_agent_connection_is_secret_and_leaves_the_socket_to_ssh_auth_sock(prod_
     conn = hosts.plain_inputs()["connection"]
     assert conn["host"] == "192.168.10.11" and conn["user"] == "root" and conn["port"] == 22
     assert "privateKey" not in conn and "agentSocketPath" not in conn and "hostKey" not in conn
-    assert [r.name for r in prod_run.by_type("command:local:Command")] == [f"{n}-clock" for n in NODES]
+    assert sorted(r.name for r in prod_run.by_type("command:local:Command")) == [f"{n}-clock" for n in NODES]
 
 
 def test_hosts_block_command(prod_run: ProgramRun, prod_spec: StackSpec) -> None:
