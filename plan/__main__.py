@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import sys
@@ -21,7 +22,8 @@ from plan.analyze import PolicyConfigError, analyze  # noqa: E402
 from plan.graph import component_graph, write_graph  # noqa: E402
 from plan.diff import keep_previous, plan_diff, previous_plan  # noqa: E402
 from plan.harness import DuplicateUrnError, run_main_program  # noqa: E402
-from plan.report import PlanResult, artifacts_of, plan_json, render_text, write_artifacts  # noqa: E402
+from plan.report import PlanResult, artifacts_of, in_stable_order, plan_json, render_text, write_artifacts  # noqa: E402
+from plan.redact import CREDENTIAL_SHAPES, REDACTED, Redactor  # noqa: E402
 from plan.secrets import find_leaks, text_leaks, unmarked_outputs  # noqa: E402
 from plan.stackfile import load_stack_file  # noqa: E402
 
@@ -75,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as err:
         print(f"invalid stack config {path}:", file=sys.stderr)
         for issue in err.issues:
-            print(f"  {issue}", file=sys.stderr)
+            print(f"  {CREDENTIAL_SHAPES.sub(REDACTED, str(issue))}", file=sys.stderr)
         return EXIT_INVALID
     try:
         policy_config = _json_file(args.policy_config, "--policy-config")
@@ -93,12 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     except DuplicateUrnError as err:  # the engine would refuse the whole preview
         print(f"the program cannot be deployed from {path}:\n  {err}", file=sys.stderr)
         return EXIT_INVALID
+    run = in_stable_order(run)
+    redactor = Redactor(run.registrations)
     step(f"program registered {len(run.registrations)} resources")
 
     # The stack's secrets, and (with --up) the keys and passwords the program has the hosts make.
     secrets = {**stack.secret_values, **run.generated_secrets()}
     leaks = find_leaks(run.registrations, secrets) + unmarked_outputs(run)
-    files = artifacts_of(run)
+    files = {rel: redactor.text(text) for rel, text in artifacts_of(run).items()}
     leaked_files = sorted(rel for rel, text in files.items() if text_leaks(text, secrets))
     if leaks or leaked_files:
         # Nothing is written: the plan's files would carry the secret too.
@@ -115,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     except PolicyConfigError as err:
         print(f"--policy-config {args.policy_config}: {err}", file=sys.stderr)
         return EXIT_INVALID
+    # Messages may quote what they refuse; cleaned before anything wraps or copies them.
+    violations = [dataclasses.replace(v, message=redactor.text(v.message)) for v in violations]
     step(f"policy pack: {len(violations)} violation(s)")
 
     out_dir = args.out / stack.name
@@ -122,15 +128,16 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
     previous_path = keep_previous(out_dir, previous)
-    result = PlanResult(stack.name, str(path), not args.up, spec, run, violations, capacity)
+    result = PlanResult(stack.name, str(path), not args.up, spec, run, violations, capacity,
+                        redactions=[str(r) for r in redactor.redactions])
     result.artifacts = write_artifacts(files, out_dir)
     result.artifacts += [str(p.relative_to(out_dir)) for p in write_graph(component_graph(run.registrations), out_dir)]
     if against is None and previous is not None:
         against, args.against = json.loads(previous), previous_path
     result.diff = plan_diff(against, plan_json(result), spec, str(args.against) if args.against else None)
-    text = render_text(result)
-    doc = json.dumps(plan_json(result), indent=2, sort_keys=False)
-    leaked = text_leaks(text + doc, secrets)
+    text = redactor.text(render_text(result))
+    doc = json.dumps(redactor.data(plan_json(result)), indent=2, sort_keys=False)
+    leaked = text_leaks(text + doc, secrets) + redactor.leftovers([text, doc])
     if leaked:  # belt and braces: the report itself must never carry a secret
         shutil.rmtree(out_dir, ignore_errors=True)
         print(f"refusing to write the plan: it would contain the secret(s) {', '.join(leaked)}", file=sys.stderr)

@@ -1,10 +1,11 @@
 """What the offline plan prints and writes: the readable plan, plan.json and the generated artifacts."""
 from __future__ import annotations
 
+import heapq
 import shlex
 import textwrap
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ class PlanResult:
     violations: list[Any] = field(default_factory=list)  # plan.analyze.Violation
     capacity: dict[str, Any] = field(default_factory=dict)
     artifacts: list[str] = field(default_factory=list)
+    redactions: list[str] = field(default_factory=list)  # where credentials were replaced (plan.redact)
     diff: dict[str, Any] | None = None  # plan.diff.plan_diff, against the previous plan
 
     @cached_property
@@ -47,6 +49,38 @@ class PlanResult:
     def mandatory(self) -> list[Any]:
         """Violations that fail `pulumi preview` (remediate counts as mandatory when reporting)."""
         return [v for v in self.violations if v.enforcement_level in ("mandatory", "remediate")]
+
+
+def in_stable_order(run: ProgramRun) -> ProgramRun:
+    """The run with its registrations in one order for every run of the same input.
+
+    The program registers from asyncio callbacks, so the order it happens to register in varies from run
+    to run; plans are diffed in CI, so every listing follows this order instead: parents and
+    dependencies before what needs them (the order `pulumi up` creates them in), ties by URN. Dependency
+    lists, gathered by the SDK as sets, are sorted.
+    """
+    regs = {r.urn: r for r in run.registrations}
+    needs: dict[str, set[str]] = {
+        r.urn: ({r.parent} | set(r.dependencies) | {d for ds in r.property_dependencies.values() for d in ds})
+        & regs.keys() - {r.urn}
+        for r in run.registrations}
+    users: dict[str, list[str]] = defaultdict(list)
+    for urn, deps in needs.items():
+        for dep in deps:
+            users[dep].append(urn)
+    ready = [urn for urn, deps in needs.items() if not deps]
+    heapq.heapify(ready)
+    ordered: list[Registration] = []
+    while ready:
+        urn = heapq.heappop(ready)
+        r = regs[urn]
+        ordered.append(replace(r, dependencies=sorted(r.dependencies), property_dependencies={
+            k: sorted(v) for k, v in sorted(r.property_dependencies.items())}))
+        for user in users[urn]:
+            needs[user].discard(urn)
+            if not needs[user]:
+                heapq.heappush(ready, user)
+    return replace(run, registrations=ordered)
 
 
 def node_index(run: ProgramRun, spec: StackSpec) -> dict[str, str]:
@@ -190,10 +224,15 @@ def render_text(result: PlanResult) -> str:
     if result.diff is not None:
         out += render_diff(result.diff)
 
+    if result.redactions:
+        out.append("\nRedacted (credentials in plain text, shown as [redacted] here and in every file of this plan)")
+        out += [f"  {where}" for where in result.redactions]
+
     out.append("\nPolicy")
     if not result.violations:
         out.append("  no violations")
-    for v in sorted(result.violations, key=lambda v: (v.enforcement_level != "mandatory", v.policy_name)):
+    for v in sorted(result.violations, key=lambda v: (v.enforcement_level != "mandatory", v.policy_name, v.urn,
+                                                      v.message)):
         out += textwrap.wrap(f"[{v.enforcement_level}] {v.policy_name} · {v.resource_name}: {v.message}",
                              width=110, initial_indent="  ", subsequent_indent="      ")
     verdict = (f"{len(result.mandatory)} mandatory violation(s): `pulumi preview --policy-pack policies` "
@@ -227,6 +266,7 @@ def plan_json(result: PlanResult) -> dict[str, Any]:
         },
         "capacity": result.capacity,
         "artifacts": result.artifacts,
+        "redactions": result.redactions,
         **({"diff": result.diff} if result.diff is not None else {}),
     }
 

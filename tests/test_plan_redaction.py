@@ -1,0 +1,95 @@
+"""No credential planted in a stack comes back in any byte the plan prints or writes, and the plan still
+says where each one is (plan.redact). The real `python -m plan`, as CI runs it."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from plan.harness import Registration
+from plan.redact import REDACTED, Redactor
+from tests.conftest import ROOT, prod_config
+
+NS = "llm-cluster:"
+# Every place a free value enters the stack, each with its own credential (by name, by flag, by shape).
+PLANTED = {
+    "pools.chat.env HF_TOKEN": "hf_PLANTEDenvA1b2C3d4E5f6G7h8I9j0",
+    "pools.chat.env X_TOKEN (short)": "pl4nt",
+    "pools.chat.env (harmless name, token shape)": "ghp_PLANTEDshapeA1b2C3d4E5f6G7h8I9j0K1l2",
+    "nccl.extraEnv WANDB_API_KEY": "planted-nccl-wandb-key-0001",
+    "pools.reasoning.vllm.extraArgs --api-key": "planted-api-key-0002",
+    "pools.chat.vllm.extraArgs --hf-token=": "planted-hf-token-0003",
+    "pools.reasoning.env (harmless name, OpenAI shape)": "sk-PLANTEDabcdefghijklmnopqrstuv0004",
+}
+
+
+def planted_stack(tmp_path: Path) -> Path:
+    config: dict[str, Any] = prod_config()
+    chat, reasoning = config[NS + "pools"]["chat"], config[NS + "pools"]["reasoning"]
+    chat["env"] = {"HF_TOKEN": PLANTED["pools.chat.env HF_TOKEN"], "X_TOKEN": PLANTED["pools.chat.env X_TOKEN (short)"],
+                   "MODEL_MIRROR": PLANTED["pools.chat.env (harmless name, token shape)"]}
+    config[NS + "nccl"] = {**config.get(NS + "nccl", {}),
+                           "extraEnv": {"WANDB_API_KEY": PLANTED["nccl.extraEnv WANDB_API_KEY"]}}
+    reasoning["vllm"]["extraArgs"] = ["--api-key", PLANTED["pools.reasoning.vllm.extraArgs --api-key"]]
+    chat["vllm"]["extraArgs"] = ["--hf-token=" + PLANTED["pools.chat.vllm.extraArgs --hf-token="]]
+    reasoning["env"] = {**reasoning.get("env", {}),
+                        "UPSTREAM": PLANTED["pools.reasoning.env (harmless name, OpenAI shape)"]}
+    path = tmp_path / "Pulumi.planted.yaml"
+    path.write_text(yaml.safe_dump({"config": config}))
+    return path
+
+
+def test_no_planted_credential_is_printed_or_written_and_each_is_located(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "plan", "--config", str(planted_stack(tmp_path)), "--out", str(out)],
+                          cwd=ROOT, capture_output=True, timeout=300)
+    assert done.returncode == 1, done.stderr.decode()  # no-plaintext-secrets refuses them
+    written = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert {"planted/plan.txt", "planted/plan.json"} <= set(written)
+    streams = {"stdout": done.stdout, "stderr": done.stderr, **written}
+    for where, value in PLANTED.items():
+        for name, data in streams.items():
+            assert value.encode() not in data, f"{where}: the planted value is in {name}"
+    text = written["planted/plan.txt"].decode()
+    # Still said where: in the listing, the redaction list and the policy's own message.
+    assert "HF_TOKEN=[redacted]" in text and "WANDB_API_KEY=[redacted]" in text and "X_TOKEN=[redacted]" in text
+    assert re.search(r"--api-key\s+\[redacted\]", text) and "--hf-token=[redacted]" in text
+    chat = "chat-gpu-03, chat-gpu-04, chat-gpu-05, chat-gpu-06"
+    listed = text.split("\nRedacted")[1].split("\nPolicy")[0]
+    for line in (f"inputs.env.HF_TOKEN (env HF_TOKEN) in {chat}\n",
+                 f"inputs.env.MODEL_MIRROR (shaped like a credential) in {chat}\n",
+                 f"inputs.env.WANDB_API_KEY (env WANDB_API_KEY) in {chat}, reasoning-gpu-01\n",
+                 "inputs.argv[32] (flag --api-key) in reasoning-gpu-01\n",
+                 f"inputs.argv[26] (flag --hf-token) in {chat}\n",
+                 "inputs.envs[10] (env WANDB_API_KEY) in reasoning-gpu-01-ray-head, reasoning-gpu-01-ray-worker-gpu-02\n"):
+        assert line in listed, line
+    # The stack keys the ModelServers carry are not credentials: they stay readable.
+    assert '"HF_TOKEN": "pools.chat.env.HF_TOKEN"' in written["planted/plan.json"].decode()
+    assert "no-plaintext-secrets" in text and "credential in plain text: env HF_TOKEN" in text
+
+
+def registration(inputs: dict[str, Any]) -> Registration:
+    return Registration(urn="urn:x", type="docker:index/container:Container", name="c", parent="", custom=True,
+                        inputs=inputs, dependencies=[], property_dependencies={}, provider="", options={})
+
+
+def test_values_in_scripts_and_env_lists_are_found_and_the_harmless_are_left() -> None:
+    r = Redactor([registration({
+        "envs": ["GRAFANA_PASSWORD=letmein99", "NCCL_DEBUG=WARN", "API_KEY_FILE=/etc/k"],
+        "create": "#!/usr/bin/env bash\nexport HF_TOKEN=hf_inScriptValue12345678901\nkey=\"$(cat /etc/k)\"\n",
+        "command": ["vllm", "serve", "/m", "--api-key", "abc12345x"],
+    })])
+    assert [str(x) for x in r.redactions] == [
+        "inputs.envs[0] (env GRAFANA_PASSWORD) in c", "inputs.create (script assignment HF_TOKEN) in c",
+        "inputs.command[4] (flag --api-key) in c"]
+    assert r.text("GRAFANA_PASSWORD=letmein99 NCCL_DEBUG=WARN x=$(cat /f) --api-key abc12345x") == (
+        f"GRAFANA_PASSWORD={REDACTED} NCCL_DEBUG=WARN x=$(cat /f) --api-key {REDACTED}")
+    assert r.data({"env": {"SOME_TOKEN": "v", "PATH": "/bin"}, "argv": ["--hf-token", "tok"]}) == {
+        "env": {"SOME_TOKEN": REDACTED, "PATH": "/bin"}, "argv": ["--hf-token", REDACTED]}
+    # Pulumi secrets are already masked; references to files and variables are not credentials.
+    assert r.text("X_SECRET=[secret] Y_TOKEN=$TOKEN Z_PASSWORD=/run/secrets/z") == (
+        "X_SECRET=[secret] Y_TOKEN=$TOKEN Z_PASSWORD=/run/secrets/z")
