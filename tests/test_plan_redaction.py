@@ -63,10 +63,11 @@ def test_no_planted_credential_is_printed_or_written_and_each_is_located(tmp_pat
     for line in (f"inputs.env.HF_TOKEN (env HF_TOKEN) in {chat}\n",
                  f"inputs.env.MODEL_MIRROR (shaped like a credential) in {chat}\n",
                  f"inputs.env.WANDB_API_KEY (env WANDB_API_KEY) in {chat}, reasoning-gpu-01\n",
-                 "inputs.argv[32] (flag --api-key) in reasoning-gpu-01\n",
-                 f"inputs.argv[26] (flag --hf-token) in {chat}\n",
                  "inputs.envs[10] (env WANDB_API_KEY) in reasoning-gpu-01-ray-head, reasoning-gpu-01-ray-worker-gpu-02\n"):
         assert line in listed, line
+    # argv positions move with the typed flags; the flag named is what says where.
+    assert re.search(r"inputs\.argv\[\d+\] \(flag --api-key\) in reasoning-gpu-01\n", listed)
+    assert re.search(rf"inputs\.argv\[\d+\] \(flag --hf-token\) in {chat}\n", listed)
     # The stack keys the ModelServers carry are not credentials: they stay readable.
     assert '"HF_TOKEN": "pools.chat.env.HF_TOKEN"' in written["planted/plan.json"].decode()
     assert "no-plaintext-secrets" in text and "credential in plain text: env HF_TOKEN" in text
