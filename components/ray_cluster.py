@@ -14,6 +14,8 @@ from components.gpu_containers import (
 )
 from components.gpu_node import GpuNode
 from components.planning import ray as plan
+from components.planning.node_scripts import bash_command, script_hash
+from components.planning.rdma import rdma_script
 from components.planning.topology import Instance
 from components.planning.engines import engine_for
 from components.planning.engines.base import container_name, supervised_argv
@@ -48,6 +50,15 @@ class RayCluster(Component):
                                 "head": inst.head, "wantGpus": wanted, "image": pool.image,
                                 "rayPort": pool.ray_port}, opts)
         head_node = args.nodes[inst.head]
+        # ib_write_bw between every pair of the instance's nodes before any Ray container starts.
+        self.rdma: remote.Command | None = None
+        if spec.preflight.rdma_bandwidth and not spec.nccl.ib_disable:
+            rdma = rdma_script(spec, inst)
+            self.rdma = remote.Command(
+                self.child("rdma"), connection=head_node.connection, create=bash_command(rdma),
+                triggers=[script_hash(rdma)], logging="stdoutAndStderr",
+                opts=self.opts(depends_on=[r for n in inst.nodes for r in args.nodes[n].ready]))
+        before_head = [self.rdma] if self.rdma is not None else []
         script = plan.ray_head_script(spec, inst)
         head_name = container_name(inst, "ray-head")
         # ray-head.sh writes the cluster's size there for the node's node-exporter (see planning.ray).
@@ -60,7 +71,7 @@ class RayCluster(Component):
                      *server_uploads(spec, inst)],
             healthcheck=server_healthcheck(spec, inst),
             **gpu_container_args(spec, inst, head_node, inst.head, "ray-head", [textfile_dir]),
-            opts=self.opts(**gpu_container_opts(head_node, inst.head, args.weights_ready)))
+            opts=self.opts(**gpu_container_opts(head_node, inst.head, args.weights_ready, before_head)))
         self.workers: dict[str, docker.Container] = {}
         for n in inst.nodes[1:]:
             worker_argv = plan.ray_worker_argv(spec, inst, n)
