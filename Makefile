@@ -9,8 +9,10 @@ STACK ?= prod
 CONFIG ?=
 PLAN_ARGS ?=
 PYTEST_ARGS ?=
+POOL ?=
+ROLLOUT_ARGS ?=
 
-.PHONY: plan test system-deps bench clean
+.PHONY: plan rollout test system-deps bench clean
 
 $(VENV)/.runtime: requirements.txt
 	@test -x $(VENV)/bin/pip || { rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
@@ -26,6 +28,12 @@ $(VENV)/.test: requirements.txt requirements-test.txt $(VENV)/.runtime
 ## "Error 1" or "Error 2" — scripts that must tell them apart run `.venv/bin/python -m plan` directly.
 plan: $(VENV)/.runtime
 	@$(PY) -m plan $(if $(CONFIG),--config $(CONFIG),--stack $(STACK)) $(PLAN_ARGS)
+
+## rollout: roll a change out to POOL of Pulumi.$(STACK).yaml instance by instance (Automation API, the
+## `pulumi` CLI on PATH; ROLLOUT_ARGS=--dry-run prints the steps, --max-unavailable N)
+rollout: $(VENV)/.runtime
+	@test -n "$(POOL)" || { echo "make rollout needs POOL=<pool>" >&2; exit 2; }
+	@$(PY) -m plan.rollout --stack $(STACK) --pool $(POOL) $(ROLLOUT_ARGS)
 
 ## system-deps: Debian packages the real-tool tests use (installs them when root, else says what to install)
 system-deps:

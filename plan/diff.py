@@ -235,7 +235,7 @@ def _down_minutes(spec: StackSpec, pool: str) -> int | None:
 
 def _max_unavailable(spec: StackSpec, pool: str) -> int:
     p = spec.pools.get(pool)
-    return int(getattr(p, "max_unavailable", 1) or 1) if p is not None else 1
+    return p.max_unavailable if p is not None else 1
 
 
 def service_impact(changes: list[ResourceChange], before: dict[str, Any], after: dict[str, Any],

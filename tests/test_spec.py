@@ -35,7 +35,7 @@ REFUSED: list[tuple[str, Mutation, list[str]]] = [
     ("unknown key lists the allowed ones",
      lambda c: section(c, "pools")["chat"].update(tensorParalel=8),
      ["pools.chat.tensorParalel: unknown key 'tensorParalel'; allowed keys here: engine, env, image, "
-      "loadTimeoutMinutes, model, nodes, pipelineParallel, port, rayClientPort, rayDashboardPort, "
+      "loadTimeoutMinutes, maxUnavailable, model, nodes, pipelineParallel, port, rayClientPort, rayDashboardPort, "
       "rayGateTimeoutSeconds, rayPort, readTimeoutSeconds, replicasPerNode, "
       "restartUnhealthyAfterSeconds, shmSizeGib, tensorParallel, vllm"]),
     ("required key missing",

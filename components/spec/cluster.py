@@ -422,6 +422,9 @@ class PoolSpec(Spec):
     load_timeout_minutes: int = Field(default=30, ge=1)
     """How long the readiness gate waits for /health (weights load 5–15 min on local disks)."""
     ray_gate_timeout_seconds: int = Field(default=300, ge=10)
+    max_unavailable: int = Field(default=1, ge=1)
+    """Instances `make rollout` replaces at once (the others keep serving); the plan diff recommends a
+    rollout when a change would restart more of them together."""
     restart_unhealthy_after_seconds: int = Field(default=300, ge=0)
     """Restart a server whose /health fails this long after it has served (0: never). docker alone
     does not restart an unhealthy container; a server that never becomes healthy within

@@ -1,0 +1,211 @@
+"""`make rollout STACK=prod POOL=chat`: roll a change out to a pool a few instances at a time.
+
+Through Pulumi's Automation API (which drives the `pulumi` CLI on PATH), per step of at most
+`maxUnavailable` instances:
+1. `pulumi up --target <the instances' containers, the images they run on their nodes, the gates that
+   check them> --target-dependents`: the old containers go, the new ones start, and the up returns
+   only when their health gates (Ray's GPU gate, /health) pass;
+2. a check through the gateway: chat completions for the pool's model must answer 200 (the gateway
+   balances over the pool, so this proves the pool serves with the new instances in it);
+3. the next step — or, on the first failure, stop and say which instance is left in which state.
+The other instances keep serving throughout. What is not an instance (weights, node scripts, the
+gateway and monitoring config) is not touched: run a full `pulumi up` after the rollout.
+
+The URNs come from the program itself, run under the mock runtime as `make plan` runs it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import ssl
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pulumi import automation as auto  # noqa: E402
+
+from components.planning.topology import instances  # noqa: E402
+from components.spec import SpecError, StackSpec, load_stack_config  # noqa: E402
+from plan.harness import ProgramRun, Registration, run_main_program  # noqa: E402
+from plan.stackfile import load_stack_file  # noqa: E402
+
+CONTAINER = "docker:index/container:Container"
+INSTANCE_LABEL = "llm-cluster.instance"
+EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Step:
+    """Instances replaced together, and the URNs `pulumi up --target` gets for them."""
+
+    instances: tuple[str, ...]
+    targets: tuple[str, ...]
+
+
+def _labels(r: Registration) -> dict[str, str]:
+    return {lbl.get("label"): lbl.get("value") for lbl in r.display_inputs().get("labels") or []}
+
+
+def instance_targets(run: ProgramRun, instance: str) -> list[str]:
+    """URNs of an instance: its containers, what their inputs read from (images), and what reads them (gates)."""
+    by_urn = {r.urn: r for r in run.registrations}
+    containers = [r for r in run.by_type(CONTAINER) if _labels(r).get(INSTANCE_LABEL) == instance]
+    if not containers:
+        return []
+    picked = {r.urn for r in containers}
+    # The image a container runs is a RemoteImage on its node: a new image must be pulled in the same up.
+    for r in containers:
+        for urns in r.property_dependencies.values():
+            picked |= {u for u in urns if u in by_urn and by_urn[u].custom and by_urn[u].provider == r.provider}
+    # Gates read the containers' ids: they re-run and must pass before the step counts as done.
+    grew = True
+    while grew:
+        readers = {r.urn for r in run.registrations if r.custom and r.urn not in picked
+                   and any(u in picked for us in r.property_dependencies.values() for u in us)
+                   and r.type.startswith("command:")}
+        picked |= readers
+        grew = bool(readers)
+    return [r.urn for r in run.registrations if r.urn in picked]
+
+
+def rollout_steps(run: ProgramRun, spec: StackSpec, pool: str, max_unavailable: int) -> list[Step]:
+    """The pool's instances in stack order, `max_unavailable` per step, each with its target URNs."""
+    names = [i.name for i in instances(spec, pool)]
+    return [Step(tuple(batch), tuple(u for name in batch for u in instance_targets(run, name)))
+            for batch in (names[k:k + max_unavailable] for k in range(0, len(names), max_unavailable))]
+
+
+def gateway_check(url: str, api_key: str | None, model: str, *, attempts: int = 3, timeout_s: float = 300,
+                  insecure: bool = False) -> str | None:
+    """None when `attempts` chat completions for `model` through the gateway all answer 200; else what failed."""
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Say OK."}],
+                       "max_tokens": 1, "stream": False}).encode()
+    headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {api_key}"} if api_key else {})
+    context = ssl._create_unverified_context() if insecure else None  # noqa: S323 (the operator's choice)
+    for n in range(1, attempts + 1):
+        request = urllib.request.Request(f"{url.rstrip('/')}/v1/chat/completions", data=body, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s, context=context) as resp:  # noqa: S310
+                resp.read()
+        except urllib.error.HTTPError as e:
+            return f"request {n}/{attempts} for model {model!r} through {url} answered {e.code}: " \
+                   f"{e.read()[:300].decode(errors='replace')}"
+        except OSError as e:
+            return f"request {n}/{attempts} for model {model!r} through {url} failed: {e}"
+    return None
+
+
+def _first_key(outputs: dict[str, Any]) -> str | None:
+    """The first API key of the stack output gatewayApiKeys ({"<id>": "<key>"}), None without auth."""
+    value = outputs.get("gatewayApiKeys")
+    raw = getattr(value, "value", value)
+    if not raw:
+        return None
+    keys = json.loads(raw) if isinstance(raw, str) else raw
+    return next(iter(keys.values()), None)
+
+
+def _output(outputs: dict[str, Any], name: str) -> Any:
+    value = outputs.get(name)
+    return getattr(value, "value", value)
+
+
+def _states(steps: list[Step], at: int, failed: str) -> list[str]:
+    """Which instance is left in which state when step `at` failed."""
+    lines = []
+    for k, step in enumerate(steps):
+        for name in step.instances:
+            if k < at:
+                lines.append(f"  {name}: rolled out, healthy and serving through the gateway")
+            elif k == at:
+                lines.append(f"  {name}: {failed}")
+            else:
+                lines.append(f"  {name}: not touched (still the previous version, serving)")
+    return lines
+
+
+def rollout(stack: Any, steps: list[Step], model: str, *, check: Callable[..., str | None] = gateway_check,
+            say: Callable[[str], None] = print, policy_pack: Path | None = ROOT / "policies",
+            insecure: bool = False) -> int:
+    """Run the steps on an Automation API stack; stop at the first failure, naming each instance's state."""
+    for k, step in enumerate(steps):
+        names = ", ".join(step.instances)
+        say(f"[{k + 1}/{len(steps)}] {names}: pulumi up --target-dependents with {len(step.targets)} targets")
+        if not step.targets:
+            say(f"rollout stopped: the program registers no container for {names}")
+            return EXIT_FAILED
+        try:
+            result = stack.up(target=list(step.targets), target_dependents=True,
+                              policy_packs=[str(policy_pack)] if policy_pack else None,
+                              on_output=lambda line: say(f"    {line.rstrip()}"))
+        except auto.errors.CommandError as e:
+            say(f"rollout stopped at {names}: pulumi up failed ({str(e).strip().splitlines()[-1] if str(e).strip() else e})")
+            say("\n".join(_states(steps, k, "replaced by a failed up: its containers or health gate did not come "
+                                            "up; see the up output above, `docker ps -a` and `docker logs` on its nodes")))
+            return EXIT_FAILED
+        url = _output(result.outputs, "gatewayUrl")
+        if url:
+            problem = check(url, _first_key(result.outputs), model, insecure=insecure)
+            if problem:
+                say(f"rollout stopped at {names}: healthy, but the gateway check failed: {problem}")
+                say("\n".join(_states(steps, k, "replaced and healthy (its gates passed), but the pool does not "
+                                                "serve through the gateway; check the gateway's error log")))
+                return EXIT_FAILED
+            say(f"    {names}: healthy; the gateway serves {model}")
+        else:
+            say(f"    {names}: healthy (the stack has no gateway to check through)")
+    say(f"rollout done: {sum(len(s.instances) for s in steps)} instance(s); run `pulumi up` for anything else "
+        "the change touches (config reloads, weights, node scripts)")
+    return EXIT_OK
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m plan.rollout", description=__doc__.split("\n\n")[0])
+    p.add_argument("--stack", default="prod", help="the Pulumi stack (Pulumi.<stack>.yaml; default: prod)")
+    p.add_argument("--pool", required=True, help="the pool to roll out")
+    p.add_argument("--max-unavailable", type=int, help="instances per step (default: the pool's maxUnavailable)")
+    p.add_argument("--insecure", action="store_true", help="do not verify the gateway's TLS certificate")
+    p.add_argument("--dry-run", action="store_true", help="print the steps and their targets, change nothing")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Plan the steps from the program, then run them through the Automation API."""
+    args = _parser().parse_args(argv)
+    path = ROOT / f"Pulumi.{args.stack}.yaml"
+    try:
+        stack_file = load_stack_file(path, args.stack)
+        spec = load_stack_config(stack_file.config, stack_file.secret_keys)
+    except SpecError as err:
+        print(f"invalid stack config {path}:", file=sys.stderr)
+        for issue in err.issues:
+            print(f"  {issue}", file=sys.stderr)
+        return EXIT_INVALID
+    if args.pool not in spec.pools:
+        print(f"--pool {args.pool!r}: the stack's pools are {', '.join(spec.pools)}", file=sys.stderr)
+        return EXIT_INVALID
+    limit = args.max_unavailable or spec.pools[args.pool].max_unavailable
+    if limit < 1:
+        print("--max-unavailable must be at least 1", file=sys.stderr)
+        return EXIT_INVALID
+    run = run_main_program(stack_file.config, stack_file.secret_keys, stack=stack_file.name, preview=True)
+    steps = rollout_steps(run, spec, args.pool, limit)
+    model = spec.served_names(spec.pools[args.pool].model)[0]
+    if args.dry_run:
+        for k, step in enumerate(steps, 1):
+            print(f"[{k}/{len(steps)}] {', '.join(step.instances)}")
+            print("\n".join(f"    --target {u}" for u in step.targets))
+        return EXIT_OK
+    stack = auto.select_stack(stack_name=args.stack, work_dir=str(ROOT))
+    return rollout(stack, steps, model, insecure=args.insecure)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

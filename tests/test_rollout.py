@@ -1,0 +1,159 @@
+"""`make rollout`: the sequencing, through Pulumi's real Automation API driving a recorded stand-in for the CLI.
+
+The stand-in (tests/fixtures/pulumi-standin/pulumi) answers what the Automation API asks in the formats it
+parses; the gateway is a loopback HTTP server that records each request and how many `up`s had run by then.
+"""
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components.spec import StackSpec
+from plan import rollout
+from plan.harness import ProgramRun
+
+ROOT = Path(__file__).resolve().parent.parent
+STANDIN = ROOT / "tests" / "fixtures" / "pulumi-standin"
+CHAT = ["chat-gpu-03", "chat-gpu-04", "chat-gpu-05", "chat-gpu-06"]
+
+
+class Gateway(http.server.BaseHTTPRequestHandler):
+    """Answers /v1/chat/completions with the next scripted status; records (ups so far, model, auth)."""
+
+    statuses: list[int] = []
+    seen: list[tuple[int, str, str]] = []
+    log: Path
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        ups = sum(json.loads(line)["argv"][0] == "up" for line in type(self).log.read_text().splitlines())
+        type(self).seen.append((ups, body["model"], self.headers.get("Authorization", "")))
+        status = type(self).statuses.pop(0) if type(self).statuses else 200
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b'{"choices": [{"message": {"content": "OK"}}]}' if status == 200 else b'{"error": "no upstream"}')
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+    """The stand-in CLI first on PATH, a gateway on loopback, and the scenario they replay."""
+    log, scenario = tmp_path / "pulumi-calls.jsonl", tmp_path / "scenario.json"
+    log.write_text("")
+    server = http.server.HTTPServer(("127.0.0.1", 0), Gateway)
+    Gateway.statuses, Gateway.seen, Gateway.log = [], [], log
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("PATH", f"{STANDIN}:{__import__('os').environ['PATH']}")
+    monkeypatch.setenv("PULUMI_STANDIN_LOG", str(log))
+    monkeypatch.setenv("PULUMI_STANDIN_SCENARIO", str(scenario))
+    state: dict[str, Any] = {"log": log, "scenario": scenario, "url": f"http://127.0.0.1:{server.server_port}"}
+
+    def play(ups: list[dict[str, Any]] | None = None) -> None:
+        scenario.write_text(json.dumps({
+            "ups": ups or [], "secretOutputs": ["gatewayApiKeys"],
+            "outputs": {"gatewayUrl": state["url"], "gatewayApiKeys": json.dumps({"default": "sk-test-1"})}}))
+    state["play"] = play
+    yield state
+    server.shutdown()
+
+
+def calls(log: Path) -> list[list[str]]:
+    return [json.loads(line)["argv"] for line in log.read_text().splitlines()]
+
+
+def up_targets(argv: list[str]) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv) if a == "--target"]
+
+
+def expected_targets(run: ProgramRun, instance: str) -> list[str]:
+    return rollout.instance_targets(run, instance)
+
+
+def test_each_instance_is_up_targeted_then_checked_through_the_gateway_before_the_next(
+        cli: dict[str, Any], prod_preview_run: ProgramRun, capsys: pytest.CaptureFixture[str]) -> None:
+    cli["play"]()
+    assert rollout.main(["--stack", "prod", "--pool", "chat"]) == 0
+    argvs = calls(cli["log"])
+    assert argvs[0] == ["version"]
+    assert argvs[1] == ["stack", "select", "--stack", "prod"]
+    assert all(json.loads(line)["nonInteractive"] for line in cli["log"].read_text().splitlines()[1:])
+    ups = [a for a in argvs if a[0] == "up"]
+    assert [up_targets(a) for a in ups] == [expected_targets(prod_preview_run, i) for i in CHAT]
+    first = ups[0]
+    assert first[:3] == ["up", "--yes", "--skip-preview"]
+    assert "--target-dependents" in first
+    assert first[first.index("--policy-pack") + 1] == str(ROOT / "policies")
+    assert first[first.index("--stack") + 1] == "prod"
+    # Three checks through the gateway after each up and before the next, with the stack's key.
+    assert Gateway.seen == [(n, "qwen3-30b-a3b", "Bearer sk-test-1") for n in (1, 2, 3, 4) for _ in range(3)]
+    out = capsys.readouterr().out
+    assert "[1/4] chat-gpu-03: pulumi up --target-dependents with 3 targets" in out
+    assert "chat-gpu-06: healthy; the gateway serves qwen3-30b-a3b" in out
+    assert "rollout done: 4 instance(s)" in out
+
+
+def test_an_instance_targets_its_container_its_image_on_that_node_and_its_gate(prod_preview_run: ProgramRun) -> None:
+    names = [u.rsplit("::", 1)[1] for u in rollout.instance_targets(prod_preview_run, "chat-gpu-04")]
+    assert names == ["gpu-04-image-" + names[0].split("gpu-04-image-")[1], "chat-gpu-04-vllm", "chat-gpu-04-health"]
+    ray = [u.rsplit("::", 1)[1] for u in rollout.instance_targets(prod_preview_run, "reasoning-gpu-01")]
+    assert sorted(n for n in ray if "image" not in n) == [
+        "reasoning-gpu-01-health", "reasoning-gpu-01-ray-gate", "reasoning-gpu-01-ray-head",
+        "reasoning-gpu-01-ray-worker-gpu-02"]
+    assert sorted(n.split("-image-")[0] for n in ray if "image" in n) == ["gpu-01", "gpu-02"]
+
+
+def test_the_first_failed_up_stops_the_rollout_and_names_each_instance_state(
+        cli: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    cli["play"]([{"exit": 0}, {"exit": 255, "stderr": "error: update failed: chat-gpu-04-health: "
+                                                      "http://192.168.10.14:8000/health not healthy after 1800s\n"}])
+    assert rollout.main(["--stack", "prod", "--pool", "chat"]) == 1
+    assert sum(a[0] == "up" for a in calls(cli["log"])) == 2  # no third up
+    assert [n for n, _, _ in Gateway.seen] == [1, 1, 1]  # checked after the first only
+    out = capsys.readouterr().out
+    assert "rollout stopped at chat-gpu-04: pulumi up failed" in out
+    assert "  chat-gpu-03: rolled out, healthy and serving through the gateway" in out
+    assert "  chat-gpu-04: replaced by a failed up: its containers or health gate did not come up" in out
+    assert "  chat-gpu-05: not touched (still the previous version, serving)" in out
+    assert "  chat-gpu-06: not touched (still the previous version, serving)" in out
+
+
+def test_a_pool_that_does_not_serve_through_the_gateway_stops_the_rollout(
+        cli: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    cli["play"]()
+    Gateway.statuses = [200, 502]
+    assert rollout.main(["--stack", "prod", "--pool", "chat"]) == 1
+    assert sum(a[0] == "up" for a in calls(cli["log"])) == 1
+    out = capsys.readouterr().out
+    assert "rollout stopped at chat-gpu-03: healthy, but the gateway check failed: request 2/3 for model " \
+           f"'qwen3-30b-a3b' through {cli['url']} answered 502" in out
+    assert "  chat-gpu-03: replaced and healthy (its gates passed), but the pool does not serve" in out
+    assert "  chat-gpu-04: not touched" in out
+
+
+def test_max_unavailable_replaces_that_many_instances_per_step(
+        cli: dict[str, Any], prod_preview_run: ProgramRun) -> None:
+    cli["play"]()
+    assert rollout.main(["--stack", "prod", "--pool", "chat", "--max-unavailable", "2"]) == 0
+    ups = [up_targets(a) for a in calls(cli["log"]) if a[0] == "up"]
+    pairs = [CHAT[:2], CHAT[2:]]
+    assert ups == [[u for i in pair for u in expected_targets(prod_preview_run, i)] for pair in pairs]
+
+
+def test_the_pool_default_comes_from_max_unavailable_in_the_stack(prod_spec: StackSpec, prod_preview_run: ProgramRun) -> None:
+    assert prod_spec.pools["chat"].max_unavailable == 1
+    steps = rollout.rollout_steps(prod_preview_run, prod_spec, "chat", 3)
+    assert [s.instances for s in steps] == [tuple(CHAT[:3]), tuple(CHAT[3:])]
+
+
+def test_an_unknown_pool_exits_2_naming_the_pools(capsys: pytest.CaptureFixture[str]) -> None:
+    assert rollout.main(["--stack", "prod", "--pool", "nope"]) == 2
+    assert "--pool 'nope': the stack's pools are reasoning, chat" in capsys.readouterr().err
