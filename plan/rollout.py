@@ -64,12 +64,13 @@ def instance_targets(run: ProgramRun, instance: str) -> list[str]:
     for r in containers:
         for urns in r.property_dependencies.values():
             picked |= {u for u in urns if u in by_urn and by_urn[u].custom and by_urn[u].provider == r.provider}
-    # Gates read the containers' ids: they re-run and must pass before the step counts as done.
+    # The instance's gates (children of its components) read the containers' ids: they re-run and
+    # must pass before the step counts as done. Cluster-wide checks follow as dependents.
+    own = {r.urn for r in run.registrations if not r.custom and r.plain_inputs().get("instance") == instance}
     grew = True
     while grew:
-        readers = {r.urn for r in run.registrations if r.custom and r.urn not in picked
-                   and any(u in picked for us in r.property_dependencies.values() for u in us)
-                   and r.type.startswith("command:")}
+        readers = {r.urn for r in run.registrations if r.custom and r.urn not in picked and r.parent in own
+                   and any(u in picked for us in r.property_dependencies.values() for u in us)}
         picked |= readers
         grew = bool(readers)
     return [r.urn for r in run.registrations if r.urn in picked]
