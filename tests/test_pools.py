@@ -105,12 +105,13 @@ def pool_of(run: ProgramRun, urn: str) -> str | None:
 
 def test_reference_pools_register_these_components_and_children(prod_run: ProgramRun) -> None:
     regs = mine(prod_run)
-    assert Counter(r.type for r in regs) == {SERVER: 5, RAY: 1, CONTAINER: 6, COMMAND: 6}
+    assert Counter(r.type for r in regs) == {SERVER: 5, RAY: 1, CONTAINER: 6, COMMAND: 7}
     parent_name = {r.urn: r.name for r in prod_run.registrations}
     assert sorted((r.name, parent_name.get(r.parent, "stack")) for r in regs if r.custom) == sorted([
         ("reasoning-gpu-01-ray-head", "reasoning-gpu-01-ray"),
         ("reasoning-gpu-01-ray-worker-gpu-02", "reasoning-gpu-01-ray"),
         ("reasoning-gpu-01-ray-gate", "reasoning-gpu-01-ray"),
+        ("reasoning-gpu-01-ray-rdma", "reasoning-gpu-01-ray"),
         ("reasoning-gpu-01-health", "reasoning-gpu-01"),
         *[(f"chat-{n}-vllm", f"chat-{n}") for n in POOL_NODES["chat"]],
         *[(f"chat-{n}-health", f"chat-{n}") for n in POOL_NODES["chat"]],
@@ -250,7 +251,7 @@ def test_every_generated_script_is_valid_shellcheck_clean_bash(prod_run: Program
     for r in mine(prod_run):
         if r.type == COMMAND:
             scripts[r.name] = script_of(r.plain_inputs()["create"])
-    assert len(scripts) == 7
+    assert len(scripts) == 8  # with the RDMA check of the Ray instance
     shellcheck = tool("shellcheck")
     for name, text in scripts.items():
         path = tmp_path / name
@@ -327,8 +328,10 @@ def test_containers_wait_for_their_node_image_and_weights_only(prod_run: Program
 def test_nothing_outside_a_pool_waits_for_model_loading(prod_run: ProgramRun) -> None:
     gates = {r.urn for r in mine(prod_run) if r.type == COMMAND}
     inside = {r.urn for r in mine(prod_run)}
+    # The smoke test is the one thing meant to come after every server (components.smoke).
+    smoke = {r.urn for r in prod_run.registrations if "llm-cluster:smoke:SmokeTest" in r.urn}
     for r in prod_run.registrations:
-        if r.urn not in inside:
+        if r.urn not in inside | smoke:
             assert not (closure(prod_run, r) & gates), f"{r.name} waits for a pool's readiness gate"
 
 
