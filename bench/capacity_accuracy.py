@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from components.facts.models import ModelArch, arch_from_config_json, model_arch  # noqa: E402
 from components.planning.capacity import CapacityEstimate, estimate  # noqa: E402
+from plan.cli import run as run_cli  # noqa: E402
 
 LOG_DIR = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "vllm-startup-logs"
 # vLLM writes "GB" in older messages but divides by 2**30, so every figure here is GiB.
@@ -100,4 +101,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -31,6 +31,7 @@ from components.planning.gateway import (  # noqa: E402
 from components.spec import StackSpec, load_stack_config  # noqa: E402
 from plan.stackfile import load_stack_file  # noqa: E402
 from tests.support import free_port, free_ports  # noqa: E402
+from plan.cli import run as run_cli  # noqa: E402
 
 NJS_MODULE = "/usr/lib/nginx/modules/ngx_http_js_module.so"
 KEY = "sk-bench-0123456789abcdef"
@@ -198,4 +199,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -29,6 +29,7 @@ from components.planning.node_scripts import model_size_bytes  # noqa: E402
 from components.planning.topology import all_instances  # noqa: E402
 from components.spec import StackSpec, load_stack_config  # noqa: E402
 from plan.stackfile import load_stack_file  # noqa: E402
+from plan.cli import run as run_cli  # noqa: E402
 
 GIB = 1024**3
 # Compressed sizes of the images the stack pulls (assumption: registry figures of these lines).
@@ -183,4 +184,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

@@ -24,6 +24,7 @@ from plan.graph import component_graph  # noqa: E402
 from plan.harness import run_main_program, run_program  # noqa: E402
 from plan.report import PlanResult, artifacts_of, plan_json, render_text  # noqa: E402
 from plan.stackfile import load_stack_file  # noqa: E402
+from plan.cli import run as run_cli  # noqa: E402
 
 NS = "llm-cluster:"
 
@@ -87,4 +88,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

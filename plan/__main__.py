@@ -26,8 +26,11 @@ from plan.report import PlanResult, artifacts_of, in_stable_order, plan_json, re
 from plan.redact import CREDENTIAL_SHAPES, REDACTED, Redactor  # noqa: E402
 from plan.secrets import find_leaks, text_leaks, unmarked_outputs  # noqa: E402
 from plan.stackfile import load_stack_file  # noqa: E402
+from plan.ci import configured_levels, junit, repo_uri, sarif, write_text  # noqa: E402
+from plan.cli import emit, run as run_cli  # noqa: E402
 
 EXIT_OK, EXIT_VIOLATION, EXIT_INVALID = 0, 1, 2
+FORMATS = ("text", "json", "sarif", "junit")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,7 +42,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--up", action="store_true",
                    help="model `pulumi up` (computed outputs known) instead of `pulumi preview`")
     p.add_argument("--policy-config", type=Path, help="policy pack config JSON, as --policy-pack-config")
-    p.add_argument("--quiet", action="store_true", help="print only the verdict (errors still go to stderr)")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress; with --format text print only the verdict (errors still go to stderr)")
+    p.add_argument("--format", choices=FORMATS, default="text",
+                   help="what to print on stdout: the readable plan (default), plan.json, SARIF 2.1.0 or JUnit XML")
+    p.add_argument("--sarif", type=Path, metavar="FILE", help="also write the policy verdicts as SARIF 2.1.0 to FILE")
+    p.add_argument("--junit", type=Path, metavar="FILE",
+                   help="also write the policy verdicts as JUnit XML to FILE (one test case per rule and pool)")
     p.add_argument("--against", type=Path, metavar="PLAN_JSON",
                    help="diff against this plan.json (default: the previous plan, kept in <out>/<stack>/previous/)")
     return p
@@ -136,18 +145,29 @@ def main(argv: list[str] | None = None) -> int:
         against, args.against = json.loads(previous), previous_path
     result.diff = plan_diff(against, plan_json(result), spec, str(args.against) if args.against else None)
     text = redactor.text(render_text(result))
-    doc = json.dumps(redactor.data(plan_json(result)), indent=2, sort_keys=False)
-    leaked = text_leaks(text + doc, secrets) + redactor.leftovers([text, doc])
+    data = redactor.data(plan_json(result))
+    doc = json.dumps(data, indent=2, sort_keys=False)
+    # Built from the redacted plan.json: they say nothing it does not.
+    verdicts = {"sarif": json.dumps(sarif(data, path, repo_uri(path, ROOT)), indent=2) + "\n"
+                if args.sarif or args.format == "sarif" else "",
+                "junit": junit(data, path, configured_levels(policy_config))
+                if args.junit or args.format == "junit" else ""}
+    leaked = text_leaks(text + doc + "".join(verdicts.values()), secrets) + redactor.leftovers(
+        [text, doc, *verdicts.values()])
     if leaked:  # belt and braces: the report itself must never carry a secret
         shutil.rmtree(out_dir, ignore_errors=True)
         print(f"refusing to write the plan: it would contain the secret(s) {', '.join(leaked)}", file=sys.stderr)
         return EXIT_VIOLATION
     (out_dir / "plan.json").write_text(doc)
     (out_dir / "plan.txt").write_text(text)
-    print(text if not args.quiet else text.splitlines()[-1].strip())
+    for option, name in ((args.sarif, "sarif"), (args.junit, "junit")):
+        if option is not None:
+            write_text(option, verdicts[name])
+    shown = {"text": text if not args.quiet else text.splitlines()[-1].strip(), "json": doc, **verdicts}
+    emit(shown[args.format])
     step(f"wrote {out_dir / 'plan.json'}, plan.txt, {len(result.artifacts)} artifacts")
     return EXIT_VIOLATION if result.mandatory else EXIT_OK
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

@@ -18,6 +18,7 @@ from components.facts.hardware import DTYPE_ALIASES, KV_CACHE_DTYPES, engine_sup
 from components.facts.models import (MODELS, ModelArch, arch_from_config_json, model_arch,
                                      quantization_from_config_json)
 from components.planning.capacity import CapacityEstimate, estimate
+from plan.cli import run as run_cli
 
 
 class UsageError(Exception):
@@ -161,4 +162,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

@@ -45,11 +45,12 @@ def planted_stack(tmp_path: Path) -> Path:
 
 def test_no_planted_credential_is_printed_or_written_and_each_is_located(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "plan", "--config", str(planted_stack(tmp_path)), "--out", str(out)],
+    done = subprocess.run([sys.executable, "-m", "plan", "--config", str(planted_stack(tmp_path)), "--out", str(out),
+                           "--sarif", str(out / "verdicts.sarif"), "--junit", str(out / "verdicts.xml")],
                           cwd=ROOT, capture_output=True, timeout=300)
     assert done.returncode == 1, done.stderr.decode()  # no-plaintext-secrets refuses them
     written = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    assert {"planted/plan.txt", "planted/plan.json"} <= set(written)
+    assert {"planted/plan.txt", "planted/plan.json", "verdicts.sarif", "verdicts.xml"} <= set(written)
     streams = {"stdout": done.stdout, "stderr": done.stderr, **written}
     for where, value in PLANTED.items():
         for name, data in streams.items():
