@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 POOL ?=
 ROLLOUT_ARGS ?=
 
-.PHONY: plan rollout test system-deps bench clean
+.PHONY: plan rollout test system-deps mutation flakes bench clean
 
 $(VENV)/.runtime: requirements.txt
 	@test -x $(VENV)/bin/pip || { rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
@@ -42,6 +42,14 @@ system-deps:
 ## test: every test tier, real tools included
 test: $(VENV)/.test system-deps
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+
+## mutation: plant known bugs one at a time in a copy of the tree; the tests that must catch each run (score printed)
+mutation: $(VENV)/.test system-deps
+	$(PY) tests/checks/mutation.py
+
+## flakes: the suite in random order, three runs with both cores kept busy (RUNS=, LOAD= to change)
+flakes: $(VENV)/.test system-deps
+	$(PY) tests/checks/flakes.py --runs $(or $(RUNS),3) --load $(or $(LOAD),2)
 
 ## bench: the benchmarks' figures (printed, never asserted)
 bench: $(VENV)/.test system-deps

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from plan.analyze import analyze
 from plan.harness import UNKNOWN, DuplicateUrnError, ProgramRun, run_program
 from plan.secrets import find_leaks, unmarked_outputs
 from tests.conftest import ROOT, prod_config, run_stack
+from tests.test_policy_e2e import ONE_CHANGE
 
 NS = "llm-cluster:"
 CONTAINER = "docker:index/container:Container"
@@ -132,10 +134,22 @@ def _with_every_secret(config: dict[str, Any]) -> tuple[dict[str, Any], set[str]
     return config, {NS + "grafanaAdminPassword", NS + "alertmanagerConfig"}
 
 
-STACKS = {
+STACKS: dict[str, Callable[[], tuple[dict[str, Any], set[str]]]] = {
     "reference": lambda: (prod_config(), set()),
     "configured-secrets": lambda: _with_every_secret(prod_config()),
 }
+
+
+def _one_change(name: str) -> Callable[[], tuple[dict[str, Any], set[str]]]:
+    def make() -> tuple[dict[str, Any], set[str]]:
+        config = prod_config()
+        ONE_CHANGE[name][0](config)
+        return config, set()
+    return make
+
+
+# Stacks the pack refuses, one rule each (tests/test_policy_e2e.py): a violation, too, must be found at preview.
+STACKS.update({f"one-change-{n}": _one_change(n) for n in ONE_CHANGE})
 
 
 @pytest.mark.parametrize("stack", sorted(STACKS))
