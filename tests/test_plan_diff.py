@@ -212,3 +212,11 @@ def test_a_new_server_on_gpus_a_deleted_one_holds_is_flagged(old: dict[str, Any]
     flagged = [r for r in impact["recommendations"] if r.startswith("node n1: green would start while blue")]
     assert bool(flagged) is warned
 
+
+
+def test_redacted_credentials_compare_as_they_were_written(tmp_path: Path) -> None:
+    config = prod_config()
+    config[f"{NS}:pools"]["chat"]["env"] = {"HF_TOKEN": "hf_" + "a1B2c3D4e5" * 4}
+    plan = plan_twice(tmp_path, config, config)
+    assert "hf_a1B2" not in json.dumps(plan)
+    assert plan["diff"]["resources"] == []
