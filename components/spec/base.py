@@ -67,6 +67,20 @@ def key_path(loc: tuple[Any, ...]) -> str:
     return out
 
 
+# What a pattern means, for messages: people edit YAML, not regular expressions.
+PATTERN_WORDS: dict[str, str] = {
+    NAME_PATTERN: "lowercase letters, digits and '-' (a DNS label, at most 63 characters)",
+    r"^[A-Za-z_][A-Za-z0-9_]*$": "an environment variable name: letters, digits and '_', not starting with a digit",
+    r"^[A-Za-z0-9_]+$": "a device name: letters, digits and '_' (as ibstat lists it, e.g. mlx5_0)",
+    r"^[A-Za-z0-9_.:-]+$": "an interface name: letters, digits and . _ : - (as `ip link` lists it, e.g. bond0)",
+    r"^\d+(\.\d+){0,2}$": "a version: one to three numbers separated by dots, e.g. 535.104",
+    r"^[A-Z][A-Z0-9_]*$": "an upper-case name: letters, digits and '_', e.g. TRITON_ATTN",
+}
+# pydantic's words for a wrong container type name its own classes; users wrote YAML.
+TYPE_WORDS = {"dict_type": "expected a mapping (key: value lines)", "model_type": "expected a mapping (key: value lines)",
+              "model_attributes_type": "expected a mapping (key: value lines)", "list_type": "expected a list (- item lines)"}
+
+
 def issues_from_validation_error(err: ValidationError, prefix: tuple[Any, ...] = ()) -> list[SpecIssue]:
     """Turn pydantic's errors into SpecIssues with YAML key paths and the offending value."""
     issues = []
@@ -78,6 +92,10 @@ def issues_from_validation_error(err: ValidationError, prefix: tuple[Any, ...] =
             loc = loc + (e["ctx"]["key"],)
         elif e["type"] == "missing":
             msg = "required key is missing"
+        elif e["type"] == "string_pattern_mismatch" and e.get("ctx", {}).get("pattern") in PATTERN_WORDS:
+            msg = f"{e['input']!r} is not allowed: must be {PATTERN_WORDS[e['ctx']['pattern']]}"
+        elif e["type"] in TYPE_WORDS:
+            msg = f"{e['input']!r} is not allowed: {TYPE_WORDS[e['type']]}"
         elif e["type"] not in ("value_error", "assertion_error"):
             msg = f"{e['input']!r} is not allowed: {msg}"
         if msg.startswith("Value error, "):
