@@ -152,3 +152,42 @@ def test_chunked_prefill_when_unset_follows_the_pools_engine_line() -> None:
     assert chunked_prefill(launch("vllm/vllm-openai:v0.19.1"), 8192) == (True, "the V1 engine's default")
     off = launch("vllm/vllm-openai:v0.19.1", "--no-enable-chunked-prefill")
     assert chunked_prefill(off, 8192) == (False, "--no-enable-chunked-prefill")
+
+
+def qwen_config_json(tmp_path: Path, **extra: Any) -> Path:
+    qwen = MODELS["qwen3-30b-a3b"]
+    data = {"model_type": "qwen3_moe", "hidden_size": qwen.hidden_size, "num_hidden_layers": qwen.num_layers,
+            "num_attention_heads": qwen.num_attention_heads, "num_key_value_heads": qwen.num_kv_heads,
+            "head_dim": qwen.head_dim, "vocab_size": qwen.vocab_size, "intermediate_size": 6144, "num_experts": 128,
+            "num_experts_per_tok": 8, "moe_intermediate_size": 768, "max_position_embeddings": 40960, **extra}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def with_config_json(path: Path, **model: Any) -> dict[str, Any]:
+    config = prod_config()
+    entry = config[NS + "models"]["qwen3-30b-a3b"]
+    entry.pop("arch")
+    entry.update(configJson=str(path), **model)
+    return config
+
+
+def test_a_quantization_that_does_not_match_the_checkpoint_is_refused(tmp_path: Path) -> None:
+    path = qwen_config_json(tmp_path, quantization_config={"quant_method": "gptq", "bits": 4, "group_size": 128})
+    assert refusals(with_config_json(path, quantization="gptq")) == []
+    assert refusals(with_config_json(path, quantization="moe_wna16")) == []  # vLLM's own override
+    [message] = messages(with_config_json(path, quantization="awq"))
+    assert message.startswith(f"{CHAT}: --quantization awq does not match the checkpoint's config.json (gptq): vLLM "
+                              "refuses it (\"Quantization method specified in the model config (gptq) does not match "
+                              "the quantization method specified in the `quantization` argument (awq).\")")
+    assert message.endswith("Stack key to edit: models.qwen3-30b-a3b.quantization (--quantization).")
+
+
+def test_a_quantized_checkpoint_the_stack_calls_unquantized_is_named(tmp_path: Path) -> None:
+    path = qwen_config_json(tmp_path, quantization_config={"quant_method": "gptq", "bits": 4, "group_size": 128})
+    assert messages(with_config_json(path)) == [
+        f"{CHAT}: the checkpoint's config.json is quantized with gptq, but models.qwen3-30b-a3b.quantization is "
+        "unset: vLLM loads it as gptq anyway, while the capacity plan and the hardware rules take it for half "
+        "weights. State quantization: gptq (and its quantBits and groupSize)."]
+    assert refusals(with_config_json(qwen_config_json(tmp_path))) == []  # an fp16 checkpoint

@@ -5,7 +5,9 @@ import json
 from pathlib import Path
 
 from components.facts.hardware import DTYPE_ALIASES, engine_support, gpu
-from components.facts.models import ModelArch, arch_from_config_json, context_window, model_arch
+from components.facts.models import (
+    ModelArch, arch_from_config_json, context_window, model_arch, quantization_from_config_json,
+)
 from components.planning.capacity import CapacityEstimate, estimate
 from components.spec import SpecError, SpecIssue, StackSpec
 
@@ -23,6 +25,19 @@ def model_architecture(spec: StackSpec, model: str) -> ModelArch:
         return arch_from_config_json(json.loads(path.read_text()), model)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise SpecError([SpecIssue(f"models.{model}.configJson", f"cannot read {path}: {e}")]) from None
+
+
+def checkpoint_quantization(spec: StackSpec, model: str) -> str | None:
+    """The quantization method a configJson model's config.json states (quantization_config), None otherwise
+    (catalog models carry no checkpoint file to read)."""
+    m = spec.models[model]
+    if m.config_json is None:
+        return None
+    try:
+        found = quantization_from_config_json(json.loads(Path(m.config_json).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None  # model_architecture reports an unreadable file
+    return found[0] if found else None
 
 
 def context_window_dict(spec: StackSpec, model: str) -> dict[str, object] | None:

@@ -2,8 +2,10 @@
 
 vLLM checks these after parsing, when it builds its configs, and exits before loading a weight:
 - ModelConfig: max_model_len above the model's context window (its config.json length key, scaled by
-  rope_scaling; VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 lets it through with a warning), and
-  --disable-sliding-window on a rope-scaled model (NotImplementedError);
+  rope_scaling; VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 lets it through with a warning),
+  --disable-sliding-window on a rope-scaled model (NotImplementedError), and --quantization against the
+  checkpoint's quantization_config (_verify_quantization; a stack that leaves it unset is told too, since
+  vLLM then loads the checkpoint's method while the plan assumes unquantized weights);
 - SchedulerConfig: max_num_batched_tokens below max_model_len with chunked prefill off, below
   max_num_seqs; partial prefills without chunked prefill, a long-prefill threshold above
   max_model_len, max_long_partial_prefills outside [1, max_num_partial_prefills]; num_lookahead_slots
@@ -76,6 +78,35 @@ def check_context(launch: Launch) -> list[str]:
     return out
 
 
+# --quantization values vLLM accepts for a checkpoint of another method: the method's own override
+# (override_quantization_method of gptq_marlin, awq_marlin, moe_wna16, gptq_bitblas, ...; vllm/model_executor/
+# layers/quantization at v0.9.2), which swaps in the faster kernel for a compatible checkpoint.
+COMPATIBLE_QUANTIZATION: dict[str, frozenset[str]] = {
+    "gptq": frozenset({"gptq", "gptq_marlin", "gptq_marlin_24", "marlin", "gptq_bitblas", "moe_wna16"}),
+    "awq": frozenset({"awq", "awq_marlin", "moe_wna16"}),
+}
+
+
+def check_checkpoint_quantization(launch: Launch) -> list[str]:
+    """--quantization against the checkpoint's quantization_config (configJson models: ModelServer prop)."""
+    checkpoint = launch.props.get("checkpointQuantization")
+    if not checkpoint:
+        return []
+    given = launch.args.get("quantization")
+    model = launch.props.get("model") or "<model>"
+    if given is None:
+        return [f"the checkpoint's config.json is quantized with {checkpoint}, but models.{model}.quantization is "
+                f"unset: vLLM loads it as {checkpoint} anyway, while the capacity plan and the hardware rules take "
+                f"it for {launch.props.get('dtype') or 'fp16'} weights. State quantization: {checkpoint} (and its "
+                "quantBits and groupSize)."]
+    if given != checkpoint and given not in COMPATIBLE_QUANTIZATION.get(checkpoint, frozenset({checkpoint})):
+        return [f"--quantization {given} does not match the checkpoint's config.json ({checkpoint}): vLLM refuses "
+                f"it (\"Quantization method specified in the model config ({checkpoint}) does not match the "
+                f"quantization method specified in the `quantization` argument ({given}).\"). Use --quantization "
+                f"{checkpoint}, or a checkpoint quantized with {given}."]
+    return []
+
+
 def check_scheduler(launch: Launch) -> list[str]:
     """SchedulerConfig's cross-field checks on the flags given."""
     length = _int(launch, "max_model_len")
@@ -124,7 +155,7 @@ def check_scheduler(launch: Launch) -> list[str]:
 
 def check_engine_args(launch: Launch, config: dict[str, Any]) -> list[str]:
     """Every cross-field refusal of vLLM's config validation this launch would meet."""
-    return check_context(launch) + check_scheduler(launch)
+    return check_context(launch) + check_checkpoint_quantization(launch) + check_scheduler(launch)
 
 
 POLICIES = [
