@@ -136,10 +136,10 @@ def test_partial_prefills_from_extra_args_need_chunked_prefill_and_name_the_entr
         "--max-num-partial-prefills), pools.chat.vllm.enableChunkedPrefill (--no-enable-chunked-prefill).")
 
 
-def launch(image: str, *argv: str, env: dict[str, str] | None = None) -> Launch:
+def launch(image: str, *argv: str, env: dict[str, str] | None = None, gpu: str = "Tesla V100-SXM2-32GB") -> Launch:
     from components.facts.hardware import GPUS
-    return Launch(resource="container", args=parse_serve(["/m", *argv]), env=env or {}, gpu_name="",
-                  gpu=GPUS["Tesla V100-SXM2-32GB"], image=image)
+    return Launch(resource="container", args=parse_serve(["/m", *argv]), env=env or {}, gpu_name=gpu,
+                  gpu=GPUS[gpu], image=image)
 
 
 def test_chunked_prefill_when_unset_follows_the_pools_engine_line() -> None:
@@ -150,6 +150,11 @@ def test_chunked_prefill_when_unset_follows_the_pools_engine_line() -> None:
     assert chunked_prefill(v0, 32768) == (False, "the V0 engine's default for --max-model-len up to 32768")
     assert chunked_prefill(v0, 65536)[0] is True
     assert chunked_prefill(launch("vllm/vllm-openai:v0.19.1"), 8192) == (True, "the V1 engine's default")
+    # From the image facts: 0.9.2 runs V1 on sm_80 unless VLLM_USE_V1=0; an unknown image is read by its tag.
+    a100 = "NVIDIA A100-SXM4-80GB"
+    assert chunked_prefill(launch("vllm/vllm-openai:v0.9.2", gpu=a100), 8192)[0] is True
+    assert chunked_prefill(launch("vllm/vllm-openai:v0.9.2", gpu=a100, env={"VLLM_USE_V1": "0"}), 8192)[0] is False
+    assert chunked_prefill(launch("registry.local/vllm:v0.12.0"), 8192) == (True, "the V1 engine's default")
     off = launch("vllm/vllm-openai:v0.19.1", "--no-enable-chunked-prefill")
     assert chunked_prefill(off, 8192) == (False, "--no-enable-chunked-prefill")
 

@@ -13,7 +13,8 @@ vLLM checks these after parsing, when it builds its configs, and exits before lo
 Source: vllm/config.py at v0.9.2 (ModelConfig._get_and_verify_max_len, SchedulerConfig.__post_init__ /
 _verify_args); the same checks stand in vllm/config/scheduler.py and model.py of the 0.10–0.19 lines.
 Where the lines differ is whether chunked prefill is on when unset: always on the V1 engine, only above
-32768 tokens on V0 (EngineArgs._set_default_args_v0): read from the pool's image and environment.
+32768 tokens on V0 (EngineArgs._set_default_args_v0): read from the pool's image facts
+(components.facts.images: its engine line per GPU, VLLM_USE_V1 where it is read, the V0 threshold).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from components.facts.hardware import CHUNKED_PREFILL_AUTO_ABOVE, engine_support
+from components.facts.images import image_facts
 from policies.rules.common import Launch, image_parts, launch_policy, number
 
 # The line whose V0 engine the pack's reference stack runs; an image without a version tag is read as it.
@@ -38,22 +40,30 @@ def engine_version(image: str | None) -> tuple[int, int]:
 
 
 def runs_v1(launch: Launch) -> bool:
-    """Whether the server runs vLLM's V1 engine: the only one from 0.10; on 0.9 unless VLLM_USE_V1=0 or
-    the GPU is below V1's minimum (then V0)."""
+    """Whether the server runs vLLM's V1 engine on its GPU, from the image's facts (components.facts.images:
+    V1's minimum capability, and VLLM_USE_V1=0 where the line still reads it); for an image the table does
+    not know, from its tag: the only engine from 0.10, on 0.9 unless VLLM_USE_V1=0 or the GPU is below V1's."""
+    cap = launch.capability or 0
+    facts = image_facts(launch.image)
+    if facts is not None:
+        return facts.runs_v1(cap) and not (facts.reads_vllm_use_v1 and launch.env.get("VLLM_USE_V1") == "0")
     if engine_version(launch.image) >= (0, 10):
         return True
-    return launch.env.get("VLLM_USE_V1") != "0" and engine_support(launch.capability or 0).v1_engine
+    return launch.env.get("VLLM_USE_V1") != "0" and engine_support(cap).v1_engine
 
 
 def chunked_prefill(launch: Launch, max_model_len: int | None) -> tuple[bool, str]:
-    """Whether chunked prefill is on, and why (the flag, or the engine's default)."""
+    """Whether chunked prefill is on, and why (the flag, or the engine's default for this image)."""
     given = launch.args.get("enable_chunked_prefill")
     if given is not None:
         return bool(given), ("--enable-chunked-prefill" if given else "--no-enable-chunked-prefill")
     if runs_v1(launch):
         return True, "the V1 engine's default"
-    on = max_model_len is not None and max_model_len > CHUNKED_PREFILL_AUTO_ABOVE
-    return on, f"the V0 engine's default for --max-model-len {'above' if on else 'up to'} {CHUNKED_PREFILL_AUTO_ABOVE}"
+    facts = image_facts(launch.image)
+    above = facts.chunked_prefill_auto_above if facts is not None else CHUNKED_PREFILL_AUTO_ABOVE
+    above = above if above is not None else CHUNKED_PREFILL_AUTO_ABOVE
+    on = max_model_len is not None and max_model_len > above
+    return on, f"the V0 engine's default for --max-model-len {'above' if on else 'up to'} {above}"
 
 
 def _int(launch: Launch, dest: str) -> int | None:
