@@ -49,6 +49,9 @@ def deploy(spec: StackSpec) -> dict[str, Any]:
             tls_cert=secrets.get_secret("gatewayTlsCert"), tls_key=secrets.get_secret("gatewayTlsKey")))
         outputs["gatewayUrl"] = gateway.url
         outputs["gatewayApiKeys"] = gateway.api_keys
+        if gateway.ca_cert is not None:
+            # Clients trust the generated certificate through this (not a secret: a CA certificate).
+            outputs["gatewayCaCert"] = gateway.ca_cert
         if spec.gateway.smoke_test and servers:
             # Last: every server healthy and the gateway up, then one answer per served name.
             SmokeTest("smoke", SmokeTestArgs(spec, nodes[spec.gateway.node], gateway, list(servers.values())))

@@ -12,11 +12,13 @@ from pulumi_command import remote
 from components.base import Component
 from components.gpu_node import GpuNode
 from components.planning.gateway import (
-    CONTAINER_NAME, EXPORTER_CONTAINER_NAME, EXPORTER_PATH, HOST_DIGESTS_DIR, container_layout, exporter_argv,
-    exporter_probe, exporter_source, exposed_paths, gateway_files, healthcheck_probe, key_digests, key_ids,
-    keys_delete_script, keys_script, readiness_script, routes,
+    CONTAINER_CONF_DIR, CONTAINER_KEYS_DIR, CONTAINER_NAME, CONTAINER_TLS_DIR, DIGESTS_FILE, EXPORTER_CONTAINER_NAME,
+    EXPORTER_PATH, HOST_CONF_DIR, HOST_DIGESTS_DIR, HOST_TLS_DIR, WORKER_UID, config_delete_script, config_script,
+    exporter_argv, exporter_probe, exporter_source, exposed_paths, healthcheck_probe, key_digests, key_ids,
+    keys_delete_script, keys_script, nginx_argv, readiness_script, routes, split, tls_delete_script,
+    tls_from_stdin_script, tls_generate_script, usage_dir_script,
 )
-from components.planning.node_scripts import bash_command
+from components.planning.node_scripts import bash_command, script_hash
 from components.spec import StackSpec
 
 READY_TIMEOUT_SECONDS = 120
@@ -48,71 +50,100 @@ class Gateway(Component):
         g = spec.gateway
         if g is None:
             raise ValueError("Gateway needs the stack's gateway section")
-        if g.tls and (args.tls_cert is None or args.tls_key is None):
-            raise ValueError("gateway.tls needs the secrets gatewayTlsCert and gatewayTlsKey")
         # A gatewayApiKeys secret without auth is refused by the spec (gateway.auth).
         ids = key_ids(spec)
         key_source = ("secret" if args.api_keys_secret is not None else "generated") if g.auth else "none"
         super().__init__(name, {
             "node": g.node, "port": g.port, "image": g.image, "authRequired": g.auth, "apiKeyIds": ids,
             "keySource": key_source, "tls": g.tls,
-            "routes": routes(spec), "pathRoutes": dict(g.path_routes), "exposedPaths": exposed_paths(spec),
+            "tlsSource": ("secret" if args.tls_cert is not None else "generated") if g.tls else "none",
+            "httpRedirectPort": g.http_redirect_port,
+            "routes": routes(spec), "split": split(spec), "pathRoutes": dict(g.path_routes), "exposedPaths": exposed_paths(spec),
             "metricsPort": g.metrics_port, "exporterImage": g.exporter_image,
         }, opts)
-        layout = container_layout(spec)
         image = node.images[g.image]
-        exporter = self._exporter(spec, node)
+        deps: list[pulumi.Resource] = [*node.ready]
+        # No delete: the usage log is the operator's record and outlives the gateway.
+        usage_dir = remote.Command(
+            self.child("usage-dir"), connection=node.connection,
+            create=bash_command(usage_dir_script(g.usage_log.dir)), opts=self.opts(depends_on=deps))
+        volumes = [docker.ContainerVolumeArgs(host_path=HOST_CONF_DIR, container_path=CONTAINER_CONF_DIR, read_only=True),
+                   docker.ContainerVolumeArgs(host_path=g.usage_log.dir, container_path=g.usage_log.dir)]
 
-        uploads = [docker.ContainerUploadArgs(file=f"{layout.conf_dir}/{rel}", content=text)
-                   for rel, text in gateway_files(spec).items()]
-        volumes: list[docker.ContainerVolumeArgs] = []
-        # After the exporter: the first requests' log lines find it listening.
-        deps: list[pulumi.Resource] = [*node.ready, image, exporter]
-        # Without auth there are no keys anywhere: nothing generated, uploaded or mounted, no output.
+        # Without auth there are no keys anywhere: nothing generated, written, mounted or exported.
         self.api_keys: pulumi.Output[str] | None = None
+        digests_stdin: pulumi.Output[str] | None = None
         if g.auth and args.api_keys_secret is not None:
             keys = pulumi.Output.secret(args.api_keys_secret)
-            # Only the digests enter the container; a key that does not match the stack's ids stops the
+            # Only the digests reach the host; a key that does not match the stack's ids stops the
             # deployment with a message naming them.
-            digests = keys.apply(lambda text: key_digests(json.loads(text), ids))
-            uploads.append(docker.ContainerUploadArgs(file=layout.digests_file, content=pulumi.Output.secret(digests)))
+            digests_stdin = pulumi.Output.secret(keys.apply(lambda text: key_digests(json.loads(text), ids)))
             self.api_keys = keys
         elif g.auth:
             # No `triggers`: a changed id list updates the command in place, and the script keeps the
             # keys it already made (a replace would run `delete` and drop every key).
             # bash_command: the SSH user's login shell may be dash; the scripts are bash.
             keys_cmd = remote.Command(
-                self.child("keys"), connection=node.connection, create=bash_command(keys_script(ids), sudo=node.sudo),
-                delete=bash_command(keys_delete_script(), sudo=node.sudo),
+                self.child("keys"), connection=node.connection, create=bash_command(keys_script(ids)),
+                delete=bash_command(keys_delete_script()),
                 # stdout is the keys: a secret in state, and kept out of the engine's log.
                 logging=remote.Logging.STDERR,
                 opts=self.opts(additional_secret_outputs=["stdout"], depends_on=list(node.ready)))
             self.api_keys = pulumi.Output.secret(keys_cmd.stdout)
-            volumes.append(docker.ContainerVolumeArgs(
-                host_path=HOST_DIGESTS_DIR, container_path=layout.digests_file.rsplit("/", 1)[0], read_only=True))
             deps.append(keys_cmd)
-        if g.tls and args.tls_cert is not None and args.tls_key is not None:
-            uploads += [
-                docker.ContainerUploadArgs(file=f"{layout.tls_dir}/cert.pem", content=pulumi.Output.secret(args.tls_cert)),
-                docker.ContainerUploadArgs(file=f"{layout.tls_dir}/key.pem", content=pulumi.Output.secret(args.tls_key)),
-            ]
+        if g.auth:
+            volumes.append(docker.ContainerVolumeArgs(
+                host_path=HOST_DIGESTS_DIR, container_path=CONTAINER_KEYS_DIR, read_only=True))
 
+        # TLS: the stack's certificate, or one from a private CA made on the host (its cert an output).
+        self.ca_cert: pulumi.Output[str] | None = None
+        if g.tls:
+            if args.tls_cert is not None and args.tls_key is not None:
+                tls_cmd = remote.Command(
+                    self.child("tls"), connection=node.connection, create=bash_command(tls_from_stdin_script()),
+                    delete=bash_command(tls_delete_script()),
+                    stdin=pulumi.Output.secret(pulumi.Output.concat(args.tls_cert, "\n", args.tls_key)),
+                    # A changed secret must run the script again (stdin alone is not a diff of `create`).
+                    triggers=[pulumi.Output.secret(pulumi.Output.concat(args.tls_cert, args.tls_key).apply(script_hash))],
+                    logging=remote.Logging.STDERR, opts=self.opts(depends_on=deps))
+            else:
+                script = tls_generate_script(spec)
+                tls_cmd = remote.Command(
+                    self.child("tls"), connection=node.connection, create=bash_command(script),
+                    delete=bash_command(tls_delete_script()), logging=remote.Logging.STDERR,
+                    opts=self.opts(depends_on=deps))
+                self.ca_cert = tls_cmd.stdout
+            deps.append(tls_cmd)
+            volumes.append(docker.ContainerVolumeArgs(
+                host_path=HOST_TLS_DIR, container_path=CONTAINER_TLS_DIR, read_only=True))
+
+        # The config: files on the host, written and reloaded by an update of this command; the
+        # container never changes for it.
+        config = remote.Command(
+            self.child("config"), connection=node.connection,
+            create=bash_command(config_script(spec, digests_from_stdin=(
+                f"{HOST_DIGESTS_DIR}/{DIGESTS_FILE}" if digests_stdin is not None else None))),
+            delete=bash_command(config_delete_script()), stdin=digests_stdin,
+            triggers=[digests_stdin.apply(script_hash)] if digests_stdin is not None else None,
+            logging=remote.Logging.STDERR, opts=self.opts(depends_on=deps))
+
+        exporter = self._exporter(spec, node, [*node.ready, usage_dir])
         scheme = "https" if g.tls else "http"
         container = docker.Container(
             self.child("nginx"), name=CONTAINER_NAME, image=image.image_id, network_mode="host",
-            restart="unless-stopped", uploads=uploads, volumes=volumes,
+            restart="unless-stopped", command=nginx_argv(), volumes=volumes,
             envs=["NGINX_ENTRYPOINT_QUIET_LOGS=1"],
             # Two descriptors per proxied stream (client and replica) for worker_connections 16384.
             ulimits=[docker.ContainerUlimitArgs(name="nofile", soft=65536, hard=65536)],
             labels=[docker.ContainerLabelArgs(label="llm-cluster.role", value="gateway"),
-                    docker.ContainerLabelArgs(label="llm-cluster.image", value=g.image),
-                    # nginx reads the key digests at start: a changed id list must restart it.
-                    docker.ContainerLabelArgs(label="llm-cluster.key-ids", value=",".join(ids))],
-            # The usage log goes to stdout: bounded by the json-file driver's rotation.
+                    docker.ContainerLabelArgs(label="llm-cluster.image", value=g.image)],
+            # The usage log is on the host volume; stdout/stderr carry nginx's error log only.
             log_opts={"max-size": "100m", "max-file": "10"},
             healthcheck=docker.ContainerHealthcheckArgs(
                 tests=healthcheck_probe(spec), interval="30s", timeout="5s", retries=3, start_period="5s"),
-            opts=self.opts(provider=node.provider, delete_before_replace=True, depends_on=deps))
+            # After the exporter: the first requests' log lines find it listening.
+            opts=self.opts(provider=node.provider, delete_before_replace=True,
+                           depends_on=[*deps, image, exporter, config, usage_dir]))
 
         self.ready: remote.Command = remote.Command(
             self.child("ready"), connection=node.connection,
@@ -121,11 +152,12 @@ class Gateway(Component):
             triggers=[container.id],
             opts=self.opts(depends_on=[container]))
         self.container: docker.Container = container
+        self.config: remote.Command = config
         self.exporter: docker.Container = exporter
         self.url: pulumi.Output[str] = pulumi.Output.from_input(f"{scheme}://{node.address}:{g.port}")
-        self.register_outputs({"url": self.url, "apiKeys": self.api_keys})
+        self.register_outputs({"url": self.url, "apiKeys": self.api_keys, "caCert": self.ca_cert})
 
-    def _exporter(self, spec: StackSpec, node: GpuNode) -> docker.Container:
+    def _exporter(self, spec: StackSpec, node: GpuNode, deps: list[pulumi.Resource]) -> docker.Container:
         """The metrics exporter: our one-file Python program in the official image, on the host network."""
         g = spec.gateway
         assert g is not None
@@ -138,10 +170,12 @@ class Gateway(Component):
             restart="unless-stopped", command=exporter_argv(spec),
             uploads=[docker.ContainerUploadArgs(file=EXPORTER_PATH, content=exporter_source())],
             # UDP on loopback in, HTTP out, both on ports >= 1024 (the spec's bounds): no root needed.
-            user="65534:65534",
+            # nginx's worker user, which owns the usage log it prunes.
+            user=f"{WORKER_UID}:{WORKER_UID}",
+            volumes=[docker.ContainerVolumeArgs(host_path=g.usage_log.dir, container_path=g.usage_log.dir)],
             labels=[docker.ContainerLabelArgs(label="llm-cluster.role", value="gateway-exporter"),
                     docker.ContainerLabelArgs(label="llm-cluster.image", value=g.exporter_image)],
             log_opts={"max-size": "10m", "max-file": "3"},
             healthcheck=docker.ContainerHealthcheckArgs(
                 tests=exporter_probe(spec), interval="30s", timeout="5s", retries=3, start_period="5s"),
-            opts=self.opts(provider=node.provider, delete_before_replace=True, depends_on=[*node.ready, image]))
+            opts=self.opts(provider=node.provider, delete_before_replace=True, depends_on=[*deps, image]))

@@ -10,6 +10,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from components.planning.gateway import model_pools, split
 from components.planning.monitoring import written_files
 from components.planning.node_scripts import fanout_rounds
 from components.planning.topology import all_instances, instances, weights_nodes
@@ -199,20 +200,29 @@ def render_text(result: PlanResult) -> str:
         scheme = "https" if g.tls else "http"
         out.append(f"\nGateway  {scheme}://{spec.node(g.node).address}:{g.port}  ({auth}) · metrics on "
                    f":{g.metrics_port}/metrics")
-        for pname, pool in spec.pools.items():
-            names = spec.served_names(pool.model) + [a for a, p in g.aliases.items() if p == pname]
-            out.append(f"  model {', '.join(names)} → {pname}")
+        if g.tls:
+            out.append("  TLS: " + ("certificate from gatewayTlsCert/gatewayTlsKey" if "gatewayTlsCert" in spec.secrets
+                                    else "certificate made on the host by its private CA (output gatewayCaCert)")
+                       + (f"; :{g.http_redirect_port} redirects to HTTPS (a key sent there travels in clear first)"
+                          if g.http_redirect_port else "; no plain-HTTP port"))
+        else:
+            out.append("  TLS: OFF — API keys and prompts cross the network in clear")
+        shares = split(spec)
+        for model, pools in model_pools(spec).items():
+            names = spec.served_names(model)
+            to = " · ".join(f"{p} {shares[model][p]:g}%" for p in pools) if model in shares else pools[0]
+            out.append(f"  model {', '.join(names)} → {to}")
+        for alias, pname in g.aliases.items():
+            out.append(f"  model {alias} → {pname} (alias)")
         for prefix, pname in g.path_routes.items():
             out.append(f"  path  {prefix} → {pname}")
         out.append(f"  path  /v1/ → the pool serving the body's model (unknown model: 404); "
                    f"GET /v1/models lists {g.default_pool} first")
 
     if result.capacity:
-        out.append("\nCapacity (as vLLM will compute it; weights and KV cache per GPU, KV tokens and concurrency "
-                   "per instance, rule of thumb for the whole model)")
+        out.append("\nCapacity (per GPU, as vLLM 0.9.2 will compute it)")
         out.append(f"  {'pool':<11}{'setting':<12}{'weights':>9}{'KV cache':>10}{'KV tokens':>11}"
                    f"{'max conc.':>11}{'rule of thumb':>15}  fits")
-        out.append(f"  {'':<23}{'/GPU':>9}{'/GPU':>10}{'/instance':>11}{'/instance':>11}{'/model':>15}")
         for pname, entry in result.capacity.items():
             for setting, est in entry.items():
                 if "error" in est:

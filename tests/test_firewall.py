@@ -57,10 +57,10 @@ def test_the_ray_head_also_closes_ray_ports_and_opens_the_gateway_to_allow_from(
     assert ("tcp dport { 3000, 5514, 6379, 8000, 8265, 9090, 9100, 9145, 9400, 10001-19999, 32768-60999 } drop"
             in rules)
     # The gateway port is never in the cluster-only set; anyone may reach it by default.
-    assert "\t\ttcp dport 80 ip saddr @gateway_v4 accept" in rules and "elements = { 0.0.0.0/0 }" in rules
-    assert "\t\ttcp dport 80 ip6 saddr @gateway_v6 accept" in rules and "elements = { ::/0 }" in rules
+    assert "\t\ttcp dport 443 ip saddr @gateway_v4 accept" in rules and "elements = { 0.0.0.0/0 }" in rules
+    assert "\t\ttcp dport 443 ip6 saddr @gateway_v6 accept" in rules and "elements = { ::/0 }" in rules
     order = [rules.index(s) for s in ("tcp dport 22 accept", "ip saddr @cluster_v4 accept",
-                                      "tcp dport 80 ip saddr", "tcp dport 80 drop", "10001-19999")]
+                                      "tcp dport 443 ip saddr", "tcp dport 443 drop", "10001-19999")]
     assert order == sorted(order)
     # The Ray worker (no GCS there) still closes Ray's worker range.
     assert "tcp dport { 9100, 9400, 10002-19999, 32768-60999 } drop" in firewall.ruleset(prod_spec, "gpu-02")
@@ -165,9 +165,9 @@ def test_an_unmanaged_firewall_registers_nothing_and_gets_the_advisory(config: d
 SUBNET = "198.18.9"
 HOSTS = {"opsfw-n1": f"{SUBNET}.1", "opsfw-n2": f"{SUBNET}.2", "opsfw-out": f"{SUBNET}.100"}
 BRIDGE_NS = "opsfw-br"
-# gpu-01 of the reference stack: gateway 80, Ray head 6379/8265/10001, vLLM 8000, exporters, Grafana;
+# gpu-01 of the reference stack: gateway 443, Ray head 6379/8265/10001, vLLM 8000, exporters, Grafana;
 # 15000 in Ray's worker range, 40000 ephemeral (NCCL), 7000 nobody's (left alone), 22 SSH.
-PROBE_PORTS = [22, 80, 3000, 6379, 7000, 8000, 8265, 9100, 9400, 10001, 15000, 40000]
+PROBE_PORTS = [22, 443, 3000, 6379, 7000, 8000, 8265, 9100, 9400, 10001, 15000, 40000]
 CLUSTER_ONLY = [3000, 6379, 8000, 8265, 9100, 9400, 10001, 15000, 40000]
 
 LISTEN = """
@@ -277,15 +277,15 @@ def test_in_namespaces_outsiders_reach_only_gateway_and_ssh_and_cluster_hosts_re
         assert in_ns("opsfw-n1", "nft", "list", "table", "inet", "llm_cluster").stdout == listed
 
         outside = probe("opsfw-out", n1)
-        assert {p for p, s in outside.items() if s == "open"} == {22, 80, 7000}
+        assert {p for p, s in outside.items() if s == "open"} == {22, 443, 7000}
         assert probe("opsfw-n2", n1) == {p: "open" for p in PROBE_PORTS}
 
         # allowFrom narrows the gateway for outsiders only.
         (tmp_path / "narrow.sh").write_text(firewall.create_script(
             lab_spec(config, ["203.0.113.0/24"]), "gpu-01", rules_dir=str(tmp_path / "etc")))
         in_ns("opsfw-n1", "bash", str(tmp_path / "narrow.sh"))
-        assert probe("opsfw-out", n1)[80] == "closed" and probe("opsfw-out", n1)[22] == "open"
-        assert probe("opsfw-n2", n1)[80] == "open"
+        assert probe("opsfw-out", n1)[443] == "closed" and probe("opsfw-out", n1)[22] == "open"
+        assert probe("opsfw-n2", n1)[443] == "open"
 
         gone = in_ns("opsfw-n1", "bash", str(delete))
         assert "removed" in gone.stdout

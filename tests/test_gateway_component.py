@@ -8,10 +8,11 @@ import pulumi
 import pytest
 
 from components.planning.gateway import (
-    exporter_source, gateway_files, healthcheck_probe, key_digests, keys_delete_script, keys_script,
-    readiness_script,
+    config_delete_script, config_script, exporter_source, gateway_files, healthcheck_probe, key_digests,
+    keys_delete_script, keys_script, readiness_script, tls_delete_script, tls_from_stdin_script, tls_generate_script,
+    usage_dir_script,
 )
-from components.planning.node_scripts import bash_command
+from components.planning.node_scripts import bash_command, written_files
 from components.spec import StackSpec
 from plan.harness import SECRET_SIG, SIG, ProgramRun, Registration, unwrap
 from tests.conftest import prod_config, run_stack
@@ -53,10 +54,11 @@ def test_component_props_are_what_the_policy_pack_reads(generated: ProgramRun) -
     (gw,) = generated.by_type(GATEWAY)
     assert gw.name == "gateway" and gw.parent.endswith("pulumi:pulumi:Stack::llm-cluster-prod")
     assert gw.plain_inputs() == {
-        "node": "gpu-01", "port": 80.0, "image": "nginx:1.27.5", "authRequired": True, "apiKeyIds": ["default"],
-        "keySource": "generated", "tls": False,
+        "node": "gpu-01", "port": 443.0, "image": "nginx:1.27.5", "authRequired": True, "apiKeyIds": ["default"],
+        "keySource": "generated", "tls": True, "tlsSource": "generated",
         "routes": {"deepseek-r1": "reasoning", "/data/models/DeepSeek-R1-GPTQ-Int4": "reasoning",
                    "qwen3-30b-a3b": "chat", "/data/models/Qwen3-30B-A3B": "chat"},
+        "split": {},
         "pathRoutes": {"/smart/v1/": "reasoning"},
         "exposedPaths": ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models",
                          "/smart/v1/chat/completions", "/smart/v1/completions", "/smart/v1/embeddings",
@@ -67,7 +69,8 @@ def test_component_props_are_what_the_policy_pack_reads(generated: ProgramRun) -
 def test_children_are_parented_to_the_gateway(generated: ProgramRun) -> None:
     (gw,) = generated.by_type(GATEWAY)
     children = sorted((r.type, r.name) for r in generated.registrations if r.parent == gw.urn)
-    assert children == [(COMMAND, "gateway-keys"), (COMMAND, "gateway-ready"), (CONTAINER, "gateway-exporter"),
+    assert children == [(COMMAND, "gateway-config"), (COMMAND, "gateway-keys"), (COMMAND, "gateway-ready"),
+                        (COMMAND, "gateway-tls"), (COMMAND, "gateway-usage-dir"), (CONTAINER, "gateway-exporter"),
                         (CONTAINER, "gateway-nginx")]
 
 
@@ -83,19 +86,52 @@ def host_network_container(run: ProgramRun, resource: str, name: str, image: str
     return c
 
 
-def test_container_runs_the_generated_config_on_host_network(generated: ProgramRun, prod_spec: StackSpec) -> None:
+def test_container_runs_nginx_on_the_host_files_it_mounts(generated: ProgramRun, prod_spec: StackSpec) -> None:
     c = host_network_container(generated, "gateway-nginx", "llm-gateway", "gpu-01-image-nginx-1-27-5")
     inputs = c.plain_inputs()
     assert {(label["label"], label["value"]) for label in inputs["labels"]} == {
-        ("llm-cluster.role", "gateway"), ("llm-cluster.image", "nginx:1.27.5"), ("llm-cluster.key-ids", "default")}
-    files = gateway_files(prod_spec)
-    assert uploads(c) == {f"/etc/nginx/{rel}": text for rel, text in files.items()}
-    assert inputs["volumes"] == [{"hostPath": "/etc/llm-cluster/gateway/nginx", "containerPath": "/etc/nginx/llm-keys",
-                                  "readOnly": True}]
+        ("llm-cluster.role", "gateway"), ("llm-cluster.image", "nginx:1.27.5")}
+    # No uploads: config, keys and certificate are host directories, so changing them never
+    # changes the container (a reload, not a replace); the usage log outlives it.
+    assert not inputs.get("uploads")
+    assert inputs["command"] == ["nginx", "-c", "/etc/llm-gateway/nginx.conf", "-g", "daemon off;"]
+    assert inputs["volumes"] == [
+        {"hostPath": "/etc/llm-cluster/gateway/conf", "containerPath": "/etc/llm-gateway", "readOnly": True},
+        {"hostPath": "/var/log/llm-gateway", "containerPath": "/var/log/llm-gateway"},
+        {"hostPath": "/etc/llm-cluster/gateway/nginx", "containerPath": "/etc/llm-gateway-keys", "readOnly": True},
+        {"hostPath": "/etc/llm-cluster/gateway/tls", "containerPath": "/etc/llm-gateway-tls", "readOnly": True}]
     assert inputs["healthcheck"]["tests"] == healthcheck_probe(prod_spec) == [
         "CMD-SHELL",
-        "curl -sk -o /dev/null -w '%{http_code}' --max-time 3 http://127.0.0.1:80/v1/models | grep -qx 401"]
+        "curl -sk -o /dev/null -w '%{http_code}' --max-time 3 https://127.0.0.1:443/v1/models | grep -qx 401"]
     assert not inputs.get("ports")
+
+
+def test_config_command_writes_the_files_and_reloads_nginx(generated: ProgramRun, prod_spec: StackSpec) -> None:
+    cmd = generated.get("gateway-config")
+    inputs = cmd.plain_inputs()
+    assert inputs["create"] == bash_command(config_script(prod_spec))
+    assert inputs["delete"] == bash_command(config_delete_script())
+    # No triggers: a changed file is an update of this command (it writes and reloads), never a replace.
+    assert "triggers" not in inputs and "stdin" not in inputs
+    script = config_script(prod_spec)
+    assert written_files(script) == {f"/etc/llm-cluster/gateway/conf/{rel}": text
+                                     for rel, text in gateway_files(prod_spec).items()}
+    assert "  docker exec llm-gateway nginx -c /etc/llm-gateway/nginx.conf -s reload\n" in script
+    by_urn = {r.urn: r for r in generated.registrations}
+    assert cmd.urn in generated.get("gateway-nginx").dependencies
+    assert {by_urn[u].name for u in cmd.dependencies} >= {"gateway-keys", "gateway-tls"}
+
+
+def test_a_config_change_updates_the_command_and_leaves_the_container(generated: ProgramRun) -> None:
+    cfg = prod_config()
+    cfg["llm-cluster:gateway"]["apiKeys"].append({"id": "ops", "maxConcurrent": 4})
+    cfg["llm-cluster:gateway"]["aliases"] = {"fast": "chat"}
+    changed = run_stack(cfg)
+    assert changed.get("gateway-nginx").plain_inputs() == generated.get("gateway-nginx").plain_inputs()
+    assert changed.get("gateway-exporter").plain_inputs() == generated.get("gateway-exporter").plain_inputs()
+    assert changed.get("gateway-exporter").dependencies == generated.get("gateway-exporter").dependencies
+    before, after = (run.get("gateway-config").plain_inputs()["create"] for run in (generated, changed))
+    assert before != after and "# key ids: default, ops; tls: on" in after
 
 
 def test_gateway_depends_on_its_node_and_keys_never_on_the_models(generated: ProgramRun) -> None:
@@ -103,7 +139,8 @@ def test_gateway_depends_on_its_node_and_keys_never_on_the_models(generated: Pro
     by_urn = {r.urn: r for r in generated.registrations}
     # The exporter first: nginx's first log lines find it listening.
     assert {by_urn[u].name for u in c.dependencies} == {
-        "gpu-01-hosts", "gpu-01-preflight", "gpu-01-firewall", "gpu-01-clock", "gpu-01-image-nginx-1-27-5", "gateway-keys", "gateway-exporter"}
+        "gpu-01-hosts", "gpu-01-preflight", "gpu-01-firewall", "gpu-01-clock", "gpu-01-image-nginx-1-27-5",
+        "gateway-keys", "gateway-tls", "gateway-config", "gateway-usage-dir", "gateway-exporter"}
     (gw,) = generated.by_type(GATEWAY)
     ours = [r for r in generated.registrations if r.parent == gw.urn]
     for r in ours:
@@ -111,13 +148,16 @@ def test_gateway_depends_on_its_node_and_keys_never_on_the_models(generated: Pro
             assert by_urn[dep].name.startswith(("gpu-01-", "gateway-")), (r.name, by_urn[dep].name)
 
 
-def test_exporter_runs_the_uploaded_program_unprivileged_on_host_network(generated: ProgramRun) -> None:
+def test_exporter_runs_the_uploaded_program_as_nginxs_worker_on_host_network(generated: ProgramRun) -> None:
     c = host_network_container(generated, "gateway-exporter", "llm-gateway-exporter", "gpu-01-image-python-3-12-slim")
     inputs = c.plain_inputs()
     assert inputs["command"] == ["python3", "/opt/llm-cluster/gateway_exporter.py", "--syslog", "127.0.0.1:5514",
-                                 "--listen", "192.168.10.11:9145"]
+                                 "--listen", "192.168.10.11:9145", "--usage-dir", "/var/log/llm-gateway",
+                                 "--retention-days", "30", "--max-usage-mib", "20480"]
     assert uploads(c) == {"/opt/llm-cluster/gateway_exporter.py": exporter_source()}
-    assert inputs["user"] == "65534:65534"
+    # nginx's worker user: it prunes the usage files nginx's workers write.
+    assert inputs["user"] == "101:101"
+    assert inputs["volumes"] == [{"hostPath": "/var/log/llm-gateway", "containerPath": "/var/log/llm-gateway"}]
     assert {(label["label"], label["value"]) for label in inputs["labels"]} == {
         ("llm-cluster.role", "gateway-exporter"), ("llm-cluster.image", "python:3.12-slim")}
     assert inputs["healthcheck"]["tests"] == [
@@ -126,10 +166,18 @@ def test_exporter_runs_the_uploaded_program_unprivileged_on_host_network(generat
     assert not inputs.get("ports") and not inputs.get("envs")
     by_urn = {r.urn: r for r in generated.registrations}
     assert {by_urn[u].name for u in c.dependencies} == {
-        "gpu-01-hosts", "gpu-01-preflight", "gpu-01-firewall", "gpu-01-clock", "gpu-01-image-python-3-12-slim"}
+        "gpu-01-hosts", "gpu-01-preflight", "gpu-01-firewall", "gpu-01-clock", "gpu-01-image-python-3-12-slim",
+        "gateway-usage-dir"}
     # nginx sends it the usage log on the port it listens on.
-    conf = uploads(generated.get("gateway-nginx"))["/etc/nginx/nginx.conf"]
+    conf = written_files(generated.get("gateway-config").plain_inputs()["create"])[
+        "/etc/llm-cluster/gateway/conf/nginx.conf"]
     assert "    access_log syslog:server=127.0.0.1:5514,tag=llmgw,nohostname llm_usage;" in conf.splitlines()
+
+
+def test_usage_log_directory_is_made_once_and_kept(generated: ProgramRun) -> None:
+    cmd = generated.get("gateway-usage-dir")
+    assert cmd.plain_inputs()["create"] == bash_command(usage_dir_script("/var/log/llm-gateway"))
+    assert "delete" not in cmd.plain_inputs()  # the usage log is the operator's record: a destroy keeps it
 
 
 def test_keys_are_generated_on_the_host_and_kept_secret(generated: ProgramRun) -> None:
@@ -143,33 +191,45 @@ def test_keys_are_generated_on_the_host_and_kept_secret(generated: ProgramRun) -
     assert "stdout" in cmd.options["additionalSecretOutputs"]
     (gw,) = generated.by_type(GATEWAY)
     assert is_secret(gw.outputs["apiKeys"])
-    assert generated.stack_outputs.keys() >= {"gatewayUrl", "gatewayApiKeys"}
+    assert generated.stack_outputs.keys() >= {"gatewayUrl", "gatewayApiKeys", "gatewayCaCert"}
+
+
+def test_tls_certificate_is_made_on_the_host_and_its_ca_is_an_output(generated: ProgramRun,
+                                                                      prod_spec: StackSpec) -> None:
+    cmd = generated.get("gateway-tls")
+    inputs = cmd.plain_inputs()
+    assert inputs["create"] == bash_command(tls_generate_script(prod_spec))
+    assert inputs["delete"] == bash_command(tls_delete_script())
+    assert "san=DNS:gpu-01,IP:192.168.10.11\n" in inputs["create"]
+    (gw,) = generated.by_type(GATEWAY)
+    assert "caCert" in gw.outputs and not is_secret(generated.stack_outputs["gatewayCaCert"])
 
 
 def test_readiness_check_follows_the_container(generated: ProgramRun) -> None:
     ready = generated.get("gateway-ready")
     c = generated.get("gateway-nginx")
     # Wrapped for bash: the SSH user's login shell may be dash.
-    assert ready.plain_inputs()["create"] == bash_command(readiness_script(80, False, 120, "gpu-01"))
+    assert ready.plain_inputs()["create"] == bash_command(readiness_script(443, True, 120, "gpu-01"))
     assert ready.plain_inputs()["triggers"] == [c.resource_id] and c.resource_id
     assert c.urn in ready.dependencies
 
 
 def test_url_output_is_the_gateway_nodes_address(generated: ProgramRun) -> None:
     (gw,) = generated.by_type(GATEWAY)
-    assert gw.outputs["url"] == "http://192.168.10.11:80"
+    assert gw.outputs["url"] == "https://192.168.10.11:443"
 
 
-def test_keys_from_the_secret_reach_nginx_only_as_digests(from_secret: ProgramRun) -> None:
+def test_keys_from_the_secret_reach_the_host_only_as_digests(from_secret: ProgramRun) -> None:
     assert not [r for r in from_secret.registrations if r.name == "gateway-keys"]
     (gw,) = from_secret.by_type(GATEWAY)
     assert gw.plain_inputs()["keySource"] == "secret"
-    c = from_secret.get("gateway-nginx")
-    wire = {u["file"]: u["content"] for u in c.inputs["uploads"]}
-    assert is_secret(wire["/etc/nginx/llm-keys/key-hashes.json"])
-    assert uploads(c, reveal=True)["/etc/nginx/llm-keys/key-hashes.json"] == key_digests(KEYS, ["default"])
-    assert uploads(c)["/etc/nginx/llm-keys/key-hashes.json"] == "[secret]"
-    assert c.plain_inputs()["volumes"] == []
+    cmd = from_secret.get("gateway-config")
+    assert is_secret(cmd.inputs["stdin"])
+    assert cmd.plain_inputs()["stdin"] == key_digests(KEYS, ["default"])
+    assert cmd.display_inputs()["stdin"] == "[secret]"
+    assert "put /etc/llm-cluster/gateway/nginx/key-hashes.json\n" in cmd.plain_inputs()["create"]
+    # A changed key runs the script again: its hash is a (secret) trigger.
+    assert is_secret(cmd.inputs["triggers"][0])
     assert is_secret(gw.outputs["apiKeys"])
     # The key itself appears nowhere outside a secret envelope.
     for r in from_secret.registrations:
@@ -183,19 +243,18 @@ def test_secret_keys_must_match_the_stacks_ids() -> None:
         run_stack(cfg, secrets)
 
 
-def test_tls_uploads_certificate_and_key_as_secrets() -> None:
+def test_tls_from_the_stacks_secrets_goes_in_on_stdin() -> None:
     cfg = prod_config()
-    cfg["llm-cluster:gateway"].update({"tls": True, "port": 443})
     cfg["llm-cluster:gatewayTlsCert"] = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
     cfg["llm-cluster:gatewayTlsKey"] = "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n"
     result = run_stack(cfg, {"llm-cluster:gatewayTlsCert", "llm-cluster:gatewayTlsKey"})
-    c = result.get("gateway-nginx")
-    wire = {u["file"]: u["content"] for u in c.inputs["uploads"]}
-    assert is_secret(wire["/etc/nginx/llm-tls/cert.pem"]) and is_secret(wire["/etc/nginx/llm-tls/key.pem"])
-    assert uploads(c, reveal=True)["/etc/nginx/llm-tls/key.pem"] == cfg["llm-cluster:gatewayTlsKey"]
-    assert "listen 443 ssl;" in uploads(c)["/etc/nginx/nginx.conf"]
+    cmd = result.get("gateway-tls")
+    assert cmd.plain_inputs()["create"] == bash_command(tls_from_stdin_script())
+    assert is_secret(cmd.inputs["stdin"]) and cmd.display_inputs()["stdin"] == "[secret]"
+    assert cmd.plain_inputs()["stdin"] == cfg["llm-cluster:gatewayTlsCert"] + "\n" + cfg["llm-cluster:gatewayTlsKey"]
     (gw,) = result.by_type(GATEWAY)
-    assert gw.plain_inputs()["tls"] is True and gw.outputs["url"] == "https://192.168.10.11:443"
+    assert gw.plain_inputs()["tlsSource"] == "secret" and gw.outputs["url"] == "https://192.168.10.11:443"
+    assert result.stack_outputs.get("gatewayCaCert") is None
     assert "https://127.0.0.1:443/v1/models" in result.get("gateway-ready").plain_inputs()["create"]
 
 
@@ -203,25 +262,27 @@ def test_preview_knows_what_the_policies_read(prod_preview_run: ProgramRun) -> N
     result = prod_preview_run
     (gw,) = result.by_type(GATEWAY)
     assert gw.plain_inputs()["authRequired"] is True and gw.plain_inputs()["apiKeyIds"] == ["default"]
+    assert gw.plain_inputs()["tls"] is True
     labels = {label["label"]: label["value"] for label in result.get("gateway-nginx").plain_inputs()["labels"]}
     assert labels["llm-cluster.image"] == "nginx:1.27.5"
 
 
-def test_without_auth_no_key_is_made_uploaded_mounted_or_exported() -> None:
+def test_without_auth_no_key_is_made_written_mounted_or_exported() -> None:
     cfg = prod_config()
-    cfg["llm-cluster:gateway"].update(auth=False, apiKeys=[])
+    cfg["llm-cluster:gateway"].update(auth=False, apiKeys=[], tls=False, port=80)
     result = run_stack(cfg)
     (gw,) = result.by_type(GATEWAY)
     props = gw.plain_inputs()
     assert (props["authRequired"], props["apiKeyIds"], props["keySource"]) == (False, [], "none")
     assert sorted(r.name for r in result.registrations if r.parent == gw.urn) == [
-        "gateway-exporter", "gateway-nginx", "gateway-ready"]
+        "gateway-config", "gateway-exporter", "gateway-nginx", "gateway-ready", "gateway-usage-dir"]
     c = result.get("gateway-nginx")
     inputs = c.plain_inputs()
-    assert inputs["volumes"] == [] and sorted(uploads(c)) == [
-        "/etc/nginx/llm/gateway.js", "/etc/nginx/llm/routes.json", "/etc/nginx/nginx.conf"]
-    assert "llm_keys" not in uploads(c)["/etc/nginx/nginx.conf"]
-    assert "llm-cluster.key-ids" in {label["label"] for label in inputs["labels"]}
+    assert [v["containerPath"] for v in inputs["volumes"]] == ["/etc/llm-gateway", "/var/log/llm-gateway"]
+    files = written_files(result.get("gateway-config").plain_inputs()["create"])
+    assert sorted(files) == ["/etc/llm-cluster/gateway/conf/llm/gateway.js",
+                             "/etc/llm-cluster/gateway/conf/llm/routes.json", "/etc/llm-cluster/gateway/conf/nginx.conf"]
+    assert "llm_keys" not in files["/etc/llm-cluster/gateway/conf/nginx.conf"]
     assert inputs["healthcheck"]["tests"][1].endswith("| grep -qx 200")
     assert result.get("gateway-ready").plain_inputs()["create"] == bash_command(
         readiness_script(80, False, 120, "gpu-01", auth=False))

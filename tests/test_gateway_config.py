@@ -94,11 +94,14 @@ def test_reference_pool_locations_stream_retry_before_any_byte_and_use_the_pools
 
 def test_reference_listener_limits_and_module_path(prod_spec: StackSpec) -> None:
     conf = lines(gateway_files(prod_spec)["nginx.conf"])
-    assert conf[1] == "load_module modules/ngx_http_js_module.so;"
+    assert conf[1] == "load_module /usr/lib/nginx/modules/ngx_http_js_module.so;"
     assert "user nginx;" in conf
     server = block("\n".join(conf), "server")
-    assert server[0] == "listen 80;"
-    assert not any("ssl" in line for line in server)
+    # HTTPS by default, and no plain-HTTP listener at all.
+    assert server[:5] == ["listen 443 ssl;", "ssl_certificate /etc/llm-gateway-tls/cert.pem;",
+                          "ssl_certificate_key /etc/llm-gateway-tls/key.pem;", "ssl_protocols TLSv1.2 TLSv1.3;",
+                          "ssl_session_cache shared:llm_tls:10m;"]
+    assert sum(line.startswith("listen") for line in conf) == 1
     assert "client_max_body_size 16m;" in conf and "client_body_buffer_size 16m;" in conf
     assert "limit_req_zone $llm_rl_0 zone=llm_rl_0:10m rate=20r/s;" in conf
     assert "limit_req_status 429;" in conf
@@ -112,10 +115,12 @@ def test_reference_listener_limits_and_module_path(prod_spec: StackSpec) -> None
             assert loc[4] == ("js_content gateway.models;" if endpoint == "models" else "js_content gateway.route;")
 
 
-def test_usage_log_goes_to_stdout_and_one_datagram_per_request_to_the_exporter(prod_spec: StackSpec) -> None:
+def test_usage_log_goes_to_daily_host_files_and_one_datagram_per_request_to_the_exporter(
+        prod_spec: StackSpec) -> None:
     conf = lines(gateway_files(prod_spec)["nginx.conf"])
     assert [line for line in conf if line.startswith("access_log")] == [
-        "access_log /dev/stdout llm_usage buffer=64k flush=1s;",
+        # A file a day on the host volume (gateway.usageLog.dir), named by nginx: nothing to rotate.
+        "access_log /var/log/llm-gateway/usage-$llm_log_day.log llm_usage;",
         # nginx refuses `buffer=` on syslog; the tag is what the exporter's parser skips.
         "access_log syslog:server=127.0.0.1:5514,tag=llmgw,nohostname llm_usage;"]
     assert container_layout(prod_spec).syslog_port == 5514
@@ -125,7 +130,8 @@ def test_usage_log_goes_to_stdout_and_one_datagram_per_request_to_the_exporter(p
 def test_exporter_command_listens_on_the_cluster_address_and_reads_loopback(config: dict[str, Any]) -> None:
     spec = spec_with(config, metricsPort=9200, exporterSyslogPort=5600)
     assert exporter_argv(spec) == ["python3", "/opt/llm-cluster/gateway_exporter.py", "--syslog", "127.0.0.1:5600",
-                                   "--listen", "192.168.10.11:9200"]
+                                   "--listen", "192.168.10.11:9200", "--usage-dir", "/var/log/llm-gateway",
+                                   "--retention-days", "30", "--max-usage-mib", "20480"]
     assert exporter_probe(spec)[-1] == (
         "import urllib.request; urllib.request.urlopen('http://192.168.10.11:9200/metrics', timeout=3)")
     assert "syslog:server=127.0.0.1:5600," in gateway_files(spec)["nginx.conf"]
@@ -166,7 +172,7 @@ def test_reference_routes_every_served_name_to_its_pool(prod_spec: StackSpec) ->
     table = routes_table(prod_spec)
     assert table["order"] == ["chat", "reasoning"]  # defaultPool first in /v1/models
     assert table["prefixes"] == {"/smart/v1/": "reasoning"}
-    assert table["models"]["qwen3-30b-a3b"] == ["chat", ""]
+    assert table["models"]["qwen3-30b-a3b"] == ["chat", {"chat": True}, "@llm_pool_chat", ""]
     assert table["meta"]["deepseek-r1"] == ["/data/models/DeepSeek-R1-GPTQ-Int4", 16384]
     assert table["allow"] == {}
     assert key_ids(prod_spec) == ["default"]
@@ -201,7 +207,8 @@ def test_reference_error_pages_are_openai_json(prod_spec: StackSpec) -> None:
 def test_aliases_get_a_rewriting_location_and_the_pools_first_name(config: dict[str, Any]) -> None:
     spec = spec_with(config, aliases={"fast": "chat"})
     table = routes_table(spec)
-    assert table["models"]["fast"] == ["chat", "qwen3-30b-a3b"]
+    assert table["models"]["fast"] == ["chat", {"chat": True}, "@llm_alias_chat", "qwen3-30b-a3b"]
+    assert table["models"]["qwen3-30b-a3b"] == ["chat", {"chat": True}, "@llm_pool_chat", ""]
     assert table["listing"]["chat"] == ["qwen3-30b-a3b", "/data/models/Qwen3-30B-A3B", "fast"]
     conf = nginx_conf(spec, GatewayLayout(port=80))
     alias = block(conf, "location @llm_alias_chat")
@@ -296,14 +303,15 @@ def test_loopback_layout_changes_only_paths_and_the_listener(prod_spec: StackSpe
     deployed = gateway_files(prod_spec)
     local = render_gateway(prod_spec, GatewayLayout(
         port=18080, listen_address="127.0.0.1", conf_dir=str(tmp_path), load_module="/x.so",
-        digests_file=f"{tmp_path}/k.json", pid_file=f"{tmp_path}/pid", error_log=f"{tmp_path}/e",
-        access_log=f"{tmp_path}/a", temp_dir=None, user=None))
+        digests_file=f"{tmp_path}/k.json", tls_dir=f"{tmp_path}/tls", pid_file=f"{tmp_path}/pid",
+        error_log=f"{tmp_path}/e", usage_dir=prod_spec.gateway.usage_log.dir, temp_dir=None, user=None,
+        syslog_port=5514))
     assert local["llm/gateway.js"] == deployed["llm/gateway.js"]
     assert local["llm/routes.json"] == deployed["llm/routes.json"]
     differ = set(lines(deployed["nginx.conf"])) ^ set(lines(local["nginx.conf"]))
     heads = {line.split()[0] for line in differ}
-    assert heads == {"load_module", "user", "pid", "error_log", "access_log", "js_preload_object",
-                     "js_import", "listen"}
+    assert heads == {"load_module", "user", "pid", "error_log", "js_preload_object", "js_import", "listen",
+                     "ssl_certificate", "ssl_certificate_key"}
 
 
 # --- keys -------------------------------------------------------------------------------------
@@ -410,12 +418,12 @@ def test_healthcheck_probe_sends_the_readiness_request_under_sh(config: dict[str
     threading.Thread(target=server.serve_forever, daemon=True).start()
     port = server.server_address[1]
     try:
-        kind, probe = healthcheck_probe(spec_with(config, port=port))
+        kind, probe = healthcheck_probe(spec_with(config, port=port, tls=False))
         assert kind == "CMD-SHELL" and probe == f"{keyless_probe(port, False, 3)} | grep -qx 401"
         assert f"  code=$({keyless_probe(port, False, 5)} || true)\n" in readiness_script(port, False)
         # Docker runs CMD-SHELL with /bin/sh.
         assert subprocess.run(["sh", "-c", probe]).returncode == 0
-        _, open_probe = healthcheck_probe(spec_with(config, auth=False, apiKeys=[]))
+        _, open_probe = healthcheck_probe(spec_with(config, auth=False, apiKeys=[], tls=False))
         assert open_probe == f"{keyless_probe(port, False, 3)} | grep -qx 200"
         assert subprocess.run(["sh", "-c", open_probe]).returncode == 1  # 401 is not what an open gateway answers
     finally:

@@ -337,10 +337,11 @@ def test_label_sets_are_capped_and_the_overflow_counted(captured: tuple[list[byt
     ("10.0.0.1:8000, 10.0.0.2:8000", "504, 502", ["10.0.0.1:8000", "10.0.0.2:8000"]),
     ("llm_pool_chat", "502", ["none"]),  # no live replica: nginx logs the upstream group's name
     ("[fd00::1]:8000 : 10.0.0.2:8000", "502 : 200", ["[fd00::1]:8000"]),  # across an internal redirect
-    ("10.0.0.1:8000", "500", []),  # the replica answered: its own error, not a failed attempt
+    # The replica answered 500 (an engine error): a failure the gateway retries elsewhere and counts.
+    ("10.0.0.1:8000", "500", ["10.0.0.1:8000"]),
     ("", "", []),
 ])
-def test_failed_attempts_are_the_502_and_504_entries_of_upstream_status(upstream: str, status: str,
+def test_failed_attempts_are_the_5xx_entries_of_upstream_status(upstream: str, status: str,
                                                                        failed: list[str]) -> None:
     assert failed_attempts(upstream, status) == failed
 

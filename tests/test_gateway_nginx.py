@@ -191,21 +191,25 @@ class NginxGateway:
     """The generated config on the real nginx, bound to 127.0.0.1, its files under `root`."""
 
     def __init__(self, spec: StackSpec, upstreams: dict[str, list[FakeReplica]], root: Path, digests: Path,
-                 tls_dir: Path | None = None, syslog_port: int | None = None):
+                 tls_dir: Path | None = None, syslog_port: int | None = None, usage_dir: Path | None = None):
         self.root = root
         self.port = free_port()
-        layout = GatewayLayout(
-            port=self.port, listen_address="127.0.0.1", conf_dir=str(root), load_module=NJS_MODULE,
+        # The config in a directory of its own, as on the host (its script owns everything in it).
+        self.conf_dir = root / "conf"
+        self.layout = GatewayLayout(
+            port=self.port, listen_address="127.0.0.1", conf_dir=str(self.conf_dir), load_module=NJS_MODULE,
             digests_file=str(digests), tls_dir=str(tls_dir or root / "tls"), pid_file=str(root / "nginx.pid"),
             error_log=str(root / "error.log"), access_log=str(root / "access.log"), temp_dir=str(root / "tmp"),
-            user=None, worker_processes="2", syslog_port=syslog_port)
-        self.files = render_gateway(spec, layout, {p: [("127.0.0.1", r.port) for r in rs] for p, rs in upstreams.items()})
+            user=None, worker_processes="2", syslog_port=syslog_port,
+            usage_dir=str(usage_dir) if usage_dir else None)
+        self.files = render_gateway(spec, self.layout,
+                                    {p: [("127.0.0.1", r.port) for r in rs] for p, rs in upstreams.items()})
         for rel, text in self.files.items():
-            (root / rel).parent.mkdir(parents=True, exist_ok=True)
-            (root / rel).write_text(text)
+            (self.conf_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+            (self.conf_dir / rel).write_text(text)
         (root / "tmp").mkdir(exist_ok=True)
         nginx = nginx_binary()
-        conf = str(root / "nginx.conf")
+        conf = str(self.conf_dir / "nginx.conf")
         check = subprocess.run([nginx, "-t", "-q", "-p", str(root), "-c", conf], capture_output=True, text=True)
         assert check.returncode == 0, check.stderr
         self.proc = subprocess.Popen([nginx, "-p", str(root), "-c", conf, "-g", "daemon off;"],
@@ -272,6 +276,8 @@ def gateway_config(**gateway: Any) -> dict[str, Any]:
     """The reference stack with test keys: one for most tests, one tightly limited, one restricted."""
     config = prod_config()
     config["llm-cluster:gateway"].update({
+        # Plain HTTP on loopback keeps these tests about routing; TLS has tests of its own.
+        "tls": False,
         "maxBodyMib": 1, "aliases": {"fast": "chat"},
         "apiKeys": [{"id": "default", "rateLimit": {"requestsPerSecond": 1000, "burst": 1000}},
                     {"id": "limited", "rateLimit": {"requestsPerSecond": 1 / 60, "burst": 1}},
@@ -371,6 +377,7 @@ def self_signed(dir_: Path) -> Path:
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "reference": {},
+    "plain-http": {"tls": False, "port": 80},
     "no-keys-no-limits": {"apiKeys": []},
     "default-limit-zones": {"defaultRateLimit": {"requestsPerSecond": 0.5, "burst": 2},
                             "apiKeys": [{"id": "a"}, {"id": "b", "rateLimit": {"requestsPerSecond": 3}}]},
@@ -378,7 +385,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
                            "apiKeys": [{"id": "x", "models": ["fast", "deepseek-r1"]}]},
     "two-prefixes-big-body": {"pathRoutes": {"/smart/v1/": "reasoning", "/team/chat/v1/": "chat"},
                               "maxBodyMib": 256, "upstreamKeepalive": 0},
-    "tls": {"tls": True, "port": 443},
+    "tls-from-secrets": {"tls": True, "port": 443},
+    "http-redirect": {"httpRedirectPort": 80},
 }
 
 
@@ -387,7 +395,7 @@ def test_nginx_accepts_the_generated_config(variant: str, tmp_path: Path) -> Non
     config = prod_config()
     config["llm-cluster:gateway"].update(VARIANTS[variant])
     secrets = set()
-    if variant == "tls":
+    if variant == "tls-from-secrets":
         config["llm-cluster:gatewayTlsCert"] = config["llm-cluster:gatewayTlsKey"] = "[secret]"
         secrets = {"llm-cluster:gatewayTlsCert", "llm-cluster:gatewayTlsKey"}
     spec = load_stack_config(config, secrets)
@@ -685,7 +693,7 @@ def test_tls_gateway_serves_https_with_the_certificate(tmp_path: Path) -> None:
 
 def test_gateway_without_auth_serves_without_a_key_and_logs_no_key_id(tmp_path: Path) -> None:
     config = prod_config()
-    config["llm-cluster:gateway"].update(auth=False, apiKeys=[])
+    config["llm-cluster:gateway"].update(auth=False, apiKeys=[], tls=False)
     spec = load_stack_config(config, set())
     pools = {"chat": [FakeReplica("c")], "reasoning": [FakeReplica("r")]}
     # No key file exists, and nginx must not need one.

@@ -39,11 +39,8 @@ def test_reference_stack_plans_clean(prod_plan: tuple[subprocess.CompletedProces
     proc, _ = prod_plan
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
-    for line in ("Nodes", "Pools", "Gateway", "Capacity (as vLLM will compute it; weights and KV cache per GPU, "
-                 "KV tokens and concurrency per instance, rule of thumb for the whole model)", "Policy"):
+    for line in ("Nodes", "Pools", "Gateway", "Capacity (per GPU, as vLLM 0.9.2 will compute it)", "Policy"):
         assert f"\n{line}" in out
-    # Each column says what it counts.
-    assert "\n                              /GPU      /GPU  /instance  /instance         /model\n" in out
     for i in range(1, 7):
         assert f"  gpu-0{i}  192.168.10.1{i}  8 x Tesla V100-SXM2-32GB" in out
     assert "  reasoning    reasoning-gpu-01       deepseek-r1 · TP8 x PP2 on Ray · gpu-01+gpu-02 → " \
@@ -86,8 +83,8 @@ def test_secure_values_stay_secret_everywhere(tmp_path: Path) -> None:
         assert "AAABAHd3" not in text
     doc = json.loads((tmp_path / "out" / "test" / "plan.json").read_text())
     assert doc["outputs"]["gatewayApiKeys"] == "[secret]"
-    keys_upload = [r for r in doc["resources"] if r["name"] == "gateway-nginx"][0]["inputs"]["uploads"]
-    assert "[secret]" in json.dumps(keys_upload)  # the digests of the given keys travel as a secret
+    config = [r for r in doc["resources"] if r["name"] == "gateway-config"][0]["inputs"]
+    assert config["stdin"] == "[secret]"  # the digests of the given keys travel as a secret
 
 
 def test_a_leaked_secret_stops_the_plan_before_anything_is_written(tmp_path: Path, monkeypatch, capsys) -> None:

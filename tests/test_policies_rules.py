@@ -350,8 +350,8 @@ def test_underscore_spelling_and_aliases_are_real_flags() -> None:
 
 # --- rule 9: security --------------------------------------------------------------------------
 
-GATEWAY_PROPS = {"node": "gpu-01", "port": 80.0, "authRequired": True, "apiKeyIds": ["default"],
-                 "keySource": "generated", "tls": False, "routes": {}, "pathRoutes": {}, "exposedPaths": []}
+GATEWAY_PROPS = {"node": "gpu-01", "port": 443.0, "authRequired": True, "apiKeyIds": ["default"],
+                 "keySource": "generated", "tls": True, "routes": {}, "pathRoutes": {}, "exposedPaths": []}
 
 
 def test_gateway_without_keys_is_refused() -> None:
@@ -361,6 +361,17 @@ def test_gateway_without_keys_is_refused() -> None:
         "gateway-auth", "gateway.auth is false: every model would be open to anyone who reaches the gateway's port. "
         "Set gateway.auth: true (keys in gateway.apiKeys, or none to have one generated on the host), or, for a "
         "lab only, lower this policy's enforcement level.")
+
+
+def test_gateway_keys_in_clear_are_reported() -> None:
+    gateway = "llm-cluster:gateway:Gateway"
+    assert analyze(gateway, "gateway", {**GATEWAY_PROPS, "tls": False, "port": 80.0}) == only(
+        "gateway-tls", "gateway.tls is false: API keys and prompts cross the network in clear on port 80. Leave "
+        "gateway.tls at true (a certificate from gatewayTlsCert/gatewayTlsKey, or one made on the gateway host with "
+        "its CA as the output gatewayCaCert).", "advisory")
+    assert analyze(gateway, "gateway", {**GATEWAY_PROPS, "httpRedirectPort": 80.0}) == only(
+        "gateway-tls", "gateway.httpRedirectPort 80 answers plain HTTP: a client that sends its request there has "
+        "sent its API keys and prompts in clear before it is redirected. Unset it unless clients need the redirect.", "advisory")
 
 
 PLAINTEXT = ("Anyone with docker or shell access on the node reads it (docker inspect, ps, the command log). Read it "

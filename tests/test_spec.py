@@ -202,10 +202,6 @@ REFUSED: list[tuple[str, Mutation, list[str]]] = [
      lambda c: section(c, "gateway")["apiKeys"].append({"id": "team-a", "models": ["gpt-4"]}),
      ["gateway.apiKeys[1].models[0]: 'gpt-4' names no served model, alias or pool; allowed: "
       "/data/models/DeepSeek-R1-GPTQ-Int4, /data/models/Qwen3-30B-A3B, chat, deepseek-r1, qwen3-30b-a3b, reasoning"]),
-    ("TLS needs its secrets",
-     lambda c: section(c, "gateway").update(tls=True),
-     ["gateway.tls: needs the secrets gatewayTlsCert and gatewayTlsKey "
-      "(pulumi config set --secret gatewayTlsCert < cert.pem)"]),
     ("monitoring node must exist",
      lambda c: section(c, "monitoring").update(node="gpu-7"),
      ["monitoring.node: 'gpu-7' is not a node; nodes are: gpu-01, gpu-02, gpu-03, gpu-04, gpu-05, gpu-06"]),
@@ -249,6 +245,34 @@ def test_refused_with_key_path_and_what_is_allowed(config: dict[str, Any], mutat
                                                     expected: list[str]) -> None:
     mutate(config)
     assert refused(config) == expected
+
+
+def test_tls_secrets_come_in_pairs(config: dict[str, Any]) -> None:
+    config[NS + "gatewayTlsCert"] = "[secret]"
+    assert refused(config, frozenset({NS + "gatewayTlsCert"})) == [
+        "gateway.tls: the secret gatewayTlsCert is set without its pair: set both gatewayTlsCert and gatewayTlsKey "
+        "(pulumi config set --secret gatewayTlsCert < cert.pem), or neither to have a certificate made on the "
+        "gateway host"]
+
+
+def test_pools_sharing_a_model_are_refused_where_the_gateway_cannot_honour_them(config: dict[str, Any]) -> None:
+    pools = section(config, "pools")
+    pools["canary"] = {**pools["chat"], "nodes": ["gpu-06"]}
+    pools["chat"]["nodes"] = ["gpu-03", "gpu-04", "gpu-05"]
+    load_stack_config(config, set())  # two pools of one model: fine, traffic is split
+    section(config, "gateway").update(poolWeights={"chat": 0, "canary": 0, "reasoning": 2})
+    pools["canary"]["vllm"] = {**pools["chat"]["vllm"], "maxModelLen": 8192}
+    section(config, "gateway")["apiKeys"].append({"id": "team", "models": ["canary"]})
+    assert refused(config) == [
+        "gateway.poolWeights.reasoning: pool 'reasoning' is the only pool serving model 'deepseek-r1': a weight "
+        "splits a model's traffic between pools that serve it",
+        "gateway.poolWeights: every pool serving model 'qwen3-30b-a3b' (chat, canary) has weight 0: its requests "
+        "would find no replica",
+        "pools.canary.vllm.maxModelLen: pools chat, canary serve model 'qwen3-30b-a3b' behind one name but accept "
+        "different lengths (chat: 32768, canary: 8192): the same request would pass or fail by where it lands; "
+        "give them one maxModelLen",
+        "gateway.apiKeys[1].models[0]: pool 'canary' shares model 'qwen3-30b-a3b' with chat: a key cannot be held "
+        "to one of them; name the model ('qwen3-30b-a3b') instead"]
 
 
 def test_without_auth_a_key_secret_is_refused(config: dict[str, Any]) -> None:

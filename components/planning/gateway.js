@@ -56,6 +56,7 @@ function visibleNames(prefix, id) {
     var fixed = llm_routes.prefixes[prefix];
     var allow = llm_routes.allow[id];
     var names = [];
+    var seen = {};  // pools that share a model list its names once
     var order = llm_routes.order;
     for (var i = 0; i < order.length; i++) {
         if (fixed && order[i] !== fixed) {
@@ -63,7 +64,8 @@ function visibleNames(prefix, id) {
         }
         var listed = llm_routes.listing[order[i]];
         for (var j = 0; j < listed.length; j++) {
-            if (!allow || allow[listed[j]]) {
+            if ((!allow || allow[listed[j]]) && !seen[listed[j]]) {
+                seen[listed[j]] = true;
                 names.push(listed[j]);
             }
         }
@@ -96,8 +98,10 @@ function route(r) {
     var id = r.variables.llm_key_id;
     var prefix = prefixOf(r);
     var fixed = llm_routes.prefixes[prefix];
+    // entry: [pool, or `a+b` for pools sharing the model; {pool: true}; named location;
+    //         served name to rewrite to ('' = none)] (njs 0.7's preloaded arrays have no methods)
     var entry = llm_routes.models[model];
-    if (!entry || (fixed && entry[0] !== fixed)) {
+    if (!entry || (fixed && !entry[1][fixed])) {
         return fail(r, 404, 'The model \'' + model + '\' does not exist under ' + prefix
                     + '. Available models: ' + visibleNames(prefix, id).join(', '),
                     'model_not_found', 'model');
@@ -108,16 +112,19 @@ function route(r) {
                     + '\'. Allowed models: ' + visibleNames(prefix, id).join(', '),
                     'model_not_allowed', 'model');
     }
-    var pool = entry[0];
-    r.variables.llm_pool = pool;
-    if (entry[1]) {
-        // An alias: vLLM only knows its served names, so the body goes out with the real one.
-        body.model = entry[1];
-        r.variables.llm_body = JSON.stringify(body);
-        r.internalRedirect('@llm_alias_' + pool);
-        return;
+    var location = entry[2];
+    r.variables.llm_pool = entry[0];
+    if (fixed) {
+        // A path route pins its pool, even for a model other pools serve too.
+        r.variables.llm_pool = fixed;
+        location = (entry[3] ? '@llm_alias_' : '@llm_pool_') + fixed;
     }
-    r.internalRedirect('@llm_pool_' + pool);
+    if (entry[3]) {
+        // An alias: vLLM only knows its served names, so the body goes out with the real one.
+        body.model = entry[3];
+        r.variables.llm_body = JSON.stringify(body);
+    }
+    r.internalRedirect(location);
 }
 
 /* js_content of GET /v1/models (and <prefix>models): the models this key may use, OpenAI-style. */

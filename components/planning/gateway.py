@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from components.planning.monitoring import host_port
+from components.planning.node_scripts import put_files_lines
 from components.planning.topology import instances
 from components.planning.gateway_engines import engine_server, upstream_keepalive_seconds
 from components.spec.gateway import ApiKeySpec, RateLimitSpec
@@ -40,6 +41,8 @@ T = TypeVar("T")
 
 NJS_SOURCE = Path(__file__).with_suffix(".js")
 EXPORTER_SOURCE = Path(__file__).with_name("gateway_exporter.py")
+# Where Debian's libnginx-mod-http-js and the official nginx image both put the njs module.
+NJS_MODULE_PATH = "/usr/lib/nginx/modules/ngx_http_js_module.so"
 
 # Endpoints routed by `model` (POST) under /v1/ and under every path-route prefix.
 MODEL_ENDPOINTS = ("chat/completions", "completions", "embeddings")
@@ -48,6 +51,21 @@ DEFAULT_KEY_ID = "default"
 # outside the directory mounted into the container, which holds only the digests.
 HOST_KEYS_DIR = "/etc/llm-cluster/gateway"
 HOST_DIGESTS_DIR = f"{HOST_KEYS_DIR}/nginx"
+# The rest of the gateway's host files, each directory mounted read-only into the container, so a
+# changed file is an update of the command that writes it, which reloads nginx (never a new container):
+HOST_CONF_DIR = f"{HOST_KEYS_DIR}/conf"  # nginx.conf, the njs module, the routing table
+HOST_TLS_DIR = f"{HOST_KEYS_DIR}/tls"  # cert.pem, key.pem (0600)
+HOST_CA_DIR = f"{HOST_KEYS_DIR}/ca"  # the private CA of generated certificates; its key never leaves
+CONTAINER_CONF_DIR = "/etc/llm-gateway"
+CONTAINER_KEYS_DIR = "/etc/llm-gateway-keys"
+CONTAINER_TLS_DIR = "/etc/llm-gateway-tls"
+# The worker user of the nginx images (official and the Debian-built one): owner of the usage log.
+WORKER_UID = 101
+# Certificates the gateway host makes: valid 397 days (what browsers accept), renewed by any
+# deployment within 30 days of expiry; the CA for 10 years.
+CERT_DAYS = 397
+CERT_RENEW_DAYS = 30
+CA_DAYS = 3650
 DIGESTS_FILE = "key-hashes.json"
 CONTAINER_NAME = "llm-gateway"
 EXPORTER_CONTAINER_NAME = "llm-gateway-exporter"
@@ -72,7 +90,10 @@ class GatewayLayout:
     tls_dir: str = "/etc/nginx/llm-tls"
     pid_file: str = "/var/run/nginx.pid"
     error_log: str = "/dev/stderr"
-    access_log: str = "/dev/stdout"
+    access_log: str | None = None
+    """One buffered file for the usage log (tests); None: the daily files in usage_dir only."""
+    usage_dir: str | None = None
+    """The usage log as one file a day (usage-YYYY-MM-DD.log, UTC) in this directory; None: none."""
     temp_dir: str | None = None
     """Client body / proxy temp paths; None keeps the build's defaults."""
     user: str | None = "nginx"
@@ -93,9 +114,17 @@ class GatewayLayout:
 
 
 def container_layout(spec: StackSpec) -> GatewayLayout:
-    """The layout of the gateway container: official nginx image, host network, the stack's port."""
-    assert spec.gateway is not None
-    return GatewayLayout(port=spec.gateway.port, syslog_port=spec.gateway.exporter_syslog_port)
+    """The layout of the gateway container: host network, the stack's port, config from host mounts."""
+    g = spec.gateway
+    assert g is not None
+    return GatewayLayout(port=g.port, conf_dir=CONTAINER_CONF_DIR, load_module=NJS_MODULE_PATH,
+                         digests_file=f"{CONTAINER_KEYS_DIR}/{DIGESTS_FILE}", tls_dir=CONTAINER_TLS_DIR,
+                         usage_dir=g.usage_log.dir, syslog_port=g.exporter_syslog_port)
+
+
+def nginx_argv() -> list[str]:
+    """The gateway container's command: nginx in the foreground on the mounted config."""
+    return ["nginx", "-c", f"{CONTAINER_CONF_DIR}/nginx.conf", "-g", "daemon off;"]
 
 
 def key_ids(spec: StackSpec) -> list[str]:
@@ -106,12 +135,47 @@ def key_ids(spec: StackSpec) -> list[str]:
     return [k.id for k in spec.gateway.api_keys] or [DEFAULT_KEY_ID]
 
 
+def model_pools(spec: StackSpec) -> dict[str, list[str]]:
+    """Model -> the pools serving it, in stack order."""
+    out: dict[str, list[str]] = {}
+    for pool, p in spec.pools.items():
+        out.setdefault(p.model, []).append(pool)
+    return out
+
+
+def target(pools: Sequence[str]) -> str:
+    """The route target of a model: its pool, or `blue+green` for pools that share it (also logged as `pool`)."""
+    return "+".join(pools)
+
+
 def routes(spec: StackSpec) -> dict[str, str]:
-    """Every model name clients may send (served names, then aliases) -> its pool."""
+    """Every model name clients may send (served names, then aliases) -> its pool (`a+b` when shared)."""
     assert spec.gateway is not None
-    out = {name: pool for pool, p in spec.pools.items() for name in spec.served_names(p.model)}
+    out = {name: target(pools) for model, pools in model_pools(spec).items() for name in spec.served_names(model)}
     out.update(spec.gateway.aliases)
     return out
+
+
+def split(spec: StackSpec) -> dict[str, dict[str, float]]:
+    """Model -> {pool: percent of its requests} for every model served by more than one pool."""
+    g = spec.gateway
+    assert g is not None
+    out: dict[str, dict[str, float]] = {}
+    for model, pools in model_pools(spec).items():
+        if len(pools) > 1:
+            weights = {p: g.pool_weights.get(p, 1) for p in pools}
+            total = sum(weights.values())
+            out[model] = {p: round(100 * w / total, 1) for p, w in weights.items()}
+    return out
+
+
+def server_weights(spec: StackSpec, pools: Sequence[str]) -> dict[str, int]:
+    """nginx `weight=` per server of each pool, so that a pool's servers together carry its poolWeight."""
+    g = spec.gateway
+    assert g is not None
+    counts = {p: max(1, len(instances(spec, p))) for p in pools}
+    common = math.lcm(*counts.values())
+    return {p: g.pool_weights.get(p, 1) * common // counts[p] for p in pools}
 
 
 def path_routes(spec: StackSpec) -> dict[str, str | None]:
@@ -187,19 +251,27 @@ def reset_interval(limit: RateLimitSpec) -> str:
 
 
 def routes_table(spec: StackSpec) -> dict[str, object]:
-    """routes.json, the object njs preloads: names -> [pool, rewrite-to], listing order, allowlists."""
+    """routes.json, the object njs preloads: names -> [pool label, {pool: true}, location, rewrite-to],
+    listing, allowlists."""
     g = spec.gateway
     assert g is not None
-    first = {pool: spec.served_names(p.model)[0] for pool, p in spec.pools.items()}
-    models: dict[str, list[str]] = {}
+    by_model = model_pools(spec)
+    models: dict[str, list[object]] = {}
     listing: dict[str, list[str]] = {pool: [] for pool in spec.pools}
     meta: dict[str, list[object]] = {}
-    for name, pool in routes(spec).items():
-        alias = name in g.aliases
-        models[name] = [pool, first[pool] if alias else ""]
-        listing[pool].append(name)
-        p = spec.pools[pool]
-        meta[name] = [spec.models[p.model].path, p.vllm.max_model_len]
+    for model, pools in by_model.items():
+        location = f"@llm_pool_{pools[0]}" if len(pools) == 1 else f"@llm_model_{model}"
+        for name in spec.served_names(model):
+            models[name] = [target(pools), {p: True for p in pools}, location, ""]
+            for pool in pools:
+                listing[pool].append(name)
+            meta[name] = [spec.models[model].path, spec.pools[pools[0]].vllm.max_model_len]
+    for alias, pool in g.aliases.items():
+        # An alias names one pool: vLLM only knows its served names, so the body goes out with the first.
+        model = spec.pools[pool].model
+        models[alias] = [pool, {pool: True}, f"@llm_alias_{pool}", spec.served_names(model)[0]]
+        listing[pool].append(alias)
+        meta[alias] = [spec.models[model].path, spec.pools[pool].vllm.max_model_len]
     allow: dict[str, dict[str, bool]] = {}
     for k in g.api_keys:
         if k.models:
@@ -391,9 +463,23 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
             "    js_var $llm_total_tokens null;",
             "    js_var $llm_events 0;",
             "",
-            f"    log_format llm_usage escape=json '{LOG_FORMAT}';",
-            # Buffered: one write per 64k of lines or per second instead of one per request.
-            f"    access_log {layout.access_log} llm_usage buffer=64k flush=1s;"]
+            f"    log_format llm_usage escape=json '{LOG_FORMAT}';"]
+    if layout.access_log:
+        # Buffered: one write per 64k of lines or per second instead of one per request.
+        out.append(f"    access_log {layout.access_log} llm_usage buffer=64k flush=1s;")
+    if layout.usage_dir:
+        # A file a day, named by nginx itself: no rotation signal, no logrotate. (A path with a
+        # variable cannot be buffered; the descriptor stays cached.) The exporter deletes old days.
+        out += ["    map $time_iso8601 $llm_log_day {",
+                '        "~^(?<llm_day>\\d{4}-\\d{2}-\\d{2})" $llm_day;',
+                "    }",
+                f"    access_log {layout.usage_dir}/usage-$llm_log_day.log llm_usage;",
+                # nginx checks that `root` exists before writing a log with variables in its path;
+                # nothing is ever served from it.
+                f"    root {layout.usage_dir};",
+                "    open_log_file_cache max=4 inactive=2m valid=1m;"]
+    if not layout.access_log and not layout.usage_dir:
+        out.append("    access_log off;")
     if layout.syslog_port is not None:
         # One UDP datagram per request (nginx cannot buffer syslog): the metrics exporter's input.
         # A stopped exporter costs nothing but an error-log line per failed send.
@@ -414,18 +500,18 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
     out.append("")
 
     for pool, addrs in servers.items():
-        out += [f"    upstream llm_pool_{pool} {{",
-                f"        zone llm_pool_{pool} 64k;",
-                "        least_conn;"]
-        out += [f"        server {host}:{port} max_fails={g.max_fails} fail_timeout={g.fail_timeout_seconds}s;"
-                for host, port in addrs]
-        idle = pool_keepalive_seconds(spec, pool)
-        if g.upstream_keepalive and idle:
-            out += [f"        keepalive {g.upstream_keepalive};",
-                    # Shorter than the engine server's own idle timeout: nginx always closes first.
-                    f"        keepalive_timeout {idle}s;"]
-        out += ["    }", ""]
+        out += _upstream(spec, f"llm_pool_{pool}", [pool], {pool: addrs}, {pool: 1})
+    for model, pools in model_pools(spec).items():
+        if len(pools) > 1:
+            # One group over every pool serving the model: a pool's servers carry its poolWeight.
+            out += _upstream(spec, f"llm_model_{model}", pools, servers, server_weights(spec, pools))
 
+    if g.tls and g.http_redirect_port is not None:
+        plain = (f"{layout.listen_address}:{g.http_redirect_port}" if layout.listen_address
+                 else str(g.http_redirect_port))
+        # Plain HTTP only sends clients to HTTPS (308 keeps the method and body).
+        out += ["    server {", f"        listen {plain};",
+                f"        return 308 https://$host:{layout.port}$request_uri;", "    }", ""]
     out += ["    server {",
             f"        listen {listen}{' ssl' if g.tls else ''};"]
     if g.tls:
@@ -451,11 +537,15 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
 
     aliased = set(g.aliases.values())
     for pool in spec.pools:
-        proxy = _proxy_block(spec, pool)
+        proxy = _proxy_block(spec, f"llm_pool_{pool}", [pool])
         out += [f"        location @llm_pool_{pool} {{", *proxy, "        }"]
         if pool in aliased:
             out += [f"        location @llm_alias_{pool} {{",
                     "            proxy_set_body $llm_body;", *proxy, "        }"]
+    for model, pools in model_pools(spec).items():
+        if len(pools) > 1:
+            out += [f"        location @llm_model_{model} {{", *_proxy_block(spec, f"llm_model_{model}", pools),
+                    "        }"]
     out += ["", *_error_locations(g.max_body_mib), "    }", "}", ""]
     return "\n".join(out)
 
@@ -512,15 +602,34 @@ def _maps(spec: StackSpec) -> list[str]:
     return out
 
 
-def _proxy_block(spec: StackSpec, pool: str) -> list[str]:
-    """The proxy directives of one pool's named location."""
+def _upstream(spec: StackSpec, name: str, pools: Sequence[str], servers: Mapping[str, Sequence[tuple[str, int]]],
+              weights: Mapping[str, int]) -> list[str]:
+    """An upstream block over the servers of these pools (one pool, or the pools sharing a model)."""
     g = spec.gateway
     assert g is not None
-    failures = " ".join(f"http_{status}" for status in failure_statuses(spec, pool))
-    timeout = spec.pools[pool].read_timeout_seconds
+    out = [f"    upstream {name} {{", f"        zone {name} 64k;", "        least_conn;"]
+    for pool in pools:
+        weight = weights[pool]
+        extra = " down" if weight == 0 else (f" weight={weight}" if weight != 1 else "")
+        out += [f"        server {host}:{port}{extra} max_fails={g.max_fails} fail_timeout={g.fail_timeout_seconds}s;"
+                for host, port in servers[pool]]
+    idle = min(pool_keepalive_seconds(spec, pool) for pool in pools)
+    if g.upstream_keepalive and idle:
+        out += [f"        keepalive {g.upstream_keepalive};",
+                # Shorter than the engine server's own idle timeout: nginx always closes first.
+                f"        keepalive_timeout {idle}s;"]
+    return out + ["    }", ""]
+
+
+def _proxy_block(spec: StackSpec, upstream: str, pools: Sequence[str]) -> list[str]:
+    """The proxy directives of a named location over one upstream (one pool, or pools sharing a model)."""
+    g = spec.gateway
+    assert g is not None
+    failures = " ".join(f"http_{status}" for status in sorted({s for p in pools for s in failure_statuses(spec, p)}))
+    timeout = max(spec.pools[p].read_timeout_seconds for p in pools)
     return [
         # Variables in proxy_pass: the upstream group by name, the routed URI and the query string.
-        f"            proxy_pass http://llm_pool_{pool}$llm_upstream_uri$is_args$args;",
+        f"            proxy_pass http://{upstream}$llm_upstream_uri$is_args$args;",
         "            proxy_http_version 1.1;",
         '            proxy_set_header Connection "";',
         "            proxy_set_header Host $host;",
@@ -624,6 +733,170 @@ rm -rf -- {shlex.quote(keys_dir)}
 """
 
 
+# --- host files, reloaded in place ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class NginxControl:
+    """How a host script reaches the running nginx: `docker exec` on a node, the binary in tests."""
+
+    nginx: str = f"docker exec {CONTAINER_NAME} nginx -c {CONTAINER_CONF_DIR}/nginx.conf"
+    """A shell command prefix that runs nginx against the gateway's config."""
+    running: str = f"[ \"$(docker inspect -f '{{{{.State.Running}}}}' {CONTAINER_NAME} 2>/dev/null)\" = true ]"
+    """A shell condition: true when that nginx is up (else it reads the files when it starts)."""
+
+
+def reload_lines(what: str, control: NginxControl = NginxControl()) -> str:
+    """Check the config the files now make with `nginx -t`, then `nginx -s reload`: new workers take
+    new requests, old ones finish theirs (streams included). Messages on stderr (stdout may be a secret)."""
+    return f"""if {control.running}; then
+  if ! out=$({control.nginx} -t -q 2>&1); then
+    echo "gateway: nginx -t refuses the new {what}: $out" >&2
+    echo "nginx goes on serving the config it has loaded; fix the stack and deploy again" >&2
+    exit 1
+  fi
+  {control.nginx} -s reload
+  echo "gateway: nginx reloaded ({what} changed; requests in flight finish on the old workers)" >&2
+else
+  echo "gateway: {CONTAINER_NAME} not running yet; it reads the {what} when it starts" >&2
+fi
+"""
+
+
+def config_script(spec: StackSpec, files: Mapping[str, str] | None = None, conf_dir: str = HOST_CONF_DIR,
+                  digests_from_stdin: str | None = None, control: NginxControl = NginxControl()) -> str:
+    """Write the gateway's config files (nginx.conf, njs, routes) on its host and reload nginx in place.
+
+    `digests_from_stdin`: the host path of the key digests, when they come from the stack's secret.
+    """
+    g = spec.gateway
+    assert g is not None
+    files = gateway_files(spec) if files is None else files
+    lines = ["#!/usr/bin/env bash",
+             f"# llm-cluster: write the gateway config under {conf_dir} and reload nginx in place",
+             # Key ids and TLS mode in the script: a change to either reloads nginx (digests, certificate).
+             f"# key ids: {', '.join(key_ids(spec)) or '(auth off)'}; tls: {'on' if g.tls else 'off'}",
+             "set -euo pipefail"]
+    lines += put_files_lines({f"{conf_dir}/{rel}": text for rel, text in files.items()}, [conf_dir],
+                             "0:0", "0600" if digests_from_stdin else "0644", digests_from_stdin)
+    return "\n".join(lines) + "\n" + reload_lines("config", control)
+
+
+def usage_dir_script(directory: str) -> str:
+    """Make the usage-log directory, owned by nginx's worker user (who writes it) and 0750."""
+    return (f"#!/usr/bin/env bash\n# llm-cluster: the gateway's usage-log directory\nset -euo pipefail\n"
+            f"install -d -m 0750 -o {WORKER_UID} -g {WORKER_UID} {shlex.quote(directory)}\n")
+
+
+def config_delete_script(conf_dir: str = HOST_CONF_DIR) -> str:
+    """Undo config_script (the usage log stays: it is the operator's record)."""
+    return f"#!/usr/bin/env bash\n# llm-cluster: remove the gateway config\nset -euo pipefail\nrm -rf -- {shlex.quote(conf_dir)}\n"
+
+
+def tls_names(spec: StackSpec) -> list[str]:
+    """Names in a generated certificate: the node's name and cluster address, then gateway.tlsNames."""
+    g = spec.gateway
+    assert g is not None
+    return list(dict.fromkeys([g.node, spec.node(g.node).address, *g.tls_names]))
+
+
+def tls_generate_script(spec: StackSpec, root: str = HOST_KEYS_DIR, control: NginxControl = NginxControl()) -> str:
+    """Make (once) a private CA on the gateway host and a server certificate it signs; print the CA's certificate.
+
+    The certificate is made again when its names change, when it expires within CERT_RENEW_DAYS, or
+    when it no longer verifies against the CA; then nginx reloads. The CA key stays on the host (0600).
+    """
+    g = spec.gateway
+    assert g is not None
+    q = shlex.quote
+    san = ",".join(f"{'IP' if _is_ipv4(n) else 'DNS'}:{n}" for n in tls_names(spec))
+    return f"""#!/usr/bin/env bash
+# llm-cluster: the gateway's TLS certificate, signed by a private CA made on this host
+set -euo pipefail
+umask 077
+ca={q(root + "/ca")}
+tls={q(root + "/tls")}
+san={q(san)}
+mkdir -p "$ca" "$tls"
+if [ ! -s "$ca/ca.key" ] || [ ! -s "$ca/ca.pem" ]; then
+  openssl req -x509 -newkey rsa:3072 -nodes -sha256 -days {CA_DAYS} -subj {q(f"/CN=llm-cluster gateway CA ({g.node})")} \\
+    -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign \\
+    -keyout "$ca/ca.key.new" -out "$ca/ca.pem.new" 2>/dev/null
+  mv -f "$ca/ca.key.new" "$ca/ca.key"
+  mv -f "$ca/ca.pem.new" "$ca/ca.pem"
+  chmod 0644 "$ca/ca.pem"
+  echo "gateway: made a private CA in $ca" >&2
+fi
+current() {{
+  [ -s "$tls/cert.pem" ] && [ -s "$tls/key.pem" ] && [ "$(cat "$tls/names" 2>/dev/null)" = "$san" ] &&
+    openssl x509 -checkend {CERT_RENEW_DAYS * 86400} -noout -in "$tls/cert.pem" >/dev/null &&
+    openssl verify -CAfile "$ca/ca.pem" "$tls/cert.pem" >/dev/null 2>&1
+}}
+if ! current; then
+  openssl req -newkey rsa:2048 -nodes -sha256 -subj {q(f"/CN={g.node}")} -keyout "$tls/key.pem.new" \\
+    -out "$tls/req.csr" 2>/dev/null
+  printf 'subjectAltName=%s\\nextendedKeyUsage=serverAuth\\nbasicConstraints=critical,CA:FALSE\\n' "$san" > "$tls/ext.cnf"
+  openssl x509 -req -sha256 -days {CERT_DAYS} -in "$tls/req.csr" -CA "$ca/ca.pem" -CAkey "$ca/ca.key" \\
+    -set_serial "0x$(od -An -tx1 -N16 /dev/urandom | tr -d ' \\n')" -extfile "$tls/ext.cnf" \\
+    -out "$tls/cert.pem.new" 2>/dev/null
+  rm -f "$tls/req.csr" "$tls/ext.cnf"
+  chmod 0644 "$tls/cert.pem.new"
+  mv -f "$tls/key.pem.new" "$tls/key.pem"
+  mv -f "$tls/cert.pem.new" "$tls/cert.pem"
+  printf '%s' "$san" > "$tls/names"
+  echo "gateway: new certificate for $san, valid {CERT_DAYS} days" >&2
+{_indent(reload_lines("certificate", control))}
+fi
+cat "$ca/ca.pem"
+"""
+
+
+def tls_from_stdin_script(root: str = HOST_KEYS_DIR, control: NginxControl = NginxControl()) -> str:
+    """Install the stack's certificate chain and key (one PEM stream on stdin), checked to match; reload."""
+    q = shlex.quote
+    return f"""#!/usr/bin/env bash
+# llm-cluster: the gateway's TLS certificate and key from the stack's secrets
+set -euo pipefail
+umask 077
+tls={q(root + "/tls")}
+mkdir -p "$tls"
+pem=$(cat)
+key=$(printf '%s\\n' "$pem" | sed -n '/-----BEGIN .*PRIVATE KEY-----/,/-----END .*PRIVATE KEY-----/p')
+cert=$(printf '%s\\n' "$pem" | sed '/-----BEGIN .*PRIVATE KEY-----/,/-----END .*PRIVATE KEY-----/d')
+if [ -z "$key" ] || ! printf '%s\\n' "$cert" | openssl x509 -noout 2>/dev/null; then
+  echo "gateway: gatewayTlsCert must hold a PEM certificate (chain) and gatewayTlsKey its PEM private key" >&2
+  exit 1
+fi
+if [ "$(printf '%s\\n' "$cert" | openssl x509 -noout -pubkey)" != "$(printf '%s\\n' "$key" | openssl pkey -pubout)" ]; then
+  echo "gateway: gatewayTlsKey is not the key of the certificate in gatewayTlsCert" >&2
+  exit 1
+fi
+if [ "$(cat "$tls/cert.pem" 2>/dev/null)" != "$cert" ] || [ "$(cat "$tls/key.pem" 2>/dev/null)" != "$key" ]; then
+  printf '%s\\n' "$key" > "$tls/key.pem.new"
+  printf '%s\\n' "$cert" > "$tls/cert.pem.new"
+  chmod 0644 "$tls/cert.pem.new"
+  mv -f "$tls/key.pem.new" "$tls/key.pem"
+  mv -f "$tls/cert.pem.new" "$tls/cert.pem"
+  rm -f "$tls/names"
+{_indent(reload_lines("certificate", control))}
+fi
+"""
+
+
+def tls_delete_script(root: str = HOST_KEYS_DIR) -> str:
+    """Undo the TLS scripts: certificate, key and the private CA go with the gateway."""
+    return (f"#!/usr/bin/env bash\n# llm-cluster: remove the gateway's certificate and CA\nset -euo pipefail\n"
+            f"rm -rf -- {shlex.quote(root + '/tls')} {shlex.quote(root + '/ca')}\n")
+
+
+def _indent(text: str) -> str:
+    return "\n".join(f"  {line}" if line else line for line in text.rstrip("\n").split("\n"))
+
+
+def _is_ipv4(name: str) -> bool:
+    parts = name.split(".")
+    return len(parts) == 4 and all(p.isdigit() and int(p) < 256 for p in parts)
+
+
 def keyless_status(auth: bool) -> int:
     """What GET /v1/models answers a request without a key: 401, or 200 when auth is off."""
     return 401 if auth else 200
@@ -684,7 +957,9 @@ def exporter_argv(spec: StackSpec) -> list[str]:
     g = spec.gateway
     assert g is not None
     return ["python3", EXPORTER_PATH, "--syslog", f"127.0.0.1:{g.exporter_syslog_port}",
-            "--listen", metrics_address(spec)]
+            "--listen", metrics_address(spec), "--usage-dir", g.usage_log.dir,
+            "--retention-days", str(g.usage_log.retention_days),
+            "--max-usage-mib", str(round(g.usage_log.max_total_gib * 1024))]
 
 
 def exporter_probe(spec: StackSpec) -> list[str]:

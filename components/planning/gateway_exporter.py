@@ -32,12 +32,15 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import datetime
 import json
+import os
 import re
 import signal
 import socket
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Dict, List, Optional, Tuple
 
@@ -45,7 +48,8 @@ from typing import Dict, List, Optional, Tuple
 DURATION_BUCKETS: Tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0,
                                        120.0, 300.0, 600.0, 900.0)
 DEFAULT_MAX_SERIES = 10000
-FAILED_ATTEMPT = ("502", "504")
+# nginx's own 502/504 and the replica answers it counts as failures and retries (gateway.py: 5xx).
+FAILED_ATTEMPT = ("500", "502", "503", "504")
 NO_LIVE_UPSTREAM = "none"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # nginx's syslog header (ngx_syslog_add_header, the same in 1.22 and 1.27): `<PRI>Mmm dd hh:mm:ss `,
@@ -57,8 +61,9 @@ ADDRESS = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[^\s:\[\]]+):\d+$|^unix:")
 
 HELP = {
     "llm_gateway_requests_total": "Requests the gateway answered, by API key id, routed model, pool and HTTP status.",
-    "llm_gateway_upstream_failures_total": "Attempts on a replica that failed (upstream status 502 or 504: "
-                                           "connect error, broken response, timeout); upstream=none: no live replica.",
+    "llm_gateway_upstream_failures_total": "Attempts on a replica that failed (upstream status 500, 502, 503 or "
+                                           "504: engine error or not ready, connect error, broken response, timeout); "
+                                           "upstream=none: no live replica.",
     "llm_gateway_tokens_total": "Tokens in the usage vLLM reported, by API key id, model and kind (prompt, completion).",
     "llm_gateway_request_duration_seconds": "Time from the request's first byte to the response's last, streams whole.",
     "llm_gateway_log_lines_total": "Log datagrams received from nginx.",
@@ -102,7 +107,7 @@ def parse_datagram(data: bytes) -> Dict[str, object]:
 
 
 def failed_attempts(upstream: str, upstream_status: str) -> List[str]:
-    """Addresses of the attempts that failed (502/504), `none` for a pool without a live replica."""
+    """Addresses of the attempts that failed (5xx), `none` for a pool without a live replica."""
     addrs = ATTEMPT_SEPARATOR.split(upstream) if upstream else []
     statuses = ATTEMPT_SEPARATOR.split(upstream_status) if upstream_status else []
     return [addr if ADDRESS.match(addr) else NO_LIVE_UPSTREAM
@@ -288,12 +293,50 @@ def make_server(listen: Tuple[str, int], metrics: Metrics) -> MetricsServer:
     return MetricsServer(listen, Handler)
 
 
+USAGE_FILE = re.compile(r"^usage-(\d{4}-\d{2}-\d{2})\.log$")
+
+
+def prune_usage(directory: str, retention_days: int, max_bytes: int, today: Optional[datetime.date] = None) -> List[str]:
+    """Delete the daily usage files older than the retention, then the oldest while the rest exceed max_bytes.
+
+    Today's file (UTC) is never deleted: nginx is writing it. Returns the names deleted, oldest first.
+    """
+    today = today or datetime.datetime.now(datetime.timezone.utc).date()
+    days = sorted((m.group(1), m.group(0)) for m in map(USAGE_FILE.match, os.listdir(directory)) if m)
+    sizes = {name: os.path.getsize(os.path.join(directory, name)) for _, name in days}
+    cutoff = (today - datetime.timedelta(days=retention_days)).isoformat()
+    deleted: List[str] = []
+    total = sum(sizes.values())
+    for day, name in days:
+        if day >= today.isoformat():
+            break
+        if day < cutoff or total > max_bytes:
+            os.remove(os.path.join(directory, name))
+            total -= sizes[name]
+            deleted.append(name)
+    return deleted
+
+
+def prune_forever(directory: str, retention_days: int, max_bytes: int, every_seconds: float = 3600) -> None:
+    """prune_usage every hour; a failure is reported and retried, never fatal to the metrics."""
+    while True:
+        try:
+            for name in prune_usage(directory, retention_days, max_bytes):
+                print("gateway exporter: deleted usage log %s" % name, file=sys.stderr, flush=True)
+        except OSError as err:
+            print("gateway exporter: pruning %s failed: %s" % (directory, err), file=sys.stderr, flush=True)
+        time.sleep(every_seconds)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     """Bind the syslog socket and the HTTP listener, then serve until SIGTERM."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--syslog", type=host_port, required=True, help="UDP host:port nginx sends its log to")
     parser.add_argument("--listen", type=host_port, required=True, help="host:port of GET /metrics")
     parser.add_argument("--max-series", type=int, default=DEFAULT_MAX_SERIES, help="cap on label sets")
+    parser.add_argument("--usage-dir", help="directory of nginx's daily usage files, pruned hourly")
+    parser.add_argument("--retention-days", type=int, default=30, help="usage files kept for this many days")
+    parser.add_argument("--max-usage-mib", type=int, default=20480, help="usage files kept within this total")
     args = parser.parse_args(argv)
     metrics = Metrics(args.max_series)
     sock = socket.socket(socket.AF_INET6 if ":" in args.syslog[0] else socket.AF_INET, socket.SOCK_DGRAM)
@@ -304,6 +347,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     # As PID 1 in a container, Python gets no default SIGTERM action: `docker stop` would wait 10 s.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     threading.Thread(target=receive, args=(sock, metrics), daemon=True).start()
+    if args.usage_dir:
+        threading.Thread(target=prune_forever, args=(args.usage_dir, args.retention_days, args.max_usage_mib << 20),
+                         daemon=True).start()
     print("gateway exporter: syslog udp %s:%d, metrics http://%s:%d/metrics" % (args.syslog + args.listen),
           file=sys.stderr, flush=True)
     server.serve_forever()

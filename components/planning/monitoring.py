@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import re
 import shlex
 import textwrap
 from collections import Counter
@@ -14,6 +13,7 @@ import yaml
 from components.planning.ray import (
     NODE_TEXTFILE_DIR, RAY_METRICS_INTERVAL_S, ray_textfile,
 )
+from components.planning.node_scripts import put_files_lines, written_files  # noqa: F401 (re-exported)
 from components.planning.topology import Instance, all_instances
 from components.planning.engines.base import container_name
 from components.spec.monitoring import MonitoringSpec
@@ -42,7 +42,6 @@ CONFIG_DIRS: dict[str, tuple[str, ...]] = {
 }
 # The official images run Prometheus and Alertmanager as nobody, Grafana as 472:0.
 CONFIG_OWNERS = {"prometheus": "65534:65534", "grafana": "472:0", "alertmanager": "65534:65534"}
-_FILE_HEREDOC = "LLM_CLUSTER_CONFIG_FILE"
 
 GRAFANA_PASSWORD_FILE = "/etc/llm-cluster/grafana/admin-password"
 GRAFANA_PASSWORD_MOUNT = "/run/secrets/grafana-admin-password"
@@ -621,44 +620,15 @@ def config_files_script(service: str, container: str, files: dict[str, str], rel
     `files` maps paths relative to the root (see monitoring_files) to their text; `stdin_file` is one
     more file whose content arrives on stdin (a secret). `reloads` are curl arguments, one request each.
     """
-    q = shlex.quote
-    owner = CONFIG_OWNERS[service]
     mode = "0600" if secret else "0644"
     roots = [host_config_path(d, root) for d in CONFIG_DIRS[service]]
     lines = ["#!/usr/bin/env bash",
              f"# llm-cluster: write the {service} config under {root} and reload {service} in place",
-             "set -euo pipefail",
-             "put() {  # put <path>: stdin into <path>, atomically (same directory, then rename)",
-             '  local tmp',
-             '  install -d -m 0755 "$(dirname "$1")"',
-             '  tmp=$(mktemp "$1.XXXXXX")',
-             '  cat > "$tmp"',
-             f'  chmod {mode} "$tmp"',
-             f'  chown {q(owner)} "$tmp"',
-             '  mv -f "$tmp" "$1"',
-             "}"]
-    lines += [f"install -d -m 0755 {q(r)}" for r in roots]
-    wanted = [host_config_path(rel, root) for rel in files] + ([host_config_path(stdin_file, root)] if stdin_file else [])
-    for rel, text in files.items():
-        if f"\n{_FILE_HEREDOC}\n" in f"\n{text}\n":
-            raise ValueError(f"{rel} contains the heredoc delimiter {_FILE_HEREDOC}")
-        lines.append(f"put {q(host_config_path(rel, root))} <<'{_FILE_HEREDOC}'\n{text.rstrip(chr(10))}\n{_FILE_HEREDOC}")
-    if stdin_file:
-        lines.append(f"put {q(host_config_path(stdin_file, root))}")
-    lines.append("# Files an earlier config wrote and this one does not (a removed rules file): gone.")
-    lines.append(f"find {' '.join(q(r) for r in roots)} -type f -print0 | while IFS= read -r -d '' f; do")
-    lines.append(f'  case "$f" in {"|".join(q(w) for w in wanted)}) ;; *) rm -f -- "$f" ;; esac' if wanted
-                 else '  rm -f -- "$f"')
-    lines.append("done")
+             "set -euo pipefail"]
+    lines += put_files_lines({host_config_path(rel, root): text for rel, text in files.items()}, roots,
+                             CONFIG_OWNERS[service], mode,
+                             host_config_path(stdin_file, root) if stdin_file else None)
     return "\n".join(lines) + "\n" + _reload_lines(service, container, reloads, root)
-
-
-_PUT = re.compile(rf"^put (\S+) <<'{_FILE_HEREDOC}'\n(.*?)\n{_FILE_HEREDOC}$", re.M | re.S)
-
-
-def written_files(script: str) -> dict[str, str]:
-    """host path -> text of every file a config_files_script writes (the plan lists them as artifacts)."""
-    return {shlex.split(path)[0]: text + "\n" for path, text in _PUT.findall(script)}
 
 
 def config_files_delete_script(service: str) -> str:

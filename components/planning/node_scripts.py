@@ -10,7 +10,9 @@ from __future__ import annotations
 import hashlib
 import inspect
 import math
+import re
 import shlex
+from collections.abc import Mapping, Sequence
 
 from components.facts.hardware import DTYPE_ALIASES, DTYPE_BYTES, GPUS
 from components.facts.models import model_arch
@@ -23,6 +25,7 @@ HOSTS_BEGIN = "# BEGIN llm-cluster"
 HOSTS_END = "# END llm-cluster"
 STATE_DIR = ".llm-cluster"  # per model directory: manifest, checksum cache, verified marker
 _HEREDOC = "LLM_CLUSTER_SCRIPT"
+_FILE_HEREDOC = "LLM_CLUSTER_CONFIG_FILE"
 _PREFLIGHT_HEREDOC = "LLM_CLUSTER_PREFLIGHT_PY"
 
 q = shlex.quote
@@ -34,47 +37,59 @@ def _script(purpose: str, body: str) -> str:
     return f"#!/usr/bin/env bash\n# llm-cluster: {comment}\nset -euo pipefail\n{body}"
 
 
-def bash_command(script: str, *, sudo: bool = False) -> str:
-    """The `create`/`delete` string of a remote or local Command: the shell hands the script to bash verbatim.
-
-    `sudo`: run it as root through passwordless sudo, for the steps that write system files when the SSH
-    user is not root (root_steps). `sudo -n` fails at once instead of waiting for a password; the script
-    travels as an argument, and stdin (a secret piped in) passes through.
-    """
+def bash_command(script: str) -> str:
+    """The `create`/`delete` string of a remote or local Command: the shell hands the script to bash verbatim."""
     if f"\n{_HEREDOC}\n" in f"\n{script}\n":
         raise ValueError(f"script contains the heredoc delimiter {_HEREDOC}")
-    runner = "sudo -n -- bash" if sudo else "bash"
-    return f"{runner} -c \"$(cat <<'{_HEREDOC}'\n{script.rstrip()}\n{_HEREDOC}\n)\" llm-cluster"
-
-
-def root_steps(spec: StackSpec) -> bool:
-    """Whether the steps that need root (/etc/hosts, /etc/fstab and mounts, /etc/llm-cluster, nftables) go
-    through sudo: the SSH user is not root. Everything else runs as the user (docker through its group)."""
-    return spec.ssh.user != "root"
-
-
-def access_script(user: str) -> str:
-    """Bash that fails, saying how to fix it, unless this login can do what a non-root deployment needs:
-    passwordless sudo (for root_steps) and the docker group (the Docker provider talks to dockerd over SSH)."""
-    u = q(user)
-    return f"""if [ "$(id -u)" -ne 0 ]; then
-  if ! sudo -n true 2>/dev/null; then
-    echo "ERROR: $(id -un) on $(hostname) cannot run sudo without a password" >&2
-    echo "    fix: as root, echo {q(f"{user} ALL=(root) NOPASSWD: ALL")} > /etc/sudoers.d/llm-cluster; chmod 0440 /etc/sudoers.d/llm-cluster" >&2
-    exit 1
-  fi
-  if ! id -nG | tr ' ' '\\n' | grep -qx docker; then
-    echo "ERROR: $(id -un) on $(hostname) is not in the docker group: the Docker provider could not reach dockerd" >&2
-    echo "    fix: as root, usermod -aG docker {u} (then log in again)" >&2
-    exit 1
-  fi
-fi
-"""
+    return f"bash -c \"$(cat <<'{_HEREDOC}'\n{script.rstrip()}\n{_HEREDOC}\n)\" llm-cluster"
 
 
 def script_hash(script: str) -> str:
     """The `triggers` value that makes a changed script re-run (sha256, 16 hex digits)."""
     return hashlib.sha256(script.encode()).hexdigest()[:16]
+
+
+# --- config files on a host --------------------------------------------------------------------
+
+def put_files_lines(files: Mapping[str, str], roots: Sequence[str], owner: str, mode: str,
+                    stdin_path: str | None = None) -> list[str]:
+    """Bash lines writing each host path's text atomically under `roots`, and removing the files there
+    an earlier run wrote that this one does not. `stdin_path` is one more file read from stdin (a secret).
+
+    Services mount the roots (directories, never single files: a file replaced by rename stays the
+    old inode in a file mount), so the running service sees the new files and can reload them.
+    """
+    lines = ["put() {  # put <path>: stdin into <path>, atomically (same directory, then rename)",
+             '  local tmp',
+             '  install -d -m 0755 "$(dirname "$1")"',
+             '  tmp=$(mktemp "$1.XXXXXX")',
+             '  cat > "$tmp"',
+             f'  chmod {mode} "$tmp"',
+             f'  chown {q(owner)} "$tmp"',
+             '  mv -f "$tmp" "$1"',
+             "}"]
+    lines += [f"install -d -m 0755 {q(r)}" for r in roots]
+    wanted = [*files, *([stdin_path] if stdin_path else [])]
+    for path, text in files.items():
+        if f"\n{_FILE_HEREDOC}\n" in f"\n{text}\n":
+            raise ValueError(f"{path} contains the heredoc delimiter {_FILE_HEREDOC}")
+        lines.append(f"put {q(path)} <<'{_FILE_HEREDOC}'\n{text.rstrip(chr(10))}\n{_FILE_HEREDOC}")
+    if stdin_path:
+        lines.append(f"put {q(stdin_path)}")
+    lines.append("# Files an earlier config wrote and this one does not (a removed rules file): gone.")
+    lines.append(f"find {' '.join(q(r) for r in roots)} -type f -print0 | while IFS= read -r -d '' f; do")
+    lines.append(f'  case "$f" in {"|".join(q(w) for w in wanted)}) ;; *) rm -f -- "$f" ;; esac' if wanted
+                 else '  rm -f -- "$f"')
+    lines.append("done")
+    return lines
+
+
+_PUT = re.compile(rf"^put (\S+) <<'{_FILE_HEREDOC}'\n(.*?)\n{_FILE_HEREDOC}$", re.M | re.S)
+
+
+def written_files(script: str) -> dict[str, str]:
+    """host path -> text of every file a put_files_lines script writes (the plan lists them as artifacts)."""
+    return {shlex.split(path)[0]: text + "\n" for path, text in _PUT.findall(script)}
 
 
 # --- /etc/hosts ----------------------------------------------------------------------------------
@@ -163,13 +178,12 @@ def node_expectation(spec: StackSpec, node: str) -> Expectation:
     )
 
 
-def preflight_script(exp: Expectation, user: str = "root") -> str:
-    """Run the checks of components/planning/preflight.py on the node (its source travels in a heredoc);
-    a non-root `user` is first checked for passwordless sudo and the docker group (access_script)."""
+def preflight_script(exp: Expectation) -> str:
+    """Run the checks of components/planning/preflight.py on the node (its source travels in a heredoc)."""
     source = inspect.getsource(preflight)
     if f"\n{_PREFLIGHT_HEREDOC}\n" in f"\n{source}\n":
         raise ValueError(f"preflight source contains the heredoc delimiter {_PREFLIGHT_HEREDOC}")
-    body = ((access_script(user) if user != "root" else "") + "command -v python3 >/dev/null 2>&1 || {\n"
+    body = ("command -v python3 >/dev/null 2>&1 || {\n"
             "  echo \"ERROR: python3 is missing on $(hostname)\" >&2\n"
             "  echo \"    fix: install python3 (the preflight checks run with it)\" >&2\n"
             "  exit 1\n}\n"

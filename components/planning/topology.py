@@ -78,6 +78,8 @@ def host_ports(spec: StackSpec) -> list[tuple[str, int, str]]:
         out += [(g.node, g.port, "gateway.port"), (g.node, g.metrics_port, "gateway.metricsPort"),
                 # UDP on loopback, so no TCP listener collides with it; listed anyway: one number, one purpose.
                 (g.node, g.exporter_syslog_port, "gateway.exporterSyslogPort")]
+        if g.http_redirect_port is not None:
+            out.append((g.node, g.http_redirect_port, "gateway.httpRedirectPort"))
     m = spec.monitoring
     if m is not None:
         for n in spec.nodes:

@@ -41,11 +41,29 @@ class ApiKeySpec(Spec):
     `defaultMaxConcurrent` (and when that is unset too, no cap)."""
 
 
+class UsageLogSpec(Spec):
+    """The usage log on the gateway host: one JSON line per request, a file per day (UTC)."""
+
+    dir: str = "/var/log/llm-gateway"
+    """Host directory (mounted into the gateway): survives container replacements."""
+    retention_days: int = Field(default=30, ge=1, le=3660)
+    """Daily files older than this are deleted (by the gateway exporter, hourly)."""
+    max_total_gib: float = Field(default=20, gt=0)
+    """The oldest daily files are deleted while the directory holds more than this."""
+
+    @field_validator("dir")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.startswith("/") or v.rstrip("/") in ("", "/var/log", "/var", "/etc", "/tmp"):
+            raise ValueError(f"{v!r} must be an absolute directory of its own (e.g. /var/log/llm-gateway)")
+        return v.rstrip("/")
+
+
 class GatewaySpec(Spec):
     """One endpoint that routes by the request's `model` and by path."""
 
     node: str
-    port: Port = 80
+    port: Port = 443
     image: str = "nginx:1.27.5"
     """An official nginx image: it carries the njs module the router needs (pin a tag or a digest)."""
     auth: bool = True
@@ -83,8 +101,21 @@ class GatewaySpec(Spec):
     """A replica that does not accept a connection within this is skipped for the next one."""
     upstream_keepalive: int = Field(default=32, ge=0)
     """Idle keepalive connections each nginx worker keeps to each pool (0 = none)."""
-    tls: bool = False
-    """Serve HTTPS with the secrets `gatewayTlsCert` / `gatewayTlsKey`."""
+    tls: bool = True
+    """Serve HTTPS: with the secrets `gatewayTlsCert` / `gatewayTlsKey` when both are set, else with a
+    certificate made on the gateway host by a private CA (its certificate: stack output
+    `gatewayCaCert`). `false` sends API keys in clear (the policy pack says so)."""
+    tls_names: list[str] = Field(default_factory=list)
+    """Extra DNS names or IPv4 addresses in the generated certificate (the node's name and cluster
+    address are always in it)."""
+    http_redirect_port: Port | None = None
+    """A plain-HTTP port that only redirects (308) to HTTPS; unset: no HTTP at all. A client that
+    sends its key there has sent it in clear before the redirect."""
+    usage_log: UsageLogSpec = UsageLogSpec()
+    pool_weights: dict[str, int] = Field(default_factory=dict)
+    """Pool -> weight, for pools that serve the same model: its share of that model's traffic
+    (e.g. {blue: 90, green: 10}); 0 drains a pool. Default 1 each (an even split by capacity-blind
+    least_conn)."""
     allow_from: list[Cidr] = Field(default_factory=lambda: ["0.0.0.0/0", "::/0"], min_length=1)
     """Client networks the host firewall lets reach the gateway port (default: anyone); the
     cluster's nodes and firewall.trustedSources always can."""
@@ -112,6 +143,22 @@ class GatewaySpec(Spec):
                                  "use defaultPool for it")
             if not all(c.isalnum() or c in "/-_." for c in prefix):
                 raise ValueError(f"path route {prefix!r} may hold only letters, digits and / - _ .")
+        return v
+
+    @field_validator("tls_names")
+    @classmethod
+    def _san_names(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not name or not all(c.isalnum() or c in "-." for c in name):
+                raise ValueError(f"TLS name {name!r} must be a DNS name or an IPv4 address")
+        return v
+
+    @field_validator("pool_weights")
+    @classmethod
+    def _weights(cls, v: dict[str, int]) -> dict[str, int]:
+        for pool, weight in v.items():
+            if weight < 0 or weight > 1000:
+                raise ValueError(f"weight of pool {pool!r} must be 0..1000, got {weight}")
         return v
 
     @field_validator("aliases")

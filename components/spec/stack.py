@@ -242,9 +242,53 @@ def _check_gateway(s: StackSpec) -> list[SpecIssue]:
     if not g.auth and "gatewayApiKeys" in s.secrets:
         add("gateway.auth", "is false but the secret gatewayApiKeys is set: the keys would never be checked; "
             "remove the secret (pulumi config rm gatewayApiKeys) or set auth: true")
-    if g.tls and not {"gatewayTlsCert", "gatewayTlsKey"} <= s.secrets:
-        add("gateway.tls", "needs the secrets gatewayTlsCert and gatewayTlsKey "
-            "(pulumi config set --secret gatewayTlsCert < cert.pem)")
+    tls_secrets = {"gatewayTlsCert", "gatewayTlsKey"} & s.secrets
+    if len(tls_secrets) == 1:
+        add("gateway.tls", f"the secret {tls_secrets.pop()} is set without its pair: set both gatewayTlsCert and "
+            "gatewayTlsKey (pulumi config set --secret gatewayTlsCert < cert.pem), or neither to have a "
+            "certificate made on the gateway host")
+    if tls_secrets and not g.tls:
+        add("gateway.tls", "is false but the secrets gatewayTlsCert/gatewayTlsKey are set: set tls: true or remove them")
+    if g.http_redirect_port is not None and not g.tls:
+        add("gateway.httpRedirectPort", "redirects to HTTPS, which needs tls: true")
+    if g.http_redirect_port == g.port:
+        add("gateway.httpRedirectPort", f"is the gateway's own port {g.port}; pick another or leave it unset")
+    return issues + _check_shared_models(s)
+
+
+def _check_shared_models(s: StackSpec) -> list[SpecIssue]:
+    """Pools serving one model share its traffic by gateway.poolWeights; refuse what the gateway cannot honour."""
+    g = s.gateway
+    assert g is not None
+    issues: list[SpecIssue] = []
+    by_model: dict[str, list[str]] = {}
+    for pname, p in s.pools.items():
+        by_model.setdefault(p.model, []).append(pname)
+    for pool, _ in g.pool_weights.items():
+        if pool not in s.pools:
+            issues.append(SpecIssue(f"gateway.poolWeights.{pool}", _not_one_of(pool, "pool", s.pools)))
+        elif len(by_model[s.pools[pool].model]) == 1:
+            issues.append(SpecIssue(f"gateway.poolWeights.{pool}", f"pool {pool!r} is the only pool serving model "
+                                    f"{s.pools[pool].model!r}: a weight splits a model's traffic between pools "
+                                    "that serve it"))
+    for model, pools in by_model.items():
+        if len(pools) < 2:
+            continue
+        if all(g.pool_weights.get(p, 1) == 0 for p in pools):
+            issues.append(SpecIssue("gateway.poolWeights", f"every pool serving model {model!r} "
+                                    f"({', '.join(pools)}) has weight 0: its requests would find no replica"))
+        lens = {p: s.pools[p].vllm.max_model_len for p in pools}
+        if len(set(lens.values())) > 1:
+            issues.append(SpecIssue(f"pools.{pools[1]}.vllm.maxModelLen", f"pools {', '.join(pools)} serve model "
+                                    f"{model!r} behind one name but accept different lengths ("
+                                    + ", ".join(f"{p}: {n}" for p, n in lens.items())
+                                    + "): the same request would pass or fail by where it lands; give them one maxModelLen"))
+        for i, k in enumerate(g.api_keys):
+            for j, name in enumerate(k.models):
+                if name in pools:
+                    issues.append(SpecIssue(f"gateway.apiKeys[{i}].models[{j}]", f"pool {name!r} shares model "
+                                            f"{model!r} with {', '.join(p for p in pools if p != name)}: a key cannot "
+                                            f"be held to one of them; name the model ({model!r}) instead"))
     return issues
 
 

@@ -41,6 +41,23 @@ def validate_gateway(args: ResourceValidationArgs, report: ReportViolation) -> N
                "gateway.apiKeys, or leave it empty to have a key generated on the host.", None)
 
 
+def validate_gateway_tls(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """API keys (and prompts) cross the network encrypted: HTTPS, and no plain port that takes them."""
+    if args.resource_type != GATEWAY:
+        args.not_applicable("not a gateway")
+        return
+    props = args.props
+    keys = "API keys and prompts" if props.get("authRequired") else "prompts and answers"
+    if not props.get("tls"):
+        report(f"gateway.tls is false: {keys} cross the network in clear on port {int(props.get('port') or 0)}. "
+               "Leave gateway.tls at true (a certificate from gatewayTlsCert/gatewayTlsKey, or one made on the "
+               "gateway host with its CA as the output gatewayCaCert).", None)
+    elif props.get("httpRedirectPort") is not None:
+        report(f"gateway.httpRedirectPort {int(props['httpRedirectPort'])} answers plain HTTP: a client that sends "
+               f"its request there has sent its {keys} in clear before it is redirected. Unset it unless clients "
+               "need the redirect.", None)
+
+
 def validate_host_firewall(args: ResourceValidationArgs, report: ReportViolation) -> None:
     """A node whose host firewall the stack leaves to the operator: say which ports must be closed."""
     if args.resource_type != GPU_NODE:
@@ -163,6 +180,8 @@ def validate_exposure(args: ResourceValidationArgs, report: ReportViolation) -> 
 POLICIES = [
     ResourceValidationPolicy(name="gateway-auth", description="The gateway requires API keys.",
                              validate=validate_gateway, enforcement_level=EnforcementLevel.MANDATORY),
+    ResourceValidationPolicy(name="gateway-tls", description="API keys never cross the network in clear.",
+                             validate=validate_gateway_tls, enforcement_level=EnforcementLevel.ADVISORY),
     ResourceValidationPolicy(name="no-plaintext-secrets",
                              description="No credential as a literal value in env, argv or remote scripts.",
                              validate=validate_secrets, config_schema=SECRETS_CONFIG,
