@@ -11,8 +11,14 @@ PLAN_ARGS ?=
 PYTEST_ARGS ?=
 POOL ?=
 ROLLOUT_ARGS ?=
+# make loadtest: served name (default: each pool's first), concurrency, requests per model, extra options.
+MODEL ?=
+PARALLEL ?= 64
+NUMBER ?= 512
+LOADTEST_ARGS ?=
+LOADTEST_VENV ?= .venv-loadtest
 
-.PHONY: plan rollout test system-deps mutation flakes bench clean
+.PHONY: plan rollout test system-deps mutation flakes bench loadtest clean
 
 $(VENV)/.runtime: requirements.txt
 	@test -x $(VENV)/bin/pip || { rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
@@ -54,6 +60,16 @@ flakes: $(VENV)/.test system-deps
 ## bench: the benchmarks' figures (printed, never asserted)
 bench: $(VENV)/.test system-deps
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+$(LOADTEST_VENV)/.ready: requirements-loadtest.txt
+	@test -x $(LOADTEST_VENV)/bin/pip || { rm -rf $(LOADTEST_VENV) && $(PYTHON) -m venv $(LOADTEST_VENV); }
+	$(LOADTEST_VENV)/bin/pip install -q --disable-pip-version-check -r requirements-loadtest.txt
+	@touch $@
+
+## loadtest: evalscope perf through the gateway of Pulumi.$(STACK).yaml, per model; report in build/loadtest/$(STACK)/
+loadtest: $(VENV)/.runtime $(LOADTEST_VENV)/.ready
+	@$(PY) -m plan.loadtest --stack $(STACK) $(if $(MODEL),--model '$(MODEL)') --parallel $(PARALLEL) \
+		--number $(NUMBER) --evalscope $(LOADTEST_VENV)/bin/evalscope $(LOADTEST_ARGS)
 
 clean:
 	rm -rf build .pytest_cache

@@ -84,8 +84,8 @@ class Gateway(Component):
             # keys it already made (a replace would run `delete` and drop every key).
             # bash_command: the SSH user's login shell may be dash; the scripts are bash.
             keys_cmd = remote.Command(
-                self.child("keys"), connection=node.connection, create=bash_command(keys_script(ids)),
-                delete=bash_command(keys_delete_script()),
+                self.child("keys"), connection=node.connection, create=bash_command(keys_script(ids), sudo=node.sudo),
+                delete=bash_command(keys_delete_script(), sudo=node.sudo),
                 # stdout is the keys: a secret in state, and kept out of the engine's log.
                 logging=remote.Logging.STDERR,
                 opts=self.opts(additional_secret_outputs=["stdout"], depends_on=list(node.ready)))

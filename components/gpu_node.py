@@ -23,9 +23,9 @@ from components.base import Component
 from components.planning import firewall
 from components.planning.clock import clock_script
 from components.planning.node_scripts import (
-    bash_command, hosts_create_script, hosts_delete_script, hosts_entries, known_hosts_line,
-    node_expectation, operator_file_create_script, operator_file_delete_script, operator_file_path,
-    preflight_script, script_hash,
+    bash_command, hosts_create_script, hosts_delete_script, hosts_entries, known_hosts_line, node_expectation,
+    operator_file_create_script, operator_file_delete_script, operator_file_path, preflight_script,
+    root_steps, script_hash,
 )
 from components.planning.topology import resource_suffix
 from components.spec import StackSpec
@@ -103,13 +103,15 @@ class GpuNode(Component):
             self.child("docker"), host=f"ssh://{ssh.user}@{host}", ssh_opts=ssh_opts,
             opts=self.opts(depends_on=docker_files))
 
+        # Steps that write system files run through `sudo -n` when the SSH user is not root.
+        self.sudo: bool = root_steps(spec)
         hosts = hosts_create_script(hosts_entries(spec))
         self.hosts: remote.Command = remote.Command(
-            self.child("hosts"), connection=self.connection, create=bash_command(hosts),
-            delete=bash_command(hosts_delete_script()), triggers=[script_hash(hosts)],
+            self.child("hosts"), connection=self.connection, create=bash_command(hosts, sudo=self.sudo),
+            delete=bash_command(hosts_delete_script(), sudo=self.sudo), triggers=[script_hash(hosts)],
             # A replacement must not run the old delete after the new create: it would remove the block.
             opts=self.opts(delete_before_replace=True))
-        preflight = preflight_script(node_expectation(spec, args.node))
+        preflight = preflight_script(node_expectation(spec, args.node), ssh.user)
         # Read-only checks: nothing to undo, so no delete.
         self.preflight: remote.Command = remote.Command(
             self.child("preflight"), connection=self.connection, create=bash_command(preflight),
@@ -126,8 +128,8 @@ class GpuNode(Component):
             rules = firewall.create_script(spec, args.node)
             # Before any container listens: every service of the node waits on `ready`.
             self.firewall = remote.Command(
-                self.child("firewall"), connection=self.connection, create=bash_command(rules),
-                delete=bash_command(firewall.delete_script(args.node)), triggers=[script_hash(rules)],
+                self.child("firewall"), connection=self.connection, create=bash_command(rules, sudo=self.sudo),
+                delete=bash_command(firewall.delete_script(args.node), sudo=self.sudo), triggers=[script_hash(rules)],
                 # A replacement's delete would drop the table the new create just loaded.
                 opts=self.opts(delete_before_replace=True, depends_on=[self.preflight]))
             self.ready.append(self.firewall)

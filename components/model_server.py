@@ -86,7 +86,7 @@ class ModelServer(Component):
             target_id = self.container.id
         else:
             # Multi-node: the Ray head container runs vLLM once every GPU has joined.
-            waits_on = [args.ray.gate]
+            waits_on = list(args.ray.gates)  # GPUs joined (and NCCL over the HCA, when checked)
             target_id = args.ray.head.id
         timeout_s = pool.load_timeout_minutes * 60
         script = health_gate_script(ready_url(engine, spec, inst), timeout_s, container_name, server=engine.name)

@@ -65,7 +65,7 @@ class ModelWeights(Component):
             for node in args.nodes:
                 self.ready[node] = self._command(
                     f"mount-{node}", node, mount_script(src.shared_mount, m.path),
-                    unmount_script(src.shared_mount, m.path))
+                    unmount_script(src.shared_mount, m.path), sudo=args.nodes[node].sudo)
         else:
             for node in args.nodes:
                 self.ready[node] = self._command(f"check-{node}", node, present_check_script(m.path), None)
@@ -98,13 +98,14 @@ class ModelWeights(Component):
                     manifest_delete_script(path, ("verified",)), after=[copy], timeout=HASH_TIMEOUT)
 
     def _command(self, suffix: str, node: str, create: str, delete: str | None, *,
-                 after: list[pulumi.Resource] | None = None, timeout: str | None = None) -> remote.Command:
+                 after: list[pulumi.Resource] | None = None, timeout: str | None = None,
+                 sudo: bool = False) -> remote.Command:
         """A script on `node`, re-run when it (the model's path included) or the model's revision changes."""
         gpu_node = self._args.nodes[node]
         m = self._args.spec.models[self._args.model]
         return remote.Command(
-            self.child(suffix), connection=gpu_node.connection, create=bash_command(create),
-            delete=bash_command(delete) if delete else None,
+            self.child(suffix), connection=gpu_node.connection, create=bash_command(create, sudo=sudo),
+            delete=bash_command(delete, sudo=sudo) if delete else None,
             triggers=[m.revision, script_hash(create)],
             opts=self.opts(depends_on=after if after is not None else gpu_node.ready,
                            # The old delete must not run after the new create (it would drop its marks).

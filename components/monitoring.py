@@ -119,11 +119,11 @@ class Monitoring(Component):
     def _admin_password(self, node: GpuNode, given: pulumi.Output[str] | None) -> remote.Command:
         """The Grafana admin password file on the host: stored from config, or generated once there."""
         # bash whatever the login shell is: the scripts use pipefail, which dash lacks.
-        delete = bash_command(grafana_password_delete_script())
+        delete = bash_command(grafana_password_delete_script(), sudo=node.sudo)
         if given is None:
             cmd = remote.Command(
                 self.child("grafana-admin-password"), connection=node.connection,
-                create=bash_command(grafana_password_generate_script()), delete=delete,
+                create=bash_command(grafana_password_generate_script(), sudo=node.sudo), delete=delete,
                 # stdout carries the password: secret, and kept out of the engine's log.
                 logging=remote.Logging.STDERR,
                 opts=self.opts(additional_secret_outputs=["stdout"], depends_on=list(node.ready)))
@@ -132,7 +132,7 @@ class Monitoring(Component):
         secret = pulumi.Output.secret(given)
         cmd = remote.Command(
             self.child("grafana-admin-password"), connection=node.connection,
-            create=bash_command(grafana_password_store_script()), delete=delete, stdin=secret,
+            create=bash_command(grafana_password_store_script(), sudo=node.sudo), delete=delete, stdin=secret,
             # A new password replaces the command (new id), which replaces the Grafana container.
             # Delete first: the old command's delete removes the very file the new one would write.
             triggers=[secret], logging=remote.Logging.STDERR,
@@ -146,8 +146,8 @@ class Monitoring(Component):
         # No triggers: a changed file is an update (the script runs again and reloads), never a
         # replace, whose delete would pull the files from under the running service.
         return remote.Command(
-            self.child(f"{service}-config"), connection=node.connection, create=bash_command(script),
-            delete=bash_command(config_files_delete_script(service)), stdin=stdin,
+            self.child(f"{service}-config"), connection=node.connection, create=bash_command(script, sudo=node.sudo),
+            delete=bash_command(config_files_delete_script(service), sudo=node.sudo), stdin=stdin,
             opts=self.opts(depends_on=[*node.ready, *(after or [])]))
 
     def _container(self, node_name: str, role: str, image_ref: str, *,

@@ -13,6 +13,7 @@ from components.gpu_containers import (
     gate_command_args, gpu_container_args, gpu_container_opts, server_healthcheck, server_uploads,
 )
 from components.gpu_node import GpuNode
+from components.planning import nccl
 from components.planning import ray as plan
 from components.planning.node_scripts import bash_command, script_hash
 from components.planning.rdma import rdma_script
@@ -64,11 +65,16 @@ class RayCluster(Component):
         # ray-head.sh writes the cluster's size there for the node's node-exporter (see planning.ray).
         textfile_dir = docker.ContainerVolumeArgs(host_path=plan.NODE_TEXTFILE_DIR,
                                                   container_path=plan.NODE_TEXTFILE_DIR)
+        # With the NCCL check, ray-head.sh execs nccl-check.sh, which execs the server over NET/IB only.
+        check = nccl.enabled(spec, inst)
+        command = [*(["/bin/bash", nccl.WRAPPER] if check else []), *supervised_argv(engine_for(pool), spec, inst)]
         self.head: docker.Container = docker.Container(
             self.child("head"),
-            entrypoints=["/bin/bash", plan.RAY_HEAD_SCRIPT], command=supervised_argv(engine_for(pool), spec, inst),
+            entrypoints=["/bin/bash", plan.RAY_HEAD_SCRIPT], command=command,
             uploads=[docker.ContainerUploadArgs(file=plan.RAY_HEAD_SCRIPT, content=script, executable=True),
-                     *server_uploads(spec, inst)],
+                     *server_uploads(spec, inst),
+                     *(docker.ContainerUploadArgs(file=path, content=text, executable=x)
+                       for path, text, x in (nccl.uploads(spec, inst) if check else []))],
             healthcheck=server_healthcheck(spec, inst),
             **gpu_container_args(spec, inst, head_node, inst.head, "ray-head", [textfile_dir]),
             opts=self.opts(**gpu_container_opts(head_node, inst.head, args.weights_ready, before_head)))
@@ -90,4 +96,14 @@ class RayCluster(Component):
         self.gate: remote.Command = remote.Command(
             self.child("gate"), connection=head_node.connection, **command_args,
             opts=self.opts(depends_on=[self.head, *self.workers.values()], custom_timeouts=timeouts))
+        # What the server's health gate waits for: every GPU joined, and NCCL over the HCA.
+        self.gates: list[pulumi.Resource] = [self.gate]
+        self.nccl: remote.Command | None = None
+        if check:
+            nccl_gate = nccl.gate_script(inst, head_name)
+            self.nccl = remote.Command(
+                self.child("nccl"), connection=head_node.connection, create=bash_command(nccl_gate),
+                triggers=[script_hash(nccl_gate), self.head.id], logging="stdoutAndStderr",
+                opts=self.opts(depends_on=[self.gate]))
+            self.gates.append(self.nccl)
         self.register_outputs({"head": inst.head, "wantGpus": wanted})

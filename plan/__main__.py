@@ -143,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     result.artifacts += [str(p.relative_to(out_dir)) for p in write_graph(component_graph(run.registrations), out_dir)]
     if against is None and previous is not None:
         against, args.against = json.loads(previous), previous_path
-    result.diff = plan_diff(against, plan_json(result), spec, str(args.against) if args.against else None)
+    # Against the plan as written (redacted), as the previous one was.
+    result.diff = plan_diff(against, redactor.data(plan_json(result)), spec, str(args.against) if args.against else None)
     text = redactor.text(render_text(result))
     data = redactor.data(plan_json(result))
     doc = json.dumps(data, indent=2, sort_keys=False)

@@ -307,9 +307,11 @@ def service_impact(changes: list[ResourceChange], before: dict[str, Any], after:
                 "pool of the same model (blue/green, see the README) keeps it serving")
         if entry["waitsForWeights"]:
             recommendations.append(
-                f"pool {pool}: {', '.join(entry['restarted'])} restart(s) before the weights copy they wait for "
-                f"({', '.join(entry['waitsForWeights'])}) is done; copy first with "
-                "`pulumi up --target <the copy and verify URNs>` (listed in plan.json diff.weights), then run the change")
+                f"pool {pool}: {', '.join(entry['restarted'])} goes down when the change starts but serves again only "
+                f"after the weights copy ({', '.join(entry['waitsForWeights'])}); copy first: pulumi up with a "
+                "--target for each URN in plan.json diff.weights, then the whole change")
+
+    recommendations += _gpu_handovers(changes, docs)
 
     # Services outside the pools: by the role label of their containers.
     services: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
@@ -334,6 +336,39 @@ def service_impact(changes: list[ResourceChange], before: dict[str, Any], after:
 
     return {"pools": pools, "services": {k: dict(v) for k, v in sorted(services.items())},
             "weights": weights, "recommendations": recommendations}
+
+
+def _gpus(resource: dict[str, Any]) -> set[str] | None:
+    """The GPUs a serving container claims: {"all"} or its device ids; None for any other container."""
+    inputs = resource.get("inputs") or {}
+    if LABEL + "instance" not in _labels(resource):
+        return None  # exporters see the GPUs but take no memory
+    if inputs.get("gpus"):
+        return {"all"}
+    ids = {str(i) for req in inputs.get("deviceRequests") or [] for i in req.get("deviceIds") or []}
+    return ids or ({"all"} if inputs.get("deviceRequests") else None)
+
+
+def _gpu_handovers(changes: list[ResourceChange], docs: dict[str, dict[str, Any]]) -> list[str]:
+    """New GPU containers on a node whose GPUs a container deleted in the same up still holds.
+
+    The engine creates new resources before it deletes removed ones, so the new server would start
+    (and fail to get its GPU memory) while the old one still runs.
+    """
+    out = []
+    created = [c for c in changes if c.op == "create" and c.type == CONTAINER]
+    deleted = [c for c in changes if c.op == "delete" and c.type == CONTAINER]
+    for new in created:
+        claims = _gpus(docs[_key(new.urn)])
+        if not claims:
+            continue
+        holders = [old.name for old in deleted if old.node == new.node and (old_claims := _gpus(docs[_key(old.urn)]))
+                   and ("all" in claims or "all" in old_claims or claims & old_claims)]
+        if holders:
+            out.append(f"node {new.node}: {new.name} would start while {', '.join(holders)} still holds its GPUs "
+                       "(an up creates new resources before it deletes removed ones); free the node first: one up "
+                       "with the node out of its old pool, then the up that gives it to the new one")
+    return out
 
 
 # --- the section plan.json and plan.txt carry -------------------------------------------------------
@@ -397,8 +432,8 @@ def render_diff(diff: dict[str, Any]) -> list[str]:
             parts.append(f"removed: {', '.join(e['removed'])}")
         if e["added"]:
             parts.append(f"new: {', '.join(e['added'])} (serve once loaded)")
-        serving = f"{e['servingThroughout']} of {e['instancesBefore']} serving throughout"
-        out.append(f"  pool {pool}: " + "; ".join(parts + [serving]))
+        serving = [f"{e['servingThroughout']} of {e['instancesBefore']} serving throughout"] if e["instancesBefore"] else []
+        out.append(f"  pool {pool}: " + "; ".join(parts + serving))
     for role, what in diff["services"].items():
         out.append(f"  {role}: " + "; ".join(f"{how} {', '.join(names)}" for how, names in what.items()))
     for w in diff["weights"]:

@@ -1,6 +1,7 @@
 """Run the Pulumi program under the mock runtime and record every registration as the engine would see it."""
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import itertools
 import json
@@ -256,9 +257,20 @@ def config_for_mocks(config: Mapping[str, Any]) -> dict[str, str]:
     return {k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()}
 
 
+def _ensure_event_loop() -> None:
+    """The SDK builds its futures on the thread's current loop; an earlier asyncio.run() leaves none."""
+    try:
+        loop = asyncio.get_event_loop_policy().get_event_loop()
+    except RuntimeError:
+        loop = None
+    if loop is None or loop.is_closed():
+        asyncio.set_event_loop(asyncio.new_event_loop())
+
+
 def run_program(program: Callable[[], None], config: Mapping[str, Any], secret_keys: set[str],
                 *, project: str = "llm-cluster", stack: str = "prod", preview: bool = False) -> ProgramRun:
     """Run `program` under the mock runtime with this stack config; return every registration."""
+    _ensure_event_loop()
     mocks = PlanMocks(preview)
     monitor = RecordingMonitor(mocks)
     # The root Stack resource outlives a run in this process; without a fresh one, a second run

@@ -220,9 +220,11 @@ def render_text(result: PlanResult) -> str:
                    f"GET /v1/models lists {g.default_pool} first")
 
     if result.capacity:
-        out.append("\nCapacity (per GPU, as vLLM 0.9.2 will compute it)")
+        out.append("\nCapacity (as vLLM will compute it; weights and KV cache per GPU, KV tokens and concurrency "
+                   "per instance, rule of thumb for the whole model)")
         out.append(f"  {'pool':<11}{'setting':<12}{'weights':>9}{'KV cache':>10}{'KV tokens':>11}"
                    f"{'max conc.':>11}{'rule of thumb':>15}  fits")
+        out.append(f"  {'':<23}{'/GPU':>9}{'/GPU':>10}{'/instance':>11}{'/instance':>11}{'/model':>15}")
         for pname, entry in result.capacity.items():
             for setting, est in entry.items():
                 if "error" in est:

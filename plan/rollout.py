@@ -136,6 +136,10 @@ def rollout(stack: Any, steps: list[Step], model: str, *, check: Callable[..., s
             say: Callable[[str], None] = print, policy_pack: Path | None = ROOT / "policies",
             insecure: bool = False) -> int:
     """Run the steps on an Automation API stack; stop at the first failure, naming each instance's state."""
+    total = sum(len(s.instances) for s in steps)
+    if any(len(s.instances) == total for s in steps):
+        say(f"warning: a step replaces all {total} instance(s) of the pool: it serves nothing until that step's "
+            "instances are healthy (a second pool of the model, blue/green, keeps it serving)")
     for k, step in enumerate(steps):
         names = ", ".join(step.instances)
         say(f"[{k + 1}/{len(steps)}] {names}: pulumi up --target-dependents with {len(step.targets)} targets")
@@ -162,7 +166,7 @@ def rollout(stack: Any, steps: list[Step], model: str, *, check: Callable[..., s
             say(f"    {names}: healthy; the gateway serves {model}")
         else:
             say(f"    {names}: healthy (the stack has no gateway to check through)")
-    say(f"rollout done: {sum(len(s.instances) for s in steps)} instance(s); run `pulumi up` for anything else "
+    say(f"rollout done: {total} instance(s); run `pulumi up` for anything else "
         "the change touches (config reloads, weights, node scripts)")
     return EXIT_OK
 

@@ -10,29 +10,43 @@ import pytest
 from components.planning.clock import clock_script
 from tests.support import tool
 
+# Stand-ins for the operator's `date` and for ssh, on a clock of the test's own: the operator's readings
+# before and after the round trip are T0 and T0 + before + after, the node answers T0 + before + skew.
+# No real time passes, so the verdicts do not depend on how loaded the machine is.
+T0 = 1_760_000_000.0
+FAKE_DATE = """#!/bin/sh
+# Stand-in for date +%s.%N: the next operator reading from $CLOCK_SEQ (one per line, consumed in order).
+read -r now < "$CLOCK_SEQ"
+sed -i 1d "$CLOCK_SEQ"
+echo "$now"
+"""
 FAKE_SSH = """#!/bin/sh
-# Stand-in for ssh: prints the "node's" clock, this machine's shifted by $SKEW seconds, after a delay.
-sleep "${BEFORE:-0}"
-python3 -c 'import os, time; print("%.6f" % (time.time() + float(os.environ.get("SKEW", "0"))))'
-sleep "${AFTER:-0}"
+# Stand-in for ssh: the node's reading of its own clock.
+echo "$NODE_CLOCK"
 """
 
 
 def run(tmp_path: Path, skew: float, before: float = 0.0, after: float = 0.0, bound: float = 1.0) -> subprocess.CompletedProcess[str]:
+    """The script with the node `skew` s ahead, answering `before` s into the round trip, `after` s before its end."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "ssh").write_text(FAKE_SSH)
-    (bin_dir / "ssh").chmod(0o755)
+    for name, text in (("ssh", FAKE_SSH), ("date", FAKE_DATE)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    seq = tmp_path / "clock.seq"
+    seq.write_text(f"{T0:.6f}\n{T0 + before + after + 0.01:.6f}\n")
     script = clock_script(["ssh", "-o", "BatchMode=yes"], "root@198.18.9.1", "gpu-01", bound)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SKEW": str(skew), "BEFORE": str(before),
-           "AFTER": str(after)}
-    return subprocess.run([tool("bash"), "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CLOCK_SEQ": str(seq),
+           "NODE_CLOCK": f"{T0 + before + skew:.6f}"}
+    done = subprocess.run([tool("bash"), "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    assert seq.read_text() == "", "the script reads the operator's clock exactly twice"
+    return done
 
 
 def test_a_clock_in_step_passes_and_says_the_offset(tmp_path: Path) -> None:
     done = run(tmp_path, 0.0)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("clock gpu-01: offset ") and done.stdout.rstrip().endswith("within 1 s")
+    assert done.stdout == "clock gpu-01: offset -0.005 s (+/- 0.005 s), within 1 s\n"
 
 
 @pytest.mark.parametrize(("skew", "word"), [(30.0, "ahead of"), (-30.0, "behind")])
@@ -40,8 +54,9 @@ def test_a_clock_surely_off_by_more_than_the_bound_fails_naming_chrony(tmp_path:
     done = run(tmp_path, skew)
     assert done.returncode == 1
     first, fix = done.stderr.splitlines()
-    assert first.startswith("ERROR: gpu-01's clock is 29.") and f"s {word} this machine's (bound 1 s, " \
-        "preflight.maxClockOffsetSeconds)" in first
+    interval = "29.990 to 30.000" if skew > 0 else "30.000 to 30.010"
+    assert first == f"ERROR: gpu-01's clock is {interval} s {word} this machine's (bound 1 s, " \
+        "preflight.maxClockOffsetSeconds)"
     assert fix.startswith("    fix: install chrony on the node")
 
 

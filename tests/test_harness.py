@@ -188,3 +188,14 @@ def test_urns_are_the_engines_the_type_qualified_by_every_parent_but_the_stack()
         "urn:pulumi:dev::llm-cluster::t:m:Outer::outer",
         "urn:pulumi:dev::llm-cluster::t:m:Outer$t:m:Inner::inner",
         "urn:pulumi:dev::llm-cluster::t:m:Outer$t:m:Inner$command:remote:Command::leaf"]
+
+
+def test_a_run_after_asyncio_run_left_the_thread_without_a_loop_still_runs() -> None:
+    import asyncio
+
+    async def nothing() -> None:
+        return None
+
+    asyncio.run(nothing())  # leaves the main thread with no current event loop, as real tests do
+    run = run_stack(prod_config())
+    assert any(r.type == CONTAINER for r in run.registrations)

@@ -40,6 +40,8 @@ def every_script(spec: StackSpec) -> dict[str, str]:
         "key-file-delete": ns.operator_file_delete_script("~/.ssh/llm-cluster/prod/gpu-01.key"),
     }
     scripts.update({f"preflight-{n}": ns.preflight_script(ns.node_expectation(spec, n)) for n in spec.nodes})
+    # A non-root SSH user's preflight starts with the sudo and docker-group check.
+    scripts["preflight-deploy"] = ns.preflight_script(ns.node_expectation(spec, "gpu-01"), "deploy")
     return scripts
 
 

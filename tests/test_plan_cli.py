@@ -39,8 +39,11 @@ def test_reference_stack_plans_clean(prod_plan: tuple[subprocess.CompletedProces
     proc, _ = prod_plan
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
-    for line in ("Nodes", "Pools", "Gateway", "Capacity (per GPU, as vLLM 0.9.2 will compute it)", "Policy"):
+    for line in ("Nodes", "Pools", "Gateway", "Capacity (as vLLM will compute it; weights and KV cache per GPU, "
+                 "KV tokens and concurrency per instance, rule of thumb for the whole model)", "Policy"):
         assert f"\n{line}" in out
+    # Each column says what it counts.
+    assert "\n                              /GPU      /GPU  /instance  /instance         /model\n" in out
     for i in range(1, 7):
         assert f"  gpu-0{i}  192.168.10.1{i}  8 x Tesla V100-SXM2-32GB" in out
     assert "  reasoning    reasoning-gpu-01       deepseek-r1 · TP8 x PP2 on Ray · gpu-01+gpu-02 → " \

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from plan import __main__ as cli
-from plan.diff import diff_resources, load_replace_rules, replace_inputs_from_schema, summary_line
+from components.spec import StackSpec
+from plan.diff import diff_resources, load_replace_rules, replace_inputs_from_schema, service_impact, summary_line
 from plan.stackfile import secret_placeholder
 from tests.conftest import prod_config
 
@@ -193,3 +194,32 @@ def test_a_new_grafana_password_replaces_grafana_through_replace_with(tmp_path: 
     grafana = changes["monitoring-gpu-01-grafana"]
     assert (grafana.op, grafana.replace_because, grafana.replace_source) == (
         "replace", ["replaceWith monitoring-grafana-admin-password"], "the resource's replaceWith option")
+
+
+def _gpu_container(name: str, node: str, **gpus: Any) -> dict[str, Any]:
+    return {"urn": f"urn:pulumi:s::p::docker:index/container:Container::{name}", "type": "docker:index/container:Container",
+            "name": name, "parent": "", "custom": True, "node": node, "dependencies": [], "propertyDependencies": {},
+            "options": {}, "inputs": {"labels": [{"label": "llm-cluster.instance", "value": name}], **gpus}}
+
+
+@pytest.mark.parametrize(("old", "new", "warned"), [
+    ({"gpus": "all"}, {"gpus": "all"}, True),
+    ({"deviceRequests": [{"deviceIds": ["0", "1"]}]}, {"deviceRequests": [{"deviceIds": ["1", "2"]}]}, True),
+    ({"deviceRequests": [{"deviceIds": ["0", "1"]}]}, {"deviceRequests": [{"deviceIds": ["2", "3"]}]}, False),
+])
+def test_a_new_server_on_gpus_a_deleted_one_holds_is_flagged(old: dict[str, Any], new: dict[str, Any], warned: bool,
+                                                            prod_spec: StackSpec) -> None:
+    before = {"resources": [_gpu_container("blue", "n1", **old)]}
+    after = {"resources": [_gpu_container("green", "n1", **new)]}
+    impact = service_impact(diff_resources(before, after), before, after, prod_spec)
+    flagged = [r for r in impact["recommendations"] if r.startswith("node n1: green would start while blue")]
+    assert bool(flagged) is warned
+
+
+
+def test_redacted_credentials_compare_as_they_were_written(tmp_path: Path) -> None:
+    config = prod_config()
+    config[f"{NS}:pools"]["chat"]["env"] = {"HF_TOKEN": "hf_" + "a1B2c3D4e5" * 4}
+    plan = plan_twice(tmp_path, config, config)
+    assert "hf_a1B2" not in json.dumps(plan)
+    assert plan["diff"]["resources"] == []

@@ -105,13 +105,14 @@ def pool_of(run: ProgramRun, urn: str) -> str | None:
 
 def test_reference_pools_register_these_components_and_children(prod_run: ProgramRun) -> None:
     regs = mine(prod_run)
-    assert Counter(r.type for r in regs) == {SERVER: 5, RAY: 1, CONTAINER: 6, COMMAND: 7}
+    assert Counter(r.type for r in regs) == {SERVER: 5, RAY: 1, CONTAINER: 6, COMMAND: 8}
     parent_name = {r.urn: r.name for r in prod_run.registrations}
     assert sorted((r.name, parent_name.get(r.parent, "stack")) for r in regs if r.custom) == sorted([
         ("reasoning-gpu-01-ray-head", "reasoning-gpu-01-ray"),
         ("reasoning-gpu-01-ray-worker-gpu-02", "reasoning-gpu-01-ray"),
         ("reasoning-gpu-01-ray-gate", "reasoning-gpu-01-ray"),
         ("reasoning-gpu-01-ray-rdma", "reasoning-gpu-01-ray"),
+        ("reasoning-gpu-01-ray-nccl", "reasoning-gpu-01-ray"),
         ("reasoning-gpu-01-health", "reasoning-gpu-01"),
         *[(f"chat-{n}-vllm", f"chat-{n}") for n in POOL_NODES["chat"]],
         *[(f"chat-{n}-health", f"chat-{n}") for n in POOL_NODES["chat"]],
@@ -143,14 +144,18 @@ def test_ray_head_runs_its_script_with_the_vllm_argv_as_command(prod_run: Progra
     c = reg.plain_inputs()
     assert c["name"] == "ray-head-reasoning-gpu-01"
     assert c["entrypoints"] == ["/bin/bash", RAY_HEAD_SCRIPT]
-    # Once every GPU has joined, ray-head.sh execs the watchdog, which runs and supervises vLLM.
-    assert c["command"] == ["/bin/bash", WATCHDOG_SCRIPT, *REASONING_ARGV]
+    # Once every GPU has joined, ray-head.sh execs the NCCL check, which execs the watchdog over NET/IB
+    # only (tests/test_nccl_check.py); the watchdog runs and supervises vLLM.
+    assert c["command"] == ["/bin/bash", "/opt/llm-cluster/nccl/nccl-check.sh", "/bin/bash", WATCHDOG_SCRIPT,
+                            *REASONING_ARGV]
     assert c["envs"] == env_of("gpu-01")
     assert c["labels"] == labels("ray-head", "reasoning", "reasoning-gpu-01", "gpu-01")
     # The host's node-exporter textfile directory, where ray-head.sh writes the cluster's size.
     _gpu_container_common(c, 64, "/data/models/DeepSeek-R1-GPTQ-Int4", [
         {"hostPath": "/var/lib/llm-cluster/node-exporter", "containerPath": "/var/lib/llm-cluster/node-exporter"}])
-    [upload, watchdog] = c["uploads"]
+    [upload, watchdog, *checks] = c["uploads"]
+    assert [u["file"] for u in checks] == ["/opt/llm-cluster/nccl/nccl-check.sh", "/opt/llm-cluster/nccl/nccl_check.py",
+                                          "/opt/llm-cluster/nccl/fabric.py"]
     assert upload["file"] == RAY_HEAD_SCRIPT and upload["executable"] is True
     assert ("ray start --head --port=6379 --node-ip-address=192.168.10.11 --num-gpus=8 --dashboard-host=192.168.10.11 "
             "--dashboard-port=8265 --ray-client-server-port=10001 --disable-usage-stats\n") in upload["content"]
@@ -233,6 +238,7 @@ def test_ray_gate_waits_for_sixteen_gpus_after_both_containers(prod_run: Program
 def test_health_gates_follow_their_server(prod_run: ProgramRun) -> None:
     multi = prod_run.get("reasoning-gpu-01-health")
     assert set(multi.dependencies) == {prod_run.get("reasoning-gpu-01-ray-gate").urn,
+                                       prod_run.get("reasoning-gpu-01-ray-nccl").urn,
                                        prod_run.get("reasoning-gpu-01-ray-head").urn}
     assert multi.plain_inputs()["triggers"][1:] == [prod_run.get("reasoning-gpu-01-ray-head").resource_id]
     assert "container=ray-head-reasoning-gpu-01\n" in script_of(multi.plain_inputs()["create"])
@@ -251,7 +257,7 @@ def test_every_generated_script_is_valid_shellcheck_clean_bash(prod_run: Program
     for r in mine(prod_run):
         if r.type == COMMAND:
             scripts[r.name] = script_of(r.plain_inputs()["create"])
-    assert len(scripts) == 8  # with the RDMA check of the Ray instance
+    assert len(scripts) == 9  # with the RDMA and NCCL checks of the Ray instance
     shellcheck = tool("shellcheck")
     for name, text in scripts.items():
         path = tmp_path / name

@@ -96,6 +96,7 @@ def test_each_instance_is_up_targeted_then_checked_through_the_gateway_before_th
     # Three checks through the gateway after each up and before the next, with the stack's key.
     assert Gateway.seen == [(n, "qwen3-30b-a3b", "Bearer sk-test-1") for n in (1, 2, 3, 4) for _ in range(3)]
     out = capsys.readouterr().out
+    assert not out.startswith("warning")
     assert "[1/4] chat-gpu-03: pulumi up --target-dependents with 3 targets" in out
     assert "chat-gpu-06: healthy; the gateway serves qwen3-30b-a3b" in out
     assert "rollout done: 4 instance(s)" in out
@@ -157,3 +158,12 @@ def test_the_pool_default_comes_from_max_unavailable_in_the_stack(prod_spec: Sta
 def test_an_unknown_pool_exits_2_naming_the_pools(capsys: pytest.CaptureFixture[str]) -> None:
     assert rollout.main(["--stack", "prod", "--pool", "nope"]) == 2
     assert "--pool 'nope': the stack's pools are reasoning, chat" in capsys.readouterr().err
+
+
+def test_a_single_instance_pool_is_rolled_with_a_warning(cli: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    cli["play"]()
+    assert rollout.main(["--stack", "prod", "--pool", "reasoning"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("warning: a step replaces all 1 instance(s) of the pool: it serves nothing until")
+    assert [n for n, _, _ in Gateway.seen] == [1, 1, 1]
+    assert {model for _, model, _ in Gateway.seen} == {"deepseek-r1"}

@@ -37,11 +37,42 @@ def _script(purpose: str, body: str) -> str:
     return f"#!/usr/bin/env bash\n# llm-cluster: {comment}\nset -euo pipefail\n{body}"
 
 
-def bash_command(script: str) -> str:
-    """The `create`/`delete` string of a remote or local Command: the shell hands the script to bash verbatim."""
+def bash_command(script: str, *, sudo: bool = False) -> str:
+    """The `create`/`delete` string of a remote or local Command: the shell hands the script to bash verbatim.
+
+    `sudo`: run it as root through passwordless sudo, for the steps that write system files when the SSH
+    user is not root (root_steps). `sudo -n` fails at once instead of waiting for a password; the script
+    travels as an argument, and stdin (a secret piped in) passes through.
+    """
     if f"\n{_HEREDOC}\n" in f"\n{script}\n":
         raise ValueError(f"script contains the heredoc delimiter {_HEREDOC}")
-    return f"bash -c \"$(cat <<'{_HEREDOC}'\n{script.rstrip()}\n{_HEREDOC}\n)\" llm-cluster"
+    runner = "sudo -n -- bash" if sudo else "bash"
+    return f"{runner} -c \"$(cat <<'{_HEREDOC}'\n{script.rstrip()}\n{_HEREDOC}\n)\" llm-cluster"
+
+
+def root_steps(spec: StackSpec) -> bool:
+    """Whether the steps that need root (/etc/hosts, /etc/fstab and mounts, /etc/llm-cluster, nftables) go
+    through sudo: the SSH user is not root. Everything else runs as the user (docker through its group)."""
+    return spec.ssh.user != "root"
+
+
+def access_script(user: str) -> str:
+    """Bash that fails, saying how to fix it, unless this login can do what a non-root deployment needs:
+    passwordless sudo (for root_steps) and the docker group (the Docker provider talks to dockerd over SSH)."""
+    u = q(user)
+    return f"""if [ "$(id -u)" -ne 0 ]; then
+  if ! sudo -n true 2>/dev/null; then
+    echo "ERROR: $(id -un) on $(hostname) cannot run sudo without a password" >&2
+    echo "    fix: as root, echo {q(f"{user} ALL=(root) NOPASSWD: ALL")} > /etc/sudoers.d/llm-cluster; chmod 0440 /etc/sudoers.d/llm-cluster" >&2
+    exit 1
+  fi
+  if ! id -nG | tr ' ' '\\n' | grep -qx docker; then
+    echo "ERROR: $(id -un) on $(hostname) is not in the docker group: the Docker provider could not reach dockerd" >&2
+    echo "    fix: as root, usermod -aG docker {u} (then log in again)" >&2
+    exit 1
+  fi
+fi
+"""
 
 
 def script_hash(script: str) -> str:
@@ -178,12 +209,13 @@ def node_expectation(spec: StackSpec, node: str) -> Expectation:
     )
 
 
-def preflight_script(exp: Expectation) -> str:
-    """Run the checks of components/planning/preflight.py on the node (its source travels in a heredoc)."""
+def preflight_script(exp: Expectation, user: str = "root") -> str:
+    """Run the checks of components/planning/preflight.py on the node (its source travels in a heredoc);
+    a non-root `user` is first checked for passwordless sudo and the docker group (access_script)."""
     source = inspect.getsource(preflight)
     if f"\n{_PREFLIGHT_HEREDOC}\n" in f"\n{source}\n":
         raise ValueError(f"preflight source contains the heredoc delimiter {_PREFLIGHT_HEREDOC}")
-    body = ("command -v python3 >/dev/null 2>&1 || {\n"
+    body = ((access_script(user) if user != "root" else "") + "command -v python3 >/dev/null 2>&1 || {\n"
             "  echo \"ERROR: python3 is missing on $(hostname)\" >&2\n"
             "  echo \"    fix: install python3 (the preflight checks run with it)\" >&2\n"
             "  exit 1\n}\n"

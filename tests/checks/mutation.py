@@ -126,6 +126,21 @@ MUTANTS: list[Mutant] = [
            "return hashlib.sha256(script.strip().encode()).hexdigest()[:16]",
            ("tests/test_gpu_node.py", "tests/test_model_weights.py", "tests/test_pools.py"),
            "a script's trigger hashed from other text than the script that runs"),
+    Mutant("duplicate-urns-accepted", "plan/harness.py", "            if urn in self._by_urn:",
+           "            if False:", ("tests/test_harness.py",), "the harness lets two resources share a URN"),
+    Mutant("unmarked-host-secret-unseen", "plan/harness.py",
+           '"stdout" in r.options.get("additionalSecretOutputs", []) or value in secret_text):',
+           '"stdout" in r.options.get("additionalSecretOutputs", [])):',
+           ("tests/test_harness.py",), "a host-made secret the program forgot to mark is not leak-checked"),
+    Mutant("pp-remainder-to-the-last-stage", "components/planning/capacity.py",
+           "for i in range(2, num_layers % pp + 2):", "for i in range(1, num_layers % pp + 1):",
+           ("tests/test_capacity_pins.py",), "the extra layer of an odd PP split on the last stage"),
+    Mutant("ray-gate-one-gpu-short", "components/planning/ray.py",
+           "  if (( gpus >= want )); then", "  if (( gpus >= want - 1 )); then",
+           ("tests/test_ray_gate.py",), "the Ray gate passes one GPU short"),
+    Mutant("clock-behind-unseen", "components/planning/clock.py",
+           "  if (lo > bound || hi < -bound) {{", "  if (lo > bound) {{",
+           ("tests/test_clock.py",), "a node clock behind the operator's is never refused"),
     # --- the policy pack as the CLI starts it ---------------------------------------------------------
     Mutant("pack-serves-fewer-policies", "policies/__main__.py",
            "PolicyPack(name=PACK_NAME, policies=POLICIES,", "PolicyPack(name=PACK_NAME, policies=POLICIES[1:],",
@@ -147,7 +162,7 @@ def copy_tree(dest: Path) -> None:
 
 
 def run_mutant(m: Mutant, base: Path) -> tuple[str, float]:
-    """'killed', 'SURVIVED' or 'stale' (the text to replace is not there exactly once)."""
+    """'killed', 'SURVIVED', 'stale' (the text to replace is not there exactly once) or an error."""
     target = base / m.path
     text = target.read_text()
     if text.count(m.old) != 1:
@@ -165,20 +180,32 @@ def run_mutant(m: Mutant, base: Path) -> tuple[str, float]:
     return verdict, time.monotonic() - start
 
 
+def passes_unmutated(tests: tuple[str, ...], base: Path) -> bool:
+    """A mutant only counts if its tests pass on the tree as it is (else any failure would 'kill' it)."""
+    out = subprocess.run([str(PYTHON), "-m", "pytest", "-q", "-x", "-p", "no:randomly", "-p", "no:cacheprovider",
+                          *tests], cwd=base, capture_output=True, text=True, timeout=1800)
+    return out.returncode == 0
+
+
 def main(words: list[str]) -> int:
     chosen = [m for m in MUTANTS if not words or any(w in m.name for w in words)]
     with tempfile.TemporaryDirectory(prefix="llm-cluster-mutants-") as tmp:
         base = Path(tmp)
         copy_tree(base)
+        clean = {tests: passes_unmutated(tests, base) for tests in {m.tests for m in chosen}}
         results = []
         for m in chosen:
+            if not clean[m.tests]:
+                results.append((m, "stale"))
+                print(f"{'invalid':9} {0:6.0f}s  {m.name}: its tests fail without the mutant", flush=True)
+                continue
             verdict, took = run_mutant(m, base)
             results.append((m, verdict))
             print(f"{verdict:9} {took:6.0f}s  {m.name}: {m.why}", flush=True)
     killed = sum(v == "killed" for _, v in results)
     counted = [v for _, v in results if v != "stale"]
     print(f"mutation score: {killed}/{len(counted)} killed"
-          + (f" ({len(results) - len(counted)} stale)" if len(counted) != len(results) else ""))
+          + (f" ({len(results) - len(counted)} stale or invalid, not counted)" if len(counted) != len(results) else ""))
     return 0 if killed == len(counted) else 1
 
 

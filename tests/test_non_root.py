@@ -1,0 +1,187 @@
+"""A non-root SSH user: only the steps that write system files go through `sudo -n`, and the generated
+scripts really run so under a real unprivileged user of this machine (created here with passwordless
+sudo and the docker group, removed afterwards), while the same steps without sudo are refused."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components.planning.gateway import keys_script
+from components.planning.monitoring import config_files_script, grafana_password_generate_script
+from components.planning.node_scripts import (
+    access_script, bash_command, hosts_create_script, hosts_delete_script, manifest_build_script,
+)
+from tests.conftest import prod_config, run_stack
+
+NS = "llm-cluster:"
+# The commands whose scripts write /etc/hosts, /etc/fstab and mounts, /etc/llm-cluster or nftables.
+ROOT_STEPS = {"hosts", "firewall", "mount", "gateway-keys", "monitoring-grafana-admin-password",
+              "monitoring-grafana-config", "monitoring-prometheus-config", "monitoring-alertmanager-config"}
+DEPLOY, PLAIN = "llmc-s-deploy", "llmc-s-plain"  # this test's users: sudo + docker group, and neither
+SUDOERS = Path("/etc/sudoers.d/llmc-s-test")
+
+
+def step_of(name: str) -> str:
+    """'gpu-03-hosts' -> 'hosts', 'weights-x-mount-gpu-03' -> 'mount': the step without node names."""
+    words = [w for w in name.split("-") if not (w.startswith("gpu") or w.isdigit())]
+    if words[0] == "weights":
+        return next((w for w in words if w in ("mount", "manifest", "verify", "copy", "check")), "weights")
+    return "-".join(words)
+
+
+def sudo_steps(config: dict[str, Any]) -> dict[str, bool]:
+    """step -> whether its create and delete run through sudo (every command of the stack)."""
+    out: dict[str, bool] = {}
+    for r in run_stack(config, preview=True).registrations:
+        if r.type in ("command:remote:Command", "command:local:Command"):
+            inputs = r.plain_inputs()
+            phases = [inputs[p] for p in ("create", "delete") if isinstance(inputs.get(p), str)]
+            sudo = {p.startswith("sudo -n -- bash -c ") for p in phases}
+            assert len(sudo) == 1, f"{r.name}: create and delete disagree about sudo"
+            out[step_of(r.name)] = sudo.pop()
+    return out
+
+
+def test_a_non_root_user_runs_exactly_the_root_steps_through_sudo() -> None:
+    config = prod_config()
+    config[NS + "ssh"] = {**config.get(NS + "ssh", {}), "user": "deploy"}
+    config[NS + "models"]["qwen3-30b-a3b"]["source"] = {"sharedMount": "nfs01:/export/qwen"}
+    steps = sudo_steps(config)
+    assert {s for s, sudo in steps.items() if sudo} == ROOT_STEPS & set(steps)
+    assert {"mount", "hosts", "firewall", "gateway-keys"} <= set(steps)
+    # Everything else runs as the user: preflight, weights bookkeeping and copies, gates, the clock.
+    assert {"preflight", "manifest", "verify", "copy", "clock", "chat-health"} <= {s for s, sudo in steps.items()
+                                                                                    if not sudo}
+
+
+def test_root_needs_no_sudo() -> None:
+    assert not any(sudo_steps(prod_config()).values())
+
+
+def test_the_preflight_of_a_non_root_user_checks_sudo_and_the_docker_group_first() -> None:
+    config = prod_config()
+    config[NS + "ssh"] = {**config.get(NS + "ssh", {}), "user": "deploy"}
+    preflight = run_stack(config, preview=True).get("gpu-03-preflight").plain_inputs()["create"]
+    assert access_script("deploy") in preflight
+    assert access_script("deploy") not in run_stack(prod_config(), preview=True).get(
+        "gpu-03-preflight").plain_inputs()["create"]
+
+
+# --- the scripts under a real unprivileged user ----------------------------------------------------
+
+def _root(*argv: str) -> None:
+    subprocess.run(argv, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def users() -> Iterator[None]:
+    """Two users of this machine: DEPLOY with passwordless sudo and the docker group, PLAIN with neither."""
+    if os.geteuid() != 0 or not shutil.which("sudo") or not shutil.which("runuser"):
+        pytest.skip("needs root, sudo and runuser (.ci/system-deps installs sudo)")
+    for user in (DEPLOY, PLAIN):
+        subprocess.run(["userdel", "-r", user], capture_output=True)
+        _root("useradd", "-m", "-s", "/bin/bash", user)
+    if subprocess.run(["getent", "group", "docker"], capture_output=True).returncode != 0:
+        _root("groupadd", "docker")
+    _root("usermod", "-aG", "docker", DEPLOY)
+    SUDOERS.write_text(f"{DEPLOY} ALL=(root) NOPASSWD: ALL\n")
+    SUDOERS.chmod(0o440)
+    _root("visudo", "-cf", str(SUDOERS))
+    try:
+        yield
+    finally:
+        SUDOERS.unlink(missing_ok=True)
+        for user in (DEPLOY, PLAIN):
+            subprocess.run(["userdel", "-r", user], capture_output=True)
+
+
+@pytest.fixture
+def system_dir(users: None) -> Iterator[Path]:
+    """A root-owned directory the users can enter but not write, standing for /etc on a node."""
+    path = Path(tempfile.mkdtemp(prefix="llmc-s-etc-", dir="/tmp"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def as_user(user: str, command: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    """Run a Command's create string as `user`, the way SSH hands it to the login shell."""
+    return subprocess.run(["runuser", "-u", user, "--", "bash", "-c", command], input=stdin, capture_output=True,
+                          text=True, timeout=120, cwd="/")
+
+
+def test_the_hosts_block_is_written_and_removed_through_sudo_and_refused_without(system_dir: Path) -> None:
+    hosts = system_dir / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n")
+    create = hosts_create_script([("198.18.0.11", "gpu-01")], str(hosts))
+    refused = as_user(DEPLOY, bash_command(create))
+    assert refused.returncode != 0 and "Permission denied" in refused.stderr
+    done = as_user(DEPLOY, bash_command(create, sudo=True))
+    assert done.returncode == 0, done.stderr
+    assert hosts.read_text() == "127.0.0.1 localhost\n# BEGIN llm-cluster\n198.18.0.11 gpu-01\n# END llm-cluster\n"
+    assert (hosts.stat().st_uid, oct(hosts.stat().st_mode & 0o777)) == (0, "0o644")  # rewritten in place
+    again = as_user(DEPLOY, bash_command(create, sudo=True))
+    assert "already up to date" in again.stdout
+    removed = as_user(DEPLOY, bash_command(hosts_delete_script(str(hosts)), sudo=True))
+    assert removed.returncode == 0 and hosts.read_text() == "127.0.0.1 localhost\n"
+
+
+def test_gateway_keys_and_grafana_password_are_made_root_only_through_sudo(system_dir: Path) -> None:
+    keys = as_user(DEPLOY, bash_command(keys_script(["default"], str(system_dir / "gateway")), sudo=True))
+    assert keys.returncode == 0, keys.stderr
+    key_file = system_dir / "gateway" / "keys" / "default"
+    assert keys.stdout.startswith('{"default": "sk-') and key_file.stat().st_uid == 0
+    assert oct(key_file.stat().st_mode & 0o777) == "0o600"
+    assert as_user(DEPLOY, f"cat {key_file}").returncode != 0  # the user itself cannot read it back
+    password_file = system_dir / "grafana" / "admin-password"
+    made = as_user(DEPLOY, bash_command(grafana_password_generate_script(str(password_file)), sudo=True))
+    assert made.returncode == 0, made.stderr
+    assert (password_file.stat().st_uid, password_file.stat().st_gid) == (472, 0)  # chown needs root
+    assert as_user(DEPLOY, bash_command(grafana_password_generate_script(str(system_dir / "g2" / "p")))).returncode != 0
+
+
+def test_monitoring_config_files_are_written_and_owned_through_sudo(system_dir: Path) -> None:
+    script = config_files_script("prometheus", "prometheus", {"prometheus/prometheus.yml": "global: {}\n"}, [],
+                                 root=str(system_dir))
+    assert as_user(DEPLOY, bash_command(script)).returncode != 0
+    done = as_user(DEPLOY, bash_command(script, sudo=True))
+    assert done.returncode == 0, done.stderr
+    written = system_dir / "prometheus" / "prometheus.yml"
+    assert written.read_text() == "global: {}\n" and (written.stat().st_uid, written.stat().st_gid) == (65534, 65534)
+
+
+def test_weights_bookkeeping_runs_as_the_user_in_a_directory_it_owns(users: None) -> None:
+    home = Path(f"/home/{DEPLOY}")
+    model = home / "models" / "m"
+    done = as_user(DEPLOY, f"mkdir -p {model} && printf weights > {model}/w.safetensors && "
+                   + bash_command(manifest_build_script(str(model))))
+    assert done.returncode == 0, done.stderr
+    manifest = model / ".llm-cluster" / "manifest"
+    assert manifest.read_text().endswith("\tw.safetensors\n")
+    assert manifest.stat().st_uid == int(subprocess.run(["id", "-u", DEPLOY], capture_output=True, text=True).stdout)
+
+
+def test_the_access_check_passes_a_prepared_user_and_names_the_fix_for_others(users: None) -> None:
+    check = "set -euo pipefail\n" + access_script(DEPLOY) + "echo access ok\n"
+    assert as_user(DEPLOY, bash_command(check)).stdout == "access ok\n"
+    refused = as_user(PLAIN, bash_command("set -euo pipefail\n" + access_script(PLAIN)))
+    assert refused.returncode == 1
+    assert f"ERROR: {PLAIN} on " in refused.stderr and "cannot run sudo without a password" in refused.stderr
+    assert f"echo '{PLAIN} ALL=(root) NOPASSWD: ALL' > /etc/sudoers.d/llm-cluster" in refused.stderr
+    # With sudo but outside the docker group: the Docker provider could not reach dockerd.
+    SUDOERS.write_text(f"{DEPLOY} ALL=(root) NOPASSWD: ALL\n{PLAIN} ALL=(root) NOPASSWD: ALL\n")
+    try:
+        no_docker = as_user(PLAIN, bash_command("set -euo pipefail\n" + access_script(PLAIN)))
+        assert no_docker.returncode == 1 and "is not in the docker group" in no_docker.stderr
+        assert f"usermod -aG docker {PLAIN}" in no_docker.stderr
+    finally:
+        SUDOERS.write_text(f"{DEPLOY} ALL=(root) NOPASSWD: ALL\n")
