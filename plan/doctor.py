@@ -37,6 +37,7 @@ from components.planning.rdma import rdma_script  # noqa: E402
 from components.planning.topology import Instance, all_instances, host_ports  # noqa: E402
 from components.spec import SpecError, StackSpec, load_stack_config  # noqa: E402
 from plan.stackfile import load_stack_file  # noqa: E402
+from plan.cli import run as run_cli  # noqa: E402
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 GATEWAY_CONTAINER = "llm-gateway"
@@ -595,4 +596,4 @@ def main(argv: list[str] | None = None, run: Runner | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from components.spec import SpecError, StackSpec, load_stack_config  # noqa: E402
 from plan.stackfile import load_stack_file  # noqa: E402
+from plan.cli import run as run_cli  # noqa: E402
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 PROMPT = "Write a short story of about 200 words about a lighthouse keeper who finds a message in a bottle."
@@ -190,4 +191,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

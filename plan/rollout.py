@@ -35,6 +35,7 @@ from components.planning.topology import instances  # noqa: E402
 from components.spec import SpecError, StackSpec, load_stack_config  # noqa: E402
 from plan.harness import ProgramRun, Registration, run_main_program  # noqa: E402
 from plan.stackfile import load_stack_file  # noqa: E402
+from plan.cli import run as run_cli  # noqa: E402
 
 CONTAINER = "docker:index/container:Container"
 INSTANCE_LABEL = "llm-cluster.instance"
@@ -213,4 +214,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

@@ -112,6 +112,7 @@ def test_format_prints_the_chosen_document_on_stdout(tmp_path: Path) -> None:
 CLIS = [["-m", "plan"], ["-m", "plan", "--format", "json"], ["-m", "plan.capacity", "--list"],
         ["-m", "plan.capacity", "--model", "qwen3-30b-a3b", "--gpu", "Tesla V100-SXM2-32GB", "--tp", "8",
          "--max-model-len", "32768"],
+        ["-m", "plan.rollout", "--pool", "chat", "--dry-run"], ["-m", "plan.doctor", "--help"],
         ["bench/capacity_accuracy.py"]]
 
 
