@@ -245,9 +245,15 @@ def render_text(result: PlanResult) -> str:
     out.append("\nPolicy")
     if not result.violations:
         out.append("  no violations")
+    # One entry per rule and message, naming every resource it concerns: a pool's containers (one per
+    # instance) that share a fault are listed once, like the ModelServer rules report once per pool.
+    grouped: dict[tuple[bool, str, str, str], list[str]] = {}
     for v in sorted(result.violations, key=lambda v: (v.enforcement_level != "mandatory", v.policy_name, v.urn,
                                                       v.message)):
-        out += textwrap.wrap(f"[{v.enforcement_level}] {v.policy_name} · {v.resource_name}: {v.message}",
+        key = (v.enforcement_level != "mandatory", v.policy_name, v.enforcement_level, v.message)
+        grouped.setdefault(key, []).append(v.resource_name)
+    for (_, policy, level, message), resources in grouped.items():
+        out += textwrap.wrap(f"[{level}] {policy} · {', '.join(resources)}: {message}",
                              width=110, initial_indent="  ", subsequent_indent="      ")
     verdict = (f"{len(result.mandatory)} mandatory violation(s): `pulumi preview --policy-pack policies` "
                "would fail" if result.mandatory else "no mandatory violation")

@@ -95,3 +95,18 @@ def test_values_in_scripts_and_env_lists_are_found_and_the_harmless_are_left() -
     # Pulumi secrets are already masked; references to files and variables are not credentials.
     assert r.text("X_SECRET=[secret] Y_TOKEN=$TOKEN Z_PASSWORD=/run/secrets/z") == (
         "X_SECRET=[secret] Y_TOKEN=$TOKEN Z_PASSWORD=/run/secrets/z")
+
+
+def test_a_fault_shared_by_a_pools_containers_is_listed_once_with_each_container(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "plan", "--config", str(planted_stack(tmp_path)), "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    policy = done.stdout.split("\nPolicy\n")[1]
+    entries = [line for line in policy.splitlines() if line.startswith("  [mandatory] no-plaintext-secrets")]
+    chat = [e for e in entries if "chat-gpu" in e]
+    # The four chat replicas share one fault: one entry naming each of their containers.
+    assert [e.split(":")[0] for e in chat] == [
+        "  [mandatory] no-plaintext-secrets · chat-gpu-03-vllm, chat-gpu-04-vllm, chat-gpu-05-vllm, chat-gpu-06-vllm"]
+    # The Ray head also carries --api-key, so its message differs from the worker's: two entries.
+    assert sorted(e.split(" · ")[1].split(":")[0] for e in entries if "chat-gpu" not in e) == [
+        "reasoning-gpu-01-ray-head", "reasoning-gpu-01-ray-worker-gpu-02"]
