@@ -66,7 +66,7 @@ class Gateway(Component):
         # No delete: the usage log is the operator's record and outlives the gateway.
         usage_dir = remote.Command(
             self.child("usage-dir"), connection=node.connection,
-            create=bash_command(usage_dir_script(g.usage_log.dir)), opts=self.opts(depends_on=deps))
+            create=bash_command(usage_dir_script(g.usage_log.dir), sudo=node.sudo), opts=self.opts(depends_on=deps))
         volumes = [docker.ContainerVolumeArgs(host_path=HOST_CONF_DIR, container_path=CONTAINER_CONF_DIR, read_only=True),
                    docker.ContainerVolumeArgs(host_path=g.usage_log.dir, container_path=g.usage_log.dir)]
 
@@ -100,8 +100,8 @@ class Gateway(Component):
         if g.tls:
             if args.tls_cert is not None and args.tls_key is not None:
                 tls_cmd = remote.Command(
-                    self.child("tls"), connection=node.connection, create=bash_command(tls_from_stdin_script()),
-                    delete=bash_command(tls_delete_script()),
+                    self.child("tls"), connection=node.connection, create=bash_command(tls_from_stdin_script(), sudo=node.sudo),
+                    delete=bash_command(tls_delete_script(), sudo=node.sudo),
                     stdin=pulumi.Output.secret(pulumi.Output.concat(args.tls_cert, "\n", args.tls_key)),
                     # A changed secret must run the script again (stdin alone is not a diff of `create`).
                     triggers=[pulumi.Output.secret(pulumi.Output.concat(args.tls_cert, args.tls_key).apply(script_hash))],
@@ -109,8 +109,8 @@ class Gateway(Component):
             else:
                 script = tls_generate_script(spec)
                 tls_cmd = remote.Command(
-                    self.child("tls"), connection=node.connection, create=bash_command(script),
-                    delete=bash_command(tls_delete_script()), logging=remote.Logging.STDERR,
+                    self.child("tls"), connection=node.connection, create=bash_command(script, sudo=node.sudo),
+                    delete=bash_command(tls_delete_script(), sudo=node.sudo), logging=remote.Logging.STDERR,
                     opts=self.opts(depends_on=deps))
                 self.ca_cert = tls_cmd.stdout
             deps.append(tls_cmd)
@@ -122,8 +122,8 @@ class Gateway(Component):
         config = remote.Command(
             self.child("config"), connection=node.connection,
             create=bash_command(config_script(spec, digests_from_stdin=(
-                f"{HOST_DIGESTS_DIR}/{DIGESTS_FILE}" if digests_stdin is not None else None))),
-            delete=bash_command(config_delete_script()), stdin=digests_stdin,
+                f"{HOST_DIGESTS_DIR}/{DIGESTS_FILE}" if digests_stdin is not None else None)), sudo=node.sudo),
+            delete=bash_command(config_delete_script(), sudo=node.sudo), stdin=digests_stdin,
             triggers=[digests_stdin.apply(script_hash)] if digests_stdin is not None else None,
             logging=remote.Logging.STDERR, opts=self.opts(depends_on=deps))
 

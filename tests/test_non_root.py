@@ -4,6 +4,7 @@ sudo and the docker group, removed afterwards), while the same steps without sud
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -22,8 +23,12 @@ from tests.conftest import prod_config, run_stack
 
 NS = "llm-cluster:"
 # The commands whose scripts write /etc/hosts, /etc/fstab and mounts, /etc/llm-cluster or nftables.
-ROOT_STEPS = {"hosts", "firewall", "mount", "gateway-keys", "monitoring-grafana-admin-password",
-              "monitoring-grafana-config", "monitoring-prometheus-config", "monitoring-alertmanager-config"}
+ROOT_STEPS = {"hosts", "firewall", "mount", "gateway-keys", "gateway-tls", "gateway-config", "gateway-usage-dir",
+              "monitoring-grafana-admin-password", "monitoring-grafana-config", "monitoring-prometheus-config",
+              "monitoring-alertmanager-config"}
+# What only root may do on a node; a command without sudo must do none of it (a new root step is caught).
+PRIVILEGED = re.compile(r"/etc/(hosts|fstab|llm-cluster)|^\s*(chown|mount|umount|nft -f|systemctl enable)\b|"
+                        r"install [^\n]*-o ", re.M)
 DEPLOY, PLAIN = "llmc-s-deploy", "llmc-s-plain"  # this test's users: sudo + docker group, and neither
 SUDOERS = Path("/etc/sudoers.d/llmc-s-test")
 
@@ -55,10 +60,23 @@ def test_a_non_root_user_runs_exactly_the_root_steps_through_sudo() -> None:
     config[NS + "models"]["qwen3-30b-a3b"]["source"] = {"sharedMount": "nfs01:/export/qwen"}
     steps = sudo_steps(config)
     assert {s for s, sudo in steps.items() if sudo} == ROOT_STEPS & set(steps)
-    assert {"mount", "hosts", "firewall", "gateway-keys"} <= set(steps)
+    assert {"mount", "hosts", "firewall", "gateway-config", "gateway-usage-dir"} <= set(steps)
     # Everything else runs as the user: preflight, weights bookkeeping and copies, gates, the clock.
     assert {"preflight", "manifest", "verify", "copy", "clock", "chat-health"} <= {s for s, sudo in steps.items()
                                                                                     if not sudo}
+
+
+def test_no_command_without_sudo_does_what_only_root_may() -> None:
+    config = prod_config()
+    config[NS + "ssh"] = {**config.get(NS + "ssh", {}), "user": "deploy"}
+    config[NS + "models"]["qwen3-30b-a3b"]["source"] = {"sharedMount": "nfs01:/export/qwen"}
+    for r in run_stack(config, preview=True).registrations:
+        inputs = r.plain_inputs()
+        if r.type == "command:remote:Command" and not str(inputs.get("create", "")).startswith("sudo -n"):
+            # The preflight only reads; its Python mentions paths and tools in its fixes.
+            scripts = [inputs[p] for p in ("create", "delete") if isinstance(inputs.get(p), str)]
+            if step_of(r.name) != "preflight":
+                assert not [m.group(0) for s in scripts for m in PRIVILEGED.finditer(s)], r.name
 
 
 def test_root_needs_no_sudo() -> None:
