@@ -10,6 +10,7 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 from components.facts.hardware import DTYPE_ALIASES, GPUS
 from components.facts.images import DEFAULT_IMAGES, KV_CACHE_DTYPES, QUANTIZATION_METHODS
 from components.spec.base import NAME_PATTERN, Spec
+from components.spec.engines import ENGINE_NAMES, OPTIONS_KEY, LlamacppOptions, LmdeployOptions
 
 Port = Annotated[int, Field(ge=1, le=65535)]
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
@@ -395,12 +396,18 @@ class VllmOptions(Spec):
     Flags a typed key sets (--max-model-len, --port, …) are refused here: state the typed key."""
 
 
+# The option each engine's block cannot do without (named in the error when the block is missing).
+_REQUIRED_OPTION = {"vllm": "maxModelLen", "lmdeploy": "sessionLen", "llamacpp": "contextPerSlot"}
+
+
 class PoolSpec(Spec):
     """A set of nodes serving one model: replicas (pipelineParallel 1) or Ray TP×PP instances."""
 
     model: str
     nodes: list[str] = Field(min_length=1)
-    engine: Literal["vllm"] = "vllm"
+    engine: Literal[ENGINE_NAMES] = "vllm"  # type: ignore[valid-type]
+    """The serving engine: vllm, lmdeploy (TurboMind), llamacpp; other engines the runbooks name are
+    known and refused with the reason for the pool's GPU."""
     image: str = ""
     """Serving image; unset: the engine's default (components.facts.images.DEFAULT_IMAGES)."""
     tensor_parallel: int = Field(ge=1, le=16)
@@ -414,7 +421,12 @@ class PoolSpec(Spec):
     ray_dashboard_port: Port = 8265
     ray_client_port: Port = 10001
     shm_size_gib: int = Field(default=32, ge=1)
-    vllm: VllmOptions
+    vllm: VllmOptions | None = None
+    """vLLM options (required with engine: vllm)."""
+    lmdeploy: LmdeployOptions | None = None
+    """LMDeploy TurboMind options (required with engine: lmdeploy)."""
+    llamacpp: LlamacppOptions | None = None
+    """llama.cpp server options (required with engine: llamacpp)."""
     env: dict[EnvName, str] = Field(default_factory=dict)
     """Extra environment for every container of the pool (VLLM_USE_V1 is set by the product where the image reads it)."""
     read_timeout_seconds: int = Field(default=600, ge=1)
@@ -429,6 +441,20 @@ class PoolSpec(Spec):
     """Restart a server whose /health fails this long after it has served (0: never). docker alone
     does not restart an unhealthy container; a server that never becomes healthy within
     loadTimeoutMinutes is restarted too."""
+
+    @model_validator(mode="after")
+    def _engine_options(self) -> PoolSpec:
+        # Exactly the options block of the pool's engine: another engine's options would be silently ignored.
+        wanted = OPTIONS_KEY.get(self.engine)
+        given = [k for k in OPTIONS_KEY.values() if getattr(self, k) is not None]
+        if wanted is not None and wanted not in given:
+            raise ValueError(f"engine {self.engine} needs its options block `{wanted}` (e.g. {wanted}: "
+                             f"{{{_REQUIRED_OPTION[wanted]}: ...}})")
+        stray = [k for k in given if k != wanted]
+        if stray:
+            raise ValueError(f"`{stray[0]}` options do not apply to engine {self.engine}; "
+                             + (f"state `{wanted}` instead" if wanted else "remove them"))
+        return self
 
     @field_validator("nodes")
     @classmethod

@@ -78,8 +78,8 @@ def monitoring_issues(spec: StackSpec) -> list[SpecIssue]:
     for pname, pool in spec.pools.items():
         g = spec.node(pool.nodes[0]).gpu if pool.nodes[0] in spec.nodes else None
         known = GPUS.get(g.model) if g is not None else None
-        if known is None:
-            continue  # the pool's own checks name the missing node or the unknown GPU
+        if known is None or pool.vllm is None:
+            continue  # the pool's own checks name the missing node or the unknown GPU; not a vLLM budget
         # FB_USED counts more than vLLM's budget: the CUDA context sits outside it.
         floor = round(pool.vllm.gpu_memory_utilization + CUDA_CONTEXT_GIB / known.memory_gib, 4)
         if ratio <= floor:

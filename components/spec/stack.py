@@ -12,6 +12,7 @@ from components.spec.cluster import (
     FirewallSpec, ModelSpec, NcclSpec, NodeDefaults, NodeSpec, PoolSpec, PreflightSpec, SshSpec, TYPED_ENV,
     TYPED_FLAGS, canonical_flag, typed_key,
 )
+from components.spec.engines import engine_issues
 from components.spec.gateway import GatewaySpec
 from components.spec.monitoring import MonitoringSpec, monitoring_issues
 
@@ -98,7 +99,7 @@ def _not_one_of(value: str, kind: str, known: Iterable[str]) -> str:
 def _check_references(s: StackSpec) -> list[SpecIssue]:
     """Cross-section rules pydantic cannot see: references, ownership, uniqueness, ports."""
     issues = (_check_names_and_nodes(s) + _check_pools(s) + _check_models(s) + _check_gateway(s)
-              + _check_monitoring_and_ssh(s))
+              + _check_monitoring_and_ssh(s) + engine_issues(s))
     return issues or _check_ports(s)
 
 
