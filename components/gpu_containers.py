@@ -11,7 +11,7 @@ from components.planning.node_scripts import bash_command, script_hash
 from components.planning.topology import Instance
 from components.planning.engines import engine_for
 from components.planning.engines.base import (
-    WATCHDOG_SCRIPT, container_envs, container_labels, container_name, health_probe_argv, instance_watchdog_script,
+    WATCHDOG_SCRIPT, container_envs, container_labels, container_name, instance_watchdog_script,
     ready_url,
 )
 from components.spec import StackSpec
@@ -68,8 +68,9 @@ def gpu_container_opts(node: GpuNode, node_name: str, weights_ready: Mapping[str
 
 def server_healthcheck(spec: StackSpec, instance: Instance) -> docker.ContainerHealthcheckArgs:
     """docker's view of the server's health (`docker ps`), patient while the weights load."""
+    engine = engine_for(spec.pools[instance.pool])
     return docker.ContainerHealthcheckArgs(
-        tests=["CMD", *health_probe_argv(ready_url(engine_for(spec.pools[instance.pool]), spec, instance))],
+        tests=["CMD", *engine.probe_argv(ready_url(engine, spec, instance))],
         interval="30s", timeout="10s", retries=3,
         start_period=f"{spec.pools[instance.pool].load_timeout_minutes * 60}s")
 

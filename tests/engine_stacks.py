@@ -25,11 +25,9 @@ def engine_config(**chat: Any) -> dict[str, Any]:
 
 
 def lmdeploy_config(**options: Any) -> dict[str, Any]:
-    """The chat pool on LMDeploy TurboMind, TP 8, one replica per node (one served name: LMDeploy takes one)."""
-    config = engine_config(engine="lmdeploy", image=LMDEPLOY_IMAGE,
-                           lmdeploy={"sessionLen": 32768, "maxBatchSize": 64, **options})
-    config["llm-cluster:models"]["qwen3-30b-a3b"]["servedNames"] = ["qwen3-30b-a3b"]
-    return config
+    """The chat pool on LMDeploy TurboMind, TP 8, one replica per node."""
+    return engine_config(engine="lmdeploy", image=LMDEPLOY_IMAGE,
+                         lmdeploy={"sessionLen": 32768, "maxBatchSize": 64, **options})
 
 
 def llamacpp_config(**options: Any) -> dict[str, Any]:

@@ -75,13 +75,6 @@ def test_model_formats_must_be_ones_the_engine_loads() -> None:
                for i in _issues(config))
 
 
-def test_lmdeploy_answers_one_served_name() -> None:
-    config = lmdeploy_config()
-    config["llm-cluster:models"]["qwen3-30b-a3b"]["servedNames"] = ["qwen3", "qwen3-30b"]
-    assert any(i.startswith("models.qwen3-30b-a3b.servedNames: pool 'chat' runs LMDeploy, which answers to one "
-                            "--model-name") for i in _issues(config))
-
-
 def test_valid_lmdeploy_and_llamacpp_pools_pass_the_spec() -> None:
     assert spec_of(lmdeploy_config()).pools["chat"].engine == "lmdeploy"
     assert spec_of(llamacpp_config()).pools["chat"].llamacpp.parallel == 4  # type: ignore[union-attr]

@@ -33,6 +33,8 @@ from types import MappingProxyType
 from typing import Literal
 
 from components.facts.evidence import Evidence, Sourced, code, observed, unverified
+from components.facts.llamacpp import DEFAULT_IMAGE as LLAMACPP_DEFAULT
+from components.facts.lmdeploy import DEFAULT_IMAGE as LMDEPLOY_DEFAULT
 
 MoeRoute = Literal["native", "none", "moe_wna16"]
 
@@ -329,7 +331,8 @@ def declared_facts(ref: str, like: str, overrides: Mapping[str, object], declare
 
 # The image a pool runs when it names none, per engine: the newest line whose facts say it starts on
 # every GPU in components.facts.hardware (vLLM 0.19.x is the last with sm_70).
-DEFAULT_IMAGES: dict[str, str] = {"vllm": "vllm/vllm-openai:v0.9.2"}
+DEFAULT_IMAGES: dict[str, str] = {"vllm": "vllm/vllm-openai:v0.9.2", "lmdeploy": LMDEPLOY_DEFAULT,
+                                  "llamacpp": LLAMACPP_DEFAULT}
 # Every `--quantization` and `--kv-cache-dtype` value some known image accepts (the spec's first check;
 # the policy pack then holds each pool to its own image's list).
 QUANTIZATION_METHODS = frozenset(m for f in IMAGES.values() for m in f.quantizations)

@@ -169,4 +169,5 @@ DEFAULT_IMAGE = f"{REPO}:server-cuda-b11312"
 
 def llamacpp_image(ref: str) -> LlamacppImage | None:
     """The facts of a llama.cpp image reference, None when the table does not know it."""
-    return IMAGES.get(ref)
+    from components.facts.images import image_ref_key  # images.py reads this module's DEFAULT_IMAGE
+    return IMAGES.get(image_ref_key(ref))

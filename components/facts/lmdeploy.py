@@ -234,4 +234,5 @@ DEFAULT_IMAGE = f"{REPO}:v0.16.0-cu12.8"
 
 def lmdeploy_image(ref: str) -> LmdeployImage | None:
     """The facts of an LMDeploy image reference, None when the table does not know it."""
-    return IMAGES.get(ref)
+    from components.facts.images import image_ref_key  # images.py reads this module's DEFAULT_IMAGE
+    return IMAGES.get(image_ref_key(ref))

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from components.planning.engines import engine_for
 from components.planning.monitoring import host_port
 from components.planning.node_scripts import put_files_lines
 from components.planning.topology import instances
@@ -250,6 +251,11 @@ def reset_interval(limit: RateLimitSpec) -> str:
     return f"{seconds // 60}m{seconds % 60}s" if seconds >= 60 else f"{seconds}s"
 
 
+def context_length(spec: StackSpec, pool: str) -> int:
+    """The longest request a pool's servers accept (the engine's own setting: maxModelLen, sessionLen, ...)."""
+    return engine_for(spec.pools[pool]).context_length(spec, pool)
+
+
 def routes_table(spec: StackSpec) -> dict[str, object]:
     """routes.json, the object njs preloads: names -> [pool label, {pool: true}, location, rewrite-to],
     listing, allowlists."""
@@ -261,17 +267,21 @@ def routes_table(spec: StackSpec) -> dict[str, object]:
     meta: dict[str, list[object]] = {}
     for model, pools in by_model.items():
         location = f"@llm_pool_{pools[0]}" if len(pools) == 1 else f"@llm_model_{model}"
+        first = spec.served_names(model)[0]
+        # A server that answers to its first name only (LMDeploy) gets the others rewritten to it.
+        one_name = any(engine_for(spec.pools[p]).one_served_name for p in pools)
         for name in spec.served_names(model):
-            models[name] = [target(pools), {p: True for p in pools}, location, ""]
+            models[name] = [target(pools), {p: True for p in pools}, location,
+                            first if one_name and name != first else ""]
             for pool in pools:
                 listing[pool].append(name)
-            meta[name] = [spec.models[model].path, spec.pools[pools[0]].vllm.max_model_len]
+            meta[name] = [spec.models[model].path, context_length(spec, pools[0])]
     for alias, pool in g.aliases.items():
-        # An alias names one pool: vLLM only knows its served names, so the body goes out with the first.
+        # An alias names one pool: the engine only knows its served names, so the body goes out with the first.
         model = spec.pools[pool].model
         models[alias] = [pool, {pool: True}, f"@llm_alias_{pool}", spec.served_names(model)[0]]
         listing[pool].append(alias)
-        meta[alias] = [spec.models[model].path, spec.pools[pool].vllm.max_model_len]
+        meta[alias] = [spec.models[model].path, context_length(spec, pool)]
     allow: dict[str, dict[str, bool]] = {}
     for k in g.api_keys:
         if k.models:

@@ -94,9 +94,11 @@ def capacity_dict(spec: StackSpec, pool: str, *, mla: bool | None = None) -> dic
 
 def capacity_report(spec: StackSpec) -> dict[str, dict[str, object]]:
     """plan.json `capacity`: per pool the estimate as deployed, and for MLA models the other MLA setting too."""
+    from components.planning.engines import engine_for  # the engines read this module
+
     out: dict[str, dict[str, object]] = {}
-    for pool in spec.pools:
-        est = capacity_dict(spec, pool)
+    for pool, p in spec.pools.items():
+        est = engine_for(p).capacity(spec, pool)
         entry: dict[str, object] = {"asDeployed": est}
         if est.get("uses_mla"):
             entry["mlaOn" if not est["mla_enabled"] else "mlaOff"] = capacity_dict(

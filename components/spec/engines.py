@@ -11,6 +11,7 @@ from components.facts.other_engines import OTHER_ENGINES, refusal
 from components.spec.base import Spec, SpecIssue
 
 if TYPE_CHECKING:
+    from components.spec.cluster import PoolSpec
     from components.spec.stack import StackSpec
 
 # Engines llm-cluster deploys, then the ones it knows by name and refuses with the reason per GPU.
@@ -66,6 +67,9 @@ class LlamacppOptions(Spec):
     """`-ctk`/`-ctv`: KV cache element type (f16, q8_0, q4_0, ...)."""
     gguf_file: str = Field(pattern=r"^[A-Za-z0-9._+-][A-Za-z0-9._+/-]*\.gguf$")
     """The GGUF file (or the first shard, `...-00001-of-0000N.gguf`) inside the model's path."""
+    gguf_header: str | None = None
+    """A copy of that file's header on the operator's machine (`head -c 64M model.gguf > header.gguf`, or
+    the file itself): capacity then reads the real tensor sizes and attention shape from it."""
     extra_args: list[str] = Field(default_factory=list)
     """Further `llama-server` flags verbatim; the policy pack checks each against the image's parser."""
 
@@ -95,6 +99,7 @@ def engine_issues(spec: StackSpec) -> list[SpecIssue]:
         model = spec.models.get(pool.model)
         if model is None or pool.engine == "vllm":
             continue
+        issues += _extra_args_issues(pname, pool)
         if pool.pipeline_parallel > 1:
             why = (LLAMACPP_MULTI_NODE if pool.engine == "llamacpp" else
                    "TurboMind has no pipeline parallel; it spans nodes only as tensor parallel over the network "
@@ -115,9 +120,80 @@ def engine_issues(spec: StackSpec) -> list[SpecIssue]:
             if model.dtype not in LMDEPLOY_DTYPES:
                 issues.append(SpecIssue(f"models.{pool.model}.dtype", f"{model.dtype!r}: TurboMind computes in "
                                         "float16 or bfloat16 (pool {0!r}); use half, bfloat16 or auto".format(pname)))
-            names = spec.served_names(pool.model)
-            if len(names) > 1:
-                issues.append(SpecIssue(f"models.{pool.model}.servedNames", f"pool {pname!r} runs LMDeploy, which "
-                                        f"answers to one --model-name and returns 404 for any other: keep one of "
-                                        f"{', '.join(names)} (the gateway routes only what the server accepts)"))
+    return issues
+
+
+# The flags the product sets from typed stack keys, per engine (the counterpart of cluster.TYPED_FLAGS for
+# vLLM): a flag in extraArgs would be appended after the typed one and win in the engine, while the gates,
+# the gateway, the capacity plan and the policies keep reading the typed key. The spec refuses it.
+ENGINE_TYPED_FLAGS: dict[str, dict[str, str]] = {
+    "lmdeploy": {
+        "--backend": "pools.<pool>.engine (TurboMind is what the facts and capacity describe)",
+        "--model-name": "models.<model>.servedNames", "--server-name": "nodes.<node>.address",
+        "--server-port": "pools.<pool>.port", "--tp": "pools.<pool>.tensorParallel",
+        "--dtype": "models.<model>.dtype", "--model-format": "models.<model>.quantization",
+        "--session-len": "pools.<pool>.lmdeploy.sessionLen", "--max-batch-size": "pools.<pool>.lmdeploy.maxBatchSize",
+        "--cache-max-entry-count": "pools.<pool>.lmdeploy.cacheMaxEntryCount",
+        "--cache-block-seq-len": "pools.<pool>.lmdeploy.cacheBlockSeqLen",
+        "--max-prefill-token-num": "pools.<pool>.lmdeploy.maxPrefillTokenNum",
+        "--quant-policy": "pools.<pool>.lmdeploy.quantPolicy",
+        "--enable-prefix-caching": "pools.<pool>.lmdeploy.enablePrefixCaching",
+        "--trust-remote-code": "models.<model>.trustRemoteCode",
+        "--nnodes": "pools.<pool>.pipelineParallel (lmdeploy pools run on one node)",
+        "--node-rank": "pools.<pool>.pipelineParallel (lmdeploy pools run on one node)",
+        "--disable-metrics": "monitoring (its Prometheus scrapes every server's /metrics)",
+    },
+    "llamacpp": {
+        "--model": "pools.<pool>.llamacpp.ggufFile", "--alias": "models.<model>.servedNames",
+        "--host": "nodes.<node>.address", "--port": "pools.<pool>.port",
+        "--n-gpu-layers": "pools.<pool>.tensorParallel (every layer is offloaded)",
+        "--split-mode": "pools.<pool>.llamacpp.splitMode", "--ctx-size": "pools.<pool>.llamacpp.contextPerSlot",
+        "--parallel": "pools.<pool>.llamacpp.parallel", "--flash-attn": "pools.<pool>.llamacpp.flashAttention",
+        "--cache-type-k": "pools.<pool>.llamacpp.cacheType", "--cache-type-v": "pools.<pool>.llamacpp.cacheType",
+        "--fit": "pools.<pool>.llamacpp (the product sets --fit off: what the plan sizes is what starts)",
+        "--metrics": "monitoring (the product turns metrics on)", "--jinja": "pools.<pool>.llamacpp",
+        "--rpc": "pools.<pool>.pipelineParallel (the RPC backend is refused: fragile and insecure upstream)",
+    },
+}
+# llama-server's other spellings of typed flags (common/arg.cpp at b11312).
+_LLAMACPP_ALIASES = {"-m": "--model", "-a": "--alias", "-ngl": "--n-gpu-layers", "--gpu-layers": "--n-gpu-layers",
+                     "-sm": "--split-mode", "-c": "--ctx-size", "-np": "--parallel", "-fa": "--flash-attn",
+                     "-ctk": "--cache-type-k", "-ctv": "--cache-type-v", "-fit": "--fit"}
+
+
+def engine_flag(engine: str, token: str) -> str | None:
+    """The long flag an extraArgs token of this engine sets (`--session_len=8`, `-c`), None for a value."""
+    if not token.startswith("-") or token == "-" or token[1:2].isdigit():
+        return None
+    name = token.partition("=")[0]
+    if engine == "llamacpp":
+        return _LLAMACPP_ALIASES.get(name, name)
+    # LMDeploy's FlexibleArgumentParser reads --session_len as --session-len.
+    return "--" + name[2:].replace("_", "-") if name.startswith("--") else name
+
+
+def engine_typed_key(engine: str, flag: str, *, pool: str, model: str, node: str) -> str | None:
+    """The stack key that owns an engine's flag, names filled in; None for flags extraArgs may carry."""
+    template = ENGINE_TYPED_FLAGS.get(engine, {}).get(flag)
+    if template is None:
+        return None
+    return template.replace("<pool>", pool).replace("<model>", model).replace("<node>", node)
+
+
+def engine_options(pool: PoolSpec) -> LmdeployOptions | LlamacppOptions | None:
+    """The options block of a non-vLLM pool (None for vLLM and the engines the project does not deploy)."""
+    return pool.lmdeploy if pool.engine == "lmdeploy" else pool.llamacpp if pool.engine == "llamacpp" else None
+
+
+def _extra_args_issues(pname: str, pool: PoolSpec) -> list[SpecIssue]:
+    options = engine_options(pool)
+    if options is None:
+        return []
+    issues = []
+    for i, token in enumerate(options.extra_args):
+        flag = engine_flag(pool.engine, token)
+        key = engine_typed_key(pool.engine, flag, pool=pname, model=pool.model, node="<node>") if flag else None
+        if key is not None:
+            issues.append(SpecIssue(f"pools.{pname}.{OPTIONS_KEY[pool.engine]}.extraArgs[{i}]",
+                                    f"{token!r} is set by the typed key {key}: state it there instead"))
     return issues

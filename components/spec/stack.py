@@ -12,7 +12,9 @@ from components.spec.cluster import (
     FirewallSpec, ModelSpec, NcclSpec, NodeDefaults, NodeSpec, PoolSpec, PreflightSpec, SshSpec, TYPED_ENV,
     TYPED_FLAGS, canonical_flag, typed_key,
 )
-from components.spec.engines import engine_issues
+from components.spec.engines import (
+    ENGINE_TYPED_FLAGS, OPTIONS_KEY, engine_flag, engine_issues, engine_options, engine_typed_key,
+)
 from components.spec.gateway import GatewaySpec
 from components.spec.monitoring import MonitoringSpec, monitoring_issues
 
@@ -69,16 +71,19 @@ def stack_keys(s: StackSpec, pool: str, node: str) -> dict[str, str]:
     """
     p = s.pools[pool]
     keys: dict[str, str] = {}
-    for flag in TYPED_FLAGS:
-        key = typed_key(flag, pool=pool, model=p.model, node=node)
+    other = engine_options(p)
+    for flag in (TYPED_FLAGS if other is None else ENGINE_TYPED_FLAGS[p.engine]):
+        key = (typed_key(flag, pool=pool, model=p.model, node=node) if other is None
+               else engine_typed_key(p.engine, flag, pool=pool, model=p.model, node=node))
         if key is not None:
             keys[flag] = key
     for name, template in TYPED_ENV.items():
         keys[name] = template.replace("<node>", node).replace("<pool>", pool)
-    for i, token in enumerate(p.vllm.extra_args):
-        flag = canonical_flag(token)
+    extra = p.vllm.extra_args if p.vllm is not None else other.extra_args if other is not None else []
+    for i, token in enumerate(extra):
+        flag = canonical_flag(token) if other is None else engine_flag(p.engine, token)
         if flag is not None:
-            keys.setdefault(flag, f"pools.{pool}.vllm.extraArgs[{i}] (given in extraArgs)")
+            keys.setdefault(flag, f"pools.{pool}.{OPTIONS_KEY[p.engine]}.extraArgs[{i}] (given in extraArgs)")
     for name in s.nccl.extra_env:
         keys[name] = f"nccl.extraEnv.{name}"
     for name in p.env:
@@ -173,7 +178,9 @@ def _check_pools(s: StackSpec) -> list[SpecIssue]:
 
 def _check_extra_args(pname: str, p: PoolSpec) -> list[SpecIssue]:
     """extraArgs may not set a flag a typed key owns: vLLM takes the last one, the rest of the plan the typed one."""
-    issues = []
+    issues: list[SpecIssue] = []
+    if p.vllm is None:
+        return issues  # other engines' extraArgs: components.spec.engines.engine_issues
     for i, token in enumerate(p.vllm.extra_args):
         flag = canonical_flag(token)
         key = typed_key(flag, pool=pname, model=p.model, node="<node>") if flag else None

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 from components.planning.engines.base import Engine
+from components.planning.engines.llamacpp import LlamacppEngine
+from components.planning.engines.lmdeploy import LmdeployEngine
 from components.planning.engines.vllm import VllmEngine
 from components.spec.cluster import PoolSpec
 
 # pools.*.engine -> its Engine. Adding an engine: its own module, one line here, its Literal in PoolSpec.
-ENGINES: dict[str, Engine] = {e.name: e for e in (VllmEngine(),)}
+ENGINES: dict[str, Engine] = {e.name: e for e in (VllmEngine(), LmdeployEngine(), LlamacppEngine())}
 
 
 def engine_for(pool: PoolSpec) -> Engine:

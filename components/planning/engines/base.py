@@ -46,6 +46,8 @@ class Engine(ABC):
     ready_path: ClassVar[str] = "/health"  # 200 once it serves requests (the readiness gate)
     metrics_path: ClassVar[str] = "/metrics"  # Prometheus exposition
     metrics_job: ClassVar[str]  # the Prometheus job of its servers
+    # The server answers only to its first served name (404 otherwise): the gateway rewrites the others.
+    one_served_name: ClassVar[bool] = False
 
     # -- facts -------------------------------------------------------------------------------------
     def image_facts(self, spec: StackSpec, pool: str) -> ImageFacts | None:
@@ -67,6 +69,15 @@ class Engine(ABC):
                          if q.min_capability is not None and q.min_capability <= capability)
 
     # -- the server --------------------------------------------------------------------------------
+    @abstractmethod
+    def context_length(self, spec: StackSpec, pool: str) -> int:
+        """The longest request (prompt + output, tokens) one server of the pool accepts."""
+
+    def probe_argv(self, url: str) -> list[str]:
+        """A command inside the server's image that exits 0 when `url` answers 200 (docker healthcheck,
+        watchdog): python3 by default; an image without python3 overrides it."""
+        return health_probe_argv(url)
+
     @abstractmethod
     def serve_argv(self, spec: StackSpec, instance: Instance) -> list[str]:
         """The server's full command line for one instance."""
@@ -195,7 +206,8 @@ def health_probe_argv(url: str) -> list[str]:
     return ["python3", "-c", _PROBE, url]
 
 
-def watchdog_script(url: str, *, load_timeout_s: int, unhealthy_after_s: int, interval_s: int = 15) -> str:
+def watchdog_script(url: str, *, load_timeout_s: int, unhealthy_after_s: int, interval_s: int = 15,
+                    probe_argv: list[str] | None = None) -> str:
     """vllm-watchdog.sh: run the server; exit, so docker restarts the container, when it hangs.
 
     docker restarts a container whose process exits, not one that is merely unhealthy: a server that
@@ -204,7 +216,7 @@ def watchdog_script(url: str, *, load_timeout_s: int, unhealthy_after_s: int, in
     """
     if unhealthy_after_s <= 0:
         return '#!/usr/bin/env bash\n# vLLM watchdog disabled (restartUnhealthyAfterSeconds: 0).\nexec "$@"\n'
-    probe = " ".join(shlex.quote(a) for a in health_probe_argv(url)[:-1])
+    probe = " ".join(shlex.quote(a) for a in (probe_argv or health_probe_argv(url))[:-1])
     return f"""#!/usr/bin/env bash
 # vLLM watchdog: run the server; exit when it is not healthy {load_timeout_s}s after start, or stays
 # unhealthy for {unhealthy_after_s}s after having served, so that docker (restart unless-stopped) starts
@@ -250,8 +262,9 @@ wait "$child"
 def instance_watchdog_script(engine: Engine, spec: StackSpec, instance: Instance) -> str:
     """The watchdog for one instance, with its pool's load timeout and unhealthy limit."""
     pool = spec.pools[instance.pool]
-    return watchdog_script(ready_url(engine, spec, instance), load_timeout_s=pool.load_timeout_minutes * 60,
-                           unhealthy_after_s=pool.restart_unhealthy_after_seconds)
+    url = ready_url(engine, spec, instance)
+    return watchdog_script(url, load_timeout_s=pool.load_timeout_minutes * 60,
+                           unhealthy_after_s=pool.restart_unhealthy_after_seconds, probe_argv=engine.probe_argv(url))
 
 
 def supervised_argv(engine: Engine, spec: StackSpec, instance: Instance) -> list[str]:

@@ -16,10 +16,15 @@ ubatch (COMPUTE_UBATCH tokens) as estimated by compute_bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
-from components.facts.gguf import GgufModel
+from components.facts.gguf import GgufModel, read_gguf
+from components.facts.hardware import gpu
+from components.facts.llamacpp import LlamacppImage, llamacpp_image
 from components.facts.models import ModelArch
+from components.planning.engines.base import Engine, MultiNode
 from components.planning.engines.estimate import GIB, EngineEstimate
+from components.planning.pool_capacity import model_architecture
 from components.planning.topology import Instance
 from components.spec import StackSpec
 
@@ -204,3 +209,56 @@ def llamacpp_argv(spec: StackSpec, instance: Instance) -> list[str]:
 def llamacpp_env(spec: StackSpec, instance: Instance, node: str) -> dict[str, str]:
     """Environment of the server container: the pool's own (llama.cpp reads its options from argv)."""
     return dict(spec.pools[instance.pool].env)
+
+
+class LlamacppEngine(Engine):
+    """llama.cpp's llama-server: one process per GPU group of a node, GGUF weights, no multi-node."""
+
+    name: ClassVar[str] = "llamacpp"
+    server_role: ClassVar[str] = "llamacpp"
+    multi_gpu: ClassVar[tuple[str, ...]] = ("layer", "row", "tensor")
+    multi_node: ClassVar[MultiNode] = "none"
+    metrics_job: ClassVar[str] = "llamacpp"
+
+    def context_length(self, spec: StackSpec, pool: str) -> int:
+        o = spec.pools[pool].llamacpp
+        assert o is not None
+        return o.context_per_slot  # a request gets its slot's share of -c
+
+    def image_facts(self, spec: StackSpec, pool: str) -> LlamacppImage | None:  # type: ignore[override]
+        return llamacpp_image(spec.pools[pool].image)
+
+    def probe_argv(self, url: str) -> list[str]:
+        # The server image has curl and no python3 (.devops/cuda.Dockerfile installs libgomp1 curl ffmpeg).
+        return ["curl", "-fsS", "-o", "/dev/null", "--max-time", "10", url]
+
+    def serve_argv(self, spec: StackSpec, instance: Instance) -> list[str]:
+        return llamacpp_argv(spec, instance)
+
+    def serve_env(self, spec: StackSpec, instance: Instance, node: str) -> dict[str, str]:
+        return llamacpp_env(spec, instance, node)
+
+    def capacity(self, spec: StackSpec, pool: str, *, mla: bool | None = None) -> dict[str, object]:
+        p = spec.pools[pool]
+        o = p.llamacpp
+        image = self.image_facts(spec, pool)
+        if o is None or image is None:
+            return {"error": f"capacity not estimated: {p.image} is not a llama.cpp image in the facts table"}
+        model = spec.models[p.model]
+        node_gpu = spec.node(p.nodes[0]).gpu
+        assert node_gpu is not None  # the spec refuses nodes without GPUs
+        total = model.size_gib * GIB if model.size_gib is not None else None
+        try:
+            if o.gguf_header is not None:
+                shape = shape_from_gguf(read_gguf(o.gguf_header), total_bytes=int(total) if total else None)
+            elif total is not None:
+                shape = shape_from_arch(model_architecture(spec, p.model), total)
+            else:
+                raise ValueError(f"state llamacpp.ggufHeader (a copy of the GGUF's header) or models.{p.model}.sizeGib "
+                                 "(the GGUF's size) to size the weights")
+            return llamacpp_estimate(
+                shape, gpu(node_gpu.model).memory_gib, gpus=p.tensor_parallel, split_mode=o.split_mode,
+                ctx_per_slot=o.context_per_slot, parallel=o.parallel, cache_type=o.cache_type,
+                flash_attention=o.flash_attention != "off", ctx_pad=image.ctx_pad).to_dict()
+        except ValueError as err:
+            return {"error": f"capacity not estimated: {err}"}

@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
-from components.facts.lmdeploy import LmdeployImage
+from components.facts.hardware import gpu
+from components.facts.lmdeploy import LmdeployImage, lmdeploy_image
 from components.facts.models import ModelArch
 from components.planning.capacity import model_params
+from components.planning.engines.base import Engine, MultiNode, nccl_env
 from components.planning.engines.estimate import GIB, EngineEstimate
+from components.planning.pool_capacity import model_architecture
 from components.planning.topology import Instance
 from components.spec import StackSpec
 
@@ -251,3 +255,47 @@ def lmdeploy_env(spec: StackSpec, instance: Instance, node: str) -> dict[str, st
     env = nccl_env(spec, node)
     env.update(spec.pools[instance.pool].env)
     return env
+
+
+class LmdeployEngine(Engine):
+    """LMDeploy's OpenAI server on its TurboMind backend; one node per instance (tensor parallel inside it)."""
+
+    name: ClassVar[str] = "lmdeploy"
+    server_role: ClassVar[str] = "lmdeploy"
+    multi_gpu: ClassVar[tuple[str, ...]] = ("tensor",)
+    multi_node: ClassVar[MultiNode] = "none"
+    metrics_job: ClassVar[str] = "lmdeploy"
+    one_served_name: ClassVar[bool] = True  # --model-name: any other name gets 404
+
+    def context_length(self, spec: StackSpec, pool: str) -> int:
+        o = spec.pools[pool].lmdeploy
+        assert o is not None
+        return o.session_len
+
+    def image_facts(self, spec: StackSpec, pool: str) -> LmdeployImage | None:  # type: ignore[override]
+        return lmdeploy_image(spec.pools[pool].image)
+
+    def serve_argv(self, spec: StackSpec, instance: Instance) -> list[str]:
+        return lmdeploy_argv(spec, instance)
+
+    def serve_env(self, spec: StackSpec, instance: Instance, node: str) -> dict[str, str]:
+        return lmdeploy_env(spec, instance, node)
+
+    def capacity(self, spec: StackSpec, pool: str, *, mla: bool | None = None) -> dict[str, object]:
+        p = spec.pools[pool]
+        o = p.lmdeploy
+        image = self.image_facts(spec, pool)
+        if o is None or image is None:
+            return {"error": f"capacity not estimated: {p.image} is not an LMDeploy image in the facts table"}
+        model = spec.models[p.model]
+        node_gpu = spec.node(p.nodes[0]).gpu
+        assert node_gpu is not None  # the spec refuses nodes without GPUs
+        try:
+            return turbomind_estimate(
+                model_architecture(spec, p.model), image, gpu(node_gpu.model).memory_gib, tp=p.tensor_parallel,
+                model_format=MODEL_FORMATS.get(model.quantization, "hf"), group_size=model.group_size,
+                quant_policy=o.quant_policy, session_len=o.session_len, max_batch_size=o.max_batch_size,
+                cache_max_entry_count=o.cache_max_entry_count, cache_block_seq_len=o.cache_block_seq_len,
+                max_prefill_token_num=o.max_prefill_token_num).to_dict()
+        except ValueError as err:
+            return {"error": f"capacity not estimated: {err}"}

@@ -28,6 +28,11 @@ class VllmEngine(Engine):
     multi_node: ClassVar[MultiNode] = "ray"
     metrics_job: ClassVar[str] = "vllm"
 
+    def context_length(self, spec: StackSpec, pool: str) -> int:
+        v = spec.pools[pool].vllm
+        assert v is not None  # the spec requires the vllm block with engine: vllm
+        return v.max_model_len
+
     def serve_argv(self, spec: StackSpec, instance: Instance) -> list[str]:
         return vllm_argv(spec, instance, self.image_facts(spec, instance.pool))
 
