@@ -16,7 +16,9 @@ from components.planning.engines import engine_for
 from components.planning.engines.base import (
     endpoint, health_gate_script, ready_url, server_container_name, supervised_argv,
 )
-from components.planning.pool_capacity import checkpoint_quantization, context_window_dict
+from components.planning.pool_capacity import (
+    checkpoint_quantization, context_window_dict, model_architecture, quantization_config,
+)
 from components.planning.topology import Instance, instances
 from components.ray_cluster import RayCluster, RayClusterArgs
 from components.spec import StackSpec, stack_keys
@@ -48,6 +50,9 @@ def server_props(spec: StackSpec, instance: Instance) -> dict[str, Any]:
         "stackKeys": stack_keys(spec, instance.pool, instance.head),
         "contextWindow": context_window_dict(spec, pool.model),
         "checkpointQuantization": checkpoint_quantization(spec, pool.model),
+        # What engine rules check a checkpoint by: its quantization group, config.json model_type, head size.
+        "groupSize": model.group_size, "modelType": (arch := model_architecture(spec, pool.model)).model_type,
+        "headDim": arch.head_dim, "quantizationConfig": quantization_config(spec, pool.model),
         "capacity": (capacity := engine.capacity(spec, instance.pool)),
         # What VLLM_MLA_DISABLE=1 would cost, so the MLA advice can give the figures with the fix.
         "capacityWithoutMla": (engine.capacity(spec, instance.pool, mla=False)

@@ -220,7 +220,7 @@ def render_text(result: PlanResult) -> str:
                    f"GET /v1/models lists {g.default_pool} first")
 
     if result.capacity:
-        out.append("\nCapacity (as vLLM will compute it; weights and KV cache per GPU, KV tokens and concurrency "
+        out.append("\nCapacity (as each pool's engine will compute it; weights and KV cache per GPU, KV tokens and concurrency "
                    "per instance, rule of thumb for the whole model)")
         out.append(f"  {'pool':<11}{'setting':<12}{'weights':>9}{'KV cache':>10}{'KV tokens':>11}"
                    f"{'max conc.':>11}{'rule of thumb':>15}  fits")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pulumi_policy import EnforcementLevel, Policy
 
-from policies.rules import capacity, containers, engine_args, flags, hardware, image, security, topology
+from policies.rules import capacity, containers, engine_args, engines, flags, hardware, image, security, topology
 
 PACK_NAME = "llm-cluster-hardware"
 PACK_VERSION = "0.2.0"
@@ -13,6 +13,7 @@ PACK_DESCRIPTION = ("Refuses at preview what the GPUs cannot run (vLLM 0.9.2 fac
 DEFAULT_LEVEL = EnforcementLevel.MANDATORY
 
 POLICIES: list[Policy] = [
-    *hardware.POLICIES, *image.POLICIES, *topology.POLICIES, *flags.POLICIES, *engine_args.POLICIES, *security.POLICIES,
+    *hardware.POLICIES, *image.POLICIES, *topology.POLICIES, *flags.POLICIES, *engine_args.POLICIES, *engines.POLICIES,
+    *security.POLICIES,
     *capacity.POLICIES, *containers.POLICIES,
 ]

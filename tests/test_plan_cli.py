@@ -39,7 +39,7 @@ def test_reference_stack_plans_clean(prod_plan: tuple[subprocess.CompletedProces
     proc, _ = prod_plan
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
-    for line in ("Nodes", "Pools", "Gateway", "Capacity (as vLLM will compute it; weights and KV cache per GPU, "
+    for line in ("Nodes", "Pools", "Gateway", "Capacity (as each pool's engine will compute it; weights and KV cache per GPU, "
                  "KV tokens and concurrency per instance, rule of thumb for the whole model)", "Policy"):
         assert f"\n{line}" in out
     # Each column says what it counts.

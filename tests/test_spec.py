@@ -35,12 +35,12 @@ REFUSED: list[tuple[str, Mutation, list[str]]] = [
     ("unknown key lists the allowed ones",
      lambda c: section(c, "pools")["chat"].update(tensorParalel=8),
      ["pools.chat.tensorParalel: unknown key 'tensorParalel'; allowed keys here: engine, env, image, "
-      "loadTimeoutMinutes, maxUnavailable, model, nodes, pipelineParallel, port, rayClientPort, rayDashboardPort, "
+      "llamacpp, lmdeploy, loadTimeoutMinutes, maxUnavailable, model, nodes, pipelineParallel, port, rayClientPort, rayDashboardPort, "
       "rayGateTimeoutSeconds, rayPort, readTimeoutSeconds, replicasPerNode, "
       "restartUnhealthyAfterSeconds, shmSizeGib, tensorParallel, vllm"]),
     ("required key missing",
      lambda c: section(c, "pools")["chat"].pop("vllm"),
-     ["pools.chat.vllm: required key is missing"]),
+     ["pools.chat: engine vllm needs its options block `vllm` (e.g. vllm: {maxModelLen: ...})"]),
     ("wrong type names the value",
      lambda c: section(c, "pools")["chat"].update(tensorParallel="eight"),
      ["pools.chat.tensorParallel: 'eight' is not allowed: Input should be a valid integer, "

@@ -40,6 +40,20 @@ ENGINE_SERVERS: dict[str, EngineServer] = {
                 "as does uvicorn's own Config(timeout_keep_alive=5) (v0.10.2 .. v0.19.x; read from code). "
                 "Not ready: 503 (unverified; the gateway counts every 500/502/503/504 as a failure anyway)."),
         evidence="read from code"),
+    "lmdeploy": EngineServer(
+        keepalive_seconds=5, keepalive_env="UVICORN_TIMEOUT_KEEP_ALIVE", not_ready_statuses=(503,),
+        source=("lmdeploy/serve/openai/api_server.py (0.15.0, 0.16.0 wheels) runs uvicorn with timeout_keep_alive="
+                "int(os.environ.get('UVICORN_TIMEOUT_KEEP_ALIVE', 5)); /health answers 503 while the engine's "
+                "health monitor says unhealthy (endpoints/management.py); the server listens only after the "
+                "engine is built (read from code)."),
+        evidence="read from code"),
+    "llamacpp": EngineServer(
+        keepalive_seconds=5, keepalive_env=None, not_ready_statuses=(503,),
+        source=("llama-server (b11312) leaves cpp-httplib's CPPHTTPLIB_KEEPALIVE_TIMEOUT_SECOND at its default 5 "
+                "(vendor/cpp-httplib/httplib.h; tools/server sets no keep-alive timeout) and answers every "
+                "endpoint 503 'Loading model' until the model is loaded (tools/server/server-http.cpp) "
+                "(read from code)."),
+        evidence="read from code"),
 }
 
 

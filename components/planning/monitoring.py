@@ -15,6 +15,8 @@ from components.planning.ray import (
 )
 from components.planning.node_scripts import put_files_lines, written_files  # noqa: F401 (re-exported)
 from components.planning.topology import Instance, all_instances
+from components.planning.engine_metrics import ServingMetrics, omitted, pool_metrics, serving_metrics
+from components.planning.engines import engine_for
 from components.planning.engines.base import container_name
 from components.spec.monitoring import MonitoringSpec
 from components.spec.stack import StackSpec
@@ -105,7 +107,7 @@ def node_pools(spec: StackSpec) -> dict[str, str]:
 
 
 def scrape_targets(spec: StackSpec) -> list[ScrapeTarget]:
-    """Every endpoint: exporters per node, vLLM instances, the gateway, the monitors (Ray: see alert_groups)."""
+    """Every endpoint: exporters per node, engine instances, the gateway, the monitors (Ray: see alert_groups)."""
     m = _monitoring(spec)
     pools = node_pools(spec)
     targets: list[ScrapeTarget] = []
@@ -114,8 +116,9 @@ def scrape_targets(spec: StackSpec) -> list[ScrapeTarget]:
             labels = {"instance": n, "node": n} | ({"pool": pools[n]} if n in pools else {})
             targets.append(ScrapeTarget(job, spec.node(n).address, svc.port, labels))
     for inst in all_instances(spec):
-        targets.append(ScrapeTarget("vllm", spec.node(inst.head).address, inst.port,
-                                    {"instance": inst.name, "node": inst.head, "pool": inst.pool}))
+        # One job per engine: each exports its own metric names (components.planning.engine_metrics).
+        targets.append(ScrapeTarget(engine_for(spec.pools[inst.pool]).metrics_job, spec.node(inst.head).address,
+                                    inst.port, {"instance": inst.name, "node": inst.head, "pool": inst.pool}))
     g = spec.gateway
     if g is not None:
         # The exporter beside nginx, plain HTTP on the cluster network whether or not the gateway serves TLS.
@@ -196,46 +199,52 @@ def alert_groups(spec: StackSpec) -> dict[str, list[AlertRule]]:
     for_ = f"{t.for_minutes}m"
     instances = all_instances(spec)
     ray_instances = [i for i in instances if i.uses_ray]
-    serving: list[AlertRule] = [
-        # Runbook: rate(vllm:num_generation_tokens_total[5m]) < 1000 -- a metric vLLM 0.9.2 does not
-        # export, and a threshold that fires whenever traffic is low. Here: tokens stop while work is queued.
-        AlertRule(
-            "ThroughputDrop",
-            "sum by (pool) (rate(vllm:generation_tokens_total{job=\"vllm\"}[5m])) < "
-            f"{t.min_generation_tokens_per_second:g} and on (pool) "
-            "sum by (pool) (vllm:num_requests_running{job=\"vllm\"}) > 0",
-            "warning", "Pool {{ $labels.pool }} generates almost nothing while requests are running",
-            "{{ $value | printf \"%.2f\" }} tokens/s with requests in flight (floor "
-            f"{t.min_generation_tokens_per_second:g}): a stalled engine (NCCL hang, stuck worker).",
-            for_),
-        # Runbook: histogram_quantile over vllm:e2e_request_latency_seconds_bucket, i.e. end-to-end
-        # latency labelled as TTFT. Here: the time-to-first-token histogram, per pool.
-        AlertRule(
-            "HighTTFT",
-            "histogram_quantile(0.95, sum by (pool, le) "
-            "(rate(vllm:time_to_first_token_seconds_bucket{job=\"vllm\"}[5m]))) > "
-            f"{t.ttft_p95_seconds:g}",
-            "warning", "TTFT p95 of pool {{ $labels.pool }} above " f"{t.ttft_p95_seconds:g}s",
-            "Time to first token p95 is {{ $value | printf \"%.2f\" }}s.", for_),
-        AlertRule(
-            "KVCacheFull",
-            f"vllm:gpu_cache_usage_perc{{job=\"vllm\"}} > {t.kv_cache_usage_ratio:g}",
-            "warning", "KV cache of {{ $labels.instance }} nearly full",
-            "KV cache usage {{ $value | printf \"%.3f\" }}: new requests wait and running ones get preempted.",
-            for_),
+    serving: list[AlertRule] = []
+    groups = serving_metrics(spec)
+    for g in groups:
+        sel = f'job="{g.job}"'
+        if g.has("generation_tokens", "requests_running"):
+            # Runbook: rate(vllm:num_generation_tokens_total[5m]) < 1000 -- a metric vLLM 0.9.2 does not
+            # export, and a threshold that fires whenever traffic is low. Here: tokens stop while work is queued.
+            serving.append(AlertRule(
+                "ThroughputDrop",
+                f"sum by (pool) (rate({g['generation_tokens']}{{{sel}}}[5m])) < "
+                f"{t.min_generation_tokens_per_second:g} and on (pool) "
+                f"sum by (pool) ({g['requests_running']}{{{sel}}}) > 0",
+                "warning", "Pool {{ $labels.pool }} generates almost nothing while requests are running",
+                "{{ $value | printf \"%.2f\" }} tokens/s with requests in flight (floor "
+                f"{t.min_generation_tokens_per_second:g}): a stalled engine (NCCL hang, stuck worker).",
+                for_))
+        if g.has("time_to_first_token"):
+            # Runbook: histogram_quantile over vllm:e2e_request_latency_seconds_bucket, i.e. end-to-end
+            # latency labelled as TTFT. Here: the time-to-first-token histogram, per pool.
+            serving.append(AlertRule(
+                "HighTTFT",
+                "histogram_quantile(0.95, sum by (pool, le) "
+                f"(rate({g['time_to_first_token']}_bucket{{{sel}}}[5m]))) > "
+                f"{t.ttft_p95_seconds:g}",
+                "warning", "TTFT p95 of pool {{ $labels.pool }} above " f"{t.ttft_p95_seconds:g}s",
+                "Time to first token p95 is {{ $value | printf \"%.2f\" }}s.", for_))
+        if g.has("kv_cache_usage"):
+            serving.append(AlertRule(
+                "KVCacheFull",
+                f"{g['kv_cache_usage']}{{{sel}}} > {t.kv_cache_usage_ratio:g}",
+                "warning", "KV cache of {{ $labels.instance }} nearly full",
+                "KV cache usage {{ $value | printf \"%.3f\" }}: new requests wait and running ones get preempted.",
+                for_))
         # Runbook: up{job="vllm"} == 0 only; a vanished target (or a whole pool gone) never fired.
-        AlertRule(
-            "ServiceDown", "up{job=\"vllm\"} == 0",
-            "critical", "vLLM instance {{ $labels.instance }} is down",
+        serving.append(AlertRule(
+            "ServiceDown", f"up{{{sel}}} == 0",
+            "critical", f"{g.title} instance " "{{ $labels.instance }} is down",
             "{{ $labels.instance }} (pool {{ $labels.pool }}) does not answer /metrics; a restarted "
-            "instance reloads its weights for minutes before it serves again.", SERVICE_DOWN_FOR),
-    ]
+            "instance reloads its weights for minutes before it serves again.", SERVICE_DOWN_FOR))
     for pname in spec.pools:
+        g = pool_metrics(spec, pname)
         serving.append(AlertRule(
             "PoolDown",
-            f"(count(up{{job=\"vllm\", pool=\"{pname}\"}} == 1) or vector(0)) == 0",
+            f"(count(up{{job=\"{g.job}\", pool=\"{pname}\"}} == 1) or vector(0)) == 0",
             "critical", f"Pool {pname} has no serving instance",
-            f"No vLLM instance of pool {pname} answers (or none is scraped): requests routed to it fail.",
+            f"No {g.title} instance of pool {pname} answers (or none is scraped): requests routed to it fail.",
             SERVICE_DOWN_FOR, {"pool": pname}))
 
     gpu: list[AlertRule] = [
@@ -261,11 +270,14 @@ def alert_groups(spec: StackSpec) -> dict[str, list[AlertRule]]:
     # Runbook: DCGM_FI_DEV_GPU_UTIL < 30 fired on idle-by-design GPUs, nodes outside every pool and
     # GPUs still loading weights. Here: one rule per instance, only while that instance has work.
     for inst in instances:
+        g = pool_metrics(spec, inst.pool)
+        if not g.has("requests_running"):
+            continue  # said in the rules file's header (omitted_rules)
         gpu.append(AlertRule(
             "GPULowUtilization",
             f"avg by (node) (DCGM_FI_DEV_GPU_UTIL{{{_gpu_selector(inst)}}}) < "
             f"{t.gpu_low_utilization_percent:g} and on () "
-            f"sum(vllm:num_requests_running{{job=\"vllm\", instance=\"{inst.name}\"}}) > 0",
+            f"sum({g['requests_running']}{{job=\"{g.job}\", instance=\"{inst.name}\"}}) > 0",
             "info", f"GPUs of {inst.name} on " "{{ $labels.node }} idle while it has requests",
             "Average GPU utilization {{ $value | printf \"%.0f\" }}% with requests running.",
             f"{2 * t.for_minutes}m", {"pool": inst.pool, "vllm_instance": inst.name}))
@@ -346,10 +358,22 @@ def alert_groups(spec: StackSpec) -> dict[str, list[AlertRule]]:
     return {k: v for k, v in groups.items() if v}
 
 
+# The serving alerts and the logical metrics each needs: an engine without them gets no such rule.
+ALERT_METRICS = {"ThroughputDrop": ("generation_tokens", "requests_running"),
+                 "HighTTFT": ("time_to_first_token",), "KVCacheFull": ("kv_cache_usage",),
+                 "GPULowUtilization": ("requests_running",)}
+
+
+def omitted_rules(spec: StackSpec) -> list[str]:
+    """The serving alerts some pools go without, because their engine does not export what they measure."""
+    return omitted(serving_metrics(spec), ALERT_METRICS)
+
+
 def alert_rules(spec: StackSpec) -> str:
-    """The Prometheus rules file (YAML text)."""
-    return _yaml({"groups": [{"name": name, "rules": [r.to_yaml_dict() for r in rules]}
-                             for name, rules in alert_groups(spec).items()]})
+    """The Prometheus rules file (YAML text); a header says which alerts an engine's pools go without."""
+    header = "".join(f"# not generated: {line}\n" for line in omitted_rules(spec))
+    return header + _yaml({"groups": [{"name": name, "rules": [r.to_yaml_dict() for r in rules]}
+                                      for name, rules in alert_groups(spec).items()]})
 
 
 # --- Grafana -------------------------------------------------------------------------------------
@@ -372,24 +396,45 @@ def _quantiles(metric: str, sel: str) -> tuple[tuple[str, str], ...]:
                   f"{{{{pool}}}} p{round(q * 100)}") for q in (0.5, 0.95, 0.99))
 
 
-VLLM_SEL = 'job="vllm", pool=~"$pool"'
 DCGM_SEL = 'job="dcgm", node=~"$node"'
 NODE_SEL = 'job="node", node=~"$node"'
 
-SERVING_PANELS: tuple[Panel, ...] = (
-    Panel("Generation throughput per pool", "tokens/s (generated)",
-          ((f"sum by (pool) ({_rate('vllm:generation_tokens_total', VLLM_SEL)})", "{{pool}} generated"),
-           (f"sum by (pool) ({_rate('vllm:prompt_tokens_total', VLLM_SEL)})", "{{pool}} prompt"))),
-    Panel("Time to first token", "s", _quantiles("vllm:time_to_first_token_seconds_bucket", VLLM_SEL)),
-    Panel("Time per output token", "s", _quantiles("vllm:time_per_output_token_seconds_bucket", VLLM_SEL)),
-    Panel("KV cache usage", "percentunit",
-          ((f"vllm:gpu_cache_usage_perc{{{VLLM_SEL}}}", "{{instance}}"),)),
-    Panel("Queue depth", "short",
-          ((f"sum by (pool) (vllm:num_requests_waiting{{{VLLM_SEL}}})", "{{pool}} waiting"),
-           (f"sum by (pool) (vllm:num_requests_running{{{VLLM_SEL}}})", "{{pool}} running"))),
-    Panel("Preemptions", "short",
-          ((f"sum by (pool) ({_rate('vllm:num_preemptions_total', VLLM_SEL)})", "{{pool}}"),)),
-)
+
+def serving_panels(groups: list[ServingMetrics]) -> tuple[Panel, ...]:
+    """The pools' panels: each query once per engine group that exports its metric."""
+
+    def each(*logical: str) -> list[tuple[ServingMetrics, str]]:
+        return [(g, f'job="{g.job}", pool=~"$pool"') for g in groups if g.has(*logical)]
+
+    panels = (
+        Panel("Generation throughput per pool", "tokens/s (generated)", tuple(
+            q for g, sel in each("generation_tokens", "prompt_tokens")
+            for q in ((f"sum by (pool) ({_rate(g['generation_tokens'], sel)})", "{{pool}} generated"),
+                      (f"sum by (pool) ({_rate(g['prompt_tokens'], sel)})", "{{pool}} prompt")))),
+        Panel("Time to first token", "s", tuple(
+            q for g, sel in each("time_to_first_token")
+            for q in _quantiles(f"{g['time_to_first_token']}_bucket", sel))),
+        Panel("Time per output token", "s", tuple(
+            q for g, sel in each("time_per_output_token")
+            for q in _quantiles(f"{g['time_per_output_token']}_bucket", sel))),
+        Panel("KV cache usage", "percentunit", tuple(
+            (f"{g['kv_cache_usage']}{{{sel}}}", "{{instance}}") for g, sel in each("kv_cache_usage"))),
+        Panel("Queue depth", "short", tuple(
+            q for g, sel in each("requests_waiting", "requests_running")
+            for q in ((f"sum by (pool) ({g['requests_waiting']}{{{sel}}})", "{{pool}} waiting"),
+                      (f"sum by (pool) ({g['requests_running']}{{{sel}}})", "{{pool}} running")))),
+        Panel("Preemptions", "short", tuple(
+            (f"sum by (pool) ({_rate(g['preemptions'], sel)})", "{{pool}}") for g, sel in each("preemptions"))),
+    )
+    return tuple(p for p in panels if p.queries)
+
+
+def _pool_variable_query(groups: list[ServingMetrics]) -> str:
+    if len(groups) == 1 and groups[0].has("requests_running"):
+        return f"label_values({groups[0]['requests_running']}, pool)"
+    return "label_values(up{job=~\"" + "|".join(dict.fromkeys(g.job for g in groups)) + "\"}, pool)"
+
+
 GATEWAY_PANELS: tuple[Panel, ...] = (
     Panel("Gateway requests by key, model and status", "reqps",
           (("sum by (key_id, model, status) (rate(llm_gateway_requests_total{job=\"gateway\"}[$__rate_interval]))",
@@ -453,12 +498,13 @@ def _dashboard(uid: str, title: str, sections: list[tuple[str, tuple[Panel, ...]
 
 def dashboards(spec: StackSpec) -> dict[str, dict[str, Any]]:
     """Dashboard JSON models by file name: serving (pools, gateway) and GPU nodes."""
-    serving_sections = [("Pools", SERVING_PANELS)]
+    groups = serving_metrics(spec)
+    serving_sections = [("Pools", serving_panels(groups))]
     if spec.gateway is not None:
         serving_sections.append(("Gateway", GATEWAY_PANELS))
     return {
         "llm-serving.json": _dashboard("llm-serving", "LLM serving", serving_sections,
-                                       [_variable("pool", "label_values(vllm:num_requests_running, pool)")]),
+                                       [_variable("pool", _pool_variable_query(groups))]),
         "gpu-nodes.json": _dashboard("llm-gpu-nodes", "GPU nodes", [("GPUs and hosts", GPU_PANELS)],
                                      [_variable("node", "label_values(up{job=\"node\"}, node)")]),
     }

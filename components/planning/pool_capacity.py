@@ -40,6 +40,23 @@ def checkpoint_quantization(spec: StackSpec, model: str) -> str | None:
     return found[0] if found else None
 
 
+def quantization_config(spec: StackSpec, model: str) -> dict[str, object] | None:
+    """The checkpoint's quantization_config as its config.json states it (configJson models), for the rules an
+    engine's converter enforces (TurboMind: group size, desc_act, sym, AWQ version); None when not known."""
+    path = spec.models[model].config_json
+    if path is None:
+        return None
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None  # model_architecture reports an unreadable configJson
+    q = (data.get("text_config") or {}).get("quantization_config") or data.get("quantization_config")
+    if not isinstance(q, dict):
+        return None
+    keys = ("quant_method", "bits", "group_size", "desc_act", "sym", "version")
+    return {k: q[k] for k in keys if k in q and isinstance(q[k], (str, int, float, bool))}
+
+
 def context_window_dict(spec: StackSpec, model: str) -> dict[str, object] | None:
     """The model's context window as vLLM derives it (ModelServer prop `contextWindow`), None when unknown."""
     arch = model_architecture(spec, model)

@@ -81,6 +81,10 @@ def fit_fixes(capacity: Mapping[str, Any], pool: str = "<pool>", model: str = "<
 def validate_fit(args: ResourceValidationArgs, report: ReportViolation) -> None:
     """Mandatory: not one sequence of max-model-len fits in the KV cache left after the weights."""
     capacity = _capacity(args)
+    if capacity.get("fits") is False and capacity.get("advice"):
+        # Engines beside vLLM say what to change in their own option names (components.planning.engines).
+        report(f"does not fit: {capacity.get('reason')}. To fit: {capacity['advice']}.", None)
+        return
     if capacity.get("fits") is False:
         fixes = fit_fixes(capacity, str(args.props.get("pool") or "<pool>"), str(args.props.get("model") or "<model>"))
         # The planner's reason ends in generic advice; the checked fixes below replace it.
@@ -111,7 +115,8 @@ def validate_headroom(args: ResourceValidationArgs, report: ReportViolation) -> 
         shorter = f" to {math.floor(tokens / threshold)}" if tokens and threshold else ""
         report(f"only {float(concurrency):.1f} sequences of max-model-len fit in the KV cache at once "
                f"({tokens if tokens is not None else '?'} tokens), below minConcurrency {threshold:g}: requests "
-               f"queue or get preempted under load. Lower --max-model-len{shorter}, or add GPUs to the instance.",
+               f"queue or get preempted under load. Lower {capacity.get('context_option') or '--max-model-len'}"
+               f"{shorter}, or add GPUs to the instance.",
                None)
 
 

@@ -226,6 +226,8 @@ def launch_of(args: ResourceValidationArgs) -> Launch | None:
     """
     props = args.props
     if args.resource_type == MODEL_SERVER:
+        if props.get("engine", "vllm") != "vllm":
+            return None  # another engine's server: policies.rules.engines judges it
         argv = [str(t) for t in props.get("argv") or []]
         tokens = serve_tokens(argv)
         gpu_name = props.get("gpuModel")

@@ -39,6 +39,7 @@ class Engine(ABC):
     """One serving engine: its command line, environment, endpoints, metrics, formats and capacity model."""
 
     name: ClassVar[str]  # the `pools.*.engine` value
+    title: ClassVar[str]  # how messages, alerts and dashboards name it
     server_role: ClassVar[str]  # role label and container-name prefix of a single-node server
     multi_gpu: ClassVar[tuple[str, ...]]  # parallel modes inside a node ("tensor", "pipeline")
     multi_node: ClassVar[MultiNode]

@@ -166,7 +166,7 @@ def llamacpp_estimate(shape: ModelShape, gpu_memory_gib: float, *, gpus: int, sp
         kv_bytes_per_token_per_gpu=share[worst] * per_token_layer,
         kv_cache_gib_per_gpu=kv[worst] / GIB, kv_tokens=kv_tokens, max_concurrency=float(parallel),
         rule_of_thumb_gib_total=rot / GIB, fits=fits, reason=reason, advice=advice, notes=tuple(notes),
-        extra={"n_ctx": n_ctx, "ctx_per_slot": slot, "parallel": parallel, "split_mode": split_mode,
+        extra={"context_option": "the context per slot (llamacpp.contextPerSlot)", "n_ctx": n_ctx, "ctx_per_slot": slot, "parallel": parallel, "split_mode": split_mode,
                "cache_type": cache_type, "layers_per_gpu": [round(s, 2) for s in share],
                "compute_gib_per_gpu": compute[worst] / GIB, "host_gib": shape.input_bytes / GIB,
                "weights_exact": shape.exact},
@@ -215,6 +215,7 @@ class LlamacppEngine(Engine):
     """llama.cpp's llama-server: one process per GPU group of a node, GGUF weights, no multi-node."""
 
     name: ClassVar[str] = "llamacpp"
+    title: ClassVar[str] = "llama.cpp"
     server_role: ClassVar[str] = "llamacpp"
     multi_gpu: ClassVar[tuple[str, ...]] = ("layer", "row", "tensor")
     multi_node: ClassVar[MultiNode] = "none"

@@ -201,7 +201,7 @@ def turbomind_estimate(arch: ModelArch, image: LmdeployImage, gpu_memory_gib: fl
         kv_bytes_per_token_per_gpu=per_token, kv_cache_gib_per_gpu=kv_mem / GIB, kv_tokens=kv_tokens,
         max_concurrency=concurrency, rule_of_thumb_gib_total=rot / GIB, fits=fits, reason=reason, advice=advice,
         notes=tuple(notes),
-        extra={"model_format": model_format, "quant_policy": quant_policy, "kv_bits": kv_bits,
+        extra={"context_option": "--session-len (lmdeploy.sessionLen)", "model_format": model_format, "quant_policy": quant_policy, "kv_bits": kv_bits,
                "cache_max_entry_count": cache_max_entry_count, "free_gib_after_weights": max(0.0, free) / GIB,
                "runtime_gib": runtime / GIB, "kv_blocks": blocks,
                "ffn_padding": {k: {"width": s.width, "group": s.group, "padded": s.padded}
@@ -261,6 +261,7 @@ class LmdeployEngine(Engine):
     """LMDeploy's OpenAI server on its TurboMind backend; one node per instance (tensor parallel inside it)."""
 
     name: ClassVar[str] = "lmdeploy"
+    title: ClassVar[str] = "LMDeploy"
     server_role: ClassVar[str] = "lmdeploy"
     multi_gpu: ClassVar[tuple[str, ...]] = ("tensor",)
     multi_node: ClassVar[MultiNode] = "none"

@@ -23,6 +23,7 @@ class VllmEngine(Engine):
     """vLLM's OpenAI server (`vllm serve`); multi-node instances run on Ray."""
 
     name: ClassVar[str] = "vllm"
+    title: ClassVar[str] = "vLLM"
     server_role: ClassVar[str] = "vllm"
     multi_gpu: ClassVar[tuple[str, ...]] = ("tensor", "pipeline")
     multi_node: ClassVar[MultiNode] = "ray"
