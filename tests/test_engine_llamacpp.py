@@ -159,3 +159,34 @@ def test_argv_quantized_cache_and_extra_args() -> None:
     argv = llamacpp_argv(spec, instances(spec, "chat")[0])
     assert argv[argv.index("--flash-attn"):] == ["--flash-attn", "on", "--cache-type-k", "q8_0", "--cache-type-v",
                                                  "q8_0", "--fit", "off", "--jinja", "--metrics", "--no-webui"]
+
+
+def test_flag_dump_is_the_help_of_the_b11312_build_parsed() -> None:
+    """policies/data's llama.cpp dump is reproduced from the committed `llama-server --help` of a CPU build."""
+    import json
+
+    from policies.data.tools.dump_llamacpp import parse_help  # type: ignore[import-not-found]
+
+    root = Path(__file__).resolve().parent.parent
+    text = (root / "tests" / "fixtures" / "engines" / "llama.cpp-b11312-server-help.txt").read_text()
+    dump = json.loads((root / "policies" / "data" / CUDA12.serve_args).read_text())
+    assert parse_help(text) == dump
+    options = [line for line in text.splitlines() if line.startswith("-") and not line.startswith("-----")]
+    assert len(options) == len(dump) == 255  # every option line became one entry
+    by_opt = {o: e for e in dump for o in e["opts"]}
+    assert by_opt["-sm"]["choices"] == ["none", "layer", "row", "tensor"]
+    assert by_opt["--metrics"]["kind"] == "_StoreTrueAction" and by_opt["-m"]["opts"] == ["-m", "--model"]
+
+
+def test_argv_parses_with_llama_servers_own_options() -> None:
+    from policies.rules.cli_dump import build_parser, parse_errors
+
+    spec = spec_of(llamacpp_config(cacheType="q8_0"))
+    parser = build_parser(CUDA12.serve_args, "llama-server")
+    argv = llamacpp_argv(spec, instances(spec, "chat")[0])
+    assert parse_errors(parser, argv[1:]) == []
+    args = parser.parse_args(argv[1:])
+    assert (args.split_mode, args.ctx_size, args.parallel, args.fit) == ("layer", "32768", "4", "off")
+    assert parse_errors(parser, ["--split-mode", "pipeline"]) == [
+        "argument -sm/--split-mode: invalid choice: 'pipeline' (choose from 'none', 'layer', 'row', 'tensor')"]
+    assert parse_errors(parser, ["--tensor-parallel-size", "8"]) == ["unrecognized arguments: --tensor-parallel-size 8"]

@@ -150,3 +150,15 @@ def test_quantized_v_cache_without_flash_attention_is_refused_and_row_split_is_a
     config["llm-cluster:pools"]["chat"].update(tensorParallel=2, replicasPerNode=4)
     [msg] = messages(props_of(config), "llamacpp-split-mode")
     assert "--split-mode row splits each weight's rows across GPUs, but [ref] redlinedtm-jpg: -sm row broken" in msg
+
+
+def test_a_pool_its_engine_cannot_size_is_refused_saying_why() -> None:
+    config = llamacpp_config()
+    config["llm-cluster:models"]["qwen3-30b-a3b"].pop("sizeGib")
+    [msg] = messages(props_of(config), "engine-capacity")
+    assert "capacity not estimated: state llamacpp.ggufHeader (a copy of the GGUF's header) or " \
+           "models.qwen3-30b-a3b.sizeGib (the GGUF's size) to size the weights" in msg
+    config = lmdeploy_config()
+    config["llm-cluster:pools"]["chat"].update(tensorParallel=3)
+    config["llm-cluster:pools"]["chat"]["nodes"] = ["gpu-03"]
+    assert any("not divisible by tensor parallel size 3" in m for m in messages(props_of(config), "engine-capacity"))

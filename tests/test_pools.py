@@ -276,7 +276,9 @@ def test_model_server_props_carry_what_the_policy_pack_reads(prod_run: ProgramRu
         "modelPath": "/data/models/DeepSeek-R1-GPTQ-Int4", "arch": "deepseek-r1", "quantization": "gptq",
         "dtype": "half", "gpuModel": "Tesla V100-SXM2-32GB", "gpuCount": 8, "nodes": ["gpu-01", "gpu-02"],
         "tensorParallel": 8, "pipelineParallel": 2, "image": "vllm/vllm-openai:v0.9.2", "engine": "vllm",
-        "argv": REASONING_ARGV, "poolInstances": ["reasoning-gpu-01"]}
+        "argv": REASONING_ARGV, "poolInstances": ["reasoning-gpu-01"],
+        # What engine rules check a checkpoint by (policies.rules.engines); no configJson: no quantizationConfig.
+        "groupSize": 128, "modelType": "deepseek_v3", "headDim": 192}
     # Where each flag and variable is edited, for the pack's messages (the head node's keys).
     keys = props["stackKeys"]
     assert (keys["--max-model-len"], keys["--dtype"], keys["--host"], keys["NCCL_IB_HCA"], keys["*env"]) == (

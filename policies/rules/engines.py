@@ -133,6 +133,14 @@ def check_flags(s: Server) -> list[str]:
     return out
 
 
+def check_capacity_modelled(s: Server) -> list[str]:
+    """The engine's capacity model could size the pool (else memory fit cannot be judged: say why)."""
+    capacity = s.props.get("capacity")
+    if isinstance(capacity, Mapping) and capacity.get("error"):
+        return [f"{capacity['error']}: memory fit cannot be judged; fix the pool or model it names"]
+    return []
+
+
 # -- LMDeploy ---------------------------------------------------------------------------------------------
 
 def check_lmdeploy_model(s: Server) -> list[str]:
@@ -263,6 +271,8 @@ POLICIES = [
                   ("lmdeploy", "llamacpp"), check_image),
     engine_policy("engine-flags", "Every flag exists in the engine image's own CLI with a valid value (LMDeploy, "
                   "llama.cpp).", ("lmdeploy", "llamacpp"), check_flags),
+    engine_policy("engine-capacity", "The engine's capacity model sizes the pool (heads divisible by TP, weights "
+                  "known).", ("lmdeploy", "llamacpp"), check_capacity_modelled),
     engine_policy("lmdeploy-model", "TurboMind loads the model's architecture, format, group size and head size on "
                   "the GPU.", ("lmdeploy",), check_lmdeploy_model),
     engine_policy("lmdeploy-kv-cache", "TurboMind has KV cache kernels for --quant-policy on the GPU.",

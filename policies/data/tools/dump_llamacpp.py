@@ -23,8 +23,10 @@ def parse_help(text: str) -> list[dict[str, Any]]:
     """The options of a llama.cpp tool's --help, in the order it prints them."""
     entries = []
     for line in text.splitlines():
-        if not line.startswith("-"):
+        if not line.startswith("-") or line.startswith("-----"):  # "----- common params -----" heads a section
             continue
+        # The first option is padded to 7 columns ("-m,    --model FNAME"): close that gap first.
+        line = re.sub(r"^(-\S+,) +", r"\1 ", line)
         head = line[:_HEAD_END.search(line).start()]
         *first, last = head.split(", ")
         last_opt, *hints = last.split(" ")
