@@ -28,13 +28,14 @@ Sources, as cited below:
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Literal
 
 from components.facts.evidence import Evidence, Sourced, code, observed, unverified
 from components.facts.llamacpp import DEFAULT_IMAGE as LLAMACPP_DEFAULT
 from components.facts.lmdeploy import DEFAULT_IMAGE as LMDEPLOY_DEFAULT
+from components.facts.sourced import SourcedImage
 
 MoeRoute = Literal["native", "none", "moe_wna16"]
 
@@ -75,12 +76,9 @@ TRITON: dict[str, TritonFacts] = {t.version: t for t in [
                                           "0 mma.sync")),
 ]}
 
-# The facts fields of ImageFacts that must each carry a source (every field but identity and `sources`).
-_IDENTITY = frozenset({"engine", "version", "repo", "tag", "variant", "sources", "note"})
-
 
 @dataclass(frozen=True)
-class ImageFacts:
+class ImageFacts(SourcedImage):
     """One serving image and what its engine does per compute capability. Capabilities are written
     as vLLM writes them: 70 for sm_70 (7.0)."""
 
@@ -111,24 +109,6 @@ class ImageFacts:
     tuned_moe_config_env: str | None  # env var of a folder of fused-MoE tile configs
     sources: Mapping[str, Sourced] = field(default_factory=dict)
     note: str = ""
-
-    def __post_init__(self) -> None:
-        missing = [f.name for f in fields(self) if f.name not in _IDENTITY and f.name not in self.sources]
-        if missing:
-            raise ValueError(f"image facts {self.ref}: no source for {', '.join(missing)}")
-
-    @property
-    def ref(self) -> str:
-        """The image reference, `repo:tag`."""
-        return f"{self.repo}:{self.tag}"
-
-    def source(self, name: str) -> Sourced:
-        """Where the fact `name` comes from."""
-        return self.sources[name]
-
-    def cite(self, name: str) -> str:
-        """'<source> [evidence]' of a fact, for messages."""
-        return str(self.sources[name])
 
     def torch_runs_on(self, capability: int) -> bool:
         """The image's torch has kernels for this GPU (else: "no kernel image is available")."""

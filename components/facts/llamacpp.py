@@ -14,10 +14,11 @@ Nothing here was run on a GPU.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from components.facts.evidence import Sourced, code, observed
+from components.facts.sourced import SourcedImage
 
 ENGINE = "llamacpp"
 REPO = "ghcr.io/ggml-org/llama.cpp"
@@ -40,11 +41,8 @@ class SplitMode:
     why: str  # the evidence behind `production`
 
 
-_IDENTITY = frozenset({"engine", "build", "repo", "tag", "variant", "sources", "note"})
-
-
 @dataclass(frozen=True)
-class LlamacppImage:
+class LlamacppImage(SourcedImage):
     """One llama.cpp server image. Capabilities as 70 for sm_70."""
 
     engine: str
@@ -65,24 +63,10 @@ class LlamacppImage:
     sources: Mapping[str, Sourced] = field(default_factory=dict)
     note: str = ""
 
-    def __post_init__(self) -> None:
-        missing = [f.name for f in fields(self) if f.name not in _IDENTITY and f.name not in self.sources]
-        if missing:
-            raise ValueError(f"image facts {self.ref}: no source for {', '.join(missing)}")
-
-    @property
-    def ref(self) -> str:
-        """The image reference, `repo:tag`."""
-        return f"{self.repo}:{self.tag}"
-
     @property
     def quantizations(self) -> Mapping[str, GgufFormat]:
         """The seam's name for the accepted formats (each with its `min_capability`)."""
         return self.model_formats
-
-    def cite(self, name: str) -> str:
-        """'<source> [evidence]' of a fact, for messages."""
-        return str(self.sources[name])
 
     def runs_on(self, capability: int) -> bool:
         """libggml-cuda has code for this GPU: its own SASS, or PTX of an older arch the driver can JIT."""

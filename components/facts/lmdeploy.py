@@ -15,10 +15,11 @@ Nothing here was run on a GPU.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from components.facts.evidence import Sourced, code, observed, unverified
+from components.facts.sourced import SourcedImage
 
 ENGINE = "lmdeploy"
 REPO = "openmmlab/lmdeploy"
@@ -44,12 +45,8 @@ class KvQuantPolicy:
     min_capability: int | None  # None: TurboMind refuses it on every GPU
 
 
-# The facts fields of LmdeployImage that must carry a source (all but identity and `sources`).
-_IDENTITY = frozenset({"engine", "version", "repo", "tag", "variant", "sources", "note"})
-
-
 @dataclass(frozen=True)
-class LmdeployImage:
+class LmdeployImage(SourcedImage):
     """One `openmmlab/lmdeploy` image and what TurboMind does in it. Capabilities as 70 for sm_70."""
 
     engine: str
@@ -76,24 +73,10 @@ class LmdeployImage:
     sources: Mapping[str, Sourced] = field(default_factory=dict)
     note: str = ""
 
-    def __post_init__(self) -> None:
-        missing = [f.name for f in fields(self) if f.name not in _IDENTITY and f.name not in self.sources]
-        if missing:
-            raise ValueError(f"image facts {self.ref}: no source for {', '.join(missing)}")
-
-    @property
-    def ref(self) -> str:
-        """The image reference, `repo:tag`."""
-        return f"{self.repo}:{self.tag}"
-
     @property
     def quantizations(self) -> Mapping[str, ModelFormat]:
         """The seam's name for the accepted formats (each with its `min_capability`)."""
         return self.model_formats
-
-    def cite(self, name: str) -> str:
-        """'<source> [evidence]' of a fact, for messages."""
-        return str(self.sources[name])
 
     def runs_on(self, capability: int) -> bool:
         """TurboMind has kernels for this GPU in this image."""
