@@ -74,10 +74,11 @@ def test_llamacpp_servers_get_their_own_gpu_and_a_curl_probe(llamacpp_run: Progr
 
 def test_gateway_rewrites_lmdeploys_other_names_and_routes_llamacpp_by_every_alias() -> None:
     lm = routes_table(spec_of(lmdeploy_config()))
-    assert lm["models"]["qwen3-30b-a3b"] == ["chat", ""]
-    assert lm["models"]["/data/models/Qwen3-30B-A3B"] == ["chat", "qwen3-30b-a3b"]  # LMDeploy answers one name
+    # [pool label, pools, location, rewrite-to]: LMDeploy answers one name, the others go out as it.
+    assert lm["models"]["qwen3-30b-a3b"][3] == ""
+    assert lm["models"]["/data/models/Qwen3-30B-A3B"] == ["chat", {"chat": True}, "@llm_pool_chat", "qwen3-30b-a3b"]
     assert lm["meta"]["qwen3-30b-a3b"] == ["/data/models/Qwen3-30B-A3B", 32768]  # sessionLen
     ll = routes_table(spec_of(llamacpp_config()))
-    assert ll["models"]["/data/models/Qwen3-30B-A3B"] == ["chat", ""]  # llama-server answers every --alias
+    assert ll["models"]["/data/models/Qwen3-30B-A3B"][3] == ""  # llama-server answers every --alias
     assert ll["meta"]["qwen3-30b-a3b"] == ["/data/models/Qwen3-30B-A3B", 8192]  # contextPerSlot
-    assert routes_table(spec_of(prod_config()))["models"]["/data/models/Qwen3-30B-A3B"] == ["chat", ""]
+    assert routes_table(spec_of(prod_config()))["models"]["/data/models/Qwen3-30B-A3B"][3] == ""  # vLLM: every name
