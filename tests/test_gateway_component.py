@@ -109,7 +109,7 @@ def test_container_runs_nginx_on_the_host_files_it_mounts(generated: ProgramRun,
 def test_config_command_writes_the_files_and_reloads_nginx(generated: ProgramRun, prod_spec: StackSpec) -> None:
     cmd = generated.get("gateway-config")
     inputs = cmd.plain_inputs()
-    assert inputs["create"] == bash_command(config_script(prod_spec))
+    assert inputs["create"] == bash_command(config_script(prod_spec), sudo=False)
     assert inputs["delete"] == bash_command(config_delete_script())
     # No triggers: a changed file is an update of this command (it writes and reloads), never a replace.
     assert "triggers" not in inputs and "stdin" not in inputs

@@ -111,9 +111,6 @@ def test_moving_gpu06_touches_only_its_containers_and_the_reasoning_ray_cluster(
             "the node out of its old pool, then the up that gives it to the new one") in moved["recommendations"]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13's gateway part (developer G): the gateway config moves to host "
-                                       "files reloaded by `nginx -s reload`; until then every route change "
-                                       "replaces gateway-nginx. Remove this marker when it lands.")
 def test_moving_gpu06_reloads_the_gateway_without_a_restart(moved: dict[str, Any]) -> None:
     assert "gateway-nginx" not in containers(moved)
     assert moved["services"]["gateway"] == {"reload": ["gateway-nginx"]}
