@@ -190,3 +190,18 @@ def test_argv_parses_with_llama_servers_own_options() -> None:
     assert parse_errors(parser, ["--split-mode", "pipeline"]) == [
         "argument -sm/--split-mode: invalid choice: 'pipeline' (choose from 'none', 'layer', 'row', 'tensor')"]
     assert parse_errors(parser, ["--tensor-parallel-size", "8"]) == ["unrecognized arguments: --tensor-parallel-size 8"]
+
+
+def test_usage_of_a_real_llama_server_answer_has_openais_shape() -> None:
+    """The answer and the last stream chunk of a real b11312 server carry OpenAI's usage object (what the
+    gateway logs), with llama.cpp's cached-token detail beside it."""
+    import json
+
+    root = Path(__file__).resolve().parent / "fixtures" / "engines"
+    answer = json.loads((root / "llama.cpp-b11312-chat.json").read_text())
+    assert answer["usage"] == {"completion_tokens": 8, "prompt_tokens": 17, "total_tokens": 25,
+                               "prompt_tokens_details": {"cached_tokens": 0}}
+    chunks = [json.loads(line[6:]) for line in (root / "llama.cpp-b11312-chat-stream.txt").read_text().splitlines()
+              if line.startswith("data: {")]
+    assert [c["usage"]["total_tokens"] for c in chunks if "usage" in c] == [13]  # only the last, with include_usage
+    assert chunks[-1]["choices"] == []

@@ -83,3 +83,22 @@ def test_promtool_accepts_the_rules_of_mixed_engine_stacks(config, tmp_path: Pat
     proc = subprocess.run([tool("promtool"), "check", "rules", str(rules)], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_llamacpp_fixture_list_is_what_a_real_build_exposes() -> None:
+    """The name list equals the # TYPE lines of a real llama-server b11312 (CPU build) exposition, plus the one
+    counter it renders only with a draft model."""
+    exposition = (METRICS_DIR.parent / "engines" / "llama.cpp-b11312-metrics.txt").read_text()
+    seen = {tuple(line.split()[2:4]) for line in exposition.splitlines() if line.startswith("# TYPE ")}
+    listed_pairs = {tuple(line.split()) for line in (METRICS_DIR / "llama.cpp-b11312.txt").read_text().splitlines()
+                    if line.strip() and not line.startswith("#")}
+    assert listed_pairs - seen == {("llamacpp:spec_decode_num_accepted_tokens_per_pos_total", "counter")}
+    assert seen <= listed_pairs
+
+
+def test_lmdeploy_fixture_list_is_the_real_exporters() -> None:
+    exposition = (METRICS_DIR.parent / "engines" / "lmdeploy-0.16.0-metrics.txt").read_text()
+    seen = {tuple(line.split()[2:4]) for line in exposition.splitlines() if line.startswith("# TYPE lmdeploy:")}
+    listed_pairs = {tuple(line.split()) for line in (METRICS_DIR / "lmdeploy-0.16.0.txt").read_text().splitlines()
+                    if line.strip() and not line.startswith("#")}
+    assert seen == listed_pairs

@@ -106,9 +106,11 @@ _COMMON = {
     "multi_node": code("[src-b11312] tools/rpc/README.md: the RPC backend is 'in a proof-of-concept development "
                        "stage ... fragile and insecure. Never run the RPC server on an open network'"),
     "kv_cache_types": code("[cli-b11312] -ctk/-ctv allowed values"),
-    "ctx_pad": code("[src-b11312] src/llama-context.cpp:295-296: n_ctx_seq = n_ctx / n_seq_max, padded to 256"),
+    "ctx_pad": code("[src-b11312] src/llama-context.cpp:295-296: n_ctx_seq = n_ctx / n_seq_max, padded to 256; "
+                    "a CPU build logs n_ctx_slot = 256 for -c 512 -np 2"),
     "serve_args": code("[cli-b11312] policies/data/llama.cpp-b11312-server-args.json"),
-    "metrics": code("[src-b11312] tools/server/server-task.cpp server_task_result_metrics::to_metrics"),
+    "metrics": code("[src-b11312] tools/server/server-task.cpp server_task_result_metrics::to_metrics; the same "
+                    "names in a CPU build's /metrics (tests/fixtures/engines/llama.cpp-b11312-metrics.txt)"),
 }
 
 IMAGES: dict[str, LlamacppImage] = {i.ref: i for i in [
