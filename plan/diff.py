@@ -18,7 +18,7 @@ so they are masked here too.
 Then what it means for service, from the containers' `llm-cluster.*` labels: per pool which instances
 go down at once and for about how long (the pool's loadTimeoutMinutes), per service (gateway,
 Prometheus, …) whether its container restarts or only reloads (a changed command of the same
-component that the container depends on, the container itself kept), and which weights are copied.
+component that runs before or after the container, the container itself kept), and which weights are copied.
 """
 from __future__ import annotations
 
@@ -327,8 +327,11 @@ def service_impact(changes: list[ResourceChange], before: dict[str, Any], after:
         elif o in ("create", "delete"):
             services[role][o].append(r["name"])
         else:
-            reloads = [d for d in r.get("dependencies") or [] if _key(d) in commands_changed
-                       and docs[_key(d)].get("parent") == r.get("parent")]
+            # A changed command of the same component, run before the container (writes what it
+            # reads) or after it (tells it to re-read), while the container itself stays: a reload.
+            before_it = {_key(d) for d in r.get("dependencies") or []}
+            reloads = [c for c in commands_changed if docs[c].get("parent") == r.get("parent")
+                       and (c in before_it or _key(r["urn"]) in {_key(d) for d in docs[c].get("dependencies") or []})]
             if reloads:
                 services[role]["reload"].append(r["name"])
             elif o == "update":

@@ -18,6 +18,7 @@ from tests.conftest import prod_config
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS = ROOT / "tests" / "fixtures" / "schemas"
 NS = "llm-cluster"
+CONTAINER_TYPE = "docker:index/container:Container"
 
 
 def write_stack(path: Path, config: dict[str, Any], secure: dict[str, str] | None = None) -> Path:
@@ -223,3 +224,24 @@ def test_redacted_credentials_compare_as_they_were_written(tmp_path: Path) -> No
     plan = plan_twice(tmp_path, config, config)
     assert "hf_a1B2" not in json.dumps(plan)
     assert plan["diff"]["resources"] == []
+
+
+@pytest.mark.parametrize("order", ["command first", "container first"])
+def test_a_changed_sibling_command_with_the_container_kept_is_a_reload(order: str, prod_spec: StackSpec) -> None:
+    parent = "urn:pulumi:s::p::llm-cluster:gateway:Gateway::gw"
+    cmd = {"urn": "urn:pulumi:s::p::command:remote:Command::gw-config", "type": "command:remote:Command",
+           "name": "gw-config", "parent": parent, "custom": True, "inputs": {"create": "write v1; nginx -s reload"},
+           "dependencies": [], "propertyDependencies": {}, "options": {"replaceOnChanges": ["triggers[*]"]}}
+    nginx = {"urn": "urn:pulumi:s::p::docker:index/container:Container::gw-nginx", "type": CONTAINER_TYPE,
+             "name": "gw-nginx", "parent": parent, "custom": True, "dependencies": [], "propertyDependencies": {},
+             "options": {}, "inputs": {"image": "nginx", "labels": [{"label": "llm-cluster.role", "value": "gateway"}]}}
+    if order == "command first":
+        nginx["dependencies"] = [cmd["urn"]]
+    else:
+        cmd["dependencies"] = [nginx["urn"]]
+    before = {"resources": [cmd, nginx]}
+    after = copy.deepcopy(before)
+    after["resources"][0]["inputs"]["create"] = "write v2; nginx -s reload"
+    changes = diff_resources(before, after)
+    assert [(c.name, c.op) for c in changes] == [("gw-config", "update")]
+    assert service_impact(changes, before, after, prod_spec)["services"] == {"gateway": {"reload": ["gw-nginx"]}}
