@@ -694,9 +694,11 @@ def lifecycle_reloads(url: str) -> list[str]:
 
 
 def grafana_reloads(url: str, password_file: str = GRAFANA_PASSWORD_FILE) -> list[str]:
-    """Grafana's admin API re-reads provisioned datasources and dashboards; the password goes in on stdin.
+    """Grafana's admin API re-reads provisioned datasources and dashboards; the password goes in through a pipe.
 
-    `-K <(…)` hands curl its config through a pipe, so the password never shows in the process list.
+    POST /api/admin/provisioning/{datasources,dashboards}/reload with basic auth, 200 once the new
+    entities are stored (grafana pkg/api/admin_provisioning.go). `-K <(…)` hands curl its config
+    through a pipe, so the password never shows in the process list.
     """
     base = f"{url}/api/admin/provisioning"
     # curl's config quoting: backslashes and double quotes escaped.
