@@ -80,9 +80,9 @@ def readme_block(title: str) -> str:
 
 
 def assert_in_readme(title: str, diff: dict[str, Any]) -> None:
-    """The README shows what the tool prints: the summary and the service impact (the gateway line aside)."""
+    """The README shows what the tool prints: the summary and the service impact."""
     lines = render_diff(diff)
-    printed = [ln for ln in lines[lines.index("\nService impact") + 1:] if not ln.startswith("  gateway:")]
+    printed = lines[lines.index("\nService impact") + 1:]
     summary = next(ln for ln in lines if ln.startswith("  Resources: "))
     block = readme_block(title).splitlines()
     assert summary in block
@@ -96,7 +96,7 @@ def moved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def test_moving_gpu06_touches_only_its_containers_and_the_reasoning_ray_cluster(moved: dict[str, Any]) -> None:
-    assert {k: v for k, v in containers(moved).items() if k != "gateway-nginx"} == {
+    assert containers(moved) == {
         "chat-gpu-06-vllm": "delete",
         "reasoning-gpu-01-ray-head": "replace",  # PP 2 -> 3: the engine's argv
         "reasoning-gpu-01-ray-worker-gpu-06": "create",
@@ -118,16 +118,17 @@ def test_moving_gpu06_reloads_the_gateway_without_a_restart(moved: dict[str, Any
 
 def test_step_1_frees_gpu06_and_chat_serves_on_three(tmp_path: Path) -> None:
     diff = diff_of(tmp_path, None, free_gpu06)
-    assert {k: v for k, v in containers(diff).items() if k != "gateway-nginx"} == {"chat-gpu-06-vllm": "delete"}
+    assert containers(diff) == {"chat-gpu-06-vllm": "delete"}
     assert diff["pools"] == {"chat": {**diff["pools"]["chat"], "removed": ["chat-gpu-06"], "restarted": [],
                                       "servingThroughout": 3}}
     assert diff["services"]["prometheus"] == {"reload": ["monitoring-gpu-01-prometheus"]}
+    assert diff["services"]["gateway"] == {"reload": ["gateway-nginx"]}
     assert_in_readme("Free a node", diff)
 
 
 def test_step_2_gives_gpu06_to_reasoning_after_its_weights(tmp_path: Path) -> None:
     diff = diff_of(tmp_path, free_gpu06, gpu06_joins_reasoning)
-    assert {k: v for k, v in containers(diff).items() if k != "gateway-nginx"} == {
+    assert containers(diff) == {
         "reasoning-gpu-01-ray-head": "replace", "reasoning-gpu-01-ray-worker-gpu-06": "create"}
     assert "reasoning-gpu-01-ray-worker-gpu-02" not in containers(diff)
     ops = {c["name"]: c["op"] for c in diff["resources"]}
@@ -141,18 +142,19 @@ def test_step_2_gives_gpu06_to_reasoning_after_its_weights(tmp_path: Path) -> No
 
 def test_blue_green_starts_green_beside_blue_without_touching_blue(tmp_path: Path) -> None:
     diff = diff_of(tmp_path, free_gpu06, green_on_gpu06)
-    assert {k: v for k, v in containers(diff).items() if k != "gateway-nginx"} == {"chat-green-gpu-06-vllm": "create"}
+    assert containers(diff) == {"chat-green-gpu-06-vllm": "create"}
     assert list(diff["pools"]) == ["chat-green"] and diff["pools"]["chat-green"]["added"] == ["chat-green-gpu-06"]
     ops = {c["name"]: c["op"] for c in diff["resources"]}
     assert ops["gpu-06-image-vllm-openai-v0-19-1"] == "create"
     assert diff["services"]["prometheus"] == {"reload": ["monitoring-gpu-01-prometheus"]}
+    assert diff["services"]["gateway"] == {"reload": ["gateway-nginx"]}
     assert not diff["recommendations"]
     assert_in_readme("Blue/green of a model", diff)
 
 
 def test_each_cut_over_step_moves_one_node_from_blue_to_green(tmp_path: Path) -> None:
     diff = diff_of(tmp_path, free_gpu05, green_takes_gpu05)
-    assert {k: v for k, v in containers(diff).items() if k != "gateway-nginx"} == {"chat-green-gpu-05-vllm": "create"}
+    assert containers(diff) == {"chat-green-gpu-05-vllm": "create"}
     assert diff["pools"]["chat-green"]["added"] == ["chat-green-gpu-05"]
     assert diff["pools"]["chat-green"]["servingThroughout"] == 1  # gpu-06 serves on
     assert_in_readme("Blue/green of a model: each cut-over step", diff)
@@ -160,8 +162,7 @@ def test_each_cut_over_step_moves_one_node_from_blue_to_green(tmp_path: Path) ->
 
 def test_adding_capacity_creates_and_restarts_nothing_that_serves(tmp_path: Path) -> None:
     diff = diff_of(tmp_path, None, add_gpu07_to_chat)
-    serving = {k: v for k, v in containers(diff).items() if k != "gateway-nginx"}
-    assert serving == {"chat-gpu-07-vllm": "create", "monitoring-gpu-07-dcgm-exporter": "create",
+    assert containers(diff) == {"chat-gpu-07-vllm": "create", "monitoring-gpu-07-dcgm-exporter": "create",
                        "monitoring-gpu-07-node-exporter": "create"}
     assert diff["pools"] == {"chat": {**diff["pools"]["chat"], "added": ["chat-gpu-07"], "restarted": [],
                                       "removed": [], "servingThroughout": 4, "downAtOnce": 0}}
@@ -170,4 +171,5 @@ def test_adding_capacity_creates_and_restarts_nothing_that_serves(tmp_path: Path
     # Every node's /etc/hosts learns gpu-07: the hosts commands re-run, no container reads their output.
     assert all(ops[f"gpu-0{i}-hosts"] == "replace" for i in range(1, 7))
     assert diff["services"]["prometheus"] == {"reload": ["monitoring-gpu-01-prometheus"]}
+    assert diff["services"]["gateway"] == {"reload": ["gateway-nginx"]}
     assert_in_readme("Add capacity", diff)
