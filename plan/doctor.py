@@ -40,7 +40,6 @@ from plan.stackfile import load_stack_file  # noqa: E402
 from plan.cli import run as run_cli  # noqa: E402
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
-GATEWAY_CONTAINER = "llm-gateway"
 # Server log lines worth reading back: NCCL's transport, OOMs, unsupported dtypes and kernels, Xid.
 LOG_PATTERN = (r"NCCL INFO (NET/|Using network)|NCCL WARN|CUDA out of memory|OutOfMemoryError|"
                r"no kernel image is available|Bfloat16 is only supported|is not supported on|"
@@ -155,8 +154,10 @@ def probe_script(spec: StackSpec, node: str) -> str:
         for inst in all_instances(spec):
             url = f"http://{spec.node(inst.head).address}:{inst.port}{engine_for(spec.pools[inst.pool]).health_path}"
             parts.append(_section(f"health:{inst.name}", f"curl -s -o /dev/null -m 10 -w '%{{http_code}}\\n' {q(url)}"))
-        parts.append(_section("gateway-log", f"docker logs --since 1h {GATEWAY_CONTAINER} 2>/dev/null | "
-                                             "grep -E '\"status\":(502|504)' | tail -n 2000"))
+        # Today's usage-log file on the host (gateway.usageLog.dir), one JSON line a request.
+        today = f"{g.usage_log.dir.rstrip('/')}/usage-$(date -u +%F).log"
+        parts.append(_section("gateway-log", f"grep -E '\"status\":(502|504)' \"{today}\" 2>/dev/null "
+                                             "| tail -n 2000"))
     return "".join(parts)
 
 
@@ -446,7 +447,7 @@ def _dd_mbps(text: str) -> float | None:
 
 def check_replicas(spec: StackSpec, obs: Observed, nodes: Sequence[str]) -> list[Finding]:
     """Row 7 (a replica answers 502): each instance's health as the gateway's node sees it, and the
-    upstreams the gateway logged 502/504 for in the last hour."""
+    upstreams the gateway logged 502/504 for today (its usage log)."""
     g = spec.gateway
     if g is None or g.node in obs.unreachable or g.node not in obs.sections:
         return []
@@ -472,7 +473,7 @@ def check_replicas(spec: StackSpec, obs: Observed, nodes: Sequence[str]) -> list
         if doc.get("status") in (502, 504):
             counts[str(doc.get("upstream") or "none")] = counts.get(str(doc.get("upstream") or "none"), 0) + 1
     if counts:
-        out.append(Finding("gateway-5xx", g.node, "warn", "502/504 in the last hour by upstream: "
+        out.append(Finding("gateway-5xx", g.node, "warn", "502/504 today by upstream: "
                            + ", ".join(f"{u} {c}" for u, c in sorted(counts.items())),
                            "the upstreams named are the replicas that failed: see their replica findings"))
     return out
@@ -561,37 +562,50 @@ def render(stack: str, findings: list[Finding], nodes: Sequence[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def stack_options(p: argparse.ArgumentParser) -> None:
+    """--stack NAME or --config PATH, as `python -m plan` takes them."""
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--stack", default="prod", help="Pulumi.<stack>.yaml (default: prod)")
+    where.add_argument("--config", type=Path, help="any stack file")
+
+
+def load_spec(args: argparse.Namespace, tool: str) -> tuple[str, Path, StackSpec] | None:
+    """(stack name, path, spec) from --stack/--config; None after saying why it is invalid."""
+    path = args.config or ROOT / f"Pulumi.{args.stack}.yaml"
+    try:
+        sf = load_stack_file(path, None if args.config else args.stack)
+        return sf.name, path, load_stack_config(sf.config, sf.secret_keys)
+    except SpecError as e:
+        print(f"{tool}: invalid stack {path}:\n{e}", file=sys.stderr)
+        return None
+
+
 def main(argv: list[str] | None = None, run: Runner | None = None) -> int:
     """The command line; `run` replaces SSH in tests."""
     p = argparse.ArgumentParser(prog="python -m plan.doctor", description=__doc__.split("\n\n")[0])
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--stack", default="prod", help="check the cluster of Pulumi.<stack>.yaml (default: prod)")
-    where.add_argument("--config", type=Path, help="any stack file")
+    stack_options(p)
     p.add_argument("--node", action="append", help="only this node (repeatable)")
     p.add_argument("--json", action="store_true", help="findings as JSON")
     p.add_argument("--bandwidth", action="store_true", help="also retest ib_write_bw between the nodes of each "
                    "multi-node instance (loads the link briefly)")
     args = p.parse_args(argv)
-    path = args.config or ROOT / f"Pulumi.{args.stack}.yaml"
-    try:
-        sf = load_stack_file(path, None if args.config else args.stack)
-        spec = load_stack_config(sf.config, sf.secret_keys)
-    except SpecError as e:
-        print(f"doctor: invalid stack {path}:\n{e}", file=sys.stderr)
+    loaded = load_spec(args, "doctor")
+    if loaded is None:
         return EXIT_INVALID
+    stack, _path, spec = loaded
     unknown = [n for n in args.node or [] if n not in spec.nodes]
     if unknown:
-        print(f"doctor: --node {unknown[0]!r} is not a node of {sf.name}; nodes are: {', '.join(spec.nodes)}",
+        print(f"doctor: --node {unknown[0]!r} is not a node of {stack}; nodes are: {', '.join(spec.nodes)}",
               file=sys.stderr)
         return EXIT_INVALID
     nodes = args.node or list(spec.nodes)
-    obs = observe(spec, nodes, run or ssh_runner(spec, sf.name), args.bandwidth)
+    obs = observe(spec, nodes, run or ssh_runner(spec, stack), args.bandwidth)
     findings = diagnose(spec, obs, nodes)
     if args.json:
-        print(json.dumps({"stack": sf.name, "nodes": nodes, "failed": sum(f.status == "fail" for f in findings),
+        print(json.dumps({"stack": stack, "nodes": nodes, "failed": sum(f.status == "fail" for f in findings),
                           "findings": [asdict(f) for f in findings]}, indent=2))
     else:
-        sys.stdout.write(render(sf.name, findings, nodes))
+        sys.stdout.write(render(stack, findings, nodes))
     return EXIT_FAILED if any(f.status == "fail" for f in findings) else EXIT_OK
 
 

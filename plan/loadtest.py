@@ -23,9 +23,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from components.spec import SpecError, StackSpec, load_stack_config  # noqa: E402
-from plan.stackfile import load_stack_file  # noqa: E402
+from components.spec import StackSpec  # noqa: E402
 from plan.cli import run as run_cli  # noqa: E402
+from plan.doctor import load_spec, stack_options  # noqa: E402
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 PROMPT = "Write a short story of about 200 words about a lighthouse keeper who finds a message in a bottle."
@@ -39,8 +39,7 @@ PERCENTILE = {"ttft_ms": "TTFT (ms)", "tpot_ms": "TPOT (ms)", "latency_s": "Late
 def gateway_url(spec: StackSpec) -> str:
     """The gateway's base URL from the stack (the `gatewayUrl` stack output is the same)."""
     g = spec.gateway
-    if g is None:
-        raise SpecError([])
+    assert g is not None  # main() refuses a stack without a gateway first
     return f"{'https' if g.tls else 'http'}://{spec.node(g.node).address}:{g.port}"
 
 
@@ -60,6 +59,19 @@ def key_from_pulumi(stack: str) -> str | None:
     except ValueError:
         return None
     return next(iter(keys.values()), None) if isinstance(keys, dict) else None
+
+
+def ca_from_pulumi(stack: str, out: Path) -> Path | None:
+    """The private CA the gateway's certificate comes from (stack output gatewayCaCert), as a file."""
+    if shutil.which("pulumi") is None:
+        return None
+    p = subprocess.run(["pulumi", "stack", "output", "--stack", stack, "gatewayCaCert"],
+                       capture_output=True, text=True, cwd=ROOT)
+    if p.returncode != 0 or "BEGIN CERTIFICATE" not in p.stdout:
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gateway-ca.pem").write_text(p.stdout)
+    return out / "gateway-ca.pem"
 
 
 def perf_argv(evalscope: str, url: str, model: str, key: str | None, parallel: int, number: int,
@@ -120,28 +132,25 @@ def _slug(model: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     """The command line."""
     p = argparse.ArgumentParser(prog="python -m plan.loadtest", description=__doc__.split("\n\n")[0])
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--stack", default="prod")
-    where.add_argument("--config", type=Path)
+    stack_options(p)
     p.add_argument("--model", action="append", help="served name to test (repeatable; default: each pool's first)")
     p.add_argument("--parallel", type=int, default=64)
     p.add_argument("--number", type=int, default=512, help="requests per model")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--url", help="gateway base URL (default: from the stack, as the gatewayUrl output)")
     p.add_argument("--key", help="API key (default: $LLM_CLUSTER_API_KEY, else the stack's gatewayApiKeys output)")
+    p.add_argument("--ca-cert", type=Path, help="CA of the gateway's certificate, for HTTPS (default: the stack "
+                   "output gatewayCaCert when the CLI can read it; else the system's CAs)")
     p.add_argument("--evalscope", default=str(ROOT / ".venv-loadtest" / "bin" / "evalscope"))
     p.add_argument("--out", type=Path, default=ROOT / "build" / "loadtest")
     args = p.parse_args(argv)
     if args.parallel < 1 or args.number < 1 or args.max_tokens < 1:
         print("loadtest: --parallel, --number and --max-tokens must be at least 1", file=sys.stderr)
         return EXIT_INVALID
-    path = args.config or ROOT / f"Pulumi.{args.stack}.yaml"
-    try:
-        sf = load_stack_file(path, None if args.config else args.stack)
-        spec = load_stack_config(sf.config, sf.secret_keys)
-    except SpecError as e:
-        print(f"loadtest: invalid stack {path}:\n{e}", file=sys.stderr)
+    loaded = load_spec(args, "loadtest")
+    if loaded is None:
         return EXIT_INVALID
+    stack, path, spec = loaded
     if spec.gateway is None:
         print(f"loadtest: {path} has no gateway section to test", file=sys.stderr)
         return EXIT_INVALID
@@ -149,20 +158,24 @@ def main(argv: list[str] | None = None) -> int:
     models = args.model or default_models(spec)
     unknown = [m for m in models if m not in served]
     if unknown:
-        print(f"loadtest: MODEL {unknown[0]!r} is not served by {sf.name}; served: {', '.join(sorted(served))}",
+        print(f"loadtest: MODEL {unknown[0]!r} is not served by {stack}; served: {', '.join(sorted(served))}",
               file=sys.stderr)
         return EXIT_INVALID
     if not (Path(args.evalscope).exists() or shutil.which(args.evalscope)):
         print(f"loadtest: evalscope not found at {args.evalscope}; `make loadtest` installs it "
               "(requirements-loadtest.txt)", file=sys.stderr)
         return EXIT_INVALID
-    key = args.key or os.environ.get("LLM_CLUSTER_API_KEY") or (key_from_pulumi(sf.name) if spec.gateway.auth else None)
+    key = args.key or os.environ.get("LLM_CLUSTER_API_KEY") or (key_from_pulumi(stack) if spec.gateway.auth else None)
     if spec.gateway.auth and not key:
         print("loadtest: no API key: pass --key, set LLM_CLUSTER_API_KEY, or run where `pulumi stack output "
               "--show-secrets gatewayApiKeys` works", file=sys.stderr)
         return EXIT_INVALID
     url = (args.url or gateway_url(spec)).rstrip("/")
-    out = args.out / sf.name
+    out = args.out / stack
+    env = dict(os.environ)
+    ca = args.ca_cert or (ca_from_pulumi(stack, out) if url.startswith("https:") else None)
+    if ca is not None:
+        env["SSL_CERT_FILE"] = str(ca)  # evalscope's aiohttp verifies against it (OpenSSL's default paths)
     results: dict[str, dict[str, Any]] = {}
     for model in models:
         run_dir = out / _slug(model)
@@ -170,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"loadtest: {model}: evalscope perf, {args.parallel} in parallel, {args.number} requests",
               file=sys.stderr, flush=True)
         done = subprocess.run(perf_argv(args.evalscope, url, model, key, args.parallel, args.number,
-                                        args.max_tokens, run_dir), capture_output=True, text=True)
+                                        args.max_tokens, run_dir), capture_output=True, text=True, env=env)
         (out / f"{_slug(model)}.evalscope.log").parent.mkdir(parents=True, exist_ok=True)
         (out / f"{_slug(model)}.evalscope.log").write_text(done.stdout + done.stderr)
         try:
@@ -178,9 +191,9 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             tail = (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["no output"])[-1]
             results[model] = {"error": f"{e} (evalscope exit {done.returncode}: {tail[:200]})"}
-    text = render(sf.name, url, args.parallel, args.number, results)
+    text = render(stack, url, args.parallel, args.number, results)
     out.mkdir(parents=True, exist_ok=True)
-    report = {"stack": sf.name, "url": url, "parallel": args.parallel, "number": args.number,
+    report = {"stack": stack, "url": url, "parallel": args.parallel, "number": args.number,
               "max_tokens": args.max_tokens, "models": results}
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "report.txt").write_text(text)

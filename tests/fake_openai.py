@@ -19,6 +19,7 @@ class Behaviour:
     usage: bool = True
     fail_first: int = 0
     fail_status: int = 502
+    fail_every: int = 0  # also every n-th request (after the first ones) answers fail_status
     token_delay_s: float = 0.0
     seen: int = 0
 
@@ -89,7 +90,7 @@ def _handler(state: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                 return
             with lock:
                 b.seen += 1
-                failing = b.seen <= b.fail_first
+                failing = b.seen <= b.fail_first or bool(b.fail_every and b.seen % b.fail_every == 0)
             if failing:
                 self._json(b.fail_status, {"error": {"message": "upstream failed"}})
                 return

@@ -253,7 +253,7 @@ def test_row7_a_replica_502s_with_xid_errors(answers: Any, capsys: Any) -> None:
     assert code == 1
     f = finding(report, "replica", "chat-gpu-06")
     assert (f["seen"], f["do"].split(",")[0]) == ("health answered 000 from gpu-01", "docker logs vllm-chat-gpu-06 on gpu-06")
-    assert finding(report, "gateway-5xx", "gpu-01")["seen"] == "502/504 in the last hour by upstream: 192.168.10.16:8000 3"
+    assert finding(report, "gateway-5xx", "gpu-01")["seen"] == "502/504 today by upstream: 192.168.10.16:8000 3"
     assert finding(report, "xid", "gpu-06")["seen"].startswith("GPU Xid error(s) 32: [ 1399.140323] NVRM: Xid")
 
 
