@@ -135,9 +135,14 @@ def _handler(state: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
 
 
 @contextmanager
-def serving(state: FakeOpenAI) -> Iterator[FakeOpenAI]:
-    """Run the fake server on a free loopback port for the duration of the block."""
+def serving(state: FakeOpenAI, tls: tuple[str, str] | None = None) -> Iterator[FakeOpenAI]:
+    """Run the fake server on a free loopback port for the duration of the block (HTTPS with (cert, key))."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+    if tls is not None:
+        import ssl
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(*tls)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
     server.daemon_threads = True
     state.port = server.server_address[1]
     thread = threading.Thread(target=server.serve_forever, daemon=True)

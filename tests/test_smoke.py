@@ -71,6 +71,17 @@ def test_every_served_name_answers_through_a_real_server_with_the_key(prod_spec:
     assert "sk-deploy" not in smoke_script(prod_spec, state.url)
 
 
+def test_over_https_with_the_gateways_own_certificate(prod_spec: StackSpec, tmp_path: Any) -> None:
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run([tool("openssl"), "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                    "/CN=gateway", "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    state = FakeOpenAI(keys={"sk-deploy"}, models={n: Behaviour() for n in NAMES})
+    with serving(state, tls=(str(cert), str(key))):
+        done = run_smoke(prod_spec, state.url.replace("http:", "https:"), {"default": "sk-deploy"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "smoke test: 4/4 served name(s) answered"
+
+
 def test_a_replica_still_held_out_by_nginx_is_retried(prod_spec: StackSpec) -> None:
     state = FakeOpenAI(models={n: Behaviour() for n in NAMES})
     state.models["qwen3-30b-a3b"] = Behaviour(fail_first=2, fail_status=502)
@@ -124,7 +135,8 @@ def test_smoke_runs_last_on_the_gateway_node_with_the_keys_as_secret_stdin(prod_
     assert gates | {prod_run.get("gateway-ready").urn} <= set(smoke.dependencies)
     inputs = smoke.plain_inputs()
     assert inputs["connection"]["host"] == "192.168.10.11"
-    assert "through the gateway at http://192.168.10.11:80" in inputs["create"]
+    # TLS by default: HTTPS on 443 (the client trusts the gateway's own certificate, reached by address).
+    assert "through the gateway at https://192.168.10.11:443" in inputs["create"]
     assert smoke.inputs["stdin"] != inputs["stdin"]  # wrapped as a secret
     assert prod_run.get("smoke").parent.endswith("pulumi:pulumi:Stack::llm-cluster-prod")
 
