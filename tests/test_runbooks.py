@@ -173,3 +173,16 @@ def test_adding_capacity_creates_and_restarts_nothing_that_serves(tmp_path: Path
     assert diff["services"]["prometheus"] == {"reload": ["monitoring-gpu-01-prometheus"]}
     assert diff["services"]["gateway"] == {"reload": ["gateway-nginx"]}
     assert_in_readme("Add capacity", diff)
+
+
+def canary_weights(config: dict[str, Any]) -> None:
+    """Runbook 2: green takes a tenth of the model's traffic."""
+    green_on_gpu06(config)
+    config[f"{NS}:gateway"]["poolWeights"] = {"chat": 90, "chat-green": 10}
+
+
+def test_shifting_traffic_between_blue_and_green_only_reloads_the_gateway(tmp_path: Path) -> None:
+    diff = diff_of(tmp_path, green_on_gpu06, canary_weights)
+    assert containers(diff) == {}
+    assert {c["name"]: c["op"] for c in diff["resources"] if c["custom"]} == {"gateway-config": "update"}
+    assert diff["services"] == {"gateway": {"reload": ["gateway-nginx"]}} and diff["pools"] == {}
