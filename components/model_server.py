@@ -94,7 +94,8 @@ class ModelServer(Component):
             waits_on = list(args.ray.gates)  # GPUs joined (and NCCL over the HCA, when checked)
             target_id = args.ray.head.id
         timeout_s = pool.load_timeout_minutes * 60
-        script = health_gate_script(ready_url(engine, spec, inst), timeout_s, container_name, server=engine.name)
+        script = health_gate_script(ready_url(engine, spec, inst), timeout_s, container_name, server=engine.name,
+                                    memory_keys=engine.memory_keys)
         command_args, timeouts = gate_command_args(script, timeout_s, [target_id])
         self.gate: remote.Command = remote.Command(
             self.child("health"), connection=head.connection, **command_args,

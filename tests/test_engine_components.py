@@ -82,3 +82,8 @@ def test_gateway_rewrites_lmdeploys_other_names_and_routes_llamacpp_by_every_ali
     assert ll["models"]["/data/models/Qwen3-30B-A3B"][3] == ""  # llama-server answers every --alias
     assert ll["meta"]["qwen3-30b-a3b"] == ["/data/models/Qwen3-30B-A3B", 8192]  # contextPerSlot
     assert routes_table(spec_of(prod_config()))["models"]["/data/models/Qwen3-30B-A3B"][3] == ""  # vLLM: every name
+
+
+def test_readiness_gate_names_the_engines_own_memory_keys(lmdeploy_run: ProgramRun) -> None:
+    gate = named(lmdeploy_run, "command:remote:Command", "chat-gpu-03-health").inputs["create"]
+    assert "lower lmdeploy.cacheMaxEntryCount or sessionLen" in gate and "gpuMemoryUtilization" not in gate

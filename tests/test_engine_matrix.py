@@ -27,3 +27,8 @@ def test_cells_match_the_facts_and_carry_evidence() -> None:
     assert str(sglang[volta]) == "no [observed]"
     assert str(sglang[volta + 1]) == "runs, not deployed [read from code]"  # Turing: its own check, not a report
     assert all(str(c).startswith("as its backend") for c in table["Ollama (`engine: ollama`)"])
+    old_vllm = table["vLLM `vllm/vllm-openai:v0.9.2`"]
+    assert str(old_vllm[volta]) == "no [observed]"  # torch 2.7.0+cu128 has no sm_70 (V100 reports)
+    assert str(old_vllm[volta + 1]) == "dense only: no fp16 Triton MoE [read from code]"  # Triton 3.3 on sm_75
+    assert str(old_vllm[volta + 3]).startswith("deployed")  # sm_86 cubins run on Ada (sm_89)
+    assert str(table["vLLM `vllm/vllm-openai:v0.19.1`"][volta]) == "deployed [unverified]"

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from components.facts.evidence import Evidence, Sourced
+from components.facts.images import known_images
 from components.facts.llamacpp import IMAGES as LLAMACPP_IMAGES
 from components.facts.lmdeploy import IMAGES as LMDEPLOY_IMAGES
 from components.facts.other_engines import OTHER_ENGINES
@@ -39,9 +40,32 @@ def _level(s: Sourced, capability: int) -> str:
 OBSERVED_ON = 70  # the GPU of every observed report in the facts (V100)
 
 
+def _sass_runs(archs: tuple[int, ...], capability: int) -> bool:
+    """A cubin runs on GPUs of its major version with an equal or higher minor (sm_86 code on sm_89)."""
+    return any(a // 10 == capability // 10 and a <= capability for a in archs)
+
+
+def vllm_rows() -> list[tuple[str, list[Cell]]]:
+    """vLLM images: torch's CUDA build decides whether anything starts, Triton whether fp16 MoE compiles."""
+    out = []
+    for f in known_images():
+        if f.engine != "vllm":
+            continue
+        cells = []
+        for _, cap in GENERATIONS:
+            if not _sass_runs(f.torch_arch_list, cap):
+                cells.append(Cell("no", _level(f.sources["torch_arch_list"], cap)))
+            elif f.triton_fp16_dot(cap) is False:
+                cells.append(Cell("dense only: no fp16 Triton MoE", _level(f.sources["triton"], cap)))
+            else:
+                cells.append(Cell("deployed", _level(f.sources["torch_arch_list"], cap)))
+        out.append((f"vLLM `{f.ref}`", cells))
+    return out
+
+
 def rows() -> list[tuple[str, list[Cell]]]:
-    """(engine and image, one cell per generation) for every engine beside vLLM (vLLM's rows: its own facts)."""
-    out: list[tuple[str, list[Cell]]] = []
+    """(engine and image, one cell per generation) for every engine llm-cluster knows."""
+    out: list[tuple[str, list[Cell]]] = vllm_rows()
     for image in LMDEPLOY_IMAGES.values():
         out.append((f"LMDeploy TurboMind `{image.ref}`",
                     [Cell("deployed" if image.runs_on(cap) else "no", _level(image.sources["sass"], cap))

@@ -47,6 +47,7 @@ class Engine(ABC):
     ready_path: ClassVar[str] = "/health"  # 200 once it serves requests (the readiness gate)
     metrics_path: ClassVar[str] = "/metrics"  # Prometheus exposition
     metrics_job: ClassVar[str]  # the Prometheus job of its servers
+    memory_keys: ClassVar[str] = "gpuMemoryUtilization or maxModelLen"  # what to lower when it runs out of memory
     # The server answers only to its first served name (404 otherwise): the gateway rewrites the others.
     one_served_name: ClassVar[bool] = False
 
@@ -162,7 +163,8 @@ def container_labels(spec: StackSpec, instance: Instance, node: str, role: str) 
 
 
 def health_gate_script(url: str, timeout_s: int, container_hint: str, *, server: str = "vllm",
-                       interval_s: int = 5, progress_every_s: int = 30) -> str:
+                       memory_keys: str = "gpuMemoryUtilization or maxModelLen", interval_s: int = 5,
+                       progress_every_s: int = 30) -> str:
     """Bash that polls a server's readiness URL until 200, printing elapsed time; times out with what to check."""
     q_url, q_hint, q_server = shlex.quote(url), shlex.quote(container_hint), shlex.quote(server)
     return f"""#!/usr/bin/env bash
@@ -180,7 +182,7 @@ until curl -fs -o /dev/null --max-time 5 "$url"; do
   if (( elapsed >= timeout )); then
     echo "$server: $url not healthy after ${{elapsed}}s (timeout ${{timeout}}s)." \\
       "Check \\`docker logs $container\\` (weights path mounted and complete, out of GPU memory:" \\
-      "lower gpuMemoryUtilization or maxModelLen), \\`nvidia-smi\\` for GPU memory held by another process." >&2
+      "lower {memory_keys}), \\`nvidia-smi\\` for GPU memory held by another process." >&2
     if command -v docker >/dev/null 2>&1; then
       docker logs --tail 30 "$container" >&2 2>&1 || true
     fi

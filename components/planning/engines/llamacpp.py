@@ -219,6 +219,7 @@ class LlamacppEngine(Engine):
     server_role: ClassVar[str] = "llamacpp"
     multi_gpu: ClassVar[tuple[str, ...]] = ("layer", "row", "tensor")
     multi_node: ClassVar[MultiNode] = "none"
+    memory_keys: ClassVar[str] = "llamacpp.contextPerSlot or parallel"
     metrics_job: ClassVar[str] = "llamacpp"
 
     def context_length(self, spec: StackSpec, pool: str) -> int:

@@ -265,6 +265,7 @@ class LmdeployEngine(Engine):
     server_role: ClassVar[str] = "lmdeploy"
     multi_gpu: ClassVar[tuple[str, ...]] = ("tensor",)
     multi_node: ClassVar[MultiNode] = "none"
+    memory_keys: ClassVar[str] = "lmdeploy.cacheMaxEntryCount or sessionLen"
     metrics_job: ClassVar[str] = "lmdeploy"
     one_served_name: ClassVar[bool] = True  # --model-name: any other name gets 404
 
