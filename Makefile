@@ -18,7 +18,7 @@ NUMBER ?= 512
 LOADTEST_ARGS ?=
 LOADTEST_VENV ?= .venv-loadtest
 
-.PHONY: plan rollout test system-deps mutation flakes bench loadtest clean
+.PHONY: plan rollout test system-deps mutation flakes bench loadtest clean lab lab-down
 
 $(VENV)/.runtime: requirements.txt
 	@test -x $(VENV)/bin/pip || { rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
@@ -70,6 +70,15 @@ $(LOADTEST_VENV)/.ready: requirements-loadtest.txt
 loadtest: $(VENV)/.runtime $(LOADTEST_VENV)/.ready
 	@$(PY) -m plan.loadtest --stack $(STACK) $(if $(MODEL),--model '$(MODEL)') --parallel $(PARALLEL) \
 		--number $(NUMBER) --evalscope $(LOADTEST_VENV)/bin/evalscope $(LOADTEST_ARGS)
+
+## lab: the rehearsal lab (root): test hosts, stand-in images, the lab stack brought up on them (lab/README.md)
+LAB_STACK ?= lab
+lab: $(VENV)/.test system-deps
+	$(PY) -m lab up --stack $(LAB_STACK)
+
+## lab-down: remove the lab; fails when anything (namespace, link, mount, process, file) is left behind
+lab-down: $(VENV)/.runtime
+	$(PY) -m lab down
 
 clean:
 	rm -rf build .pytest_cache

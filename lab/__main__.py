@@ -1,0 +1,117 @@
+"""`python -m lab up|down|hosts|images|rehearse|destroy` — `make lab` is `up`, `make lab-down` is `down`.
+
+up: the test hosts, the stand-in images (built once per machine), the source weights, then the
+rehearsal of the stack's plan; it prints the gateway URL, a key, Prometheus and Grafana.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from lab import hosts
+from lab.config import REPO, LabConfigError, LabStack, load_lab_stack
+
+
+def weights(stack: LabStack) -> list[str]:
+    """A generated model directory (config.json and a few MB of shards) on each model's source node."""
+    import yaml
+    doc = yaml.safe_load(stack.path.read_text())["config"]
+    made = []
+    for name, model in (doc.get("llm-cluster:models") or {}).items():
+        node = (model.get("source") or {}).get("node")
+        if not node:
+            continue
+        path = str(model["path"])
+        if not path.startswith("/data/"):
+            raise hosts.LabError(f"llm-cluster:models.{name}.path: the lab's hosts keep weights under /data")
+        root = stack.host(node).dir / "data" / path.removeprefix("/data/")
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "config.json").write_text(json.dumps({"model_type": model.get("arch", name), "lab": True}))
+        for i in range(2):
+            shard = root / f"model-0000{i + 1}-of-00002.safetensors"
+            if not shard.exists():
+                # Deterministic bytes, 2 MiB per shard: enough for rsync and the manifests to mean something.
+                seed = f"{name}-{i}".encode()
+                import hashlib
+                block = b"".join(hashlib.sha256(seed + n.to_bytes(4, "big")).digest() for n in range(1024))
+                shard.write_bytes(block * 64)
+        made.append(f"{node}:{path}")
+    return made
+
+
+def image_refs(stack: LabStack) -> list[str]:
+    from lab.rehearse import IMAGE, plan_resources
+    return sorted({r.inputs["name"] for r in plan_resources(stack.path, stack.name)[0] if r.type == IMAGE})
+
+
+def summary(rehearsal) -> str:  # type: ignore[no-untyped-def]
+    """Where a person reaches the lab's stack from this machine, and a key to do it with."""
+    keys = next((s["outputs"].get("stdout") for s in rehearsal.state.values() if s["name"] == "gateway-keys"), "?")
+    out = rehearsal.outputs
+    return "\n".join([f"gateway:    {out.get('gatewayUrl')}  (API keys: {keys})",
+                      f"Prometheus: {out.get('prometheusUrl')}",
+                      f"Grafana:    {out.get('grafanaUrl')}  (the lab's stand-in: /api/health only)"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m lab", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("action", choices=["up", "down", "hosts", "images", "rehearse", "destroy"])
+    p.add_argument("--stack", default="lab", help="Pulumi.<stack>.yaml (default: lab)")
+    args = p.parse_args(argv)
+    try:
+        stack = load_lab_stack(REPO / f"Pulumi.{args.stack}.yaml")
+    except LabConfigError as e:
+        print(f"lab: {e}", file=sys.stderr)
+        return 2
+    from lab import images
+    from lab.rehearse import Rehearsal, RehearsalError
+    try:
+        if args.action == "down":
+            left = hosts.down()
+            if left:
+                print("lab: left behind:\n  " + "\n  ".join(left), file=sys.stderr)
+                return 1
+            print("lab: down, nothing left behind")
+            return 0
+        if args.action in ("up", "hosts"):
+            why = hosts.can_create_namespaces()
+            if why:
+                print(f"lab: cannot run here: {why}", file=sys.stderr)
+                return 1
+            t0 = time.monotonic()
+            hosts.up(stack)
+            print(f"lab: {len(stack.hosts)} hosts up in {time.monotonic() - t0:.0f}s")
+            if args.action == "hosts":
+                return 0
+        if args.action in ("up", "images"):
+            t0 = time.monotonic()
+            images.ensure(image_refs(stack))
+            print(f"lab: images served by the registry mirror ({time.monotonic() - t0:.0f}s)")
+            if args.action == "images":
+                return 0
+        agent = hosts.start_agent()
+        r = Rehearsal(stack.path, stack.name, agent)
+        if args.action == "destroy":
+            r.destroy()
+            print("lab: destroyed")
+            return 0
+        print("lab: weights on their source nodes: " + ", ".join(weights(stack)))
+        t0 = time.monotonic()
+        steps = r.up()
+        ran = sum(s.action != "same" for s in steps)
+        print(f"lab: up in {time.monotonic() - t0:.0f}s ({ran} of {len(steps)} steps ran)")
+        from lab.rehearse import ADAPTATIONS
+        for line in sorted(set(ADAPTATIONS)):
+            print(f"lab: adapted to this machine: {line}")
+        print(summary(r))
+    except (hosts.LabError, RehearsalError) as e:
+        print(f"lab: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
