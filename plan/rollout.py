@@ -5,8 +5,9 @@ Through Pulumi's Automation API (which drives the `pulumi` CLI on PATH), per ste
 1. `pulumi up --target <the instances' containers, the images they run on their nodes, the gates that
    check them> --target-dependents`: the old containers go, the new ones start, and the up returns
    only when their health gates (Ray's GPU gate, /health) pass;
-2. a check through the gateway: chat completions for the pool's model must answer 200 (the gateway
-   balances over the pool, so this proves the pool serves with the new instances in it);
+2. the gateway's failTimeoutSeconds, for nginx to take back the replicas it shunned while they were
+   down, then a check through it: chat completions for the pool's model must answer 200 (the
+   gateway balances over the pool, so this proves the pool serves with the new instances in it);
 3. the next step — or, on the first failure, stop and say which instance is left in which state.
 The other instances keep serving throughout. What is not an instance (weights, node scripts, the
 gateway and monitoring config) is not touched: run a full `pulumi up` after the rollout.
@@ -19,6 +20,7 @@ import argparse
 import json
 import ssl
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -91,17 +93,33 @@ def gateway_check(url: str, api_key: str | None, model: str, *, attempts: int = 
                        "max_tokens": 1, "stream": False}).encode()
     headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {api_key}"} if api_key else {})
     context = ssl._create_unverified_context() if insecure else None  # noqa: S323 (the operator's choice)
-    for n in range(1, attempts + 1):
+    deadline = time.monotonic() + timeout_s
+    n = 1
+    while n <= attempts:
         request = urllib.request.Request(f"{url.rstrip('/')}/v1/chat/completions", data=body, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=timeout_s, context=context) as resp:  # noqa: S310
                 resp.read()
         except urllib.error.HTTPError as e:
+            # The key's rate limit (shared with the clients the cluster is serving): wait as told.
+            wait = _retry_after(e.headers.get("Retry-After")) if e.code == 429 else None
+            if wait is not None and time.monotonic() + wait < deadline:
+                time.sleep(wait)
+                continue
             return f"request {n}/{attempts} for model {model!r} through {url} answered {e.code}: " \
                    f"{e.read()[:300].decode(errors='replace')}"
         except OSError as e:
             return f"request {n}/{attempts} for model {model!r} through {url} failed: {e}"
+        n += 1
     return None
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds a 429's Retry-After asks for (1 when absent or not a number), at most a minute."""
+    try:
+        return min(max(float(value or 1), 0.1), 60.0)
+    except ValueError:
+        return 1.0
 
 
 def _first_key(outputs: dict[str, Any]) -> str | None:
@@ -135,8 +153,13 @@ def _states(steps: list[Step], at: int, failed: str) -> list[str]:
 
 def rollout(stack: Any, steps: list[Step], model: str, *, check: Callable[..., str | None] = gateway_check,
             say: Callable[[str], None] = print, policy_pack: Path | None = ROOT / "policies",
-            insecure: bool = False) -> int:
-    """Run the steps on an Automation API stack; stop at the first failure, naming each instance's state."""
+            insecure: bool = False, settle_s: float = 0) -> int:
+    """Run the steps on an Automation API stack; stop at the first failure, naming each instance's state.
+
+    `settle_s` (the gateway's failTimeoutSeconds) is waited after each step: nginx keeps a replica
+    that failed while it was being replaced out of rotation that long, so the next step would
+    otherwise take a second replica out while the first is still shunned.
+    """
     total = sum(len(s.instances) for s in steps)
     if any(len(s.instances) == total for s in steps):
         say(f"warning: a step replaces all {total} instance(s) of the pool: it serves nothing until that step's "
@@ -156,6 +179,9 @@ def rollout(stack: Any, steps: list[Step], model: str, *, check: Callable[..., s
             say("\n".join(_states(steps, k, "replaced by a failed up: its containers or health gate did not come "
                                             "up; see the up output above, `docker ps -a` and `docker logs` on its nodes")))
             return EXIT_FAILED
+        if settle_s:
+            say(f"    {names}: healthy; {settle_s:g} s for the gateway to take it back (failTimeoutSeconds)")
+            time.sleep(settle_s)
         url = _output(result.outputs, "gatewayUrl")
         if url:
             problem = check(url, _first_key(result.outputs), model, insecure=insecure)
@@ -178,6 +204,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--pool", required=True, help="the pool to roll out")
     p.add_argument("--max-unavailable", type=int, help="instances per step (default: the pool's maxUnavailable)")
     p.add_argument("--insecure", action="store_true", help="do not verify the gateway's TLS certificate")
+    p.add_argument("--settle-seconds", type=float,
+                   help="wait after each step before the gateway check (default: gateway.failTimeoutSeconds)")
     p.add_argument("--dry-run", action="store_true", help="print the steps and their targets, change nothing")
     return p
 
@@ -210,7 +238,9 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(f"    --target {u}" for u in step.targets))
         return EXIT_OK
     stack = auto.select_stack(stack_name=args.stack, work_dir=str(ROOT))
-    return rollout(stack, steps, model, insecure=args.insecure)
+    settle = args.settle_seconds if args.settle_seconds is not None else \
+        spec.gateway.fail_timeout_seconds if spec.gateway is not None else 0
+    return rollout(stack, steps, model, insecure=args.insecure, settle_s=settle)
 
 
 if __name__ == "__main__":

@@ -81,7 +81,7 @@ def expected_targets(run: ProgramRun, instance: str) -> list[str]:
 def test_each_instance_is_up_targeted_then_checked_through_the_gateway_before_the_next(
         cli: dict[str, Any], prod_preview_run: ProgramRun, capsys: pytest.CaptureFixture[str]) -> None:
     cli["play"]()
-    assert rollout.main(["--stack", "prod", "--pool", "chat"]) == 0
+    assert rollout.main(["--stack", "prod", "--pool", "chat", "--settle-seconds", "0"]) == 0
     argvs = calls(cli["log"])
     assert argvs[0] == ["version"]
     assert argvs[1] == ["stack", "select", "--stack", "prod"]
@@ -105,18 +105,21 @@ def test_each_instance_is_up_targeted_then_checked_through_the_gateway_before_th
 def test_an_instance_targets_its_container_its_image_on_that_node_and_its_gate(prod_preview_run: ProgramRun) -> None:
     names = [u.rsplit("::", 1)[1] for u in rollout.instance_targets(prod_preview_run, "chat-gpu-04")]
     assert names == ["gpu-04-image-" + names[0].split("gpu-04-image-")[1], "chat-gpu-04-vllm", "chat-gpu-04-health"]
-    ray = [u.rsplit("::", 1)[1] for u in rollout.instance_targets(prod_preview_run, "reasoning-gpu-01")]
-    assert sorted(n for n in ray if "image" not in n) == [
-        "reasoning-gpu-01-health", "reasoning-gpu-01-ray-gate", "reasoning-gpu-01-ray-head",
-        "reasoning-gpu-01-ray-worker-gpu-02"]
-    assert sorted(n.split("-image-")[0] for n in ray if "image" in n) == ["gpu-01", "gpu-02"]
+    urns = rollout.instance_targets(prod_preview_run, "reasoning-gpu-01")
+    ray = [u.rsplit("::", 1)[1] for u in urns]
+    assert {"reasoning-gpu-01-health", "reasoning-gpu-01-ray-gate", "reasoning-gpu-01-ray-head",
+            "reasoning-gpu-01-ray-worker-gpu-02"} <= set(ray)
+    assert sorted(n.split("-image-")[0] for n in ray if "-image-" in n) == ["gpu-01", "gpu-02"]
+    # Everything else is the instance's own: children of its ModelServer and RayCluster.
+    parents = {r.urn: r.parent.rsplit("::", 1)[1] for r in prod_preview_run.registrations}
+    assert {parents[u] for u in urns if "-image-" not in u} == {"reasoning-gpu-01", "reasoning-gpu-01-ray"}
 
 
 def test_the_first_failed_up_stops_the_rollout_and_names_each_instance_state(
         cli: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
     cli["play"]([{"exit": 0}, {"exit": 255, "stderr": "error: update failed: chat-gpu-04-health: "
                                                       "http://192.168.10.14:8000/health not healthy after 1800s\n"}])
-    assert rollout.main(["--stack", "prod", "--pool", "chat"]) == 1
+    assert rollout.main(["--stack", "prod", "--pool", "chat", "--settle-seconds", "0"]) == 1
     assert sum(a[0] == "up" for a in calls(cli["log"])) == 2  # no third up
     assert [n for n, _, _ in Gateway.seen] == [1, 1, 1]  # checked after the first only
     out = capsys.readouterr().out
@@ -131,7 +134,7 @@ def test_a_pool_that_does_not_serve_through_the_gateway_stops_the_rollout(
         cli: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
     cli["play"]()
     Gateway.statuses = [200, 502]
-    assert rollout.main(["--stack", "prod", "--pool", "chat"]) == 1
+    assert rollout.main(["--stack", "prod", "--pool", "chat", "--settle-seconds", "0"]) == 1
     assert sum(a[0] == "up" for a in calls(cli["log"])) == 1
     out = capsys.readouterr().out
     assert "rollout stopped at chat-gpu-03: healthy, but the gateway check failed: request 2/3 for model " \
@@ -143,7 +146,7 @@ def test_a_pool_that_does_not_serve_through_the_gateway_stops_the_rollout(
 def test_max_unavailable_replaces_that_many_instances_per_step(
         cli: dict[str, Any], prod_preview_run: ProgramRun) -> None:
     cli["play"]()
-    assert rollout.main(["--stack", "prod", "--pool", "chat", "--max-unavailable", "2"]) == 0
+    assert rollout.main(["--stack", "prod", "--pool", "chat", "--max-unavailable", "2", "--settle-seconds", "0"]) == 0
     ups = [up_targets(a) for a in calls(cli["log"]) if a[0] == "up"]
     pairs = [CHAT[:2], CHAT[2:]]
     assert ups == [[u for i in pair for u in expected_targets(prod_preview_run, i)] for pair in pairs]
@@ -162,7 +165,7 @@ def test_an_unknown_pool_exits_2_naming_the_pools(capsys: pytest.CaptureFixture[
 
 def test_a_single_instance_pool_is_rolled_with_a_warning(cli: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
     cli["play"]()
-    assert rollout.main(["--stack", "prod", "--pool", "reasoning"]) == 0
+    assert rollout.main(["--stack", "prod", "--pool", "reasoning", "--settle-seconds", "0"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("warning: a step replaces all 1 instance(s) of the pool: it serves nothing until")
     assert [n for n, _, _ in Gateway.seen] == [1, 1, 1]

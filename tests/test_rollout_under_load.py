@@ -1,0 +1,99 @@
+"""`make rollout`'s sequencing under client load, on the real nginx gateway: no request lost.
+
+No Pulumi and no vLLM here: the stack the rollout drives is a stand-in whose `up` replaces the
+targeted instance's fake replica (killed like a removed container, a new one listening on the same
+port after a load delay), as `pulumi up --target` replaces its container. The gateway is the
+generated config on real nginx; clients keep sending chat completions through it the whole time.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from components.spec import load_stack_config
+from plan import rollout
+from plan.harness import ProgramRun
+from tests.test_gateway_nginx import CHAT, FakeReplica, NginxGateway, _Server, gateway_config, own_gateway
+
+LOAD_DELAY_S = 0.5  # the new server's "weights loading": nothing listens meanwhile
+CLIENTS = 8
+CLIENT_PAUSE_S = 0.02  # 8 clients at most 400 requests/s: below the key's 1000/s limit
+NAMES = ["chat-gpu-03", "chat-gpu-04", "chat-gpu-05", "chat-gpu-06"]
+
+
+def restart(replica: FakeReplica) -> None:
+    """A new server on the replica's port, as a replaced container comes back on its host port."""
+    replica.killed = False
+    replica.server = _Server(("127.0.0.1", replica.port), replica._handler())
+    threading.Thread(target=replica.server.serve_forever, daemon=True).start()
+
+
+class ReplacingStack:
+    """Stands in for the Automation API stack: `up(target=…)` replaces the targeted instance's replica."""
+
+    def __init__(self, replicas: dict[str, FakeReplica], gw: NginxGateway, keys: dict[str, str]):
+        self.replicas, self.ups = replicas, []
+        self.outputs = {"gatewayUrl": f"http://127.0.0.1:{gw.port}", "gatewayApiKeys": json.dumps(keys)}
+
+    def up(self, target: list[str], **_: Any) -> "ReplacingStack":
+        names = [n for n in self.replicas if any(u.endswith(f"::{n}-vllm") for u in target)]
+        self.ups.append(names)
+        for name in names:
+            self.replicas[name].kill()
+        time.sleep(LOAD_DELAY_S)
+        for name in names:
+            restart(self.replicas[name])
+        return self
+
+
+def roll_under_load(tmp_path: Path, run: ProgramRun, fail_timeout_s: int, settle_s: float,
+                    ) -> tuple[int, list[str], Counter[int], ReplacingStack, dict[str, FakeReplica]]:
+    """Roll the chat pool of a loopback gateway while clients send chat completions through it."""
+    spec = load_stack_config(gateway_config(failTimeoutSeconds=fail_timeout_s), set())
+    chat = {n: FakeReplica(n) for n in NAMES}
+    steps = rollout.rollout_steps(run, spec, "chat", 1)
+    statuses: Counter[int] = Counter()
+    said: list[str] = []
+    done = threading.Event()
+    with own_gateway(spec, {"chat": list(chat.values()), "reasoning": [FakeReplica("r")]}, tmp_path) as (gw, keys):
+        def client() -> None:
+            while not done.is_set():
+                status, _, _ = gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["default"])
+                statuses[status] += 1
+                time.sleep(CLIENT_PAUSE_S)
+
+        clients = [threading.Thread(target=client) for _ in range(CLIENTS)]
+        for c in clients:
+            c.start()
+        stack = ReplacingStack(chat, gw, keys)
+        try:
+            code = rollout.rollout(stack, steps, CHAT, policy_pack=None, say=said.append, settle_s=settle_s)
+        finally:
+            done.set()
+            for c in clients:
+                c.join(30)
+    return code, said, statuses, stack, chat
+
+
+def test_rolling_the_chat_pool_under_load_loses_no_request(tmp_path: Path, prod_preview_run: ProgramRun) -> None:
+    # nginx shuns a replica that failed for failTimeoutSeconds: the rollout waits that long per step.
+    code, said, statuses, stack, chat = roll_under_load(tmp_path, prod_preview_run, 1, 1)
+    assert code == rollout.EXIT_OK, "\n".join(said[-4:])
+    assert stack.ups == [[n] for n in NAMES]  # one instance per step, in pool order
+    assert sum(statuses.values()) > 50 and set(statuses) == {200}, statuses
+    # Every replica served again after its replacement (the gateway check's requests included).
+    assert all(r.requests for r in chat.values())
+    assert "    chat-gpu-03: healthy; 1 s for the gateway to take it back (failTimeoutSeconds)" in said
+
+
+def test_without_waiting_out_the_gateway_the_pool_runs_out_of_replicas(tmp_path: Path,
+                                                                     prod_preview_run: ProgramRun) -> None:
+    # Replaced faster than nginx forgives them (30 s), the replicas are all shunned by the last step.
+    code, said, statuses, _, _ = roll_under_load(tmp_path, prod_preview_run, 30, 0)
+    assert code == rollout.EXIT_FAILED
+    assert any("the gateway check failed" in line and "answered 502" in line for line in said), said[-3:]
+    assert statuses[502] > 0
