@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run = run_main_program(stack.config, stack.secret_keys, stack=stack.name, preview=not args.up)
     except pulumi.RunError as err:  # what the program raises for a config it cannot deploy
-        print(f"invalid stack config {path}:\n  {err}", file=sys.stderr)
+        print(f"invalid stack config {path}:\n  {CREDENTIAL_SHAPES.sub(REDACTED, str(err))}", file=sys.stderr)
         return EXIT_INVALID
     except DuplicateUrnError as err:  # the engine would refuse the whole preview
         print(f"the program cannot be deployed from {path}:\n  {err}", file=sys.stderr)

@@ -21,8 +21,8 @@ from tests.conftest import ROOT, prod_config
 def plan_files(out: Path, seed: str, *args: str) -> dict[str, bytes]:
     """Every file one `python -m plan` run writes, under a given hash seed (set and dict order differ)."""
     env = {**os.environ, "PYTHONHASHSEED": seed}
-    done = subprocess.run([sys.executable, "-m", "plan", "--quiet", "--out", str(out), *args], cwd=ROOT, env=env,
-                          capture_output=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "plan", "--quiet", "--out", str(out), "--sarif", str(out / "v.sarif"),
+                           "--junit", str(out / "v.xml"), *args], cwd=ROOT, env=env, capture_output=True, timeout=300)
     assert done.returncode == 0, done.stderr.decode()
     return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
 
@@ -31,7 +31,7 @@ def test_two_runs_of_the_same_stack_write_byte_identical_plans(tmp_path: Path) -
     for mode in ([], ["--up"]):
         first = plan_files(tmp_path / f"a{len(mode)}", "1", *mode)
         second = plan_files(tmp_path / f"b{len(mode)}", "2", *mode)
-        assert {"prod/plan.txt", "prod/plan.json"} <= set(first)
+        assert {"prod/plan.txt", "prod/plan.json", "v.sarif", "v.xml"} <= set(first)
         assert sorted(first) == sorted(second)
         assert [name for name in first if first[name] != second[name]] == []
 
