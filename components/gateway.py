@@ -18,6 +18,7 @@ from components.planning.gateway import (
     keys_delete_script, keys_script, nginx_argv, readiness_script, routes, split, tls_delete_script,
     tls_from_stdin_script, tls_generate_script, usage_dir_script,
 )
+from components.planning.gateway_image import BUILD_CONTEXT, is_built
 from components.planning.node_scripts import bash_command, script_hash
 from components.spec import StackSpec
 
@@ -61,7 +62,7 @@ class Gateway(Component):
             "routes": routes(spec), "split": split(spec), "pathRoutes": dict(g.path_routes), "exposedPaths": exposed_paths(spec),
             "metricsPort": g.metrics_port, "exporterImage": g.exporter_image,
         }, opts)
-        image = node.images[g.image]
+        image = self._image(spec, node)
         deps: list[pulumi.Resource] = [*node.ready]
         # No delete: the usage log is the operator's record and outlives the gateway.
         usage_dir = remote.Command(
@@ -156,6 +157,19 @@ class Gateway(Component):
         self.exporter: docker.Container = exporter
         self.url: pulumi.Output[str] = pulumi.Output.from_input(f"{scheme}://{node.address}:{g.port}")
         self.register_outputs({"url": self.url, "apiKeys": self.api_keys, "caCert": self.ca_cert})
+
+    def _image(self, spec: StackSpec, node: GpuNode) -> docker.RemoteImage:
+        """The nginx image: built on the node with the tested nginx and njs (the default), or pulled."""
+        g = spec.gateway
+        assert g is not None
+        if not is_built(g.image):
+            return node.images[g.image]
+        # Built by the node's Docker engine from the committed Dockerfile (the context is sent over
+        # the provider's ssh connection); a changed Dockerfile is a new tag, hence a new image.
+        return docker.RemoteImage(
+            self.child("image"), name=g.image, keep_locally=True,
+            build=docker.RemoteImageBuildArgs(context=BUILD_CONTEXT, dockerfile="Dockerfile"),
+            opts=self.opts(provider=node.provider, depends_on=list(node.ready)))
 
     def _exporter(self, spec: StackSpec, node: GpuNode, deps: list[pulumi.Resource]) -> docker.Container:
         """The metrics exporter: our one-file Python program in the official image, on the host network."""

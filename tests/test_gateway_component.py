@@ -12,6 +12,7 @@ from components.planning.gateway import (
     keys_delete_script, keys_script, readiness_script, tls_delete_script, tls_from_stdin_script, tls_generate_script,
     usage_dir_script,
 )
+from components.planning.gateway_image import GATEWAY_IMAGE
 from components.planning.node_scripts import bash_command, written_files
 from components.spec import StackSpec
 from plan.harness import SECRET_SIG, SIG, ProgramRun, Registration, unwrap
@@ -54,7 +55,7 @@ def test_component_props_are_what_the_policy_pack_reads(generated: ProgramRun) -
     (gw,) = generated.by_type(GATEWAY)
     assert gw.name == "gateway" and gw.parent.endswith("pulumi:pulumi:Stack::llm-cluster-prod")
     assert gw.plain_inputs() == {
-        "node": "gpu-01", "port": 443.0, "image": "nginx:1.27.5", "authRequired": True, "apiKeyIds": ["default"],
+        "node": "gpu-01", "port": 443.0, "image": GATEWAY_IMAGE, "authRequired": True, "apiKeyIds": ["default"],
         "keySource": "generated", "tls": True, "tlsSource": "generated",
         "routes": {"deepseek-r1": "reasoning", "/data/models/DeepSeek-R1-GPTQ-Int4": "reasoning",
                    "qwen3-30b-a3b": "chat", "/data/models/Qwen3-30B-A3B": "chat"},
@@ -71,7 +72,7 @@ def test_children_are_parented_to_the_gateway(generated: ProgramRun) -> None:
     children = sorted((r.type, r.name) for r in generated.registrations if r.parent == gw.urn)
     assert children == [(COMMAND, "gateway-config"), (COMMAND, "gateway-keys"), (COMMAND, "gateway-ready"),
                         (COMMAND, "gateway-tls"), (COMMAND, "gateway-usage-dir"), (CONTAINER, "gateway-exporter"),
-                        (CONTAINER, "gateway-nginx")]
+                        (CONTAINER, "gateway-nginx"), ("docker:index/remoteImage:RemoteImage", "gateway-image")]
 
 
 def host_network_container(run: ProgramRun, resource: str, name: str, image: str) -> Registration:
@@ -87,10 +88,10 @@ def host_network_container(run: ProgramRun, resource: str, name: str, image: str
 
 
 def test_container_runs_nginx_on_the_host_files_it_mounts(generated: ProgramRun, prod_spec: StackSpec) -> None:
-    c = host_network_container(generated, "gateway-nginx", "llm-gateway", "gpu-01-image-nginx-1-27-5")
+    c = host_network_container(generated, "gateway-nginx", "llm-gateway", "gateway-image")
     inputs = c.plain_inputs()
     assert {(label["label"], label["value"]) for label in inputs["labels"]} == {
-        ("llm-cluster.role", "gateway"), ("llm-cluster.image", "nginx:1.27.5")}
+        ("llm-cluster.role", "gateway"), ("llm-cluster.image", GATEWAY_IMAGE)}
     # No uploads: config, keys and certificate are host directories, so changing them never
     # changes the container (a reload, not a replace); the usage log outlives it.
     assert not inputs.get("uploads")
@@ -139,7 +140,7 @@ def test_gateway_depends_on_its_node_and_keys_never_on_the_models(generated: Pro
     by_urn = {r.urn: r for r in generated.registrations}
     # The exporter first: nginx's first log lines find it listening.
     assert {by_urn[u].name for u in c.dependencies} == {
-        "gpu-01-hosts", "gpu-01-preflight", "gpu-01-firewall", "gpu-01-clock", "gpu-01-image-nginx-1-27-5",
+        "gpu-01-hosts", "gpu-01-preflight", "gpu-01-firewall", "gpu-01-clock", "gateway-image",
         "gateway-keys", "gateway-tls", "gateway-config", "gateway-usage-dir", "gateway-exporter"}
     (gw,) = generated.by_type(GATEWAY)
     ours = [r for r in generated.registrations if r.parent == gw.urn]
@@ -264,7 +265,7 @@ def test_preview_knows_what_the_policies_read(prod_preview_run: ProgramRun) -> N
     assert gw.plain_inputs()["authRequired"] is True and gw.plain_inputs()["apiKeyIds"] == ["default"]
     assert gw.plain_inputs()["tls"] is True
     labels = {label["label"]: label["value"] for label in result.get("gateway-nginx").plain_inputs()["labels"]}
-    assert labels["llm-cluster.image"] == "nginx:1.27.5"
+    assert labels["llm-cluster.image"] == GATEWAY_IMAGE
 
 
 def test_without_auth_no_key_is_made_written_mounted_or_exported() -> None:
@@ -275,7 +276,7 @@ def test_without_auth_no_key_is_made_written_mounted_or_exported() -> None:
     props = gw.plain_inputs()
     assert (props["authRequired"], props["apiKeyIds"], props["keySource"]) == (False, [], "none")
     assert sorted(r.name for r in result.registrations if r.parent == gw.urn) == [
-        "gateway-config", "gateway-exporter", "gateway-nginx", "gateway-ready", "gateway-usage-dir"]
+        "gateway-config", "gateway-exporter", "gateway-image", "gateway-nginx", "gateway-ready", "gateway-usage-dir"]
     c = result.get("gateway-nginx")
     inputs = c.plain_inputs()
     assert [v["containerPath"] for v in inputs["volumes"]] == ["/etc/llm-gateway", "/var/log/llm-gateway"]

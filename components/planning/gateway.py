@@ -35,6 +35,7 @@ from components.planning.monitoring import host_port
 from components.planning.node_scripts import put_files_lines
 from components.planning.topology import instances
 from components.planning.gateway_engines import engine_server, upstream_keepalive_seconds
+from components.planning.gateway_image import WORKER_UID
 from components.spec.gateway import ApiKeySpec, RateLimitSpec
 from components.spec.stack import StackSpec
 
@@ -60,8 +61,6 @@ HOST_CA_DIR = f"{HOST_KEYS_DIR}/ca"  # the private CA of generated certificates;
 CONTAINER_CONF_DIR = "/etc/llm-gateway"
 CONTAINER_KEYS_DIR = "/etc/llm-gateway-keys"
 CONTAINER_TLS_DIR = "/etc/llm-gateway-tls"
-# The worker user of the nginx images (official and the Debian-built one): owner of the usage log.
-WORKER_UID = 101
 # Certificates the gateway host makes: valid 397 days (what browsers accept), renewed by any
 # deployment within 30 days of expiry; the CA for 10 years.
 CERT_DAYS = 397

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pydantic import Field, ValidationInfo, field_validator
 
+from components.planning.gateway_image import GATEWAY_IMAGE
 from components.spec.base import Spec
 from components.spec.cluster import Cidr, Name, Port
 
@@ -64,8 +65,10 @@ class GatewaySpec(Spec):
 
     node: str
     port: Port = 443
-    image: str = "nginx:1.27.5"
-    """An official nginx image: it carries the njs module the router needs (pin a tag or a digest)."""
+    image: str = GATEWAY_IMAGE
+    """Default: built on the gateway node from Debian with the nginx and njs versions the tests run
+    (components/planning/gateway_image.py). Another image needs nginx with the njs module at
+    /usr/lib/nginx/modules (the official nginx images have it), and is not what was tested."""
     auth: bool = True
     """Require an API key. `false` serves every model to anyone who reaches the port: for a lab only,
     and the policy pack's mandatory `gateway-auth` rule refuses it unless its level is lowered."""
