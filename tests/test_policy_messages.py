@@ -57,6 +57,9 @@ def test_a_variable_the_advice_asks_for_is_named_in_the_pools_env() -> None:
     assert name_stack_keys("raise pools.chat.vllm.maxModelLen (--max-model-len)", keys) == (
         "raise pools.chat.vllm.maxModelLen (--max-model-len)")
     assert name_stack_keys("no flag here.", keys) == "no flag here."
+    # The capacity planner writes flags without their dashes.
+    assert name_stack_keys("lower max-model-len to 14384 or less", keys) == (
+        "lower max-model-len to 14384 or less. Stack key to edit: pools.chat.vllm.maxModelLen (max-model-len).")
 
 
 def test_memory_fit_proposes_fixes_that_work_and_says_when_utilization_cannot() -> None:

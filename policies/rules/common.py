@@ -259,6 +259,8 @@ def config_with_defaults(args: Any, schema: PolicyConfigSchema | None) -> dict[s
 
 # Flags and environment variables a message names, to look up the stack key that sets them.
 _MESSAGE_FLAG = re.compile(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*|-tp|-pp|-q)(?![\w-])")
+# A flag written without its dashes, as the capacity planner's reasons do ("lower max-model-len to 14384").
+_MESSAGE_BARE_FLAG = re.compile(r"(?<![\w-])([a-z0-9]+(?:-[a-z0-9]+)+)(?![\w-])")
 _MESSAGE_ENV = re.compile(r"(?<![\w.])((?:VLLM|NCCL|GLOO|HF|CUDA|TORCH|PYTORCH|RAY)_[A-Z0-9_]+)\b")
 
 
@@ -269,10 +271,14 @@ def name_stack_keys(message: str, keys: Mapping[str, str]) -> str:
     "*env" the pool's env map for variables the pool does not set yet. A key the message already
     names is not repeated."""
     edits: dict[str, str] = {}
-    for match in sorted([*_MESSAGE_FLAG.finditer(message), *_MESSAGE_ENV.finditer(message)],
+    bare = [m for m in _MESSAGE_BARE_FLAG.finditer(message) if f"--{m.group(1)}" in keys
+            and not message[:m.start()].endswith("--")]
+    for match in sorted([*_MESSAGE_FLAG.finditer(message), *_MESSAGE_ENV.finditer(message), *bare],
                         key=lambda m: m.start()):
         token = match.group(1)
-        if token.startswith("-"):
+        if match.re is _MESSAGE_BARE_FLAG:
+            key = keys.get(f"--{token}")
+        elif token.startswith("-"):
             key = keys.get(canonical_flag(token) or token)
         else:
             key = keys.get(token) or (f"{keys['*env']}.{token}" if "*env" in keys else None)
@@ -282,7 +288,9 @@ def name_stack_keys(message: str, keys: Mapping[str, str]) -> str:
         return message
     listed = ", ".join(f"{key} ({token})" if not key.endswith(")") else f"{key[:-1]}: {token})"
                        for key, token in edits.items())
-    return f"{message.rstrip()} Stack key{'s' if len(edits) > 1 else ''} to edit: {listed}."
+    text = message.rstrip()
+    text += "" if text.endswith((".", ")", "!", "?")) else "."
+    return f"{text} Stack key{'s' if len(edits) > 1 else ''} to edit: {listed}."
 
 
 def pool_where(pool: str, members: list[str]) -> str:
