@@ -196,3 +196,14 @@ def test_a_quantized_checkpoint_the_stack_calls_unquantized_is_named(tmp_path: P
         "unset: vLLM loads it as gptq anyway, while the capacity plan and the hardware rules take it for half "
         "weights. State quantization: gptq (and its quantBits and groupSize)."]
     assert refusals(with_config_json(qwen_config_json(tmp_path))) == []  # an fp16 checkpoint
+
+
+def test_data_parallel_ranks_beyond_the_servers_gpus_are_refused() -> None:
+    config = prod_config()
+    chat_vllm(config)["extraArgs"] = ["--data-parallel-size", "2"]
+    assert messages(config) == [
+        f"{CHAT}: --data-parallel-size 2 x --tensor-parallel-size 8 x --pipeline-parallel-size 1 = 16 GPUs, but the "
+        "server has 8: vLLM cannot place its ranks and stops at startup. Serve more copies as more instances of the "
+        "pool (its nodes, replicasPerNode) rather than --data-parallel-size. Stack keys to edit: "
+        "pools.chat.vllm.extraArgs[0] (given in extraArgs: --data-parallel-size), pools.chat.tensorParallel "
+        "(--tensor-parallel-size), pools.chat.pipelineParallel (--pipeline-parallel-size)."]

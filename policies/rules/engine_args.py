@@ -6,6 +6,7 @@ vLLM checks these after parsing, when it builds its configs, and exits before lo
   --disable-sliding-window on a rope-scaled model (NotImplementedError), and --quantization against the
   checkpoint's quantization_config (_verify_quantization; a stack that leaves it unset is told too, since
   vLLM then loads the checkpoint's method while the plan assumes unquantized weights);
+- ParallelConfig: data x tensor x pipeline parallel ranks beyond the GPUs the server has;
 - SchedulerConfig: max_num_batched_tokens below max_model_len with chunked prefill off, below
   max_num_seqs; partial prefills without chunked prefill, a long-prefill threshold above
   max_model_len, max_long_partial_prefills outside [1, max_num_partial_prefills]; num_lookahead_slots
@@ -163,9 +164,27 @@ def check_scheduler(launch: Launch) -> list[str]:
     return out
 
 
+def check_world_size(launch: Launch) -> list[str]:
+    """--data-parallel-size multiplies the GPUs a server takes: data x tensor x pipeline must fit its nodes."""
+    dp = _int(launch, "data_parallel_size")
+    per_node = launch.gpus_per_node
+    if dp is None or dp <= 1 or per_node is None:
+        return []
+    tp = _int(launch, "tensor_parallel_size") or 1
+    pp = _int(launch, "pipeline_parallel_size") or 1
+    have = per_node * (len(launch.nodes) or 1)
+    if dp * tp * pp <= have:
+        return []
+    return [f"--data-parallel-size {dp} x --tensor-parallel-size {tp} x --pipeline-parallel-size {pp} = "
+            f"{dp * tp * pp} GPUs, but the server has {have}: vLLM cannot place its ranks and stops at startup. "
+            "Serve more copies as more instances of the pool (its nodes, replicasPerNode) rather than "
+            "--data-parallel-size."]
+
+
 def check_engine_args(launch: Launch, config: dict[str, Any]) -> list[str]:
     """Every cross-field refusal of vLLM's config validation this launch would meet."""
-    return check_context(launch) + check_checkpoint_quantization(launch) + check_scheduler(launch)
+    return (check_context(launch) + check_checkpoint_quantization(launch) + check_scheduler(launch)
+            + check_world_size(launch))
 
 
 POLICIES = [
