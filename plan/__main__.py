@@ -20,7 +20,7 @@ from components.planning.pool_capacity import capacity_report  # noqa: E402
 from components.spec import SpecError, load_stack_config  # noqa: E402
 from plan.analyze import PolicyConfigError, analyze  # noqa: E402
 from plan.graph import component_graph, write_graph  # noqa: E402
-from plan.diff import keep_previous, plan_diff, previous_plan  # noqa: E402
+from plan.diff import keep_previous, parse_plan, plan_diff, previous_plan  # noqa: E402
 from plan.harness import DuplicateUrnError, run_main_program  # noqa: E402
 from plan.report import PlanResult, artifacts_of, in_stable_order, plan_json, render_text, write_artifacts  # noqa: E402
 from plan.redact import CREDENTIAL_SHAPES, REDACTED, Redactor  # noqa: E402
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     result.artifacts = write_artifacts(files, out_dir)
     result.artifacts += [str(p.relative_to(out_dir)) for p in write_graph(component_graph(run.registrations), out_dir)]
     if against is None and previous is not None:
-        against, args.against = json.loads(previous), previous_path
+        against, args.against = parse_plan(previous), previous_path
     # Against the plan as written (redacted), as the previous one was.
     result.diff = plan_diff(against, redactor.data(plan_json(result)), spec, str(args.against) if args.against else None)
     text = redactor.text(render_text(result))

@@ -380,7 +380,9 @@ def plan_diff(before: dict[str, Any] | None, after: dict[str, Any], spec: StackS
               against: str | None) -> dict[str, Any]:
     """plan.json's `diff`: resources changed, the summary, and the service impact."""
     if before is None:
-        return {"against": None, "note": "no previous plan of this stack: the next plan compares against this one"}
+        note = ("no previous plan of this stack: the next plan compares against this one" if against is None
+                else f"{against} is not a plan.json: nothing to compare against")
+        return {"against": None, "note": note}
     changes = diff_resources(before, after)
     out: dict[str, Any] = {
         "against": against,
@@ -450,6 +452,15 @@ def previous_plan(out_dir: Path) -> bytes | None:
     """The plan.json the last run of this stack wrote (read before the plan directory is emptied)."""
     path = out_dir / "plan.json"
     return path.read_bytes() if path.is_file() else None
+
+
+def parse_plan(raw: bytes) -> dict[str, Any] | None:
+    """A kept plan.json as a document; None when it is not one (truncated, or written by hand)."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("resources"), list) else None
 
 
 def keep_previous(out_dir: Path, previous: bytes | None) -> str | None:

@@ -245,3 +245,13 @@ def test_a_changed_sibling_command_with_the_container_kept_is_a_reload(order: st
     changes = diff_resources(before, after)
     assert [(c.name, c.op) for c in changes] == [("gw-config", "update")]
     assert service_impact(changes, before, after, prod_spec)["services"] == {"gateway": {"reload": ["gw-nginx"]}}
+
+
+def test_an_unreadable_previous_plan_is_said_and_replaced(tmp_path: Path) -> None:
+    stack = write_stack(tmp_path / "Pulumi.prod.yaml", prod_config())
+    out = tmp_path / "out" / "prod"
+    out.mkdir(parents=True)
+    (out / "plan.json").write_text('{"resources": [')  # cut short
+    assert cli.main(["--config", str(stack), "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    diff = json.loads((out / "plan.json").read_text())["diff"]
+    assert diff == {"against": None, "note": f"{out / 'previous' / 'plan.json'} is not a plan.json: nothing to compare against"}
