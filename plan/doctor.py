@@ -30,7 +30,7 @@ from components.planning import firewall  # noqa: E402
 from components.planning.engines import engine_for  # noqa: E402
 from components.planning.engines.base import container_name, nccl_env, server_container_name  # noqa: E402
 from components.planning.fabric import nccl_fix, parse_nccl_net  # noqa: E402
-from components.planning.node_scripts import operator_file_path  # noqa: E402
+from components.planning.node_scripts import operator_file_path, root_steps  # noqa: E402
 from components.planning.preflight import parse_chrony_tracking, parse_timedatectl  # noqa: E402
 from components.planning.ray import parse_ray_status, ray_status_argv, want_gpus  # noqa: E402
 from components.planning.rdma import rdma_script  # noqa: E402
@@ -519,7 +519,10 @@ def ssh_runner(spec: StackSpec, stack: str) -> Runner:
                                     if "sshPrivateKey" in spec.secrets else None)
         if key:
             opts += ["-i", os.path.expanduser(key)]
-        argv = ["ssh", *opts, f"{spec.ssh.user}@{n.ssh_address or n.address}", "bash -s"]
+        # The kernel log and nft's table need root: a non-root user's probe runs through sudo -n, as
+        # the deployment's root steps do.
+        shell = "sudo -n bash -s" if root_steps(spec) else "bash -s"
+        argv = ["ssh", *opts, f"{spec.ssh.user}@{n.ssh_address or n.address}", shell]
         try:
             p = subprocess.run(argv, input=script, capture_output=True, text=True, timeout=300)
         except subprocess.TimeoutExpired:

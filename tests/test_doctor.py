@@ -275,6 +275,25 @@ def test_the_text_report_says_what_was_seen_and_what_to_do(answers: Any, capsys:
     assert re.search(r"^ +do: check NCCL_IB_HCA=mlx5_0", text, re.M)
 
 
+def test_ssh_runs_the_probe_with_the_stacks_settings(prod_spec: StackSpec, tmp_path: Path, monkeypatch: Any) -> None:
+    from plan.doctor import ssh_runner
+
+    seen: list[list[str]] = []
+
+    def fake_run(argv: list[str], **kw: Any) -> Any:
+        seen.append(argv)
+        return subprocess.CompletedProcess(argv, 0, "@@doctor date\n1\n@@rc 0\n", "")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    assert ssh_runner(prod_spec, "prod")("gpu-02", "probe")[0] == 0
+    assert seen[-1] == ["ssh", "-o", "BatchMode=yes", "-o", "Port=22", "-o", "ConnectTimeout=10", "-o",
+                        "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+                        "root@192.168.10.12", "bash -s"]
+    ops = prod_spec.model_copy(update={"ssh": prod_spec.ssh.model_copy(update={"user": "ops"})})
+    ssh_runner(ops, "prod")("gpu-02", "probe")
+    assert seen[-1][-2:] == ["ops@192.168.10.12", "sudo -n bash -s"]
+
+
 def test_sections_parse_and_every_probe_is_shellcheck_clean(prod_spec: StackSpec, tmp_path: Path) -> None:
     assert parse_sections("@@doctor a\nx\ny\n@@rc 3\n@@doctor b\n@@rc 0\n") == {"a": (3, "x\ny\n"), "b": (0, "")}
     for node in prod_spec.nodes:

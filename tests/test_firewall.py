@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import re
 import subprocess
 import textwrap
 from collections.abc import Iterator
@@ -163,8 +165,12 @@ def test_an_unmanaged_firewall_registers_nothing_and_gets_the_advisory(config: d
 # --- for real: network namespaces opsfw-* on 198.18.9.0/24 -----------------------------------------
 
 SUBNET = "198.18.9"
-HOSTS = {"opsfw-n1": f"{SUBNET}.1", "opsfw-n2": f"{SUBNET}.2", "opsfw-out": f"{SUBNET}.100"}
-BRIDGE_NS = "opsfw-br"
+# Names of this process's own (opsfw-<pid>-…): several runs of the suite may share the machine. The
+# subnet is private to each run's bridge namespace, so the addresses never meet.
+_RUN = f"opsfw-{os.getpid()}"
+N1, N2, OUT = f"{_RUN}-n1", f"{_RUN}-n2", f"{_RUN}-out"
+HOSTS = {N1: f"{SUBNET}.1", N2: f"{SUBNET}.2", OUT: f"{SUBNET}.100"}
+BRIDGE_NS = f"{_RUN}-br"
 # gpu-01 of the reference stack: gateway 443, Ray head 6379/8265/10001, vLLM 8000, exporters, Grafana;
 # 15000 in Ray's worker range, 40000 ephemeral (NCCL), 7000 nobody's (left alone), 22 SSH.
 PROBE_PORTS = [22, 443, 3000, 6379, 7000, 8000, 8265, 9100, 9400, 10001, 15000, 40000]
@@ -206,8 +212,21 @@ def in_ns(ns: str, *argv: str, check: bool = True) -> subprocess.CompletedProces
     return sh("ip", "netns", "exec", ns, *argv, check=check)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def remove_namespaces() -> None:
-    for ns in [*HOSTS, BRIDGE_NS]:
+    """Ours, and those of earlier runs killed mid-way (their process is gone)."""
+    stale = [name for name in sh("ip", "netns", "list").stdout.split()
+             if (m := re.match(r"^opsfw-(\d+)-", name)) and not _alive(int(m.group(1)))]
+    for ns in [*HOSTS, BRIDGE_NS, *stale]:
         sh("ip", "netns", "delete", ns, check=False)
 
 
@@ -261,38 +280,38 @@ def test_in_namespaces_outsiders_reach_only_gateway_and_ssh_and_cluster_hosts_re
         config: dict[str, Any], tmp_path: Path) -> None:
     tool("nft")
     spec = lab_spec(config)
-    n1 = HOSTS["opsfw-n1"]
+    n1 = HOSTS[N1]
     create = tmp_path / "create.sh"
     delete = tmp_path / "delete.sh"
     create.write_text(firewall.create_script(spec, "gpu-01", rules_dir=str(tmp_path / "etc")))
     delete.write_text(firewall.delete_script("gpu-01", rules_dir=str(tmp_path / "etc")))
-    with namespaces(), listening("opsfw-n1", PROBE_PORTS):
-        assert set(probe("opsfw-out", n1).values()) == {"open"}  # nothing filtered yet
+    with namespaces(), listening(N1, PROBE_PORTS):
+        assert set(probe(OUT, n1).values()) == {"open"}  # nothing filtered yet
         # Someone else's table, which ours must leave alone.
-        in_ns("opsfw-n1", "nft", "add", "table", "inet", "opsfw_other")
-        first = in_ns("opsfw-n1", "bash", str(create))
+        in_ns(N1, "nft", "add", "table", "inet", "opsfw_other")
+        first = in_ns(N1, "bash", str(create))
         assert "firewall: table inet llm_cluster loaded" in first.stdout
-        listed = in_ns("opsfw-n1", "nft", "list", "table", "inet", "llm_cluster").stdout
-        assert in_ns("opsfw-n1", "bash", str(create)).returncode == 0  # a second run replaces, same table
-        assert in_ns("opsfw-n1", "nft", "list", "table", "inet", "llm_cluster").stdout == listed
+        listed = in_ns(N1, "nft", "list", "table", "inet", "llm_cluster").stdout
+        assert in_ns(N1, "bash", str(create)).returncode == 0  # a second run replaces, same table
+        assert in_ns(N1, "nft", "list", "table", "inet", "llm_cluster").stdout == listed
 
-        outside = probe("opsfw-out", n1)
+        outside = probe(OUT, n1)
         assert {p for p, s in outside.items() if s == "open"} == {22, 443, 7000}
-        assert probe("opsfw-n2", n1) == {p: "open" for p in PROBE_PORTS}
+        assert probe(N2, n1) == {p: "open" for p in PROBE_PORTS}
 
         # allowFrom narrows the gateway for outsiders only.
         (tmp_path / "narrow.sh").write_text(firewall.create_script(
             lab_spec(config, ["203.0.113.0/24"]), "gpu-01", rules_dir=str(tmp_path / "etc")))
-        in_ns("opsfw-n1", "bash", str(tmp_path / "narrow.sh"))
-        assert probe("opsfw-out", n1)[443] == "closed" and probe("opsfw-out", n1)[22] == "open"
-        assert probe("opsfw-n2", n1)[443] == "open"
+        in_ns(N1, "bash", str(tmp_path / "narrow.sh"))
+        assert probe(OUT, n1)[443] == "closed" and probe(OUT, n1)[22] == "open"
+        assert probe(N2, n1)[443] == "open"
 
-        gone = in_ns("opsfw-n1", "bash", str(delete))
+        gone = in_ns(N1, "bash", str(delete))
         assert "removed" in gone.stdout
-        tables = in_ns("opsfw-n1", "nft", "list", "tables").stdout
+        tables = in_ns(N1, "nft", "list", "tables").stdout
         assert "llm_cluster" not in tables and "table inet opsfw_other" in tables
-        assert set(probe("opsfw-out", n1).values()) == {"open"}
-        assert in_ns("opsfw-n1", "bash", str(delete)).returncode == 0  # deleting twice is fine
+        assert set(probe(OUT, n1).values()) == {"open"}
+        assert in_ns(N1, "bash", str(delete)).returncode == 0  # deleting twice is fine
         assert not (tmp_path / "etc" / "firewall.nft").exists()
     assert not set(sh("ip", "netns", "list").stdout.split()) & {*HOSTS, BRIDGE_NS}
 
@@ -303,7 +322,7 @@ def test_the_script_refuses_a_node_whose_ephemeral_range_is_wider(config: dict[s
     script = tmp_path / "create.sh"
     script.write_text(firewall.create_script(lab_spec(config), "gpu-04", rules_dir=str(tmp_path / "etc")))
     with namespaces():
-        run = in_ns("opsfw-n1", "bash", str(script), check=False)
+        run = in_ns(N1, "bash", str(script), check=False)
         assert run.returncode == 1
         assert "fix: set firewall.ephemeralPorts to [32768, 60999]" in run.stderr
-        assert "llm_cluster" not in in_ns("opsfw-n1", "nft", "list", "tables").stdout
+        assert "llm_cluster" not in in_ns(N1, "nft", "list", "tables").stdout
