@@ -237,6 +237,8 @@ def check_firewall(spec: StackSpec, obs: Observed, nodes: Sequence[str]) -> list
                                    "(Ray's ports are open to anyone who reaches the node)",
                                    "run pulumi up (it loads the table); after a reboot check "
                                    f"systemctl status {firewall.UNIT}"))
+            else:
+                out.append(Finding("firewall", n, "ok", f"table {firewall.FAMILY} {firewall.TABLE} loaded"))
         ports = _get(obs, n, "ports")
         closed = [ln.rsplit(" ", 1)[0] for ln in (ports[1].splitlines() if ports else []) if ln.endswith(" closed")]
         if closed:

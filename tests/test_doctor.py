@@ -126,7 +126,7 @@ def test_a_healthy_cluster_has_no_failure(answers: Any, capsys: Any) -> None:
     code, report = doctor(answers, capsys)
     assert code == 0 and report["failed"] == 0
     assert {f["check"] for f in report["findings"]} == {
-        "ssh", "clock", "ports", "gid", "ray", "nccl", "weights", "replica", "xid"}
+        "ssh", "clock", "firewall", "ports", "gid", "ray", "nccl", "weights", "replica", "xid"}
     assert finding(report, "ray", "reasoning-gpu-01")["seen"] == "2 nodes, 16 GPUs"
     assert finding(report, "nccl", "gpu-02/ray-worker-reasoning-gpu-01")["seen"] == "NET/IB: mlx5_0:1/IB"
 
@@ -270,7 +270,7 @@ def test_the_text_report_says_what_was_seen_and_what_to_do(answers: Any, capsys:
     answers["gpu-02"]["logs:ray-worker-reasoning-gpu-01"] = (0, NCCL_SOCKET)
     assert main(["--stack", "prod", "--node", "gpu-02"], run=runner(answers)) == 1
     text = capsys.readouterr().out
-    assert text.splitlines()[0] == "doctor prod: 1 node(s), 7 finding(s): 1 failed, 0 warning(s)"
+    assert text.splitlines()[0] == "doctor prod: 1 node(s), 8 finding(s): 1 failed, 0 warning(s)"
     assert re.search(r"^FAIL  nccl +gpu-02/ray-worker-reasoning-gpu-01 +NCCL uses NET/Socket", text, re.M)
     assert re.search(r"^ +do: check NCCL_IB_HCA=mlx5_0", text, re.M)
 
@@ -304,3 +304,15 @@ def test_sections_parse_and_every_probe_is_shellcheck_clean(prod_spec: StackSpec
     for word in ("docker rm", "docker stop", "docker restart", "nft add", "nft delete", "nft -f", "rm -", " > /"):
         assert word not in text
     assert isinstance(Finding("x", "y", "ok", "z"), Finding)
+
+
+def test_the_readme_shows_what_doctor_prints_for_its_three_faults(answers: Any, capsys: Any) -> None:
+    answers["gpu-02"]["logs:ray-worker-reasoning-gpu-01"] = (0, NCCL_SOCKET)
+    answers["gpu-01"]["health:chat-gpu-06"] = (7, "000\n")
+    answers["gpu-06"]["kernel"] = (0, XID)
+    answers["gpu-04"]["weights:qwen3-30b-a3b"] = (0, "nfs4\n1073741824 bytes (1.1 GB, 1.0 GiB) copied, 9.1 s, 118 MB/s\n")
+    assert main(["--stack", "prod"], run=runner(answers)) == 1
+    shown = [ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith("OK ")]
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = readme[readme.index("doctor prod: 6 node(s)"):readme.index("exit status 1\n```")].splitlines()
+    assert block == shown
