@@ -29,8 +29,10 @@ ROOT_STEPS = {"hosts", "firewall", "mount", "gateway-keys", "gateway-tls", "gate
 # What only root may do on a node; a command without sudo must do none of it (a new root step is caught).
 PRIVILEGED = re.compile(r"/etc/(hosts|fstab|llm-cluster)|^\s*(chown|mount|umount|nft -f|systemctl enable)\b|"
                         r"install [^\n]*-o ", re.M)
-DEPLOY, PLAIN = "llmc-s-deploy", "llmc-s-plain"  # this test's users: sudo + docker group, and neither
-SUDOERS = Path("/etc/sudoers.d/llmc-s-test")
+# This run's users (sudo + docker group, and neither), named for this process: another run of the suite
+# on the machine (a developer's, CI's) makes and deletes its own, never these.
+DEPLOY, PLAIN = f"llmc{os.getpid()}-deploy", f"llmc{os.getpid()}-plain"
+SUDOERS = Path(f"/etc/sudoers.d/llmc-test-{os.getpid()}")
 
 
 def step_of(name: str) -> str:
