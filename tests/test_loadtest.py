@@ -59,8 +59,8 @@ def test_no_key_exits_2(capsys: Any, monkeypatch: Any) -> None:
 
 def make_loadtest(url: str, out: Path, extra: str = "", **make: str) -> subprocess.CompletedProcess[str]:
     args = f"--url {url} --key sk-load --max-tokens 8 --out {out} {extra}".strip()
-    cmd = [tool("make"), "-s", "loadtest", "STACK=prod", "PARALLEL=4", "NUMBER=16", f"LOADTEST_VENV={CACHED_VENV}",
-           f"LOADTEST_ARGS={args}", *(f"{k}={v}" for k, v in make.items())]
+    settings = {"STACK": "prod", "PARALLEL": "4", "NUMBER": "16", "LOADTEST_VENV": CACHED_VENV, **make}
+    cmd = [tool("make"), "-s", "loadtest", f"LOADTEST_ARGS={args}", *(f"{k}={v}" for k, v in settings.items())]
     # Bounded: evalscope starts in a few seconds; installing it when the cache is missing takes minutes.
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -96,3 +96,17 @@ def test_failed_requests_fail_the_target(tmp_path: Path) -> None:
     assert done.returncode != 0 and "Error 1" in done.stderr  # make's words for the planner's exit 1
     r = json.loads((tmp_path / "prod" / "report.json").read_text())["models"]["qwen3-30b-a3b"]
     assert r["failed"] == 4 and r["succeeded"] == 12
+
+
+def test_an_https_gateway_is_verified_against_the_ca_given(tmp_path: Path) -> None:
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run([tool("openssl"), "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                    "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    state = FakeOpenAI(keys={"sk-load"}, models={"qwen3-30b-a3b": Behaviour()})
+    with serving(state, tls=(str(cert), str(key))):
+        url = state.url.replace("http:", "https:")
+        done = make_loadtest(url, tmp_path, f"--ca-cert {cert}", MODEL="qwen3-30b-a3b", NUMBER="4")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    r = json.loads((tmp_path / "prod" / "report.json").read_text())["models"]["qwen3-30b-a3b"]
+    assert (r["succeeded"], r["failed"]) == (4, 0)
