@@ -51,7 +51,9 @@ def test_cuda13_lmdeploy_image_on_v100_is_refused_naming_the_cu12_8_tags() -> No
                           "build: no Volta kernels")
     assert "Use openmmlab/lmdeploy:v0.16.0-cu12.8 or openmmlab/lmdeploy:v0.15.0-cu12.8" in msg
     props["image"] = "openmmlab/lmdeploy:latest"
-    [msg] = messages(props, "engine-image")
+    assert messages(props, "engine-image") == []
+    [(policy, level, msg)] = [d for d in diagnostics(props) if d[0] == "engine-image-unknown"]
+    assert level == "advisory"
     assert "is not in the lmdeploy facts table, so nothing says it runs on Tesla V100-SXM2-32GB (sm_70)" in msg
 
 
@@ -162,3 +164,11 @@ def test_a_pool_its_engine_cannot_size_is_refused_saying_why() -> None:
     config["llm-cluster:pools"]["chat"].update(tensorParallel=3)
     config["llm-cluster:pools"]["chat"]["nodes"] = ["gpu-03"]
     assert any("not divisible by tensor parallel size 3" in m for m in messages(props_of(config), "engine-capacity"))
+
+
+def test_a_private_lmdeploy_build_is_sized_and_advised_not_refused() -> None:
+    config = lmdeploy_config()
+    config["llm-cluster:pools"]["chat"]["image"] = "registry.local/lmdeploy:custom-cu128"
+    props = props_of(config)
+    assert props["capacity"]["fits"] is True and props["capacity"]["engine"] == "lmdeploy"
+    assert [(d[0], d[1]) for d in diagnostics(props)] == [("engine-image-unknown", "advisory")]

@@ -104,16 +104,22 @@ def engine_policy(name: str, description: str, engines: tuple[str, ...], check: 
 
 def check_image(s: Server) -> list[str]:
     """The image's engine build has kernels for the GPU (the CUDA 13 builds have none for Volta)."""
-    if s.facts is None:
-        known = sorted(LMDEPLOY_IMAGES if s.engine == "lmdeploy" else LLAMACPP_IMAGES)
-        return [f"image {s.image} is not in the {s.engine} facts table, so nothing says it runs on {s.where}; "
-                f"use one of: {', '.join(known)} (components/facts/{s.engine}.py)"]
-    if s.facts.runs_on(s.cap):
-        return []
+    if s.facts is None or s.facts.runs_on(s.cap):
+        return []  # an unknown image: engine-image-unknown (advisory)
     working = [ref for ref, f in (LMDEPLOY_IMAGES if s.engine == "lmdeploy" else LLAMACPP_IMAGES).items()
                if f.runs_on(s.cap)]
     return [f"image {s.image} has no kernels for {s.where}: {s.facts.note} ({s.facts.cite('sass')}). "
             f"Use {' or '.join(working)}"]
+
+
+def check_image_known(s: Server) -> list[str]:
+    """Advisory: an image the facts table does not know cannot be judged (a private build, a rolling tag)."""
+    if s.facts is not None:
+        return []
+    known = sorted(LMDEPLOY_IMAGES if s.engine == "lmdeploy" else LLAMACPP_IMAGES)
+    return [f"image {s.image} is not in the {s.engine} facts table, so nothing says it runs on {s.where} and its "
+            f"flags cannot be checked; capacity is sized as the default image's. Known: {', '.join(known)} "
+            f"(components/facts/{s.engine}.py)"]
 
 
 def check_flags(s: Server) -> list[str]:
@@ -269,6 +275,8 @@ def check_llamacpp_jit(s: Server) -> list[str]:
 POLICIES = [
     engine_policy("engine-image", "The engine image has kernels for the pool's GPU (LMDeploy, llama.cpp).",
                   ("lmdeploy", "llamacpp"), check_image),
+    engine_policy("engine-image-unknown", "The engine image is one the facts table knows (LMDeploy, llama.cpp).",
+                  ("lmdeploy", "llamacpp"), check_image_known, EnforcementLevel.ADVISORY),
     engine_policy("engine-flags", "Every flag exists in the engine image's own CLI with a valid value (LMDeploy, "
                   "llama.cpp).", ("lmdeploy", "llamacpp"), check_flags),
     engine_policy("engine-capacity", "The engine's capacity model sizes the pool (heads divisible by TP, weights "

@@ -20,7 +20,7 @@ from typing import ClassVar
 
 from components.facts.gguf import GgufModel, read_gguf
 from components.facts.hardware import gpu
-from components.facts.llamacpp import LlamacppImage, llamacpp_image
+from components.facts.llamacpp import DEFAULT_IMAGE, LlamacppImage, llamacpp_image
 from components.facts.models import ModelArch
 from components.planning.engines.base import Engine, MultiNode
 from components.planning.engines.estimate import GIB, EngineEstimate
@@ -243,9 +243,9 @@ class LlamacppEngine(Engine):
     def capacity(self, spec: StackSpec, pool: str, *, mla: bool | None = None) -> dict[str, object]:
         p = spec.pools[pool]
         o = p.llamacpp
-        image = self.image_facts(spec, pool)
-        if o is None or image is None:
-            return {"error": f"capacity not estimated: {p.image} is not a llama.cpp image in the facts table"}
+        # An image the table does not know (a private build) is sized as the default image's llama.cpp would.
+        image = self.image_facts(spec, pool) or llamacpp_image(DEFAULT_IMAGE)
+        assert o is not None and image is not None  # the spec requires the llamacpp block
         model = spec.models[p.model]
         node_gpu = spec.node(p.nodes[0]).gpu
         assert node_gpu is not None  # the spec refuses nodes without GPUs

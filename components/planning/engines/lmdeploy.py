@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from components.facts.hardware import gpu
-from components.facts.lmdeploy import LmdeployImage, lmdeploy_image
+from components.facts.lmdeploy import DEFAULT_IMAGE, LmdeployImage, lmdeploy_image
 from components.facts.models import ModelArch
 from components.planning.capacity import model_params
 from components.planning.engines.base import Engine, MultiNode, nccl_env
@@ -286,9 +286,9 @@ class LmdeployEngine(Engine):
     def capacity(self, spec: StackSpec, pool: str, *, mla: bool | None = None) -> dict[str, object]:
         p = spec.pools[pool]
         o = p.lmdeploy
-        image = self.image_facts(spec, pool)
-        if o is None or image is None:
-            return {"error": f"capacity not estimated: {p.image} is not an LMDeploy image in the facts table"}
+        # An image the table does not know (a private build) is sized as TurboMind of the default image lays it out.
+        image = self.image_facts(spec, pool) or lmdeploy_image(DEFAULT_IMAGE)
+        assert o is not None and image is not None  # the spec requires the lmdeploy block
         model = spec.models[p.model]
         node_gpu = spec.node(p.nodes[0]).gpu
         assert node_gpu is not None  # the spec refuses nodes without GPUs
