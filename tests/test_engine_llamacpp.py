@@ -205,3 +205,26 @@ def test_usage_of_a_real_llama_server_answer_has_openais_shape() -> None:
               if line.startswith("data: {")]
     assert [c["usage"]["total_tokens"] for c in chunks if "usage" in c] == [13]  # only the last, with include_usage
     assert chunks[-1]["choices"] == []
+
+
+def test_kv_cache_estimate_matches_a_real_llama_server(tmp_path: Path) -> None:
+    """A CPU build of b11312 serving the tiny GGUF with -c 2048 -np 4 logged its cache (fixture): the estimate
+    gives the same per-slot context and the same KV bytes, and the GGUF's tensor bytes are its model buffer."""
+    import re
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "engines"))
+    from make_tiny_llama_gguf import write_tiny_llama  # type: ignore[import-not-found]
+
+    log = (Path(__file__).parent / "fixtures" / "engines" / "llama.cpp-b11312-tiny-c2048-np4.log").read_text()
+    kv_mib = float(re.search(r"llama_kv_cache: size =\s+([\d.]+) MiB", log).group(1))  # type: ignore[union-attr]
+    model_mib = float(re.search(r"model buffer size =\s+([\d.]+) MiB", log).group(1))  # type: ignore[union-attr]
+    slot = int(re.search(r"n_ctx_seq\s+= (\d+)", log).group(1))  # type: ignore[union-attr]
+    shape = shape_from_gguf(read_gguf(write_tiny_llama(tmp_path / "tiny.gguf")))
+    est = llamacpp_estimate(shape, 32.0, gpus=1, split_mode="none", ctx_per_slot=512, parallel=4,
+                            cache_type="f16", flash_attention=True).to_dict()
+    assert est["ctx_per_slot"] == slot == 512 and est["n_ctx"] == 2048
+    # (the GiB figures are rounded to 4 places in plan.json: compare the exact per-token bytes x cells)
+    assert est["kv_bytes_per_token_per_gpu"] * est["n_ctx"] / 2**20 == pytest.approx(kv_mib, abs=0.005)
+    total_mib = (sum(shape.layer_bytes) + shape.output_bytes + shape.input_bytes) / 2**20
+    assert total_mib == pytest.approx(model_mib, abs=0.005)
