@@ -44,6 +44,9 @@ def server_props(spec: StackSpec, instance: Instance) -> dict[str, Any]:
         "gpuModel": g.model, "gpuCount": g.count,  # per node, as GpuNode states it
         "nodes": list(instance.nodes), "tensorParallel": instance.tensor_parallel,
         "pipelineParallel": instance.pipeline_parallel, "image": pool.image, "engine": pool.engine,
+        # A private build's declared facts, so the pack judges it by them (None: the table's, by image).
+        "imageFacts": ({"like": pool.image_facts.like, **pool.image_facts.overrides()}
+                       if pool.image_facts is not None else None),
         "argv": engine.serve_argv(spec, instance), "env": engine.serve_env(spec, instance, instance.head),
         # So the pack reports once per pool, naming its instances and the stack keys to edit.
         "poolInstances": [i.name for i in instances(spec, instance.pool)],

@@ -14,7 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-from components.facts.hardware import DTYPE_ALIASES, KV_CACHE_DTYPES, engine_support, gpu
+from components.facts.hardware import DTYPE_ALIASES, gpu
+from components.facts.images import DEFAULT_IMAGES, IMAGES, KV_CACHE_DTYPES, image_facts
 from components.facts.models import (MODELS, ModelArch, arch_from_config_json, model_arch,
                                      quantization_from_config_json)
 from components.planning.capacity import CapacityEstimate, estimate
@@ -49,6 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--no-mla", action="store_true", help="plan as with VLLM_MLA_DISABLE=1 (needed on V100)")
+    p.add_argument("--image", default=DEFAULT_IMAGES["vllm"],
+                   help=f"serving image whose engine line sets the default batch budget (default {DEFAULT_IMAGES['vllm']}; "
+                        f"known: {', '.join(sorted(IMAGES))})")
     p.add_argument("--json", action="store_true", help="print the estimate as JSON")
     return p
 
@@ -94,8 +98,11 @@ def run(argv: list[str]) -> tuple[CapacityEstimate, dict[str, object]]:
         except KeyError as e:
             raise UsageError(str(e.args[0])) from None
         memory, gpu_name = g.memory_gib, args.gpu
-        # sm_80+ runs V1 and its own default batch budget, as the plan's pool capacity does.
-        v1_engine = engine_support(g.capability).v1_engine
+        # The image's engine line on this GPU picks the default batch budget, as the plan's pool capacity does.
+        facts = image_facts(args.image)
+        if facts is None:
+            raise UsageError(f"--image {args.image}: not in the facts table; known: {', '.join(sorted(IMAGES))}")
+        v1_engine = facts.batch_budget == "v1" and facts.runs_v1(g.capability)
     else:
         memory, gpu_name = args.gpu_memory_gib, None
     dtype = DTYPE_ALIASES[args.dtype]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from components.facts import hardware
-from components.facts.hardware import GPUS, engine_support
+from components.facts.hardware import GPUS
 from components.facts.models import arch_from_config_json, model_arch
 from components.planning import capacity
 from components.planning.capacity import (GIB, default_max_num_batched_tokens, estimate,
@@ -205,9 +205,10 @@ def test_median_errors_are_within_the_issue_targets() -> None:
 
 # --- command line ----------------------------------------------------------------------------
 
+# The runbook's settings on its V0 image (R1_V100 leaves v1_engine at its default, False).
 R1_ARGS = ["--model", "deepseek-r1", "--gpu", "Tesla V100-SXM2-32GB", "--tp", "8", "--pp", "2",
            "--gpu-memory-utilization", "0.92", "--dtype", "half", "--quantization", "gptq",
-           "--max-model-len", "16384", "--max-num-seqs", "32"]
+           "--max-model-len", "16384", "--max-num-seqs", "32", "--image", "vllm/vllm-openai:v0.9.2"]
 
 
 def test_cli_text_report(capsys: pytest.CaptureFixture[str]) -> None:
@@ -275,13 +276,14 @@ def test_default_batch_budget_is_v0s_on_volta_and_v1s_from_sm80() -> None:
     assert default_max_num_batched_tokens(32768) == 32768 and default_max_num_batched_tokens(1024) == 2048
     # V1 (arg_utils _set_default_args_v1, OpenAI server): 8192 on >= 70 GiB GPUs but A100s, else 2048.
     v1 = {name: default_max_num_batched_tokens(32768, v1_engine=True, gpu_name=name, gpu_memory_gib=g.memory_gib)
-          for name, g in GPUS.items() if engine_support(g.capability).v1_engine}
+          for name, g in GPUS.items() if g.capability >= 80}
     assert v1 == {"NVIDIA A10": 2048, "NVIDIA A100-SXM4-40GB": 2048, "NVIDIA A100-SXM4-80GB": 2048,
                   "NVIDIA A100-PCIE-40GB": 2048, "NVIDIA A100 80GB PCIe": 2048, "NVIDIA L40S": 2048,
                   "NVIDIA H100 80GB HBM3": 8192, "NVIDIA H100 PCIe": 8192, "NVIDIA H200": 8192}
 
 
-@pytest.mark.parametrize("gpu_name,batched", [("Tesla V100-SXM2-32GB", 32768), ("NVIDIA A100-SXM4-80GB", 2048),
+# vLLM 0.19.1 runs V1 on every one of them (its chunked budget: 2048, 8192 on >= 70 GiB non-A100 GPUs).
+@pytest.mark.parametrize("gpu_name,batched", [("Tesla V100-SXM2-32GB", 2048), ("NVIDIA A100-SXM4-80GB", 2048),
                                               ("NVIDIA H100 80GB HBM3", 8192)])
 def test_pool_capacity_uses_the_engine_the_gpu_runs(config: dict[str, Any], gpu_name: str, batched: int) -> None:
     config["llm-cluster:nodeDefaults"]["gpu"]["model"] = gpu_name
@@ -290,19 +292,34 @@ def test_pool_capacity_uses_the_engine_the_gpu_runs(config: dict[str, Any], gpu_
     assert est.max_num_batched_tokens == batched
 
 
-@pytest.mark.parametrize("gpu_name,batched", [("Tesla V100-SXM2-32GB", 32768), ("NVIDIA A100-SXM4-80GB", 2048),
+@pytest.mark.parametrize("gpu_name,batched", [("Tesla V100-SXM2-32GB", 2048), ("NVIDIA A100-SXM4-80GB", 2048),
                                               ("NVIDIA H100 80GB HBM3", 8192)])
 def test_cli_uses_the_engine_the_gpu_runs(gpu_name: str, batched: int, capsys) -> None:
     cli_main(["--model", "qwen3-30b-a3b", "--gpu", gpu_name, "--tp", "8", "--max-model-len", "32768", "--json"])
     assert json.loads(capsys.readouterr().out)["max_num_batched_tokens"] == batched
 
 
+def test_on_a_v0_image_below_sm_80_the_budget_is_the_whole_context(config: dict[str, Any], capsys) -> None:
+    config["llm-cluster:pools"]["chat"]["image"] = "vllm/vllm-openai:v0.9.2"
+    assert pool_capacity(load_stack_config(config, set()), "chat").max_num_batched_tokens == 32768
+    cli_main(["--model", "qwen3-30b-a3b", "--gpu", "Tesla V100-SXM2-32GB", "--tp", "8", "--max-model-len", "32768",
+              "--image", "vllm/vllm-openai:v0.9.2", "--json"])
+    assert json.loads(capsys.readouterr().out)["max_num_batched_tokens"] == 32768
+    # V1 with chunked prefill off: a prompt must fit one batch, so max(max_model_len, 2048).
+    config["llm-cluster:pools"]["chat"]["image"] = "vllm/vllm-openai:v0.19.1"
+    config["llm-cluster:pools"]["chat"]["vllm"]["enableChunkedPrefill"] = False
+    assert pool_capacity(load_stack_config(config, set()), "chat").max_num_batched_tokens == 32768
+
+
 def test_the_planner_reads_dtypes_and_fp8_methods_from_the_facts() -> None:
-    assert capacity.KV_CACHE_DTYPES is hardware.KV_CACHE_DTYPES
+    from components.facts import images
+    assert capacity.KV_CACHE_DTYPES is images.KV_CACHE_DTYPES
     assert capacity.DTYPE_BYTES is hardware.DTYPE_BYTES
     # ptpc_fp8 stores 1-byte weights like every FP8 method vLLM knows.
     assert linear_bytes_per_param("ptpc_fp8", 2, 8, 128) == 1.0
-    assert hardware.FP8_QUANTIZATION_METHODS <= capacity.QUANTIZATIONS
+    assert images.FP8_WEIGHT_METHODS <= capacity.QUANTIZATIONS
+    # A float16 KV cache on a float32 model is 2 bytes per element, every fp8 form 1.
+    assert [images.kv_cache_bytes(d, 4) for d in ("auto", "float16", "bfloat16", "fp8", "fp8_e5m2")] == [4, 2, 2, 1, 1]
 
 
 @pytest.mark.parametrize("flags, given", [

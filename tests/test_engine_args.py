@@ -104,7 +104,7 @@ def test_every_catalog_model_carries_its_context_window() -> None:
 
 def test_a_batch_budget_below_max_model_len_with_chunked_prefill_off_is_refused() -> None:
     config = prod_config()
-    chat_vllm(config)["maxNumBatchedTokens"] = 8192
+    chat_vllm(config).update(maxNumBatchedTokens=8192, enableChunkedPrefill=False)
     assert messages(config) == [
         f"{CHAT}: --max-num-batched-tokens 8192 is smaller than --max-model-len 32768 with chunked prefill off "
         "(--no-enable-chunked-prefill): vLLM refuses it (\"max_num_batched_tokens (8192) is smaller than "
@@ -127,7 +127,7 @@ def test_a_batch_budget_below_max_num_seqs_is_refused() -> None:
 
 def test_partial_prefills_from_extra_args_need_chunked_prefill_and_name_the_entry() -> None:
     config = prod_config()
-    chat_vllm(config)["extraArgs"] = ["--max-num-partial-prefills", "2"]
+    chat_vllm(config).update(extraArgs=["--max-num-partial-prefills", "2"], enableChunkedPrefill=False)
     [message] = messages(config)
     assert message == (
         f"{CHAT}: --max-num-partial-prefills 2 with chunked prefill off (--no-enable-chunked-prefill): vLLM refuses "

@@ -173,7 +173,7 @@ def test_reference_routes_every_served_name_to_its_pool(prod_spec: StackSpec) ->
     assert table["order"] == ["chat", "reasoning"]  # defaultPool first in /v1/models
     assert table["prefixes"] == {"/smart/v1/": "reasoning"}
     assert table["models"]["qwen3-30b-a3b"] == ["chat", {"chat": True}, "@llm_pool_chat", ""]
-    assert table["meta"]["deepseek-r1"] == ["/data/models/DeepSeek-R1-GPTQ-Int4", 16384]
+    assert table["meta"]["deepseek-r1"] == ["/data/models/DeepSeek-R1-GPTQ-Int4", 8192]
     assert table["allow"] == {}
     assert key_ids(prod_spec) == ["default"]
 

@@ -35,7 +35,7 @@ def test_each_node_has_provider_hosts_preflight_and_its_images(prod_run: Program
         assert children[f"{node}-preflight"].dependencies == []
     images = [r for r in prod_run.by_type("docker:index/remoteImage:RemoteImage") if r.name.startswith("gpu-03-")]
     assert {r.plain_inputs()["name"] for r in images} == {
-        "vllm/vllm-openai:v0.9.2", "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.9-3.6.1-ubuntu22.04",
+        "vllm/vllm-openai:v0.19.1", "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.9-3.6.1-ubuntu22.04",
         "prom/node-exporter:v1.8.2"}
     provider = prod_run.get("gpu-03-docker").urn
     for r in images:

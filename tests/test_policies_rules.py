@@ -33,9 +33,8 @@ DESCRIPTIONS = {p.name: p.description for p in POLICIES}
 CHAT_ARGV = ["vllm", "serve", "/data/models/Qwen3-30B-A3B", "--served-model-name", "qwen3-30b-a3b",
              "--host", "192.168.10.13", "--port", "8000", "--tensor-parallel-size", "8",
              "--distributed-executor-backend", "mp", "--dtype", "half", "--max-model-len", "32768",
-             "--max-num-seqs", "128", "--gpu-memory-utilization", "0.9",
-             "--no-enable-prefix-caching", "--no-enable-chunked-prefill"]
-CHAT_ENV = {"VLLM_USE_V1": "0", "VLLM_WORKER_MULTIPROC_METHOD": "spawn", "NCCL_IB_DISABLE": "0",
+             "--max-num-seqs", "128", "--gpu-memory-utilization", "0.9", "--attention-backend", "TRITON_ATTN"]
+CHAT_ENV = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", "NCCL_IB_DISABLE": "0",
             "NCCL_IB_HCA": "mlx5_0", "NCCL_IB_GID_INDEX": "3", "NCCL_SOCKET_IFNAME": "bond0",
             "VLLM_HOST_IP": "192.168.10.13"}
 CAPACITY = {"fits": True, "reason": "", "max_concurrency": 20.5, "kv_tokens": 671744.0, "weights_gib_per_gpu": 7.1}
@@ -46,7 +45,7 @@ def server(**changes: Any) -> dict[str, Any]:
     props: dict[str, Any] = {
         "pool": "chat", "instance": "chat-gpu-03", "model": "qwen3-30b-a3b", "modelPath": "/data/models/Qwen3-30B-A3B",
         "arch": "qwen3-30b-a3b", "quantization": None, "dtype": "half", "gpuModel": V100, "gpuCount": 8.0,
-        "nodes": ["gpu-03"], "tensorParallel": 8.0, "pipelineParallel": 1.0, "image": "vllm/vllm-openai:v0.9.2",
+        "nodes": ["gpu-03"], "tensorParallel": 8.0, "pipelineParallel": 1.0, "image": "vllm/vllm-openai:v0.19.1",
         "argv": list(CHAT_ARGV), "env": dict(CHAT_ENV), "capacity": dict(CAPACITY),
     }
     argv: list[str] = props["argv"]
@@ -106,8 +105,13 @@ def test_reference_chat_replica_is_clean() -> None:
 def test_bfloat16_on_v100_is_refused_with_half_as_the_way_out() -> None:
     got = model_server(set_flag(server(), "--dtype", "bfloat16"))
     assert got == only("gpu-dtype", "--dtype bfloat16: bfloat16 needs compute capability 8.0; Tesla "
-                       "V100-SXM2-32GB (sm_70) has none (vLLM 0.9.2 refuses it at startup). Use --dtype half "
-                       "(the stack's model dtype: half).")
+                       "V100-SXM2-32GB (sm_70) has none (vLLM refuses it at startup; vLLM 0.19.0 platforms/cuda.py "
+                       "supported dtypes below sm_80: fp16, fp32 [read from code]). Instead, set "
+                       "models.qwen3-30b-a3b.dtype: half.")
+    # Every version refuses it: an image the table does not know is judged too.
+    unknown = model_server(set_flag(server(image="registry.local/vllm:dev"), "--dtype", "bfloat16"))
+    assert [d[0] for d in unknown] == ["gpu-dtype", "vllm-image-unknown"]
+    assert "(vLLM refuses it at startup; every known vLLM version)" in unknown[0][2]
 
 
 def test_bfloat16_on_a100_is_fine() -> None:
@@ -125,38 +129,81 @@ def test_float32_by_accident_is_refused_unless_configured() -> None:
 
 # --- rule 2: VLLM_USE_V1 -----------------------------------------------------------------------
 
+def v092(**changes: Any) -> dict[str, Any]:
+    """The chat replica on the runbook's vllm/vllm-openai:v0.9.2 (V0, VLLM_USE_V1=0, no --attention-backend)."""
+    props = server(image="vllm/vllm-openai:v0.9.2", env={**CHAT_ENV, "VLLM_USE_V1": "0"},
+                   argv_drop=["--attention-backend"])
+    props.update(changes)
+    return props
+
+
 def test_v1_engine_unset_is_refused_on_v100() -> None:
     env = {k: v for k, v in CHAT_ENV.items() if k != "VLLM_USE_V1"}
-    assert model_server(server(env=env)) == only(
-        "vllm-v1-engine", "VLLM_USE_V1 is unset (vLLM 0.9.2 reads unset as 1): the V1 engine needs compute "
-        "capability 8.0 and Tesla V100-SXM2-32GB (sm_70) has less (VLLM_USE_V1=1 raises NotImplementedError). "
-        "Set VLLM_USE_V1=0 in the container's env.")
+    assert of("vllm-v1-engine", model_server(v092(env=env))) == only(
+        "vllm-v1-engine", "VLLM_USE_V1 is unset (vLLM 0.9.2 reads unset as 1): the V1 engine of image "
+        "vllm/vllm-openai:v0.9.2 (vLLM 0.9.2) needs compute capability 8.0 and Tesla V100-SXM2-32GB (sm_70) has "
+        "less (VLLM_USE_V1=1 raises NotImplementedError; vLLM 0.9.2 arg_utils.py:1353-1363 [read from code]). Set "
+        "VLLM_USE_V1=0 in the container's env.")
 
 
 def test_v1_engine_one_is_refused_on_v100_and_fine_on_h100() -> None:
     env = {**CHAT_ENV, "VLLM_USE_V1": "1"}
-    assert model_server(server(env=env)) == only(
-        "vllm-v1-engine", "VLLM_USE_V1 is '1': the V1 engine needs compute capability 8.0 and Tesla V100-SXM2-32GB "
-        "(sm_70) has less (VLLM_USE_V1=1 raises NotImplementedError). Set VLLM_USE_V1=0 in the container's env.")
-    assert model_server(server(env=env, gpuModel="NVIDIA H100 80GB HBM3")) == []
+    assert of("vllm-v1-engine", model_server(v092(env=env))) == only(
+        "vllm-v1-engine", "VLLM_USE_V1 is '1': the V1 engine of image vllm/vllm-openai:v0.9.2 (vLLM 0.9.2) needs "
+        "compute capability 8.0 and Tesla V100-SXM2-32GB (sm_70) has less (VLLM_USE_V1=1 raises "
+        "NotImplementedError; vLLM 0.9.2 arg_utils.py:1353-1363 [read from code]). Set VLLM_USE_V1=0 in the "
+        "container's env.")
+    assert model_server(v092(env=env, gpuModel="NVIDIA H100 80GB HBM3")) == []
+
+
+def test_v1_switch_on_a_line_that_no_longer_reads_it_is_called_meaningless() -> None:
+    assert model_server(server(env={**CHAT_ENV, "VLLM_USE_V1": "0"})) == only(
+        "vllm-v1-ignored", "VLLM_USE_V1=0 does nothing in image vllm/vllm-openai:v0.19.1 (vLLM 0.19.1): its envs.py "
+        "no longer reads it and the only engine is V1 (vLLM 0.19.1 vllm/envs.py has no VLLM_USE_V1 (removed in "
+        "0.12.0) [read from code]). Remove VLLM_USE_V1.", level="advisory")
+    # The 0.19.1 replica on V100 runs V1 and needs no switch at all.
+    assert of("vllm-v1-engine", model_server(server())) == []
 
 
 # --- rule 3: quantization ----------------------------------------------------------------------
 
+Q0191 = "vLLM 0.19.1 quantization/__init__.py QUANTIZATION_METHODS, get_min_capability of each method; gptq.py:171-183 GPTQ MoE -> MoeWNA16 [read from code]"
+
+
 def test_awq_checkpoint_on_v100_names_gptq_and_lmdeploy() -> None:
     assert model_server(server(quantization="awq")) == only(
-        "gpu-quantization", "the checkpoint's quantization awq: vLLM 0.9.2 needs sm_75 (compute capability 7.5) "
-        "for awq; Tesla V100-SXM2-32GB (sm_70) has less (\"Minimum capability: 75. Current capability: 70.\"). "
-        "Instead, serve a GPTQ checkpoint of the model (--quantization gptq), or serve the AWQ checkpoint with "
-        "LMDeploy (TurboMind runs AWQ on sm_70).")
+        "gpu-quantization", "the checkpoint's quantization awq (models.qwen3-30b-a3b.quantization): vLLM 0.19.1 "
+        "needs sm_75 (compute capability 7.5) for awq; Tesla V100-SXM2-32GB (sm_70) has less (\"Minimum capability: "
+        f"75. Current capability: 70.\"; {Q0191}). Instead, serve a GPTQ checkpoint of the model (--quantization "
+        "gptq), or serve the AWQ checkpoint with LMDeploy (TurboMind runs AWQ on sm_70).")
 
 
 def test_gptq_marlin_flag_on_v100_points_to_plain_gptq() -> None:
     got = model_server(server(quantization="gptq", argv_add=["--quantization", "gptq_marlin"]))
     assert got == only(
-        "gpu-quantization", "--quantization gptq_marlin: vLLM 0.9.2 needs sm_80 (compute capability 8.0) for "
-        "gptq_marlin; Tesla V100-SXM2-32GB (sm_70) has less (\"Minimum capability: 80. Current capability: 70.\"). "
-        "Instead, use --quantization gptq (or leave it unset: vLLM picks plain gptq itself below sm_80).")
+        "gpu-quantization", "--quantization gptq_marlin: vLLM 0.19.1 needs sm_75 (compute capability 7.5) for "
+        "gptq_marlin; Tesla V100-SXM2-32GB (sm_70) has less (\"Minimum capability: 75. Current capability: 70.\"; "
+        f"{Q0191}). Instead, use --quantization gptq (or leave it unset: vLLM picks plain gptq itself where Marlin "
+        "does not run).")
+    # The minimum is the version's own: 0.9.2 asked for sm_80.
+    assert "vLLM 0.9.2 needs sm_80 (compute capability 8.0) for gptq_marlin" in of("gpu-quantization", model_server(
+        v092(quantization="gptq", argv=v092()["argv"] + ["--quantization", "gptq_marlin"])))[0][2]
+
+
+def test_gptq_on_a_moe_model_is_refused_on_0_9_2_and_routed_on_0_19() -> None:
+    props = v092(arch="deepseek-r1", quantization="gptq", env={**CHAT_ENV, "VLLM_USE_V1": "0", "VLLM_MLA_DISABLE": "1"})
+    assert of("quantization-moe", model_server(props)) == only(
+        "quantization-moe", "the checkpoint's quantization gptq (models.qwen3-30b-a3b.quantization) on deepseek-r1 "
+        "(deepseek_v3, a MoE model): vLLM 0.9.2 has no FusedMoE method for gptq, so the model fails to build "
+        "(AssertionError in FusedMoE; vLLM 0.9.2 get_min_capability of each quantization/*.py; config.py:4469-4478; "
+        "MoE vllm#22001, 0.9.2 fused_moe/layer.py:732-736 [read from code]). Instead, set "
+        "models.qwen3-30b-a3b.quantization: moe_wna16 (a GPTQ 4/8-bit checkpoint with desc_act: false; its Triton "
+        "path needs a Triton that compiles for the GPU) or use vllm/vllm-openai:v0.19.1 (pools.chat.image), whose "
+        f"vLLM 0.19.1 routes gptq MoE layers to MoeWNA16 by itself ({Q0191}).")
+    assert of("quantization-moe", model_server(v092(arch="deepseek-r1", quantization="moe_wna16"))) == []
+    assert of("quantization-moe", model_server(server(arch="deepseek-r1", quantization="gptq"))) == []
+    # A dense model has no FusedMoE layer: plain gptq is fine on 0.9.2.
+    assert of("quantization-moe", model_server(v092(arch="deepseek-r1-distill-qwen-32b", quantization="gptq"))) == []
 
 
 def test_gptq_and_awq_on_their_gpus_are_fine() -> None:
@@ -168,76 +215,131 @@ def test_gptq_and_awq_on_their_gpus_are_fine() -> None:
 
 def test_fp8_kv_cache_on_v100_is_refused() -> None:
     assert model_server(server(argv_add=["--kv-cache-dtype", "fp8"])) == only(
-        "gpu-fp8", "--kv-cache-dtype fp8: Tesla V100-SXM2-32GB (sm_70) has no FP8 support; vLLM 0.9.2's Triton "
-        "prefill kernels cannot cast the cache to fp8 there. Use --kv-cache-dtype auto (float16 cache) and lower "
+        "gpu-fp8", "--kv-cache-dtype fp8: Tesla V100-SXM2-32GB (sm_70) has no FP8 support and no vLLM attention "
+        "kernel is known to cast the cache to fp8 there (no V100 report of an fp8 KV cache on TRITON_ATTN; refused "
+        "below sm_80 until one exists [unverified]). Use --kv-cache-dtype auto (float16 cache) and lower "
         "--max-model-len or --max-num-seqs if the cache does not fit.")
 
 
 def test_fp8_checkpoint_on_v100_is_one_fp8_violation_not_two() -> None:
     assert model_server(server(quantization="fp8")) == only(
-        "gpu-fp8", "the checkpoint's quantization fp8: FP8 weights need sm_80 (compute capability 8.0) in vLLM "
-        "0.9.2 and Tesla V100-SXM2-32GB (sm_70) has no FP8 units. Serve an fp16 or GPTQ checkpoint of the model "
-        "instead (--quantization gptq).")
+        "gpu-fp8", "the checkpoint's quantization fp8 (models.qwen3-30b-a3b.quantization): FP8 weights need sm_75 "
+        "(compute capability 7.5) in vLLM 0.19.1 and Tesla V100-SXM2-32GB (sm_70) has no FP8 units. Serve an fp16 "
+        "or GPTQ checkpoint of the model instead.")
     assert model_server(server(quantization="fp8", gpuModel="NVIDIA H100 80GB HBM3", env={})) == []
 
 
 # --- rule 5: chunked prefill and prefix caching ------------------------------------------------
 
-WHY = ("vLLM 0.9.2's Triton prefix-prefill kernel asserts on Tesla V100-SXM2-32GB (sm_70) (\"mma -> mma layout "
-       "conversion is only supported on Ampere\"; issues #2729, #3687, #8024)")
+WHY = ("the prefix-prefill kernel of image vllm/vllm-openai:v0.9.2 (vLLM 0.9.2) fails on Tesla V100-SXM2-32GB "
+       "(sm_70) (vllm#18993 (V100) and #19203 (T4): the Triton prefix-prefill kernel fails with Triton 3.3.0; "
+       "Triton compile matrix for sm_70 [observed])")
+RULE = "gpu-chunked-prefill-prefix-caching"
 
 
 def test_prefix_caching_on_v100_is_refused() -> None:
-    props = server(argv_drop=["--no-enable-prefix-caching"], argv_add=["--enable-prefix-caching"])
-    assert model_server(props) == only("gpu-chunked-prefill-prefix-caching",
-                                       f"--enable-prefix-caching: {WHY}. Remove it (enablePrefixCaching: false).")
+    props = v092(argv=v092()["argv"] + ["--enable-prefix-caching"])
+    assert of(RULE, model_server(props)) == only(RULE, f"--enable-prefix-caching: {WHY}. Remove it "
+                                                       "(enablePrefixCaching: false).")
+    # 0.19.1's TRITON_ATTN runs prefix caching on sm_70 (V1's default): not refused.
+    assert of(RULE, model_server(server(argv_add=["--enable-prefix-caching"]))) == []
 
 
 def test_max_model_len_above_32k_turns_chunked_prefill_on_by_itself() -> None:
-    props = set_flag(server(argv_drop=["--no-enable-chunked-prefill"]), "--max-model-len", "40960")
-    assert model_server(props) == only(
-        "gpu-chunked-prefill-prefix-caching",
-        f"--max-model-len 40960: above 32768 vLLM 0.9.2 turns chunked prefill on by itself; {WHY}. Set "
+    props = set_flag(v092(), "--max-model-len", "40960")
+    assert of(RULE, model_server(props)) == only(
+        RULE, f"--max-model-len 40960: above 32768 vLLM 0.9.2 turns chunked prefill on by itself; {WHY}. Set "
         "--max-model-len <= 32768 or pass --no-enable-chunked-prefill.")
     # The explicit --no- form is the way out; 32K (binary suffix) is exactly 32768.
-    assert model_server(set_flag(server(), "--max-model-len", "40960")) == []
-    assert model_server(set_flag(server(argv_drop=["--no-enable-chunked-prefill"]), "--max-model-len", "32K")) == []
+    assert of(RULE, model_server(set_flag(v092(argv=v092()["argv"] + ["--no-enable-chunked-prefill"]),
+                                          "--max-model-len", "40960"))) == []
+    assert of(RULE, model_server(set_flag(v092(), "--max-model-len", "32K"))) == []
 
 
 def test_unset_max_model_len_is_refused_on_v100() -> None:
-    props = server(argv_drop=["--no-enable-chunked-prefill", "--max-model-len"])
-    assert model_server(props) == only(
-        "gpu-chunked-prefill-prefix-caching",
-        f"--max-model-len is unset: vLLM takes the model's context length and turns chunked prefill on by itself "
-        f"above 32768; {WHY}. Set --max-model-len <= 32768 or pass --no-enable-chunked-prefill.")
+    props = v092()
+    i = props["argv"].index("--max-model-len")
+    del props["argv"][i:i + 2]
+    assert of(RULE, model_server(props)) == only(
+        RULE, f"--max-model-len is unset: vLLM takes the model's context length and turns chunked prefill on by "
+        f"itself above 32768; {WHY}. Set --max-model-len <= 32768 or pass --no-enable-chunked-prefill.")
 
 
 # --- rule 6: image -----------------------------------------------------------------------------
 
-def test_a_v1_only_vllm_image_on_v100_is_refused() -> None:
-    assert model_server(server(image="vllm/vllm-openai:v0.10.1")) == only(
-        "vllm-image", "image vllm/vllm-openai:v0.10.1: Tesla V100-SXM2-32GB (sm_70) needs vLLM's V0 engine, and "
-        "this pack's facts and flag table are for vllm/vllm-openai:v0.9.2, the last line whose V0 engine runs "
-        "Volta (later lines are V1-only, which needs sm_80). Use vllm/vllm-openai:v0.9.2, or list a tested build "
-        "of it in this policy's voltaImages.")
-    assert model_server(server(image="docker.io/vllm/vllm-openai:v0.9.2@sha256:abc")) == []
-    assert model_server(server(image="registry.local/vllm:0.9.2"),
-                        config={"vllm-image": {"voltaImages": ["registry.local/vllm:0.9.2"]}}) == []
+TORCH_092 = "pools.chat.image vllm/vllm-openai:v0.9.2: its torch 2.7.0+cu128 is built for sm_75, sm_80, sm_86, sm_90, sm_100, sm_120, without sm_70, so the first CUDA kernel on Tesla V100-SXM2-32GB (sm_70) fails with \"no kernel image is available for execution on the device\" (pytorch#147607: torch 2.7.0+cu128 is built for sm_75..sm_120 without sm_70; vllm#18818, #19185 'no kernel image is available' on V100 [observed]). Use an image whose torch has sm_70: vllm/vllm-openai:v0.19.1."
+TRITON_33 = ("Triton 3.3.0 in image vllm/vllm-openai:v0.9.2 (vLLM 0.9.2) cannot compile fp16 tl.dot below sm_80 "
+             "(\"Unsupported conversion from f16 to f16 / LLVM ERROR: Unsupported rounding mode for conversion\"; "
+             "vllm#17639, #19203, sglang#7467 (sm_75); Triton compile matrix for sm_70 [observed]), so the engine "
+             "dies at its startup profile run on Tesla V100-SXM2-32GB (sm_70). Instead, use vllm/vllm-openai:v0.19.1 "
+             "(pools.chat.image; Triton 3.6.0 compiles them for sm_70 with FMA, no tensor cores)")
+
+
+def test_an_image_whose_torch_lacks_the_gpus_arch_is_refused() -> None:
+    assert of("vllm-image", model_server(v092())) == only("vllm-image", TORCH_092)
+    assert of("vllm-image", model_server(server(image="vllm/vllm-openai:v0.19.1-ubuntu2404"))) == only(
+        "vllm-image", "pools.chat.image vllm/vllm-openai:v0.19.1-ubuntu2404: its torch 2.10.0+cu129 is built for "
+        "sm_87, sm_89, sm_90, sm_100, sm_120, without sm_70, so the first CUDA kernel on Tesla V100-SXM2-32GB "
+        "(sm_70) fails with \"no kernel image is available for execution on the device\" (vLLM 0.19.0 "
+        ".buildkite/release-pipeline.yaml:151-158 ('8.7 8.9 9.0 10.0+PTX 12.0') [read from code]). Use an image "
+        "whose torch has sm_70: vllm/vllm-openai:v0.19.1.")
+    assert model_server(server(image="docker.io/vllm/vllm-openai:v0.19.1@sha256:abc")) == []
+    # 0.9.2's torch runs on an H100.
+    assert of("vllm-image", model_server(v092(gpuModel="NVIDIA H100 80GB HBM3"))) == []
+
+
+def test_the_runbooks_stack_is_refused_once_per_cause() -> None:
+    chat = model_server(v092())
+    assert [d[0] for d in chat if d[1] == "mandatory"] == ["triton-fp16-dot", "vllm-image"]
+    assert of("triton-fp16-dot", chat) == only(
+        "triton-fp16-dot", f"the fp16 fused-MoE kernel of qwen3-30b-a3b: {TRITON_33} or set "
+        "models.qwen3-30b-a3b.dtype: float32 (fp32 dots compile; twice the weights).")
+    reasoning = model_server(v092(arch="deepseek-r1", quantization="gptq", argv=v092()["argv"] + ["--quantization", "gptq"]))
+    assert [d[0] for d in reasoning if d[1] == "mandatory"] == [
+        "quantization-moe", "triton-fp16-dot", "mla-attention", "vllm-image"]
+    assert of("triton-fp16-dot", reasoning) == only("triton-fp16-dot", f"Triton MLA decode: {TRITON_33}.")
+    # fp32 compiles on Triton 3.3: the MoE kernel is no longer an fp16 one (the torch arch list still refuses).
+    fp32 = model_server(set_flag(v092(), "--dtype", "float32"), config={"gpu-dtype": {"allowFloat32": True}})
+    assert of("triton-fp16-dot", fp32) == []
+
+
+def test_an_image_the_facts_do_not_know_gets_one_advisory_and_the_every_version_checks() -> None:
+    got = model_server(server(image="vllm/vllm-openai:v0.10.1"))
+    assert got == only(
+        "vllm-image-unknown", "image vllm/vllm-openai:v0.10.1 is not in the facts table (known: "
+        "vllm/vllm-openai:v0.19.1, vllm/vllm-openai:v0.19.1-ubuntu2404, vllm/vllm-openai:v0.9.2), so "
+        "vllm-v1-engine, gpu-quantization, quantization-moe, triton-fp16-dot, gpu-chunked-prefill-prefix-caching, "
+        "attention-backend, vllm-serve-flags, vllm-image cannot judge it; only the checks that hold in every "
+        "version ran (bf16, FP8, MLA below sm_80). To have it judged, declare its facts under "
+        "pools.<pool>.imageFacts (like: a known image, then version, cuda, torch, torchArchList, triton), or use "
+        "vllm/vllm-openai:v0.19.1 (pools.chat.image).", level="advisory")
+    assert [d[0] for d in model_server(server(image="vllm/vllm-openai:v0.10.1", arch="deepseek-r1"))] == [
+        "mla-attention", "vllm-image-unknown"]
+
+
+def test_declared_facts_of_a_private_build_are_held_to() -> None:
+    declared = {"like": "vllm/vllm-openai:v0.19.1", "torch": "2.10.0+cu126", "torch_arch_list": [75, 80, 86]}
+    got = model_server(server(image="registry.local/vllm-volta:0.19.1", imageFacts=declared))
+    assert [d[0] for d in got] == ["vllm-image"]
+    assert "its torch 2.10.0+cu126 is built for sm_75, sm_80, sm_86, without sm_70" in got[0][2]
+    assert "(declared by pools.chat.imageFacts [unverified])" in got[0][2]
+    declared["torch_arch_list"] = [70, 75, 80]
+    assert model_server(server(image="registry.local/vllm-volta:0.19.1", imageFacts=declared)) == []
 
 
 def test_ray_cluster_image_without_ray_and_vllm_is_refused() -> None:
     props = {"pool": "reasoning", "instance": "reasoning-gpu-01", "nodes": ["gpu-01", "gpu-02"], "head": "gpu-01",
-             "wantGpus": 16.0, "image": "vllm/vllm-openai:v0.9.2", "rayPort": 6379.0}
+             "wantGpus": 16.0, "image": "vllm/vllm-openai:v0.19.1", "rayPort": 6379.0}
     assert analyze("llm-cluster:ray:RayCluster", "reasoning-gpu-01", props) == []
     got = analyze("llm-cluster:ray:RayCluster", "reasoning-gpu-01", {**props, "image": "nvcr.io/nvidia/pytorch:24.05"})
     assert got == only("vllm-image", "image nvcr.io/nvidia/pytorch:24.05 is not known to contain Ray and vLLM, which "
                        "every container of a multi-node instance runs (known: vllm/vllm-openai). Use "
-                       "vllm/vllm-openai:v0.9.2, or list the image in this policy's rayImages.")
+                       "vllm/vllm-openai:v0.19.1, or list the image in this policy's rayImages.")
     # Ray without vLLM is not enough: the head runs `vllm serve`, the workers vLLM's engine workers.
     got = analyze("llm-cluster:ray:RayCluster", "reasoning-gpu-01", {**props, "image": "rayproject/ray:2.46.0-gpu"})
     assert got == only("vllm-image", "image rayproject/ray:2.46.0-gpu is not known to contain Ray and vLLM, which "
                        "every container of a multi-node instance runs (known: vllm/vllm-openai). Use "
-                       "vllm/vllm-openai:v0.9.2, or list the image in this policy's rayImages.")
+                       "vllm/vllm-openai:v0.19.1, or list the image in this policy's rayImages.")
 
 
 # --- rule 7: topology --------------------------------------------------------------------------
@@ -280,7 +382,7 @@ RAY_WORKER = {
     "envs": [f"{k}={v}" for k, v in CHAT_ENV.items()],
     "labels": [{"label": "llm-cluster.role", "value": "ray-worker"},
                {"label": "llm-cluster.gpu-model", "value": V100},
-               {"label": "llm-cluster.image", "value": "vllm/vllm-openai:v0.9.2"}],
+               {"label": "llm-cluster.image", "value": "vllm/vllm-openai:v0.19.1"}],
     "image": UNKNOWN,
 }
 CONTAINER = "docker:index/container:Container"
@@ -319,29 +421,38 @@ def flag_errors(*extra: str, drop: tuple[str, ...] = ()) -> list[str]:
 
 
 def test_model_flag_gets_vllms_own_refusal() -> None:
-    props = server()
+    props = v092()
     props["argv"] = ["vllm", "serve", "--model", "/data/models/Qwen3-30B-A3B"] + props["argv"][3:]
     assert of("vllm-serve-flags", model_server(props)) == only(
-        "vllm-serve-flags", "vllm serve: With `vllm serve`, you should provide the model as a positional argument "
-        "or in a config file instead of via the `--model` option.")
+        "vllm-serve-flags", "vllm serve (vLLM 0.9.2): With `vllm serve`, you should provide the model as a "
+        "positional argument or in a config file instead of via the `--model` option.")
+    # 0.19.1 only warns and takes --model as the positional.
+    props = server()
+    props["argv"] = ["vllm", "serve", "--model", "/data/models/Qwen3-30B-A3B"] + props["argv"][3:]
+    assert of("vllm-serve-flags", model_server(props)) == []
 
 
 def test_unknown_flag_suggests_the_real_one() -> None:
     assert flag_errors("--enable-prefix-cache") == [
-        "vllm serve: unrecognized flag --enable-prefix-cache: not a `vllm serve` flag in vLLM 0.9.2; did you mean "
-        "--enable-prefix-caching?"]
+        "vllm serve (vLLM 0.19.1): unrecognized flag --enable-prefix-cache: not a `vllm serve` flag in vLLM 0.19.1; "
+        "did you mean --enable-prefix-caching?"]
+    # A flag 0.9.2 had and 0.19.1 dropped is refused by the pool's own version.
+    assert flag_errors("--swap-space", "4") == [
+        "vllm serve (vLLM 0.19.1): unrecognized flag --swap-space: not a `vllm serve` flag in vLLM 0.19.1"]
 
 
 def test_every_bad_value_is_reported_not_only_the_first() -> None:
-    assert flag_errors("--block-size", "48", "--quantization", "int4", "--max-num-seqs", "many",
+    assert flag_errors("--kv-cache-dtype", "fp4", "--quantization", "int4", "--max-num-seqs", "many",
                        "--enable-chunked-prefill=False") == [
-        "vllm serve: argument --block-size: invalid choice: 48 (choose from 1, 8, 16, 32, 64, 128)",
-        "vllm serve: argument --max-num-seqs: invalid int value: 'many'",
-        "vllm serve: argument --enable-chunked-prefill/--no-enable-chunked-prefill: ignored explicit argument 'False'",
-        "vllm serve: argument --quantization/-q: unknown quantization method 'int4'; vLLM 0.9.2 knows: aqlm, "
-        "auto-round, awq, awq_marlin, bitblas, bitsandbytes, compressed-tensors, deepspeedfp, experts_int8, fbgemm_fp8, "
-        "fp8, gguf, gptq, gptq_bitblas, gptq_marlin, gptq_marlin_24, hqq, ipex, marlin, modelopt, modelopt_fp4, "
-        "moe_wna16, neuron_quant, ptpc_fp8, qqq, quark, rtn, torchao, tpu_int8"]
+        "vllm serve (vLLM 0.19.1): argument --kv-cache-dtype: invalid choice: 'fp4' (choose from 'auto', 'bfloat16', "
+        "'float16', 'fp8', 'fp8_ds_mla', 'fp8_e4m3', 'fp8_e5m2', 'fp8_inc')",
+        "vllm serve (vLLM 0.19.1): argument --max-num-seqs: invalid int value: 'many'",
+        "vllm serve (vLLM 0.19.1): argument --enable-chunked-prefill/--no-enable-chunked-prefill: ignored explicit "
+        "argument 'False'",
+        "vllm serve (vLLM 0.19.1): argument --quantization/-q: unknown quantization method 'int4'; vLLM 0.19.1 "
+        "knows: awq, awq_marlin, bitsandbytes, compressed-tensors, cpu_awq, experts_int8, fbgemm_fp8, fp8, fp_quant, "
+        "gguf, gptq, gptq_marlin, inc, modelopt, modelopt_fp4, modelopt_mixed, modelopt_mxfp8, moe_wna16, mxfp4, "
+        "mxfp8, petit_nvfp4, quark, torchao"]
 
 
 def test_underscore_spelling_and_aliases_are_real_flags() -> None:
@@ -655,17 +766,21 @@ def test_a_raw_ray_start_with_the_dashboard_on_every_interface_is_refused() -> N
 
 # --- rule 10: MLA ------------------------------------------------------------------------------
 
-MLA_ADVICE = ("deepseek_v3 uses MLA attention: vLLM 0.9.2 picks TRITON_MLA on V0, but its prefill calls "
-              "FlashAttention-2, which needs compute capability 8.0; on Tesla V100-SXM2-32GB (sm_70) it is likely "
-              "to fail (inferred from vLLM's code, not tested). Set VLLM_MLA_DISABLE=1 in the pool's env (vLLM then "
-              "keeps the full per-head KV cache: check the capacity plan), or serve it on sm_80+.")
+MLA_ADVICE = ("deepseek_v3 uses MLA attention: its prefill calls FlashAttention-2, which needs compute capability "
+              "8.0, with no fallback, so vLLM dies in its startup profile run on Tesla V100-SXM2-32GB (sm_70) "
+              "(\"FlashAttention only supports Ampere GPUs or newer\"; vLLM 0.19.0 mla_attention.py:1285-1322 "
+              "(non-FA prefill only on sm_100), :2139-2150; config/model.py:1581 VLLM_MLA_DISABLE [read from code]). "
+              "Set VLLM_MLA_DISABLE=1 in the pool's env (vLLM then keeps the full per-head KV cache: check the "
+              "capacity plan), or serve it on sm_80+.")
 
 
-def test_mla_on_v100_is_advisory_and_silenced_by_vllm_mla_disable() -> None:
+def test_mla_on_v100_is_refused_and_vllm_mla_disable_is_the_way_out() -> None:
     props = server(arch="deepseek-r1", quantization="gptq")
-    assert of("mla-attention", model_server(props)) == only("mla-attention", MLA_ADVICE, level="advisory")
+    assert of("mla-attention", model_server(props)) == only("mla-attention", MLA_ADVICE)
     props["env"]["VLLM_MLA_DISABLE"] = "1"
     assert of("mla-attention", model_server(props)) == []
+    assert of("mla-attention", model_server(server(arch="deepseek-r1", quantization="gptq", env={},
+                                                   gpuModel="NVIDIA H100 80GB HBM3"))) == []
 
 
 def test_mla_advice_gives_the_capacity_without_mla() -> None:
@@ -673,13 +788,12 @@ def test_mla_advice_gives_the_capacity_without_mla() -> None:
     props = server(arch="deepseek-r1", quantization="gptq", capacityWithoutMla=fits)
     assert of("mla-attention", model_server(props)) == only(
         "mla-attention", MLA_ADVICE + " With it, the KV cache holds 40960 tokens per instance (5.0 sequences of "
-        "8192).", level="advisory")
+        "8192).")
     short = {"fits": False, "kv_tokens": 14384.0, "max_model_len": 16384.0,
              "reason": "the KV cache holds 14384 tokens, fewer than max-model-len 16384"}
     props = server(arch="deepseek-r1", quantization="gptq", capacityWithoutMla=short)
     assert of("mla-attention", model_server(props)) == only(
-        "mla-attention", MLA_ADVICE + " With it, the KV cache holds 14384 tokens, fewer than max-model-len 16384.",
-        level="advisory")
+        "mla-attention", MLA_ADVICE + " With it, the KV cache holds 14384 tokens, fewer than max-model-len 16384.")
 
 
 # --- rule 11: memory ---------------------------------------------------------------------------
@@ -768,11 +882,12 @@ def raw_vllm(**changes: Any) -> dict[str, Any]:
             "envs": [f"{k}={v}" for k, v in CHAT_ENV.items()],
             "labels": [{"label": "llm-cluster.role", "value": "vllm"},
                        {"label": "llm-cluster.gpu-model", "value": V100},
-                       {"label": "llm-cluster.image", "value": "vllm/vllm-openai:v0.9.2"}], **changes}
+                       {"label": "llm-cluster.image", "value": "vllm/vllm-openai:v0.19.1"}], **changes}
 
 
 BF16 = ("gpu-dtype", "--dtype bfloat16: bfloat16 needs compute capability 8.0; Tesla V100-SXM2-32GB (sm_70) has none "
-        "(vLLM 0.9.2 refuses it at startup). Use --dtype half (the stack's model dtype: half).")
+        "(vLLM refuses it at startup; vLLM 0.19.0 platforms/cuda.py supported dtypes below sm_80: fp16, fp32 [read "
+        "from code]). Instead, pass --dtype half.")
 
 
 def test_a_raw_vllm_container_is_checked_but_a_component_child_is_left_to_its_modelserver() -> None:
@@ -803,7 +918,7 @@ def test_the_vllm_images_own_entrypoint_is_read_as_the_api_server() -> None:
     # --model is the api_server's model flag: not reported; the bf16 on a V100 is.
     assert analyze(CONTAINER, "mine", image_default_entrypoint()) == only(*BF16)
     # The image ref from `image` when there is no label.
-    unlabelled = image_default_entrypoint(image="vllm/vllm-openai:v0.9.2", labels=[
+    unlabelled = image_default_entrypoint(image="vllm/vllm-openai:v0.19.1", labels=[
         {"label": "llm-cluster.gpu-model", "value": V100}])
     assert analyze(CONTAINER, "mine", unlabelled) == only(*BF16)
     # Another image's entrypoint is not vLLM's: its command alone starts nothing the rules know.
@@ -821,11 +936,11 @@ def test_the_api_server_module_spelled_out_is_a_launch_in_argv_and_in_a_script()
 
 
 def test_the_api_servers_flags_take_the_model_as_model_and_no_positional() -> None:
-    prefix = "vllm.entrypoints.openai.api_server: "
+    prefix = "vllm.entrypoints.openai.api_server (vLLM 0.19.1): "
     missing = image_default_entrypoint(command=api_server_args("half")[2:])
     assert analyze(CONTAINER, "mine", missing) == only(
         "vllm-serve-flags", f"{prefix}the model is missing: the api_server takes it as --model /path/to/model "
-        "(without it vLLM 0.9.2 loads its default, facebook/opt-125m, from Hugging Face)")
+        "(without it vLLM 0.19.1 loads its default, Qwen/Qwen3-0.6B, from Hugging Face)")
     # `vllm serve` handed to the image's entrypoint as arguments: the api_server refuses each word.
     serve = image_default_entrypoint(command=["vllm", "serve"] + CHAT_ARGV[2:])
     positional = ("the api_server takes no positional argument (the model is --model; to run another program in "
@@ -835,11 +950,11 @@ def test_the_api_servers_flags_take_the_model_as_model_and_no_positional() -> No
         f"{prefix}unexpected positional argument 'serve': {positional}",
         f"{prefix}unexpected positional argument '/data/models/Qwen3-30B-A3B': {positional}",
         f"{prefix}the model is missing: the api_server takes it as --model /path/to/model (without it vLLM "
-        "0.9.2 loads its default, facebook/opt-125m, from Hugging Face)"]
+        "0.19.1 loads its default, Qwen/Qwen3-0.6B, from Hugging Face)"]
     unknown = image_default_entrypoint(command=api_server_args("half") + ["--enable-prefix-cache"])
     assert analyze(CONTAINER, "mine", unknown) == only(
         "vllm-serve-flags", f"{prefix}unrecognized flag --enable-prefix-cache: not a "
-        "`vllm.entrypoints.openai.api_server` flag in vLLM 0.9.2; did you mean --enable-prefix-caching?")
+        "`vllm.entrypoints.openai.api_server` flag in vLLM 0.19.1; did you mean --enable-prefix-caching?")
 
 
 def test_the_api_server_on_every_interface_is_refused_like_vllm_serve() -> None:
@@ -851,20 +966,21 @@ def test_the_api_server_on_every_interface_is_refused_like_vllm_serve() -> None:
         "keys). Pass --host <the node's cluster address>.")
 
 
-GPU_UNKNOWN = ("the hardware rules (gpu-dtype, vllm-v1-engine, gpu-quantization, gpu-fp8, "
-               "gpu-chunked-prefill-prefix-caching, mla-attention, vllm-image) cannot judge")
+GPU_UNKNOWN = ("the hardware rules (gpu-dtype, vllm-v1-engine, gpu-quantization, quantization-moe, gpu-fp8, "
+               "triton-fp16-dot, gpu-chunked-prefill-prefix-caching, mla-attention, attention-backend, vllm-image) "
+               "cannot judge")
 
 
 def test_a_raw_vllm_container_without_its_gpu_gets_one_advisory_asking_for_the_label() -> None:
-    no_label = image_default_entrypoint(labels=[{"label": "llm-cluster.image", "value": "vllm/vllm-openai:v0.9.2"}])
+    no_label = image_default_entrypoint(labels=[{"label": "llm-cluster.image", "value": "vllm/vllm-openai:v0.19.1"}])
     expected = only("vllm-gpu-unknown", f"this vLLM container has no llm-cluster.gpu-model label, so {GPU_UNKNOWN} "
                     "it. Add the label llm-cluster.gpu-model=<nvidia-smi name> (nvidia-smi --query-gpu=name "
                     "--format=csv,noheader, e.g. Tesla V100-SXM2-32GB) so the hardware rules apply.", level="advisory")
     assert analyze(CONTAINER, "mine", no_label) == expected
-    serve = raw_vllm(labels=[{"label": "llm-cluster.image", "value": "vllm/vllm-openai:v0.9.2"}])
+    serve = raw_vllm(labels=[{"label": "llm-cluster.image", "value": "vllm/vllm-openai:v0.19.1"}])
     assert analyze(CONTAINER, "mine", serve) == expected
     k80 = image_default_entrypoint(labels=[{"label": "llm-cluster.gpu-model", "value": "Tesla K80"},
-                                           {"label": "llm-cluster.image", "value": "vllm/vllm-openai:v0.9.2"}])
+                                           {"label": "llm-cluster.image", "value": "vllm/vllm-openai:v0.19.1"}])
     assert analyze(CONTAINER, "mine", k80) == only(
         "vllm-gpu-unknown", "llm-cluster.gpu-model=Tesla K80 is not a GPU in this pack's facts table (known: Tesla "
         "V100-SXM2-16GB, Tesla V100-SXM2-32GB, Tesla V100-PCIE-16GB, Tesla V100-PCIE-32GB, Tesla T4, NVIDIA A10, "

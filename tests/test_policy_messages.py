@@ -31,8 +31,8 @@ def test_a_fault_of_a_four_instance_pool_is_one_violation_naming_the_instances_a
     assert [(v.resource_name, v.enforcement_level) for v in found] == [("chat-gpu-03", "mandatory")]
     assert body(found[0]) == (
         f"{CHAT_INSTANCES}: --dtype bfloat16: bfloat16 needs compute capability 8.0; Tesla V100-SXM2-32GB "
-        "(sm_70) has none (vLLM 0.9.2 refuses it at startup). Use --dtype half (the stack's model dtype: half). "
-        "Stack key to edit: models.qwen3-30b-a3b.dtype (--dtype).")
+        "(sm_70) has none (vLLM refuses it at startup; vLLM 0.19.0 platforms/cuda.py supported dtypes below sm_80: "
+        "fp16, fp32 [read from code]). Instead, set models.qwen3-30b-a3b.dtype: half.")
 
 
 def test_a_flag_from_extra_args_is_named_as_an_extra_args_entry() -> None:
@@ -41,8 +41,8 @@ def test_a_flag_from_extra_args_is_named_as_an_extra_args_entry() -> None:
     found = violations_of(config, "vllm-serve-flags")
     assert len(found) == 1
     assert body(found[0]) == (
-        f"{CHAT_INSTANCES}: vllm serve: unrecognized flag --enable-prefix-cache: not a `vllm serve` flag in vLLM "
-        "0.9.2; did you mean --enable-prefix-caching? Stack keys to edit: pools.chat.vllm.extraArgs[2] (given in "
+        f"{CHAT_INSTANCES}: vllm serve (vLLM 0.19.1): unrecognized flag --enable-prefix-cache: not a `vllm serve` "
+        "flag in vLLM 0.19.1; did you mean --enable-prefix-caching? Stack keys to edit: pools.chat.vllm.extraArgs[2] (given in "
         "extraArgs: --enable-prefix-cache), pools.chat.vllm.enablePrefixCaching (--enable-prefix-caching).")
 
 
@@ -78,17 +78,20 @@ def test_memory_fit_proposes_fixes_that_work_and_says_when_utilization_cannot() 
 
 
 def test_memory_fit_offers_a_shorter_context_when_only_the_kv_cache_is_short() -> None:
+    from components.planning.pool_capacity import pool_capacity
+    from components.spec import load_stack_config
     config = prod_config()
-    config[NS + "pools"]["reasoning"]["env"] = {"VLLM_MLA_DISABLE": "1"}  # full per-head KV cache: 14384 tokens
+    config[NS + "pools"]["reasoning"]["vllm"]["maxModelLen"] = 32768  # MLA off: the full per-head KV cache
+    tokens = pool_capacity(load_stack_config(config, set()), "reasoning").kv_tokens
+    assert 8192 < tokens < 32768
     found = violations_of(config, "memory-fit")
     assert [v.resource_name for v in found] == ["reasoning-gpu-01"]
-    text = body(found[0])
-    assert text.startswith("pools.reasoning, instance reasoning-gpu-01: does not fit: the KV cache holds 14384 "
-                           "tokens, fewer than max-model-len 16384")
-    assert text.endswith("To fit: raise pools.reasoning.vllm.gpuMemoryUtilization (a fraction) from 0.92 to 0.95; or "
-                         "lower pools.reasoning.vllm.maxModelLen from 16384 to 14384 or less; or spread each "
-                         "instance over 32 GPUs instead of 16 (pools.reasoning.tensorParallel within a node, "
-                         "pools.reasoning.pipelineParallel across nodes).")
+    assert body(found[0]) == (
+        f"pools.reasoning, instance reasoning-gpu-01: does not fit: the KV cache holds {tokens} tokens, fewer than "
+        f"max-model-len 32768: vLLM refuses to start. To fit: lower pools.reasoning.vllm.maxModelLen from 32768 to "
+        f"{tokens} or less; or spread each instance over 32 GPUs instead of 16 (pools.reasoning.tensorParallel within "
+        "a node, pools.reasoning.pipelineParallel across nodes). (Raising pools.reasoning.vllm.gpuMemoryUtilization "
+        "(a fraction) to 0.95 would not be enough.)")
 
 
 def test_the_gateway_without_auth_names_gateway_auth() -> None:

@@ -14,6 +14,7 @@ import pytest
 from components.planning.ray import RAY_HEAD_SCRIPT
 from components.planning.vllm import WATCHDOG_SCRIPT, health_probe_argv, watchdog_script
 from plan.harness import SECRET_SIG, SIG, UNKNOWN, ProgramRun, Registration
+from tests.conftest import ROOT
 from tests.support import content_trigger, script_of, tool
 
 CONTAINER = "docker:index/container:Container"
@@ -29,10 +30,11 @@ REASONING_ARGV = [
     "vllm", "serve", "/data/models/DeepSeek-R1-GPTQ-Int4",
     "--served-model-name", "deepseek-r1", "/data/models/DeepSeek-R1-GPTQ-Int4",
     "--host", "192.168.10.11", "--port", "8000", "--tensor-parallel-size", "8", "--pipeline-parallel-size", "2",
-    "--distributed-executor-backend", "ray", "--dtype", "half", "--max-model-len", "16384", "--max-num-seqs", "32",
-    "--gpu-memory-utilization", "0.92", "--quantization", "gptq",
-    "--no-enable-prefix-caching", "--no-enable-chunked-prefill", "--trust-remote-code",
+    "--distributed-executor-backend", "ray", "--dtype", "half", "--max-model-len", "8192", "--max-num-seqs", "32",
+    "--gpu-memory-utilization", "0.92", "--attention-backend", "TRITON_ATTN", "--quantization", "gptq",
+    "--enforce-eager", "--trust-remote-code",
 ]
+MOE_CONFIG = "E=128,N=96,device_name=Tesla_V100-SXM2-32GB.json"
 
 
 def chat_argv(node: str) -> list[str]:
@@ -40,20 +42,22 @@ def chat_argv(node: str) -> list[str]:
             "--served-model-name", "qwen3-30b-a3b", "/data/models/Qwen3-30B-A3B",
             "--host", ADDRESS[node], "--port", "8000", "--tensor-parallel-size", "8",
             "--distributed-executor-backend", "mp", "--dtype", "half", "--max-model-len", "32768",
-            "--max-num-seqs", "128", "--gpu-memory-utilization", "0.9",
-            "--no-enable-prefix-caching", "--no-enable-chunked-prefill"]
+            "--max-num-seqs", "128", "--gpu-memory-utilization", "0.9", "--attention-backend", "TRITON_ATTN"]
 
 
 def env_of(node: str) -> list[str]:
-    return sorted(["VLLM_USE_V1=0", "VLLM_WORKER_MULTIPROC_METHOD=spawn", "NCCL_IB_DISABLE=0", "NCCL_IB_HCA=mlx5_0",
+    # vLLM 0.19.1 reads no VLLM_USE_V1; the reasoning pool turns MLA off, the chat pool names its MoE configs.
+    pool_env = ["VLLM_MLA_DISABLE=1"] if node in ("gpu-01", "gpu-02") else [
+        "VLLM_TUNED_CONFIG_FOLDER=/opt/llm-cluster/moe-configs"]
+    return sorted(["VLLM_WORKER_MULTIPROC_METHOD=spawn", "NCCL_IB_DISABLE=0", "NCCL_IB_HCA=mlx5_0",
                    "NCCL_IB_GID_INDEX=3", "NCCL_SOCKET_IFNAME=bond0", "GLOO_SOCKET_IFNAME=bond0", "NCCL_DEBUG=WARN",
-                   f"VLLM_HOST_IP={ADDRESS[node]}"])
+                   *pool_env, f"VLLM_HOST_IP={ADDRESS[node]}"])
 
 
 def labels(role: str, pool: str, instance: str, node: str) -> list[dict[str, str]]:
     return [{"label": f"llm-cluster.{k}", "value": v} for k, v in [
         ("role", role), ("pool", pool), ("instance", instance), ("node", node),
-        ("gpu-model", "Tesla V100-SXM2-32GB"), ("image", "vllm/vllm-openai:v0.9.2"), ("engine", "vllm")]]
+        ("gpu-model", "Tesla V100-SXM2-32GB"), ("image", "vllm/vllm-openai:v0.19.1"), ("engine", "vllm")]]
 
 
 def by_urn(run: ProgramRun) -> dict[str, Registration]:
@@ -194,14 +198,17 @@ def test_chat_replica_container(prod_run: ProgramRun, node: str) -> None:
     # arguments): the watchdog runs `vllm serve` and exits when it hangs, so docker restarts it.
     assert c["entrypoints"] == ["/bin/bash", WATCHDOG_SCRIPT]
     assert c["command"] == chat_argv(node)
+    # The watchdog, and the V100 MoE tile config the stack names (VLLM_TUNED_CONFIG_FOLDER points at it).
     assert c["uploads"] == [{"file": WATCHDOG_SCRIPT, "executable": True, "content": watchdog_script(
-        f"http://{ADDRESS[node]}:8000/health", load_timeout_s=1800, unhealthy_after_s=300)}]
+        f"http://{ADDRESS[node]}:8000/health", load_timeout_s=1800, unhealthy_after_s=300)},
+        {"file": f"/opt/llm-cluster/moe-configs/{MOE_CONFIG}", "executable": False,
+         "content": (ROOT / "configs" / "moe" / MOE_CONFIG).read_text()}]
     assert c["envs"] == env_of(node)
     assert c["labels"] == labels("vllm", "chat", f"chat-{node}", node)
     _gpu_container_common(c, 32, "/data/models/Qwen3-30B-A3B")
     # The id of the image pulled on that node, not a tag that could move under the container.
     assert c["image"].startswith("sha256:")
-    assert reg.property_dependencies["image"] == [prod_run.get(f"{node}-image-vllm-openai-v0-9-2").urn]
+    assert reg.property_dependencies["image"] == [prod_run.get(f"{node}-image-vllm-openai-v0-19-1").urn]
     assert reg.options["deleteBeforeReplace"] is True
     assert reg.provider.split("::")[-2].endswith(f"{node}-docker")
 
@@ -275,7 +282,7 @@ def test_model_server_props_carry_what_the_policy_pack_reads(prod_run: ProgramRu
         "pool": "reasoning", "instance": "reasoning-gpu-01", "model": "deepseek-r1",
         "modelPath": "/data/models/DeepSeek-R1-GPTQ-Int4", "arch": "deepseek-r1", "quantization": "gptq",
         "dtype": "half", "gpuModel": "Tesla V100-SXM2-32GB", "gpuCount": 8, "nodes": ["gpu-01", "gpu-02"],
-        "tensorParallel": 8, "pipelineParallel": 2, "image": "vllm/vllm-openai:v0.9.2", "engine": "vllm",
+        "tensorParallel": 8, "pipelineParallel": 2, "image": "vllm/vllm-openai:v0.19.1", "engine": "vllm",
         "argv": REASONING_ARGV, "poolInstances": ["reasoning-gpu-01"],
         # What engine rules check a checkpoint by (policies.rules.engines); no configJson: no quantizationConfig.
         "groupSize": 128, "modelType": "deepseek_v3", "headDim": 192}
@@ -289,14 +296,14 @@ def test_model_server_props_carry_what_the_policy_pack_reads(prod_run: ProgramRu
     assert prod_run.get("chat-gpu-05").plain_inputs()["poolInstances"] == [
         "chat-gpu-03", "chat-gpu-04", "chat-gpu-05", "chat-gpu-06"]
     assert sorted(f"{k}={v}" for k, v in props["env"].items()) == env_of("gpu-01")
-    assert props["capacity"]["mla_enabled"] is True and props["capacity"]["fits"] is True
-    # DeepSeek's MLA on V100 is in doubt, so the props carry what turning it off would cost.
-    assert props["capacityWithoutMla"]["mla_enabled"] is False and props["capacityWithoutMla"]["fits"] is False
-    assert "capacityWithoutMla" not in prod_run.get("chat-gpu-05").plain_inputs()  # None is not sent
+    # MLA is off (VLLM_MLA_DISABLE=1): the capacity is the full per-head KV cache's, and there is nothing
+    # further to turn off.
+    assert props["capacity"]["mla_enabled"] is False and props["capacity"]["fits"] is True
+    assert "capacityWithoutMla" not in props and "capacityWithoutMla" not in prod_run.get("chat-gpu-05").plain_inputs()
     assert prod_run.get("chat-gpu-05").plain_inputs()["argv"] == chat_argv("gpu-05")
     assert prod_run.get("reasoning-gpu-01-ray").plain_inputs() == {
         "pool": "reasoning", "instance": "reasoning-gpu-01", "nodes": ["gpu-01", "gpu-02"], "head": "gpu-01",
-        "wantGpus": 16, "image": "vllm/vllm-openai:v0.9.2", "rayPort": 6379}
+        "wantGpus": 16, "image": "vllm/vllm-openai:v0.19.1", "rayPort": 6379}
 
 
 def test_preview_knows_everything_a_policy_reads_except_the_image_id(prod_preview_run: ProgramRun) -> None:
@@ -327,7 +334,7 @@ def test_containers_wait_for_their_node_image_and_weights_only(prod_run: Program
             continue
         node = r.plain_inputs()["labels"][3]["value"]
         deps = set(r.dependencies) - {head}  # a worker also waits for its head, which is on another node
-        assert prod_run.get(f"{node}-image-vllm-openai-v0-9-2").urn in deps, r.name
+        assert prod_run.get(f"{node}-image-vllm-openai-v0-19-1").urn in deps, r.name
         weights = [d for d in deps if urns[urns[d].parent].type == "llm-cluster:weights:ModelWeights"]
         assert weights and {node_of(prod_run, d) for d in weights} == {node}, r.name
         assert {node_of(prod_run, d) for d in deps} == {node}, r.name

@@ -34,7 +34,7 @@ def test_reference_stack_is_valid(config: dict[str, Any]) -> None:
 REFUSED: list[tuple[str, Mutation, list[str]]] = [
     ("unknown key lists the allowed ones",
      lambda c: section(c, "pools")["chat"].update(tensorParalel=8),
-     ["pools.chat.tensorParalel: unknown key 'tensorParalel'; allowed keys here: engine, env, image, "
+     ["pools.chat.tensorParalel: unknown key 'tensorParalel'; allowed keys here: engine, env, image, imageFacts, "
       "llamacpp, lmdeploy, loadTimeoutMinutes, maxUnavailable, model, nodes, pipelineParallel, port, rayClientPort, rayDashboardPort, "
       "rayGateTimeoutSeconds, rayPort, readTimeoutSeconds, replicasPerNode, "
       "restartUnhealthyAfterSeconds, shmSizeGib, tensorParallel, vllm"]),

@@ -22,7 +22,9 @@ from components.planning.vllm import (
 from components.spec import StackSpec, load_stack_config
 from tests.support import tool
 
-SERVE_ARGS = Path(__file__).parent / "fixtures" / "vllm-0.9.2-serve-args.json"
+# Each supported version's parser dump (policies/data/SOURCE.md says how each was made).
+SERVE_ARGS = {"0.9.2": Path(__file__).parent / "fixtures" / "vllm-0.9.2-serve-args.json",
+              "0.19.1": Path(__file__).parents[1] / "policies" / "data" / "vllm-0.19.1-serve-args.json"}
 
 
 class ParseError(Exception):
@@ -42,13 +44,14 @@ def _human_int(text: str) -> int:
     return int(float(text[:-1]) * mult[text[-1]]) if text[-1:] in mult else int(text)
 
 
-TYPES = {"int": int, "float": float, "human_readable_int": _human_int}
+TYPES = {"int": int, "float": float, "human_readable_int": _human_int,
+         "human_readable_int_or_auto": lambda t: -1 if t in ("-1", "auto") else _human_int(t)}
 
 
-def serve_parser() -> StrictParser:
-    """`vllm serve`'s parser rebuilt from the 0.9.2 dump: option strings, actions, nargs, choices, types."""
+def serve_parser(version: str = "0.19.1") -> StrictParser:
+    """`vllm serve`'s parser rebuilt from a version's dump: option strings, actions, nargs, choices, types."""
     parser = StrictParser(prog="vllm serve", allow_abbrev=False, add_help=False)
-    for entry in json.loads(SERVE_ARGS.read_text()):
+    for entry in json.loads(SERVE_ARGS[version].read_text()):
         if "positional" in entry:
             parser.add_argument(entry["positional"], nargs=entry["nargs"])
             continue
@@ -61,7 +64,9 @@ def serve_parser() -> StrictParser:
         elif kind == "_StoreTrueAction":
             parser.add_argument(*opts, action="store_true")
         else:
-            kw: dict[str, Any] = {"type": TYPES.get(entry["type"], str)}
+            # vLLM's optional_type(int) and friends: the dump names the wrapped type.
+            kind = entry.get("inner_type", entry["type"]) if entry["type"] == "_optional_type" else entry["type"]
+            kw: dict[str, Any] = {"type": TYPES.get(kind, str)}
             if entry["nargs"] is not None:
                 kw["nargs"] = entry["nargs"]
             if entry["choices"] is not None:
@@ -70,10 +75,10 @@ def serve_parser() -> StrictParser:
     return parser
 
 
-def parse(argv: list[str]) -> argparse.Namespace:
-    """Parse a planned argv as `vllm serve` 0.9.2 would (its first two words must be `vllm serve`)."""
+def parse(argv: list[str], version: str = "0.19.1") -> argparse.Namespace:
+    """Parse a planned argv as `vllm serve` of that version would (its first two words must be `vllm serve`)."""
     assert argv[:2] == ["vllm", "serve"]
-    return serve_parser().parse_args(argv[2:])
+    return serve_parser(version).parse_args(argv[2:])
 
 
 def spec_with(config: dict[str, Any], pool: str, **vllm: Any) -> StackSpec:
@@ -84,10 +89,15 @@ def spec_with(config: dict[str, Any], pool: str, **vllm: Any) -> StackSpec:
 
 def test_parser_rebuilt_from_the_dump_is_strict() -> None:
     # These must fail, or the checks below prove nothing.
-    for bad in (["/m", "--tensor-parallel-size", "two"], ["/m", "--dtype", "bf16"], ["/m", "--block-size", "24"],
-                ["/m", "--kv-cache-dtype", "int8"], ["/m", "--gpu-memory-util", "0.9"], ["/m", "--no-such-flag"]):
-        with pytest.raises(ParseError):
-            serve_parser().parse_args(bad)
+    for version in SERVE_ARGS:
+        for bad in (["/m", "--tensor-parallel-size", "two"], ["/m", "--dtype", "bf16"],
+                    ["/m", "--kv-cache-dtype", "int8"], ["/m", "--gpu-memory-util", "0.9"], ["/m", "--no-such-flag"]):
+            with pytest.raises(ParseError):
+                serve_parser(version).parse_args(bad)
+    with pytest.raises(ParseError):  # 0.9.2 had choices for --block-size, 0.19.1 takes any int
+        serve_parser("0.9.2").parse_args(["/m", "--block-size", "24"])
+    with pytest.raises(ParseError):  # gone in 0.19.1
+        serve_parser("0.19.1").parse_args(["/m", "--swap-space", "4"])
 
 
 def test_reasoning_argv_is_exact_and_parses(prod_spec: StackSpec) -> None:
@@ -99,18 +109,19 @@ def test_reasoning_argv_is_exact_and_parses(prod_spec: StackSpec) -> None:
         "--host", "192.168.10.11", "--port", "8000",
         "--tensor-parallel-size", "8", "--pipeline-parallel-size", "2",
         "--distributed-executor-backend", "ray",
-        "--dtype", "half", "--max-model-len", "16384", "--max-num-seqs", "32",
-        "--gpu-memory-utilization", "0.92", "--quantization", "gptq",
-        "--no-enable-prefix-caching", "--no-enable-chunked-prefill", "--trust-remote-code",
+        "--dtype", "half", "--max-model-len", "8192", "--max-num-seqs", "32",
+        "--gpu-memory-utilization", "0.92", "--attention-backend", "TRITON_ATTN", "--quantization", "gptq",
+        "--enforce-eager", "--trust-remote-code",
     ]
     ns = parse(argv)
     assert ns.model_tag == "/data/models/DeepSeek-R1-GPTQ-Int4"
     assert ns.served_model_name == ["deepseek-r1", "/data/models/DeepSeek-R1-GPTQ-Int4"]
     assert (ns.tensor_parallel_size, ns.pipeline_parallel_size) == (8, 2)
     assert ns.distributed_executor_backend == "ray" and ns.dtype == "half"
-    assert ns.enable_prefix_caching is False and ns.enable_chunked_prefill is False
+    assert ns.enable_prefix_caching is None and ns.enable_chunked_prefill is None  # V1's defaults (on)
     assert ns.trust_remote_code is True and ns.gpu_memory_utilization == 0.92
-    assert ns.model is None  # `vllm serve --model` is refused by vLLM 0.9.2
+    assert ns.attention_backend == "TRITON_ATTN" and ns.enforce_eager is True
+    assert ns.model is None  # the model is the positional
 
 
 def test_chat_replica_argv_is_exact_and_parses(prod_spec: StackSpec) -> None:
@@ -123,33 +134,41 @@ def test_chat_replica_argv_is_exact_and_parses(prod_spec: StackSpec) -> None:
         "--host", "192.168.10.15", "--port", "8000", "--tensor-parallel-size", "8",
         "--distributed-executor-backend", "mp",
         "--dtype", "half", "--max-model-len", "32768", "--max-num-seqs", "128",
-        "--gpu-memory-utilization", "0.9",
-        "--no-enable-prefix-caching", "--no-enable-chunked-prefill",
+        "--gpu-memory-utilization", "0.9", "--attention-backend", "TRITON_ATTN",
     ]
     assert parse(argv).max_model_len == 32768
 
 
-def test_every_optional_flag_is_a_real_flag_with_a_valid_value(config: dict[str, Any]) -> None:
-    spec = spec_with(config, "chat", kvCacheDtype="fp8_e5m2", blockSize=32, swapSpaceGib=0,
-                     maxNumBatchedTokens=8192, enablePrefixCaching=True, enableChunkedPrefill=True,
-                     enforceEager=True, extraArgs=["--disable-log-requests", "--max-log-len", "100"])
+def test_a_0_9_2_pool_gets_no_flag_its_parser_lacks(config: dict[str, Any]) -> None:
+    config["llm-cluster:pools"]["chat"]["image"] = "vllm/vllm-openai:v0.9.2"
+    config["llm-cluster:pools"]["chat"]["vllm"].update(swapSpaceGib=4)
+    spec = load_stack_config(config, set())
     argv = vllm_argv(spec, instances(spec, "chat")[0])
-    assert argv[argv.index("--swap-space"):] == [
-        "--swap-space", "0", "--max-num-batched-tokens", "8192", "--enable-prefix-caching",
-        "--enable-chunked-prefill", "--enforce-eager", "--disable-log-requests", "--max-log-len", "100"]
+    # --attention-backend does not exist in 0.9.2: the typed key is not passed to it.
+    assert "--attention-backend" not in argv and argv[-2:] == ["--swap-space", "4"]
+    assert parse(argv, "0.9.2").swap_space == 4
+
+
+def test_every_optional_flag_is_a_real_flag_with_a_valid_value(config: dict[str, Any]) -> None:
+    spec = spec_with(config, "chat", kvCacheDtype="fp8_e5m2", blockSize=32,
+                     maxNumBatchedTokens=8192, enablePrefixCaching=True, enableChunkedPrefill=True,
+                     enforceEager=True, extraArgs=["--enable-log-requests", "--max-log-len", "100"])
+    argv = vllm_argv(spec, instances(spec, "chat")[0])
+    assert argv[argv.index("--block-size"):] == [
+        "--block-size", "32", "--max-num-batched-tokens", "8192", "--enable-prefix-caching",
+        "--enable-chunked-prefill", "--enforce-eager", "--enable-log-requests", "--max-log-len", "100"]
     assert argv[argv.index("--kv-cache-dtype"):argv.index("--kv-cache-dtype") + 2] == ["--kv-cache-dtype", "fp8_e5m2"]
     ns = parse(argv)
     assert (ns.kv_cache_dtype, ns.block_size, ns.max_num_batched_tokens) == ("fp8_e5m2", 32, 8192)
-    assert ns.enable_prefix_caching and ns.enable_chunked_prefill and ns.enforce_eager and ns.disable_log_requests
+    assert ns.enable_prefix_caching and ns.enable_chunked_prefill and ns.enforce_eager and ns.enable_log_requests
 
 
 def test_unstated_tristates_and_defaults_leave_vllm_its_own(config: dict[str, Any]) -> None:
-    for key in ("enablePrefixCaching", "enableChunkedPrefill"):
-        del config["llm-cluster:pools"]["chat"]["vllm"][key]
     spec = load_stack_config(config, set())
     argv = vllm_argv(spec, instances(spec, "chat")[0])
     assert not [a for a in argv if "prefix-caching" in a or "chunked-prefill" in a]
     assert "--block-size" not in argv and "--kv-cache-dtype" not in argv and "--quantization" not in argv
+    assert "--swap-space" not in argv and "--enforce-eager" not in argv
     assert parse(argv).enable_prefix_caching is None
 
 
@@ -174,8 +193,9 @@ def test_extra_args_that_vllm_does_not_know_fail_the_real_parser(config: dict[st
 
 def test_env_of_a_reasoning_worker_node(prod_spec: StackSpec) -> None:
     inst = instances(prod_spec, "reasoning")[0]
+    # No VLLM_USE_V1: vLLM 0.19.1 does not read it (V1 is its only engine).
     assert vllm_env(prod_spec, inst, "gpu-02") == {
-        "VLLM_USE_V1": "0", "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+        "VLLM_WORKER_MULTIPROC_METHOD": "spawn", "VLLM_MLA_DISABLE": "1",
         "NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": "mlx5_0", "NCCL_IB_GID_INDEX": "3",
         "NCCL_SOCKET_IFNAME": "bond0", "GLOO_SOCKET_IFNAME": "bond0", "NCCL_DEBUG": "WARN",
         "VLLM_HOST_IP": "192.168.10.12",
@@ -206,7 +226,7 @@ def test_labels_name_role_pool_instance_gpu_and_image(prod_spec: StackSpec) -> N
     assert container_labels(prod_spec, inst, "gpu-02", "ray-worker") == {
         "llm-cluster.role": "ray-worker", "llm-cluster.pool": "reasoning",
         "llm-cluster.instance": "reasoning-gpu-01", "llm-cluster.node": "gpu-02",
-        "llm-cluster.gpu-model": "Tesla V100-SXM2-32GB", "llm-cluster.image": "vllm/vllm-openai:v0.9.2",
+        "llm-cluster.gpu-model": "Tesla V100-SXM2-32GB", "llm-cluster.image": "vllm/vllm-openai:v0.19.1",
         "llm-cluster.engine": "vllm",
     }
 

@@ -8,22 +8,22 @@ Iterate `IMAGES` (or `known_images()`) to test every image against every GPU cap
 Sources, as cited below:
   [sd-X]       the PyPI sdist vllm-X.tar.gz (a build of tag vX): docker/Dockerfile, requirements/cuda.txt,
                CMakeLists.txt, vllm/... — as read in shared/reference/volta/*.md (copied facts, not code).
-  [whl-0.19.1] the PyPI wheel vllm-0.19.1-cp38-abi3-manylinux_2_31_x86_64.whl (sha256 71a87f46…dc719),
+  vLLM 0.19.1 the PyPI wheel vllm-0.19.1-cp38-abi3-manylinux_2_31_x86_64.whl (sha256 71a87f46…dc719),
                read here: vllm/envs.py, vllm/engine/arg_utils.py, vllm/v1/metrics/loggers.py,
                vllm/model_executor/layers/quantization/*.py.
-  [pt-147607]  pytorch/pytorch#147607 (sm_70 removed from the CUDA 12.8 builds of 2.7) [maint];
+  pytorch#147607:  pytorch/pytorch#147607 (sm_70 removed from the CUDA 12.8 builds of 2.7) [maint];
                #18818, #19185 "no kernel image is available" on V100 with the 0.9.x images [obs].
-  [pt-182250]  pytorch/pytorch#182250: torch 2.10.0+cu128 get_arch_list() includes sm_70 [obs].
+  pytorch#182250:  pytorch/pytorch#182250: torch 2.10.0+cu128 get_arch_list() includes sm_70 [obs].
   [triton]     the compile matrix in shared/reference/volta/vllm-0.9.2-on-v100.md (Triton 3.2.0/3.3.0/3.3.1/
                3.4.0 from PyPI, vLLM's kernels compiled for GPUTarget("cuda", 70, 32)), vllm#17639, #19203,
                sglang#7467 [obs]; tests/test_qualification_triton.py repeats the check on real wheels.
-  [mla]        vllm#14016 [obs] (MLA prefill -> FlashAttention-2 "only supports Ampere GPUs or newer");
+         vllm#14016 [obs] (MLA prefill -> FlashAttention-2 "only supports Ampere GPUs or newer");
                0.19.0 mla_attention.py:1285-1322, 2139-2150 [code].
-  [gptq-moe]   0.9.2 fused_moe/layer.py:732-736 (no FusedMoE method for plain gptq), vllm#22001 [obs],
+  vllm#22001, 0.9.2 fused_moe/layer.py:732-736   0.9.2 fused_moe/layer.py:732-736 (no FusedMoE method for plain gptq), vllm#22001 [obs],
                fixed by #21733; 0.19.1 quantization/gptq.py:171-183 (FusedMoE -> MoeWNA16) [code].
-  [rel-ub2404] 0.19.0 .buildkite/release-pipeline.yaml:151-158: the -ubuntu2404 image is built for
+  vLLM 0.19.0 .buildkite/release-pipeline.yaml:151-158: the -ubuntu2404 image is built for
                '8.7 8.9 9.0 10.0+PTX 12.0' (no 7.0).
-  [v1-volta]   vllm PR #23614 / #24022 [maint]: V1 enabled on Volta and Turing after Triton 3.4.
+  vllm   vllm PR #23614 / #24022 [maint]: V1 enabled on Volta and Turing after Triton 3.4.
 """
 from __future__ import annotations
 
@@ -64,12 +64,12 @@ TRITON: dict[str, TritonFacts] = {t.version: t for t in [
     # 3.2.0: simple fp16 dots compile on sm_70 (Volta mma.m8n8k4), but the fused-MoE second GEMM
     # (MUL_ROUTED_WEIGHT), moe_wna16 and prefix-prefill abort. [triton] QwenLM/Qwen3#1294 [obs]
     TritonFacts("3.2.0", 75, 70, "LLVM ERROR: Failed to compute parent layout for slice layout",
-                observed("QwenLM/Qwen3#1294 (V100, vLLM 0.8.5 fp16 MoE fails); compile matrix [triton]")),
+                observed("QwenLM/Qwen3#1294 (V100, vLLM 0.8.5 fp16 MoE fails); Triton compile matrix for sm_70")),
     TritonFacts("3.3.0", 80, 80, "Unsupported conversion from f16 to f16 / LLVM ERROR: Unsupported rounding "
-                "mode for conversion", observed("vllm#17639, #19203, sglang#7467 (sm_75); compile matrix [triton]")),
+                "mode for conversion", observed("vllm#17639, #19203, sglang#7467 (sm_75); Triton compile matrix for sm_70")),
     TritonFacts("3.3.1", 80, 80, "Unsupported conversion from f16 to f16 / LLVM ERROR: Unsupported rounding "
-                "mode for conversion", code("compile matrix [triton]")),
-    TritonFacts("3.4.0", 70, 80, "", code("compile matrix [triton]: every kernel compiles for sm_70, FMA only")),
+                "mode for conversion", code("Triton compile matrix for sm_70")),
+    TritonFacts("3.4.0", 70, 80, "", code("Triton compile matrix for sm_70: every kernel compiles for sm_70, FMA only")),
     TritonFacts("3.5.0", 70, 80, "", code("VOLTA-ENGINES §1.3: 0.19.0 fused_moe_kernel compiles for sm_70, "
                                           "0 mma.sync")),
     TritonFacts("3.6.0", 70, 80, "", code("VOLTA-ENGINES §1.3: 0.19.0 fused_moe_kernel compiles for sm_70, "
@@ -107,6 +107,7 @@ class ImageFacts(SourcedImage):
     serve_args: str | None  # the parser dump in policies/data (None: flags cannot be checked)
     metrics: Mapping[str, str]  # logical name -> exported series (counters with _total)
     tuned_moe_config_env: str | None  # env var of a folder of fused-MoE tile configs
+    serve_refuses_model_flag: bool  # `vllm serve --model X` exits (else: a warning, X becomes the positional)
     sources: Mapping[str, Sourced] = field(default_factory=dict)
     note: str = ""
 
@@ -155,7 +156,7 @@ _V1_METRICS = MappingProxyType({
 _Q092 = MappingProxyType({
     # vLLM 0.9.2 get_min_capability per method; MoE: which methods give FusedMoE a method. [sd-0.9.2]
     **{m: QuantMethod(60, "native") for m in ("gguf", "aqlm", "deepspeedfp", "auto-round")},
-    "gptq": QuantMethod(60, "none"),  # [gptq-moe]: AssertionError in FusedMoE
+    "gptq": QuantMethod(60, "none"),  # vllm#22001, 0.9.2 fused_moe/layer.py:732-736: AssertionError in FusedMoE
     **{m: QuantMethod(70, "native") for m in ("bitsandbytes", "moe_wna16", "compressed-tensors", "quark")},
     "bitblas": QuantMethod(70, "none"),
     **{m: QuantMethod(75, "native") for m in ("awq", "torchao")},
@@ -179,66 +180,69 @@ _Q0191 = MappingProxyType({
 })
 
 _COMMON_092 = {
-    "cuda": code("[sd-0.9.2] docker/Dockerfile:9 CUDA_VERSION=12.8.1"),
-    "torch": code("[sd-0.9.2] requirements/cuda.txt:9 torch==2.7.0 from the cu128 index (Dockerfile:157-159, "
+    "cuda": code("vLLM 0.9.2 docker/Dockerfile:9 CUDA_VERSION=12.8.1"),
+    "torch": code("vLLM 0.9.2 requirements/cuda.txt:9 torch==2.7.0 from the cu128 index (Dockerfile:157-159, "
                   ":361-364); vllm#18841 env torch 2.7.0+cu128 [obs]"),
-    "torch_arch_list": observed("[pt-147607] torch 2.7.0+cu128 is built for sm_75..sm_120 without sm_70; "
+    "torch_arch_list": observed("pytorch#147607: torch 2.7.0+cu128 is built for sm_75..sm_120 without sm_70; "
                                 "vllm#18818, #19185 'no kernel image is available' on V100"),
     "triton": code("torch 2.7.0's metadata pins triton==3.3.0; vllm#18841 env [obs]"),
-    "engine_line": code("[sd-0.9.2] vllm/engine/arg_utils.py:1353-1363 (V1 needs capability major >= 8, "
+    "engine_line": code("vLLM 0.9.2 vllm/engine/arg_utils.py:1353-1363 (V1 needs capability major >= 8, "
                         "else V0)"),
-    "v1_min_capability": code("[sd-0.9.2] arg_utils.py:1353-1363"),
-    "reads_vllm_use_v1": code("[sd-0.9.2] vllm/envs.py (VLLM_USE_V1, unset reads as 1)"),
-    "attention": code("[sd-0.9.2] platforms/cuda.py:206-212, 309-314 (XFormers below sm_80 on V0; "
+    "v1_min_capability": code("vLLM 0.9.2 arg_utils.py:1353-1363"),
+    "reads_vllm_use_v1": code("vLLM 0.9.2 vllm/envs.py (VLLM_USE_V1, unset reads as 1)"),
+    "attention": code("vLLM 0.9.2 platforms/cuda.py:206-212, 309-314 (XFormers below sm_80 on V0; "
                       "TRITON_MLA for MLA models)"),
-    "attention_backend_flag": code("[sd-0.9.2] no --attention-backend (VLLM_ATTENTION_BACKEND env)"),
-    "quantizations": code("[sd-0.9.2] get_min_capability of each quantization/*.py; config.py:4469-4478; "
-                          "MoE [gptq-moe]"),
-    "kv_cache_dtypes": code("[sd-0.9.2] config.py CacheDType"),
+    "attention_backend_flag": code("vLLM 0.9.2 no --attention-backend (VLLM_ATTENTION_BACKEND env)"),
+    "quantizations": code("vLLM 0.9.2 get_min_capability of each quantization/*.py; config.py:4469-4478; "
+                          "MoE vllm#22001, 0.9.2 fused_moe/layer.py:732-736"),
+    "kv_cache_dtypes": code("vLLM 0.9.2 config.py CacheDType"),
     "fp8_kv_min_capability": unverified("VLLM-VOLTA §4: the Triton prefix path needs fp8e4nv; refused below "
                                         "sm_75 because unconfirmed"),
-    "bf16_min_capability": code("[sd-0.9.2] platforms/cuda.py:62-72, worker/worker.py:540-557"),
+    "bf16_min_capability": code("vLLM 0.9.2 platforms/cuda.py:62-72, worker/worker.py:540-557"),
     "prefix_prefill_min_capability": observed("vllm#18993 (V100) and #19203 (T4): the Triton prefix-prefill "
-                                              "kernel fails with Triton 3.3.0; compile matrix [triton]"),
-    "chunked_prefill_auto_above": code("[sd-0.9.2] arg_utils.py:1510-1539 (V0 chunks prefill above 32768)"),
-    "mla_min_capability": observed("[mla] vllm#14016 (sm_75, same code path); 0.9.2 attention/backends/mla/"
-                                   "common.py:1070-1078 calls FA2 with no fallback [code]"),
-    "batch_budget": code("[sd-0.9.2] config.py:2242-2279: max(max_model_len, 2048) with chunked prefill off"),
+                                              "kernel fails with Triton 3.3.0; Triton compile matrix for sm_70"),
+    "chunked_prefill_auto_above": code("vLLM 0.9.2 arg_utils.py:1510-1539 (V0 chunks prefill above 32768)"),
+    "mla_min_capability": observed("vllm#14016 (sm_75, same code path); 0.9.2 attention/backends/mla/"
+                                   "common.py:1070-1078 calls FA2 with no fallback"),
+    "batch_budget": code("vLLM 0.9.2 config.py:2242-2279: max(max_model_len, 2048) with chunked prefill off"),
     "serve_args": code("policies/data/vllm-0.9.2-serve-args.json, dumped from 0.9.2's own parser"),
-    "metrics": code("[sd-0.9.2] vllm/engine/metrics.py:64-222 (VLLM-VOLTA §8)"),
-    "tuned_moe_config_env": code("[sd-0.9.2] envs.py VLLM_TUNED_CONFIG_FOLDER (fused_moe.py get_moe_configs)"),
+    "metrics": code("vLLM 0.9.2 vllm/engine/metrics.py:64-222 (VLLM-VOLTA §8)"),
+    "tuned_moe_config_env": code("vLLM 0.9.2 envs.py VLLM_TUNED_CONFIG_FOLDER (fused_moe.py get_moe_configs)"),
+    "serve_refuses_model_flag": code("vLLM 0.9.2 vllm/utils/__init__.py:1475-1481 (ValueError)"),
 }
 
 _COMMON_0191 = {
-    "cuda": code("[sd-0.19.0] docker/Dockerfile:25 CUDA 12.9.1 (0.19.1 is its patch release)"),
-    "torch": code("[sd-0.19.0] requirements/cuda.txt torch==2.10.0, cu129 index in the image"),
-    "torch_arch_list": unverified("[pt-182250] 2.10.0+cu128 includes sm_70 [obs]; the image's cu129 build is "
+    "cuda": code("vLLM 0.19.0 docker/Dockerfile:25 CUDA 12.9.1 (0.19.1 is its patch release)"),
+    "torch": code("vLLM 0.19.0 requirements/cuda.txt torch==2.10.0, cu129 index in the image"),
+    "torch_arch_list": unverified("pytorch#182250: 2.10.0+cu128 includes sm_70 [obs]; the image's cu129 build is "
                                   "inferred from the same arch list, not verified: the qualification gate checks "
                                   "get_arch_list() on every node"),
     "triton": code("torch 2.10.0's metadata pins triton==3.6.0"),
-    "engine_line": code("[sd-0.11.0] V0 removed (vllm/worker/ holds only worker_base.py); [v1-volta]"),
-    "v1_min_capability": code("[v1-volta] PR #24022: V1 on Volta and Turing"),
-    "reads_vllm_use_v1": code("[whl-0.19.1] vllm/envs.py has no VLLM_USE_V1 (removed in 0.12.0)"),
-    "attention": code("[sd-0.19.0] platforms/cuda.py:46-81 priority FLASH_ATTN, FLASHINFER, TRITON_ATTN: V100 "
+    "engine_line": code("vLLM 0.11.0 V0 removed (vllm/worker/ holds only worker_base.py); [v1-volta]"),
+    "v1_min_capability": code("vllm PR #24022: V1 on Volta and Turing"),
+    "reads_vllm_use_v1": code("vLLM 0.19.1 vllm/envs.py has no VLLM_USE_V1 (removed in 0.12.0)"),
+    "attention": code("vLLM 0.19.0 platforms/cuda.py:46-81 priority FLASH_ATTN, FLASHINFER, TRITON_ATTN: V100 "
                       "lands on TRITON_ATTN (v1/attention/backends/triton_attn.py:327-328, 353-354)"),
-    "attention_backend_flag": code("[whl-0.19.1] engine/arg_utils.py --attention-backend (since 0.14.0)"),
-    "quantizations": code("[whl-0.19.1] quantization/__init__.py QUANTIZATION_METHODS, get_min_capability of "
+    "attention_backend_flag": code("vLLM 0.19.1 engine/arg_utils.py --attention-backend (since 0.14.0)"),
+    "quantizations": code("vLLM 0.19.1 quantization/__init__.py QUANTIZATION_METHODS, get_min_capability of "
                           "each method; gptq.py:171-183 GPTQ MoE -> MoeWNA16"),
-    "kv_cache_dtypes": code("[whl-0.19.1] config/cache.py:14-23 CacheDType"),
+    "kv_cache_dtypes": code("vLLM 0.19.1 config/cache.py:14-23 CacheDType"),
     "fp8_kv_min_capability": unverified("no V100 report of an fp8 KV cache on TRITON_ATTN; refused below sm_80 "
                                         "until one exists"),
-    "bf16_min_capability": code("[sd-0.19.0] platforms/cuda.py supported dtypes below sm_80: fp16, fp32"),
+    "bf16_min_capability": code("vLLM 0.19.0 platforms/cuda.py supported dtypes below sm_80: fp16, fp32"),
     "prefix_prefill_min_capability": observed("vllm#47019 (V100, vLLM 0.19, fp16 MoE serves with V1's defaults: "
                                               "chunked prefill and prefix caching on, TRITON_ATTN, Triton 3.6)"),
     "chunked_prefill_auto_above": code("V1 chunks every prefill: no auto switch"),
-    "mla_min_capability": code("[mla] 0.19.0 mla_attention.py:1285-1322 (non-FA prefill only on sm_100), "
+    "mla_min_capability": code("vLLM 0.19.0 mla_attention.py:1285-1322 (non-FA prefill only on sm_100), "
                                ":2139-2150; config/model.py:1581 VLLM_MLA_DISABLE"),
-    "batch_budget": code("[whl-0.19.1] engine/arg_utils.py:2050-2075, 2213-2230: 2048 (8192 on >=70 GiB non-A100)"
+    "batch_budget": code("vLLM 0.19.1 engine/arg_utils.py:2050-2075, 2213-2230: 2048 (8192 on >=70 GiB non-A100)"
                          " for the OpenAI server, max(max_model_len, that) with chunked prefill off"),
     "serve_args": code("policies/data/vllm-0.19.1-serve-args.json, dumped from 0.19.1's own parser"),
-    "metrics": code("[whl-0.19.1] vllm/v1/metrics/loggers.py:437-894 (kv_cache_usage_perc, "
+    "metrics": code("vLLM 0.19.1 vllm/v1/metrics/loggers.py:437-894 (kv_cache_usage_perc, "
                     "inter_token_latency_seconds)"),
-    "tuned_moe_config_env": code("[whl-0.19.1] envs.py:213, 1491 VLLM_TUNED_CONFIG_FOLDER (fused_moe.py:1062)"),
+    "tuned_moe_config_env": code("vLLM 0.19.1 envs.py:213, 1491 VLLM_TUNED_CONFIG_FOLDER (fused_moe.py:1062)"),
+    "serve_refuses_model_flag": code("vLLM 0.19.1 utils/argparse_utils.py:185-214 (a warning; --model X becomes "
+                                     "the positional)"),
 }
 
 _V1_ATTENTION = ((80, "FLASH_ATTN"), (0, "TRITON_ATTN"))
@@ -254,7 +258,7 @@ def _vllm_0191(tag: str, variant: str, arch_list: tuple[int, ...], arch_source: 
         kv_cache_dtypes=_KV_0191, fp8_kv_min_capability=80, bf16_min_capability=80,
         prefix_prefill_min_capability=70, chunked_prefill_auto_above=None, mla_min_capability=80,
         batch_budget="v1", serve_args="vllm-0.19.1-serve-args.json", metrics=_V1_METRICS,
-        tuned_moe_config_env="VLLM_TUNED_CONFIG_FOLDER",
+        tuned_moe_config_env="VLLM_TUNED_CONFIG_FOLDER", serve_refuses_model_flag=False,
         sources=_sources(_COMMON_0191, torch_arch_list=arch_source), note=note)
 
 
@@ -267,12 +271,12 @@ IMAGES: dict[str, ImageFacts] = {f.ref: f for f in [
         kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"), fp8_kv_min_capability=75,
         bf16_min_capability=80, prefix_prefill_min_capability=80, chunked_prefill_auto_above=32768,
         mla_min_capability=80, batch_budget="v0", serve_args="vllm-0.9.2-serve-args.json", metrics=_V0_METRICS,
-        tuned_moe_config_env="VLLM_TUNED_CONFIG_FOLDER", sources=_sources(_COMMON_092),
+        tuned_moe_config_env="VLLM_TUNED_CONFIG_FOLDER", serve_refuses_model_flag=True, sources=_sources(_COMMON_092),
         note="the runbook's image: its torch has no sm_70 and its Triton cannot compile fp16 dots below sm_80"),
     _vllm_0191("v0.19.1", "", (70, 75, 80, 86, 90, 100, 120), _COMMON_0191["torch_arch_list"],
                "the last upstream vLLM line that runs on Volta (V1, TRITON_ATTN)"),
     _vllm_0191("v0.19.1-ubuntu2404", "ubuntu2404", (87, 89, 90, 100, 120),
-               code("[rel-ub2404] 0.19.0 .buildkite/release-pipeline.yaml:151-158 ('8.7 8.9 9.0 10.0+PTX 12.0')"),
+               code("vLLM 0.19.0 .buildkite/release-pipeline.yaml:151-158 ('8.7 8.9 9.0 10.0+PTX 12.0')"),
                "built without sm_70/sm_75/sm_80: use the plain tag on older GPUs"),
 ]}
 
@@ -296,6 +300,21 @@ def image_facts(ref: str | None) -> ImageFacts | None:
     return IMAGES.get(image_ref_key(ref)) if ref else None
 
 
+# The facts a stack may declare for a private build (pools.*.imageFacts), on top of a known image's.
+DECLARABLE = ("version", "cuda", "torch", "torch_arch_list", "triton")
+
+
+def facts_for(ref: str | None, declared: Mapping[str, object] | None = None, declared_by: str = "") -> ImageFacts | None:
+    """The facts of an image: declared ({"like": known ref, field: value…}) or the table's."""
+    if declared:
+        like = str(declared["like"])
+        # Props arrive through protobuf Structs: numbers as floats (70.0), lists as lists.
+        overrides = {k: (tuple(int(c) for c in v) if not isinstance(v, str) and hasattr(v, "__iter__") else v)  # type: ignore[union-attr]
+                     for k, v in declared.items() if k in DECLARABLE}
+        return declared_facts(ref or like, like, overrides, declared_by or "the stack")
+    return image_facts(ref)
+
+
 def declared_facts(ref: str, like: str, overrides: Mapping[str, object], declared_by: str) -> ImageFacts:
     """Facts a stack declares for a private build: a known image's entry with fields replaced, every
     replaced fact marked unverified and attributed to the stack key that declared it."""
@@ -311,9 +330,19 @@ def declared_facts(ref: str, like: str, overrides: Mapping[str, object], declare
 
 # The image a pool runs when it names none, per engine: the newest line whose facts say it starts on
 # every GPU in components.facts.hardware (vLLM 0.19.x is the last with sm_70).
-DEFAULT_IMAGES: dict[str, str] = {"vllm": "vllm/vllm-openai:v0.9.2", "lmdeploy": LMDEPLOY_DEFAULT,
+DEFAULT_IMAGES: dict[str, str] = {"vllm": "vllm/vllm-openai:v0.19.1", "lmdeploy": LMDEPLOY_DEFAULT,
                                   "llamacpp": LLAMACPP_DEFAULT}
 # Every `--quantization` and `--kv-cache-dtype` value some known image accepts (the spec's first check;
 # the policy pack then holds each pool to its own image's list).
 QUANTIZATION_METHODS = frozenset(m for f in IMAGES.values() for m in f.quantizations)
 KV_CACHE_DTYPES = tuple(dict.fromkeys(d for f in known_images() for d in f.kv_cache_dtypes))
+# Checkpoint methods that store FP8 (or FP4) weights: no FP8 units on Volta or Turing. [quantizations]
+FP8_WEIGHT_METHODS = frozenset({"fp8", "fbgemm_fp8", "ptpc_fp8", "modelopt", "modelopt_fp4", "modelopt_mxfp8",
+                                "mxfp8"})
+
+
+def kv_cache_bytes(kv_cache_dtype: str, act_bytes: int) -> int:
+    """Bytes per KV element: the activation dtype's for auto, 2 for float16/bfloat16, 1 for every fp8 form."""
+    if kv_cache_dtype == "auto":
+        return act_bytes
+    return 2 if kv_cache_dtype in ("float16", "bfloat16") else 1

@@ -37,12 +37,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from components.facts.hardware import (
-    DTYPE_BYTES, FP8_QUANTIZATION_METHODS, KV_CACHE_DTYPES, NON_TORCH_GIB_MULTI_GPU, NON_TORCH_GIB_SINGLE_GPU,
-)
+from components.facts.hardware import DTYPE_BYTES
+from components.facts.images import FP8_WEIGHT_METHODS as FP8_QUANTIZATION_METHODS
+from components.facts.images import KV_CACHE_DTYPES, kv_cache_bytes
 from components.facts.models import ModelArch
 
 GIB = 1024**3
+# GPU memory per GPU outside torch's allocator that vLLM's profiler counts inside the gpuMemoryUtilization
+# budget (cuBLAS workspaces; NCCL buffers when TP x PP > 1). [vllm-mem]
+NON_TORCH_GIB_SINGLE_GPU = 0.1
+NON_TORCH_GIB_MULTI_GPU = 0.3
 # Weight-only integer schemes whose overhead is one fp16 scale + one packed zero per group.
 GROUPED_INT_METHODS = frozenset({"gptq", "awq", "moe_wna16", "gptq_marlin", "awq_marlin",
                                  "compressed-tensors", "auto-round"})
@@ -251,13 +255,16 @@ def activation_peak_bytes(arch: ModelArch, *, tp: int, act_bytes: int, max_num_b
 
 
 def default_max_num_batched_tokens(max_model_len: int, *, v1_engine: bool = False, gpu_name: str = "",
-                                   gpu_memory_gib: float = 0.0) -> int:
-    """vLLM's max_num_batched_tokens when unset: V0 without chunked prefill (the only mode on V100), or V1's."""
+                                   gpu_memory_gib: float = 0.0, chunked_prefill: bool | None = None) -> int:
+    """vLLM's max_num_batched_tokens when unset: V0 without chunked prefill, or V1's budget for the OpenAI
+    server (2048, 8192 on >= 70 GiB non-A100 GPUs), raised to max_model_len when V1's chunked prefill is off
+    (0.19.1 engine/arg_utils.py:2050-2075, 2213-2230)."""
     if not v1_engine:
         return max(max_model_len, DEFAULT_MIN_BATCHED_TOKENS)
+    budget = V1_BATCHED_TOKENS
     if gpu_memory_gib >= V1_LARGE_GPU_MIN_GIB and "a100" not in gpu_name.lower():
-        return V1_BATCHED_TOKENS_LARGE_GPU
-    return V1_BATCHED_TOKENS
+        budget = V1_BATCHED_TOKENS_LARGE_GPU
+    return budget if chunked_prefill is not False else max(max_model_len, budget)
 
 
 def _rule_of_thumb_bytes_per_param(quantization: str | None, act_bytes: int, quant_bits: int) -> float:
@@ -273,18 +280,20 @@ def estimate(arch: ModelArch, gpu_memory_gib: float, *, tp: int, pp: int,
              quant_bits: int = 4, group_size: int = 128, kv_cache_dtype: str = "auto",
              max_model_len: int, max_num_seqs: int, max_num_batched_tokens: int | None = None,
              block_size: int = 16, mla_enabled: bool = True, v1_engine: bool = False,
-             gpu_name: str = "") -> CapacityEstimate:
+             gpu_name: str = "", chunked_prefill: bool | None = None) -> CapacityEstimate:
     """Estimate weights, KV cache and concurrency per GPU for one pool, the way vLLM will.
 
-    `v1_engine` and `gpu_name` only pick vLLM's default max_num_batched_tokens when it is unset.
+    `v1_engine`, `gpu_name` and `chunked_prefill` (None: the engine's default) only pick vLLM's default
+    max_num_batched_tokens when it is unset.
     """
     _check_inputs(arch, gpu_memory_gib, tp, pp, gpu_memory_utilization, dtype, kv_cache_dtype,
                   max_model_len, max_num_seqs, block_size)
     act_bytes = DTYPE_BYTES[dtype]
-    kv_bytes = act_bytes if kv_cache_dtype == "auto" else 1
+    kv_bytes = kv_cache_bytes(kv_cache_dtype, act_bytes)
     linear_bytes = linear_bytes_per_param(quantization, act_bytes, quant_bits, group_size)
     batched = max_num_batched_tokens or default_max_num_batched_tokens(
-        max_model_len, v1_engine=v1_engine, gpu_name=gpu_name, gpu_memory_gib=gpu_memory_gib)
+        max_model_len, v1_engine=v1_engine, gpu_name=gpu_name, gpu_memory_gib=gpu_memory_gib,
+        chunked_prefill=chunked_prefill)
     stages = layers_per_stage(arch.num_layers, pp)
     activation = activation_peak_bytes(arch, tp=tp, act_bytes=act_bytes,
                                        max_num_batched_tokens=batched, max_num_seqs=max_num_seqs)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from components.facts.hardware import DTYPE_ALIASES, engine_support, gpu
+from components.facts.hardware import DTYPE_ALIASES, gpu
 from components.facts.models import (
     ModelArch, arch_from_config_json, context_window, model_arch, quantization_from_config_json,
 )
@@ -70,7 +70,8 @@ def resolved_dtype(dtype: str, capability: int) -> str:
     """What `--dtype` becomes on this GPU: `auto` falls back to float16 where bf16 is missing."""
     resolved = DTYPE_ALIASES[dtype]
     if resolved == "auto":
-        return "bfloat16" if "bfloat16" in engine_support(capability).dtypes else "float16"
+        # bf16 only from sm_80, in every known version (images: bf16_min_capability).
+        return "bfloat16" if capability >= 80 else "float16"
     return resolved
 
 
@@ -95,9 +96,20 @@ def pool_capacity(spec: StackSpec, pool: str, *, mla: bool | None = None) -> Cap
         max_model_len=v.max_model_len, max_num_seqs=v.max_num_seqs,
         max_num_batched_tokens=v.max_num_batched_tokens, block_size=v.block_size,
         mla_enabled=mla_enabled(spec, pool) if mla is None else mla,
-        # sm_80+ runs V1 (chunked prefill always on): its own default batch budget.
-        v1_engine=engine_support(g.capability).v1_engine, gpu_name=g.name,
+        # The image's engine line on this GPU picks the default batch budget (V1: chunked, 2048 under 70 GiB).
+        v1_engine=_runs_v1(spec, pool, g.capability), gpu_name=g.name, chunked_prefill=v.enable_chunked_prefill,
     )
+
+
+def _runs_v1(spec: StackSpec, pool: str, capability: int) -> bool:
+    """Whether the pool's image runs vLLM's V1 engine on this GPU (its facts; an unknown image: V1 from
+    sm_80 as every known line does, V0's budget below, the larger of the two)."""
+    from components.planning.engines import engine_for
+    p = spec.pools[pool]
+    facts = engine_for(p).image_facts(spec, pool)
+    if facts is None:
+        return capability >= 80
+    return facts.batch_budget == "v1" and facts.runs_v1(capability) and p.env.get("VLLM_USE_V1") != "0"
 
 
 def capacity_dict(spec: StackSpec, pool: str, *, mla: bool | None = None) -> dict[str, object]:

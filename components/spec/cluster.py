@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from components.facts.hardware import DTYPE_ALIASES, GPUS
-from components.facts.images import DEFAULT_IMAGES, KV_CACHE_DTYPES, QUANTIZATION_METHODS
+from components.facts.images import DEFAULT_IMAGES, IMAGES, KV_CACHE_DTYPES, QUANTIZATION_METHODS, image_facts
 from components.spec.base import NAME_PATTERN, Spec
 from components.spec.engines import ENGINE_NAMES, OPTIONS_KEY, LlamacppOptions, LmdeployOptions
 
@@ -400,6 +400,31 @@ class VllmOptions(Spec):
 _REQUIRED_OPTION = {"vllm": "maxModelLen", "lmdeploy": "sessionLen", "llamacpp": "contextPerSlot"}
 
 
+class ImageFactsSpec(Spec):
+    """Facts of a private image build, declared by the stack: a known image's facts with these replaced
+    (each replaced fact is marked unverified; the policy pack and the qualification gate hold the image to them)."""
+
+    like: str
+    """A known image whose other facts the build shares (components.facts.images.IMAGES)."""
+    version: str | None = Field(default=None, pattern=r"^\d+\.\d+(\.\d+)?([a-z0-9.+-]*)$")
+    cuda: str | None = None
+    torch: str | None = None
+    torch_arch_list: list[Annotated[int, Field(ge=30, le=200)]] | None = None
+    """Compute capabilities with kernels in the build's torch (torch.cuda.get_arch_list(): sm_70 -> 70)."""
+    triton: str | None = None
+
+    @field_validator("like")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if image_facts(v) is None:
+            raise ValueError(f"{v!r} is not a known image; known: {', '.join(sorted(IMAGES))}")
+        return v
+
+    def overrides(self) -> dict[str, object]:
+        """The declared facts, by ImageFacts field name."""
+        return {k: v for k, v in self.model_dump(exclude={"like"}).items() if v is not None}
+
+
 class PoolSpec(Spec):
     """A set of nodes serving one model: replicas (pipelineParallel 1) or Ray TP×PP instances."""
 
@@ -410,6 +435,8 @@ class PoolSpec(Spec):
     known and refused with the reason for the pool's GPU."""
     image: str = ""
     """Serving image; unset: the engine's default (components.facts.images.DEFAULT_IMAGES)."""
+    image_facts: ImageFactsSpec | None = None
+    """Facts of the image when it is a private build the facts table does not know."""
     tensor_parallel: int = Field(ge=1, le=16)
     pipeline_parallel: int = Field(default=1, ge=1, le=16)
     """Nodes one instance spans; >1 runs the instance on a Ray cluster across those nodes."""

@@ -13,6 +13,7 @@ from pulumi_policy import (
 from pulumi_policy.proxy import UnknownValueError
 
 from components.facts.hardware import GPUS, VLLM_IMAGE_REPO, GpuModel
+from components.facts.images import ImageFacts, facts_for
 from components.spec.cluster import canonical_flag
 from policies.rules.serve_args import API_SERVER, SERVE, ServeArgs, parse_serve
 
@@ -182,10 +183,10 @@ def container_server(props: Mapping[str, Any]) -> tuple[str, list[str]] | None:
     return server_tokens(container_argv(props))
 
 
-def parse_server(found: tuple[str, list[str]]) -> ServeArgs:
-    """Parse a server's arguments with the parser of the program that reads them."""
+def parse_server(found: tuple[str, list[str]], facts: ImageFacts | None = None) -> ServeArgs:
+    """Parse a server's arguments with the parser of the program that reads them, of the image's version."""
     program, tokens = found
-    return parse_serve(tokens, program=program)
+    return parse_serve(tokens, program=program, facts=facts)
 
 
 @dataclass(frozen=True)
@@ -204,6 +205,7 @@ class Launch:
     image: str | None = None
     model_path: str | None = None
     props: Mapping[str, Any] = field(default_factory=dict)
+    facts: ImageFacts | None = None  # the image's facts (declared in the stack, or the table's); None: unknown
 
     @property
     def capability(self) -> int | None:
@@ -231,12 +233,13 @@ def launch_of(args: ResourceValidationArgs) -> Launch | None:
         argv = [str(t) for t in props.get("argv") or []]
         tokens = serve_tokens(argv)
         gpu_name = props.get("gpuModel")
+        facts = facts_for(props.get("image"), props.get("imageFacts"), f"pools.{props.get('pool')}.imageFacts")
         return Launch(
-            resource="ModelServer", args=parse_serve(tokens if tokens is not None else argv),
+            resource="ModelServer", args=parse_serve(tokens if tokens is not None else argv, facts=facts),
             env=env_of(props.get("env")), gpu_name=gpu_name, gpu=GPUS.get(str(gpu_name)),
             arch=props.get("arch"), quantization=props.get("quantization"),
             nodes=tuple(props.get("nodes") or ()), gpus_per_node=number(props.get("gpuCount")),
-            image=props.get("image"), model_path=props.get("modelPath"), props=props,
+            image=props.get("image"), model_path=props.get("modelPath"), props=props, facts=facts,
         )
     if args.resource_type != CONTAINER or under_component(args.urn):
         return None
@@ -245,9 +248,11 @@ def launch_of(args: ResourceValidationArgs) -> Launch | None:
         return None
     lab = labels(props)
     gpu_name = lab.get(GPU_MODEL_LABEL)
-    parsed = parse_server(found)
+    image = container_image(props)
+    facts = facts_for(image)
+    parsed = parse_server(found, facts)
     return Launch(resource="container", args=parsed, env=env_of(props.get("envs")), gpu_name=gpu_name,
-                  gpu=GPUS.get(str(gpu_name)), image=lab.get(IMAGE_LABEL), model_path=parsed.model, props=props)
+                  gpu=GPUS.get(str(gpu_name)), image=image, model_path=parsed.model, props=props, facts=facts)
 
 
 def config_with_defaults(args: Any, schema: PolicyConfigSchema | None) -> dict[str, Any]:

@@ -23,13 +23,13 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from components.facts.hardware import CHUNKED_PREFILL_AUTO_ABOVE, engine_support
-from components.facts.images import image_facts
 from policies.rules.common import Launch, image_parts, launch_policy, number
 
 # The line whose V0 engine the pack's reference stack runs; an image without a version tag is read as it.
 REFERENCE_VERSION = (0, 9)
 DEFAULT_MAX_NUM_SEQS = 256
+# V0 turns chunked prefill on above this max_model_len (0.9.2 arg_utils.py:1510-1539), for images without facts.
+V0_CHUNKED_PREFILL_AUTO_ABOVE = 32768
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)")
 
 
@@ -41,16 +41,15 @@ def engine_version(image: str | None) -> tuple[int, int]:
 
 
 def runs_v1(launch: Launch) -> bool:
-    """Whether the server runs vLLM's V1 engine on its GPU, from the image's facts (components.facts.images:
-    V1's minimum capability, and VLLM_USE_V1=0 where the line still reads it); for an image the table does
-    not know, from its tag: the only engine from 0.10, on 0.9 unless VLLM_USE_V1=0 or the GPU is below V1's."""
-    cap = launch.capability or 0
-    facts = image_facts(launch.image)
+    """Whether the server runs vLLM's V1 engine: the image's facts on this GPU (VLLM_USE_V1=0 keeps a line
+    that still has V0 on it); an image without facts is read by its tag (V1 only from 0.10)."""
+    facts = launch.facts
     if facts is not None:
-        return facts.runs_v1(cap) and not (facts.reads_vllm_use_v1 and launch.env.get("VLLM_USE_V1") == "0")
+        return facts.runs_v1(launch.capability or 0) and not (facts.reads_vllm_use_v1
+                                                             and launch.env.get("VLLM_USE_V1") == "0")
     if engine_version(launch.image) >= (0, 10):
         return True
-    return launch.env.get("VLLM_USE_V1") != "0" and engine_support(cap).v1_engine
+    return launch.env.get("VLLM_USE_V1") != "0" and (launch.capability or 0) >= 80
 
 
 def chunked_prefill(launch: Launch, max_model_len: int | None) -> tuple[bool, str]:
@@ -60,11 +59,9 @@ def chunked_prefill(launch: Launch, max_model_len: int | None) -> tuple[bool, st
         return bool(given), ("--enable-chunked-prefill" if given else "--no-enable-chunked-prefill")
     if runs_v1(launch):
         return True, "the V1 engine's default"
-    facts = image_facts(launch.image)
-    above = facts.chunked_prefill_auto_above if facts is not None else CHUNKED_PREFILL_AUTO_ABOVE
-    above = above if above is not None else CHUNKED_PREFILL_AUTO_ABOVE
-    on = max_model_len is not None and max_model_len > above
-    return on, f"the V0 engine's default for --max-model-len {'above' if on else 'up to'} {above}"
+    auto = (launch.facts.chunked_prefill_auto_above if launch.facts else None) or V0_CHUNKED_PREFILL_AUTO_ABOVE
+    on = max_model_len is not None and max_model_len > auto
+    return on, f"the V0 engine's default for --max-model-len {'above' if on else 'up to'} {auto}"
 
 
 def _int(launch: Launch, dest: str) -> int | None:

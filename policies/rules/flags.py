@@ -1,4 +1,6 @@
-"""Rule 8: every `vllm serve` flag is real in vLLM 0.9.2 and has a valid value; the model is positional.
+"""Rule 8: every `vllm serve` flag is real in the pool's vLLM version and has a valid value; the model is
+positional. The argv is parsed with the parser dumped from that version (policies/data; the image's
+`serve_args` fact). An image without a dump is not judged here (vllm-image-unknown says so).
 
 The api_server (`python3 -m vllm.entrypoints.openai.api_server`, the vllm/vllm-openai image's ENTRYPOINT)
 is read with the same options, its model as `--model` (policies.rules.serve_args)."""
@@ -11,13 +13,15 @@ from policies.rules.common import Launch, launch_policy
 
 def check_flags(launch: Launch, config: dict[str, Any]) -> list[str]:
     """One message per parse error of the server's argv, in argparse's (and vLLM's) words, prefixed with the
-    program that reads it (`vllm serve` or `vllm.entrypoints.openai.api_server`)."""
-    return [f"{launch.args.program}: {error}" for error in launch.args.errors]
+    program and the vLLM version whose parser read it."""
+    if launch.args.version is None:
+        return []
+    return [f"{launch.args.program} (vLLM {launch.args.version}): {error}" for error in launch.args.errors]
 
 
 POLICIES = [
     launch_policy("vllm-serve-flags",
-                  "Every `vllm serve` (or api_server) flag must exist in vLLM 0.9.2 with a valid value, the model "
-                  "given as positional (as --model to the api_server).",
+                  "Every `vllm serve` (or api_server) flag must exist in the pool's vLLM version with a valid value, "
+                  "the model given as positional (as --model to the api_server).",
                   check_flags, needs_gpu=False),
 ]

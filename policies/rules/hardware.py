@@ -1,6 +1,12 @@
-"""Rules 1-5 and 10: what vLLM 0.9.2 cannot run on the GPU it is given (dtype, engine, quantization, FP8,
-chunked prefill / prefix caching, MLA). Facts come from components.facts.hardware. A raw vLLM container
-whose GPU is not known gets one advisory (vllm-gpu-unknown) instead of passing these silently."""
+"""What the pool's vLLM image cannot run on the GPU it is given, read from the image's facts
+(components.facts.images): dtype, the V1 switch, quantization (capability and MoE path), FP8, the Triton
+kernels the pool will run, chunked prefill / prefix caching, MLA, the attention backend. Each message names
+the stack key to edit, the evidence (issue or source line, with its evidence level) and the way out.
+
+A few facts hold in every known version (no bf16, FP8 or MLA below sm_80): those rules also judge an image
+the table does not know. Every other rule needs the image's facts; for an unknown image the
+`vllm-image-unknown` advisory says which rules could not judge it and how to declare its facts.
+"""
 from __future__ import annotations
 
 import re
@@ -10,12 +16,17 @@ from typing import Any
 from pulumi_policy import EnforcementLevel, PolicyConfigSchema
 
 from components.facts.hardware import (
-    CHUNKED_PREFILL_AUTO_ABOVE, DTYPE_ALIASES, FP8_KV_CACHE_DTYPES, FP8_QUANTIZATION_METHODS,
-    FP16_REFUSING_MODEL_TYPES, GPUS, QUANTIZATION_METHODS, QUANTIZATION_MIN_CAPABILITY, QUANTIZATION_WAY_OUT,
-    capability_text, engine_support, quantization_min_capability,
+    DTYPE_ALIASES, FP16_REFUSING_MODEL_TYPES, GPUS, QUANTIZATION_WAY_OUT, capability_text,
 )
-from components.facts.images import image_facts
+from components.facts.images import DEFAULT_IMAGES, FP8_WEIGHT_METHODS, image_facts
 from policies.rules.common import GPU_MODEL_LABEL, Launch, launch_policy, number
+
+# Below these, every known vLLM version refuses (bf16, FP8 KV cache) or dies (MLA prefill): the rules
+# judge unknown images with them too. [images: bf16_min_capability, fp8_kv_min_capability, mla_min_capability]
+EVERY_VERSION_MIN = {"bf16": 80, "fp8_kv": 80, "mla": 80}
+# The image every way-out names: the newest line whose facts start on every GPU the pack knows.
+RECOMMENDED = image_facts(DEFAULT_IMAGES["vllm"]) or image_facts("vllm/vllm-openai:v0.19.1")
+VOLTA_IMAGE = "vllm/vllm-openai:v0.19.1"
 
 
 def model_arch_or_none(name: str | None) -> Any:
@@ -29,39 +40,90 @@ def model_arch_or_none(name: str | None) -> Any:
         return None
 
 
+def image_key(launch: Launch) -> str:
+    """The stack key (or, for a raw container, the label) that states the image."""
+    pool = launch.props.get("pool")
+    return f"pools.{pool}.image" if launch.resource == "ModelServer" and pool else "the container's image"
+
+
+def model_key(launch: Launch, field: str) -> str:
+    """The stack key of a model field (models.<model>.<field>), or the flag for a raw container."""
+    model = launch.props.get("model")
+    return f"models.{model}.{field}" if launch.resource == "ModelServer" and model else f"--{field}"
+
+
+def set_model(launch: Launch, field: str, value: str) -> str:
+    """How to change a model field: 'set models.<model>.<field>: <value>', or 'pass --<field> <value>'."""
+    key = model_key(launch, field)
+    return f"set {key}: {value}" if not key.startswith("--") else f"pass {key} {value}"
+
+
+def _image(launch: Launch) -> str:
+    return f"image {launch.facts.ref if launch.facts else launch.image} (vLLM {launch.facts.version})" \
+        if launch.facts else f"image {launch.image}"
+
+
+def _dtype(launch: Launch) -> str:
+    given = str(launch.args.get("dtype", "auto"))
+    return DTYPE_ALIASES.get(given, given)
+
+
+def _resolved_dtype(launch: Launch) -> str:
+    """What the weights compute in: auto is float16 below sm_80 (the model types that refuse it: float32)."""
+    dtype = _dtype(launch)
+    if dtype != "auto":
+        return dtype
+    arch = model_arch_or_none(launch.arch)
+    if (launch.capability or 0) >= EVERY_VERSION_MIN["bf16"]:
+        return "bfloat16"
+    return "float32" if getattr(arch, "model_type", None) in FP16_REFUSING_MODEL_TYPES else "float16"
+
+
 def check_dtype(launch: Launch, config: dict[str, Any]) -> list[str]:
-    """Rule 1: bf16 below sm_80, and float32 where half was meant."""
-    support = engine_support(launch.capability or 0)
+    """bf16 below sm_80 (every version), and float32 where half was meant."""
+    facts = launch.facts
+    need = facts.bf16_min_capability if facts else EVERY_VERSION_MIN["bf16"]
     given = launch.args.get("dtype", "auto")
-    dtype = DTYPE_ALIASES.get(given, given)
+    dtype = _dtype(launch)
     arch = model_arch_or_none(launch.arch)
     model_type = getattr(arch, "model_type", None)
-    if dtype == "bfloat16" and "bfloat16" not in support.dtypes:
-        return [f"--dtype {given}: bfloat16 needs compute capability 8.0; {launch.where()} has none "
-                "(vLLM 0.9.2 refuses it at startup). Use --dtype half (the stack's model dtype: half)."]
+    cap = launch.capability or 0
+    if dtype == "bfloat16" and cap < need:
+        source = facts.cite("bf16_min_capability") if facts else "every known vLLM version"
+        return [f"--dtype {given}: bfloat16 needs compute capability {need // 10}.{need % 10}; {launch.where()} has "
+                f"none (vLLM refuses it at startup; {source}). Instead, {set_model(launch, 'dtype', 'half')}."]
     if dtype == "float32" and not config["allowFloat32"]:
         return [f"--dtype {given}: float32 doubles the weights' memory and runs without tensor cores on "
                 f"{launch.where()}. Use --dtype half, or set allowFloat32 in this policy's config if meant."]
-    if dtype == "auto" and "bfloat16" not in support.dtypes and model_type in FP16_REFUSING_MODEL_TYPES \
-            and not config["allowFloat32"]:
-        return [f"--dtype auto: model type {model_type} refuses float16 in vLLM 0.9.2, so on {launch.where()} "
+    if dtype == "auto" and cap < need and model_type in FP16_REFUSING_MODEL_TYPES and not config["allowFloat32"]:
+        return [f"--dtype auto: model type {model_type} refuses float16 in vLLM, so on {launch.where()} "
                 "auto resolves to float32 (twice the memory, no tensor cores). Serve it on sm_80+ (bfloat16), "
                 "or set allowFloat32 in this policy's config to accept float32."]
     return []
 
 
 def check_v1(launch: Launch, config: dict[str, Any]) -> list[str]:
-    """Rule 2: VLLM_USE_V1=0 where the image's V1 engine refuses the GPU and its envs.py reads the switch
-    (unset means 1). An image without facts is the vllm-image rule's to judge."""
-    facts = image_facts(launch.image)
+    """VLLM_USE_V1=0 where the image's V1 engine refuses the GPU and its envs.py reads the switch (unset
+    means 1). An image without facts is the vllm-image rules' to judge."""
+    facts = launch.facts
     if facts is None or not facts.reads_vllm_use_v1 or facts.runs_v1(launch.capability or 0):
         return []
     value = launch.env.get("VLLM_USE_V1")
     if value == "0":
         return []
-    state = "is unset (vLLM 0.9.2 reads unset as 1)" if value is None else f"is {value!r}"
-    return [f"VLLM_USE_V1 {state}: the V1 engine needs compute capability 8.0 and {launch.where()} has "
-            "less (VLLM_USE_V1=1 raises NotImplementedError). Set VLLM_USE_V1=0 in the container's env."]
+    state = f"is unset (vLLM {facts.version} reads unset as 1)" if value is None else f"is {value!r}"
+    return [f"VLLM_USE_V1 {state}: the V1 engine of {_image(launch)} needs compute capability "
+            f"{(facts.v1_min_capability or 0) / 10:.1f} and {launch.where()} has less (VLLM_USE_V1=1 raises "
+            f"NotImplementedError; {facts.cite('v1_min_capability')}). Set VLLM_USE_V1=0 in the container's env."]
+
+
+def check_v1_ignored(launch: Launch, config: dict[str, Any]) -> list[str]:
+    """Advisory: VLLM_USE_V1 given to an image whose vLLM no longer reads it (V0 is gone)."""
+    facts = launch.facts
+    if facts is None or facts.reads_vllm_use_v1 or "VLLM_USE_V1" not in launch.env:
+        return []
+    return [f"VLLM_USE_V1={launch.env['VLLM_USE_V1']} does nothing in {_image(launch)}: its envs.py no longer "
+            f"reads it and the only engine is V1 ({facts.cite('reads_vllm_use_v1')}). Remove VLLM_USE_V1."]
 
 
 def _quantization(launch: Launch) -> tuple[str | None, str]:
@@ -70,76 +132,77 @@ def _quantization(launch: Launch) -> tuple[str | None, str]:
     if flag:
         return str(flag), f"--quantization {flag}"
     if launch.quantization:
-        return str(launch.quantization), f"the checkpoint's quantization {launch.quantization}"
+        return str(launch.quantization), f"the checkpoint's quantization {launch.quantization} ({model_key(launch, 'quantization')})"
     return None, ""
 
 
 def check_quantization(launch: Launch, config: dict[str, Any]) -> list[str]:
-    """Rule 3: the method's minimum capability above the GPU's (FP8 methods: rule 4)."""
+    """The method's minimum capability in the image's vLLM above the GPU's (FP8 methods: gpu-fp8)."""
+    facts = launch.facts
     method, source = _quantization(launch)
-    if method is None or method in FP8_QUANTIZATION_METHODS or method not in QUANTIZATION_METHODS:
+    if facts is None or method is None or method in FP8_WEIGHT_METHODS or method not in facts.quantizations:
         return []
-    need = quantization_min_capability(method)
+    need = facts.quantizations[method].min_capability
     cap = launch.capability or 0
     if need is None:
-        return [f"{source}: not a CUDA method in vLLM 0.9.2 (it targets TPU, Neuron or Intel)."]
+        return [f"{source}: not a CUDA method in vLLM {facts.version} (it targets TPU, Neuron, Intel or CPU)."]
     if need <= cap:
         return []
-    works = sorted(m for m, c in QUANTIZATION_MIN_CAPABILITY.items() if quantization_min_capability(m) <= cap
-                   and m not in FP8_QUANTIZATION_METHODS)
+    works = sorted(m for m, q in facts.quantizations.items()
+                   if q.min_capability is not None and q.min_capability <= cap and m not in FP8_WEIGHT_METHODS)
     way_out = QUANTIZATION_WAY_OUT.get(method, "use a checkpoint in a method that runs here: " + ", ".join(works))
-    return [f"{source}: vLLM 0.9.2 needs {capability_text(need)} for {method}; {launch.where()} has less "
-            f"(\"Minimum capability: {need}. Current capability: {cap}.\"). Instead, {way_out}."]
+    return [f"{source}: vLLM {facts.version} needs {capability_text(need)} for {method}; {launch.where()} has less "
+            f"(\"Minimum capability: {need}. Current capability: {cap}.\"; {facts.cite('quantizations')}). "
+            f"Instead, {way_out}."]
+
+
+def check_quantization_moe(launch: Launch, config: dict[str, Any]) -> list[str]:
+    """A quantization method without a FusedMoE method for a MoE model (AssertionError at model build)."""
+    facts = launch.facts
+    method, source = _quantization(launch)
+    arch = model_arch_or_none(launch.arch)
+    if facts is None or method is None or arch is None or not arch.is_moe or method not in facts.quantizations:
+        return []
+    if facts.quantizations[method].moe != "none":
+        return []
+    routes = []
+    if "moe_wna16" in facts.quantizations and method.startswith("gptq"):
+        routes.append(f"{set_model(launch, 'quantization', 'moe_wna16')} (a GPTQ 4/8-bit checkpoint with "
+                      "desc_act: false; its Triton path needs a Triton that compiles for the GPU)")
+    later = [f for f in [RECOMMENDED] if f is not None and f.quantizations.get(method, None) is not None
+             and f.quantizations[method].moe != "none"]
+    if later:
+        routes.append(f"use {later[0].ref} ({image_key(launch)}), whose vLLM {later[0].version} routes {method} MoE "
+                      f"layers to MoeWNA16 by itself ({later[0].cite('quantizations')})")
+    return [f"{source} on {arch.name} ({arch.model_type}, a MoE model): vLLM {facts.version} has no FusedMoE method for "
+            f"{method}, so the model fails to build (AssertionError in FusedMoE; {facts.cite('quantizations')}). "
+            f"Instead, {' or '.join(routes) or 'use a method with a MoE path'}."]
 
 
 def check_fp8(launch: Launch, config: dict[str, Any]) -> list[str]:
-    """Rule 4: FP8 KV cache and FP8 checkpoints on GPUs without FP8 support."""
+    """FP8 KV cache and FP8 checkpoints on GPUs without FP8 support (every version)."""
+    facts = launch.facts
     cap = launch.capability or 0
     out = []
-    kv = launch.args.get("kv_cache_dtype", "auto")
-    if kv in FP8_KV_CACHE_DTYPES and not engine_support(cap).fp8_kv_cache:
-        out.append(f"--kv-cache-dtype {kv}: {launch.where()} has no FP8 support; vLLM 0.9.2's Triton "
-                   "prefill kernels cannot cast the cache to fp8 there. Use --kv-cache-dtype auto (float16 cache) "
+    kv = str(launch.args.get("kv_cache_dtype", "auto"))
+    need_kv = facts.fp8_kv_min_capability if facts else EVERY_VERSION_MIN["fp8_kv"]
+    if kv.startswith("fp8") and cap < need_kv:
+        source = facts.cite("fp8_kv_min_capability") if facts else "every known vLLM version"
+        out.append(f"--kv-cache-dtype {kv}: {launch.where()} has no FP8 support and no vLLM attention kernel is known "
+                   f"to cast the cache to fp8 there ({source}). Use --kv-cache-dtype auto (float16 cache) "
                    "and lower --max-model-len or --max-num-seqs if the cache does not fit.")
     method, source = _quantization(launch)
-    need = quantization_min_capability(method) if method in FP8_QUANTIZATION_METHODS else None
-    if need is not None and need > cap:
-        out.append(f"{source}: FP8 weights need {capability_text(need)} in vLLM 0.9.2 and {launch.where()} "
-                   "has no FP8 units. Serve an fp16 or GPTQ checkpoint of the model instead "
-                   "(--quantization gptq).")
+    if method in FP8_WEIGHT_METHODS:
+        q = facts.quantizations.get(method) if facts else None
+        need = q.min_capability if q is not None and q.min_capability is not None else 80
+        if cap < need:
+            out.append(f"{source}: FP8 weights need {capability_text(need)} in vLLM"
+                       f"{' ' + facts.version if facts else ''} and {launch.where()} has no FP8 units. Serve an fp16 "
+                       "or GPTQ checkpoint of the model instead.")
     return out
 
 
-def check_prefill(launch: Launch, config: dict[str, Any]) -> list[str]:
-    """Rule 5: chunked prefill and prefix caching where the Triton kernels assert (incl. the >32k auto switch)."""
-    support = engine_support(launch.capability or 0)
-    out = []
-    why = (f"vLLM 0.9.2's Triton prefix-prefill kernel asserts on {launch.where()} "
-           "(\"mma -> mma layout conversion is only supported on Ampere\"; issues #2729, #3687, #8024)")
-    if not support.prefix_caching and launch.args.get("enable_prefix_caching"):
-        out.append(f"--enable-prefix-caching: {why}. Remove it (enablePrefixCaching: false).")
-    chunked = launch.args.get("enable_chunked_prefill")
-    if not support.chunked_prefill and chunked:
-        out.append(f"--enable-chunked-prefill: {why}. Remove it (enableChunkedPrefill: false).")
-    if not support.chunked_prefill and chunked is None:
-        length = launch.args.get("max_model_len")
-        if length is None:
-            out.append(f"--max-model-len is unset: vLLM takes the model's context length and turns chunked "
-                       f"prefill on by itself above {CHUNKED_PREFILL_AUTO_ABOVE}; {why}. Set --max-model-len "
-                       f"<= {CHUNKED_PREFILL_AUTO_ABOVE} or pass --no-enable-chunked-prefill.")
-        elif length > CHUNKED_PREFILL_AUTO_ABOVE:
-            out.append(f"--max-model-len {length}: above {CHUNKED_PREFILL_AUTO_ABOVE} vLLM 0.9.2 turns chunked "
-                       f"prefill on by itself; {why}. Set --max-model-len <= {CHUNKED_PREFILL_AUTO_ABOVE} or pass "
-                       "--no-enable-chunked-prefill.")
-    return out
-
-
-# Model names whose checkpoints use MLA, for containers without a catalog arch (DeepSeek-V2/V3/R1, Kimi-K2;
-# not the R1 distills, which are Qwen/Llama models).
-_MLA_NAME = re.compile(r"deepseek[-_]?(v2|v3|r1)(?![-_]?distill)|kimi[-_]?k2", re.IGNORECASE)
-
-
-def _uses_mla(launch: Launch) -> str | None:
+def _mla_model(launch: Launch) -> str | None:
     arch = model_arch_or_none(launch.arch)
     if arch is not None:
         return arch.model_type if arch.uses_mla else None
@@ -149,16 +212,107 @@ def _uses_mla(launch: Launch) -> str | None:
     return None
 
 
-def check_mla(launch: Launch, config: dict[str, Any]) -> list[str]:
-    """Rule 10 (advisory): MLA attention below sm_80, unless VLLM_MLA_DISABLE=1."""
+# Model names whose checkpoints use MLA, for containers without a catalog arch (DeepSeek-V2/V3/R1, Kimi-K2;
+# not the R1 distills, which are Qwen/Llama models).
+_MLA_NAME = re.compile(r"deepseek[-_]?(v2|v3|r1)(?![-_]?distill)|kimi[-_]?k2", re.IGNORECASE)
+
+
+def _mla_on(launch: Launch) -> bool:
+    return launch.env.get("VLLM_MLA_DISABLE", "0") not in ("1", "true", "True")
+
+
+def _moe_triton(launch: Launch) -> str | None:
+    """The Triton fused-MoE kernel the pool runs in fp16, or None (dense model, fp32, or a method without it)."""
+    arch = model_arch_or_none(launch.arch)
+    if arch is None or not arch.is_moe or _resolved_dtype(launch) == "float32":
+        return None
+    method, _ = _quantization(launch)
+    if method is None:
+        return f"the fp16 fused-MoE kernel of {arch.name}"
+    q = launch.facts.quantizations.get(method) if launch.facts else None
+    if method == "moe_wna16" or (q is not None and q.moe == "moe_wna16"):
+        return f"the MoeWNA16 int4 fused-MoE Triton kernel of {arch.name} (every prefill)"
+    return None
+
+
+def triton_kernels(launch: Launch) -> list[str]:
+    """The Triton kernels with fp16 `tl.dot` the pool will run (what a Triton without them kills)."""
+    facts = launch.facts
     cap = launch.capability or 0
-    model = _uses_mla(launch)
-    if model is None or engine_support(cap).mla or launch.env.get("VLLM_MLA_DISABLE") == "1":
+    kernels = []
+    moe = _moe_triton(launch)
+    if moe:
+        kernels.append(moe)
+    if facts is not None and facts.attention_backend(cap).startswith("TRITON"):
+        kernels.append(f"{facts.attention_backend(cap)} attention")
+    elif launch.args.get("enable_prefix_caching") or launch.args.get("enable_chunked_prefill"):
+        kernels.append("the prefix-prefill attention kernel (chunked prefill / prefix caching)")
+    if _mla_model(launch) and _mla_on(launch):
+        kernels.append("Triton MLA decode")
+    return kernels
+
+
+def check_triton(launch: Launch, config: dict[str, Any]) -> list[str]:
+    """The image's Triton cannot compile fp16 `tl.dot` on this GPU, for a kernel the pool will run."""
+    facts = launch.facts
+    cap = launch.capability or 0
+    if facts is None or facts.triton_fp16_dot(cap) is not False:
         return []
-    message = (f"{model} uses MLA attention: vLLM 0.9.2 picks TRITON_MLA on V0, but its prefill calls "
-               f"FlashAttention-2, which needs compute capability 8.0; on {launch.where()} it is likely to fail "
-               "(inferred from vLLM's code, not tested). Set VLLM_MLA_DISABLE=1 in the pool's env (vLLM then "
-               "keeps the full per-head KV cache: check the capacity plan), or serve it on sm_80+.")
+    kernels = triton_kernels(launch)
+    if not kernels:
+        return []
+    t = facts.triton_facts
+    assert t is not None
+    ways = [f"use {VOLTA_IMAGE} ({image_key(launch)}; Triton {image_facts(VOLTA_IMAGE).triton} compiles them for "  # type: ignore[union-attr]
+            "sm_70 with FMA, no tensor cores)"]
+    if _moe_triton(launch) and len(kernels) == 1:
+        ways.append(f"{set_model(launch, 'dtype', 'float32')} (fp32 dots compile; twice the weights)")
+    return [f"{', '.join(kernels)}: Triton {t.version} in {_image(launch)} cannot compile fp16 tl.dot below "
+            f"sm_{t.fp16_dot_min_capability} (\"{t.failure}\"; {t.source}), so the engine dies at its startup "
+            f"profile run on {launch.where()}. Instead, {' or '.join(ways)}."]
+
+
+def check_prefill(launch: Launch, config: dict[str, Any]) -> list[str]:
+    """Chunked prefill and prefix caching where the image's kernels die on the GPU (incl. V0's >32k auto switch)."""
+    facts = launch.facts
+    cap = launch.capability or 0
+    if facts is None or cap >= facts.prefix_prefill_min_capability:
+        return []
+    out = []
+    why = (f"the prefix-prefill kernel of {_image(launch)} fails on {launch.where()} "
+           f"({facts.cite('prefix_prefill_min_capability')})")
+    if launch.args.get("enable_prefix_caching"):
+        out.append(f"--enable-prefix-caching: {why}. Remove it (enablePrefixCaching: false).")
+    chunked = launch.args.get("enable_chunked_prefill")
+    if chunked:
+        out.append(f"--enable-chunked-prefill: {why}. Remove it (enableChunkedPrefill: false).")
+    auto = facts.chunked_prefill_auto_above
+    if chunked is None and auto is not None:
+        length = launch.args.get("max_model_len")
+        if length is None:
+            out.append(f"--max-model-len is unset: vLLM takes the model's context length and turns chunked "
+                       f"prefill on by itself above {auto}; {why}. Set --max-model-len <= {auto} or pass "
+                       "--no-enable-chunked-prefill.")
+        elif length > auto:
+            out.append(f"--max-model-len {length}: above {auto} vLLM {facts.version} turns chunked prefill on by "
+                       f"itself; {why}. Set --max-model-len <= {auto} or pass --no-enable-chunked-prefill.")
+    return out
+
+
+def check_mla(launch: Launch, config: dict[str, Any]) -> list[str]:
+    """MLA attention below sm_80 (every version through 0.19), unless VLLM_MLA_DISABLE=1."""
+    facts = launch.facts
+    cap = launch.capability or 0
+    need = facts.mla_min_capability if facts else EVERY_VERSION_MIN["mla"]
+    model = _mla_model(launch)
+    if model is None or cap >= need or not _mla_on(launch):
+        return []
+    source = facts.cite("mla_min_capability") if facts else "vllm#14016 [observed]; every version through 0.19"
+    message = (f"{model} uses MLA attention: its prefill calls FlashAttention-2, which needs compute capability "
+               f"8.0, with no fallback, so vLLM dies in its startup profile run on {launch.where()} "
+               f"(\"FlashAttention only supports Ampere GPUs or newer\"; {source}). Set VLLM_MLA_DISABLE=1 in "
+               "the pool's env (vLLM then keeps the full per-head KV cache: check the capacity plan), or serve it "
+               "on sm_80+.")
     without = launch.props.get("capacityWithoutMla")
     if isinstance(without, Mapping) and without.get("fits") is False:
         message += f" With it, {without.get('reason')}."
@@ -169,9 +323,35 @@ def check_mla(launch: Launch, config: dict[str, Any]) -> list[str]:
     return [message]
 
 
-# The rules that need the GPU (launch_policy's needs_gpu, and vllm-image's vLLM line).
-GPU_RULES = ("gpu-dtype", "vllm-v1-engine", "gpu-quantization", "gpu-fp8", "gpu-chunked-prefill-prefix-caching",
-             "mla-attention", "vllm-image")
+def check_attention_backend(launch: Launch, config: dict[str, Any]) -> list[str]:
+    """--attention-backend naming a backend that does not run on this GPU."""
+    facts = launch.facts
+    backend = launch.args.get("attention_backend")
+    if facts is None or not backend:
+        return []
+    need = ATTENTION_MIN_CAPABILITY.get(str(backend))
+    cap = launch.capability or 0
+    if need is None or cap >= need:
+        return []
+    return [f"--attention-backend {backend}: needs {capability_text(need)}; {launch.where()} has less "
+            f"(its supports_compute_capability in vLLM {facts.version}). On this GPU vLLM picks "
+            f"{facts.attention_backend(cap)}: set that, or leave the flag out."]
+
+
+# vLLM 0.19.1 v1/attention/backends/*: supports_compute_capability (flash_attn.py:180 >= 8.0,
+# flashinfer.py:394 >= 7.5, triton_attn.py:354 any, mla/flashmla.py:74 9.x/10.x, mla/cutlass_mla.py:66 10.x,
+# mla/flashattn_mla.py:69 9.x, mla/flashinfer_mla.py:66 10.x, mla/triton_mla.py:62 any). [code]
+ATTENTION_MIN_CAPABILITY = {"FLASH_ATTN": 80, "FLASHINFER": 75, "TRITON_ATTN": 0, "FLEX_ATTENTION": 0,
+                            "FLASHMLA": 90, "CUTLASS_MLA": 100, "FLASH_ATTN_MLA": 90, "FLASHINFER_MLA": 100,
+                            "TRITON_MLA": 0}
+
+
+# The rules that need the GPU (launch_policy's needs_gpu, and vllm-image's arch check).
+GPU_RULES = ("gpu-dtype", "vllm-v1-engine", "gpu-quantization", "quantization-moe", "gpu-fp8", "triton-fp16-dot",
+             "gpu-chunked-prefill-prefix-caching", "mla-attention", "attention-backend", "vllm-image")
+# The rules that need the image's facts (an unknown image is not judged by them).
+IMAGE_RULES = ("vllm-v1-engine", "gpu-quantization", "quantization-moe", "triton-fp16-dot",
+               "gpu-chunked-prefill-prefix-caching", "attention-backend", "vllm-serve-flags", "vllm-image")
 
 
 def check_gpu_known(launch: Launch, config: dict[str, Any]) -> list[str]:
@@ -190,6 +370,18 @@ def check_gpu_known(launch: Launch, config: dict[str, Any]) -> list[str]:
             f"Label it with one of the known names."]
 
 
+def check_image_known(launch: Launch, config: dict[str, Any]) -> list[str]:
+    """Advisory: an image the facts table does not know cannot be judged by the rules that need its facts."""
+    if launch.facts is not None:
+        return []
+    from components.facts.images import IMAGES
+    how = ("declare its facts under pools.<pool>.imageFacts (like: a known image, then version, cuda, torch, "
+           "torchArchList, triton)" if launch.resource == "ModelServer" else "use a known image")
+    return [f"image {launch.image or '(none stated)'} is not in the facts table (known: {', '.join(sorted(IMAGES))}), so "
+            f"{', '.join(IMAGE_RULES)} cannot judge it; only the checks that hold in every version ran (bf16, FP8, "
+            f"MLA below sm_80). To have it judged, {how}, or use {VOLTA_IMAGE} ({image_key(launch)})."]
+
+
 FLOAT32_CONFIG = PolicyConfigSchema(properties={"allowFloat32": {
     "type": "boolean", "default": False,
     "description": "Accept float32 (explicit, or auto on a model type that refuses float16)."}})
@@ -197,17 +389,28 @@ FLOAT32_CONFIG = PolicyConfigSchema(properties={"allowFloat32": {
 POLICIES = [
     launch_policy("gpu-dtype", "The dtype must be one the GPU computes in (no bfloat16 below sm_80).",
                   check_dtype, config=FLOAT32_CONFIG),
-    launch_policy("vllm-v1-engine", "VLLM_USE_V1 must be 0 on GPUs the V1 engine does not support (below sm_80).",
-                  check_v1),
-    launch_policy("gpu-quantization", "The quantization method must run on the GPU's compute capability.",
-                  check_quantization),
+    launch_policy("vllm-v1-engine", "VLLM_USE_V1 must be 0 where the image's V1 engine refuses the GPU and its vLLM "
+                  "reads the switch (0.9.x below sm_80).", check_v1),
+    launch_policy("vllm-v1-ignored", "VLLM_USE_V1 is not given to an image whose vLLM no longer reads it (0.12+).",
+                  check_v1_ignored, level=EnforcementLevel.ADVISORY),
+    launch_policy("gpu-quantization", "The quantization method must run on the GPU's compute capability in the "
+                  "image's vLLM.", check_quantization),
+    launch_policy("quantization-moe", "A MoE model's quantization method must have a FusedMoE method in the image's "
+                  "vLLM (plain gptq has none in 0.9.2).", check_quantization_moe),
     launch_policy("gpu-fp8", "No FP8 KV cache or FP8 checkpoint on GPUs without FP8 support.", check_fp8),
+    launch_policy("triton-fp16-dot", "The image's Triton must compile fp16 tl.dot on the GPU for the kernels the pool "
+                  "runs (fused MoE, Triton attention, prefix prefill, Triton MLA).", check_triton),
     launch_policy("gpu-chunked-prefill-prefix-caching",
-                  "Chunked prefill and prefix caching must stay off where vLLM 0.9.2's Triton kernels assert (Volta).",
+                  "Chunked prefill and prefix caching must stay off where the image's prefix-prefill kernel dies.",
                   check_prefill),
-    launch_policy("mla-attention", "MLA attention (DeepSeek-V2/V3/R1, Kimi-K2) needs FlashAttention-2 (sm_80+).",
-                  check_mla, level=EnforcementLevel.ADVISORY),
+    launch_policy("mla-attention", "MLA attention (DeepSeek-V2/V3/R1, Kimi-K2) needs FlashAttention-2 (sm_80+): "
+                  "below, VLLM_MLA_DISABLE=1.", check_mla),
+    launch_policy("attention-backend", "--attention-backend must name a backend that runs on the GPU.",
+                  check_attention_backend),
+    launch_policy("vllm-image-unknown", "The image is in the facts table (or its facts are declared), so every rule "
+                  "can judge it.", check_image_known, level=EnforcementLevel.ADVISORY, needs_gpu=False),
     launch_policy("vllm-gpu-unknown",
                   "A vLLM container names its GPU (llm-cluster.gpu-model) so the hardware rules can judge it.",
                   check_gpu_known, level=EnforcementLevel.ADVISORY, needs_gpu=False),
 ]
+

@@ -1,4 +1,5 @@
-"""`vllm serve` argv parsed by an argparse parser rebuilt from vLLM 0.9.2's own (policies/data dump).
+"""`vllm serve` argv parsed by an argparse parser rebuilt from the pool's vLLM version's own (one dump per
+version in policies/data; which one is the image's `serve_args` fact).
 
 The same dump gives the parser of `python3 -m vllm.entrypoints.openai.api_server` (the vllm/vllm-openai
 image's ENTRYPOINT): both are built by make_arg_parser + AsyncEngineArgs.add_cli_args, so they take the
@@ -18,9 +19,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from components.facts.hardware import QUANTIZATION_METHODS
+from components.facts.images import DEFAULT_IMAGES, ImageFacts, image_facts
 
-ARGS_DUMP = Path(__file__).resolve().parent.parent / "data" / "vllm-0.9.2-serve-args.json"
+DATA = Path(__file__).resolve().parent.parent / "data"
+# What an argv is read with when its image has no facts or no dump: the default image's parser, so the
+# other rules can still read its values (the flag rule then says it cannot judge the flags).
+_FALLBACK = image_facts(DEFAULT_IMAGES["vllm"])
+assert _FALLBACK is not None and _FALLBACK.serve_args is not None
 
 # vLLM's own refusal of `--model` (vllm/utils/__init__.py:1475-1481 at v0.9.2).
 MODEL_FLAG_MESSAGE = ("With `vllm serve`, you should provide the model as a positional argument or in a "
@@ -29,10 +34,10 @@ MISSING_MODEL_MESSAGE = "the model is missing: `vllm serve` takes it as the posi
 # The programs whose argv is parsed: the CLI, and the module the vllm/vllm-openai image runs.
 SERVE = "vllm serve"
 API_SERVER = "vllm.entrypoints.openai.api_server"
-# EngineArgs' default --model in 0.9.2 (the dump's default), what the api_server loads without --model.
+# EngineArgs' default --model (the dump's default), what the api_server loads without --model.
 API_SERVER_MISSING_MODEL_MESSAGE = (
-    "the model is missing: the api_server takes it as --model /path/to/model (without it vLLM 0.9.2 loads its "
-    "default, facebook/opt-125m, from Hugging Face)")
+    "the model is missing: the api_server takes it as --model /path/to/model (without it vLLM {version} loads "
+    "its default, {default}, from Hugging Face)")
 
 
 class _ParseError(Exception):
@@ -59,20 +64,49 @@ def _human_readable_int(value: str) -> int:
 
 
 _human_readable_int.__name__ = "human_readable_int"  # argparse names the type in its error message
-_TYPES: dict[str, Any] = {"int": int, "float": float, "human_readable_int": _human_readable_int}
+
+
+def _human_readable_int_or_auto(value: str) -> int:
+    """vLLM 0.19's --max-model-len type: -1 or auto (the model's own length), else human_readable_int."""
+    return -1 if value.strip() in ("-1", "auto", "AUTO", "Auto") else _human_readable_int(value)
+
+
+_human_readable_int_or_auto.__name__ = "human_readable_int_or_auto"
+_TYPES: dict[str, Any] = {"int": int, "float": float, "human_readable_int": _human_readable_int,
+                          "human_readable_int_or_auto": _human_readable_int_or_auto}
+
+
+def _optional(inner: Any) -> Any:
+    """vLLM's optional_type(inner): '' or 'None' is None, anything else goes through inner."""
+    def convert(value: str) -> Any:
+        return None if value in ("", "None") else inner(value)
+    convert.__name__ = inner.__name__  # argparse says "invalid int value", as vLLM's parser does
+    return convert
+
+
+def _entry_type(entry: dict[str, Any]) -> Any:
+    """The converter of a dumped option: its type, or the type its optional_type wraps."""
+    if entry["type"] == "_optional_type" and entry.get("inner_type") in _TYPES:
+        return _optional(_TYPES[entry["inner_type"]])
+    return _TYPES.get(entry["type"])
 
 
 def _choice(value: Any) -> Any:
     return None if value == "None" else value
 
 
-@lru_cache(maxsize=2)
-def serve_parser(program: str = SERVE) -> argparse.ArgumentParser:
-    """The `vllm serve` parser of 0.9.2 (or the api_server's: no positional), options from the dump; every
-    default suppressed (only what is given)."""
+def dump_entries(dump: str) -> list[dict[str, Any]]:
+    """The entries of one parser dump in policies/data."""
+    return json.loads((DATA / dump).read_text())
+
+
+@lru_cache(maxsize=8)
+def serve_parser(program: str = SERVE, dump: str = _FALLBACK.serve_args) -> argparse.ArgumentParser:
+    """The `vllm serve` parser of one version (or the api_server's: no positional), options from its dump;
+    every default suppressed (only what is given)."""
     prog = SERVE if program == SERVE else f"python3 -m {API_SERVER}"
     parser = _Parser(prog=prog, add_help=False, allow_abbrev=False, exit_on_error=False)
-    for entry in json.loads(ARGS_DUMP.read_text()):
+    for entry in dump_entries(dump):
         if "positional" in entry:
             if program == SERVE:  # the api_server takes no positional: its model is --model
                 parser.add_argument(entry["positional"], nargs=entry["nargs"], default=argparse.SUPPRESS)
@@ -92,8 +126,8 @@ def serve_parser(program: str = SERVE) -> argparse.ArgumentParser:
         kw["action"] = "append" if kind == "_AppendAction" else "store"
         if entry["nargs"] is not None:
             kw["nargs"] = entry["nargs"]
-        if entry["type"] in _TYPES:
-            kw["type"] = _TYPES[entry["type"]]
+        if _entry_type(entry) is not None:
+            kw["type"] = _entry_type(entry)
         if entry["choices"]:
             # Choices typed like the values argparse compares them with ("None" means the option is optional).
             kw["choices"] = [c for c in (_choice(c) for c in entry["choices"]) if c is not None]
@@ -103,9 +137,14 @@ def serve_parser(program: str = SERVE) -> argparse.ArgumentParser:
     return parser
 
 
-@lru_cache(maxsize=2)
-def _option_strings(program: str = SERVE) -> tuple[str, ...]:
-    return tuple(s for a in serve_parser(program)._actions for s in a.option_strings)  # noqa: SLF001
+@lru_cache(maxsize=8)
+def _option_strings(program: str, dump: str) -> tuple[str, ...]:
+    return tuple(s for a in serve_parser(program, dump)._actions for s in a.option_strings)  # noqa: SLF001
+
+
+def _default_model(dump: str) -> str:
+    entry = next((e for e in dump_entries(dump) if "--model" in e.get("opts", ())), None)
+    return str(entry["default"]).strip("'") if entry else "a default model"
 
 
 def _normalize(token: str) -> str:
@@ -142,21 +181,30 @@ class ServeArgs:
     values: dict[str, Any] = field(default_factory=dict)
     errors: tuple[str, ...] = ()
     program: str = SERVE  # SERVE or API_SERVER: which parser read the argv
+    version: str | None = None  # the vLLM version whose parser read it; None: no parser of the image's own
 
     @property
     def model(self) -> str | None:
         """The model served: the positional of `vllm serve`, `--model` of the api_server."""
-        return self.values.get("model_tag" if self.program == SERVE else "model")
+        if self.program == SERVE:  # vLLM from 0.10 moves `vllm serve --model X` to the positional
+            return self.values.get("model_tag") or self.values.get("model")
+        return self.values.get("model")
 
     def get(self, dest: str, default: Any = None) -> Any:
         """An option's value if given, else `default` (vLLM's default is not assumed)."""
         return self.values.get(dest, default)
 
 
-def parse_serve(tokens: list[str], program: str = SERVE) -> ServeArgs:
+def parse_serve(tokens: list[str], program: str = SERVE, facts: ImageFacts | None = None) -> ServeArgs:
     """Parse the tokens after `vllm serve` (or after `-m vllm.entrypoints.openai.api_server` with program
-    API_SERVER); collect every error (not only argparse's first)."""
-    parser = serve_parser(program)
+    API_SERVER) with the parser of the image's vLLM version; collect every error (not only argparse's first).
+
+    Without facts (or a dump) for the image, the default image's parser reads the values and `version` is
+    None: the errors are then that parser's, which the flag rule does not report as the image's."""
+    own = facts if facts is not None and facts.serve_args else None
+    reader = own or _FALLBACK
+    dump, version = reader.serve_args or "", reader.version
+    parser = serve_parser(program, dump)
     remaining = [_normalize(t) for t in tokens]
     errors: list[str] = []
     namespace, extras = argparse.Namespace(), []
@@ -175,9 +223,9 @@ def parse_serve(tokens: list[str], program: str = SERVE) -> ServeArgs:
     for token in extras:
         if token.startswith("-"):
             name = token.partition("=")[0]
-            close = difflib.get_close_matches(name, _option_strings(program), n=1)
+            close = difflib.get_close_matches(name, _option_strings(program, dump), n=1)
             hint = f"; did you mean {close[0]}?" if close else ""
-            errors.append(f"unrecognized flag {name}: not a `{program}` flag in vLLM 0.9.2{hint}")
+            errors.append(f"unrecognized flag {name}: not a `{program}` flag in vLLM {version}{hint}")
             previous_unknown = "=" not in token
         elif not previous_unknown:
             errors.append(f"unexpected positional argument {token!r}: " + (
@@ -188,14 +236,17 @@ def parse_serve(tokens: list[str], program: str = SERVE) -> ServeArgs:
             previous_unknown = False  # the value of the unknown flag before it
     if program == API_SERVER:
         if not values.get("model"):
-            errors.append(API_SERVER_MISSING_MODEL_MESSAGE)
-    elif "model" in values:
+            errors.append(API_SERVER_MISSING_MODEL_MESSAGE.format(version=version, default=_default_model(dump)))
+    elif "model" in values and reader.serve_refuses_model_flag:
         errors.append(MODEL_FLAG_MESSAGE)
-    elif not values.get("model_tag"):
+    elif "model" in values and values.get("model_tag"):
+        errors.append(f"both a positional model ({values['model_tag']}) and --model {values['model']}: vLLM "
+                      f"{version} moves --model to the positional, and its parser then refuses the second model")
+    elif not values.get("model_tag") and "model" not in values:
         errors.append(MISSING_MODEL_MESSAGE)
     q = values.get("quantization")
-    if q is not None and q not in QUANTIZATION_METHODS:
-        # argparse has no choices for --quantization; vLLM refuses it only at startup (config.py:951-957).
-        errors.append(f"argument --quantization/-q: unknown quantization method {q!r}; vLLM 0.9.2 knows: "
-                      + ", ".join(sorted(QUANTIZATION_METHODS)))
-    return ServeArgs(values, tuple(errors), program)
+    if q is not None and q not in reader.quantizations:
+        # argparse has no choices for --quantization; vLLM refuses it only at startup (0.9.2 config.py:951-957).
+        errors.append(f"argument --quantization/-q: unknown quantization method {q!r}; vLLM {version} knows: "
+                      + ", ".join(sorted(reader.quantizations)))
+    return ServeArgs(values, tuple(errors), program, version if own else None)

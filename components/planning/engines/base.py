@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from components.facts.images import ImageFacts, image_facts
+from components.facts.images import ImageFacts, declared_facts, image_facts
 from components.planning.topology import Instance
 from components.spec import StackSpec
 
@@ -55,7 +55,10 @@ class Engine(ABC):
     def image_facts(self, spec: StackSpec, pool: str) -> ImageFacts | None:
         """The facts of the pool's image: declared in the stack for a private build, else the table's
         entry, None when neither knows it (rules then say it cannot be judged)."""
-        return image_facts(spec.pools[pool].image)
+        p = spec.pools[pool]
+        if p.image_facts is not None:
+            return declared_facts(p.image, p.image_facts.like, p.image_facts.overrides(), f"pools.{pool}.imageFacts")
+        return image_facts(p.image)
 
     def metric_names(self, spec: StackSpec, pool: str) -> Mapping[str, str]:
         """Logical metric name -> the series this pool's engine version exports ({} when unknown)."""
