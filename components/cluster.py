@@ -11,7 +11,9 @@ from components.model_server import ModelServer, ModelServerArgs
 from components.model_weights import ModelWeights, ModelWeightsArgs
 from components.monitoring import Monitoring, MonitoringArgs
 from components.planning.engines import engine_for
-from components.planning.topology import all_instances, images_for_node, weights_nodes
+from components.planning.qualification import node_qualifications
+from components.qualification import ImageQualification, ImageQualificationArgs
+from components.planning.topology import all_instances, images_for_node, resource_suffix, weights_nodes
 from components.ray_cluster import RayCluster, RayClusterArgs
 from components.smoke import SmokeTest, SmokeTestArgs
 from components.spec import NAMESPACE, StackSpec
@@ -31,14 +33,25 @@ def deploy(spec: StackSpec) -> dict[str, Any]:
         weights[model] = ModelWeights(f"weights-{model}", ModelWeightsArgs(
             spec, model, {n: nodes[n] for n in weights_nodes(spec, model)}))
 
+    # The qualification gate of each serving image on each of its nodes: it needs only the pulled image,
+    # so it runs while the weights still copy, and every server of that image on the node waits for it.
+    qualifications: dict[tuple[str, str], pulumi.Resource] = {
+        (q.node, q.image): ImageQualification(f"{q.node}-qualify-{resource_suffix(q.image)}",
+                                              ImageQualificationArgs(q, nodes[q.node])).check
+        for q in node_qualifications(spec)}
+
     # Each instance depends only on its own nodes and their weights: pools come up (or fail) apart.
     servers: dict[str, ModelServer] = {}
     for inst in all_instances(spec):
         weights_ready = weights[spec.pools[inst.pool].model].ready
         members = {n: nodes[n] for n in inst.nodes}
         on_ray = inst.uses_ray and engine_for(spec.pools[inst.pool]).multi_node == "ray"
-        ray = RayCluster(f"{inst.name}-ray", RayClusterArgs(spec, inst, members, weights_ready)) if on_ray else None
-        servers[inst.name] = ModelServer(inst.name, ModelServerArgs(spec, inst, members, weights_ready, ray))
+        image = spec.pools[inst.pool].image
+        qualified = {n: qualifications[(n, image)] for n in inst.nodes if (n, image) in qualifications}
+        ray = RayCluster(f"{inst.name}-ray", RayClusterArgs(spec, inst, members, weights_ready, qualified=qualified)
+                         ) if on_ray else None
+        servers[inst.name] = ModelServer(inst.name, ModelServerArgs(spec, inst, members, weights_ready,
+                                                                    qualified=qualified, ray=ray))
     outputs["endpoints"] = {name: s.endpoint for name, s in servers.items()}
 
     # The gateway and monitoring wait on their nodes only, never on model loading: the gateway

@@ -59,9 +59,12 @@ def gpu_container_args(spec: StackSpec, instance: Instance, node: GpuNode, node_
 
 
 def gpu_container_opts(node: GpuNode, node_name: str, weights_ready: Mapping[str, pulumi.Resource],
-                       extra: list[pulumi.Resource] | None = None) -> dict[str, object]:
-    """Resource options of a GPU container: its node's provider, the node and its weights ready first."""
-    after = [*node.ready, *([weights_ready[node_name]] if node_name in weights_ready else []), *(extra or [])]
+                       extra: list[pulumi.Resource] | None = None,
+                       qualified: Mapping[str, pulumi.Resource] | None = None) -> dict[str, object]:
+    """Resource options of a GPU container: its node's provider; the node, its weights and the image's
+    qualification gate on that node (components.qualification) first."""
+    gates = [r for r in [weights_ready.get(node_name), (qualified or {}).get(node_name)] if r is not None]
+    after = [*node.ready, *gates, *(extra or [])]
     # Fixed names and the same GPUs: the old container must be gone before the new one starts.
     return dict(provider=node.provider, depends_on=after, delete_before_replace=True)
 

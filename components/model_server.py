@@ -89,7 +89,7 @@ class ModelServer(Component):
                 entrypoints=argv[:2], command=argv[2:], uploads=server_uploads(spec, inst),
                 healthcheck=server_healthcheck(spec, inst),
                 **gpu_container_args(spec, inst, head, inst.head, engine.server_role),
-                opts=self.opts(**gpu_container_opts(head, inst.head, args.weights_ready)))
+                opts=self.opts(**gpu_container_opts(head, inst.head, args.weights_ready, qualified=args.qualified)))
             waits_on: list[pulumi.Resource] = [self.container]
             target_id = self.container.id
         else:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_docker as docker
@@ -31,6 +31,8 @@ class RayClusterArgs:
     instance: Instance
     nodes: Mapping[str, GpuNode]
     weights_ready: Mapping[str, pulumi.Resource]
+    # Per node, the qualification gate of the pool's image there (nothing starts before it passed).
+    qualified: Mapping[str, pulumi.Resource] = field(default_factory=dict)
 
 
 class RayCluster(Component):
@@ -77,7 +79,8 @@ class RayCluster(Component):
                        for path, text, x in (nccl.uploads(spec, inst) if check else []))],
             healthcheck=server_healthcheck(spec, inst),
             **gpu_container_args(spec, inst, head_node, inst.head, "ray-head", [textfile_dir]),
-            opts=self.opts(**gpu_container_opts(head_node, inst.head, args.weights_ready, before_head)))
+            opts=self.opts(**gpu_container_opts(head_node, inst.head, args.weights_ready, before_head,
+                                                qualified=args.qualified)))
         self.workers: dict[str, docker.Container] = {}
         for n in inst.nodes[1:]:
             worker_argv = plan.ray_worker_argv(spec, inst, n)
@@ -86,7 +89,8 @@ class RayCluster(Component):
                 # The image's entrypoint is the API server; a worker only runs Ray.
                 entrypoints=worker_argv[:1], command=worker_argv[1:],
                 **gpu_container_args(spec, inst, args.nodes[n], n, "ray-worker"),
-                opts=self.opts(**gpu_container_opts(args.nodes[n], n, args.weights_ready, [self.head])))
+                opts=self.opts(**gpu_container_opts(args.nodes[n], n, args.weights_ready, [self.head],
+                                                    qualified=args.qualified)))
         gate_script = plan.ray_gate_script(
             plan.ray_status_argv(spec, inst, head_name), wanted, pool.ray_gate_timeout_seconds, inst.name,
             want_nodes=len(inst.nodes), hints=plan.gate_hints(spec, inst))

@@ -104,3 +104,20 @@ def test_a_moe_config_misnamed_or_unreadable_names_the_stack_key(config: dict[st
     spec = _with_chat(config, moeConfigFiles=[str(tmp_path / "E=128,N=96,device_name=Tesla_V100-SXM2-32GB.json")])
     with pytest.raises(SpecError, match=r"moeConfigFiles\[0\]: cannot read a JSON tile config from"):
         moe_configs(spec, "chat")
+
+
+METRICS_DIR = Path(__file__).parent / "fixtures" / "metrics"
+
+
+def test_every_image_names_only_metrics_its_version_exports() -> None:
+    """Monitoring reads metric names from the image facts: each must be in that version's exposition list."""
+    lists = {"0.9.2": "vllm-0.9.2-v0.txt", "0.19.1": "vllm-0.19.1-v1.txt"}
+    for facts in known_images():
+        if facts.engine != "vllm":
+            continue
+        exported = {line.split()[0] for line in (METRICS_DIR / lists[facts.version]).read_text().splitlines()
+                    if line.strip() and not line.startswith("#")}
+        assert set(facts.metrics.values()) <= exported, facts.ref
+    v092, v191 = IMAGES["vllm/vllm-openai:v0.9.2"].metrics, IMAGES["vllm/vllm-openai:v0.19.1"].metrics
+    assert (v092["kv_cache_usage"], v191["kv_cache_usage"]) == ("vllm:gpu_cache_usage_perc", "vllm:kv_cache_usage_perc")
+    assert v191["time_per_output_token"] == "vllm:inter_token_latency_seconds"

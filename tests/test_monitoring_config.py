@@ -404,8 +404,8 @@ def cases(spec: StackSpec) -> list[Case]:
              ttft(VLLM03, {"1": "0+10x20", "2.5": "0+10x20", "5": "0+10x20", "+Inf": "0+10x20"})
              + [(f'vllm:e2e_request_latency_seconds_bucket{{{VLLM03}, le="+Inf"}}', "0+10x20")]),
         Case("KVCacheFull", "cache at 99 % for 10 minutes", "10m",
-             [(f"vllm:gpu_cache_usage_perc{{{VLLM04}}}", "0.99x20")], [(lbl(VLLM04), 0.99)]),
-        Case("KVCacheFull", "cache at 90 %", "10m", [(f"vllm:gpu_cache_usage_perc{{{VLLM04}}}", "0.9x20")]),
+             [(f"vllm:kv_cache_usage_perc{{{VLLM04}}}", "0.99x20")], [(lbl(VLLM04), 0.99)]),
+        Case("KVCacheFull", "cache at 90 %", "10m", [(f"vllm:kv_cache_usage_perc{{{VLLM04}}}", "0.9x20")]),
         Case("ServiceDown", "instance down for 5 minutes", "5m", [(f"up{{{VLLM04}}}", "0x10")], [(lbl(VLLM04), 0.0)]),
         Case("ServiceDown", "a one-minute blip", "5m", [(f"up{{{VLLM04}}}", "1 1 1 0 1 1 1 1 1 1")]),
         Case("PoolDown", "chat's targets vanished from the scrape", "5m",
@@ -513,8 +513,8 @@ def threshold_cases(gw200: str, upstream: str) -> list[Case]:
              ttft(VLLM03, {"1": "0x20", "2": "0+100x20", "2.5": "0+100x20", "+Inf": "0+100x20"})),
         # kv_cache_usage_ratio 0.98
         Case("KVCacheFull", "cache at 98.5 %", "10m",
-             [(f"vllm:gpu_cache_usage_perc{{{VLLM04}}}", "0.985x20")], [(lbl(VLLM04), 0.985)]),
-        Case("KVCacheFull", "cache at 97.5 %", "10m", [(f"vllm:gpu_cache_usage_perc{{{VLLM04}}}", "0.975x20")]),
+             [(f"vllm:kv_cache_usage_perc{{{VLLM04}}}", "0.985x20")], [(lbl(VLLM04), 0.985)]),
+        Case("KVCacheFull", "cache at 97.5 %", "10m", [(f"vllm:kv_cache_usage_perc{{{VLLM04}}}", "0.975x20")]),
         # gpu_memory_used_ratio 0.95
         Case("GPUMemoryHigh", "95.5 % of framebuffer used", "10m",
              [(f"DCGM_FI_DEV_FB_USED{{{dcgm('gpu-03', '5')}}}", "9550x20"),

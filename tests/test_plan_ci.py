@@ -67,7 +67,7 @@ def test_sarif_is_valid_2_1_0_and_points_at_the_key_at_fault(tmp_path: Path) -> 
     schema = json.loads((SCHEMAS / "sarif-schema-2.1.0.json").read_text())
     jsonschema.Draft4Validator(schema).validate(log)
     results = {(r["ruleId"], r["level"]): r for r in log["runs"][0]["results"]}
-    assert set(results) == {("gpu-dtype", "error"), ("gateway-auth", "error"), ("mla-attention", "warning")}
+    assert set(results) == {("gpu-dtype", "error"), ("gateway-auth", "error"), ("memory-headroom", "warning")}
     lines = (tmp_path / "Pulumi.changed.yaml").read_text().splitlines()
     dtype = results[("gpu-dtype", "error")]
     where = dtype["locations"][0]
@@ -99,7 +99,7 @@ def test_junit_is_valid_with_one_case_per_rule_and_pool(tmp_path: Path) -> None:
         "pinned-images pools.chat", "pinned-images pools.reasoning", "pinned-images stack"]
     failure = cases["gpu-dtype pools.chat"].find("failure")
     assert "bfloat16 needs compute capability 8.0" in failure.text and failure.get("type") == "mandatory"
-    assert "[advisory] mla-attention pools.reasoning reasoning-gpu-01" in suite.find("system-out").text
+    assert "[advisory] memory-headroom pools.reasoning reasoning-gpu-01" in suite.find("system-out").text
 
 
 def test_format_prints_the_chosen_document_on_stdout(tmp_path: Path) -> None:

@@ -47,6 +47,9 @@ class Engine(ABC):
     ready_path: ClassVar[str] = "/health"  # 200 once it serves requests (the readiness gate)
     metrics_path: ClassVar[str] = "/metrics"  # Prometheus exposition
     metrics_job: ClassVar[str]  # the Prometheus job of its servers
+    # Whether `up` runs the qualification gate (components.planning.qualification) in its images: torch's
+    # arch list, an fp16 matmul, a Triton fp16 dot, the engine's version and its own parser on the argv.
+    qualifies: ClassVar[bool] = False
     memory_keys: ClassVar[str] = "gpuMemoryUtilization or maxModelLen"  # what to lower when it runs out of memory
     # The server answers only to its first served name (404 otherwise): the gateway rewrites the others.
     one_served_name: ClassVar[bool] = False

@@ -28,6 +28,7 @@ class VllmEngine(Engine):
     multi_gpu: ClassVar[tuple[str, ...]] = ("tensor", "pipeline")
     multi_node: ClassVar[MultiNode] = "ray"
     metrics_job: ClassVar[str] = "vllm"
+    qualifies: ClassVar[bool] = True
 
     def context_length(self, spec: StackSpec, pool: str) -> int:
         v = spec.pools[pool].vllm
