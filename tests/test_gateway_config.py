@@ -484,3 +484,12 @@ def test_concurrency_caps_need_auth(config: dict[str, Any]) -> None:
 def test_429_retry_after_and_reset_follow_the_rate(rps: float, retry_after: int, reset: str) -> None:
     limit = RateLimitSpec.model_construct(requests_per_second=rps, burst=0)
     assert (retry_after_seconds(limit), reset_interval(limit)) == (retry_after, reset)
+
+
+def test_every_deployed_engine_has_server_facts_and_nginx_lets_go_first() -> None:
+    from components.planning.gateway_engines import engine_server, server_keepalive_seconds, upstream_keepalive_seconds
+    from components.spec.engines import DEPLOYED_ENGINES
+    for engine in DEPLOYED_ENGINES:
+        server = engine_server(engine)
+        assert server.source and server.evidence in ("read from code", "observed on hardware", "unverified")
+        assert 0 < upstream_keepalive_seconds(engine, {}) < server_keepalive_seconds(engine, {}), engine

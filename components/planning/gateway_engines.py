@@ -54,6 +54,16 @@ ENGINE_SERVERS: dict[str, EngineServer] = {
                 "endpoint 503 'Loading model' until the model is loaded (tools/server/server-http.cpp) "
                 "(read from code)."),
         evidence="read from code"),
+    "lmdeploy": EngineServer(
+        keepalive_seconds=5, keepalive_env=None, not_ready_statuses=(503,),
+        source=("lmdeploy/serve/openai/api_server.py serves with uvicorn.run(...) without timeout_keep_alive, "
+                "so uvicorn's default Config(timeout_keep_alive=5) applies (not re-read for each release)."),
+        evidence="unverified"),
+    "llamacpp": EngineServer(
+        keepalive_seconds=5, keepalive_env=None, not_ready_statuses=(503,),
+        source=("llama-server is built on cpp-httplib, whose CPPHTTPLIB_KEEPALIVE_TIMEOUT_SECOND defaults to 5; "
+                "while the model loads it answers 503 ({\"error\": {\"code\": 503, \"message\": \"Loading model\"}})."),
+        evidence="read from code"),
 }
 
 

@@ -266,6 +266,9 @@ def _check_gateway(s: StackSpec) -> list[SpecIssue]:
 
 def _check_shared_models(s: StackSpec) -> list[SpecIssue]:
     """Pools serving one model share its traffic by gateway.poolWeights; refuse what the gateway cannot honour."""
+    # Imported here: the engines read the spec module, so a top-level import would be circular.
+    from components.planning.gateway import context_length
+
     g = s.gateway
     assert g is not None
     issues: list[SpecIssue] = []
@@ -285,12 +288,13 @@ def _check_shared_models(s: StackSpec) -> list[SpecIssue]:
         if all(g.pool_weights.get(p, 1) == 0 for p in pools):
             issues.append(SpecIssue("gateway.poolWeights", f"every pool serving model {model!r} "
                                     f"({', '.join(pools)}) has weight 0: its requests would find no replica"))
-        lens = {p: s.pools[p].vllm.max_model_len for p in pools}
+        lens = {p: context_length(s, p) for p in pools}
         if len(set(lens.values())) > 1:
-            issues.append(SpecIssue(f"pools.{pools[1]}.vllm.maxModelLen", f"pools {', '.join(pools)} serve model "
-                                    f"{model!r} behind one name but accept different lengths ("
+            issues.append(SpecIssue(f"pools.{pools[1]}", f"pools {', '.join(pools)} serve model {model!r} behind "
+                                    "one name but accept different context lengths ("
                                     + ", ".join(f"{p}: {n}" for p, n in lens.items())
-                                    + "): the same request would pass or fail by where it lands; give them one maxModelLen"))
+                                    + "): the same request would pass or fail by where it lands; give them one "
+                                    "context length (vllm.maxModelLen, lmdeploy.sessionLen, llamacpp.contextPerSlot)"))
         for i, k in enumerate(g.api_keys):
             for j, name in enumerate(k.models):
                 if name in pools:
