@@ -103,10 +103,13 @@ def test_a_fault_shared_by_a_pools_containers_is_listed_once_with_each_container
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     policy = done.stdout.split("\nPolicy\n")[1]
     entries = [line for line in policy.splitlines() if line.startswith("  [mandatory] no-plaintext-secrets")]
-    chat = [e for e in entries if "chat-gpu" in e]
+    chat = [e for e in entries if "chat-gpu-03-vllm" in e]
     # The four chat replicas share one fault: one entry naming each of their containers.
     assert [e.split(":")[0] for e in chat] == [
         "  [mandatory] no-plaintext-secrets · chat-gpu-03-vllm, chat-gpu-04-vllm, chat-gpu-05-vllm, chat-gpu-06-vllm"]
     # The Ray head also carries --api-key, so its message differs from the worker's: two entries.
-    assert sorted(e.split(" · ")[1].split(":")[0] for e in entries if "chat-gpu" not in e) == [
+    assert sorted(e.split(" · ")[1].split(":")[0] for e in entries if "reasoning-gpu-01-ray" in e) == [
         "reasoning-gpu-01-ray-head", "reasoning-gpu-01-ray-worker-gpu-02"]
+    # No resource is listed in two entries of the rule with the same message.
+    listed = [r for e in entries for r in e.split(" · ")[1].split(":")[0].split(", ")]
+    assert len(listed) == len(set(listed))
