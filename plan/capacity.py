@@ -97,7 +97,7 @@ def run(argv: list[str]) -> tuple[CapacityEstimate, dict[str, object]]:
             g = gpu(args.gpu)
         except KeyError as e:
             raise UsageError(str(e.args[0])) from None
-        memory, gpu_name = g.memory_gib, args.gpu
+        memory, gpu_name = g.visible_memory_gib, args.gpu
         # The image's engine line on this GPU picks the default batch budget, as the plan's pool capacity does.
         facts = image_facts(args.image)
         if facts is None:

@@ -29,6 +29,8 @@ _spec.loader.exec_module(accuracy)  # type: ignore[union-attr]
 CASES = accuracy.load_cases()
 
 V100 = 32768 / 1024
+# What PyTorch (and so vLLM) sees of a V100-SXM2-32GB, which the CLI and the plan start from (hardware facts).
+V100_SEEN = 31.74
 R1_V100 = dict(tp=8, pp=2, gpu_memory_utilization=0.92, dtype="float16", quantization="gptq",
                max_model_len=16384, max_num_seqs=32)
 
@@ -214,7 +216,7 @@ R1_ARGS = ["--model", "deepseek-r1", "--gpu", "Tesla V100-SXM2-32GB", "--tp", "8
 def test_cli_text_report(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(R1_ARGS) == 0
     out = capsys.readouterr().out
-    assert out.startswith("deepseek-r1 on Tesla V100-SXM2-32GB (32.00 GiB), TP=8 PP=2, float16, "
+    assert out.startswith("deepseek-r1 on Tesla V100-SXM2-32GB (31.74 GiB), TP=8 PP=2, float16, "
                           "quantization gptq, KV cache auto, MLA on")
     assert "layers per stage        31/30" in out and "fits                    yes" in out
 
@@ -222,7 +224,7 @@ def test_cli_text_report(capsys: pytest.CaptureFixture[str]) -> None:
 def test_cli_json_matches_the_estimate_and_exits_1_when_it_does_not_fit(capsys) -> None:
     assert cli_main([*R1_ARGS, "--no-mla", "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
-    expected = estimate(model_arch("deepseek-r1"), V100, mla_enabled=False, **R1_V100).to_dict()
+    expected = estimate(model_arch("deepseek-r1"), V100_SEEN, mla_enabled=False, **R1_V100).to_dict()
     assert data == {"gpu": "Tesla V100-SXM2-32GB", **expected}
 
 
@@ -331,6 +333,13 @@ def test_the_planner_reads_dtypes_and_fp8_methods_from_the_facts() -> None:
 def test_cli_quantization_bits_and_group_size_are_used_as_given(flags, given, capsys) -> None:
     cli_main([*R1_ARGS, *flags, "--json"])
     data = json.loads(capsys.readouterr().out)
-    expected = estimate(model_arch("deepseek-r1"), V100, **R1_V100, **given).to_dict()
+    expected = estimate(model_arch("deepseek-r1"), V100_SEEN, **R1_V100, **given).to_dict()
     assert data == {"gpu": "Tesla V100-SXM2-32GB", **expected}
-    assert data != {"gpu": "Tesla V100-SXM2-32GB", **estimate(model_arch("deepseek-r1"), V100, **R1_V100).to_dict()}
+    assert data != {"gpu": "Tesla V100-SXM2-32GB", **estimate(model_arch("deepseek-r1"), V100_SEEN, **R1_V100).to_dict()}
+
+
+def test_the_plan_starts_from_the_memory_pytorch_sees_not_nvidia_smis(config: dict[str, Any]) -> None:
+    # 31.74 GiB of a V100-SXM2-32GB's 32 (public startup logs); GPUs without such a log keep nvidia-smi's.
+    est = pool_capacity(load_stack_config(config, set()), "chat")
+    assert est.gpu_memory_gib == V100_SEEN
+    assert GPUS["NVIDIA A100-SXM4-80GB"].visible_memory_gib == GPUS["NVIDIA A100-SXM4-80GB"].memory_gib

@@ -29,6 +29,14 @@ class GpuModel:
     capability: int  # compute capability as vLLM writes it: 70 for 7.0
     memory_gib: float  # usable HBM/GDDR as nvidia-smi reports it, in GiB
     nvlink: bool  # SXM / NVLink parts; PCIe parts talk over the PCIe switch
+    # What PyTorch sees (cudaMemGetInfo's total, vLLM's total_gpu_memory): a little less than nvidia-smi's,
+    # and what vLLM multiplies by gpuMemoryUtilization. None: no public log states it for this GPU yet.
+    torch_memory_gib: float | None = None
+
+    @property
+    def visible_memory_gib(self) -> float:
+        """The memory vLLM's budget starts from: PyTorch's total where a log states it, else nvidia-smi's."""
+        return self.torch_memory_gib if self.torch_memory_gib is not None else self.memory_gib
 
 
 # Memory as nvidia-smi reports it (MiB / 1024), which is what vLLM's memory profiler sees. [nv-specs]
@@ -36,7 +44,9 @@ GPUS: dict[str, GpuModel] = {
     g.name: g
     for g in [
         GpuModel("Tesla V100-SXM2-16GB", "volta", 70, 16384 / 1024, True),
-        GpuModel("Tesla V100-SXM2-32GB", "volta", 70, 32768 / 1024, True),
+        # torch sees 31.74 GiB: "total_gpu_memory (31.74GiB)" in two public V100-32GB vLLM startup logs
+        # (V0 0.7.1 and 0.8.5, DeepSeek-R1-Distill-Qwen-7B / Qwen2.5-7B fp16). [observed]
+        GpuModel("Tesla V100-SXM2-32GB", "volta", 70, 32768 / 1024, True, 31.74),
         GpuModel("Tesla V100-PCIE-16GB", "volta", 70, 16384 / 1024, False),
         GpuModel("Tesla V100-PCIE-32GB", "volta", 70, 32768 / 1024, False),
         GpuModel("Tesla T4", "turing", 75, 15360 / 1024, False),
@@ -45,7 +55,8 @@ GPUS: dict[str, GpuModel] = {
         GpuModel("NVIDIA A100-SXM4-80GB", "ampere", 80, 81920 / 1024, True),
         GpuModel("NVIDIA A100-PCIE-40GB", "ampere", 80, 40960 / 1024, False),
         GpuModel("NVIDIA A100 80GB PCIe", "ampere", 80, 81920 / 1024, False),
-        GpuModel("NVIDIA L40S", "ada", 89, 46068 / 1024, False),
+        # 44.42 GiB in tests/fixtures/vllm-startup-logs (vllm#15815, 2 x L40S). [observed]
+        GpuModel("NVIDIA L40S", "ada", 89, 46068 / 1024, False, 44.42),
         GpuModel("NVIDIA H100 80GB HBM3", "hopper", 90, 81559 / 1024, True),
         GpuModel("NVIDIA H100 PCIe", "hopper", 90, 81559 / 1024, False),
         GpuModel("NVIDIA H200", "hopper", 90, 143771 / 1024, True),

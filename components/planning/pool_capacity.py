@@ -89,7 +89,7 @@ def pool_capacity(spec: StackSpec, pool: str, *, mla: bool | None = None) -> Cap
     g = gpu(node_gpu.model)
     v = p.vllm
     return estimate(
-        model_architecture(spec, p.model), g.memory_gib,
+        model_architecture(spec, p.model), g.visible_memory_gib,
         tp=p.tensor_parallel, pp=p.pipeline_parallel, gpu_memory_utilization=v.gpu_memory_utilization,
         dtype=resolved_dtype(m.dtype, g.capability), quantization=m.quantization,
         quant_bits=m.quant_bits, group_size=m.group_size, kv_cache_dtype=v.kv_cache_dtype,
