@@ -42,7 +42,11 @@ case "$1" in
     # Shared again, but only within this namespace (its own peer groups): as on a systemd host, where
     # `/` is shared, so bind mounts with rslave propagation (node-exporter's /host) work.
     mount --make-rshared /
-    mkdir -p /run/sshd
+    mkdir -p /run/sshd /run/chrony
+    # chrony disciplines nothing here (-x: the hosts share this machine's clock) but follows the lab's
+    # NTP server on the registry host, so `chronyc tracking` answers as on a synchronised node.
+    printf 'server %s iburst minpoll 0 maxpoll 4\npidfile /run/chrony/chronyd.pid\n' "$mirror" > "$dir/chrony.conf"
+    chronyd -x -u root -f "$dir/chrony.conf" -l "$dir/chrony.log"
     start_dockerd "$dir" "$mirror"
     # Debian's sshd with its default config; only the listen address, host key and pid file differ.
     exec /usr/sbin/sshd -D -e -o "ListenAddress=$addr" -h "$dir/ssh_host_ed25519_key" \

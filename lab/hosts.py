@@ -47,7 +47,7 @@ def can_create_namespaces() -> str | None:
     """None when this machine can host the lab; else why not (the test tier skips with it)."""
     if os.geteuid() != 0:
         return "the lab needs root (network namespaces, bind mounts, dockerd)"
-    for tool in ("ip", "nsenter", "unshare", "dockerd", "sshd", "docker-registry", "rsync", "ssh-agent"):
+    for tool in ("ip", "nsenter", "unshare", "dockerd", "sshd", "docker-registry", "rsync", "ssh-agent", "chronyd"):
         if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists():
             return f"{tool} is missing (run .ci/system-deps as root)"
     probe = f"{PREFIX}probe-{os.getpid()}"
@@ -150,6 +150,13 @@ def start_registry() -> None:
                  STATE / "registry.log")
     _write(STATE / "registry.pid", str(pid))
     _wait_port(REGISTRY_ADDRESS, 80, "the registry mirror")
+    # The lab's NTP server (chrony serving this machine's clock): the hosts' chronyd follow it.
+    ntp = STATE / "ntp"
+    ntp.mkdir(exist_ok=True)
+    _write(ntp / "chrony.conf", f"local stratum 8\nallow {SUBNET}\nbindaddress {REGISTRY_ADDRESS}\ncmdport 0\n"
+                                f"pidfile {ntp}/chronyd.pid\n")
+    sh("nsenter", f"--net=/run/netns/{REGISTRY_NS}", "chronyd", "-x", "-u", "root", "-f", str(ntp / "chrony.conf"),
+       "-l", str(ntp / "chronyd.log"))
 
 
 def boot_host(host: LabHost) -> int:

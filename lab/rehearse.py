@@ -216,11 +216,12 @@ class Resource:
     provider: str
     options: dict[str, Any]
     mock_outputs: dict[str, Any] = field(default_factory=dict)
+    property_deps: dict[str, list[str]] = field(default_factory=dict)
 
 
 def plan_resources(stack_path: Path, stack_name: str) -> tuple[list[Resource], dict[str, Any]]:
     """The program's registrations in `--up` mode, secrets revealed (in memory only), and its stack outputs."""
-    from plan.harness import COMPUTED_OUTPUTS, run_main_program
+    from plan.harness import COMPUTED_OUTPUTS, generated_value, run_main_program
     from plan.stackfile import load_stack_file
     stack = load_stack_file(stack_path, stack_name)
     run = run_main_program(stack.config, stack.secret_keys, stack=stack.name, preview=False)
@@ -228,8 +229,10 @@ def plan_resources(stack_path: Path, stack_name: str) -> tuple[list[Resource], d
     for r in run.registrations:
         inputs = r.plain_inputs()
         mock = COMPUTED_OUTPUTS.get(r.type, lambda _: {})(inputs)
+        if r.type in (COMMAND_REMOTE, COMMAND_LOCAL):
+            mock = {"stdout": generated_value(r.urn, "stdout"), "stderr": ""}  # what the plan's mocks print
         out.append(Resource(r.urn, r.type, r.name, r.parent, r.custom, inputs, list(r.dependencies),
-                            r.provider, r.options, mock))
+                            r.provider, r.options, mock, dict(r.property_dependencies)))
     return out, run.stack_outputs
 
 
@@ -344,25 +347,31 @@ class Rehearsal:
             self._delete(urn)
         return self.steps
 
-    def _resolve(self, r: Resource) -> dict[str, Any]:
-        """Inputs with the mocks' invented outputs of its dependencies replaced by the real ones."""
-        swaps: dict[str, Any] = {}
-        for dep in r.deps:
-            mock = self.resources[dep].mock_outputs if dep in self.resources else {}
-            real = self.real.get(dep, {})
-            for k, v in mock.items():
-                if isinstance(v, str) and v and k in real:
-                    swaps[v] = real[k]
+    def _resolve(self, res: Resource) -> dict[str, Any]:
+        """Inputs with the mocks' invented outputs of their dependencies replaced by the real ones.
 
-        def sub(value: Any) -> Any:
+        Per input, only the outputs of the resources that input depends on (its property dependencies)
+        are swapped: a whole value equal to a mock output (even "", a command's mock stdout), or a
+        string inside it equal to a non-empty one (an image id inside a list)."""
+        def swaps_for(deps: list[str]) -> dict[str, Any]:
+            swaps: dict[str, Any] = {}
+            for dep in deps:
+                mock = self.resources[dep].mock_outputs if dep in self.resources else {}
+                real = self.real.get(dep, {})
+                for k, v in mock.items():
+                    if isinstance(v, str) and k in real:
+                        swaps[v] = real[k]
+            return swaps
+
+        def sub(value: Any, swaps: dict[str, Any], top: bool) -> Any:
             if isinstance(value, str):
-                return swaps.get(value, value)
+                return swaps[value] if value in swaps and (value or top) else value
             if isinstance(value, list):
-                return [sub(v) for v in value]
+                return [sub(v, swaps, False) for v in value]
             if isinstance(value, dict):
-                return {k: sub(v) for k, v in value.items()}
+                return {k: sub(v, swaps, False) for k, v in value.items()}
             return value
-        return sub(r.inputs)
+        return {k: sub(v, swaps_for(res.property_deps.get(k, [])), True) for k, v in res.inputs.items()}
 
     def _apply(self, r: Resource) -> None:
         inputs = self._resolve(r)
