@@ -111,7 +111,8 @@ def vllm_facts(tag: str) -> dict:
     if not dump.exists() or not metrics:
         raise LabError(f"the vLLM stand-in for {tag} needs the real parser dump policies/data/vllm-{version}-"
                        f"serve-args.json and a metric list tests/fixtures/metrics/vllm-{version}*.txt")
-    from components.facts.hardware import QUANTIZATION_METHODS  # the planner's list of this version's methods
+    # The planner's methods over the engine images it knows (components.facts.images).
+    from components.facts.images import QUANTIZATION_METHODS
     minor = ".".join(version.split(".")[:2])
     return {"version": version, "dump": dump, "metrics": metrics[0], "ray": RAY_FOR_VLLM.get(minor, RAY_DEFAULT),
             "quantizations": sorted(QUANTIZATION_METHODS)}
