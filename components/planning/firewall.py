@@ -18,6 +18,7 @@ import ipaddress
 import shlex
 from dataclasses import dataclass
 
+from components.planning.node_scripts import refuse_heredoc_end
 from components.planning.topology import all_instances, host_ports
 from components.spec import StackSpec
 
@@ -161,8 +162,7 @@ def create_script(spec: StackSpec, node: str, rules_dir: str = RULES_DIR) -> str
     first, last = spec.firewall.ephemeral_ports
     unit = _unit(f"{rules_dir}/firewall.nft")
     for text in (rules, unit):
-        if f"\n{_HEREDOC}\n" in f"\n{text}\n":
-            raise ValueError(f"firewall text contains the heredoc delimiter {_HEREDOC}")
+        refuse_heredoc_end(text, _HEREDOC, "firewall text")
     return f"""#!/usr/bin/env bash
 # llm-cluster: host firewall of {node} (nftables table {FAMILY} {TABLE}; other tables untouched)
 set -euo pipefail

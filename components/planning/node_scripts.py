@@ -37,6 +37,12 @@ def _script(purpose: str, body: str) -> str:
     return f"#!/usr/bin/env bash\n# llm-cluster: {comment}\nset -euo pipefail\n{body}"
 
 
+def refuse_heredoc_end(text: str, delimiter: str, what: str) -> None:
+    """A quoted heredoc passes `text` verbatim unless a line of it is the delimiter, which would end it early."""
+    if f"\n{delimiter}\n" in f"\n{text}\n":
+        raise ValueError(f"{what} contains the heredoc delimiter {delimiter}")
+
+
 def bash_command(script: str, *, sudo: bool = False) -> str:
     """The `create`/`delete` string of a remote or local Command: the shell hands the script to bash verbatim.
 
@@ -44,8 +50,7 @@ def bash_command(script: str, *, sudo: bool = False) -> str:
     user is not root (root_steps). `sudo -n` fails at once instead of waiting for a password; the script
     travels as an argument, and stdin (a secret piped in) passes through.
     """
-    if f"\n{_HEREDOC}\n" in f"\n{script}\n":
-        raise ValueError(f"script contains the heredoc delimiter {_HEREDOC}")
+    refuse_heredoc_end(script, _HEREDOC, "script")
     runner = "sudo -n -- bash" if sudo else "bash"
     return f"{runner} -c \"$(cat <<'{_HEREDOC}'\n{script.rstrip()}\n{_HEREDOC}\n)\" llm-cluster"
 
@@ -102,8 +107,7 @@ def put_files_lines(files: Mapping[str, str], roots: Sequence[str], owner: str, 
     lines += [f"install -d -m 0755 {q(r)}" for r in roots]
     wanted = [*files, *([stdin_path] if stdin_path else [])]
     for path, text in files.items():
-        if f"\n{_FILE_HEREDOC}\n" in f"\n{text}\n":
-            raise ValueError(f"{path} contains the heredoc delimiter {_FILE_HEREDOC}")
+        refuse_heredoc_end(text, _FILE_HEREDOC, path)
         lines.append(f"put {q(path)} <<'{_FILE_HEREDOC}'\n{text.rstrip(chr(10))}\n{_FILE_HEREDOC}")
     if stdin_path:
         lines.append(f"put {q(stdin_path)}")
@@ -213,8 +217,7 @@ def preflight_script(exp: Expectation, user: str = "root") -> str:
     """Run the checks of components/planning/preflight.py on the node (its source travels in a heredoc);
     a non-root `user` is first checked for passwordless sudo and the docker group (access_script)."""
     source = inspect.getsource(preflight)
-    if f"\n{_PREFLIGHT_HEREDOC}\n" in f"\n{source}\n":
-        raise ValueError(f"preflight source contains the heredoc delimiter {_PREFLIGHT_HEREDOC}")
+    refuse_heredoc_end(source, _PREFLIGHT_HEREDOC, "preflight source")
     body = ((access_script(user) if user != "root" else "") + "command -v python3 >/dev/null 2>&1 || {\n"
             "  echo \"ERROR: python3 is missing on $(hostname)\" >&2\n"
             "  echo \"    fix: install python3 (the preflight checks run with it)\" >&2\n"

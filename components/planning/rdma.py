@@ -5,7 +5,7 @@ import json
 import shlex
 from pathlib import Path
 
-from components.planning.node_scripts import ssh_argv
+from components.planning.node_scripts import refuse_heredoc_end, ssh_argv
 from components.planning.topology import Instance
 from components.spec import StackSpec
 
@@ -37,8 +37,7 @@ def rdma_plan(spec: StackSpec, instance: Instance) -> dict[str, object]:
 def rdma_script(spec: StackSpec, instance: Instance) -> str:
     """Bash for the head node: ship fabric.py and test every pair (exit 1 naming the pair, figure and fix)."""
     source = FABRIC_SOURCE.read_text()
-    if f"\n{_HEREDOC}\n" in f"\n{source}\n":
-        raise ValueError(f"fabric.py contains the heredoc delimiter {_HEREDOC}")
+    refuse_heredoc_end(source, _HEREDOC, "fabric.py")
     plan = json.dumps(rdma_plan(spec, instance), sort_keys=True)
     return f"""#!/usr/bin/env bash
 # llm-cluster: RDMA bandwidth between the nodes of {instance.name} (ib_write_bw, every pair), before Ray starts

@@ -10,6 +10,7 @@ import json
 import shlex
 from pathlib import Path
 
+from components.planning.node_scripts import refuse_heredoc_end
 from components.planning.topology import instances
 from components.planning.vllm import server_container_name
 from components.spec import StackSpec
@@ -57,8 +58,7 @@ def smoke_plan(spec: StackSpec, url: str) -> dict[str, object]:
 def smoke_script(spec: StackSpec, url: str) -> str:
     """Bash for the gateway node: run the client with the plan; the keys JSON comes on stdin."""
     source = CLIENT_SOURCE.read_text()
-    if f"\n{_HEREDOC}\n" in f"\n{source}\n":
-        raise ValueError(f"smoke client contains the heredoc delimiter {_HEREDOC}")
+    refuse_heredoc_end(source, _HEREDOC, "smoke client")
     plan = json.dumps(smoke_plan(spec, url), sort_keys=True)
     return f"""#!/usr/bin/env bash
 # llm-cluster: smoke test, one chat completion per served name through the gateway at {url}
