@@ -15,7 +15,8 @@ from components.planning.monitoring import (
 )
 from components.planning.ray import RAY_HEAD_SCRIPT, ray_head_script
 from components.planning.topology import all_instances
-from components.planning.vllm import container_envs, vllm_argv, vllm_env
+from components.planning.engines import ENGINES
+from components.planning.engines.base import container_envs
 from components.spec import StackSpec
 from components.spec.monitoring import ServiceSpec
 from plan.analyze import LEVEL_NAMES, configure_request, configured_servicer
@@ -746,8 +747,8 @@ def test_the_ray_heads_uploaded_script_is_read_for_the_dashboard_host(prod_spec:
     inst = next(i for i in all_instances(prod_spec) if i.uses_ray)
     script = ray_head_script(prod_spec, inst)
     assert f"--dashboard-host={prod_spec.node(inst.head).address}" in script
-    props = host_container("ray-head", "vllm/vllm-openai:v0.9.2", command=vllm_argv(prod_spec, inst),
-                           envs=container_envs(vllm_env(prod_spec, inst, inst.head)))
+    props = host_container("ray-head", "vllm/vllm-openai:v0.9.2", command=ENGINES["vllm"].serve_argv(prod_spec, inst),
+                           envs=container_envs(ENGINES["vllm"].serve_env(prod_spec, inst, inst.head)))
     props |= {"entrypoints": ["/bin/bash", RAY_HEAD_SCRIPT],
               "uploads": [{"file": RAY_HEAD_SCRIPT, "content": script, "executable": True}]}
     assert exposure(props, "llm-cluster:ray:RayCluster") == []

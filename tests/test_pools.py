@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from components.planning.ray import RAY_HEAD_SCRIPT
-from components.planning.vllm import WATCHDOG_SCRIPT, health_probe_argv, watchdog_script
+from components.planning.engines.base import WATCHDOG_SCRIPT, health_probe_argv, watchdog_script
 from plan.harness import SECRET_SIG, SIG, UNKNOWN, ProgramRun, Registration
 from tests.conftest import ROOT
 from tests.support import content_trigger, script_of, tool

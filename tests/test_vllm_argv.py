@@ -15,12 +15,14 @@ from typing import Any
 import pytest
 
 from components.planning.topology import instances
-from components.planning.vllm import (
-    container_labels, container_name, endpoint, health_gate_script, health_url, server_container_name, vllm_argv,
-    vllm_env,
+from components.planning.engines import ENGINES
+from components.planning.engines.base import (
+    container_labels, container_name, endpoint, health_gate_script, ready_url, server_container_name,
 )
 from components.spec import StackSpec, load_stack_config
 from tests.support import tool
+
+VLLM = ENGINES["vllm"]
 
 # Each supported version's parser dump (policies/data/SOURCE.md says how each was made).
 SERVE_ARGS = {"0.9.2": Path(__file__).parent / "fixtures" / "vllm-0.9.2-serve-args.json",
@@ -102,7 +104,7 @@ def test_parser_rebuilt_from_the_dump_is_strict() -> None:
 
 def test_reasoning_argv_is_exact_and_parses(prod_spec: StackSpec) -> None:
     inst = instances(prod_spec, "reasoning")[0]
-    argv = vllm_argv(prod_spec, inst)
+    argv = VLLM.serve_argv(prod_spec, inst)
     assert argv == [
         "vllm", "serve", "/data/models/DeepSeek-R1-GPTQ-Int4",
         "--served-model-name", "deepseek-r1", "/data/models/DeepSeek-R1-GPTQ-Int4",
@@ -127,7 +129,7 @@ def test_reasoning_argv_is_exact_and_parses(prod_spec: StackSpec) -> None:
 def test_chat_replica_argv_is_exact_and_parses(prod_spec: StackSpec) -> None:
     insts = instances(prod_spec, "chat")
     assert [i.name for i in insts] == ["chat-gpu-03", "chat-gpu-04", "chat-gpu-05", "chat-gpu-06"]
-    argv = vllm_argv(prod_spec, insts[2])
+    argv = VLLM.serve_argv(prod_spec, insts[2])
     assert argv == [
         "vllm", "serve", "/data/models/Qwen3-30B-A3B",
         "--served-model-name", "qwen3-30b-a3b", "/data/models/Qwen3-30B-A3B",
@@ -143,7 +145,7 @@ def test_a_0_9_2_pool_gets_no_flag_its_parser_lacks(config: dict[str, Any]) -> N
     config["llm-cluster:pools"]["chat"]["image"] = "vllm/vllm-openai:v0.9.2"
     config["llm-cluster:pools"]["chat"]["vllm"].update(swapSpaceGib=4)
     spec = load_stack_config(config, set())
-    argv = vllm_argv(spec, instances(spec, "chat")[0])
+    argv = VLLM.serve_argv(spec, instances(spec, "chat")[0])
     # --attention-backend does not exist in 0.9.2: the typed key is not passed to it.
     assert "--attention-backend" not in argv and argv[-2:] == ["--swap-space", "4"]
     assert parse(argv, "0.9.2").swap_space == 4
@@ -153,7 +155,7 @@ def test_every_optional_flag_is_a_real_flag_with_a_valid_value(config: dict[str,
     spec = spec_with(config, "chat", kvCacheDtype="fp8_e5m2", blockSize=32,
                      maxNumBatchedTokens=8192, enablePrefixCaching=True, enableChunkedPrefill=True,
                      enforceEager=True, extraArgs=["--enable-log-requests", "--max-log-len", "100"])
-    argv = vllm_argv(spec, instances(spec, "chat")[0])
+    argv = VLLM.serve_argv(spec, instances(spec, "chat")[0])
     assert argv[argv.index("--block-size"):] == [
         "--block-size", "32", "--max-num-batched-tokens", "8192", "--enable-prefix-caching",
         "--enable-chunked-prefill", "--enforce-eager", "--enable-log-requests", "--max-log-len", "100"]
@@ -165,7 +167,7 @@ def test_every_optional_flag_is_a_real_flag_with_a_valid_value(config: dict[str,
 
 def test_unstated_tristates_and_defaults_leave_vllm_its_own(config: dict[str, Any]) -> None:
     spec = load_stack_config(config, set())
-    argv = vllm_argv(spec, instances(spec, "chat")[0])
+    argv = VLLM.serve_argv(spec, instances(spec, "chat")[0])
     assert not [a for a in argv if "prefix-caching" in a or "chunked-prefill" in a]
     assert "--block-size" not in argv and "--kv-cache-dtype" not in argv and "--quantization" not in argv
     assert "--swap-space" not in argv and "--enforce-eager" not in argv
@@ -178,23 +180,23 @@ def test_single_gpu_replicas_state_no_executor_and_listen_on_their_own_port(conf
     insts = instances(spec, "chat")
     r3 = insts[3]
     assert (r3.name, r3.port, r3.gpu_ids) == ("chat-gpu-03-r3", 8003, (3,))
-    argv = vllm_argv(spec, r3)
+    argv = VLLM.serve_argv(spec, r3)
     assert "--distributed-executor-backend" not in argv
     assert argv[argv.index("--port") + 1] == "8003" and parse(argv).tensor_parallel_size == 1
     assert endpoint(spec, r3) == "http://192.168.10.13:8003"
-    assert health_url(spec, r3) == "http://192.168.10.13:8003/health"
+    assert ready_url(VLLM, spec, r3) == "http://192.168.10.13:8003/health"
 
 
 def test_extra_args_that_vllm_does_not_know_fail_the_real_parser(config: dict[str, Any]) -> None:
     spec = spec_with(config, "chat", extraArgs=["--enable-expert-paralel"])
     with pytest.raises(ParseError, match="unrecognized arguments: --enable-expert-paralel"):
-        parse(vllm_argv(spec, instances(spec, "chat")[0]))
+        parse(VLLM.serve_argv(spec, instances(spec, "chat")[0]))
 
 
 def test_env_of_a_reasoning_worker_node(prod_spec: StackSpec) -> None:
     inst = instances(prod_spec, "reasoning")[0]
     # No VLLM_USE_V1: vLLM 0.19.1 does not read it (V1 is its only engine).
-    assert vllm_env(prod_spec, inst, "gpu-02") == {
+    assert VLLM.serve_env(prod_spec, inst, "gpu-02") == {
         "VLLM_WORKER_MULTIPROC_METHOD": "spawn", "VLLM_MLA_DISABLE": "1",
         "NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": "mlx5_0", "NCCL_IB_GID_INDEX": "3",
         "NCCL_SOCKET_IFNAME": "bond0", "GLOO_SOCKET_IFNAME": "bond0", "NCCL_DEBUG": "WARN",
@@ -208,7 +210,7 @@ def test_env_takes_nccl_extras_and_pool_env_but_keeps_the_node_ip(config: dict[s
                                                       "VLLM_HOST_IP": "10.0.0.1"}
     config["llm-cluster:nodes"]["gpu-02"]["hca"] = {"device": "mlx5_1", "port": 2, "linkLayer": "infiniband"}
     spec = load_stack_config(config, set())
-    env = vllm_env(spec, instances(spec, "reasoning")[0], "gpu-02")
+    env = VLLM.serve_env(spec, instances(spec, "reasoning")[0], "gpu-02")
     assert env["NCCL_IB_DISABLE"] == "1" and env["NCCL_P2P_LEVEL"] == "NVL" and env["VLLM_MLA_DISABLE"] == "1"
     assert env["NCCL_DEBUG"] == "TRACE"  # the pool's value wins over the stack's
     assert env["VLLM_HOST_IP"] == "192.168.10.12"  # never a pool-wide value
@@ -218,7 +220,7 @@ def test_env_takes_nccl_extras_and_pool_env_but_keeps_the_node_ip(config: dict[s
 def test_v1_engine_is_left_alone_on_ampere(config: dict[str, Any]) -> None:
     config["llm-cluster:nodeDefaults"]["gpu"]["model"] = "NVIDIA A100-SXM4-80GB"
     spec = load_stack_config(config, set())
-    assert "VLLM_USE_V1" not in vllm_env(spec, instances(spec, "chat")[0], "gpu-03")
+    assert "VLLM_USE_V1" not in VLLM.serve_env(spec, instances(spec, "chat")[0], "gpu-03")
 
 
 def test_labels_name_role_pool_instance_gpu_and_image(prod_spec: StackSpec) -> None:
@@ -237,7 +239,7 @@ def test_container_names_come_from_one_function_of_instance_and_role(prod_spec: 
         "ray-head-reasoning-gpu-01", "ray-worker-reasoning-gpu-01"]
     assert container_name(chat, "vllm") == "vllm-chat-gpu-03"
     # The container running `vllm serve` (what the /health gate's hint names): its own, or the Ray head.
-    assert (server_container_name(chat), server_container_name(ray)) == ("vllm-chat-gpu-03", "ray-head-reasoning-gpu-01")
+    assert (server_container_name(VLLM, chat), server_container_name(VLLM, ray)) == ("vllm-chat-gpu-03", "ray-head-reasoning-gpu-01")
     with pytest.raises(ValueError, match="container role 'head node' must be letters, digits and '-'"):
         container_name(ray, "head node")
 

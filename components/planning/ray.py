@@ -13,7 +13,7 @@ the shell and needs a person to start it again; here nothing is manual):
   request meets the dead engine (its default; VLLM_KEEP_ALIVE_ON_ENGINE_DEATH unset), which restarts
   the head as above. (Read from vLLM 0.9.2's launcher, not observed on hardware.) A server that stays
   up but broken would only be marked unhealthy (docker restarts no unhealthy container), so vLLM runs
-  under the watchdog (components.planning.vllm.watchdog_script), which exits when /health fails for
+  under the watchdog (components.planning.engines.base.watchdog_script), which exits when /health fails for
   the pool's restartUnhealthyAfterSeconds, and the chain above follows.
 - `pulumi destroy`, or a replacement (delete before replace: names and GPUs are fixed), stops each
   container with SIGTERM and a grace period, so vLLM frees its GPUs and exits cleanly.

@@ -10,9 +10,10 @@ import json
 import shlex
 from pathlib import Path
 
+from components.planning.engines import engine_for
+from components.planning.engines.base import server_container_name
 from components.planning.node_scripts import refuse_heredoc_end
 from components.planning.topology import instances
-from components.planning.vllm import server_container_name
 from components.spec import StackSpec
 
 CLIENT_SOURCE = Path(__file__).with_name("smoke_client.py")
@@ -41,7 +42,7 @@ def smoke_plan(spec: StackSpec, url: str) -> dict[str, object]:
     assert g is not None
     checks = []
     for pool, p in spec.pools.items():
-        where = "; ".join(f"docker logs {server_container_name(i, spec)} on {i.head}" for i in instances(spec, pool))
+        where = "; ".join(f"docker logs {server_container_name(engine_for(spec.pools[i.pool]), i)} on {i.head}" for i in instances(spec, pool))
         for name in spec.served_names(p.model):
             key = key_for(spec, name, pool)
             check: dict[str, object] = {

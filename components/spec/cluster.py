@@ -325,7 +325,7 @@ def canonical_flag(token: str) -> str | None:
     return name
 
 
-# Environment the product sets from typed keys (components.planning.vllm.vllm_env).
+# Environment the product sets from typed keys (each engine's serve_env, components.planning.engines).
 TYPED_ENV: dict[str, str] = {
     "NCCL_IB_HCA": "nodes.<node>.hca.device",
     "NCCL_IB_GID_INDEX": "nodes.<node>.hca.gidIndex",
