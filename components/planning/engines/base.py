@@ -12,11 +12,12 @@ import shlex
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, TypeVar
 
 from components.facts.images import ImageFacts, declared_facts, image_facts
 from components.planning.topology import Instance
 from components.spec import StackSpec
+from components.spec.cluster import GpuSpec
 
 LABEL_PREFIX = "llm-cluster."
 # How an engine spans nodes: on a Ray cluster (RayCluster registers head and workers, the server runs
@@ -24,6 +25,7 @@ LABEL_PREFIX = "llm-cluster."
 MultiNode = Literal["ray", "native", "none"]
 # Ray roles of the containers of a multi-node instance (the head runs the server).
 RAY_ROLES = ("ray-head", "ray-worker")
+F = TypeVar("F")  # an engine's image-facts type
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,15 @@ class Engine(ABC):
             return frozenset()
         return frozenset(m for m, q in facts.quantizations.items()
                          if q.min_capability is not None and q.min_capability <= capability)
+
+    def sizing_inputs(self, spec: StackSpec, pool: str, fallback: F | None) -> tuple[F, GpuSpec]:
+        """What a capacity estimate starts from: the pool's image facts — for an image the table does not
+        know (a private build), `fallback`, the default image's, laid out as it would — and the GPU of its
+        nodes."""
+        image: F | None = self.image_facts(spec, pool) or fallback  # type: ignore[assignment]
+        node_gpu = spec.node(spec.pools[pool].nodes[0]).gpu
+        assert image is not None and node_gpu is not None  # the default image is in the table; the spec refuses GPU-less nodes
+        return image, node_gpu
 
     # -- the server --------------------------------------------------------------------------------
     @abstractmethod

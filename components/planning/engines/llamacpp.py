@@ -243,12 +243,9 @@ class LlamacppEngine(Engine):
     def capacity(self, spec: StackSpec, pool: str, *, mla: bool | None = None) -> dict[str, object]:
         p = spec.pools[pool]
         o = p.llamacpp
-        # An image the table does not know (a private build) is sized as the default image's llama.cpp would.
-        image = self.image_facts(spec, pool) or llamacpp_image(DEFAULT_IMAGE)
-        assert o is not None and image is not None  # the spec requires the llamacpp block
+        assert o is not None  # the spec requires the llamacpp block
+        image, node_gpu = self.sizing_inputs(spec, pool, llamacpp_image(DEFAULT_IMAGE))
         model = spec.models[p.model]
-        node_gpu = spec.node(p.nodes[0]).gpu
-        assert node_gpu is not None  # the spec refuses nodes without GPUs
         total = model.size_gib * GIB if model.size_gib is not None else None
         try:
             if o.gguf_header is not None:

@@ -286,12 +286,9 @@ class LmdeployEngine(Engine):
     def capacity(self, spec: StackSpec, pool: str, *, mla: bool | None = None) -> dict[str, object]:
         p = spec.pools[pool]
         o = p.lmdeploy
-        # An image the table does not know (a private build) is sized as TurboMind of the default image lays it out.
-        image = self.image_facts(spec, pool) or lmdeploy_image(DEFAULT_IMAGE)
-        assert o is not None and image is not None  # the spec requires the lmdeploy block
+        assert o is not None  # the spec requires the lmdeploy block
+        image, node_gpu = self.sizing_inputs(spec, pool, lmdeploy_image(DEFAULT_IMAGE))
         model = spec.models[p.model]
-        node_gpu = spec.node(p.nodes[0]).gpu
-        assert node_gpu is not None  # the spec refuses nodes without GPUs
         try:
             return turbomind_estimate(
                 model_architecture(spec, p.model), image, gpu(node_gpu.model).memory_gib, tp=p.tensor_parallel,
