@@ -12,6 +12,7 @@ import inspect
 import math
 import re
 import shlex
+from pathlib import Path
 from collections.abc import Mapping, Sequence
 
 from components.facts.hardware import DTYPE_ALIASES, DTYPE_BYTES, GPUS
@@ -41,6 +42,15 @@ def refuse_heredoc_end(text: str, delimiter: str, what: str) -> None:
     """A quoted heredoc passes `text` verbatim unless a line of it is the delimiter, which would end it early."""
     if f"\n{delimiter}\n" in f"\n{text}\n":
         raise ValueError(f"{what} contains the heredoc delimiter {delimiter}")
+
+
+def run_shipped_python(source: Path, delimiter: str, argument: str) -> str:
+    """Bash lines that write a Python program shipped in the script to a temporary file and run it with
+    one argument (a JSON plan). A file, not `python3 -`: the program keeps stdin for what is piped in."""
+    text = source.read_text()
+    refuse_heredoc_end(text, delimiter, source.name)
+    return (f"prog=$(mktemp)\ntrap 'rm -f \"$prog\"' EXIT\ncat > \"$prog\" <<'{delimiter}'\n{text.rstrip()}\n"
+            f"{delimiter}\npython3 \"$prog\" {q(argument)}\n")
 
 
 def bash_command(script: str, *, sudo: bool = False) -> str:

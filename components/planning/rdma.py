@@ -2,10 +2,9 @@
 from __future__ import annotations
 
 import json
-import shlex
 from pathlib import Path
 
-from components.planning.node_scripts import refuse_heredoc_end, ssh_argv
+from components.planning.node_scripts import run_shipped_python, ssh_argv
 from components.planning.topology import Instance
 from components.spec import StackSpec
 
@@ -36,8 +35,6 @@ def rdma_plan(spec: StackSpec, instance: Instance) -> dict[str, object]:
 
 def rdma_script(spec: StackSpec, instance: Instance) -> str:
     """Bash for the head node: ship fabric.py and test every pair (exit 1 naming the pair, figure and fix)."""
-    source = FABRIC_SOURCE.read_text()
-    refuse_heredoc_end(source, _HEREDOC, "fabric.py")
     plan = json.dumps(rdma_plan(spec, instance), sort_keys=True)
     return f"""#!/usr/bin/env bash
 # llm-cluster: RDMA bandwidth between the nodes of {instance.name} (ib_write_bw, every pair), before Ray starts
@@ -47,10 +44,4 @@ command -v ib_write_bw >/dev/null 2>&1 || {{
   echo "    fix: install perftest on every node of {instance.name} (apt-get install perftest), or set preflight.rdmaBandwidth: false" >&2
   exit 1
 }}
-prog=$(mktemp)
-trap 'rm -f "$prog"' EXIT
-cat > "$prog" <<'{_HEREDOC}'
-{source.rstrip()}
-{_HEREDOC}
-python3 "$prog" {shlex.quote(plan)}
-"""
+{run_shipped_python(FABRIC_SOURCE, _HEREDOC, plan)}"""

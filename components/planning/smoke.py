@@ -7,12 +7,11 @@ does the requests.
 from __future__ import annotations
 
 import json
-import shlex
 from pathlib import Path
 
 from components.planning.engines import engine_for
 from components.planning.engines.base import server_container_name
-from components.planning.node_scripts import refuse_heredoc_end
+from components.planning.node_scripts import run_shipped_python
 from components.planning.topology import instances
 from components.spec import StackSpec
 
@@ -58,16 +57,8 @@ def smoke_plan(spec: StackSpec, url: str) -> dict[str, object]:
 
 def smoke_script(spec: StackSpec, url: str) -> str:
     """Bash for the gateway node: run the client with the plan; the keys JSON comes on stdin."""
-    source = CLIENT_SOURCE.read_text()
-    refuse_heredoc_end(source, _HEREDOC, "smoke client")
     plan = json.dumps(smoke_plan(spec, url), sort_keys=True)
     return f"""#!/usr/bin/env bash
 # llm-cluster: smoke test, one chat completion per served name through the gateway at {url}
 set -euo pipefail
-prog=$(mktemp)
-trap 'rm -f "$prog"' EXIT
-cat > "$prog" <<'{_HEREDOC}'
-{source.rstrip()}
-{_HEREDOC}
-python3 "$prog" {shlex.quote(plan)}
-"""
+{run_shipped_python(CLIENT_SOURCE, _HEREDOC, plan)}"""
