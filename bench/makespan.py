@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = load_stack_config(load_stack_file(args.stack_file, args.stack).config, set())
     res = resources(args.plan, args.stack_file, args.stack)
     print(f"stack {args.stack}: {sum(1 for r in res if r.get('custom', True))} resources from "
-          f"{args.plan or 'a mock run of the program'}; {len(all_instances(spec))} vLLM instances")
+          f"{args.plan or 'a mock run of the program'}; {len(all_instances(spec))} serving instances")
     copy = f"{args.copy_gbps:g} Gbit/s" if args.copy_gbps else "each target's HCA rate"
     print(f"assumptions: pull {args.pull_gbps:g} Gbit/s per node, sha256 {args.hash_gibps:g} GiB/s, copies at {copy}, " + ", ".join(f"{m} {model_size_bytes(spec, m) / GIB:.0f} GiB" for m in spec.models))
     for label, minutes in (("fast load", args.load_min), ("slow load", args.load_max)):

@@ -134,6 +134,17 @@ def _wrap(prefix: str, words: list[str], width: int = 110) -> list[str]:
                          break_on_hyphens=False, break_long_words=False) or [prefix.rstrip()]
 
 
+def type_label(resource_type: str) -> str:
+    """A resource type as the summary counts it: command:local:Command -> "local Command" (local and remote
+    commands are different resources), pulumi:providers:docker -> "docker provider", else the type's name."""
+    package, module, name = (resource_type.split(":") + ["", ""])[:3]
+    if package == "pulumi" and module == "providers":
+        return f"{name} provider"
+    if package == "command":
+        return f"{module} {name}"
+    return name
+
+
 def render_text(result: PlanResult) -> str:
     """The plan as a person reads it: nodes, containers, commands, pools, routes, capacity, policy."""
     spec, run = result.spec, result.run
@@ -141,9 +152,9 @@ def render_text(result: PlanResult) -> str:
     counts = Counter(r.type for r in run.registrations)
     out.append(f"llm-cluster plan · stack {result.stack} ({result.config_path}) · "
                f"{'preview' if result.preview else 'up'} mode")
-    out.append(f"{len(spec.nodes)} nodes · {len(spec.pools)} pools · {len(all_instances(spec))} vLLM instances · "
+    out.append(f"{len(spec.nodes)} nodes · {len(spec.pools)} pools · {len(all_instances(spec))} serving instances · "
                f"{len(run.registrations)} resources (" + ", ".join(
-                   f"{n} {t.split(':')[-1]}" for t, n in sorted(counts.items())) + ")")
+                   f"{n} {type_label(t)}" for t, n in sorted(counts.items())) + ")")
 
     per_node: dict[str, list[Registration]] = defaultdict(list)
     for r in run.registrations:

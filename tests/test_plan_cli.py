@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -50,6 +51,9 @@ def test_reference_stack_plans_clean(prod_plan: tuple[subprocess.CompletedProces
            "http://192.168.10.11:8000/v1" in out
     assert out.count("qwen3-30b-a3b · TP8 · gpu-0") == 4
     assert "  path  /smart/v1/ → reasoning" in out
+    # The summary tells local from remote commands and counts instances of any engine.
+    assert re.search(r"\n6 nodes · 2 pools · 5 serving instances · \d+ resources \(\d+ local Command, \d+ remote Command, "
+                     r"\d+ Container, .* 6 docker provider\)\n", out)
     # The weights fan out: each node that has them serves the next (2 rounds for 4 nodes, not 3 copies).
     assert "  qwen3-30b-a3b  /data/models/Qwen3-30B-A3B from gpu-03, verified on every node; round 1: " \
            "gpu-03→gpu-04 · round 2: gpu-03→gpu-05, gpu-04→gpu-06" in out
