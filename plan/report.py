@@ -245,6 +245,13 @@ def render_text(result: PlanResult) -> str:
                            f"{est['kv_cache_gib_per_gpu']:>9.1f}G{est['kv_tokens']:>11}"
                            f"{est['max_concurrency']:>10.1f}x{est['rule_of_thumb_gib_total']:>13.0f}G  "
                            + ("yes" if est["fits"] else "NO — " + est["reason"]))
+        notes = {"mlaOn": "with MLA's compressed KV cache (VLLM_MLA_DISABLE unset), for comparison: the policy pack says "
+                          "whether this GPU and image can run it",
+                 "mlaOff": "with MLA off (VLLM_MLA_DISABLE=1)"}
+        for setting in sorted({s for entry in result.capacity.values() for s in entry} - {"asDeployed"}):
+            what = notes.get(setting) or (f"each instance on {setting[2:]} nodes (pipelineParallel {setting[2:]}), "
+                                          "one more than deployed")
+            out.append(f"  {setting}: {what}")
 
     if result.diff is not None:
         out += render_diff(result.diff)

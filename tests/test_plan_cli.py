@@ -51,6 +51,7 @@ def test_reference_stack_plans_clean(prod_plan: tuple[subprocess.CompletedProces
            "http://192.168.10.11:8000/v1" in out
     assert out.count("qwen3-30b-a3b · TP8 · gpu-0") == 4
     assert "  path  /smart/v1/ → reasoning" in out
+    assert "\n  reasoning  pp3  " in out and "\n  pp3: each instance on 3 nodes (pipelineParallel 3), one more than deployed\n" in out
     # The summary tells local from remote commands and counts instances of any engine.
     assert re.search(r"\n6 nodes · 2 pools · 5 serving instances · \d+ resources \(\d+ local Command, \d+ remote Command, "
                      r"\d+ Container, .* 6 docker provider\)\n", out)
@@ -73,6 +74,11 @@ def test_plan_json_holds_resources_policy_and_capacity(prod_plan: tuple[subproce
     # MLA is off on V100 (VLLM_MLA_DISABLE=1); the plan also shows what MLA on would hold.
     assert reasoning["asDeployed"]["mla_enabled"] is False and reasoning["asDeployed"]["fits"] is True
     assert reasoning["mlaOn"]["kv_tokens"] > 5 * reasoning["asDeployed"]["kv_tokens"]
+    # And what a third node per instance would give: the weights spread over 24 GPUs, so more KV cache each.
+    pp3, deployed = reasoning["pp3"], reasoning["asDeployed"]
+    assert pp3["weights_gib_per_gpu"] < deployed["weights_gib_per_gpu"]
+    assert pp3["kv_cache_gib_per_gpu"] > deployed["kv_cache_gib_per_gpu"] and pp3["kv_tokens"] > 2 * deployed["kv_tokens"]
+    assert set(doc["capacity"]["chat"]) == {"asDeployed"}  # one node per instance: nothing to compare
     assert doc["capacity"]["chat"]["asDeployed"]["fits"] is True
     for rel in doc["artifacts"]:
         assert (out_dir / rel).is_file(), rel
