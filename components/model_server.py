@@ -103,4 +103,6 @@ class ModelServer(Component):
         self.gate: remote.Command = remote.Command(
             self.child("health"), connection=head.connection, **command_args,
             opts=self.opts(depends_on=waits_on, custom_timeouts=timeouts))
-        self.register_outputs({"endpoint": self.endpoint})
+        # What the pack's stack policies read of the server (they see outputs, not props): policies.rules.grouped.
+        self.register_outputs({"endpoint": self.endpoint, "pool": inst.pool, "instance": inst.name,
+                               "stackKeys": stack_keys(spec, inst.pool, inst.head)})

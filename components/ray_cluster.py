@@ -110,4 +110,4 @@ class RayCluster(Component):
                 triggers=[script_hash(nccl_gate), self.head.id], logging="stdoutAndStderr",
                 opts=self.opts(depends_on=[self.gate]))
             self.gates.append(self.nccl)
-        self.register_outputs({"head": inst.head, "wantGpus": wanted})
+        self.register_outputs({"head": inst.head, "wantGpus": wanted, "pool": inst.pool, "instance": inst.name})

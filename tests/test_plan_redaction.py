@@ -71,7 +71,7 @@ def test_no_planted_credential_is_printed_or_written_and_each_is_located(tmp_pat
     assert re.search(rf"inputs\.argv\[\d+\] \(flag --hf-token\) in {chat}\n", listed)
     # The stack keys the ModelServers carry are not credentials: they stay readable.
     assert '"HF_TOKEN": "pools.chat.env.HF_TOKEN"' in written["planted/plan.json"].decode()
-    assert "no-plaintext-secrets" in text and "credential in plain text: env HF_TOKEN" in text
+    assert "no-plaintext-secrets" in text and "credential in plain text: env HF_TOKEN" in " ".join(text.split())
 
 
 def registration(inputs: dict[str, Any]) -> Registration:
@@ -97,19 +97,29 @@ def test_values_in_scripts_and_env_lists_are_found_and_the_harmless_are_left() -
         "X_SECRET=[secret] Y_TOKEN=$TOKEN Z_PASSWORD=/run/secrets/z")
 
 
-def test_a_fault_shared_by_a_pools_containers_is_listed_once_with_each_container(tmp_path: Path) -> None:
+def test_a_fault_shared_by_a_pools_containers_is_one_violation_naming_its_instances(tmp_path: Path) -> None:
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, "-m", "plan", "--config", str(planted_stack(tmp_path)), "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     policy = done.stdout.split("\nPolicy\n")[1]
-    entries = [line for line in policy.splitlines() if line.startswith("  [mandatory] no-plaintext-secrets")]
-    chat = [e for e in entries if "chat-gpu-03-vllm" in e]
-    # The four chat replicas share one fault: one entry naming each of their containers.
-    assert [e.split(":")[0] for e in chat] == [
-        "  [mandatory] no-plaintext-secrets · chat-gpu-03-vllm, chat-gpu-04-vllm, chat-gpu-05-vllm, chat-gpu-06-vllm"]
-    # The Ray head also carries --api-key, so its message differs from the worker's: two entries.
-    assert sorted(e.split(" · ")[1].split(":")[0] for e in entries if "reasoning-gpu-01-ray" in e) == [
-        "reasoning-gpu-01-ray-head", "reasoning-gpu-01-ray-worker-gpu-02"]
-    # No resource is listed in two entries of the rule with the same message.
-    listed = [r for e in entries for r in e.split(" · ")[1].split(":")[0].split(", ")]
-    assert len(listed) == len(set(listed))
+    entries = [" ".join(e.split()) for e in re.split(r"\n(?=  \S)", policy) if e.startswith("  [mandatory] "
+                                                                                          "no-plaintext-secrets")]
+    pools = [e for e in entries if "pools." in e]
+    # The pack reports once per pool, on its first instance's container, naming every instance and the keys.
+    assert [e.split(": ")[0] for e in pools] == [
+        "[mandatory] no-plaintext-secrets · reasoning-gpu-01-ray-head",
+        "[mandatory] no-plaintext-secrets · chat-gpu-03-vllm"]
+    chat = pools[1].split("remote scripts. ", 1)[1]
+    assert chat.startswith("pools.chat, 4 instances (chat-gpu-03, chat-gpu-04, chat-gpu-05, chat-gpu-06): "
+                           "credential in plain text: env HF_TOKEN, env WANDB_API_KEY, env X_TOKEN, --hf-token. ")
+    assert chat.endswith("Stack keys to edit: pools.chat.env.HF_TOKEN (HF_TOKEN), nccl.extraEnv.WANDB_API_KEY "
+                         "(WANDB_API_KEY), pools.chat.env.X_TOKEN (X_TOKEN), pools.chat.vllm.extraArgs[0] (given in "
+                         "extraArgs: --hf-token).")
+    # The Ray head also carries --api-key (vLLM runs there): each container's finding is said with its name.
+    reasoning = pools[0].split("remote scripts. ", 1)[1]
+    assert reasoning.startswith(
+        "pools.reasoning, instance reasoning-gpu-01: in reasoning-gpu-01-ray-head: credential in plain text: env "
+        "WANDB_API_KEY, --api-key; in reasoning-gpu-01-ray-worker-gpu-02: credential in plain text: env "
+        "WANDB_API_KEY. Anyone with docker")
+    assert reasoning.endswith("Stack keys to edit: nccl.extraEnv.WANDB_API_KEY (WANDB_API_KEY), "
+                              "pools.reasoning.vllm.extraArgs[0] (given in extraArgs: --api-key).")

@@ -78,10 +78,14 @@ def analyze(type_: str, name: str, props: dict[str, Any], *, parent_type: str | 
     s.update(props)
     options = proto.AnalyzerResourceOptions(deleteBeforeReplace=bool(delete_before_replace),
                                             deleteBeforeReplaceDefined=delete_before_replace is not None)
-    request = proto.AnalyzeRequest(urn=f"{STACK}{chain}::{name}", type=type_, name=name, properties=s,
-                                   options=options)
-    response = servicer.Analyze(request, None)
-    return [(d.policyName, LEVEL_NAMES[d.enforcementLevel], d.message) for d in response.diagnostics]
+    urn = f"{STACK}{chain}::{name}"
+    request = proto.AnalyzeRequest(urn=urn, type=type_, name=name, properties=s, options=options)
+    diagnostics = list(servicer.Analyze(request, None).diagnostics)
+    # The stack policies (policies.rules.grouped) see it in AnalyzeStack, alone in its stack.
+    stack = proto.AnalyzeStackRequest(resources=[proto.AnalyzerResource(urn=urn, type=type_, name=name, properties=s,
+                                                                        options=options)])
+    diagnostics += servicer.AnalyzeStack(stack, None).diagnostics
+    return [(d.policyName, LEVEL_NAMES[d.enforcementLevel], d.message) for d in diagnostics]
 
 
 def model_server(props: dict[str, Any], **kw: Any) -> list[tuple[str, str, str]]:
@@ -401,7 +405,7 @@ def test_ray_worker_of_the_reference_is_clean_even_with_an_unknown_image_id() ->
 def test_ray_worker_without_the_roce_gid_index_is_refused() -> None:
     envs = [e for e in RAY_WORKER["envs"] if not e.startswith("NCCL_IB_GID_INDEX=")]
     assert ray_worker(envs=envs) == only(
-        "multi-node-network", "NCCL_IB_GID_INDEX not set in this container's env: Ray's executor passes only vLLM's "
+        "multi-node-network", "NCCL_IB_GID_INDEX not set in the container's env: Ray's executor passes only vLLM's "
         "own variables to workers, so each container needs the NCCL ones itself, or NCCL falls back to the wrong "
         "interface or TCP (RoCE needs the GID index, usually 3). Set them from the node's hca and interface.")
     assert of("multi-node-network", ray_worker(envs=envs, labels=RAY_WORKER["labels"] + [
@@ -857,9 +861,9 @@ def test_digests_pin_and_the_mutable_tags_are_configurable() -> None:
 
 def test_a_fixed_name_container_replaced_create_first_is_refused() -> None:
     assert in_monitoring(exporter(), delete_before_replace=None) == only(
-        "container-replace", "container node-exporter has a fixed name but is replaced create-first: Docker refuses "
-        "a second container named node-exporter (and the GPUs and ports the old one holds), so the first change "
-        "that replaces it fails mid-update. Set delete_before_replace=True in its resource options.")
+        "container-replace", "the container has a fixed name but is replaced create-first: Docker refuses a second "
+        "container of the same name (and the GPUs and ports the old one holds), so the first change that replaces "
+        "it fails mid-update. Set delete_before_replace=True in its resource options.")
     assert of("container-replace", in_monitoring(exporter(), delete_before_replace=False))
     unnamed = {k: v for k, v in exporter().items() if k != "name"}
     assert in_monitoring(unnamed, delete_before_replace=None) == []

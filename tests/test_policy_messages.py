@@ -57,6 +57,11 @@ def test_a_variable_the_advice_asks_for_is_named_in_the_pools_env() -> None:
     assert name_stack_keys("raise pools.chat.vllm.maxModelLen (--max-model-len)", keys) == (
         "raise pools.chat.vllm.maxModelLen (--max-model-len)")
     assert name_stack_keys("no flag here.", keys) == "no flag here."
+    # A phrase the keys stand for as written (the pool's image), and a variable the pool sets by its exact name.
+    assert name_stack_keys("image vllm/vllm-openai:latest is not pinned; env OPENAI_API_KEY is plain.", {
+        "image vllm/vllm-openai:latest": "pools.chat.image", "OPENAI_API_KEY": "pools.chat.env.OPENAI_API_KEY"}) == (
+        "image vllm/vllm-openai:latest is not pinned; env OPENAI_API_KEY is plain. Stack keys to edit: "
+        "pools.chat.image (image), pools.chat.env.OPENAI_API_KEY (OPENAI_API_KEY).")
     # The capacity planner writes flags without their dashes.
     assert name_stack_keys("lower max-model-len to 14384 or less", keys) == (
         "lower max-model-len to 14384 or less. Stack key to edit: pools.chat.vllm.maxModelLen (max-model-len).")
@@ -102,3 +107,46 @@ def test_the_gateway_without_auth_names_gateway_auth() -> None:
         "gateway.auth is false: every model would be open to anyone who reaches the gateway's port. Set "
         "gateway.auth: true (keys in gateway.apiKeys, or none to have one generated on the host), or, for a lab "
         "only, lower this policy's enforcement level."]
+
+
+PLAINTEXT_ADVICE = (
+    "Anyone with docker or shell access on the node reads it (docker inspect, ps, the command log). Read it from a "
+    "file on the host (NAME__FILE, --api-key \"$(cat /etc/llm-cluster/…)\"), or list a harmless env name in this "
+    "policy's ignoreEnv.")
+
+
+def test_a_container_rule_reports_once_per_pool_with_its_instances_and_the_key_at_preview() -> None:
+    # A stack policy (policies.rules.grouped) through the servicer's AnalyzeStack, as `pulumi preview` runs it.
+    config = prod_config()
+    config[NS + "pools"]["chat"]["env"] = {"OPENAI_API_KEY": "not-a-real-key"}
+    found = violations_of(config, "no-plaintext-secrets")
+    assert [(v.resource_name, v.enforcement_level) for v in found] == [("chat-gpu-03-vllm", "mandatory")]
+    assert body(found[0]) == (
+        f"{CHAT_INSTANCES}: credential in plain text: env OPENAI_API_KEY. {PLAINTEXT_ADVICE} Stack key to edit: "
+        "pools.chat.env.OPENAI_API_KEY (OPENAI_API_KEY).")
+    assert "not-a-real-key" not in found[0].message
+
+
+def test_a_container_rule_names_which_containers_of_an_instance_have_each_finding() -> None:
+    config = prod_config()
+    config[NS + "pools"]["reasoning"]["vllm"]["extraArgs"] = ["--api-key", "k"]  # vLLM runs on the Ray head only
+    config[NS + "nccl"] = {**config.get(NS + "nccl", {}), "extraEnv": {"WANDB_API_KEY": "w"}}
+    found = {v.resource_name: body(v) for v in violations_of(config, "no-plaintext-secrets")
+             if v.resource_type == "docker:index/container:Container"}
+    assert sorted(found) == ["chat-gpu-03-vllm", "reasoning-gpu-01-ray-head"]
+    assert found["reasoning-gpu-01-ray-head"] == (
+        "pools.reasoning, instance reasoning-gpu-01: in reasoning-gpu-01-ray-head: credential in plain text: env "
+        "WANDB_API_KEY, --api-key; in reasoning-gpu-01-ray-worker-gpu-02: credential in plain text: env "
+        f"WANDB_API_KEY. {PLAINTEXT_ADVICE} Stack keys to edit: nccl.extraEnv.WANDB_API_KEY (WANDB_API_KEY), "
+        "pools.reasoning.vllm.extraArgs[0] (given in extraArgs: --api-key).")
+
+
+def test_containers_of_no_pool_report_on_their_own_resource() -> None:
+    config = prod_config()
+    config[NS + "monitoring"]["nodeExporter"] = {"image": "prom/node-exporter:latest", "port": 9100}
+    found = violations_of(config, "pinned-images")
+    assert sorted(v.resource_name for v in found) == [f"monitoring-gpu-0{i}-node-exporter" for i in range(1, 7)]
+    assert {body(v) for v in found} == {
+        "image prom/node-exporter:latest is not pinned (tag latest moves to new builds): each node pulls whatever "
+        "the tag points to that day, so nodes drift apart and a replaced node can come back with another version. "
+        "Pin a version tag (prom/node-exporter:<version>) or a digest (prom/node-exporter@sha256:<digest>)."}

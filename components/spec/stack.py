@@ -88,6 +88,8 @@ def stack_keys(s: StackSpec, pool: str, node: str) -> dict[str, str]:
         keys[name] = f"nccl.extraEnv.{name}"
     for name in p.env:
         keys[name] = f"pools.{pool}.env.{name}"
+    # The pool's image, as a message names it ("image vllm/vllm-openai:latest is not pinned").
+    keys[f"image {p.image}"] = f"pools.{pool}.image"
     # Any other variable a message suggests is set in the pool's env.
     keys["*env"] = f"pools.{pool}.env"
     return keys

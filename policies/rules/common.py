@@ -267,6 +267,7 @@ _MESSAGE_FLAG = re.compile(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*|-tp|-pp|-q)(?![\w-]
 # A flag written without its dashes, as the capacity planner's reasons do ("lower max-model-len to 14384").
 _MESSAGE_BARE_FLAG = re.compile(r"(?<![\w-])([a-z0-9]+(?:-[a-z0-9]+)+)(?![\w-])")
 _MESSAGE_ENV = re.compile(r"(?<![\w.])((?:VLLM|NCCL|GLOO|HF|CUDA|TORCH|PYTORCH|RAY)_[A-Z0-9_]+)\b")
+_MESSAGE_NAME = re.compile(r"(?<![\w.])([A-Z][A-Z0-9]*_[A-Z0-9_]+)\b")
 
 
 def name_stack_keys(message: str, keys: Mapping[str, str]) -> str:
@@ -278,8 +279,10 @@ def name_stack_keys(message: str, keys: Mapping[str, str]) -> str:
     edits: dict[str, str] = {}
     bare = [m for m in _MESSAGE_BARE_FLAG.finditer(message) if f"--{m.group(1)}" in keys
             and not message[:m.start()].endswith("--")]
-    for match in sorted([*_MESSAGE_FLAG.finditer(message), *_MESSAGE_ENV.finditer(message), *bare],
-                        key=lambda m: m.start()):
+    # Any other variable the pool sets (OPENAI_API_KEY, named by no-plaintext-secrets), by its exact name.
+    named = [m for m in _MESSAGE_NAME.finditer(message) if m.group(1) in keys]
+    found: list[tuple[int, str, str | None]] = []
+    for match in [*_MESSAGE_FLAG.finditer(message), *_MESSAGE_ENV.finditer(message), *bare, *named]:
         token = match.group(1)
         if match.re is _MESSAGE_BARE_FLAG:
             key = keys.get(f"--{token}")
@@ -287,6 +290,11 @@ def name_stack_keys(message: str, keys: Mapping[str, str]) -> str:
             key = keys.get(canonical_flag(token) or token)
         else:
             key = keys.get(token) or (f"{keys['*env']}.{token}" if "*env" in keys else None)
+        found.append((match.start(), token, key))
+    # Phrases a key stands for as written ("image vllm/vllm-openai:latest": pools.chat.image).
+    found += [(message.find(phrase), phrase.split(" ", 1)[0], key) for phrase, key in keys.items()
+              if " " in phrase and phrase in message]
+    for _, token, key in sorted(found, key=lambda f: f[0]):
         if key and key.split(" ")[0] not in message and key not in edits:
             edits[key] = token
     if not edits:

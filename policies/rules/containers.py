@@ -2,11 +2,12 @@
 with a fixed name, a restart policy that brings it back after a reboot."""
 from __future__ import annotations
 
-from pulumi_policy import (
-    EnforcementLevel, PolicyConfigSchema, ReportViolation, ResourceValidationArgs, ResourceValidationPolicy,
-)
+from typing import Any
 
-from policies.rules.common import CONTAINER, config_with_defaults, container_image, image_parts, role_of
+from pulumi_policy import EnforcementLevel, PolicyConfigSchema
+
+from policies.rules.common import CONTAINER, container_image, image_parts, role_of
+from policies.rules.grouped import Subject, pool_rule
 
 PIN_CONFIG = PolicyConfigSchema(properties={"mutableTags": {
     "type": "array", "items": {"type": "string"},
@@ -29,58 +30,45 @@ def pin_problem(ref: str, mutable_tags: list[str]) -> str | None:
             f"({repo}:<version>) or a digest ({repo}@sha256:<digest>).")
 
 
-def validate_pinned(args: ResourceValidationArgs, report: ReportViolation) -> None:
+def pinned_found(resource: Subject, config: dict[str, Any]) -> list[str]:
     """The container's image ref (llm-cluster.image label, or `image` when it is a ref) has a fixed version."""
-    if args.resource_type != CONTAINER:
-        args.not_applicable("not a container")
-        return
-    ref = container_image(args.props)
-    if ref is None:
-        args.not_applicable("no image reference (only an image id)")
-        return
-    problem = pin_problem(ref, list(config_with_defaults(args, PIN_CONFIG)["mutableTags"]))
-    if problem:
-        report(problem, None)
+    if resource.resource_type != CONTAINER:
+        return []
+    ref = container_image(resource.props)  # None: only an image id, nothing to judge
+    problem = pin_problem(ref, list(config["mutableTags"])) if ref is not None else None
+    return [problem] if problem else []
 
 
-def validate_replace(args: ResourceValidationArgs, report: ReportViolation) -> None:
-    """A container with a fixed name is replaced delete-first."""
-    if args.resource_type != CONTAINER:
-        args.not_applicable("not a container")
-        return
-    name = args.props.get("name")
-    if not name:
-        args.not_applicable("Docker names the container itself")
-        return
-    # None: the program did not set the option, which means create-first.
-    if not args.opts.delete_before_replace:
-        report(f"container {name} has a fixed name but is replaced create-first: Docker refuses a second container "
-               f"named {name} (and the GPUs and ports the old one holds), so the first change that replaces it "
-               "fails mid-update. Set delete_before_replace=True in its resource options.", None)
+def replace_found(resource: Subject, config: dict[str, Any]) -> list[str]:
+    """A container with a fixed name is replaced delete-first (None: the program left the option unset,
+    which means create-first)."""
+    if resource.resource_type != CONTAINER or not resource.props.get("name"):
+        return []  # Docker names the container itself
+    if resource.opts.delete_before_replace:
+        return []
+    return ["the container has a fixed name but is replaced create-first: Docker refuses a second container of "
+            "the same name (and the GPUs and ports the old one holds), so the first change that replaces it fails "
+            "mid-update. Set delete_before_replace=True in its resource options."]
 
 
-def validate_restart(args: ResourceValidationArgs, report: ReportViolation) -> None:
+def restart_found(resource: Subject, config: dict[str, Any]) -> list[str]:
     """A long-running container comes back after a crash and after a reboot of its node."""
-    if args.resource_type != CONTAINER:
-        args.not_applicable("not a container")
-        return
-    restart = str(args.props.get("restart") or "no")  # the provider's default is "no"
+    if resource.resource_type != CONTAINER:
+        return []
+    restart = str(resource.props.get("restart") or "no")  # the provider's default is "no"
     if restart in RESTARTING:
-        return
-    what = role_of(args.props) or str(args.props.get("name") or "the container")
+        return []
+    what = role_of(resource.props) or "the container"
     when = ("after a clean exit or a reboot of the node (on-failure restarts only after a non-zero exit)"
             if restart == "on-failure" else "after it exits and after a reboot of the node")
-    report(f"restart is {restart}: {what} stays down {when}. Set restart=\"unless-stopped\".", None)
+    return [f"restart is {restart}: {what} stays down {when}. Set restart=\"unless-stopped\"."]
 
 
 POLICIES = [
-    ResourceValidationPolicy(name="pinned-images", description="Container images are pinned to a version or digest.",
-                             validate=validate_pinned, config_schema=PIN_CONFIG,
-                             enforcement_level=EnforcementLevel.ADVISORY),
-    ResourceValidationPolicy(name="container-replace",
-                             description="A container with a fixed name is replaced delete-first.",
-                             validate=validate_replace, enforcement_level=EnforcementLevel.MANDATORY),
-    ResourceValidationPolicy(name="container-restart",
-                             description="Containers restart unless stopped, so a node's reboot brings them back.",
-                             validate=validate_restart, enforcement_level=EnforcementLevel.ADVISORY),
+    pool_rule("pinned-images", "Container images are pinned to a version or digest.", pinned_found,
+              config=PIN_CONFIG, level=EnforcementLevel.ADVISORY),
+    pool_rule("container-replace", "A container with a fixed name is replaced delete-first.", replace_found,
+              level=EnforcementLevel.MANDATORY),
+    pool_rule("container-restart", "Containers restart unless stopped, so a node's reboot brings them back.",
+              restart_found, level=EnforcementLevel.ADVISORY),
 ]

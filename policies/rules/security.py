@@ -21,9 +21,10 @@ from pulumi_policy import (
 
 from policies.rules.bindings import binding_problems, every_interface, flag_values
 from policies.rules.common import (
-    CONTAINER, GATEWAY, GPU_NODE, REMOTE_COMMAND, config_with_defaults, container_argv, container_server, env_of,
-    is_ray_container, parse_server, role_of, words,
+    CONTAINER, GATEWAY, GPU_NODE, REMOTE_COMMAND, container_argv, container_server, env_of, is_ray_container,
+    parse_server, role_of, words,
 )
+from policies.rules.grouped import Subject, pool_rule
 
 
 def validate_gateway(args: ResourceValidationArgs, report: ReportViolation) -> None:
@@ -101,29 +102,30 @@ def secret_findings(server: tuple[str, list[str]] | None, env: dict[str, str], s
         found += [f"script {m.group(1)}=…" for m in _SCRIPT_ASSIGN.finditer(script)
                   if SECRET_ENV.search(m.group(1)) and m.group(1) not in ignore]
         # A flag the server's parse already reported is not reported again from its script.
-        found += [f"script {m.group(1)} …" for m in _SCRIPT_FLAG.finditer(script) if m.group(1) not in found]
+        # No word after the flag: the plan's redaction would take it for the flag's value.
+        found += [f"script {m.group(1)}" for m in _SCRIPT_FLAG.finditer(script) if m.group(1) not in found]
     return list(dict.fromkeys(found))
 
 
-def validate_secrets(args: ResourceValidationArgs, report: ReportViolation) -> None:
-    """Containers (env, argv) and remote commands (environment, scripts)."""
-    props = args.props
-    ignore = set(config_with_defaults(args, SECRETS_CONFIG)["ignoreEnv"])
-    if args.resource_type == CONTAINER:
+def secrets_found(resource: Subject, config: dict[str, Any]) -> list[str]:
+    """Containers (env, argv) and remote commands (environment, scripts): where a credential is a literal."""
+    props = resource.props
+    ignore = set(config["ignoreEnv"])
+    if resource.resource_type == CONTAINER:
         # Argv tokens with whitespace are shell snippets (`bash -c 'HF_TOKEN=hf_… vllm serve …'`).
         snippets = [t for t in container_argv(props) if any(c.isspace() for c in t)]
         found = secret_findings(container_server(props), env_of(props.get("envs")), snippets, ignore)
-    elif args.resource_type == REMOTE_COMMAND:
+    elif resource.resource_type == REMOTE_COMMAND:
         scripts = [str(props.get(k)) for k in ("create", "update", "delete") if props.get(k)]
         found = secret_findings(None, env_of(props.get("environment")), scripts, ignore)
     else:
-        args.not_applicable("neither a container nor a remote command")
-        return
-    if found:
-        report(f"credential in plain text: {', '.join(found)}. Anyone with docker or shell access on the node "
-               "reads it (docker inspect, ps, the command log). Read it from a file on the host "
-               "(NAME__FILE, --api-key \"$(cat /etc/llm-cluster/…)\"), or list a harmless env name in this "
-               "policy's ignoreEnv.", None)
+        return []
+    if not found:
+        return []
+    return [f"credential in plain text: {', '.join(found)}. Anyone with docker or shell access on the node "
+            "reads it (docker inspect, ps, the command log). Read it from a file on the host "
+            "(NAME__FILE, --api-key \"$(cat /etc/llm-cluster/…)\"), or list a harmless env name in this "
+            "policy's ignoreEnv."]
 
 
 EXPOSURE_CONFIG = PolicyConfigSchema(properties={"publicRoles": {
@@ -141,40 +143,39 @@ def ray_start_words(props: Mapping[str, Any]) -> list[str]:
     return found
 
 
-def validate_exposure(args: ResourceValidationArgs, report: ReportViolation) -> None:
+def exposure_found(resource: Subject, config: dict[str, Any]) -> list[str]:
     """Published ports only for public roles; host-network services bind a cluster address."""
-    if args.resource_type != CONTAINER:
-        args.not_applicable("not a container")
-        return
-    props = args.props
-    config = config_with_defaults(args, EXPOSURE_CONFIG)
+    if resource.resource_type != CONTAINER:
+        return []
+    props = resource.props
     role = role_of(props)
     if role in config["publicRoles"]:
-        return
+        return []
+    out: list[str] = []
     for port in props.get("ports") or []:
         if every_interface(str(port.get("ip") or "")):
-            report(f"port {int(float(port.get('internal')))} of a {role or 'unlabelled'} container is published "
-                   "on every interface: vLLM, Ray and metrics ports serve without authentication. Publish it "
-                   "on the node's cluster address (ports[].ip) or drop it and let the gateway/Prometheus reach "
-                   "it over the cluster network.", None)
+            out.append(f"port {int(float(port.get('internal')))} of a {role or 'unlabelled'} container is published "
+                       "on every interface: vLLM, Ray and metrics ports serve without authentication. Publish it "
+                       "on the node's cluster address (ports[].ip) or drop it and let the gateway/Prometheus reach "
+                       "it over the cluster network.")
     if props.get("networkMode") != "host":
-        return  # the container's own sockets sit in its network namespace; only `ports` reach the node's
+        return out  # the container's own sockets sit in its network namespace; only `ports` reach the node's
     argv = container_argv(props)
-    for problem in binding_problems(role, words(argv), env_of(props.get("envs"))):
-        report(problem, None)
+    out += binding_problems(role, words(argv), env_of(props.get("envs")))
     server = container_server(props)
     if server is not None:
         host = parse_server(server).get("host")
         if every_interface(str(host or "")):
-            report(f"{server[0]} --host {host or '(unset)'} on the host network listens on every interface of the "
-                   "node, and /v1, /metrics and /health answer without a key there (only the gateway checks keys). "
-                   "Pass --host <the node's cluster address>.", None)
+            out.append(f"{server[0]} --host {host or '(unset)'} on the host network listens on every interface of the "
+                       "node, and /v1, /metrics and /health answer without a key there (only the gateway checks keys). "
+                       "Pass --host <the node's cluster address>.")
     if is_ray_container(props):
         # Unset is fine: Ray's dashboard defaults to localhost.
         for _, value in flag_values(ray_start_words(props), ("--dashboard-host",)):
             if every_interface(value):
-                report(f"ray start --dashboard-host={value} opens Ray's dashboard (job submission = code execution) "
-                       "on every interface. Bind it to the node's cluster address or leave it on 127.0.0.1.", None)
+                out.append(f"ray start --dashboard-host={value} opens Ray's dashboard (job submission = code execution) "
+                           "on every interface. Bind it to the node's cluster address or leave it on 127.0.0.1.")
+    return out
 
 
 POLICIES = [
@@ -182,15 +183,11 @@ POLICIES = [
                              validate=validate_gateway, enforcement_level=EnforcementLevel.MANDATORY),
     ResourceValidationPolicy(name="gateway-tls", description="API keys never cross the network in clear.",
                              validate=validate_gateway_tls, enforcement_level=EnforcementLevel.ADVISORY),
-    ResourceValidationPolicy(name="no-plaintext-secrets",
-                             description="No credential as a literal value in env, argv or remote scripts.",
-                             validate=validate_secrets, config_schema=SECRETS_CONFIG,
-                             enforcement_level=EnforcementLevel.MANDATORY),
+    pool_rule("no-plaintext-secrets", "No credential as a literal value in env, argv or remote scripts.",
+              secrets_found, config=SECRETS_CONFIG, level=EnforcementLevel.MANDATORY),
     ResourceValidationPolicy(name="host-firewall",
                              description="Ray, NCCL, vLLM and exporter ports reach only the cluster's nodes.",
                              validate=validate_host_firewall, enforcement_level=EnforcementLevel.ADVISORY),
-    ResourceValidationPolicy(name="internal-ports",
-                             description="vLLM, Ray, metrics and monitoring ports stay on the cluster network.",
-                             validate=validate_exposure, config_schema=EXPOSURE_CONFIG,
-                             enforcement_level=EnforcementLevel.MANDATORY),
+    pool_rule("internal-ports", "vLLM, Ray, metrics and monitoring ports stay on the cluster network.",
+              exposure_found, config=EXPOSURE_CONFIG, level=EnforcementLevel.MANDATORY),
 ]

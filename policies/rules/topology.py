@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pulumi_policy import (
-    EnforcementLevel, PolicyConfigSchema, ReportViolation, ResourceValidationArgs, ResourceValidationPolicy,
-)
+from pulumi_policy import EnforcementLevel, PolicyConfigSchema
 
 from policies.rules.common import (
-    CONTAINER, LINK_LAYER_LABEL, Launch, config_with_defaults, env_of, is_ray_container, labels, launch_policy,
-    number,
+    CONTAINER, LINK_LAYER_LABEL, Launch, env_of, is_ray_container, labels, launch_policy, number,
 )
+from policies.rules.grouped import Subject, pool_rule
 from policies.rules.hardware import model_arch_or_none
 
 
@@ -56,16 +54,15 @@ NETWORK_CONFIG = PolicyConfigSchema(properties={"linkLayer": {
                    "needs NCCL_IB_GID_INDEX."}})
 
 
-def validate_network(args: ResourceValidationArgs, report: ReportViolation) -> None:
+def network_found(resource: Subject, config: dict[str, Any]) -> list[str]:
     """Every Ray container: host network, NCCL socket interface, HCA and (RoCE) GID index in its own env."""
-    if args.resource_type != CONTAINER or not is_ray_container(args.props):
-        args.not_applicable("not a container of a multi-node instance")
-        return
-    config = config_with_defaults(args, NETWORK_CONFIG)
-    props = args.props
+    if resource.resource_type != CONTAINER or not is_ray_container(resource.props):
+        return []
+    props = resource.props
+    out = []
     if props.get("networkMode") != "host":
-        report(f"networkMode is {props.get('networkMode') or 'bridge (unset)'}: Ray and NCCL need the node's own "
-               "addresses and high ports (VLLM_HOST_IP, RDMA). Set network_mode=\"host\".", None)
+        out.append(f"networkMode is {props.get('networkMode') or 'bridge (unset)'}: Ray and NCCL need the node's "
+                   "own addresses and high ports (VLLM_HOST_IP, RDMA). Set network_mode=\"host\".")
     env = env_of(props.get("envs"))
     link = labels(props).get(LINK_LAYER_LABEL) or config["linkLayer"]
     needed = ["NCCL_SOCKET_IFNAME"]
@@ -75,18 +72,18 @@ def validate_network(args: ResourceValidationArgs, report: ReportViolation) -> N
             needed.append("NCCL_IB_GID_INDEX")
     missing = [n for n in needed if not env.get(n)]
     if missing:
-        report(f"{', '.join(missing)} not set in this container's env: Ray's executor passes only vLLM's own "
-               "variables to workers, so each container needs the NCCL ones itself, or NCCL falls back to "
-               "the wrong interface or TCP (RoCE needs the GID index, usually 3). Set them from the node's "
-               "hca and interface.", None)
+        out.append(f"{', '.join(missing)} not set in the container's env: Ray's executor passes only vLLM's own "
+                   "variables to workers, so each container needs the NCCL ones itself, or NCCL falls back to "
+                   "the wrong interface or TCP (RoCE needs the GID index, usually 3). Set them from the node's "
+                   "hca and interface.")
+    return out
 
 
 POLICIES = [
     launch_policy("parallelism",
                   "Tensor parallelism stays inside a node, pipeline parallelism spans nodes, TP x PP fills the "
                   "instance's GPUs and divides the attention heads.", check_parallelism, needs_gpu=False),
-    ResourceValidationPolicy(
-        name="multi-node-network",
-        description="Containers of a multi-node instance run on the host network with the NCCL variables set.",
-        validate=validate_network, config_schema=NETWORK_CONFIG, enforcement_level=EnforcementLevel.MANDATORY),
+    pool_rule("multi-node-network",
+              "Containers of a multi-node instance run on the host network with the NCCL variables set.",
+              network_found, config=NETWORK_CONFIG, level=EnforcementLevel.MANDATORY),
 ]
