@@ -1,4 +1,5 @@
-"""Capacity estimator vs real vLLM start-up logs: weights and KV tokens per log, errors and medians.
+"""Capacity estimator vs real vLLM start-up logs: weights, non-torch memory and KV tokens per log, the
+medians and the worst optimistic KV error.
 
 Run: .venv/bin/python bench/capacity_accuracy.py   (figures only; tests/test_capacity.py asserts them)
 """
@@ -24,7 +25,12 @@ _WEIGHTS = [re.compile(r"model weights take\s+([\d.]+)\s*GiB"),
 _BLOCKS = re.compile(r"# (?:cuda|CUDA|GPU) blocks: (\d+)")
 _V1_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 _TOTAL = re.compile(r"total_gpu_memory\s*\(?\s*([\d.]+)\s*GiB")
+# The profiler's own breakdown, where the log states it (V0 and V1 up to 0.10 print it at INFO).
+_NON_TORCH = re.compile(r"non_torch_memory(?: takes)?\s+([\d.]+)\s*GiB")
+_ACTIVATION = re.compile(r"PyTorch activation peak memory(?: takes)?\s+([\d.]+)\s*GiB")
 LOG_BLOCK_SIZE = 16  # every collected log runs vLLM's default block size
+# Case keys that describe the log rather than the estimator's inputs.
+_LOG_KEYS = ("derived_kv_tokens", "logged_stage")
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,9 @@ class LogCase:
     settings: dict[str, object]
     logged_weights_gib: float
     logged_kv_tokens: int | None  # None: the log cannot be compared for KV (weights only)
+    logged_non_torch_gib: float | None = None  # the profiler's non-torch figure (first line: the logging rank)
+    logged_activation_gib: float | None = None
+    logged_stage: int | None = None  # the pipeline stage of the rank whose weights the log states (None: worst)
 
 
 def _header(lines: list[str], key: str) -> str | None:
@@ -60,7 +69,11 @@ def load_case(path: Path) -> LogCase:
             kv = int(m.group(1).replace(",", ""))
         elif "derived_kv_tokens" in settings:
             kv = int(settings["derived_kv_tokens"])  # type: ignore[arg-type]
-    return LogCase(path.name, _header(lines, "source") or "", arch, settings, weights, kv)
+    non_torch, activation = (float(m.group(1)) if (m := rx.search(text)) else None
+                             for rx in (_NON_TORCH, _ACTIVATION))
+    stage = settings.get("logged_stage")
+    return LogCase(path.name, _header(lines, "source") or "", arch, settings, weights, kv, non_torch,
+                   activation, int(stage) if stage is not None else None)  # type: ignore[call-overload]
 
 
 def load_cases() -> list[LogCase]:
@@ -70,34 +83,77 @@ def load_cases() -> list[LogCase]:
 
 def estimate_case(case: LogCase) -> CapacityEstimate:
     """The planner's estimate for the settings the log ran with."""
-    s = {k: v for k, v in case.settings.items() if k != "derived_kv_tokens"}
+    s = {k: v for k, v in case.settings.items() if k not in _LOG_KEYS}
     return estimate(case.arch, **s)  # type: ignore[arg-type]
 
 
+def estimated_weights_gib(case: LogCase, est: CapacityEstimate) -> float:
+    """The estimate for the GPU whose weights the log states: its stage, else the fullest GPU."""
+    if case.logged_stage is None:
+        return est.weights_gib_per_gpu
+    return est.weights_gib_per_stage[case.logged_stage]
+
+
 def error_pct(estimated: float, logged: float) -> float:
-    """Signed error of an estimate, in percent of the logged value."""
+    """Signed error of an estimate, in percent of the logged value (positive: optimistic for KV tokens)."""
     return (estimated - logged) / logged * 100
 
 
-def main() -> None:
-    """Print the comparison table and the medians."""
-    w_errs, kv_errs = [], []
-    print(f"{'log':<80} {'weights GiB est/log':>20} {'err%':>7} {'KV tokens est/log':>22} {'err%':>7}")
-    for case in load_cases():
+@dataclass(frozen=True)
+class Summary:
+    """The figures over all logs: signed errors per log, and the headline numbers."""
+
+    weights: list[float]
+    kv_tokens: list[float]
+    non_torch: list[tuple[str, float, float]]  # (log, estimated, logged) GiB
+
+    @property
+    def kv_median_abs(self) -> float:
+        return statistics.median(abs(e) for e in self.kv_tokens)
+
+    @property
+    def kv_worst_optimistic(self) -> float:
+        """The largest overestimate of KV tokens (the risky side of a fit check), 0 when none."""
+        return max([0.0, *self.kv_tokens])
+
+
+def summarise(cases: list[LogCase]) -> Summary:
+    """Signed errors of every comparable figure in every log."""
+    w, kv, nt = [], [], []
+    for case in cases:
         est = estimate_case(case)
-        w = error_pct(est.weights_gib_per_gpu, case.logged_weights_gib)
-        w_errs.append(abs(w))
+        w.append(error_pct(estimated_weights_gib(case, est), case.logged_weights_gib))
+        if case.logged_kv_tokens:
+            kv.append(error_pct(est.kv_tokens, case.logged_kv_tokens))
+        if case.logged_non_torch_gib is not None:
+            nt.append((case.name, est.non_torch_gib, case.logged_non_torch_gib))
+    return Summary(w, kv, nt)
+
+
+def main() -> None:
+    """Print the comparison table, the medians and the worst optimistic KV error."""
+    cases = load_cases()
+    print(f"{'log':<72} {'weights GiB est/log':>20} {'err%':>6} {'non-torch est/log':>18} "
+          f"{'KV tokens est/log':>22} {'err%':>6}")
+    for case in cases:
+        est = estimate_case(case)
+        w_est = estimated_weights_gib(case, est)
+        nt = (f"{est.non_torch_gib:.2f}/{case.logged_non_torch_gib:.2f}"
+              if case.logged_non_torch_gib is not None else "-")
         kv_col, kv_err = "-", ""
         if case.logged_kv_tokens:
-            e = error_pct(est.kv_tokens, case.logged_kv_tokens)
-            kv_errs.append(abs(e))
-            kv_col, kv_err = f"{est.kv_tokens}/{case.logged_kv_tokens}", f"{e:+.1f}"
+            kv_col, kv_err = (f"{est.kv_tokens}/{case.logged_kv_tokens}",
+                              f"{error_pct(est.kv_tokens, case.logged_kv_tokens):+.1f}")
         elif case.logged_kv_tokens == 0:
             kv_col, kv_err = f"{est.kv_tokens}/0", "fits" if est.fits else "no-fit ok"
-        print(f"{case.name[:80]:<80} {est.weights_gib_per_gpu:9.2f}/{case.logged_weights_gib:<9.2f} "
-              f"{w:+7.1f} {kv_col:>22} {kv_err:>7}")
-    print(f"median |error|: weights {statistics.median(w_errs):.1f} % over {len(w_errs)} logs; "
-          f"KV tokens {statistics.median(kv_errs):.1f} % over {len(kv_errs)} logs")
+        print(f"{case.name[:72]:<72} {w_est:9.2f}/{case.logged_weights_gib:<9.2f} "
+              f"{error_pct(w_est, case.logged_weights_gib):+6.1f} {nt:>18} {kv_col:>22} {kv_err:>6}")
+    s = summarise(cases)
+    print(f"weights: median |error| {statistics.median(abs(e) for e in s.weights):.1f} % over {len(s.weights)} logs")
+    print(f"KV tokens: median |error| {s.kv_median_abs:.1f} % over {len(s.kv_tokens)} logs; worst optimistic "
+          f"{s.kv_worst_optimistic:+.1f} %")
+    if s.non_torch:
+        print("non-torch GiB est/log: " + ", ".join(f"{e:.2f}/{lg:.2f}" for _, e, lg in s.non_torch))
 
 
 if __name__ == "__main__":

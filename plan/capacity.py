@@ -51,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--no-mla", action="store_true", help="plan as with VLLM_MLA_DISABLE=1 (needed on V100)")
     p.add_argument("--image", default=DEFAULT_IMAGES["vllm"],
-                   help=f"serving image whose engine line sets the default batch budget (default {DEFAULT_IMAGES['vllm']}; "
+                   help=f"serving image whose profiler and engine line set the budget (default {DEFAULT_IMAGES['vllm']}; "
                         f"known: {', '.join(sorted(IMAGES))})")
     p.add_argument("--json", action="store_true", help="print the estimate as JSON")
     return p
@@ -91,17 +91,18 @@ def run(argv: list[str]) -> tuple[CapacityEstimate, dict[str, object]]:
     if args.group_size is not None and args.group_size != -1 and args.group_size < 1:
         raise UsageError(f"--group-size {args.group_size}: must be -1 (one group per output channel) or at least 1")
     arch, checkpoint_quant = _load_model(args.model)
-    v1_engine = False
+    # The image's profiler decides where NCCL's buffers count; its engine line on the GPU picks the
+    # default batch budget, as the plan's pool capacity does.
+    facts = image_facts(args.image)
+    if facts is None:
+        raise UsageError(f"--image {args.image}: not in the facts table; known: {', '.join(sorted(IMAGES))}")
+    v1_engine, nvls = False, False
     if args.gpu is not None:
         try:
             g = gpu(args.gpu)
         except KeyError as e:
             raise UsageError(str(e.args[0])) from None
-        memory, gpu_name = g.visible_memory_gib, args.gpu
-        # The image's engine line on this GPU picks the default batch budget, as the plan's pool capacity does.
-        facts = image_facts(args.image)
-        if facts is None:
-            raise UsageError(f"--image {args.image}: not in the facts table; known: {', '.join(sorted(IMAGES))}")
+        memory, gpu_name, nvls = g.visible_memory_gib, args.gpu, g.nvls
         v1_engine = facts.batch_budget == "v1" and facts.runs_v1(g.capability)
     else:
         memory, gpu_name = args.gpu_memory_gib, None
@@ -119,7 +120,8 @@ def run(argv: list[str]) -> tuple[CapacityEstimate, dict[str, object]]:
                        max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                        max_num_batched_tokens=args.max_num_batched_tokens,
                        block_size=args.block_size, mla_enabled=not args.no_mla,
-                       v1_engine=v1_engine, gpu_name=gpu_name or "")
+                       v1_engine=v1_engine, gpu_name=gpu_name or "", nccl_in_budget=facts.nccl_in_budget,
+                       nvls=nvls)
     except ValueError as e:
         raise UsageError(str(e)) from None
     return est, {"gpu": gpu_name, "json": args.json}
@@ -136,13 +138,17 @@ def render_text(est: CapacityEstimate, gpu_name: str | None = None) -> str:
         f"  layers per stage        {'/'.join(map(str, est.layers_per_stage))}",
         f"  weights per GPU         {est.weights_gib_per_gpu:8.2f} GiB  (whole model {est.weights_gib_total:.1f} GiB)",
         f"  activation peak         {est.activation_gib:8.2f} GiB  (max-num-batched-tokens {est.max_num_batched_tokens})",
-        f"  non-torch               {est.non_torch_gib:8.2f} GiB",
+        f"  non-torch               {est.non_torch_gib:8.2f} GiB  (NCCL/all-reduce {est.communicator_gib:.2f} GiB, "
+        f"{'inside' if est.communicator_in_budget else 'outside'} the budget)",
         f"  KV cache per GPU        {est.kv_cache_gib_per_gpu:8.2f} GiB  ({est.kv_bytes_per_token_per_gpu} bytes/token)",
         f"  KV tokens               {est.kv_tokens:8d}      ({est.gpu_blocks} blocks)",
         f"  max concurrency         {est.max_concurrency:8.2f} x    at {est.max_model_len} tokens per request",
         f"  rule of thumb           {est.rule_of_thumb_gib_total:8.1f} GiB  (params x bytes x 1.2, whole pool)",
         f"  fits                    {'yes' if est.fits else 'NO: ' + est.reason}",
     ]
+    if est.startup_free_gib is not None:
+        lines.insert(-1, f"  free at start           {est.startup_free_gib:8.2f} GiB  (vLLM requests "
+                         f"{est.gpu_memory_gib * est.gpu_memory_utilization:.2f} GiB)")
     lines += [f"  note: {n}" for n in est.notes]
     return "\n".join(lines)
 

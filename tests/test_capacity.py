@@ -183,8 +183,10 @@ def test_at_least_eight_real_logs_are_collected_with_sources() -> None:
 def test_weights_per_gpu_match_the_log_within_3_percent(case) -> None:
     # Weights are pure arithmetic on config.json; the residue (rotary caches, GPTQ g_idx, bnb
     # metadata layout, allocator rounding) was at most 1.4 % on the collected logs.
+    # The R1 FP8 log (stage 0 of TP 8 x PP 2) is the farthest at -2.9 %: 0.7.x's MLA kept more dequantized
+    # copies of the FP8 checkpoint than the model counts. The compared GPU is the logging rank's stage.
     est = accuracy.estimate_case(case)
-    assert est.weights_gib_per_gpu == pytest.approx(case.logged_weights_gib, rel=0.03)
+    assert accuracy.estimated_weights_gib(case, est) == pytest.approx(case.logged_weights_gib, rel=0.03)
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.logged_kv_tokens],
@@ -198,7 +200,7 @@ def test_kv_tokens_match_the_log_within_5_percent(case) -> None:
 
 
 def test_median_errors_are_within_the_issue_targets() -> None:
-    w = [abs(accuracy.error_pct(accuracy.estimate_case(c).weights_gib_per_gpu, c.logged_weights_gib))
+    w = [abs(accuracy.error_pct(accuracy.estimated_weights_gib(c, accuracy.estimate_case(c)), c.logged_weights_gib))
          for c in CASES]
     kv = [abs(accuracy.error_pct(accuracy.estimate_case(c).kv_tokens, c.logged_kv_tokens))
           for c in CASES if c.logged_kv_tokens]
@@ -236,9 +238,10 @@ def test_cli_reads_a_config_json_and_its_quantization(tmp_path: Path, capsys) ->
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     assert cli_main(["--model", str(tmp_path), "--gpu-memory-gib", "32", "--tp", "2",
                      "--max-model-len", "8192", "--json"]) == 0
+    # The default image (0.19.1) starts NCCL before its memory baseline.
     expected = estimate(arch_from_config_json(cfg, tmp_path.name), 32, tp=2, pp=1, gpu_memory_utilization=0.9,
                         dtype="float16", quantization="gptq", quant_bits=8, group_size=64,
-                        max_model_len=8192, max_num_seqs=256).to_dict()
+                        max_model_len=8192, max_num_seqs=256, nccl_in_budget=False).to_dict()
     assert json.loads(capsys.readouterr().out) == {"gpu": None, **expected}
 
 

@@ -10,6 +10,8 @@ Sources:
   [lmdeploy]   LMDeploy's supported-platforms table: TurboMind runs AWQ/GPTQ int4 on Volta (sm_70).
   [vllm-docker] docker/Dockerfile and requirements/cuda.txt (0.9.2, 0.19.0): every vllm/vllm-openai image
                installs ray[cgraph], so it carries Ray.
+  [nccl-nvls]  NCCL's NVLS algorithm needs NVSwitch and sm_90 (NCCL_NVLS_ENABLE); NVIDIA/NeMo-Framework-Launcher#127
+               turns it off "for memory saving"; vllm#13074 (8 x H20, TP 8) logs 2.53-2.57 GiB non-torch memory.
   [vllm-mem]   the memory profiler (0.9.2 worker/worker.py, 0.19.1 v1/worker/gpu_worker.py): the CUDA context
                is created before its baseline, so it is outside gpuMemoryUtilization's budget.
 """
@@ -32,6 +34,12 @@ class GpuModel:
     # What PyTorch sees (cudaMemGetInfo's total, vLLM's total_gpu_memory): a little less than nvidia-smi's,
     # and what vLLM multiplies by gpuMemoryUtilization. None: no public log states it for this GPU yet.
     torch_memory_gib: float | None = None
+
+    @property
+    def nvls(self) -> bool:
+        """NCCL's NVLink SHARP path: NVSwitch-connected Hopper and later (SXM), whose multicast buffers make
+        the communicators several times larger per peer. [nccl-nvls]"""
+        return self.nvlink and self.capability >= 90
 
     @property
     def visible_memory_gib(self) -> float:

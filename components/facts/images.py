@@ -104,6 +104,10 @@ class ImageFacts(SourcedImage):
     chunked_prefill_auto_above: int | None  # V0 turns chunked prefill on above this max_model_len
     mla_min_capability: int  # below: VLLM_MLA_DISABLE=1 is required
     batch_budget: Literal["v0", "v1"]  # how max_num_batched_tokens defaults (capacity planner)
+    # Whether the memory profiler's baseline is taken before NCCL starts, so that the communicators' and
+    # custom all-reduce buffers count inside gpu-memory-utilization's budget (else they sit outside it,
+    # and vLLM refuses to start when less than utilization x total is free once they exist).
+    nccl_in_budget: bool
     serve_args: str | None  # the parser dump in policies/data (None: flags cannot be checked)
     metrics: Mapping[str, str]  # logical name -> exported series (counters with _total)
     tuned_moe_config_env: str | None  # env var of a folder of fused-MoE tile configs
@@ -205,6 +209,9 @@ _COMMON_092 = {
     "mla_min_capability": observed("vllm#14016 (sm_75, same code path); 0.9.2 attention/backends/mla/"
                                    "common.py:1070-1078 calls FA2 with no fallback"),
     "batch_budget": code("vLLM 0.9.2 config.py:2242-2279: max(max_model_len, 2048) with chunked prefill off"),
+    "nccl_in_budget": code("vLLM 0.9.2 worker/worker.py:188-195 and v1/worker/gpu_worker.py:140-160: the baseline "
+                           "snapshot precedes init_worker_distributed_environment; the logged non_torch_memory "
+                           "grows with TP (tests/fixtures/vllm-startup-logs) [obs]"),
     "serve_args": code("policies/data/vllm-0.9.2-serve-args.json, dumped from 0.9.2's own parser"),
     "metrics": code("vLLM 0.9.2 vllm/engine/metrics.py:64-222 (VLLM-VOLTA §8)"),
     "tuned_moe_config_env": code("vLLM 0.9.2 envs.py VLLM_TUNED_CONFIG_FOLDER (fused_moe.py get_moe_configs)"),
@@ -237,6 +244,9 @@ _COMMON_0191 = {
                                ":2139-2150; config/model.py:1581 VLLM_MLA_DISABLE"),
     "batch_budget": code("vLLM 0.19.1 engine/arg_utils.py:2050-2075, 2213-2230: 2048 (8192 on >=70 GiB non-A100)"
                          " for the OpenAI server, max(max_model_len, that) with chunked prefill off"),
+    "nccl_in_budget": code("vLLM 0.19.1 v1/worker/gpu_worker.py:259-286: NCCL starts before the init snapshot "
+                           "(vllm#25359, in 0.11.0), and request_memory (v1/worker/utils.py:403-423) refuses a "
+                           "GPU with less than utilization x total free"),
     "serve_args": code("policies/data/vllm-0.19.1-serve-args.json, dumped from 0.19.1's own parser"),
     "metrics": code("vLLM 0.19.1 vllm/v1/metrics/loggers.py:437-894 (kv_cache_usage_perc, "
                     "inter_token_latency_seconds)"),
@@ -257,7 +267,7 @@ def _vllm_0191(tag: str, variant: str, arch_list: tuple[int, ...], arch_source: 
         attention=_V1_ATTENTION, attention_backend_flag=True, quantizations=_Q0191,
         kv_cache_dtypes=_KV_0191, fp8_kv_min_capability=80, bf16_min_capability=80,
         prefix_prefill_min_capability=70, chunked_prefill_auto_above=None, mla_min_capability=80,
-        batch_budget="v1", serve_args="vllm-0.19.1-serve-args.json", metrics=_V1_METRICS,
+        batch_budget="v1", nccl_in_budget=False, serve_args="vllm-0.19.1-serve-args.json", metrics=_V1_METRICS,
         tuned_moe_config_env="VLLM_TUNED_CONFIG_FOLDER", serve_refuses_model_flag=False,
         sources=_sources(_COMMON_0191, torch_arch_list=arch_source), note=note)
 
@@ -270,7 +280,8 @@ IMAGES: dict[str, ImageFacts] = {f.ref: f for f in [
         attention=((80, "FLASH_ATTN"), (0, "XFORMERS")), attention_backend_flag=False, quantizations=_Q092,
         kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"), fp8_kv_min_capability=75,
         bf16_min_capability=80, prefix_prefill_min_capability=80, chunked_prefill_auto_above=32768,
-        mla_min_capability=80, batch_budget="v0", serve_args="vllm-0.9.2-serve-args.json", metrics=_V0_METRICS,
+        mla_min_capability=80, batch_budget="v0", nccl_in_budget=True, serve_args="vllm-0.9.2-serve-args.json",
+        metrics=_V0_METRICS,
         tuned_moe_config_env="VLLM_TUNED_CONFIG_FOLDER", serve_refuses_model_flag=True, sources=_sources(_COMMON_092),
         note="the runbook's image: its torch has no sm_70 and its Triton cannot compile fp16 dots below sm_80"),
     _vllm_0191("v0.19.1", "", (70, 75, 80, 86, 90, 100, 120), _COMMON_0191["torch_arch_list"],

@@ -24,11 +24,19 @@ This module reproduces each term from the architecture:
   larger of the forward pass (residual stream + the widest MLP/MoE intermediate) and the sampler
   (fp32 logits, probabilities, sort values and int64 indices: ~38 bytes per vocabulary entry per
   sequence, fitted on the startup logs in tests/fixtures/vllm-startup-logs).
-- Non-torch memory: CUDA context left over, NCCL and custom all-reduce buffers; measured 0.03-0.2 GiB
-  on one GPU and 0.2-0.3 GiB with several, so 0.1 / 0.3 GiB. CUDA graphs are captured after the KV
-  cache is allocated and come out of the (1 - utilization) headroom, so they are not subtracted.
+- Non-torch memory: a base the profile run adds on every GPU (cuBLAS workspaces, kernels loaded; 0.03-0.04
+  GiB in the one-GPU logs), plus the NCCL communicators and custom all-reduce buffers, which grow with the
+  peers a GPU talks to: 0.25 GiB per peer fitted on the TP 2 logs (PCIe or NVLink point to point), 0.32
+  GiB per peer on NVSwitch Hopper (NCCL NVLS), fitted on a TP 8 x PP 2 log (2.53-2.57 GiB). A GPU's
+  peers are its TP-1 tensor-parallel peers plus its pipeline neighbours (one at either end, two inside).
+  Where the communicators count depends on the image (ImageFacts.nccl_in_budget): vLLM 0.9.2 takes its
+  memory baseline before NCCL starts, so they come out of the budget; from 0.11 (vllm#25359) NCCL starts
+  first, they sit outside the budget, and vLLM refuses to start when less than utilization x total is
+  free after them and the CUDA context. CUDA graphs are captured after the KV cache is allocated and
+  come out of the (1 - utilization) headroom, so they are not subtracted.
 
-Sources: vLLM 0.9.2 worker/worker.py, worker/cache_engine.py (get_cache_block_size),
+Sources: vLLM 0.9.2 worker/worker.py, worker/cache_engine.py (get_cache_block_size), vLLM 0.19.1
+v1/worker/gpu_worker.py (determine_available_memory) and v1/worker/utils.py (request_memory),
 distributed/utils.py (get_pp_indices), model_executor/models/deepseek_v2.py (non-MLA attention pads
 V to qk_head_dim), config.py (get_num_kv_heads: max(1, kv_heads // tp)).
 """
@@ -37,16 +45,23 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from components.facts.hardware import DTYPE_BYTES
+from components.facts.hardware import CUDA_CONTEXT_GIB, DTYPE_BYTES
 from components.facts.images import FP8_WEIGHT_METHODS as FP8_QUANTIZATION_METHODS
 from components.facts.images import KV_CACHE_DTYPES, kv_cache_bytes
 from components.facts.models import ModelArch
 
 GIB = 1024**3
-# GPU memory per GPU outside torch's allocator that vLLM's profiler counts inside the gpuMemoryUtilization
-# budget (cuBLAS workspaces; NCCL buffers when TP x PP > 1). [vllm-mem]
-NON_TORCH_GIB_SINGLE_GPU = 0.1
-NON_TORCH_GIB_MULTI_GPU = 0.3
+# GPU memory outside torch's allocator that the profile run adds on every GPU: 0.03 and 0.04 GiB logged on
+# one GPU (vllm#13882, #12529 in tests/fixtures/vllm-startup-logs), rounded up.
+NON_TORCH_BASE_GIB = 0.05
+# NCCL communicators and custom all-reduce buffers per peer: the TP 2 logs show 0.25 (vllm#13061, 2 x RTX
+# 4090) and 0.30 GiB (vllm#15815, 2 x L40S), the base included; the larger of the two, less the base.
+COMM_GIB_PER_PEER = 0.25
+# Below this much spare at start-up (free after NCCL less the request) the estimate says how thin it is:
+# the communicators' size is fitted on other GPUs than the pool's.
+STARTUP_MARGIN_GIB = 0.5
+# On NVSwitch Hopper (NCCL NVLS): 2.53 and 2.57 GiB logged at TP 8 x PP 2 on H20 (vllm#13074): 8 peers.
+COMM_GIB_PER_PEER_NVLS = 0.32
 # Weight-only integer schemes whose overhead is one fp16 scale + one packed zero per group.
 GROUPED_INT_METHODS = frozenset({"gptq", "awq", "moe_wna16", "gptq_marlin", "awq_marlin",
                                  "compressed-tensors", "auto-round"})
@@ -101,12 +116,18 @@ class CapacityEstimate:
     reason: str
     rule_of_thumb_gib_total: float
     notes: tuple[str, ...] = field(default=())
+    communicator_gib: float = 0.0  # NCCL and custom all-reduce buffers per GPU
+    communicator_in_budget: bool = True  # counted in non_torch_gib (else outside the budget)
+    startup_free_gib: float | None = None  # free per GPU when vLLM checks its request (images that check)
+    advice: str = ""  # what to change when vLLM refuses before the KV cache is sized
+    weights_gib_per_stage: tuple[float, ...] = ()  # one GPU of each pipeline stage, first stage first
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (plan.json `capacity`, `--json`)."""
         d = asdict(self)
         d["layers_per_stage"] = list(self.layers_per_stage)
         d["notes"] = list(self.notes)
+        d["weights_gib_per_stage"] = [round(w, 4) for w in self.weights_gib_per_stage]
         for key, value in d.items():
             if isinstance(value, float):
                 d[key] = round(value, 4)
@@ -267,6 +288,18 @@ def default_max_num_batched_tokens(max_model_len: int, *, v1_engine: bool = Fals
     return budget if chunked_prefill is not False else max(max_model_len, budget)
 
 
+def pipeline_neighbours(pp: int) -> int:
+    """Pipeline stages a middle stage talks to (two) or an end stage (one); none without PP."""
+    return min(pp - 1, 2)
+
+
+def communicator_gib(tp: int, pp: int, *, nvls: bool = False) -> float:
+    """NCCL communicators and custom all-reduce buffers on one GPU: a share per TP peer and pipeline
+    neighbour, larger where NCCL uses NVLink SHARP (NVSwitch Hopper)."""
+    peers = (tp - 1) + pipeline_neighbours(pp)
+    return peers * (COMM_GIB_PER_PEER_NVLS if nvls else COMM_GIB_PER_PEER)
+
+
 def _rule_of_thumb_bytes_per_param(quantization: str | None, act_bytes: int, quant_bits: int) -> float:
     if quantization is None:
         return float(act_bytes)
@@ -280,11 +313,13 @@ def estimate(arch: ModelArch, gpu_memory_gib: float, *, tp: int, pp: int,
              quant_bits: int = 4, group_size: int = 128, kv_cache_dtype: str = "auto",
              max_model_len: int, max_num_seqs: int, max_num_batched_tokens: int | None = None,
              block_size: int = 16, mla_enabled: bool = True, v1_engine: bool = False,
-             gpu_name: str = "", chunked_prefill: bool | None = None) -> CapacityEstimate:
+             gpu_name: str = "", chunked_prefill: bool | None = None, nccl_in_budget: bool = True,
+             nvls: bool = False) -> CapacityEstimate:
     """Estimate weights, KV cache and concurrency per GPU for one pool, the way vLLM will.
 
     `v1_engine`, `gpu_name` and `chunked_prefill` (None: the engine's default) only pick vLLM's default
-    max_num_batched_tokens when it is unset.
+    max_num_batched_tokens when it is unset. `nccl_in_budget` is the image's profiler order
+    (ImageFacts.nccl_in_budget), `nvls` whether the GPUs talk over NVSwitch with NCCL NVLS.
     """
     _check_inputs(arch, gpu_memory_gib, tp, pp, gpu_memory_utilization, dtype, kv_cache_dtype,
                   max_model_len, max_num_seqs, block_size)
@@ -297,8 +332,11 @@ def estimate(arch: ModelArch, gpu_memory_gib: float, *, tp: int, pp: int,
     stages = layers_per_stage(arch.num_layers, pp)
     activation = activation_peak_bytes(arch, tp=tp, act_bytes=act_bytes,
                                        max_num_batched_tokens=batched, max_num_seqs=max_num_seqs)
-    non_torch = (NON_TORCH_GIB_MULTI_GPU if tp * pp > 1 else NON_TORCH_GIB_SINGLE_GPU) * GIB
+    comm = communicator_gib(tp, pp, nvls=nvls) * GIB
+    non_torch = NON_TORCH_BASE_GIB * GIB + (comm if nccl_in_budget else 0.0)
     budget = gpu_memory_gib * GIB * gpu_memory_utilization
+    # Where NCCL starts before the baseline, vLLM first checks that its whole request is still free.
+    startup_free = None if nccl_in_budget else gpu_memory_gib * GIB - CUDA_CONTEXT_GIB * GIB - comm
     per_token_layer = kv_bytes_per_token_per_layer(arch, tp, kv_bytes, mla_enabled)
 
     weights, blocks, kv_mem, kv_per_token = [], [], [], []
@@ -322,7 +360,15 @@ def estimate(arch: ModelArch, gpu_memory_gib: float, *, tp: int, pp: int,
            * RULE_OF_THUMB_FACTOR)
     fits, reason = _verdict(weights[worst], max(weights), kv_mem[worst], activation, non_torch, budget,
                             kv_tokens, max_model_len, gpu_memory_gib, gpu_memory_utilization)
+    advice = ""
+    if startup_free is not None and startup_free < budget:
+        fits, reason, advice = _startup_refusal(startup_free, comm, tp, pp, gpu_memory_gib,
+                                                gpu_memory_utilization)
     notes = _notes(arch, mla_enabled, concurrency, max_num_seqs, fits)
+    if fits and startup_free is not None and startup_free - budget < STARTUP_MARGIN_GIB * GIB:
+        notes += (f"only {(startup_free - budget) / GIB:.2f} GiB per GPU to spare when vLLM checks its request "
+                  f"at start (NCCL/all-reduce buffers estimated at {comm / GIB:.2f} GiB): if it refuses with "
+                  "'Free memory on device ... on startup', lower gpu-memory-utilization",)
     return CapacityEstimate(
         model=arch.name, gpu_memory_gib=gpu_memory_gib, tp=tp, pp=pp,
         gpu_memory_utilization=gpu_memory_utilization, dtype=dtype, quantization=quantization,
@@ -334,8 +380,24 @@ def estimate(arch: ModelArch, gpu_memory_gib: float, *, tp: int, pp: int,
         activation_gib=activation / GIB, non_torch_gib=non_torch / GIB,
         kv_cache_gib_per_gpu=max(0.0, kv_mem[worst]) / GIB, gpu_blocks=gpu_blocks, kv_tokens=kv_tokens,
         max_concurrency=concurrency, fits=fits, reason=reason, rule_of_thumb_gib_total=rot / GIB,
-        notes=notes,
+        notes=notes, communicator_gib=comm / GIB, communicator_in_budget=nccl_in_budget,
+        startup_free_gib=None if startup_free is None else startup_free / GIB, advice=advice,
+        weights_gib_per_stage=tuple(w / GIB for w in weights),
     )
+
+
+def _startup_refusal(free: float, comm: float, tp: int, pp: int, gpu_gib: float,
+                     util: float) -> tuple[bool, str, str]:
+    """vLLM's request_memory refusal: less than utilization x total free once NCCL is up."""
+    peers = (tp - 1) + pipeline_neighbours(pp)
+    highest = max(0.0, (free / GIB) / gpu_gib)
+    reason = (f"about {free / GIB:.2f} GiB per GPU is free when vLLM sizes its request ({gpu_gib:.2f} GiB less "
+              f"the CUDA context, {CUDA_CONTEXT_GIB:g} GiB, and NCCL/all-reduce buffers for {peers} peers, "
+              f"{comm / GIB:.2f} GiB), less than gpu-memory-utilization {util:.2f} x {gpu_gib:.2f} = "
+              f"{gpu_gib * util:.2f} GiB: vLLM stops with 'Free memory on device ... on startup is less than "
+              "desired GPU memory utilization'")
+    advice = f"lower gpu-memory-utilization from {util:g} to {int(highest * 100) / 100:.2f} or less"
+    return False, reason, advice
 
 
 def _check_inputs(arch: ModelArch, gpu_memory_gib: float, tp: int, pp: int, util: float, dtype: str,

@@ -87,6 +87,10 @@ def pool_capacity(spec: StackSpec, pool: str, *, mla: bool | None = None) -> Cap
     node_gpu = spec.node(p.nodes[0]).gpu
     assert node_gpu is not None  # the spec refuses nodes without GPUs
     g = gpu(node_gpu.model)
+    if p.tensor_parallel > node_gpu.count:
+        # The communicator figures are fitted on GPUs of one node; the parallelism rule names the fault.
+        raise ValueError(f"tensor parallel size {p.tensor_parallel} spans nodes of {node_gpu.count} GPUs: "
+                         "the planner models tensor parallelism within a node")
     v = p.vllm
     return estimate(
         model_architecture(spec, p.model), g.visible_memory_gib,
@@ -98,7 +102,16 @@ def pool_capacity(spec: StackSpec, pool: str, *, mla: bool | None = None) -> Cap
         mla_enabled=mla_enabled(spec, pool) if mla is None else mla,
         # The image's engine line on this GPU picks the default batch budget (V1: chunked, 2048 under 70 GiB).
         v1_engine=_runs_v1(spec, pool, g.capability), gpu_name=g.name, chunked_prefill=v.enable_chunked_prefill,
+        nccl_in_budget=_nccl_in_budget(spec, pool), nvls=g.nvls,
     )
+
+
+def _nccl_in_budget(spec: StackSpec, pool: str) -> bool:
+    """Whether the pool's image counts NCCL's buffers inside its budget (its facts; an unknown image: yes,
+    the order that leaves the smaller KV cache)."""
+    from components.planning.engines import engine_for
+    facts = engine_for(spec.pools[pool]).image_facts(spec, pool)
+    return True if facts is None else facts.nccl_in_budget
 
 
 def _runs_v1(spec: StackSpec, pool: str, capability: int) -> bool:
