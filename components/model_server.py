@@ -31,6 +31,16 @@ class ModelServerArgs(RayClusterArgs):
     ray: RayCluster | None = None
 
 
+def host_memory(spec: StackSpec, pool: str) -> dict[str, dict[str, Any]]:
+    """node -> {memoryGib, key, instances}: the host RAM the pool's servers share on each of its nodes."""
+    out: dict[str, dict[str, Any]] = {}
+    for node in spec.pools[pool].nodes:
+        gib, key = spec.node_memory(node)
+        out[node] = {"memoryGib": gib, "key": key,
+                     "instances": sum(node in inst.nodes for inst in instances(spec, pool))}
+    return out
+
+
 def server_props(spec: StackSpec, instance: Instance) -> dict[str, Any]:
     """The component's props: what the policy pack reads of a server instance (keys are a contract)."""
     pool = spec.pools[instance.pool]
@@ -51,6 +61,9 @@ def server_props(spec: StackSpec, instance: Instance) -> dict[str, Any]:
         # So the pack reports once per pool, naming its instances and the stack keys to edit.
         "poolInstances": [i.name for i in instances(spec, instance.pool)],
         "stackKeys": stack_keys(spec, instance.pool, instance.head),
+        # Every node of the pool (so each instance judges the whole pool): its RAM, the key setting it,
+        # and how many of the pool's instances run there.
+        "hostMemory": host_memory(spec, instance.pool),
         "contextWindow": context_window_dict(spec, pool.model),
         "checkpointQuantization": checkpoint_quantization(spec, pool.model),
         # What engine rules check a checkpoint by: its quantization group, config.json model_type, head size.

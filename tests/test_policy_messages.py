@@ -150,3 +150,39 @@ def test_containers_of_no_pool_report_on_their_own_resource() -> None:
         "image prom/node-exporter:latest is not pinned (tag latest moves to new builds): each node pulls whatever "
         "the tag points to that day, so nodes drift apart and a replaced node can come back with another version. "
         "Pin a version tag (prom/node-exporter:<version>) or a digest (prom/node-exporter@sha256:<digest>)."}
+
+
+def test_cpu_offload_beyond_the_nodes_ram_is_refused_with_what_fits() -> None:
+    config = prod_config()
+    config[NS + "pools"]["chat"]["vllm"]["extraArgs"] = ["--cpu-offload-gb", "48"]
+    found = violations_of(config, "host-memory")
+    assert [v.resource_name for v in found] == ["chat-gpu-03"]
+    assert body(found[0]) == (
+        f"{CHAT_INSTANCES}: node gpu-03 (also gpu-04, gpu-05, gpu-06) has 380 GiB of RAM (nodes.gpu-03.memoryGib, "
+        "unset: the reference cluster's GPU servers' 380 GiB), but the pool's instance there pins 384 GiB of it on "
+        "the host (--cpu-offload-gb 48 GiB per GPU, x 8 GPUs): the kernel's OOM killer stops a server, or the node "
+        "swaps. Swap space plus CPU offload must stay within 47.5 GiB per GPU, or state the node's real RAM. Stack "
+        "key to edit: pools.chat.vllm.extraArgs[0] (given in extraArgs: --cpu-offload-gb).")
+    # 47 GiB per GPU fits the reference server; a node stated smaller does not.
+    config[NS + "pools"]["chat"]["vllm"]["extraArgs"] = ["--cpu-offload-gb", "47"]
+    assert violations_of(config, "host-memory") == []
+    config[NS + "nodes"]["gpu-05"]["memoryGib"] = 256
+    found = violations_of(config, "host-memory")
+    assert "node gpu-05 has 256 GiB of RAM (nodes.gpu-05.memoryGib), but the pool's instance there pins 376 GiB" in (
+        body(found[0]))
+
+
+def test_swap_space_above_seven_tenths_of_the_ram_gets_vllms_own_refusal() -> None:
+    config = prod_config()
+    # The 0.9.2 line has --swap-space (0.19 has none); other rules refuse that image on V100 for other reasons.
+    config[NS + "pools"]["chat"]["image"] = "vllm/vllm-openai:v0.9.2"
+    assert violations_of(config, "host-memory") == []  # its default, 4 GiB x 8 GPUs, is 32 of 380 GiB
+    config[NS + "pools"]["chat"]["vllm"]["swapSpaceGib"] = 40
+    found = violations_of(config, "host-memory")
+    assert [body(v) for v in found] == [
+        f"{CHAT_INSTANCES}: --swap-space 40 GiB per GPU x 8 GPUs = 320 GiB, more than 0.7 of the 380 GiB of RAM of "
+        "node gpu-03 (nodes.gpu-03.memoryGib, unset: the reference cluster's GPU servers' 380 GiB): vLLM refuses to "
+        "start (\"Too large swap space\", vllm/config.py CacheConfig.verify_with_parallel_config at v0.9.2 (swap "
+        "space x tensor_parallel_size against 0.7 of get_cpu_memory()) [read from code]). At most 33 GiB per GPU "
+        "fits; the V1 engine does not swap, so 0 loses nothing there. Stack key to edit: "
+        "pools.chat.vllm.swapSpaceGib (--swap-space)."]

@@ -285,7 +285,10 @@ def test_model_server_props_carry_what_the_policy_pack_reads(prod_run: ProgramRu
         "tensorParallel": 8, "pipelineParallel": 2, "image": "vllm/vllm-openai:v0.19.1", "engine": "vllm",
         "argv": REASONING_ARGV, "poolInstances": ["reasoning-gpu-01"],
         # What engine rules check a checkpoint by (policies.rules.engines); no configJson: no quantizationConfig.
-        "groupSize": 128, "modelType": "deepseek_v3", "headDim": 192}
+        "groupSize": 128, "modelType": "deepseek_v3", "headDim": 192,
+        # The RAM the pool's servers share on each of its nodes (policies.rules.host_memory).
+        "hostMemory": {node: {"memoryGib": 380, "instances": 1, "key": f"nodes.{node}.memoryGib, unset: the "
+                              "reference cluster's GPU servers' 380 GiB"} for node in ("gpu-01", "gpu-02")}}
     # Where each flag and variable is edited, for the pack's messages (the head node's keys).
     keys = props["stackKeys"]
     assert (keys["--max-model-len"], keys["--dtype"], keys["--host"], keys["NCCL_IB_HCA"], keys["*env"]) == (

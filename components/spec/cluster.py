@@ -110,6 +110,8 @@ class NodeDefaults(Spec):
     disk_path: str = "/data"
     min_free_disk_gib: int = Field(default=0, ge=0)
     """Free space the preflight requires at diskPath on top of the weights still to copy there."""
+    memory_gib: float | None = Field(default=None, gt=0, le=65536)
+    """Host RAM in GiB (`free -g`); unset: the reference server's 380 (components.facts.servers)."""
 
     @field_validator("disk_path")
     @classmethod
@@ -132,6 +134,8 @@ class NodeSpec(Spec):
     driver_min_version: str | None = Field(default=None, pattern=r"^\d+(\.\d+){0,2}$")
     disk_path: str | None = None
     min_free_disk_gib: int | None = Field(default=None, ge=0)
+    memory_gib: float | None = Field(default=None, gt=0, le=65536)
+    """Host RAM in GiB; what vLLM's CPU swap space and CPU offload of every instance on the node must fit in."""
 
     @field_validator("disk_path")
     @classmethod

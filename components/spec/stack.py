@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
+from components.facts.servers import REFERENCE_SERVER
 from components.spec.base import NAME_RE, Spec, SpecError, SpecIssue, issues_from_validation_error
 from components.spec.cluster import (
     FirewallSpec, ModelSpec, NcclSpec, NodeDefaults, NodeSpec, PoolSpec, PreflightSpec, SshSpec, TYPED_ENV,
@@ -53,9 +54,19 @@ class StackSpec(Spec):
         node = self.nodes[name]
         d = self.node_defaults
         fill = {f: getattr(d, f) for f in ("gpu", "hca", "interface", "driver_min_version",
-                                           "disk_path", "min_free_disk_gib")
+                                           "disk_path", "min_free_disk_gib", "memory_gib")
                 if getattr(node, f) is None}
         return node.model_copy(update=fill)
+
+    def node_memory(self, name: str) -> tuple[float, str]:
+        """(host RAM in GiB, the stack key that sets it) of a node: its own, nodeDefaults', else the reference
+        server's (components.facts.servers), said as the key that would set it."""
+        if self.nodes[name].memory_gib is not None:
+            return float(self.nodes[name].memory_gib), f"nodes.{name}.memoryGib"
+        if self.node_defaults.memory_gib is not None:
+            return float(self.node_defaults.memory_gib), "nodeDefaults.memoryGib"
+        return float(REFERENCE_SERVER.memory_gib), (f"nodes.{name}.memoryGib, unset: {REFERENCE_SERVER.name}' "
+                                                    f"{REFERENCE_SERVER.memory_gib:g} GiB")
 
     def served_names(self, model: str) -> list[str]:
         """Names clients use for a model; the model key when none are stated."""
