@@ -1,6 +1,7 @@
 """A non-root SSH user: only the steps that write system files go through `sudo -n`, and the generated
 scripts really run so under a real unprivileged user of this machine (created here with passwordless
-sudo and the docker group, removed afterwards), while the same steps without sudo are refused."""
+sudo and the docker group, removed afterwards), while the same steps without sudo are refused; the mount,
+fstab, hosts and nftables steps in throwaway mount and network namespaces (below)."""
 from __future__ import annotations
 
 import os
@@ -205,3 +206,144 @@ def test_the_access_check_passes_a_prepared_user_and_names_the_fix_for_others(us
         assert f"usermod -aG docker {PLAIN}" in no_docker.stderr
     finally:
         SUDOERS.write_text(f"{DEPLOY} ALL=(root) NOPASSWD: ALL\n")
+
+
+# --- the generated mount/fstab, /etc/hosts and nftables steps, for real, in a throwaway sandbox ---------
+#
+# Each run happens in a mount namespace of its own (unshare --mount: private propagation) where /etc and
+# /usr/sbin are overlays on a tmpfs: every write the steps make to /etc/fstab, /etc/hosts, /etc/llm-cluster
+# lands in the overlay and disappears with the namespace, and the machine's own files are never written.
+# The nftables step runs in a network namespace made for it (opsfw-<pid>-nonroot, removed afterwards), so
+# its table is loaded there, not on the machine. No NFS exists here (no kernel nfs, no server): the
+# overlay's /usr/sbin gets a `mount.nfs` stand-in that bind-mounts the export's directory read-only, so the
+# real util-linux `mount <path>` reads the real fstab entry, calls the helper as root and makes a real mount.
+
+NETNS = f"opsfw-{os.getpid()}-nonroot"
+SHARE = "nfs01:/export/qwen"
+MOUNT_NFS = """#!/bin/bash
+# Stand-in for mount.nfs in the test's mount namespace: <host>:<path> -> a read-only bind of EXPORTS<path>.
+set -euo pipefail
+mount --bind "EXPORTS${1#*:}" "$2"
+mount -o remount,bind,ro "$2"
+"""
+DRIVER = """#!/bin/bash
+set -uo pipefail
+sandbox=$1 user=$2 model=$3; shift 3
+mount -t tmpfs llmc-sandbox "$sandbox"
+for d in etc sbin; do
+  mkdir -p "$sandbox/upper-$d" "$sandbox/work-$d"
+  mount -t overlay overlay -o "lowerdir=/${d/sbin/usr/sbin},upperdir=$sandbox/upper-$d,workdir=$sandbox/work-$d" \\
+    "/${d/sbin/usr/sbin}"
+done
+install -m 0755 "$sandbox/../mount.nfs" /usr/sbin/mount.nfs
+for step in "$@"; do
+  runuser -u "$user" -- bash -c "$(cat "$step")" > "$step.out" 2> "$step.err"
+  echo "$?" > "$step.rc"
+  { echo "--- fstab"; grep -v '^#' /etc/fstab || true
+    echo "--- hosts"; sed -n '/# BEGIN llm-cluster/,/# END llm-cluster/p' /etc/hosts
+    echo "--- mount"; ! mountpoint -q "$model" || echo "mounted $(findmnt -n -o OPTIONS "$model" | cut -d, -f1)"
+    echo "--- nft"; nft list table inet llm_cluster 2>/dev/null | grep -c ' drop\\| accept' || true
+    echo "--- files"; ls /etc/llm-cluster 2>/dev/null || true
+  } > "$step.state"
+done
+"""
+
+
+def stack_steps(user: str, model_path: str) -> dict[str, tuple[str, str]]:
+    """The create and delete strings of gpu-03's hosts, firewall and weights-mount commands, as generated."""
+    config = prod_config()
+    config[NS + "ssh"] = {**config.get(NS + "ssh", {}), "user": user}
+    config[NS + "models"]["qwen3-30b-a3b"].update(path=model_path, source={"sharedMount": SHARE})
+    wanted = {"gpu-03-hosts": "hosts", "gpu-03-firewall": "firewall", "weights-qwen3-30b-a3b-mount-gpu-03": "mount"}
+    out = {}
+    for r in run_stack(config, preview=True).registrations:
+        if r.name in wanted:
+            out[wanted[r.name]] = (r.plain_inputs()["create"], r.plain_inputs()["delete"])
+    assert set(out) == set(wanted.values())
+    return out
+
+
+@pytest.fixture
+def sandbox(users: None) -> Iterator[Path]:
+    """A root-owned scratch directory with the export's files and the mount.nfs stand-in, and NETNS."""
+    if not shutil.which("unshare") or not shutil.which("nsenter") or not shutil.which("nft"):
+        pytest.fail("needs unshare/nsenter (util-linux) and nft (nftables): run `make test` as root")
+    root = Path(tempfile.mkdtemp(prefix="llmc-s-sandbox-", dir="/tmp"))
+    root.chmod(0o755)
+    (root / "export" / "qwen").mkdir(parents=True)
+    (root / "export" / "qwen" / "config.json").write_text("{}\n")
+    (root / "mount.nfs").write_text(MOUNT_NFS.replace("EXPORTS", str(root)))  # nfs01:/export/qwen -> root/export/qwen
+    (root / "driver.sh").write_text(DRIVER)
+    (root / "ns").mkdir()
+    (root / "models").mkdir(mode=0o755)
+    subprocess.run(["ip", "netns", "delete", NETNS], capture_output=True)
+    _root("ip", "netns", "add", NETNS)
+    try:
+        yield root
+    finally:
+        subprocess.run(["ip", "netns", "delete", NETNS], capture_output=True)
+        subprocess.run(["umount", "-R", str(root / "models")], capture_output=True)  # never mounted outside
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def run_in_sandbox(root: Path, user: str, steps: list[tuple[str, str]]) -> list[tuple[int, str, str, str]]:
+    """Run (label, command) steps in order as `user` inside the sandbox: (rc, stdout, stderr, state) each."""
+    files = []
+    for i, (label, command) in enumerate(steps):
+        path = root / f"step{i}-{label}"
+        path.write_text(command)
+        files.append(path)
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "--", "nsenter",
+                           f"--net=/run/netns/{NETNS}", "--", "bash", str(root / "driver.sh"), str(root / "ns"),
+                           user, str(root / "models" / "qwen"), *map(str, files)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return [(int((f.parent / (f.name + ".rc")).read_text()), (f.parent / (f.name + ".out")).read_text(),
+             (f.parent / (f.name + ".err")).read_text(), (f.parent / (f.name + ".state")).read_text())
+            for f in files]
+
+
+def machine_state() -> tuple[bytes, bytes, str]:
+    """What the sandbox must never change: the machine's fstab, hosts and nftables tables."""
+    tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+    return Path("/etc/fstab").read_bytes(), Path("/etc/hosts").read_bytes(), tables
+
+
+def test_mount_hosts_and_firewall_steps_run_as_a_sudo_user_create_delete_create(sandbox: Path) -> None:
+    model = str(sandbox / "models" / "qwen")
+    steps = stack_steps(DEPLOY, model)
+    before = machine_state()
+    order = ["create", "create", "delete", "create", "delete"]
+    runs = run_in_sandbox(sandbox, DEPLOY, [
+        (f"{name}-{phase}", steps[name][0 if phase == "create" else 1])
+        for phase in order for name in ("hosts", "mount", "firewall")])
+    assert machine_state() == before  # the machine's fstab, hosts and nft tables: untouched
+    for (rc, out, err, _), label in zip(runs, [f"{n}-{p}" for p in order for n in ("hosts", "mount", "firewall")]):
+        assert rc == 0, f"{label}: {err}"
+    entry = f"{SHARE} {model} nfs ro,_netdev 0 0"
+    created = ("--- fstab\n" + entry + "\n--- hosts\n# BEGIN llm-cluster\n")
+    states = [state for _, _, _, state in runs]
+    # After each create: the fstab entry once, the mount read-only, the hosts block, the nft table.
+    for i in (2, 5, 11):
+        assert states[i].startswith(created), states[i]
+        assert "--- mount\nmounted ro\n" in states[i] and "--- files\nfirewall.nft\n" in states[i]
+        assert int(states[i].split("--- nft\n")[1].split("\n")[0]) > 0
+    assert states[5] == states[2]  # the second create changes nothing
+    assert runs[2][1].startswith("firewall: table inet llm_cluster loaded") and runs[5][1] == runs[2][1]
+    assert runs[1][1] == f"{model}: 1 files, config.json readable\n"  # mounted from the export
+    assert "already up to date" in runs[3][1]  # hosts, second run
+    # After each delete: nothing of it is left.
+    for i in (8, 14):
+        assert states[i] == "--- fstab\n--- hosts\n--- mount\n--- nft\n0\n--- files\n", states[i]
+
+
+def test_the_same_steps_without_sudo_are_refused_for_a_non_root_user(sandbox: Path) -> None:
+    # The root stack's commands carry no sudo: run by the deploy user they must fail, each of them.
+    model = str(sandbox / "models" / "qwen")
+    plain = stack_steps("root", model)
+    assert not any(c.startswith("sudo") for pair in plain.values() for c in pair)
+    runs = run_in_sandbox(sandbox, DEPLOY, [(name, plain[name][0]) for name in ("hosts", "mount", "firewall")])
+    for (rc, _, err, state), name in zip(runs, ("hosts", "mount", "firewall")):
+        assert rc != 0, f"{name} ran without sudo as {DEPLOY}"
+        assert "Permission denied" in err or "Operation not permitted" in err, f"{name}: {err}"
+        assert state == "--- fstab\n--- hosts\n--- mount\n--- nft\n0\n--- files\n", (name, state)
