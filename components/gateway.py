@@ -18,7 +18,8 @@ from components.planning.gateway import (
     keys_delete_script, keys_script, nginx_argv, readiness_script, routes, split, tls_delete_script,
     tls_from_stdin_script, tls_generate_script, usage_dir_script,
 )
-from components.planning.gateway_image import BUILD_CONTEXT, is_built
+from components.planning.gateway_image import BUILD_CONTEXT
+from components.planning.image_supply import builds_gateway
 from components.planning.node_scripts import bash_command, script_hash
 from components.spec import StackSpec
 
@@ -162,7 +163,7 @@ class Gateway(Component):
         """The nginx image: built on the node with the tested nginx and njs (the default), or pulled."""
         g = spec.gateway
         assert g is not None
-        if not is_built(g.image):
+        if not builds_gateway(spec):  # pulled, or supplied by images.registry / images.tarballs
             return node.images[g.image]
         # Built by the node's Docker engine from the committed Dockerfile (the context is sent over
         # the provider's ssh connection); a changed Dockerfile is a new tag, hence a new image.

@@ -9,6 +9,10 @@ SSH authentication, in the order the stack states it:
 - `ssh.agent`: commands and Docker's ssh use the running ssh-agent (SSH_AUTH_SOCK).
 Host keys: with `hostKeyChecking` each node's `hostKey` pins the commands' connection, and a local
 known_hosts file pins Docker's ssh (StrictHostKeyChecking=yes); without it neither checks.
+Images (components.planning.image_supply): pulled from their own registry, or from `images.registry`
+(the provider's registry auth from the secrets registryUsername/registryPassword), or loaded from the
+node's tarballs (`images.tarballs`) by a command the image then depends on: the provider's RemoteImage
+looks for a local image before it pulls (findImage), so a loaded image is never pulled.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from pulumi_command import local, remote
 from components.base import Component
 from components.planning import firewall
 from components.planning.clock import clock_script
+from components.planning.image_supply import ImageSupply, load_script, node_supplies, supply, unload_script
 from components.planning.node_scripts import (
     bash_command, hosts_create_script, hosts_delete_script, hosts_entries, known_hosts_line, node_expectation,
     operator_file_create_script, operator_file_delete_script, operator_file_path, preflight_script,
@@ -51,6 +56,16 @@ def read_key_file(key_path: str) -> str:
                               "fix the path or use ssh.agent / the secret sshPrivateKey") from None
 
 
+def registry_auth(spec: StackSpec) -> list[docker.ProviderRegistryAuthArgs] | None:
+    """The Docker provider's auth for images.registry, from the secrets (none: an open registry)."""
+    host = spec.images.registry_host
+    if host is None or "registryPassword" not in spec.secrets:
+        return None
+    config = pulumi.Config()
+    return [docker.ProviderRegistryAuthArgs(address=host, username=config.require_secret("registryUsername"),
+                                            password=config.require_secret("registryPassword"))]
+
+
 class GpuNode(Component):
     """A GPU server: the handles (connection, Docker provider, images) other components build on."""
 
@@ -58,10 +73,14 @@ class GpuNode(Component):
 
     def __init__(self, name: str, args: GpuNodeArgs, opts: pulumi.ResourceOptions | None = None):
         spec, node = args.spec, args.spec.node(args.node)
+        supplies = [s.as_dict() for s in node_supplies(spec, args.node)]
         super().__init__(name, {"node": args.node, "address": node.address,
                                 "gpuModel": node.gpu.model if node.gpu else None,
                                 "gpuCount": node.gpu.count if node.gpu else None,
                                 "images": list(args.images),
+                                # The policy pack's air-gap rule reads where each image comes from.
+                                "airGapped": spec.images.air_gapped,
+                                "imageSupply": supplies,
                                 # The policy pack's host-firewall advice reads these two.
                                 "firewallManaged": spec.firewall.managed,
                                 "firewallClosedPorts": firewall.advisory_ports(spec, args.node)}, opts)
@@ -101,7 +120,7 @@ class GpuNode(Component):
             ssh_opts += ["-i", docker_key]
         self.provider: docker.Provider = docker.Provider(
             self.child("docker"), host=f"ssh://{ssh.user}@{host}", ssh_opts=ssh_opts,
-            opts=self.opts(depends_on=docker_files))
+            registry_auth=registry_auth(spec), opts=self.opts(depends_on=docker_files))
 
         # Steps that write system files run through `sudo -n` when the SSH user is not root.
         self.sudo: bool = root_steps(spec)
@@ -133,13 +152,24 @@ class GpuNode(Component):
                 # A replacement's delete would drop the table the new create just loaded.
                 opts=self.opts(delete_before_replace=True, depends_on=[self.preflight]))
             self.ready.append(self.firewall)
-        self.images: dict[str, docker.RemoteImage] = {
-            ref: docker.RemoteImage(
-                self.child(f"image-{resource_suffix(ref)}"), name=ref, keep_locally=True,
-                opts=self.opts(provider=self.provider, depends_on=[self.preflight]))
-            for ref in args.images
-        }
-        self.register_outputs({"address": node.address})
+        # Keyed by the stack's reference (facts and labels use it); each named as the node holds it.
+        self.images: dict[str, docker.RemoteImage] = {ref: self._image(supply(spec, ref)) for ref in args.images}
+        # The air-gapped stack policy reads these (a stack policy sees a component's outputs).
+        self.register_outputs({"address": node.address, "airGapped": spec.images.air_gapped,
+                               "imageSupply": supplies})
+
+    def _image(self, s: ImageSupply) -> docker.RemoteImage:
+        """The image on this node: pulled, or found after its tarball's load step."""
+        after: list[pulumi.Resource] = [self.preflight]
+        if s.via == "tarball":
+            load = load_script(s)
+            after = [remote.Command(
+                self.child(f"image-load-{resource_suffix(s.image)}"), connection=self.connection,
+                create=bash_command(load), delete=bash_command(unload_script(s)), triggers=[script_hash(load)],
+                # A replacement's old delete must not remove the image the new create just loaded.
+                opts=self.opts(delete_before_replace=True, depends_on=[self.preflight]))]
+        return docker.RemoteImage(self.child(f"image-{resource_suffix(s.image)}"), name=s.ref, keep_locally=True,
+                                  opts=self.opts(provider=self.provider, depends_on=after))
 
     def _operator_file(self, suffix: str, path: str, content: pulumi.Input[str]) -> local.Command:
         """A file on the operator's machine for Docker's ssh, written from stdin (secrets stay secret)."""

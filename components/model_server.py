@@ -58,6 +58,8 @@ def server_props(spec: StackSpec, instance: Instance) -> dict[str, Any]:
         "imageFacts": ({"like": pool.image_facts.like, **pool.image_facts.overrides()}
                        if pool.image_facts is not None else None),
         "argv": engine.serve_argv(spec, instance), "env": engine.serve_env(spec, instance, instance.head),
+        # The air-gapped rule: whether the stack says so, and whether the pool keeps the hub off.
+        "airGapped": spec.images.air_gapped, "offline": pool.offline,
         # So the pack reports once per pool, naming its instances and the stack keys to edit.
         "poolInstances": [i.name for i in instances(spec, instance.pool)],
         "stackKeys": stack_keys(spec, instance.pool, instance.head),

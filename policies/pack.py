@@ -4,7 +4,7 @@ from __future__ import annotations
 from pulumi_policy import EnforcementLevel, Policy
 
 from policies.rules import (
-    capacity, containers, engine_args, engines, flags, hardware, host_memory, image, security, topology,
+    airgap, capacity, containers, engine_args, engines, flags, hardware, host_memory, image, security, topology,
 )
 
 PACK_NAME = "llm-cluster-hardware"
@@ -17,5 +17,5 @@ DEFAULT_LEVEL = EnforcementLevel.MANDATORY
 POLICIES: list[Policy] = [
     *hardware.POLICIES, *image.POLICIES, *topology.POLICIES, *flags.POLICIES, *engine_args.POLICIES, *engines.POLICIES,
     *security.POLICIES,
-    *capacity.POLICIES, *host_memory.POLICIES, *containers.POLICIES,
+    *capacity.POLICIES, *host_memory.POLICIES, *containers.POLICIES, *airgap.POLICIES,
 ]

@@ -51,7 +51,10 @@ def env_of(node: str) -> list[str]:
         "VLLM_TUNED_CONFIG_FOLDER=/opt/llm-cluster/moe-configs"]
     return sorted(["VLLM_WORKER_MULTIPROC_METHOD=spawn", "NCCL_IB_DISABLE=0", "NCCL_IB_HCA=mlx5_0",
                    "NCCL_IB_GID_INDEX=3", "NCCL_SOCKET_IFNAME=bond0", "GLOO_SOCKET_IFNAME=bond0", "NCCL_DEBUG=WARN",
-                   *pool_env, f"VLLM_HOST_IP={ADDRESS[node]}"])
+                   *pool_env, f"VLLM_HOST_IP={ADDRESS[node]}",
+                   # The hub and telemetry off (pools.*.offline), in the Ray containers too.
+                   "HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1", "VLLM_NO_USAGE_STATS=1", "DO_NOT_TRACK=1",
+                   "RAY_USAGE_STATS_ENABLED=0"])
 
 
 def labels(role: str, pool: str, instance: str, node: str) -> list[dict[str, str]]:
@@ -286,6 +289,8 @@ def test_model_server_props_carry_what_the_policy_pack_reads(prod_run: ProgramRu
         "argv": REASONING_ARGV, "poolInstances": ["reasoning-gpu-01"],
         # What engine rules check a checkpoint by (policies.rules.engines); no configJson: no quantizationConfig.
         "groupSize": 128, "modelType": "deepseek_v3", "headDim": 192,
+        # What the air-gapped rule reads (policies.rules.airgap).
+        "airGapped": False, "offline": True,
         # The RAM the pool's servers share on each of its nodes (policies.rules.host_memory).
         "hostMemory": {node: {"memoryGib": 380, "instances": 1, "key": f"nodes.{node}.memoryGib, unset: the "
                               "reference cluster's GPU servers' 380 GiB"} for node in ("gpu-01", "gpu-02")}}

@@ -35,7 +35,7 @@ REFUSED: list[tuple[str, Mutation, list[str]]] = [
     ("unknown key lists the allowed ones",
      lambda c: section(c, "pools")["chat"].update(tensorParalel=8),
      ["pools.chat.tensorParalel: unknown key 'tensorParalel'; allowed keys here: engine, env, image, imageFacts, "
-      "llamacpp, lmdeploy, loadTimeoutMinutes, maxUnavailable, model, nodes, pipelineParallel, port, rayClientPort, rayDashboardPort, "
+      "llamacpp, lmdeploy, loadTimeoutMinutes, maxUnavailable, model, nodes, offline, pipelineParallel, port, rayClientPort, rayDashboardPort, "
       "rayGateTimeoutSeconds, rayPort, readTimeoutSeconds, replicasPerNode, "
       "restartUnhealthyAfterSeconds, shmSizeGib, tensorParallel, vllm"]),
     ("required key missing",
@@ -230,8 +230,9 @@ REFUSED: list[tuple[str, Mutation, list[str]]] = [
      lambda c: c.update({NS + "pool": {}}),
      ["llm-cluster:pool: unknown config key; allowed: llm-cluster:ssh, llm-cluster:nodeDefaults, llm-cluster:nodes, "
       "llm-cluster:nccl, llm-cluster:models, llm-cluster:pools, llm-cluster:gateway, llm-cluster:monitoring, "
-      "llm-cluster:firewall, llm-cluster:preflight, llm-cluster:alertmanagerConfig, llm-cluster:gatewayApiKeys, llm-cluster:gatewayTlsCert, "
-      "llm-cluster:gatewayTlsKey, llm-cluster:grafanaAdminPassword, llm-cluster:sshPrivateKey, "
+      "llm-cluster:firewall, llm-cluster:preflight, llm-cluster:images, llm-cluster:alertmanagerConfig, "
+      "llm-cluster:gatewayApiKeys, llm-cluster:gatewayTlsCert, llm-cluster:gatewayTlsKey, llm-cluster:grafanaAdminPassword, "
+      "llm-cluster:registryPassword, llm-cluster:registryUsername, llm-cluster:sshPrivateKey, "
       "llm-cluster:sshPrivateKeyPassword"]),
     ("secrets must be secret",
      lambda c: c.update({NS + "sshPrivateKey": "-----BEGIN OPENSSH PRIVATE KEY-----"}),

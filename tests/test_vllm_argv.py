@@ -201,6 +201,9 @@ def test_env_of_a_reasoning_worker_node(prod_spec: StackSpec) -> None:
         "NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": "mlx5_0", "NCCL_IB_GID_INDEX": "3",
         "NCCL_SOCKET_IFNAME": "bond0", "GLOO_SOCKET_IFNAME": "bond0", "NCCL_DEBUG": "WARN",
         "VLLM_HOST_IP": "192.168.10.12",
+        # The hub and telemetry off (pools.*.offline, default true); Ray's value is exactly "0".
+        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+        "RAY_USAGE_STATS_ENABLED": "0",
     }
 
 

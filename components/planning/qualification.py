@@ -168,6 +168,12 @@ class Qualification:
     facts: ImageFacts
     argvs: tuple[tuple[str, ...], ...]  # the server command lines planned on this node in this image
     recommended: str  # the image to name when this one cannot run
+    ref: str = ""  # the image as the node's engine holds it (images.registry renames it); "" = image
+
+    @property
+    def node_ref(self) -> str:
+        """What `docker run` names on the node."""
+        return self.ref or self.image
 
 
 def node_qualifications(spec: StackSpec) -> list[Qualification]:
@@ -188,7 +194,8 @@ def node_qualifications(spec: StackSpec) -> list[Qualification]:
                 entry = found.setdefault((node, pool.image), (facts, [], DEFAULT_IMAGES[pool.engine]))
                 if node == inst.head:
                     entry[1].append(tuple(engine.serve_argv(spec, inst)))
-    return [Qualification(node, image, facts, tuple(dict.fromkeys(argvs)), recommended)
+    from components.planning.image_supply import node_ref
+    return [Qualification(node, image, facts, tuple(dict.fromkeys(argvs)), recommended, node_ref(spec, image))
             for (node, image), (facts, argvs, recommended) in sorted(found.items())]
 
 
@@ -205,7 +212,7 @@ def qualification_script(q: Qualification, *, device: int = 0, timeout_s: int = 
 # Qualification gate: can {q.image} ({q.facts.engine} {q.facts.version}) run on this node's GPU? Checks torch's
 # arch list, an fp16 matmul, a Triton fp16 dot, the engine version and the planned flags, in the image.
 set -euo pipefail
-image={shlex.quote(q.image)}
+image={shlex.quote(q.node_ref)}
 node={shlex.quote(q.node)}
 if ! out=$(timeout {int(timeout_s)} docker run --rm --gpus device={int(device)} --network none --entrypoint python3 \\
     "$image" -c {shlex.quote(CHECK)} {shlex.quote(check_input(q))} 2>&1); then

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from components.planning.gateway_image import is_built
+from components.planning.image_supply import builds_gateway
 from components.spec.cluster import PoolSpec
 from components.spec.stack import StackSpec
 
@@ -100,8 +100,9 @@ def images_for_node(spec: StackSpec, node: str) -> list[str]:
         if node in pool.nodes:
             images.append(pool.image)
     if spec.gateway is not None and spec.gateway.node == node:
-        # The default gateway image is built on its node (gateway_image.py), never pulled.
-        images += [*([] if is_built(spec.gateway.image) else [spec.gateway.image]), spec.gateway.exporter_image]
+        # The default gateway image is built on its node (gateway_image.py) unless images.registry or
+        # images.tarballs supply it like any other image.
+        images += [*([] if builds_gateway(spec) else [spec.gateway.image]), spec.gateway.exporter_image]
     m = spec.monitoring
     if m is not None:
         images += [m.dcgm_exporter.image, m.node_exporter.image]

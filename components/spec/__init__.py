@@ -5,11 +5,12 @@ from components.spec.cluster import (
     VllmOptions, WeightsSource,
 )
 from components.spec.gateway import ApiKeySpec, GatewaySpec, RateLimitSpec
+from components.spec.images import ImagesSpec
 from components.spec.monitoring import AlertThresholds, MonitoringSpec, ServiceSpec
 from components.spec.stack import NAMESPACE, SECRET_KEYS, SECTIONS, StackSpec, load_stack_config, parse_stack, stack_keys
 
 __all__ = [
-    "AlertThresholds", "ApiKeySpec", "FirewallSpec", "GatewaySpec", "GpuSpec", "HcaSpec", "ModelSpec",
+    "AlertThresholds", "ApiKeySpec", "FirewallSpec", "GatewaySpec", "GpuSpec", "HcaSpec", "ImagesSpec", "ModelSpec",
     "MonitoringSpec", "NAMESPACE", "NcclSpec", "NodeSpec", "PoolSpec", "PreflightSpec", "RateLimitSpec",
     "SECRET_KEYS", "SECTIONS",
     "ServiceSpec", "SpecError", "SpecIssue", "SshSpec", "StackSpec", "VllmOptions", "WeightsSource",

@@ -339,6 +339,13 @@ TYPED_ENV: dict[str, str] = {
     "NCCL_DEBUG": "nccl.debug",
     "VLLM_HOST_IP": "nodes.<node>.address",
     "VLLM_TUNED_CONFIG_FOLDER": "pools.<pool>.vllm.moeConfigFiles",
+    # Every engine's offline variables (components.planning.engines.*: OFFLINE_ENV).
+    "HF_HUB_OFFLINE": "pools.<pool>.offline",
+    "TRANSFORMERS_OFFLINE": "pools.<pool>.offline",
+    "VLLM_NO_USAGE_STATS": "pools.<pool>.offline",
+    "DO_NOT_TRACK": "pools.<pool>.offline",
+    "RAY_USAGE_STATS_ENABLED": "pools.<pool>.offline",
+    "LLAMA_ARG_OFFLINE": "pools.<pool>.offline",
 }
 
 
@@ -460,6 +467,10 @@ class PoolSpec(Spec):
     """llama.cpp server options (required with engine: llamacpp)."""
     env: dict[EnvName, str] = Field(default_factory=dict)
     """Extra environment for every container of the pool (VLLM_USE_V1 is set by the product where the image reads it)."""
+    offline: bool = True
+    """The servers run with the model hub and the engine's telemetry off (HF_HUB_OFFLINE=1,
+    TRANSFORMERS_OFFLINE=1, usage stats off: each engine's own variables); the weights are on the
+    nodes. `false` lets them reach the hub (refused when images.airGapped); `env` overrides one variable."""
     read_timeout_seconds: int = Field(default=600, ge=1)
     """Gateway read timeout for this pool's upstreams (long generations stream for minutes)."""
     load_timeout_minutes: int = Field(default=30, ge=1)

@@ -17,6 +17,7 @@ from components.spec.engines import (
     ENGINE_TYPED_FLAGS, OPTIONS_KEY, engine_flag, engine_issues, engine_options, engine_typed_key,
 )
 from components.spec.gateway import GatewaySpec
+from components.spec.images import ImagesSpec
 from components.spec.monitoring import MonitoringSpec, monitoring_issues
 
 NAMESPACE = "llm-cluster"
@@ -30,6 +31,8 @@ SECRET_KEYS: dict[str, str] = {
     "gatewayTlsKey": "PEM private key for the gateway's HTTPS listener",
     "grafanaAdminPassword": "Grafana admin password (generated on the host when unset)",
     "alertmanagerConfig": "alertmanager.yml with receivers (its webhooks carry tokens)",
+    "registryUsername": "user name for images.registry (the docker provider's registry auth)",
+    "registryPassword": "password or token for images.registry",
 }
 
 
@@ -46,6 +49,7 @@ class StackSpec(Spec):
     monitoring: MonitoringSpec | None = None
     firewall: FirewallSpec = FirewallSpec()
     preflight: PreflightSpec = PreflightSpec()
+    images: ImagesSpec = ImagesSpec()
     secrets: frozenset[str] = Field(default=frozenset(), exclude=True)
     """Names of the secret config keys the stack provides (values never enter the spec)."""
 
@@ -117,7 +121,7 @@ def _not_one_of(value: str, kind: str, known: Iterable[str]) -> str:
 def _check_references(s: StackSpec) -> list[SpecIssue]:
     """Cross-section rules pydantic cannot see: references, ownership, uniqueness, ports."""
     issues = (_check_names_and_nodes(s) + _check_pools(s) + _check_models(s) + _check_gateway(s)
-              + _check_monitoring_and_ssh(s) + engine_issues(s))
+              + _check_monitoring_and_ssh(s) + _check_images(s) + engine_issues(s))
     return issues or _check_ports(s)
 
 
@@ -326,6 +330,22 @@ def _check_monitoring_and_ssh(s: StackSpec) -> list[SpecIssue]:
         issues.append(SpecIssue("ssh.agent", "is false but neither ssh.keyPath nor the secret sshPrivateKey is "
                                 "given: the nodes could not be reached; use the agent, a key file, or the secret key"))
     return issues
+
+
+def _check_images(s: StackSpec) -> list[SpecIssue]:
+    """Registry credentials come in pairs and only with a registry; tarball file names are unique."""
+    from components.planning.image_supply import tarball_name_issues  # circular at module level, see _check_pools
+
+    given = sorted({"registryUsername", "registryPassword"} & s.secrets)
+    if given and s.images.registry is None:
+        return [SpecIssue("images.registry", f"the secret {' and '.join(given)} is set but no registry is: state "
+                          "images.registry (host[:port][/prefix]) or remove the secret (pulumi config rm "
+                          f"{given[0]})")]
+    if len(given) == 1:
+        missing = ({"registryUsername", "registryPassword"} - set(given)).pop()
+        return [SpecIssue("images.registry", f"the secret {given[0]} is set without {missing}: set both "
+                          f"(pulumi config set --secret {missing}), or neither for a registry without auth")]
+    return tarball_name_issues(s)
 
 
 def _check_ports(s: StackSpec) -> list[SpecIssue]:

@@ -56,6 +56,32 @@ class Engine(ABC):
     # The server answers only to its first served name (404 otherwise): the gateway rewrites the others.
     one_served_name: ClassVar[bool] = False
 
+    # Server flags whose value the engine fetches from a model hub (the air-gapped rule refuses them):
+    # flag -> how its value names what is fetched: "path" (a hub id unless it is an absolute path on the
+    # node), "always" (a repository or URL, always downloaded), "lora" (name=path pairs), "json-model"
+    # (a JSON object whose "model" is read like "path").
+    hub_flags: ClassVar[Mapping[str, str]] = {}
+    # The variables that keep the server off the hub and its telemetry (offline_env; pools.*.offline).
+    offline_vars: ClassVar[Mapping[str, str]] = {}
+
+    def hub_downloads(self, argv: list[str]) -> list[tuple[str, str]]:
+        """(flag, what it would download) for every hub fetch a server argv asks for."""
+        out: list[tuple[str, str]] = []
+        for i, token in enumerate(argv):
+            flag, eq, inline = token.partition("=")
+            kind = self.hub_flags.get(flag)
+            if kind is None:
+                continue
+            if eq:
+                values = [inline]
+            elif kind == "lora":  # nargs="+": every value up to the next flag
+                rest = argv[i + 1:]
+                values = rest[:next((j for j, t in enumerate(rest) if t.startswith("-")), len(rest))]
+            else:
+                values = argv[i + 1:i + 2]
+            out += [(flag, name) for value in values for name in _fetched(kind, value)]
+        return out
+
     # -- facts -------------------------------------------------------------------------------------
     def image_facts(self, spec: StackSpec, pool: str) -> ImageFacts | None:
         """The facts of the pool's image: declared in the stack for a private build, else the table's
@@ -116,6 +142,31 @@ class Engine(ABC):
 
 # -- engine-neutral helpers --------------------------------------------------------------------------
 
+def _fetched(kind: str, value: str) -> list[str]:
+    """What a hub flag's value would fetch (Engine.hub_flags kinds); nothing for paths on the node."""
+    import json
+
+    if kind == "always":
+        return [value] if value else []
+    if kind == "lora":
+        # name=path, or vLLM's JSON form {"name": …, "path": …}
+        if value.strip().startswith("{"):
+            try:
+                path = json.loads(value).get("path")
+            except (ValueError, AttributeError):
+                path = None
+        else:
+            path = value.partition("=")[2] or value
+        return [path] if isinstance(path, str) and path and not path.startswith("/") else []
+    if kind == "json-model":
+        try:
+            model = json.loads(value).get("model") if value.strip().startswith("{") else None
+        except (ValueError, AttributeError):
+            model = None
+        return [model] if isinstance(model, str) and model and not model.startswith("/") else []
+    return [value] if value and not value.startswith("/") else []
+
+
 def container_name(instance: Instance, role: str) -> str:
     """The fixed name of an instance's GPU container of `role` (gates, hints and operators use it)."""
     if not role or not role.replace("-", "").isalnum():
@@ -155,6 +206,12 @@ def nccl_env(spec: StackSpec, node: str) -> dict[str, str]:
     env["NCCL_DEBUG"] = spec.nccl.debug
     env.update(spec.nccl.extra_env)
     return env
+
+
+def offline_env(spec: StackSpec, pool: str, variables: Mapping[str, str]) -> dict[str, str]:
+    """An engine's offline variables (hub and telemetry off) unless `pools.<pool>.offline` is false;
+    callers apply the pool's env after them, so one variable can still be overridden."""
+    return dict(variables) if spec.pools[pool].offline else {}
 
 
 def container_envs(env: dict[str, str]) -> list[str]:

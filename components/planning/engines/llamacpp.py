@@ -22,7 +22,7 @@ from components.facts.gguf import GgufModel, read_gguf
 from components.facts.hardware import gpu
 from components.facts.llamacpp import DEFAULT_IMAGE, LlamacppImage, llamacpp_image
 from components.facts.models import ModelArch
-from components.planning.engines.base import Engine, MultiNode
+from components.planning.engines.base import Engine, MultiNode, offline_env
 from components.planning.engines.estimate import GIB, EngineEstimate
 from components.planning.pool_capacity import model_architecture
 from components.planning.topology import Instance
@@ -206,13 +206,28 @@ def llamacpp_argv(spec: StackSpec, instance: Instance) -> list[str]:
     return argv + list(o.extra_args)
 
 
+# Offline (pools.*.offline): llama-server b11312's `--offline` ("forces use of cache, prevents network
+# access"), read from the environment as LLAMA_ARG_OFFLINE (its --help: tests/fixtures/engines). It is
+# C++ and reads neither huggingface_hub's variables nor sends usage statistics.
+LLAMACPP_OFFLINE_ENV: dict[str, str] = {"LLAMA_ARG_OFFLINE": "1"}
+
+
 def llamacpp_env(spec: StackSpec, instance: Instance, node: str) -> dict[str, str]:
-    """Environment of the server container: the pool's own (llama.cpp reads its options from argv)."""
-    return dict(spec.pools[instance.pool].env)
+    """Environment of the server container: offline, then the pool's own (llama.cpp reads its options from argv)."""
+    env = offline_env(spec, instance.pool, LLAMACPP_OFFLINE_ENV)
+    env.update(spec.pools[instance.pool].env)
+    return env
 
 
 class LlamacppEngine(Engine):
     """llama.cpp's llama-server: one process per GPU group of a node, GGUF weights, no multi-node."""
+
+    # llama-server b11312 (its --help): each of these downloads a model (Hugging Face, Docker Hub's AI
+    # models, a URL); --offline only makes it use its cache, which an air-gapped node does not have.
+    offline_vars: ClassVar[dict[str, str]] = LLAMACPP_OFFLINE_ENV
+    hub_flags: ClassVar[dict[str, str]] = {
+        flag: "always" for flag in ("-hf", "-hfr", "--hf-repo", "-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf",
+                                    "-mu", "--model-url", "-dr", "--docker-repo")}
 
     name: ClassVar[str] = "llamacpp"
     title: ClassVar[str] = "llama.cpp"

@@ -24,7 +24,7 @@ from components.facts.hardware import gpu
 from components.facts.lmdeploy import DEFAULT_IMAGE, LmdeployImage, lmdeploy_image
 from components.facts.models import ModelArch
 from components.planning.capacity import model_params
-from components.planning.engines.base import Engine, MultiNode, nccl_env
+from components.planning.engines.base import Engine, MultiNode, nccl_env, offline_env
 from components.planning.engines.estimate import GIB, EngineEstimate
 from components.planning.pool_capacity import model_architecture
 from components.planning.topology import Instance
@@ -250,15 +250,28 @@ def lmdeploy_argv(spec: StackSpec, instance: Instance) -> list[str]:
     return argv + list(o.extra_args)
 
 
+# The hub off (pools.*.offline): LMDeploy resolves a non-local model path with huggingface_hub's
+# snapshot_download and loads tokenizers through transformers, both of which honour these
+# (huggingface_hub constants.py: HF_HUB_OFFLINE = _is_true(HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE)).
+# LMDeploy itself sends no usage statistics (none found in its source), so it has no telemetry switch.
+LMDEPLOY_OFFLINE_ENV: dict[str, str] = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
 def lmdeploy_env(spec: StackSpec, instance: Instance, node: str) -> dict[str, str]:
-    """Environment of the server container: NCCL settings of the node (TP ranks talk over NCCL), the pool's own."""
-    env = nccl_env(spec, node)
+    """Environment of the server container: the hub off, NCCL settings of the node (TP ranks talk over
+    NCCL), the pool's own."""
+    env = offline_env(spec, instance.pool, LMDEPLOY_OFFLINE_ENV)
+    env.update(nccl_env(spec, node))
     env.update(spec.pools[instance.pool].env)
     return env
 
 
 class LmdeployEngine(Engine):
     """LMDeploy's OpenAI server on its TurboMind backend; one node per instance (tensor parallel inside it)."""
+
+    # api_server's draft model: a path, or a hub id it downloads (0.16.0 parser dump).
+    offline_vars: ClassVar[dict[str, str]] = LMDEPLOY_OFFLINE_ENV
+    hub_flags: ClassVar[dict[str, str]] = {"--speculative-draft-model": "path"}
 
     name: ClassVar[str] = "lmdeploy"
     title: ClassVar[str] = "LMDeploy"

@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from components.facts.hardware import gpu
 from components.facts.images import ImageFacts
-from components.planning.engines.base import Engine, MultiNode, Upload, nccl_env
+from components.planning.engines.base import Engine, MultiNode, Upload, nccl_env, offline_env
 from components.planning.topology import Instance
 from components.spec import SpecError, SpecIssue, StackSpec
 
@@ -17,6 +17,20 @@ from components.spec import SpecError, SpecIssue, StackSpec
 TUNED_CONFIG_DIR = "/opt/llm-cluster/moe-configs"
 # fused_moe.py get_config_file_name: "E={E},N={N},device_name={name}{,dtype=…}{,block_shape=[…]}.json".
 _MOE_CONFIG_NAME = re.compile(r"E=\d+,N=\d+,device_name=[A-Za-z0-9_.-]+(,dtype=[a-z0-9_]+)?(,block_shape=\[\d+, ?\d+\])?\.json")
+
+
+# The hub and telemetry off, each name read from the code that reads it (pools.*.offline):
+# - HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE: huggingface_hub constants.py (HF_HUB_OFFLINE = _is_true(HF_HUB_OFFLINE or
+#   TRANSFORMERS_OFFLINE)), which vLLM 0.19.1 passes as local_files_only (transformers_utils/config.py,
+#   model_loader/weight_utils.py) and uses to map hub ids to local paths (engine/arg_utils.py);
+# - VLLM_NO_USAGE_STATS / DO_NOT_TRACK: vllm 0.19.1 envs.py ("1" only) read by usage/usage_lib.py is_usage_stats_enabled;
+#   DO_NOT_TRACK also turns off huggingface_hub's telemetry;
+# - RAY_USAGE_STATS_ENABLED: Ray's usage_constants.py, exactly "0" or "1" (any other value raises), read by
+#   `ray start` in the Ray head and worker containers, which get this same env.
+VLLM_OFFLINE_ENV: dict[str, str] = {
+    "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+    "RAY_USAGE_STATS_ENABLED": "0",
+}
 
 
 class VllmEngine(Engine):
@@ -29,6 +43,13 @@ class VllmEngine(Engine):
     multi_node: ClassVar[MultiNode] = "ray"
     metrics_job: ClassVar[str] = "vllm"
     qualifies: ClassVar[bool] = True
+    # EngineArgs of 0.19.1 (and --speculative-model of 0.9.2): a value that is not a local path is a
+    # hub repository id vLLM downloads (transformers_utils/repo_utils.py, lora/resolver).
+    offline_vars: ClassVar[dict[str, str]] = VLLM_OFFLINE_ENV
+    hub_flags: ClassVar[dict[str, str]] = {
+        "--tokenizer": "path", "--hf-config-path": "path", "--speculative-model": "path",
+        "--speculative-config": "json-model", "-sc": "json-model", "--lora-modules": "lora",
+    }
 
     def context_length(self, spec: StackSpec, pool: str) -> int:
         v = spec.pools[pool].vllm
@@ -135,6 +156,7 @@ def vllm_env(spec: StackSpec, instance: Instance, node: str, facts: ImageFacts |
     env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
     if pool.vllm.moe_config_files and facts is not None and facts.tuned_moe_config_env:
         env[facts.tuned_moe_config_env] = TUNED_CONFIG_DIR
+    env.update(offline_env(spec, instance.pool, VLLM_OFFLINE_ENV))
     env.update(nccl_env(spec, node))
     env.update(pool.env)
     # Per node by nature (vLLM refuses two Ray nodes with one IP): a pool-wide value cannot override it.
