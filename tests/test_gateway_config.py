@@ -138,7 +138,7 @@ def test_exporter_command_listens_on_the_cluster_address_and_reads_loopback(conf
 
 
 @pytest.mark.parametrize(("gateway", "message"), [
-    ({"metricsPort": 80}, "gateway.metricsPort: 80 is not allowed: Input should be greater than or equal to 1024"),
+    ({"metricsPort": 80}, "gateway.metricsPort: 80 is not allowed: must be at least 1024"),
     ({"metricsPort": 8000}, "gateway.metricsPort: port 8000 on gpu-01 is already taken by pools.reasoning.port"),
     ({"exporterSyslogPort": 9145}, "gateway.exporterSyslogPort: port 9145 on gpu-01 is already taken by gateway.metricsPort"),
 ])

@@ -129,8 +129,7 @@ def test_quiet_prints_only_the_verdict(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("edit,expected", [
     (lambda t: t.replace("tensorParallel: 8         # one replica per node", "tensorParallel: eight"),
-     "  pools.chat.tensorParallel: 'eight' is not allowed: Input should be a valid integer, unable to parse "
-     "string as an integer"),
+     "  pools.chat.tensorParallel: 'eight' is not allowed: expected a whole number"),
     (lambda t: t.replace("nodes: [gpu-01, gpu-02]", "nodes: [gpu-01, gpu-20]"),
      "  pools.reasoning.nodes[1]: 'gpu-20' is not a node; nodes are: gpu-01, gpu-02, gpu-03, gpu-04, gpu-05, gpu-06"),
     (lambda t: t + "  llm-cluster:sshPrivateKey: not-a-secret\n",

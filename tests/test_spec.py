@@ -43,8 +43,7 @@ REFUSED: list[tuple[str, Mutation, list[str]]] = [
      ["pools.chat: engine vllm needs its options block `vllm` (e.g. vllm: {maxModelLen: ...})"]),
     ("wrong type names the value",
      lambda c: section(c, "pools")["chat"].update(tensorParallel="eight"),
-     ["pools.chat.tensorParallel: 'eight' is not allowed: Input should be a valid integer, "
-      "unable to parse string as an integer"]),
+     ["pools.chat.tensorParallel: 'eight' is not allowed: expected a whole number"]),
     ("out of range",
      lambda c: section(c, "pools")["chat"]["vllm"].update(gpuMemoryUtilization=1.5),
      ["pools.chat.vllm.gpuMemoryUtilization: 1.5 is not allowed: this is a fraction, 0 < x <= 1"]),
@@ -89,7 +88,7 @@ REFUSED: list[tuple[str, Mutation, list[str]]] = [
                            (1, "'--host'", "nodes.<node>.address"))]),
     ("port out of range",
      lambda c: section(c, "gateway").update(port=70000),
-     ["gateway.port: 70000 is not allowed: Input should be less than or equal to 65535"]),
+     ["gateway.port: 70000 is not allowed: must be at most 65535"]),
     ("invalid address",
      lambda c: section(c, "nodes")["gpu-03"].update(address="192.168.10.300"),
      ["nodes.gpu-03.address: '192.168.10.300' is not an IPv4 address"]),

@@ -5,7 +5,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+import types
+import typing
+
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
@@ -35,6 +38,30 @@ class Spec(BaseModel):
                     {"key": unknown[0], "quoted": repr(unknown[0]), "allowed": ", ".join(sorted(allowed))},
                 )
         return data
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_number(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic's lax mode reads `true` as 1 and `1` as true: in YAML both are typos for the other type.
+        field = cls.model_fields.get(info.field_name or "")
+        kind = scalar_kind(field.annotation) if field is not None else None
+        if kind == "number" and isinstance(value, bool):
+            raise PydanticCustomError("bool_for_number", "expected a number, not true/false")
+        if kind == "bool" and isinstance(value, (int, float)) and not isinstance(value, bool):
+            raise PydanticCustomError("number_for_bool", "expected true or false, not a number")
+        return value
+
+
+def scalar_kind(annotation: Any) -> str | None:
+    """'number' for an int/float field (optional too), 'bool' for a bool one, None for anything else."""
+    if annotation is bool:
+        return "bool"
+    if annotation in (int, float):
+        return "number"
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        kinds = {scalar_kind(a) for a in typing.get_args(annotation) if a is not type(None)}
+        return kinds.pop() if len(kinds) == 1 else None
+    return None
 
 
 @dataclass(frozen=True)
@@ -81,10 +108,39 @@ TYPE_WORDS = {"dict_type": "expected a mapping (key: value lines)", "model_type"
               "model_attributes_type": "expected a mapping (key: value lines)", "list_type": "expected a list (- item lines)"}
 
 
+# pydantic's words for a wrong scalar, in the words of someone editing YAML ({…} from the error's context).
+VALUE_WORDS = {
+    "int_parsing": "expected a whole number", "int_type": "expected a whole number",
+    "int_from_float": "expected a whole number, not a fraction",
+    "float_parsing": "expected a number", "float_type": "expected a number",
+    "bool_parsing": "expected true or false", "bool_type": "expected true or false",
+    "string_type": "expected text", "greater_than": "must be greater than {gt}",
+    "greater_than_equal": "must be at least {ge}", "less_than": "must be less than {lt}",
+    "less_than_equal": "must be at most {le}", "string_too_short": "must not be empty",
+    "too_short": "needs at least {min_length} item(s)", "too_long": "takes at most {max_length} item(s)",
+    "string_too_long": "must be at most {max_length} characters", "tuple_type": "expected a list",
+}
+
+
+def _number(value: Any) -> Any:
+    """0.0 -> 0 in messages; other values as they are."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def shown(value: Any) -> str:
+    """A value as YAML writes it, for messages: true, null, 'text', 8."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    return repr(value)
+
+
 def issues_from_validation_error(err: ValidationError, prefix: tuple[Any, ...] = ()) -> list[SpecIssue]:
     """Turn pydantic's errors into SpecIssues with YAML key paths and the offending value."""
     issues = []
     for e in err.errors(include_url=False):
+        ctx = e.get("ctx") or {}
         # pydantic inserts union/function tags ("function-after[...]") into loc; they are not keys.
         loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and "[" in p and "]" in p))
         msg = e["msg"]
@@ -95,9 +151,19 @@ def issues_from_validation_error(err: ValidationError, prefix: tuple[Any, ...] =
         elif e["type"] == "string_pattern_mismatch" and e.get("ctx", {}).get("pattern") in PATTERN_WORDS:
             msg = f"{e['input']!r} is not allowed: must be {PATTERN_WORDS[e['ctx']['pattern']]}"
         elif e["type"] in TYPE_WORDS:
-            msg = f"{e['input']!r} is not allowed: {TYPE_WORDS[e['type']]}"
+            msg = f"{shown(e['input'])} is not allowed: {TYPE_WORDS[e['type']]}"
+        elif e["type"] == "too_short" and ctx.get("min_length") == 1:
+            msg = f"{shown(e['input'])} is not allowed: must not be empty"
+        elif e["type"] in VALUE_WORDS:
+            words = VALUE_WORDS[e["type"]].format(**{k: _number(v) for k, v in ctx.items()})
+            msg = f"{shown(e['input'])} is not allowed: {words}"
+        elif e["type"] == "literal_error" and "expected" in ctx:
+            msg = f"{shown(e['input'])} is not allowed: must be one of {ctx['expected'].replace(' or ', ', ')}"
+            same = [x for x in re.findall(r"'([^']*)'", ctx["expected"])
+                    if isinstance(e["input"], str) and x.lower() == e["input"].strip().lower()]
+            msg += f" (did you mean {same[0]!r}?)" if same else ""
         elif e["type"] not in ("value_error", "assertion_error"):
-            msg = f"{e['input']!r} is not allowed: {msg}"
+            msg = f"{shown(e['input'])} is not allowed: {msg}"
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, "):]
         issues.append(SpecIssue(key_path(prefix + loc), msg))

@@ -221,6 +221,13 @@ class WeightsSource(Spec):
     shared_mount: str | None = None
     """`server:/export` NFS share mounted at the model path on every node instead of copying."""
 
+    @field_validator("node")
+    @classmethod
+    def _node_named(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("'' is not allowed: name the node that holds the weights, or use sharedMount or present")
+        return v
+
     @field_validator("shared_mount")
     @classmethod
     def _share(cls, v: str | None) -> str | None:
@@ -240,6 +247,17 @@ class WeightsSource(Spec):
         return self
 
 
+def served_name(name: str) -> str:
+    """A name clients send as `model`: something they can type and the gateway can match exactly."""
+    if not name.strip() or name != name.strip() or any(not c.isprintable() for c in name):
+        raise ValueError(f"{name!r} is not allowed: a served name is what clients send as `model`: not empty, "
+                         "no leading or trailing whitespace, no control characters")
+    return name
+
+
+ServedName = Annotated[str, AfterValidator(served_name)]
+
+
 class ModelSpec(Spec):
     """One model checkpoint on the nodes."""
 
@@ -252,9 +270,10 @@ class ModelSpec(Spec):
     quantization: str | None = None
     """vLLM `--quantization` method of the checkpoint; unset for fp16/bf16 checkpoints."""
     quant_bits: int = Field(default=4, ge=2, le=8)
-    group_size: int = Field(default=128, ge=-1)
+    group_size: int = Field(default=128, ge=-1, le=8192)
+    """The checkpoint's quantization group (config.json group_size); -1 is per channel (no groups)."""
     dtype: Literal[tuple(DTYPE_ALIASES)] = "half"  # type: ignore[valid-type]
-    served_names: list[str] = Field(default_factory=list)
+    served_names: list[ServedName] = Field(default_factory=list)
     """Names clients send as `model`; the first is the one responses carry. Default: the model key."""
     source: WeightsSource
     revision: str = "1"
@@ -267,6 +286,22 @@ class ModelSpec(Spec):
     @classmethod
     def _absolute(cls, v: str) -> str:
         return absolute_path(v, "on the nodes")
+
+    @field_validator("group_size")
+    @classmethod
+    def _group(cls, v: int) -> int:
+        if v == 0:
+            raise ValueError("0 is not allowed: a group of 0 weights does not exist; give the checkpoint's "
+                             "group_size (128, 64, 32), or -1 for per-channel quantization")
+        return v
+
+    @field_validator("served_names")
+    @classmethod
+    def _served(cls, v: list[str]) -> list[str]:
+        seen = [n for i, n in enumerate(v) if n in v[:i]]
+        if seen:
+            raise ValueError(f"{seen[0]!r} is listed twice")
+        return v
 
     @field_validator("quantization")
     @classmethod
@@ -368,6 +403,30 @@ def _fraction(v: float) -> float:
 Fraction = Annotated[float, AfterValidator(_fraction)]
 
 
+# A Docker image reference: [registry[:port]/]path[:tag][@sha256:digest]; the path is lower-case (Docker
+# refuses "repository name must be lowercase"), a tag letters, digits, _ . - (at most 128).
+# The first component is a registry only when it has a dot or a port, or is localhost (Docker's rule).
+_REGISTRY = r"(?:(?:localhost|[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+)(?::[0-9]+)?/|[A-Za-z0-9-]+:[0-9]+/)"
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_REF = re.compile(rf"^{_REGISTRY}?{_COMPONENT}(?:/{_COMPONENT})*"
+                       r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$")
+
+
+def image_reference(v: str) -> str:
+    """A Docker image reference as `docker pull` takes it; refused with what is wrong in words."""
+    if v != v.strip() or any(c.isspace() for c in v):
+        raise ValueError(f"{v!r}: an image reference holds no whitespace")
+    if IMAGE_REF.match(v):
+        return v
+    repo = v.split("@", 1)[0].rsplit(":", 1)[0] if ":" in v.rsplit("/", 1)[-1] else v.split("@", 1)[0]
+    path = repo.split("/", 1)[1] if "/" in repo and re.search(r"[.:]|^localhost$", repo.split("/", 1)[0]) else repo
+    if path != path.lower():
+        raise ValueError(f"{v!r}: Docker refuses it (repository name must be lowercase): write "
+                         f"{v.replace(path, path.lower(), 1)!r}")
+    raise ValueError(f"{v!r} is not an image reference: [registry/]repository[:tag][@sha256:digest], the "
+                     "repository of lower-case letters, digits and . _ - separated by /")
+
+
 def absolute_path(v: str, where: str) -> str:
     """An absolute path without whitespace or quotes (it lands in scripts and mounts)."""
     if not v.startswith("/"):
@@ -458,7 +517,8 @@ class PoolSpec(Spec):
     ray_port: Port = 6379
     ray_dashboard_port: Port = 8265
     ray_client_port: Port = 10001
-    shm_size_gib: int = Field(default=32, ge=1)
+    shm_size_gib: int = Field(default=32, ge=1, le=65536)
+    """/dev/shm of each container in GiB (tmpfs: RAM of the node, checked against its memoryGib)."""
     vllm: VllmOptions | None = None
     """vLLM options (required with engine: vllm)."""
     lmdeploy: LmdeployOptions | None = None
@@ -471,7 +531,7 @@ class PoolSpec(Spec):
     """The servers run with the model hub and the engine's telemetry off (HF_HUB_OFFLINE=1,
     TRANSFORMERS_OFFLINE=1, usage stats off: each engine's own variables); the weights are on the
     nodes. `false` lets them reach the hub (refused when images.airGapped); `env` overrides one variable."""
-    read_timeout_seconds: int = Field(default=600, ge=1)
+    read_timeout_seconds: int = Field(default=600, ge=1, le=86400)
     """Gateway read timeout for this pool's upstreams (long generations stream for minutes)."""
     load_timeout_minutes: int = Field(default=30, ge=1)
     """How long the readiness gate waits for /health (weights load 5–15 min on local disks)."""
@@ -497,6 +557,11 @@ class PoolSpec(Spec):
             raise ValueError(f"`{stray[0]}` options do not apply to engine {self.engine}; "
                              + (f"state `{wanted}` instead" if wanted else "remove them"))
         return self
+
+    @field_validator("image")
+    @classmethod
+    def _image_ref(cls, v: str) -> str:
+        return image_reference(v)
 
     @field_validator("nodes")
     @classmethod

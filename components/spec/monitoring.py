@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from components.facts.hardware import CUDA_CONTEXT_GIB, GPUS
 from components.spec.base import Spec, SpecIssue
-from components.spec.cluster import Fraction, Port
+from components.spec.cluster import Fraction, Port, image_reference
 
 if TYPE_CHECKING:  # the stack module imports this one
     from components.spec.stack import StackSpec
@@ -18,6 +18,11 @@ class ServiceSpec(Spec):
 
     image: str
     port: Port
+
+    @field_validator("image")
+    @classmethod
+    def _image_ref(cls, v: str) -> str:
+        return image_reference(v)
 
 
 class AlertThresholds(Spec):

@@ -121,8 +121,22 @@ def _not_one_of(value: str, kind: str, known: Iterable[str]) -> str:
 def _check_references(s: StackSpec) -> list[SpecIssue]:
     """Cross-section rules pydantic cannot see: references, ownership, uniqueness, ports."""
     issues = (_check_names_and_nodes(s) + _check_pools(s) + _check_models(s) + _check_gateway(s)
-              + _check_monitoring_and_ssh(s) + _check_images(s) + engine_issues(s))
+              + _check_monitoring_and_ssh(s) + _check_images(s) + engine_issues(s) + _check_files(s))
     return issues or _check_ports(s)
+
+
+def _check_files(s: StackSpec) -> list[SpecIssue]:
+    """Files the stack names on the operator's machine, read now so a bad one is a config error, not a
+    failure halfway through the program (the fused-MoE tile configs)."""
+    from components.planning.engines.vllm import moe_configs
+    issues: list[SpecIssue] = []
+    for pname, p in s.pools.items():
+        if p.vllm is not None and p.vllm.moe_config_files:
+            try:
+                moe_configs(s, pname)
+            except SpecError as err:
+                issues += err.issues
+    return issues
 
 
 def _check_names_and_nodes(s: StackSpec) -> list[SpecIssue]:
@@ -190,6 +204,16 @@ def _check_pools(s: StackSpec) -> list[SpecIssue]:
                     if getattr(s.node(nname), field) is None:
                         issues.append(SpecIssue(f"nodes.{nname}.{field}", "required (here or in nodeDefaults): "
                                                 f"pool {pname!r} spans nodes"))
+        # /dev/shm is a tmpfs: what the pool's containers on a node may put there is RAM of that node.
+        shm = p.shm_size_gib * (p.replicas_per_node if span == 1 else 1)
+        for nname in members:
+            ram, key = s.node_memory(nname)
+            if shm > ram:
+                issues.append(SpecIssue(f"pools.{pname}.shmSizeGib", f"{p.shm_size_gib} GiB of /dev/shm per "
+                                        f"container{f' x {p.replicas_per_node} replicas' if shm != p.shm_size_gib else ''}"
+                                        f" is more than the {ram:g} GiB of RAM of node {nname} ({key}); at most "
+                                        f"{int(ram // (shm // p.shm_size_gib))} fits"))
+                break
     return issues
 
 

@@ -1,0 +1,160 @@
+"""One field of the reference stack changed at a time, the way an operator gets it wrong: a wrong type, a
+value out of range, an empty one, the wrong case, a relative path, a file that is not there. Each is
+refused before any resource exists, naming the full stack key and what is allowed; none is a traceback.
+(The policy-level refusals, vLLM's cross-field checks for the pool's image, are in test_policy_messages
+and test_policies_rules.)"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from components.spec import SpecError, load_stack_config
+from tests.conftest import ROOT, prod_config
+
+NS = "llm-cluster:"
+Mutation = Callable[[dict[str, Any]], None]
+MOE = "configs/moe/E=128,N=96,device_name=Tesla_V100-SXM2-32GB.json"
+
+
+def s(config: dict[str, Any], name: str) -> Any:
+    return config[NS + name]
+
+
+BAD: list[tuple[str, Mutation, list[str]]] = [
+    ("true for a number",
+     lambda c: s(c, "pools")["chat"].update(tensorParallel=True),
+     ["pools.chat.tensorParallel: true is not allowed: expected a number, not true/false"]),
+    ("a number for true/false",
+     lambda c: s(c, "ssh").update(agent=1),
+     ["ssh.agent: 1 is not allowed: expected true or false, not a number"]),
+    ("true for a GPU count, in nodeDefaults",
+     lambda c: s(c, "nodeDefaults")["gpu"].update(count=True),
+     ["nodeDefaults.gpu.count: true is not allowed: expected a number, not true/false"]),
+    ("a fraction for a whole number",
+     lambda c: s(c, "pools")["chat"]["vllm"].update(maxModelLen=3.5),
+     ["pools.chat.vllm.maxModelLen: 3.5 is not allowed: expected a whole number, not a fraction"]),
+    ("text for a number",
+     lambda c: s(c, "nodes")["gpu-01"].update(memoryGib="380GB"),
+     ["nodes.gpu-01.memoryGib: '380GB' is not allowed: expected a number"]),
+    ("zero RAM",
+     lambda c: s(c, "nodeDefaults").update(memoryGib=0),
+     ["nodeDefaults.memoryGib: 0 is not allowed: must be greater than 0"]),
+    ("an empty node list",
+     lambda c: s(c, "pools")["chat"].update(nodes=[]),
+     ["pools.chat.nodes: [] is not allowed: must not be empty"]),
+    ("an engine in the wrong case",
+     lambda c: s(c, "pools")["chat"].update(engine="VLLM"),
+     ["pools.chat.engine: 'VLLM' is not allowed: must be one of 'vllm', 'lmdeploy', 'llamacpp', 'sglang', 'tgi', "
+      "'tensorrt-llm', 'triton', 'deepspeed-mii', 'xinference', 'ollama' (did you mean 'vllm'?)"]),
+    ("a dtype in the wrong case",
+     lambda c: s(c, "models")["qwen3-30b-a3b"].update(dtype="Half"),
+     ["models.qwen3-30b-a3b.dtype: 'Half' is not allowed: must be one of 'auto', 'half', 'float16', 'bfloat16', "
+      "'float', 'float32' (did you mean 'half'?)"]),
+    ("an image in upper case",
+     lambda c: s(c, "pools")["chat"].update(image="VLLM/vllm-openai:v0.19.1"),
+     ["pools.chat.image: 'VLLM/vllm-openai:v0.19.1': Docker refuses it (repository name must be lowercase): "
+      "write 'vllm/vllm-openai:v0.19.1'"]),
+    ("an image with a space",
+     lambda c: s(c, "pools")["reasoning"].update(image="vllm/vllm-openai:v0.19.1 "),
+     ["pools.reasoning.image: 'vllm/vllm-openai:v0.19.1 ': an image reference holds no whitespace"]),
+    ("a monitoring image that is no reference",
+     lambda c: s(c, "monitoring").update(nodeExporter={"image": "prom/node-exporter::v1", "port": 9100}),
+     ["monitoring.nodeExporter.image: 'prom/node-exporter::v1' is not an image reference: "
+      "[registry/]repository[:tag][@sha256:digest], the repository of lower-case letters, digits and . _ - "
+      "separated by /"]),
+    ("an empty served name",
+     lambda c: s(c, "models")["qwen3-30b-a3b"]["servedNames"].__setitem__(1, ""),
+     ["models.qwen3-30b-a3b.servedNames[1]: '' is not allowed: a served name is what clients send as `model`: "
+      "not empty, no leading or trailing whitespace, no control characters"]),
+    ("a served name with a trailing space",
+     lambda c: s(c, "models")["deepseek-r1"]["servedNames"].__setitem__(0, "deepseek-r1 "),
+     ["models.deepseek-r1.servedNames[0]: 'deepseek-r1 ' is not allowed: a served name is what clients send as "
+      "`model`: not empty, no leading or trailing whitespace, no control characters"]),
+    ("a quantization group of 0",
+     lambda c: s(c, "models")["deepseek-r1"].update(groupSize=0),
+     ["models.deepseek-r1.groupSize: 0 is not allowed: a group of 0 weights does not exist; give the checkpoint's "
+      "group_size (128, 64, 32), or -1 for per-channel quantization"]),
+    ("an empty weights source node",
+     lambda c: s(c, "models")["qwen3-30b-a3b"].update(source={"node": ""}),
+     ["models.qwen3-30b-a3b.source.node: '' is not allowed: name the node that holds the weights, or use "
+      "sharedMount or present"]),
+    ("a relative model path",
+     lambda c: s(c, "models")["qwen3-30b-a3b"].update(path="data/models/Qwen3-30B-A3B"),
+     ["models.qwen3-30b-a3b.path: 'data/models/Qwen3-30B-A3B' must be an absolute path on the nodes "
+      "(starting with /)"]),
+    ("a read timeout beyond a day",
+     lambda c: s(c, "pools")["chat"].update(readTimeoutSeconds=10**9),
+     ["pools.chat.readTimeoutSeconds: 1000000000 is not allowed: must be at most 86400"]),
+    ("more /dev/shm than the node has RAM",
+     lambda c: s(c, "pools")["chat"].update(shmSizeGib=1000),
+     ["pools.chat.shmSizeGib: 1000 GiB of /dev/shm per container is more than the 380 GiB of RAM of node gpu-03 "
+      "(nodes.gpu-03.memoryGib, unset: the reference cluster's GPU servers' 380 GiB); at most 380 fits"]),
+    ("a node stated smaller than its pools' /dev/shm",
+     lambda c: s(c, "nodes")["gpu-01"].update(memoryGib=48),
+     ["pools.reasoning.shmSizeGib: 64 GiB of /dev/shm per container is more than the 48 GiB of RAM of node "
+      "gpu-01 (nodes.gpu-01.memoryGib); at most 48 fits"]),
+    ("an empty MoE tile config entry",
+     lambda c: s(c, "pools")["chat"]["vllm"].update(moeConfigFiles=[""]),
+     ["pools.chat.vllm.moeConfigFiles[0]: '' is not named as vLLM looks tile configs up: "
+      "E=<experts>,N=<width>,device_name=<GPU name, spaces as _>[,dtype=…].json (e.g. "
+      "E=128,N=96,device_name=Tesla_V100-SXM2-32GB.json)"]),
+    ("a MoE tile config that is not there",
+     lambda c: s(c, "pools")["chat"]["vllm"].update(moeConfigFiles=["configs/" + MOE.rsplit("/", 1)[1]]),
+     ["pools.chat.vllm.moeConfigFiles[0]: cannot read a JSON tile config from "
+      "configs/E=128,N=96,device_name=Tesla_V100-SXM2-32GB.json: [Errno 2] No such file or directory: "
+      "'configs/E=128,N=96,device_name=Tesla_V100-SXM2-32GB.json'"]),
+]
+
+
+@pytest.mark.parametrize("mutate,expected", [pytest.param(m, e, id=i) for i, m, e in BAD])
+def test_one_bad_field_is_refused_naming_its_key(mutate: Mutation, expected: list[str],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)  # the stack's files (moeConfigFiles) are read from the project, as `pulumi` runs
+    config = prod_config()
+    mutate(config)
+    with pytest.raises(SpecError) as err:
+        load_stack_config(config, set())
+    assert [str(i) for i in err.value.issues] == expected
+
+
+ACCEPTED: list[tuple[str, Mutation]] = [
+    ("per-channel quantization", lambda c: s(c, "models")["deepseek-r1"].update(groupSize=-1)),
+    ("an image from a registry with a port", lambda c: s(c, "pools")["chat"].update(
+        image="registry.local:5000/vllm/vllm-openai:v0.19.1")),
+    ("an image by digest", lambda c: s(c, "monitoring").update(
+        nodeExporter={"image": "prom/node-exporter@sha256:" + "a" * 64, "port": 9100})),
+    ("a registry host in upper case", lambda c: s(c, "pools")["chat"].update(
+        image="Registry.Local:5000/vllm/vllm-openai:v0.19.1")),
+    ("the node's RAM stated", lambda c: s(c, "nodeDefaults").update(memoryGib=377.5)),
+    ("a MoE tile config named as it is in the project", lambda c: s(c, "pools")["chat"]["vllm"].update(
+        moeConfigFiles=[MOE])),
+]
+
+
+@pytest.mark.parametrize("mutate", [pytest.param(m, id=i) for i, m in ACCEPTED])
+def test_a_good_variant_is_not_refused(mutate: Mutation, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    config = prod_config()
+    mutate(config)
+    load_stack_config(config, set())
+
+
+def test_a_bad_file_in_the_stack_exits_2_naming_the_key_not_a_traceback(tmp_path: Path) -> None:
+    # Read while the program ran before: a traceback out of the Pulumi program, exit 1.
+    config = prod_config()
+    s(config, "pools")["chat"]["vllm"]["moeConfigFiles"] = ["/etc/E=128,N=96,device_name=Tesla_V100-SXM2-32GB.json"]
+    stack = tmp_path / "Pulumi.bad.yaml"
+    stack.write_text(yaml.safe_dump({"config": config}))
+    done = subprocess.run([sys.executable, "-m", "plan", "--config", str(stack), "--out", str(tmp_path / "out")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        f"invalid stack config {stack}:\n  pools.chat.vllm.moeConfigFiles[0]: cannot read a JSON tile config from "
+        "/etc/E=128,N=96,device_name=Tesla_V100-SXM2-32GB.json: [Errno 2] No such file or directory: "
+        "'/etc/E=128,N=96,device_name=Tesla_V100-SXM2-32GB.json'\n")
