@@ -8,6 +8,7 @@ its socket; idle connections are kept and reused, new ones dialled when all are 
 """
 from __future__ import annotations
 
+import base64
 import http.client
 import io
 import json
@@ -69,11 +70,11 @@ class DockerAPI:
 
     def request(self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None,
                 raw: bytes | None = None, content_type: str = "application/json",
-                timeout: float = 600) -> tuple[int, bytes]:
+                timeout: float = 600, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
         """One HTTP request to the engine; (status, body). A stale kept connection is dialled again once."""
         url = API + path + ("?" + urllib.parse.urlencode(query) if query else "")
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-        headers = {"Content-Type": content_type} if data is not None else {}
+        headers = {**({"Content-Type": content_type} if data is not None else {}), **(headers or {})}
         for attempt in (1, 2):
             with self._lock:
                 kept = self._idle.pop() if self._idle else None
@@ -114,12 +115,14 @@ class DockerAPI:
         except ValueError:
             return payload
 
-    def pull(self, ref: str) -> str:
-        """POST /images/create (a pull through the engine's registry mirror); the image id."""
+    def pull(self, ref: str, auth: dict[str, str] | None = None) -> str:
+        """POST /images/create (a pull through the engine's registry mirror); the image id. `auth` goes in
+        X-Registry-Auth (base64url JSON), as the provider's pullImage sends its registry auth."""
         repo, _, tag = ref.rpartition(":")
         if not repo or "/" in tag:
             repo, tag = ref, "latest"
-        status, payload = self.request("POST", "/images/create", query={"fromImage": repo, "tag": tag})
+        header = {"X-Registry-Auth": base64.urlsafe_b64encode(json.dumps(auth).encode()).decode()} if auth else None
+        status, payload = self.request("POST", "/images/create", query={"fromImage": repo, "tag": tag}, headers=header)
         # The engine streams progress as JSON lines; an error can come after a 200.
         for line in payload.splitlines():
             try:
@@ -131,6 +134,11 @@ class DockerAPI:
         if status != 200:
             raise DockerError(f"pull {ref}: {status} {payload[:300]!r}")
         return self.call("GET", f"/images/{urllib.parse.quote(ref, safe='')}/json")["Id"]
+
+    def local_image(self, ref: str) -> str | None:
+        """The id of an image the engine already holds under `ref` (GET /images/{ref}/json), else None."""
+        status, payload = self.request("GET", f"/images/{urllib.parse.quote(ref, safe='')}/json")
+        return json.loads(payload)["Id"] if status == 200 else None
 
     def upload(self, container: str, files: list[tuple[str, bytes, int]]) -> None:
         """PUT /containers/{id}/archive: files (path, content, mode) as one tar extracted at /."""

@@ -9,7 +9,10 @@ and for every custom resource, once all its dependencies are done, does what the
   on a later run nothing unless `triggers` changed (replace: the old `delete`, then `create`) or other
   inputs changed (update: `update`, else `create` again); on destroy the stored `delete`.
 - command:local:Command — the same, `/bin/sh -c` on this machine.
-- docker:RemoteImage — a pull on that host's engine (through its registry mirror); keepLocally kept.
+- docker:RemoteImage — as the provider's findImage: an image the engine already holds under that name
+  (a tarball's load step put it there) is used as it is, else a pull on that host's engine (through
+  its registry mirror) with the provider's registryAuth entry for the image's registry as
+  X-Registry-Auth (pullImage); keepLocally kept.
 - docker:Container / docker:Volume — the Docker Engine API through `ssh … docker system dial-stdio`,
   as the docker provider does; every container input maps once (CONTAINER_INPUTS, against the
   provider schema in tests/fixtures/schemas); an input without a mapping stops the rehearsal.
@@ -422,6 +425,22 @@ class Rehearsal:
         p = self.resources[prov].inputs
         return {"host": p["host"], "sshOpts": json.loads(p.get("sshOpts") or "[]")}
 
+    def _registry_auth(self, r: Resource, ref: str) -> dict[str, str] | None:
+        """The provider's registryAuth entry for the registry of `ref` (kept in memory, never in the state):
+        keyed by the reference's first component when it is a registry host, as parseImageOptions reads it."""
+        first, sep, _ = ref.partition("/")
+        if not (sep and ("." in first or ":" in first or first == "localhost")):
+            return None
+        raw = self.resources[r.provider.rsplit("::", 1)[0]].inputs.get("registryAuth")
+        for entry in json.loads(raw) if isinstance(raw, str) else (raw or []):
+            if entry.get("address") == first:
+                extra = set(entry) - {"address", "username", "password"}
+                if extra:
+                    raise RehearsalError(f"docker provider registryAuth field(s) {sorted(extra)} have no mapping")
+                return {"username": entry.get("username", ""), "password": entry.get("password", ""),
+                        "serveraddress": first}
+        return None
+
     def _docker(self, config: dict[str, Any]) -> DockerAPI:
         """One client per provider configuration, its connections kept as the provider keeps them."""
         key = json.dumps(config, sort_keys=True)
@@ -445,7 +464,7 @@ class Rehearsal:
             if extra:
                 raise RehearsalError(f"docker:RemoteImage input(s) {sorted(extra)} have no mapping")
             api = self._docker(self._provider_config(r))
-            image_id = api.pull(inputs["name"])
+            image_id = api.local_image(inputs["name"]) or api.pull(inputs["name"], self._registry_auth(r, inputs["name"]))
             return {"imageId": image_id, "repoDigest": inputs["name"]}
         if r.type == VOLUME:
             extra = set(inputs) - {"name", "driver", "labels"}

@@ -511,3 +511,18 @@ def test_servers_that_would_reach_the_hub_are_refused_per_pool(config: dict[str,
          "cannot reach. Remove pools.chat.offline (it defaults to true).")]
     config[NS + "pools"]["chat"].pop("offline")
     assert verdicts(stack_runner(config)) == []
+
+
+def test_the_rehearsal_pulls_with_the_providers_auth_for_the_images_registry() -> None:
+    # lab/rehearse.py follows the provider's pullImage: the registryAuth entry whose address is the image's
+    # registry host goes as X-Registry-Auth; an image on another registry gets none.
+    from lab.rehearse import Rehearsal, Resource
+    r = Rehearsal.__new__(Rehearsal)
+    auth = json.dumps([{"address": "198.18.0.2:5000", "username": "u", "password": "p"}])
+    prov = Resource("urn:prov", "pulumi:providers:docker", "gpu-01-docker", "", True, {"registryAuth": auth}, [], "", {})
+    img = Resource("urn:img", IMAGE, "gpu-01-image-x", "", True, {}, [], "urn:prov::id", {})
+    r.resources = {prov.urn: prov, img.urn: img}
+    assert r._registry_auth(img, "198.18.0.2:5000/vllm/vllm-openai:v0.19.1") == {
+        "username": "u", "password": "p", "serveraddress": "198.18.0.2:5000"}
+    assert r._registry_auth(img, "vllm/vllm-openai:v0.19.1") is None
+    assert r._registry_auth(img, "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.9-3.6.1-ubuntu22.04") is None
