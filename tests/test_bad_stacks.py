@@ -99,6 +99,17 @@ BAD: list[tuple[str, Mutation, list[str]]] = [
      lambda c: s(c, "nodes")["gpu-01"].update(memoryGib=48),
      ["pools.reasoning.shmSizeGib: 64 GiB of /dev/shm per container is more than the 48 GiB of RAM of node "
       "gpu-01 (nodes.gpu-01.memoryGib); at most 48 fits"]),
+    ("an empty SSH key path",
+     lambda c: s(c, "ssh").update(keyPath=" "),
+     ["ssh.keyPath: ' ' is not allowed: give the private key file's path on the operator's machine "
+      "(~/.ssh/id_ed25519), or leave keyPath out to use the agent, without spaces around it"]),
+    ("an empty host key",
+     lambda c: s(c, "nodes")["gpu-02"].update(hostKey=""),
+     ["nodes.gpu-02.hostKey: '' is not allowed: give the node's public host key as ssh-keyscan prints it "
+      "(ssh-ed25519 AAAA…), without spaces around it"]),
+    ("an empty weights revision",
+     lambda c: s(c, "models")["deepseek-r1"].update(revision=""),
+     ["models.deepseek-r1.revision: '' is not allowed: give a revision label, e.g. '2', without spaces around it"]),
     ("an empty MoE tile config entry",
      lambda c: s(c, "pools")["chat"]["vllm"].update(moeConfigFiles=[""]),
      ["pools.chat.vllm.moeConfigFiles[0]: '' is not named as vLLM looks tile configs up: "

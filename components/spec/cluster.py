@@ -35,6 +35,13 @@ def ipv4_address(v: str) -> str:
     return v
 
 
+def not_blank(v: str, what: str) -> str:
+    """A text value that must say something, without whitespace around it (it lands in files and argv)."""
+    if not v.strip() or v != v.strip():
+        raise ValueError(f"{v!r} is not allowed: give {what}, without spaces around it")
+    return v
+
+
 class SshSpec(Spec):
     """How the operator's machine reaches every node."""
 
@@ -49,6 +56,12 @@ class SshSpec(Spec):
     """When true every node must state its `hostKey`; when false host keys are not checked."""
     dial_error_limit: int = Field(default=10, ge=-1)
     per_dial_timeout_seconds: int = Field(default=15, ge=1, le=600)
+
+    @field_validator("key_path")
+    @classmethod
+    def _key_file(cls, v: str | None) -> str | None:
+        return v if v is None else not_blank(v, "the private key file's path on the operator's machine "
+                                                "(~/.ssh/id_ed25519), or leave keyPath out to use the agent")
 
     @field_validator("user")
     @classmethod
@@ -126,7 +139,8 @@ class NodeSpec(Spec):
     """Cluster address: VLLM_HOST_IP, Ray node IP, /etc/hosts and gateway upstreams use it."""
     ssh_address: str | None = None
     """Address SSH and Docker use, when it differs from the cluster address."""
-    host_key: str | None = None
+    host_key: Annotated[str, AfterValidator(lambda v: not_blank(
+        v, "the node's public host key as ssh-keyscan prints it (ssh-ed25519 AAAA…)"))] | None = None
     gpu: GpuSpec | None = None
     hca: HcaSpec | None = None
     interface: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:-]+$")
@@ -276,7 +290,7 @@ class ModelSpec(Spec):
     served_names: list[ServedName] = Field(default_factory=list)
     """Names clients send as `model`; the first is the one responses carry. Default: the model key."""
     source: WeightsSource
-    revision: str = "1"
+    revision: Annotated[str, AfterValidator(lambda v: not_blank(v, "a revision label, e.g. '2'"))] = "1"
     """Bump to force the weights to be re-synced and re-verified on every node."""
     size_gib: float | None = Field(default=None, gt=0)
     """On-disk size, for the free-space preflight; estimated from the architecture when unset."""
