@@ -104,7 +104,7 @@ def test_public_registries_are_known_by_host_and_by_cloud_suffix() -> None:
      ["images.registry: the secret registryPassword is set without registryUsername: set both (pulumi config set "
       "--secret registryUsername), or neither for a registry without auth"]),
     ({"airGapped": "yes please"}, set(),
-     ["images.airGapped: 'yes please' is not allowed: Input should be a valid boolean, unable to interpret input"]),
+     ["images.airGapped: 'yes please' is not allowed: expected true or false"]),
 ], ids=["scheme", "bare name", "credentials in the address", "both", "relative tarballs", "secrets without registry",
         "half the pair", "not a boolean"])
 def test_bad_images_sections_are_refused_naming_the_key(config: dict[str, Any], images: dict[str, Any],
