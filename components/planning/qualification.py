@@ -131,6 +131,13 @@ sys.exit(1 if failed else 0)
 def compile_dot_kernel(capability: int, workdir: str) -> dict[str, object]:
     """Compile TRITON_DOT_KERNEL for GPUTarget("cuda", capability, 32) with the Triton on sys.path, no GPU
     needed: {"ok", "triton", "tensor_cores" (mma.sync in the PTX), "error"}. What check 4 would hit."""
+    return compile_kernel(TRITON_DOT_KERNEL, "_dot16", DOT_SIGNATURE, {"BLOCK": DOT_BLOCK}, capability, workdir)
+
+
+def compile_kernel(text: str, fn: str, signature: dict[str, str], constexprs: dict[str, int], capability: int,
+                   workdir: str) -> dict[str, object]:
+    """Compile the @triton.jit function `fn` of `text` for GPUTarget("cuda", capability, 32) with the Triton on
+    sys.path (no GPU needed): {"ok", "triton", "tensor_cores", "error" (the compiler's last line)}."""
     import importlib.util
     import os
 
@@ -138,18 +145,19 @@ def compile_dot_kernel(capability: int, workdir: str) -> dict[str, object]:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    path = os.path.join(workdir, "llm_cluster_qualification_kernel.py")
+    path = os.path.join(workdir, f"llm_cluster_kernel_{fn.strip('_')}.py")
     with open(path, "w") as f:
-        f.write(TRITON_DOT_KERNEL)
-    spec = importlib.util.spec_from_file_location("llm_cluster_qualification_kernel", path)
+        f.write(text)
+    spec = importlib.util.spec_from_file_location(f"llm_cluster_kernel_{fn.strip('_')}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    jit = getattr(module, fn)
     try:  # Triton >= 3.3 takes constexprs in the signature and as `constexprs`
-        source = ASTSource(fn=module._dot16, signature=dict(DOT_SIGNATURE), constexprs={"BLOCK": DOT_BLOCK})
+        source = ASTSource(fn=jit, signature=dict(signature), constexprs=dict(constexprs))
     except TypeError:
-        source = ASTSource(fn=module._dot16, constants={"BLOCK": DOT_BLOCK},
-                           signature={k: v for k, v in DOT_SIGNATURE.items() if v != "constexpr"})
+        source = ASTSource(fn=jit, constants=dict(constexprs),
+                           signature={k: v for k, v in signature.items() if v != "constexpr"})
     try:
         compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32))
     except Exception as err:  # noqa: BLE001 - the compiler's own failure is the result

@@ -3,8 +3,9 @@
 kernels the pool will run, chunked prefill / prefix caching, MLA, the attention backend. Each message names
 the stack key to edit, the evidence (issue or source line, with its evidence level) and the way out.
 
-A few facts hold in every known version (no bf16, FP8 or MLA below sm_80): those rules also judge an image
-the table does not know. Every other rule needs the image's facts; for an unknown image the
+A few checks need no image facts: no bf16 or MLA below sm_80 (every known version), no FP8 KV cache or FP8
+weights below sm_80 (the strictest known line: 0.9.2 and 0.19.1 each run one of them on sm_75, neither on
+sm_70). Those rules also judge an image the table does not know. Every other rule needs the image's facts; for an unknown image the
 `vllm-image-unknown` advisory says which rules could not judge it and how to declare its facts.
 """
 from __future__ import annotations
@@ -21,9 +22,11 @@ from components.facts.hardware import (
 from components.facts.images import DEFAULT_IMAGES, FP8_WEIGHT_METHODS, image_facts
 from policies.rules.common import GPU_MODEL_LABEL, Launch, launch_policy, number
 
-# Below these, every known vLLM version refuses (bf16, FP8 KV cache) or dies (MLA prefill): the rules
-# judge unknown images with them too. [images: bf16_min_capability, fp8_kv_min_capability, mla_min_capability]
-EVERY_VERSION_MIN = {"bf16": 80, "fp8_kv": 80, "mla": 80}
+# An image the table does not know is judged by the strictest known line: below sm_80 every known version
+# refuses bf16 and dies in MLA prefill; an FP8 KV cache and FP8 weights each run on sm_75 in one known line
+# (0.9.2's XFORMERS cache, 0.19.1's Marlin FP8) and die there in the other, and on sm_70 in none.
+# [images: bf16_min_capability, fp8_kv_min_capability, quantizations, mla_min_capability]
+EVERY_VERSION_MIN = {"bf16": 80, "fp8_kv": 80, "fp8_weights": 80, "mla": 80}
 # The image every way-out names: the newest line whose facts start on every GPU the pack knows.
 RECOMMENDED = image_facts(DEFAULT_IMAGES["vllm"]) or image_facts("vllm/vllm-openai:v0.19.1")
 VOLTA_IMAGE = "vllm/vllm-openai:v0.19.1"
@@ -180,25 +183,27 @@ def check_quantization_moe(launch: Launch, config: dict[str, Any]) -> list[str]:
 
 
 def check_fp8(launch: Launch, config: dict[str, Any]) -> list[str]:
-    """FP8 KV cache and FP8 checkpoints on GPUs without FP8 support (every version)."""
+    """An FP8 KV cache or FP8 checkpoint below the image's minimum (unknown images: the strictest known line)."""
     facts = launch.facts
     cap = launch.capability or 0
     out = []
     kv = str(launch.args.get("kv_cache_dtype", "auto"))
     need_kv = facts.fp8_kv_min_capability if facts else EVERY_VERSION_MIN["fp8_kv"]
     if kv.startswith("fp8") and cap < need_kv:
-        source = facts.cite("fp8_kv_min_capability") if facts else "every known vLLM version"
-        out.append(f"--kv-cache-dtype {kv}: {launch.where()} has no FP8 support and no vLLM attention kernel is known "
-                   f"to cast the cache to fp8 there ({source}). Use --kv-cache-dtype auto (float16 cache) "
+        source = facts.cite("fp8_kv_min_capability") if facts else (
+            f"no known vLLM version keeps one below {capability_text(EVERY_VERSION_MIN['fp8_kv'])}")
+        out.append(f"--kv-cache-dtype {kv}: vLLM{' ' + facts.version if facts else ''} cannot keep an fp8 KV cache on "
+                   f"{launch.where()} ({source}). Use --kv-cache-dtype auto (float16 cache) "
                    "and lower --max-model-len or --max-num-seqs if the cache does not fit.")
     method, source = _quantization(launch)
     if method in FP8_WEIGHT_METHODS:
         q = facts.quantizations.get(method) if facts else None
-        need = q.min_capability if q is not None and q.min_capability is not None else 80
+        need = q.min_capability if q is not None and q.min_capability is not None else EVERY_VERSION_MIN["fp8_weights"]
         if cap < need:
+            why = facts.cite("quantizations") if facts else "every known vLLM version"
             out.append(f"{source}: FP8 weights need {capability_text(need)} in vLLM"
-                       f"{' ' + facts.version if facts else ''} and {launch.where()} has no FP8 units. Serve an fp16 "
-                       "or GPTQ checkpoint of the model instead.")
+                       f"{' ' + facts.version if facts else ''} and {launch.where()} has no FP8 units ({why}). "
+                       "Serve an fp16 or GPTQ checkpoint of the model instead.")
     return out
 
 
@@ -378,7 +383,7 @@ def check_image_known(launch: Launch, config: dict[str, Any]) -> list[str]:
     how = ("declare its facts under pools.<pool>.imageFacts (like: a known image, then version, cuda, torch, "
            "torchArchList, triton)" if launch.resource == "ModelServer" else "use a known image")
     return [f"image {launch.image or '(none stated)'} is not in the facts table (known: {', '.join(sorted(IMAGES))}), so "
-            f"{', '.join(IMAGE_RULES)} cannot judge it; only the checks that hold in every version ran (bf16, FP8, "
+            f"{', '.join(IMAGE_RULES)} cannot judge it; only the checks that need no image facts ran (bf16, FP8 and "
             f"MLA below sm_80). To have it judged, {how}, or use {VOLTA_IMAGE} ({image_key(launch)})."]
 
 
