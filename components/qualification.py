@@ -20,21 +20,21 @@ QUALIFICATION_TIMEOUT_SECONDS = 600
 
 @dataclass(frozen=True)
 class ImageQualificationArgs:
-    """What to check (node, image, facts, planned argvs) and the GpuNode that pulled the image."""
+    """What to check (node, image, the engine's check, planned argvs) and the GpuNode that pulled the image."""
 
     qualification: Qualification
     node: GpuNode
 
 
 class ImageQualification(Component):
-    """`docker run --rm --gpus device=0` the serving image with the GPU check; fails the deploy naming the fix."""
+    """`docker run --rm --gpus device=0` the serving image with its engine's check; fails the deploy naming the fix."""
 
     TYPE = "llm-cluster:qualification:ImageQualification"
 
     def __init__(self, name: str, args: ImageQualificationArgs, opts: pulumi.ResourceOptions | None = None):
         q = args.qualification
-        super().__init__(name, {"node": q.node, "image": q.image, "engine": q.facts.engine,
-                                "version": q.facts.version, "argvs": [list(a) for a in q.argvs]}, opts)
+        super().__init__(name, {"node": q.node, "image": q.image, "engine": q.check.engine,
+                                "argvs": [list(a) for a in q.argvs]}, opts)
         script = qualification_script(q, timeout_s=QUALIFICATION_TIMEOUT_SECONDS)
         self.check: remote.Command = remote.Command(
             self.child("check"), connection=args.node.connection, create=bash_command(script),

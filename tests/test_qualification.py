@@ -19,7 +19,9 @@ from typing import Any
 import pytest
 
 from components.facts.images import IMAGES
-from components.planning.qualification import CHECK, TRITON_DOT_KERNEL, check_input, node_qualifications, qualification_script
+from components.planning.engines.gate import TRITON_DOT_KERNEL
+from components.planning.engines.vllm import VLLM_CHECK as CHECK
+from components.planning.qualification import node_qualifications, qualification_script
 from components.spec import StackSpec, load_stack_config
 from plan.harness import ProgramRun
 from tests.support import tool
@@ -59,7 +61,7 @@ def torch_wheel(version: str) -> Path:
 
 def compile_with(version: str, capability: int, tmp_path: Path) -> dict[str, Any]:
     """The gate's kernel compiled by one real Triton release, in a subprocess that imports only it."""
-    code = ("import json, sys; from components.planning.qualification import compile_dot_kernel; "
+    code = ("import json, sys; from components.planning.engines.gate import compile_dot_kernel; "
             f"print(json.dumps(compile_dot_kernel({capability}, sys.argv[1])))")
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=600,
@@ -131,9 +133,12 @@ def test_one_gate_per_node_and_serving_image_with_the_argvs_served_there(prod_sp
     # The Ray worker node of the reasoning pool serves no argv of its own but runs the image's GPU code.
     assert by_node["gpu-02"].argvs == () and len(by_node["gpu-01"].argvs) == 1
     assert by_node["gpu-01"].argvs[0][:3] == ("vllm", "serve", "/data/models/DeepSeek-R1-GPTQ-Int4")
-    facts = json.loads(check_input(by_node["gpu-03"]))
-    assert (facts["version"], facts["module"], facts["block"], facts["kernel"]) == ("0.19.1", "vllm", 16,
-                                                                                  TRITON_DOT_KERNEL)
+    check = by_node["gpu-03"].check
+    assert (check.engine, check.entrypoint, check.args[:2]) == ("vLLM 0.19.1", "python3", ("-c", CHECK))
+    facts = json.loads(check.args[2])
+    assert facts == {"version": "0.19.1", "module": "vllm", "block": 16, "kernel": TRITON_DOT_KERNEL,
+                     "capability": 70, "recommended": "vllm/vllm-openai:v0.19.1",
+                     "argvs": [list(a) for a in by_node["gpu-03"].argvs]}
 
 
 def test_an_image_without_facts_gets_no_gate_but_the_packs_advisory(config: dict[str, Any]) -> None:
@@ -141,22 +146,28 @@ def test_an_image_without_facts_gets_no_gate_but_the_packs_advisory(config: dict
     assert {q.image for q in node_qualifications(load_stack_config(config, set()))} == {"vllm/vllm-openai:v0.19.1"}
 
 
-def test_the_gate_script_runs_the_image_on_one_gpu_and_is_shellcheck_clean(prod_spec: StackSpec,
-                                                                         tmp_path: Path) -> None:
-    q = next(q for q in node_qualifications(prod_spec) if q.node == "gpu-03")
-    script = qualification_script(q)
-    assert "docker run --rm --gpus device=0 --network none --entrypoint python3" in script
+def lint_and_run_gate(script: str, tmp_path: Path, docker: str) -> subprocess.CompletedProcess[str]:
+    """The gate script, shellcheck-clean, run with a stand-in `docker` (bash body `docker`; $ARGV_OUT is a
+    file it may write to)."""
     path = tmp_path / "qualify.sh"
     path.write_text(script)
     lint = subprocess.run([tool("shellcheck"), "-s", "bash", str(path)], capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout
-    # A docker that answers as a failing check would: the gate stops, names the node, shows the lines.
     fake = tmp_path / "bin"
     fake.mkdir()
-    (fake / "docker").write_text('#!/bin/bash\necho \'{"check": "triton-fp16-dot", "ok": false}\'\nexit 1\n')
+    (fake / "docker").write_text(f"#!/bin/bash\n{docker}\n")
     (fake / "docker").chmod(0o755)
-    run = subprocess.run(["bash", str(path)], capture_output=True, text=True, timeout=60,
-                         env={"PATH": f"{fake}:/usr/bin:/bin"})
+    return subprocess.run(["bash", str(path)], capture_output=True, text=True, timeout=60,
+                          env={"PATH": f"{fake}:/usr/bin:/bin", "ARGV_OUT": str(tmp_path / "argv")})
+
+
+def test_the_gate_script_runs_the_image_on_one_gpu_and_is_shellcheck_clean(prod_spec: StackSpec,
+                                                                         tmp_path: Path) -> None:
+    q = next(q for q in node_qualifications(prod_spec) if q.node == "gpu-03")
+    script = qualification_script(q)
+    assert "docker run --rm --gpus device=0 --network none \\\n    --entrypoint python3 \"$image\" -c " in script
+    # A docker that answers as a failing check would: the gate stops, names the node, shows the lines.
+    run = lint_and_run_gate(script, tmp_path, 'echo \'{"check": "triton-fp16-dot", "ok": false}\'\nexit 1')
     assert run.returncode == 1
     assert '{"check": "triton-fp16-dot", "ok": false}' in run.stdout
     assert ("qualification: vllm/vllm-openai:v0.19.1 cannot serve on gpu-03 (GPU 0); the failed checks above say why"

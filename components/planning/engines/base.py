@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal, TypeVar
 
 from components.facts.images import ImageFacts, declared_facts, image_facts
+from components.planning.engines.gate import GateCheck
 from components.planning.topology import Instance
 from components.spec import StackSpec
 from components.spec.cluster import GpuSpec
@@ -49,9 +50,6 @@ class Engine(ABC):
     ready_path: ClassVar[str] = "/health"  # 200 once it serves requests (the readiness gate)
     metrics_path: ClassVar[str] = "/metrics"  # Prometheus exposition
     metrics_job: ClassVar[str]  # the Prometheus job of its servers
-    # Whether `up` runs the qualification gate (components.planning.qualification) in its images: torch's
-    # arch list, an fp16 matmul, a Triton fp16 dot, the engine's version and its own parser on the argv.
-    qualifies: ClassVar[bool] = False
     memory_keys: ClassVar[str] = "gpuMemoryUtilization or maxModelLen"  # what to lower when it runs out of memory
     # The server answers only to its first served name (404 otherwise): the gateway rewrites the others.
     one_served_name: ClassVar[bool] = False
@@ -138,6 +136,21 @@ class Engine(ABC):
     @abstractmethod
     def capacity(self, spec: StackSpec, pool: str, *, mla: bool | None = None) -> dict[str, object]:
         """The pool's capacity estimate as JSON (plan.json `capacity`), {"error": why} when not modelled."""
+
+    # -- the qualification gate ----------------------------------------------------------------------
+    def gate_check(self, spec: StackSpec, pool: str, node: str, argvs: tuple[tuple[str, ...], ...]) -> GateCheck | None:
+        """What the qualification gate runs in the pool's image on `node` before any server starts there
+        (components.planning.qualification), checking the `argvs` planned on it; None: no gate (an image
+        without facts gets the policy pack's advisory instead)."""
+        return None
+
+
+def planned_capability(spec: StackSpec, node: str) -> int:
+    """The compute capability of the GPU the stack names for a node (70 for sm_70)."""
+    from components.facts.hardware import gpu
+    n = spec.node(node)
+    assert n.gpu is not None  # the spec refuses GPU-less nodes
+    return gpu(n.gpu.model).capability
 
 
 # -- engine-neutral helpers --------------------------------------------------------------------------

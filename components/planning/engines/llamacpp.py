@@ -15,6 +15,7 @@ ubatch (COMPUTE_UBATCH tokens) as estimated by compute_bytes.
 """
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -22,7 +23,8 @@ from components.facts.gguf import GgufModel, read_gguf
 from components.facts.hardware import gpu
 from components.facts.llamacpp import DEFAULT_IMAGE, LlamacppImage, llamacpp_image
 from components.facts.models import ModelArch
-from components.planning.engines.base import Engine, MultiNode, offline_env
+from components.planning.engines.base import Engine, MultiNode, offline_env, planned_capability
+from components.planning.engines.gate import GateCheck
 from components.planning.engines.estimate import GIB, EngineEstimate
 from components.planning.pool_capacity import model_architecture
 from components.planning.topology import Instance
@@ -219,6 +221,77 @@ def llamacpp_env(spec: StackSpec, instance: Instance, node: str) -> dict[str, st
     return env
 
 
+# Where the gate points -m: the weights may still be copying, and the parser runs before the model loads.
+GATE_MODEL = "/nonexistent/llm-cluster-qualification.gguf"
+# The gate's check in the image (bash; the server image has no python3): llama-server's build, the CUDA
+# device it lists and its compute capability, and each planned argv through llama-server's own parser
+# (an unknown flag or value stops it with "invalid argument" / "error while handling argument"; a good
+# command line gets as far as loading the model, which GATE_MODEL makes fail at once).
+# Arguments: server build capability recommended argv... (each argv one shell-quoted string).
+LLAMACPP_CHECK = r"""
+set -u
+server=$1 build=$2 capability=$3 recommended=$4
+shift 4
+failed=0
+json() { local s=${1//\\/\\\\}; s=${s//\"/\\\"}; printf '%s' "${s//$'\n'/ }"; }
+report() {
+  if [[ $2 == true ]]; then
+    printf '{"check": "%s", "ok": true, "detail": "%s"}\n' "$1" "$(json "$3")"
+  else
+    printf '{"check": "%s", "ok": false, "detail": "%s", "fix": "%s"}\n' "$1" "$(json "$3")" "$(json "$4")"
+    failed=1
+  fi
+}
+version=$("$server" --version 2>&1 || true)
+if [[ $version == *"(build $build,"* ]]; then
+  report engine-version true "$(head -n1 <<<"$version")"
+else
+  report engine-version false "$(head -n1 <<<"$version")" \
+    "the image does not carry llama.cpp b$build: fix the image tag"
+fi
+devices=$("$server" --list-devices 2>&1 || true)
+gpu=$(grep -m1 -E '^  CUDA[0-9]+: ' <<<"$devices" || true)
+if [[ -z $gpu ]]; then
+  report gpu-visible false "llama-server lists no CUDA device: $(grep -A1 'Available devices' <<<"$devices" | tail -n1 | sed 's/^ *//')" \
+    "the container sees no GPU, or this build has no CUDA: check the NVIDIA container runtime (docker info | grep -i runtime), the driver (nvidia-smi), and that the image is a CUDA one ($recommended)"
+else
+  report gpu-visible true "${gpu#  }"
+  found=$(sed -n 's/^ *Device 0: .*, compute capability \([0-9]*\)\.\([0-9]*\),.*/\1\2/p' <<<"$devices" | head -n1)
+  if [[ -n $found ]]; then
+    if [[ $found == "$capability" ]]; then
+      report gpu-as-planned true "device 0 is sm_$found, as planned"
+    else
+      report gpu-as-planned false "device 0 is sm_$found; the stack plans sm_$capability" \
+        "the node's GPU is not the one the stack names: fix nodes.<node>.gpu.model (or nodeDefaults.gpu.model)"
+    fi
+  fi
+fi
+for planned in "$@"; do
+  argv=()
+  eval "argv=($planned)"
+  out=$(timeout 120 "${argv[@]}" 2>&1 || true)
+  bad=$(grep -m1 -E 'invalid argument|error while handling argument' <<<"$out" || true)
+  if [[ -n $bad ]]; then
+    report argv-parses false "$bad" "the planned flags are not this image's: fix the image tag, or the flag the message names"
+  elif grep -q 'loading model' <<<"$out"; then
+    report argv-parses true "${argv[0]} ... parses"
+  else
+    report argv-parses false "$(tail -n1 <<<"$out")" "llama-server stopped before its model load: see the line above"
+  fi
+done
+exit "$failed"
+"""
+
+
+def gate_argv(argv: tuple[str, ...]) -> list[str]:
+    """A planned llama-server argv as the gate runs it: -m on GATE_MODEL, everything else as planned."""
+    out = list(argv)
+    for flag in ("-m", "--model"):
+        if flag in out:
+            out[out.index(flag) + 1] = GATE_MODEL
+    return out
+
+
 class LlamacppEngine(Engine):
     """llama.cpp's llama-server: one process per GPU group of a node, GGUF weights, no multi-node."""
 
@@ -254,6 +327,17 @@ class LlamacppEngine(Engine):
 
     def serve_env(self, spec: StackSpec, instance: Instance, node: str) -> dict[str, str]:
         return llamacpp_env(spec, instance, node)
+
+    def gate_check(self, spec: StackSpec, pool: str, node: str, argvs: tuple[tuple[str, ...], ...]) -> GateCheck | None:
+        facts = self.image_facts(spec, pool)
+        if facts is None:
+            return None
+        return GateCheck(f"{self.title} b{facts.build}", "/bin/bash",
+                         ("-c", LLAMACPP_CHECK, "llama-cpp-qualification", SERVER_BINARY, str(facts.build),
+                          str(planned_capability(spec, node)), DEFAULT_IMAGE,
+                          *(shlex.join(gate_argv(a)) for a in argvs)),
+                         "llama-server's build, the CUDA device it lists and its compute capability, and the "
+                         "planned flags")
 
     def capacity(self, spec: StackSpec, pool: str, *, mla: bool | None = None) -> dict[str, object]:
         p = spec.pools[pool]

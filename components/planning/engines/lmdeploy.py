@@ -16,6 +16,7 @@ with TP > 1) before the weights; int4 weights carry one fp16 scale and one fp16 
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import ClassVar
@@ -24,8 +25,10 @@ from components.facts.hardware import gpu
 from components.facts.lmdeploy import DEFAULT_IMAGE, LmdeployImage, lmdeploy_image
 from components.facts.models import ModelArch
 from components.planning.capacity import model_params
-from components.planning.engines.base import Engine, MultiNode, nccl_env, offline_env
+from components.planning.engines.base import Engine, MultiNode, nccl_env, offline_env, planned_capability
 from components.planning.engines.estimate import GIB, EngineEstimate
+from components.planning.engines.gate import (ENGINE_VERSION_CHECK, FATBIN_SOURCE, TORCH_CHECKS, GateCheck, argv_check,
+                                              python_check)
 from components.planning.pool_capacity import model_architecture
 from components.planning.topology import Instance
 from components.spec import StackSpec
@@ -296,6 +299,17 @@ class LmdeployEngine(Engine):
     def serve_env(self, spec: StackSpec, instance: Instance, node: str) -> dict[str, str]:
         return lmdeploy_env(spec, instance, node)
 
+    def gate_check(self, spec: StackSpec, pool: str, node: str, argvs: tuple[tuple[str, ...], ...]) -> GateCheck | None:
+        facts = self.image_facts(spec, pool)
+        if facts is None:
+            return None
+        # lmdeploy.version, not the package: its __init__ loads the whole serving stack before the version.
+        data = {"version": facts.version, "module": "lmdeploy.version", "argvs": [list(a) for a in argvs],
+                "recommended": DEFAULT_IMAGE, "capability": planned_capability(spec, node)}
+        return GateCheck(f"{self.title} {facts.version}", "python3", ("-c", LMDEPLOY_CHECK, json.dumps(data, sort_keys=True)),
+                         "torch's arch list, the planned GPU, an fp16 matmul, TurboMind's kernels for the GPU, the "
+                         "LMDeploy version and the planned flags")
+
     def capacity(self, spec: StackSpec, pool: str, *, mla: bool | None = None) -> dict[str, object]:
         p = spec.pools[pool]
         o = p.lmdeploy
@@ -311,3 +325,35 @@ class LmdeployEngine(Engine):
                 max_prefill_token_num=o.max_prefill_token_num).to_dict()
         except ValueError as err:
             return {"error": f"capacity not estimated: {err}"}
+
+
+# TurboMind's library in the image has SASS for the GPU (torch's report of it, else the planned one): its own
+# kernels, not torch's, serve the model. Needs FATBIN_SOURCE (fatbin_archs) and TORCH_CHECKS (arch) first.
+TURBOMIND_KERNELS_CHECK = r'''
+try:
+    import glob, importlib, os
+    root = list(importlib.import_module("lmdeploy").__path__)[0]
+    libs = sorted(glob.glob(os.path.join(root, "lib", "_turbomind*.so")))
+    if not libs:
+        report("turbomind-kernels", False, f"no lib/_turbomind*.so under {root}",
+               f"this lmdeploy has no TurboMind: use an image built with it ({facts['recommended']})")
+    else:
+        with open(libs[0], "rb") as f:
+            found = fatbin_archs(f.read())
+        sass = sorted((k for k in found if k.startswith("sm_")), key=lambda k: int(k[3:]))
+        report("turbomind-kernels", found.get(arch, 0) > 0,
+               f"{os.path.basename(libs[0])}: {found.get(arch, 0)} {arch} kernels (SASS for {', '.join(sass)})",
+               f"TurboMind in this image has no {arch} kernels: use {facts['recommended']}")
+except Exception as e:
+    report("turbomind-kernels", False, f"{type(e).__name__}: {e}", "cannot read TurboMind's library in the image")
+'''
+
+# `lmdeploy serve api_server`'s own parser (lmdeploy/cli/serve.py), as the image's CLI builds it.
+LMDEPLOY_ARGV_CHECK = argv_check("""
+    from lmdeploy.cli.serve import SubCliServe
+    if "api_server" not in SubCliServe.subparsers.choices:
+        SubCliServe.add_parser_api_server()
+    parser = SubCliServe.subparsers.choices["api_server"]
+""", skip=3)
+LMDEPLOY_CHECK = python_check(TORCH_CHECKS, FATBIN_SOURCE, TURBOMIND_KERNELS_CHECK, ENGINE_VERSION_CHECK,
+                              LMDEPLOY_ARGV_CHECK)

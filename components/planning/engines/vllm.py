@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import ClassVar
 
 from components.facts.hardware import gpu
-from components.facts.images import ImageFacts
-from components.planning.engines.base import Engine, MultiNode, Upload, nccl_env, offline_env
+from components.facts.images import DEFAULT_IMAGES, ImageFacts
+from components.planning.engines.base import Engine, MultiNode, Upload, nccl_env, offline_env, planned_capability
+from components.planning.engines.gate import (DOT_BLOCK, ENGINE_VERSION_CHECK, TORCH_CHECKS, TRITON_DOT_CHECK,
+                                              TRITON_DOT_KERNEL, GateCheck, argv_check, python_check)
 from components.planning.topology import Instance
 from components.spec import SpecError, SpecIssue, StackSpec
 
@@ -42,7 +44,6 @@ class VllmEngine(Engine):
     multi_gpu: ClassVar[tuple[str, ...]] = ("tensor", "pipeline")
     multi_node: ClassVar[MultiNode] = "ray"
     metrics_job: ClassVar[str] = "vllm"
-    qualifies: ClassVar[bool] = True
     # EngineArgs of 0.19.1 (and --speculative-model of 0.9.2): a value that is not a local path is a
     # hub repository id vLLM downloads (transformers_utils/repo_utils.py, lora/resolver).
     offline_vars: ClassVar[dict[str, str]] = VLLM_OFFLINE_ENV
@@ -69,6 +70,27 @@ class VllmEngine(Engine):
     def capacity(self, spec: StackSpec, pool: str, *, mla: bool | None = None) -> dict[str, object]:
         from components.planning.pool_capacity import capacity_dict
         return capacity_dict(spec, pool, mla=mla)
+
+    def gate_check(self, spec: StackSpec, pool: str, node: str, argvs: tuple[tuple[str, ...], ...]) -> GateCheck | None:
+        facts = self.image_facts(spec, pool)
+        if facts is None:
+            return None
+        data = {"version": facts.version, "module": "vllm", "kernel": TRITON_DOT_KERNEL, "block": DOT_BLOCK,
+                "argvs": [list(a) for a in argvs], "recommended": DEFAULT_IMAGES[self.name],
+                "capability": planned_capability(spec, node)}
+        return GateCheck(f"{self.title} {facts.version}", "python3", ("-c", VLLM_CHECK, json.dumps(data, sort_keys=True)),
+                         "torch's arch list, the planned GPU, an fp16 matmul, a Triton fp16 dot, the vLLM version "
+                         "and the planned flags")
+
+
+# `vllm serve`'s own parser (make_arg_parser + AsyncEngineArgs), as the image's CLI builds it.
+VLLM_ARGV_CHECK = argv_check("""
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    root = FlexibleArgumentParser(prog="vllm")
+    parser = ServeSubcommand().subparser_init(root.add_subparsers())
+""", skip=2)
+VLLM_CHECK = python_check(TORCH_CHECKS, TRITON_DOT_CHECK, ENGINE_VERSION_CHECK, VLLM_ARGV_CHECK)
 
 
 def moe_configs(spec: StackSpec, pool: str) -> dict[str, str]:
