@@ -86,7 +86,10 @@ class VllmEngine(Engine):
 # `vllm serve`'s own parser (make_arg_parser + AsyncEngineArgs), as the image's CLI builds it.
 VLLM_ARGV_CHECK = argv_check("""
     from vllm.entrypoints.cli.serve import ServeSubcommand
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:  # before 0.12 it lived in vllm.utils
+        from vllm.utils import FlexibleArgumentParser
     root = FlexibleArgumentParser(prog="vllm")
     parser = ServeSubcommand().subparser_init(root.add_subparsers())
 """, skip=2)

@@ -185,7 +185,10 @@ def main(source: str, out: str) -> None:
     from vllm.platforms.cpu import CpuPlatform
     platforms._current_platform = CpuPlatform()  # noqa: SLF001  (no GPU probing)
     from vllm.entrypoints.cli.serve import ServeSubcommand
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:  # before 0.12 it lived in vllm.utils
+        from vllm.utils import FlexibleArgumentParser  # type: ignore[no-redef,attr-defined]
     root = FlexibleArgumentParser(prog="vllm")
     parser = ServeSubcommand().subparser_init(root.add_subparsers())
     # A file, not stdout: vLLM's logger writes to stdout while it imports.
