@@ -220,17 +220,21 @@ def test_gptq_and_awq_on_their_gpus_are_fine() -> None:
 
 def test_fp8_kv_cache_on_v100_is_refused() -> None:
     assert model_server(server(argv_add=["--kv-cache-dtype", "fp8"])) == only(
-        "gpu-fp8", "--kv-cache-dtype fp8: Tesla V100-SXM2-32GB (sm_70) has no FP8 support and no vLLM attention "
-        "kernel is known to cast the cache to fp8 there (no V100 report of an fp8 KV cache on TRITON_ATTN; refused "
-        "below sm_80 until one exists [unverified]). Use --kv-cache-dtype auto (float16 cache) and lower "
-        "--max-model-len or --max-num-seqs if the cache does not fit.")
+        "gpu-fp8", "--kv-cache-dtype fp8: vLLM 0.19.1 cannot keep an fp8 KV cache on Tesla V100-SXM2-32GB (sm_70) "
+        "(vLLM 0.19.1: below sm_80 the only backend is TRITON_ATTN, which views an fp8 cache as float8_e4m3fn "
+        "(v1/attention/backends/triton_attn.py:399, 475-478), and Triton 3.6 has fp8e4nv only from sm_89 "
+        "(backends/nvidia/compiler.py:186-190): 'type fp8e4nv not supported in this architecture' on sm_70 and "
+        "sm_75, as tests/test_fp8_bf16_below_sm80.py compiles with the real Triton 3.6.0 wheel [read from code]). "
+        "Use --kv-cache-dtype auto (float16 cache) and lower --max-model-len or --max-num-seqs if the cache does "
+        "not fit.")
 
 
 def test_fp8_checkpoint_on_v100_is_one_fp8_violation_not_two() -> None:
     assert model_server(server(quantization="fp8")) == only(
         "gpu-fp8", "the checkpoint's quantization fp8 (models.qwen3-30b-a3b.quantization): FP8 weights need sm_75 "
-        "(compute capability 7.5) in vLLM 0.19.1 and Tesla V100-SXM2-32GB (sm_70) has no FP8 units. Serve an fp16 "
-        "or GPTQ checkpoint of the model instead.")
+        "(compute capability 7.5) in vLLM 0.19.1 and Tesla V100-SXM2-32GB (sm_70) has no FP8 units (vLLM 0.19.1 "
+        "quantization/__init__.py QUANTIZATION_METHODS, get_min_capability of each method; gptq.py:171-183 GPTQ MoE "
+        "-> MoeWNA16 [read from code]). Serve an fp16 or GPTQ checkpoint of the model instead.")
     assert model_server(server(quantization="fp8", gpuModel="NVIDIA H100 80GB HBM3", env={})) == []
 
 
@@ -314,8 +318,8 @@ def test_an_image_the_facts_do_not_know_gets_one_advisory_and_the_every_version_
         "vllm-image-unknown", "image vllm/vllm-openai:v0.10.1 is not in the facts table (known: "
         "vllm/vllm-openai:v0.19.1, vllm/vllm-openai:v0.19.1-ubuntu2404, vllm/vllm-openai:v0.9.2), so "
         "vllm-v1-engine, gpu-quantization, quantization-moe, triton-fp16-dot, gpu-chunked-prefill-prefix-caching, "
-        "attention-backend, vllm-serve-flags, vllm-image cannot judge it; only the checks that hold in every "
-        "version ran (bf16, FP8, MLA below sm_80). To have it judged, declare its facts under "
+        "attention-backend, vllm-serve-flags, vllm-image cannot judge it; only the checks that need no image "
+        "facts ran (bf16, FP8 and MLA below sm_80). To have it judged, declare its facts under "
         "pools.<pool>.imageFacts (like: a known image, then version, cuda, torch, torchArchList, triton), or use "
         "vllm/vllm-openai:v0.19.1 (pools.chat.image).", level="advisory")
     assert [d[0] for d in model_server(server(image="vllm/vllm-openai:v0.10.1", arch="deepseek-r1"))] == [

@@ -164,6 +164,7 @@ _Q092 = MappingProxyType({
     **{m: QuantMethod(70, "native") for m in ("bitsandbytes", "moe_wna16", "compressed-tensors", "quark")},
     "bitblas": QuantMethod(70, "none"),
     **{m: QuantMethod(75, "native") for m in ("awq", "torchao")},
+    # fp8 (fp8.py:101-102) among the sm_80 methods: no FP8 checkpoint below sm_80 in 0.9.2.
     **{m: QuantMethod(80, "native") for m in (
         "awq_marlin", "gptq_marlin", "gptq_marlin_24", "gptq_bitblas", "marlin", "fp8", "fbgemm_fp8",
         "experts_int8", "hqq", "qqq", "rtn", "modelopt_fp4", "ptpc_fp8")},
@@ -175,6 +176,7 @@ _Q0191 = MappingProxyType({
     **{m: QuantMethod(60, "native") for m in ("gguf", "inc")},
     "gptq": QuantMethod(60, "moe_wna16"),  # gptq.py:171-183 routes FusedMoE to MoeWNA16
     **{m: QuantMethod(70, "native") for m in ("bitsandbytes", "moe_wna16", "compressed-tensors", "quark")},
+    # fp8 from sm_75 (fp8.py:145-146): below sm_89 Fp8LinearMethod runs Marlin FP8 weight-only (fp8.py:294-310).
     **{m: QuantMethod(75, "native") for m in ("awq", "gptq_marlin", "awq_marlin", "fp8", "torchao", "modelopt_mixed")},
     **{m: QuantMethod(80, "native") for m in ("fbgemm_fp8", "experts_int8", "mxfp4", "mxfp8", "fp_quant",
                                                "petit_nvfp4")},
@@ -197,16 +199,14 @@ _COMMON_092 = {
     "attention": code("vLLM 0.9.2 platforms/cuda.py:206-212, 309-314 (XFormers below sm_80 on V0; "
                       "TRITON_MLA for MLA models)"),
     "attention_backend_flag": code("vLLM 0.9.2 no --attention-backend (VLLM_ATTENTION_BACKEND env)"),
-    "quantizations": code("vLLM 0.9.2 get_min_capability of each quantization/*.py (fp8.py:101-102: 80, so no "
-                          "FP8 checkpoint below sm_80); config.py:4469-4478; MoE vllm#22001, 0.9.2 "
-                          "fused_moe/layer.py:732-736"),
+    "quantizations": code("vLLM 0.9.2 get_min_capability of each quantization/*.py; config.py:4469-4478; "
+                          "MoE vllm#22001, 0.9.2 fused_moe/layer.py:732-736"),
     "kv_cache_dtypes": code("vLLM 0.9.2 config.py CacheDType"),
     "fp8_kv_min_capability": code("vLLM 0.9.2: on sm_75 V0 runs XFORMERS, whose cache write and paged-attention "
                                   "decode are CUDA kernels taking kv_cache_dtype (attention/backends/xformers.py:"
                                   "549-623) and CacheConfig checks no capability (config.py:1589-1599); below sm_75 "
                                   "refused: no report of an fp8 cache on Volta, and this image's torch has no sm_70"),
-    "bf16_min_capability": code("vLLM 0.9.2 worker/worker.py:540-557 _check_if_gpu_supports_dtype (ValueError "
-                                "below capability 8.0)"),
+    "bf16_min_capability": code("vLLM 0.9.2 platforms/cuda.py:62-72, worker/worker.py:540-557"),
     "prefix_prefill_min_capability": observed("vllm#18993 (V100) and #19203 (T4): the Triton prefix-prefill "
                                               "kernel fails with Triton 3.3.0; Triton compile matrix for sm_70"),
     "chunked_prefill_auto_above": code("vLLM 0.9.2 arg_utils.py:1510-1539 (V0 chunks prefill above 32768)"),
@@ -236,16 +236,14 @@ _COMMON_0191 = {
                       "lands on TRITON_ATTN (v1/attention/backends/triton_attn.py:327-328, 353-354)"),
     "attention_backend_flag": code("vLLM 0.19.1 engine/arg_utils.py --attention-backend (since 0.14.0)"),
     "quantizations": code("vLLM 0.19.1 quantization/__init__.py QUANTIZATION_METHODS, get_min_capability of "
-                          "each method (fp8.py:145-146: 75, served as Marlin FP8 weight-only where cutlass FP8 "
-                          "is missing, fp8.py:294-310; nothing below sm_75); gptq.py:171-183 GPTQ MoE -> MoeWNA16"),
+                          "each method; gptq.py:171-183 GPTQ MoE -> MoeWNA16"),
     "kv_cache_dtypes": code("vLLM 0.19.1 config/cache.py:14-23 CacheDType"),
     "fp8_kv_min_capability": code("vLLM 0.19.1: below sm_80 the only backend is TRITON_ATTN, which views an fp8 "
                                   "cache as float8_e4m3fn (v1/attention/backends/triton_attn.py:399, 475-478), and "
                                   "Triton 3.6 has fp8e4nv only from sm_89 (backends/nvidia/compiler.py:186-190): "
                                   "'type fp8e4nv not supported in this architecture' on sm_70 and sm_75, as "
                                   "tests/test_fp8_bf16_below_sm80.py compiles with the real Triton 3.6.0 wheel"),
-    "bf16_min_capability": code("vLLM 0.19.1 platforms/cuda.py:462-480 check_if_supports_dtype ('Bfloat16 is only "
-                                "supported on GPUs with compute capability of at least 8.0')"),
+    "bf16_min_capability": code("vLLM 0.19.0 platforms/cuda.py supported dtypes below sm_80: fp16, fp32"),
     "prefix_prefill_min_capability": observed("vllm#47019 (V100, vLLM 0.19, fp16 MoE serves with V1's defaults: "
                                               "chunked prefill and prefix caching on, TRITON_ATTN, Triton 3.6)"),
     "chunked_prefill_auto_above": code("V1 chunks every prefill: no auto switch"),
