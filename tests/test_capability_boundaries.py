@@ -106,7 +106,7 @@ PREFILL_FLAGS = ("--enable-prefix-caching", "--no-enable-prefix-caching", "--ena
 
 def _props(f: ImageFacts, capability: int) -> dict[str, Any]:
     """The reference chat server on this image and GPU, clean for every rule here: prefix caching and
-    chunked prefill off, V0 chosen where the image still reads VLLM_USE_V1, its attention flag only
+    chunked prefill off, V0 chosen where the image still reads VLLM_USE_V1 and has V0, its attention flag only
     where the image has one."""
     props = server(gpuModel=GPU_AT[capability], image=f.ref)
     argv = [a for a in props["argv"] if a not in PREFILL_FLAGS]
@@ -114,7 +114,7 @@ def _props(f: ImageFacts, capability: int) -> dict[str, Any]:
         i = argv.index("--attention-backend")
         del argv[i:i + 2]
     props["argv"] = [*argv, "--no-enable-prefix-caching", "--no-enable-chunked-prefill"]
-    if f.reads_vllm_use_v1:
+    if f.reads_vllm_use_v1 and f.v0_engine:
         props["env"] = {**props["env"], "VLLM_USE_V1": "0"}
     return props
 

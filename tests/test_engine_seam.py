@@ -97,13 +97,13 @@ def test_moe_configs_are_uploaded_and_named_by_the_images_env(config: dict[str, 
 
 
 def test_a_moe_config_misnamed_or_unreadable_names_the_stack_key(config: dict[str, Any], tmp_path: Path) -> None:
+    # The spec refuses both when the stack loads (components.spec), the engine again when it reads them.
     (tmp_path / "v100.json").write_text("{}")
-    spec = _with_chat(config, moeConfigFiles=[str(tmp_path / "v100.json")])
     with pytest.raises(SpecError, match=r"pools\.chat\.vllm\.moeConfigFiles\[0\]: 'v100.json' is not named as vLLM"):
-        moe_configs(spec, "chat")
-    spec = _with_chat(config, moeConfigFiles=[str(tmp_path / "E=128,N=96,device_name=Tesla_V100-SXM2-32GB.json")])
+        moe_configs(_with_chat(config, moeConfigFiles=[str(tmp_path / "v100.json")]), "chat")
     with pytest.raises(SpecError, match=r"moeConfigFiles\[0\]: cannot read a JSON tile config from"):
-        moe_configs(spec, "chat")
+        moe_configs(_with_chat(config, moeConfigFiles=[str(tmp_path / "E=128,N=96,device_name=Tesla_V100-SXM2-32GB.json")]),
+                    "chat")
 
 
 METRICS_DIR = Path(__file__).parent / "fixtures" / "metrics"
@@ -111,7 +111,7 @@ METRICS_DIR = Path(__file__).parent / "fixtures" / "metrics"
 
 def test_every_image_names_only_metrics_its_version_exports() -> None:
     """Monitoring reads metric names from the image facts: each must be in that version's exposition list."""
-    lists = {"0.9.2": "vllm-0.9.2-v0.txt", "0.19.1": "vllm-0.19.1-v1.txt"}
+    lists = {"0.9.2": "vllm-0.9.2-v0.txt", "0.11.0": "vllm-0.11.0-v1.txt", "0.19.1": "vllm-0.19.1-v1.txt"}
     for facts in known_images():
         if facts.engine != "vllm":
             continue

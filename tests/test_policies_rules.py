@@ -276,7 +276,7 @@ def test_unset_max_model_len_is_refused_on_v100() -> None:
 
 # --- rule 6: image -----------------------------------------------------------------------------
 
-TORCH_092 = "pools.chat.image vllm/vllm-openai:v0.9.2: its torch 2.7.0+cu128 is built for sm_75, sm_80, sm_86, sm_90, sm_100, sm_120, without sm_70, so the first CUDA kernel on Tesla V100-SXM2-32GB (sm_70) fails with \"no kernel image is available for execution on the device\" (pytorch#147607: torch 2.7.0+cu128 is built for sm_75..sm_120 without sm_70; vllm#18818, #19185 'no kernel image is available' on V100 [observed]). Use an image whose torch has sm_70: vllm/vllm-openai:v0.19.1."
+TORCH_092 = "pools.chat.image vllm/vllm-openai:v0.9.2: its torch 2.7.0+cu128 is built for sm_75, sm_80, sm_86, sm_90, sm_100, sm_120, without sm_70, so the first CUDA kernel on Tesla V100-SXM2-32GB (sm_70) fails with \"no kernel image is available for execution on the device\" (pytorch#147607: torch 2.7.0+cu128 is built for sm_75..sm_120 without sm_70; vllm#18818, #19185 'no kernel image is available' on V100 [observed]). Use an image whose torch has sm_70: vllm/vllm-openai:v0.11.0, vllm/vllm-openai:v0.19.1."
 TRITON_33 = ("Triton 3.3.0 in image vllm/vllm-openai:v0.9.2 (vLLM 0.9.2) cannot compile fp16 tl.dot below sm_80 "
              "(\"Unsupported conversion from f16 to f16 / LLVM ERROR: Unsupported rounding mode for conversion\"; "
              "vllm#17639, #19203, sglang#7467 (sm_75); Triton compile matrix for sm_70 [observed]), so the engine "
@@ -291,7 +291,7 @@ def test_an_image_whose_torch_lacks_the_gpus_arch_is_refused() -> None:
         "sm_87, sm_89, sm_90, sm_100, sm_120, without sm_70, so the first CUDA kernel on Tesla V100-SXM2-32GB "
         "(sm_70) fails with \"no kernel image is available for execution on the device\" (vLLM 0.19.0 "
         ".buildkite/release-pipeline.yaml:151-158 ('8.7 8.9 9.0 10.0+PTX 12.0') [read from code]). Use an image "
-        "whose torch has sm_70: vllm/vllm-openai:v0.19.1.")
+        "whose torch has sm_70: vllm/vllm-openai:v0.11.0, vllm/vllm-openai:v0.19.1.")
     assert model_server(server(image="docker.io/vllm/vllm-openai:v0.19.1@sha256:abc")) == []
     # 0.9.2's torch runs on an H100.
     assert of("vllm-image", model_server(v092(gpuModel="NVIDIA H100 80GB HBM3"))) == []
@@ -316,7 +316,8 @@ def test_an_image_the_facts_do_not_know_gets_one_advisory_and_the_every_version_
     got = model_server(server(image="vllm/vllm-openai:v0.10.1"))
     assert got == only(
         "vllm-image-unknown", "image vllm/vllm-openai:v0.10.1 is not in the facts table (known: "
-        "vllm/vllm-openai:v0.19.1, vllm/vllm-openai:v0.19.1-ubuntu2404, vllm/vllm-openai:v0.9.2), so "
+        "vllm/vllm-openai:v0.11.0, vllm/vllm-openai:v0.19.1, vllm/vllm-openai:v0.19.1-ubuntu2404, "
+        "vllm/vllm-openai:v0.9.2), so "
         "vllm-v1-engine, gpu-quantization, quantization-moe, triton-fp16-dot, gpu-chunked-prefill-prefix-caching, "
         "attention-backend, vllm-serve-flags, vllm-image cannot judge it; only the checks that need no image "
         "facts ran (bf16, FP8 and MLA below sm_80). To have it judged, declare its facts under "

@@ -190,3 +190,17 @@ def test_every_server_container_waits_for_its_nodes_gate(prod_run: ProgramRun) -
         "reasoning-gpu-01-ray-worker-gpu-02").dependencies
     assert prod_run.get("gpu-01-qualify-vllm-openai-v0-19-1-check").urn in prod_run.get(
         "reasoning-gpu-01-ray-head").dependencies
+
+
+def test_the_arch_list_of_the_real_torch_2_8_wheel_is_the_0_11_images_fact() -> None:
+    # vLLM 0.11.0 requires torch==2.8.0; PyPI's build is +cu128 and compiles sm_70 again (pytorch#157558).
+    wheel = torch_wheel("2.8.0")
+    with zipfile.ZipFile(wheel) as z:
+        version = re.search(r"__version__ = '([^']+)'", z.read("torch/version.py").decode()).group(1)  # type: ignore[union-attr]
+        triton = [ln for ln in z.read("torch-2.8.0.dist-info/METADATA").decode().splitlines()
+                  if ln.startswith("Requires-Dist: triton==")]
+    assert version == "2.8.0+cu128"
+    assert triton == ['Requires-Dist: triton==3.4.0; platform_system == "Linux" and platform_machine == "x86_64"']
+    facts = IMAGES["vllm/vllm-openai:v0.11.0"]
+    assert [f"sm_{c}" for c in facts.torch_arch_list] == arch_list_of(wheel)
+    assert (facts.torch, facts.triton) == ("2.8.0+cu128", "3.4.0")

@@ -11,6 +11,10 @@ Sources, as cited below:
   vLLM 0.19.1 the PyPI wheel vllm-0.19.1-cp38-abi3-manylinux_2_31_x86_64.whl (sha256 71a87f46…dc719),
                read here: vllm/envs.py, vllm/engine/arg_utils.py, vllm/v1/metrics/loggers.py,
                vllm/model_executor/layers/quantization/*.py.
+  vLLM 0.11.0 the PyPI wheel vllm-0.11.0-cp38-abi3-manylinux1_x86_64.whl (sha256 3861c75f…68cd62), read
+               here: vllm/envs.py, engine/arg_utils.py, platforms/cuda.py, v1/worker/gpu_worker.py,
+               v1/metrics/loggers.py, v1/attention/backends/*.py; its quantization capabilities and
+               flag list dumped from its code (components/facts/data, policies/data).
   pytorch#147607:  pytorch/pytorch#147607 (sm_70 removed from the CUDA 12.8 builds of 2.7) [maint];
                #18818, #19185 "no kernel image is available" on V100 with the 0.9.x images [obs].
   pytorch#182250:  pytorch/pytorch#182250: torch 2.10.0+cu128 get_arch_list() includes sm_70 [obs].
@@ -27,8 +31,10 @@ Sources, as cited below:
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
 
@@ -92,6 +98,7 @@ class ImageFacts(SourcedImage):
     torch_arch_list: tuple[int, ...]  # SASS in torch's CUDA build: torch.cuda.get_arch_list()
     triton: str | None
     engine_line: Literal["V0", "V1"]  # the engine the image runs on GPUs below sm_80
+    v0_engine: bool  # the image still has the V0 engine (VLLM_USE_V1=0 selects it; else it dies)
     v1_min_capability: int | None  # None: no V1 engine
     reads_vllm_use_v1: bool  # whether envs.py still reads VLLM_USE_V1
     attention: tuple[tuple[int, str], ...]  # (min capability, backend), highest first
@@ -157,6 +164,14 @@ _V1_METRICS = MappingProxyType({
     "time_per_output_token": "vllm:inter_token_latency_seconds",
 })
 
+_DATA = Path(__file__).resolve().parent / "data"
+
+
+def _dumped_capabilities(version: str) -> dict[str, int | None]:
+    """{method: get_min_capability} as dumped from one vLLM wheel (None: not a CUDA method)."""
+    return json.loads((_DATA / f"vllm-{version}-quantizations.json").read_text())["methods"]
+
+
 _Q092 = MappingProxyType({
     # vLLM 0.9.2 get_min_capability per method; MoE: which methods give FusedMoE a method. [sd-0.9.2]
     **{m: QuantMethod(60, "native") for m in ("gguf", "aqlm", "deepspeedfp", "auto-round")},
@@ -172,17 +187,11 @@ _Q092 = MappingProxyType({
     **{m: QuantMethod(None, "none") for m in ("tpu_int8", "neuron_quant", "ipex")},
 })
 _Q0191 = MappingProxyType({
-    # vLLM 0.19.1 QUANTIZATION_METHODS and get_min_capability (quantization/*.py). [whl-0.19.1]
-    **{m: QuantMethod(60, "native") for m in ("gguf", "inc")},
+    # vLLM 0.19.1 get_min_capability of every QUANTIZATION_METHODS entry, called for real on the wheel's code
+    # (components/facts/data/vllm-0.19.1-quantizations.json). fp8 from sm_75 (fp8.py:145-146): below sm_89
+    # Fp8LinearMethod runs Marlin FP8 weight-only (fp8.py:294-310).
+    **{m: QuantMethod(cap, "native") for m, cap in _dumped_capabilities("0.19.1").items()},
     "gptq": QuantMethod(60, "moe_wna16"),  # gptq.py:171-183 routes FusedMoE to MoeWNA16
-    **{m: QuantMethod(70, "native") for m in ("bitsandbytes", "moe_wna16", "compressed-tensors", "quark")},
-    # fp8 from sm_75 (fp8.py:145-146): below sm_89 Fp8LinearMethod runs Marlin FP8 weight-only (fp8.py:294-310).
-    **{m: QuantMethod(75, "native") for m in ("awq", "gptq_marlin", "awq_marlin", "fp8", "torchao", "modelopt_mixed")},
-    **{m: QuantMethod(80, "native") for m in ("fbgemm_fp8", "experts_int8", "mxfp4", "mxfp8", "fp_quant",
-                                               "petit_nvfp4")},
-    "modelopt": QuantMethod(89, "native"), "modelopt_fp4": QuantMethod(100, "native"),
-    "modelopt_mxfp8": QuantMethod(100, "native"),
-    "cpu_awq": QuantMethod(None, "none"),
 })
 
 _COMMON_092 = {
@@ -195,6 +204,7 @@ _COMMON_092 = {
     "engine_line": code("vLLM 0.9.2 vllm/engine/arg_utils.py:1353-1363 (V1 needs capability major >= 8, "
                         "else V0)"),
     "v1_min_capability": code("vLLM 0.9.2 arg_utils.py:1353-1363"),
+    "v0_engine": code("vLLM 0.9.2 vllm/worker/worker.py (the V0 worker) and vllm/engine/llm_engine.py"),
     "reads_vllm_use_v1": code("vLLM 0.9.2 vllm/envs.py (VLLM_USE_V1, unset reads as 1)"),
     "attention": code("vLLM 0.9.2 platforms/cuda.py:206-212, 309-314 (XFormers below sm_80 on V0; "
                       "TRITON_MLA for MLA models)"),
@@ -231,6 +241,7 @@ _COMMON_0191 = {
     "triton": code("torch 2.10.0's metadata pins triton==3.6.0"),
     "engine_line": code("vLLM 0.11.0 V0 removed (vllm/worker/ holds only worker_base.py); [v1-volta]"),
     "v1_min_capability": code("vllm PR #24022: V1 on Volta and Turing"),
+    "v0_engine": code("vLLM 0.11.0 removed V0 (vllm/worker/ holds only worker_base.py)"),
     "reads_vllm_use_v1": code("vLLM 0.19.1 vllm/envs.py has no VLLM_USE_V1 (removed in 0.12.0)"),
     "attention": code("vLLM 0.19.0 platforms/cuda.py:46-81 priority FLASH_ATTN, FLASHINFER, TRITON_ATTN: V100 "
                       "lands on TRITON_ATTN (v1/attention/backends/triton_attn.py:327-328, 353-354)"),
@@ -266,11 +277,65 @@ _V1_ATTENTION = ((80, "FLASH_ATTN"), (0, "TRITON_ATTN"))
 _KV_0191 = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")
 
 
+_Q0110 = MappingProxyType({
+    # vLLM 0.11.0 get_min_capability of every QUANTIZATION_METHODS entry, called for real on the wheel's code
+    # (components/facts/data/vllm-0.11.0-quantizations.json, policies/data/tools/dump_vllm_quantizations.py).
+    **{m: QuantMethod(cap, "native") for m, cap in _dumped_capabilities("0.11.0").items()},
+    "gptq": QuantMethod(60, "moe_wna16"),  # gptq.py:134-146 routes FusedMoE to MoeWNA16
+})
+
+_COMMON_0110 = {
+    "cuda": unverified("vLLM 0.11.0 requires torch==2.8.0 (wheel METADATA), whose PyPI build is +cu128; the image's "
+                       "Dockerfile CUDA_VERSION was not read here"),
+    "torch": code("vLLM 0.11.0 wheel METADATA Requires-Dist torch==2.8.0"),
+    "torch_arch_list": unverified("the real torch 2.8.0+cu128 wheel compiles sm_70 sm_75 sm_80 sm_86 sm_90 sm_100 "
+                                  "sm_120 (libtorch_python.so's arch flags, read by tests/test_qualification.py); "
+                                  "that the image carries this build is inferred: the qualification gate checks "
+                                  "get_arch_list() on every node"),
+    "triton": code("torch 2.8.0's wheel METADATA pins triton==3.4.0"),
+    "engine_line": code("vLLM 0.11.0 platforms/cuda.py:386-388 'V0 attention backends have been removed'"),
+    "v0_engine": code("vLLM 0.11.0 platforms/cuda.py:386-388: VLLM_USE_V1=0 reaches 'V0 attention backends have "
+                      "been removed' (RuntimeError)"),
+    "v1_min_capability": code("vLLM 0.11.0 engine/arg_utils.py:1449-1530 _is_v1_supported_oracle tests no compute "
+                              "capability (vllm PR #24022)"),
+    "reads_vllm_use_v1": code("vLLM 0.11.0 vllm/envs.py:900-901 (VLLM_USE_V1, unset reads as 1)"),
+    "attention": code("vLLM 0.11.0 platforms/cuda.py:356-370: FLASH_ATTN from sm_80, FlexAttention below (TRITON_ATTN "
+                      "only when VLLM_ATTENTION_BACKEND names it)"),
+    "attention_backend_flag": code("vLLM 0.11.0 serve parser has no --attention-backend "
+                                   "(policies/data/vllm-0.11.0-serve-args.json); VLLM_ATTENTION_BACKEND, envs.py:612"),
+    "quantizations": code("vLLM 0.11.0 get_min_capability of each QUANTIZATION_METHODS entry, called on the wheel's "
+                          "code (components/facts/data/vllm-0.11.0-quantizations.json); gptq.py:134-146 GPTQ MoE -> "
+                          "MoeWNA16"),
+    "kv_cache_dtypes": code("vLLM 0.11.0 config/cache.py:25-26 CacheDType"),
+    "fp8_kv_min_capability": code("vLLM 0.11.0: below sm_80 FlexAttention refuses a quantized cache "
+                                  "(v1/attention/backends/flex_attention.py:703-704) and TRITON_ATTN views it as "
+                                  "float8_e4m3fn (triton_attn.py:236, 298-299), which Triton 3.4 has only from sm_89 "
+                                  "(backends/nvidia/compiler.py:170-171)"),
+    "bf16_min_capability": code("vLLM 0.11.0 platforms/cuda.py:497-510 check_if_supports_dtype"),
+    "prefix_prefill_min_capability": code("vLLM 0.11.0 V1 runs chunked prefill and prefix caching inside its "
+                                          "attention backend; Triton 3.4 compiles fp16 tl.dot for sm_70 (FMA), "
+                                          "tests/test_qualification.py"),
+    "chunked_prefill_auto_above": code("V1 chunks every prefill: no auto switch"),
+    "mla_min_capability": code("vLLM 0.11.0 v1/attention/backends/mla/common.py:1127-1142 (MLA prefill calls "
+                               "flash_attn_varlen_func, FA2 needs sm_80); config/model.py:1444 VLLM_MLA_DISABLE"),
+    "batch_budget": code("vLLM 0.11.0 engine/arg_utils.py:1600-1672: 2048 (8192 on >=70 GiB non-A100) for the "
+                         "OpenAI server; with chunked prefill off max_model_len itself"),
+    "nccl_in_budget": code("vLLM 0.11.0 v1/worker/gpu_worker.py:165-195: NCCL starts before the init snapshot "
+                           "(vllm#25359), and a GPU with less than utilization x total free is refused"),
+    "serve_args": code("policies/data/vllm-0.11.0-serve-args.json, dumped from 0.11.0's own parser"),
+    "metrics": code("vLLM 0.11.0 vllm/v1/metrics/loggers.py (kv_cache_usage_perc, inter_token_latency_seconds; "
+                    "tests/fixtures/metrics/vllm-0.11.0-v1.txt)"),
+    "tuned_moe_config_env": code("vLLM 0.11.0 envs.py:192 VLLM_TUNED_CONFIG_FOLDER"),
+    "serve_refuses_model_flag": code("vLLM 0.11.0 vllm/utils/__init__.py:1856-1864 (ValueError)"),
+}
+_KV_0110 = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc")
+
+
 def _vllm_0191(tag: str, variant: str, arch_list: tuple[int, ...], arch_source: Sourced, note: str) -> ImageFacts:
     return ImageFacts(
         engine="vllm", version="0.19.1", repo="vllm/vllm-openai", tag=tag, variant=variant,
         cuda="12.9.1", torch="2.10.0+cu129", torch_arch_list=arch_list, triton="3.6.0",
-        engine_line="V1", v1_min_capability=70, reads_vllm_use_v1=False,
+        engine_line="V1", v0_engine=False, v1_min_capability=70, reads_vllm_use_v1=False,
         attention=_V1_ATTENTION, attention_backend_flag=True, quantizations=_Q0191,
         kv_cache_dtypes=_KV_0191, fp8_kv_min_capability=80, bf16_min_capability=80,
         prefix_prefill_min_capability=70, chunked_prefill_auto_above=None, mla_min_capability=80,
@@ -283,7 +348,7 @@ IMAGES: dict[str, ImageFacts] = {f.ref: f for f in [
     ImageFacts(
         engine="vllm", version="0.9.2", repo="vllm/vllm-openai", tag="v0.9.2", variant="",
         cuda="12.8.1", torch="2.7.0+cu128", torch_arch_list=(75, 80, 86, 90, 100, 120), triton="3.3.0",
-        engine_line="V0", v1_min_capability=80, reads_vllm_use_v1=True,
+        engine_line="V0", v0_engine=True, v1_min_capability=80, reads_vllm_use_v1=True,
         attention=((80, "FLASH_ATTN"), (0, "XFORMERS")), attention_backend_flag=False, quantizations=_Q092,
         kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"), fp8_kv_min_capability=75,
         bf16_min_capability=80, prefix_prefill_min_capability=80, chunked_prefill_auto_above=32768,
@@ -291,6 +356,16 @@ IMAGES: dict[str, ImageFacts] = {f.ref: f for f in [
         metrics=_V0_METRICS,
         tuned_moe_config_env="VLLM_TUNED_CONFIG_FOLDER", serve_refuses_model_flag=True, sources=_sources(_COMMON_092),
         note="the runbook's image: its torch has no sm_70 and its Triton cannot compile fp16 dots below sm_80"),
+    ImageFacts(
+        engine="vllm", version="0.11.0", repo="vllm/vllm-openai", tag="v0.11.0", variant="",
+        cuda="12.8", torch="2.8.0+cu128", torch_arch_list=(70, 75, 80, 86, 90, 100, 120), triton="3.4.0",
+        engine_line="V1", v0_engine=False, v1_min_capability=70, reads_vllm_use_v1=True,
+        attention=((80, "FLASH_ATTN"), (0, "FLEX_ATTENTION")), attention_backend_flag=False, quantizations=_Q0110,
+        kv_cache_dtypes=_KV_0110, fp8_kv_min_capability=80, bf16_min_capability=80, prefix_prefill_min_capability=70,
+        chunked_prefill_auto_above=None, mla_min_capability=80, batch_budget="v1", nccl_in_budget=False,
+        serve_args="vllm-0.11.0-serve-args.json", metrics=_V1_METRICS, tuned_moe_config_env="VLLM_TUNED_CONFIG_FOLDER",
+        serve_refuses_model_flag=True, sources=_sources(_COMMON_0110),
+        note="the first V1-only line (V0 removed); FlexAttention below sm_80 unless VLLM_ATTENTION_BACKEND=TRITON_ATTN"),
     _vllm_0191("v0.19.1", "", (70, 75, 80, 86, 90, 100, 120), _COMMON_0191["torch_arch_list"],
                "the last upstream vLLM line that runs on Volta (V1, TRITON_ATTN)"),
     _vllm_0191("v0.19.1-ubuntu2404", "ubuntu2404", (87, 89, 90, 100, 120),

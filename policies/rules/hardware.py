@@ -109,9 +109,15 @@ def check_v1(launch: Launch, config: dict[str, Any]) -> list[str]:
     """VLLM_USE_V1=0 where the image's V1 engine refuses the GPU and its envs.py reads the switch (unset
     means 1). An image without facts is the vllm-image rules' to judge."""
     facts = launch.facts
-    if facts is None or not facts.reads_vllm_use_v1 or facts.runs_v1(launch.capability or 0):
+    if facts is None or not facts.reads_vllm_use_v1:
         return []
     value = launch.env.get("VLLM_USE_V1")
+    if value == "0" and not facts.v0_engine:
+        return [f"VLLM_USE_V1=0 selects the V0 engine, which {_image(launch)} no longer has: it stops at startup "
+                f"({facts.cite('v0_engine')}). Remove VLLM_USE_V1 from the container's env (V1 runs on "
+                f"{launch.where()} in this image)."]
+    if facts.runs_v1(launch.capability or 0):
+        return []
     if value == "0":
         return []
     state = f"is unset (vLLM {facts.version} reads unset as 1)" if value is None else f"is {value!r}"
@@ -248,7 +254,8 @@ def triton_kernels(launch: Launch) -> list[str]:
     moe = _moe_triton(launch)
     if moe:
         kernels.append(moe)
-    if facts is not None and facts.attention_backend(cap).startswith("TRITON"):
+    # Triton attention and FlexAttention (torch.compile's Triton templates) both run fp16 tl.dot.
+    if facts is not None and facts.attention_backend(cap).startswith(("TRITON", "FLEX")):
         kernels.append(f"{facts.attention_backend(cap)} attention")
     elif launch.args.get("enable_prefix_caching") or launch.args.get("enable_chunked_prefill"):
         kernels.append("the prefix-prefill attention kernel (chunked prefill / prefix caching)")
@@ -331,14 +338,17 @@ def check_mla(launch: Launch, config: dict[str, Any]) -> list[str]:
 def check_attention_backend(launch: Launch, config: dict[str, Any]) -> list[str]:
     """--attention-backend naming a backend that does not run on this GPU."""
     facts = launch.facts
-    backend = launch.args.get("attention_backend")
+    # The flag from 0.14; VLLM_ATTENTION_BACKEND on the lines before it.
+    backend, named = launch.args.get("attention_backend"), "--attention-backend"
+    if not backend and launch.env.get("VLLM_ATTENTION_BACKEND"):
+        backend, named = launch.env["VLLM_ATTENTION_BACKEND"], "VLLM_ATTENTION_BACKEND"
     if facts is None or not backend:
         return []
     need = ATTENTION_MIN_CAPABILITY.get(str(backend))
     cap = launch.capability or 0
     if need is None or cap >= need:
         return []
-    return [f"--attention-backend {backend}: needs {capability_text(need)}; {launch.where()} has less "
+    return [f"{named} {backend}: needs {capability_text(need)}; {launch.where()} has less "
             f"(its supports_compute_capability in vLLM {facts.version}). On this GPU vLLM picks "
             f"{facts.attention_backend(cap)}: set that, or leave the flag out."]
 

@@ -181,6 +181,9 @@ def vllm_env(spec: StackSpec, instance: Instance, node: str, facts: ImageFacts |
     env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
     if pool.vllm.moe_config_files and facts is not None and facts.tuned_moe_config_env:
         env[facts.tuned_moe_config_env] = TUNED_CONFIG_DIR
+    if pool.vllm.attention_backend is not None and facts is not None and not facts.attention_backend_flag:
+        # Lines without --attention-backend (before 0.14) read the backend from the environment.
+        env["VLLM_ATTENTION_BACKEND"] = pool.vllm.attention_backend
     env.update(offline_env(spec, instance.pool, VLLM_OFFLINE_ENV))
     env.update(nccl_env(spec, node))
     env.update(pool.env)
