@@ -3,9 +3,10 @@
 One run measures, against the same fast fake replica (nginx answering a fixed chat completion with
 `usage`, so the replica is never the limit): direct; plain nginx `proxy_pass` with keepalive; the
 gateway as deployed (the reference stack's generated config: njs key lookup, body routing, per-key
-limit_req at a rate it never reaches, usage body filter, the daily usage file and the syslog copy
-to the real metrics exporter), over plain HTTP like the others; the gateway without its metrics
-datagram (the alternative design: the exporter reading the usage file instead); and LiteLLM's proxy
+limit_req at a rate it never reaches, usage body filter, the daily usage file, and the real metrics
+exporter following that file), over plain HTTP like the others; the gateway with last session's
+metrics path as well (each usage line also sent as a syslog datagram to an exporter on `--syslog`),
+the alternative this session measured and dropped; and LiteLLM's proxy
 (`litellm --config`, the same model and replica, one worker), the peer users would otherwise pick.
 LiteLLM is an optional dependency of the bench only: installed on first use into its own venv
 under /var/cache/llm-cluster/litellm (never by `make test`); `--no-litellm` skips it.
@@ -127,7 +128,7 @@ def start_gateway(spec: StackSpec, root: Path, up: int, syslog_port: int | None)
 
 
 def exporter_lines(port: int) -> float:
-    """llm_gateway_log_lines_total once it stops growing (the exporter drains its socket)."""
+    """llm_gateway_log_lines_total once it stops growing (the exporter drains its socket or file)."""
     last = -1.0
     while True:
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
@@ -135,7 +136,7 @@ def exporter_lines(port: int) -> float:
         if lines == last:
             return lines
         last = lines
-        time.sleep(0.5)
+        time.sleep(1.5)  # longer than the file follower's poll
 
 
 def record_rate(lines: int = 100_000) -> float:
@@ -206,11 +207,13 @@ def main() -> None:
     procs: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
         base = Path(tmp)
+        # nginx's workers run as nobody here: they must reach the usage directories to write them.
+        base.chmod(0o755)
         try:
             up_root, proxy_root = base / "replica", base / "proxy"
             for d in (up_root, proxy_root):
                 d.mkdir(parents=True)
-            up, proxy, syslog, metrics = free_ports(4)
+            up, proxy, syslog, metrics, follow_metrics = free_ports(5)
             reply = REPLY.replace("'", "")
             procs.append(start_nginx(up_root, simple_conf(
                 up_root, up, f"default_type application/json; return 200 '{reply}';"), up))
@@ -219,17 +222,21 @@ def main() -> None:
                 'proxy_pass http://replica; proxy_http_version 1.1; proxy_set_header Connection "";',
                 f"upstream replica {{ server 127.0.0.1:{up}; keepalive 32; }}"), proxy))
             # (free_port's TCP port is free for UDP too in practice; the exporter fails loudly if not.)
+            proc, gw_file = start_gateway(spec, base / "gateway", up, None)
+            procs.append(proc)
+            # The exporter as deployed: it follows the gateway's usage files.
+            procs.append(subprocess.Popen([sys.executable, str(EXPORTER_SOURCE), "--usage-dir",
+                                           str(base / "gateway" / "usage"), "--listen", f"127.0.0.1:{follow_metrics}"],
+                                          stderr=subprocess.DEVNULL))
             procs.append(subprocess.Popen([sys.executable, str(EXPORTER_SOURCE), "--syslog", f"127.0.0.1:{syslog}",
                                            "--listen", f"127.0.0.1:{metrics}"], stderr=subprocess.DEVNULL))
-            proc, gw_metrics = start_gateway(spec, base / "gateway", up, syslog)
-            procs.append(proc)
-            proc, gw_file = start_gateway(spec, base / "gateway-no-datagram", up, None)
+            proc, gw_datagram = start_gateway(spec, base / "gateway-datagram", up, syslog)
             procs.append(proc)
             path = "/v1/chat/completions"
             targets = {"direct": f"http://127.0.0.1:{up}{path}",
                        "nginx proxy_pass": f"http://127.0.0.1:{proxy}{path}",
-                       "gateway (as deployed)": f"http://127.0.0.1:{gw_metrics}{path}",
-                       "gateway, no datagram": f"http://127.0.0.1:{gw_file}{path}"}
+                       "gateway (as deployed)": f"http://127.0.0.1:{gw_file}{path}",
+                       "gateway + datagram": f"http://127.0.0.1:{gw_datagram}{path}"}
             if with_litellm:
                 litellm_python()
                 proc, lport = start_litellm(base / "litellm", up)
@@ -240,7 +247,8 @@ def main() -> None:
                 for c in CONNECTIONS:
                     for name, url in targets.items():  # interleaved: drift on the shared machine hits all alike
                         runs.setdefault((name, c), []).append(wrk(url, c, base))
-            counted = exporter_lines(metrics)
+            counted = exporter_lines(follow_metrics)
+            counted_datagrams = exporter_lines(metrics)
         finally:
             for p in procs:
                 p.terminate()
@@ -262,19 +270,21 @@ def main() -> None:
         timeouts = int(sum(r["timeouts"] for r in rs))
         print(f"{name:<24}{c:>6}{f['rps']:>10.0f}{f['p50']:>9.3f}{f['p99']:>9.3f}{bad:>9}{timeouts:>10}")
     for c in CONNECTIONS:
-        plain, gate, bare = (fig[(n, c)] for n in ("nginx proxy_pass", "gateway (as deployed)", "gateway, no datagram"))
+        plain, gate, datagram = (fig[(n, c)] for n in ("nginx proxy_pass", "gateway (as deployed)",
+                                                        "gateway + datagram"))
         line = (f"c={c}: gateway / plain nginx {gate['rps'] / plain['rps']:.2f}x req/s (goal >= 0.6x at 32), "
-                f"added p50 {gate['p50'] - plain['p50']:+.3f} ms (goal < 1 ms); without the datagram "
-                f"{bare['rps'] / plain['rps']:.2f}x")
+                f"added p50 {gate['p50'] - plain['p50']:+.3f} ms (goal < 1 ms); with the datagram "
+                f"{datagram['rps'] / plain['rps']:.2f}x")
         if ("LiteLLM proxy", c) in fig:
             lite = fig[("LiteLLM proxy", c)]
             line += (f"; gateway / LiteLLM {gate['rps'] / lite['rps']:.0f}x req/s" if lite["rps"]
                      else "; LiteLLM completed no request within wrk's 10 s timeout")
         print(line)
     print(f"exporter alone: {record_rate():.0f} log lines/s parsed and counted on one core")
-    completed = sum(r["requests"] for c in CONNECTIONS for r in runs[("gateway (as deployed)", c)])
-    print(f"exporter counted {counted:.0f} log lines for {completed:.0f} completed requests "
-          f"({max(0.0, completed - counted) / completed:.2%} lost; UDP, and requests cut off by wrk's stop count too)")
+    for name, lines in (("gateway (as deployed)", counted), ("gateway + datagram", counted_datagrams)):
+        completed = sum(r["requests"] for c in CONNECTIONS for r in runs[(name, c)])
+        print(f"{name}: the exporter counted {lines:.0f} log lines for {completed:.0f} completed requests "
+              f"(wrk does not count the requests its stop cuts off, nginx logs them)")
 
 
 if __name__ == "__main__":

@@ -106,8 +106,7 @@ def node_containers(spec: StackSpec, node: str) -> list[tuple[Instance, str, str
 
 def peer_targets(spec: StackSpec, node: str) -> list[tuple[str, str, int, str]]:
     """(peer, address, port, what) this node must reach: every other node's service ports."""
-    return [(n, spec.nodes[n].address, port, key) for n, port, key in host_ports(spec)
-            if n != node and key != "gateway.exporterSyslogPort"]
+    return [(n, spec.nodes[n].address, port, key) for n, port, key in host_ports(spec) if n != node]
 
 
 def probe_script(spec: StackSpec, node: str) -> str:

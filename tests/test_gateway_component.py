@@ -154,8 +154,8 @@ def test_gateway_depends_on_its_node_and_keys_never_on_the_models(generated: Pro
 def test_exporter_runs_the_uploaded_program_as_nginxs_worker_on_host_network(generated: ProgramRun) -> None:
     c = host_network_container(generated, "gateway-exporter", "llm-gateway-exporter", "gpu-01-image-python-3-12-slim")
     inputs = c.plain_inputs()
-    assert inputs["command"] == ["python3", "/opt/llm-cluster/gateway_exporter.py", "--syslog", "127.0.0.1:5514",
-                                 "--listen", "192.168.10.11:9145", "--usage-dir", "/var/log/llm-gateway",
+    assert inputs["command"] == ["python3", "/opt/llm-cluster/gateway_exporter.py", "--usage-dir", "/var/log/llm-gateway",
+                                 "--listen", "192.168.10.11:9145",
                                  "--retention-days", "30", "--max-usage-mib", "20480"]
     assert uploads(c) == {"/opt/llm-cluster/gateway_exporter.py": exporter_source()}
     # nginx's worker user: it prunes the usage files nginx's workers write.
@@ -171,10 +171,11 @@ def test_exporter_runs_the_uploaded_program_as_nginxs_worker_on_host_network(gen
     assert {by_urn[u].name for u in c.dependencies} == {
         "gpu-01-hosts", "gpu-01-preflight", "gpu-01-firewall", "gpu-01-clock", "gpu-01-image-python-3-12-slim",
         "gateway-usage-dir"}
-    # nginx sends it the usage log on the port it listens on.
+    # It reads the usage files nginx writes into the volume they share; nginx sends it nothing.
     conf = written_files(generated.get("gateway-config").plain_inputs()["create"])[
         "/etc/llm-cluster/gateway/conf/nginx.conf"]
-    assert "    access_log syslog:server=127.0.0.1:5514,tag=llmgw,nohostname llm_usage;" in conf.splitlines()
+    assert "    access_log /var/log/llm-gateway/usage-$llm_log_day.log llm_usage;" in conf.splitlines()
+    assert "syslog" not in conf
 
 
 def test_usage_log_directory_is_made_once_and_kept(generated: ProgramRun) -> None:

@@ -1,10 +1,11 @@
-"""Gateway metrics for real: nginx + njs sends its usage log over syslog to the exporter, run as a subprocess.
+"""Gateway metrics for real: nginx + njs writes its usage files, the exporter (a subprocess) follows them.
 
 The gateway is the generated config on the real nginx (tests/test_gateway_nginx.py's harness and fake
-replicas); the exporter is components/planning/gateway_exporter.py started the way its container starts
-it. Requests of several keys, models and outcomes go through; /metrics must then hold exactly their
-counts, pass `promtool check metrics`, and hold no API key. The parser is tested on datagrams the real
-nginx sent, captured on a socket of the test's own.
+replicas) with its daily usage files in a directory of the test's own; the exporter is
+components/planning/gateway_exporter.py started the way its container starts it. Requests of several
+keys, models and outcomes go through; /metrics must then hold exactly their counts, pass `promtool
+check metrics`, and hold no API key. The follower is tested on day changes, cut lines and pruning;
+the datagram input (`--syslog`, no longer deployed) on datagrams the real nginx sent to a socket of ours.
 """
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import http.client
 import json
 import socket
 import subprocess
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from components.planning.gateway import EXPORTER_SOURCE, SYSLOG_TAG, exporter_argv
-from components.planning.gateway_exporter import Metrics, ParseError, failed_attempts, parse_datagram
+from components.planning.gateway_exporter import Metrics, ParseError, UsageFollower, failed_attempts, parse_datagram
 from components.spec import load_stack_config
 from tests.test_gateway_nginx import (
     CHAT, R1, WAIT, FakeReplica, NginxGateway, free_port, gateway_config, host_keys,
@@ -49,14 +52,15 @@ def samples(text: str) -> dict[str, float]:
 class Exporter:
     """The exporter program as a subprocess: the argv its container runs, bound to loopback."""
 
-    def __init__(self, syslog_port: int):
+    def __init__(self, usage_dir: Path):
         self.http_port = free_port()
         argv = exporter_argv(load_stack_config(gateway_config(), set()))
-        # The container's argv, with the file where it lies here and loopback addresses.
+        # The container's argv, with the file where it lies here, the test's usage directory and loopback.
         assert argv[:2] == ["python3", "/opt/llm-cluster/gateway_exporter.py"]
-        self.proc = subprocess.Popen(
-            [sys.executable, str(EXPORTER_SOURCE), "--syslog", f"127.0.0.1:{syslog_port}",
-             "--listen", f"127.0.0.1:{self.http_port}"], stderr=subprocess.PIPE, text=True)
+        argv = [sys.executable, str(EXPORTER_SOURCE), *argv[2:]]
+        argv[argv.index("--usage-dir") + 1] = str(usage_dir)
+        argv[argv.index("--listen") + 1] = f"127.0.0.1:{self.http_port}"
+        self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + WAIT
         while True:
             if self.proc.poll() is not None:
@@ -79,7 +83,7 @@ class Exporter:
             conn.close()
 
     def scrape(self, log_lines: int) -> str:
-        """/metrics once the exporter has received `log_lines` lines (UDP arrives after the response)."""
+        """/metrics once the exporter has read `log_lines` lines (it polls the files every second)."""
         deadline = time.monotonic() + WAIT
         while True:
             text = self.get("/metrics")[2]
@@ -109,10 +113,12 @@ def traffic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Traffic]:
     """One gateway + exporter, a fixed mix of requests, and the /metrics text that followed."""
     spec = load_stack_config(gateway_config(), set())
     keys, digests = host_keys(spec, tmp_path_factory.mktemp("keys"))
-    syslog = free_udp_port()
-    exporter = Exporter(syslog)
+    # nginx's workers run as nobody here: a directory they can reach, outside pytest's private tree.
+    usage = Path(tempfile.mkdtemp(prefix="llm-usage-"))
+    usage.chmod(0o777)
+    exporter = Exporter(usage)
     pools = {"chat": [FakeReplica("c0"), FakeReplica("c1")], "reasoning": [FakeReplica("r0"), FakeReplica("r1")]}
-    gw = NginxGateway(spec, pools, tmp_path_factory.mktemp("gateway"), digests, syslog_port=syslog)
+    gw = NginxGateway(spec, pools, tmp_path_factory.mktemp("gateway"), digests, usage_dir=usage)
     try:
         sent = [
             gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["default"]),
@@ -141,6 +147,7 @@ def traffic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Traffic]:
     finally:
         gw.stop()
         status = exporter.stop()
+        shutil.rmtree(usage)
         for rs in pools.values():
             for r in rs:
                 r.kill()
@@ -222,7 +229,7 @@ def test_exporter_stops_at_once_on_sigterm(traffic: Traffic) -> None:
 
 
 def test_exporter_answers_404_off_metrics_and_the_text_content_type(tmp_path: Path) -> None:
-    exporter = Exporter(free_udp_port())
+    exporter = Exporter(tmp_path)
     try:
         assert exporter.get("/")[0] == 404
         status, content_type, text = exporter.get("/metrics")
@@ -358,3 +365,64 @@ def test_exporter_is_one_standard_library_file_for_python_3_8_and_later() -> Non
     assert imported - {"__future__"} <= sys.stdlib_module_names, imported - sys.stdlib_module_names
     # Built-in generics (dict[str, int]) at runtime need 3.9: only typing's, or inside annotations.
     assert "from __future__ import annotations" in source
+
+
+# --- following the usage files --------------------------------------------------------------------
+
+def usage_line(status: int, key_id: str = "default") -> bytes:
+    """One usage log line as nginx writes it (the fields the exporter reads)."""
+    return json.dumps({"key_id": key_id, "model": CHAT, "pool": "chat", "upstream": "10.0.0.1:8000",
+                       "upstream_status": str(status), "status": status, "request_time": 0.01,
+                       "prompt_tokens": 11, "completion_tokens": 7}).encode() + b"\n"
+
+
+def requests_by_status(metrics: Metrics) -> dict[str, float]:
+    return {series.split('status="')[1].rstrip('"}'): value for series, value in samples(metrics.render()).items()
+            if series.startswith("llm_gateway_requests_total")}
+
+
+def test_follower_starts_at_the_end_and_counts_only_whole_lines(tmp_path: Path) -> None:
+    today = tmp_path / "usage-2026-12-01.log"
+    today.write_bytes(usage_line(200) * 3)  # before the exporter started: not counted again
+    metrics = Metrics()
+    follower = UsageFollower(str(tmp_path), metrics)
+    assert follower.poll() == 0
+    line = usage_line(404)
+    with today.open("ab") as f:
+        f.write(usage_line(200) + line[:20])  # nginx's write of the second line not finished yet
+    assert follower.poll() == 1
+    with today.open("ab") as f:
+        f.write(line[20:])
+    assert follower.poll() == 1
+    assert requests_by_status(metrics) == {"200": 1, "404": 1}
+    assert samples(metrics.render())["llm_gateway_log_parse_errors_total"] == 0
+
+
+def test_follower_goes_on_to_the_next_day_and_still_reads_lines_written_late_into_yesterday(tmp_path: Path) -> None:
+    yesterday, today = tmp_path / "usage-2026-11-30.log", tmp_path / "usage-2026-12-01.log"
+    yesterday.write_bytes(b"")
+    metrics = Metrics()
+    follower = UsageFollower(str(tmp_path), metrics)
+    today.write_bytes(usage_line(200))  # a new file: read from its start
+    with yesterday.open("ab") as f:
+        f.write(usage_line(502))  # a request nginx logged just before midnight, written just after
+    assert follower.poll() == 2
+    (tmp_path / "usage-2026-12-02.log").write_bytes(usage_line(429))
+    with yesterday.open("ab") as f:
+        f.write(usage_line(500))  # two days old now: nginx never writes there; not read
+    assert follower.poll() == 1
+    assert requests_by_status(metrics) == {"200": 1, "502": 1, "429": 1}
+
+
+def test_follower_reads_a_replaced_or_truncated_file_anew_and_survives_pruning(tmp_path: Path) -> None:
+    today = tmp_path / "usage-2026-12-01.log"
+    today.write_bytes(usage_line(200) * 2)
+    metrics = Metrics()
+    follower = UsageFollower(str(tmp_path), metrics)
+    today.write_bytes(usage_line(404))  # truncated and rewritten: shorter than what was read
+    assert follower.poll() == 1
+    today.unlink()
+    assert follower.poll() == 0
+    today.write_bytes(usage_line(401))  # a new file of the same name (another inode)
+    assert follower.poll() == 1
+    assert requests_by_status(metrics) == {"404": 1, "401": 1}

@@ -147,18 +147,34 @@ class FakeReplica:
                                   "path": self.path, "model": body.get("model") if isinstance(body, dict) else None,
                                   "rid": body.get("rid") if isinstance(body, dict) else None,
                                   "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
-                                  "usage": USAGE})
+                                  "usage": USAGE}, int(body.get("fragment") or 0) if isinstance(body, dict) else 0)
 
-            def _reply(self, status: int, payload: dict[str, Any]) -> None:
+            def _reply(self, status: int, payload: dict[str, Any], fragment: int = 0) -> None:
                 out = json.dumps(payload).encode()
-                # One write: a replica killed meanwhile sends all of an answer or none of it.
                 head = (f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
                         f"Content-Length: {len(out)}\r\n\r\n").encode()
-                self.wfile.write(head + out)
+                if not fragment:
+                    # One write: a replica killed meanwhile sends all of an answer or none of it.
+                    self.wfile.write(head + out)
+                    return
+                self.wfile.write(head)
+                for at in range(0, len(out), fragment):
+                    self._pause()
+                    self.wfile.write(out[at:at + fragment])
+                    self.wfile.flush()
 
-            def _chunk(self, data: bytes) -> None:
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-                self.wfile.flush()
+            @staticmethod
+            def _pause() -> None:
+                # Long enough that nginx reads each fragment on its own (its filter sees them apart).
+                time.sleep(0.003)
+
+            def _chunk(self, data: bytes, fragment: int = 0) -> None:
+                for at in range(0, len(data), fragment or len(data)):
+                    if fragment:
+                        self._pause()
+                    piece = data[at:at + fragment] if fragment else data
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                    self.wfile.flush()
 
             def _stream(self, body: dict[str, Any]) -> None:
                 self.send_response(200)
@@ -166,17 +182,20 @@ class FakeReplica:
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
                 with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                # `fragment`: every event sent in pieces of that many bytes (a TCP stream cut anywhere).
+                fragment = int(body.get("fragment") or 0)
                 for i in range(3):
                     event = {"choices": [{"index": 0, "delta": {"content": f"t{i}"}}]}
                     if with_usage:
                         event["usage"] = None
-                    self._chunk(b"data: " + json.dumps(event).encode() + b"\n\n")
+                    self._chunk(b"data: " + json.dumps(event).encode() + b"\n\n", fragment)
                     if i == 0 and body.get("gate"):
                         # Nothing more until the client has shown it holds the first chunk.
                         replica.gates[body["gate"]].wait(WAIT)
                 if with_usage:
-                    self._chunk(b"data: " + json.dumps({"choices": [], "usage": STREAM_USAGE}).encode() + b"\n\n")
-                self._chunk(b"data: [DONE]\n\n")
+                    self._chunk(b"data: " + json.dumps({"choices": [], "usage": STREAM_USAGE}).encode() + b"\n\n",
+                                fragment)
+                self._chunk(b"data: [DONE]\n\n", fragment)
                 self.wfile.write(b"0\r\n\r\n")
 
             def log_message(self, *args: Any) -> None:
@@ -634,6 +653,34 @@ def test_log_lines_carry_key_id_model_pool_and_tokens_never_a_key(gw: NginxGatew
     for key in [*keys.values(), "sk-not-a-key"]:
         assert key not in logs
 
+
+
+@pytest.mark.parametrize("fragment", [1, 3, 7])
+def test_usage_and_events_are_read_whatever_bytes_each_read_brings(gw: NginxGateway, keys: dict[str, str],
+                                                                   fragment: int) -> None:
+    # The replica writes its answers a few bytes at a time: every marker ("usage", "data:") and the
+    # usage object itself are cut across the pieces nginx reads and hands to the body filter.
+    status, _, text = gw.call("POST", f"/v1/chat/completions?t=frag-stream-{fragment}",
+                              {"model": R1, "stream": True, "stream_options": {"include_usage": True},
+                               "fragment": fragment}, keys["default"])
+    assert status == 200
+    events = text.split("\n\n")
+    assert events[-2:] == ["data: [DONE]", ""] and json.loads(events[-3][len("data: "):])["usage"] == STREAM_USAGE
+    status, _, body = gw.call("POST", f"/v1/chat/completions?t=frag-json-{fragment}",
+                              {"model": CHAT, "fragment": fragment}, keys["default"])
+    assert status == 200 and body["usage"] == USAGE
+    deadline = time.monotonic() + WAIT
+    mine: dict[str, dict[str, Any]] = {}
+    while len(mine) < 2 and time.monotonic() < deadline:
+        mine = {line["path"].split("?t=")[1]: line for line in gw.log() if f"?t=frag-" in line["path"]
+                and line["path"].endswith(f"-{fragment}")}
+        time.sleep(0.05)
+    stream, plain = mine[f"frag-stream-{fragment}"], mine[f"frag-json-{fragment}"]
+    # 3 content events, the usage event, [DONE]; the counts of each usage object.
+    assert (stream["events"], stream["prompt_tokens"], stream["completion_tokens"], stream["total_tokens"]) == (
+        5, 5, 3, 8)
+    assert (plain["events"], plain["prompt_tokens"], plain["completion_tokens"], plain["total_tokens"]) == (
+        0, 11, 7, 18)
 
 # --- failover -----------------------------------------------------------------------------------
 

@@ -15,8 +15,8 @@ One OpenAI endpoint for every pool:
   "requests with a non-idempotent method (POST, LOCK, PATCH) are not passed to the next server if a
   request has been sent to an upstream server").
 - One JSON access-log line per request with the key id (never the key), model, pool, upstream,
-  status, times, bytes and the response's token usage: to stdout, and as a syslog datagram to the
-  metrics exporter on loopback (gateway_exporter.py), which counts them for Prometheus.
+  status, times, bytes and the response's token usage, in a file a day on the host (the usage log),
+  which the metrics exporter (gateway_exporter.py) follows and counts for Prometheus.
 - `auth: false` (a lab only; the policy pack refuses it by default): no key lookup, no 401, no keys.
 """
 from __future__ import annotations
@@ -100,7 +100,8 @@ class GatewayLayout:
     """Worker user (the image has `nginx`); None when nginx does not start as root."""
     worker_processes: str = "auto"
     syslog_port: int | None = None
-    """UDP port on 127.0.0.1 of the metrics exporter that receives a copy of the usage log; None: none."""
+    """UDP port on 127.0.0.1 that also gets each usage line as a syslog datagram; None: none (as deployed:
+    the exporter follows the usage files, which costs nginx nothing; the bench measures both)."""
 
     @property
     def njs_file(self) -> str:
@@ -119,7 +120,7 @@ def container_layout(spec: StackSpec) -> GatewayLayout:
     assert g is not None
     return GatewayLayout(port=g.port, conf_dir=CONTAINER_CONF_DIR, load_module=NJS_MODULE_PATH,
                          digests_file=f"{CONTAINER_KEYS_DIR}/{DIGESTS_FILE}", tls_dir=CONTAINER_TLS_DIR,
-                         usage_dir=g.usage_log.dir, syslog_port=g.exporter_syslog_port)
+                         usage_dir=g.usage_log.dir)
 
 
 def nginx_argv() -> list[str]:
@@ -407,10 +408,12 @@ LOG_FORMAT = (
 `completed` is "OK" when the whole response reached the client and "" when it was cut (the client
 went away mid-stream, or the replica died mid-answer); `events` counts the stream events the client
 was sent, so a cut stream still says what it was served. Client-chosen fields (path, model) are
-truncated so that a line always fits one syslog datagram."""
+truncated so that a line stays short (and fits one datagram where a layout sends them)."""
 
 # Client-controlled text in a log line is cut to this many characters (a line stays < 2 KiB).
 LOG_FIELD_MAX = 256
+# The token counts of a response's `usage` object, each a log field `<kind>_tokens`.
+USAGE_COUNTS = ("prompt", "completion", "total")
 # Attempts per request (first + retries), so one request that makes every replica fail cannot take
 # a whole large pool out of service.
 MAX_TRIES = 3
@@ -439,6 +442,8 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
     if layout.user:
         out.append(f"user {layout.user};")
     out += [f"worker_processes {layout.worker_processes};",
+            # Every regular expression of the maps compiled to machine code (log fields, usage counts).
+            "pcre_jit on;",
             f"pid {layout.pid_file};",
             f"error_log {layout.error_log} warn;",
             "",
@@ -467,10 +472,15 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
             "    js_var $llm_model;",
             "    js_var $llm_pool;",
             "    js_var $llm_body;",
-            "    js_var $llm_prompt_tokens null;",
-            "    js_var $llm_completion_tokens null;",
-            "    js_var $llm_total_tokens null;",
+            "    js_var $llm_usage;",
             "    js_var $llm_events 0;",
+            # The usage filter hands over the bytes after the response's "usage"; nginx reads the
+            # counts out of them once, when it writes the log line (null when there were none).
+            *(line for kind in USAGE_COUNTS for line in (
+                f"    map $llm_usage $llm_{kind}_tokens {{",
+                f'        "~^\\"usage\\"\\s*:\\s*{{[^}}]*\\"{kind}_tokens\\"\\s*:\\s*(?<llm_{kind}>\\d{{1,15}})" $llm_{kind};',
+                "        default null;",
+                "    }")),
             "",
             f"    log_format llm_usage escape=json '{LOG_FORMAT}';"]
     if layout.access_log:
@@ -490,8 +500,8 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
     if not layout.access_log and not layout.usage_dir:
         out.append("    access_log off;")
     if layout.syslog_port is not None:
-        # One UDP datagram per request (nginx cannot buffer syslog): the metrics exporter's input.
-        # A stopped exporter costs nothing but an error-log line per failed send.
+        # One UDP datagram per request (nginx cannot buffer syslog). Not deployed: it cost a third of
+        # the gateway's throughput (bench/gateway.py), and the exporter follows the usage files instead.
         out.append(f"    access_log syslog:server=127.0.0.1:{layout.syslog_port},tag={SYSLOG_TAG},nohostname llm_usage;")
     out.append("")
 
@@ -962,11 +972,10 @@ def metrics_address(spec: StackSpec) -> str:
 
 
 def exporter_argv(spec: StackSpec) -> list[str]:
-    """The exporter's command: syslog from nginx on loopback, /metrics on the cluster address."""
+    """The exporter's command: it follows nginx's usage files, and serves /metrics on the cluster address."""
     g = spec.gateway
     assert g is not None
-    return ["python3", EXPORTER_PATH, "--syslog", f"127.0.0.1:{g.exporter_syslog_port}",
-            "--listen", metrics_address(spec), "--usage-dir", g.usage_log.dir,
+    return ["python3", EXPORTER_PATH, "--usage-dir", g.usage_log.dir, "--listen", metrics_address(spec),
             "--retention-days", str(g.usage_log.retention_days),
             "--max-usage-mib", str(round(g.usage_log.max_total_gib * 1024))]
 

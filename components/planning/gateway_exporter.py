@@ -1,20 +1,26 @@
 #!/usr/bin/env python3
-"""llm-cluster gateway exporter: nginx's JSON usage log, received over syslog, as Prometheus metrics.
+"""llm-cluster gateway exporter: nginx's JSON usage log, read from its daily files, as Prometheus metrics.
 
-nginx (njs 0.7.9 has no memory shared across requests) keeps no counters of its own: it sends each
-request's JSON log line to this program as a UDP syslog datagram
-(`access_log syslog:server=127.0.0.1:<port>,tag=llmgw,nohostname llm_usage`), and this program counts
-them and serves the counters on `GET /metrics` in the Prometheus text format 0.0.4.
+nginx (njs 0.7.9 has no memory shared across requests) keeps no counters of its own: it appends each
+request's JSON log line to the day's usage file (`<usage dir>/usage-YYYY-MM-DD.log`, the operator's
+record), and this program follows those files, counts the lines and serves the counters on
+`GET /metrics` in the Prometheus text format 0.0.4. Reading the file costs nginx nothing beyond the
+line it writes anyway: the usage copy that went out as one UDP datagram per request (syslog) cost
+the gateway about a third of its throughput (bench/gateway.py). `--syslog` still accepts such
+datagrams, for an nginx configured to send them.
 
-Shipped as one file into an official Python image and run with `python3 gateway_exporter.py --syslog
-127.0.0.1:5514 --listen <cluster address>:9145`: standard library only, Python 3.8 or newer.
+Shipped as one file into an official Python image and run with `python3 gateway_exporter.py
+--usage-dir /var/log/llm-gateway --listen <cluster address>:9145`: standard library only, Python 3.8
+or newer. It starts at the end of the newest file (counters start with the process, as Prometheus
+expects), polls every second, and reads the newest two files, so lines nginx still appends to
+yesterday's file after midnight are counted too.
 
 Metrics (labels are what the log line carries; the log holds API key ids, never keys):
   llm_gateway_requests_total{key_id,model,pool,status}     requests answered
   llm_gateway_upstream_failures_total{pool,upstream}       failed attempts on a replica (see below)
   llm_gateway_tokens_total{key_id,model,kind}              usage reported by vLLM, kind=prompt|completion
   llm_gateway_request_duration_seconds{pool}               histogram of $request_time (whole stream)
-  llm_gateway_log_lines_total / _log_parse_errors_total    datagrams received / not understood
+  llm_gateway_log_lines_total / _log_parse_errors_total    log lines read / not understood
   llm_gateway_series_overflow_total                        observations dropped at the label-set cap
 
 An upstream failure is one attempt whose entry in $upstream_status is 502 or 504: nginx's codes for a
@@ -42,7 +48,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 # Seconds; LLM requests run from milliseconds (refusals, short embeddings) up to the pools' readTimeoutSeconds.
 DURATION_BUCKETS: Tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0,
@@ -66,8 +72,8 @@ HELP = {
                                            "upstream=none: no live replica.",
     "llm_gateway_tokens_total": "Tokens in the usage vLLM reported, by API key id, model and kind (prompt, completion).",
     "llm_gateway_request_duration_seconds": "Time from the request's first byte to the response's last, streams whole.",
-    "llm_gateway_log_lines_total": "Log datagrams received from nginx.",
-    "llm_gateway_log_parse_errors_total": "Log datagrams that were not an nginx syslog line with the gateway's JSON.",
+    "llm_gateway_log_lines_total": "Usage log lines read (or syslog datagrams received) from nginx.",
+    "llm_gateway_log_parse_errors_total": "Usage log lines (or datagrams) that were not the gateway's JSON log line.",
     "llm_gateway_series_overflow_total": "Observations dropped because the exporter already holds --max-series label sets.",
 }
 
@@ -83,8 +89,13 @@ def parse_datagram(data: bytes) -> Dict[str, object]:
     header = SYSLOG_HEADER.match(data)
     if header is None:
         raise ParseError("no nginx syslog header")
+    return parse_line(data[header.end():])
+
+
+def parse_line(data: bytes) -> Dict[str, object]:
+    """The JSON object of one usage log line; ParseError when it is not one of the gateway's lines."""
     # escape=json leaves bytes >= 0x80 as sent: a client's invalid UTF-8 must not lose the line.
-    text = data[header.end():].decode("utf-8", errors="replace").rstrip("\n")
+    text = data.decode("utf-8", errors="replace").rstrip("\n")
     try:
         line = json.loads(text)
     except ValueError as e:
@@ -157,9 +168,16 @@ class Metrics:
         family[labels] = family.get(labels, 0) + amount
 
     def record(self, datagram: bytes) -> None:
-        """Count one datagram: its log line, or a parse error."""
+        """Count one syslog datagram: its log line, or a parse error."""
+        self._count(datagram, parse_datagram)
+
+    def record_line(self, data: bytes) -> None:
+        """Count one line of a usage file: the request it logs, or a parse error."""
+        self._count(data, parse_line)
+
+    def _count(self, data: bytes, parse: "Callable[[bytes], Dict[str, object]]") -> None:
         try:
-            line: Optional[Dict[str, object]] = parse_datagram(datagram)
+            line: Optional[Dict[str, object]] = parse(data)
         except ParseError:
             line = None
         with self.lock:
@@ -317,6 +335,64 @@ def prune_usage(directory: str, retention_days: int, max_bytes: int, today: Opti
     return deleted
 
 
+class UsageFollower:
+    """Reads what nginx appends to the daily usage files: the newest two, from where it last stopped."""
+
+    def __init__(self, directory: str, metrics: Metrics, from_start: bool = False):
+        self.directory = directory
+        self.metrics = metrics
+        # file name -> (inode, bytes consumed); a partial last line waits for its newline.
+        self.offsets: Dict[str, Tuple[int, int]] = {}
+        self.partial: Dict[str, bytes] = {}
+        if not from_start:
+            for name in self._newest():
+                st = os.stat(os.path.join(directory, name))
+                self.offsets[name] = (st.st_ino, st.st_size)
+
+    def _newest(self) -> List[str]:
+        return sorted(n for n in os.listdir(self.directory) if USAGE_FILE.match(n))[-2:]
+
+    def poll(self) -> int:
+        """Count every complete line appended since the last poll; returns how many were read."""
+        read = 0
+        newest = self._newest()
+        for name in newest:
+            path = os.path.join(self.directory, name)
+            try:
+                with open(path, "rb") as f:
+                    st = os.fstat(f.fileno())
+                    inode, offset = self.offsets.get(name, (st.st_ino, 0))
+                    if inode != st.st_ino or st.st_size < offset:
+                        offset, self.partial[name] = 0, b""  # replaced or truncated: read it anew
+                    f.seek(offset)
+                    data = f.read()
+            except FileNotFoundError:
+                continue  # pruned meanwhile
+            self.offsets[name] = (st.st_ino, offset + len(data))
+            text = self.partial.pop(name, b"") + data
+            lines = text.split(b"\n")
+            if lines[-1]:
+                self.partial[name] = lines[-1]
+            for line in lines[:-1]:
+                if line:
+                    self.metrics.record_line(line)
+                    read += 1
+        for name in list(self.offsets):
+            if name not in newest:  # two days old: nginx writes there no more
+                del self.offsets[name]
+                self.partial.pop(name, None)
+        return read
+
+    def forever(self, every_seconds: float = 1.0) -> None:
+        """poll() every second; a failure is reported and retried, never fatal to the metrics."""
+        while True:
+            try:
+                self.poll()
+            except OSError as err:
+                print("gateway exporter: reading %s failed: %s" % (self.directory, err), file=sys.stderr, flush=True)
+            time.sleep(every_seconds)
+
+
 def prune_forever(directory: str, retention_days: int, max_bytes: int, every_seconds: float = 3600) -> None:
     """prune_usage every hour; a failure is reported and retried, never fatal to the metrics."""
     while True:
@@ -329,28 +405,35 @@ def prune_forever(directory: str, retention_days: int, max_bytes: int, every_sec
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    """Bind the syslog socket and the HTTP listener, then serve until SIGTERM."""
+    """Follow the usage files (and/or bind the syslog socket) and the HTTP listener; serve until SIGTERM."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--syslog", type=host_port, required=True, help="UDP host:port nginx sends its log to")
+    parser.add_argument("--usage-dir", help="directory of nginx's daily usage files: followed, and pruned hourly")
+    parser.add_argument("--syslog", type=host_port, help="UDP host:port where nginx sends its log as datagrams")
     parser.add_argument("--listen", type=host_port, required=True, help="host:port of GET /metrics")
     parser.add_argument("--max-series", type=int, default=DEFAULT_MAX_SERIES, help="cap on label sets")
-    parser.add_argument("--usage-dir", help="directory of nginx's daily usage files, pruned hourly")
     parser.add_argument("--retention-days", type=int, default=30, help="usage files kept for this many days")
     parser.add_argument("--max-usage-mib", type=int, default=20480, help="usage files kept within this total")
     args = parser.parse_args(argv)
+    if not args.usage_dir and not args.syslog:
+        parser.error("give --usage-dir (the usage files nginx writes) or --syslog (datagrams nginx sends)")
     metrics = Metrics(args.max_series)
-    sock = socket.socket(socket.AF_INET6 if ":" in args.syslog[0] else socket.AF_INET, socket.SOCK_DGRAM)
-    # Bursts of log lines queue here while a scrape holds the lock; the kernel caps it at rmem_max.
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-    sock.bind(args.syslog)
     server = make_server(args.listen, metrics)
     # As PID 1 in a container, Python gets no default SIGTERM action: `docker stop` would wait 10 s.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    threading.Thread(target=receive, args=(sock, metrics), daemon=True).start()
+    sources = []
+    if args.syslog:
+        sock = socket.socket(socket.AF_INET6 if ":" in args.syslog[0] else socket.AF_INET, socket.SOCK_DGRAM)
+        # Bursts of log lines queue here while a scrape holds the lock; the kernel caps it at rmem_max.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        sock.bind(args.syslog)
+        threading.Thread(target=receive, args=(sock, metrics), daemon=True).start()
+        sources.append("syslog udp %s:%d" % args.syslog)
     if args.usage_dir:
+        threading.Thread(target=UsageFollower(args.usage_dir, metrics).forever, daemon=True).start()
         threading.Thread(target=prune_forever, args=(args.usage_dir, args.retention_days, args.max_usage_mib << 20),
                          daemon=True).start()
-    print("gateway exporter: syslog udp %s:%d, metrics http://%s:%d/metrics" % (args.syslog + args.listen),
+        sources.append("usage files in %s" % args.usage_dir)
+    print("gateway exporter: %s, metrics http://%s:%d/metrics" % (", ".join(sources), args.listen[0], args.listen[1]),
           file=sys.stderr, flush=True)
     server.serve_forever()
 

@@ -76,9 +76,7 @@ def host_ports(spec: StackSpec) -> list[tuple[str, int, str]]:
                         (inst.head, p.ray_client_port, f"pools.{pname}.rayClientPort")]
     g = spec.gateway
     if g is not None:
-        out += [(g.node, g.port, "gateway.port"), (g.node, g.metrics_port, "gateway.metricsPort"),
-                # UDP on loopback, so no TCP listener collides with it; listed anyway: one number, one purpose.
-                (g.node, g.exporter_syslog_port, "gateway.exporterSyslogPort")]
+        out += [(g.node, g.port, "gateway.port"), (g.node, g.metrics_port, "gateway.metricsPort")]
         if g.http_redirect_port is not None:
             out.append((g.node, g.http_redirect_port, "gateway.httpRedirectPort"))
     m = spec.monitoring

@@ -75,8 +75,6 @@ class GatewaySpec(Spec):
     metrics_port: int = Field(default=9145, ge=1024, le=65535)
     """Where the gateway's metrics exporter serves /metrics, on the node's cluster address (the exporter
     runs unprivileged, hence >= 1024)."""
-    exporter_syslog_port: int = Field(default=5514, ge=1024, le=65535)
-    """UDP port on 127.0.0.1 where the exporter receives nginx's usage log as syslog datagrams."""
     exporter_image: str = "python:3.12-slim"
     """An official Python image (3.8+) that runs the exporter, a single standard-library file."""
     default_pool: str
