@@ -56,7 +56,7 @@ def test_a_chat_node_closes_its_services_and_the_ephemeral_range_to_all_but_the_
 
 def test_the_ray_head_also_closes_ray_ports_and_opens_the_gateway_to_allow_from(prod_spec: StackSpec) -> None:
     rules = firewall.ruleset(prod_spec, "gpu-01")
-    assert ("tcp dport { 3000, 5514, 6379, 8000, 8265, 9090, 9100, 9145, 9400, 10001-19999, 32768-60999 } drop"
+    assert ("tcp dport { 3000, 6379, 8000, 8265, 9090, 9100, 9145, 9400, 10001-19999, 32768-60999 } drop"
             in rules)
     # The gateway port is never in the cluster-only set; anyone may reach it by default.
     assert "\t\ttcp dport 443 ip saddr @gateway_v4 accept" in rules and "elements = { 0.0.0.0/0 }" in rules
@@ -89,6 +89,24 @@ def test_overlapping_sources_still_pass_nft_check(config: dict[str, Any], tmp_pa
     (tmp_path / "rules.nft").write_text(firewall.ruleset(spec_of(config), "gpu-01"))
     subprocess.run([tool("nft"), "-c", "-f", str(tmp_path / "rules.nft")], check=True, capture_output=True, text=True)
 
+
+
+def test_the_http_redirect_port_is_open_to_allow_from_beside_the_tls_port(config: dict[str, Any],
+                                                                         tmp_path: Path) -> None:
+    config[NS + "gateway"].update(httpRedirectPort=80, allowFrom=["10.20.0.0/16", "2001:db8::/32"])
+    spec = spec_of(config)
+    rules = firewall.ruleset(spec, "gpu-01")
+    # Clients sent to HTTPS by the 308 on port 80 must reach port 80 first: both ports, same sources.
+    assert '\t\ttcp dport { 443, 80 } ip saddr @gateway_v4 accept comment "gateway.allowFrom"\n' in rules
+    assert '\t\ttcp dport { 443, 80 } ip6 saddr @gateway_v6 accept comment "gateway.allowFrom"\n' in rules
+    assert '\t\ttcp dport { 443, 80 } drop comment "gateway: not in gateway.allowFrom"\n' in rules
+    closed = re.search(r"tcp dport \{ ([^}]*) \} drop comment \"llm-cluster services", rules)
+    assert closed is not None and "80" not in closed.group(1).split(", ")
+    assert "80" not in [p.nft() for p in firewall.guarded_ports(spec, "gpu-01")]
+    (tmp_path / "rules.nft").write_text(rules)
+    subprocess.run([tool("nft"), "-c", "-f", str(tmp_path / "rules.nft")], check=True, capture_output=True, text=True)
+    # Another node does not serve the gateway: nothing of it opened there.
+    assert "dport { 443, 80 }" not in firewall.ruleset(spec, "gpu-02")
 
 def test_a_service_port_inside_a_range_merges_instead_of_overlapping(config: dict[str, Any]) -> None:
     config[NS + "pools"]["chat"]["port"] = 40000

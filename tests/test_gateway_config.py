@@ -140,13 +140,19 @@ def test_exporter_command_follows_the_usage_files_and_listens_on_the_cluster_add
 @pytest.mark.parametrize(("gateway", "message"), [
     ({"metricsPort": 80}, "gateway.metricsPort: 80 is not allowed: must be at least 1024"),
     ({"metricsPort": 8000}, "gateway.metricsPort: port 8000 on gpu-01 is already taken by pools.reasoning.port"),
-    ({"metricsPort": 443}, "gateway.metricsPort: 443 is not allowed: Input should be greater than or equal to 1024"),
 ])
 def test_exporter_ports_are_unprivileged_and_claimed_on_the_gateway_node(config: dict[str, Any], gateway: dict[str, Any],
                                                                          message: str) -> None:
     with pytest.raises(SpecError) as err:
         spec_with(config, **gateway)
     assert str(err.value) == message
+
+
+def test_the_syslog_port_of_last_sessions_exporter_is_refused_by_name(config: dict[str, Any]) -> None:
+    # The exporter follows the usage files now: a stack still setting the port hears it is gone.
+    with pytest.raises(SpecError) as err:
+        spec_with(config, exporterSyslogPort=5514)
+    assert str(err.value).startswith("gateway.exporterSyslogPort: unknown key 'exporterSyslogPort'; allowed keys here:")
 
 
 def test_only_the_openai_endpoints_are_exposed(prod_spec: StackSpec) -> None:

@@ -24,8 +24,8 @@ from tests.test_gateway_nginx import (  # noqa: F401 (replicas: a fixture)
 
 
 def edge_config(**gateway: Any) -> dict[str, Any]:
-    """The test stack plus a key capped at one request in flight."""
-    config = gateway_config(**gateway)
+    """The test stack plus a key capped at one request in flight; silent clients dropped after 1 s."""
+    config = gateway_config(**{"clientTimeoutSeconds": 1, **gateway})
     config["llm-cluster:gateway"]["apiKeys"].append({"id": "capped", "maxConcurrent": 1})
     return config
 
@@ -228,3 +228,115 @@ def test_every_error_page_is_wired(gw_keys: tuple[NginxGateway, dict[str, str]])
         f"error_page {raised} {'' if page.status == raised else f'={page.status} '}/_llm_error/{raised};"
         for raised, page in ERRORS.items()]
     assert "error_page 503 =429 /_llm_error/503;" in conf and "error_page 494 =431 /_llm_error/494;" in conf
+
+
+# --- a demanding client -------------------------------------------------------------------------
+
+def exchange(sock: socket.socket, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send one request on a kept-alive connection and read exactly its answer (Content-Length or chunked)."""
+    sock.sendall(request)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed after {data!r}"
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:] if ":" in line)}
+    status = int(lines[0].split(" ")[1])
+    if request.startswith(b"HEAD ") or status in (204, 304):
+        return status, headers, b""
+    if headers.get("transfer-encoding") == "chunked":
+        while not rest.endswith(b"0\r\n\r\n"):
+            rest += sock.recv(65536)
+        body, text = b"", rest
+        while True:
+            size, _, text = text.partition(b"\r\n")
+            if int(size, 16) == 0:
+                return status, headers, body
+            body, text = body + text[:int(size, 16)], text[int(size, 16) + 2:]
+    length = int(headers.get("content-length", 0))
+    while len(rest) < length:
+        rest += sock.recv(65536)
+    return status, headers, rest
+
+
+def post(path: str, key: str, body: bytes, extra: str = "") -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}\r\n").encode() + body
+
+
+@pytest.mark.parametrize("sent", [
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n",  # headers never finished
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer KEY\r\n"
+    b"Content-Length: 100\r\n\r\n{\"model\"",  # a body that stops coming
+], ids=["headers", "body"])
+def test_a_silent_client_is_dropped_without_an_answer_and_logged_as_408(
+        gw_keys: tuple[NginxGateway, dict[str, str]], pools: dict[str, list[FakeReplica]], sent: bytes) -> None:
+    gw, keys = gw_keys
+    before = sum(len(r.requests) for rs in pools.values() for r in rs)
+    lines = len(gw.log())
+    sock = socket.create_connection(("127.0.0.1", gw.port), timeout=WAIT)
+    sock.sendall(sent.replace(b"KEY", keys["default"].encode()))
+    # nginx closes after clientTimeoutSeconds (1 s here) of silence, sending nothing: no HTML page, and
+    # no connection held open (a recv that never returned would fail the test at WAIT).
+    assert sock.recv(65536) == b""
+    sock.close()
+    new = gw.log(at_least=lines + 1)[lines:]
+    assert [(line["status"], line["response_bytes"], line["pool"]) for line in new] == [(408, 0, "")]
+    assert sum(len(r.requests) for rs in pools.values() for r in rs) == before
+
+
+def test_one_kept_alive_connection_carries_answers_errors_and_heads_in_turn(
+        gw_keys: tuple[NginxGateway, dict[str, str]]) -> None:
+    # Each answer is read by its own length: a HEAD that sent a body, or an error page that closed the
+    # connection, would break the next exchange.
+    gw, keys = gw_keys
+    key = keys["default"]
+    sock = socket.create_connection(("127.0.0.1", gw.port), timeout=WAIT)
+    try:
+        steps = [
+            (post("/v1/chat/completions", key, json.dumps({"model": CHAT}).encode()), 200, None),
+            (post("/v1/chat/completions", key, b"{not json"), 400, "invalid_json"),
+            (post("/v1/chat/completions", key, json.dumps({"model": "nope"}).encode()), 404, "model_not_found"),
+            (f"HEAD /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n".encode(), 200, None),
+            (f"OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n".encode(),
+             405, "method_not_allowed"),
+            (b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n", 401, "invalid_api_key"),
+            (post("/v1/chat/completions", key, json.dumps({"model": CHAT, "stream": True}).encode()), 200, None),
+            (post("/v1/embeddings", key, json.dumps({"model": CHAT}).encode()), 200, None),
+        ]
+        for request, status, code in steps:
+            got, headers, body = exchange(sock, request)
+            assert got == status, (request[:40], got, body[:200])
+            assert headers.get("connection", "keep-alive") != "close"
+            if code is not None:
+                assert headers["content-type"] == "application/json" and error_code(json.loads(body)) == code
+    finally:
+        sock.close()
+
+
+def test_a_chunked_request_body_and_expect_100_continue_are_routed_by_their_model(
+        gw_keys: tuple[NginxGateway, dict[str, str]], pools: dict[str, list[FakeReplica]]) -> None:
+    gw, keys = gw_keys
+    body = json.dumps({"model": R1, "rid": "chunked-body"}).encode()
+    pieces = b"".join(b"%x\r\n%s\r\n" % (len(body[i:i + 5]), body[i:i + 5]) for i in range(0, len(body), 5))
+    sock = socket.create_connection(("127.0.0.1", gw.port), timeout=WAIT)
+    try:
+        status, _, answer = exchange(sock, (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {keys['default']}\r\n"
+            "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n").encode() + pieces + b"0\r\n\r\n")
+        assert status == 200 and json.loads(answer)["served_by"] == "reasoning-0"
+        # Expect: 100-continue: nginx says continue, the client then sends its body.
+        sock.sendall(post("/v1/chat/completions", keys["default"], b"", "Expect: 100-continue\r\n")
+                     .replace(b"Content-Length: 0", b"Content-Length: %d" % len(body)))
+        assert sock.recv(65536).startswith(b"HTTP/1.1 100 Continue\r\n")
+        status, _, answer = exchange(sock, body)
+        assert status == 200 and json.loads(answer)["served_by"] == "reasoning-0"
+    finally:
+        sock.close()
+    reasoning = by_name(pools)["reasoning-0"]
+    got = [r for r in reasoning.requests if isinstance(r["body"], dict) and r["body"].get("rid") == "chunked-body"]
+    # The replica gets each body whole, with a length (nginx reads chunked bodies before proxying).
+    assert [r["body"] for r in got] == [json.loads(body)] * 2
+    assert all(r["headers"].get("Content-Length") == str(len(body)) for r in got)

@@ -6,7 +6,8 @@ NCCL, Gloo and vLLM's workers listen on ephemeral ports; the exporters serve to 
 
 The table (`inet llm_cluster`, an input base chain with policy accept) closes exactly the ports the
 stack puts on a node, Ray's worker range and the ephemeral range to every source but the cluster's
-node addresses (and `firewall.trustedSources`); the gateway port is open to `gateway.allowFrom`;
+node addresses (and `firewall.trustedSources`); the gateway's ports (its port, and the plain-HTTP
+port that redirects to it when `gateway.httpRedirectPort` is set) are open to `gateway.allowFrom`;
 the SSH port is accepted before anything else. Nothing else is filtered, and no other table is
 touched: a drop in any table drops, so other tables keep working as they did, and deleting ours
 undoes exactly what it added. The file loads as one transaction (`table …; delete table …;
@@ -47,11 +48,21 @@ class Guarded:
         return str(self.first) if self.first == self.last else f"{self.first}-{self.last}"
 
 
-def guarded_ports(spec: StackSpec, node: str) -> list[Guarded]:
-    """Every port the stack's services use on this node (the gateway port excepted), sorted."""
+def gateway_ports(spec: StackSpec) -> list[int]:
+    """The ports clients reach the gateway on: its port, and the redirect to it when nginx listens there."""
     g = spec.gateway
+    if g is None:
+        return []
+    # nginx listens on httpRedirectPort only in front of TLS (plain HTTP on it would carry keys in clear).
+    return [g.port, *([g.http_redirect_port] if g.tls and g.http_redirect_port is not None else [])]
+
+
+def guarded_ports(spec: StackSpec, node: str) -> list[Guarded]:
+    """Every port the stack's services use on this node (the gateway's own excepted), sorted."""
+    g = spec.gateway
+    public = set(gateway_ports(spec)) if g is not None and g.node == node else set()
     out = [Guarded(port, port, key) for n, port, key in host_ports(spec)
-           if n == node and not (g is not None and n == g.node and key == "gateway.port")]
+           if n == node and not (port in public and key.startswith("gateway."))]
     if any(node in inst.nodes and inst.uses_ray for inst in all_instances(spec)):
         out.append(Guarded(*RAY_WORKER_PORTS, "Ray worker ports (ray start defaults)"))
     first, last = spec.firewall.ephemeral_ports
@@ -127,12 +138,13 @@ def ruleset(spec: StackSpec, node: str) -> str:
     if trusted6:
         rules.append('ip6 saddr @cluster_v6 accept comment "cluster nodes and trusted sources"')
     if gateway_here:
-        assert g is not None
+        public = gateway_ports(spec)
+        dport = str(public[0]) if len(public) == 1 else "{ " + ", ".join(map(str, public)) + " }"
         if allow4:
-            rules.append(f'tcp dport {g.port} ip saddr @gateway_v4 accept comment "gateway.allowFrom"')
+            rules.append(f'tcp dport {dport} ip saddr @gateway_v4 accept comment "gateway.allowFrom"')
         if allow6:
-            rules.append(f'tcp dport {g.port} ip6 saddr @gateway_v6 accept comment "gateway.allowFrom"')
-        rules.append(f'tcp dport {g.port} drop comment "gateway: not in gateway.allowFrom"')
+            rules.append(f'tcp dport {dport} ip6 saddr @gateway_v6 accept comment "gateway.allowFrom"')
+        rules.append(f'tcp dport {dport} drop comment "gateway: not in gateway.allowFrom"')
     rules.append(f'tcp dport {{ {_elements(merged(ports))} }} drop comment "llm-cluster services: cluster only"')
     body += "\tchain input {\n" + "".join(f"\t\t{r}\n" for r in rules) + "\t}\n"
     return "\n".join(lines) + "\n" + body + "}\n"

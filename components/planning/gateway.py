@@ -326,13 +326,14 @@ class ErrorPage:
 
 
 # Every status nginx can answer by itself in this config, by the status nginx raises internally.
+# Not 408: a client silent past client_header_timeout / client_body_timeout is dropped without an
+# answer (ngx_http_finalize_request terminates a request finalized with 408), only logged as 408.
 ERRORS: dict[int, ErrorPage] = {
     400: ErrorPage(400, "The request could not be parsed (malformed request line, header or path).", "bad_request"),
     401: ErrorPage(401, "Missing or invalid API key: send the header Authorization: Bearer <key>.", "invalid_api_key"),
     404: ErrorPage(404, "Unknown path: the gateway serves POST /v1/chat/completions, /v1/completions, "
                         "/v1/embeddings and GET /v1/models.", "not_found"),
     405: ErrorPage(405, "Method not allowed on this path; see the Allow header.", "method_not_allowed"),
-    408: ErrorPage(408, "The request body did not arrive in time.", "request_timeout"),
     411: ErrorPage(411, "A request body needs Content-Length or chunked Transfer-Encoding.", "length_required"),
     413: ErrorPage(413, "Request body too large.", "request_too_large"),
     414: ErrorPage(414, "Request URI too long.", "uri_too_long"),
@@ -460,7 +461,10 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
             "    # njs reads `model` from the body: it must be whole and in memory, never in a temp file.",
             f"    client_max_body_size {g.max_body_mib}m;",
             f"    client_body_buffer_size {g.max_body_mib}m;",
-            "    client_body_in_single_buffer on;"]
+            "    client_body_in_single_buffer on;",
+            # A client silent this long while sending its request is dropped (nginx closes, logs 408).
+            f"    client_header_timeout {g.client_timeout_seconds}s;",
+            f"    client_body_timeout {g.client_timeout_seconds}s;"]
     if layout.temp_dir:
         for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
             out.append(f"    {kind}_temp_path {layout.temp_dir}/{kind};")

@@ -100,6 +100,9 @@ class GatewaySpec(Spec):
     """Passive health: the failure window, and how long a failed replica stays out."""
     connect_timeout_seconds: int = Field(default=5, ge=1, le=75)
     """A replica that does not accept a connection within this is skipped for the next one."""
+    client_timeout_seconds: int = Field(default=60, ge=1, le=3600)
+    """A client that sends no byte of its request headers or body for this long is dropped (a slow
+    client holds a connection and, with its body, memory); nginx logs it as 408 and closes."""
     upstream_keepalive: int = Field(default=32, ge=0)
     """Idle keepalive connections each nginx worker keeps to each pool (0 = none)."""
     tls: bool = True
