@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import os
 import shutil
 import socket
 import ssl
@@ -31,7 +32,8 @@ from components.spec import StackSpec, load_stack_config
 from tests.conftest import prod_config
 from tests.support import free_port
 
-NJS_MODULE = "/usr/lib/nginx/modules/ngx_http_js_module.so"
+# Another nginx + njs build may be tested with its module here and its nginx first on PATH (README).
+NJS_MODULE = os.environ.get("LLM_TEST_NJS_MODULE", "/usr/lib/nginx/modules/ngx_http_js_module.so")
 CHAT = "qwen3-30b-a3b"
 R1 = "deepseek-r1"
 USAGE = {"prompt_tokens": 11, "total_tokens": 18, "completion_tokens": 7}

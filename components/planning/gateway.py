@@ -504,7 +504,7 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
     if not layout.access_log and not layout.usage_dir:
         out.append("    access_log off;")
     if layout.syslog_port is not None:
-        # One UDP datagram per request (nginx cannot buffer syslog). Not deployed: it cost a third of
+        # One UDP datagram per request (nginx cannot buffer syslog). Not deployed: it cost 6-30 % of
         # the gateway's throughput (bench/gateway.py), and the exporter follows the usage files instead.
         out.append(f"    access_log syslog:server=127.0.0.1:{layout.syslog_port},tag={SYSLOG_TAG},nohostname llm_usage;")
     out.append("")

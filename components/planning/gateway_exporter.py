@@ -6,7 +6,7 @@ request's JSON log line to the day's usage file (`<usage dir>/usage-YYYY-MM-DD.l
 record), and this program follows those files, counts the lines and serves the counters on
 `GET /metrics` in the Prometheus text format 0.0.4. Reading the file costs nginx nothing beyond the
 line it writes anyway: the usage copy that went out as one UDP datagram per request (syslog) cost
-the gateway about a third of its throughput (bench/gateway.py). `--syslog` still accepts such
+the gateway 6-30 % of its throughput (bench/gateway.py). `--syslog` still accepts such
 datagrams, for an nginx configured to send them.
 
 Shipped as one file into an official Python image and run with `python3 gateway_exporter.py
