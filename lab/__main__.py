@@ -66,50 +66,57 @@ def main(argv: list[str] | None = None) -> int:
     except LabConfigError as e:
         print(f"lab: {e}", file=sys.stderr)
         return 2
-    from lab import images
-    from lab.rehearse import Rehearsal, RehearsalError
+    from lab.rehearse import RehearsalError
     try:
-        if args.action == "down":
-            left = hosts.down()
-            if left:
-                print("lab: left behind:\n  " + "\n  ".join(left), file=sys.stderr)
-                return 1
-            print("lab: down, nothing left behind")
-            return 0
-        if args.action in ("up", "hosts"):
-            why = hosts.can_create_namespaces()
-            if why:
-                print(f"lab: cannot run here: {why}", file=sys.stderr)
-                return 1
-            t0 = time.monotonic()
-            hosts.up(stack)
-            print(f"lab: {len(stack.hosts)} hosts up in {time.monotonic() - t0:.0f}s")
-            if args.action == "hosts":
-                return 0
-        if args.action in ("up", "images"):
-            t0 = time.monotonic()
-            images.ensure(image_refs(stack))
-            print(f"lab: images served by the registry mirror ({time.monotonic() - t0:.0f}s)")
-            if args.action == "images":
-                return 0
-        agent = hosts.start_agent()
-        r = Rehearsal(stack.path, stack.name, agent)
-        if args.action == "destroy":
-            r.destroy()
-            print("lab: destroyed")
-            return 0
-        print("lab: weights on their source nodes: " + ", ".join(weights(stack)))
-        t0 = time.monotonic()
-        steps = r.up()
-        ran = sum(s.action != "same" for s in steps)
-        print(f"lab: up in {time.monotonic() - t0:.0f}s ({ran} of {len(steps)} steps ran)")
-        from lab.rehearse import ADAPTATIONS
-        for line in sorted(set(ADAPTATIONS)):
-            print(f"lab: adapted to this machine: {line}")
-        print(summary(r))
+        # One lab per machine: the action holds /tmp/lab.lock (unless the caller runs under it already).
+        with hosts.lab_lock(say=lambda line: print(line, file=sys.stderr)):
+            return run(args.action, stack)
     except (hosts.LabError, RehearsalError) as e:
         print(f"lab: {e}", file=sys.stderr)
         return 1
+
+
+def run(action: str, stack: LabStack) -> int:
+    """One action of `python -m lab` on the lab stack."""
+    from lab import images
+    from lab.rehearse import ADAPTATIONS, Rehearsal
+    if action == "down":
+        left = hosts.down()
+        if left:
+            print("lab: left behind:\n  " + "\n  ".join(left), file=sys.stderr)
+            return 1
+        print("lab: down, nothing left behind")
+        return 0
+    if action in ("up", "hosts"):
+        why = hosts.can_create_namespaces()
+        if why:
+            print(f"lab: cannot run here: {why}", file=sys.stderr)
+            return 1
+        t0 = time.monotonic()
+        hosts.up(stack)
+        print(f"lab: {len(stack.hosts)} hosts up in {time.monotonic() - t0:.0f}s")
+        if action == "hosts":
+            return 0
+    if action in ("up", "images"):
+        t0 = time.monotonic()
+        images.ensure(image_refs(stack))
+        print(f"lab: images served by the registry mirror ({time.monotonic() - t0:.0f}s)")
+        if action == "images":
+            return 0
+    agent = hosts.start_agent()
+    r = Rehearsal(stack.path, stack.name, agent)
+    if action == "destroy":
+        r.destroy()
+        print("lab: destroyed")
+        return 0
+    print("lab: weights on their source nodes: " + ", ".join(weights(stack)))
+    t0 = time.monotonic()
+    steps = r.up()
+    ran = sum(s.action != "same" for s in steps)
+    print(f"lab: up in {time.monotonic() - t0:.0f}s ({ran} of {len(steps)} steps ran)")
+    for line in sorted(set(ADAPTATIONS)):
+        print(f"lab: adapted to this machine: {line}")
+    print(summary(r))
     return 0
 
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """A client outside the cluster (run in the lab-client namespace): one request, or a bounded load.
 
-  client.py request URL [--key KEY] [--json BODY]       -> {"status": …, "body": …}
-  client.py load URL --key KEY --model M --seconds S --concurrency C [--stop-after S2]
+  client.py request URL [--key KEY] [--json BODY] [--cacert PEM]      -> {"status": …, "body": …}
+  client.py load URL --key KEY --model M --seconds S --concurrency C --rate R [--cacert PEM]
       -> {"ok": n, "failed": n, "errors": [...], "p50_s": …, "max_s": …}
 Stdlib only: it runs with the machine's python3 inside a namespace that reaches only the lab.
 """
@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import ssl
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
+
+
+CONTEXT: ssl.SSLContext | None = None  # https: verify the gateway against the stack's CA (--cacert)
 
 
 def request(url: str, key: str | None, body: dict | None, timeout: float = 30) -> tuple[int, str]:
@@ -24,26 +28,44 @@ def request(url: str, key: str | None, body: dict | None, timeout: float = 30) -
         headers["Authorization"] = f"Bearer {key}"
     req = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
+        with urllib.request.urlopen(req, timeout=timeout, context=CONTEXT) as r:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode(errors="replace")
 
 
-def load(url: str, key: str, model: str, seconds: float, concurrency: int) -> dict:
-    """Chat completions from `concurrency` clients for `seconds`; every answer counted."""
+def load(url: str, key: str, model: str, seconds: float, concurrency: int, rate: float) -> dict:
+    """Chat completions from `concurrency` clients for `seconds`, started at most `rate` per second in all
+    (below the key's rate limit: a refusal by the limiter would count as lost); every answer counted."""
     ok, failed, errors, latencies = 0, 0, [], []
+    by_host: dict[str, int] = {}
     lock = threading.Lock()
-    stop_at = time.monotonic() + seconds
+    start = time.monotonic()
+    stop_at = start + seconds
+    started = 0
+
+    def next_slot() -> bool:
+        """Wait for this client's next start time on the shared schedule; False once the load is over."""
+        nonlocal started
+        with lock:
+            at = start + started / rate
+            started += 1
+        if at >= stop_at:
+            return False
+        time.sleep(max(0.0, at - time.monotonic()))
+        return True
     body = {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
 
     def worker() -> None:
         nonlocal ok, failed
-        while time.monotonic() < stop_at:
+        while next_slot():
             t0 = time.monotonic()
             try:
                 status, text = request(url, key, body)
                 good = status == 200 and json.loads(text)["choices"][0]["message"]["content"]
+                if good:  # "lab stand-in <model> answers from <host>:<port>": who served it
+                    with lock:
+                        by_host[good.rsplit(" ", 1)[-1]] = by_host.get(good.rsplit(" ", 1)[-1], 0) + 1
             except Exception as e:  # noqa: BLE001 (every failure is counted, whatever it is)
                 status, text, good = 0, repr(e), False
             with lock:
@@ -60,7 +82,7 @@ def load(url: str, key: str, model: str, seconds: float, concurrency: int) -> di
     for t in threads:
         t.join()
     latencies.sort()
-    return {"ok": ok, "failed": failed, "errors": errors[:20],
+    return {"ok": ok, "failed": failed, "errors": errors[:20], "rate_per_s": rate, "by_host": by_host,
             "p50_s": latencies[len(latencies) // 2] if latencies else None,
             "max_s": latencies[-1] if latencies else None}
 
@@ -74,12 +96,17 @@ def main() -> int:
     p.add_argument("--model")
     p.add_argument("--seconds", type=float, default=10)
     p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--rate", type=float, default=10, help="requests started per second, in all")
+    p.add_argument("--cacert", help="the CA certificate the gateway's is verified against (PEM file)")
     a = p.parse_args()
+    global CONTEXT
+    if a.cacert:
+        CONTEXT = ssl.create_default_context(cafile=a.cacert)
     if a.mode == "request":
         status, body = request(a.url, a.key, json.loads(a.json) if a.json else None)
         print(json.dumps({"status": status, "body": body}))
     else:
-        print(json.dumps(load(a.url, a.key, a.model, a.seconds, a.concurrency)))
+        print(json.dumps(load(a.url, a.key, a.model, a.seconds, a.concurrency, a.rate)))
     return 0
 
 

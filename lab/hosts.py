@@ -9,6 +9,8 @@ beyond 198.18.0.0/24. `down()` removes all of it and checks that nothing is left
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -16,6 +18,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from lab.config import (BRIDGE, BRIDGE_ADDRESS, CLIENT_ADDRESS, LAB_DIR, REGISTRY_ADDRESS, REGISTRY_ALIASES,
@@ -33,6 +36,62 @@ OPERATOR = STATE / "operator"        # the operator's side: the lab's user key, 
 
 class LabError(RuntimeError):
     """The lab cannot be brought up or down; the message says what to check."""
+
+
+LOCK = Path("/tmp/lab.lock")  # one lab per machine: whoever brings it up, or runs tests/lab, holds this
+
+
+def _ancestors() -> set[int]:
+    pids, pid = set(), os.getpid()
+    while pid > 1:
+        pids.add(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+    return pids
+
+
+def _lock_holders() -> set[int]:
+    """Pids holding a flock on LOCK (from /proc/locks)."""
+    try:
+        inode = LOCK.stat().st_ino
+    except FileNotFoundError:
+        return set()
+    holders = set()
+    for line in Path("/proc/locks").read_text().splitlines():
+        f = line.split()
+        if len(f) >= 6 and f[1] == "FLOCK" and "->" not in line and f[5].rsplit(":", 1)[-1] == str(inode):
+            holders.add(int(f[4]))
+    return holders
+
+
+@contextlib.contextmanager
+def lab_lock(timeout: float = 3600, say: Callable[[str], None] = print) -> Iterator[None]:
+    """Hold /tmp/lab.lock for the block (waiting for whoever has the lab), unless a process this one runs
+    under already holds it (`flock /tmp/lab.lock make test`)."""
+    if _lock_holders() & _ancestors():
+        yield
+        return
+    fd = os.open(LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        deadline = time.monotonic() + timeout
+        told = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise LabError(f"{LOCK} is held by pid(s) {sorted(_lock_holders())} for more than "
+                                   f"{timeout:.0f}s: someone else has the lab") from None
+                if not told:
+                    say(f"lab: waiting for {LOCK} (held by pid(s) {sorted(_lock_holders())}: the lab is in use)")
+                    told = True
+                time.sleep(2)
+        yield
+    finally:
+        os.close(fd)
 
 
 def sh(*argv: str, check: bool = True, capture: bool = True, timeout: float | None = 60) -> str:

@@ -28,6 +28,8 @@ BASE_PACKAGES = ("python3", "procps", "ca-certificates", "iproute2", "curl", "op
 # ray[client]: `ray start --head --ray-client-server-port` needs its grpc server.
 RAY_FOR_VLLM = {"0.9": "2.47.1", "0.10": "2.48.0", "0.11": "2.49.2"}
 RAY_DEFAULT = "2.49.2"
+# The stand-in torch computes on numpy (lab/standins/vllm/torch): the test venv's release.
+NUMPY = "2.4.6"
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,28 @@ def vllm_facts(tag: str) -> dict:
     from components.facts.images import QUANTIZATION_METHODS
     minor = ".".join(version.split(".")[:2])
     return {"version": version, "dump": dump, "metrics": metrics[0], "ray": RAY_FOR_VLLM.get(minor, RAY_DEFAULT),
-            "quantizations": sorted(QUANTIZATION_METHODS)}
+            "quantizations": sorted(QUANTIZATION_METHODS), "standin": standin_facts(f"vllm/vllm-openai:{tag}")}
+
+
+def standin_facts(ref: str) -> dict:
+    """What the stand-in torch and triton report in image `ref` (lab/standins/vllm/torch, triton): the
+    image's torch, CUDA, arch list and Triton from the project's facts, the Triton release's verdict on
+    fp16 dots, and the GPU the lab hosts pretend to have (the one their nvidia-smi shims print)."""
+    from components.facts.images import image_facts
+    facts = image_facts(ref)
+    if facts is None or facts.triton_facts is None:
+        raise LabError(f"the vLLM stand-in for {ref} needs its torch and Triton facts in components/facts/images.py "
+                       "(the qualification gate checks them in the image)")
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("lab_gpu_shim", LAB_DIR / "shims" / "gpu_shim.py")
+    assert spec is not None and spec.loader is not None
+    shim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shim)
+    name, count, capability = shim.gpu_model(REPO / "tests" / "fixtures" / "preflight")
+    return {"torch": facts.torch, "cuda": facts.cuda, "torch_arch_list": list(facts.torch_arch_list),
+            "triton": facts.triton, "fp16_dot_min_capability": facts.triton_facts.fp16_dot_min_capability,
+            "triton_failure": facts.triton_facts.failure,
+            "gpu": {"name": name, "count": count, "capability": capability}}
 
 
 def inputs_hash(refs: list[str]) -> str:
@@ -127,7 +150,8 @@ def inputs_hash(refs: list[str]) -> str:
         h.update(ref.encode())
         if kind_of(ref) == "vllm":
             f = vllm_facts(split_ref(ref)[1])
-            h.update(f["dump"].read_bytes() + f["metrics"].read_bytes() + f["ray"].encode())
+            h.update(f["dump"].read_bytes() + f["metrics"].read_bytes() + f["ray"].encode()
+                     + json.dumps(f["standin"], sort_keys=True).encode())
     return h.hexdigest()[:16]
 
 
@@ -207,9 +231,11 @@ def _context(ref: str, work: Path) -> Path:
         site.mkdir(parents=True, exist_ok=True)
         pip = REPO / ".venv" / "bin" / "pip"
         sh(str(pip), "install", "-q", "--no-warn-script-location", "--target", str(site), f"ray[client]=={facts['ray']}",
-           timeout=1200)
+           f"numpy=={NUMPY}", timeout=1200)
         shutil.rmtree(site / "bin", ignore_errors=True)  # scripts with this machine's interpreter path
-        shutil.copytree(standins / "vllm" / "vllm", site / "vllm")
+        for package in ("vllm", "torch", "triton"):
+            shutil.copytree(standins / "vllm" / package, site / package)
+        (site / "standin.json").write_text(json.dumps(facts["standin"], indent=1))
         shutil.copy2(facts["dump"], site / "vllm" / "serve-args.json")
         shutil.copy2(facts["metrics"], site / "vllm" / "metrics.txt")
         (site / "vllm" / "version.json").write_text(json.dumps(
@@ -217,7 +243,8 @@ def _context(ref: str, work: Path) -> Path:
         _script(files / "usr/local/bin/vllm", "from vllm.entrypoints.cli.main import main\nsys.exit(main())")
         _script(files / "usr/local/bin/ray", "from ray.scripts.scripts import main\nsys.exit(main())")
         (files / "vllm-workspace").mkdir()
-        extra_env["LAB_STANDIN"] = f"vllm {facts['version']} with ray {facts['ray']}"
+        extra_env["LAB_STANDIN"] = (f"vllm {facts['version']} with ray {facts['ray']}; stand-in torch "
+                                    f"{facts['standin']['torch']} and triton {facts['standin']['triton']}")
     elif kind_name == "nginx":
         _text(files / "docker-entrypoint.sh", "#!/bin/sh\n# The official image's entrypoint runs its "
               "/docker-entrypoint.d scripts, then the command.\nset -e\nexec \"$@\"\n", 0o755)

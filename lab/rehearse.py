@@ -12,7 +12,8 @@ and for every custom resource, once all its dependencies are done, does what the
 - docker:RemoteImage — as the provider's findImage: an image the engine already holds under that name
   (a tarball's load step put it there) is used as it is, else a pull on that host's engine (through
   its registry mirror) with the provider's registryAuth entry for the image's registry as
-  X-Registry-Auth (pullImage); keepLocally kept.
+  X-Registry-Auth (pullImage); a pull that fails to connect (the lab's one
+  mirror failed a request) is retried up to PULL_ATTEMPTS times, each retry logged; keepLocally kept.
 - docker:Container / docker:Volume — the Docker Engine API through `ssh … docker system dial-stdio`,
   as the docker provider does; every container input maps once (CONTAINER_INPUTS, against the
   provider schema in tests/fixtures/schemas); an input without a mapping stops the rehearsal.
@@ -49,6 +50,10 @@ VOLUME = "docker:index/volume:Volume"
 DOCKER_PROVIDER = "pulumi:providers:docker"
 SCHEMA = REPO / "tests" / "fixtures" / "schemas" / "docker-5.2.schema.json"
 COMMAND_SCHEMA = REPO / "tests" / "fixtures" / "schemas" / "command-1.2.1.schema.json"
+
+
+PULL_ATTEMPTS = 3
+PULL_DIAL_ERRORS = ("dial tcp", "network is unreachable", "connection refused", "i/o timeout", "TLS handshake timeout")
 
 
 class RehearsalError(RuntimeError):
@@ -272,6 +277,7 @@ class Rehearsal:
         self.steps: list[StepLog] = []
         self.real: dict[str, dict[str, Any]] = {u: s.get("outputs", {}) for u, s in self.state.items()}
         self.apis: dict[str, DockerAPI] = {}
+        self.retries: list[str] = []  # pulls the lab retried (PULL_ATTEMPTS), each with its first error
 
     # ---- state
     def _save(self) -> None:
@@ -464,7 +470,24 @@ class Rehearsal:
             if extra:
                 raise RehearsalError(f"docker:RemoteImage input(s) {sorted(extra)} have no mapping")
             api = self._docker(self._provider_config(r))
-            image_id = api.local_image(inputs["name"]) or api.pull(inputs["name"], self._registry_auth(r, inputs["name"]))
+            image_id = api.local_image(inputs["name"])
+            for attempt in range(1, PULL_ATTEMPTS + 1):
+                if image_id:
+                    break
+                try:
+                    image_id = api.pull(inputs["name"], self._registry_auth(r, inputs["name"]))
+                except DockerError as err:
+                    # The lab has one registry mirror, a process on a busy machine: when it fails a request,
+                    # dockerd falls back to the image's own registry, which no lab host can reach (a dial
+                    # error). A real node would have got the image from there; the lab retries and says so.
+                    # A refusal (credentials, unknown image) is not retried.
+                    if attempt == PULL_ATTEMPTS or not any(m in str(err) for m in PULL_DIAL_ERRORS):
+                        raise
+                    note = f"{r.name}: pull attempt {attempt} failed ({err}); retrying"
+                    with self.lock:
+                        self.retries.append(note)
+                    self.log(f"  {note}")
+                    time.sleep(2 * attempt)
             return {"imageId": image_id, "repoDigest": inputs["name"]}
         if r.type == VOLUME:
             extra = set(inputs) - {"name", "driver", "labels"}

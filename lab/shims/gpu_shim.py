@@ -8,7 +8,10 @@ host by the lab stack's `lab:hosts.<node>` (copied to choice.json beside this sc
   the V100's (the captured table, from a driver that prints no compute capability column, lacks it);
 - `nvidia-smi topo -m`: the captured DGX-1 V100 matrix (nvlink) or a PCIe-only one (pcie);
 - `nvidia-smi` alone: the captured table;
-- `ibstat`: a ConnectX-7 RoCE port Active at 200 (roce-active) or an mlx5_0 port Down (down);
+- `ibstat`: the captured ConnectX-7 RoCE output, mlx5_0 port 1 Active at 200 (roce-active), or the same
+  capture with that port's two state lines as ibstat prints a disabled port (down: `State: Down`,
+  `Physical state: Disabled`, as mlx5_2 shows them in the captured H100 output): no capture has the
+  stack's mlx5_0 down, and the preflight must name the port the stack uses;
 - `ibv_devices`: a captured four-device list with mlx5_0;
 - `nvidia-container-cli --version`: a version line (the lab's docker registers a runtime named
   nvidia and a no-op nvidia-container-runtime-hook, see lab/README.md);
@@ -26,8 +29,8 @@ FIX = os.path.join(HERE, "fixtures")
 TABLE = "nvidia-smi.8x-tesla-v100-sxm2-32gb.azure-nd40rs-v2.drv535.usernetes-azure.txt"
 TOPO = {"nvlink": "nvidia-smi-topo-m.dgx1-v100-4nic.ucx-py-docs.txt",
         "pcie": "nvidia-smi-topo-m.8x-pcie-gpus-pix-phb-sys.model-not-stated.matrix-only.nccl-issue-1439.txt"}
-IBSTAT = {"roce-active": "ibstat.cx7-mt4129-rate200-ethernet-roce-active.first-2-CA-blocks.mooncake-issue-1999.txt",
-          "down": "ibstat.h100-cx6dx-mt4125-eth-down-disabled-plus-cx7-ib400-active.gpud-testdata.txt"}
+IBSTAT = "ibstat.cx7-mt4129-rate200-ethernet-roce-active.first-2-CA-blocks.mooncake-issue-1999.txt"
+DISABLED_PORT = "ibstat.h100-cx6dx-mt4125-eth-down-disabled-plus-cx7-ib400-active.gpud-testdata.txt"
 IBV_DEVICES = "ibv_devices.vfs-with-zero-node-guid.whitespace-collapsed-as-posted.sriov-network-device-plugin-issue-20.txt"
 V100_COMPUTE_CAP = "7.0"
 
@@ -42,10 +45,21 @@ def choice():
         return json.load(f)
 
 
+def gpu_names(table):
+    return re.findall(r"^\|\s+\d+\s+(.+?)\s{2,}(?:On|Off)\s+\|", table, re.M)
+
+
+def gpu_model(fixtures=FIX):
+    """(name, count, (major, minor)) of the captured table's GPUs: what the hosts pretend to have."""
+    with open(os.path.join(fixtures, TABLE)) as f:
+        names = gpu_names(f.read())
+    return names[0], len(names), [int(v) for v in V100_COMPUTE_CAP.split(".")]
+
+
 def gpu_rows(fields):
     table = fixture(TABLE)
     driver = re.search(r"Driver Version: (\S+)", table).group(1)
-    names = re.findall(r"^\|\s+\d+\s+(.+?)\s{2,}(?:On|Off)\s+\|", table, re.M)
+    names = gpu_names(table)
     mems = re.findall(r"/\s+(\d+)MiB \|", table)
     values = {"name": names, "driver_version": [driver] * len(names),
               "memory.total": ["%s MiB" % m for m in mems], "compute_cap": [V100_COMPUTE_CAP] * len(names),
@@ -83,6 +97,20 @@ def df(args):
     return 0
 
 
+def ibstat(hca):
+    """The captured RoCE output; with hca == "down", mlx5_0 port 1 in the state lines of a disabled port."""
+    out = fixture(IBSTAT)
+    if hca == "roce-active":
+        return out
+    if hca != "down":
+        raise SystemExit("gpu_shim: hca is roce-active or down, not %r" % hca)
+    down = re.search(r"(\s+State: Down\n\s+Physical state: Disabled\n)", fixture(DISABLED_PORT)).group(1)
+    first = re.search(r"(CA 'mlx5_0'.*?Port 1:\n)(\s+State: Active\n\s+Physical state: LinkUp\n)", out, re.S)
+    indent = re.match(r"\s+", first.group(2)).group(0)
+    lines = [indent + line.strip() for line in down.strip("\n").splitlines()]
+    return out[:first.end(1)] + "\n".join(lines) + "\n" + out[first.end(2):]
+
+
 def main():
     tool, args = os.path.basename(sys.argv[0]), sys.argv[1:]
     if tool == "df":
@@ -90,7 +118,7 @@ def main():
     if tool == "nvidia-smi":
         return nvidia_smi(args)
     if tool == "ibstat":
-        sys.stdout.write(fixture(IBSTAT[choice()["hca"]]))
+        sys.stdout.write(ibstat(choice()["hca"]))
         return 0
     if tool == "ibv_devices":
         sys.stdout.write(fixture(IBV_DEVICES))

@@ -41,7 +41,11 @@ TYPES = {"int": int, "float": float, "human_readable_int": human_readable_int}
 def build_parser(program):
     """argparse from the dump of the real parser (option strings, action kind, nargs, choices, type)."""
     prog = "vllm serve" if program == "serve" else "api_server.py"
-    p = Parser(prog=prog, add_help=False, allow_abbrev=False)
+    return populate(Parser(prog=prog, add_help=False, allow_abbrev=False), program)
+
+
+def populate(p, program):
+    """The dumped arguments added to parser `p` (`serve` takes the model as its positional)."""
     with open(os.path.join(HERE, "serve-args.json")) as f:
         dump = json.load(f)
     for e in dump:
