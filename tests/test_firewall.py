@@ -119,7 +119,7 @@ def test_a_service_port_inside_a_range_merges_instead_of_overlapping(config: dic
     (lambda c: c[NS + "gateway"].update(allowFrom=["10.0.0.1/8"]), "gateway.allowFrom[0]",
      "'10.0.0.1/8' is not a CIDR network (10.0.0.1/8 has host bits set); did you mean 10.0.0.0/8?"),
     (lambda c: c[NS + "gateway"].update(allowFrom=[]), "gateway.allowFrom",
-     "[] is not allowed: List should have at least 1 item after validation, not 0"),
+     "[] is not allowed: must not be empty"),
     (lambda c: c.update({NS + "firewall": {"trustedSources": ["office"]}}), "firewall.trustedSources[0]",
      "'office' is not a CIDR network ('office' does not appear to be an IPv4 or IPv6 network)"),
     (lambda c: c.update({NS + "firewall": {"ephemeralPorts": [60999, 32768]}}), "firewall.ephemeralPorts",

@@ -606,8 +606,11 @@ def set_setting(props: dict[str, Any], name: str, value: str | None) -> dict[str
         i = argv.index(name)
         argv[i:i + 2] = [name, value] if value is not None else []
     else:
-        i = next(i for i, t in enumerate(argv) if t.startswith(name + "="))
-        argv[i:i + 1] = [f"{name}={value}"] if value is not None else []
+        found = next((i for i, t in enumerate(argv) if t.startswith(name + "=")), None)
+        if found is None:  # a flag the service takes but the deployment leaves out (the exporter's --syslog)
+            argv += [name, value] if value is not None else []
+        else:
+            argv[found:found + 1] = [f"{name}={value}"] if value is not None else []
     return props
 
 
