@@ -31,7 +31,7 @@ REASONING_ARGV = [
     "--served-model-name", "deepseek-r1", "/data/models/DeepSeek-R1-GPTQ-Int4",
     "--host", "192.168.10.11", "--port", "8000", "--tensor-parallel-size", "8", "--pipeline-parallel-size", "2",
     "--distributed-executor-backend", "ray", "--dtype", "half", "--max-model-len", "8192", "--max-num-seqs", "32",
-    "--gpu-memory-utilization", "0.92", "--attention-backend", "TRITON_ATTN", "--quantization", "gptq",
+    "--gpu-memory-utilization", "0.9", "--attention-backend", "TRITON_ATTN", "--quantization", "gptq",
     "--enforce-eager", "--trust-remote-code",
 ]
 MOE_CONFIG = "E=128,N=96,device_name=Tesla_V100-SXM2-32GB.json"

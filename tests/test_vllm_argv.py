@@ -112,7 +112,7 @@ def test_reasoning_argv_is_exact_and_parses(prod_spec: StackSpec) -> None:
         "--tensor-parallel-size", "8", "--pipeline-parallel-size", "2",
         "--distributed-executor-backend", "ray",
         "--dtype", "half", "--max-model-len", "8192", "--max-num-seqs", "32",
-        "--gpu-memory-utilization", "0.92", "--attention-backend", "TRITON_ATTN", "--quantization", "gptq",
+        "--gpu-memory-utilization", "0.9", "--attention-backend", "TRITON_ATTN", "--quantization", "gptq",
         "--enforce-eager", "--trust-remote-code",
     ]
     ns = parse(argv)
@@ -121,7 +121,7 @@ def test_reasoning_argv_is_exact_and_parses(prod_spec: StackSpec) -> None:
     assert (ns.tensor_parallel_size, ns.pipeline_parallel_size) == (8, 2)
     assert ns.distributed_executor_backend == "ray" and ns.dtype == "half"
     assert ns.enable_prefix_caching is None and ns.enable_chunked_prefill is None  # V1's defaults (on)
-    assert ns.trust_remote_code is True and ns.gpu_memory_utilization == 0.92
+    assert ns.trust_remote_code is True and ns.gpu_memory_utilization == 0.9
     assert ns.attention_backend == "TRITON_ATTN" and ns.enforce_eager is True
     assert ns.model is None  # the model is the positional
 

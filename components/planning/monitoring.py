@@ -254,8 +254,8 @@ def alert_groups(spec: StackSpec) -> dict[str, list[AlertRule]]:
             "DCGM_FI_DEV_FB_USED{job=\"dcgm\"} / (DCGM_FI_DEV_FB_USED{job=\"dcgm\"} + "
             f"DCGM_FI_DEV_FB_FREE{{job=\"dcgm\"}}) > {t.gpu_memory_used_ratio:g}",
             "critical", "GPU {{ $labels.gpu }} of {{ $labels.node }} almost out of memory",
-            "Framebuffer {{ $value | printf \"%.3f\" }} used (vLLM reserves its gpuMemoryUtilization; "
-            "more means another process).", for_),
+            "Framebuffer {{ $value | printf \"%.3f\" }} used (vLLM reserves its gpuMemoryUtilization, its CUDA "
+            "context and, from vLLM 0.11, NCCL's buffers beside it; more means another process or a leak).", for_),
         AlertRule(
             "GPUXidError", "DCGM_FI_DEV_XID_ERRORS{job=\"dcgm\"} > 0",
             "critical", "GPU {{ $labels.gpu }} of {{ $labels.node }} reported Xid {{ $value }}",

@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING
 from pydantic import Field, field_validator
 
 from components.facts.hardware import CUDA_CONTEXT_GIB, GPUS
+from components.facts.images import image_facts
+from components.planning.capacity import communicator_gib  # pure: facts in, figures out
 from components.spec.base import Spec, SpecIssue
 from components.spec.cluster import Fraction, Port, image_reference
 
@@ -34,9 +36,11 @@ class AlertThresholds(Spec):
     `rate(...) < 1000`, which fired every quiet night."""
     ttft_p95_seconds: float = Field(default=2.0, gt=0)
     """p95 of vLLM's time-to-first-token histogram (the runbook queried end-to-end latency)."""
-    gpu_memory_used_ratio: Fraction = 0.95
+    gpu_memory_used_ratio: Fraction = 0.99
     """FB_USED / (FB_USED + FB_FREE); must exceed every pool's gpuMemoryUtilization (vLLM takes it) plus
-    the CUDA context's share of its GPU (facts.hardware.CUDA_CONTEXT_GIB), which vLLM does not budget."""
+    what sits outside that budget on its GPU: the CUDA context (facts.hardware.CUDA_CONTEXT_GIB) and, on
+    images that start NCCL before they measure (vLLM 0.11 on), the NCCL communicators. A vLLM GPU runs
+    near full by design: at TP 8 on 0.19.1 and 0.90 a V100-32GB holds about 0.97 of its memory."""
     gpu_low_utilization_percent: float = Field(default=30, ge=0, le=100)
     """Fires only while the instance owning the GPUs has requests running (not idle, not loading)."""
     kv_cache_usage_ratio: Fraction = 0.98
@@ -85,13 +89,19 @@ def monitoring_issues(spec: StackSpec) -> list[SpecIssue]:
         known = GPUS.get(g.model) if g is not None else None
         if known is None or pool.vllm is None:
             continue  # the pool's own checks name the missing node or the unknown GPU; not a vLLM budget
-        # FB_USED counts more than vLLM's budget: the CUDA context sits outside it.
-        floor = round(pool.vllm.gpu_memory_utilization + CUDA_CONTEXT_GIB / known.memory_gib, 4)
+        # FB_USED counts more than vLLM's budget: the CUDA context sits outside it, and so do the NCCL
+        # communicators on images that start NCCL before they measure free memory (the capacity model's).
+        facts = image_facts(pool.image)
+        comm = 0.0 if facts is None or facts.nccl_in_budget else communicator_gib(
+            pool.tensor_parallel, pool.pipeline_parallel, nvls=known.nvls)
+        floor = round(pool.vllm.gpu_memory_utilization + (CUDA_CONTEXT_GIB + comm) / known.memory_gib, 4)
         if ratio <= floor:
+            outside = f"its CUDA context (about {CUDA_CONTEXT_GIB:g} GiB)" + (
+                f" and NCCL communicators (about {comm:.2f} GiB at TP {pool.tensor_parallel} x PP "
+                f"{pool.pipeline_parallel})" if comm else "")
             issues.append(SpecIssue(
                 "monitoring.thresholds.gpuMemoryUsedRatio",
                 f"{ratio} would fire on every GPU of pool {pname!r}: vLLM takes gpuMemoryUtilization "
-                f"{pool.vllm.gpu_memory_utilization} at start, plus its CUDA context (about {CUDA_CONTEXT_GIB:g} GiB "
-                f"of the {known.memory_gib:g} GiB {known.name}); "
-                f"set it above {floor}"))
+                f"{pool.vllm.gpu_memory_utilization} at start, plus {outside}, of the {known.memory_gib:g} GiB "
+                f"{known.name}; set it above {floor}"))
     return issues
