@@ -89,6 +89,8 @@ def monitoring_issues(spec: StackSpec) -> list[SpecIssue]:
         known = GPUS.get(g.model) if g is not None else None
         if known is None or pool.vllm is None:
             continue  # the pool's own checks name the missing node or the unknown GPU; not a vLLM budget
+        if g is not None and pool.tensor_parallel > g.count:
+            continue  # TP across nodes: not modelled (the capacity plan says so, the parallelism rule judges it)
         # FB_USED counts more than vLLM's budget: the CUDA context sits outside it, and so do the NCCL
         # communicators on images that start NCCL before they measure free memory (the capacity model's).
         facts = image_facts(pool.image)
