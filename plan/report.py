@@ -263,8 +263,9 @@ def render_text(result: PlanResult) -> str:
     out.append("\nPolicy")
     if not result.violations:
         out.append("  no violations")
-    # One entry per rule and message, naming every resource it concerns: a pool's containers (one per
-    # instance) that share a fault are listed once, like the ModelServer rules report once per pool.
+    # One entry per rule and message, naming every resource it concerns. The pack already reports a pool's
+    # fault once (ModelServer rules per pool, container rules as stack policies: policies.rules.grouped);
+    # what still repeats is a fault of resources of no pool (an exporter on every node), listed once here.
     grouped: dict[tuple[bool, str, str, str], list[str]] = {}
     for v in sorted(result.violations, key=lambda v: (v.enforcement_level != "mandatory", v.policy_name, v.urn,
                                                       v.message)):
