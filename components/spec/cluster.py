@@ -441,6 +441,9 @@ def image_reference(v: str) -> str:
                      "repository of lower-case letters, digits and . _ - separated by /")
 
 
+ImageRef = Annotated[str, AfterValidator(image_reference)]
+
+
 def absolute_path(v: str, where: str) -> str:
     """An absolute path without whitespace or quotes (it lands in scripts and mounts)."""
     if not v.startswith("/"):
@@ -517,7 +520,7 @@ class PoolSpec(Spec):
     engine: Literal[ENGINE_NAMES] = "vllm"  # type: ignore[valid-type]
     """The serving engine: vllm, lmdeploy (TurboMind), llamacpp; other engines the runbooks name are
     known and refused with the reason for the pool's GPU."""
-    image: str = ""
+    image: ImageRef = ""
     """Serving image; unset: the engine's default (components.facts.images.DEFAULT_IMAGES)."""
     image_facts: ImageFactsSpec | None = None
     """Facts of the image when it is a private build the facts table does not know."""
@@ -571,11 +574,6 @@ class PoolSpec(Spec):
             raise ValueError(f"`{stray[0]}` options do not apply to engine {self.engine}; "
                              + (f"state `{wanted}` instead" if wanted else "remove them"))
         return self
-
-    @field_validator("image")
-    @classmethod
-    def _image_ref(cls, v: str) -> str:
-        return image_reference(v)
 
     @field_validator("nodes")
     @classmethod

@@ -5,7 +5,7 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from components.planning.gateway_image import GATEWAY_IMAGE
 from components.spec.base import Spec
-from components.spec.cluster import Cidr, Name, Port
+from components.spec.cluster import Cidr, ImageRef, Name, Port
 
 
 class RateLimitSpec(Spec):
@@ -65,7 +65,7 @@ class GatewaySpec(Spec):
 
     node: str
     port: Port = 443
-    image: str = GATEWAY_IMAGE
+    image: ImageRef = GATEWAY_IMAGE
     """Default: built on the gateway node from Debian with the nginx and njs versions the tests run
     (components/planning/gateway_image.py). Another image needs nginx with the njs module at
     /usr/lib/nginx/modules (the official nginx images have it), and is not what was tested."""
@@ -75,7 +75,7 @@ class GatewaySpec(Spec):
     metrics_port: int = Field(default=9145, ge=1024, le=65535)
     """Where the gateway's metrics exporter serves /metrics, on the node's cluster address (the exporter
     runs unprivileged, hence >= 1024)."""
-    exporter_image: str = "python:3.12-slim"
+    exporter_image: ImageRef = "python:3.12-slim"
     """An official Python image (3.8+) that runs the exporter, a single standard-library file."""
     default_pool: str
     """The runbook's default `/v1/` route: its models are listed first by GET /v1/models (clients that

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from components.facts.hardware import CUDA_CONTEXT_GIB, GPUS
 from components.facts.images import image_facts
 from components.planning.capacity import communicator_gib  # pure: facts in, figures out
 from components.spec.base import Spec, SpecIssue
-from components.spec.cluster import Fraction, Port, image_reference
+from components.spec.cluster import Fraction, ImageRef, Port
 
 if TYPE_CHECKING:  # the stack module imports this one
     from components.spec.stack import StackSpec
@@ -18,13 +18,8 @@ if TYPE_CHECKING:  # the stack module imports this one
 class ServiceSpec(Spec):
     """A monitoring container: pinned image and host port."""
 
-    image: str
+    image: ImageRef
     port: Port
-
-    @field_validator("image")
-    @classmethod
-    def _image_ref(cls, v: str) -> str:
-        return image_reference(v)
 
 
 class AlertThresholds(Spec):
