@@ -12,7 +12,7 @@ import pytest
 
 from components.planning.node_scripts import node_expectation, preflight_script
 from components.planning.preflight import (
-    CHRONY_FIX, GIB, ClockState, Expectation, Finding, Outputs, check_node, collect, parse_chrony_tracking,
+    CHRONY_FIX, GIB, ClockState, Expectation, Finding, Outputs, check_memory, check_node, collect, parse_chrony_tracking,
     parse_df_available, parse_docker_runtimes, parse_gpu_query, parse_ibstat, parse_ibv_devices, parse_timedatectl,
     parse_topo, version_tuple,
 )
@@ -378,18 +378,48 @@ def run_preflight(tmp_path: Path, exp: Expectation, **outputs: str) -> subproces
     return subprocess.run(["bash", "-c", preflight_script(exp)], capture_output=True, text=True, env=env)
 
 
+def meminfo(tmp_path: Path, kib: int) -> str:
+    """A /proc/meminfo whose MemTotal is `kib` (proc(5): the kernel's usable RAM in kB)."""
+    path = tmp_path / "meminfo"
+    path.write_text(f"MemTotal:       {kib} kB\nMemFree:        {kib // 2} kB\n")
+    return str(path)
+
+
 def test_preflight_script_passes_on_a_healthy_node(tmp_path: Path, expected: Expectation) -> None:
+    # 376 GiB managed by the kernel on a server the stack says has 380.
     exp = dataclasses.replace(expected, disk_path=str(tmp_path), min_free_gib=0,
-                              models=[{"path": str(tmp_path / "none"), "size_bytes": 1}])
+                              models=[{"path": str(tmp_path / "none"), "size_bytes": 1}],
+                              meminfo_path=meminfo(tmp_path, 376 * 1024 * 1024))
     done = run_preflight(tmp_path, exp, gpus=query_csv_from_table(fixture(SMI_TABLE)),
                          topo=fixture(TOPO_DGX1), ibstat=fixture(IB_ROCE), docker=fixture(DOCKER_OK))
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "preflight gpu-02: 0 error(s), 0 warning(s)"
 
 
+def test_a_node_with_less_ram_than_the_stack_says_is_a_warning_naming_the_key(
+        tmp_path: Path, prod_spec, expected: Expectation) -> None:  # type: ignore[no-untyped-def]
+    # The prod stack states no RAM: the reference server's figure, and the key to set, travel to the node.
+    planned = node_expectation(prod_spec, "gpu-02")
+    assert (planned.memory_gib, planned.memory_key) == prod_spec.node_memory("gpu-02")
+    assert planned.memory_gib == 380.0 and planned.memory_key.startswith("nodes.gpu-02.memoryGib, unset: ")
+    exp = dataclasses.replace(expected, disk_path=str(tmp_path), min_free_gib=0, models=[],
+                              memory_gib=planned.memory_gib, memory_key=planned.memory_key,
+                              meminfo_path=meminfo(tmp_path, 24 * 1024 * 1024))
+    done = run_preflight(tmp_path, exp, gpus=query_csv_from_table(fixture(SMI_TABLE)),
+                         topo=fixture(TOPO_DGX1), ibstat=fixture(IB_ROCE), docker=fixture(DOCKER_OK))
+    assert done.returncode == 0, done.stderr  # a warning: the node still runs what fits
+    assert done.stdout.strip().splitlines()[-1] == "preflight gpu-02: 0 error(s), 1 warning(s)"
+    assert (f"WARNING: gpu-02 has 24 GiB of RAM (MemTotal), the stack says 380 GiB ({exp.memory_key}): the "
+            "host-memory check judged swap space and CPU offload against the larger figure") in done.stdout
+    assert "fix: state the node's RAM: nodes.gpu-02.memoryGib: 24" in done.stdout
+    # The stack's own figure for the node is what is compared.
+    spec_says = dataclasses.replace(exp, memory_gib=24.0, memory_key="nodes.gpu-02.memoryGib")
+    assert check_memory(spec_says, Outputs(meminfo=Path(exp.meminfo_path).read_text())) == []
+
+
 def test_preflight_script_fails_with_what_to_fix(tmp_path: Path, prod_spec) -> None:  # type: ignore[no-untyped-def]
     exp = dataclasses.replace(node_expectation(prod_spec, "gpu-02"), disk_path=str(tmp_path), min_free_gib=0,
-                              models=[])
+                              models=[], meminfo_path=meminfo(tmp_path, 376 * 1024 * 1024))
     done = run_preflight(tmp_path, exp, gpus=query_csv_from_table(fixture(SMI_TABLE), 7),
                          topo=fixture(TOPO_PCIE), ibstat=fixture(IB_H100), docker=fixture(DOCKER_MISSING))
     assert done.returncode == 1

@@ -212,6 +212,7 @@ def node_expectation(spec: StackSpec, node: str) -> Expectation:
     hca = None if n.hca is None else {"device": n.hca.device, "port": n.hca.port,
                                       "link_layer": n.hca.link_layer, "rate_gbps": n.hca.rate_gbps}
     tps = [p.tensor_parallel for p in spec.pools.values() if node in p.nodes]
+    memory_gib, memory_key = spec.node_memory(node)
     return Expectation(
         node=node, gpu_model=gpu.name, gpu_count=n.gpu.count,
         compute_cap=f"{gpu.capability // 10}.{gpu.capability % 10}", nvlink=gpu.nvlink,
@@ -220,6 +221,7 @@ def node_expectation(spec: StackSpec, node: str) -> Expectation:
         models=[{"path": spec.models[m].path, "size_bytes": model_size_bytes(spec, m)}
                 for m in copied_models(spec, node)],
         firewall=spec.firewall.managed, max_clock_offset_s=spec.preflight.max_clock_offset_seconds,
+        memory_gib=memory_gib, memory_key=memory_key,
     )
 
 

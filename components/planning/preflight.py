@@ -247,6 +247,9 @@ class Expectation:
     models: List[Dict[str, object]] = field(default_factory=list)  # path, size_bytes to be copied here
     firewall: bool = False  # llm-cluster loads its nftables table here: nft must exist
     max_clock_offset_s: float = 1.0
+    memory_gib: float = 0.0  # the RAM the stack states for the node (what host-memory judged against); 0: none
+    memory_key: str = ""  # the stack key it comes from
+    meminfo_path: str = "/proc/meminfo"
 
     def to_json(self) -> str:
         """The form the preflight script passes to the node."""
@@ -273,6 +276,7 @@ class Outputs:
     nft: Optional[str] = None  # `nft --version`
     chrony: Optional[str] = None  # `chronyc -n tracking`
     timedatectl: Optional[str] = None  # `timedatectl status`, when chrony gives nothing
+    meminfo: Optional[str] = None  # /proc/meminfo
     errors: Dict[str, str] = field(default_factory=dict)  # command -> why it produced nothing
 
 
@@ -410,6 +414,34 @@ def check_disk(exp: Expectation, out: Outputs) -> List[Finding]:
     return []
 
 
+def parse_mem_total(text: str) -> int:
+    """Bytes of RAM the kernel manages (MemTotal in /proc/meminfo, in kB)."""
+    for line in text.splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    raise ValueError("no MemTotal line")
+
+
+# MemTotal is what the kernel manages: a few percent below the installed RAM (firmware, kernel image).
+MEMORY_SHORTFALL = 0.9
+
+
+def check_memory(exp: Expectation, out: Outputs) -> List[Finding]:
+    """The node has about the RAM the stack says (host-memory judged swap space and CPU offload against it)."""
+    if not exp.memory_gib or out.meminfo is None:
+        return []
+    try:
+        total = parse_mem_total(out.meminfo)
+    except ValueError as e:
+        return [Finding("warning", f"{exp.node}: cannot read {exp.meminfo_path} ({e})", "check /proc is mounted")]
+    if total < MEMORY_SHORTFALL * exp.memory_gib * GIB:
+        return [Finding("warning", f"{exp.node} has {total / GIB:.0f} GiB of RAM (MemTotal), the stack says "
+                        f"{exp.memory_gib:g} GiB ({exp.memory_key}): the host-memory check judged swap space and "
+                        "CPU offload against the larger figure",
+                        f"state the node's RAM: {exp.memory_key.split(',')[0]}: {total // GIB}")]
+    return []
+
+
 CHRONY_FIX = ("install chrony and point it at your NTP servers (apt-get install chrony; `chronyc sources` "
               "shows them): Ray's workers and TLS certificates need the nodes' clocks in step")
 
@@ -448,7 +480,8 @@ def check_nft(exp: Expectation, out: Outputs) -> List[Finding]:
 
 
 CHECKS: List[Callable[[Expectation, Outputs], List[Finding]]] = [
-    check_gpus, check_topology, check_hca, check_container_runtime, check_disk, check_clock, check_nft]
+    check_gpus, check_topology, check_hca, check_container_runtime, check_disk, check_clock, check_nft,
+    check_memory]
 
 
 def check_node(exp: Expectation, out: Outputs) -> List[Finding]:
@@ -499,6 +532,11 @@ def collect(exp: Expectation, run: Runner = run_command) -> Outputs:
         out.timedatectl = take("timedatectl", ["timedatectl", "status"])
     if exp.firewall:
         out.nft = take("nft", ["nft", "--version"])
+    try:
+        with open(exp.meminfo_path) as f:
+            out.meminfo = f.read()
+    except OSError as e:
+        out.errors["meminfo"] = str(e)
     for m in exp.models:
         code, stdout, _ = run(["du", "-sb", str(m["path"])])
         out.present_bytes[str(m["path"])] = int(stdout.split()[0]) if code == 0 and stdout.strip() else 0
