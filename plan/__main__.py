@@ -17,7 +17,6 @@ sys.path.insert(0, str(ROOT))
 import pulumi  # noqa: E402
 
 from components.planning.pool_capacity import capacity_report  # noqa: E402
-from components.spec import SpecError, load_stack_config  # noqa: E402
 from plan.analyze import PolicyConfigError, analyze  # noqa: E402
 from plan.graph import component_graph, write_graph  # noqa: E402
 from plan.diff import keep_previous, parse_plan, plan_diff, previous_plan  # noqa: E402
@@ -25,7 +24,7 @@ from plan.harness import DuplicateUrnError, run_main_program  # noqa: E402
 from plan.report import PlanResult, artifacts_of, in_stable_order, plan_json, render_text, write_artifacts  # noqa: E402
 from plan.redact import CREDENTIAL_SHAPES, REDACTED, Redactor  # noqa: E402
 from plan.secrets import find_leaks, text_leaks, unmarked_outputs  # noqa: E402
-from plan.stackfile import load_stack_file  # noqa: E402
+from plan.stackfile import load_spec  # noqa: E402
 from plan.ci import configured_levels, junit, repo_uri, sarif, write_text  # noqa: E402
 from plan.cli import emit, run as run_cli  # noqa: E402
 
@@ -79,15 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     step = _progress(args.quiet)
     path = args.config or ROOT / f"Pulumi.{args.stack}.yaml"
-    try:
-        stack = load_stack_file(path, None if args.config else args.stack)
-        spec = load_stack_config(stack.config, stack.secret_keys)
-        capacity = capacity_report(spec)
-    except SpecError as err:
-        print(f"invalid stack config {path}:", file=sys.stderr)
-        for issue in err.issues:
-            print(f"  {CREDENTIAL_SHAPES.sub(REDACTED, str(issue))}", file=sys.stderr)
+    loaded = load_spec(path, None if args.config else args.stack)
+    if loaded is None:
         return EXIT_INVALID
+    stack, spec = loaded
+    capacity = capacity_report(spec)
     try:
         policy_config = _json_file(args.policy_config, "--policy-config")
         against = _json_file(args.against, "--against")

@@ -35,8 +35,8 @@ from components.planning.preflight import parse_chrony_tracking, parse_timedatec
 from components.planning.ray import parse_ray_status, ray_status_argv, want_gpus  # noqa: E402
 from components.planning.rdma import rdma_script  # noqa: E402
 from components.planning.topology import Instance, all_instances, host_ports  # noqa: E402
-from components.spec import SpecError, StackSpec, load_stack_config  # noqa: E402
-from plan.stackfile import load_stack_file  # noqa: E402
+from components.spec import StackSpec  # noqa: E402
+from plan.stackfile import load_spec  # noqa: E402
 from plan.cli import run as run_cli  # noqa: E402
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
@@ -573,15 +573,13 @@ def stack_options(p: argparse.ArgumentParser) -> None:
     where.add_argument("--config", type=Path, help="any stack file")
 
 
-def load_spec(args: argparse.Namespace, tool: str) -> tuple[str, Path, StackSpec] | None:
+def spec_from_args(args: argparse.Namespace) -> tuple[str, Path, StackSpec] | None:
     """(stack name, path, spec) from --stack/--config; None after saying why it is invalid."""
     path = args.config or ROOT / f"Pulumi.{args.stack}.yaml"
-    try:
-        sf = load_stack_file(path, None if args.config else args.stack)
-        return sf.name, path, load_stack_config(sf.config, sf.secret_keys)
-    except SpecError as e:
-        print(f"{tool}: invalid stack {path}:\n{e}", file=sys.stderr)
+    loaded = load_spec(path, None if args.config else args.stack)
+    if loaded is None:
         return None
+    return loaded[0].name, path, loaded[1]
 
 
 def main(argv: list[str] | None = None, run: Runner | None = None) -> int:
@@ -593,7 +591,7 @@ def main(argv: list[str] | None = None, run: Runner | None = None) -> int:
     p.add_argument("--bandwidth", action="store_true", help="also retest ib_write_bw between the nodes of each "
                    "multi-node instance (loads the link briefly)")
     args = p.parse_args(argv)
-    loaded = load_spec(args, "doctor")
+    loaded = spec_from_args(args)
     if loaded is None:
         return EXIT_INVALID
     stack, _path, spec = loaded

@@ -14,9 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from components.planning.image_supply import mirror_script, stack_images, supply  # noqa: E402
-from components.spec import SpecError, load_stack_config  # noqa: E402
 from plan.cli import run as run_cli  # noqa: E402
-from plan.stackfile import load_stack_file  # noqa: E402
+from plan.stackfile import load_spec  # noqa: E402
 
 EXIT_OK, EXIT_INVALID = 0, 2
 
@@ -30,14 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="one line per image instead of the script")
     args = parser.parse_args(argv)
     path = args.config or ROOT / f"Pulumi.{args.stack}.yaml"
-    try:
-        stack = load_stack_file(path)
-        spec = load_stack_config(stack.config, stack.secret_keys)
-    except SpecError as err:
-        print(f"invalid stack config {path}:", file=sys.stderr)
-        for issue in err.issues:
-            print(f"  {issue}", file=sys.stderr)
+    loaded = load_spec(path)
+    if loaded is None:
         return EXIT_INVALID
+    spec = loaded[1]
     if args.list:
         for image in stack_images(spec):
             s = supply(spec, image)

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from components.spec import StackSpec  # noqa: E402
 from plan.cli import run as run_cli  # noqa: E402
-from plan.doctor import load_spec, stack_options  # noqa: E402
+from plan.doctor import spec_from_args, stack_options  # noqa: E402
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 PROMPT = "Write a short story of about 200 words about a lighthouse keeper who finds a message in a bottle."
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.parallel < 1 or args.number < 1 or args.max_tokens < 1:
         print("loadtest: --parallel, --number and --max-tokens must be at least 1", file=sys.stderr)
         return EXIT_INVALID
-    loaded = load_spec(args, "loadtest")
+    loaded = spec_from_args(args)
     if loaded is None:
         return EXIT_INVALID
     stack, path, spec = loaded

@@ -34,9 +34,9 @@ sys.path.insert(0, str(ROOT))
 from pulumi import automation as auto  # noqa: E402
 
 from components.planning.topology import instances  # noqa: E402
-from components.spec import SpecError, StackSpec, load_stack_config  # noqa: E402
+from components.spec import StackSpec  # noqa: E402
 from plan.harness import ProgramRun, Registration, run_main_program  # noqa: E402
-from plan.stackfile import load_stack_file  # noqa: E402
+from plan.stackfile import load_spec  # noqa: E402
 from plan.cli import run as run_cli  # noqa: E402
 
 CONTAINER = "docker:index/container:Container"
@@ -214,14 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     """Plan the steps from the program, then run them through the Automation API."""
     args = _parser().parse_args(argv)
     path = ROOT / f"Pulumi.{args.stack}.yaml"
-    try:
-        stack_file = load_stack_file(path, args.stack)
-        spec = load_stack_config(stack_file.config, stack_file.secret_keys)
-    except SpecError as err:
-        print(f"invalid stack config {path}:", file=sys.stderr)
-        for issue in err.issues:
-            print(f"  {issue}", file=sys.stderr)
+    loaded = load_spec(path, args.stack)
+    if loaded is None:
         return EXIT_INVALID
+    stack_file, spec = loaded
     if args.pool not in spec.pools:
         print(f"--pool {args.pool!r}: the stack's pools are {', '.join(spec.pools)}", file=sys.stderr)
         return EXIT_INVALID

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from components.spec import NAMESPACE, SpecError, SpecIssue
+from components.spec import NAMESPACE, SpecError, SpecIssue, StackSpec, load_stack_config
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -100,3 +100,19 @@ def load_stack_file(path: Path, name: str | None = None) -> StackFile:
         secrets[full] = _placeholder_value(name, full, config)
         config[full] = secrets[full]
     return StackFile(name, path, config, frozenset(secret_keys), secrets)
+
+
+def load_spec(path: Path, name: str | None = None) -> tuple[StackFile, StackSpec] | None:
+    """The stack file and its validated spec; None after saying on stderr why the stack is invalid, one
+    issue a line, with anything shaped like a credential redacted (the message may quote a value)."""
+    import sys
+
+    from plan.redact import CREDENTIAL_SHAPES, REDACTED  # plan.redact reads the harness: only when needed
+    try:
+        stack = load_stack_file(path, name)
+        return stack, load_stack_config(stack.config, stack.secret_keys)
+    except SpecError as err:
+        print(f"invalid stack config {path}:", file=sys.stderr)
+        for issue in err.issues:
+            print(f"  {CREDENTIAL_SHAPES.sub(REDACTED, str(issue))}", file=sys.stderr)
+        return None

@@ -161,3 +161,22 @@ def test_credentials_written_into_the_registry_address_are_refused_and_not_echoe
     assert done.returncode == 2
     assert "images.registry: holds credentials (user:password@)" in done.stdout + done.stderr
     assert "planted-registry-pass-0005" not in done.stdout + done.stderr
+
+
+def test_an_invalid_stack_quoting_a_credential_is_reported_redacted_by_every_planning_cli(tmp_path: Path) -> None:
+    # A token pasted into the wrong key: the spec's message quotes the value it refuses. Only the CLIs
+    # that stop at the spec run here (doctor and loadtest share plan.stackfile.load_spec, and would
+    # reach the nodes of a valid stack).
+    config: dict[str, Any] = prod_config()
+    token = "hf_" + "plantedaddresstoken0007"
+    config[NS + "nodes"]["gpu-01"]["address"] = token
+    path = tmp_path / "Pulumi.inline.yaml"
+    path.write_text(yaml.safe_dump({"config": config}))
+    for module in ("plan", "plan.images"):
+        done = subprocess.run([sys.executable, "-m", module, "--config", str(path), "--out", str(tmp_path / "out")]
+                              if module == "plan" else [sys.executable, "-m", module, "--config", str(path)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 2, (module, done.stderr)
+        assert done.stderr == (f"invalid stack config {path}:\n"
+                               f"  nodes.gpu-01.address: '{REDACTED}' is not an IPv4 address\n"), module
+        assert token not in done.stdout + done.stderr
