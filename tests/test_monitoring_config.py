@@ -290,6 +290,13 @@ def test_gpu_memory_threshold_within_vllm_reservation_is_refused(config: dict[st
         "(about 1.75 GiB at TP 8 x PP 1), of the 32 GiB Tesla V100-SXM2-32GB; set it above 0.9703"]
     config[NS + "monitoring"]["thresholds"] = {"gpuMemoryUsedRatio": 0.99}  # the default
     assert monitoring_issues(load_stack_config(config, set())) == []
+    # 0.92 at TP 8 x PP 2 on 0.19.1 still starts (0.04 GiB to spare) and sits at 0.9981: the default fires.
+    config[NS + "pools"]["reasoning"]["vllm"]["gpuMemoryUtilization"] = 0.92
+    assert [i for i in spec_issues(config) if "'reasoning'" in i][0].endswith("set it above 0.9981")
+    # 0.95 cannot start at all (memory-fit says so, with what starts): no second refusal about the alert.
+    config[NS + "pools"]["reasoning"]["vllm"]["gpuMemoryUtilization"] = 0.95
+    assert monitoring_issues(load_stack_config(config, set())) == []
+    config[NS + "pools"]["reasoning"]["vllm"]["gpuMemoryUtilization"] = 0.9
     # vLLM 0.9.2 measures after NCCL starts: only the CUDA context is outside its budget.
     config[NS + "monitoring"]["thresholds"] = {"gpuMemoryUsedRatio": 0.9}
     for pool in ("reasoning", "chat"):

@@ -92,6 +92,8 @@ def monitoring_issues(spec: StackSpec) -> list[SpecIssue]:
         comm = 0.0 if facts is None or facts.nccl_in_budget else communicator_gib(
             pool.tensor_parallel, pool.pipeline_parallel, nvls=known.nvls)
         floor = round(pool.vllm.gpu_memory_utilization + (CUDA_CONTEXT_GIB + comm) / known.memory_gib, 4)
+        if floor >= 1:
+            continue  # the pool cannot start at all: memory-fit names that, with the utilization that starts
         if ratio <= floor:
             outside = f"its CUDA context (about {CUDA_CONTEXT_GIB:g} GiB)" + (
                 f" and NCCL communicators (about {comm:.2f} GiB at TP {pool.tensor_parallel} x PP "
