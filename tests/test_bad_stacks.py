@@ -79,6 +79,9 @@ BAD: list[tuple[str, Mutation, list[str]]] = [
      lambda c: s(c, "models")["qwen3-30b-a3b"]["servedNames"].__setitem__(1, ""),
      ["models.qwen3-30b-a3b.servedNames[1]: '' is not allowed: a served name is what clients send as `model`: "
       "not empty, no leading or trailing whitespace, no control characters"]),
+    ("a served name listed twice",
+     lambda c: s(c, "models")["qwen3-30b-a3b"]["servedNames"].__setitem__(1, "qwen3-30b-a3b"),
+     ["models.qwen3-30b-a3b.servedNames: 'qwen3-30b-a3b' is listed twice"]),
     ("a served name with a trailing space",
      lambda c: s(c, "models")["deepseek-r1"]["servedNames"].__setitem__(0, "deepseek-r1 "),
      ["models.deepseek-r1.servedNames[0]: 'deepseek-r1 ' is not allowed: a served name is what clients send as "

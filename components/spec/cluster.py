@@ -312,10 +312,7 @@ class ModelSpec(Spec):
     @field_validator("served_names")
     @classmethod
     def _served(cls, v: list[str]) -> list[str]:
-        seen = [n for i, n in enumerate(v) if n in v[:i]]
-        if seen:
-            raise ValueError(f"{seen[0]!r} is listed twice")
-        return v
+        return listed_once(v, "")
 
     @field_validator("quantization")
     @classmethod
@@ -442,6 +439,14 @@ def image_reference(v: str) -> str:
 
 
 ImageRef = Annotated[str, AfterValidator(image_reference)]
+
+
+def listed_once(v: list[str], what: str) -> list[str]:
+    """The list, refused naming the first entry that repeats an earlier one."""
+    seen = [n for i, n in enumerate(v) if n in v[:i]]
+    if seen:
+        raise ValueError(f"{what}{seen[0]!r} is listed twice")
+    return v
 
 
 def absolute_path(v: str, where: str) -> str:
@@ -578,10 +583,7 @@ class PoolSpec(Spec):
     @field_validator("nodes")
     @classmethod
     def _no_repeats(cls, v: list[str]) -> list[str]:
-        seen = [n for i, n in enumerate(v) if n in v[:i]]
-        if seen:
-            raise ValueError(f"node {seen[0]!r} is listed twice")
-        return v
+        return listed_once(v, "node ")
 
     @model_validator(mode="before")
     @classmethod
