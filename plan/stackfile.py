@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,8 +106,6 @@ def load_stack_file(path: Path, name: str | None = None) -> StackFile:
 def load_spec(path: Path, name: str | None = None) -> tuple[StackFile, StackSpec] | None:
     """The stack file and its validated spec; None after saying on stderr why the stack is invalid, one
     issue a line, with anything shaped like a credential redacted (the message may quote a value)."""
-    import sys
-
     from plan.redact import CREDENTIAL_SHAPES, REDACTED  # plan.redact reads the harness: only when needed
     try:
         stack = load_stack_file(path, name)

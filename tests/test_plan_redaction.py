@@ -172,9 +172,8 @@ def test_an_invalid_stack_quoting_a_credential_is_reported_redacted_by_every_pla
     config[NS + "nodes"]["gpu-01"]["address"] = token
     path = tmp_path / "Pulumi.inline.yaml"
     path.write_text(yaml.safe_dump({"config": config}))
-    for module in ("plan", "plan.images"):
-        done = subprocess.run([sys.executable, "-m", module, "--config", str(path), "--out", str(tmp_path / "out")]
-                              if module == "plan" else [sys.executable, "-m", module, "--config", str(path)],
+    for module, *extra in (("plan", "--out", str(tmp_path / "out")), ("plan.images",)):
+        done = subprocess.run([sys.executable, "-m", module, "--config", str(path), *extra],
                               cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert done.returncode == 2, (module, done.stderr)
         assert done.stderr == (f"invalid stack config {path}:\n"
