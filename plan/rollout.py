@@ -5,9 +5,11 @@ Through Pulumi's Automation API (which drives the `pulumi` CLI on PATH), per ste
 1. `pulumi up --target <the instances' containers, the images they run on their nodes, the gates that
    check them> --target-dependents`: the old containers go, the new ones start, and the up returns
    only when their health gates (Ray's GPU gate, /health) pass;
-2. the gateway's failTimeoutSeconds, for nginx to take back the replicas it shunned while they were
-   down, then a check through it: chat completions for the pool's model must answer 200 (the
-   gateway balances over the pool, so this proves the pool serves with the new instances in it);
+2. the gateway's failTimeoutSeconds (+ 1: nginx counts whole seconds), for nginx to take back the
+   replicas it shunned while they were down, then a check through it: three chat completions in a
+   row for the pool's model must answer 200 (the gateway balances over the pool, so this proves the
+   pool serves with the new instances in it); a 502/503/504 or no answer is retried for up to
+   failTimeoutSeconds + 30 s before the step fails, naming the logs to read;
 3. the next step — or, on the first failure, stop and say which instance is left in which state.
 The other instances keep serving throughout. What is not an instance (weights, node scripts, the
 gateway and monitoring config) is not touched: run a full `pulumi up` after the rollout.
@@ -33,6 +35,8 @@ sys.path.insert(0, str(ROOT))
 
 from pulumi import automation as auto  # noqa: E402
 
+from components.planning.smoke import retry_seconds, where_to_look  # noqa: E402
+from components.planning.smoke_client import RETRY_STATUSES  # noqa: E402
 from components.planning.topology import instances  # noqa: E402
 from components.spec import StackSpec  # noqa: E402
 from plan.harness import ProgramRun, Registration, run_main_program  # noqa: E402
@@ -87,30 +91,50 @@ def rollout_steps(run: ProgramRun, spec: StackSpec, pool: str, max_unavailable: 
 
 
 def gateway_check(url: str, api_key: str | None, model: str, *, attempts: int = 3, timeout_s: float = 300,
-                  insecure: bool = False) -> str | None:
-    """None when `attempts` chat completions for `model` through the gateway all answer 200; else what failed."""
+                  wait_s: float = 60, pause_s: float = 1, insecure: bool = False,
+                  say: Callable[[str], None] | None = None) -> str | None:
+    """None once `attempts` chat completions for `model` in a row answer 200 through the gateway; else what failed.
+
+    A pool that just became healthy may still be refused for a while: nginx keeps a replica that
+    failed during its replacement out for failTimeoutSeconds (502 once none is left), the engine
+    queues (503), a 429 asks to wait. Those answers and unreachable connections are retried,
+    `pause_s` apart (a 429 as its Retry-After says), until `wait_s` has passed; any other answer
+    (401, 404, …) fails at once, since waiting does not change it.
+    """
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Say OK."}],
                        "max_tokens": 1, "stream": False}).encode()
     headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {api_key}"} if api_key else {})
     context = ssl._create_unverified_context() if insecure else None  # noqa: S323 (the operator's choice)
-    deadline = time.monotonic() + timeout_s
-    n = 1
-    while n <= attempts:
+    where = f"for model {model!r} through {url}"
+    start = time.monotonic()
+    in_a_row = sent = 0
+    retrying = False
+    while in_a_row < attempts:
+        sent += 1
         request = urllib.request.Request(f"{url.rstrip('/')}/v1/chat/completions", data=body, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=timeout_s, context=context) as resp:  # noqa: S310
                 resp.read()
+            in_a_row += 1
+            continue
         except urllib.error.HTTPError as e:
-            # The key's rate limit (shared with the clients the cluster is serving): wait as told.
-            wait = _retry_after(e.headers.get("Retry-After")) if e.code == 429 else None
-            if wait is not None and time.monotonic() + wait < deadline:
-                time.sleep(wait)
-                continue
-            return f"request {n}/{attempts} for model {model!r} through {url} answered {e.code}: " \
-                   f"{e.read()[:300].decode(errors='replace')}"
+            status, seen = e.code, f"answered {e.code}: {e.read()[:300].decode(errors='replace')}"
+            retry_after = e.headers.get("Retry-After")
         except OSError as e:
-            return f"request {n}/{attempts} for model {model!r} through {url} failed: {e}"
-        n += 1
+            status, seen = 0, f"failed: {e}"
+        if status == 429:
+            pause = _retry_after(retry_after)  # the key's limit, shared with the clients the cluster serves
+        elif status in RETRY_STATUSES or status == 0:
+            in_a_row, pause = 0, pause_s
+        else:
+            return f"request {sent} {where} {seen}"
+        waited = time.monotonic() - start
+        if waited + pause > wait_s:
+            return f"request {sent} {where} {seen}; retried for {waited:.0f} s (at most {wait_s:g} s)"
+        if say is not None and not retrying and status != 429:
+            say(f"    the gateway {seen.split(':')[0]}; retrying for up to {wait_s:g} s")
+            retrying = True
+        time.sleep(pause)
     return None
 
 
@@ -151,14 +175,22 @@ def _states(steps: list[Step], at: int, failed: str) -> list[str]:
     return lines
 
 
+def settle_seconds(spec: StackSpec) -> float:
+    """The wait after each step: nginx keeps a replica that failed out failTimeoutSeconds after its last
+    failure, counted in whole seconds (least_conn: `now - checked <= fail_timeout`), so one more."""
+    return spec.gateway.fail_timeout_seconds + 1 if spec.gateway is not None else 0
+
+
 def rollout(stack: Any, steps: list[Step], model: str, *, check: Callable[..., str | None] = gateway_check,
             say: Callable[[str], None] = print, policy_pack: Path | None = ROOT / "policies",
-            insecure: bool = False, settle_s: float = 0) -> int:
+            insecure: bool = False, settle_s: float = 0, gateway_wait_s: float = 60,
+            look_at: str = "the gateway's error log") -> int:
     """Run the steps on an Automation API stack; stop at the first failure, naming each instance's state.
 
-    `settle_s` (the gateway's failTimeoutSeconds) is waited after each step: nginx keeps a replica
-    that failed while it was being replaced out of rotation that long, so the next step would
-    otherwise take a second replica out while the first is still shunned.
+    `settle_s` (settle_seconds) is waited after each step: nginx keeps a replica that failed while it
+    was being replaced out of rotation that long, so the next step would otherwise take a second
+    replica out while the first is still shunned. The gateway check then retries for up to
+    `gateway_wait_s`; `look_at` says what to read when it still fails.
     """
     total = sum(len(s.instances) for s in steps)
     if any(len(s.instances) == total for s in steps):
@@ -180,15 +212,17 @@ def rollout(stack: Any, steps: list[Step], model: str, *, check: Callable[..., s
                                             "up; see the up output above, `docker ps -a` and `docker logs` on its nodes")))
             return EXIT_FAILED
         if settle_s:
-            say(f"    {names}: healthy; {settle_s:g} s for the gateway to take it back (failTimeoutSeconds)")
+            say(f"    {names}: healthy; {settle_s:g} s for the gateway to take it back (failTimeoutSeconds, "
+                "in nginx's whole seconds)")
             time.sleep(settle_s)
         url = _output(result.outputs, "gatewayUrl")
         if url:
-            problem = check(url, _first_key(result.outputs), model, insecure=insecure)
+            problem = check(url, _first_key(result.outputs), model, insecure=insecure, wait_s=gateway_wait_s,
+                            say=say)
             if problem:
                 say(f"rollout stopped at {names}: healthy, but the gateway check failed: {problem}")
                 say("\n".join(_states(steps, k, "replaced and healthy (its gates passed), but the pool does not "
-                                                "serve through the gateway; check the gateway's error log")))
+                                                f"serve through the gateway; check: {look_at}")))
                 return EXIT_FAILED
             say(f"    {names}: healthy; the gateway serves {model}")
         else:
@@ -205,7 +239,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-unavailable", type=int, help="instances per step (default: the pool's maxUnavailable)")
     p.add_argument("--insecure", action="store_true", help="do not verify the gateway's TLS certificate")
     p.add_argument("--settle-seconds", type=float,
-                   help="wait after each step before the gateway check (default: gateway.failTimeoutSeconds)")
+                   help="wait after each step before the gateway check (default: gateway.failTimeoutSeconds + 1)")
+    p.add_argument("--gateway-wait-seconds", type=float,
+                   help="how long the gateway check retries a pool that does not answer yet "
+                        "(default: gateway.failTimeoutSeconds + 30)")
     p.add_argument("--dry-run", action="store_true", help="print the steps and their targets, change nothing")
     return p
 
@@ -234,9 +271,12 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(f"    --target {u}" for u in step.targets))
         return EXIT_OK
     stack = auto.select_stack(stack_name=args.stack, work_dir=str(ROOT))
-    settle = args.settle_seconds if args.settle_seconds is not None else \
-        spec.gateway.fail_timeout_seconds if spec.gateway is not None else 0
-    return rollout(stack, steps, model, insecure=args.insecure, settle_s=settle)
+    settle = args.settle_seconds if args.settle_seconds is not None else settle_seconds(spec)
+    if spec.gateway is None:
+        return rollout(stack, steps, model, settle_s=settle)
+    wait = args.gateway_wait_seconds if args.gateway_wait_seconds is not None else retry_seconds(spec)
+    return rollout(stack, steps, model, insecure=args.insecure, settle_s=settle, gateway_wait_s=wait,
+                   look_at=where_to_look(spec, args.pool))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import copy
+import hashlib
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +19,33 @@ from plan.harness import ProgramRun, run_main_program  # noqa: E402
 from plan.stackfile import load_stack_file  # noqa: E402
 
 PROD = ROOT / "Pulumi.prod.yaml"
+TREE_CHANGED = "WARNING: the working tree changed while the suite ran"
+_TREE_AT_START = pytest.StashKey[str | None]()
+
+
+def _tree_state() -> str | None:
+    """A digest of HEAD and every uncommitted change to tracked files; None outside a git checkout."""
+    try:
+        out = [subprocess.run(argv, cwd=ROOT, capture_output=True, check=True).stdout
+               for argv in (["git", "rev-parse", "HEAD"], ["git", "diff", "HEAD", "--binary"])]
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return hashlib.sha256(b"\0".join(out)).hexdigest()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_TREE_AT_START] = _tree_state()
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """Say so when the tree changed under the run (a rebase, an edit): the modules imported at the
+    start then meet files read later (njs, scripts, fixtures) of another version, and a failure
+    after that point may be that mix, not the code (two "flaky" rollout failures were exactly this)."""
+    before = config.stash.get(_TREE_AT_START, None)
+    if before is not None and _tree_state() != before:
+        terminalreporter.write_line(f"{TREE_CHANGED} (HEAD moved or tracked files were edited): failures may "
+                                    "come from a mix of old and new files; run again on a tree left alone",
+                                    red=True, bold=True)
 
 
 def prod_config() -> dict[str, Any]:

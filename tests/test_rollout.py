@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +38,8 @@ class Gateway(http.server.BaseHTTPRequestHandler):
         status = type(self).statuses.pop(0) if type(self).statuses else 200
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
+        if status == 429:
+            self.send_header("Retry-After", "0.2")
         self.end_headers()
         self.wfile.write(b'{"choices": [{"message": {"content": "OK"}}]}' if status == 200 else b'{"error": "no upstream"}')
 
@@ -133,14 +136,58 @@ def test_the_first_failed_up_stops_the_rollout_and_names_each_instance_state(
 def test_a_pool_that_does_not_serve_through_the_gateway_stops_the_rollout(
         cli: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
     cli["play"]()
-    Gateway.statuses = [200, 502]
-    assert rollout.main(["--stack", "prod", "--pool", "chat", "--settle-seconds", "0"]) == 1
+    Gateway.statuses = [200] + [502] * 100
+    assert rollout.main(["--stack", "prod", "--pool", "chat", "--settle-seconds", "0",
+                         "--gateway-wait-seconds", "2"]) == 1
     assert sum(a[0] == "up" for a in calls(cli["log"])) == 1
+    assert len(Gateway.seen) >= 3  # retried, one second apart, until the 2 s were spent
     out = capsys.readouterr().out
-    assert "rollout stopped at chat-gpu-03: healthy, but the gateway check failed: request 2/3 for model " \
-           f"'qwen3-30b-a3b' through {cli['url']} answered 502" in out
-    assert "  chat-gpu-03: replaced and healthy (its gates passed), but the pool does not serve" in out
+    assert "    the gateway answered 502; retrying for up to 2 s\n" in out
+    assert re.search(r"^rollout stopped at chat-gpu-03: healthy, but the gateway check failed: request \d+ for model "
+                     f"'qwen3-30b-a3b' through {re.escape(cli['url'])} answered 502: "
+                     r'\{"error": "no upstream"\}; retried for \d+ s \(at most 2 s\)$', out, re.M), out
+    assert "  chat-gpu-03: replaced and healthy (its gates passed), but the pool does not serve through the " \
+           "gateway; check: docker logs llm-gateway on gpu-01 (the usage line names the upstream); docker logs " \
+           "vllm-chat-gpu-03 on gpu-03; docker logs vllm-chat-gpu-04 on gpu-04; docker logs vllm-chat-gpu-05 on " \
+           "gpu-05; docker logs vllm-chat-gpu-06 on gpu-06\n" in out
     assert "  chat-gpu-04: not touched" in out
+
+
+def test_a_pool_the_gateway_still_shuns_is_waited_out_until_it_serves(
+        cli: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    # nginx answers 502 while it keeps the pool's replicas out (failTimeoutSeconds); then it serves.
+    cli["play"]()
+    Gateway.statuses = [502, 502, 200, 502]
+    assert rollout.main(["--stack", "prod", "--pool", "chat", "--settle-seconds", "0",
+                         "--gateway-wait-seconds", "60"]) == 0
+    # Three answers of 200 in a row count: the 502 after the first 200 starts the count again.
+    assert [n for n, _, _ in Gateway.seen[:7]] == [1] * 7
+    assert Gateway.seen[7][0] == 2
+    out = capsys.readouterr().out
+    assert out.count("the gateway answered 502; retrying for up to 60 s") == 1
+    assert "chat-gpu-03: healthy; the gateway serves qwen3-30b-a3b" in out
+    assert "rollout done: 4 instance(s)" in out
+
+
+def test_an_answer_waiting_cannot_change_stops_the_rollout_at_once(
+        cli: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    cli["play"]()
+    Gateway.statuses = [404]
+    assert rollout.main(["--stack", "prod", "--pool", "chat", "--settle-seconds", "0",
+                         "--gateway-wait-seconds", "600"]) == 1
+    assert len(Gateway.seen) == 1
+    assert "the gateway check failed: request 1 for model 'qwen3-30b-a3b' through " \
+           f"{cli['url']} answered 404: {{\"error\": \"no upstream\"}}\n" in capsys.readouterr().out
+
+
+def test_a_rate_limited_check_waits_as_the_gateway_says(cli: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    cli["play"]()
+    Gateway.statuses = [200, 429, 200, 200]
+    assert rollout.main(["--stack", "prod", "--pool", "chat", "--settle-seconds", "0",
+                         "--gateway-wait-seconds", "60"]) == 0
+    # A 429 is the key's limit, not the pool: the two 200s around it still count as in a row.
+    assert [n for n, _, _ in Gateway.seen[:5]] == [1, 1, 1, 1, 2]
+    assert "retrying" not in capsys.readouterr().out
 
 
 def test_max_unavailable_replaces_that_many_instances_per_step(

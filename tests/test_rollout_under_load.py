@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from components.planning.smoke import retry_seconds
 from components.spec import load_stack_config
 from plan import rollout
 from plan.harness import ProgramRun
@@ -50,9 +51,13 @@ class ReplacingStack:
         return self
 
 
-def roll_under_load(tmp_path: Path, run: ProgramRun, fail_timeout_s: int, settle_s: float,
+def roll_under_load(tmp_path: Path, run: ProgramRun, fail_timeout_s: int, wait_out: bool,
                     ) -> tuple[int, list[str], Counter[int], ReplacingStack, dict[str, FakeReplica]]:
-    """Roll the chat pool of a loopback gateway while clients send chat completions through it."""
+    """Roll the chat pool of a loopback gateway while clients send chat completions through it.
+
+    `wait_out`: the rollout's own waits (settle after each step, the gateway check's retries), or none.
+    A client whose request got no answer at all counts it as status 0 (lost).
+    """
     spec = load_stack_config(gateway_config(failTimeoutSeconds=fail_timeout_s), set())
     chat = {n: FakeReplica(n) for n in NAMES}
     steps = rollout.rollout_steps(run, spec, "chat", 1)
@@ -62,7 +67,10 @@ def roll_under_load(tmp_path: Path, run: ProgramRun, fail_timeout_s: int, settle
     with own_gateway(spec, {"chat": list(chat.values()), "reasoning": [FakeReplica("r")]}, tmp_path) as (gw, keys):
         def client() -> None:
             while not done.is_set():
-                status, _, _ = gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["default"])
+                try:
+                    status, _, _ = gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["default"])
+                except OSError:  # the gateway closed or reset the connection without an answer
+                    status = 0
                 statuses[status] += 1
                 time.sleep(CLIENT_PAUSE_S)
 
@@ -71,7 +79,9 @@ def roll_under_load(tmp_path: Path, run: ProgramRun, fail_timeout_s: int, settle
             c.start()
         stack = ReplacingStack(chat, gw, keys)
         try:
-            code = rollout.rollout(stack, steps, CHAT, policy_pack=None, say=said.append, settle_s=settle_s)
+            code = rollout.rollout(stack, steps, CHAT, policy_pack=None, say=said.append,
+                                   settle_s=rollout.settle_seconds(spec) if wait_out else 0,
+                                   gateway_wait_s=retry_seconds(spec) if wait_out else 0)
         finally:
             done.set()
             for c in clients:
@@ -81,19 +91,20 @@ def roll_under_load(tmp_path: Path, run: ProgramRun, fail_timeout_s: int, settle
 
 def test_rolling_the_chat_pool_under_load_loses_no_request(tmp_path: Path, prod_preview_run: ProgramRun) -> None:
     # nginx shuns a replica that failed for failTimeoutSeconds: the rollout waits that long per step.
-    code, said, statuses, stack, chat = roll_under_load(tmp_path, prod_preview_run, 1, 1)
+    code, said, statuses, stack, chat = roll_under_load(tmp_path, prod_preview_run, 1, True)
     assert code == rollout.EXIT_OK, "\n".join(said[-4:])
     assert stack.ups == [[n] for n in NAMES]  # one instance per step, in pool order
     assert sum(statuses.values()) > 50 and set(statuses) == {200}, statuses
     # Every replica served again after its replacement (the gateway check's requests included).
     assert all(r.requests for r in chat.values())
-    assert "    chat-gpu-03: healthy; 1 s for the gateway to take it back (failTimeoutSeconds)" in said
+    assert "    chat-gpu-03: healthy; 2 s for the gateway to take it back (failTimeoutSeconds, in nginx's " \
+           "whole seconds)" in said
 
 
 def test_without_waiting_out_the_gateway_the_pool_runs_out_of_replicas(tmp_path: Path,
                                                                      prod_preview_run: ProgramRun) -> None:
     # Replaced faster than nginx forgives them (30 s), the replicas are all shunned by the last step.
-    code, said, statuses, _, _ = roll_under_load(tmp_path, prod_preview_run, 30, 0)
+    code, said, statuses, _, _ = roll_under_load(tmp_path, prod_preview_run, 30, False)
     assert code == rollout.EXIT_FAILED
     assert any("the gateway check failed" in line and "answered 502" in line for line in said), said[-3:]
     assert statuses[502] > 0

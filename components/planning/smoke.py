@@ -35,24 +35,39 @@ def key_for(spec: StackSpec, name: str, pool: str) -> str | None:
     return None
 
 
+def retry_seconds(spec: StackSpec) -> int:
+    """How long a check through the gateway retries a pool that just became healthy before it fails.
+
+    nginx keeps a replica that failed while loading out for failTimeoutSeconds after its last failure,
+    counted in whole seconds (least_conn: `now - checked <= fail_timeout`), so up to one second more;
+    the margin covers a cold first request.
+    """
+    assert spec.gateway is not None
+    return spec.gateway.fail_timeout_seconds + 30
+
+
+def where_to_look(spec: StackSpec, pool: str) -> str:
+    """What to read when a pool does not answer through the gateway: the gateway's log, each instance's."""
+    assert spec.gateway is not None
+    servers = "; ".join(f"docker logs {server_container_name(engine_for(spec.pools[i.pool]), i)} on {i.head}"
+                        for i in instances(spec, pool))
+    return f"docker logs llm-gateway on {spec.gateway.node} (the usage line names the upstream); {servers}"
+
+
 def smoke_plan(spec: StackSpec, url: str) -> dict[str, object]:
     """Every served name of every pool with the key to use and what to check when it fails."""
     g = spec.gateway
     assert g is not None
     checks = []
     for pool, p in spec.pools.items():
-        where = "; ".join(f"docker logs {server_container_name(engine_for(spec.pools[i.pool]), i)} on {i.head}" for i in instances(spec, pool))
         for name in spec.served_names(p.model):
             key = key_for(spec, name, pool)
-            check: dict[str, object] = {
-                "model": name, "pool": pool, "key_id": key,
-                "hint": f"docker logs llm-gateway on {g.node} (the usage line names the upstream); {where}"}
+            check: dict[str, object] = {"model": name, "pool": pool, "key_id": key, "hint": where_to_look(spec, pool)}
             if g.auth and key is None:
                 check["skip"] = "no key in gateway.apiKeys may use it"
             checks.append(check)
     return {"url": url, "checks": checks, "timeout_seconds": REQUEST_TIMEOUT_SECONDS,
-            # nginx keeps a replica that failed while loading out for failTimeoutSeconds.
-            "retry_seconds": g.fail_timeout_seconds + 30}
+            "retry_seconds": retry_seconds(spec)}
 
 
 def smoke_script(spec: StackSpec, url: str) -> str:
