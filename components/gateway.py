@@ -166,10 +166,12 @@ class Gateway(Component):
         if not builds_gateway(spec):  # pulled, or supplied by images.registry / images.tarballs
             return node.images[g.image]
         # Built by the node's Docker engine from the committed Dockerfile (the context is sent over
-        # the provider's ssh connection); a changed Dockerfile is a new tag, hence a new image.
+        # the provider's ssh connection); a changed Dockerfile is a new tag, hence a new image. The
+        # build arguments say where apt fetches the pinned packages (gateway.imageBuild).
         return docker.RemoteImage(
             self.child("image"), name=g.image, keep_locally=True,
-            build=docker.RemoteImageBuildArgs(context=BUILD_CONTEXT, dockerfile="Dockerfile"),
+            build=docker.RemoteImageBuildArgs(context=BUILD_CONTEXT, dockerfile="Dockerfile",
+                                              build_args=g.image_build.args()),
             opts=self.opts(provider=node.provider, depends_on=list(node.ready)))
 
     def _exporter(self, spec: StackSpec, node: GpuNode, deps: list[pulumi.Resource]) -> docker.Container:

@@ -1,41 +1,114 @@
-"""Tested = deployed: the gateway image pins the nginx and njs the real-nginx tests run."""
+"""Tested = deployed: the real-nginx tests run exactly the nginx and njs the gateway image pins."""
 from __future__ import annotations
 
+import hashlib
+import http.server
+import json
 import re
+import shutil
 import subprocess
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
 
 from components.planning.gateway_image import (
-    BUILD_CONTEXT, CONTEXT_DIR, GATEWAY_IMAGE, TESTED_PACKAGES, dockerfile,
+    BASE_IMAGE, BUILD_CONTEXT, CONTEXT_DIR, GATEWAY_IMAGE, TESTED_PACKAGES, build_args, debian_sources, dockerfile,
 )
+from components.planning.image_supply import mirror_script
 from components.planning.topology import images_for_node
-from components.spec import StackSpec
+from components.spec import SpecError, StackSpec, load_stack_config
 from plan.harness import ProgramRun
-from tests.conftest import ROOT
-from tests.test_gateway_nginx import NJS_MODULE, nginx_binary
+from tests import deployed_nginx as fetcher
+from tests.conftest import ROOT, prod_config
+from tests.support import free_port
+from tests.test_gateway_nginx import WAIT, deployed, nginx_binary, njs_module
+
+
+def _md5sums(deb: Path) -> dict[str, str]:
+    """The package's own md5sums control file: path -> digest."""
+    out = subprocess.run(["dpkg-deb", "--ctrl-tarfile", str(deb)], capture_output=True, check=True).stdout
+    listed = subprocess.run(["tar", "-xO", "./md5sums"], input=out, capture_output=True, check=True).stdout
+    return {path: digest for digest, path in (line.split(None, 1) for line in listed.decode().splitlines())}
 
 
 def test_the_tests_run_the_nginx_and_njs_the_image_pins() -> None:
-    nginx_binary()
-    installed = dict(line.split(" ", 1) for line in subprocess.run(
-        ["dpkg-query", "-W", "-f", "${Package} ${Version}\\n", *TESTED_PACKAGES],
-        capture_output=True, text=True, check=True).stdout.splitlines())
-    assert installed == TESTED_PACKAGES, (
-        f"the tests run {installed}, the deployed gateway image pins {TESTED_PACKAGES}: update "
-        "TESTED_PACKAGES in components/planning/gateway_image.py (a new image tag) or install the pinned versions")
-    # The binary and module the tests load are those packages'.
-    owner = subprocess.run(["dpkg", "-S", NJS_MODULE], capture_output=True, text=True, check=True).stdout
-    assert owner.startswith("libnginx-mod-http-js:")
+    found = deployed()
+    assert {p: found.packages[p] for p in TESTED_PACKAGES} == TESTED_PACKAGES
+    # The launcher runs the unpacked nginx, and nginx and the module are byte for byte the pinned packages'.
+    assert f"{found.dir}/root/usr/sbin/nginx" in found.nginx.read_text()
+    assert njs_module() == f"{found.dir}/root/usr/lib/nginx/modules/ngx_http_js_module.so"
+    for pkg, rel in (("nginx", "usr/sbin/nginx"), ("libnginx-mod-http-js", "usr/lib/nginx/modules/ngx_http_js_module.so")):
+        debs = list((found.dir / "pinned").glob(f"{pkg}_*.deb"))
+        assert len(debs) == 1, debs
+        fields = subprocess.run(["dpkg-deb", "-f", str(debs[0]), "Package", "Version"], capture_output=True,
+                                text=True, check=True).stdout.splitlines()
+        assert fields == [f"Package: {pkg}", f"Version: {TESTED_PACKAGES[pkg]}"]
+        assert hashlib.md5((found.dir / "root" / rel).read_bytes()).hexdigest() == _md5sums(debs[0])[rel]
     version = subprocess.run([nginx_binary(), "-v"], capture_output=True, text=True).stderr
     assert re.search(r"nginx/(\S+)", version).group(1) == TESTED_PACKAGES["nginx"].split("-")[0]  # type: ignore[union-attr]
+    if "snapshot" in found.sources.values():
+        warnings.warn(f"pinned packages came from snapshot.debian.org ({found.sources}): the image's default build "
+                      "cannot fetch them from the archive any more; move the pins in gateway_image.py, or build "
+                      "with gateway.imageBuild pointing at snapshot.debian.org")
+
+
+def test_the_njs_the_tests_load_reports_the_pinned_version(tmp_path: Path) -> None:
+    # njs's own idea of its version, from the module the real-nginx tests load, in a running nginx.
+    port = free_port()
+    (tmp_path / "v.js").write_text("function v(r) { r.return(200, njs.version); }\nexport default {v};\n")
+    (tmp_path / "nginx.conf").write_text(f"""load_module {njs_module()};
+pid {tmp_path}/nginx.pid; error_log {tmp_path}/error.log; daemon off; events {{}}
+http {{ access_log off; client_body_temp_path {tmp_path}; proxy_temp_path {tmp_path};
+  fastcgi_temp_path {tmp_path}; uwsgi_temp_path {tmp_path}; scgi_temp_path {tmp_path};
+  js_import v from {tmp_path}/v.js;
+  server {{ listen 127.0.0.1:{port}; location / {{ js_content v.v; }} }} }}
+""")
+    proc = subprocess.Popen([nginx_binary(), "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
+                            stderr=subprocess.PIPE)
+    try:
+        out = subprocess.run(["curl", "-sS", "--retry", "50", "--retry-connrefused", "--retry-delay", "0",
+                              "--max-time", str(WAIT), f"http://127.0.0.1:{port}/"],
+                             capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout == TESTED_PACKAGES["libnginx-mod-http-js"].split("-")[0]
+    finally:
+        proc.terminate()
+        proc.wait(WAIT)
 
 
 def test_the_committed_dockerfile_is_the_generated_one() -> None:
     assert (CONTEXT_DIR / "Dockerfile").read_text() == dockerfile()
     assert (ROOT / BUILD_CONTEXT) == CONTEXT_DIR
     text = dockerfile()
+    assert f"FROM {BASE_IMAGE}\n" in text and BASE_IMAGE == "debian:trixie-slim"
     for pkg, version in TESTED_PACKAGES.items():
         assert f" {pkg}={version} " in text
-    assert GATEWAY_IMAGE == "llm-cluster/gateway:nginx-1.22.1-9-deb12u11-njs-0.7.9-2"
+    assert GATEWAY_IMAGE == "llm-cluster/gateway:nginx-1.26.3-3-deb13u11-njs-0.8.9-1"
+    for arg, default in build_args().items():
+        assert f"\nARG {arg}={default}\n" in text
+
+
+def _printf_of_sources(text: str) -> str:
+    """The Dockerfile's command that writes apt's sources, as one shell line."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("printf 'Types: deb"))
+    end = next(i for i in range(start, len(lines)) if "/etc/apt/sources.list.d/debian.sources" in lines[i])
+    return " ".join(line.strip().rstrip("\\").strip() for line in lines[start:end + 1]).rstrip(";")
+
+
+@pytest.mark.parametrize("args", [build_args(), build_args("http://10.0.0.5:3142/debian",
+                                                           "https://snapshot.debian.org/archive/debian-security/20261201T000000Z",
+                                                           False)])
+def test_the_dockerfile_writes_the_sources_the_tests_fetch_from(args: dict[str, str], tmp_path: Path) -> None:
+    # The image's apt and the tests' fetch read the same sources: run the Dockerfile's printf for real.
+    command = _printf_of_sources(dockerfile()).replace("/etc/apt/sources.list.d/debian.sources",
+                                                       str(tmp_path / "debian.sources"))
+    subprocess.run(["bash", "-euc", command], env={"PATH": "/usr/bin:/bin", **args}, check=True)
+    assert (tmp_path / "debian.sources").read_text() == debian_sources(
+        args["DEBIAN_MIRROR"], args["DEBIAN_SECURITY_MIRROR"], args["APT_CHECK_VALID_UNTIL"] == "yes")
 
 
 def test_the_gateway_node_builds_the_image_and_never_pulls_it(prod_run: ProgramRun, prod_spec: StackSpec) -> None:
@@ -43,7 +116,115 @@ def test_the_gateway_node_builds_the_image_and_never_pulls_it(prod_run: ProgramR
     assert GATEWAY_IMAGE not in images_for_node(prod_spec, "gpu-01")
     image = prod_run.get("gateway-image")
     assert image.plain_inputs()["name"] == GATEWAY_IMAGE
-    assert image.plain_inputs()["build"] == {"context": BUILD_CONTEXT, "dockerfile": "Dockerfile"}
+    assert image.plain_inputs()["build"] == {
+        "context": BUILD_CONTEXT, "dockerfile": "Dockerfile",
+        "buildArgs": {"DEBIAN_MIRROR": "http://deb.debian.org/debian",
+                 "DEBIAN_SECURITY_MIRROR": "http://deb.debian.org/debian-security", "APT_CHECK_VALID_UNTIL": "yes"}}
     assert image.provider.startswith(prod_run.get("gpu-01-docker").urn)
     nginx = prod_run.get("gateway-nginx")
     assert image.urn in nginx.property_dependencies["image"]
+
+
+def test_image_build_mirrors_reach_the_build_and_the_mirror_script() -> None:
+    config = prod_config()
+    config["llm-cluster:gateway"]["imageBuild"] = {
+        "debianMirror": "http://10.0.0.5:3142/debian/", "checkValidUntil": False}
+    spec = load_stack_config(config, set())
+    assert spec.gateway is not None and spec.gateway.image_build.args() == {
+        "DEBIAN_MIRROR": "http://10.0.0.5:3142/debian", "DEBIAN_SECURITY_MIRROR": "http://deb.debian.org/debian-security",
+        "APT_CHECK_VALID_UNTIL": "no"}
+    assert (f"docker build -t {GATEWAY_IMAGE} --build-arg DEBIAN_MIRROR=http://10.0.0.5:3142/debian "
+            f"--build-arg APT_CHECK_VALID_UNTIL=no {BUILD_CONTEXT}\n") in mirror_script(spec)
+    assert f"docker build -t {GATEWAY_IMAGE} {BUILD_CONTEXT}\n" in mirror_script(load_stack_config(prod_config(), set()))
+
+
+# --- the fetch itself ------------------------------------------------------------------------------
+
+SnapshotAdd = Callable[..., None]
+
+
+@pytest.fixture
+def snapshot_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[SnapshotAdd]:
+    """A loopback server answering like snapshot.debian.org's machine-readable API (/mr/binary/<pkg>/<version>/
+    binfiles?fileinfo=1, then /file/<sha1>); yields add(name, data, digest=sha1 of data) to publish a file."""
+    files: dict[str, tuple[str, bytes]] = {}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            m = re.fullmatch(r"/mr/binary/([^/]+)/([^/]+)/binfiles\?fileinfo=1", self.path)
+            if m:
+                hits = [h for h, (name, _) in files.items() if name.startswith(f"{m.group(1)}_")]
+                body = json.dumps({"result": [{"architecture": "amd64", "hash": h} for h in hits],
+                                   "fileinfo": {h: [{"name": files[h][0], "archive_name": "debian-security"}]
+                                                for h in hits}}).encode()
+            elif self.path.startswith("/file/") and self.path[6:] in files:
+                body = files[self.path[6:]][1]
+            else:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    def add(name: str, data: bytes, digest: str | None = None) -> None:
+        files[digest or hashlib.sha1(data).hexdigest()] = (name, data)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(fetcher, "SNAPSHOT", f"http://127.0.0.1:{server.server_address[1]}")
+    yield add
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_pin_that_left_the_archive_comes_from_snapshot_checked(snapshot_server: SnapshotAdd,
+                                                                 tmp_path: Path) -> None:
+    deb = next((deployed().dir / "pinned").glob("nginx-common_*.deb"))
+    snapshot_server(deb.name, deb.read_bytes())
+    got = fetcher._from_snapshot("nginx-common", TESTED_PACKAGES["nginx-common"], tmp_path)
+    assert got == tmp_path / deb.name and got.read_bytes() == deb.read_bytes()
+    # A file whose bytes do not match the SHA-1 snapshot names is refused, and so is a version it lacks.
+    snapshot_server("nginx_1.26.3-3+deb13u11_amd64.deb", b"not the package", "0" * 40)
+    with pytest.raises(RuntimeError, match=r"nginx_1\.26\.3-3\+deb13u11_amd64\.deb does not match its SHA-1 0{40}"):
+        fetcher._from_snapshot("nginx", TESTED_PACKAGES["nginx"], tmp_path)
+    with pytest.raises(RuntimeError, match=r"^libfoo 1\.0 \(amd64\) is neither in the Debian archive nor on http://127"):
+        fetcher._from_snapshot("libfoo", "1.0", tmp_path)
+
+
+def test_a_partial_cache_or_another_njs_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The cache as CI's fresh clone on this machine may find it: a copy without its launcher is not used.
+    found = deployed()
+    copy = tmp_path / "gateway-nginx" / found.dir.name
+    shutil.copytree(found.dir, copy, symlinks=True)
+    monkeypatch.setattr(fetcher, "CACHE", tmp_path / "gateway-nginx")
+    assert fetcher._load(copy) is not None
+    (copy / "bin" / "nginx").unlink()
+    assert fetcher._load(copy) is None
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["packages"]["libnginx-mod-http-js"] = "0.7.9-2"
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    shutil.copy(found.nginx, copy / "bin" / "nginx")
+    assert fetcher._load(copy) is None  # another njs than the pin: fetched again
+
+
+@pytest.mark.parametrize(("gateway", "message"), [
+    ({"imageBuild": {"debianMirror": "ftp://mirror.local/debian"}},
+     "gateway.imageBuild.debianMirror: 'ftp://mirror.local/debian' must be an http:// or https:// URL of a Debian "
+     "archive without spaces or quotes, e.g. http://deb.debian.org/debian"),
+    ({"imageBuild": {"debianSecurityMirror": "http://m/x'; rm -rf /"}},
+     "gateway.imageBuild.debianSecurityMirror: \"http://m/x'; rm -rf /\" must be an http:// or https:// URL of a "
+     "Debian archive without spaces or quotes, e.g. http://deb.debian.org/debian"),
+    ({"image": "nginx:1.27.5", "imageBuild": {"debianMirror": "http://10.0.0.5/debian"}},
+     f"gateway.imageBuild: applies only to the default image {GATEWAY_IMAGE} (built on the gateway node); "
+     "nginx:1.27.5 is pulled: remove imageBuild or gateway.image"),
+])
+def test_image_build_refuses_what_apt_or_the_image_cannot_use(gateway: dict[str, object], message: str) -> None:
+    config = prod_config()
+    config["llm-cluster:gateway"].update(gateway)
+    with pytest.raises(SpecError) as err:
+        load_stack_config(config, set())
+    assert message in str(err.value)

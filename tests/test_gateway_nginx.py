@@ -1,5 +1,8 @@
 """The generated gateway on the real nginx + njs, on loopback, in front of fake OpenAI replicas.
 
+The nginx and njs are the gateway image's own pinned Debian packages (tests/deployed_nginx.py), never
+the machine's.
+
 Fake replicas are Python HTTP/1.1 servers in threads that record every request and answer like vLLM's
 OpenAI server (JSON with `usage`, or SSE chunks ending with a usage chunk and `[DONE]`). API keys
 come from the real host script (keys_script), so the digests njs looks up are the ones bash wrote.
@@ -7,10 +10,9 @@ come from the real host script (keys_script), so the digests njs looks up are th
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.client
 import json
-import os
-import shutil
 import socket
 import ssl
 import struct
@@ -30,10 +32,9 @@ from components.planning.gateway import (
 )
 from components.spec import StackSpec, load_stack_config
 from tests.conftest import prod_config
+from tests.deployed_nginx import DeployedNginx, deployed_nginx
 from tests.support import free_port
 
-# Another nginx + njs build may be tested with its module here and its nginx first on PATH (README).
-NJS_MODULE = os.environ.get("LLM_TEST_NJS_MODULE", "/usr/lib/nginx/modules/ngx_http_js_module.so")
 CHAT = "qwen3-30b-a3b"
 R1 = "deepseek-r1"
 USAGE = {"prompt_tokens": 11, "total_tokens": 18, "completion_tokens": 7}
@@ -41,12 +42,21 @@ STREAM_USAGE = {"prompt_tokens": 5, "total_tokens": 8, "completion_tokens": 3}
 WAIT = 20.0  # upper bound for anything the tests wait on; reaching it is a failure, never a pass
 
 
+@functools.cache
+def deployed() -> DeployedNginx:
+    """The nginx + njs the gateway image deploys (fetched once per machine), never the machine's own."""
+    try:
+        return deployed_nginx()
+    except (OSError, RuntimeError) as e:
+        pytest.fail(f"the gateway image's nginx and njs could not be fetched (tests/deployed_nginx.py): {e}")
+
+
 def nginx_binary() -> str:
-    path = shutil.which("nginx")
-    if path is None or not Path(NJS_MODULE).exists():
-        pytest.fail("nginx with njs is needed: run `make test` as root, or "
-                    "`apt-get install -y nginx-light libnginx-mod-http-js`")
-    return path
+    return str(deployed().nginx)
+
+
+def njs_module() -> str:
+    return str(deployed().njs_module)
 
 
 # --- fake vLLM replicas -----------------------------------------------------------------------
@@ -218,7 +228,7 @@ class NginxGateway:
         # The config in a directory of its own, as on the host (its script owns everything in it).
         self.conf_dir = root / "conf"
         self.layout = GatewayLayout(
-            port=self.port, listen_address="127.0.0.1", conf_dir=str(self.conf_dir), load_module=NJS_MODULE,
+            port=self.port, listen_address="127.0.0.1", conf_dir=str(self.conf_dir), load_module=njs_module(),
             digests_file=str(digests), tls_dir=str(tls_dir or root / "tls"), pid_file=str(root / "nginx.pid"),
             error_log=str(root / "error.log"), access_log=str(root / "access.log"), temp_dir=str(root / "tmp"),
             user=None, worker_processes="2", syslog_port=syslog_port,
@@ -421,7 +431,7 @@ def test_nginx_accepts_the_generated_config(variant: str, tmp_path: Path) -> Non
         secrets = {"llm-cluster:gatewayTlsCert", "llm-cluster:gatewayTlsKey"}
     spec = load_stack_config(config, secrets)
     layout = GatewayLayout(port=free_port(), listen_address="127.0.0.1", conf_dir=str(tmp_path),
-                           load_module=NJS_MODULE, digests_file=str(tmp_path / "digests.json"),
+                           load_module=njs_module(), digests_file=str(tmp_path / "digests.json"),
                            tls_dir=str(self_signed(tmp_path / "tls")), pid_file=str(tmp_path / "pid"),
                            error_log=str(tmp_path / "error.log"), access_log=str(tmp_path / "access.log"),
                            temp_dir=str(tmp_path / "tmp"), user=None)

@@ -13,7 +13,7 @@ import shlex
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from components.planning.gateway_image import BASE_IMAGE, BUILD_CONTEXT, is_built
+from components.planning.gateway_image import BASE_IMAGE, BUILD_CONTEXT, build_args, is_built
 from components.spec import SpecIssue, StackSpec
 
 DOCKER_HUB = "docker.io"
@@ -197,6 +197,15 @@ rm -f -- "$state"
 """
 
 
+def build_flags(spec: StackSpec) -> str:
+    """`docker build` flags for the gateway image's mirrors where gateway.imageBuild changes them."""
+    if spec.gateway is None:
+        return ""
+    defaults = build_args()
+    return "".join(f" --build-arg {shlex.quote(f'{k}={v}')}" for k, v in spec.gateway.image_build.args().items()
+                   if defaults[k] != v)
+
+
 def mirror_script(spec: StackSpec) -> str:
     """Bash for a machine that reaches the public registries: fetch every image the stack runs and push it
     to images.registry, or `docker save` it into the tarball each node loads (images.tarballs)."""
@@ -218,7 +227,8 @@ def mirror_script(spec: StackSpec) -> str:
         where = "every node" if nodes == list(spec.nodes) else ", ".join(nodes)
         lines.append(f"# {image} ({where})")
         # The default gateway image is built from the committed context, never pulled.
-        lines.append(f"docker build -t {q} {shlex.quote(BUILD_CONTEXT)}" if is_built(image) else f"docker pull {q}")
+        lines.append(f"docker build -t {q}{build_flags(spec)} {shlex.quote(BUILD_CONTEXT)}" if is_built(image)
+                     else f"docker pull {q}")
         s = supply(spec, image)
         if s.via == "registry":
             lines += [f"docker tag {q} {shlex.quote(s.ref)}", f"docker push {shlex.quote(s.ref)}"]

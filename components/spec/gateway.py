@@ -1,9 +1,11 @@
 """Stack model: the OpenAI-compatible gateway (nginx + njs)."""
 from __future__ import annotations
 
+import re
+
 from pydantic import Field, ValidationInfo, field_validator
 
-from components.planning.gateway_image import GATEWAY_IMAGE
+from components.planning.gateway_image import DEBIAN_MIRROR, DEBIAN_SECURITY_MIRROR, GATEWAY_IMAGE, build_args
 from components.spec.base import Spec
 from components.spec.cluster import Cidr, ImageRef, Name, Port
 
@@ -60,6 +62,34 @@ class UsageLogSpec(Spec):
         return v.rstrip("/")
 
 
+# A URL apt reads from a deb822 `URIs:` line (and the Dockerfile passes quoted to printf).
+_MIRROR_RE = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~%+:@/-]*)?$")
+
+
+class ImageBuildSpec(Spec):
+    """Where the default gateway image's build (on the gateway node) fetches its Debian packages."""
+
+    debian_mirror: str = DEBIAN_MIRROR
+    """The Debian archive (trixie, trixie-updates), e.g. a mirror on the site's network."""
+    debian_security_mirror: str = DEBIAN_SECURITY_MIRROR
+    """Debian's security archive (trixie-security), where the pinned nginx is published."""
+    check_valid_until: bool = True
+    """false for snapshot.debian.org (whose old Release files have expired), to build pins that
+    have left the archive."""
+
+    @field_validator("debian_mirror", "debian_security_mirror")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not _MIRROR_RE.match(v):
+            raise ValueError(f"{v!r} must be an http:// or https:// URL of a Debian archive without spaces "
+                             "or quotes, e.g. http://deb.debian.org/debian")
+        return v.rstrip("/")
+
+    def args(self) -> dict[str, str]:
+        """The Dockerfile's build arguments for these mirrors."""
+        return build_args(self.debian_mirror, self.debian_security_mirror, self.check_valid_until)
+
+
 class GatewaySpec(Spec):
     """One endpoint that routes by the request's `model` and by path."""
 
@@ -69,6 +99,8 @@ class GatewaySpec(Spec):
     """Default: built on the gateway node from Debian with the nginx and njs versions the tests run
     (components/planning/gateway_image.py). Another image needs nginx with the njs module at
     /usr/lib/nginx/modules (the official nginx images have it), and is not what was tested."""
+    image_build: ImageBuildSpec = ImageBuildSpec()
+    """Only for the default image: the Debian mirrors its build on the gateway node uses."""
     auth: bool = True
     """Require an API key. `false` serves every model to anyone who reaches the port: for a lab only,
     and the policy pack's mandatory `gateway-auth` rule refuses it unless its level is lowered."""
@@ -126,6 +158,16 @@ class GatewaySpec(Spec):
     smoke_test: bool = True
     """After the gateway and every model's health gate: one chat completion per served name through
     the gateway with a deploy-time key, or the deployment fails."""
+
+    @field_validator("image_build")
+    @classmethod
+    def _build_only_the_default_image(cls, v: ImageBuildSpec, info: ValidationInfo) -> ImageBuildSpec:
+        # Runs only when the key is given: mirrors for an image that is pulled would be silently unused.
+        image = info.data.get("image", GATEWAY_IMAGE)
+        if image != GATEWAY_IMAGE:
+            raise ValueError(f"applies only to the default image {GATEWAY_IMAGE} (built on the gateway node); "
+                             f"{image} is pulled: remove imageBuild or gateway.image")
+        return v
 
     @field_validator("api_keys", "default_rate_limit", "default_max_concurrent")
     @classmethod

@@ -1,0 +1,196 @@
+"""The nginx and njs the gateway image deploys, fetched for the real-nginx tests whatever this machine runs.
+
+The gateway image pins Debian packages (components/planning/gateway_image.py). This module fetches
+exactly those versions, with the dependencies Debian resolves for them, from the same archives the
+image's Dockerfile uses (deb.debian.org; snapshot.debian.org for a pinned version that has left
+the archive), checks each package is the pinned one, unpacks them into
+/var/cache/llm-cluster/gateway-nginx/<image tag>/ and writes `bin/nginx`: that release's nginx
+started by that release's own dynamic loader and libraries, so a bookworm test machine runs trixie's
+nginx and njs unchanged. Done once per machine (under a lock; a missing or partial cache is rebuilt).
+
+    python tests/deployed_nginx.py      # fetch if needed, then print the nginx and module paths
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from components.planning.gateway_image import GATEWAY_IMAGE, TESTED_PACKAGES, debian_sources  # noqa: E402
+
+CACHE = Path(os.environ.get("LLM_CLUSTER_CACHE", "/var/cache/llm-cluster")) / "gateway-nginx"
+SNAPSHOT = "https://snapshot.debian.org"
+ARCH = "amd64"
+KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
+# Where trixie's libc6 puts its loader and libraries (merged /usr).
+LIBDIRS = ("usr/lib/x86_64-linux-gnu", "lib/x86_64-linux-gnu")
+LOADER = "usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
+MANIFEST = "manifest.json"
+
+
+@dataclass(frozen=True)
+class DeployedNginx:
+    """The unpacked release: its nginx launcher, the njs module, and every package version in it."""
+
+    dir: Path
+    nginx: Path
+    njs_module: Path
+    packages: dict[str, str]
+    """Package -> version of every .deb unpacked (the pinned ones and their dependencies)."""
+    sources: dict[str, str]
+    """Pinned package -> where it came from: "archive" or "snapshot"."""
+
+
+def cache_dir() -> Path:
+    """This image's directory: a new pin set (a new image tag) is a new directory."""
+    return CACHE / GATEWAY_IMAGE.split(":", 1)[1]
+
+
+def deployed_nginx() -> DeployedNginx:
+    """The image's nginx + njs on this machine, fetched first if the cache lacks it."""
+    target = cache_dir()
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one fetch at a time, however many test runs start together
+        found = _load(target)
+        if found is not None:
+            return found
+        build = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=CACHE))
+        build.chmod(0o755)  # readable by any user who runs the tests
+        try:
+            _fetch(build)
+            if target.exists():
+                shutil.rmtree(target)  # a partial or stale tree (its manifest did not check out)
+            build.rename(target)
+        finally:
+            shutil.rmtree(build, ignore_errors=True)
+        found = _load(target)
+        if found is None:
+            raise RuntimeError(f"{target}: fetched, but its manifest does not check out")
+        return found
+
+
+def _load(target: Path) -> DeployedNginx | None:
+    """The cached release when complete and exactly the pins, else None (to be fetched again)."""
+    try:
+        manifest = json.loads((target / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    found = DeployedNginx(dir=target, nginx=target / "bin" / "nginx",
+                          njs_module=target / "root" / "usr/lib/nginx/modules/ngx_http_js_module.so",
+                          packages=manifest["packages"], sources=manifest["sources"])
+    pinned = {p: found.packages.get(p) for p in TESTED_PACKAGES}
+    if pinned != TESTED_PACKAGES or not all(p.exists() for p in (found.nginx, found.njs_module, target / "root" / LOADER)):
+        return None
+    return found
+
+
+def _run(argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> str:
+    result = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed ({result.returncode}):\n{result.stderr.strip()}")
+    return result.stdout
+
+
+def _apt_env(work: Path) -> dict[str, str]:
+    """apt on a private tree: the image's sources, no installed packages, nothing of the host's state."""
+    for d in ("etc/sources.list.d", "etc/preferences.d", "lists/partial", "cache/archives/partial", "state"):
+        (work / d).mkdir(parents=True, exist_ok=True)
+    (work / "etc/sources.list.d/debian.sources").write_text(debian_sources())
+    (work / "state/status").write_text("")
+    (work / "apt.conf").write_text("\n".join([
+        f'Dir::Etc::sourcelist "{work}/etc/sources.list";',
+        f'Dir::Etc::sourceparts "{work}/etc/sources.list.d";',
+        f'Dir::Etc::preferencesparts "{work}/etc/preferences.d";',
+        f'Dir::Etc::trusted "{KEYRING}";',
+        f'Dir::State "{work}/state";', f'Dir::State::Lists "{work}/lists";',
+        f'Dir::State::status "{work}/state/status";', f'Dir::Cache "{work}/cache";',
+        f'APT::Architecture "{ARCH}";', 'APT::Architectures { "' + ARCH + '"; };',
+        # Root's apt drops to _apt for downloads, which cannot write into this tree.
+        'APT::Sandbox::User "root";', 'Debug::NoLocking "true";', ""]))
+    return {**os.environ, "APT_CONFIG": str(work / "apt.conf"), "DEBIAN_FRONTEND": "noninteractive"}
+
+
+def _in_archive(env: dict[str, str], pkg: str, version: str) -> bool:
+    out = _run(["apt-cache", "madison", pkg], env)
+    return any(f.strip() == version for line in out.splitlines() for f in line.split("|")[1:2])
+
+
+def _from_snapshot(pkg: str, version: str, dest: Path) -> Path:
+    """A pinned .deb the archive no longer has, from snapshot.debian.org by name and version (SHA-1 checked)."""
+    query = f"{SNAPSHOT}/mr/binary/{urllib.parse.quote(pkg)}/{urllib.parse.quote(version)}/binfiles?fileinfo=1"
+    with urllib.request.urlopen(query, timeout=60) as resp:
+        info = json.load(resp)
+    for entry in info.get("result", []):
+        if entry.get("architecture") not in (ARCH, "all"):
+            continue
+        digest = entry["hash"]
+        name = info["fileinfo"][digest][0]["name"]
+        path = dest / name
+        with urllib.request.urlopen(f"{SNAPSHOT}/file/{digest}", timeout=300) as resp:
+            path.write_bytes(resp.read())
+        if hashlib.sha1(path.read_bytes()).hexdigest() != digest:
+            raise RuntimeError(f"{SNAPSHOT}: {name} does not match its SHA-1 {digest}")
+        return path
+    raise RuntimeError(f"{pkg} {version} ({ARCH}) is neither in the Debian archive nor on {SNAPSHOT}")
+
+
+def _fetch(build: Path) -> None:
+    work = build / "apt"
+    env = _apt_env(work)
+    print(f"gateway-nginx: fetching {', '.join(f'{p}={v}' for p, v in TESTED_PACKAGES.items())} "
+          f"into {build.parent} (once per machine)", file=sys.stderr)
+    _run(["apt-get", "update", "-q"], env)
+    pinned_dir = build / "pinned"
+    pinned_dir.mkdir()
+    sources: dict[str, str] = {}
+    for pkg, version in TESTED_PACKAGES.items():
+        if _in_archive(env, pkg, version):
+            _run(["apt-get", "download", "-q", f"{pkg}={version}"], env, cwd=pinned_dir)
+            sources[pkg] = "archive"
+        else:
+            _from_snapshot(pkg, version, pinned_dir)
+            sources[pkg] = "snapshot"
+    # apt resolves the dependencies of the pinned files themselves (what the image's apt-get install does).
+    _run(["apt-get", "install", "--download-only", "-y", "-q", "--no-install-recommends",
+          *sorted(str(p) for p in pinned_dir.glob("*.deb"))], env)
+    debs = {_field(p, "Package"): p for p in (work / "cache/archives").glob("*.deb")}
+    debs.update({_field(p, "Package"): p for p in pinned_dir.glob("*.deb")})
+    packages = {pkg: _field(path, "Version") for pkg, path in sorted(debs.items())}
+    for pkg, version in TESTED_PACKAGES.items():
+        if packages.get(pkg) != version:
+            raise RuntimeError(f"fetched {pkg} {packages.get(pkg)}, the image pins {version}")
+    root = build / "root"
+    for path in debs.values():
+        _run(["dpkg-deb", "-x", str(path), str(root)])
+    (build / "bin").mkdir()
+    launcher = build / "bin" / "nginx"
+    final = cache_dir()
+    libs = ":".join(str(final / "root" / d) for d in LIBDIRS)
+    launcher.write_text("#!/bin/sh\n# trixie's nginx on its own loader and libraries (tests/deployed_nginx.py).\n"
+                        f'exec {final / "root" / LOADER} --library-path {libs} {final / "root/usr/sbin/nginx"} "$@"\n')
+    launcher.chmod(0o755)
+    shutil.rmtree(work)
+    (build / MANIFEST).write_text(json.dumps({"image": GATEWAY_IMAGE, "packages": packages, "sources": sources},
+                                             indent=1) + "\n")
+
+
+def _field(deb: Path, name: str) -> str:
+    return _run(["dpkg-deb", "-f", str(deb), name]).strip()
+
+
+if __name__ == "__main__":
+    found = deployed_nginx()
+    print(f"nginx: {found.nginx}\nnjs module: {found.njs_module}")
