@@ -28,7 +28,9 @@ def weights(stack: LabStack) -> list[str]:
             raise hosts.LabError(f"llm-cluster:models.{name}.path: the lab's hosts keep weights under /data")
         root = stack.host(node).dir / "data" / path.removeprefix("/data/")
         root.mkdir(parents=True, exist_ok=True)
-        (root / "config.json").write_text(json.dumps({"model_type": model.get("arch", name), "lab": True}))
+        (root / "config.json").write_text(json.dumps({"model_type": model.get("arch", name), "lab": True,
+                                                      **engine_model_config(doc, name, model)}))
+        engine_model_files(doc, name, root)
         for i in range(2):
             shard = root / f"model-0000{i + 1}-of-00002.safetensors"
             if not shard.exists():
@@ -39,6 +41,26 @@ def weights(stack: LabStack) -> list[str]:
                 shard.write_bytes(block * 64)
         made.append(f"{node}:{path}")
     return made
+
+
+def _pools_of(doc: dict, model: str) -> list[dict]:
+    return [p for p in (doc.get("llm-cluster:pools") or {}).values() if p.get("model") == model]
+
+
+def engine_model_config(doc: dict, name: str, model: dict) -> dict:
+    """config.json keys an engine reads of the generated model: LMDeploy's `architectures` (its backend choice)."""
+    from lab.standins import lmdeploy as lmdeploy_standin
+    if any(p.get("engine") == "lmdeploy" for p in _pools_of(doc, name)) and model.get("arch"):
+        return lmdeploy_standin.model_config(str(model["arch"]))
+    return {}
+
+
+def engine_model_files(doc: dict, name: str, root) -> None:  # type: ignore[no-untyped-def]
+    """Weights an engine loads for real: llama.cpp pools' GGUF file (a tiny random llama the real server runs)."""
+    from lab.standins import llamacpp as llamacpp_standin
+    for pool in _pools_of(doc, name):
+        if pool.get("engine") == "llamacpp":
+            llamacpp_standin.write_gguf(root / str(pool["llamacpp"]["ggufFile"]))
 
 
 def image_refs(stack: LabStack) -> list[str]:

@@ -19,7 +19,7 @@ REGISTRY_ADDRESS = "198.18.0.2"        # the registry mirror host (namespace lab
 CLIENT_ADDRESS = "198.18.0.3"          # a client outside the cluster (namespace lab-client)
 # Registries the stand-in images are served under besides Docker Hub (which --registry-mirror covers):
 # each lab host's /etc/hosts points them at the mirror host, as a private DNS would.
-REGISTRY_ALIASES = ("nvcr.io",)
+REGISTRY_ALIASES = ("nvcr.io", "ghcr.io")
 STATE = Path(os.environ.get("LLM_CLUSTER_LAB_STATE", "/var/lib/llm-cluster-lab"))
 CACHE = Path(os.environ.get("LLM_CLUSTER_LAB_CACHE", "/var/cache/llm-cluster/lab"))
 # Shim choices (lab:hosts.<node>): what each fake-GPU tool prints, from captured real outputs.

@@ -15,7 +15,7 @@ start_dockerd() {
   PATH=/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin nohup dockerd \
     --data-root "$dir/docker" --exec-root /run/docker -H unix:///run/docker.sock --pidfile /run/docker.pid \
     --iptables=false --ip-masq=false --bridge=none --storage-driver overlay2 \
-    --registry-mirror "http://$mirror" --insecure-registry "$mirror" --insecure-registry nvcr.io \
+    --registry-mirror "http://$mirror" --insecure-registry "$mirror" --insecure-registry nvcr.io --insecure-registry ghcr.io \
     --add-runtime nvidia=/usr/local/sbin/nvidia-container-runtime --shutdown-timeout 10 \
     >>"$dir/dockerd.log" 2>&1 </dev/null &
   for _ in $(seq 1 100); do

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from lab.config import CACHE, LAB_DIR, REGISTRY_ADDRESS, REPO, STATE
 from lab.hosts import REGISTRY_NS, LabError, sh
+from lab.standins import llamacpp as llamacpp_standin, lmdeploy as lmdeploy_standin
 
 SUITE = "bookworm"
 BASE_PACKAGES = ("python3", "procps", "ca-certificates", "iproute2", "curl", "openssh-client", "rsync")
@@ -44,6 +45,7 @@ class Kind:
     stopsignal: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     source: str = ""
+    run: tuple[str, ...] = ()  # Dockerfile lines after the files are in (RUN, HEALTHCHECK)
 
 
 KINDS: dict[str, Kind] = {
@@ -71,11 +73,18 @@ KINDS: dict[str, Kind] = {
                     env={"GF_PATHS_PROVISIONING": "/etc/grafana/provisioning", "GF_PATHS_DATA": "/var/lib/grafana"},
                     source="grafana/grafana Dockerfile: ENTRYPOINT [\"/run.sh\"], USER 472 (grafana), "
                            "GF_PATHS_PROVISIONING=/etc/grafana/provisioning"),
+    # E's engine stand-ins (lab/standins/llamacpp, lab/standins/lmdeploy: each module's docstring says what).
+    "llamacpp": Kind(packages=llamacpp_standin.PACKAGES, entrypoint=llamacpp_standin.ENTRYPOINT,
+                     workdir=llamacpp_standin.WORKDIR, env=llamacpp_standin.ENV, run=llamacpp_standin.DOCKERFILE_LINES,
+                     source=llamacpp_standin.SOURCE),
+    "lmdeploy": Kind(packages=lmdeploy_standin.PACKAGES, entrypoint=lmdeploy_standin.ENTRYPOINT,
+                     source=lmdeploy_standin.SOURCE),
 }
 
 # Which stand-in an image repository gets.
 REPOSITORIES = {
     "vllm/vllm-openai": "vllm", "nginx": "nginx", "python": "python",
+    "ghcr.io/ggml-org/llama.cpp": "llamacpp", "openmmlab/lmdeploy": "lmdeploy",
     "nvcr.io/nvidia/k8s/dcgm-exporter": "dcgm-exporter", "prom/node-exporter": "node-exporter",
     "prom/prometheus": "prometheus", "grafana/grafana": "grafana",
 }
@@ -141,17 +150,28 @@ def standin_facts(ref: str) -> dict:
             "gpu": {"name": name, "count": count, "capability": capability}}
 
 
-def inputs_hash(refs: list[str]) -> str:
-    """What the images are built from: this module, the stand-ins, the data they carry, the names."""
-    h = hashlib.sha256()
-    for path in sorted([Path(__file__), *(LAB_DIR / "standins").rglob("*.py")]):
-        h.update(path.read_bytes())
-    for ref in sorted(refs):
-        h.update(ref.encode())
-        if kind_of(ref) == "vllm":
-            f = vllm_facts(split_ref(ref)[1])
-            h.update(f["dump"].read_bytes() + f["metrics"].read_bytes() + f["ray"].encode()
-                     + json.dumps(f["standin"], sort_keys=True).encode())
+# What each stand-in is made of under lab/standins (a directory: its *.py files), besides this module.
+KIND_FILES: dict[str, tuple[str, ...]] = {
+    "vllm": ("vllm", "openai_http.py"), "dcgm-exporter": ("dcgm_exporter.py",), "grafana": ("grafana.py",),
+    "lmdeploy": ("lmdeploy", "openai_http.py", "vllm/torch"), "llamacpp": ("llamacpp",),
+}
+
+
+def inputs_hash(ref: str) -> str:
+    """What one image is built from: this module, its stand-in's files, the data it carries, its name."""
+    kind = kind_of(ref)
+    h = hashlib.sha256(Path(__file__).read_bytes() + ref.encode())
+    for rel in KIND_FILES.get(kind, ()):
+        path = LAB_DIR / "standins" / rel
+        for f in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            h.update(f.read_bytes())
+    if kind == "vllm":
+        f = vllm_facts(split_ref(ref)[1])
+        h.update(f["dump"].read_bytes() + f["metrics"].read_bytes() + f["ray"].encode()
+                 + json.dumps(f["standin"], sort_keys=True).encode())
+    elif kind == "lmdeploy":
+        h.update(json.dumps(lmdeploy_standin.standin_facts(ref), sort_keys=True).encode()
+                 + (REPO / "policies" / "data" / "tools" / "dump_lmdeploy.py").read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -235,6 +255,7 @@ def _context(ref: str, work: Path) -> Path:
         shutil.rmtree(site / "bin", ignore_errors=True)  # scripts with this machine's interpreter path
         for package in ("vllm", "torch", "triton"):
             shutil.copytree(standins / "vllm" / package, site / package)
+        shutil.copy2(standins / "openai_http.py", site / "openai_http.py")
         (site / "standin.json").write_text(json.dumps(facts["standin"], indent=1))
         shutil.copy2(facts["dump"], site / "vllm" / "serve-args.json")
         shutil.copy2(facts["metrics"], site / "vllm" / "metrics.txt")
@@ -245,6 +266,10 @@ def _context(ref: str, work: Path) -> Path:
         (files / "vllm-workspace").mkdir()
         extra_env["LAB_STANDIN"] = (f"vllm {facts['version']} with ray {facts['ray']}; stand-in torch "
                                     f"{facts['standin']['torch']} and triton {facts['standin']['triton']}")
+    elif kind_name == "llamacpp":
+        llamacpp_standin.add_image_files(files)
+    elif kind_name == "lmdeploy":
+        extra_env.update(lmdeploy_standin.add_image_files(files, ref, REPO / ".venv" / "bin" / "pip", NUMPY))
     elif kind_name == "nginx":
         _text(files / "docker-entrypoint.sh", "#!/bin/sh\n# The official image's entrypoint runs its "
               "/docker-entrypoint.d scripts, then the command.\nset -e\nexec \"$@\"\n", 0o755)
@@ -282,6 +307,7 @@ def _context(ref: str, work: Path) -> Path:
     if kind_name == "nginx":
         # The official image's worker user nginx (uid 101 there; 101 is taken in Debian's base).
         lines.append("RUN groupadd -r nginx && useradd -r -g nginx -d /nonexistent -s /bin/false nginx")
+    lines += kind.run
     lines.append(f"LABEL org.llm-cluster.lab.standin={json.dumps(kind.source)}")
     for k, v in sorted(extra_env.items()):
         lines.append(f"ENV {k}={json.dumps(v)}")
@@ -363,19 +389,20 @@ def in_registry(ref: str) -> bool:
 def ensure(refs: list[str]) -> dict[str, str]:
     """Every ref served by the running registry mirror, built only when the cache lacks it or is stale."""
     refs = sorted(set(refs))
-    for ref in refs:
-        kind_of(ref)
+    digests = {ref: inputs_hash(ref) for ref in refs}
     stamp_path = CACHE / "images.json"
-    digest = inputs_hash(refs)
     stamp = json.loads(stamp_path.read_text()) if stamp_path.exists() else {}
-    if stamp.get("inputs") == digest and all(in_registry(r) for r in refs):
-        return stamp["images"]
+    # One entry per image (another stack's images stay valid): {ref: {"inputs": digest, "id": image id}}.
+    known = {r: e for r, e in (stamp.get("built") or {}).items() if isinstance(e, dict)}
+    stale = [r for r in refs if (known.get(r) or {}).get("inputs") != digests[r] or not in_registry(r)]
+    if not stale:
+        return {r: known[r]["id"] for r in refs}
     started = time.monotonic()
     work = CACHE / "work"
     built: dict[str, str] = {}
     with Builder() as b:
         sh(*b.docker("import", str(_base()), f"lab/base:{SUITE}"), timeout=900)
-        for ref in refs:
+        for ref in stale:
             print(f"lab images: building {ref} ({kind_of(ref)} stand-in)", flush=True)
             ctx = _context(ref, work)
             target = f"{REGISTRY_ADDRESS}/{registry_path(split_ref(ref)[0])}:{split_ref(ref)[1]}"
@@ -385,7 +412,8 @@ def ensure(refs: list[str]) -> dict[str, str]:
                 raise LabError(f"building the stand-in for {ref} failed: {p.stderr.strip()[-2000:]}")
             sh(*b.docker("push", target), timeout=1800)
             built[ref] = p.stdout.strip()
+            known[ref] = {"inputs": digests[ref], "id": built[ref]}
+            stamp_path.write_text(json.dumps({"built": known}, indent=1, sort_keys=True))
     shutil.rmtree(work, ignore_errors=True)
-    stamp_path.write_text(json.dumps({"inputs": digest, "images": built}, indent=1))
     print(f"lab images: {len(built)} stand-ins built and pushed in {time.monotonic() - started:.0f}s", flush=True)
-    return built
+    return {r: known[r]["id"] for r in refs}

@@ -30,6 +30,7 @@ def _site(tmp: Path, tag: str) -> Path:
     site = tmp / tag
     for package in ("vllm", "torch", "triton"):
         shutil.copytree(STANDINS / package, site / package)
+    shutil.copy2(STANDINS.parent / "openai_http.py", site / "openai_http.py")
     shutil.copy2(facts["dump"], site / "vllm" / "serve-args.json")
     shutil.copy2(facts["metrics"], site / "vllm" / "metrics.txt")
     (site / "vllm" / "version.json").write_text(json.dumps({"version": facts["version"],

@@ -9,8 +9,9 @@ import sys
 import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
+from openai_http import OpenAIHandler
 from vllm import HERE, __version__, _facts
 
 QUANTIZATIONS = set(_facts["quantizations"])
@@ -141,20 +142,7 @@ class Metrics:
 def make_handler(ns, names, metrics):
     where = "%s:%s" % (socket.gethostname(), ns.port)
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, fmt, *args):
-            pass
-
-        def send(self, code, body, ctype="application/json"):
-            data = body if isinstance(body, bytes) else json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
+    class Handler(OpenAIHandler):
         def do_GET(self):
             if self.path == "/health":
                 self.send(200, b"", "text/plain")
@@ -170,13 +158,10 @@ def make_handler(ns, names, metrics):
                 self.send(404, {"detail": "Not Found"})
 
         def do_POST(self):
-            length = int(self.headers.get("Content-Length") or 0)
-            try:
-                req = json.loads(self.rfile.read(length) or b"{}")
-            except ValueError:
-                return self.send(400, {"object": "error", "message": "invalid JSON", "type": "BadRequestError", "code": 400})
-            if self.path not in ("/v1/chat/completions", "/v1/completions"):
-                return self.send(404, {"detail": "Not Found"})
+            req = self.completion_request({"object": "error", "message": "invalid JSON", "type": "BadRequestError",
+                                           "code": 400})
+            if req is None:
+                return
             model = req.get("model")
             if model not in names:
                 return self.send(404, {"object": "error", "message": "The model `%s` does not exist." % model,
@@ -194,10 +179,7 @@ def make_handler(ns, names, metrics):
                 metrics.running += 1
             try:
                 if req.get("stream"):
-                    self.send_response(200)
-                    self.send_header("Content-Type", "text/event-stream")
-                    self.send_header("Transfer-Encoding", "chunked")
-                    self.end_headers()
+                    self.start_stream()
                     for i, w in enumerate(words):
                         time.sleep(delay)
                         piece = w if i == 0 else " " + w
@@ -213,8 +195,7 @@ def make_handler(ns, names, metrics):
                     if (req.get("stream_options") or {}).get("include_usage"):
                         self.chunk({"id": rid, "object": obj + (".chunk" if chat else ""), "model": model,
                                     "created": int(time.time()), "choices": [], "usage": usage})
-                    self.raw(b"data: [DONE]\n\n")
-                    self.wfile.write(b"0\r\n\r\n")
+                    self.end_stream()
                 else:
                     time.sleep(delay * len(words))
                     choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
@@ -228,13 +209,6 @@ def make_handler(ns, names, metrics):
             finally:
                 with metrics.lock:
                     metrics.running -= 1
-
-        def chunk(self, obj):
-            self.raw(("data: %s\n\n" % json.dumps(obj)).encode())
-
-        def raw(self, data):
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-            self.wfile.flush()
 
     return Handler
 
