@@ -18,7 +18,7 @@ import pytest
 from components.planning.gateway import ERRORS
 from components.spec import load_stack_config
 from tests.test_gateway_nginx import (  # noqa: F401 (replicas: a fixture)
-    CHAT, R1, WAIT, FakeReplica, NginxGateway, by_name, error_code, gateway_config, host_keys, own_gateway,
+    CHAT, R1, WAIT, FakeReplica, NginxGateway, by_name, error_code, gateway_config, host_keys, log_line, own_gateway,
     replicas, self_signed, send_held,
 )
 
@@ -154,17 +154,6 @@ def test_replicas_get_the_routed_endpoint_never_the_raw_path(gw_keys: tuple[Ngin
         model = R1 if path.startswith("/smart") else CHAT
         status, _, out = gw.call("POST", path, {"model": model}, keys["default"])
         assert (status, out["path"]) == (200, sent), path
-
-
-def log_line(gw: NginxGateway, marker: str) -> dict[str, Any]:
-    """The access-log line of the request whose path carries this marker (?t=...)."""
-    deadline = time.monotonic() + WAIT
-    while time.monotonic() < deadline:
-        for line in gw.log():
-            if line["path"].endswith(f"?t={marker}"):
-                return line
-        time.sleep(0.05)
-    pytest.fail(f"no log line for {marker}")
 
 
 def test_a_stream_the_client_cut_off_is_logged_as_cut_with_what_it_was_served(

@@ -303,6 +303,17 @@ class NginxGateway:
             conn.close()
 
 
+def log_line(gw: NginxGateway, marker: str) -> dict[str, Any]:
+    """The access-log line of the request whose path carries this marker (?t=...)."""
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        for line in gw.log():
+            if line["path"].endswith(f"?t={marker}"):
+                return line
+        time.sleep(0.05)
+    pytest.fail(f"no log line for {marker}")
+
+
 def gateway_config(**gateway: Any) -> dict[str, Any]:
     """The reference stack with test keys: one for most tests, one tightly limited, one restricted."""
     config = prod_config()

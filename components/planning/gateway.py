@@ -36,12 +36,15 @@ from components.planning.node_scripts import put_files_lines
 from components.planning.topology import instances
 from components.planning.gateway_engines import engine_server, upstream_keepalive_seconds
 from components.planning.gateway_image import WORKER_UID
-from components.spec.gateway import ApiKeySpec, RateLimitSpec
+from components.spec.gateway import ApiKeySpec, RateLimitSpec, TokenBudgetSpec
 from components.spec.stack import StackSpec
 
 T = TypeVar("T")
 
 NJS_SOURCE = Path(__file__).with_suffix(".js")
+# The token budgets' njs (njs >= 0.8.0: a shared dict), loaded only when a key has a budget.
+BUDGET_SOURCE = Path(__file__).with_name("gateway_budget.js")
+BUDGET_ZONE = "llm_tokens"
 EXPORTER_SOURCE = Path(__file__).with_name("gateway_exporter.py")
 # Where Debian's libnginx-mod-http-js and the official nginx image both put the njs module.
 NJS_MODULE_PATH = "/usr/lib/nginx/modules/ngx_http_js_module.so"
@@ -107,6 +110,11 @@ class GatewayLayout:
     def njs_file(self) -> str:
         """The njs module inside the container."""
         return f"{self.conf_dir}/llm/gateway.js"
+
+    @property
+    def budget_file(self) -> str:
+        """The token budgets' njs module inside the container."""
+        return f"{self.conf_dir}/llm/budget.js"
 
     @property
     def routes_file(self) -> str:
@@ -237,6 +245,18 @@ def concurrency_zones(spec: StackSpec) -> list[tuple[int, list[str]]]:
     return _zones(_per_key(spec, lambda k: k.max_concurrent, g.default_max_concurrent), lambda cap: cap)
 
 
+def token_budgets(spec: StackSpec) -> dict[str, TokenBudgetSpec]:
+    """Key id -> its token budget (its own or defaultTokenBudget), for the keys that have one."""
+    g = spec.gateway
+    assert g is not None
+    return {k: b for k, b in _per_key(spec, lambda k: k.token_budget, g.default_token_budget).items() if b}
+
+
+def budget_zone_mib(spec: StackSpec) -> int:
+    """The shared dict's size: room for two windows of every key (a count is ~200 bytes), at least 1 MiB."""
+    return max(1, math.ceil(len(token_budgets(spec)) * 2 * 200 / 2**20))
+
+
 def retry_after_seconds(limit: RateLimitSpec) -> int:
     """Retry-After of a 429 from the rate limit: the time the bucket takes to admit one more request."""
     return max(1, math.ceil(1 / limit.requests_per_second - 1e-9))
@@ -288,8 +308,12 @@ def routes_table(spec: StackSpec) -> dict[str, object]:
             allowed = [n for m in k.models for n in (listing.get(m) or [m])]
             allow[k.id] = {n: True for n in allowed}
     order = [g.default_pool] + [p for p in spec.pools if p != g.default_pool]
-    return {"auth": g.auth, "models": models, "listing": listing, "meta": meta, "order": order,
-            "prefixes": dict(g.path_routes), "allow": allow}
+    table: dict[str, object] = {"auth": g.auth, "models": models, "listing": listing, "meta": meta, "order": order,
+                                "prefixes": dict(g.path_routes), "allow": allow}
+    budgets = token_budgets(spec)
+    if budgets:
+        table["budgets"] = {key_id: [b.tokens, b.window_seconds] for key_id, b in budgets.items()}
+    return table
 
 
 def key_digests(keys: Mapping[str, str], ids: Sequence[str]) -> str:
@@ -352,6 +376,12 @@ ERRORS: dict[int, ErrorPage] = {
     505: ErrorPage(505, "HTTP version not supported: use HTTP/1.1.", "http_version_not_supported"),
 }
 
+# A token budget used up: the budget's njs refuses (nginx returns this internal status), and the
+# error page answers 429 with the headers that njs set (gateway_budget.js).
+BUDGET_REFUSED = 439
+BUDGET_ERROR = ErrorPage(429, "Token budget reached for this API key ($llm_tb_limit tokens in this window); "
+                              "retry after the seconds in Retry-After.", "rate_limit_exceeded", "tokens")
+
 # Error pages are internal locations with a URI, not named ones: nginx cannot redirect a request
 # whose request line it could not parse (no URI) to a named location.
 ERROR_PREFIX = "/_llm_error/"
@@ -359,7 +389,7 @@ ERROR_PREFIX = "/_llm_error/"
 
 def error_page(raised: int) -> str:
     """The error_page directive of a status nginx raises; `=status` where the client sees another."""
-    page = ERRORS[raised]
+    page = BUDGET_ERROR if raised == BUDGET_REFUSED else ERRORS[raised]
     overwrite = f"={page.status} " if page.status != raised else ""
     return f"        error_page {raised} {overwrite}{ERROR_PREFIX}{raised};"
 
@@ -369,9 +399,10 @@ ALLOW_MODELS = "GET, HEAD"
 ALLOW_ENDPOINTS = "POST"
 
 
-def _error_locations(max_body_mib: int) -> list[str]:
+def _error_locations(max_body_mib: int, budgets: bool) -> list[str]:
     lines = []
-    for raised, page in ERRORS.items():
+    pages = {**ERRORS, BUDGET_REFUSED: BUDGET_ERROR} if budgets else ERRORS
+    for raised, page in pages.items():
         message = page.message
         if raised == 413:
             message = f"Request body too large: the gateway accepts at most {max_body_mib} MiB."
@@ -390,6 +421,9 @@ def _error_locations(max_body_mib: int) -> list[str]:
                       "            add_header x-ratelimit-reset-requests $llm_rl_reset always;"]
         if raised == 503:
             lines.append("            add_header Retry-After 1 always;")
+        if raised == BUDGET_REFUSED:
+            lines += ["            add_header Retry-After $llm_tb_retry_after always;",
+                      *_budget_headers()]
         lines += [f"            return {page.status} {_json_error(message, page.code, page.type)};",
                   "        }"]
     return lines
@@ -437,6 +471,7 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
     g = spec.gateway
     assert g is not None
     servers = {pool: list((upstreams or {}).get(pool) or upstream_servers(spec, pool)) for pool in spec.pools}
+    budgets = token_budgets(spec)
     listen = f"{layout.listen_address}:{layout.port}" if layout.listen_address else str(layout.port)
     out = ["# Generated by llm-cluster from the stack; change Pulumi.<stack>.yaml, not this file.",
            f"load_module {layout.load_module};"]
@@ -485,8 +520,9 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
                 f'        "~^\\"usage\\"\\s*:\\s*{{[^}}]*\\"{kind}_tokens\\"\\s*:\\s*(?<llm_{kind}>\\d{{1,15}})" $llm_{kind};',
                 "        default null;",
                 "    }")),
+            *(_budget_directives(spec, layout) if budgets else []),
             "",
-            f"    log_format llm_usage escape=json '{LOG_FORMAT}';"]
+            f"    log_format llm_usage escape=json '{log_format(spec)}';"]
     if layout.access_log:
         # Buffered: one write per 64k of lines or per second instead of one per request.
         out.append(f"    access_log {layout.access_log} llm_usage buffer=64k flush=1s;")
@@ -542,7 +578,7 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
                 f"        ssl_certificate_key {layout.tls_dir}/key.pem;",
                 "        ssl_protocols TLSv1.2 TLSv1.3;",
                 "        ssl_session_cache shared:llm_tls:10m;"]
-    out += [*(error_page(raised) for raised in ERRORS), ""]
+    out += [*(error_page(raised) for raised in (*ERRORS, *([BUDGET_REFUSED] if budgets else []))), ""]
     guard = ['            if ($llm_key_id = "") {',
              "                return 401;",
              "            }"] if g.auth else []
@@ -550,9 +586,13 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
     guard += [f"            limit_req zone=llm_rl_{i}" + (f" burst={limit.burst} nodelay;" if limit.burst else ";")
               for i, (limit, _) in enumerate(zones)]
     guard += [f"            limit_conn llm_cc_{i} {cap};" for i, (cap, _) in enumerate(caps)]
+    # A used-up token budget is refused after the key check (both `if`s run in the rewrite phase,
+    # in this order) and before the rate limits count the request (preaccess phase).
+    refuse = ["            if ($llm_budget_refused) {", f"                return {BUDGET_REFUSED};",
+              "            }"] if budgets else []
     for prefix in path_routes(spec):
         for endpoint in MODEL_ENDPOINTS:
-            out += [f"        location = {prefix}{endpoint} {{", *guard,
+            out += [f"        location = {prefix}{endpoint} {{", *guard, *refuse,
                     "            js_content gateway.route;", "        }"]
         out += [f"        location = {prefix}models {{", *guard,
                 "            js_content gateway.models;", "        }"]
@@ -560,7 +600,7 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
 
     aliased = set(g.aliases.values())
     for pool in spec.pools:
-        proxy = _proxy_block(spec, f"llm_pool_{pool}", [pool])
+        proxy = _proxy_block(spec, f"llm_pool_{pool}", [pool]) + (_budget_headers() if budgets else [])
         out += [f"        location @llm_pool_{pool} {{", *proxy, "        }"]
         if pool in aliased:
             out += [f"        location @llm_alias_{pool} {{",
@@ -568,9 +608,38 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
     for model, pools in model_pools(spec).items():
         if len(pools) > 1:
             out += [f"        location @llm_model_{model} {{", *_proxy_block(spec, f"llm_model_{model}", pools),
-                    "        }"]
-    out += ["", *_error_locations(g.max_body_mib), "    }", "}", ""]
+                    *(_budget_headers() if budgets else []), "        }"]
+    out += ["", *_error_locations(g.max_body_mib, bool(budgets)), "    }", "}", ""]
     return "\n".join(out)
+
+
+def log_format(spec: StackSpec) -> str:
+    """LOG_FORMAT, plus the tokens charged to the key's budget (null: none) when a key has one."""
+    if not token_budgets(spec):
+        return LOG_FORMAT
+    return LOG_FORMAT[:-1] + ',"budget_tokens":$llm_budget_tokens}'
+
+
+def _budget_directives(spec: StackSpec, layout: GatewayLayout) -> list[str]:
+    """The shared dict of token counts and the budget's njs (gateway_budget.js)."""
+    longest = max(b.window_seconds for b in token_budgets(spec).values())
+    return ["",
+            "    # Token budgets per key per window: one count per key and window shared by every worker",
+            "    # (kept across reloads); a count outlives its window by no more than the longest window.",
+            f"    js_shared_dict_zone zone={BUDGET_ZONE}:{budget_zone_mib(spec)}m timeout={longest}s type=number;",
+            f"    js_import budget from {layout.budget_file};",
+            *(f"    js_var ${name};" for name in ("llm_budget_key", "llm_tb_limit", "llm_tb_remaining",
+                                                  "llm_tb_reset", "llm_tb_retry_after")),
+            "    js_set $llm_budget_refused budget.admit;",
+            # Referenced by the log line only: it runs once, when the request ends.
+            "    js_set $llm_budget_tokens budget.charge;"]
+
+
+def _budget_headers() -> list[str]:
+    """The x-ratelimit-*-tokens headers (empty, hence not sent, for a key without a budget)."""
+    return ["            add_header x-ratelimit-limit-tokens $llm_tb_limit always;",
+            "            add_header x-ratelimit-remaining-tokens $llm_tb_remaining always;",
+            "            add_header x-ratelimit-reset-tokens $llm_tb_reset always;"]
 
 
 def _limit_zones(kind: str, params: Sequence[str], ids: Sequence[Sequence[str]], preamble: list[str]) -> list[str]:
@@ -686,6 +755,7 @@ def render_gateway(spec: StackSpec, layout: GatewayLayout,
         "nginx.conf": nginx_conf(spec, layout, upstreams),
         "llm/gateway.js": NJS_SOURCE.read_text(),
         "llm/routes.json": json.dumps(routes_table(spec), indent=1) + "\n",
+        **({"llm/budget.js": BUDGET_SOURCE.read_text()} if token_budgets(spec) else {}),
     }
 
 

@@ -30,6 +30,16 @@ class RateLimitSpec(Spec):
         return v
 
 
+class TokenBudgetSpec(Spec):
+    """Tokens (prompt + completion, as the responses' usage says) a key may use per window."""
+
+    tokens: int = Field(ge=1, le=10**15)
+    """A request is admitted while the window's count is below this; its tokens are counted when it
+    ends (so requests in flight can take a window past it)."""
+    window_seconds: int = Field(default=60, ge=1, le=31 * 86400)
+    """Fixed windows from the Unix epoch (86400: UTC days); the count starts again at 0 in each."""
+
+
 class ApiKeySpec(Spec):
     """One client of the gateway. The key itself is a secret (config `gatewayApiKeys`), never here."""
 
@@ -42,6 +52,9 @@ class ApiKeySpec(Spec):
     max_concurrent: int | None = Field(default=None, ge=1)
     """Requests of this key in flight at once (streams included); above it 429. When unset,
     `defaultMaxConcurrent` (and when that is unset too, no cap)."""
+    token_budget: TokenBudgetSpec | None = None
+    """Tokens per window; above it 429 until the window ends. When unset, `defaultTokenBudget` (and
+    when that is unset too, none)."""
 
 
 class UsageLogSpec(Spec):
@@ -124,6 +137,8 @@ class GatewaySpec(Spec):
     """Limit for keys that state none."""
     default_max_concurrent: int | None = Field(default=None, ge=1)
     """Concurrency cap for keys that state none."""
+    default_token_budget: TokenBudgetSpec | None = None
+    """Token budget for keys that state none."""
     max_body_mib: int = Field(default=16, ge=1, le=1024)
     """Largest request body (413 above); bodies are held in memory so njs can read `model`."""
     max_fails: int = Field(default=2, ge=0)
@@ -169,7 +184,7 @@ class GatewaySpec(Spec):
                              f"{image} is pulled: remove imageBuild or gateway.image")
         return v
 
-    @field_validator("api_keys", "default_rate_limit", "default_max_concurrent")
+    @field_validator("api_keys", "default_rate_limit", "default_max_concurrent", "default_token_budget")
     @classmethod
     def _keys_need_auth(cls, v: object, info: ValidationInfo) -> object:
         # Keys and limits without auth would be listed and silently never checked.

@@ -1,0 +1,297 @@
+"""Per-key token budgets and concurrency caps on the real nginx + njs the image deploys, two workers.
+
+Budgets count the usage the gateway reads from responses (prompt + completion tokens) in njs's
+shared dict, so every worker sees one count per key and window. Which worker holds a connection is
+read from the kernel (`ss -p`), so the tests show the counts and caps hold across workers rather
+than assume it. A request's tokens are charged when nginx writes its log line (the charge is a field
+of that line): a test waits for that line before the next request reads the count.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import math
+import re
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from components.planning.gateway import BUDGET_ZONE, budget_zone_mib, gateway_files, token_budgets
+from components.spec import SpecError, load_stack_config
+from tests.conftest import prod_config
+from tests.test_gateway_nginx import (
+    CHAT, USAGE, WAIT, FakeReplica, NginxGateway, error_code, gateway_config, log_line, nginx_binary, own_gateway,
+)
+from tests.support import tool
+
+LONG = 31 * 86400  # a window no test run crosses (its end is at most once a month)
+SHORT = 3  # seconds: the window the reset test waits out
+
+
+def budget_config() -> dict[str, Any]:
+    return gateway_config(apiKeys=[
+        {"id": "default"},
+        {"id": "metered", "tokenBudget": {"tokens": 40, "windowSeconds": LONG}},
+        {"id": "streamer", "tokenBudget": {"tokens": 1000, "windowSeconds": LONG}},
+        {"id": "across", "tokenBudget": {"tokens": 30, "windowSeconds": LONG}},
+        {"id": "short", "tokenBudget": {"tokens": 1, "windowSeconds": SHORT}},
+        {"id": "capped", "maxConcurrent": 2},
+        {"id": "reloaded", "tokenBudget": {"tokens": 20, "windowSeconds": LONG}},
+    ])
+
+
+@pytest.fixture(scope="module")
+def gw_keys(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[NginxGateway, dict[str, str]]]:
+    spec = load_stack_config(budget_config(), set())
+    pools = {"chat": [FakeReplica(f"chat-{i}") for i in range(2)], "reasoning": [FakeReplica("reasoning-0")]}
+    with own_gateway(spec, pools, tmp_path_factory.mktemp("budgets")) as (gw, keys):
+        gw.pools = pools  # type: ignore[attr-defined]
+        yield gw, keys
+
+
+def chat(gw: NginxGateway, key: str, marker: str, conn: http.client.HTTPConnection | None = None,
+         **body: Any) -> tuple[int, dict[str, str], Any]:
+    """One chat completion (on `conn` when given, kept alive), and its log line waited for."""
+    payload = json.dumps({"model": CHAT, **body}).encode()
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    own = conn is None
+    c = conn or http.client.HTTPConnection("127.0.0.1", gw.port, timeout=WAIT)
+    try:
+        c.request("POST", f"/v1/chat/completions?t={marker}", payload, headers)
+        resp = c.getresponse()
+        text = resp.read().decode()
+    finally:
+        if own:
+            c.close()
+    try:
+        out: Any = json.loads(text)
+    except ValueError:
+        out = text
+    log_line(gw, marker)
+    return resp.status, {k.lower(): v for k, v in resp.getheaders()}, out
+
+
+def window_end(seconds: int, at: float) -> float:
+    return (math.floor(at / seconds) + 1) * seconds
+
+
+# --- the spec ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"apiKeys": [{"id": "a", "tokenBudget": {"tokens": 0}}]},
+     "gateway.apiKeys[0].tokenBudget.tokens: 0 is not allowed: must be at least 1"),
+    ({"apiKeys": [{"id": "a", "tokenBudget": {"tokens": 10, "windowSeconds": 0}}]},
+     "gateway.apiKeys[0].tokenBudget.windowSeconds: 0 is not allowed: must be at least 1"),
+    ({"apiKeys": [{"id": "a", "tokenBudget": {"tokens": 10, "windowSeconds": 31 * 86400 + 1}}]},
+     "gateway.apiKeys[0].tokenBudget.windowSeconds: 2678401 is not allowed: must be at most 2678400"),
+    ({"defaultTokenBudget": {"tokens": "many"}},
+     "gateway.defaultTokenBudget.tokens: 'many' is not allowed"),
+    ({"defaultTokenBudget": {"tokens": 10, "window": 60}},
+     "gateway.defaultTokenBudget.window: unknown key 'window'; allowed keys here: tokens, windowSeconds"),
+    ({"defaultTokenBudget": {"tokens": 10}, "auth": False, "apiKeys": []},
+     "gateway.defaultTokenBudget: keys and limits are not checked when auth is false"),
+])
+def test_budget_keys_are_validated_naming_the_key(change: dict[str, Any], message: str) -> None:
+    config = prod_config()
+    config["llm-cluster:gateway"].update(change)
+    with pytest.raises(SpecError) as err:
+        load_stack_config(config, set())
+    assert message in str(err.value)
+
+
+def test_keys_take_their_own_budget_or_the_default_and_the_zone_holds_them() -> None:
+    config = prod_config()
+    config["llm-cluster:gateway"].update(defaultTokenBudget={"tokens": 500},
+                                         apiKeys=[{"id": "a"}, {"id": "b", "tokenBudget": {"tokens": 9, "windowSeconds": 86400}}])
+    spec = load_stack_config(config, set())
+    assert {k: (b.tokens, b.window_seconds) for k, b in token_budgets(spec).items()} == {"a": (500, 60), "b": (9, 86400)}
+    conf = gateway_files(spec)["nginx.conf"]
+    assert f"    js_shared_dict_zone zone={BUDGET_ZONE}:1m timeout=86400s type=number;\n" in conf
+    assert budget_zone_mib(spec) == 1
+    # No budget anywhere: no shared dict, no budget module, no extra log field.
+    plain = gateway_files(load_stack_config(prod_config(), set()))
+    assert "js_shared_dict_zone" not in plain["nginx.conf"] and "llm/budget.js" not in plain
+    assert "budget_tokens" not in plain["nginx.conf"]
+
+
+# --- budgets on real nginx ---------------------------------------------------------------------------
+
+def test_a_used_up_budget_is_a_429_with_the_headers_clients_read(gw_keys: tuple[NginxGateway, dict[str, str]]) -> None:
+    gw, keys = gw_keys
+    pools: dict[str, list[FakeReplica]] = gw.pools  # type: ignore[attr-defined]
+    total = USAGE["total_tokens"]  # 18 a completion: admitted at 0, 18 and 36 of 40
+    seen = []
+    for i in range(3):
+        status, headers, _ = chat(gw, keys["metered"], f"m{i}", rid=f"m{i}")
+        seen.append((status, headers["x-ratelimit-limit-tokens"], headers["x-ratelimit-remaining-tokens"]))
+    assert seen == [(200, "40", "40"), (200, "40", "22"), (200, "40", "4")]
+    before = time.time()
+    status, headers, out = chat(gw, keys["metered"], "m3", rid="m3")
+    after = time.time()
+    assert status == 429 and error_code(out) == "rate_limit_exceeded" and out["error"]["type"] == "tokens"
+    assert out["error"]["message"] == ("Token budget reached for this API key (40 tokens in this window); "
+                                       "retry after the seconds in Retry-After.")
+    assert (headers["x-ratelimit-limit-tokens"], headers["x-ratelimit-remaining-tokens"]) == ("40", "0")
+    # Retry-After: the seconds until the window ends, as seen between sending and the answer.
+    retry = int(headers["retry-after"])
+    assert math.ceil(window_end(LONG, after) - after) <= retry <= math.ceil(window_end(LONG, before) - before)
+    m, s = re.fullmatch(r"(\d+)m(\d+)s", headers["x-ratelimit-reset-tokens"]).groups()  # type: ignore[union-attr]
+    assert int(m) * 60 + int(s) == retry
+    # Charged what each answer's usage said; the refused request reached no replica and costs nothing.
+    assert [log_line(gw, f"m{i}")["budget_tokens"] for i in range(4)] == [total, total, total, None]
+    assert "m3" not in [rid for rs in pools.values() for r in rs for rid in r.rids()]
+    # Other keys are not held by it, and a key without a budget gets no token headers.
+    status, headers, _ = chat(gw, keys["default"], "d0")
+    assert status == 200 and not [h for h in headers if h.endswith("-tokens")]
+    assert log_line(gw, "d0")["budget_tokens"] is None
+
+
+def test_streamed_answers_are_charged_from_their_usage_or_their_events(
+        gw_keys: tuple[NginxGateway, dict[str, str]]) -> None:
+    gw, keys = gw_keys
+    status, _, text = chat(gw, keys["streamer"], "s0", stream=True, stream_options={"include_usage": True})
+    assert status == 200 and text.endswith("data: [DONE]\n\n")
+    assert log_line(gw, "s0")["budget_tokens"] == 8  # the usage chunk's total_tokens
+    # Without include_usage no count comes back: one token per event sent (3 deltas and [DONE]).
+    status, _, text = chat(gw, keys["streamer"], "s1", stream=True)
+    line = log_line(gw, "s1")
+    assert status == 200 and (line["total_tokens"], line["events"], line["budget_tokens"]) == (None, 4, 4)
+    status, headers, _ = chat(gw, keys["streamer"], "s2")
+    assert status == 200 and headers["x-ratelimit-remaining-tokens"] == str(1000 - 8 - 4)
+
+
+def test_a_budget_counts_again_from_zero_when_its_window_ends(gw_keys: tuple[NginxGateway, dict[str, str]]) -> None:
+    gw, keys = gw_keys
+    for attempt in range(3):
+        # Start just after a window begins, so the first two requests land in one window.
+        while time.time() % SHORT > 0.2:
+            time.sleep(0.02)
+        t0 = time.time()
+        status, _, _ = chat(gw, keys["short"], f"w{attempt}-0")
+        assert status == 200  # 18 tokens against a budget of 1: the window is used up
+        end = window_end(SHORT, t0)
+        answers = []
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:
+            sent = time.time()
+            status, headers, _ = chat(gw, keys["short"], f"w{attempt}-{len(answers) + 1}")
+            answers.append((sent, time.time(), status, headers))
+            if status == 200:
+                break
+        assert answers and answers[-1][2] == 200, "the budget never came back"
+        if time.time() < end or answers[0][0] >= end or time.time() - t0 > 2 * SHORT:
+            continue  # the machine stalled past the window before the second request: start again
+        refused = answers[:-1]
+        assert refused, "the window was used up, yet the next request was admitted"
+        # Refused only while the window lasted; admitted again once it had ended.
+        assert all(sent < end and status == 429 for sent, _, status, _ in refused)
+        assert answers[-1][1] >= end
+        assert all(int(h["retry-after"]) <= SHORT for _, _, _, h in refused)
+        assert answers[-1][3]["x-ratelimit-remaining-tokens"] == "1"
+        return
+    pytest.fail("no attempt kept two requests in one window (machine too loaded?)")
+
+
+def workers(gw: NginxGateway) -> set[int]:
+    master = (gw.root / "nginx.pid").read_text().strip()
+    out = subprocess.run([tool("pgrep"), "-P", master], capture_output=True, text=True).stdout
+    return {int(pid) for pid in out.split()}
+
+
+def test_counts_outlive_a_reload(gw_keys: tuple[NginxGateway, dict[str, str]]) -> None:
+    gw, keys = gw_keys
+    assert chat(gw, keys["reloaded"], "r0")[0] == 200  # 18 of 20
+    old = workers(gw)
+    subprocess.run([nginx_binary(), "-p", str(gw.root), "-c", str(gw.conf_dir / "nginx.conf"), "-s", "reload"],
+                   check=True, capture_output=True)
+    deadline = time.monotonic() + WAIT
+    while not (workers(gw) and not workers(gw) & old):
+        if time.monotonic() > deadline:
+            pytest.fail(f"nginx's workers {old} were not replaced after the reload")
+        time.sleep(0.05)
+    # New workers, the same shared dict: admitted at 18, refused at 36 (a fresh count would admit both).
+    assert [chat(gw, keys["reloaded"], f"r{i}")[0] for i in (1, 2)] == [200, 429]
+
+
+# --- across workers --------------------------------------------------------------------------------
+
+def worker_of(gw: NginxGateway, conn: http.client.HTTPConnection) -> int:
+    """The pid of the nginx worker holding this client connection, as the kernel reports it."""
+    assert conn.sock is not None
+    client_port = conn.sock.getsockname()[1]
+    out = subprocess.run([tool("ss"), "-Htnp", "state", "established", f"( sport = :{gw.port} and dport = :{client_port} )"],
+                         capture_output=True, text=True, check=True).stdout
+    pids = set(re.findall(r"pid=(\d+)", out))
+    assert len(pids) == 1, out
+    return int(pids.pop())
+
+
+def connections_on_both_workers(gw: NginxGateway, key: str) -> dict[int, list[http.client.HTTPConnection]]:
+    """Kept-alive connections until each of nginx's two workers holds at least two."""
+    by_worker: dict[int, list[http.client.HTTPConnection]] = {}
+    for _ in range(64):
+        conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=WAIT)
+        conn.request("GET", "/v1/models", headers={"Authorization": f"Bearer {key}"})
+        conn.getresponse().read()  # answered: a worker has accepted it
+        by_worker.setdefault(worker_of(gw, conn), []).append(conn)
+        if len(by_worker) == 2 and all(len(c) >= 2 for c in by_worker.values()):
+            return by_worker
+    pytest.fail(f"nginx's two workers did not both take connections: {by_worker}")
+
+
+def test_one_count_per_key_for_every_worker(gw_keys: tuple[NginxGateway, dict[str, str]]) -> None:
+    gw, keys = gw_keys
+    (a, a_conns), (b, b_conns) = connections_on_both_workers(gw, keys["default"]).items()
+    # 18 tokens a request against 30: worker a admits at 0, worker b at 18, and a refuses at 36 —
+    # each worker alone would have seen 18 at most.
+    first = chat(gw, keys["across"], "x0", a_conns[0])
+    second = chat(gw, keys["across"], "x1", b_conns[0])
+    third = chat(gw, keys["across"], "x2", a_conns[1])
+    fourth = chat(gw, keys["across"], "x3", b_conns[1])
+    assert [(s, h["x-ratelimit-remaining-tokens"]) for s, h, _ in (first, second, third, fourth)] == [
+        (200, "30"), (200, "12"), (429, "0"), (429, "0")]
+    assert {worker_of(gw, c) for c in (a_conns[0], a_conns[1])} == {a} and {worker_of(gw, c) for c in b_conns[:2]} == {b}
+    for conns in (a_conns, b_conns):
+        for c in conns:
+            c.close()
+
+
+def test_the_concurrency_cap_holds_across_workers(gw_keys: tuple[NginxGateway, dict[str, str]]) -> None:
+    gw, keys = gw_keys
+    pools: dict[str, list[FakeReplica]] = gw.pools  # type: ignore[attr-defined]
+    (a, a_conns), (b, b_conns) = connections_on_both_workers(gw, keys["capped"]).items()
+    held: dict[str, tuple[int, dict[str, str], Any]] = {}
+
+    def hold(conn: http.client.HTTPConnection, rid: str) -> threading.Thread:
+        thread = threading.Thread(target=lambda: held.update({rid: chat(gw, keys["capped"], rid, conn,
+                                                                        rid=rid, hold=rid)}))
+        thread.start()
+        deadline = time.monotonic() + WAIT
+        while not any(rid in r.rids() for r in pools["chat"]):
+            if time.monotonic() > deadline:
+                pytest.fail(f"no replica received {rid}")
+            time.sleep(0.01)
+        return thread
+
+    # The key's two requests in flight, one on each worker: a third is refused on either worker.
+    threads = [hold(a_conns[0], "cap-a"), hold(b_conns[0], "cap-b")]
+    try:
+        for conn, marker in ((a_conns[1], "cap-a2"), (b_conns[1], "cap-b2")):
+            status, headers, out = chat(gw, keys["capped"], marker, conn)
+            assert (status, headers["retry-after"], error_code(out)) == (429, "1", "concurrency_limit_exceeded")
+    finally:
+        for r in pools["chat"]:
+            for rid in ("cap-a", "cap-b"):
+                r.gates[rid].set()
+        for t in threads:
+            t.join(WAIT)
+    assert [held[rid][0] for rid in ("cap-a", "cap-b")] == [200, 200]
+    assert {worker_of(gw, a_conns[0]), worker_of(gw, b_conns[0])} == {a, b}
+    assert chat(gw, keys["capped"], "cap-after", b_conns[1])[0] == 200
+    for conns in (a_conns, b_conns):
+        for c in conns:
+            c.close()
