@@ -12,6 +12,7 @@ import http.client
 import json
 import math
 import re
+import socket
 import subprocess
 import threading
 import time
@@ -162,6 +163,30 @@ def test_streamed_answers_are_charged_from_their_usage_or_their_events(
     assert status == 200 and (line["total_tokens"], line["events"], line["budget_tokens"]) == (None, 4, 4)
     status, headers, _ = chat(gw, keys["streamer"], "s2")
     assert status == 200 and headers["x-ratelimit-remaining-tokens"] == str(1000 - 8 - 4)
+
+
+def test_a_stream_the_client_cut_off_is_charged_the_events_it_was_sent(
+        gw_keys: tuple[NginxGateway, dict[str, str]]) -> None:
+    gw, keys = gw_keys
+    pools: dict[str, list[FakeReplica]] = gw.pools  # type: ignore[attr-defined]
+    before = chat(gw, keys["streamer"], "c0")[1]["x-ratelimit-remaining-tokens"]
+    charged0 = log_line(gw, "c0")["budget_tokens"]
+    conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=WAIT)
+    body = {"model": CHAT, "stream": True, "stream_options": {"include_usage": True}, "gate": "cut-budget"}
+    conn.request("POST", "/v1/chat/completions?t=c1", json.dumps(body),
+                 {"Authorization": f"Bearer {keys['streamer']}", "Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert b'"t0"' in resp.read1(65536)  # the first event, then the client goes away
+    assert conn.sock is not None
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
+    for r in pools["chat"]:
+        r.gates["cut-budget"].set()  # the replica goes on; nginx finds the client gone
+    cut = log_line(gw, "c1")
+    assert (cut["completed"], cut["total_tokens"]) == ("", None) and cut["events"] >= 1
+    assert cut["budget_tokens"] == cut["events"]
+    after = chat(gw, keys["streamer"], "c2")[1]["x-ratelimit-remaining-tokens"]
+    assert int(before) - int(after) == charged0 + cut["events"]
 
 
 def test_a_budget_counts_again_from_zero_when_its_window_ends(gw_keys: tuple[NginxGateway, dict[str, str]]) -> None:
