@@ -14,10 +14,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from components.planning.engines import SECRET_FLAGS as ENGINE_SECRET_FLAGS
+from components.planning.engines.base import REDACTED, secret_positions
 from plan.harness import SECRET_MARK, Registration
 from policies.rules.security import _SCRIPT_ASSIGN, _SCRIPT_FLAG, SECRET_ENV, SECRET_FLAGS
-
-REDACTED = "[redacted]"
 # Tokens recognisable by their shape, wherever they appear.
 CREDENTIAL_SHAPES = re.compile("|".join([
     r"\bhf_[A-Za-z0-9]{20,}",  # Hugging Face
@@ -65,6 +65,12 @@ def _walk(value: Any, path: str) -> Iterable[tuple[str, Any, Any]]:
             yield from _walk(v, f"{path}[{i}]") if not isinstance(v, str) else [(f"{path}[{i}]", v, value)]
 
 
+def _flag_values(holder: list[Any]) -> dict[int, str]:
+    """Index -> flag for every credential a secret flag is given in a list of argv words."""
+    words = [v if isinstance(v, str) else "" for v in holder]
+    return dict(secret_positions(words, ENGINE_SECRET_FLAGS))
+
+
 def _found_in(text: str, path: str, holder: Any) -> Iterable[tuple[str, str]]:
     """(value, why) for each credential in one string of a resource's inputs."""
     parent, _, key = path.rpartition(".")
@@ -75,8 +81,9 @@ def _found_in(text: str, path: str, holder: Any) -> Iterable[tuple[str, str]]:
         yield value, f"env {name}"
     if isinstance(holder, list) and path.endswith("]"):
         index = int(path.rsplit("[", 1)[1][:-1])
-        if index > 0 and holder[index - 1] in SECRET_FLAGS and _literal(text):
-            yield text, f"flag {holder[index - 1]}"
+        flag = _flag_values(holder).get(index)
+        if flag is not None and not text.startswith(f"{flag}=") and _literal(text):
+            yield text, f"flag {flag}"
     for flag in SECRET_FLAGS:
         if text.startswith(flag + "=") and _literal(text[len(flag) + 1:]):
             yield text[len(flag) + 1:], f"flag {flag}"
@@ -125,9 +132,10 @@ class Redactor:
         if isinstance(value, dict):
             return {k: self.data(v, str(k), key) for k, v in value.items()}
         if isinstance(value, list):
+            flags = _flag_values(value)
             out = []
             for i, v in enumerate(value):
-                after_flag = i > 0 and value[i - 1] in SECRET_FLAGS and isinstance(v, str) and _literal(v)
+                after_flag = i in flags and isinstance(v, str) and not v.startswith(f"{flags[i]}=") and _literal(v)
                 out.append(REDACTED if after_flag else self.data(v))
             return out
         if isinstance(value, str):

@@ -2,12 +2,14 @@
 says where each one is (plan.redact). The real `python -m plan`, as CI runs it."""
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from plan.harness import Registration
@@ -107,6 +109,9 @@ def test_a_fault_shared_by_a_pools_containers_is_one_violation_naming_its_instan
     entries = [" ".join(e.split()) for e in re.split(r"\n(?=  \S)", policy) if e.startswith("  [mandatory] "
                                                                                           "no-plaintext-secrets")]
     pools = [e for e in entries if "pools." in e]
+    # Nothing built from a pool's argv outside its containers carries the credentials (the gates check
+    # masked argvs), so every report is at a pool with its keys, none per node.
+    assert len(pools) == len(entries) == 2, entries
     # The pack reports once per pool, on its first instance's container, naming every instance and the keys.
     assert [e.split(": ")[0] for e in pools] == [
         "[mandatory] no-plaintext-secrets · reasoning-gpu-01-ray-head",
@@ -145,7 +150,6 @@ def test_registry_credentials_never_leave_their_secret_envelope(tmp_path: Path) 
         for value in (secret_placeholder("registry", NS + key), f"ciphertext-of-{key}"):
             for name, data in {"stdout": done.stdout, "stderr": done.stderr, **written}.items():
                 assert value.encode() not in data, f"{key} in {name}"
-    import json
     doc = json.loads(written["registry/plan.json"])
     providers = [r for r in doc["resources"] if r["type"] == "pulumi:providers:docker"]
     assert len(providers) == 6 and all(p["inputs"]["registryAuth"] == "[secret]" for p in providers)
@@ -179,3 +183,100 @@ def test_an_invalid_stack_quoting_a_credential_is_reported_redacted_by_every_pla
         assert done.stderr == (f"invalid stack config {path}:\n"
                                f"  nodes.gpu-01.address: '{REDACTED}' is not an IPv4 address\n"), module
         assert token not in done.stdout + done.stderr
+
+
+def _pool_of(r: Registration, by_urn: dict[str, Registration]) -> str | None:
+    """The pool a resource belongs to as the pack sees it (policies.rules.grouped): its pool label, else
+    the nearest ModelServer or RayCluster parent's pool."""
+    from policies.rules.common import MODEL_SERVER, RAY_CLUSTER
+    labels = {lbl.get("label"): lbl.get("value") for lbl in r.plain_inputs().get("labels") or []}
+    if labels.get("llm-cluster.pool"):
+        return labels["llm-cluster.pool"]
+    at: Registration | None = r
+    while at is not None:
+        if at.type in (MODEL_SERVER, RAY_CLUSTER):
+            return at.outputs.get("pool")
+        at = by_urn.get(at.parent)
+    return None
+
+
+def test_a_pools_credential_reaches_only_that_pools_resources_and_the_gates_check_it_masked(
+        tmp_path: Path) -> None:
+    from tests.conftest import run_stack
+    config = yaml.safe_load(planted_stack(tmp_path).read_text())["config"]
+    run = run_stack(config, preview=True)
+    by_urn = {r.urn: r for r in run.registrations}
+    argv_values = {PLANTED["pools.chat.vllm.extraArgs --hf-token="]: "chat",
+                   PLANTED["pools.reasoning.vllm.extraArgs --api-key"]: "reasoning"}
+    holders: dict[str, set[str | None]] = {}
+    for r in run.registrations:
+        text = json.dumps([r.plain_inputs(), r.outputs])
+        for value, pool in argv_values.items():
+            if value in text:
+                holders.setdefault(pool, set()).add(_pool_of(r, by_urn))
+    # Every resource holding a pool's credential is that pool's (the pack reports it there, with its key).
+    assert holders == {"chat": {"chat"}, "reasoning": {"reasoning"}}
+    gates = [r for r in run.registrations if r.type == "command:remote:Command" and "-qualify-" in r.name]
+    chat_gate = next(r for r in gates if r.name == "gpu-03-qualify-vllm-openai-v0-19-1-check")
+    assert '"--hf-token=[redacted]"' in chat_gate.plain_inputs()["create"]
+    reasoning_gate = next(r for r in gates if r.name.startswith("gpu-01-qualify-"))
+    assert '"--api-key", "[redacted]"' in reasoning_gate.plain_inputs()["create"]
+
+
+# The other engines' credential flags (their own parsers' names), each planted in the pool's extraArgs.
+ENGINE_PLANTS = {
+    "Pulumi.lmdeploy-awq.yaml": ("lmdeploy", ["--api-keys", "planted-lmdeploy-key-0008", "planted-lmdeploy-key-0009"]),
+    "Pulumi.llamacpp-deepseek-r1.yaml": ("llamacpp", ["--api-key", "planted-llamacpp-key-0010",
+                                                      "-hft", "planted-llamacpp-hf-0011"]),
+}
+
+
+@pytest.mark.parametrize("stack_file", sorted(ENGINE_PLANTS))
+def test_every_engines_credential_flags_are_refused_at_the_pool_and_never_written(tmp_path: Path,
+                                                                               stack_file: str) -> None:
+    engine, extra = ENGINE_PLANTS[stack_file]
+    doc = yaml.safe_load((ROOT / stack_file).read_text())
+    (pool, spec), = doc["config"][NS + "pools"].items()
+    spec[engine]["extraArgs"] = extra
+    path = tmp_path / "Pulumi.planted.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "plan", "--config", str(path), "--out", str(out),
+                           "--sarif", str(out / "verdicts.sarif"), "--junit", str(out / "verdicts.xml")],
+                          cwd=ROOT, capture_output=True, timeout=300)
+    assert done.returncode == 1, done.stderr.decode()
+    streams = {"stdout": done.stdout, "stderr": done.stderr,
+               **{str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}}
+    for value in (v for v in extra if not v.startswith("-")):
+        for name, data in streams.items():
+            assert value.encode() not in data, f"{value} is in {name}"
+    policy = done.stdout.decode().split("\nPolicy\n")[1]
+    entries = [" ".join(e.split()) for e in re.split(r"\n(?=  \S)", policy) if "no-plaintext-secrets" in e]
+    assert len(entries) == 1 and f"remote scripts. pools.{pool}, " in entries[0], entries  # at the pool, not per gate
+    flags = [{"-hft": "--hf-token"}.get(v, v) for v in extra if v.startswith("-")]  # said by its long name
+    assert f"credential in plain text: {', '.join(flags)}. " in entries[0]
+    keys = ", ".join(f"pools.{pool}.{engine}.extraArgs[{i}] (given in extraArgs: {f})"
+                     for i, f in zip((k for k, v in enumerate(extra) if v.startswith("-")), flags))
+    assert entries[0].endswith(f"Stack key{'s' if len(flags) > 1 else ''} to edit: {keys}."), entries[0]
+
+
+def test_every_value_a_credential_flag_takes_is_found_and_the_gate_masks_each() -> None:
+    from components.planning.engines import SECRET_FLAGS
+    from components.planning.engines.base import masked_secrets
+    argv = ["vllm", "serve", "/m", "--api-key", "key-one-0012", "key-two-0013", "--port", "8000", "--hf-token=tok-0014"]
+    r = Redactor([registration({"command": argv})])
+    assert [str(x) for x in r.redactions] == [
+        "inputs.command[4] (flag --api-key) in c", "inputs.command[5] (flag --api-key) in c",
+        "inputs.command[8] (flag --hf-token) in c"]
+    assert r.data({"argv": argv})["argv"] == [*argv[:4], REDACTED, REDACTED, "--port", "8000", f"--hf-token={REDACTED}"]
+    assert masked_secrets(argv, SECRET_FLAGS) == r.data({"argv": argv})["argv"]
+    # llama.cpp's short spelling takes one value; the next word is the server's own.
+    assert masked_secrets(["llama-server", "-hft", "tok", "-m", "/w.gguf"], SECRET_FLAGS) == [
+        "llama-server", "-hft", REDACTED, "-m", "/w.gguf"]
+
+
+def test_a_credential_in_a_scripts_json_argv_is_found_and_the_mask_is_not() -> None:
+    from policies.rules.security import secret_findings
+    script = 'python3 -c "$CHECK" \'{"argvs": [["serve", "/m", "--api-key", "%s", "--hf-token=%s"]]}\''
+    assert secret_findings(None, {}, [script % ("abc123", "tok9")], set()) == ["script --api-key", "script --hf-token"]
+    assert secret_findings(None, {}, [script % (REDACTED, REDACTED)], set()) == []

@@ -43,6 +43,7 @@ def node_qualifications(spec: StackSpec) -> list[Qualification]:
     gets the policy pack's advisory instead): the argvs it must parse are the instances' served from that
     node; a Ray worker node runs the image's GPU code with none of its own."""
     from components.planning.engines import engine_for
+    from components.planning.engines.base import masked_secrets
     from components.planning.topology import instances
 
     found: dict[tuple[str, str], tuple[str, list[tuple[str, ...]]]] = {}
@@ -52,7 +53,9 @@ def node_qualifications(spec: StackSpec) -> list[Qualification]:
             for node in inst.nodes:
                 entry = found.setdefault((node, pool.image), (name, []))
                 if node == inst.head:
-                    entry[1].append(tuple(engine.serve_argv(spec, inst)))
+                    # The parse needs the flags, not the credentials: the gate's command (and its log) never
+                    # holds them; the pool's own containers carry them, and the pack reports them there.
+                    entry[1].append(tuple(masked_secrets(engine.serve_argv(spec, inst), engine.secret_flags)))
     from components.planning.image_supply import node_ref
     out = []
     for (node, image), (pool, argvs) in sorted(found.items()):

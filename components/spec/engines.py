@@ -155,10 +155,10 @@ ENGINE_TYPED_FLAGS: dict[str, dict[str, str]] = {
         "--rpc": "pools.<pool>.pipelineParallel (the RPC backend is refused: fragile and insecure upstream)",
     },
 }
-# llama-server's other spellings of typed flags (common/arg.cpp at b11312).
-_LLAMACPP_ALIASES = {"-m": "--model", "-a": "--alias", "-ngl": "--n-gpu-layers", "--gpu-layers": "--n-gpu-layers",
-                     "-sm": "--split-mode", "-c": "--ctx-size", "-np": "--parallel", "-fa": "--flash-attn",
-                     "-ctk": "--cache-type-k", "-ctv": "--cache-type-v", "-fit": "--fit"}
+# llama-server's other spellings of typed flags and of its credential flag (common/arg.cpp at b11312).
+LLAMACPP_ALIASES = {"-m": "--model", "-a": "--alias", "-ngl": "--n-gpu-layers", "--gpu-layers": "--n-gpu-layers",
+                    "-sm": "--split-mode", "-c": "--ctx-size", "-np": "--parallel", "-fa": "--flash-attn",
+                    "-ctk": "--cache-type-k", "-ctv": "--cache-type-v", "-fit": "--fit", "-hft": "--hf-token"}
 
 
 def engine_flag(engine: str, token: str) -> str | None:
@@ -167,7 +167,7 @@ def engine_flag(engine: str, token: str) -> str | None:
         return None
     name = token.partition("=")[0]
     if engine == "llamacpp":
-        return _LLAMACPP_ALIASES.get(name, name)
+        return LLAMACPP_ALIASES.get(name, name)
     # LMDeploy's FlexibleArgumentParser reads --session_len as --session-len.
     return "--" + name[2:].replace("_", "-") if name.startswith("--") else name
 

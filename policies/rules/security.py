@@ -19,6 +19,9 @@ from pulumi_policy import (
     EnforcementLevel, PolicyConfigSchema, ReportViolation, ResourceValidationArgs, ResourceValidationPolicy,
 )
 
+from components.planning.engines import SECRET_FLAG_NAMES
+from components.planning.engines import SECRET_FLAGS as ENGINE_SECRET_FLAGS
+from components.planning.engines.base import REDACTED, secret_positions
 from policies.rules.bindings import binding_problems, every_interface, flag_values
 from policies.rules.common import (
     CONTAINER, GATEWAY, GPU_NODE, REMOTE_COMMAND, container_argv, container_server, env_of, is_ray_container,
@@ -74,11 +77,16 @@ def validate_host_firewall(args: ResourceValidationArgs, report: ReportViolation
 
 # Env names that carry credentials by convention; *_FILE variants point at a file and are fine.
 SECRET_ENV = re.compile(r"(PASSWORD|PASSWD|SECRET|TOKEN|API_KEY|APIKEY|PRIVATE_KEY|ACCESS_KEY)$", re.IGNORECASE)
-SECRET_FLAGS = ("--api-key", "--hf-token")
-# `NAME=value` or `--api-key value` in a script with a literal value (not $VAR, $(…), a path or a quote of one);
-# a name after `-` is a flag's (--hf-token=…), which _SCRIPT_FLAG and the server's parse read.
+# Every engine's credential flags (Engine.secret_flags: vLLM --api-key/--hf-token, LMDeploy --api-keys,
+# llama.cpp --api-key/-hft).
+SECRET_FLAGS = tuple(ENGINE_SECRET_FLAGS)
+# `NAME=value` or `--api-key value` in a script with a literal value (not $VAR, $(…), a path, a quote of
+# one or the plan's mask); a name after `-` is a flag's (--hf-token=…), which _SCRIPT_FLAG and the
+# server's parse read. A flag's value also as the next item of a JSON list (`"--api-key", "…"`).
 _SCRIPT_ASSIGN = re.compile(r"(?<![\w-])([A-Za-z_][A-Za-z0-9_]*)=(['\"]?)([^\s'\"$`/][^\s'\"]*)")
-_SCRIPT_FLAG = re.compile(r"(--api-key|--hf-token)[= ]+(['\"]?)([^\s'\"$`/-][^\s'\"]*)")
+_SCRIPT_FLAG = re.compile(r"(?<![\w-])(" + "|".join(map(re.escape, sorted(SECRET_FLAGS, key=len, reverse=True)))
+                          + r")(?:[= ]+|\"\s*,\s*\")(['\"]?)(?!" + re.escape(REDACTED)
+                          + r")([^\s'\"$`/-][^\s'\"]*)")
 
 SECRETS_CONFIG = PolicyConfigSchema(properties={"ignoreEnv": {
     "type": "array", "items": {"type": "string"}, "default": [],
@@ -86,18 +94,28 @@ SECRETS_CONFIG = PolicyConfigSchema(properties={"ignoreEnv": {
 
 
 def _literal(value: str) -> bool:
-    return bool(value) and not value.startswith(("$", "/"))
+    return bool(value) and not value.startswith(("$", "/", REDACTED))
+
+
+def argv_secret_flags(argv: list[str]) -> list[str]:
+    """The credential flags of any engine given a literal value in an argv (--api-key k, --hf-token=t), by
+    their long names (llama.cpp's -hft as --hf-token: the name the stack keys know)."""
+    return [SECRET_FLAG_NAMES.get(flag, flag) for i, flag in secret_positions(argv, ENGINE_SECRET_FLAGS)
+            if _literal(argv[i].split("=", 1)[1] if argv[i].startswith(f"{flag}=") else argv[i])]
 
 
 def secret_findings(server: tuple[str, list[str]] | None, env: dict[str, str], scripts: list[str],
-                    ignore: set[str]) -> list[str]:
+                    ignore: set[str], argv: list[str] | None = None) -> list[str]:
     """Where a resource holds a credential as a literal: env names, the vLLM server's flags (`server`:
-    common.server_tokens / container_server), script assignments."""
+    common.server_tokens / container_server, as its parser reads them), any engine's credential flags in
+    `argv`, script assignments."""
     found = [f"env {name}" for name, value in env.items()
              if SECRET_ENV.search(name) and name not in ignore and _literal(value)]
     if server is not None:
         parsed = parse_server(server)
-        found += [flag for flag in SECRET_FLAGS if _literal(str(parsed.get(flag[2:].replace("-", "_")) or ""))]
+        found += [flag for flag in ("--api-key", "--hf-token")
+                  if _literal(str(parsed.get(flag[2:].replace("-", "_")) or ""))]
+    found += argv_secret_flags(argv or [])
     for script in scripts:
         found += [f"script {m.group(1)}=…" for m in _SCRIPT_ASSIGN.finditer(script)
                   if SECRET_ENV.search(m.group(1)) and m.group(1) not in ignore]
@@ -114,7 +132,8 @@ def secrets_found(resource: Subject, config: dict[str, Any]) -> list[str]:
     if resource.resource_type == CONTAINER:
         # Argv tokens with whitespace are shell snippets (`bash -c 'HF_TOKEN=hf_… vllm serve …'`).
         snippets = [t for t in container_argv(props) if any(c.isspace() for c in t)]
-        found = secret_findings(container_server(props), env_of(props.get("envs")), snippets, ignore)
+        found = secret_findings(container_server(props), env_of(props.get("envs")), snippets, ignore,
+                                container_argv(props))
     elif resource.resource_type == REMOTE_COMMAND:
         scripts = [str(props.get(k)) for k in ("create", "update", "delete") if props.get(k)]
         found = secret_findings(None, env_of(props.get("environment")), scripts, ignore)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shlex
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal, TypeVar
 
@@ -61,6 +61,11 @@ class Engine(ABC):
     hub_flags: ClassVar[Mapping[str, str]] = {}
     # The variables that keep the server off the hub and its telemetry (offline_env; pools.*.offline).
     offline_vars: ClassVar[Mapping[str, str]] = {}
+    # Server flags whose values are credentials: flag -> "1" (one value) or "+" (every value up to the
+    # next flag). no-plaintext-secrets refuses them as literals, the plan redacts them, and what is
+    # built from a pool's argv outside its containers (the qualification gate) gets them masked.
+    secret_flags: ClassVar[Mapping[str, str]] = {}
+    secret_flag_aliases: ClassVar[Mapping[str, str]] = {}  # a short secret flag -> its long name, for messages
 
     def hub_downloads(self, argv: list[str]) -> list[tuple[str, str]]:
         """(flag, what it would download) for every hub fetch a server argv asks for."""
@@ -154,6 +159,36 @@ def planned_capability(spec: StackSpec, node: str) -> int:
 
 
 # -- engine-neutral helpers --------------------------------------------------------------------------
+
+# What a masked credential reads as: the plan's redaction mark, so no rule or listing takes it for one.
+REDACTED = "[redacted]"
+
+
+def secret_positions(argv: Sequence[str], flags: Mapping[str, str]) -> list[tuple[int, str]]:
+    """(index, flag) of every credential a secret flag (Engine.secret_flags) is given in an argv: the
+    values after it, or the token itself for `--flag=value`."""
+    out: list[tuple[int, str]] = []
+    for i, token in enumerate(argv):
+        flag, eq, _ = token.partition("=")
+        nargs = flags.get(flag)
+        if nargs is None:
+            continue
+        if eq:
+            out.append((i, flag))
+            continue
+        rest = argv[i + 1:] if nargs == "+" else argv[i + 1:i + 2]
+        out += [(i + 1 + j, flag) for j in range(next((j for j, t in enumerate(rest) if t.startswith("-")), len(rest)))]
+    return out
+
+
+def masked_secrets(argv: Sequence[str], flags: Mapping[str, str]) -> list[str]:
+    """The argv with every credential a secret flag is given replaced by REDACTED: for what needs its
+    shape (flags, how many values) and not its keys, such as the qualification gate's parse."""
+    out = list(argv)
+    for i, flag in secret_positions(argv, flags):
+        out[i] = f"{flag}={REDACTED}" if out[i].startswith(f"{flag}=") else REDACTED
+    return out
+
 
 def _fetched(kind: str, value: str) -> list[str]:
     """What a hub flag's value would fetch (Engine.hub_flags kinds); nothing for paths on the node."""

@@ -29,6 +29,7 @@ from components.planning.engines.estimate import GIB, EngineEstimate
 from components.planning.pool_capacity import model_architecture
 from components.planning.topology import Instance
 from components.spec import StackSpec
+from components.spec.engines import LLAMACPP_ALIASES
 
 RESERVED_GIB = 0.5
 COMPUTE_UBATCH = 512  # llama.cpp's default -ub
@@ -292,6 +293,10 @@ def gate_argv(argv: tuple[str, ...]) -> list[str]:
     return out
 
 
+# llama-server b11312's --help: --api-key KEY (several comma-separated), -hft/--hf-token TOKEN.
+SECRET_FLAGS = {"--api-key": "1", "-hft": "1", "--hf-token": "1"}
+
+
 class LlamacppEngine(Engine):
     """llama.cpp's llama-server: one process per GPU group of a node, GGUF weights, no multi-node."""
 
@@ -301,6 +306,8 @@ class LlamacppEngine(Engine):
     hub_flags: ClassVar[dict[str, str]] = {
         flag: "always" for flag in ("-hf", "-hfr", "--hf-repo", "-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf",
                                     "-mu", "--model-url", "-dr", "--docker-repo")}
+    secret_flags: ClassVar[dict[str, str]] = SECRET_FLAGS
+    secret_flag_aliases: ClassVar[dict[str, str]] = {a: f for a, f in LLAMACPP_ALIASES.items() if a in SECRET_FLAGS}
 
     name: ClassVar[str] = "llamacpp"
     title: ClassVar[str] = "llama.cpp"

@@ -275,6 +275,8 @@ class LmdeployEngine(Engine):
     # api_server's draft model: a path, or a hub id it downloads (0.16.0 parser dump).
     offline_vars: ClassVar[dict[str, str]] = LMDEPLOY_OFFLINE_ENV
     hub_flags: ClassVar[dict[str, str]] = {"--speculative-draft-model": "path"}
+    # [cli-0.16.0] `serve api_server --api-keys` takes any number of keys (nargs "*").
+    secret_flags: ClassVar[dict[str, str]] = {"--api-keys": "+"}
 
     name: ClassVar[str] = "lmdeploy"
     title: ClassVar[str] = "LMDeploy"

@@ -51,6 +51,8 @@ class VllmEngine(Engine):
         "--tokenizer": "path", "--hf-config-path": "path", "--speculative-model": "path",
         "--speculative-config": "json-model", "-sc": "json-model", "--lora-modules": "lora",
     }
+    # [cli-0.19.1] --api-key nargs "+" (one value in 0.9.2), --hf-token nargs "?" (alone: the cached login).
+    secret_flags: ClassVar[dict[str, str]] = {"--api-key": "+", "--hf-token": "1"}
 
     def context_length(self, spec: StackSpec, pool: str) -> int:
         v = spec.pools[pool].vllm
