@@ -11,6 +11,11 @@ the alternative this session measured and dropped; and LiteLLM's proxy
 LiteLLM is an optional dependency of the bench only: installed on first use into its own venv
 under /var/cache/llm-cluster/litellm (never by `make test`); `--no-litellm` skips it.
 
+Every nginx (replica, plain proxy, gateway) is the deployed one: the gateway image's nginx + njs,
+unpacked from its pinned Debian packages by tests/deployed_nginx.py (what the real-nginx tests run);
+`--host-nginx` runs the host's `nginx` and its njs module instead (Debian bookworm: nginx 1.22 +
+njs 0.7.9), to compare builds.
+
 wrk drives each target at 32 and 256 connections for a few seconds; the targets are interleaved
 and repeated, and each figure is the median over repetitions. Every nginx runs one worker. Prints
 figures and ratios; asserts nothing. The machine is shared: run it briefly, say the conditions.
@@ -28,6 +33,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,9 +45,10 @@ from components.planning.gateway import (  # noqa: E402
 from components.spec import StackSpec, load_stack_config  # noqa: E402
 from plan.stackfile import load_stack_file  # noqa: E402
 from plan.cli import run as run_cli  # noqa: E402
+from tests.deployed_nginx import deployed_nginx  # noqa: E402
 from tests.support import free_port, free_ports  # noqa: E402
 
-NJS_MODULE = "/usr/lib/nginx/modules/ngx_http_js_module.so"
+HOST_NJS_MODULE = "/usr/lib/nginx/modules/ngx_http_js_module.so"
 KEY = "sk-bench-0123456789abcdef"
 SECONDS = 3
 REPETITIONS = 3
@@ -55,10 +62,30 @@ REPLY = json.dumps({"id": "cmpl-1", "object": "chat.completion", "created": 1700
                     "usage": {"prompt_tokens": 11, "total_tokens": 18, "completion_tokens": 7}})
 
 
-def start_nginx(root: Path, conf: str, port: int) -> subprocess.Popen[bytes]:
+@dataclass(frozen=True)
+class Build:
+    """The nginx every target runs, and its njs module."""
+
+    nginx: str
+    njs_module: str
+    label: str
+
+
+def build(host: bool) -> Build:
+    """The deployed nginx + njs (fetched once per machine), or the host's with `--host-nginx`."""
+    if host:
+        if shutil.which("nginx") is None or not Path(HOST_NJS_MODULE).exists():
+            raise SystemExit("--host-nginx needs the host's nginx and njs: apt-get install -y nginx-light libnginx-mod-http-js")
+        return Build("nginx", HOST_NJS_MODULE, "the host's nginx")
+    found = deployed_nginx()
+    return Build(str(found.nginx), str(found.njs_module),
+                 f"nginx {found.packages['nginx']} + njs {found.packages['libnginx-mod-http-js']} (deployed)")
+
+
+def start_nginx(nginx: Build, root: Path, conf: str, port: int) -> subprocess.Popen[bytes]:
     """nginx in the foreground with this config under `root`, once it listens on `port`."""
     (root / "nginx.conf").write_text(conf)
-    proc = subprocess.Popen(["nginx", "-p", str(root), "-c", str(root / "nginx.conf"), "-g", "daemon off;"],
+    proc = subprocess.Popen([nginx.nginx, "-p", str(root), "-c", str(root / "nginx.conf"), "-g", "daemon off;"],
                             stderr=subprocess.PIPE)
     for _ in range(200):
         if proc.poll() is not None:
@@ -107,13 +134,14 @@ def wrk(url: str, connections: int, root: Path, seconds: int = SECONDS) -> dict[
             "requests": float(re.search(r"(\d+) requests in", out).group(1))}  # type: ignore[union-attr]
 
 
-def start_gateway(spec: StackSpec, root: Path, up: int, syslog_port: int | None) -> tuple[subprocess.Popen[bytes], int]:
+def start_gateway(nginx: Build, spec: StackSpec, root: Path, up: int,
+                  syslog_port: int | None) -> tuple[subprocess.Popen[bytes], int]:
     """The generated gateway (one worker) in front of the fake replica, its usage log in daily files; its port."""
     (root / "tmp").mkdir(parents=True)
     port = free_port()
     (root / "digests.json").write_text(key_digests({"default": KEY}, key_ids(spec)))
     layout = GatewayLayout(
-        port=port, listen_address="127.0.0.1", conf_dir=str(root), load_module=NJS_MODULE,
+        port=port, listen_address="127.0.0.1", conf_dir=str(root), load_module=nginx.njs_module,
         digests_file=str(root / "digests.json"), pid_file=str(root / "pid"),
         error_log=str(root / "error.log"), usage_dir=str(root / "usage"),
         temp_dir=str(root / "tmp"), user=None, worker_processes="1", syslog_port=syslog_port)
@@ -124,7 +152,7 @@ def start_gateway(spec: StackSpec, root: Path, up: int, syslog_port: int | None)
     for rel, text in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
-    return start_nginx(root, files["nginx.conf"], port), port
+    return start_nginx(nginx, root, files["nginx.conf"], port), port
 
 
 def exporter_lines(port: int) -> float:
@@ -195,9 +223,10 @@ def median(values: list[float]) -> float:
 
 def main() -> None:
     with_litellm = "--no-litellm" not in sys.argv
-    for tool in ("nginx", "wrk"):
-        if shutil.which(tool) is None:
-            raise SystemExit(f"{tool} is needed: apt-get install -y {'nginx-light libnginx-mod-http-js' if tool == 'nginx' else 'wrk'}")
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is needed: apt-get install -y wrk")
+    nginx = build("--host-nginx" in sys.argv)
+    load_before = os.getloadavg()
     config = load_stack_file(ROOT / "Pulumi.prod.yaml", "prod").config
     # The reference key's 20 r/s would turn the benchmark into a 429 test; the zone stays in the path.
     # Plain HTTP like the other targets (the deployed gateway adds TLS on top).
@@ -215,14 +244,14 @@ def main() -> None:
                 d.mkdir(parents=True)
             up, proxy, syslog, metrics, follow_metrics = free_ports(5)
             reply = REPLY.replace("'", "")
-            procs.append(start_nginx(up_root, simple_conf(
+            procs.append(start_nginx(nginx, up_root, simple_conf(
                 up_root, up, f"default_type application/json; return 200 '{reply}';"), up))
-            procs.append(start_nginx(proxy_root, simple_conf(
+            procs.append(start_nginx(nginx, proxy_root, simple_conf(
                 proxy_root, proxy,
                 'proxy_pass http://replica; proxy_http_version 1.1; proxy_set_header Connection "";',
                 f"upstream replica {{ server 127.0.0.1:{up}; keepalive 32; }}"), proxy))
             # (free_port's TCP port is free for UDP too in practice; the exporter fails loudly if not.)
-            proc, gw_file = start_gateway(spec, base / "gateway", up, None)
+            proc, gw_file = start_gateway(nginx, spec, base / "gateway", up, None)
             procs.append(proc)
             # The exporter as deployed: it follows the gateway's usage files.
             procs.append(subprocess.Popen([sys.executable, str(EXPORTER_SOURCE), "--usage-dir",
@@ -230,7 +259,7 @@ def main() -> None:
                                           stderr=subprocess.DEVNULL))
             procs.append(subprocess.Popen([sys.executable, str(EXPORTER_SOURCE), "--syslog", f"127.0.0.1:{syslog}",
                                            "--listen", f"127.0.0.1:{metrics}"], stderr=subprocess.DEVNULL))
-            proc, gw_datagram = start_gateway(spec, base / "gateway-datagram", up, syslog)
+            proc, gw_datagram = start_gateway(nginx, spec, base / "gateway-datagram", up, syslog)
             procs.append(proc)
             path = "/v1/chat/completions"
             targets = {"direct": f"http://127.0.0.1:{up}{path}",
@@ -259,8 +288,9 @@ def main() -> None:
                     p.wait(10)
 
     load = os.getloadavg()
-    print(f"gateway benchmark: loopback, wrk 1 thread, {SECONDS}s per run, {REPETITIONS} interleaved repetitions, "
-          f"medians; one nginx worker each; {os.cpu_count()} cores shared, load average {load[0]:.1f}")
+    print(f"gateway benchmark: {nginx.label}; loopback, wrk 1 thread, {SECONDS}s per run, {REPETITIONS} "
+          f"interleaved repetitions, medians; one nginx worker each; {os.cpu_count()} cores shared, load average "
+          f"{load_before[0]:.1f} before, {load[0]:.1f} after (1-minute)")
     print(f"{'target':<24}{'conns':>6}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'non-2xx':>9}{'timeouts':>10}")
     fig: dict[tuple[str, int], dict[str, float]] = {}
     for (name, c), rs in runs.items():

@@ -90,6 +90,15 @@ def test_reference_pool_locations_stream_retry_before_any_byte_and_use_the_pools
     assert block(conf, "map $uri $llm_upstream_uri") == [
         "~(?<llm_endpoint>/v1/(?:chat/completions|completions|embeddings))$ $llm_endpoint;",
         "default /v1/unrouted;"]
+    # What njs would otherwise do in several operations each, nginx does in C: the pool a path route
+    # pins (exact paths: routing endpoints only) and the presented key.
+    assert block(conf, "map $uri $llm_pin") == [
+        'default "";', "/smart/v1/chat/completions reasoning;", "/smart/v1/completions reasoning;",
+        "/smart/v1/embeddings reasoning;"]
+    assert block(conf, "map $http_authorization $llm_bearer") == [
+        '"~*^bearer (?<llm_token>.+)$" $llm_token;', 'default "";']
+    # The usage log's directory check is cached: no stat per request.
+    assert "open_file_cache max=4 inactive=2m;" in lines(conf)
 
 
 def test_reference_listener_limits_and_module_path(prod_spec: StackSpec) -> None:
@@ -277,6 +286,7 @@ def test_without_auth_nothing_checks_or_loads_a_key(config: dict[str, Any], prod
     assert key_ids(spec) == [] and rate_zones(spec) == []
     files = gateway_files(spec)
     assert "llm_keys" not in files["nginx.conf"] and "limit_req" not in files["nginx.conf"]
+    assert "$llm_bearer" not in files["nginx.conf"]
     for endpoint in ("chat/completions", "models"):
         assert block(files["nginx.conf"], f"location = /v1/{endpoint}") == [
             "js_content gateway.models;" if endpoint == "models" else "js_content gateway.route;"]

@@ -547,6 +547,8 @@ def test_only_the_bearer_scheme_carries_a_key(gw: NginxGateway, keys: dict[str, 
     # The scheme is case-insensitive (RFC 7235 §2.1)…
     for scheme in ("Bearer", "bearer", "BEARER"):
         assert gw.call("GET", "/v1/models", headers={"Authorization": f"{scheme} {key}"})[0] == 200, scheme
+    # Blanks around the key are not part of it.
+    assert gw.call("GET", "/v1/models", headers={"Authorization": f"Bearer   {key}\t "})[0] == 200
     # …but only Bearer carries an API key: a valid key under any other scheme is refused. The 7-character
     # ones ("Basic  ", "Digest ") put the key exactly where a Bearer key would be, so only the scheme
     # check tells them apart.

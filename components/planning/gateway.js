@@ -32,11 +32,8 @@ function keyId(r) {
     if (!llm_routes.auth) {
         return '';  // no key file is loaded then: llm_keys is not defined
     }
-    var auth = r.headersIn['Authorization'];
-    if (!auth || auth.length < 8 || auth.slice(0, 7).toLowerCase() !== 'bearer ') {
-        return '';
-    }
-    var key = auth.slice(7).trim();
+    // nginx's map $llm_bearer holds what follows `Bearer ` (any case): one read, no string work.
+    var key = r.variables.llm_bearer.trim();
     if (!key) {
         return '';
     }
@@ -96,12 +93,12 @@ function route(r) {
     // The log line must fit one datagram whatever the client sends: the logged name is cut.
     r.variables.llm_model = model.length > LOG_FIELD_MAX ? model.slice(0, LOG_FIELD_MAX) : model;
     var id = r.variables.llm_key_id;
-    var prefix = prefixOf(r);
-    var fixed = llm_routes.prefixes[prefix];
+    var fixed = r.variables.llm_pin;  // the pool a path route pins, '' under /v1/ (nginx's map)
     // entry: [pool, or `a+b` for pools sharing the model; {pool: true}; named location;
     //         served name to rewrite to ('' = none)] (njs 0.7's preloaded arrays have no methods)
     var entry = llm_routes.models[model];
     if (!entry || (fixed && !entry[1][fixed])) {
+        var prefix = prefixOf(r);
         return fail(r, 404, 'The model \'' + model + '\' does not exist under ' + prefix
                     + '. Available models: ' + visibleNames(prefix, id).join(', '),
                     'model_not_found', 'model');
@@ -109,14 +106,13 @@ function route(r) {
     var allow = llm_routes.allow[id];
     if (allow && !allow[model]) {
         return fail(r, 403, 'The API key \'' + id + '\' may not use the model \'' + model
-                    + '\'. Allowed models: ' + visibleNames(prefix, id).join(', '),
+                    + '\'. Allowed models: ' + visibleNames(prefixOf(r), id).join(', '),
                     'model_not_allowed', 'model');
     }
     var location = entry[2];
-    r.variables.llm_pool = entry[0];
+    r.variables.llm_pool = fixed || entry[0];
     if (fixed) {
         // A path route pins its pool, even for a model other pools serve too.
-        r.variables.llm_pool = fixed;
         location = (entry[3] ? '@llm_alias_' : '@llm_pool_') + fixed;
     }
     if (entry[3]) {
