@@ -19,6 +19,7 @@ from components.facts.hardware import DTYPE_ALIASES, DTYPE_BYTES, GPUS
 from components.facts.models import model_arch
 from components.planning import preflight
 from components.planning.capacity import GIB, checkpoint_bytes, linear_bytes_per_param
+from components.planning.image_supply import node_supplies
 from components.planning.preflight import Expectation
 from components.spec import StackSpec
 
@@ -221,7 +222,8 @@ def node_expectation(spec: StackSpec, node: str) -> Expectation:
         models=[{"path": spec.models[m].path, "size_bytes": model_size_bytes(spec, m)}
                 for m in copied_models(spec, node)],
         firewall=spec.firewall.managed, max_clock_offset_s=spec.preflight.max_clock_offset_seconds,
-        memory_gib=memory_gib, memory_key=memory_key,
+        memory_gib=memory_gib, memory_key=memory_key, registry=spec.images.registry_host or "",
+        tarballs=[s.source for s in node_supplies(spec, node) if s.via == "tarball"],
     )
 
 

@@ -7,8 +7,12 @@ both the fixtures here and the real outputs on the server. Everything above `col
 """
 from __future__ import annotations
 
+import ipaddress
 import json
+import os
 import re
+import socket
+import ssl
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
@@ -250,6 +254,9 @@ class Expectation:
     memory_gib: float = 0.0  # the RAM the stack states for the node (what host-memory judged against); 0: none
     memory_key: str = ""  # the stack key it comes from
     meminfo_path: str = "/proc/meminfo"
+    registry: str = ""  # host[:port] of images.registry: dockerd must trust it; "" = none
+    docker_certs_dir: str = "/etc/docker/certs.d"  # where dockerd looks for a registry's CA
+    tarballs: List[str] = field(default_factory=list)  # images.tarballs: every file the plan `docker load`s here
 
     def to_json(self) -> str:
         """The form the preflight script passes to the node."""
@@ -277,6 +284,9 @@ class Outputs:
     chrony: Optional[str] = None  # `chronyc -n tracking`
     timedatectl: Optional[str] = None  # `timedatectl status`, when chrony gives nothing
     meminfo: Optional[str] = None  # /proc/meminfo
+    registry_cas: List[str] = field(default_factory=list)  # <certs dir>/<registry>/*.crt
+    registry_tls: Optional[Tuple[str, str]] = None  # ("ok" | "untrusted" | "unreachable", detail); None: not asked
+    tarballs_missing: List[str] = field(default_factory=list)  # planned tarballs that are not a non-empty file
     errors: Dict[str, str] = field(default_factory=dict)  # command -> why it produced nothing
 
 
@@ -442,6 +452,82 @@ def check_memory(exp: Expectation, out: Outputs) -> List[Finding]:
     return []
 
 
+def parse_insecure_registries(docker_info: str) -> List[str]:
+    """The running dockerd's `Insecure Registries:` (hosts, host:port, CIDRs): it does not verify their TLS."""
+    out: List[str] = []
+    indent: Optional[int] = None
+    for line in docker_info.splitlines():
+        depth = len(line) - len(line.lstrip())
+        if line.strip() == "Insecure Registries:":
+            indent = depth
+        elif indent is not None:
+            if depth <= indent or not line.strip():
+                break
+            out.append(line.strip())
+    return out
+
+
+def insecure(registry: str, entries: List[str]) -> bool:
+    """Whether dockerd reaches `registry` (host[:port]) without verifying it: its name listed, or its address
+    in a listed CIDR (docker's registry config: index names match exactly, CIDRs by IP)."""
+    if registry in entries:
+        return True
+    host = split_host_port(registry)[0]
+    try:
+        addresses = [ipaddress.ip_address(host)]
+    except ValueError:  # a name: dockerd looks it up and matches each of its addresses (localhost: 127.0.0.1)
+        try:
+            addresses = [ipaddress.ip_address(a[4][0]) for a in socket.getaddrinfo(host, None)]
+        except (OSError, ValueError):
+            return False
+    networks = [ipaddress.ip_network(e, strict=False) for e in entries if "/" in e]
+    return any(a in n for a in addresses for n in networks if a.version == n.version)
+
+
+def split_host_port(registry: str) -> Tuple[str, int]:
+    """`198.18.0.2:5000` -> ("198.18.0.2", 5000); a registry without a port is on HTTPS's 443."""
+    host, sep, port = registry.rpartition(":")
+    return (host, int(port)) if sep and port.isdigit() else (registry, 443)
+
+
+def check_registry(exp: Expectation, out: Outputs) -> List[Finding]:
+    """dockerd trusts the private registry (images.registry): listed insecure, or its certificate verifies
+    against the CA in certs.d/<registry>/ or the system CAs, as dockerd verifies a pull."""
+    if not exp.registry or out.docker_info is None or out.registry_tls is None:
+        return []  # no registry, or no Docker (check_container_runtime says so)
+    state, detail = out.registry_tls
+    where = f"{exp.docker_certs_dir}/{exp.registry}"
+    if state == "unreachable":
+        return [Finding("error", f"{exp.node}: cannot reach the private registry {exp.registry} (images.registry) "
+                        f"to check that dockerd trusts it: {detail}",
+                        f"check images.registry, and that {exp.node} reaches {exp.registry} (route, firewall); "
+                        "every image is pulled from it")]
+    if state != "untrusted":
+        return []
+    cas = ", ".join(out.registry_cas)
+    said = (f"its certificate does not verify against {cas} or the system CAs" if out.registry_cas else
+            f"{where}/ holds no CA (*.crt), {exp.registry} is not among docker info's Insecure Registries, and its "
+            "certificate does not verify against the system CAs")
+    return [Finding("error", f"{exp.node}: dockerd does not trust the private registry {exp.registry} "
+                    f"(images.registry): {said} ({detail}); every pull from it would fail",
+                    f"copy the CA that signed {exp.registry}'s certificate to {where}/ca.crt on {exp.node} "
+                    "(dockerd reads it at the next pull), or add it to the system CAs (update-ca-certificates) "
+                    "and restart docker; a registry without TLS goes in insecure-registries of "
+                    "/etc/docker/daemon.json")]
+
+
+def check_tarballs(exp: Expectation, out: Outputs) -> List[Finding]:
+    """The tarball directory (images.tarballs) holds every image the plan `docker load`s on this node."""
+    if not out.tarballs_missing:
+        return []
+    folder = os.path.dirname(out.tarballs_missing[0])
+    names = ", ".join(os.path.basename(t) for t in out.tarballs_missing)
+    return [Finding("error", f"{exp.node}: {folder} (images.tarballs) lacks {len(out.tarballs_missing)} of the "
+                    f"{len(exp.tarballs)} image tarball(s) the plan loads here: {names}",
+                    f"copy them to {folder}/ on {exp.node}: `python -m plan.images` prints the script that "
+                    "`docker save`s each under that name on a machine that reaches the registries")]
+
+
 CHRONY_FIX = ("install chrony and point it at your NTP servers (apt-get install chrony; `chronyc sources` "
               "shows them): Ray's workers and TLS certificates need the nodes' clocks in step")
 
@@ -481,7 +567,7 @@ def check_nft(exp: Expectation, out: Outputs) -> List[Finding]:
 
 CHECKS: List[Callable[[Expectation, Outputs], List[Finding]]] = [
     check_gpus, check_topology, check_hca, check_container_runtime, check_disk, check_clock, check_nft,
-    check_memory]
+    check_memory, check_registry, check_tarballs]
 
 
 def check_node(exp: Expectation, out: Outputs) -> List[Finding]:
@@ -502,6 +588,26 @@ def run_command(argv: List[str]) -> Tuple[int, str, str]:
     except OSError as e:
         return 127, "", str(e)
     return p.returncode, p.stdout, p.stderr
+
+
+def registry_tls(registry: str, cafiles: List[str], timeout_s: float = 10) -> Tuple[str, str]:
+    """A TLS handshake with the registry verified as dockerd verifies it: the system CAs plus the CA files
+    of its certs.d directory, the certificate's name against the registry's host."""
+    host, port = split_host_port(registry)
+    context = ssl.create_default_context()  # the system CAs (OpenSSL's store; dockerd's Go reads the same files)
+    for cafile in cafiles:
+        try:
+            context.load_verify_locations(cafile)
+        except (OSError, ssl.SSLError) as e:
+            return "untrusted", f"{cafile} is not a PEM certificate: {e}"
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+            with context.wrap_socket(sock, server_hostname=host):
+                return "ok", ""
+    except ssl.SSLCertVerificationError as e:
+        return "untrusted", str(e.verify_message or e)
+    except (OSError, ssl.SSLError) as e:
+        return "unreachable", str(e)
 
 
 def collect(exp: Expectation, run: Runner = run_command) -> Outputs:
@@ -537,6 +643,13 @@ def collect(exp: Expectation, run: Runner = run_command) -> Outputs:
             out.meminfo = f.read()
     except OSError as e:
         out.errors["meminfo"] = str(e)
+    if exp.registry and out.docker_info is not None and not insecure(
+            exp.registry, parse_insecure_registries(out.docker_info)):
+        folder = os.path.join(exp.docker_certs_dir, exp.registry)
+        out.registry_cas = sorted(os.path.join(folder, f) for f in (os.listdir(folder) if os.path.isdir(folder) else [])
+                                  if f.endswith(".crt"))
+        out.registry_tls = registry_tls(exp.registry, out.registry_cas)
+    out.tarballs_missing = [t for t in exp.tarballs if not (os.path.isfile(t) and os.path.getsize(t) > 0)]
     for m in exp.models:
         code, stdout, _ = run(["du", "-sb", str(m["path"])])
         out.present_bytes[str(m["path"])] = int(stdout.split()[0]) if code == 0 and stdout.strip() else 0
