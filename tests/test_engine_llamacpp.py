@@ -15,6 +15,7 @@ from components.planning.engines.llamacpp import (
     layers_per_gpu, llamacpp_argv, llamacpp_estimate, shape_from_arch, shape_from_gguf,
 )
 from components.planning.topology import instances
+from components.spec import SpecError
 from tests.engine_stacks import llamacpp_config, spec_of
 
 GIB = 1024**3
@@ -151,14 +152,31 @@ def test_argv_is_exact_one_server_per_gpu() -> None:
         "/app/llama-server", "-m", "/data/models/Qwen3-30B-A3B/Qwen3-30B-A3B-Q4_K_M.gguf",
         "--alias", "qwen3-30b-a3b,/data/models/Qwen3-30B-A3B", "--host", "192.168.10.13", "--port", "8001",
         "--n-gpu-layers", "999", "--split-mode", "layer", "--ctx-size", "32768", "--parallel", "4",
-        "--flash-attn", "on", "--fit", "off", "--jinja", "--metrics"]
+        "--flash-attn", "on", "--fit", "off", "--jinja", "--metrics", "--threads", "10"]  # 80 cores / 8 servers
+
+
+def test_the_nodes_cpus_are_split_between_its_servers_and_threads_is_the_stacks_key() -> None:
+    config = llamacpp_config()
+    config["llm-cluster:nodeDefaults"]["cpuCores"] = 64
+    config["llm-cluster:nodes"]["gpu-04"]["cpuCores"] = 4
+    spec = spec_of(config)
+    threads = {i.head: llamacpp_argv(spec, i)[-1] for i in instances(spec, "chat")}
+    assert threads == {"gpu-03": "8", "gpu-04": "1", "gpu-05": "8", "gpu-06": "8"}  # 4 CPUs for 8: at least 1
+    assert spec.node_cpus("gpu-04") == (4, "nodes.gpu-04.cpuCores")
+    assert spec.node_cpus("gpu-03") == (64, "nodeDefaults.cpuCores")
+    with pytest.raises(SpecError) as err:
+        spec_of(llamacpp_config(extraArgs=["-t", "32"]))
+    assert [(i.path, i.message) for i in err.value.issues] == [(
+        "pools.chat.llamacpp.extraArgs[0]", "'-t' is set by the typed key nodes.<node>.cpuCores (split between the "
+        "node's serving instances): state it there instead")]
 
 
 def test_argv_quantized_cache_and_extra_args() -> None:
     spec = spec_of(llamacpp_config(cacheType="q8_0", extraArgs=["--no-webui"]))
     argv = llamacpp_argv(spec, instances(spec, "chat")[0])
     assert argv[argv.index("--flash-attn"):] == ["--flash-attn", "on", "--cache-type-k", "q8_0", "--cache-type-v",
-                                                 "q8_0", "--fit", "off", "--jinja", "--metrics", "--no-webui"]
+                                                 "q8_0", "--fit", "off", "--jinja", "--metrics", "--threads", "10",
+                                                 "--no-webui"]
 
 
 def test_flag_dump_is_the_help_of_the_b11312_build_parsed() -> None:

@@ -12,7 +12,8 @@ import pytest
 
 from components.planning.node_scripts import node_expectation, preflight_script
 from components.planning.preflight import (
-    CHRONY_FIX, GIB, ClockState, Expectation, Finding, Outputs, check_memory, check_node, collect, parse_chrony_tracking,
+    CHRONY_FIX, GIB, ClockState, Expectation, Finding, Outputs, check_cpus, check_memory, check_node, collect,
+    parse_chrony_tracking, parse_cpu_count,
     parse_df_available, parse_docker_runtimes, parse_gpu_query, parse_ibstat, parse_ibv_devices, parse_timedatectl,
     parse_topo, version_tuple,
 )
@@ -385,11 +386,39 @@ def meminfo(tmp_path: Path, kib: int) -> str:
     return str(path)
 
 
+def cpuinfo(tmp_path: Path, cpus: int) -> str:
+    """A /proc/cpuinfo listing `cpus` logical CPUs (proc(5): one `processor` entry each)."""
+    path = tmp_path / "cpuinfo"
+    path.write_text("".join(f"processor\t: {n}\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Gold "
+                            "6148 CPU @ 2.40GHz\n\n" for n in range(cpus)))
+    return str(path)
+
+
+def test_a_node_with_fewer_cpus_than_the_stack_says_is_a_warning_naming_the_key(
+        tmp_path: Path, prod_spec, expected: Expectation) -> None:  # type: ignore[no-untyped-def]
+    planned = node_expectation(prod_spec, "gpu-02")
+    assert (planned.cpu_cores, planned.cpu_key) == (80, "nodes.gpu-02.cpuCores, unset: the reference cluster's GPU "
+                                                        "servers' 80")
+    exp = dataclasses.replace(expected, disk_path=str(tmp_path), min_free_gib=0, models=[],
+                              meminfo_path=meminfo(tmp_path, 376 * 1024 * 1024), cpuinfo_path=cpuinfo(tmp_path, 40))
+    done = run_preflight(tmp_path, exp, gpus=query_csv_from_table(fixture(SMI_TABLE)),
+                         topo=fixture(TOPO_DGX1), ibstat=fixture(IB_ROCE), docker=fixture(DOCKER_OK))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "preflight gpu-02: 0 error(s), 1 warning(s)"
+    assert (f"WARNING: gpu-02 has 40 CPUs ({tmp_path}/cpuinfo), the stack says 80 ({planned.cpu_key}): the "
+            "threads of its servers were planned for the larger figure and would compete for the cores\n"
+            "    fix: state the node's CPUs: nodes.gpu-02.cpuCores: 40\n") in done.stdout
+    # More CPUs than stated is fine; this machine's own /proc/cpuinfo parses.
+    more = dataclasses.replace(exp, cpuinfo_path=cpuinfo(tmp_path, 96))
+    assert check_cpus(more, Outputs(cpuinfo=Path(more.cpuinfo_path).read_text())) == []
+    assert parse_cpu_count(Path("/proc/cpuinfo").read_text()) == os.cpu_count()
+
+
 def test_preflight_script_passes_on_a_healthy_node(tmp_path: Path, expected: Expectation) -> None:
     # 376 GiB managed by the kernel on a server the stack says has 380.
     exp = dataclasses.replace(expected, disk_path=str(tmp_path), min_free_gib=0,
                               models=[{"path": str(tmp_path / "none"), "size_bytes": 1}],
-                              meminfo_path=meminfo(tmp_path, 376 * 1024 * 1024))
+                              meminfo_path=meminfo(tmp_path, 376 * 1024 * 1024), cpuinfo_path=cpuinfo(tmp_path, 80))
     done = run_preflight(tmp_path, exp, gpus=query_csv_from_table(fixture(SMI_TABLE)),
                          topo=fixture(TOPO_DGX1), ibstat=fixture(IB_ROCE), docker=fixture(DOCKER_OK))
     assert done.returncode == 0, done.stderr
@@ -404,7 +433,7 @@ def test_a_node_with_less_ram_than_the_stack_says_is_a_warning_naming_the_key(
     assert planned.memory_gib == 380.0 and planned.memory_key.startswith("nodes.gpu-02.memoryGib, unset: ")
     exp = dataclasses.replace(expected, disk_path=str(tmp_path), min_free_gib=0, models=[],
                               memory_gib=planned.memory_gib, memory_key=planned.memory_key,
-                              meminfo_path=meminfo(tmp_path, 24 * 1024 * 1024))
+                              meminfo_path=meminfo(tmp_path, 24 * 1024 * 1024), cpuinfo_path=cpuinfo(tmp_path, 80))
     done = run_preflight(tmp_path, exp, gpus=query_csv_from_table(fixture(SMI_TABLE)),
                          topo=fixture(TOPO_DGX1), ibstat=fixture(IB_ROCE), docker=fixture(DOCKER_OK))
     assert done.returncode == 0, done.stderr  # a warning: the node still runs what fits
@@ -419,7 +448,7 @@ def test_a_node_with_less_ram_than_the_stack_says_is_a_warning_naming_the_key(
 
 def test_preflight_script_fails_with_what_to_fix(tmp_path: Path, prod_spec) -> None:  # type: ignore[no-untyped-def]
     exp = dataclasses.replace(node_expectation(prod_spec, "gpu-02"), disk_path=str(tmp_path), min_free_gib=0,
-                              models=[], meminfo_path=meminfo(tmp_path, 376 * 1024 * 1024))
+                              models=[], meminfo_path=meminfo(tmp_path, 376 * 1024 * 1024), cpuinfo_path=cpuinfo(tmp_path, 80))
     done = run_preflight(tmp_path, exp, gpus=query_csv_from_table(fixture(SMI_TABLE), 7),
                          topo=fixture(TOPO_PCIE), ibstat=fixture(IB_H100), docker=fixture(DOCKER_MISSING))
     assert done.returncode == 1

@@ -19,8 +19,8 @@ from components.planning.node_scripts import node_expectation
 from components.planning.preflight import Expectation, insecure, parse_insecure_registries, registry_tls
 from components.spec import load_stack_config
 from tests.conftest import prod_config
-from tests.test_preflight import DOCKER_OK, IB_ROCE, SMI_TABLE, TOPO_DGX1, fixture, meminfo, query_csv_from_table, \
-    run_preflight
+from tests.test_preflight import DOCKER_OK, IB_ROCE, SMI_TABLE, TOPO_DGX1, cpuinfo, fixture, meminfo, \
+    query_csv_from_table, run_preflight
 from tests.support import free_port
 
 LAB_DOCKER_INFO = "docker-info.debian-docker.io-20.10.24.lab-host.txt"
@@ -114,7 +114,7 @@ def _registry_node(tmp_path: Path, registry: str, docker_info: str) -> tuple[Exp
     planned = node_expectation(load_stack_config(config, set()), "gpu-02")
     assert planned.registry == registry and planned.docker_certs_dir == "/etc/docker/certs.d"
     exp = dataclasses.replace(planned, driver_min="535.0", disk_path=str(tmp_path), min_free_gib=0, models=[],
-                              meminfo_path=meminfo(tmp_path, 376 * 1024 * 1024),
+                              meminfo_path=meminfo(tmp_path, 376 * 1024 * 1024), cpuinfo_path=cpuinfo(tmp_path, 80),
                               docker_certs_dir=str(tmp_path / "certs.d"))
     outputs = {"gpus": query_csv_from_table(fixture(SMI_TABLE)), "topo": fixture(TOPO_DGX1),
                "ibstat": fixture(IB_ROCE), "docker": docker_info}
@@ -182,7 +182,7 @@ def test_a_tarball_directory_missing_images_the_plan_loads_stops_preflight(tmp_p
              "prom_node-exporter_v1.8.2.tar"]
     assert planned.tarballs == [f"{folder}/{n}" for n in names]  # every image gpu-03 runs, as plan.images names them
     exp = dataclasses.replace(planned, driver_min="535.0", disk_path=str(tmp_path), min_free_gib=0, models=[],
-                              meminfo_path=meminfo(tmp_path, 376 * 1024 * 1024))
+                              meminfo_path=meminfo(tmp_path, 376 * 1024 * 1024), cpuinfo_path=cpuinfo(tmp_path, 80))
     folder.mkdir()
     (folder / names[0]).write_bytes(b"a docker save tarball")
     (folder / names[2]).write_bytes(b"")  # an interrupted copy

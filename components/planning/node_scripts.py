@@ -214,6 +214,7 @@ def node_expectation(spec: StackSpec, node: str) -> Expectation:
                                       "link_layer": n.hca.link_layer, "rate_gbps": n.hca.rate_gbps}
     tps = [p.tensor_parallel for p in spec.pools.values() if node in p.nodes]
     memory_gib, memory_key = spec.node_memory(node)
+    cpu_cores, cpu_key = spec.node_cpus(node)
     return Expectation(
         node=node, gpu_model=gpu.name, gpu_count=n.gpu.count,
         compute_cap=f"{gpu.capability // 10}.{gpu.capability % 10}", nvlink=gpu.nvlink,
@@ -222,7 +223,7 @@ def node_expectation(spec: StackSpec, node: str) -> Expectation:
         models=[{"path": spec.models[m].path, "size_bytes": model_size_bytes(spec, m)}
                 for m in copied_models(spec, node)],
         firewall=spec.firewall.managed, max_clock_offset_s=spec.preflight.max_clock_offset_seconds,
-        memory_gib=memory_gib, memory_key=memory_key, registry=spec.images.registry_host or "",
+        memory_gib=memory_gib, memory_key=memory_key, cpu_cores=cpu_cores, cpu_key=cpu_key, registry=spec.images.registry_host or "",
         tarballs=[s.source for s in node_supplies(spec, node) if s.via == "tarball"],
     )
 

@@ -254,6 +254,9 @@ class Expectation:
     memory_gib: float = 0.0  # the RAM the stack states for the node (what host-memory judged against); 0: none
     memory_key: str = ""  # the stack key it comes from
     meminfo_path: str = "/proc/meminfo"
+    cpu_cores: int = 0  # the logical CPUs the stack states (llama.cpp's threads are split from it); 0: none
+    cpu_key: str = ""  # the stack key it comes from
+    cpuinfo_path: str = "/proc/cpuinfo"
     registry: str = ""  # host[:port] of images.registry: dockerd must trust it; "" = none
     docker_certs_dir: str = "/etc/docker/certs.d"  # where dockerd looks for a registry's CA
     tarballs: List[str] = field(default_factory=list)  # images.tarballs: every file the plan `docker load`s here
@@ -284,6 +287,7 @@ class Outputs:
     chrony: Optional[str] = None  # `chronyc -n tracking`
     timedatectl: Optional[str] = None  # `timedatectl status`, when chrony gives nothing
     meminfo: Optional[str] = None  # /proc/meminfo
+    cpuinfo: Optional[str] = None  # /proc/cpuinfo
     registry_cas: List[str] = field(default_factory=list)  # <certs dir>/<registry>/*.crt
     registry_tls: Optional[Tuple[str, str]] = None  # ("ok" | "untrusted" | "unreachable", detail); None: not asked
     tarballs_missing: List[str] = field(default_factory=list)  # planned tarballs that are not a non-empty file
@@ -436,20 +440,28 @@ def parse_mem_total(text: str) -> int:
 MEMORY_SHORTFALL = 0.9
 
 
+def _proc_figure(node: str, text: Optional[str], path: str, parse: Callable[[str], int],
+                 ) -> Tuple[Optional[int], List[Finding]]:
+    """A figure parsed from a /proc file the node gave (None when not read), or a warning that it does not parse."""
+    if text is None:
+        return None, []
+    try:
+        return parse(text), []
+    except ValueError as e:
+        return None, [Finding("warning", f"{node}: cannot read {path} ({e})", "check /proc is mounted")]
+
+
 def check_memory(exp: Expectation, out: Outputs) -> List[Finding]:
     """The node has about the RAM the stack says (host-memory judged swap space and CPU offload against it)."""
-    if not exp.memory_gib or out.meminfo is None:
+    if not exp.memory_gib:
         return []
-    try:
-        total = parse_mem_total(out.meminfo)
-    except ValueError as e:
-        return [Finding("warning", f"{exp.node}: cannot read {exp.meminfo_path} ({e})", "check /proc is mounted")]
-    if total < MEMORY_SHORTFALL * exp.memory_gib * GIB:
+    total, found = _proc_figure(exp.node, out.meminfo, exp.meminfo_path, parse_mem_total)
+    if total is not None and total < MEMORY_SHORTFALL * exp.memory_gib * GIB:
         return [Finding("warning", f"{exp.node} has {total / GIB:.0f} GiB of RAM (MemTotal), the stack says "
                         f"{exp.memory_gib:g} GiB ({exp.memory_key}): the host-memory check judged swap space and "
                         "CPU offload against the larger figure",
                         f"state the node's RAM: {exp.memory_key.split(',')[0]}: {total // GIB}")]
-    return []
+    return found
 
 
 def parse_insecure_registries(docker_info: str) -> List[str]:
@@ -528,6 +540,27 @@ def check_tarballs(exp: Expectation, out: Outputs) -> List[Finding]:
                     "`docker save`s each under that name on a machine that reaches the registries")]
 
 
+def parse_cpu_count(text: str) -> int:
+    """Logical CPUs the kernel lists in /proc/cpuinfo (one `processor` entry each, as `nproc` counts them)."""
+    count = sum(1 for line in text.splitlines() if re.match(r"processor\s*:", line))
+    if not count:
+        raise ValueError("no processor entries")
+    return count
+
+
+def check_cpus(exp: Expectation, out: Outputs) -> List[Finding]:
+    """The node has the CPUs the stack says (llama.cpp's threads per server are split from that figure)."""
+    if not exp.cpu_cores:
+        return []
+    count, found = _proc_figure(exp.node, out.cpuinfo, exp.cpuinfo_path, parse_cpu_count)
+    if count is not None and count < exp.cpu_cores:
+        return [Finding("warning", f"{exp.node} has {count} CPUs ({exp.cpuinfo_path}), the stack says "
+                        f"{exp.cpu_cores} ({exp.cpu_key}): the threads of its servers were planned for the larger "
+                        "figure and would compete for the cores",
+                        f"state the node's CPUs: {exp.cpu_key.split(',')[0]}: {count}")]
+    return found
+
+
 CHRONY_FIX = ("install chrony and point it at your NTP servers (apt-get install chrony; `chronyc sources` "
               "shows them): Ray's workers and TLS certificates need the nodes' clocks in step")
 
@@ -567,7 +600,7 @@ def check_nft(exp: Expectation, out: Outputs) -> List[Finding]:
 
 CHECKS: List[Callable[[Expectation, Outputs], List[Finding]]] = [
     check_gpus, check_topology, check_hca, check_container_runtime, check_disk, check_clock, check_nft,
-    check_memory, check_registry, check_tarballs]
+    check_memory, check_cpus, check_registry, check_tarballs]
 
 
 def check_node(exp: Expectation, out: Outputs) -> List[Finding]:
@@ -643,6 +676,11 @@ def collect(exp: Expectation, run: Runner = run_command) -> Outputs:
             out.meminfo = f.read()
     except OSError as e:
         out.errors["meminfo"] = str(e)
+    try:
+        with open(exp.cpuinfo_path) as f:
+            out.cpuinfo = f.read()
+    except OSError as e:
+        out.errors["cpuinfo"] = str(e)
     if exp.registry and out.docker_info is not None and not insecure(
             exp.registry, parse_insecure_registries(out.docker_info)):
         folder = os.path.join(exp.docker_certs_dir, exp.registry)

@@ -125,6 +125,8 @@ class NodeDefaults(Spec):
     """Free space the preflight requires at diskPath on top of the weights still to copy there."""
     memory_gib: float | None = Field(default=None, gt=0, le=65536)
     """Host RAM in GiB (`free -g`); unset: the reference server's 380 (components.facts.servers)."""
+    cpu_cores: int | None = Field(default=None, ge=1, le=65536)
+    """Logical CPUs (`nproc`); unset: the reference server's 80 (components.facts.servers)."""
 
     @field_validator("disk_path")
     @classmethod
@@ -150,6 +152,8 @@ class NodeSpec(Spec):
     min_free_disk_gib: int | None = Field(default=None, ge=0)
     memory_gib: float | None = Field(default=None, gt=0, le=65536)
     """Host RAM in GiB; what vLLM's CPU swap space and CPU offload of every instance on the node must fit in."""
+    cpu_cores: int | None = Field(default=None, ge=1, le=65536)
+    """Logical CPUs (`nproc`); llama.cpp's threads are split between the node's serving instances by it."""
 
     @field_validator("disk_path")
     @classmethod

@@ -153,12 +153,14 @@ ENGINE_TYPED_FLAGS: dict[str, dict[str, str]] = {
         "--fit": "pools.<pool>.llamacpp (the product sets --fit off: what the plan sizes is what starts)",
         "--metrics": "monitoring (the product turns metrics on)", "--jinja": "pools.<pool>.llamacpp",
         "--rpc": "pools.<pool>.pipelineParallel (the RPC backend is refused: fragile and insecure upstream)",
+        "--threads": "nodes.<node>.cpuCores (split between the node's serving instances)",
     },
 }
 # llama-server's other spellings of typed flags and of its credential flag (common/arg.cpp at b11312).
 LLAMACPP_ALIASES = {"-m": "--model", "-a": "--alias", "-ngl": "--n-gpu-layers", "--gpu-layers": "--n-gpu-layers",
                     "-sm": "--split-mode", "-c": "--ctx-size", "-np": "--parallel", "-fa": "--flash-attn",
-                    "-ctk": "--cache-type-k", "-ctv": "--cache-type-v", "-fit": "--fit", "-hft": "--hf-token"}
+                    "-ctk": "--cache-type-k", "-ctv": "--cache-type-v", "-fit": "--fit", "-hft": "--hf-token",
+                    "-t": "--threads"}
 
 
 def engine_flag(engine: str, token: str) -> str | None:

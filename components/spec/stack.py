@@ -58,7 +58,7 @@ class StackSpec(Spec):
         node = self.nodes[name]
         d = self.node_defaults
         fill = {f: getattr(d, f) for f in ("gpu", "hca", "interface", "driver_min_version",
-                                           "disk_path", "min_free_disk_gib", "memory_gib")
+                                           "disk_path", "min_free_disk_gib", "memory_gib", "cpu_cores")
                 if getattr(node, f) is None}
         return node.model_copy(update=fill)
 
@@ -71,6 +71,16 @@ class StackSpec(Spec):
             return float(self.node_defaults.memory_gib), "nodeDefaults.memoryGib"
         return float(REFERENCE_SERVER.memory_gib), (f"nodes.{name}.memoryGib, unset: {REFERENCE_SERVER.name}' "
                                                     f"{REFERENCE_SERVER.memory_gib:g} GiB")
+
+    def node_cpus(self, name: str) -> tuple[int, str]:
+        """(logical CPUs, the stack key that sets it) of a node: its own, nodeDefaults', else the reference
+        server's (components.facts.servers), said as the key that would set it."""
+        if self.nodes[name].cpu_cores is not None:
+            return self.nodes[name].cpu_cores, f"nodes.{name}.cpuCores"
+        if self.node_defaults.cpu_cores is not None:
+            return self.node_defaults.cpu_cores, "nodeDefaults.cpuCores"
+        return REFERENCE_SERVER.cpu_cores, f"nodes.{name}.cpuCores, unset: {REFERENCE_SERVER.name}' " \
+                                           f"{REFERENCE_SERVER.cpu_cores}"
 
     def served_names(self, model: str) -> list[str]:
         """Names clients use for a model; the model key when none are stated."""

@@ -27,7 +27,7 @@ from components.planning.engines.base import Engine, MultiNode, offline_env, pla
 from components.planning.engines.gate import GateCheck
 from components.planning.engines.estimate import GIB, EngineEstimate
 from components.planning.pool_capacity import model_architecture
-from components.planning.topology import Instance
+from components.planning.topology import Instance, instances
 from components.spec import StackSpec
 from components.spec.engines import LLAMACPP_ALIASES
 
@@ -205,8 +205,17 @@ def llamacpp_argv(spec: StackSpec, instance: Instance) -> list[str]:
         argv += ["--cache-type-k", o.cache_type, "--cache-type-v", o.cache_type]
     # --fit off: what the plan sized is what starts; llama.cpp would otherwise shrink unset arguments
     # (context, offloaded layers) to fit and serve less than the plan says, silently.
-    argv += ["--fit", "off", "--jinja", "--metrics"]
+    argv += ["--fit", "off", "--jinja", "--metrics", "--threads", str(threads_per_instance(spec, instance.head))]
     return argv + list(o.extra_args)
+
+
+def threads_per_instance(spec: StackSpec, node: str) -> int:
+    """llama-server's --threads on a node: its CPUs (cpuCores) shared by every serving instance there.
+    Unset, each llama-server takes all of the node's cores (b11312's --threads default -1), so N of them
+    on one node ask N times its CPUs."""
+    cpus, _ = spec.node_cpus(node)
+    here = sum(node in i.nodes for pool in spec.pools for i in instances(spec, pool))
+    return max(1, cpus // max(1, here))
 
 
 # Offline (pools.*.offline): llama-server b11312's `--offline` ("forces use of cache, prevents network
