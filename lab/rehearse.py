@@ -95,6 +95,14 @@ def _gpus(value: str) -> list[dict[str, Any]]:
     return [req]
 
 
+def _device_requests(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The provider's device_requests blocks as the Engine API's DeviceRequests: one request each, its
+    capabilities one set (a container asks for GPUs by id when a replica has a subset of the node's)."""
+    return [{"Driver": r.get("driver", ""), "Count": int(r.get("count", 0)), "DeviceIDs": r.get("deviceIds") or None,
+             "Capabilities": [list(r["capabilities"])] if r.get("capabilities") else None,
+             "Options": r.get("options") or {}} for r in requests]
+
+
 # The one input the lab cannot pass unchanged: this machine's hard limit on open files (20000 here,
 # without CAP_SYS_RESOURCE to raise it) is below what a real node's docker.service allows; runc then
 # refuses a larger nofile ulimit. The rehearsal lowers it to the machine's limit and says so.
@@ -166,6 +174,8 @@ CONTAINER_INPUTS: dict[str, Callable[[dict, Any], None] | None] = {
     "shmSize": _set("HostConfig.ShmSize", lambda mb: int(mb) * 1024 * 1024),   # the schema's unit is MB
     "init": _set("HostConfig.Init", bool),
     "gpus": _set("HostConfig.DeviceRequests", _gpus),
+    "deviceRequests": lambda b, rs: (b.setdefault("HostConfig", {}).setdefault("DeviceRequests", []).extend(
+        _device_requests(rs))),
     "pidMode": _set("HostConfig.PidMode"),
     "ipcMode": _set("HostConfig.IpcMode"),
     "capabilities": lambda b, c: (b.setdefault("HostConfig", {}).update(

@@ -60,14 +60,14 @@ def test_a_llamacpp_pool_gets_a_bash_gate_with_its_argvs_pointed_at_no_model() -
     found = gates(llamacpp_config())
     q = found[("gpu-03", LLAMACPP_IMAGE)]
     assert len(q.argvs) == 8  # one server per GPU
-    planned = [shlex.join([a if a != "/data/models/Qwen3-30B-A3B/Qwen3-30B-A3B-Q4_K_M.gguf" else GATE_MODEL
-                           for a in argv]) for argv in q.argvs]
+    replaced = {"/data/models/Qwen3-30B-A3B/Qwen3-30B-A3B-Q4_K_M.gguf": GATE_MODEL, "192.168.10.13": "127.0.0.1"}
+    planned = [shlex.join([replaced.get(a, a) for a in argv]) for argv in q.argvs]
     assert q.check == GateCheck(
         "llama.cpp b11312", "/bin/bash",
         ("-c", LLAMACPP_CHECK, "llama-cpp-qualification", "/app/llama-server", "11312", "70",
          "ghcr.io/ggml-org/llama.cpp:server-cuda-b11312", *planned),
         "llama-server's build, the CUDA device it lists and its compute capability, and the planned flags")
-    assert all(" -m /nonexistent/llm-cluster-qualification.gguf " in p for p in planned)
+    assert all(" -m /nonexistent/llm-cluster-qualification.gguf " in p and " --host 127.0.0.1 " in p for p in planned)
 
 
 def test_an_image_the_facts_do_not_know_gets_no_gate_for_any_engine() -> None:
@@ -233,9 +233,12 @@ def llama_server() -> Path:
     return binary
 
 
+# `docker run --network none`: a network namespace of its own with only its loopback, which docker brings up.
+NETWORK_NONE = ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "network-none"]
+
+
 def run_llamacpp_check(server: Path, capability: int, argvs: list[list[str]]) -> subprocess.CompletedProcess[str]:
-    # unshare -n: no network at all, as the gate's `docker run --network none`.
-    return subprocess.run(["unshare", "-n", "bash", "-c", LLAMACPP_CHECK, "llama-cpp-qualification", str(server),
+    return subprocess.run([*NETWORK_NONE, "bash", "-c", LLAMACPP_CHECK, "llama-cpp-qualification", str(server),
                            "11312", str(capability), LLAMACPP_IMAGE, *(shlex.join(a) for a in argvs)],
                           capture_output=True, text=True, timeout=600, env={"PATH": "/usr/bin:/bin"})
 
@@ -263,7 +266,7 @@ def test_the_llamacpp_check_runs_against_a_real_llama_server(tmp_path: Path) -> 
 
 def test_the_llamacpp_check_refuses_another_build(tmp_path: Path) -> None:
     server = llama_server()
-    run = subprocess.run(["unshare", "-n", "bash", "-c", LLAMACPP_CHECK, "llama-cpp-qualification", str(server),
+    run = subprocess.run([*NETWORK_NONE, "bash", "-c", LLAMACPP_CHECK, "llama-cpp-qualification", str(server),
                           "9999", "70", LLAMACPP_IMAGE], capture_output=True, text=True, timeout=120,
                          env={"PATH": "/usr/bin:/bin"})
     assert lines(run.stdout)[0] == {

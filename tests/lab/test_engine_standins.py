@@ -36,6 +36,7 @@ from components.planning.topology import instances
 from lab.config import REPO
 from lab.images import NUMPY
 from lab.standins import llamacpp as llamacpp_standin, lmdeploy as lmdeploy_standin
+from tests.test_qualification_engines import NETWORK_NONE
 
 STACK = REPO / "Pulumi.lab-engines.yaml"
 LMDEPLOY = "openmmlab/lmdeploy:v0.16.0-cu12.8"
@@ -331,10 +332,11 @@ def test_the_image_lists_the_gpus_docker_gave_it(llamacpp_app: Path) -> None:
 
 
 def llamacpp_gate(q: Qualification, app: Path, gpus: str | None) -> subprocess.CompletedProcess[str]:
-    """The gate's bash check, with the image's /app for /app (unshare -n: `docker run --network none`)."""
+    """The gate's bash check, with the image's /app for /app, in a network namespace with only its loopback up
+    (what `docker run --network none` gives the gate)."""
     assert q.check.entrypoint == "/bin/bash" and q.check.args[:2] == ("-c", LLAMACPP_CHECK)
     args = [a.replace("/app/", f"{app}/") for a in q.check.args]
-    return subprocess.run(["unshare", "-n", "/bin/bash", *args], capture_output=True, text=True, timeout=600,
+    return subprocess.run([*NETWORK_NONE, "/bin/bash", *args], capture_output=True, text=True, timeout=600,
                           env=app_env(app, gpus))
 
 

@@ -136,8 +136,11 @@ def lab(figures: dict[str, Any]) -> Iterator[Lab]:
         yield from _lab(figures)
 
 
-def _lab(figures: dict[str, Any]) -> Iterator[Lab]:
-    stack = load_lab_stack(STACK)
+def _lab(figures: dict[str, Any], path: Path = STACK, prefix: str = "",
+         destroy_and_check: Callable[[Lab, dict[str, Any]], None] | None = None) -> Iterator[Lab]:
+    """The lab of stack file `path`: up from nothing, yielded, destroyed and checked, down; figures named
+    with `prefix` (another stack's module, e.g. test_lab_engines.py, passes its own and its destroy check)."""
+    stack = load_lab_stack(path)
     if hosts.lab_namespaces():
         left = hosts.down()  # the tier owns this machine's lab: a lab left by an earlier run goes first
         assert left == [], left
@@ -152,12 +155,12 @@ def _lab(figures: dict[str, Any]) -> Iterator[Lab]:
         r = Rehearsal(stack.path, stack.name, agent, log=lambda line: None)
         t1 = time.monotonic()
         steps = r.up()
-        figures["time_to_up_s"] = round(time.monotonic() - t1, 1)
-        figures["hosts_up_s"] = round(t_hosts, 1)
-        figures["images_ready_s"] = round(t_images, 1)
-        figures["pull_retries"] = len(r.retries)
+        figures[prefix + "time_to_up_s"] = round(time.monotonic() - t1, 1)
+        figures[prefix + "hosts_up_s"] = round(t_hosts, 1)
+        figures[prefix + "images_ready_s"] = round(t_images, 1)
+        figures[prefix + "pull_retries"] = len(r.retries)
         yield Lab(stack, agent, r, list(steps))
-        _destroy_and_check(Lab(stack, agent, r, []), figures)
+        (destroy_and_check or _destroy_and_check)(Lab(stack, agent, r, []), figures)
     finally:
         _keep_logs()
         left = hosts.down()
@@ -178,13 +181,18 @@ def _keep_logs() -> None:
         shutil.copy2(log, LOGS / log.parent.name / log.name)
 
 
-def _destroy_and_check(lab: Lab, figures: dict[str, Any]) -> None:
+def destroy_checked(lab: Lab, figures: dict[str, Any], prefix: str = "") -> None:
+    """Destroy the stack (timed) and check that no container and no hosts block is left on any host."""
     t0 = time.monotonic()
     lab.rehearsal.destroy()
-    figures["destroy_s"] = round(time.monotonic() - t0, 1)
+    figures[prefix + "destroy_s"] = round(time.monotonic() - t0, 1)
     for h in lab.stack.hosts:
         assert docker(h, "ps", "-aq").strip() == "", f"containers left on {h.node} after destroy"
         assert "# BEGIN llm-cluster" not in (h.dir / "etc-hosts").read_text(), h.node
+
+
+def _destroy_and_check(lab: Lab, figures: dict[str, Any]) -> None:
+    destroy_checked(lab, figures)
     assert not (lab.host("gpu-01").dir / "etc-llm-cluster" / "gateway").exists(), "gateway keys kept"
     # Destroy keeps the weights: they take hours to copy back on a real cluster.
     for node in ("gpu-02", "gpu-04", "gpu-05", "gpu-06"):

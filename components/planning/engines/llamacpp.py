@@ -293,12 +293,19 @@ exit "$failed"
 """
 
 
+# Where the gate binds llama-server: the gate's container has no network but its loopback (`docker run
+# --network none`), and llama-server b11312 binds its HTTP socket before it loads the model, so the
+# planned --host (the node's address) would stop it with "couldn't bind HTTP server socket" before the
+# flags after it were ever judged (seen in the lab, tests/lab/test_lab_engines.py).
+GATE_HOST = "127.0.0.1"
+
+
 def gate_argv(argv: tuple[str, ...]) -> list[str]:
-    """A planned llama-server argv as the gate runs it: -m on GATE_MODEL, everything else as planned."""
+    """A planned llama-server argv as the gate runs it: -m on GATE_MODEL, --host on GATE_HOST, the rest as planned."""
     out = list(argv)
-    for flag in ("-m", "--model"):
+    for flag, value in (("-m", GATE_MODEL), ("--model", GATE_MODEL), ("--host", GATE_HOST)):
         if flag in out:
-            out[out.index(flag) + 1] = GATE_MODEL
+            out[out.index(flag) + 1] = value
     return out
 
 
