@@ -289,7 +289,7 @@ def test_the_planned_llamacpp_argv_is_what_the_lab_runs(spec) -> None:  # type: 
         "/app/llama-server", "-m", "/data/models/tiny-llama/tiny-llama-f32.gguf", "--alias", "tiny-llama,tiny-llama-alias",
         "--host", "198.18.0.12", "--port", "8000", "--n-gpu-layers", "999", "--split-mode", "none",
         "--ctx-size", "1024", "--parallel", "4", "--flash-attn", "on", "--fit", "off", "--jinja", "--metrics",
-        "--n-predict", "16"]
+        "--threads", "2", "--n-predict", "16"]
 
 
 def test_the_real_llama_server_loads_the_generated_gguf_with_the_planned_argv(spec, llamacpp_app: Path,
