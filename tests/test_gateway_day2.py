@@ -46,6 +46,20 @@ def apply_config(gw: NginxGateway, spec: StackSpec, pools: dict[str, list[FakeRe
     return subprocess.run(["bash", "-c", script], capture_output=True, text=True)
 
 
+def nginx_workers(gw: NginxGateway) -> set[int]:
+    """The pids of the test nginx's worker processes (its master's children)."""
+    master = (gw.root / "nginx.pid").read_text().strip()
+    workers = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if fields[1] == master:  # the field after the state is the parent's pid
+            workers.add(int(stat.parent.name))
+    return workers
+
+
 def shared_config(**weights: int) -> dict[str, Any]:
     """The test stack with a second pool (`canary`, gpu-06) serving the chat model."""
     config = gateway_config()
@@ -108,13 +122,17 @@ def test_removing_one_of_two_pools_of_a_model_fails_no_request(tmp_path: Path) -
     pools = {"chat": [FakeReplica("chat-a")], "canary": [FakeReplica("canary")], "reasoning": [FakeReplica("r")]}
     with own_gateway(spec, pools, tmp_path) as (gw, keys):
         results: list[tuple[int, Any]] = []
+        sent_at: list[float] = []  # when each of `results` was sent, in the same order
         stop = threading.Event()
 
         async def load() -> None:
             async def client(n: int) -> None:
                 i = 0
                 while not stop.is_set() and i < 400:  # bounded: at most 400 requests a client
-                    results.append(await _post(gw.port, keys["default"], f"{n}-{i}"))
+                    sent = time.monotonic()
+                    answer = await _post(gw.port, keys["default"], f"{n}-{i}")
+                    results.append(answer)
+                    sent_at.append(sent)
                     i += 1
             await asyncio.gather(*(client(n) for n in range(8)))
 
@@ -130,16 +148,24 @@ def test_removing_one_of_two_pools_of_a_model_fails_no_request(tmp_path: Path) -
         del config["llm-cluster:pools"]["canary"]
         config["llm-cluster:pools"]["chat"]["nodes"].append("gpu-06")
         del config["llm-cluster:gateway"]["poolWeights"]
+        old_workers = nginx_workers(gw)
         result = apply_config(gw, load_stack_config(config, set()), {"chat": pools["chat"], "reasoning": pools["reasoning"]})
         assert result.returncode == 0, result.stderr
-        reloaded_at = len(results)
-        time.sleep(0.5)
+        # The old workers finish what they hold, then exit: from then on only the new config answers.
+        deadline = time.monotonic() + WAIT
+        while old_workers & nginx_workers(gw):
+            assert time.monotonic() < deadline, "the old nginx workers did not exit after the reload"
+            time.sleep(0.01)
+        settled = time.monotonic()
+        while sum(t > settled for t in sent_at) < 50:
+            assert time.monotonic() < deadline, "fewer than 50 requests after the reload"
+            time.sleep(0.01)
         stop.set()
         runner.join(WAIT)
         assert Counter(status for status, _ in results) == {200: len(results)}
-        # A moment after the reload the canary gets nothing (in-flight ones on old workers excepted).
-        late = [out["served_by"] for _, out in results[reloaded_at + 50:]]
-        assert late and set(late) == {"chat-a"}
+        # Sent once the old workers were gone, no request reaches the canary.
+        late = [out["served_by"] for (_, out), t in zip(results, sent_at) if t > settled]
+        assert len(late) >= 50 and set(late) == {"chat-a"}
 
 
 def test_generated_certificate_is_trusted_through_the_ca_and_kept_across_runs(tmp_path: Path) -> None:
