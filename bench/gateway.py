@@ -16,6 +16,12 @@ unpacked from its pinned Debian packages by tests/deployed_nginx.py (what the re
 `--host-nginx` runs the host's `nginx` and its njs module instead (Debian bookworm: nginx 1.22 +
 njs 0.7.9), to compare builds.
 
+`--lua` adds a measured alternative, not deployed: the same generated config with the routed
+request path (key lookup, body routing to the pool's own location, usage filter) in Lua
+(bench/gateway_lua.lua) on Debian's ngx_http_lua_module + LuaJIT for that nginx, whose packages it
+fetches once into /var/cache/llm-cluster/gateway-lua. bench/gateway_instructions.py counts the
+instructions per request of every alternative.
+
 wrk drives each target at 32 and 256 connections for a few seconds; the targets are interleaved
 and repeated, and each figure is the median over repetitions. Every nginx runs one worker. Prints
 figures and ratios; asserts nothing. The machine is shared: run it briefly, say the conditions.
@@ -33,6 +39,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,7 +52,8 @@ from components.planning.gateway import (  # noqa: E402
 from components.spec import StackSpec, load_stack_config  # noqa: E402
 from plan.stackfile import load_stack_file  # noqa: E402
 from plan.cli import run as run_cli  # noqa: E402
-from tests.deployed_nginx import deployed_nginx  # noqa: E402
+from tests.deployed_nginx import CACHE, LIBDIRS, LOADER, deployed_nginx  # noqa: E402
+from tests.deployed_nginx import _apt_env as apt_env, _run as run_tool  # noqa: E402
 from tests.support import free_port, free_ports  # noqa: E402
 
 HOST_NJS_MODULE = "/usr/lib/nginx/modules/ngx_http_js_module.so"
@@ -82,10 +90,24 @@ def build(host: bool) -> Build:
                  f"nginx {found.packages['nginx']} + njs {found.packages['libnginx-mod-http-js']} (deployed)")
 
 
-def start_nginx(nginx: Build, root: Path, conf: str, port: int) -> subprocess.Popen[bytes]:
-    """nginx in the foreground with this config under `root`, once it listens on `port`."""
+def bench_spec(budget: bool = False) -> StackSpec:
+    """The reference stack over plain HTTP like the other targets (the deployed gateway adds TLS on
+    top), its key's rate limit never reached (20 r/s would make the bench a 429 test; the zone stays
+    in the path); with `budget`, a token budget on the key it never exhausts."""
+    config = load_stack_file(ROOT / "Pulumi.prod.yaml", "prod").config
+    key: dict[str, object] = {"id": "default", "rateLimit": {"requestsPerSecond": 1000000, "burst": 1000000}}
+    if budget:
+        key["tokenBudget"] = {"tokens": 10**12, "windowSeconds": 3600}
+    config["llm-cluster:gateway"].update(tls=False, port=80, apiKeys=[key])
+    return load_stack_config(config, set())
+
+
+def start_nginx(nginx: Build, root: Path, conf: str, port: int, libs: list[Path] | None = None) -> subprocess.Popen[bytes]:
+    """nginx in the foreground with this config under `root` (and more library directories), once it
+    listens on `port`."""
     (root / "nginx.conf").write_text(conf)
-    proc = subprocess.Popen([nginx.nginx, "-p", str(root), "-c", str(root / "nginx.conf"), "-g", "daemon off;"],
+    proc = subprocess.Popen([*nginx_argv(nginx, libs), "-p", str(root), "-c", str(root / "nginx.conf"),
+                             "-g", "daemon off;"], env=nginx_env(nginx, libs),
                             stderr=subprocess.PIPE)
     for _ in range(200):
         if proc.poll() is not None:
@@ -134,9 +156,9 @@ def wrk(url: str, connections: int, root: Path, seconds: int = SECONDS) -> dict[
             "requests": float(re.search(r"(\d+) requests in", out).group(1))}  # type: ignore[union-attr]
 
 
-def start_gateway(nginx: Build, spec: StackSpec, root: Path, up: int,
-                  syslog_port: int | None) -> tuple[subprocess.Popen[bytes], int]:
-    """The generated gateway (one worker) in front of the fake replica, its usage log in daily files; its port."""
+def write_gateway(nginx: Build, spec: StackSpec, root: Path, up: int, syslog_port: int | None = None) -> int:
+    """The generated gateway's files under `root` (one worker, in front of the fake replica on `up`,
+    its usage log in daily files); the port it will listen on."""
     (root / "tmp").mkdir(parents=True)
     port = free_port()
     (root / "digests.json").write_text(key_digests({"default": KEY}, key_ids(spec)))
@@ -152,7 +174,114 @@ def start_gateway(nginx: Build, spec: StackSpec, root: Path, up: int,
     for rel, text in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
-    return start_nginx(nginx, root, files["nginx.conf"], port), port
+    return port
+
+
+def start_gateway(nginx: Build, spec: StackSpec, root: Path, up: int,
+                  syslog_port: int | None, lua: Path | None = None) -> tuple[subprocess.Popen[bytes], int]:
+    """The generated gateway started (with `lua`, its request path in Lua instead); its port."""
+    port = write_gateway(nginx, spec, root, up, syslog_port)
+    conf = (root / "nginx.conf").read_text()
+    if lua is None:
+        return start_nginx(nginx, root, conf, port), port
+    return start_nginx(nginx, root, in_lua(conf, lua / "root", root), port, [lua / "root" / d for d in LIBDIRS]), port
+
+
+# --- the measured alternative: the routed request path in Lua (bench/gateway_lua.lua) -------------
+
+LUA_SOURCE = Path(__file__).with_name("gateway_lua.lua")
+LUA_CACHE = CACHE.parent / "gateway-lua"
+# Debian's Lua module and what it loads, for each nginx the bench can run (the module's nginx ABI).
+LUA_PACKAGES = {
+    "trixie": {"libnginx-mod-http-lua": "1:0.10.28-2", "libnginx-mod-http-ndk": "1:0.3.4-2",
+               "lua-resty-core": "0.1.31-1", "lua-resty-lrucache": "0.15-2",
+               "libluajit-5.1-2": "2.1.0+openresty20250117-2", "libluajit-5.1-common": "2.1.0+openresty20250117-2",
+               "lua-cjson": "2.1.0+dfsg-2.2+b2"},
+    "bookworm": {"libnginx-mod-http-lua": "1:0.10.23-1+deb12u1", "libnginx-mod-http-ndk": "1:0.3.2-3",
+                 "lua-resty-core": "0.1.25-1", "lua-resty-lrucache": "0.13-10",
+                 "libluajit2-5.1-2": "2.1-20230119-1", "libluajit2-5.1-common": "2.1-20230119-1",
+                 "lua-cjson": "2.1.0+dfsg-2.2", "libpcre3": "2:8.39-15"},
+}
+
+
+def sub(pattern: str, replacement: str | Callable[[re.Match[str]], str], text: str) -> str:
+    """re.sub once (a string replacement taken literally), refusing a generated config whose shape
+    no longer has the pattern."""
+    repl = replacement if callable(replacement) else (lambda _: replacement)  # type: ignore[misc]
+    out, n = re.subn(pattern, repl, text, count=1, flags=re.S)
+    if not n:
+        raise SystemExit(f"the generated gateway no longer has {pattern!r}: update bench/gateway.py")
+    return out
+
+
+def in_lua(conf: str, lua_root: Path, root: Path) -> str:
+    """The generated config with njs's directives replaced by the Lua module's (same maps, log, locations)."""
+    modules = lua_root / "usr/lib/nginx/modules"
+    conf = sub(r"load_module [^;]*ngx_http_js_module\.so;",
+               f"load_module {modules}/ndk_http_module.so;\nload_module {modules}/ngx_http_lua_module.so;", conf)
+    conf = sub(r"    js_preload_object llm_routes.*?    js_var \$llm_events 0;\n", f"""\
+    lua_package_path "{LUA_SOURCE.parent}/?.lua;{lua_root}/usr/share/lua/5.1/?.lua;;";
+    lua_package_cpath "{lua_root}/usr/lib/x86_64-linux-gnu/lua/5.1/?.so;;";
+    init_by_lua_block {{ require("gateway_lua").init("{root}/llm/routes.json", "{root}/digests.json") }}
+""", conf)
+    conf = sub(r"    server \{\n        listen 127\.0\.0\.1:\d+;\n", lambda m: m.group(0) + """\
+        set $llm_model "";
+        set $llm_pool "";
+        set $llm_body "";
+        set $llm_usage "";
+        set $llm_events 0;
+        set_by_lua_block $llm_key_id { return require("gateway_lua").key_id() }
+""", conf)
+    conf = conf.replace("js_content gateway.route;", 'content_by_lua_block { require("gateway_lua").route() }')
+    conf = conf.replace("js_content gateway.models;", 'return 200 "{}";')
+    return conf.replace("js_body_filter gateway.usage buffer_type=buffer;",
+                        'body_filter_by_lua_block { require("gateway_lua").usage() }')
+
+
+def lua_tree(host: bool) -> Path:
+    """Debian's Lua module for the nginx the bench runs, unpacked once into the cache."""
+    release = "bookworm" if host else "trixie"
+    packages = LUA_PACKAGES[release]
+    target = LUA_CACHE / f"{release}-lua-{packages['libnginx-mod-http-lua'].replace(':', '-')}"
+    if (target / "root/usr/lib/nginx/modules/ngx_http_lua_module.so").exists():
+        return target
+    print(f"gateway-lua: fetching {', '.join(packages)} ({release}) into {target} (once)", file=sys.stderr)
+    LUA_CACHE.mkdir(parents=True, exist_ok=True)
+    build_dir = Path(tempfile.mkdtemp(prefix=".lua.", dir=LUA_CACHE))
+    try:
+        env = None  # the host's own apt sources (bookworm)
+        if not host:
+            env = apt_env(build_dir / "apt")  # the gateway image's (trixie)
+            run_tool(["apt-get", "update", "-q"], env)
+        debs = build_dir / "debs"
+        debs.mkdir()
+        run_tool(["apt-get", "download", "-q", *(f"{p}={v}" for p, v in packages.items())], env, cwd=debs)
+        for deb in debs.glob("*.deb"):
+            run_tool(["dpkg-deb", "-x", str(deb), str(build_dir / "root")])
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir(parents=True)
+        (build_dir / "root").rename(target / "root")
+    finally:
+        shutil.rmtree(build_dir, ignore_errors=True)
+    return target
+
+
+def nginx_argv(nginx: Build, extra_libs: list[Path] | None = None) -> list[str]:
+    """The nginx binary itself, with more library directories for the deployed tree's own loader
+    (valgrind, too, must start the binary: it stops instrumenting at the launcher script's exec).
+    The host's nginx takes them from nginx_env()."""
+    if nginx.nginx == "nginx":
+        return ["nginx"]
+    tree = Path(nginx.njs_module).parents[4]
+    libs = [tree / d for d in LIBDIRS] + (extra_libs or [])
+    return [str(tree / LOADER), "--library-path", ":".join(map(str, libs)), str(tree / "usr/sbin/nginx")]
+
+
+def nginx_env(nginx: Build, extra_libs: list[Path] | None = None) -> dict[str, str]:
+    """The environment nginx_argv's command runs in: the host's nginx finds extra libraries here."""
+    if nginx.nginx == "nginx" and extra_libs:
+        return {**os.environ, "LD_LIBRARY_PATH": ":".join(map(str, extra_libs))}
+    return dict(os.environ)
 
 
 def exporter_lines(port: int) -> float:
@@ -226,13 +355,9 @@ def main() -> None:
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is needed: apt-get install -y wrk")
     nginx = build("--host-nginx" in sys.argv)
+    lua = lua_tree("--host-nginx" in sys.argv) if "--lua" in sys.argv else None
     load_before = os.getloadavg()
-    config = load_stack_file(ROOT / "Pulumi.prod.yaml", "prod").config
-    # The reference key's 20 r/s would turn the benchmark into a 429 test; the zone stays in the path.
-    # Plain HTTP like the other targets (the deployed gateway adds TLS on top).
-    config["llm-cluster:gateway"].update(tls=False, port=80, apiKeys=[{
-        "id": "default", "rateLimit": {"requestsPerSecond": 1000000, "burst": 1000000}}])
-    spec = load_stack_config(config, set())
+    spec = bench_spec()
     procs: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
         base = Path(tmp)
@@ -261,11 +386,16 @@ def main() -> None:
                                            "--listen", f"127.0.0.1:{metrics}"], stderr=subprocess.DEVNULL))
             proc, gw_datagram = start_gateway(nginx, spec, base / "gateway-datagram", up, syslog)
             procs.append(proc)
+            if lua is not None:
+                proc, gw_lua = start_gateway(nginx, spec, base / "gateway-lua", up, None, lua)
+                procs.append(proc)
             path = "/v1/chat/completions"
             targets = {"direct": f"http://127.0.0.1:{up}{path}",
                        "nginx proxy_pass": f"http://127.0.0.1:{proxy}{path}",
                        "gateway (as deployed)": f"http://127.0.0.1:{gw_file}{path}",
                        "gateway + datagram": f"http://127.0.0.1:{gw_datagram}{path}"}
+            if lua is not None:
+                targets["alternative: Lua path"] = f"http://127.0.0.1:{gw_lua}{path}"
             if with_litellm:
                 litellm_python()
                 proc, lport = start_litellm(base / "litellm", up)
@@ -305,6 +435,10 @@ def main() -> None:
         line = (f"c={c}: gateway / plain nginx {gate['rps'] / plain['rps']:.2f}x req/s (goal >= 0.6x at 32), "
                 f"added p50 {gate['p50'] - plain['p50']:+.3f} ms (goal < 1 ms); with the datagram "
                 f"{datagram['rps'] / plain['rps']:.2f}x")
+        if ("alternative: Lua path", c) in fig:
+            alt = fig[("alternative: Lua path", c)]
+            line += (f"; the Lua path {alt['rps'] / plain['rps']:.2f}x, added p50 "
+                     f"{alt['p50'] - plain['p50']:+.3f} ms")
         if ("LiteLLM proxy", c) in fig:
             lite = fig[("LiteLLM proxy", c)]
             line += (f"; gateway / LiteLLM {gate['rps'] / lite['rps']:.0f}x req/s" if lite["rps"]
