@@ -224,39 +224,56 @@ class NginxGateway:
     def __init__(self, spec: StackSpec, upstreams: dict[str, list[FakeReplica]], root: Path, digests: Path,
                  tls_dir: Path | None = None, syslog_port: int | None = None, usage_dir: Path | None = None):
         self.root = root
-        self.port = free_port()
         # The config in a directory of its own, as on the host (its script owns everything in it).
         self.conf_dir = root / "conf"
-        self.layout = GatewayLayout(
-            port=self.port, listen_address="127.0.0.1", conf_dir=str(self.conf_dir), load_module=njs_module(),
-            digests_file=str(digests), tls_dir=str(tls_dir or root / "tls"), pid_file=str(root / "nginx.pid"),
-            error_log=str(root / "error.log"), access_log=str(root / "access.log"), temp_dir=str(root / "tmp"),
-            user=None, worker_processes="2", syslog_port=syslog_port,
-            usage_dir=str(usage_dir) if usage_dir else None)
-        self.files = render_gateway(spec, self.layout,
-                                    {p: [("127.0.0.1", r.port) for r in rs] for p, rs in upstreams.items()})
-        for rel, text in self.files.items():
-            (self.conf_dir / rel).parent.mkdir(parents=True, exist_ok=True)
-            (self.conf_dir / rel).write_text(text)
         (root / "tmp").mkdir(exist_ok=True)
+        # A free port can be taken by another process before nginx binds it (five suites share this
+        # machine): nginx then exits with "Address already in use", and the gateway starts on another.
+        for _ in range(5):
+            self.port = free_port()
+            self.layout = GatewayLayout(
+                port=self.port, listen_address="127.0.0.1", conf_dir=str(self.conf_dir), load_module=njs_module(),
+                digests_file=str(digests), tls_dir=str(tls_dir or root / "tls"), pid_file=str(root / "nginx.pid"),
+                error_log=str(root / "error.log"), access_log=str(root / "access.log"), temp_dir=str(root / "tmp"),
+                user=None, worker_processes="2", syslog_port=syslog_port,
+                usage_dir=str(usage_dir) if usage_dir else None)
+            self.files = render_gateway(spec, self.layout,
+                                        {p: [("127.0.0.1", r.port) for r in rs] for p, rs in upstreams.items()})
+            for rel, text in self.files.items():
+                (self.conf_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+                (self.conf_dir / rel).write_text(text)
+            if self._started(root):
+                return
+        pytest.fail("nginx found no free port in five tries")
+
+    def _started(self, root: Path) -> bool:
+        """Start nginx on self.port; True once it listens there, False when another process had the port."""
         nginx = nginx_binary()
         conf = str(self.conf_dir / "nginx.conf")
         check = subprocess.run([nginx, "-t", "-q", "-p", str(root), "-c", conf], capture_output=True, text=True)
         assert check.returncode == 0, check.stderr
+        pid_file = root / "nginx.pid"
+        pid_file.unlink(missing_ok=True)
         self.proc = subprocess.Popen([nginx, "-p", str(root), "-c", conf, "-g", "daemon off;"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + WAIT
         while True:
             if self.proc.poll() is not None:
-                pytest.fail(f"nginx exited: {self.proc.stderr.read().decode() if self.proc.stderr else ''}"
-                            f"{(root / 'error.log').read_text() if (root / 'error.log').exists() else ''}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail("nginx did not listen")
-                time.sleep(0.05)
+                said = (self.proc.stderr.read().decode() if self.proc.stderr else "") + \
+                    ((root / "error.log").read_text() if (root / "error.log").exists() else "")
+                if "Address already in use" in said:
+                    return False
+                pytest.fail(f"nginx exited: {said}")
+            # nginx writes its pid file once its listening sockets are bound: the port is its own.
+            if pid_file.exists() and pid_file.read_text().strip() == str(self.proc.pid):
+                try:
+                    socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                    return True
+                except OSError:
+                    pass
+            if time.monotonic() > deadline:
+                pytest.fail("nginx did not listen")
+            time.sleep(0.05)
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -459,6 +476,20 @@ def test_nginx_accepts_the_generated_config(variant: str, tmp_path: Path) -> Non
 
 
 # --- routing ------------------------------------------------------------------------------------
+
+def test_a_port_taken_before_nginx_binds_it_moves_the_gateway_to_another(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # Another process holds the port free_port gave: nginx exits (Address already in use), a second port is tried.
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        held = taken.getsockname()[1]
+        ports = iter([held])
+        fresh = free_port  # this module's, before the patch
+        monkeypatch.setattr(f"{__name__}.free_port", lambda: next(ports, None) or fresh())
+        spec = load_stack_config(gateway_config(), set())
+        with own_gateway(spec, {"chat": [FakeReplica("c")], "reasoning": [FakeReplica("r")]}, tmp_path) as (gw, keys):
+            assert gw.port != held
+            assert gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["default"])[0] == 200
+
 
 def test_routes_by_model_to_the_pool_that_serves_it(gw: NginxGateway, keys: dict[str, str],
                                                     replicas: dict[str, list[FakeReplica]]) -> None:
