@@ -10,7 +10,7 @@ import pytest
 
 # The Debian package of each tool the tests run (`.ci/system-deps` installs them as root).
 DEBIAN_PACKAGE = {
-    "nginx": "nginx-light libnginx-mod-http-js", "promtool": "prometheus", "shellcheck": "shellcheck",
+    "promtool": "prometheus", "shellcheck": "shellcheck",
     "curl": "curl", "bash": "bash", "dash": "dash", "openssl": "openssl", "wrk": "wrk", "pgrep": "procps",
     "python3": "python3", "nft": "nftables", "ip": "iproute2", "ss": "iproute2", "ib_write_bw": "perftest", "chronyc": "chrony",
 }
