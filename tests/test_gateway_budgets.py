@@ -38,6 +38,7 @@ def budget_config() -> dict[str, Any]:
         {"id": "default"},
         {"id": "metered", "tokenBudget": {"tokens": 40, "windowSeconds": LONG}},
         {"id": "streamer", "tokenBudget": {"tokens": 1000, "windowSeconds": LONG}},
+        {"id": "cutter", "tokenBudget": {"tokens": 1000, "windowSeconds": LONG}},
         {"id": "across", "tokenBudget": {"tokens": 30, "windowSeconds": LONG}},
         {"id": "short", "tokenBudget": {"tokens": 1, "windowSeconds": SHORT}},
         {"id": "capped", "maxConcurrent": 2},
@@ -169,12 +170,12 @@ def test_a_stream_the_client_cut_off_is_charged_the_events_it_was_sent(
         gw_keys: tuple[NginxGateway, dict[str, str]]) -> None:
     gw, keys = gw_keys
     pools: dict[str, list[FakeReplica]] = gw.pools  # type: ignore[attr-defined]
-    before = chat(gw, keys["streamer"], "c0")[1]["x-ratelimit-remaining-tokens"]
+    before = chat(gw, keys["cutter"], "c0")[1]["x-ratelimit-remaining-tokens"]
     charged0 = log_line(gw, "c0")["budget_tokens"]
     conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=WAIT)
     body = {"model": CHAT, "stream": True, "stream_options": {"include_usage": True}, "gate": "cut-budget"}
     conn.request("POST", "/v1/chat/completions?t=c1", json.dumps(body),
-                 {"Authorization": f"Bearer {keys['streamer']}", "Content-Type": "application/json"})
+                 {"Authorization": f"Bearer {keys['cutter']}", "Content-Type": "application/json"})
     resp = conn.getresponse()
     assert b'"t0"' in resp.read1(65536)  # the first event, then the client goes away
     assert conn.sock is not None
@@ -185,7 +186,7 @@ def test_a_stream_the_client_cut_off_is_charged_the_events_it_was_sent(
     cut = log_line(gw, "c1")
     assert (cut["completed"], cut["total_tokens"]) == ("", None) and cut["events"] >= 1
     assert cut["budget_tokens"] == cut["events"]
-    after = chat(gw, keys["streamer"], "c2")[1]["x-ratelimit-remaining-tokens"]
+    after = chat(gw, keys["cutter"], "c2")[1]["x-ratelimit-remaining-tokens"]
     assert int(before) - int(after) == charged0 + cut["events"]
 
 
