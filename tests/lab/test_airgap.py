@@ -24,7 +24,7 @@ from lab import airgap, hosts, images
 from lab.__main__ import weights
 from lab.config import REGISTRY_ADDRESS, REPO, SUBNET, LabStack, load_lab_stack
 from lab.dockerapi import DockerAPI, DockerError
-from lab.rehearse import CONTAINER, IMAGE, Rehearsal, StepLog
+from lab.rehearse import CONTAINER, IMAGE, Rehearsal, RehearsalError, StepLog
 
 WHY_NOT = hosts.can_create_namespaces()
 pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"the lab does not run: {WHY_NOT}")
@@ -43,8 +43,8 @@ class AirgappedLab:
     destroyed: bool = False
 
 
-def docker(stack: LabStack, node: str, *args: str) -> str:
-    return hosts.sh("docker", "-H", f"unix://{stack.host(node).dir}/run/docker.sock", *args, timeout=120)
+def docker(stack: LabStack, node: str, *args: str, timeout: int = 120) -> str:
+    return hosts.sh("docker", "-H", f"unix://{stack.host(node).dir}/run/docker.sock", *args, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +120,40 @@ def test_the_registry_refuses_pulls_without_the_stacks_credentials(lab: Airgappe
         api.close()
 
 
+def test_a_dockerd_without_the_registrys_ca_stops_preflight_and_dockerd_agrees(lab: AirgappedLab) -> None:
+    # The up's preflight passed on every host with the CA in place (the TLS handshake verified). Without it
+    # (every lab dockerd reads this certs.d), gpu-02's preflight stops naming the file, and a pull there
+    # fails on the certificate exactly as preflight said it would.
+    res = next(r for r in lab.rehearsal.resources.values() if r.name == "gpu-02-preflight")
+    inputs = res.inputs
+    ca = airgap.CERTS_D / "ca.crt"
+    held = ca.read_bytes()
+    ca.unlink()
+    h = lab.stack.host("gpu-02")
+    api = DockerAPI(f"ssh://root@{h.address}", ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"],
+                    {**os.environ, "SSH_AUTH_SOCK": lab.agent})
+    try:
+        with pytest.raises(RehearsalError) as failed:
+            lab.rehearsal._command(inputs, inputs["create"], inputs["connection"], res.name)
+        said = str(failed.value)
+        assert "preflight gpu-02: 1 error(s), " in said, said  # warnings: the lab hosts have less RAM than stated
+        assert (f"ERROR: gpu-02: dockerd does not trust the private registry {airgap.REGISTRY} (images.registry): "
+                f"{airgap.CERTS_D}/ holds no CA (*.crt), {airgap.REGISTRY} is not among docker info's Insecure "
+                "Registries, and its certificate does not verify against the system CAs (unable to get local issuer "
+                "certificate); every pull from it would fail") in said, said
+        assert f"fix: copy the CA that signed {airgap.REGISTRY}'s certificate to {airgap.CERTS_D}/ca.crt on gpu-02" \
+            in said
+        user, password = airgap.credentials(NAME)
+        with pytest.raises(DockerError, match="x509: certificate signed by unknown authority"):
+            api.pull(f"{airgap.REGISTRY}/prom/prometheus:v2.55.1",
+                     {"username": user, "password": password, "serveraddress": airgap.REGISTRY})
+    finally:
+        api.close()
+        ca.write_bytes(held)
+    ok = lab.rehearsal._command(inputs, inputs["create"], inputs["connection"], res.name)
+    assert "preflight gpu-02: 0 error(s)" in ok["stdout"]
+
+
 def test_serving_containers_run_with_the_hub_and_telemetry_off(lab: AirgappedLab) -> None:
     for node, name in (("gpu-03", "vllm-chat-gpu-03"), ("gpu-01", "ray-head-reasoning-gpu-01"),
                        ("gpu-02", "ray-worker-reasoning-gpu-01")):
@@ -155,7 +189,8 @@ def tarball_lab(lab: AirgappedLab, figures: dict[str, Any]) -> Iterator[Airgappe
     for h in stack.hosts:
         held = docker(stack, h.node, "images", "-q").split()
         if held:
-            docker(stack, h.node, "rmi", "-f", *sorted(set(held)))
+            # Removing a host's images writes gigabytes: minutes on a loaded machine (it timed out at 120 s).
+            docker(stack, h.node, "rmi", "-f", *sorted(set(held)), timeout=900)
         assert docker(stack, h.node, "images", "-q").strip() == "", h.node
     r = Rehearsal(path, "lab-tarballs", lab.agent, log=lambda line: None)
     t0 = time.monotonic()
