@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ import pytest
 from lab import hosts
 from lab.config import REPO, LabHost
 from lab.rehearse import Rehearsal
+from test_engine_standins import assert_bounded
 from test_lab import Lab, _lab, client, destroy_checked, docker, healthy, http_json, wait_until
 
 WHY_NOT = hosts.can_create_namespaces()
@@ -71,8 +73,10 @@ def test_up_creates_every_resource_and_each_image_passes_its_gate(lab: Lab) -> N
 def test_the_gguf_is_where_llama_server_loads_it(lab: Lab) -> None:
     gguf = lab.host("gpu-02").dir / "data" / "models" / "tiny-llama" / "tiny-llama-f32.gguf"
     assert gguf.read_bytes()[:4] == b"GGUF"
-    logs = docker(lab.host("gpu-02"), "logs", LLAMACPP_SERVER[0])
-    assert "/data/models/tiny-llama/tiny-llama-f32.gguf" in logs
+    host = lab.host("gpu-02")
+    logs = subprocess.run(["docker", "-H", f"unix://{host.dir}/run/docker.sock", "logs", LLAMACPP_SERVER[0]],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60).stdout
+    assert "load_model: loading model '/data/models/tiny-llama/tiny-llama-f32.gguf'" in logs
 
 
 # --- the gateway --------------------------------------------------------------------------------------
@@ -92,9 +96,9 @@ def test_the_gateway_routes_the_lmdeploy_name_to_its_replicas(lab: Lab, name: st
 def test_the_gateway_routes_each_llamacpp_name_to_the_real_server(lab: Lab, name: str) -> None:
     answer = ask(lab, "/v1/chat/completions", {"model": name, "messages": [{"role": "user", "content": "hi"}]})
     assert answer["system_fingerprint"] == "b11312-0c1e570"  # llama-server's own answer
-    assert answer["usage"]["completion_tokens"] == 16  # the pool's --n-predict 16
+    assert_bounded(answer)
     completion = ask(lab, "/v1/completions", {"model": name, "prompt": "hello"})
-    assert completion["usage"]["completion_tokens"] == 16
+    assert_bounded(completion)
 
 
 def test_the_gguf_path_route_reaches_llama_cpp(lab: Lab) -> None:
