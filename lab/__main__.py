@@ -70,11 +70,20 @@ def image_refs(stack: LabStack) -> list[str]:
 
 def summary(rehearsal) -> str:  # type: ignore[no-untyped-def]
     """Where a person reaches the lab's stack from this machine, and a key to do it with."""
-    keys = next((s["outputs"].get("stdout") for s in rehearsal.state.values() if s["name"] == "gateway-keys"), "?")
+    from lab.config import STATE
+    state = {s["name"]: s["outputs"] for s in rehearsal.state.values()}
+    keys = state.get("gateway-keys", {}).get("stdout", "?")
     out = rehearsal.outputs
-    return "\n".join([f"gateway:    {out.get('gatewayUrl')}  (API keys: {keys})",
-                      f"Prometheus: {out.get('prometheusUrl')}",
-                      f"Grafana:    {out.get('grafanaUrl')}  (the lab's stand-in: /api/health only)"])
+    lines = [f"gateway:    {out.get('gatewayUrl')}  (API keys: {keys})"]
+    ca = state.get("gateway-tls", {}).get("stdout")
+    if ca:  # the gatewayCaCert output: what gateway-tls prints
+        path = STATE / "gateway-ca.pem"
+        path.write_text(ca + "\n")
+        lines.append(f"            its CA (output gatewayCaCert): {path}  e.g. curl --cacert {path} "
+                     f"{out.get('gatewayUrl')}/v1/models -H 'Authorization: Bearer <key>'")
+    lines += [f"Prometheus: {out.get('prometheusUrl')}",
+              f"Grafana:    {out.get('grafanaUrl')}  (the lab's stand-in: /api/health only)"]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

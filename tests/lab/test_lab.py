@@ -77,6 +77,13 @@ def docker(host: LabHost, *args: str, timeout: float = 120) -> str:
     return hosts.sh("docker", "-H", f"unix://{host.dir}/run/docker.sock", *args, timeout=timeout)
 
 
+def container_log(host: LabHost, container: str) -> str:
+    """`docker logs` of a container on the host's own engine, stdout and stderr."""
+    p = subprocess.run(["docker", "-H", f"unix://{host.dir}/run/docker.sock", "logs", container],
+                       capture_output=True, text=True, timeout=60)
+    return p.stdout + p.stderr
+
+
 def client(*args: str, timeout: float = 120) -> dict[str, Any]:
     """lab/client.py in the client namespace (outside the cluster, reaching only the lab)."""
     out = hosts.sh("nsenter", f"--net=/run/netns/{hosts.CLIENT_NS}", sys.executable, str(LAB_DIR / "client.py"),
@@ -260,9 +267,9 @@ def test_the_ray_worker_joins_across_hosts_and_the_head_serves(lab: Lab) -> None
     gate = next(s for s in lab.steps if s.name == "reasoning-gpu-01-ray-gate")
     assert "ray: 16/16 GPUs, 2 node(s)" in gate.stdout
     assert ray_gpus(lab) == 16
-    logs = subprocess.run(["docker", "-H", f"unix://{lab.host('gpu-01').dir}/run/docker.sock", "logs",
-                           "ray-head-reasoning-gpu-01"], capture_output=True, text=True, timeout=60)
-    assert "lab-vllm: Ray cluster has 16 GPUs, 2 nodes; the engine needs 16" in logs.stdout + logs.stderr
+    log = container_log(lab.host("gpu-01"), lab.resource("reasoning-gpu-01-ray-head").inputs["name"])
+    assert "lab-vllm: Ray cluster has 16 GPUs, 2 nodes; the engine needs 16" in log
+    assert "lab-vllm: engine worker on 198.18.0.12" in log
     for s in lab.steps:
         if s.name.endswith("-health"):
             assert s.action == "create"
@@ -343,10 +350,14 @@ def test_a_killed_ray_worker_rejoins_by_itself(lab: Lab, figures: dict[str, Any]
     restarts = int(docker(host, "inspect", "-f", "{{.RestartCount}}", name))
     before = {n[0] for n in ray_nodes(lab) if n[1] == host.address}
     assert len(before) == 1, ray_nodes(lab)
+    head = "http://198.18.0.11:8000/health"
     hosts.sh("kill", "-KILL", str(_main_process(host, name, "ray start")))
     t0 = time.monotonic()
     wait_until(lambda: int(docker(host, "inspect", "-f", "{{.RestartCount}}", name)) > restarts, 120,
                "docker restarting the Ray worker")
+    # As vLLM's engine does, the stand-in's ends with one of its Ray workers; the head's watchdog exits,
+    # docker restarts the head (a new Ray cluster), the worker joins it, the head serves again.
+    wait_until(lambda: not healthy(head), 120, "the reasoning engine ending with its Ray worker")
 
     def rejoined() -> bool:
         # A new raylet of gpu-02 (another node id) is in the cluster, the dead one is not, 16 GPUs alive.
@@ -354,7 +365,15 @@ def test_a_killed_ray_worker_rejoins_by_itself(lab: Lab, figures: dict[str, Any]
         ids = {n[0] for n in nodes if n[1] == host.address}
         return bool(ids) and not ids & before and sum(n[2] for n in nodes) == 16
     wait_until(rejoined, 300, "gpu-02 back in the Ray cluster as a new node, 16 GPUs alive")
+    figures["ray_worker_rejoined_s"] = round(time.monotonic() - t0, 1)
+    wait_until(lambda: healthy(head), 300, "the reasoning pool serving again")
     figures["recover_ray_worker_kill_s"] = round(time.monotonic() - t0, 1)
+    head_log = container_log(lab.host("gpu-01"), lab.resource("reasoning-gpu-01-ray-head").inputs["name"])
+    assert "ERROR lab-vllm: the Ray worker on 198.18.0.12 died" in head_log
+    body = json.dumps({"model": "deepseek-r1", "messages": [{"role": "user", "content": "hi"}]})
+    answer = client("request", f"{GATEWAY}/v1/chat/completions", "--key", lab.key(), "--json", body,
+                    "--cacert", lab.cacert())
+    assert answer["status"] == 200, answer
     # `ray status` (what the Ray gate and the llm_ray_gpus metric read) counts the dead raylet's GPUs
     # until the autoscaler drops it (24 GPUs were seen): it settles on 16.
     wait_until(lambda: ray_gpus(lab) == 16, 120, "ray status back to 16 GPUs")

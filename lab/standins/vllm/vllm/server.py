@@ -109,6 +109,44 @@ def join_ray(ns):
         sys.stderr.write("ValueError: The number of required GPUs exceeds the total number of available GPUs "
                          "in the placement group (need %d, Ray has %d).\n" % (want, have))
         sys.exit(1)
+    workers = place_workers(ray)
+    threading.Thread(target=watch_workers, args=(ray, workers), daemon=True).start()
+
+
+def place_workers(ray):
+    """One light actor on each GPU node (where vLLM's Ray executor places its GPU workers), so that the
+    engine depends on every node of the cluster as vLLM's does. They hold no GPU: the lab has none."""
+
+    @ray.remote(num_cpus=0)
+    class Worker:
+        def where(self):
+            return socket.gethostname()
+
+    workers = {}
+    for node in ray.nodes():
+        if node["Alive"] and node["Resources"].get("GPU", 0) > 0:
+            address = node["NodeManagerAddress"]
+            workers[address] = Worker.options(resources={"node:%s" % address: 0.001}).remote()
+    for address, w in workers.items():
+        print("INFO lab-vllm: engine worker on %s (%s)" % (address, ray.get(w.where.remote(), timeout=60)), flush=True)
+    return workers
+
+
+def watch_workers(ray, workers):
+    """vLLM's engine dies with any of its Ray workers (the executor's next call raises ActorDiedError and
+    the API server shuts down, exit 1): the watchdog and the container's restart policy take it from there."""
+    while True:
+        time.sleep(2)
+        for address, w in workers.items():
+            try:
+                ray.get(w.where.remote(), timeout=60)
+            except ray.exceptions.GetTimeoutError:
+                continue  # a slow answer on a busy machine is not a dead worker
+            except (ray.exceptions.RayActorError, ray.exceptions.RaySystemError) as e:
+                sys.stderr.write("ERROR lab-vllm: the Ray worker on %s died (%s: %s): the engine is dead "
+                                 "(vLLM: EngineDeadError), shutting down\n" % (address, type(e).__name__, e))
+                sys.stderr.flush()
+                os._exit(1)
 
 
 class Metrics:
