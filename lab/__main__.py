@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 from lab import hosts
 from lab.config import REPO, LabConfigError, LabStack, load_lab_stack
@@ -63,9 +64,34 @@ def engine_model_files(doc: dict, name: str, root) -> None:  # type: ignore[no-u
             llamacpp_standin.write_gguf(root / str(pool["llamacpp"]["ggufFile"]))
 
 
+def built_dockerfiles(stack: LabStack) -> list[Path]:
+    """The Dockerfiles the stack's plan builds on a host (docker:RemoteImage with `build`)."""
+    from lab.rehearse import IMAGE, dockerfile_of, plan_resources
+    return sorted({dockerfile_of(r.inputs["build"]) for r in plan_resources(stack.path, stack.name)[0]
+                   if r.type == IMAGE and r.inputs.get("build")})
+
+
 def image_refs(stack: LabStack) -> list[str]:
+    """The images the lab's registry serves for the stack: every image it pulls, and the base image of
+    every one it builds on a host (the Dockerfile's FROM, pulled by that host's engine)."""
+    from lab.debmirror import parse_dockerfile
     from lab.rehearse import IMAGE, plan_resources
-    return sorted({r.inputs["name"] for r in plan_resources(stack.path, stack.name)[0] if r.type == IMAGE})
+    pulled = {r.inputs["name"] for r in plan_resources(stack.path, stack.name)[0]
+              if r.type == IMAGE and not r.inputs.get("build")}
+    return sorted(pulled | {parse_dockerfile(f.read_text()).base for f in built_dockerfiles(stack)})
+
+
+def debian_mirror(stack: LabStack) -> str | None:
+    """The Debian archive the stack's host builds read, recorded (once per machine) and served in the lab."""
+    from lab import debmirror, images
+    files = built_dockerfiles(stack)
+    if not files:
+        return None
+    if len(files) > 1:
+        raise hosts.LabError(f"the lab serves one Debian mirror, for one Dockerfile; the stack builds {len(files)}")
+    root = debmirror.record(files[0], images.debian_rootfs(debmirror.parse_dockerfile(files[0].read_text()).base))
+    debmirror.serve(root)
+    return debmirror.MIRROR_URL
 
 
 def summary(rehearsal) -> str:  # type: ignore[no-untyped-def]
@@ -132,6 +158,8 @@ def run(action: str, stack: LabStack) -> int:
         t0 = time.monotonic()
         images.ensure(image_refs(stack))
         print(f"lab: images served by the registry mirror ({time.monotonic() - t0:.0f}s)")
+        if mirror := debian_mirror(stack):
+            print(f"lab: the Debian packages the stack's image builds install, served at {mirror}")
         if action == "images":
             return 0
     agent = hosts.start_agent()

@@ -56,7 +56,9 @@ def airgap_stack(base: Path, name: str = "lab-airgap", tarballs: str | None = No
     if gateway is not None and not gateway.get("image"):
         # The default gateway image comes from the registry (or a tarball) too in an air-gapped stack, and
         # the lab has no stand-in under that name: the official image's stand-in (Debian's nginx and njs).
+        # Its build's mirrors (gateway.imageBuild) apply only to the default image, which is not built here.
         gateway["image"] = "nginx:1.27.5"
+        gateway.pop("imageBuild", None)
     path = STATE / f"Pulumi.{name}.yaml"
     _write(path, yaml.safe_dump(doc, sort_keys=False))
     return path

@@ -9,17 +9,30 @@ its socket; idle connections are kept and reused, new ones dialled when all are 
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import io
 import json
+import os
 import socket
 import subprocess
 import tarfile
+import tempfile
 import threading
 import urllib.parse
+from collections.abc import Iterator
 from typing import Any
 
 API = "/v1.41"  # Debian docker.io 20.10's API version
+
+
+def _reap(proc: subprocess.Popen) -> None:
+    """Wait for an ssh dial-stdio process to end (it does once its connection is closed), else kill it."""
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 class DockerError(RuntimeError):
@@ -56,11 +69,41 @@ class DockerAPI:
     @staticmethod
     def _hang_up(conn: http.client.HTTPConnection, proc: subprocess.Popen) -> None:
         conn.close()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _reap(proc)
+
+    @contextlib.contextmanager
+    def local_socket(self) -> Iterator[str]:
+        """A unix socket on this machine whose every connection is one `docker system dial-stdio` over this
+        client's ssh: for the docker CLI (BuildKit's session and build requests), with the provider's ssh options."""
+        with tempfile.TemporaryDirectory(prefix="lab-docker-") as tmp:
+            path = os.path.join(tmp, "docker.sock")
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener.bind(path)
+            listener.listen(16)
+            procs: list[subprocess.Popen] = []
+
+            def accept() -> None:
+                while True:
+                    try:
+                        conn, _ = listener.accept()
+                    except OSError:
+                        return  # closed
+                    procs.append(subprocess.Popen(self._argv(), stdin=conn, stdout=conn, stderr=subprocess.DEVNULL,
+                                                  env=self.env))
+                    conn.close()
+
+            thread = threading.Thread(target=accept, daemon=True)
+            thread.start()
+            try:
+                yield path
+            finally:
+                listener.shutdown(socket.SHUT_RDWR)
+                listener.close()
+                thread.join(timeout=10)
+                for p in procs:
+                    if p.poll() is None:
+                        p.terminate()
+                    _reap(p)
 
     def close(self) -> None:
         with self._lock:

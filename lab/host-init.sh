@@ -11,10 +11,13 @@ start_dockerd() {
   # As docker.service does (LimitNOFILE=infinity), as far as this machine allows (see lab/README.md).
   ulimit -Sn "$(ulimit -Hn)"
   # The shims directory first: dockerd finds nvidia-container-runtime-hook there (and so accepts
-  # --gpus), and the runtime named nvidia.
+  # --gpus), and the runtime named nvidia. Docker's default bridge (docker0, NAT by its own iptables
+  # rules, all inside this host's network namespace) as on a node: a build's RUN steps use it (the
+  # default gateway image's apt reaches the lab's Debian mirror through it); every container the
+  # program runs is on the host network or none.
   PATH=/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin nohup dockerd \
     --data-root "$dir/docker" --exec-root /run/docker -H unix:///run/docker.sock --pidfile /run/docker.pid \
-    --iptables=false --ip-masq=false --bridge=none --storage-driver overlay2 \
+    --storage-driver overlay2 \
     --registry-mirror "http://$mirror" --insecure-registry "$mirror" --insecure-registry nvcr.io --insecure-registry ghcr.io \
     --add-runtime nvidia=/usr/local/sbin/nvidia-container-runtime --shutdown-timeout 10 \
     >>"$dir/dockerd.log" 2>&1 </dev/null &

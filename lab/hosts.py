@@ -32,6 +32,10 @@ SHIM_TOOLS = ("nvidia-smi", "ibstat", "ibv_devices", "nvidia-container-cli", "df
 # Paths each host sees as its own; the machine gets an empty mount point where it has none.
 MOUNT_POINTS = ("/data", "/var/lib/llm-cluster", "/etc/llm-cluster")
 OPERATOR = STATE / "operator"        # the operator's side: the lab's user key, its agent socket
+# Each host's Docker data (its pulled images, its containers' layers) lives in a tmpfs of its own: an
+# upper bound, not a reservation (about 0.5 GiB is used per host). On this machine's disk, mounted with
+# `discard`, deleting six hosts' overlay trees file by file took minutes at every lab-down.
+DOCKER_TMPFS_SIZE = "8g"
 
 
 class LabError(RuntimeError):
@@ -142,6 +146,7 @@ def _host_files(stack: LabStack, host: LabHost) -> None:
     d = host.dir
     for sub in ("data", "var-lib-llm-cluster", "etc-llm-cluster", "run", "docker"):
         (d / sub).mkdir(parents=True, exist_ok=True)
+    sh("mount", "-t", "tmpfs", "-o", f"size={DOCKER_TMPFS_SIZE},mode=0711", "lab-docker", str(d / "docker"))
     aliases = "".join(f"{REGISTRY_ADDRESS} {a}\n" for a in REGISTRY_ALIASES)
     _write(d / "etc-hosts", f"127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n"
                             f"# the lab's registry mirror answers for these registries\n{aliases}")
@@ -384,6 +389,12 @@ def down() -> list[str]:
         # The operator-side files the stack's local commands write (known_hosts), when not destroyed first.
         operator_files = Path.home() / ".ssh" / "llm-cluster" / recorded.get("stackName", "lab")
         shutil.rmtree(operator_files, ignore_errors=True)
+    for line in reversed(Path("/proc/self/mountinfo").read_text().splitlines()):
+        point = line.split()[4]
+        if point.startswith(f"{STATE}/hosts/") and point.endswith("/docker"):
+            # Every process of the host is gone by now; lazily if something still holds it open.
+            if subprocess.run(["umount", point], capture_output=True).returncode:
+                sh("umount", "-l", point, check=False)
     if STATE.exists():
         shutil.rmtree(STATE)
     for p in created:

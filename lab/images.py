@@ -81,12 +81,16 @@ KINDS: dict[str, Kind] = {
                      source=lmdeploy_standin.SOURCE),
 }
 
+DEBIAN_SOURCE = ("debuerreotype (docker-library/debian): one layer of debootstrap --variant=minbase, "
+                 "minimizing-config and slimify; CMD [\"bash\"]")
+
 # Which stand-in an image repository gets.
 REPOSITORIES = {
     "vllm/vllm-openai": "vllm", "nginx": "nginx", "python": "python",
     "ghcr.io/ggml-org/llama.cpp": "llamacpp", "openmmlab/lmdeploy": "lmdeploy",
     "nvcr.io/nvidia/k8s/dcgm-exporter": "dcgm-exporter", "prom/node-exporter": "node-exporter",
     "prom/prometheus": "prometheus", "grafana/grafana": "grafana",
+    "debian": "debian",  # the base image of a Dockerfile a lab host builds (the default gateway image)
 }
 
 
@@ -107,11 +111,19 @@ def registry_path(repo: str) -> str:
 
 
 def kind_of(ref: str) -> str:
-    repo, _ = split_ref(ref)
+    repo, tag = split_ref(ref)
     kind = REPOSITORIES.get(repo)
     if kind is None:
         raise LabError(f"no lab stand-in for image {ref!r}; the lab builds: {', '.join(sorted(REPOSITORIES))}")
+    if kind == "debian" and not tag.endswith("-slim"):
+        raise LabError(f"no lab stand-in for image {ref!r}: the lab builds Debian's <release>-slim images")
     return kind
+
+
+def debian_rootfs(ref: str) -> Path:
+    """The root file system (a tarball) of the `debian:<release>-slim` stand-in: debootstrap, slimmed."""
+    kind_of(ref)
+    return _base(split_ref(ref)[1].removesuffix("-slim"))
 
 
 def vllm_facts(tag: str) -> dict:
@@ -165,7 +177,10 @@ def inputs_hash(ref: str) -> str:
         path = LAB_DIR / "standins" / rel
         for f in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
             h.update(f.read_bytes())
-    if kind == "vllm":
+    if kind == "debian":
+        tar = CACHE / "base" / f"{split_ref(ref)[1].removesuffix('-slim')}.tar"
+        h.update(str(tar.stat().st_size if tar.exists() else 0).encode())
+    elif kind == "vllm":
         f = vllm_facts(split_ref(ref)[1])
         h.update(f["dump"].read_bytes() + f["metrics"].read_bytes() + f["ray"].encode()
                  + json.dumps(f["standin"], sort_keys=True).encode())
@@ -177,17 +192,20 @@ def inputs_hash(ref: str) -> str:
 
 # --- building -------------------------------------------------------------------------------------
 
-def _base() -> Path:
-    """The debootstrap root file system (cached), as a tarball for `docker import`."""
-    tar = CACHE / "base" / f"{SUITE}.tar"
+def _base(suite: str = SUITE) -> Path:
+    """A debootstrap root file system of `suite` (cached), as a tarball for `docker import`."""
+    tar = CACHE / "base" / f"{suite}.tar"
     if tar.exists():
         return tar
-    root = CACHE / "base" / "rootfs.tmp"
+    root = CACHE / "base" / f"rootfs-{suite}.tmp"
     shutil.rmtree(root, ignore_errors=True)
     root.parent.mkdir(parents=True, exist_ok=True)
-    print(f"lab images: debootstrap {SUITE} (once per machine)", flush=True)
-    sh("debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", SUITE, str(root),
-       "http://deb.debian.org/debian", timeout=1800)
+    print(f"lab images: debootstrap {suite} (once per machine)", flush=True)
+    include = BASE_PACKAGES if suite == SUITE else ()
+    sh("debootstrap", "--variant=minbase", *([f"--include={','.join(include)}"] if include else []), suite,
+       str(root), "http://deb.debian.org/debian", timeout=1800)
+    if suite != SUITE:
+        _slimify(root)
     for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
         for p in (root / junk).glob("*"):
             if p.is_file():
@@ -196,6 +214,41 @@ def _base() -> Path:
     Path(str(tar) + ".tmp").rename(tar)
     shutil.rmtree(root)
     return tar
+
+
+# What makes Debian's official `debian:<release>-slim` image slim and container-shaped, as its build
+# (debuerreotype: minimizing-config and slimify) writes it: apt keeps no caches, fetches no translations
+# and suggests nothing; dpkg leaves out documentation, manuals and locales.
+SLIM_FILES = {
+    "etc/apt/apt.conf.d/docker-autoremove-suggests": 'Apt::AutoRemove::SuggestsImportant "false";\n',
+    "etc/apt/apt.conf.d/docker-clean": (
+        'DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb '
+        '/var/cache/apt/*.bin || true"; };\n'
+        'APT::Update::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb '
+        '/var/cache/apt/*.bin || true"; };\n'
+        'Dir::Cache::pkgcache ""; Dir::Cache::srcpkgcache "";\n'),
+    "etc/apt/apt.conf.d/docker-gzip-indexes": 'Acquire::GzipIndexes "true";\n',
+    "etc/apt/apt.conf.d/docker-no-languages": 'Acquire::Languages "none";\n',
+    "etc/dpkg/dpkg.cfg.d/docker": "".join(f"path-exclude {p}\n" for p in (
+        "/usr/share/doc/*", "/usr/share/info/*", "/usr/share/linda/*", "/usr/share/lintian/overrides/*",
+        "/usr/share/locale/*", "/usr/share/man/*", "/usr/share/groff/*")) + (
+        "path-include /usr/share/doc/*/copyright\npath-include /usr/share/locale/locale.alias\n"),
+}
+
+
+def _slimify(root: Path) -> None:
+    """The base as Debian's slim image: its apt and dpkg configuration, and what dpkg would now leave out."""
+    for rel, text in SLIM_FILES.items():
+        _text(root / rel, text)
+    for d in ("usr/share/info", "usr/share/linda", "usr/share/man", "usr/share/groff", "usr/share/lintian/overrides"):
+        for p in (root / d).glob("*"):
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    for p in (root / "usr/share/locale").glob("*"):
+        if p.name != "locale.alias":
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    for p in (root / "usr/share/doc").glob("*/*"):
+        if p.name != "copyright":
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 
 
 def _packages_layer(packages: tuple[str, ...], work: Path) -> Path:
@@ -387,7 +440,8 @@ def in_registry(ref: str) -> bool:
 
 
 def ensure(refs: list[str]) -> dict[str, str]:
-    """Every ref served by the running registry mirror, built only when the cache lacks it or is stale."""
+    """Every ref served by the running registry mirror; an image is built only when the cache lacks it or
+    its own inputs changed (each has its stamp: the lab stack and the air-gapped one share the rest)."""
     refs = sorted(set(refs))
     digests = {ref: inputs_hash(ref) for ref in refs}
     stamp_path = CACHE / "images.json"
@@ -399,21 +453,27 @@ def ensure(refs: list[str]) -> dict[str, str]:
         return {r: known[r]["id"] for r in refs}
     started = time.monotonic()
     work = CACHE / "work"
-    built: dict[str, str] = {}
     with Builder() as b:
-        sh(*b.docker("import", str(_base()), f"lab/base:{SUITE}"), timeout=900)
+        if any(kind_of(r) != "debian" for r in stale):
+            sh(*b.docker("import", str(_base()), f"lab/base:{SUITE}"), timeout=900)
         for ref in stale:
             print(f"lab images: building {ref} ({kind_of(ref)} stand-in)", flush=True)
-            ctx = _context(ref, work)
             target = f"{REGISTRY_ADDRESS}/{registry_path(split_ref(ref)[0])}:{split_ref(ref)[1]}"
-            p = subprocess.run(b.docker("build", "-q", "-t", target, str(ctx)), capture_output=True, text=True,
-                               env={"DOCKER_BUILDKIT": "0", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, timeout=1800)
-            if p.returncode:
-                raise LabError(f"building the stand-in for {ref} failed: {p.stderr.strip()[-2000:]}")
+            if kind_of(ref) == "debian":
+                # One layer, as Debian's own images are: the slimmed debootstrap tree, with their CMD.
+                image_id = sh(*b.docker("import", "--change", 'CMD ["bash"]', "--change",
+                                        f"LABEL org.llm-cluster.lab.standin={json.dumps(DEBIAN_SOURCE)}",
+                                        str(debian_rootfs(ref)), target), timeout=900).strip()
+            else:
+                ctx = _context(ref, work)
+                p = subprocess.run(b.docker("build", "-q", "-t", target, str(ctx)), capture_output=True, text=True,
+                                   env={"DOCKER_BUILDKIT": "0", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, timeout=1800)
+                if p.returncode:
+                    raise LabError(f"building the stand-in for {ref} failed: {p.stderr.strip()[-2000:]}")
+                image_id = p.stdout.strip()
             sh(*b.docker("push", target), timeout=1800)
-            built[ref] = p.stdout.strip()
-            known[ref] = {"inputs": digests[ref], "id": built[ref]}
+            known[ref] = {"inputs": digests[ref], "id": image_id}
             stamp_path.write_text(json.dumps({"built": known}, indent=1, sort_keys=True))
     shutil.rmtree(work, ignore_errors=True)
-    print(f"lab images: {len(built)} stand-ins built and pushed in {time.monotonic() - started:.0f}s", flush=True)
+    print(f"lab images: {len(stale)} stand-in(s) built and pushed in {time.monotonic() - started:.0f}s", flush=True)
     return {r: known[r]["id"] for r in refs}

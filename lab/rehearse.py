@@ -14,6 +14,10 @@ and for every custom resource, once all its dependencies are done, does what the
   its registry mirror) with the provider's registryAuth entry for the image's registry as
   X-Registry-Auth (pullImage); a pull that fails to connect (the lab's one
   mirror failed a request) is retried up to PULL_ATTEMPTS times, each retry logged; keepLocally kept.
+  With `build` (the default gateway image): a BuildKit build on that host's engine, as the provider
+  does on Linux, of the context directory relative to the project, with its build arguments; the docker
+  CLI sends the context over the same ssh dial-stdio connections (its base image is pulled by that
+  engine through its registry mirror, its apt reads the lab's Debian mirror, lab/debmirror.py).
 - docker:Container / docker:Volume — the Docker Engine API through `ssh … docker system dial-stdio`,
   as the docker provider does; every container input maps once (CONTAINER_INPUTS, against the
   provider schema in tests/fixtures/schemas); an input without a mapping stops the rehearsal.
@@ -26,6 +30,7 @@ state directory so a second `up` can show that nothing re-runs, and `destroy` ca
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
 import json
 import os
@@ -40,6 +45,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from lab.config import REPO, STATE
+from lab.debmirror import parse_dockerfile
 from lab.dockerapi import DockerAPI, DockerError
 
 COMMAND_REMOTE = "command:remote:Command"
@@ -237,8 +243,20 @@ class Resource:
     property_deps: dict[str, list[str]] = field(default_factory=dict)
 
 
+_PLANS: dict[tuple[str, str, str], tuple[list[Resource], dict[str, Any]]] = {}
+
+
 def plan_resources(stack_path: Path, stack_name: str) -> tuple[list[Resource], dict[str, Any]]:
-    """The program's registrations in `--up` mode, secrets revealed (in memory only), and its stack outputs."""
+    """The program's registrations in `--up` mode, secrets revealed (in memory only), and its stack outputs.
+    One run of the program per stack file content and process (the images, the Debian mirror and the
+    rehearsal all ask; on a busy machine a run takes tens of seconds); each caller gets its own copy."""
+    key = (str(Path(stack_path).resolve()), stack_name, hashlib.sha256(Path(stack_path).read_bytes()).hexdigest())
+    if key not in _PLANS:
+        _PLANS[key] = _plan_resources(stack_path, stack_name)
+    return copy.deepcopy(_PLANS[key])
+
+
+def _plan_resources(stack_path: Path, stack_name: str) -> tuple[list[Resource], dict[str, Any]]:
     from plan.harness import COMPUTED_OUTPUTS, generated_value, run_main_program
     from plan.stackfile import load_stack_file
     stack = load_stack_file(stack_path, stack_name)
@@ -252,6 +270,12 @@ def plan_resources(stack_path: Path, stack_name: str) -> tuple[list[Resource], d
         out.append(Resource(r.urn, r.type, r.name, r.parent, r.custom, inputs, list(r.dependencies),
                             r.provider, r.options, mock, dict(r.property_dependencies)))
     return out, run.stack_outputs
+
+
+def dockerfile_of(build: dict[str, Any]) -> Path:
+    """The Dockerfile of a RemoteImage `build`: its context is relative to the project (where Pulumi runs
+    the program), its dockerfile relative to the context (the provider's resolveDockerfilePath)."""
+    return (REPO / build["context"]).resolve() / build.get("dockerfile", "Dockerfile")
 
 
 def _hash(value: Any) -> str:
@@ -476,10 +500,12 @@ class Rehearsal:
         if r.type == COMMAND_LOCAL:
             return self._command(inputs, inputs["create"], None, r.name)
         if r.type == IMAGE:
-            extra = set(inputs) - {"name", "keepLocally", "pullTriggers", "triggers", "forceRemove", "platform"}
+            extra = set(inputs) - {"name", "keepLocally", "pullTriggers", "triggers", "forceRemove", "platform", "build"}
             if extra:
                 raise RehearsalError(f"docker:RemoteImage input(s) {sorted(extra)} have no mapping")
             api = self._docker(self._provider_config(r))
+            if inputs.get("build"):
+                return self._build(r, api, inputs["name"], inputs["build"])
             image_id = api.local_image(inputs["name"])
             for attempt in range(1, PULL_ATTEMPTS + 1):
                 if image_id:
@@ -511,6 +537,38 @@ class Rehearsal:
         if r.type == DOCKER_PROVIDER:
             return {}
         raise RehearsalError(f"{r.type} ({r.name}): the rehearsal has no implementation for this type")
+
+    def _build(self, r: Resource, api: DockerAPI, name: str, build: dict[str, Any]) -> dict[str, Any]:
+        """RemoteImage with `build`, as the provider does it on Linux: a BuildKit build on the provider's engine
+        (its buildx path, or the legacy path with a BuildKit session: the engine's API is 1.41 >= 1.39) of the
+        context directory, relative to the project (where Pulumi runs the program), tagged `name`; then
+        findImage for its id. The docker CLI's BuildKit client sends the context through the same ssh
+        dial-stdio connections the provider's client uses."""
+        extra = set(build) - {"context", "dockerfile", "buildArgs"}
+        if extra:
+            raise RehearsalError(f"docker:RemoteImage build input(s) {sorted(extra)} have no mapping")
+        context, dockerfile = (REPO / build["context"]).resolve(), dockerfile_of(build)
+        base = parse_dockerfile(dockerfile.read_text()).base
+        if not api.local_image(base):
+            # BuildKit in Debian's dockerd 20.10 does not use a plain-HTTP registry mirror (it dials
+            # https://<mirror>:443, whatever --insecure-registry says), and the lab's mirror is plain HTTP. The
+            # engine's own pull does; BuildKit then uses the local image (its default: prefer local).
+            api.pull(base, self._registry_auth(r, base))
+            ADAPTATIONS.append(f"{base} (the FROM of {name}) pulled by the engine before the build: BuildKit in "
+                               "dockerd 20.10 does not use a plain-HTTP registry mirror")
+        argv = ["build", "--progress=plain", "-t", name, "-f", str(dockerfile)]
+        for k, v in sorted((build.get("buildArgs") or {}).items()):
+            argv += ["--build-arg", f"{k}={v}"]
+        with api.local_socket() as sock:
+            p = subprocess.run(["/usr/bin/docker", "-H", f"unix://{sock}", *argv, str(context)], capture_output=True, text=True,
+                               env={**self.env, "DOCKER_BUILDKIT": "1"}, timeout=1800)
+        if p.returncode:
+            raise RehearsalError(f"building {name} on {api.target} failed ({p.returncode}):\n"
+                                 f"{(p.stdout + p.stderr).strip()[-3000:]}")
+        image_id = api.local_image(name)
+        if not image_id:
+            raise RehearsalError(f"built {name} on {api.target}, but its engine does not hold it")
+        return {"imageId": image_id, "repoDigest": "", "buildLog": (p.stdout + p.stderr).strip()}
 
     def _update(self, r: Resource, inputs: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
         script = inputs.get("update") or inputs["create"]

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from lab import hosts, images
-from lab.__main__ import image_refs, weights
+from lab.__main__ import debian_mirror, image_refs, weights
 from lab.config import CLIENT_ADDRESS, LAB_DIR, REPO, STATE as STATE_DIR, LabHost, LabStack, load_lab_stack
-from lab.rehearse import CONTAINER, COMMAND_REMOTE, Rehearsal, RehearsalError, StepLog
+from lab.rehearse import CONTAINER, COMMAND_REMOTE, Rehearsal, RehearsalError, StepLog, dockerfile_of
 
 # The tier runs wherever the lab can: as root, with the Debian tools .ci/system-deps installs.
 WHY_NOT = hosts.can_create_namespaces()
@@ -104,22 +104,33 @@ def healthy(url: str) -> bool:
         return False
 
 
-def wait_until(check: Callable[[], bool], timeout: float, what: str) -> float:
-    """Seconds until `check()` holds; fails naming `what` after `timeout`."""
+def wait_until(check: Callable[[], bool], timeout: float, what: str,
+               state: Callable[[], str] | None = None) -> float:
+    """Seconds until `check()` holds; fails naming `what` after `timeout` (with `state()`, what was seen)."""
     t0 = time.monotonic()
     while not check():
         if time.monotonic() - t0 > timeout:
-            pytest.fail(f"{what}: not within {timeout:.0f}s")
+            pytest.fail(f"{what}: not within {timeout:.0f}s" + (f"\n{state()}" if state else ""))
         time.sleep(0.5)
     return time.monotonic() - t0
 
 
+def _in_head(lab: Lab, *argv: str) -> subprocess.CompletedProcess | None:
+    """A command in the reasoning pool's Ray head container; None when it did not answer within 60 s (a head
+    that is restarting, or a Ray call hanging on a busy machine, is "not yet", not a failure)."""
+    try:
+        return subprocess.run(["docker", "-H", f"unix://{lab.host('gpu-01').dir}/run/docker.sock", "exec",
+                               lab.resource("reasoning-gpu-01-ray-head").inputs["name"], *argv],
+                              capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return None
+
+
 def ray_gpus(lab: Lab) -> int:
-    status = subprocess.run(["docker", "-H", f"unix://{lab.host('gpu-01').dir}/run/docker.sock", "exec",
-                             "ray-head-reasoning-gpu-01", "ray", "status", "--address", "198.18.0.11:6379"],
-                            capture_output=True, text=True, timeout=60).stdout
+    """GPUs in `ray status` on the head (what the Ray gate reads); -1 when it did not answer."""
+    p = _in_head(lab, "ray", "status", "--address", "198.18.0.11:6379")
     from components.planning.ray import parse_ray_status
-    return int(parse_ray_status(status).gpus_total)
+    return int(parse_ray_status(p.stdout).gpus_total) if p is not None else -1
 
 
 RAY_NODES = ("import json, ray; ray.init(address='198.18.0.11:6379', logging_level='ERROR'); "
@@ -129,9 +140,9 @@ RAY_NODES = ("import json, ray; ray.init(address='198.18.0.11:6379', logging_lev
 
 def ray_nodes(lab: Lab) -> list[tuple[str, str, float]]:
     """The Ray cluster's live nodes (id, address, GPUs), as a driver on the head sees them."""
-    p = subprocess.run(["docker", "-H", f"unix://{lab.host('gpu-01').dir}/run/docker.sock", "exec",
-                        lab.resource("reasoning-gpu-01-ray-head").inputs["name"], "python3", "-c", RAY_NODES],
-                       capture_output=True, text=True, timeout=60)
+    p = _in_head(lab, "python3", "-c", RAY_NODES)
+    if p is None:
+        return []
     # Ray's own warnings (lagging heartbeats, …) share stdout: the answer is the line the snippet marks.
     line = next((x for x in p.stdout.splitlines() if x.startswith("lab-nodes ")), None)
     return [tuple(n) for n in json.loads(line.split(" ", 1)[1])] if p.returncode == 0 and line else []
@@ -157,6 +168,9 @@ def _lab(figures: dict[str, Any], path: Path = STACK, prefix: str = "",
         t_hosts = time.monotonic() - t0
         images.ensure(image_refs(stack))
         t_images = time.monotonic() - t0 - t_hosts
+        t2 = time.monotonic()
+        debian_mirror(stack)  # what the gateway image's build installs (recorded once per machine)
+        figures[prefix + "debian_mirror_ready_s"] = round(time.monotonic() - t2, 1)
         weights(stack)
         agent = hosts.start_agent()
         r = Rehearsal(stack.path, stack.name, agent, log=lambda line: None)
@@ -292,6 +306,34 @@ def test_the_gateway_routes_every_served_name_with_a_key(lab: Lab, name: str, po
     assert content.rsplit(" ", 1)[1].split(":")[0] in pool_hosts
 
 
+def test_the_gateway_runs_the_default_image_built_on_its_host(lab: Lab) -> None:
+    from components.planning.gateway_image import GATEWAY_IMAGE, TESTED_PACKAGES
+    from lab import debmirror
+    gpu01 = lab.host("gpu-01")
+    build = lab.resource("gateway-image")
+    assert build.inputs["name"] == GATEWAY_IMAGE and build.inputs["build"]
+    step = next(s for s in lab.steps if s.name == "gateway-image")
+    assert step.action == "create"
+    built = lab.state("gateway-image")["outputs"]
+    # Built on gpu-01's engine from the stand-in base its engine pulled through the lab's registry mirror.
+    base = debmirror.parse_dockerfile(dockerfile_of(build.inputs["build"]).read_text()).base
+    assert "org.llm-cluster.lab.standin" in docker(gpu01, "image", "inspect", "-f", "{{json .Config.Labels}}", base)
+    # The gateway container runs that image, with exactly the pinned nginx and njs.
+    container = lab.resource("gateway-nginx").inputs["name"]
+    assert docker(gpu01, "inspect", "-f", "{{.Image}}", container).strip() == built["imageId"]
+    fmt = "${Package}=${Version}\n"
+    installed = docker(gpu01, "exec", container, "dpkg-query", "-W", "-f", fmt, *TESTED_PACKAGES).split()
+    assert sorted(installed) == sorted(f"{p}={v}" for p, v in TESTED_PACKAGES.items())
+    # apt in the build read the lab's Debian mirror (Debian's signed indexes: no --allow-unauthenticated
+    # anywhere) and fetched every pinned package from it, from gpu-01's address.
+    assert f"{debmirror.MIRROR_URL}/debian-security trixie-security InRelease" in built["buildLog"]
+    served = (STATE_DIR / "debian-mirror.log").read_text()
+    for p, v in TESTED_PACKAGES.items():
+        deb = f"/{p}_{v.replace('+', '%2b').replace(':', '%3a')}_".lower()  # as apt quotes it
+        assert any(line.startswith(gpu01.address) and deb in line.lower() and '" 200 ' in line
+                   for line in served.splitlines()), (deb, served[-2000:])
+
+
 def test_the_gateway_refuses_a_request_without_a_key(lab: Lab) -> None:
     body = json.dumps({"model": "qwen3-30b-a3b", "messages": [{"role": "user", "content": "hi"}]})
     ca = lab.cacert()
@@ -351,32 +393,43 @@ def test_a_killed_ray_worker_rejoins_by_itself(lab: Lab, figures: dict[str, Any]
     before = {n[0] for n in ray_nodes(lab) if n[1] == host.address}
     assert len(before) == 1, ray_nodes(lab)
     head = "http://198.18.0.11:8000/health"
+    head_name = lab.resource("reasoning-gpu-01-ray-head").inputs["name"]
+
+    def chain() -> str:
+        """Where the chain stands: both containers' state and the ends of their logs."""
+        out = []
+        for h, c in ((lab.host("gpu-01"), head_name), (host, name)):
+            out.append(f"--- {c} on {h.node}: " + docker(h, "inspect", "-f",
+                                                          "{{.State.Status}} restarts={{.RestartCount}}", c).strip())
+            out += container_log(h, c).splitlines()[-15:]
+        return "\n".join(out + [f"--- Ray nodes: {ray_nodes(lab)}"])
     hosts.sh("kill", "-KILL", str(_main_process(host, name, "ray start")))
     t0 = time.monotonic()
     wait_until(lambda: int(docker(host, "inspect", "-f", "{{.RestartCount}}", name)) > restarts, 120,
-               "docker restarting the Ray worker")
-    # As vLLM's engine does, the stand-in's ends with one of its Ray workers; the head's watchdog exits,
-    # docker restarts the head (a new Ray cluster), the worker joins it, the head serves again.
-    wait_until(lambda: not healthy(head), 120, "the reasoning engine ending with its Ray worker")
+               "docker restarting the Ray worker", chain)
+    # As vLLM's engine does, the stand-in's ends with one of its Ray workers once Ray declares it dead
+    # (its GCS health checks); the head's watchdog exits, docker restarts the head (a new Ray cluster),
+    # the worker leaves the old one (Ray's GCS reconnect timeout) and joins it, the head serves again.
+    wait_until(lambda: not healthy(head), 180, "the reasoning engine ending with its Ray worker", chain)
+    figures["reasoning_engine_ended_after_worker_kill_s"] = round(time.monotonic() - t0, 1)
 
     def rejoined() -> bool:
         # A new raylet of gpu-02 (another node id) is in the cluster, the dead one is not, 16 GPUs alive.
         nodes = ray_nodes(lab)
         ids = {n[0] for n in nodes if n[1] == host.address}
         return bool(ids) and not ids & before and sum(n[2] for n in nodes) == 16
-    wait_until(rejoined, 300, "gpu-02 back in the Ray cluster as a new node, 16 GPUs alive")
-    figures["ray_worker_rejoined_s"] = round(time.monotonic() - t0, 1)
-    wait_until(lambda: healthy(head), 300, "the reasoning pool serving again")
+    wait_until(rejoined, 300, "gpu-02 back in the Ray cluster as a new node, 16 GPUs alive", chain)
+    wait_until(lambda: healthy(head), 300, "the reasoning pool serving again", chain)
     figures["recover_ray_worker_kill_s"] = round(time.monotonic() - t0, 1)
-    head_log = container_log(lab.host("gpu-01"), lab.resource("reasoning-gpu-01-ray-head").inputs["name"])
-    assert "ERROR lab-vllm: the Ray worker on 198.18.0.12 died" in head_log
+    head_log = container_log(lab.host("gpu-01"), head_name)
+    assert "ERROR lab-vllm: the Ray worker on 198.18.0.12 died (ActorDiedError" in head_log
     body = json.dumps({"model": "deepseek-r1", "messages": [{"role": "user", "content": "hi"}]})
     answer = client("request", f"{GATEWAY}/v1/chat/completions", "--key", lab.key(), "--json", body,
                     "--cacert", lab.cacert())
     assert answer["status"] == 200, answer
     # `ray status` (what the Ray gate and the llm_ray_gpus metric read) counts the dead raylet's GPUs
     # until the autoscaler drops it (24 GPUs were seen): it settles on 16.
-    wait_until(lambda: ray_gpus(lab) == 16, 120, "ray status back to 16 GPUs")
+    wait_until(lambda: ray_gpus(lab) == 16, 120, "ray status back to 16 GPUs", chain)
     figures["ray_status_settled_after_worker_kill_s"] = round(time.monotonic() - t0, 1)
 
 

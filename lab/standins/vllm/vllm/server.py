@@ -115,7 +115,9 @@ def join_ray(ns):
 
 def place_workers(ray):
     """One light actor on each GPU node (where vLLM's Ray executor places its GPU workers), so that the
-    engine depends on every node of the cluster as vLLM's does. They hold no GPU: the lab has none."""
+    engine depends on every node of the cluster as vLLM's does. They hold no GPU: the lab has none.
+    Like vLLM waiting for its placement group, it waits for them without a deadline (a busy machine
+    starts Ray's worker processes slowly), saying so every 10 s."""
 
     @ray.remote(num_cpus=0)
     class Worker:
@@ -127,21 +129,41 @@ def place_workers(ray):
         if node["Alive"] and node["Resources"].get("GPU", 0) > 0:
             address = node["NodeManagerAddress"]
             workers[address] = Worker.options(resources={"node:%s" % address: 0.001}).remote()
+    started = time.monotonic()
     for address, w in workers.items():
-        print("INFO lab-vllm: engine worker on %s (%s)" % (address, ray.get(w.where.remote(), timeout=60)), flush=True)
+        ref = w.where.remote()
+        while True:
+            try:
+                print("INFO lab-vllm: engine worker on %s (%s)" % (address, ray.get(ref, timeout=10)), flush=True)
+                break
+            except ray.exceptions.GetTimeoutError:
+                print("INFO lab-vllm: waiting for the engine worker on %s (%.0fs)" % (address, time.monotonic() - started),
+                      flush=True)
     return workers
 
 
 def watch_workers(ray, workers):
     """vLLM's engine dies with any of its Ray workers (the executor's next call raises ActorDiedError and
-    the API server shuts down, exit 1): the watchdog and the container's restart policy take it from there."""
+    the API server shuts down, exit 1): the watchdog and the container's restart policy take it from there.
+
+    Only a worker Ray has declared dead ends the engine: ActorUnavailableError ("temporarily
+    unavailable", an RPC that failed) is what a busy machine also gives a live actor, and Ray turns it
+    into ActorDiedError once its GCS has marked the worker's node dead (its health checks)."""
+    unavailable = getattr(ray.exceptions, "ActorUnavailableError", ())
+    told = set()
     while True:
         time.sleep(2)
         for address, w in workers.items():
             try:
                 ray.get(w.where.remote(), timeout=60)
+                told.discard(address)
             except ray.exceptions.GetTimeoutError:
                 continue  # a slow answer on a busy machine is not a dead worker
+            except unavailable as e:
+                if address not in told:
+                    print("INFO lab-vllm: the Ray worker on %s is unavailable (%s), waiting for Ray's verdict"
+                          % (address, str(e).splitlines()[0][:200]), flush=True)
+                    told.add(address)
             except (ray.exceptions.RayActorError, ray.exceptions.RaySystemError) as e:
                 sys.stderr.write("ERROR lab-vllm: the Ray worker on %s died (%s: %s): the engine is dead "
                                  "(vLLM: EngineDeadError), shutting down\n" % (address, type(e).__name__, e))
