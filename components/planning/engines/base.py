@@ -176,8 +176,12 @@ def secret_positions(argv: Sequence[str], flags: Mapping[str, str]) -> list[tupl
         if eq:
             out.append((i, flag))
             continue
-        rest = argv[i + 1:] if nargs == "+" else argv[i + 1:i + 2]
-        out += [(i + 1 + j, flag) for j in range(next((j for j, t in enumerate(rest) if t.startswith("-")), len(rest)))]
+        # The values: the next token, or for a many-valued flag every token up to the next flag.
+        last = len(argv) if nargs == "+" else min(i + 2, len(argv))
+        for j in range(i + 1, last):
+            if argv[j].startswith("-"):
+                break
+            out.append((j, flag))
     return out
 
 
