@@ -1,4 +1,4 @@
-"""The nginx and njs the gateway image deploys, fetched for the real-nginx tests whatever this machine runs.
+"""The nginx and Lua module the gateway image deploys, fetched for the real-nginx tests whatever this machine runs.
 
 The gateway image pins Debian packages (components/planning/gateway_image.py). This module fetches
 exactly those versions, with the dependencies Debian resolves for them, from the same archives the
@@ -6,9 +6,9 @@ image's Dockerfile uses (deb.debian.org; snapshot.debian.org for a pinned versio
 the archive), checks each package is the pinned one, unpacks them into
 /var/cache/llm-cluster/gateway-nginx/<image tag>/ and writes `bin/nginx`: that release's nginx
 started by that release's own dynamic loader and libraries, so a bookworm test machine runs trixie's
-nginx and njs unchanged. Done once per machine (under a lock; a missing or partial cache is rebuilt).
+nginx, its Lua module and LuaJIT unchanged. Done once per machine (under a lock; a missing or partial cache is rebuilt).
 
-    python tests/deployed_nginx.py      # fetch if needed, then print the nginx and module paths
+    python tests/deployed_nginx.py      # fetch if needed, then print the nginx, module and Lua paths
 """
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from components.planning.gateway_image import GATEWAY_IMAGE, TESTED_PACKAGES, debian_sources  # noqa: E402
+from components.planning.gateway_image import (  # noqa: E402
+    GATEWAY_IMAGE, LUA_CPATHS, LUA_MODULE, LUA_PATHS, MODULES_DIR, NDK_MODULE, TESTED_PACKAGES, debian_sources)
 
 CACHE = Path(os.environ.get("LLM_CLUSTER_CACHE", "/var/cache/llm-cluster")) / "gateway-nginx"
 SNAPSHOT = "https://snapshot.debian.org"
@@ -42,11 +43,19 @@ MANIFEST = "manifest.json"
 
 @dataclass(frozen=True)
 class DeployedNginx:
-    """The unpacked release: its nginx launcher, the njs module, and every package version in it."""
+    """The unpacked release: its nginx launcher, the modules and Lua search paths nginx.conf names (the
+    image's own, under root), and every package version in it."""
 
     dir: Path
     nginx: Path
-    njs_module: Path
+    ndk_module: Path
+    """load_module it first: the Lua module links against it."""
+    lua_module: Path
+    lua_package_path: str
+    """The tree's LUA_PATHS, `;`-separated, without the trailing `;;` (nginx.conf appends the config's own
+    directory before it and `;;` after it)."""
+    lua_package_cpath: str
+    """The tree's LUA_CPATHS, likewise."""
     packages: dict[str, str]
     """Package -> version of every .deb unpacked (the pinned ones and their dependencies)."""
     sources: dict[str, str]
@@ -59,7 +68,7 @@ def cache_dir() -> Path:
 
 
 def deployed_nginx() -> DeployedNginx:
-    """The image's nginx + njs on this machine, fetched first if the cache lacks it."""
+    """The image's nginx + Lua module on this machine, fetched first if the cache lacks it."""
     target = cache_dir()
     CACHE.mkdir(parents=True, exist_ok=True)
     with open(CACHE / ".lock", "w") as lock:
@@ -88,13 +97,25 @@ def _load(target: Path) -> DeployedNginx | None:
         manifest = json.loads((target / MANIFEST).read_text())
     except (OSError, ValueError):
         return None
+    root = target / "root"
     found = DeployedNginx(dir=target, nginx=target / "bin" / "nginx",
-                          njs_module=target / "root" / "usr/lib/nginx/modules/ngx_http_js_module.so",
+                          ndk_module=_under(root, f"{MODULES_DIR}/{NDK_MODULE}"),
+                          lua_module=_under(root, f"{MODULES_DIR}/{LUA_MODULE}"),
+                          lua_package_path=";".join(str(_under(root, p)) for p in LUA_PATHS),
+                          lua_package_cpath=";".join(str(_under(root, p)) for p in LUA_CPATHS),
                           packages=manifest["packages"], sources=manifest["sources"])
     pinned = {p: found.packages.get(p) for p in TESTED_PACKAGES}
-    if pinned != TESTED_PACKAGES or not all(p.exists() for p in (found.nginx, found.njs_module, target / "root" / LOADER)):
+    # Each search path's directory too: a pin set that moved resty.core or cjson is not this tree.
+    needed = (found.nginx, found.ndk_module, found.lua_module, root / LOADER,
+              *(_under(root, p).parent for p in (*LUA_PATHS, *LUA_CPATHS)))
+    if pinned != TESTED_PACKAGES or not all(p.exists() for p in needed):
         return None
     return found
+
+
+def _under(root: Path, image_path: str) -> Path:
+    """An image path (absolute) in the unpacked tree."""
+    return root / image_path.lstrip("/")
 
 
 def _run(argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> str:
@@ -193,4 +214,5 @@ def _field(deb: Path, name: str) -> str:
 
 if __name__ == "__main__":
     found = deployed_nginx()
-    print(f"nginx: {found.nginx}\nnjs module: {found.njs_module}")
+    print(f"nginx: {found.nginx}\nndk module: {found.ndk_module}\nlua module: {found.lua_module}\n"
+          f"lua_package_path: {found.lua_package_path}\nlua_package_cpath: {found.lua_package_cpath}")

@@ -1,6 +1,7 @@
-"""Tested = deployed: the real-nginx tests run exactly the nginx and njs the gateway image pins."""
+"""Tested = deployed: the real-nginx tests run exactly the nginx and Lua module the gateway image pins."""
 from __future__ import annotations
 
+import datetime
 import hashlib
 import http.server
 import json
@@ -15,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from components.planning.gateway_image import (
-    BASE_IMAGE, BUILD_CONTEXT, CONTEXT_DIR, GATEWAY_IMAGE, TESTED_PACKAGES, build_args, debian_sources, dockerfile,
+    BASE_IMAGE, BUILD_CONTEXT, CONTEXT_DIR, GATEWAY_IMAGE, LUA_CPATHS, LUA_MODULE, LUA_PATHS, MODULES_DIR, NDK_MODULE,
+    TESTED_PACKAGES, build_args, debian_sources, dockerfile,
 )
 from components.planning.image_supply import mirror_script
 from components.planning.topology import images_for_node
@@ -24,7 +26,7 @@ from plan.harness import ProgramRun
 from tests import deployed_nginx as fetcher
 from tests.conftest import ROOT, prod_config
 from tests.support import free_port
-from tests.test_gateway_nginx import WAIT, deployed, nginx_binary, njs_module
+from tests.test_gateway_nginx import WAIT, deployed, nginx_binary
 
 
 def _md5sums(deb: Path) -> dict[str, str]:
@@ -34,37 +36,86 @@ def _md5sums(deb: Path) -> dict[str, str]:
     return {path: digest for digest, path in (line.split(None, 1) for line in listed.decode().splitlines())}
 
 
-def test_the_tests_run_the_nginx_and_njs_the_image_pins() -> None:
+def _pinned_deb(pkg: str) -> Path:
+    """The pinned package's .deb the tree was unpacked from, checked to be the pinned version."""
+    debs = list((deployed().dir / "pinned").glob(f"{pkg}_*.deb"))
+    assert len(debs) == 1, debs
+    fields = subprocess.run(["dpkg-deb", "-f", str(debs[0]), "Package", "Version"], capture_output=True,
+                            text=True, check=True).stdout.splitlines()
+    assert fields == [f"Package: {pkg}", f"Version: {TESTED_PACKAGES[pkg]}"]
+    return debs[0]
+
+
+def _upstream(pkg: str) -> str:
+    """The pinned version without epoch and Debian revision: 1:0.10.28-2 -> 0.10.28."""
+    return TESTED_PACKAGES[pkg].split(":", 1)[-1].rsplit("-", 1)[0]
+
+
+def test_the_tests_run_the_nginx_and_lua_module_the_image_pins() -> None:
     found = deployed()
     assert {p: found.packages[p] for p in TESTED_PACKAGES} == TESTED_PACKAGES
-    # The launcher runs the unpacked nginx, and nginx and the module are byte for byte the pinned packages'.
-    assert f"{found.dir}/root/usr/sbin/nginx" in found.nginx.read_text()
-    assert njs_module() == f"{found.dir}/root/usr/lib/nginx/modules/ngx_http_js_module.so"
-    for pkg, rel in (("nginx", "usr/sbin/nginx"), ("libnginx-mod-http-js", "usr/lib/nginx/modules/ngx_http_js_module.so")):
-        debs = list((found.dir / "pinned").glob(f"{pkg}_*.deb"))
-        assert len(debs) == 1, debs
-        fields = subprocess.run(["dpkg-deb", "-f", str(debs[0]), "Package", "Version"], capture_output=True,
-                                text=True, check=True).stdout.splitlines()
-        assert fields == [f"Package: {pkg}", f"Version: {TESTED_PACKAGES[pkg]}"]
-        assert hashlib.md5((found.dir / "root" / rel).read_bytes()).hexdigest() == _md5sums(debs[0])[rel]
+    root = found.dir / "root"
+    # What nginx.conf names is the image's paths under the unpacked root.
+    assert f"{root}/usr/sbin/nginx" in found.nginx.read_text()
+    assert (found.ndk_module, found.lua_module) == (root / "usr/lib/nginx/modules/ndk_http_module.so",
+                                                    root / "usr/lib/nginx/modules/ngx_http_lua_module.so")
+    assert (MODULES_DIR, NDK_MODULE, LUA_MODULE) == ("/usr/lib/nginx/modules", "ndk_http_module.so",
+                                                     "ngx_http_lua_module.so")
+    assert found.lua_package_path == f"{root}/usr/share/lua/5.1/?.lua"
+    assert found.lua_package_cpath == f"{root}/usr/lib/x86_64-linux-gnu/lua/5.1/?.so"
+    # Every file of every pinned package is byte for byte the package's (its own md5sums) ...
+    owner: dict[str, str] = {}
+    for pkg in TESTED_PACKAGES:
+        for rel, digest in _md5sums(_pinned_deb(pkg)).items():
+            assert hashlib.md5((root / rel).read_bytes()).hexdigest() == digest, rel
+            owner[rel] = pkg
+    # ... and what nginx loads comes from the package meant to provide it: the binaries, LuaJIT (what the
+    # Lua module links), resty.core and cjson (what the search paths find).
+    lua_module_libs = subprocess.run(["objdump", "-p", str(found.lua_module)], capture_output=True, text=True,
+                                     check=True).stdout
+    assert "  NEEDED               libluajit-5.1.so.2\n" in lua_module_libs
+    luajit = (root / "usr/lib/x86_64-linux-gnu/libluajit-5.1.so.2").resolve().relative_to(root)
+    cjson = (root / "usr/lib/x86_64-linux-gnu/lua/5.1/cjson.so").resolve().relative_to(root)
+    assert {rel: owner.get(rel) for rel in ("usr/sbin/nginx", "usr/lib/nginx/modules/ndk_http_module.so",
+                                            "usr/lib/nginx/modules/ngx_http_lua_module.so", str(luajit),
+                                            "usr/share/lua/5.1/resty/core.lua", "usr/share/lua/5.1/resty/lrucache.lua",
+                                            str(cjson))} == {
+        "usr/sbin/nginx": "nginx", "usr/lib/nginx/modules/ndk_http_module.so": "libnginx-mod-http-ndk",
+        "usr/lib/nginx/modules/ngx_http_lua_module.so": "libnginx-mod-http-lua", str(luajit): "libluajit-5.1-2",
+        "usr/share/lua/5.1/resty/core.lua": "lua-resty-core", "usr/share/lua/5.1/resty/lrucache.lua": "lua-resty-lrucache",
+        str(cjson): "lua-cjson"}
     version = subprocess.run([nginx_binary(), "-v"], capture_output=True, text=True).stderr
-    assert re.search(r"nginx/(\S+)", version).group(1) == TESTED_PACKAGES["nginx"].split("-")[0]  # type: ignore[union-attr]
+    assert re.search(r"nginx/(\S+)", version).group(1) == _upstream("nginx")  # type: ignore[union-attr]
     if "snapshot" in found.sources.values():
         warnings.warn(f"pinned packages came from snapshot.debian.org ({found.sources}): the image's default build "
                       "cannot fetch them from the archive any more; move the pins in gateway_image.py, or build "
                       "with gateway.imageBuild pointing at snapshot.debian.org")
 
 
-def test_the_njs_the_tests_load_reports_the_pinned_version(tmp_path: Path) -> None:
-    # njs's own idea of its version, from the module the real-nginx tests load, in a running nginx.
+def test_the_lua_module_requires_the_nginx_abi_the_image_pins() -> None:
+    # Debian rebuilds its nginx modules for each nginx ABI: the pinned module must be the one built for
+    # the pinned nginx (apt would otherwise refuse the image's install, or pick another nginx).
+    provides = subprocess.run(["dpkg-deb", "-f", str(_pinned_deb("nginx")), "Provides"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    abi = next(p for p in provides.split(", ") if p.startswith("nginx-abi-"))
+    assert abi == "nginx-abi-1.26.3-1"
+    for pkg in ("libnginx-mod-http-ndk", "libnginx-mod-http-lua"):
+        depends = subprocess.run(["dpkg-deb", "-f", str(_pinned_deb(pkg)), "Depends"], capture_output=True,
+                                 text=True, check=True).stdout.strip().split(", ")
+        assert [d for d in depends if d.startswith("nginx-abi-")] == [abi], (pkg, depends)
+
+
+def _lua_reports(tmp_path: Path, code: str) -> str:
+    """What a content_by_lua_block running `code` returns, from the deployed nginx loading the deployed modules."""
+    found = deployed()
     port = free_port()
-    (tmp_path / "v.js").write_text("function v(r) { r.return(200, njs.version); }\nexport default {v};\n")
-    (tmp_path / "nginx.conf").write_text(f"""load_module {njs_module()};
+    (tmp_path / "nginx.conf").write_text(f"""load_module {found.ndk_module};
+load_module {found.lua_module};
 pid {tmp_path}/nginx.pid; error_log {tmp_path}/error.log; daemon off; events {{}}
 http {{ access_log off; client_body_temp_path {tmp_path}; proxy_temp_path {tmp_path};
   fastcgi_temp_path {tmp_path}; uwsgi_temp_path {tmp_path}; scgi_temp_path {tmp_path};
-  js_import v from {tmp_path}/v.js;
-  server {{ listen 127.0.0.1:{port}; location / {{ js_content v.v; }} }} }}
+  lua_package_path "{found.lua_package_path};;"; lua_package_cpath "{found.lua_package_cpath};;";
+  server {{ listen 127.0.0.1:{port}; location / {{ content_by_lua_block {{ {code} }} }} }} }}
 """)
     proc = subprocess.Popen([nginx_binary(), "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
                             stderr=subprocess.PIPE)
@@ -73,10 +124,31 @@ http {{ access_log off; client_body_temp_path {tmp_path}; proxy_temp_path {tmp_p
                               "--max-time", str(WAIT), f"http://127.0.0.1:{port}/"],
                              capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
-        assert out.stdout == TESTED_PACKAGES["libnginx-mod-http-js"].split("-")[0]
+        return out.stdout
     finally:
         proc.terminate()
         proc.wait(WAIT)
+        assert (tmp_path / "error.log").read_text() == ""  # not even a warning from loading the modules
+
+
+def test_a_running_nginx_reports_the_pinned_lua_module_luajit_and_resty_core(tmp_path: Path) -> None:
+    # Their own idea of their versions, in a running nginx, and where resty.core and cjson were found.
+    got = _lua_reports(tmp_path, """ngx.say(ngx.config.nginx_version, "\\n", ngx.config.ngx_lua_version, "\\n",
+      jit.version, "\\n", tostring(package.loaded["resty.core"] ~= nil), "\\n", require("resty.core").version,
+      "\\n", package.searchpath("resty.core", package.path), "\\n",
+      package.searchpath("cjson", package.cpath), "\\n", require("cjson").encode({ok = true}))""").splitlines()
+    nginx = [int(n) for n in _upstream("nginx").split(".")]
+    lua = [int(n) for n in _upstream("libnginx-mod-http-lua").split(".")]
+    found = deployed()
+    assert got[:2] + got[3:] == [
+        str(nginx[0] * 1000000 + nginx[1] * 1000 + nginx[2]), str(lua[0] * 1000000 + lua[1] * 1000 + lua[2]),
+        "true", _upstream("lua-resty-core"), found.lua_package_path.replace("?", "resty/core"),
+        found.lua_package_cpath.replace("?", "cjson"), '{"ok":true}']
+    # OpenResty's LuaJIT names itself 2.1.<commit time>: the day the pinned snapshot was taken.
+    luajit = re.fullmatch(r"LuaJIT 2\.1\.(\d+)", got[2])
+    assert luajit is not None, got[2]
+    day = datetime.datetime.fromtimestamp(int(luajit.group(1)), datetime.timezone.utc).strftime("%Y%m%d")
+    assert f"2.1.0+openresty{day}-" in TESTED_PACKAGES["libluajit-5.1-2"]
 
 
 def test_the_committed_dockerfile_is_the_generated_one() -> None:
@@ -86,7 +158,9 @@ def test_the_committed_dockerfile_is_the_generated_one() -> None:
     assert f"FROM {BASE_IMAGE}\n" in text and BASE_IMAGE == "debian:trixie-slim"
     for pkg, version in TESTED_PACKAGES.items():
         assert f" {pkg}={version} " in text
-    assert GATEWAY_IMAGE == "llm-cluster/gateway:nginx-1.26.3-3-deb13u11-njs-0.8.9-1"
+    assert "njs" not in text and "libnginx-mod-http-js" not in TESTED_PACKAGES
+    # No epoch colon and no `+` in a Docker tag.
+    assert GATEWAY_IMAGE == "llm-cluster/gateway:nginx-1.26.3-3-deb13u11-lua-0.10.28-2"
     for arg, default in build_args().items():
         assert f"\nARG {arg}={default}\n" in text
 
@@ -195,7 +269,7 @@ def test_a_pin_that_left_the_archive_comes_from_snapshot_checked(snapshot_server
         fetcher._from_snapshot("libfoo", "1.0", tmp_path)
 
 
-def test_a_partial_cache_or_another_njs_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_partial_cache_or_another_lua_module_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The cache as CI's fresh clone on this machine may find it: a copy without its launcher is not used.
     found = deployed()
     copy = tmp_path / "gateway-nginx" / found.dir.name
@@ -205,10 +279,15 @@ def test_a_partial_cache_or_another_njs_is_not_used(tmp_path: Path, monkeypatch:
     (copy / "bin" / "nginx").unlink()
     assert fetcher._load(copy) is None
     manifest = json.loads((copy / "manifest.json").read_text())
-    manifest["packages"]["libnginx-mod-http-js"] = "0.7.9-2"
-    (copy / "manifest.json").write_text(json.dumps(manifest))
     shutil.copy(found.nginx, copy / "bin" / "nginx")
-    assert fetcher._load(copy) is None  # another njs than the pin: fetched again
+    assert fetcher._load(copy) is not None
+    shutil.rmtree(copy / "root/usr/share/lua/5.1")
+    assert fetcher._load(copy) is None  # lua_package_path would name a directory that is not there
+    shutil.copytree(found.dir / "root/usr/share/lua/5.1", copy / "root/usr/share/lua/5.1", symlinks=True)
+    assert fetcher._load(copy) is not None
+    manifest["packages"]["libnginx-mod-http-lua"] = "1:0.10.23-1+deb12u1"
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    assert fetcher._load(copy) is None  # another Lua module than the pin: fetched again
 
 
 @pytest.mark.parametrize(("gateway", "message"), [
@@ -227,4 +306,4 @@ def test_image_build_refuses_what_apt_or_the_image_cannot_use(gateway: dict[str,
     config["llm-cluster:gateway"].update(gateway)
     with pytest.raises(SpecError) as err:
         load_stack_config(config, set())
-    assert message in str(err.value)
+    assert str(err.value) == message

@@ -1,4 +1,4 @@
-"""The gateway's image: Debian's nginx and njs at exactly the versions the real-nginx tests run.
+"""The gateway's image: Debian's nginx and Lua module at exactly the versions the real-nginx tests run.
 
 The real-nginx tests run these very packages: `tests/deployed_nginx.py` fetches them (and their
 dependencies) from the Debian archive once per machine into /var/cache/llm-cluster/gateway-nginx/
@@ -7,26 +7,55 @@ gateway deploys by default is built from the same Debian release with the same v
 `tests/test_gateway_image.py` fails when the binaries the tests run and these pins part. The image is
 built on the gateway node by its Docker engine (the docker provider's `RemoteImage` build, the
 context being `components/planning/gateway_image/`), from `debian:trixie-slim` and the Debian archive,
-or the mirrors `gateway.imageBuild` names. Any other `gateway.image` (e.g. the official `nginx:1.27.5`)
-still works, but its nginx and njs are then not the tested ones.
+or the mirrors `gateway.imageBuild` names. Any other `gateway.image` still works if its nginx loads
+the NDK and Lua modules at MODULES_DIR and has resty.core and cjson on LUA_PATHS / LUA_CPATHS, but
+its nginx and Lua module are then not the tested ones.
 
-Why this pair: njs keeps state shared by all nginx workers (`js_shared_dict_zone`, the per-key token
-budgets) from 0.8.0 on, and bookworm has only 0.7.9; trixie's libnginx-mod-http-js 0.8.9-1 is built
-for trixie's nginx 1.26.3, and 1.26.3-3+deb13u11 is that nginx with trixie-security's fixes (nine
-CVEs over deb13u10, one of them in reading request bodies).
+What each package is for:
+- nginx, nginx-common 1.26.3-3+deb13u11: trixie's nginx with trixie-security's fixes (nine CVEs over
+  deb13u10, one of them in reading request bodies). Its package provides the module ABI
+  `nginx-abi-1.26.3-1` that both module packages depend on.
+- libnginx-mod-http-lua 1:0.10.28-2 (ngx_http_lua_module.so): the request path (key check, routing,
+  /v1/models, refusals, the usage body filter), the token budgets and the metrics, in Lua.
+- libnginx-mod-http-ndk 1:0.3.4-2 (ndk_http_module.so): the Nginx Development Kit the Lua module is
+  linked against; it must be loaded before it.
+- libluajit-5.1-2 / libluajit-5.1-common 2.1.0+openresty20250117-2: OpenResty's LuaJIT, which the Lua
+  module runs (JIT-compiled; its FFI is what resty.core calls nginx through).
+- lua-resty-core 0.1.31-1 (+ its dependency lua-resty-lrucache 0.15-2): the FFI implementation of the
+  ngx.* API (the fast path); the Lua module 0.10.28 loads it at start and refuses to start without it.
+- lua-cjson 2.1.0+dfsg-2.2+b2: JSON in C (the routing table, usage records, budget refusals).
+
+Why not njs (the gateway of sessions 1-4): measured on this machine (design of the switch, bench/
+gateway.py), plain proxy_pass served 43.6-45.9k req/s at 32 connections, the njs gateway 15.1k (0.35x,
+p50 +1.28 ms) and the same request path in Lua 22.6-24.3k (0.52x, +0.70 ms), up to 28.4k (0.62x) with
+the usage record written in batches. The issue's goal is out of njs's reach; no njs package is left
+in the image.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-# Package -> Debian version: every nginx package the image installs, pinned (libnginx-mod-stream is a
-# dependency of the njs module's package; the gateway does not load it).
+# Package -> Debian version: every package of nginx and the Lua module the image installs, pinned
+# (apt adds only the system libraries they link; the docstring says what each one is for).
 TESTED_PACKAGES: dict[str, str] = {
     "nginx": "1.26.3-3+deb13u11",
     "nginx-common": "1.26.3-3+deb13u11",
-    "libnginx-mod-stream": "1.26.3-3+deb13u11",
-    "libnginx-mod-http-js": "0.8.9-1",
+    "libnginx-mod-http-ndk": "1:0.3.4-2",
+    "libnginx-mod-http-lua": "1:0.10.28-2",
+    "libluajit-5.1-2": "2.1.0+openresty20250117-2",
+    "libluajit-5.1-common": "2.1.0+openresty20250117-2",
+    "lua-resty-core": "0.1.31-1",
+    "lua-resty-lrucache": "0.15-2",
+    "lua-cjson": "2.1.0+dfsg-2.2+b2",
 }
+# Where the packages put what nginx.conf names, in the image (the tests' unpacked tree has the same
+# paths under its root): the modules, in load order (the Lua module needs the NDK's symbols first) ...
+MODULES_DIR = "/usr/lib/nginx/modules"
+NDK_MODULE = "ndk_http_module.so"
+LUA_MODULE = "ngx_http_lua_module.so"
+# ... and the Lua search paths: resty.core, resty.lrucache (lua_package_path), cjson (lua_package_cpath).
+LUA_PATHS = ("/usr/share/lua/5.1/?.lua",)
+LUA_CPATHS = ("/usr/lib/x86_64-linux-gnu/lua/5.1/?.so",)
 DEBIAN_RELEASE = "trixie"
 BASE_IMAGE = f"debian:{DEBIAN_RELEASE}-slim"
 # The archive and its security archive (where stable's security updates are published first).
@@ -36,9 +65,15 @@ DEBIAN_SUITES: dict[str, tuple[str, ...]] = {
 }
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 DEBIAN_SECURITY_MIRROR = "http://deb.debian.org/debian-security"
-# Docker tags allow [A-Za-z0-9_.-]: Debian's `+` becomes `-`.
-GATEWAY_IMAGE = ("llm-cluster/gateway:nginx-" + TESTED_PACKAGES["nginx"].replace("+", "-")
-                 + "-njs-" + TESTED_PACKAGES["libnginx-mod-http-js"])
+
+
+def _tag_version(version: str) -> str:
+    """A Debian version as Docker tags allow it ([A-Za-z0-9_.-]): no epoch, `+` as `-`."""
+    return version.split(":", 1)[-1].replace("+", "-")
+
+
+GATEWAY_IMAGE = ("llm-cluster/gateway:nginx-" + _tag_version(TESTED_PACKAGES["nginx"])
+                 + "-lua-" + _tag_version(TESTED_PACKAGES["libnginx-mod-http-lua"]))
 CONTEXT_DIR = Path(__file__).with_name("gateway_image")
 # The build context as the provider gets it: relative to the project, where Pulumi runs the program
 # (an absolute path would make the plan differ from one clone to the next).
@@ -75,7 +110,7 @@ def dockerfile() -> str:
     # debian_sources() written by printf from the build arguments (printf reads the same escapes).
     stanza = _STANZA.replace("\n", "\\n")
     return f"""# Generated from components/planning/gateway_image.py; change the pins there, not here.
-# nginx and njs exactly as the real-nginx tests run them (tests/test_gateway_image.py checks it).
+# nginx and its Lua module exactly as the real-nginx tests run them (tests/test_gateway_image.py checks it).
 FROM {BASE_IMAGE}
 # Where apt fetches from: a local mirror of each archive for a site without Internet access, or
 # snapshot.debian.org once a pinned version has left the archive (its Release files have expired:

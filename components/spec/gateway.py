@@ -109,9 +109,10 @@ class GatewaySpec(Spec):
     node: str
     port: Port = 443
     image: ImageRef = GATEWAY_IMAGE
-    """Default: built on the gateway node from Debian with the nginx and njs versions the tests run
-    (components/planning/gateway_image.py). Another image needs nginx with the njs module at
-    /usr/lib/nginx/modules (the official nginx images have it), and is not what was tested."""
+    """Default: built on the gateway node from Debian with the nginx and Lua module versions the tests
+    run (components/planning/gateway_image.py). Another image needs nginx with the NDK and Lua modules
+    at /usr/lib/nginx/modules and resty.core and cjson on Debian's Lua paths (Debian's or Ubuntu's
+    nginx with libnginx-mod-http-lua and lua-cjson), and is not what was tested."""
     image_build: ImageBuildSpec = ImageBuildSpec()
     """Only for the default image: the Debian mirrors its build on the gateway node uses."""
     auth: bool = True
