@@ -96,3 +96,34 @@ def test_an_expiring_recording_is_found(tmp_path: Path) -> None:
     (tmp_path / "debian-security/dists/trixie-security/InRelease").write_text(
         "Origin: Debian\nValid-Until: Tue, 08 Dec 2026 09:00:00 UTC\n")
     assert debmirror._valid_until(tmp_path) == 1796720400.0  # 2026-12-08 09:00 UTC
+
+
+def test_a_changed_dockerfile_is_recorded_again_not_served_from_the_old_recording(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A recording is kept under a key of the Dockerfile's text: new pins are a new recording, or the lab's
+    # build would ask the mirror for packages it never recorded.
+    monkeypatch.setattr(debmirror, "CACHE", tmp_path / "cache")
+    base = tmp_path / "debian-trixie-slim.tar"
+    base.write_bytes(b"rootfs")
+    committed = (CONTEXT_DIR / "Dockerfile").read_text()
+    old = tmp_path / "old" / "Dockerfile"
+    old.parent.mkdir()
+    old.write_text(committed)
+    recorded = tmp_path / "cache" / "debian" / debmirror.recording_key(committed, base)
+    recorded.mkdir(parents=True)
+    (recorded / "recorded.json").write_text("{}")  # no InRelease: nothing expires
+    assert debmirror.record(old, base) == recorded
+    # The same Dockerfile with another pin (and, to stop before any chroot, no mirror ARG): not the old one.
+    pin = f" lua-cjson={TESTED_PACKAGES['lua-cjson']} "
+    assert committed.count(pin) == 1
+    repinned = committed.replace(pin, " lua-cjson=2.1.0+dfsg-3 ")
+    assert debmirror.recording_key(repinned, base) != recorded.name
+    changed = tmp_path / "new" / "Dockerfile"
+    changed.parent.mkdir()
+    changed.write_text("".join(line for line in repinned.splitlines(keepends=True)
+                               if not line.startswith("ARG DEBIAN_")))
+    with pytest.raises(LabError) as err:
+        debmirror.record(changed, base)
+    assert str(err.value) == (f"{changed}: no ARG names an archive URL, so the lab cannot point its apt at the "
+                              "lab's mirror")
+    assert (recorded / "recorded.json").exists()  # the old recording is left as it was

@@ -318,7 +318,7 @@ def test_the_gateway_runs_the_default_image_built_on_its_host(lab: Lab) -> None:
     # Built on gpu-01's engine from the stand-in base its engine pulled through the lab's registry mirror.
     base = debmirror.parse_dockerfile(dockerfile_of(build.inputs["build"]).read_text()).base
     assert "org.llm-cluster.lab.standin" in docker(gpu01, "image", "inspect", "-f", "{{json .Config.Labels}}", base)
-    # The gateway container runs that image, with exactly the pinned nginx and njs.
+    # The gateway container runs that image, with exactly the pinned nginx and Lua module packages.
     container = lab.resource("gateway-nginx").inputs["name"]
     assert docker(gpu01, "inspect", "-f", "{{.Image}}", container).strip() == built["imageId"]
     fmt = "${Package}=${Version}\n"
