@@ -1,6 +1,6 @@
 # llm-cluster — `make plan` (offline plan of a stack) and `make test` (every test).
 # Both set themselves up on a fresh machine: .venv, pinned requirements, and (as root) the Debian
-# packages the tests drive for real (promtool, shellcheck, graphviz; the gateway's nginx + njs are
+# packages the tests drive for real (promtool, shellcheck, graphviz; the gateway's nginx + Lua module are
 # the image's own pinned packages, fetched by the tests into /var/cache/llm-cluster/gateway-nginx).
 
 PYTHON ?= python3

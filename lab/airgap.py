@@ -53,11 +53,10 @@ def airgap_stack(base: Path, name: str = "lab-airgap", tarballs: str | None = No
         config[NS + "registryUsername"] = {"secure": "v1:lab-registry-user"}
         config[NS + "registryPassword"] = {"secure": "v1:lab-registry-password"}
     gateway = config.get(NS + "gateway")
-    if gateway is not None and not gateway.get("image"):
-        # The default gateway image comes from the registry (or a tarball) too in an air-gapped stack, and
-        # the lab has no stand-in under that name: the official image's stand-in (Debian's nginx and njs).
-        # Its build's mirrors (gateway.imageBuild) apply only to the default image, which is not built here.
-        gateway["image"] = "nginx:1.27.5"
+    if gateway is not None:
+        # An air-gapped stack pulls the default gateway image from the registry (or loads its tarball) like
+        # every other: the lab's registry holds that very image, built from its Dockerfile (lab/images.py),
+        # so the build's mirrors (gateway.imageBuild) have nothing to apply to.
         gateway.pop("imageBuild", None)
     path = STATE / f"Pulumi.{name}.yaml"
     _write(path, yaml.safe_dump(doc, sort_keys=False))

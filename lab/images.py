@@ -18,6 +18,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from components.planning.gateway_image import CONTEXT_DIR as GATEWAY_CONTEXT, GATEWAY_IMAGE
 from lab.config import CACHE, LAB_DIR, REGISTRY_ADDRESS, REPO, STATE
 from lab.hosts import REGISTRY_NS, LabError, sh
 from lab.standins import llamacpp as llamacpp_standin, lmdeploy as lmdeploy_standin
@@ -52,10 +53,6 @@ KINDS: dict[str, Kind] = {
     "vllm": Kind(entrypoint=("python3", "-m", "vllm.entrypoints.openai.api_server"), workdir="/vllm-workspace",
                  source="vllm-project/vllm docker/Dockerfile (vllm-openai target): "
                         "ENTRYPOINT [\"python3\", \"-m\", \"vllm.entrypoints.openai.api_server\"], root"),
-    "nginx": Kind(packages=("nginx-light", "libnginx-mod-http-js"), entrypoint=("/docker-entrypoint.sh",),
-                  cmd=("nginx", "-g", "daemon off;"), stopsignal="SIGQUIT",
-                  source="nginxinc/docker-nginx mainline/debian/Dockerfile: ENTRYPOINT /docker-entrypoint.sh, "
-                         "CMD nginx -g 'daemon off;', STOPSIGNAL SIGQUIT, /etc/nginx, modules in /etc/nginx/modules"),
     "python": Kind(cmd=("python3",), source="docker-library/python slim: CMD [\"python3\"], /usr/local/bin/python3"),
     "dcgm-exporter": Kind(entrypoint=("/usr/local/dcgm/dcgm-exporter-entrypoint.sh",),
                           source="NVIDIA/dcgm-exporter docker/Dockerfile: "
@@ -86,11 +83,13 @@ DEBIAN_SOURCE = ("debuerreotype (docker-library/debian): one layer of debootstra
 
 # Which stand-in an image repository gets.
 REPOSITORIES = {
-    "vllm/vllm-openai": "vllm", "nginx": "nginx", "python": "python",
+    "vllm/vllm-openai": "vllm", "python": "python",
     "ghcr.io/ggml-org/llama.cpp": "llamacpp", "openmmlab/lmdeploy": "lmdeploy",
     "nvcr.io/nvidia/k8s/dcgm-exporter": "dcgm-exporter", "prom/node-exporter": "node-exporter",
     "prom/prometheus": "prometheus", "grafana/grafana": "grafana",
     "debian": "debian",  # the base image of a Dockerfile a lab host builds (the default gateway image)
+    # Not a stand-in: the default gateway image itself, for a stack that pulls it (air-gapped).
+    GATEWAY_IMAGE.split(":", 1)[0]: "gateway",
 }
 
 
@@ -177,7 +176,9 @@ def inputs_hash(ref: str) -> str:
         path = LAB_DIR / "standins" / rel
         for f in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
             h.update(f.read_bytes())
-    if kind == "debian":
+    if kind == "gateway":
+        h.update((GATEWAY_CONTEXT / "Dockerfile").read_bytes())
+    elif kind == "debian":
         tar = CACHE / "base" / f"{split_ref(ref)[1].removesuffix('-slim')}.tar"
         h.update(str(tar.stat().st_size if tar.exists() else 0).encode())
     elif kind == "vllm":
@@ -323,12 +324,6 @@ def _context(ref: str, work: Path) -> Path:
         llamacpp_standin.add_image_files(files)
     elif kind_name == "lmdeploy":
         extra_env.update(lmdeploy_standin.add_image_files(files, ref, REPO / ".venv" / "bin" / "pip", NUMPY))
-    elif kind_name == "nginx":
-        _text(files / "docker-entrypoint.sh", "#!/bin/sh\n# The official image's entrypoint runs its "
-              "/docker-entrypoint.d scripts, then the command.\nset -e\nexec \"$@\"\n", 0o755)
-        links += [("/usr/lib/nginx/modules", "/etc/nginx/modules")]
-        (files / "usr/share/nginx/html").mkdir(parents=True, exist_ok=True)
-        (files / "etc/nginx/conf.d").mkdir(parents=True, exist_ok=True)
     elif kind_name == "python":
         links += [("/usr/bin/python3", "/usr/local/bin/python3"), ("/usr/bin/python3", "/usr/local/bin/python")]
     elif kind_name == "dcgm-exporter":
@@ -357,9 +352,6 @@ def _context(ref: str, work: Path) -> Path:
         lines.append("RUN chown -R nobody:nogroup /prometheus /etc/prometheus")
     if kind_name == "grafana":
         lines.append("RUN chown -R 472:0 /var/lib/grafana /etc/grafana")
-    if kind_name == "nginx":
-        # The official image's worker user nginx (uid 101 there; 101 is taken in Debian's base).
-        lines.append("RUN groupadd -r nginx && useradd -r -g nginx -d /nonexistent -s /bin/false nginx")
     lines += kind.run
     lines.append(f"LABEL org.llm-cluster.lab.standin={json.dumps(kind.source)}")
     for k, v in sorted(extra_env.items()):
@@ -376,6 +368,38 @@ def _context(ref: str, work: Path) -> Path:
         lines.append(f"CMD {json.dumps(list(kind.cmd))}")
     (ctx / "Dockerfile").write_text("\n".join(lines) + "\n")
     return ctx
+
+
+def _import_debian(b: "Builder", ref: str, name: str) -> str:
+    """The `debian:<release>-slim` stand-in into the builder as `name`: one layer, as Debian's own images
+    are (the slimmed debootstrap tree), with their CMD. Its image id."""
+    return sh(*b.docker("import", "--change", 'CMD ["bash"]', "--change",
+                        f"LABEL org.llm-cluster.lab.standin={json.dumps(DEBIAN_SOURCE)}",
+                        str(debian_rootfs(ref)), name), timeout=900).strip()
+
+
+def _gateway_image(b: "Builder", target: str) -> str:
+    """The default gateway image built from the project's own Dockerfile, as an air-gapped site's operator
+    builds it before pushing it to the site's registry (`python -m plan.images`): FROM the lab's
+    `debian:<release>-slim`, apt reading the lab's Debian mirror (recorded for this very Dockerfile) with
+    Debian's signatures checked. The builder's dockerd is in the registry host's namespace, where that
+    mirror listens: the build runs on its network (`--network host`). Its image id."""
+    from lab import debmirror
+    dockerfile = GATEWAY_CONTEXT / "Dockerfile"
+    df = debmirror.parse_dockerfile(dockerfile.read_text())
+    # FROM resolves in the builder's own store (it pulls from nowhere): the base under its own name.
+    _import_debian(b, df.base, df.base)
+    debmirror.serve(debmirror.record(dockerfile, debian_rootfs(df.base)))
+    try:
+        args = [a for k, v in debmirror.lab_build_args(df).items() for a in ("--build-arg", f"{k}={v}")]
+        p = subprocess.run(b.docker("build", "-q", "--network", "host", *args, "-t", target, str(GATEWAY_CONTEXT)),
+                           capture_output=True, text=True, env={"DOCKER_BUILDKIT": "0", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                           timeout=1800)
+    finally:
+        debmirror.stop()  # served again by the stack that builds it on a host (lab/__main__.py debian_mirror)
+    if p.returncode:
+        raise LabError(f"building the gateway image {GATEWAY_IMAGE} from {dockerfile} failed: {p.stderr.strip()[-2000:]}")
+    return p.stdout.strip()
 
 
 def _script(path: Path, body: str) -> None:
@@ -425,6 +449,12 @@ class Builder:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        # A build on the host network (the gateway image's) leaves dockerd's bind mount of that namespace
+        # (<exec root>/netns/default) behind when it exits, and `down` could not remove the lab's state.
+        for line in reversed(Path("/proc/self/mountinfo").read_text().splitlines()):
+            point = line.split()[4]
+            if point.startswith(f"{self.run}/"):
+                sh("umount", point)
 
 
 def in_registry(ref: str) -> bool:
@@ -454,16 +484,16 @@ def ensure(refs: list[str]) -> dict[str, str]:
     started = time.monotonic()
     work = CACHE / "work"
     with Builder() as b:
-        if any(kind_of(r) != "debian" for r in stale):
+        if any(kind_of(r) not in ("debian", "gateway") for r in stale):
             sh(*b.docker("import", str(_base()), f"lab/base:{SUITE}"), timeout=900)
         for ref in stale:
-            print(f"lab images: building {ref} ({kind_of(ref)} stand-in)", flush=True)
+            what = "the image itself, from its Dockerfile" if kind_of(ref) == "gateway" else f"{kind_of(ref)} stand-in"
+            print(f"lab images: building {ref} ({what})", flush=True)
             target = f"{REGISTRY_ADDRESS}/{registry_path(split_ref(ref)[0])}:{split_ref(ref)[1]}"
-            if kind_of(ref) == "debian":
-                # One layer, as Debian's own images are: the slimmed debootstrap tree, with their CMD.
-                image_id = sh(*b.docker("import", "--change", 'CMD ["bash"]', "--change",
-                                        f"LABEL org.llm-cluster.lab.standin={json.dumps(DEBIAN_SOURCE)}",
-                                        str(debian_rootfs(ref)), target), timeout=900).strip()
+            if kind_of(ref) == "gateway":
+                image_id = _gateway_image(b, target)
+            elif kind_of(ref) == "debian":
+                image_id = _import_debian(b, ref, target)
             else:
                 ctx = _context(ref, work)
                 p = subprocess.run(b.docker("build", "-q", "-t", target, str(ctx)), capture_output=True, text=True,

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from components.planning.gateway_image import (BASE_IMAGE, CONTEXT_DIR, DEBIAN_MIRROR, DEBIAN_SECURITY_MIRROR,
-                                               TESTED_PACKAGES)
-from lab import debmirror
+                                               GATEWAY_IMAGE, TESTED_PACKAGES)
+from lab import airgap, debmirror, images
 from lab.config import REPO
 from lab.hosts import LabError
 from lab.rehearse import IMAGE, plan_resources
@@ -37,8 +37,9 @@ def test_a_dockerfile_the_lab_cannot_record_is_refused() -> None:
         debmirror.archive_name("http://deb.example")
 
 
-def test_the_lab_stack_builds_the_gateway_image_from_the_lab_mirror() -> None:
-    resources, _ = plan_resources(REPO / "Pulumi.lab.yaml", "lab")
+@pytest.mark.parametrize("stack", ["lab", "lab-engines"])
+def test_the_lab_stack_builds_the_gateway_image_from_the_lab_mirror(stack: str) -> None:
+    resources, _ = plan_resources(REPO / f"Pulumi.{stack}.yaml", stack)
     build = next(r for r in resources if r.type == IMAGE and r.inputs.get("build")).inputs["build"]
     df = debmirror.parse_dockerfile((REPO / build["context"] / build["dockerfile"]).read_text())
     args = build["buildArgs"]
@@ -47,6 +48,20 @@ def test_the_lab_stack_builds_the_gateway_image_from_the_lab_mirror() -> None:
         "DEBIAN_SECURITY_MIRROR": "http://198.18.0.2:8080/debian-security"}
     # Debian's signatures are checked in the lab as on a node: Valid-Until too.
     assert args["APT_CHECK_VALID_UNTIL"] == "yes"
+
+
+def test_the_air_gapped_lab_stack_pulls_the_default_gateway_image_the_lab_builds_from_its_dockerfile(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(airgap, "STATE", tmp_path)
+    path = airgap.airgap_stack(REPO / "Pulumi.lab.yaml", "lab-airgap")
+    resources, _ = plan_resources(path, "lab-airgap")
+    pulled = sorted(r.inputs["name"] for r in resources if r.type == IMAGE)
+    assert not [r for r in resources if r.type == IMAGE and r.inputs.get("build")]  # nothing built on a host
+    assert f"{airgap.REGISTRY}/{GATEWAY_IMAGE}" in pulled, pulled
+    # The lab's registry gets it as the site's operator makes it: the image itself, not a stand-in.
+    refs = airgap.stack_images(path)
+    assert {r: images.kind_of(r) for r in refs if r.startswith("llm-cluster/")} == {GATEWAY_IMAGE: "gateway"}
+    assert images.registry_path("llm-cluster/gateway") == "llm-cluster/gateway"
 
 
 class _Archive(http.server.BaseHTTPRequestHandler):
