@@ -263,10 +263,12 @@ def test_a_pin_that_left_the_archive_comes_from_snapshot_checked(snapshot_server
     assert got == tmp_path / deb.name and got.read_bytes() == deb.read_bytes()
     # A file whose bytes do not match the SHA-1 snapshot names is refused, and so is a version it lacks.
     snapshot_server("nginx_1.26.3-3+deb13u11_amd64.deb", b"not the package", "0" * 40)
-    with pytest.raises(RuntimeError, match=r"nginx_1\.26\.3-3\+deb13u11_amd64\.deb does not match its SHA-1 0{40}"):
+    with pytest.raises(RuntimeError) as err:
         fetcher._from_snapshot("nginx", TESTED_PACKAGES["nginx"], tmp_path)
-    with pytest.raises(RuntimeError, match=r"^libfoo 1\.0 \(amd64\) is neither in the Debian archive nor on http://127"):
+    assert str(err.value) == f"{fetcher.SNAPSHOT}: nginx_1.26.3-3+deb13u11_amd64.deb does not match its SHA-1 {'0' * 40}"
+    with pytest.raises(RuntimeError) as err:
         fetcher._from_snapshot("libfoo", "1.0", tmp_path)
+    assert str(err.value) == f"libfoo 1.0 (amd64) is neither in the Debian archive nor on {fetcher.SNAPSHOT}"
 
 
 def test_a_partial_cache_or_another_lua_module_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
