@@ -284,9 +284,9 @@ def test_without_auth_no_key_is_made_written_mounted_or_exported() -> None:
     inputs = c.plain_inputs()
     assert [v["containerPath"] for v in inputs["volumes"]] == ["/etc/llm-gateway", "/var/log/llm-gateway"]
     files = written_files(result.get("gateway-config").plain_inputs()["create"])
-    assert sorted(files) == ["/etc/llm-cluster/gateway/conf/llm/gateway.js",
+    assert sorted(files) == ["/etc/llm-cluster/gateway/conf/llm/gateway.lua",
                              "/etc/llm-cluster/gateway/conf/llm/routes.json", "/etc/llm-cluster/gateway/conf/nginx.conf"]
-    assert "llm_keys" not in files["/etc/llm-cluster/gateway/conf/nginx.conf"]
+    assert "key-hashes" not in files["/etc/llm-cluster/gateway/conf/nginx.conf"]
     assert inputs["healthcheck"]["tests"][1].endswith("| grep -qx 200")
     assert result.get("gateway-ready").plain_inputs()["create"] == bash_command(
         readiness_script(80, False, 120, "gpu-01", auth=False))

@@ -34,6 +34,11 @@ def lines(text: str) -> list[str]:
     return [line.strip() for line in text.splitlines()]
 
 
+def lua_content(handler: str) -> str:
+    """A location's content handler: gateway.lua's function of that name."""
+    return f'content_by_lua_block {{ require("gateway").{handler}() }}'
+
+
 def block(conf: str, header: str) -> list[str]:
     """The stripped lines of the `{ … }` block that opens with `header`."""
     out, depth, inside = [], 0, False
@@ -86,12 +91,12 @@ def test_reference_pool_locations_stream_retry_before_any_byte_and_use_the_pools
             "proxy_next_upstream error timeout http_500 http_502 http_503 http_504 non_idempotent;",
             "proxy_next_upstream_tries 3;", f"proxy_next_upstream_timeout {timeout}s;"]
         assert not any(line.startswith("rewrite") for line in body)
-        assert "js_body_filter gateway.usage buffer_type=buffer;" in body
+        assert body[-1] == 'body_filter_by_lua_block { require("gateway").usage() }'
     assert block(conf, "map $uri $llm_upstream_uri") == [
         "~(?<llm_endpoint>/v1/(?:chat/completions|completions|embeddings))$ $llm_endpoint;",
         "default /v1/unrouted;"]
-    # What njs would otherwise do in several operations each, nginx does in C: the pool a path route
-    # pins (exact paths: routing endpoints only) and the presented key.
+    # What nginx does in C, so that Lua does no string work for it: the pool a path route pins (exact
+    # paths: routing endpoints only) and the presented key.
     assert block(conf, "map $uri $llm_pin") == [
         'default "";', "/smart/v1/chat/completions reasoning;", "/smart/v1/completions reasoning;",
         "/smart/v1/embeddings reasoning;"]
@@ -103,7 +108,9 @@ def test_reference_pool_locations_stream_retry_before_any_byte_and_use_the_pools
 
 def test_reference_listener_limits_and_module_path(prod_spec: StackSpec) -> None:
     conf = lines(gateway_files(prod_spec)["nginx.conf"])
-    assert conf[1] == "load_module /usr/lib/nginx/modules/ngx_http_js_module.so;"
+    # NDK first: the Lua module links against it.
+    assert conf[1:3] == ["load_module /usr/lib/nginx/modules/ndk_http_module.so;",
+                         "load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;"]
     assert "user nginx;" in conf
     server = block("\n".join(conf), "server")
     # HTTPS by default, and no plain-HTTP listener at all.
@@ -121,7 +128,37 @@ def test_reference_listener_limits_and_module_path(prod_spec: StackSpec) -> None
             loc = block("\n".join(conf), f"location = {prefix}{endpoint}")
             assert loc[:3] == ['if ($llm_key_id = "") {', "return 401;", "}"]
             assert loc[3] == "limit_req zone=llm_rl_0 burst=40 nodelay;"
-            assert loc[4] == ("js_content gateway.models;" if endpoint == "models" else "js_content gateway.route;")
+            assert loc[4] == lua_content("models" if endpoint == "models" else "route")
+
+
+def test_reference_loads_the_lua_module_reads_its_tables_once_and_declares_the_request_variables(
+        prod_spec: StackSpec) -> None:
+    conf = lines(gateway_files(prod_spec)["nginx.conf"])
+    http = block("\n".join(conf), "http")
+    lua = [line for line in http if line.startswith(("lua_", "init_by_lua"))]
+    # The image's packages' own search paths after the config's directory (`;;`); the tables read in
+    # the master, once per start or reload, never per request.
+    assert lua == ['lua_package_path "/etc/llm-gateway/llm/?.lua;;";',
+                   'init_by_lua_block { require("gateway").init("/etc/llm-gateway/llm/routes.json", '
+                   '"/etc/llm-gateway-keys/key-hashes.json") }']
+    # Declared with their defaults (a map: kept across ngx.exec and error pages, no "uninitialized"
+    # warning for a request that never reached the rewrite phase), and named once so ngx.var may set them.
+    assert [line for line in http if line.startswith('map "" ')] == [
+        'map "" $llm_key_id { default ""; }', 'map "" $llm_model { default ""; }', 'map "" $llm_pool { default ""; }',
+        'map "" $llm_body { default ""; }', 'map "" $llm_usage { default ""; }', 'map "" $llm_events { default "0"; }']
+    assert ("log_format llm_request_variables '$llm_key_id $llm_model $llm_pool $llm_body $llm_usage $llm_events';"
+            in http)
+    # The key id is computed in the server's rewrite phase, before any location's `if` or limit reads it.
+    server = block("\n".join(conf), "server")
+    assert server[5] == 'set_by_lua_block $llm_key_id { return require("gateway").key_id() }'
+    assert not [line for line in conf if line.startswith("js_") or "njs" in line]
+
+
+def test_the_tests_lua_paths_come_before_the_defaults(prod_spec: StackSpec, tmp_path: Path) -> None:
+    layout = GatewayLayout(port=8080, conf_dir=str(tmp_path), lua_path="/t/a/?.lua;/t/b/?.lua", lua_cpath="/t/?.so")
+    conf = lines(nginx_conf(prod_spec, layout))
+    assert [line for line in conf if line.startswith("lua_package")] == [
+        f'lua_package_path "{tmp_path}/llm/?.lua;/t/a/?.lua;/t/b/?.lua;;";', 'lua_package_cpath "/t/?.so;;";']
 
 
 def test_usage_log_goes_to_daily_host_files_the_exporter_follows_and_no_datagram(prod_spec: StackSpec) -> None:
@@ -260,7 +297,7 @@ def test_no_limit_stated_means_no_zone(config: dict[str, Any]) -> None:
     conf = nginx_conf(spec, GatewayLayout(port=80))
     assert "limit_req" not in conf
     assert block(conf, "location = /v1/models") == [
-        'if ($llm_key_id = "") {', "return 401;", "}", "js_content gateway.models;"]
+        'if ($llm_key_id = "") {', "return 401;", "}", lua_content("models")]
 
 
 def test_rates_are_whole_per_second_or_per_minute(config: dict[str, Any]) -> None:
@@ -285,11 +322,14 @@ def test_without_auth_nothing_checks_or_loads_a_key(config: dict[str, Any], prod
     spec = spec_with(config, auth=False, apiKeys=[])
     assert key_ids(spec) == [] and rate_zones(spec) == []
     files = gateway_files(spec)
-    assert "llm_keys" not in files["nginx.conf"] and "limit_req" not in files["nginx.conf"]
+    assert "key-hashes" not in files["nginx.conf"] and "limit_req" not in files["nginx.conf"]
+    # gateway.lua is told there is no digest file to read.
+    assert ('init_by_lua_block { require("gateway").init("/etc/llm-gateway/llm/routes.json", nil) }'
+            in lines(files["nginx.conf"]))
     assert "$llm_bearer" not in files["nginx.conf"]
     for endpoint in ("chat/completions", "models"):
         assert block(files["nginx.conf"], f"location = /v1/{endpoint}") == [
-            "js_content gateway.models;" if endpoint == "models" else "js_content gateway.route;"]
+            lua_content("models" if endpoint == "models" else "route")]
     assert json.loads(files["llm/routes.json"])["auth"] is False
     assert routes_table(prod_spec)["auth"] is True
 
@@ -318,15 +358,16 @@ def test_loopback_layout_changes_only_paths_and_the_listener(prod_spec: StackSpe
     """What the nginx tests run is the deployed config: the same lines but for where files live."""
     deployed = gateway_files(prod_spec)
     local = render_gateway(prod_spec, GatewayLayout(
-        port=18080, listen_address="127.0.0.1", conf_dir=str(tmp_path), load_module="/x.so",
+        port=18080, listen_address="127.0.0.1", conf_dir=str(tmp_path), load_modules=("/x.so", "/y.so"),
+        lua_path="/t/?.lua", lua_cpath="/t/?.so",
         digests_file=f"{tmp_path}/k.json", tls_dir=f"{tmp_path}/tls", pid_file=f"{tmp_path}/pid",
         error_log=f"{tmp_path}/e", usage_dir=prod_spec.gateway.usage_log.dir, temp_dir=None, user=None))
-    assert local["llm/gateway.js"] == deployed["llm/gateway.js"]
+    assert local["llm/gateway.lua"] == deployed["llm/gateway.lua"]
     assert local["llm/routes.json"] == deployed["llm/routes.json"]
     differ = set(lines(deployed["nginx.conf"])) ^ set(lines(local["nginx.conf"]))
     heads = {line.split()[0] for line in differ}
-    assert heads == {"load_module", "user", "pid", "error_log", "js_preload_object", "js_import", "listen",
-                     "ssl_certificate", "ssl_certificate_key"}
+    assert heads == {"load_module", "user", "pid", "error_log", "lua_package_path", "lua_package_cpath",
+                     "init_by_lua_block", "listen", "ssl_certificate", "ssl_certificate_key"}
 
 
 # --- keys -------------------------------------------------------------------------------------

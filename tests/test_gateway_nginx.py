@@ -1,11 +1,11 @@
-"""The generated gateway on the real nginx + njs, on loopback, in front of fake OpenAI replicas.
+"""The generated gateway on the real nginx + Lua, on loopback, in front of fake OpenAI replicas.
 
-The nginx and njs are the gateway image's own pinned Debian packages (tests/deployed_nginx.py), never
-the machine's.
+The nginx, its Lua module, LuaJIT and the Lua libraries are the gateway image's own pinned Debian
+packages (tests/deployed_nginx.py), never the machine's.
 
 Fake replicas are Python HTTP/1.1 servers in threads that record every request and answer like vLLM's
 OpenAI server (JSON with `usage`, or SSE chunks ending with a usage chunk and `[DONE]`). API keys
-come from the real host script (keys_script), so the digests njs looks up are the ones bash wrote.
+come from the real host script (keys_script), so the digests gateway.lua looks up are the ones bash wrote.
 """
 from __future__ import annotations
 
@@ -44,19 +44,24 @@ WAIT = 20.0  # upper bound for anything the tests wait on; reaching it is a fail
 
 @functools.cache
 def deployed() -> DeployedNginx:
-    """The nginx + njs the gateway image deploys (fetched once per machine), never the machine's own."""
+    """The nginx + Lua the gateway image deploys (fetched once per machine), never the machine's own."""
     try:
         return deployed_nginx()
     except (OSError, RuntimeError) as e:
-        pytest.fail(f"the gateway image's nginx and njs could not be fetched (tests/deployed_nginx.py): {e}")
+        pytest.fail(f"the gateway image's nginx and Lua module could not be fetched (tests/deployed_nginx.py): {e}")
 
 
 def nginx_binary() -> str:
     return str(deployed().nginx)
 
 
-def njs_module() -> str:
-    return str(deployed().njs_module)
+def lua_layout() -> dict[str, Any]:
+    """GatewayLayout's fields for the deployed tree's modules and Lua libraries."""
+    found = deployed()
+    return {"load_modules": (str(t / "usr/lib/nginx/modules/ndk_http_module.so"), str(t / "usr/lib/nginx/modules/ngx_http_lua_module.so")),
+                "lua_path": f"{t}/usr/share/lua/5.1/?.lua", "lua_cpath": f"{t}/usr/lib/x86_64-linux-gnu/lua/5.1/?.so"}
+    return {"load_modules": (str(found.ndk_module), str(found.lua_module)),
+            "lua_path": found.lua_package_path, "lua_cpath": found.lua_package_cpath}
 
 
 # --- fake vLLM replicas -----------------------------------------------------------------------
@@ -139,7 +144,8 @@ class FakeReplica:
                 except ValueError:
                     body = raw.decode(errors="replace")
                 with replica.lock:
-                    replica.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
+                    replica.requests.append({"path": self.path, "headers": dict(self.headers), "body": body,
+                                             "raw": raw})
                 if replica.fail_status is not None:
                     self._reply(replica.fail_status, {"object": "error", "message": "engine failure",
                                                       "served_by": replica.name})
@@ -232,7 +238,7 @@ class NginxGateway:
         for _ in range(5):
             self.port = free_port()
             self.layout = GatewayLayout(
-                port=self.port, listen_address="127.0.0.1", conf_dir=str(self.conf_dir), load_module=njs_module(),
+                port=self.port, listen_address="127.0.0.1", conf_dir=str(self.conf_dir), **lua_layout(),
                 digests_file=str(digests), tls_dir=str(tls_dir or root / "tls"), pid_file=str(root / "nginx.pid"),
                 error_log=str(root / "error.log"), access_log=str(root / "access.log"), temp_dir=str(root / "tmp"),
                 user=None, worker_processes="2", syslog_port=syslog_port,
@@ -459,7 +465,7 @@ def test_nginx_accepts_the_generated_config(variant: str, tmp_path: Path) -> Non
         secrets = {"llm-cluster:gatewayTlsCert", "llm-cluster:gatewayTlsKey"}
     spec = load_stack_config(config, secrets)
     layout = GatewayLayout(port=free_port(), listen_address="127.0.0.1", conf_dir=str(tmp_path),
-                           load_module=njs_module(), digests_file=str(tmp_path / "digests.json"),
+                           **lua_layout(), digests_file=str(tmp_path / "digests.json"),
                            tls_dir=str(self_signed(tmp_path / "tls")), pid_file=str(tmp_path / "pid"),
                            error_log=str(tmp_path / "error.log"), access_log=str(tmp_path / "access.log"),
                            temp_dir=str(tmp_path / "tmp"), user=None)
@@ -520,6 +526,27 @@ def test_alias_reaches_its_pool_with_the_served_name(gw: NginxGateway, keys: dic
     sent = [r for rs in replicas["chat"] for r in rs.requests if r["body"].get("rid") == "alias"]
     assert [r["body"] for r in sent] == [{"model": CHAT, "messages": [{"role": "user", "content": "你好"}],
                                           "rid": "alias"}]
+
+
+@pytest.mark.parametrize(("sent", "received"), [
+    # Every byte but the name as the client sent it: numbers beyond a double's precision, key order,
+    # escapes, empty arrays, a nested `model` (not the request's).
+    (b'{"model": "fast", "rid": "as-sent", "messages": [], "seed": 123456789012345678901, "t": 0.1, '
+     b'"m": {"model": "fast"}, "s": "a\\/b\\"c"}',
+     b'{"model": "qwen3-30b-a3b", "rid": "as-sent", "messages": [], "seed": 123456789012345678901, "t": 0.1, '
+     b'"m": {"model": "fast"}, "s": "a\\/b\\"c"}'),
+    (b' {"rid":"as-sent-escaped","\\u006dodel" :\t"f\\u0061st" }',
+     b' {"rid":"as-sent-escaped","\\u006dodel" :\t"qwen3-30b-a3b" }'),
+    (b'{"model": "fast", "rid": "as-sent-twice", "model": "fast"}',
+     b'{"model": "qwen3-30b-a3b", "rid": "as-sent-twice", "model": "qwen3-30b-a3b"}'),
+])
+def test_an_aliased_body_changes_only_in_its_model(gw: NginxGateway, keys: dict[str, str],
+                                                  replicas: dict[str, list[FakeReplica]], sent: bytes,
+                                                  received: bytes) -> None:
+    status, _, out = gw.call("POST", "/v1/chat/completions", raw=sent, key=keys["default"])
+    rid = json.loads(sent)["rid"]
+    assert (status, out["model"], out["rid"]) == (200, CHAT, rid)
+    assert [r["raw"] for rs in replicas["chat"] for r in rs.requests if r["body"].get("rid") == rid] == [received]
 
 
 def test_least_conn_spreads_requests_and_avoids_a_busy_replica(gw: NginxGateway, keys: dict[str, str],
@@ -615,13 +642,43 @@ def test_unknown_model_is_404_listing_the_available_ones(gw: NginxGateway, keys:
         "/data/models/Qwen3-30B-A3B, fast, deepseek-r1, /data/models/DeepSeek-R1-GPTQ-Int4")
 
 
-@pytest.mark.parametrize(("raw", "code"), [
-    (b'{"model": "qwen3', "invalid_json"), (b"", "invalid_json"), (b"[1, 2]", "invalid_json"),
-    (b'{"messages": []}', "missing_model"), (b'{"model": 7}', "missing_model"), (b'{"model": ""}', "missing_model"),
+PARSE = "We could not parse the JSON body of your request: "
+MISSING = "You must provide a model parameter (a string)."
+
+
+# The parser's reason is cjson's (the Lua module's JSON library), its token names spelled out.
+@pytest.mark.parametrize(("raw", "code", "message"), [
+    (b'{"model": "qwen3', "invalid_json", PARSE + "Expected value but found unexpected end of string at character 17"),
+    (b"", "invalid_json", PARSE + "Expected value but found the end of the body at character 1"),
+    (b'{"model": "a",}', "invalid_json", PARSE + "Expected object key string but found '}' at character 15"),
+    (b'{"model": "a"} x', "invalid_json", PARSE + "Expected the end but found invalid token at character 16"),
+    (b'{"model": "a", "n": NaN}', "invalid_json", PARSE + "Expected value but found invalid token at character 21"),
+    (b"[1, 2]", "invalid_json", "The request body must be a JSON object."),
+    (b" null", "invalid_json", "The request body must be a JSON object."),
+    (b'"qwen3-30b-a3b"', "invalid_json", "The request body must be a JSON object."),
+    (b'{"messages": []}', "missing_model", MISSING), (b'{"model": 7}', "missing_model", MISSING),
+    (b'{"model": ""}', "missing_model", MISSING), (b'{"model": null}', "missing_model", MISSING),
+    # Only the top level's `model` counts: one inside another member is not the request's.
+    (b'{"messages": [{"model": "qwen3-30b-a3b"}], "x": {"model": "qwen3-30b-a3b"}}', "missing_model", MISSING),
 ])
-def test_bad_json_or_missing_model_is_400(gw: NginxGateway, keys: dict[str, str], raw: bytes, code: str) -> None:
+def test_bad_json_or_missing_model_is_400(gw: NginxGateway, keys: dict[str, str], raw: bytes, code: str,
+                                          message: str) -> None:
+    status, headers, out = gw.call("POST", "/v1/chat/completions", raw=raw, key=keys["default"])
+    assert (status, error_code(out), out["error"]["message"]) == (400, code, message)
+    assert out["error"]["param"] == ("model" if code == "missing_model" else None)
+    assert headers["content-type"] == "application/json"
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"model":"deepseek-r1"}', b'  {\n "model" : "deepseek-r1" }', b'{"model": "deepseek\\u002dr1"}',
+    b'{"\\u006dodel": "deepseek-r1"}', b'{"model": "qwen3-30b-a3b", "model": "deepseek-r1"}',
+    b'{"messages": [{"model": "qwen3-30b-a3b"}], "model": "deepseek-r1", "m": {"model": "fast"}}',
+])
+def test_the_model_is_the_top_level_member_as_json_reads_it(gw: NginxGateway, keys: dict[str, str], raw: bytes) -> None:
+    # Escapes decoded, blanks anywhere, the last of two members (as Python's json, vLLM's, reads it),
+    # never a nested `model`.
     status, _, out = gw.call("POST", "/v1/chat/completions", raw=raw, key=keys["default"])
-    assert status == 400 and error_code(out) == code
+    assert (status, out["served_by"]) == (200, "reasoning-0")
 
 
 def test_body_over_the_limit_is_413(gw: NginxGateway, keys: dict[str, str]) -> None:

@@ -1,12 +1,12 @@
-"""The gateway's nginx + njs configuration and its key scripts, generated from the stack (no Pulumi).
+"""The gateway's nginx + Lua configuration and its key scripts, generated from the stack (no Pulumi).
 
 One OpenAI endpoint for every pool:
 - POST /v1/chat/completions, /v1/completions, /v1/embeddings go to the pool whose served names (or
   aliases) hold the body's `model`; each path-route prefix (`/smart/v1/`) accepts its pool's models
   only; GET /v1/models is answered by the gateway; every other path is a JSON 404, so vLLM's
   /metrics, /health, /load, /tokenize… are never reachable through it.
-- API keys: nginx never sees a key in its config; njs hashes the presented key and looks the digest
-  up in a preloaded `sha256 -> key id` file. Missing or unknown key: 401 (before the body is read);
+- API keys: nginx never sees a key in its config; the Lua module (gateway.lua) hashes the presented
+  key and looks the digest up in a `sha256 -> key id` file it reads when nginx starts. Missing or unknown key: 401 (before the body is read);
   per-key limit_req zones: 429; per-key model allowlists: 403.
 - Per pool: least_conn over the replicas (a shared zone, so every worker sees the same counts and
   failures), passive health with max_fails/fail_timeout, keepalive, unbuffered streaming, the pool's
@@ -35,19 +35,19 @@ from components.planning.monitoring import host_port
 from components.planning.node_scripts import put_files_lines
 from components.planning.topology import instances
 from components.planning.gateway_engines import engine_server, upstream_keepalive_seconds
-from components.planning.gateway_image import WORKER_UID
+from components.planning.gateway_image import LUA_MODULE, MODULES_DIR, NDK_MODULE, WORKER_UID
 from components.spec.gateway import ApiKeySpec, RateLimitSpec, TokenBudgetSpec
 from components.spec.stack import StackSpec
 
 T = TypeVar("T")
 
-NJS_SOURCE = Path(__file__).with_suffix(".js")
+LUA_SOURCE = Path(__file__).with_suffix(".lua")
 # The token budgets' njs (njs >= 0.8.0: a shared dict), loaded only when a key has a budget.
 BUDGET_SOURCE = Path(__file__).with_name("gateway_budget.js")
 BUDGET_ZONE = "llm_tokens"
 EXPORTER_SOURCE = Path(__file__).with_name("gateway_exporter.py")
-# Where Debian's libnginx-mod-http-js and the official nginx image both put the njs module.
-NJS_MODULE_PATH = "/usr/lib/nginx/modules/ngx_http_js_module.so"
+# The image's NDK and Lua modules, NDK's first: the Lua module links against it.
+LUA_MODULES = (f"{MODULES_DIR}/{NDK_MODULE}", f"{MODULES_DIR}/{LUA_MODULE}")
 
 # Endpoints routed by `model` (POST) under /v1/ and under every path-route prefix.
 MODEL_ENDPOINTS = ("chat/completions", "completions", "embeddings")
@@ -58,7 +58,7 @@ HOST_KEYS_DIR = "/etc/llm-cluster/gateway"
 HOST_DIGESTS_DIR = f"{HOST_KEYS_DIR}/nginx"
 # The rest of the gateway's host files, each directory mounted read-only into the container, so a
 # changed file is an update of the command that writes it, which reloads nginx (never a new container):
-HOST_CONF_DIR = f"{HOST_KEYS_DIR}/conf"  # nginx.conf, the njs module, the routing table
+HOST_CONF_DIR = f"{HOST_KEYS_DIR}/conf"  # nginx.conf, the Lua module, the routing table
 HOST_TLS_DIR = f"{HOST_KEYS_DIR}/tls"  # cert.pem, key.pem (0600)
 HOST_CA_DIR = f"{HOST_KEYS_DIR}/ca"  # the private CA of generated certificates; its key never leaves
 CONTAINER_CONF_DIR = "/etc/llm-gateway"
@@ -87,8 +87,12 @@ class GatewayLayout:
     listen_address: str = ""
     """Empty: every address (host network); tests bind 127.0.0.1."""
     conf_dir: str = "/etc/nginx"
-    load_module: str = "modules/ngx_http_js_module.so"
-    """Relative to nginx's prefix (/etc/nginx in the image); Debian: /usr/lib/nginx/modules/…."""
+    load_modules: tuple[str, ...] = LUA_MODULES
+    """The NDK and Lua modules, in load order: the image's; tests: the unpacked packages'."""
+    lua_path: str = ""
+    """More lua_package_path entries (`…/?.lua`, `;`-separated) for resty.core; "": the packages' default."""
+    lua_cpath: str = ""
+    """More lua_package_cpath entries (`…/?.so`) for cjson; "": the packages' default."""
     digests_file: str = f"/etc/nginx/llm-keys/{DIGESTS_FILE}"
     tls_dir: str = "/etc/nginx/llm-tls"
     pid_file: str = "/var/run/nginx.pid"
@@ -107,9 +111,9 @@ class GatewayLayout:
     the exporter follows the usage files, which costs nginx nothing; the bench measures both)."""
 
     @property
-    def njs_file(self) -> str:
-        """The njs module inside the container."""
-        return f"{self.conf_dir}/llm/gateway.js"
+    def lua_dir(self) -> str:
+        """Where the gateway's Lua modules (gateway.lua, …) are inside the container."""
+        return f"{self.conf_dir}/llm"
 
     @property
     def budget_file(self) -> str:
@@ -118,7 +122,7 @@ class GatewayLayout:
 
     @property
     def routes_file(self) -> str:
-        """The generated routing table (a preloaded object) inside the container."""
+        """The generated routing table (read when nginx starts) inside the container."""
         return f"{self.conf_dir}/llm/routes.json"
 
 
@@ -126,7 +130,7 @@ def container_layout(spec: StackSpec) -> GatewayLayout:
     """The layout of the gateway container: host network, the stack's port, config from host mounts."""
     g = spec.gateway
     assert g is not None
-    return GatewayLayout(port=g.port, conf_dir=CONTAINER_CONF_DIR, load_module=NJS_MODULE_PATH,
+    return GatewayLayout(port=g.port, conf_dir=CONTAINER_CONF_DIR,
                          digests_file=f"{CONTAINER_KEYS_DIR}/{DIGESTS_FILE}", tls_dir=CONTAINER_TLS_DIR,
                          usage_dir=g.usage_log.dir)
 
@@ -277,7 +281,7 @@ def context_length(spec: StackSpec, pool: str) -> int:
 
 
 def routes_table(spec: StackSpec) -> dict[str, object]:
-    """routes.json, the object njs preloads: names -> [pool label, {pool: true}, location, rewrite-to],
+    """routes.json, the table gateway.lua reads: names -> [pool label, {pool: true}, location, rewrite-to],
     listing, allowlists."""
     g = spec.gateway
     assert g is not None
@@ -317,7 +321,7 @@ def routes_table(spec: StackSpec) -> dict[str, object]:
 
 
 def key_digests(keys: Mapping[str, str], ids: Sequence[str]) -> str:
-    """The file nginx preloads: {sha256(key): id} for exactly the stack's ids; refuses gaps and extras."""
+    """The file gateway.lua reads: {sha256(key): id} for exactly the stack's ids; refuses gaps and extras."""
     missing = [i for i in ids if not keys.get(i)]
     extra = sorted(set(keys) - set(ids))
     if missing or extra:
@@ -340,7 +344,7 @@ def _json_error(message: str, code: str, type_: str) -> str:
 
 @dataclass(frozen=True)
 class ErrorPage:
-    """A response nginx produces itself (no njs, no replica), always an OpenAI-style JSON error."""
+    """A response nginx produces itself (no Lua, no replica), always an OpenAI-style JSON error."""
 
     status: int
     """The status the client sees (nginx's internal 494/497/503 become 431/400/429)."""
@@ -394,7 +398,7 @@ def error_page(raised: int) -> str:
     return f"        error_page {raised} {overwrite}{ERROR_PREFIX}{raised};"
 
 
-# Allow of a 405 nginx answers itself (TRACE, or a method it refuses before njs runs), by path.
+# Allow of a 405 nginx answers itself (TRACE, or a method it refuses before Lua runs), by path.
 ALLOW_MODELS = "GET, HEAD"
 ALLOW_ENDPOINTS = "POST"
 
@@ -474,7 +478,7 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
     budgets = token_budgets(spec)
     listen = f"{layout.listen_address}:{layout.port}" if layout.listen_address else str(layout.port)
     out = ["# Generated by llm-cluster from the stack; change Pulumi.<stack>.yaml, not this file.",
-           f"load_module {layout.load_module};"]
+           *(f"load_module {module};" for module in layout.load_modules)]
     if layout.user:
         out.append(f"user {layout.user};")
     out += [f"worker_processes {layout.worker_processes};",
@@ -493,7 +497,7 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
             "    tcp_nodelay on;",
             "    keepalive_timeout 75s;",
             "    keepalive_requests 10000;",
-            "    # njs reads `model` from the body: it must be whole and in memory, never in a temp file.",
+            "    # Lua reads `model` from the body: it must be whole and in memory, never in a temp file.",
             f"    client_max_body_size {g.max_body_mib}m;",
             f"    client_body_buffer_size {g.max_body_mib}m;",
             "    client_body_in_single_buffer on;",
@@ -504,15 +508,8 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
         for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
             out.append(f"    {kind}_temp_path {layout.temp_dir}/{kind};")
     out += ["",
-            f"    js_preload_object llm_routes from {layout.routes_file};",
-            *([f"    js_preload_object llm_keys from {layout.digests_file};"] if g.auth else []),
-            f"    js_import gateway from {layout.njs_file};",
-            "    js_set $llm_key_id gateway.keyId;",
-            "    js_var $llm_model;",
-            "    js_var $llm_pool;",
-            "    js_var $llm_body;",
-            "    js_var $llm_usage;",
-            "    js_var $llm_events 0;",
+            *_lua_directives(spec, layout),
+            *_request_variables(),
             # The usage filter hands over the bytes after the response's "usage"; nginx reads the
             # counts out of them once, when it writes the log line (null when there were none).
             *(line for kind in USAGE_COUNTS for line in (
@@ -581,7 +578,8 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
                 f"        ssl_certificate_key {layout.tls_dir}/key.pem;",
                 "        ssl_protocols TLSv1.2 TLSv1.3;",
                 "        ssl_session_cache shared:llm_tls:10m;"]
-    out += [*(error_page(raised) for raised in (*ERRORS, *([BUDGET_REFUSED] if budgets else []))), ""]
+    out += ['        set_by_lua_block $llm_key_id { return require("gateway").key_id() }',
+            *(error_page(raised) for raised in (*ERRORS, *([BUDGET_REFUSED] if budgets else []))), ""]
     guard = ['            if ($llm_key_id = "") {',
              "                return 401;",
              "            }"] if g.auth else []
@@ -596,9 +594,9 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
     for prefix in path_routes(spec):
         for endpoint in MODEL_ENDPOINTS:
             out += [f"        location = {prefix}{endpoint} {{", *guard, *refuse,
-                    "            js_content gateway.route;", "        }"]
+                    '            content_by_lua_block { require("gateway").route() }', "        }"]
         out += [f"        location = {prefix}models {{", *guard,
-                "            js_content gateway.models;", "        }"]
+                '            content_by_lua_block { require("gateway").models() }', "        }"]
     out += ["", "        location / {", "            return 404;", "        }", ""]
 
     aliased = set(g.aliases.values())
@@ -614,6 +612,41 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
                     *(_budget_headers() if budgets else []), "        }"]
     out += ["", *_error_locations(g.max_body_mib, bool(budgets)), "    }", "}", ""]
     return "\n".join(out)
+
+
+def _lua_string(text: str) -> str:
+    """A path as a double-quoted Lua string inside nginx.conf (nothing in it that either would unescape)."""
+    assert not set('"\\') & set(text), text
+    return f'"{text}"'
+
+
+def _lua_directives(spec: StackSpec, layout: GatewayLayout) -> list[str]:
+    """Where the Lua modules are, and gateway.lua's tables read once per start (and per reload)."""
+    g = spec.gateway
+    assert g is not None
+    digests = _lua_string(layout.digests_file) if g.auth else "nil"
+    out = [f'    lua_package_path "{layout.lua_dir}/?.lua;{layout.lua_path + ";" if layout.lua_path else ""};";']
+    if layout.lua_cpath:
+        out.append(f'    lua_package_cpath "{layout.lua_cpath};;";')
+    return out + [f'    init_by_lua_block {{ require("gateway").init({_lua_string(layout.routes_file)}, {digests}) }}']
+
+
+# The variables the request path sets (ngx.var, set_by_lua) and the log phase reads, with the
+# value a request has until then.
+REQUEST_VARIABLES = {"llm_key_id": "", "llm_model": "", "llm_pool": "", "llm_body": "", "llm_usage": "",
+                     "llm_events": "0"}
+
+
+def _request_variables() -> list[str]:
+    """Each request variable declared by a `map` of its default. A map's variable is changeable
+    and keeps a value set in it, across ngx.exec and error_page redirects alike (a server-level
+    `set` would run again on an error page's redirect and blank them), and it reads as its default
+    in a request that never reached the rewrite phase (a 408 on headers), where a `set` variable
+    would be "uninitialized": no value, and a warning per request in the error log."""
+    return [*(f'    map "" ${name} {{ default "{value}"; }}' for name, value in REQUEST_VARIABLES.items()),
+            # ngx.var assigns only a variable nginx has indexed, i.e. one a directive names: this
+            # format, never written, names every one of them whatever the log phase reads.
+            f"    log_format llm_request_variables '{' '.join(f'${name}' for name in REQUEST_VARIABLES)}';"]
 
 
 def log_format(spec: StackSpec) -> str:
@@ -670,7 +703,7 @@ def _map_literal(key_id: str) -> str:
 
 
 def _maps(spec: StackSpec) -> list[str]:
-    """Variables computed by nginx alone (no njs): the upstream URI, Allow, log fields, the pinned
+    """Variables computed by nginx alone (no Lua): the upstream URI, Allow, log fields, the pinned
     pool, the presented key, 429 headers."""
     g = spec.gateway
     assert g is not None
@@ -689,16 +722,15 @@ def _maps(spec: StackSpec) -> list[str]:
            f"    map $request_uri $llm_log_path {{",
            f'        "~^(?<llm_path_head>.{{0,{LOG_FIELD_MAX}}})" $llm_path_head;',
            "    }",
-           # Work nginx does in C that would cost njs several operations each (about 1-3 k
-           # instructions apiece on njs 0.7.9 and 0.8.9; README, "Gateway performance"):
-           "    # The pool a path route pins ('' under /v1/), for njs's router: a hash lookup.",
+           # Work nginx does in C, once, with no Lua string work per request:
+           "    # The pool a path route pins ('' under /v1/), for the router: a hash lookup.",
            "    map $uri $llm_pin {",
            '        default "";',
            *(f"        {prefix}{endpoint} {pool};" for prefix, pool in g.path_routes.items()
              for endpoint in MODEL_ENDPOINTS),
            "    }"]
     if g.auth:
-        out += ["    # What follows `Bearer ` (in any case) in Authorization: the key njs hashes.",
+        out += ["    # What follows `Bearer ` (in any case) in Authorization: the key gateway.lua hashes.",
                 "    map $http_authorization $llm_bearer {",
                 '        "~*^bearer (?<llm_token>.+)$" $llm_token;',
                 '        default "";',
@@ -764,7 +796,7 @@ def _proxy_block(spec: StackSpec, upstream: str, pools: Sequence[str]) -> list[s
         f"            proxy_next_upstream error timeout {failures} non_idempotent;",
         f"            proxy_next_upstream_tries {MAX_TRIES};",
         f"            proxy_next_upstream_timeout {timeout}s;",
-        "            js_body_filter gateway.usage buffer_type=buffer;",
+        '            body_filter_by_lua_block { require("gateway").usage() }',
     ]
 
 
@@ -773,14 +805,14 @@ def render_gateway(spec: StackSpec, layout: GatewayLayout,
     """Every file the gateway container needs, by path relative to the layout's conf_dir."""
     return {
         "nginx.conf": nginx_conf(spec, layout, upstreams),
-        "llm/gateway.js": NJS_SOURCE.read_text(),
+        "llm/gateway.lua": LUA_SOURCE.read_text(),
         "llm/routes.json": json.dumps(routes_table(spec), indent=1) + "\n",
         **({"llm/budget.js": BUDGET_SOURCE.read_text()} if token_budgets(spec) else {}),
     }
 
 
 def gateway_files(spec: StackSpec) -> dict[str, str]:
-    """The container's files (nginx.conf, njs module, routing table) for the stack as deployed."""
+    """The container's files (nginx.conf, Lua module, routing table) for the stack as deployed."""
     return render_gateway(spec, container_layout(spec))
 
 
@@ -877,7 +909,7 @@ fi
 
 def config_script(spec: StackSpec, files: Mapping[str, str] | None = None, conf_dir: str = HOST_CONF_DIR,
                   digests_from_stdin: str | None = None, control: NginxControl = NginxControl()) -> str:
-    """Write the gateway's config files (nginx.conf, njs, routes) on its host and reload nginx in place.
+    """Write the gateway's config files (nginx.conf, Lua, routes) on its host and reload nginx in place.
 
     `digests_from_stdin`: the host path of the key digests, when they come from the stack's secret.
     """

@@ -1,0 +1,389 @@
+-- llm-cluster gateway, module `gateway` (ngx_http_lua_module + LuaJIT): API key -> key id, routing by
+-- the request's `model`, GET /v1/models, the refusals, and the usage body filter.
+--
+-- Data comes from two files read once per nginx start (init_by_lua), so neither this file nor
+-- nginx.conf holds a key:
+--   routes.json       generated from the stack (auth, models, pools, prefixes, allowlists)
+--   key-hashes.json   sha256(key) -> key id, made on the gateway host or from the stack's secret
+--                     (absent when auth is off)
+-- Per-request state crosses ngx.exec (the redirect to the pool's named location clears ngx.ctx) in
+-- nginx variables: $llm_key_id, $llm_model, $llm_pool, $llm_body, $llm_usage, $llm_events (the log
+-- phase reads them).
+--
+-- The request path runs for every request: no regular expression, no string work on a response
+-- body beyond plain searches, each ngx.var read once.
+local cjson = require("cjson.safe").new()  -- this module's own instance: its settings are ours alone
+local ffi = require("ffi")
+
+ffi.cdef [[
+typedef struct evp_md_st EVP_MD;
+const EVP_MD *EVP_get_digestbyname(const char *name);
+int EVP_Digest(const void *data, size_t count, unsigned char *md, unsigned int *size,
+               const EVP_MD *type, void *impl);
+]]
+local C = ffi.C  -- nginx links libcrypto (OpenSSL 3): its sha256, no Lua library needed
+local SHA256 = C.EVP_get_digestbyname("sha256")
+local digest = ffi.new("unsigned char[32]")
+local ffi_string = ffi.string
+
+local ngx = ngx
+local var = ngx.var
+local byte, sub, find, concat = string.byte, string.sub, string.find, table.concat
+
+
+-- JSON only: NaN, Infinity and hex numbers are refused as JSON.parse and the engines' parsers do.
+cjson.decode_invalid_numbers(false)
+
+local LOG_FIELD_MAX = 256  -- gateway.py LOG_FIELD_MAX
+local USAGE_WINDOW = 400  -- gateway.py USAGE_WINDOW
+
+local M = {}
+local routes
+local keys = {}  -- raw 32-byte sha256 -> key id
+
+local function read(path)
+    local f = assert(io.open(path, "rb"))
+    local text = f:read("*a")
+    f:close()
+    return text
+end
+
+local function unhex(c)
+    return string.char(tonumber(c, 16))
+end
+
+-- init_by_lua: the routing table and, with auth, the digests (hex sha256 -> key id). A missing or
+-- unreadable file stops nginx from starting (`nginx -t` says which), never a gateway without keys.
+function M.init(routes_file, digests_file)
+    routes = assert(cjson.decode(read(routes_file)), routes_file .. ": not JSON")
+    if routes.auth then
+        local digests = assert(cjson.decode(read(digests_file)), digests_file .. ": not JSON")
+        for hex, id in pairs(digests) do
+            keys[hex:gsub("..", unhex)] = id
+        end
+    end
+end
+
+-- set_by_lua $llm_key_id: the id of the presented key, '' when it is missing or unknown, or auth is off.
+function M.key_id()
+    if not routes.auth then
+        return ""
+    end
+    -- nginx's map $llm_bearer holds what follows `Bearer ` (any case): one read, no pattern here.
+    local key = var.llm_bearer
+    -- Blanks around the key are not part of it; trimmed byte by byte (string.match would abort
+    -- LuaJIT's trace every time).
+    local i, j = 1, #key
+    while i <= j and (byte(key, i) == 32 or byte(key, i) == 9) do
+        i = i + 1
+    end
+    while j >= i and (byte(key, j) == 32 or byte(key, j) == 9) do
+        j = j - 1
+    end
+    if i > j then
+        return ""
+    end
+    if i > 1 or j < #key then
+        key = sub(key, i, j)
+    end
+    -- Looking up the digest, not the key: the lookup time says nothing about the key.
+    C.EVP_Digest(key, #key, digest, nil, SHA256, nil)
+    return keys[ffi_string(digest, 32)] or ""
+end
+
+-- A JSON string. cjson writes '/' as '\/': every backslash before a '/' in its output is that
+-- escape (a backslash of the text is written '\\'), so dropping them gives back plain slashes.
+local function json_string(s)
+    return (cjson.encode(s):gsub("\\/", "/"))
+end
+
+-- cjson's names of the tokens it found, in its parse errors, as a client reads them.
+local TOKENS = {T_OBJ_BEGIN = "'{'", T_OBJ_END = "'}'", T_ARR_BEGIN = "'['", T_ARR_END = "']'",
+                T_STRING = "a string", T_NUMBER = "a number", T_BOOLEAN = "a boolean", T_NULL = "null",
+                T_COLON = "':'", T_COMMA = "','", T_END = "the end of the body", T_WHITESPACE = "a blank",
+                T_ERROR = "an error", T_UNKNOWN = "an unknown token"}
+
+-- An OpenAI-style error; every error Lua answers is the client's (4xx). Fields in OpenAI's order.
+local function fail(status, message, code, param, allow)
+    local body = '{"error": {"message": ' .. json_string(message) .. ', "type": "invalid_request_error", "param": '
+        .. (param and json_string(param) or "null") .. ', "code": ' .. json_string(code) .. "}}"
+    ngx.status = status
+    local header = ngx.header
+    header["Content-Type"] = "application/json"
+    header["Content-Length"] = #body
+    if allow then
+        header["Allow"] = allow
+    end
+    ngx.print(body)
+    return ngx.exit(ngx.HTTP_OK)  -- the answer is out: end the request, no error page
+end
+
+-- '/smart/v1/chat/completions' -> '/smart/v1/'; the endpoints themselves never contain '/v1/'.
+local function prefix_of(uri)
+    local last, at = 1, find(uri, "/v1/", 1, true)
+    while at do
+        last = at
+        at = find(uri, "/v1/", at + 1, true)
+    end
+    return sub(uri, 1, last + 3)
+end
+
+-- Model names a key may see under a prefix: the prefix's pool only, or every pool in list order.
+local function visible_names(prefix, id)
+    local fixed = routes.prefixes[prefix]
+    local allow = routes.allow[id]
+    local names, seen = {}, {}  -- pools that share a model list its names once
+    for _, pool in ipairs(routes.order) do
+        if not fixed or pool == fixed then
+            for _, name in ipairs(routes.listing[pool]) do
+                if (not allow or allow[name]) and not seen[name] then
+                    seen[name] = true
+                    names[#names + 1] = name
+                end
+            end
+        end
+    end
+    return names
+end
+
+-- A client's model name as logged: at most LOG_FIELD_MAX bytes, never a UTF-8 character cut in two.
+local function log_field(s)
+    if #s <= LOG_FIELD_MAX then
+        return s
+    end
+    local cut = LOG_FIELD_MAX
+    while cut > 0 and byte(s, cut + 1) >= 0x80 and byte(s, cut + 1) < 0xC0 do
+        cut = cut - 1  -- the byte after the cut continues a character: cut before that character
+    end
+    return sub(s, 1, cut)
+end
+
+-- The position of the first byte from i on that is not one of JSON's blanks.
+local function skip_blanks(s, i)
+    local c = byte(s, i)
+    while c == 32 or c == 9 or c == 10 or c == 13 do
+        i = i + 1
+        c = byte(s, i)
+    end
+    return i
+end
+
+-- The position after the JSON string that starts at i (a quote not escaped by a backslash ends it).
+local function string_end(s, i)
+    local q = find(s, '"', i + 1, true)
+    while true do
+        local k = q - 1
+        while byte(s, k) == 92 do
+            k = k - 1
+        end
+        if (q - 1 - k) % 2 == 0 then
+            return q + 1
+        end
+        q = find(s, '"', q + 1, true)
+    end
+end
+
+-- The position after the JSON value that starts at i (strings skipped whole, brackets counted).
+local function value_end(s, i)
+    local c = byte(s, i)
+    if c == 34 then
+        return string_end(s, i)
+    end
+    if c ~= 123 and c ~= 91 then
+        return find(s, "[,}%]%s]", i) or #s + 1  -- a number, true, false or null
+    end
+    local depth, j = 0, i
+    while true do
+        j = find(s, '[%[%]{}"]', j)
+        c = byte(s, j)
+        if c == 34 then
+            j = string_end(s, j)
+        else
+            depth = depth + ((c == 123 or c == 91) and 1 or -1)
+            j = j + 1
+            if depth == 0 then
+                return j
+            end
+        end
+    end
+end
+
+-- The object body with each top-level `model` member's value replaced by `name`, every other byte
+-- as the client sent it (numbers, key order, escapes: the body is not encoded again). For a body
+-- cjson has parsed only: the scan assumes valid JSON. Aliases only, never the hot path.
+local function with_model(s, name)
+    local out, from = {}, 1
+    local i = skip_blanks(s, skip_blanks(s, 1) + 1)  -- the first key, or the '}' of `{}`
+    while byte(s, i) == 34 do
+        local key_end = string_end(s, i)
+        local key = sub(s, i, key_end - 1)
+        local at = skip_blanks(s, skip_blanks(s, key_end) + 1)  -- the value, after the ':'
+        local stop = value_end(s, at)
+        if key == '"model"' or (find(key, "\\", 1, true) and cjson.decode(key) == "model") then
+            out[#out + 1] = sub(s, from, at - 1)
+            out[#out + 1] = json_string(name)
+            from = stop
+        end
+        i = skip_blanks(s, stop)  -- ',' or '}'
+        if byte(s, i) ~= 44 then
+            break
+        end
+        i = skip_blanks(s, i + 1)
+    end
+    out[#out + 1] = sub(s, from)
+    return concat(out)
+end
+
+-- content_by_lua of POST /v1/{chat/completions,completions,embeddings} and the path-route prefixes.
+function M.route()
+    local method = ngx.req.get_method()
+    if method ~= "POST" then
+        local uri = var.uri
+        return fail(405, "Method " .. method .. " is not allowed on " .. uri .. "; use POST.",
+                    "method_not_allowed", nil, "POST")
+    end
+    ngx.req.read_body()  -- in memory, whole (client_body_buffer_size = client_max_body_size)
+    local raw = ngx.req.get_body_data() or ""
+    local body, err = cjson.decode(raw)
+    if err then
+        return fail(400, "We could not parse the JSON body of your request: " .. err:gsub("T_[%u_]+", TOKENS),
+                    "invalid_json")
+    end
+    if type(body) ~= "table" or byte(raw, skip_blanks(raw, 1)) ~= 123 then  -- an array is a table too; '{' tells
+        return fail(400, "The request body must be a JSON object.", "invalid_json")
+    end
+    local model = body.model
+    if type(model) ~= "string" or model == "" then
+        return fail(400, "You must provide a model parameter (a string).", "missing_model", "model")
+    end
+    -- The log line stays short whatever the client sends: the logged name is cut.
+    var.llm_model = log_field(model)
+    local id = var.llm_key_id
+    local fixed = var.llm_pin  -- the pool a path route pins, '' under /v1/ (nginx's map)
+    if fixed == "" then
+        fixed = nil
+    end
+    -- entry: {pool, or `a+b` for pools sharing the model; {pool = true}; named location;
+    --         served name to rewrite to ('' = none)}
+    local entry = routes.models[model]
+    if not entry or (fixed and not entry[2][fixed]) then
+        local prefix = prefix_of(var.uri)
+        return fail(404, "The model '" .. model .. "' does not exist under " .. prefix .. ". Available models: "
+                    .. concat(visible_names(prefix, id), ", "), "model_not_found", "model")
+    end
+    local allow = routes.allow[id]
+    if allow and not allow[model] then
+        return fail(403, "The API key '" .. id .. "' may not use the model '" .. model .. "'. Allowed models: "
+                    .. concat(visible_names(prefix_of(var.uri), id), ", "), "model_not_allowed", "model")
+    end
+    local location = entry[3]
+    local rewrite = entry[4]
+    var.llm_pool = fixed or entry[1]
+    if fixed then
+        -- A path route pins its pool, even for a model other pools serve too.
+        location = (rewrite ~= "" and "@llm_alias_" or "@llm_pool_") .. fixed
+    end
+    if rewrite ~= "" then
+        -- An alias: the engine only knows its served names, so the body goes out with the real one.
+        var.llm_body = with_model(raw, rewrite)
+    end
+    return ngx.exec(location)
+end
+
+-- content_by_lua of GET /v1/models (and <prefix>models): the models this key may use, OpenAI-style.
+function M.models()
+    local method = ngx.req.get_method()
+    if method ~= "GET" and method ~= "HEAD" then
+        return fail(405, "Method " .. method .. " is not allowed on " .. var.uri .. "; use GET.",
+                    "method_not_allowed", nil, "GET, HEAD")
+    end
+    local created = ngx.time()
+    local data = {}
+    for i, name in ipairs(visible_names(prefix_of(var.uri), var.llm_key_id)) do
+        local meta = routes.meta[name]
+        -- Written out in order (a Lua table has none): the fields njs's JSON.stringify gave.
+        data[i] = '{"id": ' .. json_string(name) .. ', "object": "model", "created": ' .. created
+            .. ', "owned_by": "llm-cluster", "root": ' .. json_string(meta[1]) .. ', "max_model_len": '
+            .. meta[2] .. "}"
+    end
+    local body = '{"object": "list", "data": [' .. concat(data, ", ") .. "]}"
+    ngx.header["Content-Type"] = "application/json"
+    ngx.header["Content-Length"] = #body
+    ngx.print(body)
+end
+
+-- body_filter_by_lua of the pool locations: pass every chunk on untouched, count the stream events
+-- sent (so a stream the client cut off still says what it was served), and hand nginx the bytes
+-- from the response's `"usage"` on (the JSON response's, or a stream's last chunk with
+-- include_usage) as $llm_usage, whose counts nginx's own maps read at log time.
+--
+-- Plain searches only, variables set only when something was found. A marker cut by a chunk
+-- boundary is found by carrying the few bytes that could start one (or, while a usage object is
+-- unfinished, the bytes from its start) into the next chunk. Per-request state in ngx.ctx (the
+-- filter runs after the redirect: this ctx is the pool location's).
+function M.usage()
+    local chunk = ngx.arg[1]
+    local ctx = ngx.ctx
+    local buf, from = chunk, 0  -- from: bytes of buf scanned already, as part of the previous chunk
+    local carry = ctx.carry
+    if carry then
+        from = #carry
+        buf = carry .. chunk
+        ctx.carry = nil
+    end
+    local n = #buf
+    if n == from then
+        return
+    end
+    local stream = ctx.stream
+    if stream == nil then
+        stream = byte(buf, 1) ~= 123  -- a JSON body starts with '{'; an event stream never does
+        ctx.stream = stream
+    end
+    if stream then
+        -- Events start at a line start; one wholly inside the carried bytes was counted already.
+        local events = ctx.events or 0
+        local seen = events
+        local before = ctx.before or 10  -- the byte before buf (a body starts a line)
+        local at = find(buf, "data:", from > 4 and from - 3 or 1, true)
+        while at do
+            if at + 4 > from and (at > 1 and byte(buf, at - 1) or before) == 10 then
+                events = events + 1
+            end
+            at = find(buf, "data:", at + 5, true)
+        end
+        if events ~= seen then
+            ctx.events = events
+            var.llm_events = events
+        end
+    end
+    local keep = n
+    local u, f = nil, find(buf, '"usage"', 1, true)
+    while f do
+        u = f
+        f = find(buf, '"usage"', f + 7, true)
+    end
+    if u then
+        var.llm_usage = sub(buf, u, u + USAGE_WINDOW - 1)
+        if not find(buf, "}", u, true) then
+            keep = u - 1  -- no '}' yet: the counts may go on in the next chunk, read them again then
+        end
+    end
+    if keep == n and byte(buf, n) ~= 10 then
+        -- The last bytes may begin a marker ('"usage"', 'data:') that the next chunk finishes.
+        local edge = n > 6 and n - 6 or 0
+        if find(buf, '"', edge + 1, true) or (stream and find(buf, "d", edge + 1, true)) then
+            keep = edge
+        end
+    end
+    if keep < n then
+        if keep > 0 then
+            ctx.before = byte(buf, keep)
+        end
+        ctx.carry = sub(buf, keep + 1)
+    else
+        ctx.before = byte(buf, n)
+    end
+end
+
+return M
