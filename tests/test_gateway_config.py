@@ -136,9 +136,10 @@ def test_reference_loads_the_lua_module_reads_its_tables_once_and_declares_the_r
     conf = lines(gateway_files(prod_spec)["nginx.conf"])
     http = block("\n".join(conf), "http")
     lua = [line for line in http if line.startswith(("lua_", "init_by_lua"))]
-    # The image's packages' own search paths after the config's directory (`;;`); the tables read in
-    # the master, once per start or reload, never per request.
-    assert lua == ['lua_package_path "/etc/llm-gateway/llm/?.lua;;";',
+    # The image's packages' own search paths after the config's directory; the tables read in the
+    # master, once per start or reload, never per request.
+    assert lua == ['lua_package_path "/etc/llm-gateway/llm/?.lua;/usr/share/lua/5.1/?.lua;;";',
+                   'lua_package_cpath "/usr/lib/x86_64-linux-gnu/lua/5.1/?.so;;";',
                    'init_by_lua_block { require("gateway").init("/etc/llm-gateway/llm/routes.json", '
                    '"/etc/llm-gateway-keys/key-hashes.json") }']
     # Declared with their defaults (a map: kept across ngx.exec and error pages, no "uninitialized"
@@ -154,7 +155,7 @@ def test_reference_loads_the_lua_module_reads_its_tables_once_and_declares_the_r
     assert not [line for line in conf if line.startswith("js_") or "njs" in line]
 
 
-def test_the_tests_lua_paths_come_before_the_defaults(prod_spec: StackSpec, tmp_path: Path) -> None:
+def test_the_tests_lua_paths_replace_the_images(prod_spec: StackSpec, tmp_path: Path) -> None:
     layout = GatewayLayout(port=8080, conf_dir=str(tmp_path), lua_path="/t/a/?.lua;/t/b/?.lua", lua_cpath="/t/?.so")
     conf = lines(nginx_conf(prod_spec, layout))
     assert [line for line in conf if line.startswith("lua_package")] == [

@@ -58,8 +58,6 @@ def nginx_binary() -> str:
 def lua_layout() -> dict[str, Any]:
     """GatewayLayout's fields for the deployed tree's modules and Lua libraries."""
     found = deployed()
-    return {"load_modules": (str(t / "usr/lib/nginx/modules/ndk_http_module.so"), str(t / "usr/lib/nginx/modules/ngx_http_lua_module.so")),
-                "lua_path": f"{t}/usr/share/lua/5.1/?.lua", "lua_cpath": f"{t}/usr/lib/x86_64-linux-gnu/lua/5.1/?.so"}
     return {"load_modules": (str(found.ndk_module), str(found.lua_module)),
             "lua_path": found.lua_package_path, "lua_cpath": found.lua_package_cpath}
 

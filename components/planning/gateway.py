@@ -35,7 +35,9 @@ from components.planning.monitoring import host_port
 from components.planning.node_scripts import put_files_lines
 from components.planning.topology import instances
 from components.planning.gateway_engines import engine_server, upstream_keepalive_seconds
-from components.planning.gateway_image import LUA_MODULE, MODULES_DIR, NDK_MODULE, WORKER_UID
+from components.planning.gateway_image import (
+    LUA_CPATHS, LUA_MODULE, LUA_PATHS, MODULES_DIR, NDK_MODULE, WORKER_UID,
+)
 from components.spec.gateway import ApiKeySpec, RateLimitSpec, TokenBudgetSpec
 from components.spec.stack import StackSpec
 
@@ -89,10 +91,10 @@ class GatewayLayout:
     conf_dir: str = "/etc/nginx"
     load_modules: tuple[str, ...] = LUA_MODULES
     """The NDK and Lua modules, in load order: the image's; tests: the unpacked packages'."""
-    lua_path: str = ""
-    """More lua_package_path entries (`…/?.lua`, `;`-separated) for resty.core; "": the packages' default."""
-    lua_cpath: str = ""
-    """More lua_package_cpath entries (`…/?.so`) for cjson; "": the packages' default."""
+    lua_path: str = ";".join(LUA_PATHS)
+    """Where resty.core and resty.lrucache are (`…/?.lua`, `;`-separated): the image's; tests: the tree's."""
+    lua_cpath: str = ";".join(LUA_CPATHS)
+    """Where cjson is (`…/?.so`): the image's; tests: the tree's."""
     digests_file: str = f"/etc/nginx/llm-keys/{DIGESTS_FILE}"
     tls_dir: str = "/etc/nginx/llm-tls"
     pid_file: str = "/var/run/nginx.pid"

@@ -79,9 +79,9 @@ MUTANTS: list[Mutant] = [
            "return None if t is None else capability > t.fp16_dot_min_capability",
            ("tests/test_capability_boundaries.py",), "fp16 MoE refused on the first GPU the image's Triton compiles for"),
     # --- gateway -------------------------------------------------------------------------------------
-    Mutant("bearer-scheme-unchecked", "components/planning/gateway.js",
-           "if (!auth || auth.length < 8 || auth.slice(0, 7).toLowerCase() !== 'bearer ') {",
-           "if (!auth || auth.length < 8) {",
+    Mutant("bearer-scheme-unchecked", "components/planning/gateway.py",
+           """'        "~*^bearer (?<llm_token>.+)$" $llm_token;',""",
+           """'        "~*^[a-z]+ (?<llm_token>.+)$" $llm_token;',""",
            ("tests/test_gateway_nginx.py",), "a Basic (or any) scheme header passes with a valid key"),
     # --- alert thresholds ------------------------------------------------------------------------------
     Mutant("ttft-2s-to-4s", "components/spec/monitoring.py",
