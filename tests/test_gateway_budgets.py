@@ -1,10 +1,10 @@
-"""Per-key token budgets and concurrency caps on the real nginx + njs the image deploys, two workers.
+"""Per-key token budgets and concurrency caps on the real nginx + Lua the image deploys, two workers.
 
-Budgets count the usage the gateway reads from responses (prompt + completion tokens) in njs's
-shared dict, so every worker sees one count per key and window. Which worker holds a connection is
-read from the kernel (`ss -p`), so the tests show the counts and caps hold across workers rather
-than assume it. A request's tokens are charged when nginx writes its log line (the charge is a field
-of that line): a test waits for that line before the next request reads the count.
+Budgets count the usage the gateway reads from responses (prompt + completion tokens) in a
+lua_shared_dict (gateway_budget.lua), so every worker sees one count per key and window. Which
+worker holds a connection is read from the kernel (`ss -p`), so the tests show the counts and caps
+hold across workers rather than assume it. A request's tokens are charged in the log phase, before
+its usage line is written: a test waits for that line before the next request reads the count.
 """
 from __future__ import annotations
 
@@ -16,18 +16,24 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from components.planning.gateway import BUDGET_ZONE, budget_zone_mib, gateway_files, token_budgets
+from components.planning import gateway
+from components.planning.gateway import (
+    BUDGET_SOURCE, BUDGET_ZONE, budget_init, budget_zone_kib, gateway_files, token_budgets,
+)
 from components.spec import SpecError, load_stack_config
 from tests.conftest import prod_config
 from tests.test_gateway_nginx import (
-    CHAT, USAGE, WAIT, FakeReplica, NginxGateway, error_code, gateway_config, log_line, nginx_binary, own_gateway,
+    CHAT, USAGE, WAIT, FakeReplica, NginxGateway, error_code, gateway_config, log_line, lua_layout, nginx_binary,
+    own_gateway,
 )
-from tests.support import tool
+from tests.support import free_port, tool
 
 LONG = 31 * 86400  # a window no test run crosses (its end is at most once a month)
 SHORT = 3  # seconds: the window the reset test waits out
@@ -43,6 +49,7 @@ def budget_config() -> dict[str, Any]:
         {"id": "short", "tokenBudget": {"tokens": 1, "windowSeconds": SHORT}},
         {"id": "capped", "maxConcurrent": 2},
         {"id": "reloaded", "tokenBudget": {"tokens": 20, "windowSeconds": LONG}},
+        {"id": "spanner", "tokenBudget": {"tokens": 1000, "windowSeconds": SHORT}},
     ])
 
 
@@ -56,8 +63,9 @@ def gw_keys(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[NginxGat
 
 
 def chat(gw: NginxGateway, key: str, marker: str, conn: http.client.HTTPConnection | None = None,
-         **body: Any) -> tuple[int, dict[str, str], Any]:
-    """One chat completion (on `conn` when given, kept alive), and its log line waited for."""
+         logged: bool = True, **body: Any) -> tuple[int, dict[str, str], Any]:
+    """One chat completion (on `conn` when given, kept alive), and its log line waited for unless not
+    `logged` (nginx ends a request's log phase, its charge, before it reads the connection's next)."""
     payload = json.dumps({"model": CHAT, **body}).encode()
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     own = conn is None
@@ -73,7 +81,8 @@ def chat(gw: NginxGateway, key: str, marker: str, conn: http.client.HTTPConnecti
         out: Any = json.loads(text)
     except ValueError:
         out = text
-    log_line(gw, marker)
+    if logged:
+        log_line(gw, marker)
     return resp.status, {k.lower(): v for k, v in resp.getheaders()}, out
 
 
@@ -91,18 +100,18 @@ def window_end(seconds: int, at: float) -> float:
     ({"apiKeys": [{"id": "a", "tokenBudget": {"tokens": 10, "windowSeconds": 31 * 86400 + 1}}]},
      "gateway.apiKeys[0].tokenBudget.windowSeconds: 2678401 is not allowed: must be at most 2678400"),
     ({"defaultTokenBudget": {"tokens": "many"}},
-     "gateway.defaultTokenBudget.tokens: 'many' is not allowed"),
+     "gateway.defaultTokenBudget.tokens: 'many' is not allowed: expected a whole number"),
     ({"defaultTokenBudget": {"tokens": 10, "window": 60}},
      "gateway.defaultTokenBudget.window: unknown key 'window'; allowed keys here: tokens, windowSeconds"),
     ({"defaultTokenBudget": {"tokens": 10}, "auth": False, "apiKeys": []},
-     "gateway.defaultTokenBudget: keys and limits are not checked when auth is false"),
+     "gateway.defaultTokenBudget: keys and limits are not checked when auth is false; remove them or set auth: true"),
 ])
 def test_budget_keys_are_validated_naming_the_key(change: dict[str, Any], message: str) -> None:
     config = prod_config()
     config["llm-cluster:gateway"].update(change)
     with pytest.raises(SpecError) as err:
         load_stack_config(config, set())
-    assert message in str(err.value)
+    assert str(err.value) == message
 
 
 def test_keys_take_their_own_budget_or_the_default_and_the_zone_holds_them() -> None:
@@ -111,13 +120,78 @@ def test_keys_take_their_own_budget_or_the_default_and_the_zone_holds_them() -> 
                                          apiKeys=[{"id": "a"}, {"id": "b", "tokenBudget": {"tokens": 9, "windowSeconds": 86400}}])
     spec = load_stack_config(config, set())
     assert {k: (b.tokens, b.window_seconds) for k, b in token_budgets(spec).items()} == {"a": (500, 60), "b": (9, 86400)}
-    conf = gateway_files(spec)["nginx.conf"]
-    assert f"    js_shared_dict_zone zone={BUDGET_ZONE}:1m timeout=86400s type=number;\n" in conf
-    assert budget_zone_mib(spec) == 1
+    files = gateway_files(spec)
+    conf = files["nginx.conf"]
+    assert f"    lua_shared_dict {BUDGET_ZONE} 1024k;\n" in conf
+    assert budget_zone_kib(spec) == 1024
+    assert budget_init(spec) == 'require("gateway_budget").init("llm_budget", {["a"] = {500, 60}, ["b"] = {9, 86400}})'
+    assert f"init_by_lua_block {{" in conf and budget_init(spec) in conf
+    assert "    map $llm_key_id $llm_tb_limit {\n        default \"\";\n        a 500;\n        b 9;\n    }\n" in conf
+    assert files["llm/gateway_budget.lua"] == BUDGET_SOURCE.read_text()
+    # Admitted or refused in every model endpoint (rewrite phase, so before the limits count it),
+    # after the key check.
+    for endpoint in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings"):
+        block = conf.split(f"        location = {endpoint} {{\n", 1)[1].split("\n        }\n", 1)[0]
+        assert block.index("return 401;") < block.index(
+            '            set_by_lua_block $llm_budget_refused { return require("gateway_budget").admit() }\n'
+            "            if ($llm_budget_refused) {\n                return 439;\n            }")
     # No budget anywhere: no shared dict, no budget module, no extra log field.
     plain = gateway_files(load_stack_config(prod_config(), set()))
-    assert "js_shared_dict_zone" not in plain["nginx.conf"] and "llm/budget.js" not in plain
-    assert "budget_tokens" not in plain["nginx.conf"]
+    assert "lua_shared_dict" not in plain["nginx.conf"] and "llm/gateway_budget.lua" not in plain
+    assert "budget" not in plain["nginx.conf"]
+
+
+def test_the_zone_is_sized_for_two_counts_of_every_key() -> None:
+    config = prod_config()
+    config["llm-cluster:gateway"].update(apiKeys=[{"id": f"k{i}", "tokenBudget": {"tokens": 1}} for i in range(5000)])
+    # 5000 keys x 2 counts x 256 bytes, and 5 % for the slab allocator
+    assert budget_zone_kib(load_stack_config(config, set())) == 2625
+
+
+LONGEST_ID = "k" * 58  # + 5 digits: the longest key id (NAME_PATTERN: 63 characters)
+
+
+@pytest.mark.parametrize("keys", [10, 3000])
+def test_the_zone_holds_two_of_the_longest_counts_of_every_key(keys: int, tmp_path: Path) -> None:
+    """The size the gateway gives the zone, on the deployed nginx: every key's count and a second one
+    (a reload changed its window) fit, each of the longest shape, without evicting any."""
+    config = prod_config()
+    config["llm-cluster:gateway"].update(
+        apiKeys=[{"id": f"{LONGEST_ID}{i:05d}", "tokenBudget": {"tokens": 1, "windowSeconds": LONG}} for i in range(keys)])
+    zone = next(line for line in gateway_files(load_stack_config(config, set()))["nginx.conf"].splitlines()
+                if line.startswith(f"    lua_shared_dict {BUDGET_ZONE} "))
+    port = free_port()
+    lua = lua_layout()
+    (tmp_path / "nginx.conf").write_text("\n".join([
+        *(f"load_module {m};" for m in lua["load_modules"]),
+        f"pid {tmp_path}/nginx.pid;", f"error_log {tmp_path}/error.log warn;", "events {}", "http {",
+        f'    lua_package_path "{lua["lua_path"]};;";', zone, "    access_log off;",
+        f"    server {{ listen 127.0.0.1:{port}; location = /fill {{ content_by_lua_block {{",
+        f"        local dict = ngx.shared.{BUDGET_ZONE}",
+        f"        for i = 0, {2 * keys - 1} do",
+        # the same shape as gateway_budget's: "<id>/<window seconds>"; the second count a shorter window
+        f'            local key = "{LONGEST_ID}" .. string.format("%05d", i % {keys}) .. (i < {keys} and "/{LONG}" or "/2678399")',
+        "            local ok, err = dict:safe_add(key, 1, 60)",
+        '            if not ok then return ngx.say("count ", i, " did not fit: ", err) end',
+        "        end",
+        '        ngx.say("all fit")',
+        "    } } }", "}", ""]))
+    proc = subprocess.Popen([nginx_binary(), "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf"), "-g", "daemon off;"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + WAIT
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/fill", timeout=WAIT) as resp:
+                    assert resp.read().decode() == "all fit\n"
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"nginx did not serve: {proc.stderr.read().decode() if proc.stderr else ''}")
+                time.sleep(0.05)
+    finally:
+        proc.terminate()
+        proc.wait(WAIT)
 
 
 # --- budgets on real nginx ---------------------------------------------------------------------------
@@ -220,6 +294,74 @@ def test_a_budget_counts_again_from_zero_when_its_window_ends(gw_keys: tuple[Ngi
         assert answers[-1][3]["x-ratelimit-remaining-tokens"] == "1"
         return
     pytest.fail("no attempt kept two requests in one window (machine too loaded?)")
+
+
+def test_a_stream_that_outlasts_its_window_is_charged_in_the_window_it_ends_in(
+        gw_keys: tuple[NginxGateway, dict[str, str]]) -> None:
+    """Its tokens count where they are reported: a stream longer than its window is not free."""
+    gw, keys = gw_keys
+    pools: dict[str, list[FakeReplica]] = gw.pools  # type: ignore[attr-defined]
+    for attempt in range(3):
+        start = window_end(SHORT, time.time())  # a window no earlier attempt charged
+        while time.time() < start:
+            time.sleep(0.01)
+        gate = f"span-{attempt}"
+        conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=WAIT)
+        body = {"model": CHAT, "stream": True, "stream_options": {"include_usage": True}, "gate": gate}
+        conn.request("POST", f"/v1/chat/completions?t=span{attempt}", json.dumps(body),
+                     {"Authorization": f"Bearer {keys['spanner']}", "Content-Type": "application/json"})
+        resp = conn.getresponse()
+        admitted = time.time()
+        assert resp.status == 200 and b'"t0"' in resp.read1(65536)
+        end = window_end(SHORT, start)
+        while time.time() < end + 0.05:
+            time.sleep(0.01)
+        for r in pools["chat"]:
+            r.gates[gate].set()  # the stream ends in the next window
+        assert resp.read().endswith(b"data: [DONE]\n\n")
+        conn.close()
+        assert log_line(gw, f"span{attempt}")["budget_tokens"] == 8  # the usage chunk's total_tokens
+        sent = time.time()
+        status, headers, _ = chat(gw, keys["spanner"], f"span{attempt}-after")
+        if admitted >= end or sent >= end + SHORT:
+            continue  # the machine stalled: the stream began after its window, or the check came too late
+        # Charged in the window it ended in (the one it began in has no count left to matter).
+        assert (status, headers["x-ratelimit-remaining-tokens"]) == (200, str(1000 - 8))
+        return
+    pytest.fail("no attempt kept the stream's start and the check each in its own window (machine too loaded?)")
+
+
+def test_a_full_zone_fails_open_keeps_every_count_and_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A zone too small for its keys' counts (the gateway sizes it for two of every key; 12k is the
+    least lua_shared_dict takes): a count that does not fit is not kept, and no other is evicted."""
+    monkeypatch.setattr(gateway, "budget_zone_kib", lambda spec: 12)
+    ids = [f"f{i}" for i in range(40)]
+    spec = load_stack_config(gateway_config(
+        apiKeys=[{"id": i, "tokenBudget": {"tokens": 10, "windowSeconds": LONG}} for i in ids]), set())
+    pools = {"chat": [FakeReplica("chat-0")], "reasoning": [FakeReplica("reasoning-0")]}
+    with own_gateway(spec, pools, tmp_path) as (gw, keys):
+        assert f"    lua_shared_dict {BUDGET_ZONE} 12k;\n" in gw.files["nginx.conf"]
+        # One kept-alive connection: one worker, whose log says each uncounted key once per window.
+        conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=WAIT)
+        assert [chat(gw, keys[i], f"z-{i}", conn, logged=False)[0] for i in ids] == [200] * len(ids)
+        charged = {i: log_line(gw, f"z-{i}")["budget_tokens"] for i in ids}
+        fit = len([i for i in ids if charged[i] == USAGE["total_tokens"]])
+        assert 0 < fit < len(ids) and [charged[i] for i in ids[fit:]] == [None] * (len(ids) - fit), charged
+        first_out = ids[fit]
+        # Fails open: the key without a count is served again (counted, its 18 of 10 would refuse it).
+        status, headers, _ = chat(gw, keys[first_out], "z-again", conn, logged=False)
+        assert (status, headers["x-ratelimit-remaining-tokens"]) == (200, "10")
+        # Every count that fit is kept: the least recently charged one (the first an evicting
+        # incr would drop) still refuses its key.
+        status, _, out = chat(gw, keys[ids[0]], "z-first", conn, logged=False)
+        assert status == 429 and error_code(out) == "rate_limit_exceeded"
+        conn.close()
+        log_line(gw, "z-first")
+        said = re.findall(r"\[error\] .*?(token budget: .*?) while logging request, client: ", (gw.root / "error.log").read_text())
+    assert said == [f"token budget: 18 tokens of key '{i}' not counted (no memory): the lua_shared_dict "
+                    f"{BUDGET_ZONE} (12288 bytes, sized from the keys with gateway.apiKeys[].tokenBudget or "
+                    "gateway.defaultTokenBudget) has no room for its count; the key's requests are admitted "
+                    "without one until it has" for i in ids[fit:]]
 
 
 def workers(gw: NginxGateway) -> set[int]:

@@ -44,9 +44,12 @@ from components.spec.stack import StackSpec
 T = TypeVar("T")
 
 LUA_SOURCE = Path(__file__).with_suffix(".lua")
-# The token budgets' njs (njs >= 0.8.0: a shared dict), loaded only when a key has a budget.
-BUDGET_SOURCE = Path(__file__).with_name("gateway_budget.js")
-BUDGET_ZONE = "llm_tokens"
+# The token budgets' Lua module (module `gateway_budget`), loaded only when a key has a budget.
+BUDGET_SOURCE = Path(__file__).with_name("gateway_budget.lua")
+BUDGET_ZONE = "llm_budget"
+# A count's share of that lua_shared_dict: the slab slot of the longest count, "<63-character key
+# id>/<window seconds>" (ngx_http_lua_shdict's 76 bytes of node, the key, 8 of value: 147, in 256).
+BUDGET_COUNT_BYTES = 256
 EXPORTER_SOURCE = Path(__file__).with_name("gateway_exporter.py")
 # The image's NDK and Lua modules, NDK's first: the Lua module links against it.
 LUA_MODULES = (f"{MODULES_DIR}/{NDK_MODULE}", f"{MODULES_DIR}/{LUA_MODULE}")
@@ -116,11 +119,6 @@ class GatewayLayout:
     def lua_dir(self) -> str:
         """Where the gateway's Lua modules (gateway.lua, …) are inside the container."""
         return f"{self.conf_dir}/llm"
-
-    @property
-    def budget_file(self) -> str:
-        """The token budgets' njs module inside the container."""
-        return f"{self.conf_dir}/llm/budget.js"
 
     @property
     def routes_file(self) -> str:
@@ -258,9 +256,16 @@ def token_budgets(spec: StackSpec) -> dict[str, TokenBudgetSpec]:
     return {k: b for k, b in _per_key(spec, lambda k: k.token_budget, g.default_token_budget).items() if b}
 
 
-def budget_zone_mib(spec: StackSpec) -> int:
-    """The shared dict's size: room for two windows of every key (a count is ~200 bytes), at least 1 MiB."""
-    return max(1, math.ceil(len(token_budgets(spec)) * 2 * 200 / 2**20))
+def budget_zone_kib(spec: StackSpec) -> int:
+    """The shared dict's size: two counts of every key with a budget (its window's, and the one a reload
+    that changed its window leaves until that window ends), 5 % for the slab allocator, at least 1 MiB."""
+    return max(1024, math.ceil(len(token_budgets(spec)) * 2 * BUDGET_COUNT_BYTES * 1.05 / 1024))
+
+
+def budget_init(spec: StackSpec) -> str:
+    """gateway_budget.init's call in init_by_lua: the zone, and key id -> {tokens, window seconds}."""
+    table = ", ".join(f'["{key_id}"] = {{{b.tokens}, {b.window_seconds}}}' for key_id, b in token_budgets(spec).items())
+    return f'require("gateway_budget").init("{BUDGET_ZONE}", {{{table}}})'
 
 
 def retry_after_seconds(limit: RateLimitSpec) -> int:
@@ -314,12 +319,8 @@ def routes_table(spec: StackSpec) -> dict[str, object]:
             allowed = [n for m in k.models for n in (listing.get(m) or [m])]
             allow[k.id] = {n: True for n in allowed}
     order = [g.default_pool] + [p for p in spec.pools if p != g.default_pool]
-    table: dict[str, object] = {"auth": g.auth, "models": models, "listing": listing, "meta": meta, "order": order,
-                                "prefixes": dict(g.path_routes), "allow": allow}
-    budgets = token_budgets(spec)
-    if budgets:
-        table["budgets"] = {key_id: [b.tokens, b.window_seconds] for key_id, b in budgets.items()}
-    return table
+    return {"auth": g.auth, "models": models, "listing": listing, "meta": meta, "order": order,
+            "prefixes": dict(g.path_routes), "allow": allow}
 
 
 def key_digests(keys: Mapping[str, str], ids: Sequence[str]) -> str:
@@ -382,8 +383,8 @@ ERRORS: dict[int, ErrorPage] = {
     505: ErrorPage(505, "HTTP version not supported: use HTTP/1.1.", "http_version_not_supported"),
 }
 
-# A token budget used up: the budget's njs refuses (nginx returns this internal status), and the
-# error page answers 429 with the headers that njs set (gateway_budget.js).
+# A token budget used up: gateway_budget.admit refuses (nginx returns this internal status), and the
+# error page answers 429 with the headers' values admit set.
 BUDGET_REFUSED = 439
 BUDGET_ERROR = ErrorPage(429, "Token budget reached for this API key ($llm_tb_limit tokens in this window); "
                               "retry after the seconds in Retry-After.", "rate_limit_exceeded", "tokens")
@@ -519,7 +520,7 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
                 f'        "~^\\"usage\\"\\s*:\\s*{{[^}}]*\\"{kind}_tokens\\"\\s*:\\s*(?<llm_{kind}>\\d{{1,15}})" $llm_{kind};',
                 "        default null;",
                 "    }")),
-            *(_budget_directives(spec, layout) if budgets else []),
+            *(_budget_directives(spec) if budgets else []),
             "",
             f"    log_format llm_usage escape=json '{log_format(spec)}';"]
     if layout.access_log:
@@ -591,7 +592,8 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
     guard += [f"            limit_conn llm_cc_{i} {cap};" for i, (cap, _) in enumerate(caps)]
     # A used-up token budget is refused after the key check (both `if`s run in the rewrite phase,
     # in this order) and before the rate limits count the request (preaccess phase).
-    refuse = ["            if ($llm_budget_refused) {", f"                return {BUDGET_REFUSED};",
+    refuse = ['            set_by_lua_block $llm_budget_refused { return require("gateway_budget").admit() }',
+              "            if ($llm_budget_refused) {", f"                return {BUDGET_REFUSED};",
               "            }"] if budgets else []
     for prefix in path_routes(spec):
         for endpoint in MODEL_ENDPOINTS:
@@ -630,7 +632,8 @@ def _lua_directives(spec: StackSpec, layout: GatewayLayout) -> list[str]:
     out = [f'    lua_package_path "{layout.lua_dir}/?.lua;{layout.lua_path + ";" if layout.lua_path else ""};";']
     if layout.lua_cpath:
         out.append(f'    lua_package_cpath "{layout.lua_cpath};;";')
-    return out + [f'    init_by_lua_block {{ require("gateway").init({_lua_string(layout.routes_file)}, {digests}) }}']
+    budgets = f" {budget_init(spec)}" if token_budgets(spec) else ""
+    return out + [f'    init_by_lua_block {{ require("gateway").init({_lua_string(layout.routes_file)}, {digests}){budgets} }}']
 
 
 # The variables the request path sets (ngx.var, set_by_lua) and the log phase reads, with the
@@ -658,19 +661,22 @@ def log_format(spec: StackSpec) -> str:
     return LOG_FORMAT[:-1] + ',"budget_tokens":$llm_budget_tokens}'
 
 
-def _budget_directives(spec: StackSpec, layout: GatewayLayout) -> list[str]:
-    """The shared dict of token counts and the budget's njs (gateway_budget.js)."""
-    longest = max(b.window_seconds for b in token_budgets(spec).values())
+def _budget_directives(spec: StackSpec) -> list[str]:
+    """The shared dict of token counts, and the variables of the budget headers (gateway_budget.lua)."""
     return ["",
-            "    # Token budgets per key per window: one count per key and window shared by every worker",
-            "    # (kept across reloads); a count outlives its window by no more than the longest window.",
-            f"    js_shared_dict_zone zone={BUDGET_ZONE}:{budget_zone_mib(spec)}m timeout={longest}s type=number;",
-            f"    js_import budget from {layout.budget_file};",
-            *(f"    js_var ${name};" for name in ("llm_budget_key", "llm_tb_limit", "llm_tb_remaining",
-                                                  "llm_tb_reset", "llm_tb_retry_after")),
-            "    js_set $llm_budget_refused budget.admit;",
-            # Referenced by the log line only: it runs once, when the request ends.
-            "    js_set $llm_budget_tokens budget.charge;"]
+            "    # Token budgets per key per window (gateway_budget.lua): one count per key, the same for",
+            "    # every worker, kept across reloads (a zone keeps its counts while its size is unchanged).",
+            f"    lua_shared_dict {BUDGET_ZONE} {budget_zone_kib(spec)}k;",
+            "    # The x-ratelimit-*-tokens values: the key's budget, and what gateway_budget.admit sets for",
+            "    # a key with one ('' for the others: no header); maps for the reason _request_variables says.",
+            "    map $llm_key_id $llm_tb_limit {",
+            '        default "";',
+            *(f"        {_map_literal(key_id)} {b.tokens};" for key_id, b in token_budgets(spec).items()),
+            "    }",
+            *(f'    map "" $llm_tb_{name} {{ default ""; }}' for name in ("remaining", "reset", "retry_after")),
+            # Until gateway_metrics writes the usage record: the tokens charged, for the access log's line.
+            '    map "" $llm_budget_tokens { default null; }',
+            '    log_by_lua_block { require("gateway_budget").log() }']
 
 
 def _budget_headers() -> list[str]:
@@ -809,7 +815,7 @@ def render_gateway(spec: StackSpec, layout: GatewayLayout,
         "nginx.conf": nginx_conf(spec, layout, upstreams),
         "llm/gateway.lua": LUA_SOURCE.read_text(),
         "llm/routes.json": json.dumps(routes_table(spec), indent=1) + "\n",
-        **({"llm/budget.js": BUDGET_SOURCE.read_text()} if token_budgets(spec) else {}),
+        **({"llm/gateway_budget.lua": BUDGET_SOURCE.read_text()} if token_budgets(spec) else {}),
     }
 
 
