@@ -590,8 +590,8 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
     guard += [f"            limit_req zone=llm_rl_{i}" + (f" burst={limit.burst} nodelay;" if limit.burst else ";")
               for i, (limit, _) in enumerate(zones)]
     guard += [f"            limit_conn llm_cc_{i} {cap};" for i, (cap, _) in enumerate(caps)]
-    # A used-up token budget is refused after the key check (both `if`s run in the rewrite phase,
-    # in this order) and before the rate limits count the request (preaccess phase).
+    # A used-up token budget is refused after the key check (its `if`, then admit and its `if`, run
+    # in the rewrite phase in this order) and before the rate limits count the request (preaccess).
     refuse = ['            set_by_lua_block $llm_budget_refused { return require("gateway_budget").admit() }',
               "            if ($llm_budget_refused) {", f"                return {BUDGET_REFUSED};",
               "            }"] if budgets else []

@@ -144,8 +144,11 @@ end
 -- log_by_lua, until gateway_metrics records the request: the charge from nginx's usage maps, for
 -- the access log's budget_tokens.
 function M.log()
-    var.llm_budget_tokens = M.charge(var.llm_key_id, var.llm_prompt_tokens, var.llm_completion_tokens,
-                                     var.llm_total_tokens, tonumber(var.llm_events)) or "null"
+    local id = var.llm_key_id
+    if budgets[id] then  -- else $llm_budget_tokens stays its default, null
+        var.llm_budget_tokens = M.charge(id, var.llm_prompt_tokens, var.llm_completion_tokens,
+                                         var.llm_total_tokens, tonumber(var.llm_events)) or "null"
+    end
 end
 
 return M
