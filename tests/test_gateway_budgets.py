@@ -50,6 +50,8 @@ def budget_config() -> dict[str, Any]:
         {"id": "capped", "maxConcurrent": 2},
         {"id": "reloaded", "tokenBudget": {"tokens": 20, "windowSeconds": LONG}},
         {"id": "spanner", "tokenBudget": {"tokens": 1000, "windowSeconds": SHORT}},
+        {"id": "reader", "tokenBudget": {"tokens": 100, "windowSeconds": LONG},
+         "rateLimit": {"requestsPerSecond": 1 / 60, "burst": 1}},
     ])
 
 
@@ -126,7 +128,6 @@ def test_keys_take_their_own_budget_or_the_default_and_the_zone_holds_them() -> 
     assert budget_zone_kib(spec) == 1024
     assert budget_init(spec) == 'require("gateway_budget").init("llm_budget", {["a"] = {500, 60}, ["b"] = {9, 86400}})'
     assert f"init_by_lua_block {{" in conf and budget_init(spec) in conf
-    assert "    map $llm_key_id $llm_tb_limit {\n        default \"\";\n        a 500;\n        b 9;\n    }\n" in conf
     assert files["llm/gateway_budget.lua"] == BUDGET_SOURCE.read_text()
     # Admitted or refused in every model endpoint (rewrite phase, so before the limits count it),
     # after the key check.
@@ -224,6 +225,27 @@ def test_a_used_up_budget_is_a_429_with_the_headers_clients_read(gw_keys: tuple[
     status, headers, _ = chat(gw, keys["default"], "d0")
     assert status == 200 and not [h for h in headers if h.endswith("-tokens")]
     assert log_line(gw, "d0")["budget_tokens"] is None
+
+
+def test_every_answer_to_a_key_with_a_budget_says_what_is_left(gw_keys: tuple[NginxGateway, dict[str, str]]) -> None:
+    gw, keys = gw_keys
+    tokens = ("x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens")
+    # The router's own refusal; an answer; then nginx's own (the key's rate limit: 1 a minute, burst 1).
+    status, headers, out = gw.call("POST", "/v1/chat/completions?t=rd0", {"model": "nope"}, keys["reader"])
+    assert (status, error_code(out), tuple(headers[h] for h in tokens)) == (404, "model_not_found", ("100", "100"))
+    status, headers, _ = chat(gw, keys["reader"], "rd1")
+    assert (status, tuple(headers[h] for h in tokens)) == (200, ("100", "100"))
+    status, headers, out = gw.call("POST", "/v1/chat/completions?t=rd2", {"model": CHAT}, keys["reader"])
+    assert (status, error_code(out), headers["x-ratelimit-remaining-requests"], tuple(headers[h] for h in tokens)) == (
+        429, "rate_limit_exceeded", "0", ("100", "82"))
+    # Refusals cost nothing.
+    assert [log_line(gw, m)["budget_tokens"] for m in ("rd0", "rd1", "rd2")] == [None, USAGE["total_tokens"], None]
+    # What nginx refuses before the budget is read carries none: no key (401), a body over
+    # maxBodyMib by its Content-Length (413).
+    status, headers, _ = gw.call("POST", "/v1/chat/completions", {"model": CHAT})
+    assert status == 401 and not [h for h in headers if h.endswith("-tokens")]
+    status, headers, _ = gw.call("POST", "/v1/chat/completions", raw=b"x" * (2 * 2**20 + 1), key=keys["reader"])
+    assert status == 413 and not [h for h in headers if h.endswith("-tokens")]
 
 
 def test_streamed_answers_are_charged_from_their_usage_or_their_events(

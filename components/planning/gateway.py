@@ -429,8 +429,10 @@ def _error_locations(max_body_mib: int, budgets: bool) -> list[str]:
         if raised == 503:
             lines.append("            add_header Retry-After 1 always;")
         if raised == BUDGET_REFUSED:
-            lines += ["            add_header Retry-After $llm_tb_retry_after always;",
-                      *_budget_headers()]
+            lines.append("            add_header Retry-After $llm_tb_retry_after always;")
+        if budgets:
+            # What is left of a key's budget, on nginx's own answers too (a 502, a rate limit's 429).
+            lines += _budget_headers()
         lines += [f"            return {page.status} {_json_error(message, page.code, page.type)};",
                   "        }"]
     return lines
@@ -591,10 +593,11 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
               for i, (limit, _) in enumerate(zones)]
     guard += [f"            limit_conn llm_cc_{i} {cap};" for i, (cap, _) in enumerate(caps)]
     # A used-up token budget is refused after the key check (its `if`, then admit and its `if`, run
-    # in the rewrite phase in this order) and before the rate limits count the request (preaccess).
+    # in the rewrite phase in this order) and before the rate limits count the request (preaccess);
+    # the router's own refusals carry the budget's headers too.
     refuse = ['            set_by_lua_block $llm_budget_refused { return require("gateway_budget").admit() }',
               "            if ($llm_budget_refused) {", f"                return {BUDGET_REFUSED};",
-              "            }"] if budgets else []
+              "            }", *_budget_headers()] if budgets else []
     for prefix in path_routes(spec):
         for endpoint in MODEL_ENDPOINTS:
             out += [f"        location = {prefix}{endpoint} {{", *guard, *refuse,
@@ -667,20 +670,18 @@ def _budget_directives(spec: StackSpec) -> list[str]:
             "    # Token budgets per key per window (gateway_budget.lua): one count per key, the same for",
             "    # every worker, kept across reloads (a zone keeps its counts while its size is unchanged).",
             f"    lua_shared_dict {BUDGET_ZONE} {budget_zone_kib(spec)}k;",
-            "    # The x-ratelimit-*-tokens values: the key's budget, and what gateway_budget.admit sets for",
-            "    # a key with one ('' for the others: no header); maps for the reason _request_variables says.",
-            "    map $llm_key_id $llm_tb_limit {",
-            '        default "";',
-            *(f"        {_map_literal(key_id)} {b.tokens};" for key_id, b in token_budgets(spec).items()),
-            "    }",
-            *(f'    map "" $llm_tb_{name} {{ default ""; }}' for name in ("remaining", "reset", "retry_after")),
+            "    # The x-ratelimit-*-tokens values gateway_budget.admit sets for a key with a budget ('' until",
+            "    # then, and for the others: no header); maps for the reason _request_variables says.",
+            *(f'    map "" $llm_tb_{name} {{ default ""; }}' for name in ("limit", "remaining", "reset", "retry_after")),
             # Until gateway_metrics writes the usage record: the tokens charged, for the access log's line.
             '    map "" $llm_budget_tokens { default null; }',
             '    log_by_lua_block { require("gateway_budget").log() }']
 
 
 def _budget_headers() -> list[str]:
-    """The x-ratelimit-*-tokens headers (empty, hence not sent, for a key without a budget)."""
+    """The x-ratelimit-*-tokens headers, on every answer once admit has read the key's budget (empty,
+    hence not sent, for a key without one, and for what nginx refuses before: a 401, a 413 by
+    Content-Length)."""
     return ["            add_header x-ratelimit-limit-tokens $llm_tb_limit always;",
             "            add_header x-ratelimit-remaining-tokens $llm_tb_remaining always;",
             "            add_header x-ratelimit-reset-tokens $llm_tb_reset always;"]

@@ -14,7 +14,7 @@
 --
 --   admit   set_by_lua $llm_budget_refused in the model endpoints, after the key check and before
 --           the limits: '' admits, '1' refuses (nginx answers 429 from the error page). Sets the
---           headers' variables $llm_tb_remaining, $llm_tb_reset (and $llm_tb_retry_after).
+--           headers' variables $llm_tb_limit, $llm_tb_remaining, $llm_tb_reset (and $llm_tb_retry_after).
 --   charge  from the log phase (gateway_metrics.record): adds the tokens the response's usage
 --           reports, else one per stream event sent, to the count of the window the request ENDS
 --           in, so every token is counted once, a stream that outlasts its window's end included.
@@ -25,7 +25,7 @@ local floor, ceil = math.floor, math.ceil
 local tonumber = tonumber
 
 local M = {}
-local budgets = {}  -- key id -> {tokens, window in ms, dict key}
+local budgets = {}  -- key id -> {tokens, window in ms, dict key, tokens as text}
 local dict, zone
 local reported = {}  -- dict key -> end (ms) of the window whose uncounted tokens this worker logged
 
@@ -34,7 +34,7 @@ function M.init(zone_name, by_key)
     zone = zone_name
     dict = assert(ngx.shared[zone_name], "no lua_shared_dict " .. zone_name)
     for id, b in pairs(by_key) do
-        budgets[id] = {b[1], b[2] * 1000, id .. "/" .. b[2]}
+        budgets[id] = {b[1], b[2] * 1000, id .. "/" .. b[2], ("%d"):format(b[1])}
     end
 end
 
@@ -66,6 +66,7 @@ function M.admit()
     local limit = b[1]
     local _, left = clock(b[2])
     local used = dict:get(b[3]) or 0
+    var.llm_tb_limit = b[4]
     var.llm_tb_reset = duration(left)
     if used >= limit then
         var.llm_tb_remaining = "0"
