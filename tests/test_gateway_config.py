@@ -96,12 +96,10 @@ def test_reference_pool_locations_stream_retry_before_any_byte_and_use_the_pools
         "~(?<llm_endpoint>/v1/(?:chat/completions|completions|embeddings))$ $llm_endpoint;",
         "default /v1/unrouted;"]
     # What nginx does in C, so that Lua does no string work for it: the pool a path route pins (exact
-    # paths: routing endpoints only) and the presented key.
+    # paths: routing endpoints only).
     assert block(conf, "map $uri $llm_pin") == [
         'default "";', "/smart/v1/chat/completions reasoning;", "/smart/v1/completions reasoning;",
         "/smart/v1/embeddings reasoning;"]
-    assert block(conf, "map $http_authorization $llm_bearer") == [
-        '"~*^bearer (?<llm_token>.+)$" $llm_token;', 'default "";']
     # The usage log's directory check is cached: no stat per request.
     assert "open_file_cache max=4 inactive=2m;" in lines(conf)
 
@@ -327,7 +325,7 @@ def test_without_auth_nothing_checks_or_loads_a_key(config: dict[str, Any], prod
     # gateway.lua is told there is no digest file to read.
     assert ('init_by_lua_block { require("gateway").init("/etc/llm-gateway/llm/routes.json", nil) }'
             in lines(files["nginx.conf"]))
-    assert "$llm_bearer" not in files["nginx.conf"]
+    assert "set_by_lua" in files["nginx.conf"]  # (it returns '' at once: routes.json says auth is off)
     for endpoint in ("chat/completions", "models"):
         assert block(files["nginx.conf"], f"location = /v1/{endpoint}") == [
             lua_content("models" if endpoint == "models" else "route")]

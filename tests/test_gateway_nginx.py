@@ -826,10 +826,14 @@ def test_killed_replica_its_read_request_is_rerun_and_the_rest_go_to_the_survivo
         # Passive health: maxFails (2) failures in all, the held request's included, take it out.
         assert 1 <= len(retried) <= 2
 
-        # 3. The last replica gone: an OpenAI-style 502, no hang.
+        # 3. The last replica gone: an OpenAI-style 502, no hang; its error page's redirect keeps what
+        #    the router set for the log (model, pool).
         survivor.kill()
-        status, _, out = gw.call("POST", "/v1/chat/completions", {"model": CHAT}, key)
+        status, _, out = gw.call("POST", "/v1/chat/completions?t=gone", {"model": "fast"}, key)
         assert status == 502 and error_code(out) == "upstream_unavailable"
+        line = log_line(gw, "gone")
+        assert (line["status"], line["key_id"], line["model"], line["pool"], line["events"]) == (
+            502, "default", "fast", "chat", 0)
 
 
 # --- TLS ----------------------------------------------------------------------------------------

@@ -713,7 +713,7 @@ def _map_literal(key_id: str) -> str:
 
 def _maps(spec: StackSpec) -> list[str]:
     """Variables computed by nginx alone (no Lua): the upstream URI, Allow, log fields, the pinned
-    pool, the presented key, 429 headers."""
+    pool, 429 headers."""
     g = spec.gateway
     assert g is not None
     endpoints = "|".join(MODEL_ENDPOINTS)
@@ -738,12 +738,6 @@ def _maps(spec: StackSpec) -> list[str]:
            *(f"        {prefix}{endpoint} {pool};" for prefix, pool in g.path_routes.items()
              for endpoint in MODEL_ENDPOINTS),
            "    }"]
-    if g.auth:
-        out += ["    # What follows `Bearer ` (in any case) in Authorization: the key gateway.lua hashes.",
-                "    map $http_authorization $llm_bearer {",
-                '        "~*^bearer (?<llm_token>.+)$" $llm_token;',
-                '        default "";',
-                "    }"]
     zones = rate_zones(spec)
     for variable, value in (("$llm_rl_retry_after", lambda lim: str(retry_after_seconds(lim))),
                             ("$llm_rl_per_minute", lambda lim: str(round(lim.requests_per_second * 60))),

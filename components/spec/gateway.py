@@ -1,4 +1,4 @@
-"""Stack model: the OpenAI-compatible gateway (nginx + njs)."""
+"""Stack model: the OpenAI-compatible gateway (nginx + Lua)."""
 from __future__ import annotations
 
 import re
@@ -141,7 +141,7 @@ class GatewaySpec(Spec):
     default_token_budget: TokenBudgetSpec | None = None
     """Token budget for keys that state none."""
     max_body_mib: int = Field(default=16, ge=1, le=1024)
-    """Largest request body (413 above); bodies are held in memory so njs can read `model`."""
+    """Largest request body (413 above); bodies are held in memory so the router can read `model`."""
     max_fails: int = Field(default=2, ge=0)
     """Passive health: failed attempts within failTimeoutSeconds that take a replica out."""
     fail_timeout_seconds: int = Field(default=30, ge=1)

@@ -79,9 +79,10 @@ MUTANTS: list[Mutant] = [
            "return None if t is None else capability > t.fp16_dot_min_capability",
            ("tests/test_capability_boundaries.py",), "fp16 MoE refused on the first GPU the image's Triton compiles for"),
     # --- gateway -------------------------------------------------------------------------------------
-    Mutant("bearer-scheme-unchecked", "components/planning/gateway.py",
-           """'        "~*^bearer (?<llm_token>.+)$" $llm_token;',""",
-           """'        "~*^[a-z]+ (?<llm_token>.+)$" $llm_token;',""",
+    Mutant("bearer-scheme-unchecked", "components/planning/gateway.lua",
+           "    if bor(b, 32) ~= 98 or bor(e, 32) ~= 101 or bor(a, 32) ~= 97 or bor(r, 32) ~= 114 or bor(e2, 32) ~= 101\n"
+           "            or bor(r2, 32) ~= 114 or space ~= 32 then",
+           "    if false then",
            ("tests/test_gateway_nginx.py",), "a Basic (or any) scheme header passes with a valid key"),
     # --- alert thresholds ------------------------------------------------------------------------------
     Mutant("ttft-2s-to-4s", "components/spec/monitoring.py",
