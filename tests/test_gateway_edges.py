@@ -108,7 +108,7 @@ def test_trace_is_405_with_allow_per_path(gw_keys: tuple[NginxGateway, dict[str,
     for path, allow in (("/v1/models", "GET, HEAD"), ("/v1/chat/completions", "POST")):
         status, headers, out = raw(gw.port, f"TRACE {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
         assert (status, headers["allow"], error_code(out)) == (405, allow, "method_not_allowed")
-    # The 405s njs answers carry it too.
+    # The 405s the router answers carry it too.
     status, headers, out = gw.call("GET", "/v1/chat/completions", key=keys["default"])
     assert (status, headers["allow"], error_code(out)) == (405, "POST", "method_not_allowed")
     status, headers, out = gw.call("DELETE", "/v1/models", key=keys["default"])

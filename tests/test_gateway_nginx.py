@@ -574,7 +574,11 @@ def test_models_list_is_answered_by_the_gateway_per_key_and_prefix(gw: NginxGate
     assert status == 200 and out["object"] == "list"
     assert [m["id"] for m in out["data"]] == [CHAT, "/data/models/Qwen3-30B-A3B", "fast", R1,
                                               "/data/models/DeepSeek-R1-GPTQ-Int4"]
-    assert out["data"][0]["max_model_len"] == 32768 and out["data"][0]["root"] == "/data/models/Qwen3-30B-A3B"
+    created = out["data"][0]["created"]
+    assert isinstance(created, int) and abs(created - time.time()) < 3600
+    assert out["data"][0] == {"id": CHAT, "object": "model", "created": created, "owned_by": "llm-cluster",
+                              "root": "/data/models/Qwen3-30B-A3B", "max_model_len": 32768}
+    assert list(out) == ["object", "data"] and all(list(m) == list(out["data"][0]) for m in out["data"])
     _, _, smart = gw.call("GET", "/smart/v1/models", key=keys["default"])
     assert [m["id"] for m in smart["data"]] == [R1, "/data/models/DeepSeek-R1-GPTQ-Int4"]
     _, _, analyst = gw.call("GET", "/v1/models", key=keys["analyst"])
@@ -689,8 +693,13 @@ def test_body_over_the_limit_is_413(gw: NginxGateway, keys: dict[str, str]) -> N
 
 
 def test_wrong_method_is_405(gw: NginxGateway, keys: dict[str, str]) -> None:
-    status, _, out = gw.call("GET", "/v1/chat/completions", key=keys["default"])
-    assert status == 405 and error_code(out) == "method_not_allowed"
+    status, headers, out = gw.call("GET", "/smart/v1/chat/completions", key=keys["default"])
+    assert (status, headers["allow"], out) == (405, "POST", {"error": {
+        "message": "Method GET is not allowed on /smart/v1/chat/completions; use POST.",
+        "type": "invalid_request_error", "param": None, "code": "method_not_allowed"}})
+    status, headers, out = gw.call("PUT", "/v1/models", key=keys["default"])
+    assert (status, headers["allow"], out["error"]["message"]) == (
+        405, "GET, HEAD", "Method PUT is not allowed on /v1/models; use GET.")
 
 
 @pytest.mark.parametrize("path", ["/metrics", "/health", "/load", "/ping", "/version", "/tokenize",

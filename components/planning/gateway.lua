@@ -319,7 +319,7 @@ function M.models()
     local data = {}
     for i, name in ipairs(visible_names(prefix_of(var.uri), var.llm_key_id)) do
         local meta = routes.meta[name]
-        -- Written out in order (a Lua table has none): the fields njs's JSON.stringify gave.
+        -- Written out in order (a Lua table has none): the fields as clients had them before.
         data[i] = '{"id": ' .. json_string(name) .. ', "object": "model", "created": ' .. created
             .. ', "owned_by": "llm-cluster", "root": ' .. json_string(meta[1]) .. ', "max_model_len": '
             .. meta[2] .. "}"
