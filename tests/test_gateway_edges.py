@@ -273,6 +273,10 @@ def test_a_silent_client_is_dropped_without_an_answer_and_logged_as_408(
     marker = sent.split(b"?t=")[1].split(b" ")[0].decode()
     line = log_line(gw, marker)
     assert (line["status"], line["response_bytes"], line["pool"]) == (408, 0, "")
+    # One that never reached the rewrite phase (its headers never ended) still has every request
+    # variable's default (a valid line, events 0), and nginx says nothing of variables it made up.
+    assert (line["key_id"], line["model"], line["events"]) == ("default" if b"KEY" in sent else "", "", 0)
+    assert "uninitialized" not in (gw.root / "error.log").read_text()
     assert sum(len(r.requests) for rs in pools.values() for r in rs) == before
 
 
