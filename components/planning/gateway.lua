@@ -39,7 +39,6 @@ local var = ngx.var
 local byte, sub, find, concat = string.byte, string.sub, string.find, table.concat
 local bor = bit.bor
 
-
 -- JSON only: NaN, Infinity and hex numbers are refused as JSON.parse and the engines' parsers do.
 cjson.decode_invalid_numbers(false)
 
@@ -90,18 +89,17 @@ function M.key_id()
         return ""
     end
     -- Blanks around the key are not part of it.
-    local key = auth
-    local i, j = 8, #key
-    while i <= j and (byte(key, i) == 32 or byte(key, i) == 9) do
+    local i, j = 8, #auth
+    while i <= j and (byte(auth, i) == 32 or byte(auth, i) == 9) do
         i = i + 1
     end
-    while j >= i and (byte(key, j) == 32 or byte(key, j) == 9) do
+    while j >= i and (byte(auth, j) == 32 or byte(auth, j) == 9) do
         j = j - 1
     end
     if i > j then
         return ""
     end
-    key = sub(key, i, j)
+    local key = sub(auth, i, j)
     -- Looking up the digest, not the key: the lookup time says nothing about the key.
     C.EVP_DigestInit_ex2(md_ctx, SHA256, nil)
     C.EVP_DigestUpdate(md_ctx, key, #key)
@@ -170,8 +168,10 @@ local function log_field(s)
         return s
     end
     local cut = LOG_FIELD_MAX
-    while cut > 0 and byte(s, cut + 1) >= 0x80 and byte(s, cut + 1) < 0xC0 do
-        cut = cut - 1  -- the byte after the cut continues a character: cut before that character
+    -- The byte after the cut continues a character: cut before that character (at most 3 back,
+    -- UTF-8's longest; bytes that are not UTF-8 are cut where they are).
+    while cut > LOG_FIELD_MAX - 3 and byte(s, cut + 1) >= 0x80 and byte(s, cut + 1) < 0xC0 do
+        cut = cut - 1
     end
     return sub(s, 1, cut)
 end
@@ -267,7 +267,8 @@ function M.route()
         return fail(400, "We could not parse the JSON body of your request: " .. err:gsub("T_[%u_]+", TOKENS),
                     "invalid_json")
     end
-    if type(body) ~= "table" or byte(raw, skip_blanks(raw, 1)) ~= 123 then  -- an array is a table too; '{' tells
+    -- An array decodes to a table too: the first byte tells an object ('{').
+    if type(body) ~= "table" or byte(raw, skip_blanks(raw, 1)) ~= 123 then
         return fail(400, "The request body must be a JSON object.", "invalid_json")
     end
     local model = body.model
