@@ -1,5 +1,5 @@
-"""Gateway: nginx + njs on one node, the cluster's single OpenAI endpoint (routing, keys, limits, usage),
-and the exporter that turns its usage log into Prometheus metrics."""
+"""Gateway: nginx + Lua on one node, the cluster's single OpenAI endpoint (routing, keys, limits, the
+usage log) and its Prometheus metrics (served by the same nginx on the cluster address)."""
 from __future__ import annotations
 
 import json
@@ -12,10 +12,9 @@ from pulumi_command import remote
 from components.base import Component
 from components.gpu_node import GpuNode
 from components.planning.gateway import (
-    CONTAINER_CONF_DIR, CONTAINER_KEYS_DIR, CONTAINER_NAME, CONTAINER_TLS_DIR, DIGESTS_FILE, EXPORTER_CONTAINER_NAME,
-    EXPORTER_PATH, HOST_CONF_DIR, HOST_DIGESTS_DIR, HOST_TLS_DIR, WORKER_UID, config_delete_script, config_script,
-    exporter_argv, exporter_probe, exporter_source, exposed_paths, healthcheck_probe, key_digests, key_ids,
-    keys_delete_script, keys_script, nginx_argv, readiness_script, routes, split, tls_delete_script,
+    CONTAINER_CONF_DIR, CONTAINER_KEYS_DIR, CONTAINER_NAME, CONTAINER_TLS_DIR, DIGESTS_FILE, HOST_CONF_DIR,
+    HOST_DIGESTS_DIR, HOST_TLS_DIR, config_delete_script, config_script, exposed_paths, healthcheck_probe,
+    key_digests, key_ids, keys_delete_script, keys_script, nginx_argv, readiness_script, routes, split, tls_delete_script,
     tls_from_stdin_script, tls_generate_script, usage_dir_script,
 )
 from components.planning.gateway_image import BUILD_CONTEXT
@@ -39,7 +38,7 @@ class GatewayArgs:
 
 
 class Gateway(Component):
-    """The nginx container with the generated config, its API keys, a readiness check, and the metrics exporter.
+    """The nginx container with the generated config, its API keys and a readiness check.
 
     It depends only on its node (and images): it comes up before the models finish loading and
     answers 502 for a pool until one of its replicas accepts connections.
@@ -61,7 +60,7 @@ class Gateway(Component):
             "tlsSource": ("secret" if args.tls_cert is not None else "generated") if g.tls else "none",
             "httpRedirectPort": g.http_redirect_port,
             "routes": routes(spec), "split": split(spec), "pathRoutes": dict(g.path_routes), "exposedPaths": exposed_paths(spec),
-            "metricsPort": g.metrics_port, "exporterImage": g.exporter_image,
+            "metricsPort": g.metrics_port,
         }, opts)
         image = self._image(spec, node)
         deps: list[pulumi.Resource] = [*node.ready]
@@ -129,7 +128,6 @@ class Gateway(Component):
             triggers=[digests_stdin.apply(script_hash)] if digests_stdin is not None else None,
             logging=remote.Logging.STDERR, opts=self.opts(depends_on=deps))
 
-        exporter = self._exporter(spec, node, [*node.ready, usage_dir])
         scheme = "https" if g.tls else "http"
         container = docker.Container(
             self.child("nginx"), name=CONTAINER_NAME, image=image.image_id, network_mode="host",
@@ -143,9 +141,8 @@ class Gateway(Component):
             log_opts={"max-size": "100m", "max-file": "10"},
             healthcheck=docker.ContainerHealthcheckArgs(
                 tests=healthcheck_probe(spec), interval="30s", timeout="5s", retries=3, start_period="5s"),
-            # After the exporter: the first requests' log lines find it listening.
             opts=self.opts(provider=node.provider, delete_before_replace=True,
-                           depends_on=[*deps, image, exporter, config, usage_dir]))
+                           depends_on=[*deps, image, config, usage_dir]))
 
         self.ready: remote.Command = remote.Command(
             self.child("ready"), connection=node.connection,
@@ -155,7 +152,6 @@ class Gateway(Component):
             opts=self.opts(depends_on=[container]))
         self.container: docker.Container = container
         self.config: remote.Command = config
-        self.exporter: docker.Container = exporter
         self.url: pulumi.Output[str] = pulumi.Output.from_input(f"{scheme}://{node.address}:{g.port}")
         self.register_outputs({"url": self.url, "apiKeys": self.api_keys, "caCert": self.ca_cert})
 
@@ -173,26 +169,3 @@ class Gateway(Component):
             build=docker.RemoteImageBuildArgs(context=BUILD_CONTEXT, dockerfile="Dockerfile",
                                               build_args=g.image_build.args()),
             opts=self.opts(provider=node.provider, depends_on=list(node.ready)))
-
-    def _exporter(self, spec: StackSpec, node: GpuNode, deps: list[pulumi.Resource]) -> docker.Container:
-        """The metrics exporter: our one-file Python program in the official image, on the host network."""
-        g = spec.gateway
-        assert g is not None
-        if g.exporter_image not in node.images:
-            raise ValueError(f"node {g.node} does not pull gateway.exporterImage {g.exporter_image}: "
-                             "images_for_node must list it for the gateway's node")
-        image = node.images[g.exporter_image]
-        return docker.Container(
-            self.child("exporter"), name=EXPORTER_CONTAINER_NAME, image=image.image_id, network_mode="host",
-            restart="unless-stopped", command=exporter_argv(spec),
-            uploads=[docker.ContainerUploadArgs(file=EXPORTER_PATH, content=exporter_source())],
-            # UDP on loopback in, HTTP out, both on ports >= 1024 (the spec's bounds): no root needed.
-            # nginx's worker user, which owns the usage log it prunes.
-            user=f"{WORKER_UID}:{WORKER_UID}",
-            volumes=[docker.ContainerVolumeArgs(host_path=g.usage_log.dir, container_path=g.usage_log.dir)],
-            labels=[docker.ContainerLabelArgs(label="llm-cluster.role", value="gateway-exporter"),
-                    docker.ContainerLabelArgs(label="llm-cluster.image", value=g.exporter_image)],
-            log_opts={"max-size": "10m", "max-file": "3"},
-            healthcheck=docker.ContainerHealthcheckArgs(
-                tests=exporter_probe(spec), interval="30s", timeout="5s", retries=3, start_period="5s"),
-            opts=self.opts(provider=node.provider, delete_before_replace=True, depends_on=[*deps, image]))

@@ -53,7 +53,6 @@ KINDS: dict[str, Kind] = {
     "vllm": Kind(entrypoint=("python3", "-m", "vllm.entrypoints.openai.api_server"), workdir="/vllm-workspace",
                  source="vllm-project/vllm docker/Dockerfile (vllm-openai target): "
                         "ENTRYPOINT [\"python3\", \"-m\", \"vllm.entrypoints.openai.api_server\"], root"),
-    "python": Kind(cmd=("python3",), source="docker-library/python slim: CMD [\"python3\"], /usr/local/bin/python3"),
     "dcgm-exporter": Kind(entrypoint=("/usr/local/dcgm/dcgm-exporter-entrypoint.sh",),
                           source="NVIDIA/dcgm-exporter docker/Dockerfile: "
                                  "ENTRYPOINT /usr/local/dcgm/dcgm-exporter-entrypoint.sh"),
@@ -83,7 +82,7 @@ DEBIAN_SOURCE = ("debuerreotype (docker-library/debian): one layer of debootstra
 
 # Which stand-in an image repository gets.
 REPOSITORIES = {
-    "vllm/vllm-openai": "vllm", "python": "python",
+    "vllm/vllm-openai": "vllm",
     "ghcr.io/ggml-org/llama.cpp": "llamacpp", "openmmlab/lmdeploy": "lmdeploy",
     "nvcr.io/nvidia/k8s/dcgm-exporter": "dcgm-exporter", "prom/node-exporter": "node-exporter",
     "prom/prometheus": "prometheus", "grafana/grafana": "grafana",
@@ -324,8 +323,6 @@ def _context(ref: str, work: Path) -> Path:
         llamacpp_standin.add_image_files(files)
     elif kind_name == "lmdeploy":
         extra_env.update(lmdeploy_standin.add_image_files(files, ref, REPO / ".venv" / "bin" / "pip", NUMPY))
-    elif kind_name == "python":
-        links += [("/usr/bin/python3", "/usr/local/bin/python3"), ("/usr/bin/python3", "/usr/local/bin/python")]
     elif kind_name == "dcgm-exporter":
         d = files / "usr/local/dcgm"
         d.mkdir(parents=True)

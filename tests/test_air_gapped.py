@@ -144,14 +144,14 @@ def registry_run() -> ProgramRun:
 def test_every_image_is_pulled_from_the_registry_and_nothing_is_built(registry_run: ProgramRun) -> None:
     images = registry_run.by_type(IMAGE)
     assert {r.inputs["name"] for r in images} == {
-        "reg.example:5000/llm/vllm/vllm-openai:v0.19.1", "reg.example:5000/llm/library/python:3.12-slim",
+        "reg.example:5000/llm/vllm/vllm-openai:v0.19.1",
         "reg.example:5000/llm/nvidia/k8s/dcgm-exporter:3.3.9-3.6.1-ubuntu22.04",
         "reg.example:5000/llm/prom/node-exporter:v1.8.2", "reg.example:5000/llm/prom/prometheus:v2.55.1",
         "reg.example:5000/llm/grafana/grafana:11.3.0",
         # The default gateway image is pulled like the others (the mirror script builds and pushes it).
         "reg.example:5000/llm/llm-cluster/gateway:nginx-1.26.3-3-deb13u11-lua-0.10.28-2"}
     assert all("build" not in r.inputs for r in images)
-    assert len(images) == 6 * 3 + 4  # per node vLLM, dcgm and node exporters; gpu-01 also gateway, exporter, Prometheus, Grafana
+    assert len(images) == 6 * 3 + 3  # per node vLLM, dcgm and node exporters; gpu-01 also gateway, Prometheus, Grafana
     # Every container runs the id of its node's image; labels keep the stack's reference (facts read it).
     by_urn = {r.urn: r for r in images}
     for c in registry_run.by_type(CONTAINER):
@@ -193,7 +193,7 @@ def test_tarballs_are_loaded_then_found_never_pulled(config: dict[str, Any], sta
     run = stack_runner(with_images(config, airGapped=True, tarballs="/srv/llm-images"))
     loads = {r.name: r for r in run.by_type(REMOTE) if "-image-load-" in r.name}
     images = run.by_type(IMAGE)
-    assert len(loads) == len(images) == 6 * 3 + 4
+    assert len(loads) == len(images) == 6 * 3 + 3
     by_urn = {r.urn: r for r in loads.values()}
     for img in images:
         load = [by_urn[u] for u in img.dependencies if u in by_urn]
@@ -207,7 +207,7 @@ def test_tarballs_are_loaded_then_found_never_pulled(config: dict[str, Any], sta
         assert step.inputs["triggers"]
     gpu01 = sorted(n for n in loads if n.startswith("gpu-01-"))
     assert gpu01 == sorted(f"gpu-01-image-load-{s}" for s in (
-        "vllm-openai-v0-19-1", "gateway-nginx-1-26-3-3-deb13u11-lua-0-10-28-2", "python-3-12-slim",
+        "vllm-openai-v0-19-1", "gateway-nginx-1-26-3-3-deb13u11-lua-0-10-28-2",
         "dcgm-exporter-3-3-9-3-6-1-ubuntu22-04", "node-exporter-v1-8-2", "prometheus-v2-55-1", "grafana-11-3-0"))
     assert problems_of(run) == []
     assert [v for v in analyze(run.registrations) if v.policy_name.startswith("air-gapped")] == []
@@ -361,11 +361,11 @@ def test_the_mirror_script_pushes_or_saves_every_image(config: dict[str, Any]) -
            "reg.example:5000/llm-cluster/gateway:nginx-1.26.3-3-deb13u11-lua-0.10.28-2\n" in text
     assert "# nvcr.io/nvidia/k8s/dcgm-exporter:3.3.9-3.6.1-ubuntu22.04 (every node)\n" \
            "docker pull nvcr.io/nvidia/k8s/dcgm-exporter:3.3.9-3.6.1-ubuntu22.04\n" in text
-    assert text.count("docker push ") == 7
+    assert text.count("docker push ") == 6
     spec = load_stack_config(with_images(config, tarballs="/srv/llm-images"), set())
     text = isup.mirror_script(spec)
-    assert text.count("docker save -o ") == 7
-    assert 'docker save -o "$out"/python_3.12-slim.tar python:3.12-slim\n' in text
+    assert text.count("docker save -o ") == 6
+    assert 'docker save -o "$out"/prom_prometheus_v2.55.1.tar prom/prometheus:v2.55.1\n' in text
     done = subprocess.run([sys.executable, "-m", "plan.images", "--list"], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parent.parent)
     assert done.returncode == 0
@@ -443,9 +443,8 @@ def test_an_air_gapped_stack_pulling_from_public_registries_is_refused(config: d
     assert verdicts(stack_runner(config)) == []  # not air-gapped: nothing to say
     run = stack_runner(with_images(config, airGapped=True))
     assert verdicts(run) == [("air-gapped-images", "mandatory",
-        "images.airGapped is true, but 7 images would still come from a public registry the nodes cannot reach: "
+        "images.airGapped is true, but 6 images would still come from a public registry the nodes cannot reach: "
         "vllm/vllm-openai:v0.19.1 from Docker Hub (docker.io) on every node; "
-        "python:3.12-slim from Docker Hub (docker.io) on gpu-01; "
         "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.9-3.6.1-ubuntu22.04 from NVIDIA NGC (nvcr.io) on every node; "
         "prom/node-exporter:v1.8.2 from Docker Hub (docker.io) on every node; "
         "prom/prometheus:v2.55.1 from Docker Hub (docker.io) on gpu-01; "
@@ -461,7 +460,6 @@ def test_images_named_in_a_private_registry_pass_and_the_rest_are_listed(config:
         pool["image"] = "harbor.corp/llm/vllm-openai:v0.19.1"
         pool["imageFacts"] = {"like": "vllm/vllm-openai:v0.19.1"}
     config[NS + "gateway"]["image"] = "harbor.corp/llm/nginx:1.27.5"
-    config[NS + "gateway"]["exporterImage"] = "harbor.corp/llm/python:3.12-slim"
     config[NS + "monitoring"] = {"node": "gpu-01", **{k: {"image": f"harbor.corp/llm/{k.lower()}:1", "port": port}
                                                       for k, port in (("dcgmExporter", 9400), ("nodeExporter", 9100),
                                                                       ("prometheus", 9090))},
@@ -476,7 +474,7 @@ def test_images_named_in_a_private_registry_pass_and_the_rest_are_listed(config:
 def test_a_public_registry_named_as_the_private_one_is_refused(config: dict[str, Any],
                                                                stack_runner: Callable[..., ProgramRun]) -> None:
     (_, _, message), = verdicts(stack_runner(with_images(config, airGapped=True, registry="docker.io/myorg")))
-    assert message.startswith("images.airGapped is true, but 7 images would still come from a public registry the "
+    assert message.startswith("images.airGapped is true, but 6 images would still come from a public registry the "
                               "nodes cannot reach: vllm/vllm-openai:v0.19.1 from Docker Hub (docker.io), the registry "
                               "images.registry names on every node;")
 

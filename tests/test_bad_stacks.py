@@ -67,9 +67,9 @@ BAD: list[tuple[str, Mutation, list[str]]] = [
      lambda c: s(c, "gateway").update(image=""),
      ["gateway.image: '' is not an image reference: [registry/]repository[:tag][@sha256:digest], the "
       "repository of lower-case letters, digits and . _ - separated by /"]),
-    ("a gateway exporter image with a space",
-     lambda c: s(c, "gateway").update(exporterImage=" python:3.12-slim"),
-     ["gateway.exporterImage: ' python:3.12-slim': an image reference holds no whitespace"]),
+    ("a gateway image with a space",
+     lambda c: s(c, "gateway").update(image=" nginx:1.27.5"),
+     ["gateway.image: ' nginx:1.27.5': an image reference holds no whitespace"]),
     ("a monitoring image that is no reference",
      lambda c: s(c, "monitoring").update(nodeExporter={"image": "prom/node-exporter::v1", "port": 9100}),
      ["monitoring.nodeExporter.image: 'prom/node-exporter::v1' is not an image reference: "

@@ -138,7 +138,7 @@ def test_keys_take_their_own_budget_or_the_default_and_the_zone_holds_them() -> 
             "            if ($llm_budget_refused) {\n                return 439;\n            }")
     # No budget anywhere: no shared dict, no budget module, no extra log field.
     plain = gateway_files(load_stack_config(prod_config(), set()))
-    assert "lua_shared_dict" not in plain["nginx.conf"] and "llm/gateway_budget.lua" not in plain
+    assert "lua_shared_dict llm_budget" not in plain["nginx.conf"] and "llm/gateway_budget.lua" not in plain
     assert "budget" not in plain["nginx.conf"]
 
 

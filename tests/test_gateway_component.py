@@ -8,7 +8,7 @@ import pulumi
 import pytest
 
 from components.planning.gateway import (
-    config_delete_script, config_script, exporter_source, gateway_files, healthcheck_probe, key_digests,
+    config_delete_script, config_script, gateway_files, healthcheck_probe, key_digests,
     keys_delete_script, keys_script, readiness_script, tls_delete_script, tls_from_stdin_script, tls_generate_script,
     usage_dir_script,
 )
@@ -42,11 +42,6 @@ def from_secret() -> ProgramRun:
     return run_stack(cfg, secrets)
 
 
-def uploads(reg: Registration, reveal: bool = False) -> dict[str, Any]:
-    inputs = reg.plain_inputs() if reveal else reg.display_inputs()
-    return {u["file"]: u["content"] for u in inputs["uploads"]}
-
-
 def is_secret(value: Any) -> bool:
     return isinstance(value, dict) and value.get(SIG) == SECRET_SIG
 
@@ -64,15 +59,14 @@ def test_component_props_are_what_the_policy_pack_reads(generated: ProgramRun) -
         "exposedPaths": ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models",
                          "/smart/v1/chat/completions", "/smart/v1/completions", "/smart/v1/embeddings",
                          "/smart/v1/models"],
-        "metricsPort": 9145.0, "exporterImage": "python:3.12-slim"}
+        "metricsPort": 9145.0}
 
 
 def test_children_are_parented_to_the_gateway(generated: ProgramRun) -> None:
     (gw,) = generated.by_type(GATEWAY)
     children = sorted((r.type, r.name) for r in generated.registrations if r.parent == gw.urn)
     assert children == [(COMMAND, "gateway-config"), (COMMAND, "gateway-keys"), (COMMAND, "gateway-ready"),
-                        (COMMAND, "gateway-tls"), (COMMAND, "gateway-usage-dir"), (CONTAINER, "gateway-exporter"),
-                        (CONTAINER, "gateway-nginx"), ("docker:index/remoteImage:RemoteImage", "gateway-image")]
+                        (COMMAND, "gateway-tls"), (COMMAND, "gateway-usage-dir"), (CONTAINER, "gateway-nginx"), ("docker:index/remoteImage:RemoteImage", "gateway-image")]
 
 
 def host_network_container(run: ProgramRun, resource: str, name: str, image: str) -> Registration:
@@ -129,10 +123,6 @@ def test_a_config_change_updates_the_command_and_leaves_the_container(generated:
     cfg["llm-cluster:gateway"]["aliases"] = {"fast": "chat"}
     changed = run_stack(cfg)
     assert changed.get("gateway-nginx").plain_inputs() == generated.get("gateway-nginx").plain_inputs()
-    assert changed.get("gateway-exporter").plain_inputs() == generated.get("gateway-exporter").plain_inputs()
-    # As sets: the SDK gathers a resource's dependencies without a stable order.
-    deps = [sorted(run.get("gateway-exporter").dependencies) for run in (changed, generated)]
-    assert deps[0] == deps[1]
     before, after = (run.get("gateway-config").plain_inputs()["create"] for run in (generated, changed))
     assert before != after and "# key ids: default, ops; tls: on" in after
 
@@ -140,10 +130,9 @@ def test_a_config_change_updates_the_command_and_leaves_the_container(generated:
 def test_gateway_depends_on_its_node_and_keys_never_on_the_models(generated: ProgramRun) -> None:
     c = generated.get("gateway-nginx")
     by_urn = {r.urn: r for r in generated.registrations}
-    # The exporter first: nginx's first log lines find it listening.
     assert {by_urn[u].name for u in c.dependencies} == {
         "gpu-01-hosts", "gpu-01-preflight", "gpu-01-firewall", "gpu-01-clock", "gateway-image",
-        "gateway-keys", "gateway-tls", "gateway-config", "gateway-usage-dir", "gateway-exporter"}
+        "gateway-keys", "gateway-tls", "gateway-config", "gateway-usage-dir"}
     (gw,) = generated.by_type(GATEWAY)
     ours = [r for r in generated.registrations if r.parent == gw.urn]
     for r in ours:
@@ -151,31 +140,17 @@ def test_gateway_depends_on_its_node_and_keys_never_on_the_models(generated: Pro
             assert by_urn[dep].name.startswith(("gpu-01-", "gateway-")), (r.name, by_urn[dep].name)
 
 
-def test_exporter_runs_the_uploaded_program_as_nginxs_worker_on_host_network(generated: ProgramRun) -> None:
-    c = host_network_container(generated, "gateway-exporter", "llm-gateway-exporter", "gpu-01-image-python-3-12-slim")
-    inputs = c.plain_inputs()
-    assert inputs["command"] == ["python3", "/opt/llm-cluster/gateway_exporter.py", "--usage-dir", "/var/log/llm-gateway",
-                                 "--listen", "192.168.10.11:9145",
-                                 "--retention-days", "30", "--max-usage-mib", "20480"]
-    assert uploads(c) == {"/opt/llm-cluster/gateway_exporter.py": exporter_source()}
-    # nginx's worker user: it prunes the usage files nginx's workers write.
-    assert inputs["user"] == "101:101"
-    assert inputs["volumes"] == [{"hostPath": "/var/log/llm-gateway", "containerPath": "/var/log/llm-gateway"}]
-    assert {(label["label"], label["value"]) for label in inputs["labels"]} == {
-        ("llm-cluster.role", "gateway-exporter"), ("llm-cluster.image", "python:3.12-slim")}
-    assert inputs["healthcheck"]["tests"] == [
-        "CMD", "python3", "-c",
-        "import urllib.request; urllib.request.urlopen('http://192.168.10.11:9145/metrics', timeout=3)"]
-    assert not inputs.get("ports") and not inputs.get("envs")
-    by_urn = {r.urn: r for r in generated.registrations}
-    assert {by_urn[u].name for u in c.dependencies} == {
-        "gpu-01-hosts", "gpu-01-preflight", "gpu-01-firewall", "gpu-01-clock", "gpu-01-image-python-3-12-slim",
-        "gateway-usage-dir"}
-    # It reads the usage files nginx writes into the volume they share; nginx sends it nothing.
+def test_nginx_itself_writes_the_usage_files_and_serves_metrics_on_the_cluster_address(generated: ProgramRun) -> None:
+    # No exporter container: nginx's workers write the daily files into the host volume and count
+    # the metrics; its /metrics listener is the node's cluster address, where Prometheus scrapes.
+    (gw,) = generated.by_type(GATEWAY)
+    assert [r.name for r in generated.registrations if r.parent == gw.urn and r.type == CONTAINER] == ["gateway-nginx"]
     conf = written_files(generated.get("gateway-config").plain_inputs()["create"])[
-        "/etc/llm-cluster/gateway/conf/nginx.conf"]
-    assert "    access_log /var/log/llm-gateway/usage-$llm_log_day.log llm_usage;" in conf.splitlines()
-    assert "syslog" not in conf
+        "/etc/llm-cluster/gateway/conf/nginx.conf"].splitlines()
+    assert "        listen 192.168.10.11:9145;" in conf
+    assert [line for line in conf if "usage_dir" in line][0].endswith(
+        'usage_dir = "/var/log/llm-gateway", prune_seconds = 3600, retention_days = 30, max_bytes = 21474836480}) }')
+    assert "syslog" not in "\n".join(conf)
 
 
 def test_usage_log_directory_is_made_once_and_kept(generated: ProgramRun) -> None:
@@ -279,12 +254,13 @@ def test_without_auth_no_key_is_made_written_mounted_or_exported() -> None:
     props = gw.plain_inputs()
     assert (props["authRequired"], props["apiKeyIds"], props["keySource"]) == (False, [], "none")
     assert sorted(r.name for r in result.registrations if r.parent == gw.urn) == [
-        "gateway-config", "gateway-exporter", "gateway-image", "gateway-nginx", "gateway-ready", "gateway-usage-dir"]
+        "gateway-config", "gateway-image", "gateway-nginx", "gateway-ready", "gateway-usage-dir"]
     c = result.get("gateway-nginx")
     inputs = c.plain_inputs()
     assert [v["containerPath"] for v in inputs["volumes"]] == ["/etc/llm-gateway", "/var/log/llm-gateway"]
     files = written_files(result.get("gateway-config").plain_inputs()["create"])
     assert sorted(files) == ["/etc/llm-cluster/gateway/conf/llm/gateway.lua",
+                             "/etc/llm-cluster/gateway/conf/llm/gateway_metrics.lua",
                              "/etc/llm-cluster/gateway/conf/llm/routes.json", "/etc/llm-cluster/gateway/conf/nginx.conf"]
     assert "key-hashes" not in files["/etc/llm-cluster/gateway/conf/nginx.conf"]
     assert inputs["healthcheck"]["tests"][1].endswith("| grep -qx 200")

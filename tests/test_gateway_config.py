@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from components.planning.gateway import (
-    DIGESTS_FILE, ERRORS, GatewayLayout, concurrency_zones, container_layout, exporter_argv, exporter_probe, exposed_paths, gateway_files,
+    DIGESTS_FILE, ERRORS, GatewayLayout, concurrency_zones, container_layout, exposed_paths, gateway_files,
     healthcheck_probe, key_digests, key_ids, keyless_probe, keys_delete_script, keys_script, nginx_conf, nginx_rate,
     rate_zones, readiness_script, render_gateway, reset_interval, retry_after_seconds, routes, routes_table,
     upstream_servers,
@@ -100,8 +100,6 @@ def test_reference_pool_locations_stream_retry_before_any_byte_and_use_the_pools
     assert block(conf, "map $uri $llm_pin") == [
         'default "";', "/smart/v1/chat/completions reasoning;", "/smart/v1/completions reasoning;",
         "/smart/v1/embeddings reasoning;"]
-    # The usage log's directory check is cached: no stat per request.
-    assert "open_file_cache max=4 inactive=2m;" in lines(conf)
 
 
 def test_reference_listener_limits_and_module_path(prod_spec: StackSpec) -> None:
@@ -115,7 +113,8 @@ def test_reference_listener_limits_and_module_path(prod_spec: StackSpec) -> None
     assert server[:5] == ["listen 443 ssl;", "ssl_certificate /etc/llm-gateway-tls/cert.pem;",
                           "ssl_certificate_key /etc/llm-gateway-tls/key.pem;", "ssl_protocols TLSv1.2 TLSv1.3;",
                           "ssl_session_cache shared:llm_tls:10m;"]
-    assert sum(line.startswith("listen") for line in conf) == 1
+    # ... but the metrics' own, on the cluster address (test_metrics_are_served_by_nginx_on_...).
+    assert [line for line in conf if line.startswith("listen")] == ["listen 443 ssl;", "listen 192.168.10.11:9145;"]
     assert "client_max_body_size 16m;" in conf and "client_body_buffer_size 16m;" in conf
     assert "limit_req_zone $llm_rl_0 zone=llm_rl_0:10m rate=20r/s;" in conf
     assert "limit_req_status 429;" in conf
@@ -139,10 +138,11 @@ def test_reference_loads_the_lua_module_reads_its_tables_once_and_declares_the_r
     assert lua == ['lua_package_path "/etc/llm-gateway/llm/?.lua;/usr/share/lua/5.1/?.lua;;";',
                    'lua_package_cpath "/usr/lib/x86_64-linux-gnu/lua/5.1/?.so;;";',
                    'init_by_lua_block { require("gateway").init("/etc/llm-gateway/llm/routes.json", '
-                   '"/etc/llm-gateway-keys/key-hashes.json") }']
+                   '"/etc/llm-gateway-keys/key-hashes.json") require("gateway_metrics") }',
+                   "lua_shared_dict llm_metrics 5262k;"]
     # Declared with their defaults (a map: kept across ngx.exec and error pages, no "uninitialized"
     # warning for a request that never reached the rewrite phase), and named once so ngx.var may set them.
-    assert [line for line in http if line.startswith('map "" ')] == [
+    assert [line for line in http if line.startswith('map "" ') and "$llm_usage_line" not in line] == [
         'map "" $llm_key_id { default ""; }', 'map "" $llm_model { default ""; }', 'map "" $llm_pool { default ""; }',
         'map "" $llm_body { default ""; }', 'map "" $llm_usage { default ""; }', 'map "" $llm_events { default "0"; }']
     assert ("log_format llm_request_variables '$llm_key_id $llm_model $llm_pool $llm_body $llm_usage $llm_events';"
@@ -160,44 +160,65 @@ def test_the_tests_lua_paths_replace_the_images(prod_spec: StackSpec, tmp_path: 
         f'lua_package_path "{tmp_path}/llm/?.lua;/t/a/?.lua;/t/b/?.lua;;";', 'lua_package_cpath "/t/?.so;;";']
 
 
-def test_usage_log_goes_to_daily_host_files_the_exporter_follows_and_no_datagram(prod_spec: StackSpec) -> None:
+def test_usage_log_and_metrics_are_kept_by_lua_in_the_log_phase_at_http_level(prod_spec: StackSpec) -> None:
     conf = lines(gateway_files(prod_spec)["nginx.conf"])
-    assert [line for line in conf if line.startswith("access_log")] == [
-        # A file a day on the host volume (gateway.usageLog.dir), named by nginx: nothing to rotate.
-        "access_log /var/log/llm-gateway/usage-$llm_log_day.log llm_usage;"]
-    assert container_layout(prod_spec).syslog_port is None
+    http = conf[conf.index("http {"):]
+    # At http level: every request of every server is recorded, nginx's own errors too; nginx's
+    # own access log (one write per request) is off.
+    assert [line for line in conf if line.startswith(("log_by_lua", "access_log", "init_worker", "exit_worker"))] == [
+        'init_worker_by_lua_block { require("gateway_metrics").start({zone = "llm_metrics", flush_seconds = 1, '
+        'field_max = 256, max_series = 10000, buckets = {{0.05, "0.05"}, {0.1, "0.1"}, {0.25, "0.25"}, {0.5, "0.5"}, '
+        '{1.0, "1.0"}, {2.5, "2.5"}, {5.0, "5.0"}, {10.0, "10.0"}, {20.0, "20.0"}, {30.0, "30.0"}, {60.0, "60.0"}, '
+        '{120.0, "120.0"}, {300.0, "300.0"}, {600.0, "600.0"}, {900.0, "900.0"}}, usage_dir = "/var/log/llm-gateway", '
+        'prune_seconds = 3600, retention_days = 30, max_bytes = 21474836480}) }',
+        'exit_worker_by_lua_block { require("gateway_metrics").stop() }',
+        'log_by_lua_block { require("gateway_metrics").record() }',
+        "access_log off;",
+        "log_by_lua_block { return }"]
+    assert http.index('log_by_lua_block { require("gateway_metrics").record() }') < http.index("server {")
+    assert "lua_shared_dict llm_metrics 5262k;" in conf
     assert "syslog" not in gateway_files(prod_spec)["nginx.conf"]
-    # A layout may still send datagrams (the bench measures that design): nginx refuses `buffer=` on
-    # syslog; the tag is what the exporter's datagram parser skips.
-    assert "    access_log syslog:server=127.0.0.1:5514,tag=llmgw,nohostname llm_usage;" in nginx_conf(
-        prod_spec, GatewayLayout(port=80, syslog_port=5514)).splitlines()
+    # The client's path and model go into the line as they are when JSON needs no escape in them.
+    assert conf[conf.index("map $request_uri $llm_log_path {") + 1:][:2] == [
+        '"~^(?<llm_path_head>[^\\"\\\\\\\\\\x00-\\x1f]{0,256})[^\\"\\\\\\\\\\x00-\\x1f]*\\z" $llm_path_head;',
+        "default '\"';"]
 
 
-def test_exporter_command_follows_the_usage_files_and_listens_on_the_cluster_address(config: dict[str, Any]) -> None:
-    spec = spec_with(config, metricsPort=9200)
-    assert exporter_argv(spec) == ["python3", "/opt/llm-cluster/gateway_exporter.py", "--usage-dir", "/var/log/llm-gateway",
-                                   "--listen", "192.168.10.11:9200",
-                                   "--retention-days", "30", "--max-usage-mib", "20480"]
-    assert exporter_probe(spec)[-1] == (
-        "import urllib.request; urllib.request.urlopen('http://192.168.10.11:9200/metrics', timeout=3)")
+def test_metrics_are_served_by_nginx_on_the_cluster_address_apart_from_the_api(config: dict[str, Any]) -> None:
+    conf = lines(gateway_files(spec_with(config, metricsPort=9200))["nginx.conf"])
+    server = conf[conf.index("listen 192.168.10.11:9200;") - 1:]
+    assert server[:12] == [
+        "server {",
+        "listen 192.168.10.11:9200;",
+        "# Scrapes are not gateway requests: neither usage lines nor counted.",
+        "log_by_lua_block { return }",
+        "location = /metrics {",
+        'content_by_lua_block { require("gateway_metrics").serve() }',
+        "}",
+        "location / {",
+        "default_type text/plain;",
+        'return 404 "llm-cluster gateway: GET /metrics\\n";',
+        "}",
+        "}"]
 
 
 @pytest.mark.parametrize(("gateway", "message"), [
     ({"metricsPort": 80}, "gateway.metricsPort: 80 is not allowed: must be at least 1024"),
     ({"metricsPort": 8000}, "gateway.metricsPort: port 8000 on gpu-01 is already taken by pools.reasoning.port"),
 ])
-def test_exporter_ports_are_unprivileged_and_claimed_on_the_gateway_node(config: dict[str, Any], gateway: dict[str, Any],
+def test_the_metrics_port_is_unprivileged_and_claimed_on_the_gateway_node(config: dict[str, Any], gateway: dict[str, Any],
                                                                          message: str) -> None:
     with pytest.raises(SpecError) as err:
         spec_with(config, **gateway)
     assert str(err.value) == message
 
 
-def test_the_syslog_port_of_last_sessions_exporter_is_refused_by_name(config: dict[str, Any]) -> None:
-    # The exporter follows the usage files now: a stack still setting the port hears it is gone.
+@pytest.mark.parametrize("key", ["exporterSyslogPort", "exporterImage"])
+def test_the_keys_of_the_gone_exporter_are_refused_by_name(config: dict[str, Any], key: str) -> None:
+    # nginx serves the metrics itself now: a stack still setting the exporter's keys hears they are gone.
     with pytest.raises(SpecError) as err:
-        spec_with(config, exporterSyslogPort=5514)
-    assert str(err.value).startswith("gateway.exporterSyslogPort: unknown key 'exporterSyslogPort'; allowed keys here:")
+        spec_with(config, **{key: "python:3.12-slim" if key == "exporterImage" else 5514})
+    assert str(err.value).startswith(f"gateway.{key}: unknown key '{key}'; allowed keys here:")
 
 
 def test_only_the_openai_endpoints_are_exposed(prod_spec: StackSpec) -> None:
@@ -205,15 +226,15 @@ def test_only_the_openai_endpoints_are_exposed(prod_spec: StackSpec) -> None:
         "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models",
         "/smart/v1/chat/completions", "/smart/v1/completions", "/smart/v1/embeddings", "/smart/v1/models"]
     conf = gateway_files(prod_spec)["nginx.conf"]
-    exact = sorted(line.split()[2] for line in lines(conf) if line.startswith("location = ")
+    exact = sorted(line.split()[2] for line in block(conf, "server") if line.startswith("location = ")
                    and not line.startswith("location = /_llm_error/"))
     assert exact == sorted(exposed_paths(prod_spec))
     # The error pages are internal: a client asking for one gets the 404.
     for status in ERRORS:
         assert block(conf, f"location = /_llm_error/{status}")[0] == "internal;"
     assert block(conf, "location /") == ["return 404;"]
-    assert [line for line in lines(conf) if line.startswith("location ") and "@" not in line and "=" not in line] \
-        == ["location / {"]
+    assert [line for line in block(conf, "server") if line.startswith("location ") and "@" not in line
+            and "=" not in line] == ["location / {"]
 
 
 def test_reference_routes_every_served_name_to_its_pool(prod_spec: StackSpec) -> None:
@@ -323,8 +344,8 @@ def test_without_auth_nothing_checks_or_loads_a_key(config: dict[str, Any], prod
     files = gateway_files(spec)
     assert "key-hashes" not in files["nginx.conf"] and "limit_req" not in files["nginx.conf"]
     # gateway.lua is told there is no digest file to read.
-    assert ('init_by_lua_block { require("gateway").init("/etc/llm-gateway/llm/routes.json", nil) }'
-            in lines(files["nginx.conf"]))
+    assert ('init_by_lua_block { require("gateway").init("/etc/llm-gateway/llm/routes.json", nil) '
+            'require("gateway_metrics") }' in lines(files["nginx.conf"]))
     assert "set_by_lua" in files["nginx.conf"]  # (it returns '' at once: routes.json says auth is off)
     for endpoint in ("chat/completions", "models"):
         assert block(files["nginx.conf"], f"location = /v1/{endpoint}") == [
@@ -360,8 +381,10 @@ def test_loopback_layout_changes_only_paths_and_the_listener(prod_spec: StackSpe
         port=18080, listen_address="127.0.0.1", conf_dir=str(tmp_path), load_modules=("/x.so", "/y.so"),
         lua_path="/t/?.lua", lua_cpath="/t/?.so",
         digests_file=f"{tmp_path}/k.json", tls_dir=f"{tmp_path}/tls", pid_file=f"{tmp_path}/pid",
-        error_log=f"{tmp_path}/e", usage_dir=prod_spec.gateway.usage_log.dir, temp_dir=None, user=None))
+        error_log=f"{tmp_path}/e", usage_dir=prod_spec.gateway.usage_log.dir, temp_dir=None, user=None,
+        metrics_listen="127.0.0.1:19145"))
     assert local["llm/gateway.lua"] == deployed["llm/gateway.lua"]
+    assert local["llm/gateway_metrics.lua"] == deployed["llm/gateway_metrics.lua"]
     assert local["llm/routes.json"] == deployed["llm/routes.json"]
     differ = set(lines(deployed["nginx.conf"])) ^ set(lines(local["nginx.conf"]))
     heads = {line.split()[0] for line in differ}

@@ -25,7 +25,6 @@ import pytest
 from components.planning.gateway import (
     NginxControl, config_script, render_gateway, tls_from_stdin_script, tls_generate_script, usage_dir_script,
 )
-from components.planning.gateway_exporter import prune_usage
 from components.spec import StackSpec, load_stack_config
 from tests.test_gateway_nginx import (
     CHAT, WAIT, FakeReplica, NginxGateway, gateway_config, host_keys, nginx_binary, own_gateway, self_signed,
@@ -251,18 +250,3 @@ def test_usage_log_is_a_file_a_day_on_the_host_volume(tmp_path: Path) -> None:
         for rs in pools.values():
             for r in rs:
                 r.kill()
-
-
-def test_usage_files_past_their_retention_or_the_size_cap_are_pruned_oldest_first(tmp_path: Path) -> None:
-    today = datetime.date(2026, 3, 10)
-    for day, size in (("2026-02-01", 10), ("2026-03-01", 10), ("2026-03-08", 30), ("2026-03-09", 30),
-                      ("2026-03-10", 50)):
-        (tmp_path / f"usage-{day}.log").write_bytes(b"x" * size)
-    (tmp_path / "notes.txt").write_text("not ours")
-    # 30 days: February goes; a 100-byte cap then takes the oldest until the rest fit; today stays.
-    assert prune_usage(str(tmp_path), 30, 100, today) == ["usage-2026-02-01.log", "usage-2026-03-01.log",
-                                                         "usage-2026-03-08.log"]
-    assert sorted(os.listdir(tmp_path)) == ["notes.txt", "usage-2026-03-09.log", "usage-2026-03-10.log"]
-    # Today's file is never deleted, even alone over the cap.
-    assert prune_usage(str(tmp_path), 30, 10, today) == ["usage-2026-03-09.log"]
-    assert prune_usage(str(tmp_path), 30, 10, today) == []

@@ -1,42 +1,41 @@
-"""Gateway metrics for real: nginx + njs writes its usage files, the exporter (a subprocess) follows them.
+"""Gateway metrics and the usage record for real: gateway_metrics.lua in the deployed nginx + Lua.
 
-The gateway is the generated config on the real nginx (tests/test_gateway_nginx.py's harness and fake
-replicas) with its daily usage files in a directory of the test's own; the exporter is
-components/planning/gateway_exporter.py started the way its container starts it. Requests of several
-keys, models and outcomes go through; /metrics must then hold exactly their counts, pass `promtool
-check metrics`, and hold no API key. The follower is tested on day changes, cut lines and pruning;
-the datagram input (`--syslog`, no longer deployed) on datagrams the real nginx sent to a socket of ours.
+The gateway is the generated config on the deployed nginx (tests/test_gateway_nginx.py's harness and
+fake replicas, two workers) with its daily usage files in a directory of the test's own and its
+/metrics listener on loopback. Requests of several keys, models and outcomes go through (routed,
+refused, retried, failed, a stream cut by its client); /metrics must then hold exactly their
+counts, pass `promtool check metrics` and hold no API key, and every request must have its usage
+line. Then: a reload loses no line and no count, the series cap, the day split and the retention.
 """
 from __future__ import annotations
 
-import ast
+import datetime
 import http.client
 import json
+import os
+import shutil
+import signal
 import socket
 import subprocess
-import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from components.planning.gateway import EXPORTER_SOURCE, SYSLOG_TAG, exporter_argv
-from components.planning.gateway_exporter import Metrics, ParseError, UsageFollower, failed_attempts, parse_datagram
+from components.planning.gateway import (
+    LOG_FORMAT, METRICS_SOURCE, METRICS_ZONE, GatewayLayout, _lua_value, metrics_settings,
+)
 from components.spec import load_stack_config
 from tests.test_gateway_nginx import (
-    CHAT, R1, WAIT, FakeReplica, NginxGateway, free_port, gateway_config, host_keys,
+    CHAT, R1, WAIT, FakeReplica, NginxGateway, free_port, gateway_config, host_keys, lua_layout, nginx_binary,
 )
 from tests.support import tool
 
-
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+LINE_FIELDS = [field.split('"')[1] for field in LOG_FORMAT.strip("{}").split(",")]
 
 
 def samples(text: str) -> dict[str, float]:
@@ -49,54 +48,36 @@ def samples(text: str) -> dict[str, float]:
     return out
 
 
-class Exporter:
-    """The exporter program as a subprocess: the argv its container runs, bound to loopback."""
+def get(port: int, path: str) -> tuple[int, str, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=WAIT)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, resp.getheader("Content-Type") or "", resp.read().decode()
+    finally:
+        conn.close()
 
-    def __init__(self, usage_dir: Path):
-        self.http_port = free_port()
-        argv = exporter_argv(load_stack_config(gateway_config(), set()))
-        # The container's argv, with the file where it lies here, the test's usage directory and loopback.
-        assert argv[:2] == ["python3", "/opt/llm-cluster/gateway_exporter.py"]
-        argv = [sys.executable, str(EXPORTER_SOURCE), *argv[2:]]
-        argv[argv.index("--usage-dir") + 1] = str(usage_dir)
-        argv[argv.index("--listen") + 1] = f"127.0.0.1:{self.http_port}"
-        self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + WAIT
-        while True:
-            if self.proc.poll() is not None:
-                pytest.fail(f"the exporter exited: {self.proc.stderr.read() if self.proc.stderr else ''}")
-            try:
-                self.get("/metrics")
-                return
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail("the exporter did not serve /metrics")
-                time.sleep(0.05)
 
-    def get(self, path: str) -> tuple[int, str, str]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=WAIT)
-        try:
-            conn.request("GET", path)
-            resp = conn.getresponse()
-            return resp.status, resp.getheader("Content-Type") or "", resp.read().decode()
-        finally:
-            conn.close()
+def scrape(gw: NginxGateway, lines: int) -> str:
+    """/metrics once the workers have written `lines` usage lines (they flush once a second)."""
+    deadline = time.monotonic() + WAIT
+    while True:
+        text = get(gw.metrics_port, "/metrics")[2]
+        got = samples(text)["llm_gateway_log_lines_total"]
+        if got >= lines or time.monotonic() > deadline:
+            assert got == lines, f"the gateway wrote {got} usage lines, expected {lines}"
+            return text
+        time.sleep(0.05)
 
-    def scrape(self, log_lines: int) -> str:
-        """/metrics once the exporter has read `log_lines` lines (it polls the files every second)."""
-        deadline = time.monotonic() + WAIT
-        while True:
-            text = self.get("/metrics")[2]
-            got = samples(text)["llm_gateway_log_lines_total"]
-            if got >= log_lines or time.monotonic() > deadline:
-                assert got == log_lines, f"the exporter received {got} log lines, expected {log_lines}"
-                return text
-            time.sleep(0.02)
 
-    def stop(self) -> int:
-        """SIGTERM, as `docker stop` sends it; the exit status."""
-        self.proc.terminate()
-        return self.proc.wait(WAIT)
+def of(text: str, name: str) -> dict[str, float]:
+    return {k: v for k, v in samples(text).items() if k.startswith(name + "{")}
+
+
+def kill_all(pools: dict[str, list[FakeReplica]]) -> None:
+    for rs in pools.values():
+        for r in rs:
+            r.kill()
 
 
 @dataclass
@@ -104,21 +85,18 @@ class Traffic:
     text: str
     keys: dict[str, str]
     reasoning: list[str]
+    log: list[dict[str, Any]]
+    raw: str
     requests: int
-    stop_status: int
 
 
 @pytest.fixture(scope="module")
 def traffic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Traffic]:
-    """One gateway + exporter, a fixed mix of requests, and the /metrics text that followed."""
+    """One gateway, a fixed mix of requests, its /metrics and usage lines once both have every request."""
     spec = load_stack_config(gateway_config(), set())
     keys, digests = host_keys(spec, tmp_path_factory.mktemp("keys"))
-    # nginx's workers run as nobody here: a directory they can reach, outside pytest's private tree.
-    usage = Path(tempfile.mkdtemp(prefix="llm-usage-"))
-    usage.chmod(0o777)
-    exporter = Exporter(usage)
     pools = {"chat": [FakeReplica("c0"), FakeReplica("c1")], "reasoning": [FakeReplica("r0"), FakeReplica("r1")]}
-    gw = NginxGateway(spec, pools, tmp_path_factory.mktemp("gateway"), digests, usage_dir=usage)
+    gw = NginxGateway(spec, pools, tmp_path_factory.mktemp("gateway"), digests)
     try:
         sent = [
             gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["default"]),
@@ -129,39 +107,48 @@ def traffic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Traffic]:
                     {"model": R1, "stream": True, "stream_options": {"include_usage": True}}, keys["analyst"]),
             gw.call("POST", "/v1/chat/completions", {"model": CHAT}),  # no key
             gw.call("POST", "/v1/chat/completions", {"model": CHAT}, "sk-not-a-key"),
-            gw.call("POST", "/v1/chat/completions", {"model": "gpt-4o\"\\\n"}, keys["default"]),  # unknown
+            # Unknown: its name is the client's, escaped in the line and never a label value.
+            gw.call("POST", '/v1/chat/completions?q="\\', {"model": 'gpt-4o"\\\n\t 模型'}, keys["default"]),
             gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["analyst"]),  # not allowed
             *[gw.call("GET", "/v1/models", key=keys["limited"]) for _ in range(3)],  # 200, 200, 429
         ]
         assert [s for s, _, _ in sent] == [200, 200, 200, 200, 200, 401, 401, 404, 403, 200, 200, 429]
-        # Both reasoning replicas die: each request tries both (502, 502) until max_fails (2) takes
-        # them out; the third finds no live replica.
+        # A stream its client cuts after the first event: a 200, no tokens (they never came).
+        conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=WAIT)
+        conn.request("POST", "/v1/chat/completions?t=cut", json.dumps(
+            {"model": R1, "stream": True, "stream_options": {"include_usage": True}, "gate": "cut"}),
+            {"Authorization": f"Bearer {keys['default']}", "Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert b'"t0"' in resp.read1(65536)
+        conn.sock.shutdown(socket.SHUT_RDWR)
+        conn.close()
+        for r in pools["reasoning"]:
+            r.gates["cut"].set()
+        # Both reasoning replicas die: each request tries both (502, 502: retried, then failed) until
+        # max_fails (2) takes them out; the third finds no live replica.
         for r in pools["reasoning"]:
             r.kill()
         failed = [gw.call("POST", "/v1/chat/completions", {"model": R1}, keys["default"]) for _ in range(3)]
         assert [s for s, _, _ in failed] == [502, 502, 502]
-        text = exporter.scrape(log_lines=len(sent) + len(failed))
-        log = gw.log(at_least=len(sent) + len(failed))
-        # (Two workers buffer their own log lines: compare as a multiset, not in request order.)
-        assert sorted(line["upstream"].count(", ") for line in log if line["status"] == 502) == [0, 1, 1]
+        requests = len(sent) + 1 + len(failed)
+        text = scrape(gw, requests)
+        log = gw.log(at_least=requests)
+        raw = "".join(f.read_text() for f in gw.usage_dir.glob("usage-*.log"))
     finally:
         gw.stop()
-        status = exporter.stop()
-        shutil.rmtree(usage)
-        for rs in pools.values():
-            for r in rs:
-                r.kill()
-    yield Traffic(text, keys, [r.addr for r in pools["reasoning"]], len(sent) + len(failed), status)
+        kill_all(pools)
+    yield Traffic(text, keys, [r.addr for r in pools["reasoning"]], log, raw, requests)
 
 
 def test_requests_are_counted_by_key_id_routed_model_pool_and_status(traffic: Traffic) -> None:
-    got = {k: v for k, v in samples(traffic.text).items() if k.startswith("llm_gateway_requests_total")}
-    assert got == {
+    assert of(traffic.text, "llm_gateway_requests_total") == {
         'llm_gateway_requests_total{key_id="",model="",pool="",status="401"}': 2,
         'llm_gateway_requests_total{key_id="analyst",model="",pool="",status="403"}': 1,
         'llm_gateway_requests_total{key_id="analyst",model="deepseek-r1",pool="reasoning",status="200"}': 1,
         # The unknown model's name is the client's: not a label value.
         'llm_gateway_requests_total{key_id="default",model="",pool="",status="404"}': 1,
+        # The cut stream (200), then the three that failed.
+        'llm_gateway_requests_total{key_id="default",model="deepseek-r1",pool="reasoning",status="200"}': 1,
         'llm_gateway_requests_total{key_id="default",model="deepseek-r1",pool="reasoning",status="502"}': 3,
         'llm_gateway_requests_total{key_id="default",model="fast",pool="chat",status="200"}': 1,
         'llm_gateway_requests_total{key_id="default",model="qwen3-30b-a3b",pool="chat",status="200"}': 3,
@@ -172,17 +159,20 @@ def test_requests_are_counted_by_key_id_routed_model_pool_and_status(traffic: Tr
 
 def test_failed_attempts_are_counted_per_replica_and_no_live_replica_as_none(traffic: Traffic) -> None:
     r0, r1 = traffic.reasoning
-    got = {k: v for k, v in samples(traffic.text).items() if k.startswith("llm_gateway_upstream_failures_total")}
-    assert got == {
+    assert of(traffic.text, "llm_gateway_upstream_failures_total") == {
         f'llm_gateway_upstream_failures_total{{pool="reasoning",upstream="{r0}"}}': 2,
         f'llm_gateway_upstream_failures_total{{pool="reasoning",upstream="{r1}"}}': 2,
         'llm_gateway_upstream_failures_total{pool="reasoning",upstream="none"}': 1,
     }
+    # What the usage lines say: the first two tried both replicas, the third found none.
+    failed = [line for line in traffic.log if line["status"] == 502]
+    assert sorted(line["upstream_status"] for line in failed) == ["502", "502, 502", "502, 502"]
 
 
 def test_tokens_come_from_the_responses_usage_json_and_stream(traffic: Traffic) -> None:
-    got = {k: v for k, v in samples(traffic.text).items() if k.startswith("llm_gateway_tokens_total")}
-    assert got == {  # 3 x (11, 7) and 1 x (11, 7) from JSON bodies; (5, 3) from the stream's last chunk
+    assert of(traffic.text, "llm_gateway_tokens_total") == {
+        # 3 x (11, 7) and 1 x (11, 7) from JSON bodies; (5, 3) from the stream's last chunk; the cut
+        # stream never got its usage chunk.
         'llm_gateway_tokens_total{key_id="analyst",model="deepseek-r1",kind="completion"}': 3,
         'llm_gateway_tokens_total{key_id="analyst",model="deepseek-r1",kind="prompt"}': 5,
         'llm_gateway_tokens_total{key_id="default",model="fast",kind="completion"}': 7,
@@ -197,232 +187,214 @@ def test_durations_are_a_histogram_per_pool_and_every_line_is_counted(traffic: T
     name = "llm_gateway_request_duration_seconds"
     # Refused before routing (401, 403, 404, /v1/models, 429): pool "" (Prometheus drops empty labels).
     assert {pool: got[f'{name}_count{{pool="{pool}"}}'] for pool in ("chat", "reasoning", "")} == {
-        "chat": 4, "reasoning": 4, "": 7}
+        "chat": 4, "reasoning": 5, "": 7}
     for pool in ("chat", "reasoning", ""):
         buckets = {k: v for k, v in got.items() if k.startswith(f'{name}_bucket{{pool="{pool}",le=')}
+        assert list(buckets) == [f'{name}_bucket{{pool="{pool}",le="{le}"}}' for le in (
+            "0.05", "0.1", "0.25", "0.5", "1.0", "2.5", "5.0", "10.0", "20.0", "30.0", "60.0", "120.0", "300.0",
+            "600.0", "900.0", "+Inf")]
         values = list(buckets.values())
-        assert len(values) == 16 and values == sorted(values)
-        assert values[-1] == buckets[f'{name}_bucket{{pool="{pool}",le="+Inf"}}'] == got[f'{name}_count{{pool="{pool}"}}']
+        assert values == sorted(values) and values[-1] == got[f'{name}_count{{pool="{pool}"}}']
         # Loopback fake replicas answer in well under 5 s: every request is in the 5 s bucket.
         assert buckets[f'{name}_bucket{{pool="{pool}",le="5.0"}}'] == values[-1]
         assert 0 <= got[f'{name}_sum{{pool="{pool}"}}'] < 5 * values[-1]
     assert got["llm_gateway_log_lines_total"] == traffic.requests
-    assert got["llm_gateway_log_parse_errors_total"] == 0
+    assert got["llm_gateway_log_write_errors_total"] == 0
     assert got["llm_gateway_series_overflow_total"] == 0
+
+
+def test_every_request_has_its_usage_line_with_todays_fields(traffic: Traffic) -> None:
+    assert len(traffic.log) == traffic.requests
+    assert LINE_FIELDS == [
+        "time", "request_id", "key_id", "method", "path", "model", "pool", "upstream", "status", "upstream_status",
+        "completed", "events", "request_time", "upstream_time", "request_bytes", "response_bytes",
+        "prompt_tokens", "completion_tokens", "total_tokens"]
+    assert all(list(line) == LINE_FIELDS for line in traffic.log)
+    cut = next(line for line in traffic.log if line["path"] == "/v1/chat/completions?t=cut")
+    assert (cut["status"], cut["completed"], cut["completion_tokens"]) == (200, "", None) and cut["events"] >= 1
+    stream = next(line for line in traffic.log if line["key_id"] == "analyst" and line["status"] == 200)
+    assert (stream["completed"], stream["prompt_tokens"], stream["completion_tokens"], stream["total_tokens"]) == (
+        "OK", 5, 3, 8)
+
+
+def test_client_text_in_a_usage_line_is_json_escaped(traffic: Traffic) -> None:
+    # The client's quote, backslash, newline, tab and non-ASCII come back as sent, from valid JSON.
+    odd = next(line for line in traffic.log if line["status"] == 404)
+    assert (odd["path"], odd["model"]) == ('/v1/chat/completions?q="\\', 'gpt-4o"\\\n\t 模型')
+    assert '"model":"gpt-4o\\"\\\\\\n\\t 模型"' in traffic.raw
 
 
 def test_metrics_hold_no_api_key(traffic: Traffic) -> None:
     for key in [*traffic.keys.values(), "sk-not-a-key"]:
-        assert key not in traffic.text
+        assert key not in traffic.text and key not in traffic.raw
     assert "gpt-4o" not in traffic.text
 
 
+def test_the_metrics_contract_fixture_is_what_nginx_serves(traffic: Traffic) -> None:
+    fixture = Path(__file__).parent / "fixtures" / "metrics" / "llm-gateway-contract.txt"
+    listed = [line.split() for line in fixture.read_text().splitlines() if line and not line.startswith("#")]
+    # The # TYPE lines of the real exposition, not a copy kept beside it (monitoring's rules read the fixture).
+    assert listed == [line.split()[2:4] for line in traffic.text.splitlines() if line.startswith("# TYPE ")]
+
+
 def test_scraped_text_passes_promtool_check_metrics(traffic: Traffic) -> None:
-    promtool = tool("promtool")
-    out = subprocess.run([promtool, "check", "metrics"], input=traffic.text, capture_output=True, text=True)
+    out = subprocess.run([tool("promtool"), "check", "metrics"], input=traffic.text, capture_output=True, text=True)
     assert (out.returncode, out.stdout + out.stderr) == (0, "")
 
 
-def test_exporter_stops_at_once_on_sigterm(traffic: Traffic) -> None:
-    # PID 1 in a container has no default SIGTERM action: the exporter must exit on its own (status 0).
-    assert traffic.stop_status == 0
-
-
-def test_exporter_answers_404_off_metrics_and_the_text_content_type(tmp_path: Path) -> None:
-    exporter = Exporter(tmp_path)
-    try:
-        assert exporter.get("/")[0] == 404
-        status, content_type, text = exporter.get("/metrics")
-        assert (status, content_type) == (200, "text/plain; version=0.0.4; charset=utf-8")
-        assert samples(text) == {"llm_gateway_log_lines_total": 0, "llm_gateway_log_parse_errors_total": 0,
-                                 "llm_gateway_series_overflow_total": 0}
-    finally:
-        exporter.stop()
-
-
-# --- the parser, on what nginx really sends ------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def captured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[bytes], list[dict[str, object]]]]:
-    """Datagrams the real nginx sent to a socket of ours (the 200, then the 404), and the same requests'
-    lines in its file log."""
-    spec = load_stack_config(gateway_config(), set())
-    keys, digests = host_keys(spec, tmp_path_factory.mktemp("keys"))
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.settimeout(WAIT)
+def own(tmp_path: Path, **gateway: Any) -> tuple[NginxGateway, dict[str, str], dict[str, list[FakeReplica]]]:
+    spec = load_stack_config(gateway_config(**gateway), set())
+    keys, digests = host_keys(spec, tmp_path / "keys")
     pools = {"chat": [FakeReplica("c")], "reasoning": [FakeReplica("r")]}
-    gw = NginxGateway(spec, pools, tmp_path_factory.mktemp("gateway"), digests, syslog_port=sock.getsockname()[1])
+    (tmp_path / "gw").mkdir()
+    return NginxGateway(spec, pools, tmp_path / "gw", digests), keys, pools
+
+
+def test_metrics_listener_answers_404_off_metrics_and_the_text_content_type(tmp_path: Path) -> None:
+    gw, _, pools = own(tmp_path)
     try:
-        assert gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["default"])[0] == 200
-        # A client's odd model name: quotes, backslash, newline and non-ASCII reach the log escaped.
-        assert gw.call("POST", "/v1/chat/completions", {"model": 'a"b\\c\nd é 模型'}, keys["default"])[0] == 404
-        # nginx's two workers may send the two lines in either order: put them in request order by
-        # content (the 200 first), so the tests below never depend on which worker was faster.
-        datagrams = sorted((sock.recv(65535) for _ in range(2)), key=lambda d: b'"status":200,' not in d)
-        assert [b'"status":200,' in d for d in datagrams] == [True, False], datagrams
-        log = gw.log(at_least=2)
+        assert get(gw.metrics_port, "/") == (404, "text/plain", "llm-cluster gateway: GET /metrics\n")
+        status, content_type, text = get(gw.metrics_port, "/metrics")
+        assert (status, content_type) == (200, "text/plain; version=0.0.4; charset=utf-8")
+        # A fresh gateway: no label set yet (scrapes are neither counted nor logged).
+        assert samples(text) == {"llm_gateway_log_lines_total": 0, "llm_gateway_log_write_errors_total": 0,
+                                 "llm_gateway_series_overflow_total": 0}
+        # The gateway's own port does not serve them (its 404, in OpenAI's shape).
+        assert gw.call("GET", "/metrics")[0] == 404
     finally:
         gw.stop()
-        sock.close()
-        for rs in pools.values():
-            for r in rs:
-                r.kill()
-    yield datagrams, log
+        kill_all(pools)
 
 
-def test_nginx_datagrams_carry_the_file_logs_json_after_a_syslog_header(
-        captured: tuple[list[bytes], list[dict[str, object]]]) -> None:
-    datagrams, log = captured
-    for datagram in datagrams:
-        # RFC 3164 as nginx writes it: <local7.info> timestamp, no hostname, our tag.
-        assert datagram.startswith(b"<190>") and f" {SYSLOG_TAG}: {{".encode() in datagram
-    parsed = [parse_datagram(d) for d in datagrams]
-    by_model = {str(line["model"]): line for line in log}
-    assert sorted(str(p["model"]) for p in parsed) == sorted(by_model)
-    for line in parsed:
-        assert line == by_model[str(line["model"])]
+def test_a_reload_loses_no_usage_line_and_no_count(tmp_path: Path) -> None:
+    gw, keys, pools = own(tmp_path)
+    try:
+        for _ in range(20):
+            assert gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["default"])[0] == 200
+        # The old workers exit with what they have not flushed yet (exit_worker_by_lua), the new
+        # ones start counting in the same shared dict.
+        os.kill(gw.proc.pid, signal.SIGHUP)
+        for _ in range(20):
+            assert gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["default"])[0] == 200
+        text = scrape(gw, 40)
+        assert of(text, "llm_gateway_requests_total") == {
+            'llm_gateway_requests_total{key_id="default",model="qwen3-30b-a3b",pool="chat",status="200"}': 40}
+        assert samples(text)['llm_gateway_tokens_total{key_id="default",model="qwen3-30b-a3b",kind="prompt"}'] == 440
+        assert len(gw.log(at_least=40)) == 40
+    finally:
+        gw.stop()
+        kill_all(pools)
 
 
-def test_the_exporter_counts_captured_datagrams_and_refuses_mangled_ones(
-        captured: tuple[list[bytes], list[dict[str, object]]]) -> None:
-    datagrams, _ = captured
-    metrics = Metrics()
-    for datagram in datagrams:
-        metrics.record(datagram)
-    metrics.record(datagrams[0][:-10])  # cut short: not JSON
-    metrics.record(datagrams[0][datagrams[0].index(b"{"):])  # the JSON without its header
-    metrics.record(datagrams[0].replace(b'"status":200', b'"status":"200"'))
-    got = samples(metrics.render())
-    assert got['llm_gateway_requests_total{key_id="default",model="qwen3-30b-a3b",pool="chat",status="200"}'] == 1
-    assert got['llm_gateway_requests_total{key_id="default",model="",pool="",status="404"}'] == 1
-    assert (got["llm_gateway_log_lines_total"], got["llm_gateway_log_parse_errors_total"]) == (5, 3)
-    for bad in (datagrams[0][:-10], datagrams[0][datagrams[0].index(b"{"):]):
-        with pytest.raises(ParseError):
-            parse_datagram(bad)
+def test_label_sets_are_capped_and_the_overflow_counted(tmp_path: Path) -> None:
+    gw, keys, pools = own(tmp_path, metricsMaxSeries=6)
+    try:
+        # 4 label sets (requests, prompt and completion tokens, the chat histogram), then 2 (requests
+        # of `limited`, the histogram of pool ""): the cap. Each waits for its merge.
+        assert gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["default"])[0] == 200
+        scrape(gw, 1)
+        assert gw.call("GET", "/v1/models", key=keys["limited"])[0] == 200
+        scrape(gw, 2)
+        # The analyst's stream would make 4 more (requests, two token kinds, the reasoning histogram):
+        # all dropped and counted; a known label set keeps counting.
+        assert gw.call("POST", "/smart/v1/chat/completions",
+                       {"model": R1, "stream": True, "stream_options": {"include_usage": True}}, keys["analyst"])[0] == 200
+        assert gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["default"])[0] == 200
+        got = samples(scrape(gw, 4))
+    finally:
+        gw.stop()
+        kill_all(pools)
+    assert {k: v for k, v in got.items() if not k.startswith("llm_gateway_request_duration_seconds_bucket")} == {
+        'llm_gateway_requests_total{key_id="default",model="qwen3-30b-a3b",pool="chat",status="200"}': 2,
+        'llm_gateway_requests_total{key_id="limited",model="",pool="",status="200"}': 1,
+        'llm_gateway_tokens_total{key_id="default",model="qwen3-30b-a3b",kind="completion"}': 14,
+        'llm_gateway_tokens_total{key_id="default",model="qwen3-30b-a3b",kind="prompt"}': 22,
+        'llm_gateway_request_duration_seconds_sum{pool="chat"}': got['llm_gateway_request_duration_seconds_sum{pool="chat"}'],
+        'llm_gateway_request_duration_seconds_count{pool="chat"}': 2,
+        'llm_gateway_request_duration_seconds_sum{pool=""}': got['llm_gateway_request_duration_seconds_sum{pool=""}'],
+        'llm_gateway_request_duration_seconds_count{pool=""}': 1,
+        "llm_gateway_log_lines_total": 4, "llm_gateway_log_write_errors_total": 0,
+        "llm_gateway_series_overflow_total": 4}
 
 
-def rewritten(datagram: bytes, **fields: object) -> bytes:
-    """A captured datagram with fields of its JSON changed; nginx's header kept as it sent it."""
-    header = datagram[:datagram.index(b"{")]
-    return header + json.dumps({**parse_datagram(datagram), **fields}, ensure_ascii=False).encode()
+def test_usage_files_past_their_retention_or_the_size_cap_are_pruned_oldest_first(tmp_path: Path) -> None:
+    usage = Path(tempfile.mkdtemp(prefix="llm-usage-"))
+    usage.chmod(0o777)
+    today = datetime.date.today()  # nginx's (local) date, as the files are named
+    day = {n: (today - datetime.timedelta(days=n)).isoformat() for n in (10, 3, 2, 1, 0)}
+    for n, size in ((10, 10), (3, 10), (2, 30), (1, 30), (0, 50)):
+        (usage / f"usage-{day[n]}.log").write_bytes(b"x" * size)
+    (usage / "notes.txt").write_text("not ours")
+    # 2 days: the 10- and 3-day-old files go; a 100-byte cap then takes the oldest until the rest fit.
+    spec = load_stack_config(gateway_config(usageLog={"retentionDays": 2, "maxTotalGib": 100 / 2**30}), set())
+    keys, digests = host_keys(spec, tmp_path / "keys")
+    pools = {"chat": [FakeReplica("c")], "reasoning": [FakeReplica("r")]}
+    (tmp_path / "gw").mkdir()
+    gw = NginxGateway(spec, pools, tmp_path / "gw", digests, usage_dir=usage)
+    try:
+        deadline = time.monotonic() + WAIT
+        while len(os.listdir(usage)) > 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sorted(os.listdir(usage)) == ["notes.txt", f"usage-{day[1]}.log", f"usage-{day[0]}.log"]
+        # Today's file is never deleted, even alone over the cap (the prune runs hourly; not again here).
+        error_log = (tmp_path / "gw" / "error.log").read_text()
+        for n in (10, 3, 2):
+            assert f"llm-cluster gateway: deleted usage log usage-{day[n]}.log" in error_log
+    finally:
+        gw.stop()
+        kill_all(pools)
+        shutil.rmtree(usage)
 
 
-def test_label_values_are_escaped_per_the_exposition_format(
-        captured: tuple[list[bytes], list[dict[str, object]]]) -> None:
-    metrics = Metrics()
-    metrics.record(rewritten(captured[0][0], model='x"y\\z\nw 模型'))
-    text = metrics.render()
-    assert 'llm_gateway_requests_total{key_id="default",model="x\\"y\\\\z\\nw 模型",pool="chat",status="200"} 1' in text
-    promtool = tool("promtool")
-    out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
-    assert (out.returncode, out.stdout + out.stderr) == (0, "")
-
-
-def test_label_sets_are_capped_and_the_overflow_counted(captured: tuple[list[bytes], list[dict[str, object]]]) -> None:
-    # The first line makes 4 label sets (request, prompt and completion tokens, duration); the next
-    # key's lines need 3 new ones each (the duration's is shared), and only 2 are left.
-    metrics = Metrics(max_series=6)
-    for key_id in ("a", "b", "c"):
-        metrics.record(rewritten(captured[0][0], key_id=key_id))
-    got = samples(metrics.render())
-    assert [k for k in got if k.startswith("llm_gateway_requests_total")] == [
-        'llm_gateway_requests_total{key_id="a",model="qwen3-30b-a3b",pool="chat",status="200"}',
-        'llm_gateway_requests_total{key_id="b",model="qwen3-30b-a3b",pool="chat",status="200"}']
-    assert [k for k in got if k.startswith("llm_gateway_tokens_total")] == [
-        'llm_gateway_tokens_total{key_id="a",model="qwen3-30b-a3b",kind="completion"}',
-        'llm_gateway_tokens_total{key_id="a",model="qwen3-30b-a3b",kind="prompt"}',
-        'llm_gateway_tokens_total{key_id="b",model="qwen3-30b-a3b",kind="prompt"}']
-    # b: its completion tokens dropped (1); c: request and both token kinds (3). Known sets keep counting.
-    assert got["llm_gateway_series_overflow_total"] == 4
-    assert got['llm_gateway_request_duration_seconds_count{pool="chat"}'] == 3
-
-
-@pytest.mark.parametrize(("upstream", "status", "failed"), [
-    ("10.0.0.1:8000", "200", []),
-    ("10.0.0.1:8000, 10.0.0.2:8000", "502, 200", ["10.0.0.1:8000"]),
-    ("10.0.0.1:8000, 10.0.0.2:8000", "504, 502", ["10.0.0.1:8000", "10.0.0.2:8000"]),
-    ("llm_pool_chat", "502", ["none"]),  # no live replica: nginx logs the upstream group's name
-    ("[fd00::1]:8000 : 10.0.0.2:8000", "502 : 200", ["[fd00::1]:8000"]),  # across an internal redirect
-    # The replica answered 500 (an engine error): a failure the gateway retries elsewhere and counts.
-    ("10.0.0.1:8000", "500", ["10.0.0.1:8000"]),
-    ("", "", []),
-])
-def test_failed_attempts_are_the_5xx_entries_of_upstream_status(upstream: str, status: str,
-                                                                       failed: list[str]) -> None:
-    assert failed_attempts(upstream, status) == failed
-
-
-# --- the program itself ------------------------------------------------------------------------
-
-def test_exporter_is_one_standard_library_file_for_python_3_8_and_later() -> None:
-    source = EXPORTER_SOURCE.read_text()
-    tree = ast.parse(source, feature_version=(3, 8))
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
-                for alias in node.names}
-    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
-                 if isinstance(node, ast.ImportFrom) and node.module}
-    assert imported - {"__future__"} <= sys.stdlib_module_names, imported - sys.stdlib_module_names
-    # Built-in generics (dict[str, int]) at runtime need 3.9: only typing's, or inside annotations.
-    assert "from __future__ import annotations" in source
-
-
-# --- following the usage files --------------------------------------------------------------------
-
-def usage_line(status: int, key_id: str = "default") -> bytes:
-    """One usage log line as nginx writes it (the fields the exporter reads)."""
-    return json.dumps({"key_id": key_id, "model": CHAT, "pool": "chat", "upstream": "10.0.0.1:8000",
-                       "upstream_status": str(status), "status": status, "request_time": 0.01,
-                       "prompt_tokens": 11, "completion_tokens": 7}).encode() + b"\n"
-
-
-def requests_by_status(metrics: Metrics) -> dict[str, float]:
-    return {series.split('status="')[1].rstrip('"}'): value for series, value in samples(metrics.render()).items()
-            if series.startswith("llm_gateway_requests_total")}
-
-
-def test_follower_starts_at_the_end_and_counts_only_whole_lines(tmp_path: Path) -> None:
-    today = tmp_path / "usage-2026-12-01.log"
-    today.write_bytes(usage_line(200) * 3)  # before the exporter started: not counted again
-    metrics = Metrics()
-    follower = UsageFollower(str(tmp_path), metrics)
-    assert follower.poll() == 0
-    line = usage_line(404)
-    with today.open("ab") as f:
-        f.write(usage_line(200) + line[:20])  # nginx's write of the second line not finished yet
-    assert follower.poll() == 1
-    with today.open("ab") as f:
-        f.write(line[20:])
-    assert follower.poll() == 1
-    assert requests_by_status(metrics) == {"200": 1, "404": 1}
-    assert samples(metrics.render())["llm_gateway_log_parse_errors_total"] == 0
-
-
-def test_follower_goes_on_to_the_next_day_and_still_reads_lines_written_late_into_yesterday(tmp_path: Path) -> None:
-    yesterday, today = tmp_path / "usage-2026-11-30.log", tmp_path / "usage-2026-12-01.log"
-    yesterday.write_bytes(b"")
-    metrics = Metrics()
-    follower = UsageFollower(str(tmp_path), metrics)
-    today.write_bytes(usage_line(200))  # a new file: read from its start
-    with yesterday.open("ab") as f:
-        f.write(usage_line(502))  # a request nginx logged just before midnight, written just after
-    assert follower.poll() == 2
-    (tmp_path / "usage-2026-12-02.log").write_bytes(usage_line(429))
-    with yesterday.open("ab") as f:
-        f.write(usage_line(500))  # two days old now: nginx never writes there; not read
-    assert follower.poll() == 1
-    assert requests_by_status(metrics) == {"200": 1, "502": 1, "429": 1}
-
-
-def test_follower_reads_a_replaced_or_truncated_file_anew_and_survives_pruning(tmp_path: Path) -> None:
-    today = tmp_path / "usage-2026-12-01.log"
-    today.write_bytes(usage_line(200) * 2)
-    metrics = Metrics()
-    follower = UsageFollower(str(tmp_path), metrics)
-    today.write_bytes(usage_line(404))  # truncated and rewritten: shorter than what was read
-    assert follower.poll() == 1
-    today.unlink()
-    assert follower.poll() == 0
-    today.write_bytes(usage_line(401))  # a new file of the same name (another inode)
-    assert follower.poll() == 1
-    assert requests_by_status(metrics) == {"404": 1, "401": 1}
+def test_each_line_goes_to_the_file_of_its_own_day(tmp_path: Path) -> None:
+    """gateway_metrics.lua with the line nginx composes replaced by one the request carries (the
+    clock cannot be moved): lines of two days written in one flush land in their own files."""
+    usage = Path(tempfile.mkdtemp(prefix="llm-usage-"))
+    usage.chmod(0o777)
+    spec = load_stack_config(gateway_config(), set())
+    layout = GatewayLayout(port=free_port(), usage_dir=str(usage))
+    settings = metrics_settings(spec, layout)
+    lua = lua_layout()
+    port = layout.port
+    (tmp_path / "llm").mkdir()
+    shutil.copy(METRICS_SOURCE, tmp_path / "llm" / "gateway_metrics.lua")
+    (tmp_path / "nginx.conf").write_text("\n".join([
+        *(f"load_module {m};" for m in lua["load_modules"]), "worker_processes 1;",
+        f"pid {tmp_path}/nginx.pid;", f"error_log {tmp_path}/error.log notice;", "events {}", "http {",
+        f'    lua_package_path "{tmp_path}/llm/?.lua;{lua["lua_path"]};;";',
+        '    init_by_lua_block { require("gateway_metrics") }',
+        f"    lua_shared_dict {METRICS_ZONE} 1m;",
+        f'    init_worker_by_lua_block {{ require("gateway_metrics").start({_lua_value(settings)}) }}',
+        '    exit_worker_by_lua_block { require("gateway_metrics").stop() }',
+        "    map $http_x_line $llm_usage_line { default $http_x_line; }",
+        "    access_log off;",
+        f"    server {{ listen 127.0.0.1:{port}; log_by_lua_block {{ require('gateway_metrics').record() }}",
+        "        location / { return 204; } }",
+        "}", ""]))
+    proc = subprocess.Popen([nginx_binary(), "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf"),
+                             "-g", "daemon off;"], stderr=subprocess.PIPE)
+    line = {"time": "", "request_id": "0" * 32, "key_id": "default", "method": "POST", "path": "/v1/completions",
+            "model": CHAT, "pool": "chat", "upstream": "127.0.0.1:1", "status": 200, "upstream_status": "200",
+            "completed": "OK", "events": 0, "request_time": 0.01, "upstream_time": "0.01", "request_bytes": 10,
+            "response_bytes": 20, "prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
+    times = ["2026-11-30T23:59:59+00:00", "2026-11-30T23:59:59+00:00", "2026-12-01T00:00:00+00:00",
+             "2026-11-30T23:59:59+00:00"]  # the last: a long request logged after midnight, of the day before
+    try:
+        deadline = time.monotonic() + WAIT
+        for t in times:
+            while True:
+                try:
+                    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=WAIT)
+                    conn.request("GET", "/", headers={"X-Line": json.dumps({**line, "time": t}, separators=(",", ":"))})
+                    assert conn.getresponse().status == 204
+                    conn.close()
+                    break
+                except ConnectionRefusedError:
+                    assert time.monotonic() < deadline and proc.poll() is None, "nginx did not listen"
+                    time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGQUIT)  # graceful: the worker writes what it holds as it exits
+        proc.wait(WAIT)
+    files = {f.name: [json.loads(x)["time"] for x in f.read_text().splitlines()] for f in usage.glob("usage-*.log")}
+    shutil.rmtree(usage)
+    assert files == {"usage-2026-11-30.log": [times[0], times[1], times[3]], "usage-2026-12-01.log": [times[2]]}

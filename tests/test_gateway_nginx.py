@@ -13,10 +13,12 @@ import contextlib
 import functools
 import http.client
 import json
+import shutil
 import socket
 import ssl
 import struct
 import subprocess
+import tempfile
 import threading
 import time
 from collections import defaultdict
@@ -226,8 +228,13 @@ class NginxGateway:
     """The generated config on the real nginx, bound to 127.0.0.1, its files under `root`."""
 
     def __init__(self, spec: StackSpec, upstreams: dict[str, list[FakeReplica]], root: Path, digests: Path,
-                 tls_dir: Path | None = None, syslog_port: int | None = None, usage_dir: Path | None = None):
+                 tls_dir: Path | None = None, usage_dir: Path | None = None):
         self.root = root
+        # The daily usage files, as deployed: nginx's workers (nobody here) write them, so in a
+        # directory of their own outside pytest's private tree unless the test gives one.
+        self.own_usage = usage_dir is None
+        self.usage_dir = usage_dir or Path(tempfile.mkdtemp(prefix="llm-usage-"))
+        self.usage_dir.chmod(0o777)
         # The config in a directory of its own, as on the host (its script owns everything in it).
         self.conf_dir = root / "conf"
         (root / "tmp").mkdir(exist_ok=True)
@@ -235,12 +242,13 @@ class NginxGateway:
         # machine): nginx then exits with "Address already in use", and the gateway starts on another.
         for _ in range(5):
             self.port = free_port()
+            self.metrics_port = next(p for p in iter(free_port, None) if p != self.port)
             self.layout = GatewayLayout(
                 port=self.port, listen_address="127.0.0.1", conf_dir=str(self.conf_dir), **lua_layout(),
                 digests_file=str(digests), tls_dir=str(tls_dir or root / "tls"), pid_file=str(root / "nginx.pid"),
-                error_log=str(root / "error.log"), access_log=str(root / "access.log"), temp_dir=str(root / "tmp"),
-                user=None, worker_processes="2", syslog_port=syslog_port,
-                usage_dir=str(usage_dir) if usage_dir else None)
+                error_log=str(root / "error.log"), temp_dir=str(root / "tmp"),
+                user=None, worker_processes="2", metrics_listen=f"127.0.0.1:{self.metrics_port}",
+                usage_dir=str(self.usage_dir))
             self.files = render_gateway(spec, self.layout,
                                         {p: [("127.0.0.1", r.port) for r in rs] for p, rs in upstreams.items()})
             for rel, text in self.files.items():
@@ -282,16 +290,18 @@ class NginxGateway:
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(WAIT)
+        if self.own_usage:
+            shutil.rmtree(self.usage_dir, ignore_errors=True)
 
     def log(self, at_least: int = 0) -> list[dict[str, Any]]:
-        """The access log, one JSON object per request, once it has `at_least` lines.
+        """The usage log, one JSON object per request, once it has `at_least` lines.
 
         nginx writes a request's line after the client has its response, so a test that just got
         its answer waits for the line.
         """
         deadline = time.monotonic() + WAIT
         while True:
-            lines = (self.root / "access.log").read_text().splitlines()
+            lines = [line for f in sorted(self.usage_dir.glob("usage-*.log")) for line in f.read_text().splitlines()]
             if len(lines) >= at_least or time.monotonic() > deadline:
                 return [json.loads(line) for line in lines]
             time.sleep(0.01)
@@ -465,7 +475,7 @@ def test_nginx_accepts_the_generated_config(variant: str, tmp_path: Path) -> Non
     layout = GatewayLayout(port=free_port(), listen_address="127.0.0.1", conf_dir=str(tmp_path),
                            **lua_layout(), digests_file=str(tmp_path / "digests.json"),
                            tls_dir=str(self_signed(tmp_path / "tls")), pid_file=str(tmp_path / "pid"),
-                           error_log=str(tmp_path / "error.log"), access_log=str(tmp_path / "access.log"),
+                           error_log=str(tmp_path / "error.log"), usage_dir=str(tmp_path / "usage"),
                            temp_dir=str(tmp_path / "tmp"), user=None)
     # The deployed upstreams (the stack's node addresses): nginx -t does not connect to them.
     for rel, text in render_gateway(spec, layout).items():
@@ -770,7 +780,7 @@ def test_log_lines_carry_key_id_model_pool_and_tokens_never_a_key(gw: NginxGatew
     assert stream["upstream"] == by_name(replicas)["reasoning-0"].addr
     assert (stream["prompt_tokens"], stream["completion_tokens"], stream["total_tokens"]) == (5, 3, 8)
     assert refused["key_id"] == "" and refused["status"] == 401 and refused["prompt_tokens"] is None
-    logs = (gw.root / "access.log").read_text() + (gw.root / "error.log").read_text()
+    logs = "".join(f.read_text() for f in gw.usage_dir.glob("usage-*.log")) + (gw.root / "error.log").read_text()
     for key in [*keys.values(), "sk-not-a-key"]:
         assert key not in logs
 

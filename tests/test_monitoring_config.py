@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 import yaml
 
-from components.planning.gateway_exporter import Metrics
 from components.planning.node_scripts import bash_command
 from components.planning.monitoring import (
     PROMETHEUS_CONFIG, PROMETHEUS_RULES, AlertRule, alert_groups, alert_rules,
@@ -156,14 +155,6 @@ def test_every_metric_in_rules_and_dashboards_is_exported(prod_spec: StackSpec) 
             "DCGM_FI_DEV_XID_ERRORS", "node_cpu_seconds_total", "llm_gateway_requests_total"} <= used
 
 
-def test_gateway_contract_fixture_matches_the_exporter() -> None:
-    listed = dict(line.split() for line in (METRICS_DIR / "llm-gateway-contract.txt").read_text().splitlines()
-                  if line and not line.startswith("#"))
-    # What the exporter itself declares (# TYPE lines of its exposition), not a copy kept beside it.
-    declared = dict(line.split()[2:4] for line in Metrics().render().splitlines() if line.startswith("# TYPE "))
-    assert listed == declared
-
-
 def test_runbook_rule_mistakes_are_corrected(prod_spec: StackSpec) -> None:
     rules = {r.alert: r for rs in alert_groups(prod_spec).values() for r in rs}
     assert metric_names(rules["HighTTFT"].expr) == {"vllm:time_to_first_token_seconds_bucket"}
@@ -212,14 +203,14 @@ def test_scrape_config_covers_every_endpoint_of_the_reference_stack(prod_spec: S
     assert jobs["dcgm"][0][1] == {"instance": "gpu-01", "node": "gpu-01", "pool": "reasoning"}
     assert jobs["vllm"] == [("192.168.10.11:8000", {"instance": "reasoning-gpu-01", "node": "gpu-01", "pool": "reasoning"})] + [
         (f"192.168.10.1{i}:8000", {"instance": f"chat-gpu-0{i}", "node": f"gpu-0{i}", "pool": "chat"}) for i in range(3, 7)]
-    # The exporter beside nginx, not nginx: the gateway port serves only the OpenAI API.
+    # nginx's own metrics listener, not the gateway port: that serves only the OpenAI API.
     assert jobs["gateway"] == [("192.168.10.11:9145", {"instance": "gpu-01", "node": "gpu-01"})]
     assert config["global"] == {"scrape_interval": "15s", "evaluation_interval": "15s"}
     assert config["rule_files"] == ["rules/*.yml"]
     assert "alerting" not in config
 
 
-def test_gateway_is_scraped_at_its_exporter_over_http_even_when_it_serves_tls(config: dict[str, Any]) -> None:
+def test_gateway_is_scraped_at_its_metrics_listener_over_http_even_when_it_serves_tls(config: dict[str, Any]) -> None:
     config[NS + "gateway"].update(tls=True, port=443, metricsPort=9200)
     config[NS + "gatewayTlsCert"] = config[NS + "gatewayTlsKey"] = "[secret]"
     spec = load_stack_config(config, {NS + "gatewayTlsCert", NS + "gatewayTlsKey"})

@@ -9,7 +9,6 @@ import pytest
 from google.protobuf import struct_pb2
 from pulumi.runtime import proto
 
-from components.planning.gateway import exporter_argv
 from components.planning.monitoring import (
     alertmanager_args, dcgm_exporter_env, grafana_env, node_exporter_args, prometheus_args,
 )
@@ -554,7 +553,6 @@ def test_a_published_internal_port_is_refused_unless_on_one_address() -> None:
 # --- rule 9: what host-network services bind ----------------------------------------------------
 
 MONITORING = "llm-cluster:monitoring:Monitoring"
-GATEWAY = "llm-cluster:gateway:Gateway"
 CLUSTER_ADDRESS = "<the node's cluster address>"
 
 
@@ -589,8 +587,6 @@ def services(prod_spec: StackSpec) -> dict[str, tuple[dict[str, Any], str]]:
         "grafana": (host_container("grafana", m.grafana.image, envs=grafana_env(prod_spec)), MONITORING),
         "alertmanager": (host_container("alertmanager", "prom/alertmanager:v0.27.0",
                                         command=alertmanager_args(with_alertmanager)), MONITORING),
-        "gateway-exporter": (host_container("gateway-exporter", prod_spec.gateway.exporter_image,
-                                            command=exporter_argv(prod_spec)), GATEWAY),
     }
 
 
@@ -607,7 +603,7 @@ def set_setting(props: dict[str, Any], name: str, value: str | None) -> dict[str
         argv[i:i + 2] = [name, value] if value is not None else []
     else:
         found = next((i for i, t in enumerate(argv) if t.startswith(name + "=")), None)
-        if found is None:  # a flag the service takes but the deployment leaves out (the exporter's --syslog)
+        if found is None:  # a flag the service takes but the deployment leaves out
             argv += [name, value] if value is not None else []
         else:
             argv[found:found + 1] = [f"{name}={value}"] if value is not None else []
@@ -672,12 +668,6 @@ def test_every_host_network_role_the_program_registers_is_one_the_rule_reads(pro
     ("grafana", "GF_SERVER_HTTP_ADDR", "0.0.0.0", opened(
         "grafana", "GF_SERVER_HTTP_ADDR=0.0.0.0", "its login page and API face every network the node is on",
         f"GF_SERVER_HTTP_ADDR={CLUSTER_ADDRESS} in its env" + GRAFANA_PUBLIC)),
-    ("gateway-exporter", "--listen", "0.0.0.0:9145", opened(
-        "gateway-exporter", "--listen 0.0.0.0:9145", f"per-key usage metrics {NO_AUTH}",
-        f"--listen {CLUSTER_ADDRESS}:9145")),
-    ("gateway-exporter", "--syslog", "0.0.0.0:5514", opened(
-        "gateway-exporter", "--syslog 0.0.0.0:5514", "anyone who reaches it can forge usage lines (the exporter "
-        "counts what arrives)", "--syslog 127.0.0.1:5514")),
 ])
 def test_a_host_network_service_on_every_interface_is_refused_naming_the_setting(
         services: dict[str, tuple[dict[str, Any], str]], role: str, setting: str, value: str | None,
@@ -731,11 +721,6 @@ def test_unlabelled_services_are_recognised_by_image_or_script() -> None:
                "envs": ["GF_SERVER_HTTP_ADDR=::"]}
     assert [m.split(" (")[0] for m in exposure(grafana, None)] == [
         "grafana on the host network listens on every interface of the node, public ones included"]
-    exporter = {"name": "x", "networkMode": "host", "restart": "unless-stopped", "image": "python:3.12-slim",
-                "command": ["sh", "-c", "exec python3 /opt/llm-cluster/gateway_exporter.py --syslog 127.0.0.1:5514 "
-                                        "--listen :9145"]}
-    assert exposure(exporter, None) == [opened(
-        "gateway-exporter", "--listen :9145", f"per-key usage metrics {NO_AUTH}", f"--listen {CLUSTER_ADDRESS}:9145")]
 
 
 def test_vllm_on_the_host_network_must_bind_the_cluster_address() -> None:

@@ -14,9 +14,11 @@ One OpenAI endpoint for every pool:
   `non_idempotent` never re-sends a POST that reached a replica (nginx docs, proxy_next_upstream:
   "requests with a non-idempotent method (POST, LOCK, PATCH) are not passed to the next server if a
   request has been sent to an upstream server").
-- One JSON access-log line per request with the key id (never the key), model, pool, upstream,
-  status, times, bytes and the response's token usage, in a file a day on the host (the usage log),
-  which the metrics exporter (gateway_exporter.py) follows and counts for Prometheus.
+- One JSON line per request (the usage log) with the key id (never the key), model, pool, upstream,
+  status, times, bytes and the response's token usage, in a file a day on the host, and the
+  Prometheus metrics counted from the same request: both kept by gateway_metrics.lua in the log
+  phase (every request, refusals and nginx's own errors too), written and merged once a second,
+  served by nginx on the cluster address (gateway.metricsPort, plain HTTP) at /metrics.
 - `auth: false` (a lab only; the policy pack refuses it by default): no key lookup, no 401, no keys.
 """
 from __future__ import annotations
@@ -50,7 +52,15 @@ BUDGET_ZONE = "llm_budget"
 # A count's share of that lua_shared_dict: the slab slot of the longest count, "<63-character key
 # id>/<window seconds>" (ngx_http_lua_shdict's 76 bytes of node, the key, 8 of value: 147, in 256).
 BUDGET_COUNT_BYTES = 256
-EXPORTER_SOURCE = Path(__file__).with_name("gateway_exporter.py")
+# The usage record and the metrics (module `gateway_metrics`), and its shared dict of counters.
+METRICS_SOURCE = Path(__file__).with_name("gateway_metrics.lua")
+METRICS_ZONE = "llm_metrics"
+# Seconds; LLM requests run from milliseconds (refusals, short embeddings) up to the pools' readTimeoutSeconds.
+DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0)
+# Each worker writes its usage lines and merges its counts this often (and when it exits).
+USAGE_FLUSH_SECONDS = 1
+USAGE_PRUNE_SECONDS = 3600
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # The image's NDK and Lua modules, NDK's first: the Lua module links against it.
 LUA_MODULES = (f"{MODULES_DIR}/{NDK_MODULE}", f"{MODULES_DIR}/{LUA_MODULE}")
 
@@ -76,10 +86,6 @@ CERT_RENEW_DAYS = 30
 CA_DAYS = 3650
 DIGESTS_FILE = "key-hashes.json"
 CONTAINER_NAME = "llm-gateway"
-EXPORTER_CONTAINER_NAME = "llm-gateway-exporter"
-EXPORTER_PATH = "/opt/llm-cluster/gateway_exporter.py"
-# The syslog tag nginx puts before each line (letters, digits, _; at most 32).
-SYSLOG_TAG = "llmgw"
 # nginx `map` keywords: a key id spelled like one must be escaped to be matched literally.
 _MAP_KEYWORDS = {"default", "hostnames", "include", "volatile"}
 
@@ -102,18 +108,16 @@ class GatewayLayout:
     tls_dir: str = "/etc/nginx/llm-tls"
     pid_file: str = "/var/run/nginx.pid"
     error_log: str = "/dev/stderr"
-    access_log: str | None = None
-    """One buffered file for the usage log (tests); None: the daily files in usage_dir only."""
     usage_dir: str | None = None
-    """The usage log as one file a day (usage-YYYY-MM-DD.log, UTC) in this directory; None: none."""
+    """The usage log as one file a day (usage-YYYY-MM-DD.log, UTC) in this directory, pruned by
+    gateway.usageLog's retention; None: counted in the metrics, written nowhere."""
+    metrics_listen: str | None = None
+    """host:port of GET /metrics (the container's: the node's cluster address); None: not served."""
     temp_dir: str | None = None
     """Client body / proxy temp paths; None keeps the build's defaults."""
     user: str | None = "nginx"
     """Worker user (the image has `nginx`); None when nginx does not start as root."""
     worker_processes: str = "auto"
-    syslog_port: int | None = None
-    """UDP port on 127.0.0.1 that also gets each usage line as a syslog datagram; None: none (as deployed:
-    the exporter follows the usage files, which costs nginx nothing; the bench measures both)."""
 
     @property
     def lua_dir(self) -> str:
@@ -132,7 +136,7 @@ def container_layout(spec: StackSpec) -> GatewayLayout:
     assert g is not None
     return GatewayLayout(port=g.port, conf_dir=CONTAINER_CONF_DIR,
                          digests_file=f"{CONTAINER_KEYS_DIR}/{DIGESTS_FILE}", tls_dir=CONTAINER_TLS_DIR,
-                         usage_dir=g.usage_log.dir)
+                         usage_dir=g.usage_log.dir, metrics_listen=metrics_address(spec))
 
 
 def nginx_argv() -> list[str]:
@@ -440,7 +444,7 @@ def _error_locations(max_body_mib: int, budgets: bool) -> list[str]:
 
 LOG_FORMAT = (
     '{"time":"$time_iso8601","request_id":"$request_id","key_id":"$llm_key_id",'
-    '"method":"$request_method","path":"$llm_log_path","model":"$llm_model","pool":"$llm_pool",'
+    '"method":"$request_method","path":"$llm_log_path","model":"$llm_log_model","pool":"$llm_pool",'
     '"upstream":"$upstream_addr","status":$status,"upstream_status":"$upstream_status",'
     '"completed":"$request_completion","events":$llm_events,'
     '"request_time":$request_time,"upstream_time":"$upstream_response_time",'
@@ -452,7 +456,8 @@ LOG_FORMAT = (
 `completed` is "OK" when the whole response reached the client and "" when it was cut (the client
 went away mid-stream, or the replica died mid-answer); `events` counts the stream events the client
 was sent, so a cut stream still says what it was served. Client-chosen fields (path, model) are
-truncated so that a line stays short (and fits one datagram where a layout sends them)."""
+cut to LOG_FIELD_MAX bytes so that a line stays short, and JSON-escaped. With token budgets,
+gateway_metrics.lua adds "budget_tokens" (the tokens charged; null: none) at the end."""
 
 # Client-controlled text in a log line is cut to this many characters (a line stays < 2 KiB).
 LOG_FIELD_MAX = 256
@@ -515,40 +520,9 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
     out += ["",
             *_lua_directives(spec, layout),
             *_request_variables(),
-            # The usage filter hands over the bytes after the response's "usage"; nginx reads the
-            # counts out of them once, when it writes the log line (null when there were none).
-            *(line for kind in USAGE_COUNTS for line in (
-                f"    map $llm_usage $llm_{kind}_tokens {{",
-                f'        "~^\\"usage\\"\\s*:\\s*{{[^}}]*\\"{kind}_tokens\\"\\s*:\\s*(?<llm_{kind}>\\d{{1,15}})" $llm_{kind};',
-                "        default null;",
-                "    }")),
             *(_budget_directives(spec) if budgets else []),
-            "",
-            f"    log_format llm_usage escape=json '{log_format(spec)}';"]
-    if layout.access_log:
-        # Buffered: one write per 64k of lines or per second instead of one per request.
-        out.append(f"    access_log {layout.access_log} llm_usage buffer=64k flush=1s;")
-    if layout.usage_dir:
-        # A file a day, named by nginx itself: no rotation signal, no logrotate. (A path with a
-        # variable cannot be buffered; the descriptor stays cached.) The exporter deletes old days.
-        out += ["    map $time_iso8601 $llm_log_day {",
-                '        "~^(?<llm_day>\\d{4}-\\d{2}-\\d{2})" $llm_day;',
-                "    }",
-                f"    access_log {layout.usage_dir}/usage-$llm_log_day.log llm_usage;",
-                # nginx checks that `root` exists before writing a log with variables in its path;
-                # nothing is ever served from it.
-                f"    root {layout.usage_dir};",
-                "    open_log_file_cache max=4 inactive=2m valid=1m;",
-                # ... and that check stats the directory on every request unless this caches it
-                # (one system call per request less; nothing else here opens files).
-                "    open_file_cache max=4 inactive=2m;"]
-    if not layout.access_log and not layout.usage_dir:
-        out.append("    access_log off;")
-    if layout.syslog_port is not None:
-        # One UDP datagram per request (nginx cannot buffer syslog). Not deployed: it cost 6-30 % of
-        # the gateway's throughput (bench/gateway.py), and the exporter follows the usage files instead.
-        out.append(f"    access_log syslog:server=127.0.0.1:{layout.syslog_port},tag={SYSLOG_TAG},nohostname llm_usage;")
-    out.append("")
+            *_usage_directives(spec, layout),
+            ""]
 
     out += _maps(spec)
     zones = rate_zones(spec)
@@ -617,7 +591,7 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
         if len(pools) > 1:
             out += [f"        location @llm_model_{model} {{", *_proxy_block(spec, f"llm_model_{model}", pools),
                     *(_budget_headers() if budgets else []), "        }"]
-    out += ["", *_error_locations(g.max_body_mib, bool(budgets)), "    }", "}", ""]
+    out += ["", *_error_locations(g.max_body_mib, bool(budgets)), "    }", *_metrics_server(layout), "}", ""]
     return "\n".join(out)
 
 
@@ -636,7 +610,9 @@ def _lua_directives(spec: StackSpec, layout: GatewayLayout) -> list[str]:
     if layout.lua_cpath:
         out.append(f'    lua_package_cpath "{layout.lua_cpath};;";')
     budgets = f" {budget_init(spec)}" if token_budgets(spec) else ""
-    return out + [f'    init_by_lua_block {{ require("gateway").init({_lua_string(layout.routes_file)}, {digests}){budgets} }}']
+    # gateway_metrics loaded in the master too: the workers (another user) inherit it read.
+    return out + [f'    init_by_lua_block {{ require("gateway").init({_lua_string(layout.routes_file)}, {digests}){budgets}'
+                  ' require("gateway_metrics") }']
 
 
 # The variables the request path sets (ngx.var, set_by_lua) and the log phase reads, with the
@@ -657,13 +633,6 @@ def _request_variables() -> list[str]:
             f"    log_format llm_request_variables '{' '.join(f'${name}' for name in REQUEST_VARIABLES)}';"]
 
 
-def log_format(spec: StackSpec) -> str:
-    """LOG_FORMAT, plus the tokens charged to the key's budget (null: none) when a key has one."""
-    if not token_budgets(spec):
-        return LOG_FORMAT
-    return LOG_FORMAT[:-1] + ',"budget_tokens":$llm_budget_tokens}'
-
-
 def _budget_directives(spec: StackSpec) -> list[str]:
     """The shared dict of token counts, and the variables of the budget headers (gateway_budget.lua)."""
     return ["",
@@ -672,10 +641,96 @@ def _budget_directives(spec: StackSpec) -> list[str]:
             f"    lua_shared_dict {BUDGET_ZONE} {budget_zone_kib(spec)}k;",
             "    # The x-ratelimit-*-tokens values gateway_budget.admit sets for a key with a budget ('' until",
             "    # then, and for the others: no header); maps for the reason _request_variables says.",
-            *(f'    map "" $llm_tb_{name} {{ default ""; }}' for name in ("limit", "remaining", "reset", "retry_after")),
-            # Until gateway_metrics writes the usage record: the tokens charged, for the access log's line.
-            '    map "" $llm_budget_tokens { default null; }',
-            '    log_by_lua_block { require("gateway_budget").log() }']
+            *(f'    map "" $llm_tb_{name} {{ default ""; }}' for name in ("limit", "remaining", "reset", "retry_after"))]
+
+
+def metrics_zone_kib(spec: StackSpec) -> int:
+    """llm_metrics' size: a 512-byte slot per label set (the longest key: a 256-byte model name with
+    its key id, pool and status), a histogram's 17 counters per pool, +5 %, at least 1 MiB."""
+    g = spec.gateway
+    assert g is not None
+    histograms = (len(spec.pools) + len(model_pools(spec)) + 1) * (len(DURATION_BUCKETS) + 2) * 128
+    return max(1024, math.ceil((g.metrics_max_series * 512 + histograms) * 1.05 / 1024))
+
+
+def _lua_value(value: object) -> str:
+    """A Python number, string, list or dict as a Lua literal inside an nginx *_by_lua_block."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return _lua_string(value)
+    if isinstance(value, (list, tuple)):
+        return "{" + ", ".join(_lua_value(v) for v in value) + "}"
+    assert isinstance(value, dict), value
+    return "{" + ", ".join(f"{k} = {_lua_value(v)}" for k, v in value.items()) + "}"
+
+
+def metrics_settings(spec: StackSpec, layout: GatewayLayout) -> dict[str, object]:
+    """What gateway_metrics.start() is given: where the usage lines go, retention, the series cap, buckets."""
+    g = spec.gateway
+    assert g is not None
+    settings: dict[str, object] = {"zone": METRICS_ZONE, "flush_seconds": USAGE_FLUSH_SECONDS,
+                                   "field_max": LOG_FIELD_MAX, "max_series": g.metrics_max_series,
+                                   "buckets": [[b, repr(b)] for b in DURATION_BUCKETS]}
+    if layout.usage_dir:
+        settings.update(usage_dir=layout.usage_dir, prune_seconds=USAGE_PRUNE_SECONDS,
+                        retention_days=g.usage_log.retention_days,
+                        max_bytes=round(g.usage_log.max_total_gib * 2**30))
+    return settings
+
+
+# Client text as it may stand in a JSON string unescaped: no `"`, `\` or control byte (nginx.conf spelling).
+_JSON_SAFE = r'[^\"\\\\\x00-\x1f]'
+
+
+def _usage_directives(spec: StackSpec, layout: GatewayLayout) -> list[str]:
+    """The usage record and the metrics (gateway_metrics.lua) at http level: every request is recorded,
+    refusals and nginx's own errors too. nginx composes the line (LOG_FORMAT) in C; Lua keeps it and
+    the counts in the worker, and a timer writes and merges them once a second."""
+    charge = 'require("gateway_budget").charge' if token_budgets(spec) else ""
+    out = ["    # The usage line's client text: cut to LOG_FIELD_MAX bytes when JSON needs no escape in it,",
+           '    # else `"` (gateway_metrics.lua escapes it then).']
+    for source, name in (("$request_uri", "path"), ("$llm_model", "model")):
+        out += [f"    map {source} $llm_log_{name} {{",
+                f'        "~^(?<llm_{name}_head>{_JSON_SAFE}{{0,{LOG_FIELD_MAX}}}){_JSON_SAFE}*\\z" $llm_{name}_head;',
+                "        default '\"';",
+                "    }"]
+    out += ["    # The counts of the bytes the usage filter kept from the response's \"usage\" on (null: none).",
+            *(line for kind in USAGE_COUNTS for line in (
+                f"    map $llm_usage $llm_{kind}_tokens {{",
+                f'        "~^\\"usage\\"\\s*:\\s*{{[^}}]*\\"{kind}_tokens\\"\\s*:\\s*(?<llm_{kind}>\\d{{1,15}})" $llm_{kind};',
+                "        default null;",
+                "    }")),
+            f"    map \"\" $llm_usage_line {{ default '{LOG_FORMAT}'; }}",
+            "    # Counters merged from every worker's own tables; kept across reloads (same name and size).",
+            f"    lua_shared_dict {METRICS_ZONE} {metrics_zone_kib(spec)}k;",
+            f'    init_worker_by_lua_block {{ require("gateway_metrics").start({_lua_value(metrics_settings(spec, layout))}) }}',
+            '    exit_worker_by_lua_block { require("gateway_metrics").stop() }',
+            f'    log_by_lua_block {{ require("gateway_metrics").record({charge}) }}',
+            # nginx's own access log would write each request again, one write() apiece.
+            "    access_log off;"]
+    return out
+
+
+def _metrics_server(layout: GatewayLayout) -> list[str]:
+    """The Prometheus endpoint: GET /metrics on its own listener (the node's cluster address)."""
+    if not layout.metrics_listen:
+        return []
+    return ["",
+            "    server {",
+            f"        listen {layout.metrics_listen};",
+            "        # Scrapes are not gateway requests: neither usage lines nor counted.",
+            "        log_by_lua_block { return }",
+            "        location = /metrics {",
+            '            content_by_lua_block { require("gateway_metrics").serve() }',
+            "        }",
+            "        location / {",
+            "            default_type text/plain;",
+            '            return 404 "llm-cluster gateway: GET /metrics\\n";',
+            "        }",
+            "    }"]
 
 
 def _budget_headers() -> list[str]:
@@ -727,9 +782,6 @@ def _maps(spec: StackSpec) -> list[str]:
            "    map $request_uri $llm_allow {",
            f'        "~^[^?]*/v1/models(?:[?]|$)" "{ALLOW_MODELS}";',
            f'        default "{ALLOW_ENDPOINTS}";',
-           "    }",
-           f"    map $request_uri $llm_log_path {{",
-           f'        "~^(?<llm_path_head>.{{0,{LOG_FIELD_MAX}}})" $llm_path_head;',
            "    }",
            # Work nginx does in C, once, with no Lua string work per request:
            "    # The pool a path route pins ('' under /v1/), for the router: a hash lookup.",
@@ -809,13 +861,14 @@ def render_gateway(spec: StackSpec, layout: GatewayLayout,
     return {
         "nginx.conf": nginx_conf(spec, layout, upstreams),
         "llm/gateway.lua": LUA_SOURCE.read_text(),
+        "llm/gateway_metrics.lua": METRICS_SOURCE.read_text(),
         "llm/routes.json": json.dumps(routes_table(spec), indent=1) + "\n",
         **({"llm/gateway_budget.lua": BUDGET_SOURCE.read_text()} if token_budgets(spec) else {}),
     }
 
 
 def gateway_files(spec: StackSpec) -> dict[str, str]:
-    """The container's files (nginx.conf, Lua module, routing table) for the stack as deployed."""
+    """The container's files (nginx.conf, Lua modules, routing table) for the stack as deployed."""
     return render_gateway(spec, container_layout(spec))
 
 
@@ -1088,28 +1141,8 @@ exit 1
 """
 
 
-def exporter_source() -> str:
-    """The metrics exporter program uploaded into the exporter container."""
-    return EXPORTER_SOURCE.read_text()
-
-
 def metrics_address(spec: StackSpec) -> str:
-    """host:port where the exporter serves /metrics: the gateway node's cluster address."""
+    """host:port where nginx serves /metrics: the gateway node's cluster address, plain HTTP."""
     g = spec.gateway
     assert g is not None
     return host_port(spec.node(g.node).address, g.metrics_port)
-
-
-def exporter_argv(spec: StackSpec) -> list[str]:
-    """The exporter's command: it follows nginx's usage files, and serves /metrics on the cluster address."""
-    g = spec.gateway
-    assert g is not None
-    return ["python3", EXPORTER_PATH, "--usage-dir", g.usage_log.dir, "--listen", metrics_address(spec),
-            "--retention-days", str(g.usage_log.retention_days),
-            "--max-usage-mib", str(round(g.usage_log.max_total_gib * 1024))]
-
-
-def exporter_probe(spec: StackSpec) -> list[str]:
-    """The exporter container's healthcheck: the slim Python image has no curl, so Python fetches /metrics."""
-    url = f"http://{metrics_address(spec)}/metrics"
-    return ["CMD", "python3", "-c", f"import urllib.request; urllib.request.urlopen({url!r}, timeout=3)"]

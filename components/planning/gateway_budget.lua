@@ -142,14 +142,4 @@ function M.charge(key_id, prompt, completion, total, events)
     return nil
 end
 
--- log_by_lua, until gateway_metrics records the request: the charge from nginx's usage maps, for
--- the access log's budget_tokens.
-function M.log()
-    local id = var.llm_key_id
-    if budgets[id] then  -- else $llm_budget_tokens stays its default, null
-        var.llm_budget_tokens = M.charge(id, var.llm_prompt_tokens, var.llm_completion_tokens,
-                                         var.llm_total_tokens, tonumber(var.llm_events)) or "null"
-    end
-end
-
 return M

@@ -121,7 +121,7 @@ def scrape_targets(spec: StackSpec) -> list[ScrapeTarget]:
                                     inst.port, {"instance": inst.name, "node": inst.head, "pool": inst.pool}))
     g = spec.gateway
     if g is not None:
-        # The exporter beside nginx, plain HTTP on the cluster network whether or not the gateway serves TLS.
+        # nginx's own metrics listener, plain HTTP on the cluster network whether or not the gateway serves TLS.
         targets.append(ScrapeTarget("gateway", spec.node(g.node).address, g.metrics_port,
                                     {"instance": g.node, "node": g.node}))
     mon_addr = spec.node(m.node).address
@@ -145,7 +145,7 @@ def prometheus_config(spec: StackSpec) -> str:
         jobs.setdefault(t.job, []).append(t)
     scrape_configs = []
     for job, targets in jobs.items():
-        # Every exporter serves plain HTTP on the cluster network (the gateway's too, even with TLS).
+        # Every exporter serves plain HTTP on the cluster network (the gateway's metrics too, even with TLS).
         cfg: dict[str, Any] = {"job_name": job, "scheme": "http"}
         cfg["static_configs"] = [{"targets": [t.target], "labels": t.labels} for t in targets]
         scrape_configs.append(cfg)
@@ -335,8 +335,9 @@ def alert_groups(spec: StackSpec) -> dict[str, list[AlertRule]]:
             AlertRule(
                 "GatewayDown", "up{job=\"gateway\"} == 0",
                 "critical", "The gateway on {{ $labels.node }} is down",
-                "The gateway's metrics exporter (beside nginx) does not answer /metrics: the node or the "
-                "gateway's containers are down, and the other gateway alerts are blind.", SERVICE_DOWN_FOR),
+                "The gateway's nginx does not answer /metrics on its metrics port: the node or the gateway's "
+                "container is down (then clients get no answer either), and the other gateway alerts are blind.",
+                SERVICE_DOWN_FOR),
             AlertRule(
                 "Gateway5xxRateHigh",
                 "sum by (pool) (rate(llm_gateway_requests_total{job=\"gateway\", status=~\"5..\"}[5m])) / "

@@ -100,7 +100,8 @@ def images_for_node(spec: StackSpec, node: str) -> list[str]:
     if spec.gateway is not None and spec.gateway.node == node:
         # The default gateway image is built on its node (gateway_image.py) unless images.registry or
         # images.tarballs supply it like any other image.
-        images += [*([] if builds_gateway(spec) else [spec.gateway.image]), spec.gateway.exporter_image]
+        if not builds_gateway(spec):
+            images.append(spec.gateway.image)
     m = spec.monitoring
     if m is not None:
         images += [m.dcgm_exporter.image, m.node_exporter.image]

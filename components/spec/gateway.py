@@ -63,7 +63,7 @@ class UsageLogSpec(Spec):
     dir: str = "/var/log/llm-gateway"
     """Host directory (mounted into the gateway): survives container replacements."""
     retention_days: int = Field(default=30, ge=1, le=3660)
-    """Daily files older than this are deleted (by the gateway exporter, hourly)."""
+    """Daily files older than this are deleted (by the gateway's nginx, hourly)."""
     max_total_gib: float = Field(default=20, gt=0)
     """The oldest daily files are deleted while the directory holds more than this."""
 
@@ -119,10 +119,11 @@ class GatewaySpec(Spec):
     """Require an API key. `false` serves every model to anyone who reaches the port: for a lab only,
     and the policy pack's mandatory `gateway-auth` rule refuses it unless its level is lowered."""
     metrics_port: int = Field(default=9145, ge=1024, le=65535)
-    """Where the gateway's metrics exporter serves /metrics, on the node's cluster address (the exporter
-    runs unprivileged, hence >= 1024)."""
-    exporter_image: ImageRef = "python:3.12-slim"
-    """An official Python image (3.8+) that runs the exporter, a single standard-library file."""
+    """Where the gateway's nginx serves Prometheus' /metrics, on the node's cluster address (plain
+    HTTP, whether or not the gateway serves TLS; the firewall keeps it to the cluster)."""
+    metrics_max_series: int = Field(default=10000, ge=1, le=1_000_000)
+    """Label sets the metrics keep at most (key id x model x pool x status, ...); beyond it new ones are
+    dropped and counted in llm_gateway_series_overflow_total. Sizes nginx's llm_metrics zone."""
     default_pool: str
     """The runbook's default `/v1/` route: its models are listed first by GET /v1/models (clients that
     take the first listed model land there). Requests are routed by their `model`; an unknown model

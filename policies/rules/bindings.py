@@ -35,10 +35,6 @@ class Listener:
     """The value is an address without a port (GF_SERVER_HTTP_ADDR; the port is another setting)."""
     may_be_empty: bool = False
     """An empty value turns the listener off (Alertmanager's --cluster.listen-address=)."""
-    bind_to: str = CLUSTER_ADDRESS
-    """What the fix binds: the cluster address, or 127.0.0.1 for a same-node sender."""
-    joiner: str = "="
-    """How the service's documentation writes the flag: --flag=value or --flag value."""
     alternative: str = ""
     """A second way out, appended to the fix."""
 
@@ -67,11 +63,6 @@ LISTENERS: dict[str, tuple[Listener, ...]] = {
                          host_only=True,
                          alternative=", or list grafana in this policy's publicRoles to serve it beyond the "
                                      "cluster network behind its own login"),),
-    "gateway-exporter": (
-        Listener("--listen", None, None, f"per-key usage metrics {_NO_AUTH}", joiner=" "),
-        Listener("--syslog", None, None, "anyone who reaches it can forge usage lines (the exporter counts what "
-                 "arrives)", joiner=" ", bind_to="127.0.0.1"),
-    ),
 }
 
 
@@ -110,14 +101,14 @@ def listen_port(value: str) -> int | None:
 
 def _written(listener: Listener, name: str, value: str) -> str:
     """A setting as it is written: `--flag=value`, `-f value`, `NAME=value` ("" when empty)."""
-    joiner = "=" if not name.startswith("-") else " " if not name.startswith("--") else listener.joiner
+    joiner = " " if name.startswith("-") and not name.startswith("--") else "="
     shown = value or '""'
     return f"{name}{joiner}{shown}"
 
 
 def _fix(listener: Listener, name: str, port: int | None) -> str:
     """The setting that opened the socket (a flag wins over the env) written with the value to use."""
-    value = listener.bind_to if listener.host_only else f"{listener.bind_to}:{port if port else '<port>'}"
+    value = CLUSTER_ADDRESS if listener.host_only else f"{CLUSTER_ADDRESS}:{port if port else '<port>'}"
     return _written(listener, name, value) + (" in its env" if not name.startswith("-") else "")
 
 

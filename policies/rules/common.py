@@ -30,7 +30,6 @@ GPU_MODEL_LABEL = "llm-cluster.gpu-model"
 IMAGE_LABEL = "llm-cluster.image"
 LINK_LAYER_LABEL = "llm-cluster.link-layer"
 RAY_ROLES = frozenset({"ray-head", "ray-worker"})
-GATEWAY_EXPORTER_SCRIPT = "gateway_exporter.py"
 # Roles of well-known images by repository name (the last path part), for containers without a role label.
 ROLE_BY_IMAGE: dict[str, str] = {
     "node-exporter": "node-exporter", "prometheus": "prometheus", "alertmanager": "alertmanager",
@@ -106,8 +105,6 @@ def role_of(props: Mapping[str, Any]) -> str:
         role = ROLE_BY_IMAGE.get(image_parts(ref)[0].rsplit("/", 1)[-1], "")
         if role:
             return role
-    if any(w.rsplit("/", 1)[-1] == GATEWAY_EXPORTER_SCRIPT for w in words(container_argv(props))):
-        return "gateway-exporter"
     return ""
 
 

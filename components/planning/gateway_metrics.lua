@@ -1,0 +1,616 @@
+-- The gateway's usage record and Prometheus metrics, inside nginx (module `gateway_metrics`).
+--
+-- log_by_lua at http level calls record() for every request: routed, refused, and the errors nginx
+-- answers itself. record() only appends to per-worker Lua tables (the JSON usage line, the counts);
+-- a timer in each worker (start(), from init_worker_by_lua) writes the lines to the day's usage file
+-- with one write() per second and merges the counts into the lua_shared_dict that serve() renders on
+-- GET /metrics, and stop() (exit_worker_by_lua) does the same at worker exit, so a reload or a stop
+-- loses no line and no count. The shared dict outlives reloads: counters start with the container.
+--
+-- Metrics (labels are what the usage line carries; the line holds API key ids, never keys):
+--   llm_gateway_requests_total{key_id,model,pool,status}   requests answered
+--   llm_gateway_upstream_failures_total{pool,upstream}     failed attempts on a replica
+--   llm_gateway_tokens_total{key_id,model,kind}            usage the engine reported, prompt|completion
+--   llm_gateway_request_duration_seconds{pool}             histogram of $request_time (streams whole)
+--   llm_gateway_log_lines_total / _log_write_errors_total  usage lines written / lost by a failed write
+--   llm_gateway_series_overflow_total                      observations dropped at the label-set cap
+-- A failed attempt is an entry of $upstream_status that is 500, 502, 503 or 504 (the statuses the
+-- gateway retries elsewhere); when no replica of the pool is live nginx logs the group's name as the
+-- address, counted as upstream="none". `model` is labelled only for routed requests (pool non-empty):
+-- refused requests' names are whatever clients send. The label sets are capped (maxSeries).
+local ffi = require "ffi"
+
+local byte, char, find, sub, format = string.byte, string.char, string.find, string.sub, string.format
+local concat, sort = table.concat, table.sort
+local tonumber, tostring, pairs, ipairs = tonumber, tostring, pairs, ipairs
+local var = ngx.var
+
+ffi.cdef [[
+int open(const char *path, int flags, int mode);
+long write(int fd, const void *buf, size_t count);
+int close(int fd);
+typedef struct llm_dir LLM_DIR;
+LLM_DIR *opendir(const char *name);
+int closedir(LLM_DIR *dir);
+struct llm_dirent { uint64_t d_ino; int64_t d_off; unsigned short d_reclen; unsigned char d_type; char d_name[256]; };
+struct llm_dirent *readdir(LLM_DIR *dir);
+int unlink(const char *path);
+char *strerror(int errnum);
+]]
+local C = ffi.C
+-- Linux's values (x86-64 and arm64 alike).
+local O_WRONLY_APPEND_CREAT = 0x1 + 0x400 + 0x40
+local EINTR = 4
+
+-- Shared-dict keys: a family letter, then label values separated by spaces (key ids, pool names,
+-- statuses, replica addresses and token kinds hold none), the model last (it may hold spaces):
+--   r<key id> <pool> <status> <model>   t<key id> <kind> <model>   f<pool> <upstream>
+--   h<pool> (the histogram's count; its buckets h<pool> <i>, its sum h<pool> sum)
+local SERIES, OVERFLOW, LINES, WRITE_ERRORS = "#series", "#overflow", "#lines", "#write_errors"
+local FAILED = {["500"] = true, ["502"] = true, ["503"] = true, ["504"] = true}
+local KINDS = {"prompt", "completion"}
+local CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+local HELP = {
+    llm_gateway_requests_total = "Requests the gateway answered, by API key id, routed model, pool and HTTP status.",
+    llm_gateway_upstream_failures_total = "Attempts on a replica that failed (upstream status 500, 502, 503 or "
+        .. "504: engine error or not ready, connect error, broken response, timeout); upstream=none: no live replica.",
+    llm_gateway_tokens_total = "Tokens in the usage the engine reported, by API key id, model and kind (prompt, completion).",
+    llm_gateway_request_duration_seconds = "Time from the request's first byte to the response's last, streams whole.",
+    llm_gateway_log_lines_total = "Usage log lines written to the daily usage files.",
+    llm_gateway_log_write_errors_total = "Usage log lines lost because the day's usage file could not be written "
+        .. "(nginx's error log says why).",
+    llm_gateway_series_overflow_total = "Observations dropped because the gateway already holds maxSeries label sets.",
+}
+
+local M = {}
+
+-- Set by start(); the worker's state between two flushes.
+local cfg, dict, bounds, nbounds
+local field_max
+local lines, nlines = {}, 0        -- usage lines not yet written, oldest first
+local day_from, day_name, ndays, last_day = {}, {}, 0, nil  -- where each day's lines begin in `lines`
+local counts, seen = {}, {}        -- shared-dict key -> amount to add; -> observations behind it
+local hists = {}                   -- pool -> {bucket counts..., [n+1] = sum, [n+2] = count}
+local known = {}                   -- keys this worker found in the shared dict (no cap check again)
+local last_prune = 0
+
+-- A JSON string's contents as nginx's escape=json writes them: " \ and control bytes escaped, the
+-- rest (UTF-8 or not) as sent. The loop is what LuaJIT compiles; string patterns it does not.
+local ESCAPES = {[8] = "\\b", [9] = "\\t", [10] = "\\n", [12] = "\\f", [13] = "\\r", [34] = '\\"', [92] = "\\\\"}
+local function json_text(s)
+    local n = #s
+    for i = 1, n do
+        local b = byte(s, i)
+        if b < 32 or b == 34 or b == 92 then
+            local out, from = {}, 1
+            for j = i, n do
+                b = byte(s, j)
+                if b < 32 or b == 34 or b == 92 then
+                    out[#out + 1] = sub(s, from, j - 1)
+                    out[#out + 1] = ESCAPES[b] or format("\\u%04x", b)
+                    from = j + 1
+                end
+            end
+            out[#out + 1] = sub(s, from)
+            return concat(out)
+        end
+    end
+    return s
+end
+M.json_text = json_text
+
+local function add(key, amount)
+    local c = counts[key]
+    if c then
+        counts[key] = c + amount
+    else
+        counts[key] = amount
+    end
+    if not known[key] then
+        seen[key] = (seen[key] or 0) + 1
+    end
+end
+
+-- The entries of $upstream_addr / $upstream_status: attempts separated by ", ", internal redirects by " : ".
+local function attempts(s)
+    local out, from = {}, 1
+    while true do
+        local comma, colon = find(s, ", ", from, true), find(s, " : ", from, true)
+        local at, width = comma, 2
+        if colon and (not comma or colon < comma) then
+            at, width = colon, 3
+        end
+        if not at then
+            out[#out + 1] = sub(s, from)
+            return out
+        end
+        out[#out + 1] = sub(s, from, at - 1)
+        from = at + width
+    end
+end
+
+-- An attempt's address (host:port, [v6]:port, unix:path), or "none" for the group name nginx logs
+-- when the pool had no live replica.
+local function replica(addr)
+    if find(addr, "unix:", 1, true) == 1 then
+        return addr
+    end
+    local n, i = #addr, #addr
+    while i > 0 and byte(addr, i) >= 48 and byte(addr, i) <= 57 do
+        i = i - 1
+    end
+    if i < n and i > 1 and byte(addr, i) == 58 then
+        return addr
+    end
+    return "none"
+end
+
+local function count_failures(pool)
+    local addrs, statuses = attempts(var.upstream_addr or ""), attempts(var.upstream_status or "")
+    for i, status in ipairs(statuses) do
+        if FAILED[status] and addrs[i] then
+            add("f" .. pool .. " " .. replica(addrs[i]), 1)
+        end
+    end
+end
+
+local function observe(pool, seconds)
+    local h = hists[pool]
+    if not h then
+        h = {}
+        for i = 1, nbounds + 2 do
+            h[i] = 0
+        end
+        hists[pool] = h
+    end
+    local i = 1
+    while i <= nbounds and seconds > bounds[i] do
+        i = i + 1
+    end
+    if i <= nbounds then
+        h[i] = h[i] + 1
+    end
+    h[nbounds + 1] = h[nbounds + 1] + seconds
+    h[nbounds + 2] = h[nbounds + 2] + 1
+end
+
+local function cut(s)
+    if s == nil then
+        return ""
+    end
+    if #s > field_max then
+        return sub(s, 1, field_max)
+    end
+    return s
+end
+
+-- A field's value in a usage line: from just after `name` (which ends with `:` or `:"`) up to
+-- `stop` (`"` for strings; `,` or `}` for numbers). Returns the value and where the search goes on.
+local function field(line, name, from, stop)
+    local at = find(line, name, from, true) + #name
+    local to = find(line, stop, at, true)
+    return sub(line, at, to - 1), to
+end
+
+-- The line with an unsafe path or model (the maps gave `"`, hence `"path":"""`) escaped here.
+local function escaped(line)
+    local head, rest = find(line, '"path":"""', 1, true)
+    if head then
+        line = sub(line, 1, head + 7) .. json_text(cut(var.request_uri)) .. sub(line, rest)
+    end
+    head, rest = find(line, '"model":"""', 1, true)
+    if head then
+        line = sub(line, 1, head + 8) .. json_text(cut(var.llm_model)) .. sub(line, rest)
+    end
+    return line
+end
+
+-- log_by_lua: the request's usage line and counts, kept in this worker until the next flush.
+-- nginx composes the line ($llm_usage_line, gateway.py's LOG_FORMAT; one ngx.var read costs more
+-- than all the Lua below), with the client's path and model cut to LOG_FIELD_MAX by its maps, or
+-- `"` when they hold a byte JSON must escape: then Lua escapes them. The labels are read back from
+-- the line (ids, pool names and statuses are plain names: the spec allows no quote in them).
+-- `charge` (token budgets, when a key has one): charge(key_id, prompt, completion, total, events)
+-- with the counts as numbers or nil; it returns the tokens charged to the key's budget, logged as
+-- budget_tokens (null: none).
+function M.record(charge)
+    local line = var.llm_usage_line
+    if find(line, '"""', 1, true) then
+        line = escaped(line)
+    end
+    local key_id, at = field(line, '"key_id":"', 1, '"')
+    local model, pool
+    model, at = field(line, '","model":"', at, '"')
+    pool, at = field(line, '"pool":"', at, '"')
+    local status, upstream_status, request_time
+    status, at = field(line, '"status":', at, ",")
+    upstream_status, at = field(line, '"upstream_status":"', at, '"')
+    local events
+    events, at = field(line, '"events":', at, ",")
+    request_time, at = field(line, '"request_time":', at, ",")
+    local prompt, completion, total
+    prompt, at = field(line, '"prompt_tokens":', at, ",")
+    completion, at = field(line, '"completion_tokens":', at, ",")
+    prompt, completion = tonumber(prompt), tonumber(completion)
+    if charge then
+        total = tonumber((field(line, '"total_tokens":', at, "}")))
+        local charged = charge(key_id, prompt, completion, total, tonumber(events))
+        line = sub(line, 1, -2) .. ',"budget_tokens":' .. (charged or "null") .. "}"
+    end
+    nlines = nlines + 1
+    lines[nlines] = line .. "\n"
+    local day = sub(line, 10, 19)  -- {"time":"YYYY-MM-DD
+    if day ~= last_day then
+        ndays = ndays + 1
+        day_from[ndays], day_name[ndays], last_day = nlines, day, day
+    end
+
+    if pool == "" then
+        model = ""
+    end
+    add("r" .. key_id .. " " .. pool .. " " .. status .. " " .. model, 1)
+    if find(upstream_status, "5", 1, true) then
+        count_failures(pool)
+    end
+    if prompt then
+        add("t" .. key_id .. " prompt " .. model, prompt)
+    end
+    if completion then
+        add("t" .. key_id .. " completion " .. model, completion)
+    end
+    observe(pool, tonumber(request_time) or 0)
+end
+
+local function log_error(...)
+    ngx.log(ngx.ERR, "llm-cluster gateway: ", ...)
+end
+
+local function errno_text()
+    return ffi.string(C.strerror(ffi.errno()))
+end
+
+-- Append one day's lines with a single write() (O_APPEND: another worker's lines never land inside it).
+local function append(day, text)
+    local path = cfg.usage_dir .. "/usage-" .. day .. ".log"
+    local fd = C.open(path, O_WRONLY_APPEND_CREAT, 420)  -- 0644, as nginx makes its logs
+    if fd < 0 then
+        return "cannot open " .. path .. ": " .. errno_text(), 0
+    end
+    local at, n, err = 0, #text, nil
+    while at < n do
+        local wrote = tonumber(C.write(fd, ffi.cast("const char *", text) + at, n - at))
+        if wrote < 0 then
+            if ffi.errno() ~= EINTR then
+                err = "cannot write " .. path .. ": " .. errno_text()
+                break
+            end
+        else
+            at = at + wrote
+        end
+    end
+    C.close(fd)
+    return err, at
+end
+
+-- The usage lines kept so far, to their days' files; the number written and the number lost.
+local function write_lines()
+    if nlines == 0 then
+        return 0, 0
+    end
+    local pending, n, from, names, days = lines, nlines, day_from, day_name, ndays
+    lines, nlines, day_from, day_name, ndays, last_day = {}, 0, {}, {}, 0, nil
+    if not cfg.usage_dir then
+        return 0, 0  -- a layout without a usage log: the counts only
+    end
+    local written, lost = 0, 0
+    for d = 1, days do
+        local first, last = from[d], (from[d + 1] or n + 1) - 1
+        local err, wrote = append(names[d], concat(pending, "", first, last))
+        if err then
+            log_error(err)
+            -- A line cut by a failed write is lost too: count the whole lines that made it.
+            local kept, size = 0, 0
+            for i = first, last do
+                size = size + #pending[i]
+                if size > wrote then
+                    break
+                end
+                kept = kept + 1
+            end
+            written, lost = written + kept, lost + (last - first + 1 - kept)
+        else
+            written = written + (last - first + 1)
+        end
+    end
+    return written, lost
+end
+
+-- Add `amount` to a label set's counter; a new label set only while fewer than max_series exist.
+local function merge(key, amount, observations)
+    if known[key] then
+        dict:incr(key, amount, 0)
+        return true
+    end
+    if dict:incr(key, amount) then
+        known[key] = true
+        return true
+    end
+    local series = dict:incr(SERIES, 1, 0)
+    if series > cfg.max_series then
+        dict:incr(SERIES, -1)
+        dict:incr(OVERFLOW, observations, 0)
+        return false
+    end
+    local ok, err = dict:add(key, amount)
+    if not ok then
+        dict:incr(SERIES, -1)  -- another worker made it meanwhile
+        if err ~= "exists" then
+            log_error("metrics zone: ", err)
+            return false
+        end
+        dict:incr(key, amount, 0)
+    end
+    known[key] = true
+    return true
+end
+
+local function merge_counts()
+    local pending, observations = counts, seen
+    counts, seen = {}, {}
+    for key, amount in pairs(pending) do
+        merge(key, amount, observations[key] or 0)
+    end
+    local pools = hists
+    hists = {}
+    for pool, h in pairs(pools) do
+        local key = "h" .. pool
+        -- The label set is its count's key; the buckets and the sum follow it in.
+        if merge(key, h[nbounds + 2], h[nbounds + 2]) then
+            for i = 1, nbounds do
+                if h[i] > 0 then
+                    dict:incr(key .. " " .. i, h[i], 0)
+                end
+            end
+            dict:incr(key .. " sum", h[nbounds + 1], 0)
+        end
+    end
+end
+
+local USAGE_FILE_LEN = #"usage-YYYY-MM-DD.log"
+
+-- The daily files by day, and their sizes.
+local function usage_files()
+    local dir = C.opendir(cfg.usage_dir)
+    if dir == nil then
+        return nil, "cannot list " .. cfg.usage_dir .. ": " .. errno_text()
+    end
+    local days = {}
+    while true do
+        local entry = C.readdir(dir)
+        if entry == nil then
+            break
+        end
+        local name = ffi.string(entry.d_name)
+        if #name == USAGE_FILE_LEN and find(name, "usage-", 1, true) == 1 and sub(name, -4) == ".log" then
+            days[#days + 1] = sub(name, 7, 16)
+        end
+    end
+    C.closedir(dir)
+    sort(days)
+    return days
+end
+
+local function file_size(path)
+    local f = io.open(path, "rb")
+    if not f then
+        return 0
+    end
+    local size = f:seek("end") or 0
+    f:close()
+    return size
+end
+
+-- Delete the daily files older than the retention, then the oldest while the rest exceed
+-- max_bytes; today's file is never deleted. Returns the names deleted, oldest first.
+function M.prune(today)
+    local days, err = usage_files()
+    if not days then
+        log_error(err)
+        return {}
+    end
+    local sizes, total = {}, 0
+    for i, day in ipairs(days) do
+        sizes[i] = file_size(cfg.usage_dir .. "/usage-" .. day .. ".log")
+        total = total + sizes[i]
+    end
+    local y, m, d = tonumber(sub(today, 1, 4)), tonumber(sub(today, 6, 7)), tonumber(sub(today, 9, 10))
+    local cutoff = os.date("%Y-%m-%d", os.time({year = y, month = m, day = d, hour = 12}) - cfg.retention_days * 86400)
+    local deleted = {}
+    for i, day in ipairs(days) do
+        if day >= today then
+            break
+        end
+        if day < cutoff or total > cfg.max_bytes then
+            local name = "usage-" .. day .. ".log"
+            if C.unlink(cfg.usage_dir .. "/" .. name) == 0 then
+                deleted[#deleted + 1] = name
+            end
+            total = total - sizes[i]
+        end
+    end
+    return deleted
+end
+
+-- Write the lines, merge the counts; hourly (one worker), prune the old days.
+local function flush()
+    local written, lost = write_lines()
+    if written > 0 then
+        dict:incr(LINES, written, 0)
+    end
+    if lost > 0 then
+        dict:incr(WRITE_ERRORS, lost, 0)
+    end
+    merge_counts()
+end
+M.flush = flush
+
+local function tick(premature)
+    flush()
+    if cfg.usage_dir and not premature and ngx.worker.id() == 0 and ngx.now() - last_prune >= cfg.prune_seconds then
+        last_prune = ngx.now()
+        for _, name in ipairs(M.prune(ngx.today())) do
+            -- Not an error, but the operator's record going: said at the level nginx.conf logs.
+            ngx.log(ngx.WARN, "llm-cluster gateway: deleted usage log ", name)
+        end
+    end
+end
+
+-- init_worker_by_lua: the settings (rendered by gateway.py) and this worker's flush timer.
+function M.start(settings)
+    cfg = settings
+    field_max = settings.field_max
+    dict = ngx.shared[settings.zone]
+    bounds, nbounds = {}, #settings.buckets
+    for i, bucket in ipairs(settings.buckets) do
+        bounds[i] = bucket[1]
+    end
+    local ok, err = ngx.timer.every(settings.flush_seconds, tick)
+    if not ok then
+        log_error("cannot start the usage flush timer: ", err)
+    end
+end
+
+-- exit_worker_by_lua: what this worker still holds (the requests it finished since the last tick).
+function M.stop()
+    if cfg then
+        flush()
+    end
+end
+
+-- --- GET /metrics ------------------------------------------------------------------------------
+
+-- A number as Prometheus' clients write it: integers whole, others in the fewest digits that read back.
+local function number(v)
+    if v == math.floor(v) and v > -1e15 and v < 1e15 then
+        return format("%d", v)
+    end
+    for digits = 15, 17 do
+        local s = format("%." .. digits .. "g", v)
+        if tonumber(s) == v then
+            return s
+        end
+    end
+    return tostring(v)
+end
+
+local function label(s)
+    if not find(s, '[\\"\n]') then
+        return s
+    end
+    return (s:gsub("\\", "\\\\"):gsub('"', '\\"'):gsub("\n", "\\n"))
+end
+
+-- A shared-dict key's label values: `fields` space-separated ones after the family letter, then the rest.
+local function split(key, fields)
+    local out, from = {}, 2
+    for i = 1, fields do
+        local at = find(key, " ", from, true)
+        if not at then
+            return nil
+        end
+        out[i] = sub(key, from, at - 1)
+        from = at + 1
+    end
+    out[fields + 1] = sub(key, from)
+    return out
+end
+
+-- name: the metric; names: its labels in exposition order; order: where each comes from in split().
+local FAMILIES = {
+    {"r", "llm_gateway_requests_total", {"key_id", "model", "pool", "status"}, 3, {1, 4, 2, 3}},
+    {"f", "llm_gateway_upstream_failures_total", {"pool", "upstream"}, 1, {1, 2}},
+    {"t", "llm_gateway_tokens_total", {"key_id", "model", "kind"}, 2, {1, 3, 2}},
+}
+
+local function head(out, name, kind)
+    out[#out + 1] = "# HELP " .. name .. " " .. HELP[name]
+    out[#out + 1] = "# TYPE " .. name .. " " .. kind
+end
+
+local function labels(names, values, extra)
+    local pairs_ = {}
+    for i, name in ipairs(names) do
+        pairs_[i] = name .. '="' .. label(values[i]) .. '"'
+    end
+    if extra then
+        pairs_[#pairs_ + 1] = extra
+    end
+    return "{" .. concat(pairs_, ",") .. "}"
+end
+
+-- A family's series: {label text, key} sorted by label values, as Prometheus' clients write them.
+local function series(keys, family)
+    local out = {}
+    for _, key in ipairs(keys) do
+        local values = split(key, family[4])
+        if values then
+            local ordered = {}
+            for i, from in ipairs(family[5]) do
+                ordered[i] = values[from]
+            end
+            out[#out + 1] = {concat(ordered, "\0"), labels(family[3], ordered), key}
+        end
+    end
+    sort(out, function(a, b) return a[1] < b[1] end)
+    return out
+end
+
+-- Every metric in the Prometheus text format 0.0.4.
+function M.render()
+    local by_family = {r = {}, f = {}, t = {}, h = {}}
+    for _, key in ipairs(dict:get_keys(0)) do
+        local family = by_family[sub(key, 1, 1)]
+        -- A histogram's label set is its count's key (no space: pool names hold none).
+        if family and (family ~= by_family.h or not find(key, " ", 2, true)) then
+            family[#family + 1] = key
+        end
+    end
+    local out = {}
+    for _, f in ipairs(FAMILIES) do
+        head(out, f[2], "counter")
+        for _, s in ipairs(series(by_family[f[1]], f)) do
+            out[#out + 1] = f[2] .. s[2] .. " " .. number(dict:get(s[3]) or 0)
+        end
+    end
+    local name = "llm_gateway_request_duration_seconds"
+    head(out, name, "histogram")
+    local pools = by_family.h
+    sort(pools)
+    for _, key in ipairs(pools) do
+        local pool = {sub(key, 2)}
+        local count = dict:get(key) or 0
+        local cumulative = 0
+        for i, bucket in ipairs(cfg.buckets) do
+            cumulative = cumulative + (dict:get(key .. " " .. i) or 0)
+            out[#out + 1] = name .. "_bucket" .. labels({"pool"}, pool, 'le="' .. bucket[2] .. '"') .. " " .. number(cumulative)
+        end
+        out[#out + 1] = name .. "_bucket" .. labels({"pool"}, pool, 'le="+Inf"') .. " " .. number(count)
+        out[#out + 1] = name .. "_sum" .. labels({"pool"}, pool) .. " " .. number(dict:get(key .. " sum") or 0)
+        out[#out + 1] = name .. "_count" .. labels({"pool"}, pool) .. " " .. number(count)
+    end
+    for _, total in ipairs({{"llm_gateway_log_lines_total", LINES}, {"llm_gateway_log_write_errors_total", WRITE_ERRORS},
+                            {"llm_gateway_series_overflow_total", OVERFLOW}}) do
+        head(out, total[1], "counter")
+        out[#out + 1] = total[1] .. " " .. number(dict:get(total[2]) or 0)
+    end
+    out[#out + 1] = ""
+    return concat(out, "\n")
+end
+
+-- content_by_lua of the metrics listener's /metrics.
+function M.serve()
+    ngx.header["Content-Type"] = CONTENT_TYPE
+    ngx.print(M.render())
+end
+
+return M
