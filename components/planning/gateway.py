@@ -627,7 +627,8 @@ def _request_variables() -> list[str]:
     `set` would run again on an error page's redirect and blank them), and it reads as its default
     in a request that never reached the rewrite phase (a 408 on headers), where a `set` variable
     would be "uninitialized": no value, and a warning per request in the error log."""
-    return [*(f'    map "" ${name} {{ default "{value}"; }}' for name, value in REQUEST_VARIABLES.items()),
+    return ["    # What gateway.lua sets for the log phase: a default in every request, kept across redirects.",
+            *(f'    map "" ${name} {{ default "{value}"; }}' for name, value in REQUEST_VARIABLES.items()),
             # ngx.var assigns only a variable nginx has indexed, i.e. one a directive names: this
             # format, never written, names every one of them whatever the log phase reads.
             f"    log_format llm_request_variables '{' '.join(f'${name}' for name in REQUEST_VARIABLES)}';"]
