@@ -144,15 +144,18 @@ def test_keys_take_their_own_budget_or_the_default_and_the_zone_holds_them() -> 
 
 def test_the_zone_is_sized_for_two_counts_of_every_key() -> None:
     config = prod_config()
-    config["llm-cluster:gateway"].update(apiKeys=[{"id": f"k{i}", "tokenBudget": {"tokens": 1}} for i in range(5000)])
-    # 5000 keys x 2 counts x 256 bytes, and 5 % for the slab allocator
-    assert budget_zone_kib(load_stack_config(config, set())) == 2625
+    sizes = {}
+    for keys in (1, 1950, 1951, 3900, 3901):
+        config["llm-cluster:gateway"].update(apiKeys=[{"id": f"k{i}", "tokenBudget": {"tokens": 1}} for i in range(keys)])
+        sizes[keys] = budget_zone_kib(load_stack_config(config, set()))
+    # keys x 2 counts x 256 bytes, and 5 % for the slab allocator, in the next power of two MiB
+    assert sizes == {1: 1024, 1950: 1024, 1951: 2048, 3900: 2048, 3901: 4096}
 
 
 LONGEST_ID = "k" * 58  # + 5 digits: the longest key id (NAME_PATTERN: 63 characters)
 
 
-@pytest.mark.parametrize("keys", [10, 3000])
+@pytest.mark.parametrize("keys", [1950, 3900])  # the most keys 1 MiB and 2 MiB are given for
 def test_the_zone_holds_two_of_the_longest_counts_of_every_key(keys: int, tmp_path: Path) -> None:
     """The size the gateway gives the zone, on the deployed nginx: every key's count and a second one
     (a reload changed its window) fit, each of the longest shape, without evicting any."""

@@ -262,8 +262,14 @@ def token_budgets(spec: StackSpec) -> dict[str, TokenBudgetSpec]:
 
 def budget_zone_kib(spec: StackSpec) -> int:
     """The shared dict's size: two counts of every key with a budget (its window's, and the one a reload
-    that changed its window leaves until that window ends), 5 % for the slab allocator, at least 1 MiB."""
-    return max(1024, math.ceil(len(token_budgets(spec)) * 2 * BUDGET_COUNT_BYTES * 1.05 / 1024))
+    that changed its window leaves until that window ends), 5 % for the slab allocator, rounded up to
+    a power of two MiB: a reload that resizes the zone starts every count at 0, so adding keys should
+    seldom do it."""
+    need = len(token_budgets(spec)) * 2 * BUDGET_COUNT_BYTES * 1.05 / 1024
+    size = 1024
+    while size < need:
+        size *= 2
+    return size
 
 
 def budget_init(spec: StackSpec) -> str:
