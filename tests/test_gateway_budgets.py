@@ -25,9 +25,9 @@ import pytest
 
 from components.planning import gateway
 from components.planning.gateway import (
-    BUDGET_SOURCE, BUDGET_ZONE, budget_init, budget_zone_kib, gateway_files, token_budgets,
+    BUDGET_SOURCE, BUDGET_ZONE, budget_init, budget_zone_kib, gateway_files, render_gateway, token_budgets,
 )
-from components.spec import SpecError, load_stack_config
+from components.spec import SpecError, StackSpec, load_stack_config
 from tests.conftest import prod_config
 from tests.test_gateway_nginx import (
     CHAT, USAGE, WAIT, FakeReplica, NginxGateway, error_code, gateway_config, log_line, lua_layout, nginx_binary,
@@ -394,9 +394,8 @@ def workers(gw: NginxGateway) -> set[int]:
     return {int(pid) for pid in out.split()}
 
 
-def test_counts_outlive_a_reload(gw_keys: tuple[NginxGateway, dict[str, str]]) -> None:
-    gw, keys = gw_keys
-    assert chat(gw, keys["reloaded"], "r0")[0] == 200  # 18 of 20
+def reload(gw: NginxGateway) -> None:
+    """`nginx -s reload`, returning once every worker is a new one."""
     old = workers(gw)
     subprocess.run([nginx_binary(), "-p", str(gw.root), "-c", str(gw.conf_dir / "nginx.conf"), "-s", "reload"],
                    check=True, capture_output=True)
@@ -405,8 +404,34 @@ def test_counts_outlive_a_reload(gw_keys: tuple[NginxGateway, dict[str, str]]) -
         if time.monotonic() > deadline:
             pytest.fail(f"nginx's workers {old} were not replaced after the reload")
         time.sleep(0.05)
+
+
+def test_counts_outlive_a_reload(gw_keys: tuple[NginxGateway, dict[str, str]]) -> None:
+    gw, keys = gw_keys
+    assert chat(gw, keys["reloaded"], "r0")[0] == 200  # 18 of 20
+    reload(gw)
     # New workers, the same shared dict: admitted at 18, refused at 36 (a fresh count would admit both).
     assert [chat(gw, keys["reloaded"], f"r{i}")[0] for i in (1, 2)] == [200, 429]
+
+
+def test_a_changed_budget_keeps_its_count_and_a_changed_window_starts_a_new_one(tmp_path: Path) -> None:
+    """A deployment that changes budgets reloads nginx (config_script): a key's count carries over to
+    its new number of tokens, while a new window length is a new window, counted from 0."""
+    def budgets(raised: int, window: int) -> StackSpec:
+        return load_stack_config(gateway_config(apiKeys=[
+            {"id": "raised", "tokenBudget": {"tokens": raised, "windowSeconds": LONG}},
+            {"id": "rewindowed", "tokenBudget": {"tokens": 20, "windowSeconds": window}}]), set())
+
+    pools = {"chat": [FakeReplica("chat-0")], "reasoning": [FakeReplica("reasoning-0")]}
+    with own_gateway(budgets(20, LONG), pools, tmp_path) as (gw, keys):
+        assert [chat(gw, keys[k], f"c-{k}")[0] for k in ("raised", "rewindowed")] == [200, 200]  # 18 of 20 each
+        files = render_gateway(budgets(100, 86400), gw.layout,
+                               {p: [("127.0.0.1", r.port) for r in rs] for p, rs in pools.items()})
+        (gw.conf_dir / "nginx.conf").write_text(files["nginx.conf"])
+        reload(gw)
+        answers = [chat(gw, keys[k], f"d-{k}") for k in ("raised", "rewindowed")]
+    assert [(status, headers["x-ratelimit-limit-tokens"], headers["x-ratelimit-remaining-tokens"])
+            for status, headers, _ in answers] == [(200, "100", "82"), (200, "20", "20")]
 
 
 # --- across workers --------------------------------------------------------------------------------
