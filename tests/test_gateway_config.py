@@ -144,8 +144,11 @@ def test_reference_loads_the_lua_module_reads_its_tables_once_and_declares_the_r
     # warning for a request that never reached the rewrite phase), and named once so ngx.var may set them.
     assert [line for line in http if line.startswith('map "" ') and "$llm_usage_line" not in line] == [
         'map "" $llm_key_id { default ""; }', 'map "" $llm_model { default ""; }', 'map "" $llm_pool { default ""; }',
-        'map "" $llm_body { default ""; }', 'map "" $llm_usage { default ""; }', 'map "" $llm_events { default "0"; }']
-    assert ("log_format llm_request_variables '$llm_key_id $llm_model $llm_pool $llm_body $llm_usage $llm_events';"
+        'map "" $llm_body { default ""; }', 'map "" $llm_events { default "0"; }',
+        'map "" $llm_prompt_tokens { default "null"; }', 'map "" $llm_completion_tokens { default "null"; }',
+        'map "" $llm_total_tokens { default "null"; }']
+    assert ("log_format llm_request_variables '$llm_key_id $llm_model $llm_pool $llm_body $llm_events "
+            "$llm_prompt_tokens $llm_completion_tokens $llm_total_tokens';"
             in http)
     # The key id is computed in the server's rewrite phase, before any location's `if` or limit reads it.
     server = block("\n".join(conf), "server")

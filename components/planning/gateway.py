@@ -623,8 +623,8 @@ def _lua_directives(spec: StackSpec, layout: GatewayLayout) -> list[str]:
 
 # The variables the request path sets (ngx.var, set_by_lua) and the log phase reads, with the
 # value a request has until then.
-REQUEST_VARIABLES = {"llm_key_id": "", "llm_model": "", "llm_pool": "", "llm_body": "", "llm_usage": "",
-                     "llm_events": "0"}
+REQUEST_VARIABLES = {"llm_key_id": "", "llm_model": "", "llm_pool": "", "llm_body": "", "llm_events": "0",
+                     **{f"llm_{kind}_tokens": "null" for kind in USAGE_COUNTS}}
 
 
 def _request_variables() -> list[str]:
@@ -704,13 +704,7 @@ def _usage_directives(spec: StackSpec, layout: GatewayLayout) -> list[str]:
                 f'        "~^(?<llm_{name}_head>{_JSON_SAFE}{{0,{LOG_FIELD_MAX}}}){_JSON_SAFE}*\\z" $llm_{name}_head;',
                 "        default '\"';",
                 "    }"]
-    out += ["    # The counts of the bytes the usage filter kept from the response's \"usage\" on (null: none).",
-            *(line for kind in USAGE_COUNTS for line in (
-                f"    map $llm_usage $llm_{kind}_tokens {{",
-                f'        "~^\\"usage\\"\\s*:\\s*{{[^}}]*\\"{kind}_tokens\\"\\s*:\\s*(?<llm_{kind}>\\d{{1,15}})" $llm_{kind};',
-                "        default null;",
-                "    }")),
-            f"    map \"\" $llm_usage_line {{ default '{LOG_FORMAT}'; }}",
+    out += [f"    map \"\" $llm_usage_line {{ default '{LOG_FORMAT}'; }}",
             "    # Counters merged from every worker's own tables; kept across reloads (same name and size).",
             f"    lua_shared_dict {METRICS_ZONE} {metrics_zone_kib(spec)}k;",
             f'    init_worker_by_lua_block {{ require("gateway_metrics").start({_lua_value(metrics_settings(spec, layout))}) }}',
