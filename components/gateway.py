@@ -156,7 +156,7 @@ class Gateway(Component):
         self.register_outputs({"url": self.url, "apiKeys": self.api_keys, "caCert": self.ca_cert})
 
     def _image(self, spec: StackSpec, node: GpuNode) -> docker.RemoteImage:
-        """The nginx image: built on the node with the tested nginx and njs (the default), or pulled."""
+        """The nginx image: built on the node with the tested nginx and Lua module (the default), or pulled."""
         g = spec.gateway
         assert g is not None
         if not builds_gateway(spec):  # pulled, or supplied by images.registry / images.tarballs

@@ -39,7 +39,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     """Say so when the tree changed under the run (a rebase, an edit): the modules imported at the
-    start then meet files read later (njs, scripts, fixtures) of another version, and a failure
+    start then meet files read later (Lua modules, scripts, fixtures) of another version, and a failure
     after that point may be that mix, not the code (two "flaky" rollout failures were exactly this)."""
     before = config.stash.get(_TREE_AT_START, None)
     if before is not None and _tree_state() != before:
