@@ -93,6 +93,32 @@ MUTANTS: list[Mutant] = [
            "        if key == '\"model\"' then",
            ("tests/test_gateway_nginx.py::test_an_aliased_body_changes_only_in_its_model",),
            "an aliased body whose `model` key is escaped reaches the replica with the alias"),
+    Mutant("budget-full-zone-evicts", "components/planning/gateway_budget.lua",
+           "        local ok, err = dict:incr(key, tokens)\n",
+           "        local ok, err = dict:incr(key, tokens, 0, (ttl_ms + 0.5) / 1000)\n",
+           ("tests/test_gateway_budgets.py::test_a_full_zone_fails_open_keeps_every_count_and_says_so",),
+           "a full budget zone evicts the least recently charged count: a key refused for its used-up budget"),
+    Mutant("budget-charged-where-it-began", "components/planning/gateway_budget.lua",
+           "    local t, left = clock(window)\n    local ttl = left - 1\n",
+           "    local t, left = clock(window)\n"
+           "    if floor(ngx.req.start_time() * 1000 / window) ~= floor(t / window) then\n"
+           "        return tokens\n    end\n    local ttl = left - 1\n",
+           ("tests/test_gateway_budgets.py::test_a_stream_that_outlasts_its_window_is_charged_in_the_window_it_ends_in",),
+           "a stream that outlasts its window costs nothing (charged to the window it began in, which is over)"),
+    Mutant("budget-count-keyed-by-id", "components/planning/gateway_budget.lua",
+           'id .. "/" .. b[2], ', "id, ",
+           ("tests/test_gateway_budgets.py::test_a_changed_budget_keeps_its_count_and_a_changed_window_starts_a_new_one",),
+           "a key's new window length inherits the old window's count"),
+    Mutant("budget-count-per-worker", "components/planning/gateway_budget.lua",
+           '    dict = assert(ngx.shared[zone_name], "no lua_shared_dict " .. zone_name)\n',
+           "    local counts = {}\n"
+           "    dict = {get = function(_, k) return counts[k] end,\n"
+           "            incr = function(_, k, n) if counts[k] then counts[k] = counts[k] + n return counts[k] end\n"
+           '                return nil, "not found" end,\n'
+           "            safe_add = function(_, k, n) counts[k] = n return true end}\n",
+           ("tests/test_gateway_budgets.py::test_one_count_per_key_for_every_worker",
+            "tests/test_gateway_budgets.py::test_counts_outlive_a_reload"),
+           "each nginx worker keeps its own counts (a key gets a budget per worker, and a fresh one on reload)"),
     # --- alert thresholds ------------------------------------------------------------------------------
     Mutant("ttft-2s-to-4s", "components/spec/monitoring.py",
            "ttft_p95_seconds: float = Field(default=2.0, gt=0)", "ttft_p95_seconds: float = Field(default=4.0, gt=0)",
