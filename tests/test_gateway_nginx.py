@@ -165,10 +165,12 @@ class FakeReplica:
                                   "path": self.path, "model": body.get("model") if isinstance(body, dict) else None,
                                   "rid": body.get("rid") if isinstance(body, dict) else None,
                                   "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
-                                  "usage": USAGE}, int(body.get("fragment") or 0) if isinstance(body, dict) else 0)
+                                  "usage": USAGE}, int(body.get("fragment") or 0) if isinstance(body, dict) else 0,
+                            body.get("indent") if isinstance(body, dict) else None)
 
-            def _reply(self, status: int, payload: dict[str, Any], fragment: int = 0) -> None:
-                out = json.dumps(payload).encode()
+            def _reply(self, status: int, payload: dict[str, Any], fragment: int = 0,
+                       indent: int | None = None) -> None:
+                out = json.dumps(payload, indent=indent).encode()
                 head = (f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
                         f"Content-Length: {len(out)}\r\n\r\n").encode()
                 if not fragment:
@@ -812,6 +814,15 @@ def test_usage_and_events_are_read_whatever_bytes_each_read_brings(gw: NginxGate
         5, 5, 3, 8)
     assert (plain["events"], plain["prompt_tokens"], plain["completion_tokens"], plain["total_tokens"]) == (
         0, 11, 7, 18)
+
+def test_usage_counts_are_read_from_a_pretty_printed_answer(gw: NginxGateway, keys: dict[str, str]) -> None:
+    # Blanks and newlines around every `:` of the usage object (an engine that indents its JSON).
+    status, _, body = gw.call("POST", "/v1/chat/completions?t=indented", {"model": CHAT, "indent": 2},
+                              keys["default"])
+    assert status == 200 and body["usage"] == USAGE
+    line = log_line(gw, "indented")
+    assert (line["prompt_tokens"], line["completion_tokens"], line["total_tokens"], line["events"]) == (11, 7, 18, 0)
+
 
 # --- failover -----------------------------------------------------------------------------------
 
