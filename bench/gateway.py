@@ -2,25 +2,18 @@
 
 One run measures, against the same fast fake replica (nginx answering a fixed chat completion with
 `usage`, so the replica is never the limit): direct; plain nginx `proxy_pass` with keepalive; the
-gateway as deployed (the reference stack's generated config: njs key lookup, body routing, per-key
-limit_req at a rate it never reaches, usage body filter, the daily usage file, and the real metrics
-exporter following that file), over plain HTTP like the others; the gateway with last session's
-metrics path as well (each usage line also sent as a syslog datagram to an exporter on `--syslog`),
-the alternative this session measured and dropped; and LiteLLM's proxy
-(`litellm --config`, the same model and replica, one worker), the peer users would otherwise pick.
-LiteLLM is an optional dependency of the bench only: installed on first use into its own venv
-under /var/cache/llm-cluster/litellm (never by `make test`); `--no-litellm` skips it.
+gateway as deployed (the reference stack's generated config, over plain HTTP like the others: key
+lookup, routing by the body's `model`, the per-key limit_req at a rate it never reaches, the usage
+filter, the daily usage files and the Prometheus counters, all inside nginx on its Lua module); the
+same with a token budget on the key; and LiteLLM's proxy (`litellm --config`, the same model and
+replica, one worker), the peer users would otherwise pick. LiteLLM is an optional dependency of the
+bench only: installed on first use into its own venv under /var/cache/llm-cluster/litellm (never by
+`make test`); `--no-litellm` skips it.
 
-Every nginx (replica, plain proxy, gateway) is the deployed one: the gateway image's nginx + njs,
-unpacked from its pinned Debian packages by tests/deployed_nginx.py (what the real-nginx tests run);
-`--host-nginx` runs the host's `nginx` and its njs module instead (Debian bookworm: nginx 1.22 +
-njs 0.7.9), to compare builds.
-
-`--lua` adds a measured alternative, not deployed: the same generated config with the routed
-request path (key lookup, body routing to the pool's own location, usage filter) in Lua
-(bench/gateway_lua.lua) on Debian's ngx_http_lua_module + LuaJIT for that nginx, whose packages it
-fetches once into /var/cache/llm-cluster/gateway-lua. bench/gateway_instructions.py counts the
-instructions per request of every alternative.
+Every nginx (replica, plain proxy, gateway) is the deployed one: the gateway image's nginx and Lua
+module, unpacked from its pinned Debian packages by tests/deployed_nginx.py (what the real-nginx
+tests run). After the runs the bench reads the gateway's own /metrics and usage files, so a figure
+that came from dropping the record would show.
 
 wrk drives each target at 32 and 256 connections for a few seconds; the targets are interleaved
 and repeated, and each figure is the median over repetitions. Every nginx runs one worker. Prints
@@ -39,24 +32,18 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from components.planning.gateway import (  # noqa: E402
-    EXPORTER_SOURCE, GatewayLayout, key_digests, key_ids, render_gateway,
-)
+from components.planning.gateway import GatewayLayout, key_digests, key_ids, render_gateway  # noqa: E402
 from components.spec import StackSpec, load_stack_config  # noqa: E402
 from plan.stackfile import load_stack_file  # noqa: E402
 from plan.cli import run as run_cli  # noqa: E402
-from tests.deployed_nginx import CACHE, LIBDIRS, LOADER, deployed_nginx  # noqa: E402
-from tests.deployed_nginx import _apt_env as apt_env, _run as run_tool  # noqa: E402
+from tests.deployed_nginx import LIBDIRS, LOADER, DeployedNginx, deployed_nginx  # noqa: E402
 from tests.support import free_port, free_ports  # noqa: E402
 
-HOST_NJS_MODULE = "/usr/lib/nginx/modules/ngx_http_js_module.so"
 KEY = "sk-bench-0123456789abcdef"
 SECONDS = 3
 REPETITIONS = 3
@@ -68,26 +55,13 @@ REPLY = json.dumps({"id": "cmpl-1", "object": "chat.completion", "created": 1700
                     "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
                                  "finish_reason": "stop"}],
                     "usage": {"prompt_tokens": 11, "total_tokens": 18, "completion_tokens": 7}})
+GATEWAY = "gateway (as deployed)"
+BUDGETED = "gateway + token budget"
 
 
-@dataclass(frozen=True)
-class Build:
-    """The nginx every target runs, and its njs module."""
-
-    nginx: str
-    njs_module: str
-    label: str
-
-
-def build(host: bool) -> Build:
-    """The deployed nginx + njs (fetched once per machine), or the host's with `--host-nginx`."""
-    if host:
-        if shutil.which("nginx") is None or not Path(HOST_NJS_MODULE).exists():
-            raise SystemExit("--host-nginx needs the host's nginx and njs: apt-get install -y nginx-light libnginx-mod-http-js")
-        return Build("nginx", HOST_NJS_MODULE, "the host's nginx")
-    found = deployed_nginx()
-    return Build(str(found.nginx), str(found.njs_module),
-                 f"nginx {found.packages['nginx']} + njs {found.packages['libnginx-mod-http-js']} (deployed)")
+def label(nginx: DeployedNginx) -> str:
+    p = nginx.packages
+    return f"nginx {p['nginx']} + ngx_http_lua_module {p['libnginx-mod-http-lua']} (deployed)"
 
 
 def bench_spec(budget: bool = False) -> StackSpec:
@@ -102,13 +76,11 @@ def bench_spec(budget: bool = False) -> StackSpec:
     return load_stack_config(config, set())
 
 
-def start_nginx(nginx: Build, root: Path, conf: str, port: int, libs: list[Path] | None = None) -> subprocess.Popen[bytes]:
-    """nginx in the foreground with this config under `root` (and more library directories), once it
-    listens on `port`."""
+def start_nginx(nginx: DeployedNginx, root: Path, conf: str, port: int) -> subprocess.Popen[bytes]:
+    """nginx in the foreground with this config under `root`, once it listens on `port`."""
     (root / "nginx.conf").write_text(conf)
-    proc = subprocess.Popen([*nginx_argv(nginx, libs), "-p", str(root), "-c", str(root / "nginx.conf"),
-                             "-g", "daemon off;"], env=nginx_env(nginx, libs),
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen([*nginx_argv(nginx), "-p", str(root), "-c", str(root / "nginx.conf"),
+                             "-g", "daemon off;"], stderr=subprocess.PIPE)
     for _ in range(200):
         if proc.poll() is not None:
             raise SystemExit(f"nginx failed: {proc.stderr.read().decode() if proc.stderr else ''}")
@@ -156,17 +128,19 @@ def wrk(url: str, connections: int, root: Path, seconds: int = SECONDS) -> dict[
             "requests": float(re.search(r"(\d+) requests in", out).group(1))}  # type: ignore[union-attr]
 
 
-def write_gateway(nginx: Build, spec: StackSpec, root: Path, up: int, syslog_port: int | None = None) -> int:
+def write_gateway(nginx: DeployedNginx, spec: StackSpec, root: Path, up: int) -> tuple[int, int]:
     """The generated gateway's files under `root` (one worker, in front of the fake replica on `up`,
-    its usage log in daily files); the port it will listen on."""
+    its usage files in root/usage); the ports it will listen on and serve /metrics on."""
     (root / "tmp").mkdir(parents=True)
-    port = free_port()
+    port, metrics = free_ports(2)
     (root / "digests.json").write_text(key_digests({"default": KEY}, key_ids(spec)))
     layout = GatewayLayout(
-        port=port, listen_address="127.0.0.1", conf_dir=str(root), load_module=nginx.njs_module,
+        port=port, listen_address="127.0.0.1", conf_dir=str(root),
+        load_modules=(str(nginx.ndk_module), str(nginx.lua_module)),
+        lua_path=nginx.lua_package_path, lua_cpath=nginx.lua_package_cpath,
         digests_file=str(root / "digests.json"), pid_file=str(root / "pid"),
-        error_log=str(root / "error.log"), usage_dir=str(root / "usage"),
-        temp_dir=str(root / "tmp"), user=None, worker_processes="1", syslog_port=syslog_port)
+        error_log=str(root / "error.log"), usage_dir=str(root / "usage"), metrics_listen=f"127.0.0.1:{metrics}",
+        temp_dir=str(root / "tmp"), user=None, worker_processes="1")
     (root / "usage").mkdir()
     (root / "usage").chmod(0o777)  # nginx's workers run as nobody here
     root.chmod(0o755)
@@ -174,142 +148,35 @@ def write_gateway(nginx: Build, spec: StackSpec, root: Path, up: int, syslog_por
     for rel, text in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
-    return port
+    return port, metrics
 
 
-def start_gateway(nginx: Build, spec: StackSpec, root: Path, up: int,
-                  syslog_port: int | None, lua: Path | None = None) -> tuple[subprocess.Popen[bytes], int]:
-    """The generated gateway started (with `lua`, its request path in Lua instead); its port."""
-    port = write_gateway(nginx, spec, root, up, syslog_port)
-    conf = (root / "nginx.conf").read_text()
-    if lua is None:
-        return start_nginx(nginx, root, conf, port), port
-    return start_nginx(nginx, root, in_lua(conf, lua / "root", root), port, [lua / "root" / d for d in LIBDIRS]), port
+def start_gateway(nginx: DeployedNginx, spec: StackSpec, root: Path, up: int) -> tuple[subprocess.Popen[bytes], int, int]:
+    """The generated gateway started; its port and its metrics port."""
+    port, metrics = write_gateway(nginx, spec, root, up)
+    return start_nginx(nginx, root, (root / "nginx.conf").read_text(), port), port, metrics
 
 
-# --- the measured alternative: the routed request path in Lua (bench/gateway_lua.lua) -------------
-
-LUA_SOURCE = Path(__file__).with_name("gateway_lua.lua")
-LUA_CACHE = CACHE.parent / "gateway-lua"
-# Debian's Lua module and what it loads, for each nginx the bench can run (the module's nginx ABI).
-LUA_PACKAGES = {
-    "trixie": {"libnginx-mod-http-lua": "1:0.10.28-2", "libnginx-mod-http-ndk": "1:0.3.4-2",
-               "lua-resty-core": "0.1.31-1", "lua-resty-lrucache": "0.15-2",
-               "libluajit-5.1-2": "2.1.0+openresty20250117-2", "libluajit-5.1-common": "2.1.0+openresty20250117-2",
-               "lua-cjson": "2.1.0+dfsg-2.2+b2"},
-    "bookworm": {"libnginx-mod-http-lua": "1:0.10.23-1+deb12u1", "libnginx-mod-http-ndk": "1:0.3.2-3",
-                 "lua-resty-core": "0.1.25-1", "lua-resty-lrucache": "0.13-10",
-                 "libluajit2-5.1-2": "2.1-20230119-1", "libluajit2-5.1-common": "2.1-20230119-1",
-                 "lua-cjson": "2.1.0+dfsg-2.2", "libpcre3": "2:8.39-15"},
-}
+def nginx_argv(nginx: DeployedNginx) -> list[str]:
+    """The nginx binary itself started by its release's loader (valgrind, too, must start the binary:
+    it stops instrumenting at the launcher script's exec)."""
+    tree = nginx.dir / "root"
+    return [str(tree / LOADER), "--library-path", ":".join(str(tree / d) for d in LIBDIRS),
+            str(tree / "usr/sbin/nginx")]
 
 
-def sub(pattern: str, replacement: str | Callable[[re.Match[str]], str], text: str) -> str:
-    """re.sub once (a string replacement taken literally), refusing a generated config whose shape
-    no longer has the pattern."""
-    repl = replacement if callable(replacement) else (lambda _: replacement)  # type: ignore[misc]
-    out, n = re.subn(pattern, repl, text, count=1, flags=re.S)
-    if not n:
-        raise SystemExit(f"the generated gateway no longer has {pattern!r}: update bench/gateway.py")
-    return out
-
-
-def in_lua(conf: str, lua_root: Path, root: Path) -> str:
-    """The generated config with njs's directives replaced by the Lua module's (same maps, log, locations)."""
-    modules = lua_root / "usr/lib/nginx/modules"
-    conf = sub(r"load_module [^;]*ngx_http_js_module\.so;",
-               f"load_module {modules}/ndk_http_module.so;\nload_module {modules}/ngx_http_lua_module.so;", conf)
-    conf = sub(r"    js_preload_object llm_routes.*?    js_var \$llm_events 0;\n", f"""\
-    lua_package_path "{LUA_SOURCE.parent}/?.lua;{lua_root}/usr/share/lua/5.1/?.lua;;";
-    lua_package_cpath "{lua_root}/usr/lib/x86_64-linux-gnu/lua/5.1/?.so;;";
-    init_by_lua_block {{ require("gateway_lua").init("{root}/llm/routes.json", "{root}/digests.json") }}
-""", conf)
-    conf = sub(r"    server \{\n        listen 127\.0\.0\.1:\d+;\n", lambda m: m.group(0) + """\
-        set $llm_model "";
-        set $llm_pool "";
-        set $llm_body "";
-        set $llm_usage "";
-        set $llm_events 0;
-        set_by_lua_block $llm_key_id { return require("gateway_lua").key_id() }
-""", conf)
-    conf = conf.replace("js_content gateway.route;", 'content_by_lua_block { require("gateway_lua").route() }')
-    conf = conf.replace("js_content gateway.models;", 'return 200 "{}";')
-    return conf.replace("js_body_filter gateway.usage buffer_type=buffer;",
-                        'body_filter_by_lua_block { require("gateway_lua").usage() }')
-
-
-def lua_tree(host: bool) -> Path:
-    """Debian's Lua module for the nginx the bench runs, unpacked once into the cache."""
-    release = "bookworm" if host else "trixie"
-    packages = LUA_PACKAGES[release]
-    target = LUA_CACHE / f"{release}-lua-{packages['libnginx-mod-http-lua'].replace(':', '-')}"
-    if (target / "root/usr/lib/nginx/modules/ngx_http_lua_module.so").exists():
-        return target
-    print(f"gateway-lua: fetching {', '.join(packages)} ({release}) into {target} (once)", file=sys.stderr)
-    LUA_CACHE.mkdir(parents=True, exist_ok=True)
-    build_dir = Path(tempfile.mkdtemp(prefix=".lua.", dir=LUA_CACHE))
-    try:
-        env = None  # the host's own apt sources (bookworm)
-        if not host:
-            env = apt_env(build_dir / "apt")  # the gateway image's (trixie)
-            run_tool(["apt-get", "update", "-q"], env)
-        debs = build_dir / "debs"
-        debs.mkdir()
-        run_tool(["apt-get", "download", "-q", *(f"{p}={v}" for p, v in packages.items())], env, cwd=debs)
-        for deb in debs.glob("*.deb"):
-            run_tool(["dpkg-deb", "-x", str(deb), str(build_dir / "root")])
-        shutil.rmtree(target, ignore_errors=True)
-        target.mkdir(parents=True)
-        (build_dir / "root").rename(target / "root")
-    finally:
-        shutil.rmtree(build_dir, ignore_errors=True)
-    return target
-
-
-def nginx_argv(nginx: Build, extra_libs: list[Path] | None = None) -> list[str]:
-    """The nginx binary itself, with more library directories for the deployed tree's own loader
-    (valgrind, too, must start the binary: it stops instrumenting at the launcher script's exec).
-    The host's nginx takes them from nginx_env()."""
-    if nginx.nginx == "nginx":
-        return ["nginx"]
-    tree = Path(nginx.njs_module).parents[4]
-    libs = [tree / d for d in LIBDIRS] + (extra_libs or [])
-    return [str(tree / LOADER), "--library-path", ":".join(map(str, libs)), str(tree / "usr/sbin/nginx")]
-
-
-def nginx_env(nginx: Build, extra_libs: list[Path] | None = None) -> dict[str, str]:
-    """The environment nginx_argv's command runs in: the host's nginx finds extra libraries here."""
-    if nginx.nginx == "nginx" and extra_libs:
-        return {**os.environ, "LD_LIBRARY_PATH": ":".join(map(str, extra_libs))}
-    return dict(os.environ)
-
-
-def exporter_lines(port: int) -> float:
-    """llm_gateway_log_lines_total once it stops growing (the exporter drains its socket or file)."""
-    last = -1.0
+def recorded(metrics_port: int, usage_dir: Path) -> tuple[float, int]:
+    """What the gateway recorded once its workers flushed: the sum of llm_gateway_requests_total and
+    the usage files' lines."""
+    last = (-1.0, -1)
     while True:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-        lines = float(re.search(r"^llm_gateway_log_lines_total (\d+)$", text, re.M).group(1))  # type: ignore[union-attr]
-        if lines == last:
-            return lines
-        last = lines
-        time.sleep(1.5)  # longer than the file follower's poll
-
-
-def record_rate(lines: int = 100_000) -> float:
-    """Lines per second Metrics.record() takes in, in process: the exporter's ceiling on one core."""
-    from components.planning.gateway_exporter import Metrics  # noqa: PLC0415
-    line = {"time": "2025-01-01T00:00:00+00:00", "request_id": "0" * 32, "key_id": "default", "method": "POST",
-            "path": "/v1/chat/completions", "model": "qwen3-30b-a3b", "pool": "chat", "upstream": "127.0.0.1:8000",
-            "status": 200, "upstream_status": "200", "request_time": 0.012, "upstream_time": "0.011",
-            "request_bytes": 312, "response_bytes": 420, "prompt_tokens": 11, "completion_tokens": 7,
-            "total_tokens": 18}
-    datagram = b"<190>Jan  1 00:00:00 llmgw: " + json.dumps(line, separators=(",", ":")).encode()
-    metrics = Metrics()
-    start = time.perf_counter()
-    for _ in range(lines):
-        metrics.record(datagram)
-    return lines / (time.perf_counter() - start)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+        counted = sum(float(v) for v in re.findall(r"^llm_gateway_requests_total\{[^}]*\} (\S+)$", text, re.M))
+        lines = sum(f.read_bytes().count(b"\n") for f in usage_dir.glob("usage-*.log"))
+        if (counted, lines) == last:
+            return last
+        last = (counted, lines)
+        time.sleep(2.5)  # longer than the workers' flush interval
 
 
 def litellm_python() -> Path:
@@ -354,10 +221,8 @@ def main() -> None:
     with_litellm = "--no-litellm" not in sys.argv
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is needed: apt-get install -y wrk")
-    nginx = build("--host-nginx" in sys.argv)
-    lua = lua_tree("--host-nginx" in sys.argv) if "--lua" in sys.argv else None
+    nginx = deployed_nginx()
     load_before = os.getloadavg()
-    spec = bench_spec()
     procs: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
         base = Path(tmp)
@@ -367,7 +232,7 @@ def main() -> None:
             up_root, proxy_root = base / "replica", base / "proxy"
             for d in (up_root, proxy_root):
                 d.mkdir(parents=True)
-            up, proxy, syslog, metrics, follow_metrics = free_ports(5)
+            up, proxy = free_ports(2)
             reply = REPLY.replace("'", "")
             procs.append(start_nginx(nginx, up_root, simple_conf(
                 up_root, up, f"default_type application/json; return 200 '{reply}';"), up))
@@ -375,27 +240,16 @@ def main() -> None:
                 proxy_root, proxy,
                 'proxy_pass http://replica; proxy_http_version 1.1; proxy_set_header Connection "";',
                 f"upstream replica {{ server 127.0.0.1:{up}; keepalive 32; }}"), proxy))
-            # (free_port's TCP port is free for UDP too in practice; the exporter fails loudly if not.)
-            proc, gw_file = start_gateway(nginx, spec, base / "gateway", up, None)
-            procs.append(proc)
-            # The exporter as deployed: it follows the gateway's usage files.
-            procs.append(subprocess.Popen([sys.executable, str(EXPORTER_SOURCE), "--usage-dir",
-                                           str(base / "gateway" / "usage"), "--listen", f"127.0.0.1:{follow_metrics}"],
-                                          stderr=subprocess.DEVNULL))
-            procs.append(subprocess.Popen([sys.executable, str(EXPORTER_SOURCE), "--syslog", f"127.0.0.1:{syslog}",
-                                           "--listen", f"127.0.0.1:{metrics}"], stderr=subprocess.DEVNULL))
-            proc, gw_datagram = start_gateway(nginx, spec, base / "gateway-datagram", up, syslog)
-            procs.append(proc)
-            if lua is not None:
-                proc, gw_lua = start_gateway(nginx, spec, base / "gateway-lua", up, None, lua)
+            gateways: dict[str, tuple[int, int, Path]] = {}
+            for name, spec in ((GATEWAY, bench_spec()), (BUDGETED, bench_spec(budget=True))):
+                root = base / name.split()[-1]
+                proc, port, metrics = start_gateway(nginx, spec, root, up)
                 procs.append(proc)
+                gateways[name] = (port, metrics, root / "usage")
             path = "/v1/chat/completions"
             targets = {"direct": f"http://127.0.0.1:{up}{path}",
                        "nginx proxy_pass": f"http://127.0.0.1:{proxy}{path}",
-                       "gateway (as deployed)": f"http://127.0.0.1:{gw_file}{path}",
-                       "gateway + datagram": f"http://127.0.0.1:{gw_datagram}{path}"}
-            if lua is not None:
-                targets["alternative: Lua path"] = f"http://127.0.0.1:{gw_lua}{path}"
+                       **{name: f"http://127.0.0.1:{port}{path}" for name, (port, _, _) in gateways.items()}}
             if with_litellm:
                 litellm_python()
                 proc, lport = start_litellm(base / "litellm", up)
@@ -406,8 +260,7 @@ def main() -> None:
                 for c in CONNECTIONS:
                     for name, url in targets.items():  # interleaved: drift on the shared machine hits all alike
                         runs.setdefault((name, c), []).append(wrk(url, c, base))
-            counted = exporter_lines(follow_metrics)
-            counted_datagrams = exporter_lines(metrics)
+            records = {name: recorded(metrics, usage) for name, (_, metrics, usage) in gateways.items()}
         finally:
             for p in procs:
                 p.terminate()
@@ -418,7 +271,7 @@ def main() -> None:
                     p.wait(10)
 
     load = os.getloadavg()
-    print(f"gateway benchmark: {nginx.label}; loopback, wrk 1 thread, {SECONDS}s per run, {REPETITIONS} "
+    print(f"gateway benchmark: {label(nginx)}; loopback, wrk 1 thread, {SECONDS}s per run, {REPETITIONS} "
           f"interleaved repetitions, medians; one nginx worker each; {os.cpu_count()} cores shared, load average "
           f"{load_before[0]:.1f} before, {load[0]:.1f} after (1-minute)")
     print(f"{'target':<24}{'conns':>6}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'non-2xx':>9}{'timeouts':>10}")
@@ -430,25 +283,18 @@ def main() -> None:
         timeouts = int(sum(r["timeouts"] for r in rs))
         print(f"{name:<24}{c:>6}{f['rps']:>10.0f}{f['p50']:>9.3f}{f['p99']:>9.3f}{bad:>9}{timeouts:>10}")
     for c in CONNECTIONS:
-        plain, gate, datagram = (fig[(n, c)] for n in ("nginx proxy_pass", "gateway (as deployed)",
-                                                        "gateway + datagram"))
-        line = (f"c={c}: gateway / plain nginx {gate['rps'] / plain['rps']:.2f}x req/s (goal >= 0.6x at 32), "
-                f"added p50 {gate['p50'] - plain['p50']:+.3f} ms (goal < 1 ms); with the datagram "
-                f"{datagram['rps'] / plain['rps']:.2f}x")
-        if ("alternative: Lua path", c) in fig:
-            alt = fig[("alternative: Lua path", c)]
-            line += (f"; the Lua path {alt['rps'] / plain['rps']:.2f}x, added p50 "
-                     f"{alt['p50'] - plain['p50']:+.3f} ms")
+        plain = fig[("nginx proxy_pass", c)]
+        parts = [f"{name} / plain nginx {fig[(name, c)]['rps'] / plain['rps']:.2f}x req/s, added p50 "
+                 f"{fig[(name, c)]['p50'] - plain['p50']:+.3f} ms" for name in gateways]
         if ("LiteLLM proxy", c) in fig:
             lite = fig[("LiteLLM proxy", c)]
-            line += (f"; gateway / LiteLLM {gate['rps'] / lite['rps']:.0f}x req/s" if lite["rps"]
-                     else "; LiteLLM completed no request within wrk's 10 s timeout")
-        print(line)
-    print(f"exporter alone: {record_rate():.0f} log lines/s parsed and counted on one core")
-    for name, lines in (("gateway (as deployed)", counted), ("gateway + datagram", counted_datagrams)):
+            parts.append(f"gateway / LiteLLM {fig[(GATEWAY, c)]['rps'] / lite['rps']:.0f}x req/s" if lite["rps"]
+                         else "LiteLLM completed no request within wrk's 10 s timeout")
+        print(f"c={c}: " + "; ".join(parts) + " (goals at 32: >= 0.6x, < 1 ms)")
+    for name, (counted, lines) in records.items():
         completed = sum(r["requests"] for c in CONNECTIONS for r in runs[(name, c)])
-        print(f"{name}: the exporter counted {lines:.0f} log lines for {completed:.0f} completed requests "
-              f"(wrk does not count the requests its stop cuts off, nginx logs them)")
+        print(f"{name}: /metrics counted {counted:.0f} requests and the usage files hold {lines} lines, for "
+              f"{completed:.0f} completed requests (wrk does not count the requests its stop cuts off, nginx does)")
 
 
 if __name__ == "__main__":
