@@ -683,6 +683,46 @@ def test_bad_json_or_missing_model_is_400(gw: NginxGateway, keys: dict[str, str]
     assert headers["content-type"] == "application/json"
 
 
+LONG = "x" * 300  # longer than gateway.lua's LONG_STRING: checked by gateway.lua, not read by cjson
+
+
+@pytest.mark.parametrize(("raw", "code", "message"), [
+    # A long string's escapes are cjson's to judge, with its own reason and position.
+    ('{"model": "deepseek-r1", "prompt": "' + LONG + '\\x"}', "invalid_json",
+     PARSE + "Expected value but found invalid escape code at character 337"),
+    ('{"model": "deepseek-r1", "prompt": "' + LONG + '\\ud800"}', "invalid_json",
+     PARSE + "Expected value but found invalid unicode escape code at character 337"),
+    ('{"model": "deepseek-r1", "prompt": "' + LONG + '"', "invalid_json",
+     PARSE + "Expected comma or object end but found the end of the body at character 338"),
+    ('{"model": "deepseek-r1", "prompt": "' + LONG, "invalid_json",
+     PARSE + "Expected value but found unexpected end of string at character 337"),
+    ('{"model": "deepseek-r1", "prompt": "' + LONG + '" x}', "invalid_json",
+     PARSE + "Expected comma or object end but found invalid token at character 339"),
+    ('{"model": "' + LONG + '", "prompt": "' + LONG + '"}', "model_not_found", None),
+    ('{"model": "", "prompt": "' + LONG + '"}', "missing_model", MISSING),
+    ('{"prompt": "' + LONG + '"}', "missing_model", MISSING),
+])
+def test_a_body_with_long_strings_is_judged_as_cjson_judges_it(gw: NginxGateway, keys: dict[str, str], raw: str,
+                                                               code: str, message: str | None) -> None:
+    status, _, out = gw.call("POST", "/v1/chat/completions", raw=raw.encode(), key=keys["default"])
+    assert (status, error_code(out)) == ({"model_not_found": 404}.get(code, 400), code)
+    if message is not None:
+        assert out["error"]["message"] == message
+
+
+@pytest.mark.parametrize("raw", [
+    '{"prompt": "' + LONG + '", "model": "deepseek-r1"}',
+    '{"messages": [{"role": "user", "content": "' + LONG + '\\n\\"q\\" \\\\ \\/ \\t\\b\\f\\r"}], "model": "deepseek-r1"}',
+    '{"model": "qwen3-30b-a3b", "m": "' + LONG + '\\u00e9", "model": "deepseek-r1"}',
+    '{"model": "qwen3-30b-a3b", "a": ["' + LONG + '", {"model": "x"}], "model": "deepseek-r1", "b": "' + LONG + '"}',
+    '{"' + LONG + '": 1, "model": "deepseek-r1"}',
+    '{"model": "deepseek-r1", "end": "' + LONG + '\\\\"}',
+])
+def test_long_strings_do_not_change_the_model_json_reads(gw: NginxGateway, keys: dict[str, str], raw: str) -> None:
+    status, _, out = gw.call("POST", "/v1/chat/completions", raw=raw.encode(), key=keys["default"])
+    assert (status, out["served_by"]) == (200, "reasoning-0"), out
+
+
 @pytest.mark.parametrize("raw", [
     b'{"model":"deepseek-r1"}', b'  {\n "model" : "deepseek-r1" }', b'{"model": "deepseek\\u002dr1"}',
     b'{"\\u006dodel": "deepseek-r1"}', b'{"model": "qwen3-30b-a3b", "model": "deepseek-r1"}',

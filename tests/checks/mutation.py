@@ -119,6 +119,10 @@ MUTANTS: list[Mutant] = [
            ("tests/test_gateway_budgets.py::test_one_count_per_key_for_every_worker",
             "tests/test_gateway_budgets.py::test_counts_outlive_a_reload"),
            "each nginx worker keeps its own counts (a key gets a budget per worker, and a fresh one on reload)"),
+    Mutant("long-string-escapes-unchecked", "components/planning/gateway.lua",
+           "                if not ESCAPES[c] then\n", "                if false then\n",
+           ("tests/test_gateway_nginx.py::test_a_body_with_long_strings_is_judged_as_cjson_judges_it",),
+           "a long string's bad escape or \\u escape passes unjudged: invalid JSON reaches a replica"),
     # --- alert thresholds ------------------------------------------------------------------------------
     Mutant("ttft-2s-to-4s", "components/spec/monitoring.py",
            "ttft_p95_seconds: float = Field(default=2.0, gt=0)", "ttft_p95_seconds: float = Field(default=4.0, gt=0)",
