@@ -97,7 +97,6 @@ local function json_text(s)
     end
     return s
 end
-M.json_text = json_text
 
 local function add(key, amount)
     local c = counts[key]
@@ -412,7 +411,7 @@ end
 
 -- Delete the daily files older than the retention, then the oldest while the rest exceed
 -- max_bytes; today's file is never deleted. Returns the names deleted, oldest first.
-function M.prune(today)
+local function prune(today)
     local days, err = usage_files()
     if not days then
         log_error(err)
@@ -452,13 +451,12 @@ local function flush()
     end
     merge_counts()
 end
-M.flush = flush
 
 local function tick(premature)
     flush()
     if cfg.usage_dir and not premature and ngx.worker.id() == 0 and ngx.now() - last_prune >= cfg.prune_seconds then
         last_prune = ngx.now()
-        for _, name in ipairs(M.prune(ngx.today())) do
+        for _, name in ipairs(prune(ngx.today())) do
             -- Not an error, but the operator's record going: said at the level nginx.conf logs.
             ngx.log(ngx.WARN, "llm-cluster gateway: deleted usage log ", name)
         end
@@ -566,7 +564,7 @@ local function series(keys, family)
 end
 
 -- Every metric in the Prometheus text format 0.0.4.
-function M.render()
+local function render()
     local by_family = {r = {}, f = {}, t = {}, h = {}}
     for _, key in ipairs(dict:get_keys(0)) do
         local family = by_family[sub(key, 1, 1)]
@@ -610,7 +608,7 @@ end
 -- content_by_lua of the metrics listener's /metrics.
 function M.serve()
     ngx.header["Content-Type"] = CONTENT_TYPE
-    ngx.print(M.render())
+    ngx.print(render())
 end
 
 return M
