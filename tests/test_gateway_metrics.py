@@ -113,6 +113,10 @@ def traffic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Traffic]:
             *[gw.call("GET", "/v1/models", key=keys["limited"]) for _ in range(3)],  # 200, 200, 429
         ]
         assert [s for s, _, _ in sent] == [200, 200, 200, 200, 200, 401, 401, 404, 403, 200, 200, 429]
+        # One nginx answers itself, before any Lua ran: a NUL in the path (its 400, as OpenAI JSON).
+        with socket.create_connection(("127.0.0.1", gw.port), timeout=WAIT) as raw:
+            raw.sendall(b"GET /v1/%00 HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
+            assert raw.recv(65536).startswith(b"HTTP/1.1 400 ")
         # A stream its client cuts after the first event: a 200, no tokens (they never came).
         conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=WAIT)
         conn.request("POST", "/v1/chat/completions?t=cut", json.dumps(
@@ -130,7 +134,7 @@ def traffic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Traffic]:
             r.kill()
         failed = [gw.call("POST", "/v1/chat/completions", {"model": R1}, keys["default"]) for _ in range(3)]
         assert [s for s, _, _ in failed] == [502, 502, 502]
-        requests = len(sent) + 1 + len(failed)
+        requests = len(sent) + 2 + len(failed)
         text = scrape(gw, requests)
         log = gw.log(at_least=requests)
         raw = "".join(f.read_text() for f in gw.usage_dir.glob("usage-*.log"))
@@ -142,6 +146,7 @@ def traffic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Traffic]:
 
 def test_requests_are_counted_by_key_id_routed_model_pool_and_status(traffic: Traffic) -> None:
     assert of(traffic.text, "llm_gateway_requests_total") == {
+        'llm_gateway_requests_total{key_id="",model="",pool="",status="400"}': 1,
         'llm_gateway_requests_total{key_id="",model="",pool="",status="401"}': 2,
         'llm_gateway_requests_total{key_id="analyst",model="",pool="",status="403"}': 1,
         'llm_gateway_requests_total{key_id="analyst",model="deepseek-r1",pool="reasoning",status="200"}': 1,
@@ -185,9 +190,9 @@ def test_tokens_come_from_the_responses_usage_json_and_stream(traffic: Traffic) 
 def test_durations_are_a_histogram_per_pool_and_every_line_is_counted(traffic: Traffic) -> None:
     got = samples(traffic.text)
     name = "llm_gateway_request_duration_seconds"
-    # Refused before routing (401, 403, 404, /v1/models, 429): pool "" (Prometheus drops empty labels).
+    # Refused before routing (400, 401, 403, 404, /v1/models, 429): pool "" (Prometheus drops empty labels).
     assert {pool: got[f'{name}_count{{pool="{pool}"}}'] for pool in ("chat", "reasoning", "")} == {
-        "chat": 4, "reasoning": 5, "": 7}
+        "chat": 4, "reasoning": 5, "": 8}
     for pool in ("chat", "reasoning", ""):
         buckets = {k: v for k, v in got.items() if k.startswith(f'{name}_bucket{{pool="{pool}",le=')}
         assert list(buckets) == [f'{name}_bucket{{pool="{pool}",le="{le}"}}' for le in (
