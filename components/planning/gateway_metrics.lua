@@ -185,10 +185,26 @@ end
 
 -- A field's value in a usage line: from just after `name` (which ends with `:` or `:"`) up to
 -- `stop` (`"` for strings; `,` or `}` for numbers). Returns the value and where the search goes on.
-local function field(line, name, from, stop)
+local function span(line, name, from, stop)
     local at = find(line, name, from, true) + #name
-    local to = find(line, stop, at, true)
+    return at, find(line, stop, at, true)
+end
+
+local function field(line, name, from, stop)
+    local at, to = span(line, name, from, stop)
     return sub(line, at, to - 1), to
+end
+
+-- A token count's digits (at most 15: exact in a double) as a number, nil for null; no string made.
+local function count(line, at, to)
+    if byte(line, at) == 110 then  -- null
+        return nil
+    end
+    local n = 0
+    for i = at, to - 1 do
+        n = n * 10 + byte(line, i) - 48
+    end
+    return n
 end
 
 -- The line with an unsafe path or model (the maps gave `"`, hence `"path":"""`) escaped here.
@@ -221,34 +237,38 @@ function M.record(charge)
     local model, pool
     model, at = field(line, '","model":"', at, '"')
     pool, at = field(line, '"pool":"', at, '"')
-    local status, upstream_status, request_time
+    local status
     status, at = field(line, '"status":', at, ",")
-    upstream_status, at = field(line, '"upstream_status":"', at, '"')
-    local events
-    events, at = field(line, '"events":', at, ",")
-    request_time, at = field(line, '"request_time":', at, ",")
-    local prompt, completion, total
-    prompt, at = field(line, '"prompt_tokens":', at, ",")
-    completion, at = field(line, '"completion_tokens":', at, ",")
-    prompt, completion = tonumber(prompt), tonumber(completion)
+    -- Only the strings the counts are keyed by are made; positions and numbers read in place.
+    local upstream_status, upstream_end = span(line, '"upstream_status":"', at, '"')
+    local request_time
+    request_time, at = field(line, '"request_time":', upstream_end, ",")
+    local prompt, completion
+    prompt, at = span(line, '"prompt_tokens":', at, ",")
+    prompt = count(line, prompt, at)
+    completion, at = span(line, '"completion_tokens":', at, ",")
+    completion = count(line, completion, at)
     if charge then
-        total = tonumber((field(line, '"total_tokens":', at, "}")))
-        local charged = charge(key_id, prompt, completion, total, tonumber(events))
+        local total = count(line, span(line, '"total_tokens":', at, "}"))
+        local events = tonumber((field(line, '"events":', upstream_end, ",")))
+        local charged = charge(key_id, prompt, completion, total, events)
         line = sub(line, 1, -2) .. ',"budget_tokens":' .. (charged or "null") .. "}"
     end
     nlines = nlines + 1
-    lines[nlines] = line .. "\n"
-    local day = sub(line, 10, 19)  -- {"time":"YYYY-MM-DD
-    if day ~= last_day then
+    lines[nlines] = line
+    -- {"time":"YYYY-MM-DD: the day of this line, the same as the last one's unless midnight passed.
+    if not last_day or find(line, last_day, 10, true) ~= 10 then
+        last_day = sub(line, 10, 19)
         ndays = ndays + 1
-        day_from[ndays], day_name[ndays], last_day = nlines, day, day
+        day_from[ndays], day_name[ndays] = nlines, last_day
     end
 
     if pool == "" then
         model = ""
     end
     add("r" .. key_id .. " " .. pool .. " " .. status .. " " .. model, 1)
-    if find(upstream_status, "5", 1, true) then
+    local five = find(line, "5", upstream_status, true)
+    if five and five < upstream_end then
         count_failures(pool)
     end
     if prompt then
@@ -304,13 +324,13 @@ local function write_lines()
     local written, lost = 0, 0
     for d = 1, days do
         local first, last = from[d], (from[d + 1] or n + 1) - 1
-        local err, wrote = append(names[d], concat(pending, "", first, last))
+        local err, wrote = append(names[d], concat(pending, "\n", first, last) .. "\n")
         if err then
             log_error(err)
             -- A line cut by a failed write is lost too: count the whole lines that made it.
             local kept, size = 0, 0
             for i = first, last do
-                size = size + #pending[i]
+                size = size + #pending[i] + 1
                 if size > wrote then
                     break
                 end
