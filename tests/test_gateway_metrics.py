@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+import components.planning.gateway as gateway_planning
 from components.planning.gateway import (
     LOG_FORMAT, METRICS_SOURCE, METRICS_ZONE, GatewayLayout, _lua_value, metrics_settings,
 )
@@ -403,3 +404,33 @@ def test_each_line_goes_to_the_file_of_its_own_day(tmp_path: Path) -> None:
     files = {f.name: [json.loads(x)["time"] for x in f.read_text().splitlines()] for f in usage.glob("usage-*.log")}
     shutil.rmtree(usage)
     assert files == {"usage-2026-11-30.log": [times[0], times[1], times[3]], "usage-2026-12-01.log": [times[2]]}
+
+
+def test_a_worker_writes_its_lines_once_it_holds_max_pending_without_waiting_for_its_timer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The timer an hour away: lines can only reach the file through the bound on what a worker holds.
+    monkeypatch.setattr(gateway_planning, "USAGE_FLUSH_SECONDS", 3600)
+    monkeypatch.setattr(gateway_planning, "USAGE_MAX_PENDING", 5)
+    gw, keys, pools = own(tmp_path)
+    # One keep-alive connection: one of the two workers serves every request and holds every line.
+    conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=WAIT)
+
+    def chat() -> int:
+        conn.request("POST", "/v1/chat/completions", body=json.dumps({"model": CHAT}),
+                     headers={"Authorization": f"Bearer {keys['default']}", "Content-Type": "application/json"})
+        response = conn.getresponse()
+        response.read()
+        return response.status
+
+    try:
+        assert [chat() for _ in range(5)] == [200] * 5
+        assert len(gw.log(at_least=5)) == 5
+        assert [chat() for _ in range(4)] == [200] * 4
+        # Held, not lost: the tenth line makes five again, and the five go out together.
+        assert len(gw.log()) == 5
+        assert chat() == 200
+        assert len(gw.log(at_least=10)) == 10
+    finally:
+        conn.close()
+        gw.stop()
+        kill_all(pools)

@@ -73,6 +73,8 @@ local counts, seen = {}, {}        -- shared-dict key -> amount to add; -> obser
 local hists = {}                   -- pool -> {bucket counts..., [n+1] = sum, [n+2] = count}
 local known = {}                   -- keys this worker found in the shared dict (no cap check again)
 local last_prune = 0
+local max_pending                  -- lines held before they are written without waiting for the timer
+local write_pending                -- defined with the writer below; record() calls it
 
 -- A JSON string's contents as nginx's escape=json writes them: " \ and control bytes escaped, the
 -- rest (UTF-8 or not) as sent. The loop is what LuaJIT compiles; string patterns it does not.
@@ -278,6 +280,9 @@ function M.record(charge)
         add("t" .. key_id .. " completion " .. model, completion)
     end
     observe(pool, tonumber(request_time) or 0)
+    if nlines >= max_pending then
+        write_pending()
+    end
 end
 
 local function log_error(...)
@@ -461,7 +466,8 @@ local function prune(today)
 end
 
 -- Write the lines, merge the counts; hourly (one worker), prune the old days.
-local function flush()
+-- The lines held, to their files, and what that made of them counted.
+write_pending = function()
     local written, lost = write_lines()
     if written > 0 then
         dict:incr(LINES, written, 0)
@@ -469,6 +475,10 @@ local function flush()
     if lost > 0 then
         dict:incr(WRITE_ERRORS, lost, 0)
     end
+end
+
+local function flush()
+    write_pending()
     merge_counts()
 end
 
@@ -487,6 +497,7 @@ end
 function M.start(settings)
     cfg = settings
     field_max = settings.field_max
+    max_pending = settings.max_pending
     dict = ngx.shared[settings.zone]
     bounds, nbounds = {}, #settings.buckets
     for i, bucket in ipairs(settings.buckets) do
