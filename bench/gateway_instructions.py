@@ -89,7 +89,7 @@ def wrk(url: str, seconds: int, script: Path) -> tuple[int, int]:
 def instructions(nginx: DeployedNginx, root: Path, conf: str, script: Path) -> tuple[float, int, int]:
     """Instructions per request of one nginx process under callgrind, the requests measured, the non-2xx."""
     port = free_port()
-    conf = re.sub(r"listen 127\.0\.0\.1:\d+;", f"listen 127.0.0.1:{port};", conf)
+    conf = re.sub(r"listen 127\.0\.0\.1:\d+;", f"listen 127.0.0.1:{port};", conf, count=1)  # not the metrics listener
     (root / "cg.conf").write_text(conf)
     out = root / "callgrind.out"
     proc = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--instr-atstart=no",
