@@ -41,7 +41,7 @@ from components.planning.gateway import GatewayLayout, key_digests, key_ids, ren
 from components.spec import StackSpec, load_stack_config  # noqa: E402
 from plan.stackfile import load_stack_file  # noqa: E402
 from plan.cli import run as run_cli  # noqa: E402
-from tests.deployed_nginx import LIBDIRS, LOADER, DeployedNginx, deployed_nginx  # noqa: E402
+from tests.deployed_nginx import DeployedNginx, deployed_nginx  # noqa: E402
 from tests.support import free_port, free_ports  # noqa: E402
 
 KEY = "sk-bench-0123456789abcdef"
@@ -79,7 +79,7 @@ def bench_spec(budget: bool = False) -> StackSpec:
 def start_nginx(nginx: DeployedNginx, root: Path, conf: str, port: int) -> subprocess.Popen[bytes]:
     """nginx in the foreground with this config under `root`, once it listens on `port`."""
     (root / "nginx.conf").write_text(conf)
-    proc = subprocess.Popen([*nginx_argv(nginx), "-p", str(root), "-c", str(root / "nginx.conf"),
+    proc = subprocess.Popen([*nginx.argv, "-p", str(root), "-c", str(root / "nginx.conf"),
                              "-g", "daemon off;"], stderr=subprocess.PIPE)
     for _ in range(200):
         if proc.poll() is not None:
@@ -136,8 +136,7 @@ def write_gateway(nginx: DeployedNginx, spec: StackSpec, root: Path, up: int) ->
     (root / "digests.json").write_text(key_digests({"default": KEY}, key_ids(spec)))
     layout = GatewayLayout(
         port=port, listen_address="127.0.0.1", conf_dir=str(root),
-        load_modules=(str(nginx.ndk_module), str(nginx.lua_module)),
-        lua_path=nginx.lua_package_path, lua_cpath=nginx.lua_package_cpath,
+        **nginx.layout_fields(),  # type: ignore[arg-type]
         digests_file=str(root / "digests.json"), pid_file=str(root / "pid"),
         error_log=str(root / "error.log"), usage_dir=str(root / "usage"), metrics_listen=f"127.0.0.1:{metrics}",
         temp_dir=str(root / "tmp"), user=None, worker_processes="1")
@@ -155,14 +154,6 @@ def start_gateway(nginx: DeployedNginx, spec: StackSpec, root: Path, up: int) ->
     """The generated gateway started; its port and its metrics port."""
     port, metrics = write_gateway(nginx, spec, root, up)
     return start_nginx(nginx, root, (root / "nginx.conf").read_text(), port), port, metrics
-
-
-def nginx_argv(nginx: DeployedNginx) -> list[str]:
-    """The nginx binary itself started by its release's loader (valgrind, too, must start the binary:
-    it stops instrumenting at the launcher script's exec)."""
-    tree = nginx.dir / "root"
-    return [str(tree / LOADER), "--library-path", ":".join(str(tree / d) for d in LIBDIRS),
-            str(tree / "usr/sbin/nginx")]
 
 
 def recorded(metrics_port: int, usage_dir: Path) -> tuple[float, int]:

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.gateway import (  # noqa: E402
-    BODY, KEY, REPLY, bench_spec, label, nginx_argv, simple_conf, write_gateway,
+    BODY, KEY, REPLY, bench_spec, label, simple_conf, write_gateway,
 )
 from plan.cli import run as run_cli  # noqa: E402
 from tests.deployed_nginx import DeployedNginx, deployed_nginx  # noqa: E402
@@ -93,7 +93,7 @@ def instructions(nginx: DeployedNginx, root: Path, conf: str, script: Path) -> t
     (root / "cg.conf").write_text(conf)
     out = root / "callgrind.out"
     proc = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--instr-atstart=no",
-                             *nginx_argv(nginx), "-p", str(root), "-c", str(root / "cg.conf"),
+                             *nginx.argv, "-p", str(root), "-c", str(root / "cg.conf"),
                              "-g", "daemon off; master_process off;"],
                             stdout=subprocess.DEVNULL, stderr=open(root / "valgrind.log", "wb"))
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
@@ -141,7 +141,7 @@ def main() -> None:
         reply = REPLY.replace("'", "")
         (base / "replica/nginx.conf").write_text(simple_conf(base / "replica", up,
                                                              f"default_type application/json; return 200 '{reply}';"))
-        replica = subprocess.Popen([*nginx_argv(nginx), "-p", str(base / "replica"),
+        replica = subprocess.Popen([*nginx.argv, "-p", str(base / "replica"),
                                     "-c", str(base / "replica/nginx.conf"), "-g", "daemon off;"],
                                    stderr=subprocess.DEVNULL)
         rows: list[tuple[str, float, int, int]] = []

@@ -16,6 +16,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -60,6 +61,23 @@ class DeployedNginx:
     """Package -> version of every .deb unpacked (the pinned ones and their dependencies)."""
     sources: dict[str, str]
     """Pinned package -> where it came from: "archive" or "snapshot"."""
+
+    @property
+    def argv(self) -> list[str]:
+        """The nginx binary itself on its release's loader: what bin/nginx execs, for a tool that
+        must start the binary (valgrind stops instrumenting at the launcher script's exec)."""
+        return binary_argv(self.dir / "root")
+
+    def layout_fields(self) -> dict[str, object]:
+        """GatewayLayout's fields for this tree's modules and Lua libraries."""
+        return {"load_modules": (str(self.ndk_module), str(self.lua_module)),
+                "lua_path": self.lua_package_path, "lua_cpath": self.lua_package_cpath}
+
+
+def binary_argv(root: Path) -> list[str]:
+    """The unpacked release's nginx started by its own loader and libraries."""
+    return [str(root / LOADER), "--library-path", ":".join(str(root / d) for d in LIBDIRS),
+            str(root / "usr/sbin/nginx")]
 
 
 def cache_dir() -> Path:
@@ -199,9 +217,8 @@ def _fetch(build: Path) -> None:
     (build / "bin").mkdir()
     launcher = build / "bin" / "nginx"
     final = cache_dir()
-    libs = ":".join(str(final / "root" / d) for d in LIBDIRS)
     launcher.write_text("#!/bin/sh\n# trixie's nginx on its own loader and libraries (tests/deployed_nginx.py).\n"
-                        f'exec {final / "root" / LOADER} --library-path {libs} {final / "root/usr/sbin/nginx"} "$@"\n')
+                        f'exec {shlex.join(binary_argv(final / "root"))} "$@"\n')
     launcher.chmod(0o755)
     shutil.rmtree(work)
     (build / MANIFEST).write_text(json.dumps({"image": GATEWAY_IMAGE, "packages": packages, "sources": sources},

@@ -6,6 +6,7 @@ import hashlib
 import http.server
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import threading
@@ -57,6 +58,8 @@ def test_the_tests_run_the_nginx_and_lua_module_the_image_pins() -> None:
     root = found.dir / "root"
     # What nginx.conf names is the image's paths under the unpacked root.
     assert f"{root}/usr/sbin/nginx" in found.nginx.read_text()
+    # The launcher runs the very argv the benches start valgrind with.
+    assert found.nginx.read_text().splitlines()[-1] == f'exec {shlex.join(found.argv)} "$@"'
     assert (found.ndk_module, found.lua_module) == (root / "usr/lib/nginx/modules/ndk_http_module.so",
                                                     root / "usr/lib/nginx/modules/ngx_http_lua_module.so")
     assert (MODULES_DIR, NDK_MODULE, LUA_MODULE) == ("/usr/lib/nginx/modules", "ndk_http_module.so",

@@ -59,9 +59,7 @@ def nginx_binary() -> str:
 
 def lua_layout() -> dict[str, Any]:
     """GatewayLayout's fields for the deployed tree's modules and Lua libraries."""
-    found = deployed()
-    return {"load_modules": (str(found.ndk_module), str(found.lua_module)),
-            "lua_path": found.lua_package_path, "lua_cpath": found.lua_package_cpath}
+    return deployed().layout_fields()
 
 
 # --- fake vLLM replicas -----------------------------------------------------------------------
