@@ -73,7 +73,7 @@ def without_lua(conf: str) -> str:
                r"        location = /v1/completions",
                pool.group(1).replace(FILTER, "") + "        }\n        location = /v1/completions", conf)
     conf = sub(re.escape(KEY_ID), "", conf)
-    conf = sub(r'    map "" \$llm_key_id \{ default ""; \}\n',
+    conf = sub(r"    map \"\" \$llm_key_id \{ default ''; \}\n",
                f'    map $http_authorization $llm_key_id {{\n        default "";\n        "Bearer {KEY}" default;\n    }}\n',
                conf)
     return without_record(conf)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from components.planning.gateway import (
-    DIGESTS_FILE, ERRORS, GatewayLayout, concurrency_zones, container_layout, exposed_paths, gateway_files,
+    DIGESTS_FILE, ERRORS, LOG_FORMAT, GatewayLayout, concurrency_zones, container_layout, exposed_paths, gateway_files,
     healthcheck_probe, key_digests, key_ids, keyless_probe, keys_delete_script, keys_script, nginx_conf, nginx_rate,
     rate_zones, readiness_script, render_gateway, reset_interval, retry_after_seconds, routes, routes_table,
     upstream_servers,
@@ -92,9 +92,12 @@ def test_reference_pool_locations_stream_retry_before_any_byte_and_use_the_pools
             "proxy_next_upstream_tries 3;", f"proxy_next_upstream_timeout {timeout}s;"]
         assert not any(line.startswith("rewrite") for line in body)
         assert body[-1] == 'body_filter_by_lua_block { require("gateway").usage() }'
+    # Each routed path to its endpoint (a path route's prefix dropped); nothing else is routed.
     assert block(conf, "map $uri $llm_upstream_uri") == [
-        "~(?<llm_endpoint>/v1/(?:chat/completions|completions|embeddings))$ $llm_endpoint;",
-        "default /v1/unrouted;"]
+        "default /v1/unrouted;",
+        "/v1/chat/completions /v1/chat/completions;", "/v1/completions /v1/completions;",
+        "/v1/embeddings /v1/embeddings;", "/smart/v1/chat/completions /v1/chat/completions;",
+        "/smart/v1/completions /v1/completions;", "/smart/v1/embeddings /v1/embeddings;"]
     # What nginx does in C, so that Lua does no string work for it: the pool a path route pins (exact
     # paths: routing endpoints only).
     assert block(conf, "map $uri $llm_pin") == [
@@ -143,13 +146,14 @@ def test_reference_loads_the_lua_module_reads_its_tables_once_and_declares_the_r
     # Declared with their defaults (a map: kept across ngx.exec and error pages, no "uninitialized"
     # warning for a request that never reached the rewrite phase), and named once so ngx.var may set them.
     assert [line for line in http if line.startswith('map "" ') and "$llm_usage_line" not in line] == [
-        'map "" $llm_key_id { default ""; }', 'map "" $llm_model { default ""; }', 'map "" $llm_pool { default ""; }',
-        'map "" $llm_body { default ""; }', 'map "" $llm_events { default "0"; }',
-        'map "" $llm_prompt_tokens { default "null"; }', 'map "" $llm_completion_tokens { default "null"; }',
-        'map "" $llm_total_tokens { default "null"; }']
+        "map \"\" $llm_key_id { default ''; }", "map \"\" $llm_model { default ''; }",
+        "map \"\" $llm_pool { default ''; }", "map \"\" $llm_body { default ''; }", "map \"\" $llm_events { default '0'; }",
+        # The usage line's three token fields in one variable: the usage filter sets it once.
+        """map "" $llm_usage_counts { default '"prompt_tokens":null,"completion_tokens":null,"total_tokens":null'; }""",
+        # A routed request's id is gateway.lua's; nginx's own (drawn from OpenSSL) for the others.
+        "map \"\" $llm_request_id { default '$request_id'; }"]
     assert ("log_format llm_request_variables '$llm_key_id $llm_model $llm_pool $llm_body $llm_events "
-            "$llm_prompt_tokens $llm_completion_tokens $llm_total_tokens';"
-            in http)
+            "$llm_usage_counts $llm_request_id';" in http)
     # The key id is computed in the server's rewrite phase, before any location's `if` or limit reads it.
     server = block("\n".join(conf), "server")
     assert server[5] == 'set_by_lua_block $llm_key_id { return require("gateway").key_id() }'
@@ -181,10 +185,11 @@ def test_usage_log_and_metrics_are_kept_by_lua_in_the_log_phase_at_http_level(pr
     assert http.index('log_by_lua_block { require("gateway_metrics").record() }') < http.index("server {")
     assert "lua_shared_dict llm_metrics 5262k;" in conf
     assert "syslog" not in gateway_files(prod_spec)["nginx.conf"]
-    # The client's path and model go into the line as they are when JSON needs no escape in them.
-    assert conf[conf.index("map $request_uri $llm_log_path {") + 1:][:2] == [
-        '"~^(?<llm_path_head>[^\\"\\\\\\\\\\x00-\\x1f]{0,256})[^\\"\\\\\\\\\\x00-\\x1f]*\\z" $llm_path_head;',
-        "default '\"';"]
+    # nginx composes the line; the client's path goes in as it came (the line's last field: Lua cuts
+    # and escapes it), the model as gateway.lua logs it. No regular expression runs for the line.
+    assert [line for line in http if "$llm_usage_line" in line] == [f"map \"\" $llm_usage_line {{ default '{LOG_FORMAT}'; }}"]
+    assert LOG_FORMAT.endswith(',"path":"$request_uri"}') and "$llm_model" in LOG_FORMAT
+    assert not [line for line in conf if line.startswith("map $request_uri $llm_log")]
 
 
 def test_metrics_are_served_by_nginx_on_the_cluster_address_apart_from_the_api(config: dict[str, Any]) -> None:

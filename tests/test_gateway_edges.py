@@ -190,6 +190,24 @@ def test_a_huge_model_name_is_cut_in_the_log_and_its_line_still_written(
     assert json.loads(mine[0])["model"] == "m" * 256 and len(mine[0]) < 2048
 
 
+def test_a_long_path_is_cut_in_the_log_and_escaped_there(gw_keys: tuple[NginxGateway, dict[str, str]]) -> None:
+    """The path goes into the line as the client sent it, last; Lua cuts it to 256 bytes and escapes
+    what JSON must (here a quote and a backslash inside the kept part, a newline-free tail cut off)."""
+    gw, keys = gw_keys
+    for marker, tail in (("long", "p" * 400), ("longodd", 'a"b\\c' + "q" * 400)):
+        path = f"/v1/chat/completions?t={marker}&q={tail}"
+        assert gw.call("POST", path, {"model": CHAT}, keys["default"])[0] == 200
+        deadline = time.monotonic() + WAIT
+        mine: list[str] = []
+        while not mine and time.monotonic() < deadline:
+            mine = [line for f in gw.usage_dir.glob("usage-*.log") for line in f.read_text().splitlines()
+                    if f"?t={marker}&" in line]
+            time.sleep(0.05)
+        logged = json.loads(mine[0])
+        assert logged["path"] == path[:256] and logged["model"] == CHAT and logged["status"] == 200
+        assert logged["completion_tokens"] is not None
+
+
 def test_tls_port_answers_plain_http_with_openai_json(tmp_path: Path) -> None:
     config = gateway_config(tls=True, port=443)
     config["llm-cluster:gatewayTlsCert"] = config["llm-cluster:gatewayTlsKey"] = "[secret]"

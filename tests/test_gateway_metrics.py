@@ -13,6 +13,7 @@ import datetime
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -28,7 +29,7 @@ import pytest
 
 import components.planning.gateway as gateway_planning
 from components.planning.gateway import (
-    LOG_FORMAT, METRICS_SOURCE, METRICS_ZONE, GatewayLayout, _lua_value, metrics_settings,
+    LOG_FORMAT, METRICS_SOURCE, METRICS_ZONE, NO_USAGE_COUNTS, GatewayLayout, _lua_value, metrics_settings,
 )
 from components.spec import load_stack_config
 from tests.test_gateway_nginx import (
@@ -36,7 +37,7 @@ from tests.test_gateway_nginx import (
 )
 from tests.support import tool
 
-LINE_FIELDS = [field.split('"')[1] for field in LOG_FORMAT.strip("{}").split(",")]
+LINE_FIELDS = re.findall(r'"(\w+)":', LOG_FORMAT.replace("$llm_usage_counts", NO_USAGE_COUNTS))
 
 
 def samples(text: str) -> dict[str, float]:
@@ -211,10 +212,12 @@ def test_durations_are_a_histogram_per_pool_and_every_line_is_counted(traffic: T
 
 def test_every_request_has_its_usage_line_with_todays_fields(traffic: Traffic) -> None:
     assert len(traffic.log) == traffic.requests
+    # In the order gateway_metrics.lua reads them (the client's path last): a JSON object's members
+    # have none for its readers.
     assert LINE_FIELDS == [
-        "time", "request_id", "key_id", "method", "path", "model", "pool", "upstream", "status", "upstream_status",
-        "completed", "events", "request_time", "upstream_time", "request_bytes", "response_bytes",
-        "prompt_tokens", "completion_tokens", "total_tokens"]
+        "time", "request_id", "key_id", "pool", "status", "request_time", "prompt_tokens", "completion_tokens",
+        "total_tokens", "events", "upstream_status", "model", "method", "upstream", "completed", "upstream_time",
+        "request_bytes", "response_bytes", "path"]
     assert all(list(line) == LINE_FIELDS for line in traffic.log)
     cut = next(line for line in traffic.log if line["path"] == "/v1/chat/completions?t=cut")
     assert (cut["status"], cut["completed"], cut["completion_tokens"]) == (200, "", None) and cut["events"] >= 1
@@ -383,6 +386,7 @@ def test_each_line_goes_to_the_file_of_its_own_day(tmp_path: Path) -> None:
             "model": CHAT, "pool": "chat", "upstream": "127.0.0.1:1", "status": 200, "upstream_status": "200",
             "completed": "OK", "events": 0, "request_time": 0.01, "upstream_time": "0.01", "request_bytes": 10,
             "response_bytes": 20, "prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
+    line = {name: line[name] for name in LINE_FIELDS}  # record() reads the fields by position
     times = ["2026-11-30T23:59:59+00:00", "2026-11-30T23:59:59+00:00", "2026-12-01T00:00:00+00:00",
              "2026-11-30T23:59:59+00:00"]  # the last: a long request logged after midnight, of the day before
     try:

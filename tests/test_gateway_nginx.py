@@ -13,6 +13,7 @@ import contextlib
 import functools
 import http.client
 import json
+import re
 import shutil
 import socket
 import ssl
@@ -770,6 +771,25 @@ def test_replicas_never_see_the_clients_key(gw: NginxGateway, keys: dict[str, st
     received = [r for rep in by_name(replicas).values() for r in rep.requests]
     assert received and not any("authorization" in {h.lower() for h in r["headers"]} for r in received)
     assert all(r["headers"].get("X-Request-Id") for r in received)
+
+
+def test_each_request_has_its_own_id_the_replica_and_the_usage_line_share(
+        gw: NginxGateway, keys: dict[str, str], replicas: dict[str, list[FakeReplica]]) -> None:
+    """A routed request's id is gateway.lua's (a worker's random prefix and a count), one the
+    refused requests get from nginx: 32 lowercase hex digits either way, never the same twice."""
+    hexid = re.compile(r"[0-9a-f]{32}")
+    sent = {}
+    for i in range(6):  # fresh connections: both workers take some
+        marker = f"rid{i}"
+        assert gw.call("POST", f"/v1/chat/completions?t={marker}", {"model": CHAT}, keys["default"])[0] == 200
+        got = [r["headers"]["X-Request-Id"] for rep in by_name(replicas).values() for r in rep.requests
+               if r["path"] == "/v1/chat/completions?t=" + marker]
+        assert len(got) == 1 and hexid.fullmatch(got[0]), got
+        sent[marker] = got[0]
+    assert gw.call("POST", "/v1/chat/completions?t=rid-refused", {"model": CHAT}, "sk-not-a-key")[0] == 401
+    logged = {marker: log_line(gw, marker)["request_id"] for marker in [*sent, "rid-refused"]}
+    assert {m: logged[m] for m in sent} == sent
+    assert hexid.fullmatch(logged["rid-refused"]) and len(set(logged.values())) == len(logged)
 
 
 # --- streaming and usage ------------------------------------------------------------------------

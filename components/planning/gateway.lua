@@ -23,6 +23,7 @@ EVP_MD_CTX *EVP_MD_CTX_new(void);
 int EVP_DigestInit_ex2(EVP_MD_CTX *ctx, const EVP_MD *type, const void *params);
 int EVP_DigestUpdate(EVP_MD_CTX *ctx, const void *d, size_t cnt);
 int EVP_DigestFinal_ex(EVP_MD_CTX *ctx, unsigned char *md, unsigned int *s);
+int RAND_bytes(unsigned char *buf, int num);
 ]]
 local C = ffi.C  -- nginx links libcrypto (OpenSSL 3): its sha256, no Lua library needed
 -- Fetched once and one context reused (a worker runs one request's Lua at a time, and key_id never
@@ -33,11 +34,12 @@ local md_ctx = C.EVP_MD_CTX_new()
 assert(SHA256 ~= nil and md_ctx ~= nil, "libcrypto: no SHA256")
 local digest = ffi.new("unsigned char[32]")
 local ffi_string = ffi.string
+local json_text = require("gateway_metrics").json_text  -- nginx's escape=json, as the usage line's path
 
 local ngx = ngx
 local var = ngx.var
 local byte, sub, find, concat = string.byte, string.sub, string.find, table.concat
-local bor = bit.bor
+local bor, tohex = bit.bor, bit.tohex
 
 -- JSON only: NaN, Infinity and hex numbers are refused as JSON.parse and the engines' parsers do.
 cjson.decode_invalid_numbers(false)
@@ -45,12 +47,12 @@ cjson.decode_invalid_numbers(false)
 local LOG_FIELD_MAX = 256  -- gateway.py LOG_FIELD_MAX
 -- A usage object longer than this is not one an engine sends: it is not carried on to be finished.
 local USAGE_WINDOW = 400
--- The counts read from a response's `usage`, each into $llm_<name> (gateway.py USAGE_COUNTS).
+-- The counts read from a response's `usage` (gateway.py USAGE_COUNTS), as the usage line's fields.
 local COUNT_KEYS = {'"prompt_tokens"', '"completion_tokens"', '"total_tokens"'}
-local COUNT_VARS = {"llm_prompt_tokens", "llm_completion_tokens", "llm_total_tokens"}
 
 local M = {}
 local routes
+local has_allowlists  -- whether any key has one (routes.allow)
 local keys = {}  -- raw 32-byte sha256 -> key id
 
 local function read(path)
@@ -68,6 +70,7 @@ end
 -- unreadable file stops nginx from starting (`nginx -t` says which), never a gateway without keys.
 function M.init(routes_file, digests_file)
     routes = assert(cjson.decode(read(routes_file)), routes_file .. ": not JSON")
+    has_allowlists = next(routes.allow) ~= nil
     if routes.auth then
         local digests = assert(cjson.decode(read(digests_file)), digests_file .. ": not JSON")
         for hex, id in pairs(digests) do
@@ -109,6 +112,27 @@ function M.key_id()
     C.EVP_DigestUpdate(md_ctx, key, #key)
     C.EVP_DigestFinal_ex(md_ctx, digest, nil)
     return keys[ffi_string(digest, 32)] or ""
+end
+
+-- The id of a routed request ($llm_request_id: the usage line's, and X-Request-Id to the replica),
+-- 32 hex digits as nginx's $request_id: 96 random bits drawn once per worker, then a count. nginx's
+-- own draws 128 bits per request from OpenSSL's generator (3.0k instructions and a getpid() system
+-- call, for its fork check) where this is a counter's increment; the requests the gateway refuses
+-- before routing keep nginx's (the variable's default). Unique, not secret: nothing trusts it.
+local id_prefix, id_count
+local function request_id()
+    if not id_prefix or id_count == 0xffffffff then
+        -- Drawn in the worker (never in the master: every worker would share it), again after 2^32.
+        local random = ffi.new("unsigned char[12]")
+        assert(C.RAND_bytes(random, 12) == 1, "libcrypto: RAND_bytes failed")
+        local hex = {}
+        for i = 0, 11 do
+            hex[i + 1] = tohex(random[i], 2)
+        end
+        id_prefix, id_count = concat(hex), -1
+    end
+    id_count = id_count + 1
+    return id_prefix .. tohex(id_count, 8)
 end
 
 -- A JSON string. cjson writes '/' as '\/': every backslash before a '/' in its output is that
@@ -269,6 +293,9 @@ local LONG_STRING = 256
 -- \u escape in a long string (surrogate pairs), a bad escape, an unterminated string. Every search
 -- moves forward: linear in the body whatever its strings.
 local function skeleton(s)
+    if #s < LONG_STRING + 2 then
+        return s  -- no string that long fits: cjson reads the body as it is (2.9k instructions spared)
+    end
     if find(s, "\0", 1, true) then
         return nil
     end
@@ -342,9 +369,8 @@ function M.route()
     if type(model) ~= "string" or model == "" then
         return fail(400, "You must provide a model parameter (a string).", "missing_model", "model")
     end
-    -- The log line stays short whatever the client sends: the logged name is cut.
-    var.llm_model = log_field(model)
-    local id = var.llm_key_id
+    -- As the usage line holds it: cut (the line stays short whatever the client sends) and escaped.
+    var.llm_model = json_text(log_field(model))
     local fixed = var.llm_pin  -- the pool a path route pins, '' under /v1/ (nginx's map)
     if fixed == "" then
         fixed = nil
@@ -355,9 +381,11 @@ function M.route()
     if not entry or (fixed and not entry[2][fixed]) then
         local prefix = prefix_of(var.uri)
         return fail(404, "The model '" .. model .. "' does not exist under " .. prefix .. ". Available models: "
-                    .. concat(visible_names(prefix, id), ", "), "model_not_found", "model")
+                    .. concat(visible_names(prefix, var.llm_key_id), ", "), "model_not_found", "model")
     end
-    local allow = routes.allow[id]
+    -- The key id only where a key has an allowlist (each ngx.var read costs ~0.6k instructions).
+    local id = has_allowlists and var.llm_key_id
+    local allow = id and routes.allow[id]
     if allow and not allow[model] then
         return fail(403, "The API key '" .. id .. "' may not use the model '" .. model .. "'. Allowed models: "
                     .. concat(visible_names(prefix_of(var.uri), id), ", "), "model_not_allowed", "model")
@@ -373,6 +401,7 @@ function M.route()
         -- An alias: the engine only knows its served names, so the body goes out with the real one.
         var.llm_body = with_model(raw, rewrite)
     end
+    var.llm_request_id = request_id()
     return ngx.exec(location)
 end
 
@@ -431,11 +460,12 @@ local function read_counts(buf, u, close)
     if byte(buf, open) ~= 123 then
         return
     end
-    for i = 1, 3 do
-        local digits = count_in(buf, COUNT_KEYS[i], open, close)
-        if digits then
-            var[COUNT_VARS[i]] = digits
-        end
+    local prompt = count_in(buf, COUNT_KEYS[1], open, close)
+    local completion = count_in(buf, COUNT_KEYS[2], open, close)
+    local total = count_in(buf, COUNT_KEYS[3], open, close)
+    if prompt or completion or total then
+        var.llm_usage_counts = COUNT_KEYS[1] .. ":" .. (prompt or "null") .. "," .. COUNT_KEYS[2] .. ":"
+            .. (completion or "null") .. "," .. COUNT_KEYS[3] .. ":" .. (total or "null")
     end
 end
 
@@ -486,10 +516,14 @@ function M.usage()
         end
     end
     local keep = n
-    local u, f = nil, find(buf, '"usage"', 1, true)
+    -- The last `"usage"`, found by its letters: a search for a quote stops at every quote (1.5k
+    -- instructions a JSON response more).
+    local u, f = nil, find(buf, 'usage"', 2, true)
     while f do
-        u = f
-        f = find(buf, '"usage"', f + 7, true)
+        if byte(buf, f - 1) == 34 then
+            u = f - 1
+        end
+        f = find(buf, 'usage"', f + 6, true)
     end
     if u then
         local close = find(buf, "}", u, true)

@@ -454,26 +454,33 @@ def _error_locations(max_body_mib: int, budgets: bool) -> list[str]:
 
 
 LOG_FORMAT = (
-    '{"time":"$time_iso8601","request_id":"$request_id","key_id":"$llm_key_id",'
-    '"method":"$request_method","path":"$llm_log_path","model":"$llm_log_model","pool":"$llm_pool",'
-    '"upstream":"$upstream_addr","status":$status,"upstream_status":"$upstream_status",'
-    '"completed":"$request_completion","events":$llm_events,'
-    '"request_time":$request_time,"upstream_time":"$upstream_response_time",'
-    '"request_bytes":$request_length,"response_bytes":$bytes_sent,'
-    '"prompt_tokens":$llm_prompt_tokens,"completion_tokens":$llm_completion_tokens,'
-    '"total_tokens":$llm_total_tokens}'
+    '{"time":"$time_iso8601","request_id":"$llm_request_id","key_id":"$llm_key_id","pool":"$llm_pool",'
+    '"status":$status,"request_time":$request_time,$llm_usage_counts,"events":$llm_events,'
+    '"upstream_status":"$upstream_status","model":"$llm_model","method":"$request_method",'
+    '"upstream":"$upstream_addr","completed":"$request_completion","upstream_time":"$upstream_response_time",'
+    '"request_bytes":$request_length,"response_bytes":$bytes_sent,"path":"$request_uri"}'
 )
 """One JSON object per request. Token counts are JSON numbers, or null when the response had no usage.
 `completed` is "OK" when the whole response reached the client and "" when it was cut (the client
 went away mid-stream, or the replica died mid-answer); `events` counts the stream events the client
 was sent, so a cut stream still says what it was served. Client-chosen fields (path, model) are
-cut to LOG_FIELD_MAX bytes so that a line stays short, and JSON-escaped. With token budgets,
-gateway_metrics.lua adds "budget_tokens" (the tokens charged; null: none) at the end."""
+cut to LOG_FIELD_MAX bytes so that a line stays short, and JSON-escaped: the model by gateway.lua
+as it routes, the path by gateway_metrics.lua. With token budgets, gateway_metrics.lua adds
+"budget_tokens" (the tokens charged; null: none) at the end.
+
+nginx composes the line in C ($llm_usage_line) and gateway_metrics.lua record() reads it once and
+takes the metrics' labels and counts from it by position, so the order is part of the contract
+between the two: the fields it reads first, in this order (each found by a search for the one byte
+that ends it: a search for a field's name would stop at every quote before it); the path, the
+client's own bytes, last, so that every byte before it is nginx's or the gateway's."""
 
 # Client-controlled text in a log line is cut to this many characters (a line stays < 2 KiB).
 LOG_FIELD_MAX = 256
 # The token counts of a response's `usage` object, each a log field `<kind>_tokens`.
 USAGE_COUNTS = ("prompt", "completion", "total")
+# $llm_usage_counts, the three fields as the usage line holds them, until the usage filter reads a
+# response's counts (one variable: each ngx.var write costs the filter ~0.6k instructions).
+NO_USAGE_COUNTS = ",".join(f'"{kind}_tokens":null' for kind in USAGE_COUNTS)
 # Attempts per request (first + retries), so one request that makes every replica fail cannot take
 # a whole large pool out of service.
 MAX_TRIES = 3
@@ -503,7 +510,7 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
     if layout.user:
         out.append(f"user {layout.user};")
     out += [f"worker_processes {layout.worker_processes};",
-            # Every regular expression of the maps compiled to machine code (log fields, usage counts).
+            # The one regular expression (the Allow map of 405 answers) compiled to machine code.
             "pcre_jit on;",
             f"pid {layout.pid_file};",
             f"error_log {layout.error_log} warn;",
@@ -629,7 +636,7 @@ def _lua_directives(spec: StackSpec, layout: GatewayLayout) -> list[str]:
 # The variables the request path sets (ngx.var, set_by_lua) and the log phase reads, with the
 # value a request has until then.
 REQUEST_VARIABLES = {"llm_key_id": "", "llm_model": "", "llm_pool": "", "llm_body": "", "llm_events": "0",
-                     **{f"llm_{kind}_tokens": "null" for kind in USAGE_COUNTS}}
+                     "llm_usage_counts": NO_USAGE_COUNTS, "llm_request_id": "$request_id"}
 
 
 def _request_variables() -> list[str]:
@@ -639,7 +646,7 @@ def _request_variables() -> list[str]:
     in a request that never reached the rewrite phase (a 408 on headers), where a `set` variable
     would be "uninitialized": no value, and a warning per request in the error log."""
     return ["    # What gateway.lua sets for the log phase: a default in every request, kept across redirects.",
-            *(f'    map "" ${name} {{ default "{value}"; }}' for name, value in REQUEST_VARIABLES.items()),
+            *(f"    map \"\" ${name} {{ default '{value}'; }}" for name, value in REQUEST_VARIABLES.items()),
             # ngx.var assigns only a variable nginx has indexed, i.e. one a directive names: this
             # format, never written, names every one of them whatever the log phase reads.
             f"    log_format llm_request_variables '{' '.join(f'${name}' for name in REQUEST_VARIABLES)}';"]
@@ -694,23 +701,12 @@ def metrics_settings(spec: StackSpec, layout: GatewayLayout) -> dict[str, object
     return settings
 
 
-# Client text as it may stand in a JSON string unescaped: no `"`, `\` or control byte (nginx.conf spelling).
-_JSON_SAFE = r'[^\"\\\\\x00-\x1f]'
-
-
 def _usage_directives(spec: StackSpec, layout: GatewayLayout) -> list[str]:
     """The usage record and the metrics (gateway_metrics.lua) at http level: every request is recorded,
-    refusals and nginx's own errors too. nginx composes the line (LOG_FORMAT) in C; Lua keeps it and
-    the counts in the worker, and a timer writes and merges them once a second."""
+    refusals and nginx's own errors too. nginx composes the line (LOG_FORMAT) in C; Lua keeps it
+    and the counts in the worker, and a timer writes and merges them once a second."""
     charge = 'require("gateway_budget").charge' if token_budgets(spec) else ""
-    out = ["    # The usage line's client text: cut to LOG_FIELD_MAX bytes when JSON needs no escape in it,",
-           '    # else `"` (gateway_metrics.lua escapes it then).']
-    for source, name in (("$request_uri", "path"), ("$llm_model", "model")):
-        out += [f"    map {source} $llm_log_{name} {{",
-                f'        "~^(?<llm_{name}_head>{_JSON_SAFE}{{0,{LOG_FIELD_MAX}}}){_JSON_SAFE}*\\z" $llm_{name}_head;',
-                "        default '\"';",
-                "    }"]
-    out += [f"    map \"\" $llm_usage_line {{ default '{LOG_FORMAT}'; }}",
+    return [f"    map \"\" $llm_usage_line {{ default '{LOG_FORMAT}'; }}",
             "    # Counters merged from every worker's own tables; kept across reloads (same name and size).",
             f"    lua_shared_dict {METRICS_ZONE} {metrics_zone_kib(spec)}k;",
             f'    init_worker_by_lua_block {{ require("gateway_metrics").start({_lua_value(metrics_settings(spec, layout))}) }}',
@@ -718,7 +714,6 @@ def _usage_directives(spec: StackSpec, layout: GatewayLayout) -> list[str]:
             f'    log_by_lua_block {{ require("gateway_metrics").record({charge}) }}',
             # nginx's own access log would write each request again, one write() apiece.
             "    access_log off;"]
-    return out
 
 
 def _metrics_server(layout: GatewayLayout) -> list[str]:
@@ -778,12 +773,13 @@ def _maps(spec: StackSpec) -> list[str]:
     pool, 429 headers."""
     g = spec.gateway
     assert g is not None
-    endpoints = "|".join(MODEL_ENDPOINTS)
     out = ["    # The endpoint that was routed, as nginx normalised it: never the raw request line",
            "    # (/metrics/../v1/chat/completions reaches the replica as /v1/chat/completions).",
+           "    # Each routed path by name: a hash lookup (a regular expression cost 1.3k instructions).",
            "    map $uri $llm_upstream_uri {",
-           f"        ~(?<llm_endpoint>/v1/(?:{endpoints}))$ $llm_endpoint;",
            "        default /v1/unrouted;",
+           *(f"        {prefix}{endpoint} /v1/{endpoint};" for prefix in path_routes(spec)
+             for endpoint in MODEL_ENDPOINTS),
            "    }",
            # On $request_uri: the error page's internal redirect has changed $uri by then.
            "    map $request_uri $llm_allow {",
@@ -839,7 +835,7 @@ def _proxy_block(spec: StackSpec, upstream: str, pools: Sequence[str]) -> list[s
         "            proxy_http_version 1.1;",
         '            proxy_set_header Connection "";',
         "            proxy_set_header Host $host;",
-        "            proxy_set_header X-Request-Id $request_id;",
+        "            proxy_set_header X-Request-Id $llm_request_id;",
         "            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;",
         "            # The client's key stays here; vLLM listens on the cluster network without one.",
         '            proxy_set_header Authorization "";',

@@ -99,6 +99,7 @@ local function json_text(s)
     end
     return s
 end
+M.json_text = json_text  -- gateway.lua's too, for the model it logs
 
 local function add(key, amount)
     local c = counts[key]
@@ -185,19 +186,8 @@ local function cut(s)
     return s
 end
 
--- A field's value in a usage line: from just after `name` (which ends with `:` or `:"`) up to
--- `stop` (`"` for strings; `,` or `}` for numbers). Returns the value and where the search goes on.
-local function span(line, name, from, stop)
-    local at = find(line, name, from, true) + #name
-    return at, find(line, stop, at, true)
-end
-
-local function field(line, name, from, stop)
-    local at, to = span(line, name, from, stop)
-    return sub(line, at, to - 1), to
-end
-
--- A token count's digits (at most 15: exact in a double) as a number, nil for null; no string made.
+-- A token count's digits (at most 15: exact in a double) at..to-1 of the line as a number, nil for
+-- null; no string made.
 local function count(line, at, to)
     if byte(line, at) == 110 then  -- null
         return nil
@@ -209,51 +199,68 @@ local function count(line, at, to)
     return n
 end
 
--- The line with an unsafe path or model (the maps gave `"`, hence `"path":"""`) escaped here.
-local function escaped(line)
-    local head, rest = find(line, '"path":"""', 1, true)
-    if head then
-        line = sub(line, 1, head + 7) .. json_text(cut(var.request_uri)) .. sub(line, rest)
+-- Whether bytes from..to of s stand in a JSON string as they are: no `"`, `\` or control byte.
+local function json_safe(s, from, to)
+    for i = from, to do
+        local b = byte(s, i)
+        if b < 32 or b == 34 or b == 92 then
+            return false
+        end
     end
-    head, rest = find(line, '"model":"""', 1, true)
-    if head then
-        line = sub(line, 1, head + 8) .. json_text(cut(var.llm_model)) .. sub(line, rest)
-    end
-    return line
+    return true
+end
+
+-- The value after the one that ends at `at`: where it starts (`between` separates the two) and
+-- where it ends (at the next `stop`).
+local function after(line, at, between, stop)
+    local from = at + #between
+    return from, find(line, stop, from, true)
 end
 
 -- log_by_lua: the request's usage line and counts, kept in this worker until the next flush.
 -- nginx composes the line ($llm_usage_line, gateway.py's LOG_FORMAT; one ngx.var read costs more
--- than all the Lua below), with the client's path and model cut to LOG_FIELD_MAX by its maps, or
--- `"` when they hold a byte JSON must escape: then Lua escapes them. The labels are read back from
--- the line (ids, pool names and statuses are plain names: the spec allows no quote in them).
+-- than all the Lua below), and the labels and counts are read from it by position, in its order:
+-- each value is found by a search for the one byte that ends it (ids, pool names, statuses and the
+-- model as gateway.lua logs it hold no quote). The path, the client's own bytes, ends the line:
+-- cut to field_max bytes and escaped here when JSON needs that.
 -- `charge` (token budgets, when a key has one): charge(key_id, prompt, completion, total, events)
 -- with the counts as numbers or nil; it returns the tokens charged to the key's budget, logged as
 -- budget_tokens (null: none).
 function M.record(charge)
     local line = var.llm_usage_line
-    if find(line, '"""', 1, true) then
-        line = escaped(line)
+    local from, q = nil, find(line, '"', 10, true)  -- {"time":"<time>"
+    from, q = after(line, q, '","request_id":"', '"')
+    from, q = after(line, q, '","key_id":"', '"')
+    local key_id = sub(line, from, q - 1)
+    from, q = after(line, q, '","pool":"', '"')
+    local pool = sub(line, from, q - 1)
+    from, q = after(line, q, '","status":', ",")
+    local status = sub(line, from, q - 1)
+    from, q = after(line, q, ',"request_time":', ",")
+    local request_time = tonumber(sub(line, from, q - 1)) or 0
+    from, q = after(line, q, ',"prompt_tokens":', ",")
+    local prompt = count(line, from, q)
+    from, q = after(line, q, ',"completion_tokens":', ",")
+    local completion = count(line, from, q)
+    from, q = after(line, q, ',"total_tokens":', ",")
+    local total = count(line, from, q)
+    local events_from, events_to
+    events_from, events_to = after(line, q, ',"events":', ",")
+    from, q = after(line, events_to, ',"upstream_status":"', '"')
+    local five = find(line, "5", from, true)
+    local failed = five and five < q
+    from, q = after(line, q, '","model":"', '"')
+    local model = ""  -- a refused request's model is whatever the client sent: never a label
+    if pool ~= "" then
+        model = sub(line, from, q - 1)
     end
-    local key_id, at = field(line, '"key_id":"', 1, '"')
-    local model, pool
-    model, at = field(line, '","model":"', at, '"')
-    pool, at = field(line, '"pool":"', at, '"')
-    local status
-    status, at = field(line, '"status":', at, ",")
-    -- Only the strings the counts are keyed by are made; positions and numbers read in place.
-    local upstream_status, upstream_end = span(line, '"upstream_status":"', at, '"')
-    local request_time
-    request_time, at = field(line, '"request_time":', upstream_end, ",")
-    local prompt, completion
-    prompt, at = span(line, '"prompt_tokens":', at, ",")
-    prompt = count(line, prompt, at)
-    completion, at = span(line, '"completion_tokens":', at, ",")
-    completion = count(line, completion, at)
+    -- `"path":"<the path as sent>"}` ends the line.
+    local path_at = find(line, 'path":"', q, true) + 7
+    if #line - 1 - path_at > field_max or not json_safe(line, path_at, #line - 2) then
+        line = sub(line, 1, path_at - 1) .. json_text(cut(sub(line, path_at, -3))) .. '"}'
+    end
     if charge then
-        local total = count(line, span(line, '"total_tokens":', at, "}"))
-        local events = tonumber((field(line, '"events":', upstream_end, ",")))
-        local charged = charge(key_id, prompt, completion, total, events)
+        local charged = charge(key_id, prompt, completion, total, count(line, events_from, events_to))
         line = sub(line, 1, -2) .. ',"budget_tokens":' .. (charged or "null") .. "}"
     end
     nlines = nlines + 1
@@ -265,12 +272,8 @@ function M.record(charge)
         day_from[ndays], day_name[ndays] = nlines, last_day
     end
 
-    if pool == "" then
-        model = ""
-    end
     add("r" .. key_id .. " " .. pool .. " " .. status .. " " .. model, 1)
-    local five = find(line, "5", upstream_status, true)
-    if five and five < upstream_end then
+    if failed then
         count_failures(pool)
     end
     if prompt then
@@ -279,7 +282,7 @@ function M.record(charge)
     if completion then
         add("t" .. key_id .. " completion " .. model, completion)
     end
-    observe(pool, tonumber(request_time) or 0)
+    observe(pool, request_time)
     if nlines >= max_pending then
         write_pending()
     end
