@@ -326,6 +326,34 @@ def test_label_sets_are_capped_and_the_overflow_counted(tmp_path: Path) -> None:
         "llm_gateway_series_overflow_total": 4}
 
 
+def test_a_full_metrics_zone_drops_new_label_sets_and_never_a_count(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A zone too small for its label sets (the gateway sizes it from maxSeries; 12k is the least
+    lua_shared_dict takes): a label set that does not fit is dropped and counted as overflow, and
+    no counter that fit is evicted (an evicting add or incr drops the least recently used ones, and
+    the next merge starts them again from zero)."""
+    monkeypatch.setattr(gateway_planning, "metrics_zone_kib", lambda spec: 12)
+    ids = [f"k{i:02d}" for i in range(40)]
+    gw, keys, pools = own(tmp_path, apiKeys=[{"id": i} for i in ids])
+    try:
+        assert "    lua_shared_dict llm_metrics 12k;\n" in gw.files["nginx.conf"]
+        for round_ in (1, 2):
+            for i in ids:
+                assert gw.call("GET", "/v1/models", key=keys[i])[0] == 200
+            got = samples(scrape(gw, 40 * round_))
+    finally:
+        gw.stop()
+        kill_all(pools)
+    counted = {k: v for k, v in got.items() if k.startswith("llm_gateway_requests_total{")}
+    assert 0 < len(counted) < len(ids), counted
+    # Every counter the zone holds has both of its key's requests; each key it could not hold is overflow.
+    assert set(counted.values()) == {2}, counted
+    assert got["llm_gateway_series_overflow_total"] >= 2 * (len(ids) - len(counted))
+    said = (gw.root / "error.log").read_text().count("the metrics zone llm_metrics is full: new label sets are "
+                                                     "dropped and counted in llm_gateway_series_overflow_total")
+    assert 1 <= said <= 2  # once per worker
+
+
 def test_usage_files_past_their_retention_or_the_size_cap_are_pruned_oldest_first(tmp_path: Path) -> None:
     usage = Path(tempfile.mkdtemp(prefix="llm-usage-"))
     usage.chmod(0o777)

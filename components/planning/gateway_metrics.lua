@@ -352,30 +352,61 @@ local function write_lines()
     return written, lost
 end
 
--- Add `amount` to a label set's counter; a new label set only while fewer than max_series exist.
-local function merge(key, amount, observations)
-    if known[key] then
-        dict:incr(key, amount, 0)
-        return true
+-- Nothing here evicts an entry. A full zone would otherwise drop its least recently used counters
+-- (what lua_shared_dict's add and an incr that creates do), and the next time their label set came
+-- it would start again from zero: a count gone back, requests lost. Entries are made by safe_add
+-- only (it fails instead) and counted by incr without init (it never makes one); a label set that
+-- finds the zone full is dropped and counted as overflow, as one over maxSeries is.
+local zone_full_said = false
+
+local function drop(observations, made)
+    for _, k in ipairs(made) do
+        dict:delete(k)
     end
+    dict:incr(SERIES, -1)
+    dict:incr(OVERFLOW, observations)
+    if not zone_full_said then
+        zone_full_said = true
+        log_error("the metrics zone ", cfg.zone, " is full: new label sets are dropped and counted in ",
+                  "llm_gateway_series_overflow_total (the zone is sized for gateway.metricsMaxSeries ",
+                  cfg.max_series, " label sets; lower it, or fewer key ids, pools and models make fewer)")
+    end
+    return false
+end
+
+-- Add `amount` to a label set's counter; a new label set only while fewer than max_series exist
+-- and the zone has room for it. A histogram's label set is its count's key: its buckets and sum
+-- are made with it, before it (a scrape never sees a count without them).
+local function merge(key, amount, observations, histogram)
     if dict:incr(key, amount) then
         known[key] = true
         return true
     end
-    local series = dict:incr(SERIES, 1, 0)
+    local series = dict:incr(SERIES, 1)
     if series > cfg.max_series then
         dict:incr(SERIES, -1)
-        dict:incr(OVERFLOW, observations, 0)
+        dict:incr(OVERFLOW, observations)
         return false
     end
-    local ok, err = dict:add(key, amount)
-    if not ok then
-        dict:incr(SERIES, -1)  -- another worker made it meanwhile
-        if err ~= "exists" then
-            log_error("metrics zone: ", err)
-            return false
+    local made = {}
+    if histogram then
+        for i = 0, nbounds do
+            local k = key .. (i == 0 and " sum" or " " .. i)
+            local ok, err = dict:safe_add(k, 0)
+            if ok then
+                made[#made + 1] = k
+            elseif err ~= "exists" then
+                return drop(observations, made)
+            end
         end
-        dict:incr(key, amount, 0)
+    end
+    local ok, err = dict:safe_add(key, amount)
+    if not ok then
+        if err ~= "exists" then
+            return drop(observations, made)
+        end
+        dict:incr(SERIES, -1)  -- another worker made it meanwhile
+        dict:incr(key, amount)
     end
     known[key] = true
     return true
@@ -391,14 +422,13 @@ local function merge_counts()
     hists = {}
     for pool, h in pairs(pools) do
         local key = "h" .. pool
-        -- The label set is its count's key; the buckets and the sum follow it in.
-        if merge(key, h[nbounds + 2], h[nbounds + 2]) then
+        if merge(key, h[nbounds + 2], h[nbounds + 2], true) then
             for i = 1, nbounds do
                 if h[i] > 0 then
-                    dict:incr(key .. " " .. i, h[i], 0)
+                    dict:incr(key .. " " .. i, h[i])
                 end
             end
-            dict:incr(key .. " sum", h[nbounds + 1], 0)
+            dict:incr(key .. " sum", h[nbounds + 1])
         end
     end
 end
@@ -473,10 +503,10 @@ end
 write_pending = function()
     local written, lost = write_lines()
     if written > 0 then
-        dict:incr(LINES, written, 0)
+        dict:incr(LINES, written)
     end
     if lost > 0 then
-        dict:incr(WRITE_ERRORS, lost, 0)
+        dict:incr(WRITE_ERRORS, lost)
     end
 end
 
@@ -505,6 +535,10 @@ function M.start(settings)
     bounds, nbounds = {}, #settings.buckets
     for i, bucket in ipairs(settings.buckets) do
         bounds[i] = bucket[1]
+    end
+    -- The totals, made once (merge() and write_pending() count them without init: never an eviction).
+    for _, k in ipairs({SERIES, OVERFLOW, LINES, WRITE_ERRORS}) do
+        dict:safe_add(k, 0)
     end
     local ok, err = ngx.timer.every(settings.flush_seconds, tick)
     if not ok then
