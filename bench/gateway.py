@@ -8,7 +8,7 @@ filter, the daily usage files and the Prometheus counters, all inside nginx on i
 same with a token budget on the key; and LiteLLM's proxy (`litellm --config`, the same model and
 replica, one worker), the peer users would otherwise pick. LiteLLM is an optional dependency of the
 bench only: installed on first use into its own venv under /var/cache/llm-cluster/litellm (never by
-`make test`); `--no-litellm` skips it.
+`make test`); `--no-litellm` skips it. `--repetitions N` (default 3) repeats the interleaved runs.
 
 Every nginx (replica, plain proxy, gateway) is the deployed one: the gateway image's nginx and Lua
 module, unpacked from its pinned Debian packages by tests/deployed_nginx.py (what the real-nginx
@@ -16,7 +16,8 @@ tests run). After the runs the bench reads the gateway's own /metrics and usage 
 that came from dropping the record would show.
 
 wrk drives each target at 32 and 256 connections for a few seconds; the targets are interleaved
-and repeated, and each figure is the median over repetitions. Every nginx runs one worker. Prints
+and repeated, and each figure is the median over repetitions; each ratio to plain nginx is also
+given per repetition (the two ran seconds apart) with their median. Every nginx runs one worker. Prints
 figures and ratios; asserts nothing. The machine is shared: run it briefly, say the conditions.
 """
 from __future__ import annotations
@@ -208,8 +209,19 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+def repetitions(argv: list[str]) -> int:
+    """--repetitions N (default REPETITIONS)."""
+    if "--repetitions" not in argv:
+        return REPETITIONS
+    at = argv.index("--repetitions") + 1
+    if at >= len(argv) or not argv[at].isdigit() or int(argv[at]) < 1:
+        raise SystemExit("--repetitions takes a whole number of at least 1")
+    return int(argv[at])
+
+
 def main() -> None:
     with_litellm = "--no-litellm" not in sys.argv
+    reps = repetitions(sys.argv)
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is needed: apt-get install -y wrk")
     nginx = deployed_nginx()
@@ -247,7 +259,7 @@ def main() -> None:
                 procs.append(proc)
                 targets["LiteLLM proxy"] = f"http://127.0.0.1:{lport}{path}"
             runs: dict[tuple[str, int], list[dict[str, float]]] = {}
-            for _ in range(REPETITIONS):
+            for _ in range(reps):
                 for c in CONNECTIONS:
                     for name, url in targets.items():  # interleaved: drift on the shared machine hits all alike
                         runs.setdefault((name, c), []).append(wrk(url, c, base))
@@ -262,7 +274,7 @@ def main() -> None:
                     p.wait(10)
 
     load = os.getloadavg()
-    print(f"gateway benchmark: {label(nginx)}; loopback, wrk 1 thread, {SECONDS}s per run, {REPETITIONS} "
+    print(f"gateway benchmark: {label(nginx)}; loopback, wrk 1 thread, {SECONDS}s per run, {reps} "
           f"interleaved repetitions, medians; one nginx worker each; {os.cpu_count()} cores shared, load average "
           f"{load_before[0]:.1f} before, {load[0]:.1f} after (1-minute)")
     print(f"{'target':<24}{'conns':>6}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'non-2xx':>9}{'timeouts':>10}")
@@ -275,8 +287,13 @@ def main() -> None:
         print(f"{name:<24}{c:>6}{f['rps']:>10.0f}{f['p50']:>9.3f}{f['p99']:>9.3f}{bad:>9}{timeouts:>10}")
     for c in CONNECTIONS:
         plain = fig[("nginx proxy_pass", c)]
-        parts = [f"{name} / plain nginx {fig[(name, c)]['rps'] / plain['rps']:.2f}x req/s, added p50 "
-                 f"{fig[(name, c)]['p50'] - plain['p50']:+.3f} ms" for name in gateways]
+        # Also the median of each repetition's own ratio: plain nginx and the gateway run seconds
+        # apart in a repetition, so a machine that speeds up or slows down between repetitions
+        # moves both of a pair alike.
+        parts = [f"{name} / plain nginx {fig[(name, c)]['rps'] / plain['rps']:.2f}x req/s (paired: "
+                 + ", ".join(f"{g['rps'] / p['rps']:.2f}" for g, p in zip(runs[(name, c)], runs[("nginx proxy_pass", c)]))
+                 + f"; median {median([g['rps'] / p['rps'] for g, p in zip(runs[(name, c)], runs[('nginx proxy_pass', c)])]):.2f}x)"
+                 f", added p50 {fig[(name, c)]['p50'] - plain['p50']:+.3f} ms" for name in gateways]
         if ("LiteLLM proxy", c) in fig:
             lite = fig[("LiteLLM proxy", c)]
             parts.append(f"gateway / LiteLLM {fig[(GATEWAY, c)]['rps'] / lite['rps']:.0f}x req/s" if lite["rps"]
