@@ -287,13 +287,14 @@ def main() -> None:
         print(f"{name:<24}{c:>6}{f['rps']:>10.0f}{f['p50']:>9.3f}{f['p99']:>9.3f}{bad:>9}{timeouts:>10}")
     for c in CONNECTIONS:
         plain = fig[("nginx proxy_pass", c)]
-        # Also the median of each repetition's own ratio: plain nginx and the gateway run seconds
-        # apart in a repetition, so a machine that speeds up or slows down between repetitions
-        # moves both of a pair alike.
-        parts = [f"{name} / plain nginx {fig[(name, c)]['rps'] / plain['rps']:.2f}x req/s (paired: "
-                 + ", ".join(f"{g['rps'] / p['rps']:.2f}" for g, p in zip(runs[(name, c)], runs[("nginx proxy_pass", c)]))
-                 + f"; median {median([g['rps'] / p['rps'] for g, p in zip(runs[(name, c)], runs[('nginx proxy_pass', c)])]):.2f}x)"
-                 f", added p50 {fig[(name, c)]['p50'] - plain['p50']:+.3f} ms" for name in gateways]
+        parts = []
+        for name in gateways:
+            # Also each repetition's own ratio: plain nginx and the gateway run seconds apart in a
+            # repetition, so a machine that speeds up or slows down between repetitions moves both alike.
+            paired = [g["rps"] / p["rps"] for g, p in zip(runs[(name, c)], runs[("nginx proxy_pass", c)])]
+            parts.append(f"{name} / plain nginx {fig[(name, c)]['rps'] / plain['rps']:.2f}x req/s (paired: "
+                         f"{', '.join(f'{r:.2f}' for r in paired)}; median {median(paired):.2f}x), added p50 "
+                         f"{fig[(name, c)]['p50'] - plain['p50']:+.3f} ms")
         if ("LiteLLM proxy", c) in fig:
             lite = fig[("LiteLLM proxy", c)]
             parts.append(f"gateway / LiteLLM {fig[(GATEWAY, c)]['rps'] / lite['rps']:.0f}x req/s" if lite["rps"]

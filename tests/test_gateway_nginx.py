@@ -779,7 +779,7 @@ def test_each_request_has_its_own_id_the_replica_and_the_usage_line_share(
     refused requests get from nginx: 32 lowercase hex digits either way, never the same twice."""
     hexid = re.compile(r"[0-9a-f]{32}")
     sent = {}
-    for i in range(6):  # fresh connections: both workers take some
+    for i in range(6):  # each on a fresh connection: either worker may take it
         marker = f"rid{i}"
         assert gw.call("POST", f"/v1/chat/completions?t={marker}", {"model": CHAT}, keys["default"])[0] == 200
         got = [r["headers"]["X-Request-Id"] for rep in by_name(replicas).values() for r in rep.requests

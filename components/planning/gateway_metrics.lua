@@ -228,7 +228,8 @@ end
 -- budget_tokens (null: none).
 function M.record(charge)
     local line = var.llm_usage_line
-    local from, q = nil, find(line, '"', 10, true)  -- {"time":"<time>"
+    local q = find(line, '"', 10, true)  -- the end of {"time":"<time>
+    local from
     from, q = after(line, q, '","request_id":"', '"')
     from, q = after(line, q, '","key_id":"', '"')
     local key_id = sub(line, from, q - 1)
@@ -368,8 +369,8 @@ local function drop(observations, made)
     if not zone_full_said then
         zone_full_said = true
         log_error("the metrics zone ", cfg.zone, " is full: new label sets are dropped and counted in ",
-                  "llm_gateway_series_overflow_total (the zone is sized for gateway.metricsMaxSeries ",
-                  cfg.max_series, " label sets; lower it, or fewer key ids, pools and models make fewer)")
+                  "llm_gateway_series_overflow_total (the zone is sized for gateway.metricsMaxSeries = ",
+                  cfg.max_series, " label sets of up to 512 bytes; these are longer)")
     end
     return false
 end
