@@ -175,35 +175,37 @@ def test_a_stream_the_client_cut_off_is_logged_as_cut_with_what_it_was_served(
     assert (whole["completed"], whole["events"], whole["completion_tokens"]) == ("OK", 5, 3)
 
 
+def usage_line_with(gw: NginxGateway, text: str) -> str:
+    """The usage line, as written, that holds this text (for a line whose path log_line cannot match:
+    cut, or with bytes the line escapes), once the workers have flushed it."""
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        for f in gw.usage_dir.glob("usage-*.log"):
+            for line in f.read_text().splitlines():
+                if text in line:
+                    return line
+        time.sleep(0.05)
+    pytest.fail(f"no usage line holds {text!r}")
+
+
 def test_a_huge_model_name_is_cut_in_the_log_and_its_line_still_written(
         gw_keys: tuple[NginxGateway, dict[str, str]]) -> None:
     gw, keys = gw_keys
     huge = "m" * 200_000
     status, _, out = gw.call("POST", "/v1/chat/completions?t=huge", {"model": huge}, keys["default"])
     assert status == 404 and error_code(out) == "model_not_found"
-    deadline = time.monotonic() + WAIT
-    mine: list[str] = []
-    while not mine and time.monotonic() < deadline:
-        mine = [line for f in gw.usage_dir.glob("usage-*.log") for line in f.read_text().splitlines()
-                if '?t=huge"' in line]
-        time.sleep(0.05)
-    assert json.loads(mine[0])["model"] == "m" * 256 and len(mine[0]) < 2048
+    line = usage_line_with(gw, '?t=huge"')
+    assert json.loads(line)["model"] == "m" * 256 and len(line) < 2048
 
 
 def test_a_long_path_is_cut_in_the_log_and_escaped_there(gw_keys: tuple[NginxGateway, dict[str, str]]) -> None:
     """The path goes into the line as the client sent it, last; Lua cuts it to 256 bytes and escapes
-    what JSON must (here a quote and a backslash inside the kept part, a newline-free tail cut off)."""
+    what JSON must (here a quote and a backslash inside the kept part; the tail past 256 bytes cut off)."""
     gw, keys = gw_keys
     for marker, tail in (("long", "p" * 400), ("longodd", 'a"b\\c' + "q" * 400)):
         path = f"/v1/chat/completions?t={marker}&q={tail}"
         assert gw.call("POST", path, {"model": CHAT}, keys["default"])[0] == 200
-        deadline = time.monotonic() + WAIT
-        mine: list[str] = []
-        while not mine and time.monotonic() < deadline:
-            mine = [line for f in gw.usage_dir.glob("usage-*.log") for line in f.read_text().splitlines()
-                    if f"?t={marker}&" in line]
-            time.sleep(0.05)
-        logged = json.loads(mine[0])
+        logged = json.loads(usage_line_with(gw, f"?t={marker}&"))
         assert logged["path"] == path[:256] and logged["model"] == CHAT and logged["status"] == 200
         assert logged["completion_tokens"] is not None
 
