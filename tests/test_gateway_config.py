@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import http.server
 import json
+import re
 import subprocess
 import threading
 from pathlib import Path
@@ -34,9 +35,17 @@ def lines(text: str) -> list[str]:
     return [line.strip() for line in text.splitlines()]
 
 
-def lua_content(handler: str) -> str:
-    """A location's content handler: gateway.lua's function of that name."""
-    return f'content_by_lua_block {{ require("gateway").{handler}() }}'
+def lua_content(handler: str, args: str = "") -> str:
+    """A location's content handler: gateway.lua's function of that name, with these Lua arguments."""
+    return f'content_by_lua_block {{ require("gateway").{handler}({args}) }}'
+
+
+def handler_of(endpoint: str, pin: str | None = None) -> str:
+    """What a location of the gateway's exposed paths runs: route() with the engine endpoint it
+    proxies to and its path route's pool, or models()."""
+    if endpoint == "models":
+        return lua_content("models")
+    return lua_content("route", f'"/v1/{endpoint}"' + (f', "{pin}"' if pin else ""))
 
 
 def block(conf: str, header: str) -> list[str]:
@@ -78,8 +87,8 @@ def test_reference_pool_locations_stream_retry_before_any_byte_and_use_the_pools
     conf = gateway_files(prod_spec)["nginx.conf"]
     for pool, timeout in (("chat", 600), ("reasoning", 900)):
         body = block(conf, f"location @llm_pool_{pool}")
-        # The routed endpoint (a map of the normalised $uri), never the raw request line.
-        assert f"proxy_pass http://llm_pool_{pool}$llm_upstream_uri$is_args$args;" in body
+        # No variables: route() sets the URI to the routed endpoint when the request line's differs.
+        assert f"proxy_pass http://llm_pool_{pool};" in body
         assert f"proxy_read_timeout {timeout}s;" in body
         assert "proxy_buffering off;" in body
         assert "proxy_http_version 1.1;" in body
@@ -92,17 +101,9 @@ def test_reference_pool_locations_stream_retry_before_any_byte_and_use_the_pools
             "proxy_next_upstream_tries 3;", f"proxy_next_upstream_timeout {timeout}s;"]
         assert not any(line.startswith("rewrite") for line in body)
         assert body[-1] == 'body_filter_by_lua_block { require("gateway").usage() }'
-    # Each routed path to its endpoint (a path route's prefix dropped); nothing else is routed.
-    assert block(conf, "map $uri $llm_upstream_uri") == [
-        "default /v1/unrouted;",
-        "/v1/chat/completions /v1/chat/completions;", "/v1/completions /v1/completions;",
-        "/v1/embeddings /v1/embeddings;", "/smart/v1/chat/completions /v1/chat/completions;",
-        "/smart/v1/completions /v1/completions;", "/smart/v1/embeddings /v1/embeddings;"]
-    # What nginx does in C, so that Lua does no string work for it: the pool a path route pins (exact
-    # paths: routing endpoints only).
-    assert block(conf, "map $uri $llm_pin") == [
-        'default "";', "/smart/v1/chat/completions reasoning;", "/smart/v1/completions reasoning;",
-        "/smart/v1/embeddings reasoning;"]
+    # Neither the endpoint nor a path route's pool is a variable: each location names them.
+    assert "$llm_upstream_uri" not in conf and "$llm_pin" not in conf
+    assert 'route("/v1/chat/completions", "reasoning")' in block(conf, "location = /smart/v1/chat/completions")[-1]
 
 
 def test_reference_listener_limits_and_module_path(prod_spec: StackSpec) -> None:
@@ -128,7 +129,7 @@ def test_reference_listener_limits_and_module_path(prod_spec: StackSpec) -> None
             loc = block("\n".join(conf), f"location = {prefix}{endpoint}")
             assert loc[:3] == ['if ($llm_key_id = "") {', "return 401;", "}"]
             assert loc[3] == "limit_req zone=llm_rl_0 burst=40 nodelay;"
-            assert loc[4] == lua_content("models" if endpoint == "models" else "route")
+            assert loc[4] == handler_of(endpoint, "reasoning" if prefix == "/smart/v1/" else None)
 
 
 def test_reference_loads_the_lua_module_reads_its_tables_once_and_declares_the_request_variables(
@@ -146,14 +147,12 @@ def test_reference_loads_the_lua_module_reads_its_tables_once_and_declares_the_r
     # Declared with their defaults (a map: kept across ngx.exec and error pages, no "uninitialized"
     # warning for a request that never reached the rewrite phase), and named once so ngx.var may set them.
     assert [line for line in http if line.startswith('map "" ') and "$llm_usage_line" not in line] == [
-        "map \"\" $llm_key_id { default ''; }", "map \"\" $llm_model { default ''; }",
-        "map \"\" $llm_pool { default ''; }", "map \"\" $llm_body { default ''; }", "map \"\" $llm_events { default '0'; }",
-        # The usage line's three token fields in one variable: the usage filter sets it once.
-        """map "" $llm_usage_counts { default '"prompt_tokens":null,"completion_tokens":null,"total_tokens":null'; }""",
-        # A routed request's id is gateway.lua's; nginx's own (drawn from OpenSSL) for the others.
-        "map \"\" $llm_request_id { default '$request_id'; }"]
-    assert ("log_format llm_request_variables '$llm_key_id $llm_model $llm_pool $llm_body $llm_events "
-            "$llm_usage_counts $llm_request_id';" in http)
+        "map \"\" $llm_key_id { default ''; }", "map \"\" $llm_body { default ''; }",
+        # A routed request's id is gateway.lua's (X-Request-Id); the usage line's comes from Lua too.
+        "map \"\" $llm_request_id { default ''; }"]
+    assert "log_format llm_request_variables '$llm_key_id $llm_body $llm_request_id';" in http
+    # The model, pool, token counts and stream events are no nginx variables (gateway_metrics.routed).
+    assert not {"$llm_model", "$llm_pool", "$llm_usage_counts", "$llm_events"} & set(re.findall(r"\$\w+", "\n".join(http)))
     # The key id is computed in the server's rewrite phase, before any location's `if` or limit reads it.
     server = block("\n".join(conf), "server")
     assert server[5] == 'set_by_lua_block $llm_key_id { return require("gateway").key_id() }'
@@ -170,8 +169,9 @@ def test_the_tests_lua_paths_replace_the_images(prod_spec: StackSpec, tmp_path: 
 def test_usage_log_and_metrics_are_kept_by_lua_in_the_log_phase_at_http_level(prod_spec: StackSpec) -> None:
     conf = lines(gateway_files(prod_spec)["nginx.conf"])
     http = conf[conf.index("http {"):]
-    # At http level: every request of every server is recorded, nginx's own errors too; nginx's
-    # own access log (one write per request) is off.
+    # At http level: every request of every server is recorded, nginx's own errors too (and no API
+    # location has a log phase of its own: record() forgets what the router kept of each request,
+    # gateway_metrics.routed); nginx's own access log (one write per request) is off.
     assert [line for line in conf if line.startswith(("log_by_lua", "access_log", "init_worker", "exit_worker"))] == [
         'init_worker_by_lua_block { require("gateway_metrics").start({zone = "llm_metrics", flush_seconds = 1, '
         'max_pending = 512, field_max = 256, max_series = 10000, buckets = {{0.05, "0.05"}, {0.1, "0.1"}, {0.25, "0.25"}, {0.5, "0.5"}, '
@@ -185,10 +185,11 @@ def test_usage_log_and_metrics_are_kept_by_lua_in_the_log_phase_at_http_level(pr
     assert http.index('log_by_lua_block { require("gateway_metrics").record() }') < http.index("server {")
     assert "lua_shared_dict llm_metrics 5262k;" in conf
     assert "syslog" not in gateway_files(prod_spec)["nginx.conf"]
-    # nginx composes the line; the client's path goes in as it came (the line's last field: Lua cuts
-    # and escapes it), the model as gateway.lua logs it. No regular expression runs for the line.
+    # nginx composes its part of the line; the client's path goes in as it came (the line's last
+    # field: Lua cuts and escapes it). No regular expression runs for the line.
     assert [line for line in http if "$llm_usage_line" in line] == [f"map \"\" $llm_usage_line {{ default '{LOG_FORMAT}'; }}"]
-    assert LOG_FORMAT.endswith(',"path":"$request_uri"}') and "$llm_model" in LOG_FORMAT
+    assert LOG_FORMAT.startswith('"time":"$time_iso8601","status":$status,"request_time":$request_time,')
+    assert LOG_FORMAT.endswith(',"path":"$request_uri"') and "$llm_" not in LOG_FORMAT
     assert not [line for line in conf if line.startswith("map $request_uri $llm_log")]
 
 
@@ -357,7 +358,7 @@ def test_without_auth_nothing_checks_or_loads_a_key(config: dict[str, Any], prod
     assert "set_by_lua" in files["nginx.conf"]  # (it returns '' at once: routes.json says auth is off)
     for endpoint in ("chat/completions", "models"):
         assert block(files["nginx.conf"], f"location = /v1/{endpoint}") == [
-            lua_content("models" if endpoint == "models" else "route")]
+            handler_of(endpoint)]
     assert json.loads(files["llm/routes.json"])["auth"] is False
     assert routes_table(prod_spec)["auth"] is True
 

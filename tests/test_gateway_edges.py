@@ -143,6 +143,8 @@ def test_replicas_get_the_routed_endpoint_never_the_raw_path(gw_keys: tuple[Ngin
     gw, keys = gw_keys
     for path, sent in (("/metrics/../v1/chat/completions", "/v1/chat/completions"),
                        ("/v1//completions", "/v1/completions"),
+                       ("/v1//completions?x=%2F", "/v1/completions?x=%2F"),  # the query string as sent
+                       ("/v1/chat/completions?", "/v1/chat/completions?"),
                        ("/smart/v1/./chat/completions", "/v1/chat/completions"),
                        ("/v1/%65mbeddings", "/v1/embeddings")):
         model = R1 if path.startswith("/smart") else CHAT

@@ -29,7 +29,7 @@ import pytest
 
 import components.planning.gateway as gateway_planning
 from components.planning.gateway import (
-    LOG_FORMAT, METRICS_SOURCE, METRICS_ZONE, NO_USAGE_COUNTS, GatewayLayout, _lua_value, metrics_settings,
+    LOG_FORMAT, METRICS_SOURCE, METRICS_ZONE, NO_USAGE_COUNTS, USAGE_LINE_FIELDS, GatewayLayout, _lua_value, metrics_settings,
 )
 from components.spec import load_stack_config
 from tests.test_gateway_nginx import (
@@ -37,7 +37,8 @@ from tests.test_gateway_nginx import (
 )
 from tests.support import tool
 
-LINE_FIELDS = re.findall(r'"(\w+)":', LOG_FORMAT.replace("$llm_usage_counts", NO_USAGE_COUNTS))
+NGINX_FIELDS = re.findall(r'"(\w+)":', LOG_FORMAT)  # nginx's part of the line, after the request path's
+LINE_FIELDS = [*USAGE_LINE_FIELDS, *NGINX_FIELDS]
 
 
 def samples(text: str) -> dict[str, float]:
@@ -210,13 +211,18 @@ def test_durations_are_a_histogram_per_pool_and_every_line_is_counted(traffic: T
     assert got["llm_gateway_series_overflow_total"] == 0
 
 
+def test_a_response_without_usage_is_logged_with_the_count_fields_gateway_py_names() -> None:
+    # gateway_metrics.lua writes them itself (gateway.py cannot hand it a quoted string).
+    assert f"local NO_COUNTS = '{NO_USAGE_COUNTS}'\n" in METRICS_SOURCE.read_text()
+
+
 def test_every_request_has_its_usage_line_with_todays_fields(traffic: Traffic) -> None:
     assert len(traffic.log) == traffic.requests
-    # In the order gateway_metrics.lua reads them (the client's path last): a JSON object's members
-    # have none for its readers.
+    # The request path's fields, then nginx's in the order gateway_metrics.lua reads them (the
+    # client's path last): a JSON object's members have none for its readers.
     assert LINE_FIELDS == [
-        "time", "request_id", "key_id", "pool", "status", "request_time", "prompt_tokens", "completion_tokens",
-        "total_tokens", "events", "upstream_status", "model", "method", "upstream", "completed", "upstream_time",
+        "request_id", "key_id", "pool", "model", "prompt_tokens", "completion_tokens", "total_tokens", "events",
+        "time", "status", "request_time", "upstream_status", "method", "upstream", "completed", "upstream_time",
         "request_bytes", "response_bytes", "path"]
     assert all(list(line) == LINE_FIELDS for line in traffic.log)
     cut = next(line for line in traffic.log if line["path"] == "/v1/chat/completions?t=cut")
@@ -404,6 +410,7 @@ def test_each_line_goes_to_the_file_of_its_own_day(tmp_path: Path) -> None:
         f'    init_worker_by_lua_block {{ require("gateway_metrics").start({_lua_value(settings)}) }}',
         '    exit_worker_by_lua_block { require("gateway_metrics").stop() }',
         "    map $http_x_line $llm_usage_line { default $http_x_line; }",
+        "    map \"\" $llm_key_id { default default; }",
         "    access_log off;",
         f"    server {{ listen 127.0.0.1:{port}; log_by_lua_block {{ require('gateway_metrics').record() }}",
         "        location / { return 204; } }",
@@ -414,7 +421,7 @@ def test_each_line_goes_to_the_file_of_its_own_day(tmp_path: Path) -> None:
             "model": CHAT, "pool": "chat", "upstream": "127.0.0.1:1", "status": 200, "upstream_status": "200",
             "completed": "OK", "events": 0, "request_time": 0.01, "upstream_time": "0.01", "request_bytes": 10,
             "response_bytes": 20, "prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
-    line = {name: line[name] for name in LINE_FIELDS}  # record() reads the fields by position
+    line = {name: line[name] for name in NGINX_FIELDS}  # nginx's part: record() reads it by position
     times = ["2026-11-30T23:59:59+00:00", "2026-11-30T23:59:59+00:00", "2026-12-01T00:00:00+00:00",
              "2026-11-30T23:59:59+00:00"]  # the last: a long request logged after midnight, of the day before
     try:
@@ -423,7 +430,8 @@ def test_each_line_goes_to_the_file_of_its_own_day(tmp_path: Path) -> None:
             while True:
                 try:
                     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=WAIT)
-                    conn.request("GET", "/", headers={"X-Line": json.dumps({**line, "time": t}, separators=(",", ":"))})
+                    tail = json.dumps({**line, "time": t}, separators=(",", ":"))[1:-1]  # no braces
+                    conn.request("GET", "/", headers={"X-Line": tail})
                     assert conn.getresponse().status == 204
                     conn.close()
                     break

@@ -6,9 +6,10 @@
 --   routes.json       generated from the stack (auth, models, pools, prefixes, allowlists)
 --   key-hashes.json   sha256(key) -> key id, made on the gateway host or from the stack's secret
 --                     (absent when auth is off)
--- Per-request state crosses ngx.exec (the redirect to the pool's named location clears ngx.ctx) in
--- nginx variables: $llm_key_id, $llm_model, $llm_pool, $llm_body, $llm_events and the response's
--- token counts $llm_prompt_tokens, $llm_completion_tokens, $llm_total_tokens (the log phase reads them).
+-- Per-request state crosses ngx.exec (which clears ngx.ctx) in gateway_metrics.routed, the request's
+-- entry from route() to the log phase (model, pool, token counts, stream events), and in the nginx
+-- variables nginx itself reads: $llm_key_id (limits), $llm_body (an alias's body), $llm_request_id
+-- (X-Request-Id).
 --
 -- The request path runs for every request: no regular expression, no string work on a response
 -- body beyond plain searches, each ngx.var read once.
@@ -34,7 +35,9 @@ local md_ctx = C.EVP_MD_CTX_new()
 assert(SHA256 ~= nil and md_ctx ~= nil, "libcrypto: no SHA256")
 local digest = ffi.new("unsigned char[32]")
 local ffi_string = ffi.string
-local json_text = require("gateway_metrics").json_text  -- nginx's escape=json, as the usage line's path
+local metrics = require("gateway_metrics")
+local json_text = metrics.json_text  -- nginx's escape=json, as the usage line's path
+local routed, request_key, route_state = metrics.routed, metrics.request_key, metrics.route_state
 
 local ngx = ngx
 local var = ngx.var
@@ -339,8 +342,10 @@ local function skeleton(s)
     return concat(out)
 end
 
--- content_by_lua of POST /v1/{chat/completions,completions,embeddings} and the path-route prefixes.
-function M.route()
+-- content_by_lua of POST /v1/{chat/completions,completions,embeddings} and the path-route prefixes:
+-- each location passes its engine endpoint ("/v1/chat/completions") and the pool a path route pins
+-- (nil under /v1/), so neither costs a variable read.
+function M.route(endpoint, pin)
     local method = ngx.req.get_method()
     if method ~= "POST" then
         local uri = var.uri
@@ -369,12 +374,10 @@ function M.route()
     if type(model) ~= "string" or model == "" then
         return fail(400, "You must provide a model parameter (a string).", "missing_model", "model")
     end
-    -- As the usage line holds it: cut (the line stays short whatever the client sends) and escaped.
-    var.llm_model = json_text(log_field(model))
-    local fixed = var.llm_pin  -- the pool a path route pins, '' under /v1/ (nginx's map)
-    if fixed == "" then
-        fixed = nil
-    end
+    -- The model as the usage line holds it: cut (the line stays short whatever the client sends)
+    -- and escaped; from here on the line is this request's, refused or routed.
+    local st = route_state(request_id(), json_text(log_field(model)))
+    local fixed = pin
     -- entry: {pool, or `a+b` for pools sharing the model; {pool = true}; named location;
     --         served name to rewrite to ('' = none)}
     local entry = routes.models[model]
@@ -392,7 +395,7 @@ function M.route()
     end
     local location = entry[3]
     local rewrite = entry[4]
-    var.llm_pool = fixed or entry[1]
+    st.pool = fixed or entry[1]
     if fixed then
         -- A path route pins its pool, even for a model other pools serve too.
         location = (rewrite ~= "" and "@llm_alias_" or "@llm_pool_") .. fixed
@@ -401,7 +404,15 @@ function M.route()
         -- An alias: the engine only knows its served names, so the body goes out with the real one.
         var.llm_body = with_model(raw, rewrite)
     end
-    var.llm_request_id = request_id()
+    -- The endpoint that was routed, never the raw request line: proxy_pass without variables (they
+    -- cost 3.1k instructions a request) sends the client's own bytes unless the URI was set, so it
+    -- is set when those differ (`/metrics/../v1/…`, `%65`, `//`, a path route's prefix).
+    local raw_uri = var.request_uri
+    local n = #endpoint
+    if raw_uri ~= endpoint and not (byte(raw_uri, n + 1) == 63 and sub(raw_uri, 1, n) == endpoint) then
+        ngx.req.set_uri(endpoint)  -- the query string stays as sent
+    end
+    var.llm_request_id = st.rid  -- X-Request-Id
     return ngx.exec(location)
 end
 
@@ -451,7 +462,7 @@ end
 
 -- The token counts of the usage object whose `"usage"` starts at u and whose first '}' is at close
 -- (`"usage": null`, as every event of a stream with include_usage but the last has, sets nothing).
-local function read_counts(buf, u, close)
+local function read_counts(st, buf, u, close)
     local open = skip_blanks(buf, u + 7)
     if byte(buf, open) ~= 58 then
         return
@@ -464,45 +475,45 @@ local function read_counts(buf, u, close)
     local completion = count_in(buf, COUNT_KEYS[2], open, close)
     local total = count_in(buf, COUNT_KEYS[3], open, close)
     if prompt or completion or total then
-        var.llm_usage_counts = COUNT_KEYS[1] .. ":" .. (prompt or "null") .. "," .. COUNT_KEYS[2] .. ":"
+        st.counts = COUNT_KEYS[1] .. ":" .. (prompt or "null") .. "," .. COUNT_KEYS[2] .. ":"
             .. (completion or "null") .. "," .. COUNT_KEYS[3] .. ":" .. (total or "null")
+        st.prompt, st.completion, st.total = tonumber(prompt), tonumber(completion), tonumber(total)
     end
 end
 
 -- body_filter_by_lua of the pool locations: pass every chunk on untouched, count the stream events
 -- sent (so a stream the client cut off still says what it was served), and read the token counts of
 -- the response's `usage` (the JSON response's, or a stream's last chunk with include_usage) once
--- its object is whole, into the count variables the log phase reads (nginx's regex maps over the
+-- its object is whole, into the request's entry the log phase reads (nginx's regex maps over the
 -- bytes cost 10k instructions per request; these searches a tenth of that).
 --
--- Plain searches only, variables set only when something was found. A marker cut by a chunk
+-- Plain searches only, counts set only when something was found. A marker cut by a chunk
 -- boundary is found by carrying the few bytes that could start one (or, while a usage object is
--- unfinished, the bytes from its start) into the next chunk. Per-request state in ngx.ctx (the
--- filter runs after the redirect: this ctx is the pool location's).
+-- unfinished, the bytes from its start) into the next chunk. Per-request state in the request's
+-- gateway_metrics.routed entry.
 function M.usage()
     local chunk = ngx.arg[1]
     if chunk == "" then
         return  -- (the last call, or a flush): nothing new, and the carried bytes wait for more
     end
-    local ctx = ngx.ctx
+    local st = routed[request_key()]  -- route() made it: this filter runs only after its ngx.exec
     local buf, from = chunk, 0  -- from: bytes of buf scanned already, as part of the previous chunk
-    local carry = ctx.carry
+    local carry = st.carry
     if carry then
         from = #carry
         buf = carry .. chunk
-        ctx.carry = nil
+        st.carry = nil
     end
     local n = #buf
-    local stream = ctx.stream
+    local stream = st.stream
     if stream == nil then
         stream = byte(buf, 1) ~= 123  -- a JSON body starts with '{'; an event stream never does
-        ctx.stream = stream
+        st.stream = stream
     end
     if stream then
         -- Events start at a line start; one wholly inside the carried bytes was counted already.
-        local events = ctx.events or 0
-        local seen = events
-        local before = ctx.before or 10  -- the byte before buf (a body starts a line)
+        local events = st.events
+        local before = st.before or 10  -- the byte before buf (a body starts a line)
         local at = find(buf, "data:", from > 4 and from - 3 or 1, true)
         while at do
             if at + 4 > from and (at > 1 and byte(buf, at - 1) or before) == 10 then
@@ -510,10 +521,7 @@ function M.usage()
             end
             at = find(buf, "data:", at + 5, true)
         end
-        if events ~= seen then
-            ctx.events = events
-            var.llm_events = events
-        end
+        st.events = events
     end
     local keep = n
     -- The last `"usage"`, found by its letters: a search for a quote stops at every quote (1.5k
@@ -528,7 +536,7 @@ function M.usage()
     if u then
         local close = find(buf, "}", u, true)
         if close then
-            read_counts(buf, u, close)
+            read_counts(st, buf, u, close)
         elseif n - u < USAGE_WINDOW then
             keep = u - 1  -- no '}' yet: the counts go on in the next chunk, read them then
         end
@@ -542,11 +550,11 @@ function M.usage()
     end
     if keep < n then
         if keep > 0 then
-            ctx.before = byte(buf, keep)
+            st.before = byte(buf, keep)
         end
-        ctx.carry = sub(buf, keep + 1)
+        st.carry = sub(buf, keep + 1)
     else
-        ctx.before = byte(buf, n)
+        st.before = byte(buf, n)
     end
 end
 

@@ -454,32 +454,37 @@ def _error_locations(max_body_mib: int, budgets: bool) -> list[str]:
 
 
 LOG_FORMAT = (
-    '{"time":"$time_iso8601","request_id":"$llm_request_id","key_id":"$llm_key_id","pool":"$llm_pool",'
-    '"status":$status,"request_time":$request_time,$llm_usage_counts,"events":$llm_events,'
-    '"upstream_status":"$upstream_status","model":"$llm_model","method":"$request_method",'
-    '"upstream":"$upstream_addr","completed":"$request_completion","upstream_time":"$upstream_response_time",'
-    '"request_bytes":$request_length,"response_bytes":$bytes_sent,"path":"$request_uri"}'
+    '"time":"$time_iso8601","status":$status,"request_time":$request_time,"upstream_status":"$upstream_status",'
+    '"method":"$request_method","upstream":"$upstream_addr","completed":"$request_completion",'
+    '"upstream_time":"$upstream_response_time","request_bytes":$request_length,"response_bytes":$bytes_sent,'
+    '"path":"$request_uri"'
 )
-"""One JSON object per request. Token counts are JSON numbers, or null when the response had no usage.
-`completed` is "OK" when the whole response reached the client and "" when it was cut (the client
-went away mid-stream, or the replica died mid-answer); `events` counts the stream events the client
-was sent, so a cut stream still says what it was served. Client-chosen fields (path, model) are
-cut to LOG_FIELD_MAX bytes so that a line stays short, and JSON-escaped: the model by gateway.lua
-as it routes, the path by gateway_metrics.lua. With token budgets, gateway_metrics.lua adds
-"budget_tokens" (the tokens charged; null: none) at the end.
+"""nginx's part of a usage line ($llm_usage_line, composed in C): gateway_metrics.lua record() puts
+the request path's part before it, `{"request_id":"…","key_id":"…","pool":"…","model":"…",` the
+three token counts and `"events":N,` (USAGE_LINE_FIELDS), from what the router and the usage filter
+kept of the request (gateway_metrics.routed), and after it `}` (or `"budget_tokens":N}`): one JSON
+object per request, one line.
 
-nginx composes the line in C ($llm_usage_line) and gateway_metrics.lua record() reads it once and
-takes the metrics' labels and counts from it by position, so the order is part of the contract
-between the two: the fields it reads first, in this order (each found by a search for the one byte
-that ends it: a search for a field's name would stop at every quote before it); the path, the
-client's own bytes, last, so that every byte before it is nginx's or the gateway's."""
+Token counts are JSON numbers, or null when the response had no usage. `completed` is "OK" when the
+whole response reached the client and "" when it was cut (the client went away mid-stream, or the
+replica died mid-answer); `events` counts the stream events the client was sent, so a cut stream
+still says what it was served. Client-chosen fields (path, model) are cut to LOG_FIELD_MAX bytes so
+that a line stays short, and JSON-escaped: the model by gateway.lua as it routes, the path by
+gateway_metrics.lua. With token budgets, gateway_metrics.lua adds "budget_tokens" (the tokens
+charged; null: none) at the end.
+
+record() reads the labels it needs from nginx's part by position, so the order is part of the
+contract between the two: "time" (25 bytes) and "status" (3 digits) at fixed offsets, then each
+value it reads found by a search for the one byte that ends it; the path, the client's own bytes,
+last, so that every byte before it is nginx's."""
+USAGE_LINE_FIELDS = ("request_id", "key_id", "pool", "model", "prompt_tokens", "completion_tokens", "total_tokens",
+                     "events")
 
 # Client-controlled text in a log line is cut to this many characters (a line stays < 2 KiB).
 LOG_FIELD_MAX = 256
 # The token counts of a response's `usage` object, each a log field `<kind>_tokens`.
 USAGE_COUNTS = ("prompt", "completion", "total")
-# $llm_usage_counts, the three fields as the usage line holds them, until the usage filter reads a
-# response's counts (one variable: each ngx.var write costs the filter ~0.6k instructions).
+# The three count fields of a usage line whose response had no usage (gateway_metrics.lua NO_COUNTS).
 NO_USAGE_COUNTS = ",".join(f'"{kind}_tokens":null' for kind in USAGE_COUNTS)
 # Attempts per request (first + retries), so one request that makes every replica fail cannot take
 # a whole large pool out of service.
@@ -590,10 +595,10 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
     refuse = ['            set_by_lua_block $llm_budget_refused { return require("gateway_budget").admit() }',
               "            if ($llm_budget_refused) {", f"                return {BUDGET_REFUSED};",
               "            }", *_budget_headers()] if budgets else []
-    for prefix in path_routes(spec):
+    for prefix, pin in path_routes(spec).items():
         for endpoint in MODEL_ENDPOINTS:
             out += [f"        location = {prefix}{endpoint} {{", *guard, *refuse,
-                    '            content_by_lua_block { require("gateway").route() }', "        }"]
+                    f"            content_by_lua_block {{ {route_call(endpoint, pin)} }}", "        }"]
         out += [f"        location = {prefix}models {{", *guard,
                 '            content_by_lua_block { require("gateway").models() }', "        }"]
     out += ["", "        location / {", "            return 404;", "        }", ""]
@@ -611,6 +616,13 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
                     *(_budget_headers() if budgets else []), "        }"]
     out += ["", *_error_locations(g.max_body_mib, bool(budgets)), "    }", *_metrics_server(layout), "}", ""]
     return "\n".join(out)
+
+
+def route_call(endpoint: str, pin: str | None) -> str:
+    """A routing location's handler: gateway.lua's route() with the engine endpoint the location
+    proxies to and the pool its path route pins."""
+    args = _lua_string(f"/v1/{endpoint}") + (f", {_lua_string(pin)}" if pin else "")
+    return f'require("gateway").route({args})'
 
 
 def _lua_string(text: str) -> str:
@@ -633,10 +645,9 @@ def _lua_directives(spec: StackSpec, layout: GatewayLayout) -> list[str]:
                   ' require("gateway_metrics") }']
 
 
-# The variables the request path sets (ngx.var, set_by_lua) and the log phase reads, with the
-# value a request has until then.
-REQUEST_VARIABLES = {"llm_key_id": "", "llm_model": "", "llm_pool": "", "llm_body": "", "llm_events": "0",
-                     "llm_usage_counts": NO_USAGE_COUNTS, "llm_request_id": "$request_id"}
+# The variables the request path sets (ngx.var, set_by_lua) for nginx's own directives (limits, an
+# alias's body, X-Request-Id) and the log phase, with the value a request has until then.
+REQUEST_VARIABLES = {"llm_key_id": "", "llm_body": "", "llm_request_id": ""}
 
 
 def _request_variables() -> list[str]:
@@ -703,8 +714,9 @@ def metrics_settings(spec: StackSpec, layout: GatewayLayout) -> dict[str, object
 
 def _usage_directives(spec: StackSpec, layout: GatewayLayout) -> list[str]:
     """The usage record and the metrics (gateway_metrics.lua) at http level: every request is recorded,
-    refusals and nginx's own errors too. nginx composes the line (LOG_FORMAT) in C; Lua keeps it
-    and the counts in the worker, and a timer writes and merges them once a second."""
+    refusals and nginx's own errors too. nginx composes its part of the line (LOG_FORMAT) in C,
+    Lua the rest; Lua keeps lines and counts in the worker, and a timer writes and merges them once
+    a second."""
     charge = 'require("gateway_budget").charge' if token_budgets(spec) else ""
     return [f"    map \"\" $llm_usage_line {{ default '{LOG_FORMAT}'; }}",
             "    # Counters merged from every worker's own tables; kept across reloads (same name and size).",
@@ -769,29 +781,11 @@ def _map_literal(key_id: str) -> str:
 
 
 def _maps(spec: StackSpec) -> list[str]:
-    """Variables computed by nginx alone (no Lua): the upstream URI, Allow, log fields, the pinned
-    pool, 429 headers."""
-    g = spec.gateway
-    assert g is not None
-    out = ["    # The endpoint that was routed, as nginx normalised it: never the raw request line",
-           "    # (/metrics/../v1/chat/completions reaches the replica as /v1/chat/completions).",
-           "    # Each routed path by name: a hash lookup (a regular expression cost 1.3k instructions).",
-           "    map $uri $llm_upstream_uri {",
-           "        default /v1/unrouted;",
-           *(f"        {prefix}{endpoint} /v1/{endpoint};" for prefix in path_routes(spec)
-             for endpoint in MODEL_ENDPOINTS),
-           "    }",
-           # On $request_uri: the error page's internal redirect has changed $uri by then.
-           "    map $request_uri $llm_allow {",
+    """Variables computed by nginx alone (no Lua): Allow, 429 headers."""
+    # On $request_uri: the error page's internal redirect has changed $uri by then.
+    out = ["    map $request_uri $llm_allow {",
            f'        "~^[^?]*/v1/models(?:[?]|$)" "{ALLOW_MODELS}";',
            f'        default "{ALLOW_ENDPOINTS}";',
-           "    }",
-           # Work nginx does in C, once, with no Lua string work per request:
-           "    # The pool a path route pins ('' under /v1/), for the router: a hash lookup.",
-           "    map $uri $llm_pin {",
-           '        default "";',
-           *(f"        {prefix}{endpoint} {pool};" for prefix, pool in g.path_routes.items()
-             for endpoint in MODEL_ENDPOINTS),
            "    }"]
     zones = rate_zones(spec)
     for variable, value in (("$llm_rl_retry_after", lambda lim: str(retry_after_seconds(lim))),
@@ -830,8 +824,9 @@ def _proxy_block(spec: StackSpec, upstream: str, pools: Sequence[str]) -> list[s
     failures = " ".join(f"http_{status}" for status in sorted({s for p in pools for s in failure_statuses(spec, p)}))
     timeout = max(spec.pools[p].read_timeout_seconds for p in pools)
     return [
-        # Variables in proxy_pass: the upstream group by name, the routed URI and the query string.
-        f"            proxy_pass http://{upstream}$llm_upstream_uri$is_args$args;",
+        # No variables: the URI is the routed endpoint's (gateway.lua's route() sets it when the
+        # request line's differs), with the query string.
+        f"            proxy_pass http://{upstream};",
         "            proxy_http_version 1.1;",
         '            proxy_set_header Connection "";',
         "            proxy_set_header Host $host;",

@@ -24,6 +24,8 @@ local byte, char, find, sub, format = string.byte, string.char, string.find, str
 local concat, sort = table.concat, table.sort
 local tonumber, tostring, pairs, ipairs = tonumber, tostring, pairs, ipairs
 local var = ngx.var
+local get_request = require("resty.core.base").get_request
+local new_table = require("table.new")
 
 ffi.cdef [[
 int open(const char *path, int flags, int mode);
@@ -67,8 +69,13 @@ local M = {}
 -- Set by start(); the worker's state between two flushes.
 local cfg, dict, bounds, nbounds
 local field_max
-local lines, nlines = {}, 0        -- usage lines not yet written, oldest first
-local day_from, day_name, ndays, last_day = {}, {}, 0, nil  -- where each day's lines begin in `lines`
+-- The usage lines not yet written, oldest first, as the pieces that make them (each line's last
+-- piece ends with its newline): table.concat joins them once per write, where making each line a
+-- string of its own cost 2.8k instructions a request.
+local PIECES_PER_LINE = 17          -- at most (record() with a budget's field)
+local pieces, npieces = {}, 0       -- (sized by start() and each write: no table growth per line)
+local line_at, nlines = {}, 0       -- where each line's pieces begin
+local day_from, day_name, ndays, last_day = {}, {}, 0, nil  -- where each day's lines begin in line_at
 local counts, seen = {}, {}        -- shared-dict key -> amount to add; -> observations behind it
 local hists = {}                   -- pool -> {bucket counts..., [n+1] = sum, [n+2] = count}
 local known = {}                   -- keys this worker found in the shared dict (no cap check again)
@@ -100,6 +107,30 @@ local function json_text(s)
     return s
 end
 M.json_text = json_text  -- gateway.lua's too, for the model it logs
+
+-- What the request path knows of a request, by the request's address, from the router (gateway.lua
+-- route(), once it has the model) to the log phase: rid (the request id), model (as logged), pool
+-- ('' until routed), counts (the usage text) and prompt / completion / total (numbers) from the
+-- usage filter, events (a stream's), and the filter's own carry. A Lua table, not ngx.ctx (its
+-- first use costs 1.5k instructions, and ngx.exec clears it) nor nginx variables (0.4k a write).
+-- record() reads and forgets the entry: every request of the API server runs it (log_by_lua at
+-- http level, which no location there overrides), so no entry outlives its request and a later
+-- request at the same address starts without one.
+local routed = {}
+M.routed = routed
+local uintptr_t = ffi.typeof("uintptr_t")
+function M.request_key()
+    return tonumber(ffi.cast(uintptr_t, get_request()))
+end
+local request_key = M.request_key
+-- A new entry for this request (the router's), sized for every field the filter adds (a table
+-- that grows is rehashed: 1.3k instructions a request).
+function M.route_state(rid, model)
+    local st = new_table(0, 12)
+    st.rid, st.model, st.pool, st.events = rid, model, "", 0
+    routed[request_key()] = st
+    return st
+end
 
 local function add(key, amount)
     local c = counts[key]
@@ -186,19 +217,6 @@ local function cut(s)
     return s
 end
 
--- A token count's digits (at most 15: exact in a double) at..to-1 of the line as a number, nil for
--- null; no string made.
-local function count(line, at, to)
-    if byte(line, at) == 110 then  -- null
-        return nil
-    end
-    local n = 0
-    for i = at, to - 1 do
-        n = n * 10 + byte(line, i) - 48
-    end
-    return n
-end
-
 -- Whether bytes from..to of s stand in a JSON string as they are: no `"`, `\` or control byte.
 local function json_safe(s, from, to)
     for i = from, to do
@@ -210,65 +228,80 @@ local function json_safe(s, from, to)
     return true
 end
 
--- The value after the one that ends at `at`: where it starts (`between` separates the two) and
--- where it ends (at the next `stop`).
-local function after(line, at, between, stop)
-    local from = at + #between
-    return from, find(line, stop, from, true)
-end
+-- The token counts' fields of a request whose response had no usage (gateway.py NO_USAGE_COUNTS).
+local NO_COUNTS = '"prompt_tokens":null,"completion_tokens":null,"total_tokens":null'
 
 -- log_by_lua: the request's usage line and counts, kept in this worker until the next flush.
--- nginx composes the line ($llm_usage_line, gateway.py's LOG_FORMAT; one ngx.var read costs more
--- than all the Lua below), and the labels and counts are read from it by position, in its order:
--- each value is found by a search for the one byte that ends it (ids, pool names, statuses and the
--- model as gateway.lua logs it hold no quote). The path, the client's own bytes, ends the line:
--- cut to field_max bytes and escaped here when JSON needs that.
+-- The line (gateway.py LOG_FORMAT) is the request path's fields, from its entry in `routed` (the
+-- requests that reached the router) or their defaults, then nginx's, which nginx composes in C
+-- ($llm_usage_line) in a fixed order: "time" (25 bytes), "status" (3 digits) at fixed offsets, the
+-- rest each found by a search for the one byte that ends it. The path, the client's own bytes, ends
+-- the line: cut to field_max bytes and escaped here when JSON needs that.
 -- `charge` (token budgets, when a key has one): charge(key_id, prompt, completion, total, events)
 -- with the counts as numbers or nil; it returns the tokens charged to the key's budget, logged as
 -- budget_tokens (null: none).
 function M.record(charge)
-    local line = var.llm_usage_line
-    local q = find(line, '"', 10, true)  -- the end of {"time":"<time>
-    local from
-    from, q = after(line, q, '","request_id":"', '"')
-    from, q = after(line, q, '","key_id":"', '"')
-    local key_id = sub(line, from, q - 1)
-    from, q = after(line, q, '","pool":"', '"')
-    local pool = sub(line, from, q - 1)
-    from, q = after(line, q, '","status":', ",")
-    local status = sub(line, from, q - 1)
-    from, q = after(line, q, ',"request_time":', ",")
-    local request_time = tonumber(sub(line, from, q - 1)) or 0
-    from, q = after(line, q, ',"prompt_tokens":', ",")
-    local prompt = count(line, from, q)
-    from, q = after(line, q, ',"completion_tokens":', ",")
-    local completion = count(line, from, q)
-    from, q = after(line, q, ',"total_tokens":', ",")
-    local total = count(line, from, q)
-    local events_from, events_to
-    events_from, events_to = after(line, q, ',"events":', ",")
-    from, q = after(line, events_to, ',"upstream_status":"', '"')
-    local five = find(line, "5", from, true)
+    local k = request_key()
+    local st = routed[k]
+    if st then
+        routed[k] = nil
+    end
+    local key_id = var.llm_key_id
+    local tail = var.llm_usage_line
+    -- "time":"<25>","status":<3>,"request_time":<t>,"upstream_status":"<s>",...,"path":"<path>"
+    local status = sub(tail, 45, 47)
+    local q = find(tail, ",", 64, true)
+    local request_time = tonumber(sub(tail, 64, q - 1)) or 0
+    local from = q + 20
+    q = find(tail, '"', from, true)
+    local five = find(tail, "5", from, true)
     local failed = five and five < q
-    from, q = after(line, q, '","model":"', '"')
-    local model = ""  -- a refused request's model is whatever the client sent: never a label
-    if pool ~= "" then
-        model = sub(line, from, q - 1)
+    local path_at = find(tail, 'path":"', q, true) + 7
+    if #tail - path_at > field_max or not json_safe(tail, path_at, #tail - 1) then
+        tail = sub(tail, 1, path_at - 1) .. json_text(cut(sub(tail, path_at, -2))) .. '"'
     end
-    -- `"path":"<the path as sent>"}` ends the line.
-    local path_at = find(line, 'path":"', q, true) + 7
-    if #line - 1 - path_at > field_max or not json_safe(line, path_at, #line - 2) then
-        line = sub(line, 1, path_at - 1) .. json_text(cut(sub(line, path_at, -3))) .. '"}'
+    local rid, pool, model, logged, counted, events = nil, "", "", "", NO_COUNTS, 0
+    local prompt, completion, total
+    if st then
+        rid, pool, logged, events = st.rid, st.pool, st.model, st.events
+        if st.counts then
+            counted, prompt, completion, total = st.counts, st.prompt, st.completion, st.total
+        end
+        if pool ~= "" then
+            model = logged  -- a refused request's model is whatever the client sent: never a label
+        end
+    else
+        rid = var.request_id
     end
-    if charge then
-        local charged = charge(key_id, prompt, completion, total, count(line, events_from, events_to))
-        line = sub(line, 1, -2) .. ',"budget_tokens":' .. (charged or "null") .. "}"
-    end
+    local n = npieces
     nlines = nlines + 1
-    lines[nlines] = line
-    -- {"time":"YYYY-MM-DD: the day of this line, the same as the last one's unless midnight passed.
-    if not last_day or find(line, last_day, 10, true) ~= 10 then
-        last_day = sub(line, 10, 19)
+    line_at[nlines] = n + 1
+    pieces[n + 1] = '{"request_id":"'
+    pieces[n + 2] = rid
+    pieces[n + 3] = '","key_id":"'
+    pieces[n + 4] = key_id
+    pieces[n + 5] = '","pool":"'
+    pieces[n + 6] = pool
+    pieces[n + 7] = '","model":"'
+    pieces[n + 8] = logged
+    pieces[n + 9] = '",'
+    pieces[n + 10] = counted
+    pieces[n + 11] = ',"events":'
+    pieces[n + 12] = events
+    pieces[n + 13] = ","
+    pieces[n + 14] = tail
+    if charge then
+        pieces[n + 15] = ',"budget_tokens":'
+        pieces[n + 16] = charge(key_id, prompt, completion, total, events) or "null"
+        pieces[n + 17] = "}\n"
+        npieces = n + 17
+    else
+        pieces[n + 15] = "}\n"
+        npieces = n + 15
+    end
+    -- "time":"YYYY-MM-DD: the day of this line, the same as the last one's unless midnight passed.
+    if not last_day or find(tail, last_day, 9, true) ~= 9 then
+        last_day = sub(tail, 9, 18)
         ndays = ndays + 1
         day_from[ndays], day_name[ndays] = nlines, last_day
     end
@@ -325,21 +358,23 @@ local function write_lines()
     if nlines == 0 then
         return 0, 0
     end
-    local pending, n, from, names, days = lines, nlines, day_from, day_name, ndays
-    lines, nlines, day_from, day_name, ndays, last_day = {}, 0, {}, {}, 0, nil
+    local pending, n, starts, from, names, days = pieces, nlines, line_at, day_from, day_name, ndays
+    starts[n + 1] = npieces + 1
+    pieces, npieces, line_at, nlines, day_from, day_name, ndays, last_day =
+        new_table(PIECES_PER_LINE * max_pending, 0), 0, new_table(max_pending, 0), 0, {}, {}, 0, nil
     if not cfg.usage_dir then
         return 0, 0  -- a layout without a usage log: the counts only
     end
     local written, lost = 0, 0
     for d = 1, days do
         local first, last = from[d], (from[d + 1] or n + 1) - 1
-        local err, wrote = append(names[d], concat(pending, "\n", first, last) .. "\n")
+        local err, wrote = append(names[d], concat(pending, "", starts[first], starts[last + 1] - 1))
         if err then
             log_error(err)
             -- A line cut by a failed write is lost too: count the whole lines that made it.
             local kept, size = 0, 0
             for i = first, last do
-                size = size + #pending[i] + 1
+                size = size + #concat(pending, "", starts[i], starts[i + 1] - 1)
                 if size > wrote then
                     break
                 end
@@ -532,6 +567,7 @@ function M.start(settings)
     cfg = settings
     field_max = settings.field_max
     max_pending = settings.max_pending
+    pieces, line_at = new_table(PIECES_PER_LINE * max_pending, 0), new_table(max_pending, 0)
     dict = ngx.shared[settings.zone]
     bounds, nbounds = {}, #settings.buckets
     for i, bucket in ipairs(settings.buckets) do
