@@ -8,7 +8,7 @@ filter, the daily usage files and the Prometheus counters, all inside nginx on i
 same with a token budget on the key; and LiteLLM's proxy (`litellm --config`, the same model and
 replica, one worker), the peer users would otherwise pick. LiteLLM is an optional dependency of the
 bench only: installed on first use into its own venv under /var/cache/llm-cluster/litellm (never by
-`make test`); `--no-litellm` skips it. `--repetitions N` (default 3) repeats the interleaved runs.
+`make test`); `--no-litellm` skips it. `--repetitions N` (default 5) repeats the interleaved runs.
 
 Every nginx (replica, plain proxy, gateway) is the deployed one: the gateway image's nginx and Lua
 module, unpacked from its pinned Debian packages by tests/deployed_nginx.py (what the real-nginx
@@ -16,8 +16,9 @@ tests run). After the runs the bench reads the gateway's own /metrics and usage 
 that came from dropping the record would show.
 
 wrk drives each target at 32 and 256 connections for a few seconds; the targets are interleaved
-and repeated, and each figure is the median over repetitions; each ratio to plain nginx is also
-given per repetition (the two ran seconds apart) with their median. Every nginx runs one worker. Prints
+(in the reverse order every other repetition) and repeated, and each figure is the median over
+repetitions; each ratio to plain nginx is also given per repetition (the two ran seconds apart,
+next to each other) with their median, the figure least moved by the machine's own drift. Every nginx runs one worker. Prints
 figures and ratios; asserts nothing. The machine is shared: run it briefly, say the conditions.
 """
 from __future__ import annotations
@@ -47,7 +48,7 @@ from tests.support import free_port, free_ports  # noqa: E402
 
 KEY = "sk-bench-0123456789abcdef"
 SECONDS = 3
-REPETITIONS = 3
+REPETITIONS = 5
 CONNECTIONS = (32, 256)
 LITELLM_VERSION = "1.108.7"
 LITELLM_VENV = Path("/var/cache/llm-cluster/litellm/venv")
@@ -259,9 +260,12 @@ def main() -> None:
                 procs.append(proc)
                 targets["LiteLLM proxy"] = f"http://127.0.0.1:{lport}{path}"
             runs: dict[tuple[str, int], list[dict[str, float]]] = {}
-            for _ in range(reps):
+            order = list(targets.items())
+            for rep in range(reps):
                 for c in CONNECTIONS:
-                    for name, url in targets.items():  # interleaved: drift on the shared machine hits all alike
+                    # Interleaved, drift on the shared machine hits all alike; the order reversed every
+                    # other repetition, so a machine speeding up or slowing down favours no target.
+                    for name, url in (order if rep % 2 == 0 else order[::-1]):
                         runs.setdefault((name, c), []).append(wrk(url, c, base))
             records = {name: recorded(metrics, usage) for name, (_, metrics, usage) in gateways.items()}
         finally:
