@@ -377,11 +377,10 @@ function M.route(endpoint, pin)
     -- The model as the usage line holds it: cut (the line stays short whatever the client sends)
     -- and escaped; from here on the line is this request's, refused or routed.
     local st = route_state(request_id(), json_text(log_field(model)))
-    local fixed = pin
     -- entry: {pool, or `a+b` for pools sharing the model; {pool = true}; named location;
     --         served name to rewrite to ('' = none)}
     local entry = routes.models[model]
-    if not entry or (fixed and not entry[2][fixed]) then
+    if not entry or (pin and not entry[2][pin]) then
         local prefix = prefix_of(var.uri)
         return fail(404, "The model '" .. model .. "' does not exist under " .. prefix .. ". Available models: "
                     .. concat(visible_names(prefix, var.llm_key_id), ", "), "model_not_found", "model")
@@ -395,10 +394,10 @@ function M.route(endpoint, pin)
     end
     local location = entry[3]
     local rewrite = entry[4]
-    st.pool = fixed or entry[1]
-    if fixed then
+    st.pool = pin or entry[1]
+    if pin then
         -- A path route pins its pool, even for a model other pools serve too.
-        location = (rewrite ~= "" and "@llm_alias_" or "@llm_pool_") .. fixed
+        location = (rewrite ~= "" and "@llm_alias_" or "@llm_pool_") .. pin
     end
     if rewrite ~= "" then
         -- An alias: the engine only knows its served names, so the body goes out with the real one.
@@ -497,6 +496,9 @@ function M.usage()
         return  -- (the last call, or a flush): nothing new, and the carried bytes wait for more
     end
     local st = routed[request_key()]  -- route() made it: this filter runs only after its ngx.exec
+    if not st then
+        return  -- (never: a Lua error here would cut the response; the line would say no usage)
+    end
     local buf, from = chunk, 0  -- from: bytes of buf scanned already, as part of the previous chunk
     local carry = st.carry
     if carry then

@@ -462,7 +462,7 @@ LOG_FORMAT = (
 """nginx's part of a usage line ($llm_usage_line, composed in C): gateway_metrics.lua record() puts
 the request path's part before it, `{"request_id":"…","key_id":"…","pool":"…","model":"…",` the
 three token counts and `"events":N,` (USAGE_LINE_FIELDS), from what the router and the usage filter
-kept of the request (gateway_metrics.routed), and after it `}` (or `"budget_tokens":N}`): one JSON
+kept of the request (gateway_metrics.routed), and after it `}` (or `,"budget_tokens":N}`): one JSON
 object per request, one line.
 
 Token counts are JSON numbers, or null when the response had no usage. `completed` is "OK" when the
