@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import urllib.request
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -389,61 +390,103 @@ def test_usage_files_past_their_retention_or_the_size_cap_are_pruned_oldest_firs
         shutil.rmtree(usage)
 
 
+# nginx's part of a usage line, as a request of the record harness carries it (X-Line).
+HARNESS_LINE = {"time": "", "method": "POST", "path": "/v1/completions", "upstream": "127.0.0.1:1", "status": 200,
+                "upstream_status": "200", "completed": "OK", "request_time": 0.01, "upstream_time": "0.01",
+                "request_bytes": 10, "response_bytes": 20}
+
+
+class RecordHarness:
+    """gateway_metrics.lua in nginx with the line nginx composes replaced by one each request carries
+    (the clock cannot be moved): record() for every request of one server, serve() on another."""
+
+    def __init__(self, root: Path, usage: Path) -> None:
+        spec = load_stack_config(gateway_config(), set())
+        layout = GatewayLayout(port=free_port(), usage_dir=str(usage))
+        settings = metrics_settings(spec, layout)
+        lua = lua_layout()
+        self.port, self.metrics_port, self.root = layout.port, free_port(), root
+        (root / "llm").mkdir()
+        shutil.copy(METRICS_SOURCE, root / "llm" / "gateway_metrics.lua")
+        (root / "nginx.conf").write_text("\n".join([
+            *(f"load_module {m};" for m in lua["load_modules"]), "worker_processes 1;",
+            f"pid {root}/nginx.pid;", f"error_log {root}/error.log notice;", "events {}", "http {",
+            f'    lua_package_path "{root}/llm/?.lua;{lua["lua_path"]};;";',
+            '    init_by_lua_block { require("gateway_metrics") }',
+            f"    lua_shared_dict {METRICS_ZONE} 1m;",
+            f'    init_worker_by_lua_block {{ require("gateway_metrics").start({_lua_value(settings)}) }}',
+            '    exit_worker_by_lua_block { require("gateway_metrics").stop() }',
+            "    map $http_x_line $llm_usage_line { default $http_x_line; }",
+            "    map \"\" $llm_key_id { default default; }",
+            "    access_log off;",
+            f"    server {{ listen 127.0.0.1:{self.port}; log_by_lua_block {{ require('gateway_metrics').record() }}",
+            "        location / { return 204; } }",
+            f"    server {{ listen 127.0.0.1:{self.metrics_port}; log_by_lua_block {{ return }}",
+            "        location = /metrics { content_by_lua_block { require('gateway_metrics').serve() } } }",
+            "}", ""]))
+        self.proc = subprocess.Popen([nginx_binary(), "-p", str(root), "-c", str(root / "nginx.conf"),
+                                      "-g", "daemon off;"], stderr=subprocess.PIPE)
+
+    def send(self, time_iso: str) -> None:
+        """One request whose usage line is HARNESS_LINE at this time."""
+        line = {**HARNESS_LINE, "time": time_iso}
+        # In LOG_FORMAT's order (record() reads it by position), without its braces.
+        tail = json.dumps({name: line[name] for name in NGINX_FIELDS}, separators=(",", ":"))[1:-1]
+        deadline = time.monotonic() + WAIT
+        while True:
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=WAIT)
+                conn.request("GET", "/", headers={"X-Line": tail})
+                assert conn.getresponse().status == 204
+                conn.close()
+                return
+            except ConnectionRefusedError:
+                assert time.monotonic() < deadline and self.proc.poll() is None, "nginx did not listen"
+                time.sleep(0.05)
+
+    def metrics(self) -> dict[str, float]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=WAIT) as r:
+            return samples(r.read().decode())
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGQUIT)  # graceful: the worker writes what it holds as it exits
+        self.proc.wait(WAIT)
+
+
 def test_each_line_goes_to_the_file_of_its_own_day(tmp_path: Path) -> None:
-    """gateway_metrics.lua with the line nginx composes replaced by one the request carries (the
-    clock cannot be moved): lines of two days written in one flush land in their own files."""
+    """Lines of two days written in one flush land in their own files."""
     usage = Path(tempfile.mkdtemp(prefix="llm-usage-"))
     usage.chmod(0o777)
-    spec = load_stack_config(gateway_config(), set())
-    layout = GatewayLayout(port=free_port(), usage_dir=str(usage))
-    settings = metrics_settings(spec, layout)
-    lua = lua_layout()
-    port = layout.port
-    (tmp_path / "llm").mkdir()
-    shutil.copy(METRICS_SOURCE, tmp_path / "llm" / "gateway_metrics.lua")
-    (tmp_path / "nginx.conf").write_text("\n".join([
-        *(f"load_module {m};" for m in lua["load_modules"]), "worker_processes 1;",
-        f"pid {tmp_path}/nginx.pid;", f"error_log {tmp_path}/error.log notice;", "events {}", "http {",
-        f'    lua_package_path "{tmp_path}/llm/?.lua;{lua["lua_path"]};;";',
-        '    init_by_lua_block { require("gateway_metrics") }',
-        f"    lua_shared_dict {METRICS_ZONE} 1m;",
-        f'    init_worker_by_lua_block {{ require("gateway_metrics").start({_lua_value(settings)}) }}',
-        '    exit_worker_by_lua_block { require("gateway_metrics").stop() }',
-        "    map $http_x_line $llm_usage_line { default $http_x_line; }",
-        "    map \"\" $llm_key_id { default default; }",
-        "    access_log off;",
-        f"    server {{ listen 127.0.0.1:{port}; log_by_lua_block {{ require('gateway_metrics').record() }}",
-        "        location / { return 204; } }",
-        "}", ""]))
-    proc = subprocess.Popen([nginx_binary(), "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf"),
-                             "-g", "daemon off;"], stderr=subprocess.PIPE)
-    line = {"time": "", "request_id": "0" * 32, "key_id": "default", "method": "POST", "path": "/v1/completions",
-            "model": CHAT, "pool": "chat", "upstream": "127.0.0.1:1", "status": 200, "upstream_status": "200",
-            "completed": "OK", "events": 0, "request_time": 0.01, "upstream_time": "0.01", "request_bytes": 10,
-            "response_bytes": 20, "prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
-    line = {name: line[name] for name in NGINX_FIELDS}  # nginx's part: record() reads it by position
+    harness = RecordHarness(tmp_path, usage)
     times = ["2026-11-30T23:59:59+00:00", "2026-11-30T23:59:59+00:00", "2026-12-01T00:00:00+00:00",
              "2026-11-30T23:59:59+00:00"]  # the last: a long request logged after midnight, of the day before
     try:
-        deadline = time.monotonic() + WAIT
         for t in times:
-            while True:
-                try:
-                    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=WAIT)
-                    tail = json.dumps({**line, "time": t}, separators=(",", ":"))[1:-1]  # no braces
-                    conn.request("GET", "/", headers={"X-Line": tail})
-                    assert conn.getresponse().status == 204
-                    conn.close()
-                    break
-                except ConnectionRefusedError:
-                    assert time.monotonic() < deadline and proc.poll() is None, "nginx did not listen"
-                    time.sleep(0.05)
+            harness.send(t)
     finally:
-        proc.send_signal(signal.SIGQUIT)  # graceful: the worker writes what it holds as it exits
-        proc.wait(WAIT)
+        harness.stop()
     files = {f.name: [json.loads(x)["time"] for x in f.read_text().splitlines()] for f in usage.glob("usage-*.log")}
     shutil.rmtree(usage)
     assert files == {"usage-2026-11-30.log": [times[0], times[1], times[3]], "usage-2026-12-01.log": [times[2]]}
+
+
+def test_lines_a_worker_cannot_write_are_counted_lost_and_the_error_log_says_why(tmp_path: Path) -> None:
+    usage = tmp_path / "usage"
+    usage.mkdir()
+    usage.chmod(0o555)  # nobody may write here but root, and nginx's workers are never root
+    harness = RecordHarness(tmp_path, usage)
+    try:
+        for _ in range(3):
+            harness.send("2026-12-01T12:00:00+00:00")
+        deadline = time.monotonic() + WAIT
+        while (got := harness.metrics())["llm_gateway_log_write_errors_total"] < 3:
+            assert time.monotonic() < deadline, got
+            time.sleep(0.2)
+    finally:
+        harness.stop()
+    assert (got["llm_gateway_log_write_errors_total"], got["llm_gateway_log_lines_total"]) == (3, 0)
+    assert f"cannot open {usage}/usage-2026-12-01.log: Permission denied" in (tmp_path / "error.log").read_text()
+    assert list(usage.iterdir()) == []
 
 
 def test_a_worker_writes_its_lines_once_it_holds_max_pending_without_waiting_for_its_timer(
