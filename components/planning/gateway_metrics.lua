@@ -230,6 +230,12 @@ end
 
 -- The token counts' fields of a request whose response had no usage (gateway.py NO_USAGE_COUNTS).
 local NO_COUNTS = '"prompt_tokens":null,"completion_tokens":null,"total_tokens":null'
+-- Where record() reads nginx's part of the line (LOG_FORMAT's order): $time_iso8601 is 25 bytes,
+-- $status 3 digits, so the day, the status and the request time start at fixed offsets.
+local DAY_AT = #'"time":"' + 1
+local STATUS_AT = #'"time":"YYYY-MM-DDThh:mm:ss+hh:mm","status":' + 1
+local REQUEST_TIME_AT = STATUS_AT + #'200,"request_time":'
+local UPSTREAM_STATUS = ',"upstream_status":"'
 
 -- log_by_lua: the request's usage line and counts, kept in this worker until the next flush.
 -- The line (gateway.py LOG_FORMAT) is the request path's fields, from its entry in `routed` (the
@@ -249,10 +255,10 @@ function M.record(charge)
     local key_id = var.llm_key_id
     local tail = var.llm_usage_line
     -- "time":"<25>","status":<3>,"request_time":<t>,"upstream_status":"<s>",...,"path":"<path>"
-    local status = sub(tail, 45, 47)
-    local q = find(tail, ",", 64, true)
-    local request_time = tonumber(sub(tail, 64, q - 1)) or 0
-    local from = q + 20
+    local status = sub(tail, STATUS_AT, STATUS_AT + 2)
+    local q = find(tail, ",", REQUEST_TIME_AT, true)
+    local request_time = tonumber(sub(tail, REQUEST_TIME_AT, q - 1)) or 0
+    local from = q + #UPSTREAM_STATUS
     q = find(tail, '"', from, true)
     local five = find(tail, "5", from, true)
     local failed = five and five < q
@@ -300,8 +306,8 @@ function M.record(charge)
         npieces = n + 15
     end
     -- "time":"YYYY-MM-DD: the day of this line, the same as the last one's unless midnight passed.
-    if not last_day or find(tail, last_day, 9, true) ~= 9 then
-        last_day = sub(tail, 9, 18)
+    if not last_day or find(tail, last_day, DAY_AT, true) ~= DAY_AT then
+        last_day = sub(tail, DAY_AT, DAY_AT + 9)
         ndays = ndays + 1
         day_from[ndays], day_name[ndays] = nlines, last_day
     end
