@@ -75,12 +75,17 @@ local field_max
 local PIECES_PER_LINE = 17          -- at most (record() with a budget's field)
 local pieces, npieces = {}, 0       -- (sized by start() and each write: no table growth per line)
 local line_at, nlines = {}, 0       -- where each line's pieces begin
+local max_pending                   -- lines held before they are written without waiting for the timer
+
+-- Empty tables for the lines of the next write, sized for max_pending of them.
+local function empty_pending()
+    return new_table(PIECES_PER_LINE * max_pending, 0), new_table(max_pending, 0)
+end
 local day_from, day_name, ndays, last_day = {}, {}, 0, nil  -- where each day's lines begin in line_at
 local counts, seen = {}, {}        -- shared-dict key -> amount to add; -> observations behind it
 local hists = {}                   -- pool -> {bucket counts..., [n+1] = sum, [n+2] = count}
 local known = {}                   -- keys this worker found in the shared dict (no cap check again)
 local last_prune = 0
-local max_pending                  -- lines held before they are written without waiting for the timer
 local write_pending                -- defined with the writer below; record() calls it
 
 -- A JSON string's contents as nginx's escape=json writes them: " \ and control bytes escaped, the
@@ -366,8 +371,8 @@ local function write_lines()
     end
     local pending, n, starts, from, names, days = pieces, nlines, line_at, day_from, day_name, ndays
     starts[n + 1] = npieces + 1
-    pieces, npieces, line_at, nlines, day_from, day_name, ndays, last_day =
-        new_table(PIECES_PER_LINE * max_pending, 0), 0, new_table(max_pending, 0), 0, {}, {}, 0, nil
+    pieces, line_at = empty_pending()
+    npieces, nlines, day_from, day_name, ndays, last_day = 0, 0, {}, {}, 0, nil
     if not cfg.usage_dir then
         return 0, 0  -- a layout without a usage log: the counts only
     end
@@ -573,7 +578,7 @@ function M.start(settings)
     cfg = settings
     field_max = settings.field_max
     max_pending = settings.max_pending
-    pieces, line_at = new_table(PIECES_PER_LINE * max_pending, 0), new_table(max_pending, 0)
+    pieces, line_at = empty_pending()
     dict = ngx.shared[settings.zone]
     bounds, nbounds = {}, #settings.buckets
     for i, bucket in ipairs(settings.buckets) do
