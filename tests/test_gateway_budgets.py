@@ -25,7 +25,8 @@ import pytest
 
 from components.planning import gateway
 from components.planning.gateway import (
-    BUDGET_SOURCE, BUDGET_ZONE, budget_init, budget_zone_kib, gateway_files, render_gateway, token_budgets,
+    BUDGET_SOURCE, BUDGET_ZONE, budget_init, budget_zone_kib, gateway_files, render_gateway, temp_path_directives,
+    token_budgets,
 )
 from components.spec import SpecError, StackSpec, load_stack_config
 from tests.conftest import prod_config
@@ -170,6 +171,7 @@ def test_the_zone_holds_two_of_the_longest_counts_of_every_key(keys: int, tmp_pa
         (tmp_path / "nginx.conf").write_text("\n".join([
             *(f"load_module {m};" for m in lua["load_modules"]),
             f"pid {tmp_path}/nginx.pid;", f"error_log {tmp_path}/error.log warn;", "events {}", "http {",
+            *(f"    {line}" for line in temp_path_directives(tmp_path)),
             f'    lua_package_path "{lua["lua_path"]};;";', zone, "    access_log off;",
             f"    server {{ listen 127.0.0.1:{port}; location = /fill {{ content_by_lua_block {{",
             f"        local dict = ngx.shared.{BUDGET_ZONE}",

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from components.planning.gateway import temp_path_directives
 from components.planning.gateway_image import (
     BASE_IMAGE, BUILD_CONTEXT, CONTEXT_DIR, GATEWAY_IMAGE, LUA_CPATHS, LUA_MODULE, LUA_PATHS, MODULES_DIR, NDK_MODULE,
     TESTED_PACKAGES, build_args, debian_sources, dockerfile,
@@ -115,8 +116,7 @@ def _lua_reports(tmp_path: Path, code: str) -> str:
     (tmp_path / "nginx.conf").write_text(f"""load_module {found.ndk_module};
 load_module {found.lua_module};
 pid {tmp_path}/nginx.pid; error_log {tmp_path}/error.log; daemon off; events {{}}
-http {{ access_log off; client_body_temp_path {tmp_path}; proxy_temp_path {tmp_path};
-  fastcgi_temp_path {tmp_path}; uwsgi_temp_path {tmp_path}; scgi_temp_path {tmp_path};
+http {{ access_log off; {" ".join(temp_path_directives(tmp_path))}
   lua_package_path "{found.lua_package_path};;"; lua_package_cpath "{found.lua_package_cpath};;";
   server {{ listen 127.0.0.1:{port}; location / {{ content_by_lua_block {{ {code} }} }} }} }}
 """)

@@ -31,6 +31,7 @@ import pytest
 import components.planning.gateway as gateway_planning
 from components.planning.gateway import (
     LOG_FORMAT, METRICS_SOURCE, METRICS_ZONE, NO_USAGE_COUNTS, USAGE_LINE_FIELDS, GatewayLayout, _lua_value, metrics_settings,
+    temp_path_directives,
 )
 from components.spec import load_stack_config
 from tests.test_gateway_nginx import (
@@ -411,6 +412,7 @@ class RecordHarness:
         (root / "nginx.conf").write_text("\n".join([
             *(f"load_module {m};" for m in lua["load_modules"]), "worker_processes 1;",
             f"pid {root}/nginx.pid;", f"error_log {root}/error.log notice;", "events {}", "http {",
+            *(f"    {line}" for line in temp_path_directives(root)),
             f'    lua_package_path "{root}/llm/?.lua;{lua["lua_path"]};;";',
             '    init_by_lua_block { require("gateway_metrics") }',
             f"    lua_shared_dict {METRICS_ZONE} 1m;",

@@ -502,6 +502,12 @@ def pool_keepalive_seconds(spec: StackSpec, pool: str) -> int:
     return upstream_keepalive_seconds(p.engine, p.env)
 
 
+def temp_path_directives(temp_dir: str | Path) -> list[str]:
+    """Each of nginx's temp paths under temp_dir: the built-in ones (/var/lib/nginx/...) exist only where
+    the nginx package was installed, and nginx will not start when one is missing."""
+    return [f"{kind}_temp_path {temp_dir}/{kind};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")]
+
+
 def nginx_conf(spec: StackSpec, layout: GatewayLayout,
                upstreams: Mapping[str, Sequence[tuple[str, int]]] | None = None) -> str:
     """nginx.conf for the gateway; `upstreams` (pool -> [(host, port)]) replaces the stack's replicas."""
@@ -538,8 +544,7 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
             f"    client_header_timeout {g.client_timeout_seconds}s;",
             f"    client_body_timeout {g.client_timeout_seconds}s;"]
     if layout.temp_dir:
-        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
-            out.append(f"    {kind}_temp_path {layout.temp_dir}/{kind};")
+        out += [f"    {line}" for line in temp_path_directives(layout.temp_dir)]
     out += ["",
             *_lua_directives(spec, layout),
             *_request_variables(),
