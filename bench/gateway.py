@@ -39,7 +39,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from components.planning.gateway import GatewayLayout, key_digests, key_ids, render_gateway  # noqa: E402
+from components.planning.gateway import (  # noqa: E402
+    GatewayLayout, key_digests, key_ids, render_gateway, temp_path_directives,
+)
 from components.spec import StackSpec, load_stack_config  # noqa: E402
 from plan.stackfile import load_stack_file  # noqa: E402
 from plan.cli import run as run_cli  # noqa: E402
@@ -94,6 +96,25 @@ def start_nginx(nginx: DeployedNginx, root: Path, conf: str, port: int) -> subpr
     raise SystemExit("nginx did not listen")
 
 
+def worker_of(master: int) -> int:
+    """The pid of the one worker the nginx master `master` started."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # a process that ended while the scan ran
+        if int(fields[1]) == master:
+            return int(stat.parent.name)
+    raise SystemExit(f"nginx {master} has no worker")
+
+
+def cpu_ns(pid: int) -> int:
+    """The time `pid` has spent on a CPU (ns, /proc/<pid>/schedstat): the kernel's own clock for the task,
+    without the time the hypervisor gave another guest (steal), so a per-request figure that the
+    machine's neighbours move far less than req/s."""
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+
+
 def simple_conf(root: Path, port: int, location: str, upstream: str = "") -> str:
     """A one-worker nginx with a single location (the fake replica, or the plain proxy)."""
     return f"""pid {root}/pid; error_log {root}/error.log warn;
@@ -101,22 +122,25 @@ worker_processes 1;
 events {{ worker_connections 4096; }}
 http {{
     access_log off;
-    client_body_temp_path {root}/body; proxy_temp_path {root}/proxy;
+    {' '.join(temp_path_directives(root))}
     {upstream}
     server {{ listen 127.0.0.1:{port}; location / {{ {location} }} }}
 }}
 """
 
 
-def wrk(url: str, connections: int, root: Path, seconds: int = SECONDS) -> dict[str, float]:
-    """requests/s, p50 and p99 (ms) and non-2xx count of a POST of BODY with the key."""
+def wrk(url: str, connections: int, root: Path, seconds: int = SECONDS, worker: int | None = None) -> dict[str, float]:
+    """requests/s, p50 and p99 (ms) and non-2xx count of a POST of BODY with the key; with the pid of
+    the target's nginx worker, also its CPU time per request (µs)."""
     script = root / "post.lua"
     script.write_text(f'wrk.method = "POST"\nwrk.body = {json.dumps(BODY)}\n'
                       'wrk.headers["Content-Type"] = "application/json"\n'
                       f'wrk.headers["Authorization"] = "Bearer {KEY}"\n')
+    before = cpu_ns(worker) if worker else 0
     out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s", "--latency",
                           "-s", str(script), url],
                          capture_output=True, text=True, check=True).stdout
+    busy = cpu_ns(worker) - before if worker else 0
 
     def ms(label: str) -> float:
         value, unit = re.search(rf"^\s*{label}\s+([\d.]+)(us|ms|s)\s*$", out, re.M).groups()  # type: ignore[union-attr]
@@ -124,10 +148,13 @@ def wrk(url: str, connections: int, root: Path, seconds: int = SECONDS) -> dict[
 
     bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     late = re.search(r"Socket errors: .*timeout (\d+)", out)
+    requests = float(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
     return {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),  # type: ignore[union-attr]
             "p50": ms("50%"), "p99": ms("99%"), "non2xx": float(bad.group(1)) if bad else 0.0,
-            "timeouts": float(late.group(1)) if late else 0.0,
-            "requests": float(re.search(r"(\d+) requests in", out).group(1))}  # type: ignore[union-attr]
+            "timeouts": float(late.group(1)) if late else 0.0, "requests": requests,
+            # wrk leaves out the requests its stop cut off (at most one per connection): a few
+            # more served than counted, alike for every nginx.
+            "cpu_us": busy / 1000 / max(requests, 1)}
 
 
 def write_gateway(nginx: DeployedNginx, spec: StackSpec, root: Path, up: int) -> tuple[int, int]:
@@ -251,22 +278,26 @@ def main() -> None:
                 procs.append(proc)
                 gateways[name] = (port, metrics, root / "usage")
             path = "/v1/chat/completions"
-            targets = {"direct": f"http://127.0.0.1:{up}{path}",
-                       "nginx proxy_pass": f"http://127.0.0.1:{proxy}{path}",
-                       **{name: f"http://127.0.0.1:{port}{path}" for name, (port, _, _) in gateways.items()}}
+            # Each target's URL and its nginx worker (procs: replica, plain proxy, the gateways).
+            workers = [worker_of(p.pid) for p in procs]
+            targets: dict[str, tuple[str, int | None]] = {
+                "direct": (f"http://127.0.0.1:{up}{path}", workers[0]),
+                "nginx proxy_pass": (f"http://127.0.0.1:{proxy}{path}", workers[1]),
+                **{name: (f"http://127.0.0.1:{port}{path}", worker)
+                   for (name, (port, _, _)), worker in zip(gateways.items(), workers[2:])}}
             if with_litellm:
                 litellm_python()
                 proc, lport = start_litellm(base / "litellm", up)
                 procs.append(proc)
-                targets["LiteLLM proxy"] = f"http://127.0.0.1:{lport}{path}"
+                targets["LiteLLM proxy"] = (f"http://127.0.0.1:{lport}{path}", None)
             runs: dict[tuple[str, int], list[dict[str, float]]] = {}
             order = list(targets.items())
             for rep in range(reps):
                 for c in CONNECTIONS:
                     # Interleaved, drift on the shared machine hits all alike; the order reversed every
                     # other repetition, so a machine speeding up or slowing down favours no target.
-                    for name, url in (order if rep % 2 == 0 else order[::-1]):
-                        runs.setdefault((name, c), []).append(wrk(url, c, base))
+                    for name, (url, worker) in (order if rep % 2 == 0 else order[::-1]):
+                        runs.setdefault((name, c), []).append(wrk(url, c, base, worker=worker))
             records = {name: recorded(metrics, usage) for name, (_, metrics, usage) in gateways.items()}
         finally:
             for p in procs:
@@ -281,14 +312,16 @@ def main() -> None:
     print(f"gateway benchmark: {label(nginx)}; loopback, wrk 1 thread, {SECONDS}s per run, {reps} "
           f"interleaved repetitions, medians; one nginx worker each; {os.cpu_count()} cores shared, load average "
           f"{load_before[0]:.1f} before, {load[0]:.1f} after (1-minute)")
-    print(f"{'target':<24}{'conns':>6}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'non-2xx':>9}{'timeouts':>10}")
+    print(f"{'target':<24}{'conns':>6}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'non-2xx':>9}{'timeouts':>10}"
+          f"{'worker CPU µs/req':>19}")
     fig: dict[tuple[str, int], dict[str, float]] = {}
     for (name, c), rs in runs.items():
-        fig[(name, c)] = {k: median([r[k] for r in rs]) for k in ("rps", "p50", "p99")}
+        fig[(name, c)] = {k: median([r[k] for r in rs]) for k in ("rps", "p50", "p99", "cpu_us")}
         bad = int(sum(r["non2xx"] for r in rs))
         f = fig[(name, c)]
         timeouts = int(sum(r["timeouts"] for r in rs))
-        print(f"{name:<24}{c:>6}{f['rps']:>10.0f}{f['p50']:>9.3f}{f['p99']:>9.3f}{bad:>9}{timeouts:>10}")
+        cpu = f"{f['cpu_us']:.1f}" if targets[name][1] else "-"
+        print(f"{name:<24}{c:>6}{f['rps']:>10.0f}{f['p50']:>9.3f}{f['p99']:>9.3f}{bad:>9}{timeouts:>10}{cpu:>19}")
     for c in CONNECTIONS:
         plain = fig[("nginx proxy_pass", c)]
         parts = []
@@ -296,9 +329,14 @@ def main() -> None:
             # Also each repetition's own ratio: plain nginx and the gateway run seconds apart in a
             # repetition, so a machine that speeds up or slows down between repetitions moves both alike.
             paired = [g["rps"] / p["rps"] for g, p in zip(runs[(name, c)], runs[("nginx proxy_pass", c)])]
+            # What one worker's core serves, as a share of plain nginx's: its CPU per request against
+            # plain nginx's, per repetition (the req/s ratio when the worker is the bottleneck, less
+            # the hypervisor's steal and the other processes' share of the two cores).
+            capacity = [p["cpu_us"] / g["cpu_us"] for g, p in zip(runs[(name, c)], runs[("nginx proxy_pass", c)])]
             parts.append(f"{name} / plain nginx {fig[(name, c)]['rps'] / plain['rps']:.2f}x req/s (paired: "
-                         f"{', '.join(f'{r:.2f}' for r in paired)}; median {median(paired):.2f}x), added p50 "
-                         f"{fig[(name, c)]['p50'] - plain['p50']:+.3f} ms")
+                         f"{', '.join(f'{r:.2f}' for r in paired)}; median {median(paired):.2f}x), "
+                         f"{median(capacity):.2f}x per worker CPU (paired: {', '.join(f'{r:.2f}' for r in capacity)}), "
+                         f"added p50 {fig[(name, c)]['p50'] - plain['p50']:+.3f} ms")
         if ("LiteLLM proxy", c) in fig:
             lite = fig[("LiteLLM proxy", c)]
             parts.append(f"gateway / LiteLLM {fig[(GATEWAY, c)]['rps'] / lite['rps']:.0f}x req/s" if lite["rps"]
