@@ -23,6 +23,8 @@ class Spec(BaseModel):
     model_config = ConfigDict(
         alias_generator=to_camel, populate_by_name=False, frozen=True, extra="forbid",
         use_attribute_docstrings=True,
+        # YAML's .nan and .inf are floats: no size, count, rate or timeout of a stack is one.
+        allow_inf_nan=False,
     )
 
     @model_validator(mode="before")
@@ -113,6 +115,7 @@ VALUE_WORDS = {
     "int_parsing": "expected a whole number", "int_type": "expected a whole number",
     "int_from_float": "expected a whole number, not a fraction",
     "float_parsing": "expected a number", "float_type": "expected a number",
+    "finite_number": "expected a finite number (.nan and .inf are not)",
     "bool_parsing": "expected true or false", "bool_type": "expected true or false",
     "string_type": "expected text", "greater_than": "must be greater than {gt}",
     "greater_than_equal": "must be at least {ge}", "less_than": "must be less than {lt}",
