@@ -24,7 +24,8 @@ from plan.harness import DuplicateUrnError, run_main_program  # noqa: E402
 from plan.report import PlanResult, artifacts_of, in_stable_order, plan_json, render_text, write_artifacts  # noqa: E402
 from plan.redact import CREDENTIAL_SHAPES, REDACTED, Redactor  # noqa: E402
 from plan.secrets import find_leaks, text_leaks, unmarked_outputs  # noqa: E402
-from plan.stackfile import load_spec  # noqa: E402
+from components.spec import SpecError  # noqa: E402
+from plan.stackfile import load_spec, say_invalid  # noqa: E402
 from plan.ci import configured_levels, junit, repo_uri, sarif, write_text  # noqa: E402
 from plan.cli import emit, run as run_cli  # noqa: E402
 
@@ -82,7 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     if loaded is None:
         return EXIT_INVALID
     stack, spec = loaded
-    capacity = capacity_report(spec)
+    try:
+        capacity = capacity_report(spec)
+    except SpecError as err:  # a key the spec let through that planning cannot use: still the config's fault
+        say_invalid(path, err)
+        return EXIT_INVALID
     try:
         policy_config = _json_file(args.policy_config, "--policy-config")
         against = _json_file(args.against, "--against")
@@ -95,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         run = run_main_program(stack.config, stack.secret_keys, stack=stack.name, preview=not args.up)
     except pulumi.RunError as err:  # what the program raises for a config it cannot deploy
         print(f"invalid stack config {path}:\n  {CREDENTIAL_SHAPES.sub(REDACTED, str(err))}", file=sys.stderr)
+        return EXIT_INVALID
+    except SpecError as err:  # raised by planning code inside the program, past the spec's checks
+        say_invalid(path, err)
         return EXIT_INVALID
     except DuplicateUrnError as err:  # the engine would refuse the whole preview
         print(f"the program cannot be deployed from {path}:\n  {err}", file=sys.stderr)

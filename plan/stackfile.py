@@ -106,12 +106,17 @@ def load_stack_file(path: Path, name: str | None = None) -> StackFile:
 def load_spec(path: Path, name: str | None = None) -> tuple[StackFile, StackSpec] | None:
     """The stack file and its validated spec; None after saying on stderr why the stack is invalid, one
     issue a line, with anything shaped like a credential redacted (the message may quote a value)."""
-    from plan.redact import CREDENTIAL_SHAPES, REDACTED  # plan.redact reads the harness: only when needed
     try:
         stack = load_stack_file(path, name)
         return stack, load_stack_config(stack.config, stack.secret_keys)
     except SpecError as err:
-        print(f"invalid stack config {path}:", file=sys.stderr)
-        for issue in err.issues:
-            print(f"  {CREDENTIAL_SHAPES.sub(REDACTED, str(issue))}", file=sys.stderr)
+        say_invalid(path, err)
         return None
+
+
+def say_invalid(path: Path, err: SpecError) -> None:
+    """Say on stderr why the stack is invalid: one issue a line, anything shaped like a credential redacted."""
+    from plan.redact import CREDENTIAL_SHAPES, REDACTED  # plan.redact reads the harness: only when needed
+    print(f"invalid stack config {path}:", file=sys.stderr)
+    for issue in err.issues:
+        print(f"  {CREDENTIAL_SHAPES.sub(REDACTED, str(issue))}", file=sys.stderr)

@@ -111,6 +111,15 @@ BAD: list[tuple[str, Mutation, list[str]]] = [
      lambda c: s(c, "models")["qwen3-30b-a3b"].update(path="data/models/Qwen3-30B-A3B"),
      ["models.qwen3-30b-a3b.path: 'data/models/Qwen3-30B-A3B' must be an absolute path on the nodes "
       "(starting with /)"]),
+    ("an architecture the catalog does not know (a traceback out of the capacity plan, exit 1)",
+     lambda c: s(c, "models")["deepseek-r1"].update(arch="deepseek-r2"),
+     ["models.deepseek-r1.arch: unknown model 'deepseek-r2'; known: deepseek-r1, deepseek-r1-distill-qwen-32b, "
+      "deepseek-v3, gpt-oss-120b, kimi-k2, llama-3.1-405b, llama-3.3-70b, qwen3-235b-a22b, qwen3-30b-a3b, qwen3-32b "
+      "(or give the path of a config.json)"]),
+    ("a config.json that is not there (a traceback out of the capacity plan, exit 1)",
+     lambda c: s(c, "models")["deepseek-r1"].update(arch=None, configJson="/nonexistent/config.json"),
+     ["models.deepseek-r1.configJson: cannot read /nonexistent/config.json: [Errno 2] No such file or directory: "
+      "'/nonexistent/config.json'"]),
     ("a read timeout beyond a day",
      lambda c: s(c, "pools")["chat"].update(readTimeoutSeconds=10**9),
      ["pools.chat.readTimeoutSeconds: 1000000000 is not allowed: must be at most 86400"]),
@@ -192,3 +201,21 @@ def test_a_bad_file_in_the_stack_exits_2_naming_the_key_not_a_traceback(tmp_path
         f"invalid stack config {stack}:\n  pools.chat.vllm.moeConfigFiles[0]: cannot read a JSON tile config from "
         "/etc/E=128,N=96,device_name=Tesla_V100-SXM2-32GB.json: [Errno 2] No such file or directory: "
         "'/etc/E=128,N=96,device_name=Tesla_V100-SXM2-32GB.json'\n")
+
+
+def test_a_spec_error_past_the_spec_checks_exits_2_not_a_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    # Planning code raises SpecError for a key it cannot use; one the spec let through is still the config's
+    # fault: exit 2 naming the key, as for any invalid config (it was a traceback and exit 1, read as a violation).
+    import plan.__main__ as cli
+    from components.spec import SpecIssue
+
+    def refuse(spec: Any) -> Any:
+        raise SpecError([SpecIssue("models.deepseek-r1.arch", "what planning could not use")])
+    monkeypatch.setattr(cli, "capacity_report", refuse)
+    stack = tmp_path / "Pulumi.bad.yaml"
+    stack.write_text(yaml.safe_dump({"config": prod_config()}))
+    assert cli.main(["--config", str(stack), "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    assert capsys.readouterr().err == (f"invalid stack config {stack}:\n"
+                                       "  models.deepseek-r1.arch: what planning could not use\n")
+    assert not (tmp_path / "out").exists()

@@ -138,7 +138,9 @@ def test_quiet_prints_only_the_verdict(tmp_path: Path) -> None:
                          "    gpu-06: {address: 192.168.10.17}"),
      "duplicate key 'gpu-06' (the second one would silently win)"),
     (lambda t: t.replace("config:", "config: [", 1), "is not valid YAML"),
-], ids=["bad type", "unknown node", "plaintext secret", "duplicate YAML key", "broken YAML"])
+    (lambda t: t.replace("arch: deepseek-r1", "arch: deepseek-r2"),
+     "  models.deepseek-r1.arch: unknown model 'deepseek-r2'; known: deepseek-r1, "),
+], ids=["bad type", "unknown node", "plaintext secret", "duplicate YAML key", "broken YAML", "unknown architecture"])
 def test_invalid_stacks_exit_2_naming_the_key(tmp_path: Path, edit, expected: str) -> None:
     proc = plan(tmp_path, "--config", str(stack_file(tmp_path, edit(PROD_TEXT))))
     assert proc.returncode == 2

@@ -136,10 +136,17 @@ def _check_references(s: StackSpec) -> list[SpecIssue]:
 
 
 def _check_files(s: StackSpec) -> list[SpecIssue]:
-    """Files the stack names on the operator's machine, read now so a bad one is a config error, not a
-    failure halfway through the program (the fused-MoE tile configs)."""
+    """What the stack names in a table or a file on the operator's machine, looked up now so a bad one is a
+    config error, not a traceback halfway through the plan (each model's architecture: its catalog name or
+    its configJson; the fused-MoE tile configs)."""
     from components.planning.engines.vllm import moe_configs
+    from components.planning.pool_capacity import model_architecture
     issues: list[SpecIssue] = []
+    for mname in s.models:
+        try:
+            model_architecture(s, mname)
+        except SpecError as err:
+            issues += err.issues
     for pname, p in s.pools.items():
         if p.vllm is not None and p.vllm.moe_config_files:
             try:
