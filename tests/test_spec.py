@@ -351,3 +351,25 @@ def test_all_issues_are_reported_at_once(config: dict[str, Any]) -> None:
         "pools.reasoning.nodes[1]: 'gpu-09' is not a node; nodes are: gpu-01, gpu-02, gpu-03, gpu-04, gpu-05, gpu-06",
         "gateway.node: 'mgmt' is not a node; nodes are: gpu-01, gpu-02, gpu-03, gpu-04, gpu-05, gpu-06",
     ]
+
+
+def test_a_section_stated_as_a_secret_says_so(config: dict[str, Any]) -> None:
+    # `pulumi config set --secret ssh …`: the value is a ciphertext; it was refused as "not valid JSON".
+    config[NS + "ssh"] = "plan-secret-0123456789abcdef"
+    assert refused(config, frozenset({NS + "ssh"})) == [
+        "llm-cluster:ssh: a secret is not allowed here: ssh is plain config, stated in the stack file (secrets are "
+        "only llm-cluster:sshPrivateKey, llm-cluster:sshPrivateKeyPassword, llm-cluster:gatewayApiKeys, "
+        "llm-cluster:gatewayTlsCert, llm-cluster:gatewayTlsKey, llm-cluster:grafanaAdminPassword, "
+        "llm-cluster:alertmanagerConfig, llm-cluster:registryUsername, llm-cluster:registryPassword)"]
+
+
+@pytest.mark.parametrize("text", ["root", ""])
+def test_a_section_stated_as_text_says_a_mapping_belongs_there(config: dict[str, Any], text: str) -> None:
+    # `llm-cluster:ssh: root`: the text was parsed as JSON and refused with json's words ("Expecting value").
+    config[NS + "ssh"] = text
+    assert refused(config) == [f"ssh: {text!r} is not allowed: expected a mapping (key: value lines)"]
+
+
+def test_a_section_the_engine_hands_over_as_json_text_is_read(config: dict[str, Any]) -> None:
+    config[NS + "ssh"] = '{"user": "ops", "agent": true}'
+    assert load_stack_config(config, set()).ssh.user == "ops"

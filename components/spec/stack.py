@@ -431,12 +431,19 @@ def load_stack_config(config: Mapping[str, Any], secret_keys: set[str] | frozens
                                         f"`pulumi config set --secret {key}` ({SECRET_KEYS[key]})"))
             secrets.add(key)
         elif key in SECTIONS:
+            if full_key in secret_keys:
+                # Its value is a ciphertext (plan: a placeholder): saying "not valid JSON" would hide the cause.
+                issues.append(SpecIssue(full_key, "a secret is not allowed here: " + key + " is plain config, "
+                                        "stated in the stack file (secrets are only " + ", ".join(
+                                            prefix + k for k in SECRET_KEYS) + ")"))
+                continue
             if isinstance(raw, str):
+                # The Pulumi engine hands a structured value over as JSON text; any other text is what the
+                # user wrote, and the section's model says what it should have been (a mapping).
                 try:
                     raw = json.loads(raw)
-                except json.JSONDecodeError as e:
-                    issues.append(SpecIssue(full_key, f"is not valid JSON/YAML structure: {e.msg}"))
-                    continue
+                except json.JSONDecodeError:
+                    pass
             sections[key] = raw
         else:
             issues.append(SpecIssue(full_key, "unknown config key; allowed: "
