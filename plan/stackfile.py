@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from components.spec import NAMESPACE, SpecError, SpecIssue, StackSpec, load_stack_config
+from components.spec import NAMESPACE, SECTIONS, SpecError, SpecIssue, StackSpec, load_stack_config
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -21,6 +21,10 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
     seen: set[Any] = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
+        if isinstance(key, (list, dict)):  # `? [a, b]` or `[a]: …`: unhashable, a TypeError further down
+            raise yaml.constructor.ConstructorError(
+                None, None, f"a key must be a name, not a {'list' if isinstance(key, list) else 'mapping'}",
+                key_node.start_mark)
         if key in seen:
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r} (the second one would silently win)", key_node.start_mark)
@@ -83,6 +87,10 @@ def load_stack_file(path: Path, name: str | None = None) -> StackFile:
         raise SpecError([SpecIssue(str(path), f"is not valid YAML: {e}")]) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("config", {}), dict):
         raise SpecError([SpecIssue(f"{path}", "must be a mapping with a `config:` mapping")])
+    misplaced = sorted(str(k) for k in doc if ":" in str(k) or str(k) in SECTIONS)
+    if misplaced:  # the config keys written at the top of the file, without `config:` above them
+        raise SpecError([SpecIssue(f"{path}", f"the top-level key {misplaced[0]!r} is not allowed: config keys go "
+                                   "under `config:`, indented below it")])
     raw: dict[str, Any] = doc.get("config") or {}
     odd = [k for k in raw if not isinstance(k, str)]
     if odd:

@@ -219,3 +219,40 @@ def test_a_spec_error_past_the_spec_checks_exits_2_not_a_traceback(tmp_path: Pat
     assert capsys.readouterr().err == (f"invalid stack config {stack}:\n"
                                        "  models.deepseek-r1.arch: what planning could not use\n")
     assert not (tmp_path / "out").exists()
+
+
+PROD_TEXT = (ROOT / "Pulumi.prod.yaml").read_text()
+# The stack file as a whole written wrong: each refused by the planner's loader, naming where, no traceback.
+BAD_FILES: list[tuple[str, Callable[[str], str], str]] = [
+    ("a list as a key (a TypeError: unhashable type: 'list')",
+     lambda t: t.replace("    gpu-06: {address: 192.168.10.16}", "    [gpu-06]: {address: 192.168.10.16}"),
+     "{path}: is not valid YAML: a key must be a name, not a list\n  in \"<unicode string>\", line 27, column 5:\n"
+     "        [gpu-06]: {{address: 192.168.10.16}}\n        ^"),
+    ("the config keys without `config:` above them (was 'nodes: required key is missing')",
+     lambda t: t.replace("config:\n", "", 1).replace("\n  llm-cluster:", "\nllm-cluster:"),
+     "{path}: the top-level key 'llm-cluster:gateway' is not allowed: config keys go under `config:`, "
+     "indented below it"),
+    ("the project's namespace misspelt (was 'nodes: required key is missing')",
+     lambda t: t.replace("  llm-cluster:nodes:", "  llm-clustr:nodes:"),
+     "llm-clustr:nodes: the namespace 'llm-clustr' is not allowed: this project reads llm-cluster:nodes (its "
+     "namespace is the project name, llm-cluster)"),
+    ("a section stated as a secret (was 'is not valid JSON/YAML structure: Expecting value')",
+     lambda t: t.replace("  llm-cluster:nccl:\n    ibDisable: false\n", "  llm-cluster:nccl:\n    secure: AAABAJ1c2Vy\n")
+     .replace("    debug: WARN                 # INFO while bringing a new cluster up (shows NET/IB vs NET/Socket)\n", ""),
+     "llm-cluster:nccl: a secret is not allowed here: nccl is plain config, stated in the stack file (secrets are "
+     "only llm-cluster:sshPrivateKey, llm-cluster:sshPrivateKeyPassword, llm-cluster:gatewayApiKeys, "
+     "llm-cluster:gatewayTlsCert, llm-cluster:gatewayTlsKey, llm-cluster:grafanaAdminPassword, "
+     "llm-cluster:alertmanagerConfig, llm-cluster:registryUsername, llm-cluster:registryPassword)"),
+]
+
+
+@pytest.mark.parametrize("edit,expected", [pytest.param(e, x, id=i) for i, e, x in BAD_FILES])
+def test_a_bad_stack_file_is_refused_saying_where(edit: Callable[[str], str], expected: str, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from plan.stackfile import load_spec
+    stack = tmp_path / "Pulumi.bad.yaml"
+    edited = edit(PROD_TEXT)
+    assert edited != PROD_TEXT
+    stack.write_text(edited)
+    assert load_spec(stack) is None
+    assert capsys.readouterr().err == f"invalid stack config {stack}:\n  {expected.format(path=stack)}\n"

@@ -423,6 +423,12 @@ def load_stack_config(config: Mapping[str, Any], secret_keys: set[str] | frozens
     prefix = NAMESPACE + ":"
     for full_key, raw in config.items():
         if not full_key.startswith(prefix):
+            # Other namespaces are providers' (docker:host); one holding this project's key name is a typo
+            # that would otherwise surface as "nodes: required key is missing".
+            namespace, _, name = full_key.rpartition(":")
+            if namespace and (name in SECTIONS or name in SECRET_KEYS):
+                issues.append(SpecIssue(full_key, f"the namespace {namespace!r} is not allowed: this project reads "
+                                        f"{prefix}{name} (its namespace is the project name, {NAMESPACE})"))
             continue
         key = full_key[len(prefix):]
         if key in SECRET_KEYS:
