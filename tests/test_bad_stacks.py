@@ -120,6 +120,12 @@ BAD: list[tuple[str, Mutation, list[str]]] = [
      lambda c: s(c, "models")["deepseek-r1"].update(arch=None, configJson="/nonexistent/config.json"),
      ["models.deepseek-r1.configJson: cannot read /nonexistent/config.json: [Errno 2] No such file or directory: "
       "'/nonexistent/config.json'"]),
+    ("a time beyond any tool's (1e18 minutes became a Docker start_period past Go's 292-year limit)",
+     lambda c: s(c, "pools")["reasoning"].update(loadTimeoutMinutes=10**18),
+     ["pools.reasoning.loadTimeoutMinutes: 1000000000000000000 is not allowed: must be at most 2147483647"]),
+    ("a burst beyond any tool's, written as a float",
+     lambda c: s(c, "gateway")["apiKeys"][0]["rateLimit"].update(burst=1e18),
+     ["gateway.apiKeys[0].rateLimit.burst: 1e+18 is not allowed: must be at most 2147483647"]),
     ("a read timeout beyond a day",
      lambda c: s(c, "pools")["chat"].update(readTimeoutSeconds=10**9),
      ["pools.chat.readTimeoutSeconds: 1000000000 is not allowed: must be at most 86400"]),
@@ -174,6 +180,8 @@ ACCEPTED: list[tuple[str, Mutation]] = [
         nodeExporter={"image": "prom/node-exporter@sha256:" + "a" * 64, "port": 9100})),
     ("a registry host in upper case", lambda c: s(c, "pools")["chat"].update(
         image="Registry.Local:5000/vllm/vllm-openai:v0.19.1")),
+    ("the largest whole number a key without its own bound takes",
+     lambda c: s(c, "pools")["reasoning"].update(loadTimeoutMinutes=2**31 - 1)),
     ("the node's RAM stated", lambda c: s(c, "nodeDefaults").update(memoryGib=377.5)),
     ("a MoE tile config named as it is in the project", lambda c: s(c, "pools")["chat"]["vllm"].update(
         moeConfigFiles=[MOE])),
