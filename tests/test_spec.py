@@ -373,3 +373,33 @@ def test_a_section_stated_as_text_says_a_mapping_belongs_there(config: dict[str,
 def test_a_section_the_engine_hands_over_as_json_text_is_read(config: dict[str, Any]) -> None:
     config[NS + "ssh"] = '{"user": "ops", "agent": true}'
     assert load_stack_config(config, set()).ssh.user == "ops"
+
+
+def test_every_pattern_of_the_spec_is_said_in_words() -> None:
+    # A pattern without words reached the user as pydantic's "String should match pattern '^[A-Za-z0-9._+-]…'"
+    # (llamacpp.ggufFile, imageFacts.version).
+    import typing
+
+    from pydantic import BaseModel
+
+    from components.spec.base import PATTERN_WORDS
+
+    found: dict[str, str] = {}
+
+    def walk(model: type[BaseModel], where: str, seen: set[type]) -> None:
+        if model in seen:
+            return
+        seen.add(model)
+        for name, field in model.model_fields.items():
+            stack = [field.annotation, *field.metadata]
+            while stack:
+                item = stack.pop()
+                pattern = getattr(item, "pattern", None)
+                if isinstance(pattern, str):
+                    found.setdefault(pattern, f"{where}.{field.alias or name}")
+                if isinstance(item, type) and issubclass(item, BaseModel):
+                    walk(item, f"{where}.{field.alias or name}", seen)
+                stack += [*typing.get_args(item), *getattr(item, "__metadata__", ())]
+    walk(StackSpec, "", set())
+    assert found, "the walk found no pattern: it proves nothing"
+    assert {k: v for k, v in found.items() if k not in PATTERN_WORDS} == {}

@@ -1,6 +1,7 @@
 """Shared base for the stack model: strict pydantic models and errors that name the key path."""
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -54,7 +55,7 @@ class Spec(BaseModel):
         if kind == "bool" and isinstance(value, (int, float)) and not isinstance(value, bool):
             raise PydanticCustomError("number_for_bool", "expected true or false, not a number")
         if (field is not None and whole_number(field.annotation) and isinstance(value, (int, float))
-                and not isinstance(value, bool) and value > MAX_WHOLE_NUMBER
+                and not isinstance(value, bool) and math.isfinite(value) and value > MAX_WHOLE_NUMBER
                 and not any(isinstance(m, (annotated_types.Le, annotated_types.Lt)) for m in field.metadata)):
             # A count, size or time with no bound of its own: 1e18 minutes wraps in bash's arithmetic, is past
             # a Go duration's 292 years (Docker's start_period), long after the plan said it was fine.
@@ -126,6 +127,10 @@ PATTERN_WORDS: dict[str, str] = {
     r"^[A-Za-z0-9_.:-]+$": "an interface name: letters, digits and . _ : - (as `ip link` lists it, e.g. bond0)",
     r"^\d+(\.\d+){0,2}$": "a version: one to three numbers separated by dots, e.g. 535.104",
     r"^[A-Z][A-Z0-9_]*$": "an upper-case name: letters, digits and '_', e.g. TRITON_ATTN",
+    r"^\d+\.\d+(\.\d+)?([a-z0-9.+-]*)$": "a version: two or three numbers separated by dots, then any lower-case "
+                                      "suffix, e.g. 0.19.1 or 0.11.0rc1",
+    r"^[A-Za-z0-9._+-][A-Za-z0-9._+/-]*\.gguf$": "a .gguf file name inside the model's path: letters, digits, "
+                                                "and . _ + - / (not starting with /), ending in .gguf",
 }
 # pydantic's words for a wrong container type name its own classes; users wrote YAML.
 TYPE_WORDS = {"dict_type": "expected a mapping (key: value lines)", "model_type": "expected a mapping (key: value lines)",
@@ -136,6 +141,7 @@ TYPE_WORDS = {"dict_type": "expected a mapping (key: value lines)", "model_type"
 VALUE_WORDS = {
     "int_parsing": "expected a whole number", "int_type": "expected a whole number",
     "int_from_float": "expected a whole number, not a fraction",
+    "int_parsing_size": "expected a whole number, not one this large",
     "float_parsing": "expected a number", "float_type": "expected a number",
     "finite_number": "expected a finite number (.nan and .inf are not)",
     "bool_parsing": "expected true or false", "bool_type": "expected true or false",
@@ -173,8 +179,10 @@ def issues_from_validation_error(err: ValidationError, prefix: tuple[Any, ...] =
             loc = loc + (e["ctx"]["key"],)
         elif e["type"] == "missing":
             msg = "required key is missing"
-        elif e["type"] == "string_pattern_mismatch" and e.get("ctx", {}).get("pattern") in PATTERN_WORDS:
-            msg = f"{e['input']!r} is not allowed: must be {PATTERN_WORDS[e['ctx']['pattern']]}"
+        elif e["type"] == "string_pattern_mismatch":
+            # Every pattern of the spec has its words (tests/test_spec.py checks); a regex is the last resort.
+            words = PATTERN_WORDS.get(ctx.get("pattern"), f"text matching the pattern {ctx.get('pattern')}")
+            msg = f"{e['input']!r} is not allowed: must be {words}"
         elif e["type"] in TYPE_WORDS:
             msg = f"{shown(e['input'])} is not allowed: {TYPE_WORDS[e['type']]}"
         elif e["type"] == "too_short" and ctx.get("min_length") == 1:
