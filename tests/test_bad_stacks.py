@@ -65,6 +65,9 @@ BAD: list[tuple[str, Mutation, list[str]]] = [
      lambda c: s(c, "pools")["chat"].update(imageFacts={"like": "vllm/vllm-openai:v0.19.1", "version": "v0.19"}),
      ["pools.chat.imageFacts.version: 'v0.19' is not allowed: must be a version: two or three numbers separated by "
       "dots, then any lower-case suffix, e.g. 0.19.1 or 0.11.0rc1"]),
+    ("a date where text belongs (YAML reads 2026-01-01 as a date; it was shown as datetime.date(2026, 1, 1))",
+     lambda c: s(c, "models")["deepseek-r1"].update(revision=__import__("datetime").date(2026, 1, 1)),
+     ["models.deepseek-r1.revision: 2026-01-01 is not allowed: expected text"]),
     ("zero RAM",
      lambda c: s(c, "nodeDefaults").update(memoryGib=0),
      ["nodeDefaults.memoryGib: 0 is not allowed: must be greater than 0"]),

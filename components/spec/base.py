@@ -1,6 +1,7 @@
 """Shared base for the stack model: strict pydantic models and errors that name the key path."""
 from __future__ import annotations
 
+import datetime
 import math
 import re
 from dataclasses import dataclass
@@ -164,6 +165,8 @@ def shown(value: Any) -> str:
         return "true" if value else "false"
     if value is None:
         return "null"
+    if isinstance(value, (datetime.date, datetime.datetime)):
+        return value.isoformat()  # YAML reads 2026-01-01 as a date: say it as written, not datetime.date(…)
     return repr(value)
 
 
