@@ -55,27 +55,18 @@ class Spec(BaseModel):
             raise PydanticCustomError("bool_for_number", "expected a number, not true/false")
         if kind == "bool" and isinstance(value, (int, float)) and not isinstance(value, bool):
             raise PydanticCustomError("number_for_bool", "expected true or false, not a number")
-        if (field is not None and whole_number(field.annotation) and isinstance(value, (int, float))
-                and not isinstance(value, bool) and math.isfinite(value) and value > MAX_WHOLE_NUMBER
+        if (kind == "number" and isinstance(value, (int, float)) and math.isfinite(value) and value > MAX_NUMBER
                 and not any(isinstance(m, (annotated_types.Le, annotated_types.Lt)) for m in field.metadata)):
-            # A count, size or time with no bound of its own: 1e18 minutes wraps in bash's arithmetic, is past
-            # a Go duration's 292 years (Docker's start_period), long after the plan said it was fine.
-            raise PydanticCustomError("less_than_equal", "must be at most {le}", {"le": MAX_WHOLE_NUMBER})
+            # A count, size, rate or time with no bound of its own: 1e18 minutes wraps in bash's arithmetic, is
+            # past a Go duration's 292 years (Docker's start_period), 1e18 r/s is no rate nginx parses -- long
+            # after the plan said it was fine.
+            raise PydanticCustomError("less_than_equal", "must be at most {le}", {"le": MAX_NUMBER})
         return value
 
 
-# The largest whole number a key without a bound of its own takes (a signed 32-bit int): beyond any
-# count, size in GiB, length in tokens or time a stack states, within what every tool it reaches parses.
-MAX_WHOLE_NUMBER = 2**31 - 1
-
-
-def whole_number(annotation: Any) -> bool:
-    """True for an int field (optional too)."""
-    if annotation is int:
-        return True
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        return [a for a in typing.get_args(annotation) if a is not type(None)] == [int]
-    return False
+# The largest number a key without a bound of its own takes (a signed 32-bit int): beyond any count,
+# size in GiB, rate, length in tokens or time a stack states, within what every tool it reaches parses.
+MAX_NUMBER = 2**31 - 1
 
 
 def scalar_kind(annotation: Any) -> str | None:
