@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from components.spec import NAMESPACE, SECTIONS, SpecError, SpecIssue, StackSpec, load_stack_config
+from components.spec.stack import secret_in_plain_config
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -105,10 +106,26 @@ def load_stack_file(path: Path, name: str | None = None) -> StackFile:
             secret_keys.add(full)
             continue
         config[full] = value
+    nested = [issue for full, value in config.items() if full.startswith(f"{NAMESPACE}:")
+              for issue in _nested_secrets(full[len(NAMESPACE) + 1:], full[len(NAMESPACE) + 1:], value)]
+    if nested:
+        raise SpecError(nested)
     for full in sorted(secret_keys):
         secrets[full] = _placeholder_value(name, full, config)
         config[full] = secrets[full]
     return StackFile(name, path, config, frozenset(secret_keys), secrets)
+
+
+def _nested_secrets(section: str, at: str, value: Any) -> list[SpecIssue]:
+    """Each `secure:` value inside a section (`pulumi config set --secret --path`): the program would hand it
+    on in clear (a container's env, a file), so it is refused, saying where secrets go."""
+    if isinstance(value, dict) and set(value) == {"secure"}:
+        return [secret_in_plain_config(at, section)]
+    if isinstance(value, dict):
+        return [i for k, v in value.items() for i in _nested_secrets(section, f"{at}.{k}", v)]
+    if isinstance(value, list):
+        return [i for n, v in enumerate(value) for i in _nested_secrets(section, f"{at}[{n}]", v)]
+    return []
 
 
 def load_spec(path: Path, name: str | None = None) -> tuple[StackFile, StackSpec] | None:

@@ -260,6 +260,13 @@ BAD_FILES: list[tuple[str, Callable[[str], str], str]] = [
      lambda t: t.replace("  llm-cluster:nodes:", "  llm-clustr:nodes:"),
      "llm-clustr:nodes: the namespace 'llm-clustr' is not allowed: this project reads llm-cluster:nodes (its "
      "namespace is the project name, llm-cluster)"),
+    ("a secret inside a section (`pulumi config set --secret --path`: the container's env would carry it in clear)",
+     lambda t: t.replace("      readTimeoutSeconds: 600\n",
+                         "      readTimeoutSeconds: 600\n      env:\n        HF_TOKEN: {secure: AAABAJ1c2Vy}\n", 1),
+     "pools.chat.env.HF_TOKEN: a secret is not allowed here: pools is plain config, stated in the stack file (secrets are "
+     "only llm-cluster:sshPrivateKey, llm-cluster:sshPrivateKeyPassword, llm-cluster:gatewayApiKeys, "
+     "llm-cluster:gatewayTlsCert, llm-cluster:gatewayTlsKey, llm-cluster:grafanaAdminPassword, "
+     "llm-cluster:alertmanagerConfig, llm-cluster:registryUsername, llm-cluster:registryPassword)"),
     ("a section stated as a secret (was 'is not valid JSON/YAML structure: Expecting value')",
      lambda t: t.replace("  llm-cluster:nccl:\n    ibDisable: false\n", "  llm-cluster:nccl:\n    secure: AAABAJ1c2Vy\n")
      .replace("    debug: WARN                 # INFO while bringing a new cluster up (shows NET/IB vs NET/Socket)\n", ""),

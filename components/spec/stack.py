@@ -415,6 +415,13 @@ def parse_stack(sections: Mapping[str, Any], secrets: frozenset[str] = frozenset
     return spec
 
 
+def secret_in_plain_config(at: str, section: str) -> SpecIssue:
+    """A `secure:` value where the section is plain config (the whole section, or a value inside it): the
+    program would hand it on in clear."""
+    return SpecIssue(at, f"a secret is not allowed here: {section} is plain config, stated in the stack file "
+                     "(secrets are only " + ", ".join(f"{NAMESPACE}:{k}" for k in SECRET_KEYS) + ")")
+
+
 def load_stack_config(config: Mapping[str, Any], secret_keys: set[str] | frozenset[str]) -> StackSpec:
     """Build the spec from Pulumi config (full keys `llm-cluster:<section>`), refusing unknown keys and plaintext secrets."""
     issues: list[SpecIssue] = []
@@ -439,9 +446,7 @@ def load_stack_config(config: Mapping[str, Any], secret_keys: set[str] | frozens
         elif key in SECTIONS:
             if full_key in secret_keys:
                 # Its value is a ciphertext (plan: a placeholder): saying "not valid JSON" would hide the cause.
-                issues.append(SpecIssue(full_key, "a secret is not allowed here: " + key + " is plain config, "
-                                        "stated in the stack file (secrets are only " + ", ".join(
-                                            prefix + k for k in SECRET_KEYS) + ")"))
+                issues.append(secret_in_plain_config(full_key, key))
                 continue
             if isinstance(raw, str):
                 # The Pulumi engine hands a structured value over as JSON text; any other text is what the
