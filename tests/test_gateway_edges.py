@@ -348,3 +348,32 @@ def test_a_chunked_request_body_and_expect_100_continue_are_routed_by_their_mode
     # The replica gets each body whole, with a length (nginx reads chunked bodies before proxying).
     assert [r["body"] for r in got] == [json.loads(body)] * 2
     assert all(r["headers"].get("Content-Length") == str(len(body)) for r in got)
+
+
+# --- what a replica does wrong ------------------------------------------------------------------
+
+def test_a_stream_the_replica_cut_mid_event_is_logged_as_cut(gw_keys: tuple[NginxGateway, dict[str, str]],
+                                                            pools: dict[str, list[FakeReplica]]) -> None:
+    """nginx ends a response whose replica died mid-way without the last chunk (the client can tell)
+    but still calls the request complete ($request_completion "OK"): the line says it was cut."""
+    gw, keys = gw_keys
+    body = {"model": R1, "stream": True, "stream_options": {"include_usage": True}, "cut": 1}
+    sock = socket.create_connection(("127.0.0.1", gw.port), timeout=WAIT)
+    sock.sendall(post("/v1/chat/completions?t=replica-cut", keys["default"], json.dumps(body).encode(),
+                      "Connection: close\r\n"))
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    sock.close()
+    head, _, text = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ") and b'"t0"' in text and b'"t1"' not in text
+    assert not text.endswith(b"0\r\n\r\n")  # no last chunk: the client sees the answer is incomplete
+    cut = log_line(gw, "replica-cut")
+    assert (cut["status"], cut["upstream_status"], cut["completed"], cut["events"], cut["total_tokens"]) == (
+        200, "200", "", 2, None)
+    # Whole answers, streamed, plain or in one-byte pieces, are still complete.
+    for marker, extra in (("whole-stream", {"stream": True}), ("whole-json", {}), ("whole-bytes", {"fragment": 1}),
+                          ("whole-bytes-stream", {"stream": True, "fragment": 1})):
+        assert gw.call("POST", f"/v1/chat/completions?t={marker}", {"model": R1, **extra}, keys["default"])[0] == 200
+        assert log_line(gw, marker)["completed"] == "OK", marker
+

@@ -207,7 +207,14 @@ class FakeReplica:
                     event = {"choices": [{"index": 0, "delta": {"content": f"t{i}"}}]}
                     if with_usage:
                         event["usage"] = None
-                    self._chunk(b"data: " + json.dumps(event).encode() + b"\n\n", fragment)
+                    data = b"data: " + json.dumps(event).encode() + b"\n\n"
+                    if body.get("cut") == i:
+                        # The replica dies mid-event: half of it in a chunk that promises all of it, then the close.
+                        self.wfile.write(b"%x\r\n%s" % (len(data), data[:len(data) // 2]))
+                        self.wfile.flush()
+                        self.close_connection = True
+                        return
+                    self._chunk(data, fragment)
                     if i == 0 and body.get("gate"):
                         # Nothing more until the client has shown it holds the first chunk.
                         replica.gates[body["gate"]].wait(WAIT)

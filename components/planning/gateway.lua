@@ -493,7 +493,16 @@ end
 function M.usage()
     local chunk = ngx.arg[1]
     if chunk == "" then
-        return  -- (the last call, or a flush): nothing new, and the carried bytes wait for more
+        -- (the last call, or a flush): nothing new, and the carried bytes wait for more. The last
+        -- buffer comes only after the replica's whole answer: one it cut ends with a flush instead,
+        -- which nginx still calls a complete request; record() tells them apart by `whole`.
+        if ngx.arg[2] then
+            local st = routed[request_key()]
+            if st then
+                st.whole = true
+            end
+        end
+        return
     end
     local st = routed[request_key()]  -- route() made it: this filter runs only after its ngx.exec
     if not st then

@@ -241,6 +241,7 @@ local DAY_AT = #'"time":"' + 1
 local STATUS_AT = #'"time":"YYYY-MM-DDThh:mm:ss+hh:mm","status":' + 1
 local REQUEST_TIME_AT = STATUS_AT + #'200,"request_time":'
 local UPSTREAM_STATUS = ',"upstream_status":"'
+local COMPLETED_OK = '"completed":"OK"'
 
 -- log_by_lua: the request's usage line and counts, kept in this worker until the next flush.
 -- The line (gateway.py LOG_FORMAT) is the request path's fields, from its entry in `routed` (the
@@ -270,6 +271,14 @@ function M.record(charge)
     local path_at = find(tail, 'path":"', q, true) + 7
     if #tail - path_at > field_max or not json_safe(tail, path_at, #tail - 1) then
         tail = sub(tail, 1, path_at - 1) .. json_text(cut(sub(tail, path_at, -2))) .. '"'
+    end
+    if st and st.stream ~= nil and not st.whole then
+        -- The replica's answer began (the usage filter saw it) and never ended: nginx closed the
+        -- client's connection without the last chunk, yet $request_completion says "OK".
+        local c = find(tail, COMPLETED_OK, q, true)
+        if c then
+            tail = sub(tail, 1, c + #COMPLETED_OK - 4) .. sub(tail, c + #COMPLETED_OK - 1)  -- "OK" out
+        end
     end
     local rid, pool, model, logged, counted, events = nil, "", "", "", NO_COUNTS, 0
     local prompt, completion, total
