@@ -377,3 +377,18 @@ def test_a_stream_the_replica_cut_mid_event_is_logged_as_cut(gw_keys: tuple[Ngin
         assert gw.call("POST", f"/v1/chat/completions?t={marker}", {"model": R1, **extra}, keys["default"])[0] == 200
         assert log_line(gw, marker)["completed"] == "OK", marker
 
+
+def test_a_replica_that_answers_without_http_is_a_502_in_json_and_its_line_is_json(
+        gw_keys: tuple[NginxGateway, dict[str, str]]) -> None:
+    """nginx takes an answer without a status line for HTTP/0.9 and would pass its bytes on raw (no
+    status line, no headers) and log status 009, which is not a JSON number: the client gets a 502."""
+    gw, keys = gw_keys
+    body = json.dumps({"model": R1, "raw_answer": "SSH-2.0-OpenSSH_9.2\r\n"}).encode()
+    status, headers, out = raw(gw.port, post("/v1/chat/completions?t=not-http", keys["default"], body,
+                                             "Connection: close\r\n"))
+    assert (status, headers["content-type"], headers["content-length"]) == (
+        502, "application/json", str(len(json.dumps(out))))
+    assert out == {"error": {"message": "The replica's answer was not HTTP; retry later.", "type": "server_error",
+                             "param": None, "code": "upstream_invalid_response"}}
+    line = log_line(gw, "not-http")
+    assert (line["status"], line["pool"], line["model"], line["completed"]) == (502, "reasoning", R1, "OK")

@@ -157,6 +157,11 @@ class FakeReplica:
                     replica.gates[body["hold"]].wait(WAIT)
                     if replica.killed:
                         return  # crashed meanwhile: nothing is sent back
+                if isinstance(body, dict) and body.get("raw_answer"):
+                    # Not HTTP at all (a port some other service answers on): these bytes, then the close.
+                    self.wfile.write(body["raw_answer"].encode())
+                    self.close_connection = True
+                    return
                 if isinstance(body, dict) and body.get("stream"):
                     self._stream(body)
                     return

@@ -50,6 +50,12 @@ cjson.decode_invalid_numbers(false)
 local LOG_FIELD_MAX = 256  -- gateway.py LOG_FIELD_MAX
 -- A usage object longer than this is not one an engine sends: it is not carried on to be finished.
 local USAGE_WINDOW = 400
+-- What a client gets for an answer that is not HTTP, whole (status line and headers included): nginx
+-- sends such an answer's bytes as they come (below, usage()), and closes the connection after them.
+local NOT_HTTP_BODY = '{"error": {"message": "The replica\'s answer was not HTTP; retry later.", "type": '
+    .. '"server_error", "param": null, "code": "upstream_invalid_response"}}'
+local NOT_HTTP_ANSWER = "HTTP/1.1 502 Bad Gateway\r\nContent-Type: application/json\r\nContent-Length: "
+    .. #NOT_HTTP_BODY .. "\r\nConnection: close\r\n\r\n" .. NOT_HTTP_BODY
 -- The counts read from a response's `usage` (gateway.py USAGE_COUNTS), as the usage line's fields.
 local COUNT_KEYS = {'"prompt_tokens"', '"completion_tokens"', '"total_tokens"'}
 
@@ -507,6 +513,15 @@ function M.usage()
     local st = routed[request_key()]  -- route() made it: this filter runs only after its ngx.exec
     if not st then
         return  -- (never: a Lua error here would cut the response; the line would say no usage)
+    end
+    if st.stream == nil and ngx.status == 9 then
+        -- No status line from the replica (not HTTP: another service on its port): nginx takes that
+        -- for HTTP/0.9 and sends its bytes as they are, without a status line or headers of its own,
+        -- so the whole answer is written here, and the replica's bytes end with it.
+        st.stream, st.whole, st.not_http = false, true, true
+        ngx.arg[1] = NOT_HTTP_ANSWER
+        ngx.arg[2] = true
+        return
     end
     local buf, from = chunk, 0  -- from: bytes of buf scanned already, as part of the previous chunk
     local carry = st.carry

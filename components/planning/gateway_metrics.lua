@@ -280,6 +280,12 @@ function M.record(charge)
             tail = sub(tail, 1, c + #COMPLETED_OK - 4) .. sub(tail, c + #COMPLETED_OK - 1)  -- "OK" out
         end
     end
+    if byte(tail, STATUS_AT) == 48 then
+        -- $status is 3 digits, "009" for an answer nginx took for HTTP/0.9: not a JSON number, and
+        -- not what the client got (the usage filter answered 502 in its place).
+        status = (st and st.not_http) and "502" or tostring(tonumber(status))
+        tail = sub(tail, 1, STATUS_AT - 1) .. status .. sub(tail, STATUS_AT + 3)
+    end
     local rid, pool, model, logged, counted, events = nil, "", "", "", NO_COUNTS, 0
     local prompt, completion, total
     if st then
