@@ -117,6 +117,8 @@ def test_reference_listener_limits_and_module_path(prod_spec: StackSpec) -> None
     assert server[:5] == ["listen 443 ssl;", "ssl_certificate /etc/llm-gateway-tls/cert.pem;",
                           "ssl_certificate_key /etc/llm-gateway-tls/key.pem;", "ssl_protocols TLSv1.2 TLSv1.3;",
                           "ssl_session_cache shared:llm_tls:10m;"]
+    # The Host of a request that sent none (HTTP/1.0), which replicas get: the node's name.
+    assert server[5] == f"server_name {prod_spec.gateway.node};"
     # ... but the metrics' own, on the cluster address (test_metrics_are_served_by_nginx_on_...).
     assert [line for line in conf if line.startswith("listen")] == ["listen 443 ssl;", "listen 192.168.10.11:9145;"]
     assert "client_max_body_size 16m;" in conf and "client_body_buffer_size 16m;" in conf
@@ -155,7 +157,7 @@ def test_reference_loads_the_lua_module_reads_its_tables_once_and_declares_the_r
     assert not {"$llm_model", "$llm_pool", "$llm_usage_counts", "$llm_events"} & set(re.findall(r"\$\w+", "\n".join(http)))
     # The key id is computed in the server's rewrite phase, before any location's `if` or limit reads it.
     server = block("\n".join(conf), "server")
-    assert server[5] == 'set_by_lua_block $llm_key_id { return require("gateway").key_id() }'
+    assert server[6] == 'set_by_lua_block $llm_key_id { return require("gateway").key_id() }'
     assert not [line for line in conf if line.startswith("js_") or "njs" in line]
 
 

@@ -392,3 +392,23 @@ def test_a_replica_that_answers_without_http_is_a_502_in_json_and_its_line_is_js
                              "param": None, "code": "upstream_invalid_response"}}
     line = log_line(gw, "not-http")
     assert (line["status"], line["pool"], line["model"], line["completed"]) == (502, "reasoning", R1, "OK")
+
+
+def test_a_request_without_host_reaches_the_replica_with_one(gw_keys: tuple[NginxGateway, dict[str, str]],
+                                                             pools: dict[str, list[FakeReplica]]) -> None:
+    """HTTP/1.0 needs no Host; the gateway speaks HTTP/1.1 to replicas, which must send one (RFC 9112
+    §3.2; uvicorn's h11 answers a request without it with a plain-text 400). $host, which the replica
+    gets, falls back to the server's name: the gateway node's."""
+    gw, keys = gw_keys
+    node = load_stack_config(edge_config(), set()).gateway.node
+    body = json.dumps({"model": R1, "rid": "no-host"}).encode()
+    status, _, out = raw(gw.port, f"POST /v1/chat/completions HTTP/1.0\r\nAuthorization: Bearer {keys['default']}\r\n"
+                                  f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    assert (status, out["served_by"]) == (200, "reasoning-0")
+    got = [r["headers"] for r in by_name(pools)["reasoning-0"].requests if r["body"].get("rid") == "no-host"]
+    assert [h.get("Host") for h in got] == [node]
+    # A client's own Host still goes through as sent.
+    assert gw.call("POST", "/v1/chat/completions", {"model": R1, "rid": "with-host"}, keys["default"],
+                   headers={"Host": "api.example"})[0] == 200
+    got = [r["headers"] for r in by_name(pools)["reasoning-0"].requests if r["body"].get("rid") == "with-host"]
+    assert [h.get("Host") for h in got] == ["api.example"]

@@ -576,7 +576,7 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
         plain = (f"{layout.listen_address}:{g.http_redirect_port}" if layout.listen_address
                  else str(g.http_redirect_port))
         # Plain HTTP only sends clients to HTTPS (308 keeps the method and body).
-        out += ["    server {", f"        listen {plain};",
+        out += ["    server {", f"        listen {plain};", f"        server_name {g.node};",
                 f"        return 308 https://$host:{layout.port}$request_uri;", "    }", ""]
     out += ["    server {",
             f"        listen {listen}{' ssl' if g.tls else ''};"]
@@ -585,6 +585,9 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
                 f"        ssl_certificate_key {layout.tls_dir}/key.pem;",
                 "        ssl_protocols TLSv1.2 TLSv1.3;",
                 "        ssl_session_cache shared:llm_tls:10m;"]
+    # $host of a request without a Host (HTTP/1.0): the Host replicas get (HTTP/1.1 requires one) and
+    # the redirect's. A server's name costs nothing per request.
+    out.append(f"        server_name {g.node};")
     out += ['        set_by_lua_block $llm_key_id { return require("gateway").key_id() }',
             *(error_page(raised) for raised in (*ERRORS, *([BUDGET_REFUSED] if budgets else []))), ""]
     guard = ['            if ($llm_key_id = "") {',
