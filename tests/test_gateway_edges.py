@@ -412,3 +412,39 @@ def test_a_request_without_host_reaches_the_replica_with_one(gw_keys: tuple[Ngin
                    headers={"Host": "api.example"})[0] == 200
     got = [r["headers"] for r in by_name(pools)["reasoning-0"].requests if r["body"].get("rid") == "with-host"]
     assert [h.get("Host") for h in got] == ["api.example"]
+
+
+def test_bytes_that_are_not_utf8_never_reach_an_error_body_or_a_usage_line_as_they_are(
+        gw_keys: tuple[NginxGateway, dict[str, str]]) -> None:
+    """JSON text is UTF-8 (RFC 8259 §8.1; Python's json.loads of bytes refuses anything else): a model
+    name or a path with bytes that are not UTF-8 is echoed and logged with U+FFFD in their place, and a
+    path cut to 256 bytes is cut before a character, never inside one."""
+    gw, keys = gw_keys
+    sock = socket.create_connection(("127.0.0.1", gw.port), timeout=WAIT)
+    try:
+        status, headers, body = exchange(sock, post("/v1/chat/completions?t=not-utf8", keys["default"],
+                                                    b'{"model": "de\xffep\xe9-\xc3\xa9"}'))
+    finally:
+        sock.close()
+    assert (status, headers["content-type"]) == (404, "application/json")
+    assert json.loads(body.decode())["error"]["message"].startswith(
+        "The model 'de\ufffdep\ufffd-\u00e9' does not exist under /v1/. Available models: ")
+    # The request line's own bytes: one that is not UTF-8, and a character the 256-byte cut would split.
+    target = b"/v1/chat/completions?t=not-utf8-path&q=\xfe"
+    cut = b"/v1/chat/completions?t=utf8-cut&q=" + b"a" * (255 - 34) + "é".encode() + b"b"
+    assert len(cut[:256]) == 256 and cut[255:257] == "é".encode()
+    for path in (target, cut):
+        request = post("/v1/chat/completions", keys["default"], b'{"model": "deepseek-r1"}')
+        assert raw(gw.port, request.replace(b"POST /v1/chat/completions ", b"POST " + path + b" ", 1)
+                   .replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n", 1))[0] == 200
+    deadline, lines = time.monotonic() + WAIT, {}
+    while len(lines) < 3 and time.monotonic() < deadline:
+        for f in gw.usage_dir.glob("usage-*.log"):
+            for line in f.read_bytes().splitlines():
+                for marker in (b"?t=not-utf8\"", b"?t=not-utf8-path", b"?t=utf8-cut"):
+                    if marker in line:
+                        lines[marker] = json.loads(line.decode())  # strict UTF-8, or the test fails here
+        time.sleep(0.05)
+    assert lines[b"?t=not-utf8\""]["model"] == "de\ufffdep\ufffd-\u00e9"
+    assert lines[b"?t=not-utf8-path"]["path"] == "/v1/chat/completions?t=not-utf8-path&q=\ufffd"
+    assert lines[b"?t=utf8-cut"]["path"] == cut[:255].decode()

@@ -37,6 +37,7 @@ local digest = ffi.new("unsigned char[32]")
 local ffi_string = ffi.string
 local metrics = require("gateway_metrics")
 local json_text = metrics.json_text  -- nginx's escape=json, as the usage line's path
+local utf8 = metrics.utf8  -- bytes that are not UTF-8 as U+FFFD, for the messages that echo a client's
 local routed, request_key, route_state = metrics.routed, metrics.request_key, metrics.route_state
 
 local ngx = ngx
@@ -157,8 +158,9 @@ local TOKENS = {T_OBJ_BEGIN = "'{'", T_OBJ_END = "'}'", T_ARR_BEGIN = "'['", T_A
                 T_ERROR = "an error", T_UNKNOWN = "an unknown token"}
 
 -- An OpenAI-style error; every error Lua answers is the client's (4xx). Fields in OpenAI's order.
+-- The message as UTF-8 (JSON text is; cjson writes any byte as it is): it may echo a client's model name.
 local function fail(status, message, code, param, allow)
-    local body = '{"error": {"message": ' .. json_string(message) .. ', "type": "invalid_request_error", "param": '
+    local body = '{"error": {"message": ' .. json_string(utf8(message)) .. ', "type": "invalid_request_error", "param": '
         .. (param and json_string(param) or "null") .. ', "code": ' .. json_string(code) .. "}}"
     ngx.status = status
     local header = ngx.header

@@ -88,30 +88,95 @@ local known = {}                   -- keys this worker found in the shared dict 
 local last_prune = 0
 local write_pending                -- defined with the writer below; record() calls it
 
--- A JSON string's contents as nginx's escape=json writes them: " \ and control bytes escaped, the
--- rest (UTF-8 or not) as sent. The loop is what LuaJIT compiles; string patterns it does not.
+-- JSON's escapes of the bytes a string cannot hold as they are.
 local ESCAPES = {[8] = "\\b", [9] = "\\t", [10] = "\\n", [12] = "\\f", [13] = "\\r", [34] = '\\"', [92] = "\\\\"}
-local function json_text(s)
-    local n = #s
-    for i = 1, n do
+
+-- The position after the UTF-8 character whose first byte (b, 0x80 or more) is at i, or nil when
+-- the bytes there are not a well-formed one (RFC 3629: no overlong form, surrogate or value past U+10FFFF).
+local function char_end(s, i, b)
+    local n, lo, hi
+    if b >= 0xC2 and b <= 0xDF then
+        n, lo, hi = 1, 0x80, 0xBF
+    elseif b == 0xE0 then
+        n, lo, hi = 2, 0xA0, 0xBF
+    elseif b == 0xED then
+        n, lo, hi = 2, 0x80, 0x9F
+    elseif b >= 0xE1 and b <= 0xEF then
+        n, lo, hi = 2, 0x80, 0xBF
+    elseif b == 0xF0 then
+        n, lo, hi = 3, 0x90, 0xBF
+    elseif b >= 0xF1 and b <= 0xF3 then
+        n, lo, hi = 3, 0x80, 0xBF
+    elseif b == 0xF4 then
+        n, lo, hi = 3, 0x80, 0x8F
+    else
+        return nil
+    end
+    local c = byte(s, i + 1)
+    if not c or c < lo or c > hi then
+        return nil
+    end
+    for k = 2, n do
+        c = byte(s, i + k)
+        if not c or c < 0x80 or c > 0xBF then
+            return nil
+        end
+    end
+    return i + n + 1
+end
+
+-- s as UTF-8: each byte that is no part of a well-formed character replaced by `bad` (U+FFFD), the
+-- rest as it is; and with `escapes`, the bytes JSON must escape in a string escaped.
+local function clean(s, i, escapes, bad)
+    local n, out, from = #s, {}, 1
+    while i <= n do
         local b = byte(s, i)
-        if b < 32 or b == 34 or b == 92 then
-            local out, from = {}, 1
-            for j = i, n do
-                b = byte(s, j)
-                if b < 32 or b == 34 or b == 92 then
-                    out[#out + 1] = sub(s, from, j - 1)
-                    out[#out + 1] = ESCAPES[b] or format("\\u%04x", b)
-                    from = j + 1
-                end
+        if b < 128 then
+            if escapes and (b < 32 or b == 34 or b == 92) then
+                out[#out + 1] = sub(s, from, i - 1)
+                out[#out + 1] = ESCAPES[b] or format("\\u%04x", b)
+                from = i + 1
             end
-            out[#out + 1] = sub(s, from)
-            return concat(out)
+            i = i + 1
+        else
+            local e = char_end(s, i, b)
+            if e then
+                i = e
+            else
+                out[#out + 1] = sub(s, from, i - 1)
+                out[#out + 1] = bad
+                i = i + 1
+                from = i
+            end
+        end
+    end
+    out[#out + 1] = sub(s, from)
+    return concat(out)
+end
+
+-- A JSON string's contents as nginx's escape=json writes them (" \ and control bytes escaped), and
+-- UTF-8 as JSON text must be: a byte that is no part of a character is written \ufffd (the client's
+-- path and model are whatever bytes it sent). The loop is what LuaJIT compiles; string patterns it does not.
+local function json_text(s)
+    for i = 1, #s do
+        local b = byte(s, i)
+        if b < 32 or b == 34 or b == 92 or b >= 128 then
+            return clean(s, i, true, "\\ufffd")
         end
     end
     return s
 end
 M.json_text = json_text  -- gateway.lua's too, for the model it logs
+-- s as valid UTF-8, each byte that is no part of a character as U+FFFD (gateway.lua's error messages,
+-- which echo a client's model name).
+function M.utf8(s)
+    for i = 1, #s do
+        if byte(s, i) >= 128 then
+            return clean(s, i, false, "\239\191\189")
+        end
+    end
+    return s
+end
 
 -- What the request path knows of a request, by the request's address, from the router (gateway.lua
 -- route(), once it has the model) to the log phase: rid (the request id), model (as logged), pool
@@ -212,21 +277,28 @@ local function observe(pool, seconds)
     h[nbounds + 2] = h[nbounds + 2] + 1
 end
 
+-- At most field_max bytes of s, never a UTF-8 character cut in two (at most 3 bytes back, UTF-8's
+-- longest; bytes that are not UTF-8 are cut where they are).
 local function cut(s)
     if s == nil then
         return ""
     end
     if #s > field_max then
-        return sub(s, 1, field_max)
+        local at = field_max
+        while at > field_max - 3 and byte(s, at + 1) >= 0x80 and byte(s, at + 1) < 0xC0 do
+            at = at - 1
+        end
+        return sub(s, 1, at)
     end
     return s
 end
 
--- Whether bytes from..to of s stand in a JSON string as they are: no `"`, `\` or control byte.
+-- Whether bytes from..to of s stand in a JSON string as they are: no `"`, `\`, control byte or
+-- byte past ASCII (UTF-8 or not: json_text tells).
 local function json_safe(s, from, to)
     for i = from, to do
         local b = byte(s, i)
-        if b < 32 or b == 34 or b == 92 then
+        if b < 32 or b == 34 or b == 92 or b >= 128 then
             return false
         end
     end
