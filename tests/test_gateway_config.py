@@ -100,7 +100,9 @@ def test_reference_pool_locations_stream_retry_before_any_byte_and_use_the_pools
             "proxy_next_upstream error timeout http_500 http_502 http_503 http_504 non_idempotent;",
             "proxy_next_upstream_tries 3;", f"proxy_next_upstream_timeout {timeout}s;"]
         assert not any(line.startswith("rewrite") for line in body)
-        assert body[-1] == 'body_filter_by_lua_block { require("gateway").usage() }'
+        # A replica's error that is not JSON is answered as OpenAI JSON; every answer's usage read.
+        assert body[-2:] == ['header_filter_by_lua_block { require("gateway").head() }',
+                             'body_filter_by_lua_block { require("gateway").usage() }']
     # Neither the endpoint nor a path route's pool is a variable: each location names them.
     assert "$llm_upstream_uri" not in conf and "$llm_pin" not in conf
     assert 'route("/v1/chat/completions", "reasoning")' in block(conf, "location = /smart/v1/chat/completions")[-1]

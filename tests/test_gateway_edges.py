@@ -448,3 +448,44 @@ def test_bytes_that_are_not_utf8_never_reach_an_error_body_or_a_usage_line_as_th
     assert lines[b"?t=not-utf8\""]["model"] == "de\ufffdep\ufffd-\u00e9"
     assert lines[b"?t=not-utf8-path"]["path"] == "/v1/chat/completions?t=not-utf8-path&q=\ufffd"
     assert lines[b"?t=utf8-cut"]["path"] == cut[:255].decode()
+
+
+@pytest.mark.parametrize(("answer", "type_"), [
+    ((500, "text/plain; charset=utf-8", "Internal Server Error"), "server_error"),  # Starlette's, for an exception
+    ((400, "text/plain", "Invalid HTTP request received."), "invalid_request_error"),  # uvicorn's
+    ((503, "text/html; charset=iso-8859-1", ""), "server_error"),
+    ((502, "text/html", "<html><body>bad \"gateway\"\n\xe9</body></html>" + "x" * 600), "server_error"),
+], ids=["500-text", "400-text", "503-empty", "502-html-long"])
+def test_a_replicas_error_that_is_not_json_reaches_the_client_as_openai_json(
+        gw_keys: tuple[NginxGateway, dict[str, str]], answer: tuple[int, str, str], type_: str) -> None:
+    """What the replica said is kept, in the message (cut to 256 bytes); its status too."""
+    gw, keys = gw_keys
+    marker = f"not-json-{answer[0]}-{len(answer[2])}"
+    sock = socket.create_connection(("127.0.0.1", gw.port), timeout=WAIT)
+    try:
+        status, headers, body = exchange(sock, post(f"/v1/chat/completions?t={marker}", keys["default"],
+                                                    json.dumps({"model": R1, "answer": answer}).encode()))
+        out = json.loads(body.decode())
+        # The connection goes on: the answer's end was where its chunked encoding said.
+        assert exchange(sock, post("/v1/chat/completions", keys["default"], b'{"model": "deepseek-r1"}'))[0] == 200
+    finally:
+        sock.close()
+    line = log_line(gw, marker)
+    assert (line["status"], line["upstream_status"], line["completed"]) == (answer[0], str(answer[0]), "OK")
+    said = answer[2].encode()[:256].decode(errors="ignore") or "(no body)"  # cut before a character
+    assert (status, headers["content-type"]) == (answer[0], "application/json; charset=utf-8")
+    assert out == {"error": {"message": f"The model's replica answered {answer[0]} with this, not JSON: {said}",
+                             "type": type_, "param": None, "code": "upstream_error"}}
+
+
+def test_a_replicas_json_error_reaches_the_client_as_it_sent_it(
+        gw_keys: tuple[NginxGateway, dict[str, str]]) -> None:
+    gw, keys = gw_keys
+    sent = '{"object":"error","message":"max_tokens is too large","type":"BadRequestError","param":null,"code":400}'
+    for ctype in ("application/json", "application/problem+json; charset=utf-8"):
+        conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=WAIT)
+        conn.request("POST", "/v1/chat/completions", json.dumps({"model": R1, "answer": [400, ctype, sent]}),
+                     {"Authorization": f"Bearer {keys['default']}", "Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert (resp.status, resp.getheader("Content-Type"), resp.read().decode()) == (400, ctype, sent)
+        conn.close()

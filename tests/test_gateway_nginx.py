@@ -157,6 +157,13 @@ class FakeReplica:
                     replica.gates[body["hold"]].wait(WAIT)
                     if replica.killed:
                         return  # crashed meanwhile: nothing is sent back
+                if isinstance(body, dict) and body.get("answer"):
+                    # This status, Content-Type and body (a replica's own error page, JSON or not).
+                    status, ctype, text = body["answer"]
+                    out = text.encode()
+                    self.wfile.write(f"HTTP/1.1 {status} X\r\nContent-Type: {ctype}\r\n"
+                                     f"Content-Length: {len(out)}\r\n\r\n".encode() + out)
+                    return
                 if isinstance(body, dict) and body.get("raw_answer"):
                     # Not HTTP at all (a port some other service answers on): these bytes, then the close.
                     self.wfile.write(body["raw_answer"].encode())

@@ -445,6 +445,41 @@ function M.models()
     ngx.print(body)
 end
 
+-- header_filter_by_lua of the pool locations: a replica's error (4xx, 5xx) that is not JSON (a
+-- server's own error page: Starlette's text/plain "Internal Server Error", uvicorn's 400, an HTML
+-- page) is answered as an OpenAI error of the same status, with what the replica said in its
+-- message; usage() collects that text and writes the answer at its end. JSON errors, the engines'
+-- own, pass as they are. A routed answer costs one status read here.
+function M.head()
+    local status = ngx.status
+    if status < 400 then
+        return
+    end
+    local header = ngx.header
+    local ctype = header["Content-Type"]
+    if ctype and find(ctype, "json", 1, true) then
+        return
+    end
+    local st = routed[request_key()]
+    if not st then
+        return
+    end
+    st.said, st.status = "", status
+    -- With its charset: nginx would add the replica's own (`text/html; charset=iso-8859-1`) to a
+    -- type without one, and the answer is UTF-8 whatever the replica's was.
+    header["Content-Type"] = "application/json; charset=utf-8"
+    header["Content-Length"] = nil  -- the answer's own length is known at its end: chunked
+end
+
+-- The answer to a replica's error that was not JSON (head()), from what it said.
+local function not_json_answer(st)
+    local said = log_field(st.said)
+    return '{"error": {"message": ' .. json_string(utf8("The model's replica answered " .. st.status
+        .. " with this, not JSON: " .. (said ~= "" and said or "(no body)"))) .. ', "type": "'
+        .. (st.status >= 500 and "server_error" or "invalid_request_error") .. '", "param": null, "code": '
+        .. '"upstream_error"}}'
+end
+
 -- The digits (at most 15) of the member `key: <digits>` of the object that spans i..j, or nil.
 local function count_in(buf, key, i, j)
     local at = find(buf, key, i, true)
@@ -508,6 +543,9 @@ function M.usage()
             local st = routed[request_key()]
             if st then
                 st.whole = true
+                if st.said then
+                    ngx.arg[1] = not_json_answer(st)
+                end
             end
         end
         return
@@ -523,6 +561,21 @@ function M.usage()
         st.stream, st.whole, st.not_http = false, true, true
         ngx.arg[1] = NOT_HTTP_ANSWER
         ngx.arg[2] = true
+        return
+    end
+    local said = st.said
+    if said then
+        -- A replica's error that is not JSON (head()): its text is kept for the answer, sent at its end.
+        st.stream = false
+        if #said <= LOG_FIELD_MAX then
+            st.said = said .. sub(chunk, 1, LOG_FIELD_MAX + 1 - #said)
+        end
+        if ngx.arg[2] then
+            st.whole = true
+            ngx.arg[1] = not_json_answer(st)
+        else
+            ngx.arg[1] = ""
+        end
         return
     end
     local buf, from = chunk, 0  -- from: bytes of buf scanned already, as part of the previous chunk

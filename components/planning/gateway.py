@@ -857,6 +857,8 @@ def _proxy_block(spec: StackSpec, upstream: str, pools: Sequence[str]) -> list[s
         f"            proxy_next_upstream error timeout {failures} non_idempotent;",
         f"            proxy_next_upstream_tries {MAX_TRIES};",
         f"            proxy_next_upstream_timeout {timeout}s;",
+        # A replica's error that is not JSON is answered as OpenAI JSON (gateway.lua head()).
+        '            header_filter_by_lua_block { require("gateway").head() }',
         '            body_filter_by_lua_block { require("gateway").usage() }',
     ]
 
