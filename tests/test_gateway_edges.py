@@ -489,3 +489,28 @@ def test_a_replicas_json_error_reaches_the_client_as_it_sent_it(
         resp = conn.getresponse()
         assert (resp.status, resp.getheader("Content-Type"), resp.read().decode()) == (400, ctype, sent)
         conn.close()
+
+
+def test_a_chunked_body_near_the_limit_in_small_chunks_is_routed_whole(
+        gw_keys: tuple[NginxGateway, dict[str, str]], pools: dict[str, list[FakeReplica]]) -> None:
+    """A chunked body's encoding (each chunk's size line and CRLFs) fills nginx's body buffer before
+    its data does: a body under maxBodyMib sent in 1000-byte chunks is written to nginx's temp file,
+    where the router still reads it (get_body_data() has nothing then); one over the limit is a 413."""
+    gw, keys = gw_keys
+    body = json.dumps({"model": R1, "rid": "chunked-near-limit", "p": "x" * (1024 * 1024 - 200)}).encode()
+    assert 1024 * 1024 - 200 < len(body) < 1024 * 1024
+
+    def chunked(data: bytes) -> bytes:
+        pieces = b"".join(b"%x\r\n%s\r\n" % (len(data[i:i + 1000]), data[i:i + 1000])
+                          for i in range(0, len(data), 1000))
+        return (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {keys['default']}\r\n"
+                "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                ).encode() + pieces + b"0\r\n\r\n"
+
+    status, _, out = raw(gw.port, chunked(body))
+    assert (status, out["served_by"], out["rid"]) == (200, "reasoning-0", "chunked-near-limit")
+    got = [r for r in by_name(pools)["reasoning-0"].requests
+           if isinstance(r["body"], dict) and r["body"].get("rid") == "chunked-near-limit"]
+    assert [(r["raw"], r["headers"]["Content-Length"]) for r in got] == [(body, str(len(body)))]
+    status, headers, out = raw(gw.port, chunked(body + b" " * 300))
+    assert (status, headers["content-type"], error_code(out)) == (413, "application/json", "request_too_large")

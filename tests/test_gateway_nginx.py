@@ -257,7 +257,9 @@ class NginxGateway:
         self.usage_dir.chmod(0o777)
         # The config in a directory of its own, as on the host (its script owns everything in it).
         self.conf_dir = root / "conf"
-        (root / "tmp").mkdir(exist_ok=True)
+        # nginx's temp files (a request body that outgrows its buffer), likewise written by the workers.
+        self.temp_dir = Path(tempfile.mkdtemp(prefix="llm-tmp-"))
+        self.temp_dir.chmod(0o777)
         # A free port can be taken by another process before nginx binds it (five suites share this
         # machine): nginx then exits with "Address already in use", and the gateway starts on another.
         for _ in range(5):
@@ -266,7 +268,7 @@ class NginxGateway:
             self.layout = GatewayLayout(
                 port=self.port, listen_address="127.0.0.1", conf_dir=str(self.conf_dir), **lua_layout(),
                 digests_file=str(digests), tls_dir=str(tls_dir or root / "tls"), pid_file=str(root / "nginx.pid"),
-                error_log=str(root / "error.log"), temp_dir=str(root / "tmp"),
+                error_log=str(root / "error.log"), temp_dir=str(self.temp_dir),
                 user=None, worker_processes="2", metrics_listen=f"127.0.0.1:{self.metrics_port}",
                 usage_dir=str(self.usage_dir))
             self.files = render_gateway(spec, self.layout,
@@ -310,6 +312,7 @@ class NginxGateway:
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(WAIT)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
         if self.own_usage:
             shutil.rmtree(self.usage_dir, ignore_errors=True)
 

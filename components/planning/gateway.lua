@@ -360,8 +360,14 @@ function M.route(endpoint, pin)
         return fail(405, "Method " .. method .. " is not allowed on " .. uri .. "; use POST.",
                     "method_not_allowed", nil, "POST")
     end
-    ngx.req.read_body()  -- in memory, whole (client_body_buffer_size = client_max_body_size)
-    local raw = ngx.req.get_body_data() or ""
+    ngx.req.read_body()  -- in memory, whole (client_body_buffer_size = client_max_body_size)...
+    local raw = ngx.req.get_body_data()
+    if not raw then
+        -- ...but for a chunked body whose encoding (each chunk's size line, its CRLFs) fills that
+        -- buffer before its data does: nginx wrote it to a temp file, which nginx also proxies from.
+        local file = ngx.req.get_body_file()
+        raw = file and read(file) or ""
+    end
     local short = skeleton(raw)
     local body, err = cjson.decode(short or raw)
     if err and short and short ~= raw then
