@@ -52,7 +52,7 @@ local LOG_FIELD_MAX = 256  -- gateway.py LOG_FIELD_MAX
 -- A usage object longer than this is not one an engine sends: it is not carried on to be finished.
 local USAGE_WINDOW = 400
 -- What a client gets for an answer that is not HTTP, whole (status line and headers included): nginx
--- sends such an answer's bytes as they come (below, usage()), and closes the connection after them.
+-- sends such an answer's bytes as they come (head(), usage()), and closes the connection after them.
 local NOT_HTTP_BODY = '{"error": {"message": "The replica\'s answer was not HTTP; retry later.", "type": '
     .. '"server_error", "param": null, "code": "upstream_invalid_response"}}'
 local NOT_HTTP_ANSWER = "HTTP/1.1 502 Bad Gateway\r\nContent-Type: application/json\r\nContent-Length: "
@@ -455,10 +455,19 @@ end
 -- server's own error page: Starlette's text/plain "Internal Server Error", uvicorn's 400, an HTML
 -- page) is answered as an OpenAI error of the same status, with what the replica said in its
 -- message; usage() collects that text and writes the answer at its end. JSON errors, the engines'
--- own, pass as they are. A routed answer costs one status read here.
+-- own, pass as they are. An answer without a status line is marked for usage() to answer a 502.
+-- A routed answer costs one status read here.
 function M.head()
     local status = ngx.status
     if status < 400 then
+        if status == 9 then
+            -- No status line: not HTTP (another service on the replica's port), which nginx takes
+            -- for HTTP/0.9 and would pass on raw; usage() answers a 502 in its place.
+            local st = routed[request_key()]
+            if st then
+                st.not_http = true
+            end
+        end
         return
     end
     local header = ngx.header
@@ -560,11 +569,11 @@ function M.usage()
     if not st then
         return  -- (never: a Lua error here would cut the response; the line would say no usage)
     end
-    if st.stream == nil and ngx.status == 9 then
-        -- No status line from the replica (not HTTP: another service on its port): nginx takes that
-        -- for HTTP/0.9 and sends its bytes as they are, without a status line or headers of its own,
-        -- so the whole answer is written here, and the replica's bytes end with it.
-        st.stream, st.whole, st.not_http = false, true, true
+    if st.not_http and st.stream == nil then
+        -- No status line from the replica (head()): nginx sends the bytes of what it takes for an
+        -- HTTP/0.9 answer as they are, without a status line or headers of its own, so the whole
+        -- answer is written here, and the replica's bytes end with it.
+        st.stream, st.whole = false, true
         ngx.arg[1] = NOT_HTTP_ANSWER
         ngx.arg[2] = true
         return
