@@ -181,7 +181,8 @@ end
 -- What the request path knows of a request, by the request's address, from the router (gateway.lua
 -- route(), once it has the model) to the log phase: rid (the request id), model (as logged), pool
 -- ('' until routed), counts (the usage text) and prompt / completion / total (numbers) from the
--- usage filter, events (a stream's), and the filter's own carry. A Lua table, not ngx.ctx (its
+-- usage filter, events (a stream's), whole (the answer ended), the filter's own carry, and head()'s marks
+-- (not_http; said and status of an error that is not JSON). A Lua table, not ngx.ctx (its
 -- first use costs 1.5k instructions, and ngx.exec clears it) nor nginx variables (0.4k a write).
 -- record() reads and forgets the entry: every request of the API server runs it (log_by_lua at
 -- http level, which no location there overrides), so no entry outlives its request and a later
