@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,25 +33,47 @@ TORCH_VERSION = "2.10.0"
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
+# The Linux x86-64 wheels a release may ship (vLLM 0.19.1's is manylinux_2_31, Triton's 2_27/2_28): each is
+# only unpacked and read here, or run on this machine's newer glibc (Triton's ptxas).
+PLATFORMS = ("manylinux_2_35_x86_64", "manylinux_2_34_x86_64", "manylinux_2_31_x86_64", "manylinux_2_28_x86_64",
+             "manylinux_2_27_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64")
+
+
 def _pip_download(requirement: str, dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-m", "pip", "download", requirement, "--no-deps", "--only-binary=:all:",
-                    "--python-version", PY, "--platform", "manylinux_2_28_x86_64", "--platform",
-                    "manylinux_2_27_x86_64", "--platform", "manylinux2014_x86_64", "-d", str(dest), "-q"],
-                   check=True, timeout=1800)
+                    "--python-version", PY, *(arg for p in PLATFORMS for arg in ("--platform", p)),
+                    "-d", str(dest), "-q"], check=True, timeout=1800)
     name = requirement.replace("==", "-")
     return next(dest.glob(f"{name}-*.whl"))
 
 
-def triton_dir(version: str) -> Path:
-    """A real Triton release unpacked (the cache is rebuilt when missing)."""
-    root = CACHE / "triton" / version
-    if not (root / "triton" / "__init__.py").is_file():
-        wheel = next((CACHE / "triton").glob(f"triton-{version}-*.whl"), None) or _pip_download(
-            f"triton=={version}", CACHE / "triton")
-        with zipfile.ZipFile(wheel) as z:
-            z.extractall(root)
+def unpacked_wheel(requirement: str, root: Path, keep: Callable[[str], bool] = lambda name: True) -> Path:
+    """The PyPI wheel of `requirement` (`name==version`, cached beside `root`) unpacked into `root`, the files
+    `keep` names, each with the mode the wheel gives it (zipfile does not: Triton's ptxas must stay executable).
+    The cache is whole once `root/.unpacked` exists (written last); anything else is unpacked again."""
+    marker = root / ".unpacked"
+    if marker.is_file():
+        return root
+    dest = root.parent
+    wheel = next(dest.glob(f"{requirement.replace('==', '-')}-*.whl"), None) or _pip_download(requirement, dest)
+    with zipfile.ZipFile(wheel) as z:
+        for info in z.infolist():
+            if not info.is_dir() and keep(info.filename):
+                mode = info.external_attr >> 16 & 0o777
+                Path(z.extract(info, root)).chmod(mode or 0o644)
+    marker.write_text(f"{wheel.name}\n")
     return root
+
+
+def python_files(name: str) -> bool:
+    """A wheel's Python and its metadata: what reading a package's own code needs."""
+    return name.endswith(".py") or ".dist-info/" in name
+
+
+def triton_dir(version: str) -> Path:
+    """A real Triton release unpacked (cached)."""
+    return unpacked_wheel(f"triton=={version}", CACHE / "triton" / version)
 
 
 def torch_wheel(version: str) -> Path:

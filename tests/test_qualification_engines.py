@@ -16,8 +16,6 @@ import json
 import shlex
 import subprocess
 import sys
-import tarfile
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +28,11 @@ from components.planning.engines.vllm import VLLM_CHECK
 from components.planning.qualification import node_qualifications, qualification_script
 from tests.engine_stacks import LLAMACPP_IMAGE, LMDEPLOY_IMAGE, llamacpp_config, lmdeploy_config, spec_of
 from tests.support import tool
-from tests.test_qualification import CACHE, _pip_download, lint_and_run_gate
+from lab.standins.llamacpp import server_build
+from tests.test_qualification import CACHE, lint_and_run_gate, python_files, unpacked_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / "policies" / "data" / "tools"
-LLAMACPP_BUILD = CACHE / "llamacpp-b11312"
 
 
 def gates(config: dict[str, Any]) -> dict[tuple[str, str], Any]:
@@ -104,13 +102,8 @@ def lines(out: str) -> list[dict[str, Any]]:
 
 
 def vllm_source() -> Path:
-    """vLLM 0.19.1's Python, unpacked from the PyPI wheel (cached; rebuilt when missing)."""
-    root = CACHE / "vllm" / "src-0.19.1"
-    if not (root / "vllm" / "entrypoints" / "cli" / "serve.py").is_file():
-        wheel = next((CACHE / "vllm").glob("vllm-0.19.1-*.whl"), None) or _pip_download("vllm==0.19.1", CACHE / "vllm")
-        with zipfile.ZipFile(wheel) as z:
-            z.extractall(root, [n for n in z.namelist() if n.endswith(".py") or ".dist-info/" in n])
-    return root
+    """vLLM 0.19.1's Python, unpacked from the PyPI wheel (cached)."""
+    return unpacked_wheel("vllm==0.19.1", CACHE / "vllm" / "src-0.19.1", python_files)
 
 
 VLLM_BOOT = """
@@ -153,14 +146,8 @@ def test_the_vllm_check_runs_against_vllm_0_19_1s_own_code(prod_spec, tmp_path: 
 
 
 def lmdeploy_root() -> Path:
-    """The real lmdeploy 0.16.0 wheel unpacked (cached; rebuilt when missing)."""
-    root = CACHE / "lmdeploy" / "0.16.0"
-    if not (root / "lmdeploy" / "version.py").is_file():
-        wheel = next((CACHE / "lmdeploy").glob("lmdeploy-0.16.0-*.whl"), None) or _pip_download(
-            "lmdeploy==0.16.0", CACHE / "lmdeploy")
-        with zipfile.ZipFile(wheel) as z:
-            z.extractall(root)
-    return root
+    """The real lmdeploy 0.16.0 wheel unpacked (cached)."""
+    return unpacked_wheel("lmdeploy==0.16.0", CACHE / "lmdeploy" / "0.16.0")
 
 
 # torch as it answers on a machine without a GPU; lmdeploy's other requirements as dump_lmdeploy.py stubs them.
@@ -213,24 +200,9 @@ def test_the_lmdeploy_check_refuses_a_gpu_turbomind_has_no_kernels_for(tmp_path:
 
 
 def llama_server() -> Path:
-    """llama-server b11312 built for the CPU from the image's source (cached; built when missing: the source
+    """llama-server b11312 built for the CPU from the image's source (the lab's build, cached: the source
     vendored in the PyPI sdist llama_cpp_python 0.3.36, policies/data/SOURCE.md)."""
-    binary = LLAMACPP_BUILD / "build" / "bin" / "llama-server"
-    if binary.is_file():
-        return binary
-    LLAMACPP_BUILD.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "download", "llama_cpp_python==0.3.36", "--no-deps", "--no-binary",
-                    ":all:", "--no-build-isolation", "-d", str(LLAMACPP_BUILD), "-q"], check=False, timeout=1800)
-    sdist = next(LLAMACPP_BUILD.glob("llama_cpp_python-0.3.36.tar.gz"))
-    with tarfile.open(sdist) as t:
-        t.extractall(LLAMACPP_BUILD, filter="data")
-    source = LLAMACPP_BUILD / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp"
-    subprocess.run(["cmake", "-S", str(source), "-B", str(LLAMACPP_BUILD / "build"), "-DGGML_NATIVE=OFF",
-                    "-DLLAMA_BUILD_NUMBER=11312", "-DLLAMA_BUILD_COMMIT=0c1e570", "-DLLAMA_OPENSSL=OFF",
-                    "-DCMAKE_BUILD_TYPE=Release"], check=True, timeout=1800, capture_output=True)
-    subprocess.run(["cmake", "--build", str(LLAMACPP_BUILD / "build"), "--target", "llama-server", "-j2"],
-                   check=True, timeout=3600, capture_output=True)
-    return binary
+    return server_build(log=lambda line: print(line, file=sys.stderr))
 
 
 # `docker run --network none`: a network namespace of its own with only its loopback, which docker brings up.

@@ -20,7 +20,7 @@ from components.spec import load_stack_config
 from plan.analyze import analyze
 from tests.conftest import prod_config, run_stack
 from tests.test_policies_rules import model_server, server
-from tests.test_qualification import CACHE, _pip_download
+from tests.test_qualification import CACHE, python_files, unpacked_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
 NS = "llm-cluster:"
@@ -33,15 +33,8 @@ def chat_on_0_11(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def vllm_source(version: str) -> Path:
-    """The wheel's Python unpacked (cached under /var/cache/llm-cluster/vllm; rebuilt when missing)."""
-    import zipfile
-    root = CACHE / "vllm" / f"src-{version}"
-    if not (root / "vllm" / "envs.py").is_file():
-        wheel = next((CACHE / "vllm").glob(f"vllm-{version}-*.whl"), None) or _pip_download(
-            f"vllm=={version}", CACHE / "vllm")
-        with zipfile.ZipFile(wheel) as z:
-            z.extractall(root, [n for n in z.namelist() if n.endswith(".py") or ".dist-info/" in n])
-    return root
+    """The wheel's Python unpacked (cached under /var/cache/llm-cluster/vllm)."""
+    return unpacked_wheel(f"vllm=={version}", CACHE / "vllm" / f"src-{version}", python_files)
 
 
 @pytest.mark.parametrize("version", ["0.11.0", "0.19.1"])
