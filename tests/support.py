@@ -5,6 +5,7 @@ import hashlib
 import re
 import shutil
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -53,3 +54,8 @@ def content_trigger(script: str) -> str:
     """The trigger a script must carry: sha256 of exactly its text, 16 hex digits (written out here,
     not imported, so a trigger computed from anything but the script that runs fails)."""
     return hashlib.sha256(script.encode()).hexdigest()[:16]
+
+
+def host_key(node: str) -> str:
+    """A real ed25519 public host key for a node named like the reference's (the lab's own, lab/hostkeys/)."""
+    return " ".join((Path(__file__).resolve().parents[1] / "lab" / "hostkeys" / f"{node}.pub").read_text().split()[:2])

@@ -19,6 +19,8 @@ from tests.conftest import ROOT, prod_config
 
 NS = "llm-cluster:"
 Mutation = Callable[[dict[str, Any]], None]
+# A real ed25519 host key (the lab's first host, lab/hostkeys/, Pulumi.lab.yaml).
+LAB_HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIL59dqsT4wvqnDximvklAz7vz111Vv8Ae6ZsC6t82ZNY"
 MOE = "configs/moe/E=128,N=96,device_name=Tesla_V100-SXM2-32GB.json"
 
 
@@ -174,6 +176,23 @@ BAD: list[tuple[str, Mutation, list[str]]] = [
      ["pools.chat.vllm.moeConfigFiles[0]: cannot read a JSON tile config from "
       "configs/E=128,N=96,device_name=Tesla_V100-SXM2-32GB.json: [Errno 2] No such file or directory: "
       "'configs/E=128,N=96,device_name=Tesla_V100-SXM2-32GB.json'"]),
+    ("a host key that is no key",
+     lambda c: s(c, "nodes")["gpu-01"].update(hostKey="x"),
+     ["nodes.gpu-01.hostKey: 'x' is not allowed: a host key starts with its type, one of ssh-ed25519, ssh-rsa, "
+      "ecdsa-sha2-nistp256, ecdsa-sha2-nistp384, ecdsa-sha2-nistp521, sk-ssh-ed25519@openssh.com, "
+      "sk-ecdsa-sha2-nistp256@openssh.com, ssh-dss"]),
+    ("a host key pasted whole from ssh-keyscan, its host name first (known_hosts would match no host)",
+     lambda c: s(c, "nodes")["gpu-01"].update(hostKey=f"gpu-01 {LAB_HOST_KEY}"),
+     [f"nodes.gpu-01.hostKey: 'gpu-01 {LAB_HOST_KEY}' is not allowed: it starts with a host name ('gpu-01'); "
+      "give the key only, the part after it (ssh-ed25519 AAAA…)"]),
+    ("a host key cut short in the copy",
+     lambda c: s(c, "nodes")["gpu-01"].update(hostKey=LAB_HOST_KEY[:40]),
+     [f"nodes.gpu-01.hostKey: {LAB_HOST_KEY[:40]!r} is not allowed: the key after ssh-ed25519 is not an "
+      "ssh-ed25519 key in base64 (copy it whole from ssh-keyscan or /etc/ssh/ssh_host_*_key.pub)"]),
+    ("a host key of another type than it says",
+     lambda c: s(c, "nodes")["gpu-01"].update(hostKey=LAB_HOST_KEY.replace("ssh-ed25519", "ssh-rsa")),
+     [f"nodes.gpu-01.hostKey: {LAB_HOST_KEY.replace('ssh-ed25519', 'ssh-rsa')!r} is not allowed: the key after "
+      "ssh-rsa is not an ssh-rsa key in base64 (copy it whole from ssh-keyscan or /etc/ssh/ssh_host_*_key.pub)"]),
 ]
 
 
@@ -199,6 +218,8 @@ ACCEPTED: list[tuple[str, Mutation]] = [
     ("the largest whole number a key without its own bound takes",
      lambda c: s(c, "pools")["reasoning"].update(loadTimeoutMinutes=2**31 - 1)),
     ("the node's RAM stated", lambda c: s(c, "nodeDefaults").update(memoryGib=377.5)),
+    ("a host key with the comment its .pub file ends with",
+     lambda c: s(c, "nodes")["gpu-01"].update(hostKey=LAB_HOST_KEY + " root@gpu-01")),
     ("a MoE tile config named as it is in the project", lambda c: s(c, "pools")["chat"]["vllm"].update(
         moeConfigFiles=[MOE])),
 ]

@@ -12,7 +12,7 @@ import pytest
 from components.planning.node_scripts import bash_command, hosts_create_script, hosts_entries
 from components.spec import StackSpec
 from plan.harness import SECRET_SIG, SIG, ProgramRun
-from tests.support import content_trigger, script_of
+from tests.support import content_trigger, host_key, script_of
 
 KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA-test-only\n-----END OPENSSH PRIVATE KEY-----\n"
 NODES = [f"gpu-0{i}" for i in range(1, 7)]
@@ -129,13 +129,12 @@ def test_secret_key_goes_to_commands_and_a_0600_file_for_docker(
 def test_pinned_host_keys_for_commands_and_docker(
         config: dict[str, Any], stack_runner: Callable[..., ProgramRun]) -> None:
     config["llm-cluster:ssh"] = {"hostKeyChecking": True, "port": 2222}
-    for i, node in enumerate(NODES):
-        config["llm-cluster:nodes"][node]["hostKey"] = f"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI{i}"
+    for node in NODES:
+        config["llm-cluster:nodes"][node]["hostKey"] = host_key(node)
     run = stack_runner(config)
-    assert run.get("gpu-03-preflight").plain_inputs()["connection"]["hostKey"] == \
-        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI2"
+    assert run.get("gpu-03-preflight").plain_inputs()["connection"]["hostKey"] == host_key("gpu-03")
     known = run.get("gpu-03-known-hosts").plain_inputs()
-    assert known["stdin"] == "[192.168.10.13]:2222 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI2\n"
+    assert known["stdin"] == f"[192.168.10.13]:2222 {host_key('gpu-03')}\n"
     docker = run.get("gpu-03-docker")
     assert json.loads(docker.plain_inputs()["sshOpts"]) == [
         "-o", "Port=2222", "-o", "StrictHostKeyChecking=yes",
@@ -145,7 +144,7 @@ def test_pinned_host_keys_for_commands_and_docker(
 
 def test_host_keys_without_checking_pin_nothing(
         config: dict[str, Any], stack_runner: Callable[..., ProgramRun]) -> None:
-    config["llm-cluster:nodes"]["gpu-03"]["hostKey"] = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI2"
+    config["llm-cluster:nodes"]["gpu-03"]["hostKey"] = host_key("gpu-03")
     run = stack_runner(config)
     assert "hostKey" not in run.get("gpu-03-preflight").plain_inputs()["connection"]
     assert "hostKey" not in run.get("gpu-03-hosts").plain_inputs()["connection"]

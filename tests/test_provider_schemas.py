@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from plan.harness import ARCHIVE_SIG, ASSET_SIG, SECRET_SIG, SIG, UNKNOWN, ProgramRun
+from tests.support import host_key
 
 SCHEMA_DIR = Path(__file__).parent / "fixtures" / "schemas"
 
@@ -177,8 +178,8 @@ def test_other_ssh_and_weights_modes_validate(config: dict[str, Any], stack_runn
     cfg = copy.deepcopy(config)
     cfg["llm-cluster:ssh"] = {"agent": False, "hostKeyChecking": True, "port": 2222}
     cfg["llm-cluster:sshPrivateKey"] = "-----BEGIN OPENSSH PRIVATE KEY-----\nx\n-----END OPENSSH PRIVATE KEY-----\n"
-    for i, node in enumerate(cfg["llm-cluster:nodes"]):
-        cfg["llm-cluster:nodes"][node]["hostKey"] = f"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI{i}"
+    for node in cfg["llm-cluster:nodes"]:
+        cfg["llm-cluster:nodes"][node]["hostKey"] = host_key(node)
     cfg["llm-cluster:models"]["qwen3-30b-a3b"]["source"] = {"sharedMount": "nas:/export/qwen3"}
     cfg["llm-cluster:models"]["deepseek-r1"]["source"] = {"present": True}
     run = stack_runner(cfg, {"llm-cluster:sshPrivateKey"})

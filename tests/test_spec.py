@@ -8,6 +8,7 @@ import pytest
 
 from components.planning.topology import instances
 from components.spec import SpecError, StackSpec, load_stack_config
+from tests.support import host_key
 
 NS = "llm-cluster:"
 Mutation = Callable[[dict[str, Any]], None]
@@ -305,9 +306,9 @@ ACCEPTED: list[tuple[str, Mutation, Callable[[StackSpec], object]]] = [
      lambda s: (s.nodes["gpu-03"].ssh_address, s.nodes["gpu-04"].ssh_address) == ("gpu-03.mgmt.example.com", None)),
     ("host keys given with checking on",
      lambda c: section(c, "ssh").update(hostKeyChecking=True) or [
-         n.update(hostKey="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHVuaXF1ZQ") for n in section(c, "nodes").values()],
-     lambda s: s.ssh.host_key_checking and {n.host_key for n in s.nodes.values()} == {
-         "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHVuaXF1ZQ"}),
+         n.update(hostKey=host_key(name)) for name, n in section(c, "nodes").items()],
+     lambda s: s.ssh.host_key_checking and {name: n.host_key for name, n in s.nodes.items()} == {
+         name: host_key(name) for name in s.nodes}),
     ("a key file instead of the agent",
      lambda c: section(c, "ssh").update(agent=False, keyPath="~/.ssh/id_ed25519"),
      lambda s: (s.ssh.agent, s.ssh.key_path) == (False, "~/.ssh/id_ed25519")),

@@ -1,6 +1,8 @@
 """Stack model: SSH access, nodes, NCCL, models and pools."""
 from __future__ import annotations
 
+import base64
+import binascii
 import ipaddress
 import re
 from typing import Annotated, Any, Literal
@@ -39,6 +41,45 @@ def not_blank(v: str, what: str) -> str:
     """A text value that must say something, without whitespace around it (it lands in files and argv)."""
     if not v.strip() or v != v.strip():
         raise ValueError(f"{v!r} is not allowed: give {what}, without spaces around it")
+    return v
+
+
+# OpenSSH's host key types (sshkey.c keytypes[]): what the first field of a known_hosts key is.
+HOST_KEY_TYPES = ("ssh-ed25519", "ssh-rsa", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521",
+                  "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-nistp256@openssh.com", "ssh-dss")
+
+
+def _ssh_strings(blob: bytes) -> list[bytes] | None:
+    """The length-prefixed strings a public key blob is made of (RFC 4253 §6.6), or None when they do not
+    make up the blob exactly (a key cut short in the copy)."""
+    out, at = [], 0
+    while at < len(blob):
+        size = int.from_bytes(blob[at:at + 4], "big")
+        if at + 4 + size > len(blob):
+            return None
+        out.append(blob[at + 4:at + 4 + size])
+        at += 4 + size
+    return out
+
+
+def ssh_host_key(v: str) -> str:
+    """A node's public host key as known_hosts holds it after the host name: `<type> <base64>`, the blob's
+    own first string the same type. A line pasted whole from ssh-keyscan, host name first, would make a
+    known_hosts line that matches no host: SSH would fail at `up`."""
+    not_blank(v, "the node's public host key as ssh-keyscan prints it (ssh-ed25519 AAAA…)")
+    fields = v.split()
+    if fields[0] not in HOST_KEY_TYPES:
+        if len(fields) > 1 and fields[1] in HOST_KEY_TYPES:
+            raise ValueError(f"{v!r} is not allowed: it starts with a host name ({fields[0]!r}); give the key "
+                             f"only, the part after it ({fields[1]} AAAA…)")
+        raise ValueError(f"{v!r} is not allowed: a host key starts with its type, one of {', '.join(HOST_KEY_TYPES)}")
+    try:
+        strings = _ssh_strings(base64.b64decode(fields[1] if len(fields) > 1 else "", validate=True))
+    except binascii.Error:
+        strings = None
+    if not strings or len(strings) < 2 or strings[0] != fields[0].encode():
+        raise ValueError(f"{v!r} is not allowed: the key after {fields[0]} is not an {fields[0]} key in base64 "
+                         "(copy it whole from ssh-keyscan or /etc/ssh/ssh_host_*_key.pub)")
     return v
 
 
@@ -141,8 +182,7 @@ class NodeSpec(Spec):
     """Cluster address: VLLM_HOST_IP, Ray node IP, /etc/hosts and gateway upstreams use it."""
     ssh_address: str | None = None
     """Address SSH and Docker use, when it differs from the cluster address."""
-    host_key: Annotated[str, AfterValidator(lambda v: not_blank(
-        v, "the node's public host key as ssh-keyscan prints it (ssh-ed25519 AAAA…)"))] | None = None
+    host_key: Annotated[str, AfterValidator(ssh_host_key)] | None = None
     gpu: GpuSpec | None = None
     hca: HcaSpec | None = None
     interface: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:-]+$")
