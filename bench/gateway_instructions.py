@@ -10,7 +10,7 @@ connections; the figure is the worker's instructions over the requests wrk compl
 - the gateway as deployed (the reference stack's generated config), and with a token budget on the key;
 - what its parts cost, derived from the generated config (each substitution is checked): without the
   log phase (no usage record, no counters); without the usage filter; its nginx config without Lua
-  (the key from a map, proxying in the endpoint's location, no filter, no log phase): the floor of
+  (the key from a map, proxying in the endpoint's location, no filters, no log phase): the floor of
   its nginx features.
 
 Every nginx is the deployed one (tests/deployed_nginx.py). Needs valgrind and wrk. Prints figures,
@@ -41,6 +41,7 @@ WARMUP_SECONDS = 3  # LuaJIT compiles its traces in the first requests
 MEASURE_SECONDS = 4
 RECORD = '    log_by_lua_block { require("gateway_metrics").record() }\n'
 FILTER = '            body_filter_by_lua_block { require("gateway").usage() }\n'
+HEAD = '            header_filter_by_lua_block { require("gateway").head() }\n'
 KEY_ID = '        set_by_lua_block $llm_key_id { return require("gateway").key_id() }\n'
 
 
@@ -65,13 +66,15 @@ def without_filter(conf: str) -> str:
 
 
 def without_lua(conf: str) -> str:
-    """The key from a map, the chat pool's proxying in /v1/chat/completions itself, no filter, no log phase."""
+    """The key from a map, the chat pool's proxying in /v1/chat/completions itself, no filters, no log phase."""
+    if HEAD not in conf:
+        raise SystemExit("the generated gateway no longer has the error header filter: update bench/gateway_instructions.py")
     pool = re.search(r"        location @llm_pool_chat \{\n(.*?)        \}", conf, re.S)
     if pool is None:
         raise SystemExit("the generated gateway no longer has location @llm_pool_chat: update the bench")
     conf = sub(r'            content_by_lua_block \{ require\("gateway"\)\.route\("/v1/chat/completions"\) \}\n        \}\n'
                r"        location = /v1/completions",
-               pool.group(1).replace(FILTER, "") + "        }\n        location = /v1/completions", conf)
+               pool.group(1).replace(FILTER, "").replace(HEAD, "") + "        }\n        location = /v1/completions", conf)
     conf = sub(re.escape(KEY_ID), "", conf)
     conf = sub(r"    map \"\" \$llm_key_id \{ default ''; \}\n",
                f'    map $http_authorization $llm_key_id {{\n        default "";\n        "Bearer {KEY}" default;\n    }}\n',
