@@ -37,7 +37,8 @@ local digest = ffi.new("unsigned char[32]")
 local ffi_string = ffi.string
 local metrics = require("gateway_metrics")
 local json_text = metrics.json_text  -- nginx's escape=json, as the usage line's path
-local utf8 = metrics.utf8  -- bytes that are not UTF-8 as U+FFFD, for the messages that echo a client's
+local utf8 = metrics.utf8  -- bytes that are not UTF-8 as U+FFFD, for the messages that echo a client's model name
+local utf8_cut = metrics.utf8_cut  -- a client's field cut to a length, never inside a character
 local routed, request_key, route_state = metrics.routed, metrics.request_key, metrics.route_state
 
 local ngx = ngx
@@ -203,16 +204,7 @@ end
 
 -- A client's model name as logged: at most LOG_FIELD_MAX bytes, never a UTF-8 character cut in two.
 local function log_field(s)
-    if #s <= LOG_FIELD_MAX then
-        return s
-    end
-    local cut = LOG_FIELD_MAX
-    -- The byte after the cut continues a character: cut before that character (at most 3 back,
-    -- UTF-8's longest; bytes that are not UTF-8 are cut where they are).
-    while cut > LOG_FIELD_MAX - 3 and byte(s, cut + 1) >= 0x80 and byte(s, cut + 1) < 0xC0 do
-        cut = cut - 1
-    end
-    return sub(s, 1, cut)
+    return utf8_cut(s, LOG_FIELD_MAX)
 end
 
 -- The position of the first byte from i on that is not one of JSON's blanks.

@@ -278,21 +278,19 @@ local function observe(pool, seconds)
     h[nbounds + 2] = h[nbounds + 2] + 1
 end
 
--- At most field_max bytes of s, never a UTF-8 character cut in two (at most 3 bytes back, UTF-8's
--- longest; bytes that are not UTF-8 are cut where they are).
-local function cut(s)
-    if s == nil then
-        return ""
+-- At most max bytes of s, never a UTF-8 character cut in two (at most 3 bytes back, UTF-8's
+-- longest; bytes that are not UTF-8 are cut where they are). gateway.lua's too, for the model.
+local function utf8_cut(s, max)
+    if #s <= max then
+        return s
     end
-    if #s > field_max then
-        local at = field_max
-        while at > field_max - 3 and byte(s, at + 1) >= 0x80 and byte(s, at + 1) < 0xC0 do
-            at = at - 1
-        end
-        return sub(s, 1, at)
+    local at = max
+    while at > max - 3 and byte(s, at + 1) >= 0x80 and byte(s, at + 1) < 0xC0 do
+        at = at - 1
     end
-    return s
+    return sub(s, 1, at)
 end
+M.utf8_cut = utf8_cut
 
 -- Whether bytes from..to of s stand in a JSON string as they are: no `"`, `\`, control byte or
 -- byte past ASCII (UTF-8 or not: json_text tells).
@@ -343,7 +341,7 @@ function M.record(charge)
     local failed = five and five < q
     local path_at = find(tail, 'path":"', q, true) + 7
     if #tail - path_at > field_max or not json_safe(tail, path_at, #tail - 1) then
-        tail = sub(tail, 1, path_at - 1) .. json_text(cut(sub(tail, path_at, -2))) .. '"'
+        tail = sub(tail, 1, path_at - 1) .. json_text(utf8_cut(sub(tail, path_at, -2), field_max)) .. '"'
     end
     if st and st.stream ~= nil and not st.whole then
         -- The replica's answer began (the usage filter saw it) and never ended: nginx closed the
