@@ -40,6 +40,7 @@ local json_text = metrics.json_text  -- nginx's escape=json, as the usage line's
 local utf8 = metrics.utf8  -- bytes that are not UTF-8 as U+FFFD, for the messages that echo a client's model name
 local utf8_cut = metrics.utf8_cut  -- a client's field cut to a length, never inside a character
 local routed, request_key, route_state = metrics.routed, metrics.request_key, metrics.route_state
+local key_ids, request_key_id = metrics.key_ids, metrics.key_id
 
 local ngx = ngx
 local var = ngx.var
@@ -90,6 +91,15 @@ function M.init(routes_file, digests_file)
     end
 end
 
+-- Authorization headers that carried a known key -> its id, so a client's next request costs a table
+-- lookup, not a digest (3.1k instructions a request: gateway_instructions.py). Only known keys are
+-- kept, at most HEADER_CACHE_MAX headers (emptied when full: a client varying the blanks around its
+-- key cannot grow it). What it adds to timing: a hit says this exact header held a valid key before,
+-- which its sender knows; a miss costs the digest as before. LuaJIT already holds each header as
+-- a string it compared with the others it holds (the var read interns it), cache or not.
+local HEADER_CACHE_MAX = 4096
+local id_of_header, cached_headers = {}, 0
+
 -- set_by_lua $llm_key_id: the id of the presented key, '' when it is missing or unknown, or auth is off.
 function M.key_id()
     if not routes.auth then
@@ -100,6 +110,11 @@ function M.key_id()
     -- (string.match would abort LuaJIT's trace; nginx's regex map cost 2k instructions more).
     if not auth or #auth < 8 then
         return ""
+    end
+    local known = id_of_header[auth]
+    if known then
+        key_ids[request_key()] = known
+        return known
     end
     local b, e, a, r, e2, r2, space = byte(auth, 1, 7)
     if bor(b, 32) ~= 98 or bor(e, 32) ~= 101 or bor(a, 32) ~= 97 or bor(r, 32) ~= 114 or bor(e2, 32) ~= 101
@@ -122,7 +137,16 @@ function M.key_id()
     C.EVP_DigestInit_ex2(md_ctx, SHA256, nil)
     C.EVP_DigestUpdate(md_ctx, key, #key)
     C.EVP_DigestFinal_ex(md_ctx, digest, nil)
-    return keys[ffi_string(digest, 32)] or ""
+    local id = keys[ffi_string(digest, 32)]
+    if not id then
+        return ""
+    end
+    if cached_headers == HEADER_CACHE_MAX then
+        id_of_header, cached_headers = {}, 0
+    end
+    id_of_header[auth], cached_headers = id, cached_headers + 1
+    key_ids[request_key()] = id
+    return id
 end
 
 -- The id of a routed request ($llm_request_id: the usage line's, and X-Request-Id to the replica),
@@ -342,6 +366,252 @@ local function skeleton(s)
     return concat(out)
 end
 
+-- The hex digits, by byte; and whether a \u escape's first two digits make it a UTF-16 surrogate
+-- (D8-DB high, DC-DF low): cjson takes a high one only before a low one, and no low one alone.
+local HEX = {}
+for c in ("0123456789abcdefABCDEF"):gmatch(".") do
+    HEX[byte(c)] = true
+end
+local HIGH = {[56] = true, [57] = true, [97] = true, [98] = true, [65] = true, [66] = true}  -- d8-db
+local LOW = {[99] = true, [100] = true, [101] = true, [102] = true, [67] = true, [68] = true, [69] = true,
+             [70] = true}  -- dc-df
+
+local function hex4(s, at)
+    local a, b, c, d = byte(s, at, at + 3)
+    return HEX[a] and HEX[b] and HEX[c] and HEX[d]
+end
+
+-- Containers open while plain_model reads a body, by depth: the byte that closes each (reused: a
+-- worker reads one body at a time, and plain_model never yields). Deeper bodies are cjson's.
+local closers = {}
+local MAX_DEPTH = 64
+-- The first backslash at or after where plain_model reads (#s + 1: none): found once per backslash,
+-- so a body full of strings is searched once, whatever their number.
+local next_slash
+
+-- The position after the JSON string that starts at q, and whether it holds an escape; nil for
+-- what cjson judges itself: an escape it might refuse, a surrogate, a string without an end.
+local function string_after(s, q)
+    local e = find(s, '"', q + 1, true)
+    if not e then
+        return nil
+    end
+    if next_slash <= q then
+        next_slash = find(s, "\\", q + 1, true) or #s + 1
+    end
+    if next_slash > e then
+        return e + 1, false
+    end
+    while next_slash < e do
+        local at = next_slash
+        local c = byte(s, at + 1)
+        local width = 2
+        if c == 117 then  -- \uXXXX: four hex digits; a surrogate pair whole
+            if not hex4(s, at + 2) then
+                return nil
+            end
+            local d1, d2 = byte(s, at + 2, at + 3)
+            if d1 == 100 or d1 == 68 then
+                if LOW[d2] then
+                    return nil
+                end
+                if HIGH[d2] then
+                    local b1, b2, l1, l2 = byte(s, at + 6, at + 9)
+                    if b1 ~= 92 or b2 ~= 117 or not (l1 == 100 or l1 == 68) or not LOW[l2] or not hex4(s, at + 8) then
+                        return nil
+                    end
+                    width = 12
+                else
+                    width = 6
+                end
+            else
+                width = 6
+            end
+        elseif not ESCAPES[c] then
+            return nil
+        end
+        next_slash = find(s, "\\", at + width, true) or #s + 1
+        if e < at + width then
+            -- That escape was the quote taken for the end (\"): the string goes on.
+            e = find(s, '"', at + width, true)
+            if not e then
+                return nil
+            end
+        end
+    end
+    return e + 1, true
+end
+
+-- The position after the JSON number at i (RFC 8259's grammar; cjson reads more, and judges it), or nil.
+local function number_after(s, i)
+    local c = byte(s, i)
+    if c == 45 then  -- '-'
+        i = i + 1
+        c = byte(s, i)
+    end
+    if c == 48 then  -- a lone '0' before any fraction
+        i = i + 1
+        c = byte(s, i)
+    elseif c and c > 48 and c <= 57 then
+        repeat
+            i = i + 1
+            c = byte(s, i)
+        until not c or c < 48 or c > 57
+    else
+        return nil
+    end
+    if c == 46 then  -- '.'
+        i = i + 1
+        c = byte(s, i)
+        if not c or c < 48 or c > 57 then
+            return nil
+        end
+        repeat
+            i = i + 1
+            c = byte(s, i)
+        until not c or c < 48 or c > 57
+    end
+    if c == 101 or c == 69 then  -- 'e', 'E'
+        i = i + 1
+        c = byte(s, i)
+        if c == 43 or c == 45 then
+            i = i + 1
+            c = byte(s, i)
+        end
+        if not c or c < 48 or c > 57 then
+            return nil
+        end
+        repeat
+            i = i + 1
+            c = byte(s, i)
+        until not c or c < 48 or c > 57
+    end
+    return i
+end
+
+-- The position after `true`, `false` or `null` at i, or nil.
+local function literal_after(s, i)
+    local a, b, c, d, e = byte(s, i, i + 4)
+    if (a == 116 and b == 114 and c == 117 and d == 101) or (a == 110 and b == 117 and c == 108 and d == 108) then
+        return i + 4
+    end
+    if a == 102 and b == 97 and c == 108 and d == 115 and e == 101 then
+        return i + 5
+    end
+    return nil
+end
+
+-- The request's model, read without cjson, from the bodies nearly every client sends: a JSON object
+-- whose last top-level `model` is a non-empty string without escapes. nil for any other body, which
+-- route() gives to cjson to judge (and to word its refusal): so this only ever takes a body cjson
+-- takes, and returns the model cjson would read from it (tests/test_gateway_body.py compares the two
+-- on generated and broken bodies). cjson builds a Lua table of the whole body: 8.7k instructions for
+-- bench/gateway.py's 110 bytes, against 1.xk here (gateway_instructions.py).
+local function plain_model(s)
+    if find(s, "\0", 1, true) then
+        return nil  -- cjson ends its strings at a NUL: its verdict
+    end
+    local i = skip_blanks(s, 1)
+    if byte(s, i) ~= 123 then
+        return nil
+    end
+    next_slash = 0
+    local depth, model, is_model = 0, nil, false
+    local c = 123
+    while true do
+        -- A value starts at i (its first byte c); e: the position after it.
+        local e
+        if c == 123 or c == 91 then
+            if is_model then
+                model = false  -- an object or array: not a name
+            end
+            depth = depth + 1
+            if depth > MAX_DEPTH then
+                return nil
+            end
+            local closer = c + 2  -- '}' or ']'
+            closers[depth] = closer
+            i = skip_blanks(s, i + 1)
+            c = byte(s, i)
+            if c == closer then
+                depth = depth - 1
+                e = i + 1
+            elseif closer == 93 then
+                is_model = false
+                goto value
+            else
+                goto member
+            end
+        elseif c == 34 then
+            local escaped
+            e, escaped = string_after(s, i)
+            if not e then
+                return nil
+            end
+            if is_model then
+                model = not escaped and e - i > 2 and sub(s, i + 1, e - 2)
+            end
+        else
+            e = (c == 45 or (c and c >= 48 and c <= 57)) and number_after(s, i) or literal_after(s, i)
+            if not e then
+                return nil
+            end
+            if is_model then
+                model = false
+            end
+        end
+        -- After a value: ',' and the next, or the containers it closes.
+        while true do
+            i = skip_blanks(s, e)
+            c = byte(s, i)
+            if depth == 0 then
+                return c == nil and model or nil  -- the top object closed: nothing may follow it
+            end
+            if c == 44 then
+                i = skip_blanks(s, i + 1)
+                c = byte(s, i)
+                if closers[depth] == 93 then
+                    is_model = false
+                    goto value
+                end
+                goto member
+            end
+            if c ~= closers[depth] then
+                return nil
+            end
+            depth = depth - 1
+            e = i + 1
+        end
+        ::member::
+        do
+            -- An object's member: its name (a string), ':', then its value at i.
+            if c ~= 34 then
+                return nil
+            end
+            local after, escaped = string_after(s, i)
+            if not after then
+                return nil
+            end
+            if escaped and depth == 1 then
+                local u = find(s, "\\u", i, true)
+                if u and u < after then
+                    return nil  -- a top-level name with a \u escape may spell `model`: cjson's to read
+                end
+            end
+            local m, o, d, e2, l = byte(s, i + 1, i + 5)
+            is_model = depth == 1 and after == i + 7 and m == 109 and o == 111 and d == 100 and e2 == 101
+                and l == 108
+            i = skip_blanks(s, after)
+            if byte(s, i) ~= 58 then
+                return nil
+            end
+            i = skip_blanks(s, i + 1)
+            c = byte(s, i)
+        end
+        ::value::
+    end
+end
+
 -- content_by_lua of POST /v1/{chat/completions,completions,embeddings} and the path-route prefixes:
 -- each location passes its engine endpoint ("/v1/chat/completions") and the pool a path route pins
 -- (nil under /v1/), so neither costs a variable read.
@@ -360,25 +630,29 @@ function M.route(endpoint, pin)
         local file = ngx.req.get_body_file()
         raw = file and read(file) or ""
     end
-    local short = skeleton(raw)
-    local body, err = cjson.decode(short or raw)
-    if err and short and short ~= raw then
-        body, err = cjson.decode(raw)  -- the reason, and its position, in the client's own bytes
-    end
-    if err then
-        return fail(400, "We could not parse the JSON body of your request: " .. err:gsub("T_[%u_]+", TOKENS),
-                    "invalid_json")
-    end
-    -- An array decodes to a table too: the first byte tells an object ('{').
-    if type(body) ~= "table" or byte(raw, skip_blanks(raw, 1)) ~= 123 then
-        return fail(400, "The request body must be a JSON object.", "invalid_json")
-    end
-    local model = body.model
-    if model == "" and short ~= raw then
-        model = cjson.decode(raw).model  -- a long string left out: the model itself, or another's
-    end
-    if type(model) ~= "string" or model == "" then
-        return fail(400, "You must provide a model parameter (a string).", "missing_model", "model")
+    local model = plain_model(raw)
+    if not model then
+        -- cjson judges the body, and words the refusal.
+        local short = skeleton(raw)
+        local body, err = cjson.decode(short or raw)
+        if err and short and short ~= raw then
+            body, err = cjson.decode(raw)  -- the reason, and its position, in the client's own bytes
+        end
+        if err then
+            return fail(400, "We could not parse the JSON body of your request: " .. err:gsub("T_[%u_]+", TOKENS),
+                        "invalid_json")
+        end
+        -- An array decodes to a table too: the first byte tells an object ('{').
+        if type(body) ~= "table" or byte(raw, skip_blanks(raw, 1)) ~= 123 then
+            return fail(400, "The request body must be a JSON object.", "invalid_json")
+        end
+        model = body.model
+        if model == "" and short ~= raw then
+            model = cjson.decode(raw).model  -- a long string left out: the model itself, or another's
+        end
+        if type(model) ~= "string" or model == "" then
+            return fail(400, "You must provide a model parameter (a string).", "missing_model", "model")
+        end
     end
     -- The model as the usage line holds it: cut (the line stays short whatever the client sends)
     -- and escaped; from here on the line is this request's, refused or routed.
@@ -389,10 +663,10 @@ function M.route(endpoint, pin)
     if not entry or (pin and not entry[2][pin]) then
         local prefix = prefix_of(var.uri)
         return fail(404, "The model '" .. model .. "' does not exist under " .. prefix .. ". Available models: "
-                    .. concat(visible_names(prefix, var.llm_key_id), ", "), "model_not_found", "model")
+                    .. concat(visible_names(prefix, request_key_id()), ", "), "model_not_found", "model")
     end
     -- The key id only where a key has an allowlist (each ngx.var read costs ~0.6k instructions).
-    local id = has_allowlists and var.llm_key_id
+    local id = has_allowlists and request_key_id()
     local allow = id and routes.allow[id]
     if allow and not allow[model] then
         return fail(403, "The API key '" .. id .. "' may not use the model '" .. model .. "'. Allowed models: "
@@ -430,7 +704,7 @@ function M.models()
     end
     local created = ngx.time()
     local data = {}
-    for i, name in ipairs(visible_names(prefix_of(var.uri), var.llm_key_id)) do
+    for i, name in ipairs(visible_names(prefix_of(var.uri), request_key_id())) do
         local meta = routes.meta[name]
         -- Written out in order (a Lua table has none): the fields as clients had them before.
         data[i] = '{"id": ' .. json_string(name) .. ', "object": "model", "created": ' .. created
@@ -645,5 +919,7 @@ function M.usage()
         st.before = byte(buf, n)
     end
 end
+
+M.plain_model = plain_model  -- tests/test_gateway_body.py compares it with cjson
 
 return M

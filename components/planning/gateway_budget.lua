@@ -21,6 +21,7 @@
 local ngx = ngx
 local var = ngx.var
 local now = ngx.now
+local key_id = require("gateway_metrics").key_id  -- the request's, as gateway.key_id() found it
 local floor, ceil = math.floor, math.ceil
 local tonumber = tonumber
 
@@ -59,7 +60,7 @@ end
 
 -- set_by_lua $llm_budget_refused: '' admits (the window's count is below the budget), '1' refuses.
 function M.admit()
-    local b = budgets[var.llm_key_id]
+    local b = budgets[key_id()]
     if not b then
         return ""
     end
