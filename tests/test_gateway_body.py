@@ -80,7 +80,8 @@ end
 def _string(rng: random.Random, plain: bool = False) -> bytes:
     """A JSON string: plain ASCII, or with escapes, UTF-8, raw control bytes and \\u escapes."""
     if plain:
-        return b'"' + "".join(rng.choice("abcdefghij-_.:/ 0123456789") for _ in range(rng.randint(1, 24))).encode() + b'"'
+        text = "".join(rng.choice("abcdefghij-_.:/ 0123456789") for _ in range(rng.randint(1, 24)))
+        return b'"' + text.encode() + b'"'
     parts = []
     for _ in range(rng.randint(0, 12)):
         kind = rng.randrange(10)

@@ -398,28 +398,10 @@ def test_a_full_zone_fails_open_keeps_every_count_and_says_so(tmp_path: Path, mo
                     "without one until it has" for i in ids[fit:]]
 
 
-def workers(gw: NginxGateway) -> set[int]:
-    master = (gw.root / "nginx.pid").read_text().strip()
-    out = subprocess.run([tool("pgrep"), "-P", master], capture_output=True, text=True).stdout
-    return {int(pid) for pid in out.split()}
-
-
-def reload(gw: NginxGateway) -> None:
-    """`nginx -s reload`, returning once every worker is a new one."""
-    old = workers(gw)
-    subprocess.run([nginx_binary(), "-p", str(gw.root), "-c", str(gw.conf_dir / "nginx.conf"), "-s", "reload"],
-                   check=True, capture_output=True)
-    deadline = time.monotonic() + WAIT
-    while not (workers(gw) and not workers(gw) & old):
-        if time.monotonic() > deadline:
-            pytest.fail(f"nginx's workers {old} were not replaced after the reload")
-        time.sleep(0.05)
-
-
 def test_counts_outlive_a_reload(gw_keys: tuple[NginxGateway, dict[str, str]]) -> None:
     gw, keys = gw_keys
     assert chat(gw, keys["reloaded"], "r0")[0] == 200  # 18 of 20
-    reload(gw)
+    gw.reload()
     # New workers, the same shared dict: admitted at 18, refused at 36 (a fresh count would admit both).
     assert [chat(gw, keys["reloaded"], f"r{i}")[0] for i in (1, 2)] == [200, 429]
 
@@ -438,7 +420,7 @@ def test_a_changed_budget_keeps_its_count_and_a_changed_window_starts_a_new_one(
         files = render_gateway(budgets(100, 86400), gw.layout,
                                {p: [("127.0.0.1", r.port) for r in rs] for p, rs in pools.items()})
         (gw.conf_dir / "nginx.conf").write_text(files["nginx.conf"])
-        reload(gw)
+        gw.reload()
         answers = [chat(gw, keys[k], f"d-{k}") for k in ("raised", "rewindowed")]
     assert [(status, headers["x-ratelimit-limit-tokens"], headers["x-ratelimit-remaining-tokens"])
             for status, headers, _ in answers] == [(200, "100", "82"), (200, "20", "20")]

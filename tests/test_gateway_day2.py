@@ -20,7 +20,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import pytest
 
 from components.planning.gateway import (
     NginxControl, config_script, render_gateway, tls_from_stdin_script, tls_generate_script, usage_dir_script,
@@ -43,20 +42,6 @@ def apply_config(gw: NginxGateway, spec: StackSpec, pools: dict[str, list[FakeRe
     files = render_gateway(spec, gw.layout, {p: [("127.0.0.1", r.port) for r in rs] for p, rs in pools.items()})
     script = config_script(spec, files, conf_dir=str(gw.conf_dir), control=control(gw))
     return subprocess.run(["bash", "-c", script], capture_output=True, text=True)
-
-
-def nginx_workers(gw: NginxGateway) -> set[int]:
-    """The pids of the test nginx's worker processes (its master's children)."""
-    master = (gw.root / "nginx.pid").read_text().strip()
-    workers = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # gone meanwhile
-            continue
-        if fields[1] == master:  # the field after the state is the parent's pid
-            workers.add(int(stat.parent.name))
-    return workers
 
 
 def shared_config(**weights: int) -> dict[str, Any]:
@@ -147,12 +132,12 @@ def test_removing_one_of_two_pools_of_a_model_fails_no_request(tmp_path: Path) -
         del config["llm-cluster:pools"]["canary"]
         config["llm-cluster:pools"]["chat"]["nodes"].append("gpu-06")
         del config["llm-cluster:gateway"]["poolWeights"]
-        old_workers = nginx_workers(gw)
+        old_workers = gw.workers()
         result = apply_config(gw, load_stack_config(config, set()), {"chat": pools["chat"], "reasoning": pools["reasoning"]})
         assert result.returncode == 0, result.stderr
         # The old workers finish what they hold, then exit: from then on only the new config answers.
         deadline = time.monotonic() + WAIT
-        while old_workers & nginx_workers(gw):
+        while old_workers & gw.workers():
             assert time.monotonic() < deadline, "the old nginx workers did not exit after the reload"
             time.sleep(0.01)
         settled = time.monotonic()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import http.client
 import json
 import re
@@ -22,7 +23,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -31,7 +32,7 @@ from typing import Any
 import pytest
 
 from components.planning.gateway import (
-    DIGESTS_FILE, GatewayLayout, key_ids, keys_script, readiness_script, render_gateway,
+    DIGESTS_FILE, LUA_SOURCE, GatewayLayout, key_ids, keys_script, readiness_script, render_gateway,
 )
 from components.spec import StackSpec, load_stack_config
 from tests.conftest import prod_config
@@ -307,6 +308,33 @@ class NginxGateway:
                     pass
             if time.monotonic() > deadline:
                 pytest.fail("nginx did not listen")
+            time.sleep(0.05)
+
+    def workers(self) -> set[int]:
+        """The pids of nginx's worker processes (its master's children)."""
+        master = (self.root / "nginx.pid").read_text().strip()
+        found = set()
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:  # gone meanwhile
+                continue
+            if fields[1] == master:  # the field after the state is the parent's pid
+                found.add(int(stat.parent.name))
+        return found
+
+    def reload(self) -> None:
+        """`nginx -s reload`, returning once every worker is a new one."""
+        old = self.workers()
+        subprocess.run([nginx_binary(), "-p", str(self.root), "-c", str(self.conf_dir / "nginx.conf"), "-s", "reload"],
+                       check=True, capture_output=True)
+        deadline = time.monotonic() + WAIT
+        while True:
+            now = self.workers()
+            if now and not now & old:
+                return
+            if time.monotonic() > deadline:
+                pytest.fail(f"nginx's workers {old} were not replaced after the reload")
             time.sleep(0.05)
 
     def stop(self) -> None:
@@ -648,6 +676,40 @@ def test_only_the_bearer_scheme_carries_a_key(gw: NginxGateway, keys: dict[str, 
     for header in (f"Basic {key}", f"Basic  {key}", f"Digest {key}", f"Token  {key}", key, f"Bearer{key}"):
         status, hdrs, out = gw.call("GET", "/v1/models", headers={"Authorization": header})
         assert (status, error_code(out), hdrs["www-authenticate"]) == (401, "invalid_api_key", "Bearer"), header
+
+
+def test_a_keys_header_is_remembered_per_worker_and_forgotten_when_the_key_is_revoked(
+        tmp_path: Path, replicas: dict[str, list[FakeReplica]]) -> None:
+    spec = load_stack_config(gateway_config(), set())
+    keys, digests = host_keys(spec, tmp_path / "keys")
+    gw = NginxGateway(spec, replicas, tmp_path / "gateway", digests)
+    try:
+        key = keys["analyst"]  # (no rate limit: the default key's would answer 429s here)
+        # gateway.lua remembers the headers that carried a known key, up to a bound, then starts
+        # again: more distinct headers with one key than that (the blanks before it vary), on one
+        # connection so one worker sees them all, every one of them the key.
+        found = re.search(r"^local HEADER_CACHE_MAX = (\d+)$", LUA_SOURCE.read_text(), re.M)
+        assert found is not None
+        bound = int(found.group(1))
+        conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=WAIT)
+        statuses = Counter()
+        for blanks in range(1, bound + 3):
+            conn.request("GET", "/v1/models", headers={"Authorization": "Bearer" + " " * blanks + key})
+            response = conn.getresponse()
+            response.read()
+            statuses[response.status] += 1
+        conn.close()
+        assert statuses == {200: bound + 2}
+        # Revoked: its digest leaves the file and nginx reloads. No worker answers it from memory.
+        table = json.loads(digests.read_text())
+        del table[hashlib.sha256(key.encode()).hexdigest()]
+        digests.write_text(json.dumps(table))
+        gw.reload()
+        for _ in range(6):
+            assert gw.call("GET", "/v1/models", key=key)[0] == 401
+            assert gw.call("GET", "/v1/models", key=keys["default"])[0] == 200
+    finally:
+        gw.stop()
 
 
 def test_key_not_allowed_the_model_is_403(gw: NginxGateway, keys: dict[str, str]) -> None:
