@@ -6,7 +6,8 @@ One OpenAI endpoint for every pool:
   only; GET /v1/models is answered by the gateway; every other path is a JSON 404, so vLLM's
   /metrics, /health, /load, /tokenize… are never reachable through it.
 - API keys: nginx never sees a key in its config; the Lua module (gateway.lua) hashes the presented
-  key and looks the digest up in a `sha256 -> key id` file it reads when nginx starts. Missing or
+  key and looks the digest up in a `sha256 -> key id` file it reads when nginx starts (each worker
+  remembers the headers that held a known key until nginx reloads, as a key's revocation does). Missing or
   unknown key: 401 (before the body is read); per-key limit_req zones: 429; per-key model
   allowlists: 403.
 - Per pool: least_conn over the replicas (a shared zone, so every worker sees the same counts and
