@@ -442,49 +442,47 @@ local function string_after(s, q)
     return e + 1, true
 end
 
--- The position after the JSON number at i (RFC 8259's grammar; cjson reads more, and judges it), or nil.
-local function number_after(s, i)
+-- The position after the run of digits at i (one at least), or nil.
+local function digits_after(s, i)
     local c = byte(s, i)
-    if c == 45 then  -- '-'
-        i = i + 1
-        c = byte(s, i)
-    end
-    if c == 48 then  -- a lone '0' before any fraction
-        i = i + 1
-        c = byte(s, i)
-    elseif c and c > 48 and c <= 57 then
-        repeat
-            i = i + 1
-            c = byte(s, i)
-        until not c or c < 48 or c > 57
-    else
+    if not c or c < 48 or c > 57 then
         return nil
     end
-    if c == 46 then  -- '.'
+    repeat
         i = i + 1
         c = byte(s, i)
-        if not c or c < 48 or c > 57 then
+    until not c or c < 48 or c > 57
+    return i
+end
+
+-- The position after the JSON number at i (RFC 8259's grammar; cjson reads more, and judges it), or nil.
+local function number_after(s, i)
+    if byte(s, i) == 45 then  -- '-'
+        i = i + 1
+    end
+    if byte(s, i) == 48 then  -- a lone '0' before any fraction
+        i = i + 1
+    else
+        i = digits_after(s, i)
+        if not i then
             return nil
         end
-        repeat
-            i = i + 1
-            c = byte(s, i)
-        until not c or c < 48 or c > 57
+    end
+    local c = byte(s, i)
+    if c == 46 then  -- '.'
+        i = digits_after(s, i + 1)
+        if not i then
+            return nil
+        end
+        c = byte(s, i)
     end
     if c == 101 or c == 69 then  -- 'e', 'E'
         i = i + 1
         c = byte(s, i)
         if c == 43 or c == 45 then
             i = i + 1
-            c = byte(s, i)
         end
-        if not c or c < 48 or c > 57 then
-            return nil
-        end
-        repeat
-            i = i + 1
-            c = byte(s, i)
-        until not c or c < 48 or c > 57
+        return digits_after(s, i)
     end
     return i
 end

@@ -180,6 +180,9 @@ MUTANTS: list[Mutant] = [
            "                model = not escaped and e - i > 2 and sub(s, i + 1, e - 2)",
            "                model = model or (not escaped and e - i > 2 and sub(s, i + 1, e - 2))",
            ("tests/test_gateway_body.py",), "of two `model` members the first is routed, where cjson reads the last"),
+    Mutant("plain-model-leading-zero", "components/planning/gateway.lua",
+           "    if byte(s, i) == 48 then  -- a lone '0' before any fraction\n", "    if false then\n",
+           ("tests/test_gateway_body.py",), "a number with a leading zero (01), which cjson refuses, passes the router's reader"),
     # --- alert thresholds ------------------------------------------------------------------------------
     Mutant("ttft-2s-to-4s", "components/spec/monitoring.py",
            "ttft_p95_seconds: float = Field(default=2.0, gt=0)", "ttft_p95_seconds: float = Field(default=4.0, gt=0)",
