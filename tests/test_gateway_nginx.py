@@ -678,7 +678,7 @@ def test_only_the_bearer_scheme_carries_a_key(gw: NginxGateway, keys: dict[str, 
         assert (status, error_code(out), hdrs["www-authenticate"]) == (401, "invalid_api_key", "Bearer"), header
 
 
-def test_a_keys_header_is_remembered_per_worker_and_forgotten_when_the_key_is_revoked(
+def test_every_header_with_a_key_passes_past_the_workers_header_bound_and_a_revoked_key_fails_at_once(
         tmp_path: Path, replicas: dict[str, list[FakeReplica]]) -> None:
     spec = load_stack_config(gateway_config(), set())
     keys, digests = host_keys(spec, tmp_path / "keys")
@@ -687,7 +687,8 @@ def test_a_keys_header_is_remembered_per_worker_and_forgotten_when_the_key_is_re
         key = keys["analyst"]  # (no rate limit: the default key's would answer 429s here)
         # gateway.lua remembers the headers that carried a known key, up to a bound, then starts
         # again: more distinct headers with one key than that (the blanks before it vary), on one
-        # connection so one worker sees them all, every one of them the key.
+        # connection so one worker sees them all, every one of them the key. (What is remembered is
+        # not visible from outside; a table that is emptied wrongly, or never, is.)
         found = re.search(r"^local HEADER_CACHE_MAX = (\d+)$", LUA_SOURCE.read_text(), re.M)
         assert found is not None
         bound = int(found.group(1))
@@ -700,7 +701,8 @@ def test_a_keys_header_is_remembered_per_worker_and_forgotten_when_the_key_is_re
             statuses[response.status] += 1
         conn.close()
         assert statuses == {200: bound + 2}
-        # Revoked: its digest leaves the file and nginx reloads. No worker answers it from memory.
+        # Revoked: its digest leaves the file and nginx reloads. No worker answers it from memory,
+        # the header it just remembered included.
         table = json.loads(digests.read_text())
         del table[hashlib.sha256(key.encode()).hexdigest()]
         digests.write_text(json.dumps(table))

@@ -314,58 +314,6 @@ local ESCAPES = {[34] = true, [92] = true, [47] = true, [98] = true, [102] = tru
 -- string this long is checked here with plain searches and left out of what cjson reads.
 local LONG_STRING = 256
 
--- The body with every string of LONG_STRING bytes or more replaced by "" once its escapes are ones
--- cjson accepts (so cjson takes the result exactly when it takes the body, and reads the same
--- structure, numbers and short strings); nil when cjson must judge the body itself: a NUL byte, a
--- \u escape in a long string (surrogate pairs), a bad escape, an unterminated string. Every search
--- moves forward: linear in the body whatever its strings.
-local function skeleton(s)
-    if #s < LONG_STRING + 2 then
-        return s  -- no string that long fits: cjson reads the body as it is (2.5k instructions spared)
-    end
-    if find(s, "\0", 1, true) then
-        return nil
-    end
-    local out, pos = nil, 1  -- the pieces so far; the first byte not yet in them
-    local slash = 0  -- a backslash at or before which no escape is left unchecked
-    local q = find(s, '"', 1, true)
-    while q do
-        local e = q  -- the closing quote: one not escaped by an odd run of backslashes
-        repeat
-            e = find(s, '"', e + 1, true)
-            if not e then
-                return nil
-            end
-            local k = e - 1
-            while byte(s, k) == 92 do
-                k = k - 1
-            end
-        until (e - 1 - k) % 2 == 0
-        if e - q + 1 >= LONG_STRING then
-            if slash < q then
-                slash = find(s, "\\", q, true) or #s + 1
-            end
-            while slash < e do
-                local c = byte(s, slash + 1)
-                if not ESCAPES[c] then
-                    return nil  -- \u, or an escape cjson refuses: it says which
-                end
-                slash = find(s, "\\", slash + 2, true) or #s + 1
-            end
-            out = out or {}
-            out[#out + 1] = sub(s, pos, q - 1)
-            out[#out + 1] = '""'
-            pos = e + 1
-        end
-        q = find(s, '"', e + 1, true)
-    end
-    if not out then
-        return s
-    end
-    out[#out + 1] = sub(s, pos)
-    return concat(out)
-end
-
 -- The hex digits, by byte; and whether a \u escape's first two digits make it a UTF-16 surrogate
 -- (D8-DB high, DC-DF low): cjson takes a high one only before a low one, and no low one alone.
 local HEX = {}
@@ -497,6 +445,41 @@ local function literal_after(s, i)
         return i + 5
     end
     return nil
+end
+
+-- The body with every string of LONG_STRING bytes or more replaced by "" once string_after has read
+-- it as cjson would (so cjson takes the result exactly when it takes the body, and reads the same
+-- structure, numbers and short strings); nil when cjson must judge the body itself: a NUL byte, an
+-- escape string_after leaves to cjson, an unterminated string. Every search moves forward: linear
+-- in the body whatever its strings.
+local function skeleton(s)
+    if #s < LONG_STRING + 2 then
+        return s  -- no string that long fits: cjson reads the body as it is (2.5k instructions spared)
+    end
+    if find(s, "\0", 1, true) then
+        return nil
+    end
+    next_slash = 0
+    local out, pos = nil, 1  -- the pieces so far; the first byte not yet in them
+    local q = find(s, '"', 1, true)
+    while q do
+        local after = string_after(s, q)
+        if not after then
+            return nil
+        end
+        if after - q >= LONG_STRING then
+            out = out or {}
+            out[#out + 1] = sub(s, pos, q - 1)
+            out[#out + 1] = '""'
+            pos = after
+        end
+        q = find(s, '"', after, true)
+    end
+    if not out then
+        return s
+    end
+    out[#out + 1] = sub(s, pos)
+    return concat(out)
 end
 
 -- The request's model, read without cjson, from the bodies nearly every client sends: a JSON object
