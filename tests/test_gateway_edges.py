@@ -48,8 +48,9 @@ def gw_keys(tmp_path_factory: pytest.TempPathFactory,
     gw.stop()
 
 
-def raw(port: int, request: bytes, context: ssl.SSLContext | None = None) -> tuple[int, dict[str, str], Any]:
-    """Send bytes as they are (no client library would send them) and read the whole answer."""
+def raw_answer(port: int, request: bytes, context: ssl.SSLContext | None = None) -> tuple[int, dict[str, str], bytes]:
+    """Send bytes as they are (no client library would send them) and read the whole answer: status,
+    headers, body (the final answer's, after any 100 Continue; de-chunked)."""
     sock: socket.socket = socket.create_connection(("127.0.0.1", port), timeout=WAIT)
     if context is not None:
         sock = context.wrap_socket(sock, server_hostname="127.0.0.1")
@@ -65,13 +66,30 @@ def raw(port: int, request: bytes, context: ssl.SSLContext | None = None) -> tup
         data += chunk
     sock.close()
     head, _, body = data.partition(b"\r\n\r\n")
+    if head.startswith(b"HTTP/1.1 100"):
+        head, _, body = body.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:] if ":" in line)}
+    if headers.get("transfer-encoding") == "chunked":
+        whole, rest = b"", body
+        while rest:
+            size, _, rest = rest.partition(b"\r\n")
+            n = int(size, 16)
+            if n == 0:
+                break
+            whole, rest = whole + rest[:n], rest[n + 2:]
+        body = whole
+    return int(lines[0].split(" ")[1]), headers, body
+
+
+def raw(port: int, request: bytes, context: ssl.SSLContext | None = None) -> tuple[int, dict[str, str], Any]:
+    """raw_answer() with its body as JSON (or text when it is not JSON)."""
+    status, headers, body = raw_answer(port, request, context)
     try:
         payload: Any = json.loads(body)
     except ValueError:
         payload = body.decode(errors="replace")
-    return int(lines[0].split(" ")[1]), headers, payload
+    return status, headers, payload
 
 
 NGINX_OWN_ERRORS = [
@@ -567,30 +585,6 @@ def _random_request(rng: random.Random, key: str) -> tuple[str, bytes]:
     return method, head.encode() + b"\r\n" + data
 
 
-def _answer(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
-    """Status, headers and the (de-chunked) body of the final answer (after any 100 Continue)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as sock:
-        sock.sendall(request)
-        data = b""
-        while chunk := sock.recv(65536):
-            data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    if head.startswith(b"HTTP/1.1 100"):
-        head, _, body = body.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:] if ":" in line)}
-    if headers.get("transfer-encoding") == "chunked":
-        whole, rest = b"", body
-        while rest:
-            size, _, rest = rest.partition(b"\r\n")
-            n = int(size, 16)
-            if n == 0:
-                break
-            whole, rest = whole + rest[:n], rest[n + 2:]
-        body = whole
-    return int(lines[0].split(" ")[1]), headers, body
-
-
 def test_random_requests_get_openai_errors_and_one_json_usage_line_each(tmp_path: Path) -> None:
     spec = load_stack_config(gateway_config(), set())
     with own_gateway(spec, {"chat": [FakeReplica("c0"), FakeReplica("c1")], "reasoning": [FakeReplica("r")]},
@@ -599,7 +593,7 @@ def test_random_requests_get_openai_errors_and_one_json_usage_line_each(tmp_path
         statuses: Counter[int] = Counter()
         for _ in range(RANDOM_REQUESTS):
             method, request = _random_request(rng, keys["default"])
-            status, headers, body = _answer(gw.port, request)
+            status, headers, body = raw_answer(gw.port, request)
             statuses[status] += 1
             if status >= 400 and method != "HEAD":
                 assert headers.get("content-type", "").startswith("application/json"), (request[:300], headers)
