@@ -317,7 +317,7 @@ def test_a_bad_stack_file_is_refused_saying_where(edit: Callable[[str], str], ex
 # value of another kind, a key deleted, a misspelt key added; one or two at a time. Whatever the edit,
 # the planner ends in a verdict (0 planned, 1 a mandatory violation, 2 the config refused naming the
 # stack key), never a traceback. 850 such edits found none when this was written; these keep it so.
-STACK_FILES = sorted(p for p in ROOT.glob("Pulumi.*.yaml"))
+STACK_FILES = sorted(ROOT.glob("Pulumi.*.yaml"))
 EDIT_VALUES: list[Any] = [None, "", " ", -1, 0, 1, 2**40, 3.5, -0.0, float("nan"), True, False, "abc", "ümläut 日本",
                           "x" * 5000, [], {}, [1, 2], {"a": 1}, "1.2.3.4", "999.1.1.1", "../../etc/passwd",
                           "$(rm -rf /)", "a b", "-1", "0x10", "8", "Tesla V100-SXM2-32GB", "gpu-01", "vllm", "lmdeploy",
@@ -328,7 +328,8 @@ ISSUE_LINE = re.compile(r"  (?:llm-cluster:)?[A-Za-z][\w-]*(?:\.[^ :]+|\[\d+\])*
 
 
 def _paths(node: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    """Every key path below the top two levels' start: the sections, their members, list items."""
+    """Every key path at least two deep (a section under `config:`, and below it): sections, their
+    members, list items."""
     out = [path] if len(path) >= 2 else []
     children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else []
     for key, child in children:
