@@ -94,9 +94,9 @@ end
 -- Authorization headers that carried a known key -> its id, so a client's next request costs a table
 -- lookup, not a digest (2.0k instructions a request less: gateway_instructions.py). Only known keys
 -- are kept, at most HEADER_CACHE_MAX headers (emptied when full: a client varying the blanks before
--- its key cannot grow it past that). What it adds to timing: a hit says this exact header held a valid key before,
--- which its sender knows; a miss costs the digest as before. LuaJIT already holds each header as
--- a string it compared with the others it holds (the var read interns it), cache or not.
+-- its key cannot grow it past that). What it adds to timing: a hit says this exact header held a
+-- valid key before, which its sender knows; a miss costs the digest as before. LuaJIT already holds
+-- each header as a string it compared with the others it holds (the var read interns it), cache or not.
 local HEADER_CACHE_MAX = 4096
 local id_of_header, cached_headers = {}, 0
 

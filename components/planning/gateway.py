@@ -7,8 +7,8 @@ One OpenAI endpoint for every pool:
   /metrics, /health, /load, /tokenize… are never reachable through it.
 - API keys: nginx never sees a key in its config; the Lua module (gateway.lua) hashes the presented
   key and looks the digest up in a `sha256 -> key id` file it reads when nginx starts (each worker
-  remembers the headers that held a known key until nginx reloads, as a key's revocation does). Missing or
-  unknown key: 401 (before the body is read); per-key limit_req zones: 429; per-key model
+  remembers the headers that held a known key until nginx reloads, as a key's revocation does).
+  Missing or unknown key: 401 (before the body is read); per-key limit_req zones: 429; per-key model
   allowlists: 403.
 - Per pool: least_conn over the replicas (a shared zone, so every worker sees the same counts and
   failures), passive health with max_fails/fail_timeout, keepalive, unbuffered streaming, the pool's
