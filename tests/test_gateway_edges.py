@@ -154,6 +154,14 @@ def test_concurrency_cap_per_key_is_a_429_of_its_own(gw_keys: tuple[NginxGateway
         replica.gates["cap"].set()
         client.join(WAIT)
     assert held["result"][0] == 200
+    # nginx frees the slot as it finishes the request, just after the client has the last byte, and
+    # another worker can take the next request first. The request's usage line says the slot is
+    # free: its worker writes it at its next flush, after it finished the request (this module never
+    # holds the 512 lines that would have it written during the request's log phase).
+    deadline = time.monotonic() + WAIT
+    while not any(line["key_id"] == "capped" and line["status"] == 200 for line in gw.log()):
+        assert time.monotonic() < deadline, "no usage line for the capped key's held request"
+        time.sleep(0.05)
     # The request done, the key may send again.
     assert gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["capped"])[0] == 200
 
