@@ -14,7 +14,7 @@ from components.gpu_containers import (
 )
 from components.planning.engines import engine_for
 from components.planning.engines.base import (
-    endpoint, health_gate_script, ready_url, server_container_name, supervised_argv,
+    endpoint, health_gate_script, ready_url, server_container_name, startup_failure_advice, supervised_argv,
 )
 from components.planning.pool_capacity import (
     checkpoint_quantization, context_window_dict, model_architecture, quantization_config,
@@ -113,7 +113,8 @@ class ModelServer(Component):
             target_id = args.ray.head.id
         timeout_s = pool.load_timeout_minutes * 60
         script = health_gate_script(ready_url(engine, spec, inst), timeout_s, container_name, server=engine.name,
-                                    memory_keys=engine.memory_keys)
+                                    memory_keys=f"pools.{inst.pool}.{engine.memory_keys}",
+                                    failures=startup_failure_advice(engine, spec, inst.pool))
         command_args, timeouts = gate_command_args(script, timeout_s, [target_id])
         self.gate: remote.Command = remote.Command(
             self.child("health"), connection=head.connection, **command_args,

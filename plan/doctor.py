@@ -26,8 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from components.facts.startup_failures import all_failures, any_pattern  # noqa: E402
 from components.planning import firewall  # noqa: E402
-from components.planning.engines import engine_for  # noqa: E402
+from components.planning.engines import ENGINES, engine_for  # noqa: E402
 from components.planning.engines.base import container_name, nccl_env, server_container_name  # noqa: E402
 from components.planning.fabric import nccl_fix, parse_nccl_net  # noqa: E402
 from components.planning.node_scripts import operator_file_path, root_steps  # noqa: E402
@@ -40,10 +41,9 @@ from plan.stackfile import load_spec  # noqa: E402
 from plan.cli import run as run_cli  # noqa: E402
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
-# Server log lines worth reading back: NCCL's transport, OOMs, unsupported dtypes and kernels, Xid.
-LOG_PATTERN = (r"NCCL INFO (NET/|Using network)|NCCL WARN|CUDA out of memory|OutOfMemoryError|"
-               r"no kernel image is available|Bfloat16 is only supported|is not supported on|"
-               r"Minimum capability|NVRM: Xid")
+# Server log lines worth reading back: NCCL's transport, Xid, and every engine's fatal startup errors.
+LOG_PATTERN = "|".join((r"NCCL INFO (NET/|Using network)|NCCL WARN|NVRM: Xid",
+                        any_pattern(dict.fromkeys(f for e in ENGINES.values() for f in e.startup_failures))))
 KERNEL_PATTERN = r"NVRM: Xid|Out of memory: Killed process|oom-kill"
 READ_MIB = 1024  # weights read-throughput sample per node (direct I/O, one file)
 SLOW_READ_MBPS = 500.0
@@ -362,26 +362,18 @@ def check_nccl_transport(spec: StackSpec, obs: Observed, nodes: Sequence[str]) -
 
 
 def check_server_logs(spec: StackSpec, obs: Observed, nodes: Sequence[str]) -> list[Finding]:
-    """Row 4 (OOM at start) and row 5 (dtype/kernel not supported), in every server's log; OOM kills in the kernel log."""
+    """Row 4 (OOM at start), row 5 (dtype/kernel not supported) and every other fatal startup error its
+    engine prints (components/facts/startup_failures.py), in every server's log; OOM kills in the kernel log."""
     out = []
     for n in nodes:
         if n in obs.unreachable:
             continue
         for inst, name, _role in node_containers(spec, n):
             got = _get(obs, n, f"logs:{name}")
-            text = got[1] if got else ""
-            pool = spec.pools[inst.pool]
-            if re.search(r"CUDA out of memory|OutOfMemoryError", text):
-                out.append(Finding("oom", f"{n}/{name}", "fail", _first(text, r"CUDA out of memory|OutOfMemoryError"),
-                                   f"lower pools.{inst.pool}.vllm.gpuMemoryUtilization (e.g. 0.88) or maxModelLen, "
-                                   f"or spread the pool over one more node (pipelineParallel {pool.pipeline_parallel + 1}); "
-                                   "`make plan` shows the capacity"))
-            unsupported = r"no kernel image is available|Bfloat16 is only supported|is not supported on|Minimum capability"
-            if re.search(unsupported, text):
-                out.append(Finding("dtype-kernel", f"{n}/{name}", "fail", _first(text, unsupported),
-                                   f"the image or a flag does not fit this GPU: dtype half on Volta, an image with its "
-                                   f"kernels (pools.{inst.pool}.image), GPTQ instead of AWQ or another engine; "
-                                   "`make plan` refuses what it knows"))
+            engine = engine_for(spec.pools[inst.pool])
+            for failure, line in all_failures(got[1] if got else "", engine.startup_failures):
+                out.append(Finding(failure.check, f"{n}/{name}", "fail", line[:200],
+                                   failure.advice(inst.pool, spec.pools[inst.pool].model, engine.memory_keys)))
         kernel = _get(obs, n, "kernel")
         if kernel and re.search(r"Out of memory: Killed process|oom-kill", kernel[1]):
             out.append(Finding("oom", n, "fail", "kernel OOM killer: " + _first(kernel[1], r"Out of memory|oom-kill"),

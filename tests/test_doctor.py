@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from components.planning import firewall
+from components.planning.engines import ENGINES
 from components.planning.engines.base import nccl_env
 from components.spec import StackSpec
-from plan.doctor import Finding, main, parse_sections, probe_script
+from plan.doctor import LOG_PATTERN, Finding, main, parse_sections, probe_script
 from tests.support import tool
 
 OPS = Path(__file__).parent / "fixtures" / "ops"
@@ -218,7 +219,8 @@ def test_row4_out_of_memory_in_the_server_log_and_the_kernels(answers: Any, caps
     _, report = doctor(answers, capsys)
     f = finding(report, "oom", "gpu-03/vllm-chat-gpu-03")
     assert f["seen"] == OOM.strip()[:200]
-    assert f["do"].startswith("lower pools.chat.vllm.gpuMemoryUtilization (e.g. 0.88) or maxModelLen")
+    assert f["do"].startswith("the GPU ran out of memory while the server loaded")
+    assert "Fix: lower pools.chat.vllm.gpuMemoryUtilization or maxModelLen" in f["do"]
     assert finding(report, "oom", "gpu-04")["status"] == "fail"
 
 
@@ -226,7 +228,28 @@ def test_row5_dtype_not_supported(answers: Any, capsys: Any) -> None:
     answers["gpu-05"]["logs:vllm-chat-gpu-05"] = (0, BF16)
     _, report = doctor(answers, capsys)
     f = finding(report, "dtype-kernel", "gpu-05/vllm-chat-gpu-05")
-    assert f["seen"].startswith("ValueError: Bfloat16 is only supported") and "dtype half" in f["do"]
+    assert f["seen"].startswith("ValueError: Bfloat16 is only supported")
+    assert "Fix: models.qwen3-30b-a3b.dtype: half" in f["do"]
+
+
+def test_every_fatal_startup_error_of_the_engine_is_a_finding_with_its_own_fix(answers: Any, capsys: Any) -> None:
+    # The reasoning pool's Ray head: MLA prefill on V100, and later an OOM: two causes, two findings.
+    answers["gpu-01"]["logs:ray-head-reasoning-gpu-01"] = (0, "(RayWorkerWrapper pid=311) RuntimeError: FlashAttention "
+                                                              "only supports Ampere GPUs or newer.\n" + OOM)
+    code, report = doctor(answers, capsys)
+    assert code == 1
+    mla = finding(report, "dtype-kernel", "gpu-01/ray-head-reasoning-gpu-01")
+    assert mla["seen"] == "(RayWorkerWrapper pid=311) RuntimeError: FlashAttention only supports Ampere GPUs or newer."
+    assert "Fix: set VLLM_MLA_DISABLE=1 in pools.reasoning.env" in mla["do"]
+    assert "Fix: lower pools.reasoning.vllm.gpuMemoryUtilization" in finding(
+        report, "oom", "gpu-01/ray-head-reasoning-gpu-01")["do"]
+
+
+def test_the_probe_reads_back_every_failure_line_of_every_engine() -> None:
+    # What the node's grep keeps of `docker logs` is what the checks can see.
+    for engine in ENGINES.values():
+        for f in engine.startup_failures:
+            assert f"({f.pattern})" in LOG_PATTERN, (engine.name, f.id)
 
 
 # --- row 6: weights load slowly ---------------------------------------------------------------------

@@ -86,4 +86,4 @@ def test_gateway_rewrites_lmdeploys_other_names_and_routes_llamacpp_by_every_ali
 
 def test_readiness_gate_names_the_engines_own_memory_keys(lmdeploy_run: ProgramRun) -> None:
     gate = named(lmdeploy_run, "command:remote:Command", "chat-gpu-03-health").inputs["create"]
-    assert "lower lmdeploy.cacheMaxEntryCount or sessionLen" in gate and "gpuMemoryUtilization" not in gate
+    assert "lower pools.chat.lmdeploy.cacheMaxEntryCount or sessionLen" in gate and "gpuMemoryUtilization" not in gate

@@ -9,6 +9,7 @@ is left. Figures (time to up, recovery times, requests lost) go to build/lab/fig
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -450,6 +451,44 @@ def test_a_restarted_docker_engine_brings_its_containers_back(lab: Lab, figures:
     wait_until(lambda: healthy("http://198.18.0.16:8000/health"), 300, "gpu-06's replica after the engine restart")
     wait_until(lambda: healthy("http://198.18.0.16:9100/metrics"), 120, "gpu-06's node-exporter")
     figures["recover_dockerd_restart_s"] = round(time.monotonic() - t0, 1)
+
+
+def test_the_readiness_gate_stops_at_the_first_death_of_a_server_that_prints_a_known_error(
+        lab: Lab, tmp_path: Path, figures: dict[str, Any]) -> None:
+    """The gate as the program renders it, against a host's real docker: a container of the chat image that
+    prints vLLM's MLA refusal and exits, which docker restarts, stops the gate with that line and its fix at
+    its first death after the gate began (docker's restart count, `docker logs --since`), not at its timeout."""
+    from components.planning.engines import ENGINES
+    from components.planning.engines.base import health_gate_script
+
+    host = lab.host("gpu-03")
+    image = docker(host, "inspect", "-f", "{{.Config.Image}}", lab.resource("chat-gpu-03-vllm").inputs["name"]).strip()
+    name, line = "llm-cluster-doomed-standin", "RuntimeError: FlashAttention only supports Ampere GPUs or newer."
+    # Printed 3 s after each start: the first run's line may predate the gate, the next run's cannot.
+    docker(host, "run", "-d", "--name", name, "--restart", "unless-stopped", "--network", "none", "--entrypoint", "sh",
+           image, "-c", f"sleep 3; echo '{line}' >&2; exit 1")
+    try:
+        wrapper = tmp_path / "bin" / "docker"
+        wrapper.parent.mkdir()
+        wrapper.write_text(f'#!/bin/sh\nexec {shutil.which("docker")} -H "unix://{host.dir}/run/docker.sock" "$@"\n')
+        wrapper.chmod(0o755)
+        vllm = ENGINES["vllm"]
+        script = tmp_path / "gate.sh"
+        script.write_text(health_gate_script(
+            "http://127.0.0.1:9/health", 300, name, interval_s=1,
+            failures=[(f.pattern, f.advice("chat", "qwen3-30b-a3b", vllm.memory_keys)) for f in vllm.startup_failures]))
+        t0 = time.monotonic()
+        done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=200,
+                              env={"PATH": f"{wrapper.parent}:/usr/bin:/bin"})
+        took = time.monotonic() - t0
+        assert done.returncode == 1, done.stderr
+        first, cause = done.stderr.splitlines()[:2]
+        assert re.fullmatch(rf"vllm: {name} died at startup \(\d+x since the gate began\): {re.escape(line)}", first)
+        assert cause.startswith("Cause: MLA") and "VLLM_MLA_DISABLE=1 in pools.chat.env" in cause
+        assert took < 120, f"{took:.0f}s: the gate waited for more than the server's deaths"
+        figures["gate_stops_on_known_startup_error_s"] = round(took, 1)
+    finally:
+        docker(host, "rm", "-f", name)
 
 
 def test_stopping_a_chat_replica_under_load_loses_no_request(lab: Lab, figures: dict[str, Any]) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal, TypeVar
 
 from components.facts.images import ImageFacts, declared_facts, image_facts
+from components.facts.startup_failures import COMMON as COMMON_STARTUP_FAILURES, StartupFailure
 from components.planning.engines.gate import GateCheck
 from components.planning.topology import Instance
 from components.spec import StackSpec
@@ -50,7 +51,10 @@ class Engine(ABC):
     ready_path: ClassVar[str] = "/health"  # 200 once it serves requests (the readiness gate)
     metrics_path: ClassVar[str] = "/metrics"  # Prometheus exposition
     metrics_job: ClassVar[str]  # the Prometheus job of its servers
-    memory_keys: ClassVar[str] = "gpuMemoryUtilization or maxModelLen"  # what to lower when it runs out of memory
+    memory_keys: ClassVar[str] = "vllm.gpuMemoryUtilization or maxModelLen"  # under pools.<pool>: what to lower when it runs out of memory
+    # The fatal errors its server prints at startup, most specific first (components/facts/startup_failures.py):
+    # the readiness gate stops on them, doctor reads them in the logs.
+    startup_failures: ClassVar[tuple[StartupFailure, ...]] = COMMON_STARTUP_FAILURES
     # The server answers only to its first served name (404 otherwise): the gateway rewrites the others.
     one_served_name: ClassVar[bool] = False
 
@@ -232,6 +236,12 @@ def server_container_name(engine: Engine, instance: Instance) -> str:
                           else engine.server_role)
 
 
+def startup_failure_advice(engine: Engine, spec: StackSpec, pool: str) -> list[tuple[str, str]]:
+    """(pattern, cause and fix) of each fatal startup error of the engine, naming the pool's stack keys."""
+    model = spec.pools[pool].model
+    return [(f.pattern, f.advice(pool, model, engine.memory_keys)) for f in engine.startup_failures]
+
+
 def endpoint(spec: StackSpec, instance: Instance) -> str:
     """The instance's OpenAI-compatible base URL (what the gateway proxies to)."""
     return f"http://{spec.node(instance.head).address}:{instance.port}"
@@ -289,10 +299,20 @@ def container_labels(spec: StackSpec, instance: Instance, node: str, role: str) 
 
 
 def health_gate_script(url: str, timeout_s: int, container_hint: str, *, server: str = "vllm",
-                       memory_keys: str = "gpuMemoryUtilization or maxModelLen", interval_s: int = 5,
-                       progress_every_s: int = 30) -> str:
-    """Bash that polls a server's readiness URL until 200, printing elapsed time; times out with what to check."""
+                       memory_keys: str = "vllm.gpuMemoryUtilization or maxModelLen", interval_s: int = 5,
+                       progress_every_s: int = 30, failures: Sequence[tuple[str, str]] = (),
+                       max_deaths: int = 3) -> str:
+    """Bash that polls a server's readiness URL until 200, printing elapsed time; times out with what to check.
+
+    When docker is there, it also watches the container: once the server has died since the gate began
+    (docker's restart count went up, or the container stopped), the log lines written since then are
+    searched for `failures` ((ERE, what it means and what to do) pairs, in order: the engine's
+    startup_failures) and the first found stops the gate with that line and its advice; a server that
+    died `max_deaths` times with none of them in its log stops it with the log's last lines. Either
+    way, long before the timeout, which then only means a load that is slow or stuck."""
     q_url, q_hint, q_server = shlex.quote(url), shlex.quote(container_hint), shlex.quote(server)
+    patterns = "".join(f"\n  {shlex.quote(pattern)}" for pattern, _ in failures)
+    advice = "".join(f"\n  {shlex.quote(text)}" for _, text in failures)
     return f"""#!/usr/bin/env bash
 # Readiness gate: wait until {server} answers {url} (weights load for 5-15 minutes).
 set -euo pipefail
@@ -300,16 +320,69 @@ url={q_url}
 container={q_hint}
 server={q_server}
 timeout={int(timeout_s)}
+max_deaths={int(max_deaths)}
+# Fatal startup errors {server} prints (components/facts/startup_failures.py), and what each means:
+# literal text, nothing in it is to expand.
+# shellcheck disable=SC2016
+patterns=({patterns}
+)
+# shellcheck disable=SC2016
+advice=({advice}
+)
 start=$SECONDS
+since=$(date +%s)
 next_report=0
+docker_ok=false
+restarts=0
+if command -v docker >/dev/null 2>&1 && restarts=$(docker inspect -f '{{{{.RestartCount}}}}' "$container" 2>/dev/null); then
+  docker_ok=true
+fi
+
+# How often the server died since the gate began: docker restarted it, or it stopped.
+deaths() {{
+  local state count status
+  state=$(docker inspect -f '{{{{.RestartCount}}}} {{{{.State.Status}}}}' "$container" 2>/dev/null) || {{ echo 0; return; }}
+  count=${{state%% *}}
+  status=${{state#* }}
+  case $status in
+    exited | dead) echo $((count - restarts + 1)) ;;
+    *) echo $((count - restarts)) ;;
+  esac
+}}
+
+# Once it died: stop on the first known fatal error in what it logged since the gate began, or after
+# max_deaths deaths without one.
+check_deaths() {{
+  local died logs i line
+  died=$(deaths)
+  (( died > 0 )) || return 0
+  logs=$(docker logs --since "$since" "$container" 2>&1 | tail -n 5000) || true
+  for i in "${{!patterns[@]}}"; do
+    if line=$(grep -E -m 1 -e "${{patterns[$i]}}" <<<"$logs"); then
+      echo "$server: $container died at startup (${{died}}x since the gate began): ${{line:0:400}}" >&2
+      echo "Cause: ${{advice[$i]}}" >&2
+      exit 1
+    fi
+  done
+  if (( died >= max_deaths )); then
+    echo "$server: $container died ${{died}}x since the gate began, with no fatal error this gate knows in" \\
+      "its log; its last lines:" >&2
+    tail -n 30 <<<"$logs" >&2
+    exit 1
+  fi
+}}
+
 # -s without -S: a refused connection every 5 s for 15 minutes is noise, the progress line says it.
 until curl -fs -o /dev/null --max-time 5 "$url"; do
   elapsed=$((SECONDS - start))
+  if [[ $docker_ok == true ]]; then
+    check_deaths
+  fi
   if (( elapsed >= timeout )); then
     echo "$server: $url not healthy after ${{elapsed}}s (timeout ${{timeout}}s)." \\
       "Check \\`docker logs $container\\` (weights path mounted and complete, out of GPU memory:" \\
       "lower {memory_keys}), \\`nvidia-smi\\` for GPU memory held by another process." >&2
-    if command -v docker >/dev/null 2>&1; then
+    if [[ $docker_ok == true ]]; then
       docker logs --tail 30 "$container" >&2 2>&1 || true
     fi
     exit 1
