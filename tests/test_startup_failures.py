@@ -64,7 +64,8 @@ esac
 
 
 def _gate(tmp_path: Path, log: str, *, count: int | None = 0, step: int = 0, status: str = "running",
-          timeout_s: int = 20, failures: list[tuple[str, str]] | None = None) -> tuple[subprocess.CompletedProcess[str], float]:
+          timeout_s: int = 20,
+          failures: list[tuple[str, str]] | None = None) -> tuple[subprocess.CompletedProcess[str], float]:
     tool("curl")
     bin_dir, state = tmp_path / "bin", tmp_path / "state"
     bin_dir.mkdir()
@@ -76,8 +77,9 @@ def _gate(tmp_path: Path, log: str, *, count: int | None = 0, step: int = 0, sta
     (state / "step").write_text(str(step))
     (state / "status").write_text(status)
     (state / "log").write_text(log)
+    vllm = ENGINES["vllm"]
     pairs = failures if failures is not None else [
-        (f.pattern, f.advice("chat", "qwen3-30b-a3b", ENGINES["vllm"].memory_keys)) for f in ENGINES["vllm"].startup_failures]
+        (f.pattern, f.advice("chat", "qwen3-30b-a3b", vllm.memory_keys)) for f in vllm.startup_failures]
     script = tmp_path / "gate.sh"
     script.write_text(health_gate_script(f"http://127.0.0.1:{_closed_port()}/health", timeout_s, "vllm-chat-gpu-03",
                                          interval_s=1, progress_every_s=60, failures=pairs))

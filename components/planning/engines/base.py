@@ -51,7 +51,8 @@ class Engine(ABC):
     ready_path: ClassVar[str] = "/health"  # 200 once it serves requests (the readiness gate)
     metrics_path: ClassVar[str] = "/metrics"  # Prometheus exposition
     metrics_job: ClassVar[str]  # the Prometheus job of its servers
-    memory_keys: ClassVar[str] = "vllm.gpuMemoryUtilization or maxModelLen"  # under pools.<pool>: what to lower when it runs out of memory
+    # Under pools.<pool>: what to lower when it runs out of memory.
+    memory_keys: ClassVar[str] = "vllm.gpuMemoryUtilization or maxModelLen"
     # The fatal errors its server prints at startup, most specific first (components/facts/startup_failures.py):
     # the readiness gate stops on them, doctor reads them in the logs.
     startup_failures: ClassVar[tuple[StartupFailure, ...]] = COMMON_STARTUP_FAILURES
