@@ -109,8 +109,8 @@ COMMON: tuple[StartupFailure, ...] = (
         "process holds GPU memory",
         "lower pools.{pool}.{memory_keys}, or spread the model over more GPUs; `nvidia-smi` on the node shows "
         "memory held by another process",
-        observed("torch's CUDA caching allocator message; llama.cpp ggml-cuda.cu; users' logs in "
-                 "tests/fixtures/startup-failures")),
+        observed("torch's CUDA caching allocator (vllm#12529); llama.cpp ggml-cuda.cu:888 (b11312); LMDeploy "
+                 "TurboMind's allocator (lmdeploy#1459, #3557)")),
     StartupFailure(
         "nccl-shm", STARTUP,
         r"Error while creating shared memory segment",
