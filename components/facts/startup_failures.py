@@ -84,13 +84,13 @@ COMMON: tuple[StartupFailure, ...] = (
     StartupFailure(
         "no-kernel-image", DTYPE_KERNEL,
         r"no kernel image is available for execution on the device|with CUDA capability sm_[0-9]+ is not "
-        r"compatible with the current PyTorch installation",
+        r"compatible with the current PyTorch installation|PyTorch no longer supports this GPU because it is too old",
         "the image's PyTorch or CUDA kernels were not built for this GPU (V100 is sm_70: the vLLM 0.9.x and "
         "0.10.0/0.10.1 images, and any cu13 or -ubuntu2404 build, have none)",
         "an image that has sm_70 kernels in pools.{pool}.image (vLLM 0.10.2 to 0.19.x plain tag, LMDeploy "
         "-cu12.8, llama.cpp server-cuda); `make plan` names the tested ones",
-        observed("pytorch#147607 (sm_70 removed from torch 2.7.0+cu128); vllm#18818, #19185 on V100 with the "
-                 "0.9.x images; torch/cuda/__init__.py _check_capability's warning")),
+        observed("pytorch#147607 (sm_70 removed from torch 2.7.0+cu128); vllm#19185 on V100 with a 0.9.x image, "
+                 "#16307; torch/cuda/__init__.py _check_capability and _check_cubins (2.7.1, 2.8.0)")),
     StartupFailure(
         "driver-too-old", DRIVER,
         r"CUDA driver version is insufficient for CUDA runtime version|The NVIDIA driver on your system is too "
