@@ -53,11 +53,12 @@ def _env() -> dict[str, str]:
             "RAY_USAGE_STATS_ENABLED": "0"}
 
 
-def _wait_for(predicate, what: str) -> None:  # noqa: ANN001
+def _wait_for(predicate, what: str, seen=None) -> None:  # noqa: ANN001
+    """Until predicate() holds; fails naming `what` after SETTLE_S (with `seen()`: what there was to see)."""
     deadline = time.monotonic() + SETTLE_S
     while not predicate():
         if time.monotonic() > deadline:
-            pytest.fail(f"gave up waiting for {what}")
+            pytest.fail(f"gave up waiting for {what}" + (f"\n{seen()}" if seen else ""))
         time.sleep(0.5)
 
 
@@ -206,19 +207,29 @@ def test_python_parser_reads_the_live_cluster_like_the_gate(cluster: LoopbackClu
     assert parse_ray_status(out) == RayStatus(nodes=2, gpus_total=16.0, gpus_used=0.0)
 
 
-def test_worker_exits_when_its_head_goes_so_docker_restarts_it_to_rejoin() -> None:
+def test_worker_exits_when_its_head_goes_so_docker_restarts_it_to_rejoin(tmp_path: Path) -> None:
     """The restart chain's link: `ray start --block` on a worker ends when the head's node dies."""
     _ray()
     spec = loopback_spec(*free_ports(3))
     inst = instances(spec, "loop")[0]
     # A blocking head in its own process group: killing that group by id is what a dying head
-    # container (or node) does to every Ray process in it at once.
-    head = subprocess.Popen([*ray_head_start_argv(spec, inst), "--block"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=_env(), start_new_session=True)
+    # container (or node) does to every Ray process in it at once. Its output is kept: once (a fresh-
+    # clone run, 2026-12-04) the head never answered within SETTLE_S, and nothing said why.
+    head_log = tmp_path / "head.log"
+    with head_log.open("wb") as out:
+        head = subprocess.Popen([*ray_head_start_argv(spec, inst), "--block"], stdout=out,
+                                stderr=subprocess.STDOUT, env=_env(), start_new_session=True)
     worker = None
     try:
         status = ray_status_argv(spec, inst)
-        _wait_for(lambda: subprocess.run(status, capture_output=True, env=_env()).returncode == 0, "the head")
+
+        def head_answers() -> bool:
+            if head.poll() is not None:
+                pytest.fail(f"the Ray head exited ({head.returncode}) before it answered:\n"
+                            + head_log.read_text(errors="replace")[-3000:])
+            return subprocess.run(status, capture_output=True, env=_env()).returncode == 0
+
+        _wait_for(head_answers, "the head", lambda: head_log.read_text(errors="replace")[-3000:])
         # Ray's default is 60 s of GCS reconnect attempts; 20 s keeps the test short. Not 5 s: the same
         # bound also covers the worker raylet's first connection to the GCS, and at 5 s the worker once
         # never joined in a whole-suite run at load 15-22 (the likely reason; its logs were not kept).

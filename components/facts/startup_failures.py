@@ -104,13 +104,14 @@ COMMON: tuple[StartupFailure, ...] = (
              "804, cudaErrorUnsupportedPtxVersion 222); torch/cuda/__init__.py _check_driver")),
     StartupFailure(
         "cuda-oom", OOM,
-        r"CUDA out of memory|OutOfMemoryError|cudaMalloc failed: out of memory|CUDA runtime error: out of memory",
+        r"CUDA out of memory|OutOfMemoryError|cudaMalloc failed: out of memory|CUDA (runtime )?error: out of memory",
         "the GPU ran out of memory while the server loaded (weights, activations or KV cache), or another "
         "process holds GPU memory",
         "lower pools.{pool}.{memory_keys}, or spread the model over more GPUs; `nvidia-smi` on the node shows "
         "memory held by another process",
         observed("torch's CUDA caching allocator (vllm#12529); llama.cpp ggml-cuda.cu:888 (b11312); LMDeploy "
-                 "TurboMind's allocator (lmdeploy#1459, #3557)")),
+                 "TurboMind's allocator (lmdeploy#1459, #3557; from v0.14 `[TM][FATAL]… CUDA error: out of "
+                 "memory`, src/turbomind/utils/cuda_utils.cc:28 at v0.16.0 [code])")),
     StartupFailure(
         "nccl-shm", STARTUP,
         r"Error while creating shared memory segment",
@@ -206,6 +207,21 @@ VLLM: tuple[StartupFailure, ...] = (
         "the model's vLLM class does not implement pipeline parallelism (SupportsPP)",
         "pools.{pool}.pipelineParallel: 1, with the GPUs in tensorParallel",
         code("vllm config.py:1095-1097 at v0.9.2, config/model.py:1125-1128 at v0.19.1; vllm#16231 [observed]")),
+)
+
+
+# --- LMDeploy (TurboMind) ----------------------------------------------------------------------------
+
+LMDEPLOY: tuple[StartupFailure, ...] = (
+    StartupFailure(
+        "turbomind-kernel-missing", DTYPE_KERNEL,
+        r"No decoding kernel found|No attention kernel found|No feasible kernel found for the problem",
+        "TurboMind has no kernel for this model's shapes on this GPU (on V100: head dim 256 decoding, whose "
+        "3-stage kernel needs more than sm_70's 96 KB of shared memory)",
+        "a model whose attention TurboMind runs on sm_70 (head dim 128) in pools.{pool}.model, a newer "
+        "LMDeploy in pools.{pool}.image (lmdeploy PR #4412), or pools.{pool}.engine: vllm",
+        observed("lmdeploy#4408 (Tesla V100-SXM2-32GB, Qwen3.5); TM_CHECK in src/turbomind/kernels/attention/"
+                 "decoding.cu:36, attention.cu:25, gemm.cu:341 at v0.16.0 [code]")),
 )
 
 
