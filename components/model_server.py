@@ -114,7 +114,7 @@ class ModelServer(Component):
         timeout_s = pool.load_timeout_minutes * 60
         script = health_gate_script(ready_url(engine, spec, inst), timeout_s, container_name, server=engine.name,
                                     memory_keys=f"pools.{inst.pool}.{engine.memory_keys}",
-                                    failures=startup_failure_advice(engine, spec, inst.pool))
+                                    failures=startup_failure_advice(engine, inst.pool, pool.model))
         command_args, timeouts = gate_command_args(script, timeout_s, [target_id])
         self.gate: remote.Command = remote.Command(
             self.child("health"), connection=head.connection, **command_args,

@@ -370,10 +370,11 @@ def check_server_logs(spec: StackSpec, obs: Observed, nodes: Sequence[str]) -> l
             continue
         for inst, name, _role in node_containers(spec, n):
             got = _get(obs, n, f"logs:{name}")
-            engine = engine_for(spec.pools[inst.pool])
+            pool = spec.pools[inst.pool]
+            engine = engine_for(pool)
             for failure, line in all_failures(got[1] if got else "", engine.startup_failures):
                 out.append(Finding(failure.check, f"{n}/{name}", "fail", line[:200],
-                                   failure.advice(inst.pool, spec.pools[inst.pool].model, engine.memory_keys)))
+                                   failure.advice(inst.pool, pool.model, engine.memory_keys)))
         kernel = _get(obs, n, "kernel")
         if kernel and re.search(r"Out of memory: Killed process|oom-kill", kernel[1]):
             out.append(Finding("oom", n, "fail", "kernel OOM killer: " + _first(kernel[1], r"Out of memory|oom-kill"),

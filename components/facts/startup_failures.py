@@ -3,7 +3,8 @@
 The readiness gate (components.planning.engines.base.health_gate_script) reads them on the node when a
 server dies while it waits, and stops at once with the cause instead of waiting out its timeout and
 blaming weights or memory; `doctor` reads them in every server's log. Each engine lists its own
-(`Engine.startup_failures`: the engine's entries, then the CUDA and NCCL ones every engine shares).
+(`Engine.own_startup_failures`); `Engine.startup_failures` adds the CUDA and NCCL ones every engine
+shares.
 
 A pattern is a POSIX extended regular expression (`grep -E` on the node) written so that Python's `re`
 reads it the same way (tests/test_startup_failures.py runs both over real logs): literal text, `.`,
@@ -116,7 +117,7 @@ COMMON: tuple[StartupFailure, ...] = (
         "nccl-shm", STARTUP,
         r"Error while creating shared memory segment",
         "NCCL could not create its shared-memory segment in /dev/shm: the container's /dev/shm is too small",
-        "raise pools.{pool}.shmSizeGib (or run the container with ipc=host)",
+        "raise pools.{pool}.shmSizeGib",
         code("NCCL src/misc/shmutils.cc: \"Error while creating shared memory segment %s (size %zu)\"")),
 )
 

@@ -459,7 +459,7 @@ def test_the_readiness_gate_stops_at_the_first_death_of_a_server_that_prints_a_k
     prints vLLM's MLA refusal and exits, which docker restarts, stops the gate with that line and its fix at
     its first death after the gate began (docker's restart count, `docker logs --since`), not at its timeout."""
     from components.planning.engines import ENGINES
-    from components.planning.engines.base import health_gate_script
+    from components.planning.engines.base import health_gate_script, startup_failure_advice
 
     host = lab.host("gpu-03")
     image = docker(host, "inspect", "-f", "{{.Config.Image}}", lab.resource("chat-gpu-03-vllm").inputs["name"]).strip()
@@ -472,11 +472,9 @@ def test_the_readiness_gate_stops_at_the_first_death_of_a_server_that_prints_a_k
         wrapper.parent.mkdir()
         wrapper.write_text(f'#!/bin/sh\nexec {shutil.which("docker")} -H "unix://{host.dir}/run/docker.sock" "$@"\n')
         wrapper.chmod(0o755)
-        vllm = ENGINES["vllm"]
         script = tmp_path / "gate.sh"
-        script.write_text(health_gate_script(
-            "http://127.0.0.1:9/health", 300, name, interval_s=1,
-            failures=[(f.pattern, f.advice("chat", "qwen3-30b-a3b", vllm.memory_keys)) for f in vllm.startup_failures]))
+        script.write_text(health_gate_script("http://127.0.0.1:9/health", 300, name, interval_s=1,
+                                             failures=startup_failure_advice(ENGINES["vllm"], "chat", "qwen3-30b-a3b")))
         t0 = time.monotonic()
         done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=200,
                               env={"PATH": f"{wrapper.parent}:/usr/bin:/bin"})

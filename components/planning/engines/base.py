@@ -53,9 +53,9 @@ class Engine(ABC):
     metrics_job: ClassVar[str]  # the Prometheus job of its servers
     # Under pools.<pool>: what to lower when it runs out of memory.
     memory_keys: ClassVar[str] = "vllm.gpuMemoryUtilization or maxModelLen"
-    # The fatal errors its server prints at startup, most specific first (components/facts/startup_failures.py):
-    # the readiness gate stops on them, doctor reads them in the logs.
-    startup_failures: ClassVar[tuple[StartupFailure, ...]] = COMMON_STARTUP_FAILURES
+    # The fatal errors its own server prints at startup, most specific first
+    # (components/facts/startup_failures.py); `startup_failures` adds the ones every engine shares.
+    own_startup_failures: ClassVar[tuple[StartupFailure, ...]] = ()
     # The server answers only to its first served name (404 otherwise): the gateway rewrites the others.
     one_served_name: ClassVar[bool] = False
 
@@ -71,6 +71,12 @@ class Engine(ABC):
     # built from a pool's argv outside its containers (the qualification gate) gets them masked.
     secret_flags: ClassVar[Mapping[str, str]] = {}
     secret_flag_aliases: ClassVar[Mapping[str, str]] = {}  # a short secret flag -> its long name, for messages
+
+    @property
+    def startup_failures(self) -> tuple[StartupFailure, ...]:
+        """What the readiness gate stops on and doctor reads in the logs: the engine's own fatal startup
+        errors, then the CUDA and NCCL ones every engine shares (the first that matches names the cause)."""
+        return self.own_startup_failures + COMMON_STARTUP_FAILURES
 
     def hub_downloads(self, argv: list[str]) -> list[tuple[str, str]]:
         """(flag, what it would download) for every hub fetch a server argv asks for."""
@@ -237,9 +243,9 @@ def server_container_name(engine: Engine, instance: Instance) -> str:
                           else engine.server_role)
 
 
-def startup_failure_advice(engine: Engine, spec: StackSpec, pool: str) -> list[tuple[str, str]]:
-    """(pattern, cause and fix) of each fatal startup error of the engine, naming the pool's stack keys."""
-    model = spec.pools[pool].model
+def startup_failure_advice(engine: Engine, pool: str, model: str) -> list[tuple[str, str]]:
+    """(pattern, cause and fix) of each fatal startup error of the engine, naming the pool's and model's
+    stack keys: what health_gate_script's `failures` takes."""
     return [(f.pattern, f.advice(pool, model, engine.memory_keys)) for f in engine.startup_failures]
 
 

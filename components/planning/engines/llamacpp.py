@@ -23,8 +23,7 @@ from components.facts.gguf import GgufModel, read_gguf
 from components.facts.hardware import gpu
 from components.facts.llamacpp import DEFAULT_IMAGE, LlamacppImage, llamacpp_image
 from components.facts.models import ModelArch
-from components.facts.startup_failures import COMMON as COMMON_STARTUP_FAILURES, LLAMACPP as LLAMACPP_STARTUP_FAILURES
-from components.facts.startup_failures import StartupFailure
+from components.facts.startup_failures import LLAMACPP as LLAMACPP_STARTUP_FAILURES, StartupFailure
 from components.planning.engines.base import Engine, MultiNode, offline_env, planned_capability
 from components.planning.engines.gate import GateCheck
 from components.planning.engines.estimate import GIB, EngineEstimate
@@ -333,7 +332,7 @@ class LlamacppEngine(Engine):
     multi_gpu: ClassVar[tuple[str, ...]] = ("layer", "row", "tensor")
     multi_node: ClassVar[MultiNode] = "none"
     memory_keys: ClassVar[str] = "llamacpp.contextPerSlot or parallel"
-    startup_failures: ClassVar[tuple[StartupFailure, ...]] = LLAMACPP_STARTUP_FAILURES + COMMON_STARTUP_FAILURES
+    own_startup_failures: ClassVar[tuple[StartupFailure, ...]] = LLAMACPP_STARTUP_FAILURES
     metrics_job: ClassVar[str] = "llamacpp"
 
     def context_length(self, spec: StackSpec, pool: str) -> int:

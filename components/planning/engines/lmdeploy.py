@@ -24,8 +24,7 @@ from typing import ClassVar
 from components.facts.hardware import gpu
 from components.facts.lmdeploy import DEFAULT_IMAGE, LmdeployImage, lmdeploy_image
 from components.facts.models import ModelArch
-from components.facts.startup_failures import COMMON as COMMON_STARTUP_FAILURES, LMDEPLOY as LMDEPLOY_STARTUP_FAILURES
-from components.facts.startup_failures import StartupFailure
+from components.facts.startup_failures import LMDEPLOY as LMDEPLOY_STARTUP_FAILURES, StartupFailure
 from components.planning.capacity import model_params
 from components.planning.engines.base import Engine, MultiNode, nccl_env, offline_env, planned_capability
 from components.planning.engines.estimate import GIB, EngineEstimate
@@ -286,7 +285,7 @@ class LmdeployEngine(Engine):
     multi_gpu: ClassVar[tuple[str, ...]] = ("tensor",)
     multi_node: ClassVar[MultiNode] = "none"
     memory_keys: ClassVar[str] = "lmdeploy.cacheMaxEntryCount or sessionLen"
-    startup_failures: ClassVar[tuple[StartupFailure, ...]] = LMDEPLOY_STARTUP_FAILURES + COMMON_STARTUP_FAILURES
+    own_startup_failures: ClassVar[tuple[StartupFailure, ...]] = LMDEPLOY_STARTUP_FAILURES
     metrics_job: ClassVar[str] = "lmdeploy"
     one_served_name: ClassVar[bool] = True  # --model-name: any other name gets 404
 

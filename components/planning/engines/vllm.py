@@ -9,8 +9,7 @@ from typing import ClassVar
 
 from components.facts.hardware import gpu
 from components.facts.images import DEFAULT_IMAGES, ImageFacts
-from components.facts.startup_failures import COMMON as COMMON_STARTUP_FAILURES, VLLM as VLLM_STARTUP_FAILURES
-from components.facts.startup_failures import StartupFailure
+from components.facts.startup_failures import VLLM as VLLM_STARTUP_FAILURES, StartupFailure
 from components.planning.engines.base import Engine, MultiNode, Upload, nccl_env, offline_env, planned_capability
 from components.planning.engines.gate import (DOT_BLOCK, ENGINE_VERSION_CHECK, TORCH_CHECKS, TRITON_DOT_CHECK,
                                               TRITON_DOT_KERNEL, GateCheck, argv_check, python_check)
@@ -46,7 +45,7 @@ class VllmEngine(Engine):
     multi_gpu: ClassVar[tuple[str, ...]] = ("tensor", "pipeline")
     multi_node: ClassVar[MultiNode] = "ray"
     metrics_job: ClassVar[str] = "vllm"
-    startup_failures: ClassVar[tuple[StartupFailure, ...]] = VLLM_STARTUP_FAILURES + COMMON_STARTUP_FAILURES
+    own_startup_failures: ClassVar[tuple[StartupFailure, ...]] = VLLM_STARTUP_FAILURES
     # EngineArgs of 0.19.1 (and --speculative-model of 0.9.2): a value that is not a local path is a
     # hub repository id vLLM downloads (transformers_utils/repo_utils.py, lora/resolver).
     offline_vars: ClassVar[dict[str, str]] = VLLM_OFFLINE_ENV
