@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from components.planning.gateway import temp_path_directives
 from components.planning.gateway_image import (
     BASE_IMAGE, BUILD_CONTEXT, CONTEXT_DIR, GATEWAY_IMAGE, LUA_CPATHS, LUA_MODULE, LUA_PATHS, MODULES_DIR, NDK_MODULE,
     TESTED_PACKAGES, build_args, debian_sources, dockerfile,
@@ -28,7 +27,7 @@ from plan.harness import ProgramRun
 from tests import deployed_nginx as fetcher
 from tests.conftest import ROOT, prod_config
 from tests.support import free_port
-from tests.test_gateway_nginx import WAIT, deployed, nginx_binary
+from tests.test_gateway_nginx import deployed, lua_reports, nginx_binary
 
 
 def _md5sums(deb: Path) -> dict[str, str]:
@@ -109,34 +108,9 @@ def test_the_lua_module_requires_the_nginx_abi_the_image_pins() -> None:
         assert [d for d in depends if d.startswith("nginx-abi-")] == [abi], (pkg, depends)
 
 
-def _lua_reports(tmp_path: Path, code: str) -> str:
-    """What a content_by_lua_block running `code` returns, from the deployed nginx loading the deployed modules."""
-    found = deployed()
-    port = free_port()
-    (tmp_path / "nginx.conf").write_text(f"""load_module {found.ndk_module};
-load_module {found.lua_module};
-pid {tmp_path}/nginx.pid; error_log {tmp_path}/error.log; daemon off; events {{}}
-http {{ access_log off; {" ".join(temp_path_directives(tmp_path))}
-  lua_package_path "{found.lua_package_path};;"; lua_package_cpath "{found.lua_package_cpath};;";
-  server {{ listen 127.0.0.1:{port}; location / {{ content_by_lua_block {{ {code} }} }} }} }}
-""")
-    proc = subprocess.Popen([nginx_binary(), "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
-                            stderr=subprocess.PIPE)
-    try:
-        out = subprocess.run(["curl", "-sS", "--retry", "50", "--retry-connrefused", "--retry-delay", "0",
-                              "--max-time", str(WAIT), f"http://127.0.0.1:{port}/"],
-                             capture_output=True, text=True)
-        assert out.returncode == 0, out.stderr
-        return out.stdout
-    finally:
-        proc.terminate()
-        proc.wait(WAIT)
-        assert (tmp_path / "error.log").read_text() == ""  # not even a warning from loading the modules
-
-
 def test_a_running_nginx_reports_the_pinned_lua_module_luajit_and_resty_core(tmp_path: Path) -> None:
     # Their own idea of their versions, in a running nginx, and where resty.core and cjson were found.
-    got = _lua_reports(tmp_path, """ngx.say(ngx.config.nginx_version, "\\n", ngx.config.ngx_lua_version, "\\n",
+    got = lua_reports(tmp_path, """ngx.say(ngx.config.nginx_version, "\\n", ngx.config.ngx_lua_version, "\\n",
       jit.version, "\\n", tostring(package.loaded["resty.core"] ~= nil), "\\n", require("resty.core").version,
       "\\n", package.searchpath("resty.core", package.path), "\\n",
       package.searchpath("cjson", package.cpath), "\\n", require("cjson").encode({ok = true}))""").splitlines()

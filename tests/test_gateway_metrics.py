@@ -35,7 +35,8 @@ from components.planning.gateway import (
 )
 from components.spec import load_stack_config
 from tests.test_gateway_nginx import (
-    CHAT, R1, WAIT, FakeReplica, NginxGateway, free_port, gateway_config, host_keys, lua_layout, nginx_binary,
+    CHAT, R1, WAIT, FakeReplica, NginxGateway, free_port, gateway_config, host_keys, lua_layout, lua_reports,
+    nginx_binary,
 )
 from tests.support import tool
 
@@ -208,9 +209,39 @@ def test_durations_are_a_histogram_per_pool_and_every_line_is_counted(traffic: T
         # Loopback fake replicas answer in well under 5 s: every request is in the 5 s bucket.
         assert buckets[f'{name}_bucket{{pool="{pool}",le="5.0"}}'] == values[-1]
         assert 0 <= got[f'{name}_sum{{pool="{pool}"}}'] < 5 * values[-1]
+        # The sum is of the request times the usage lines hold (record() reads them from nginx's text).
+        times = [line["request_time"] for line in traffic.log if line["pool"] == pool]
+        assert got[f'{name}_sum{{pool="{pool}"}}'] == pytest.approx(sum(times), abs=1e-9)
     assert got["llm_gateway_log_lines_total"] == traffic.requests
     assert got["llm_gateway_log_write_errors_total"] == 0
     assert got["llm_gateway_series_overflow_total"] == 0
+
+
+def test_the_request_time_is_read_as_the_very_number_tonumber_gives(tmp_path: Path) -> None:
+    # record() reads $request_time ("<seconds>.<3 digits>") by its bytes: every millisecond of the
+    # first seconds, and longer requests, against LuaJIT's own reading of the same text.
+    code = """local seconds_of = require("gateway_metrics").seconds_of
+local checked, wrong = 0, {}
+local function check(text)
+    local line = '"request_time":' .. text .. ',"upstream_status":""'
+    local got, want = seconds_of(line, 16, 16 + #text), tonumber(text)
+    checked = checked + 1
+    if got ~= want and #wrong < 5 then
+        wrong[#wrong + 1] = text .. " " .. string.format("%.17g", got)
+    end
+end
+for s = 0, 12 do
+    for ms = 0, 999 do
+        check(string.format("%d.%03d", s, ms))
+    end
+end
+for _, s in ipairs({59, 123, 899, 4567, 86400, 1234567}) do
+    for _, ms in ipairs({0, 1, 5, 50, 99, 100, 333, 500, 999}) do
+        check(string.format("%d.%03d", s, ms))
+    end
+end
+ngx.say(checked, " ", table.concat(wrong, "; "))"""
+    assert lua_reports(tmp_path, code, METRICS_SOURCE.parent).split(" ", 1) == ["13054", "\n"]
 
 
 def test_a_response_without_usage_is_logged_with_the_count_fields_gateway_py_names() -> None:

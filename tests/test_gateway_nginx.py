@@ -33,6 +33,7 @@ import pytest
 
 from components.planning.gateway import (
     DIGESTS_FILE, LUA_SOURCE, GatewayLayout, key_ids, keys_script, readiness_script, render_gateway,
+    temp_path_directives,
 )
 from components.spec import StackSpec, load_stack_config
 from tests.conftest import prod_config
@@ -57,6 +58,33 @@ def deployed() -> DeployedNginx:
 
 def nginx_binary() -> str:
     return str(deployed().nginx)
+
+
+def lua_reports(tmp_path: Path, code: str, modules: Path | None = None) -> str:
+    """What a content_by_lua_block running `code` prints, from the deployed nginx loading the deployed
+    modules (and Lua modules from `modules`, e.g. the gateway's own source); its error log must stay empty."""
+    found = deployed()
+    port = free_port()
+    path = f"{modules}/?.lua;" if modules else ""
+    (tmp_path / "nginx.conf").write_text(f"""load_module {found.ndk_module};
+load_module {found.lua_module};
+pid {tmp_path}/nginx.pid; error_log {tmp_path}/error.log; daemon off; events {{}}
+http {{ access_log off; {" ".join(temp_path_directives(tmp_path))}
+  lua_package_path "{path}{found.lua_package_path};;"; lua_package_cpath "{found.lua_package_cpath};;";
+  server {{ listen 127.0.0.1:{port}; location / {{ content_by_lua_block {{ {code} }} }} }} }}
+""")
+    proc = subprocess.Popen([nginx_binary(), "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
+                            stderr=subprocess.PIPE)
+    try:
+        out = subprocess.run(["curl", "-sS", "--retry", "50", "--retry-connrefused", "--retry-delay", "0",
+                              "--max-time", str(WAIT), f"http://127.0.0.1:{port}/"],
+                             capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+    finally:
+        proc.terminate()
+        proc.wait(WAIT)
+        assert (tmp_path / "error.log").read_text() == ""  # not even a warning from loading the modules
 
 
 def lua_layout() -> dict[str, Any]:

@@ -322,6 +322,17 @@ local REQUEST_TIME_AT = STATUS_AT + #'200,"request_time":'
 local UPSTREAM_STATUS = ',"upstream_status":"'
 local COMPLETED_OK = '"completed":"OK"'
 
+-- The number nginx wrote as "<seconds>.<3 digits>" ($request_time) at from..to - 1 of s, read as
+-- whole milliseconds: tonumber() of a fraction takes LuaJIT's exact decimal path (1.4k instructions a
+-- request), and no loop (one here would cut record()'s trace). One division of an exact integer
+-- gives the very double tonumber() does.
+local function seconds_of(s, from, to)
+    local whole = to - 4 == from + 1 and byte(s, from) - 48 or tonumber(sub(s, from, to - 5)) or 0
+    return (whole * 1000 + (byte(s, to - 3) - 48) * 100 + (byte(s, to - 2) - 48) * 10 + byte(s, to - 1) - 48)
+        / 1000
+end
+M.seconds_of = seconds_of  -- tests/test_gateway_metrics.py
+
 -- log_by_lua: the request's usage line and counts, kept in this worker until the next flush.
 -- The line (gateway.py LOG_FORMAT) is the request path's fields, from its entry in `routed` (the
 -- requests that reached the router) or their defaults, then nginx's, which nginx composes in C
@@ -347,7 +358,7 @@ function M.record(charge)
     -- "time":"<25>","status":<3>,"request_time":<t>,"upstream_status":"<s>",...,"path":"<path>"
     local status = sub(tail, STATUS_AT, STATUS_AT + 2)
     local q = find(tail, ",", REQUEST_TIME_AT, true)
-    local request_time = tonumber(sub(tail, REQUEST_TIME_AT, q - 1)) or 0
+    local request_time = seconds_of(tail, REQUEST_TIME_AT, q)
     local from = q + #UPSTREAM_STATUS
     q = find(tail, '"', from, true)
     local five = find(tail, "5", from, true)
