@@ -40,10 +40,10 @@ from tests.support import free_port  # noqa: E402
 
 WARMUP_SECONDS = 3  # LuaJIT compiles its traces in the first requests
 MEASURE_SECONDS = 4
-RECORD = '    log_by_lua_block { require("gateway_metrics").record() }\n'
-FILTER = '            body_filter_by_lua_block { require("gateway").usage() }\n'
-HEAD = '            header_filter_by_lua_block { require("gateway").head() }\n'
-KEY_ID = '        set_by_lua_block $llm_key_id { return require("gateway").key_id() }\n'
+RECORD = '    log_by_lua_block { package.loaded.gateway_metrics.record() }\n'
+FILTER = '            body_filter_by_lua_block { package.loaded.gateway.usage() }\n'
+HEAD = '            header_filter_by_lua_block { package.loaded.gateway.head() }\n'
+KEY_ID = '        set_by_lua_block $llm_key_id { return package.loaded.gateway.key_id() }\n'
 
 
 def sub(pattern: str, replacement: str, text: str) -> str:
@@ -58,7 +58,7 @@ def sub(pattern: str, replacement: str, text: str) -> str:
 # What the log phase must still do without the record: forget the request's entries (the router's
 # state, the key id), which record() does; left behind, the next request at the same address would
 # find them.
-FORGET = ('    log_by_lua_block { local m = require("gateway_metrics") local k = m.request_key() '
+FORGET = ('    log_by_lua_block { local m = package.loaded.gateway_metrics local k = m.request_key() '
           "m.routed[k] = nil m.key_ids[k] = nil }\n")
 
 

@@ -135,7 +135,7 @@ def test_keys_take_their_own_budget_or_the_default_and_the_zone_holds_them() -> 
     for endpoint in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings"):
         block = conf.split(f"        location = {endpoint} {{\n", 1)[1].split("\n        }\n", 1)[0]
         assert block.index("return 401;") < block.index(
-            '            set_by_lua_block $llm_budget_refused { return require("gateway_budget").admit() }\n'
+            '            set_by_lua_block $llm_budget_refused { return package.loaded.gateway_budget.admit() }\n'
             "            if ($llm_budget_refused) {\n                return 439;\n            }")
     # No budget anywhere: no shared dict, no budget module, no extra log field.
     plain = gateway_files(load_stack_config(prod_config(), set()))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import http.server
 import json
+import copy
 import re
 import subprocess
 import threading
@@ -37,7 +38,7 @@ def lines(text: str) -> list[str]:
 
 def lua_content(handler: str, args: str = "") -> str:
     """A location's content handler: gateway.lua's function of that name, with these Lua arguments."""
-    return f'content_by_lua_block {{ require("gateway").{handler}({args}) }}'
+    return f'content_by_lua_block {{ package.loaded.gateway.{handler}({args}) }}'
 
 
 def handler_of(endpoint: str, pin: str | None = None) -> str:
@@ -101,8 +102,8 @@ def test_reference_pool_locations_stream_retry_before_any_byte_and_use_the_pools
             "proxy_next_upstream_tries 3;", f"proxy_next_upstream_timeout {timeout}s;"]
         assert not any(line.startswith("rewrite") for line in body)
         # A replica's error that is not JSON is answered as OpenAI JSON; every answer's usage read.
-        assert body[-2:] == ['header_filter_by_lua_block { require("gateway").head() }',
-                             'body_filter_by_lua_block { require("gateway").usage() }']
+        assert body[-2:] == ['header_filter_by_lua_block { package.loaded.gateway.head() }',
+                             'body_filter_by_lua_block { package.loaded.gateway.usage() }']
     # Neither the endpoint nor a path route's pool is a variable: each location names them.
     assert "$llm_upstream_uri" not in conf and "$llm_pin" not in conf
     assert 'route("/v1/chat/completions", "reasoning")' in block(conf, "location = /smart/v1/chat/completions")[-1]
@@ -159,7 +160,7 @@ def test_reference_loads_the_lua_module_reads_its_tables_once_and_declares_the_r
     assert not {"$llm_model", "$llm_pool", "$llm_usage_counts", "$llm_events"} & set(re.findall(r"\$\w+", "\n".join(http)))
     # The key id is computed in the server's rewrite phase, before any location's `if` or limit reads it.
     server = block("\n".join(conf), "server")
-    assert server[6] == 'set_by_lua_block $llm_key_id { return require("gateway").key_id() }'
+    assert server[6] == 'set_by_lua_block $llm_key_id { return package.loaded.gateway.key_id() }'
     assert not [line for line in conf if line.startswith("js_") or "njs" in line]
 
 
@@ -183,10 +184,10 @@ def test_usage_log_and_metrics_are_kept_by_lua_in_the_log_phase_at_http_level(pr
         '{120.0, "120.0"}, {300.0, "300.0"}, {600.0, "600.0"}, {900.0, "900.0"}}, usage_dir = "/var/log/llm-gateway", '
         'prune_seconds = 3600, retention_days = 30, max_bytes = 21474836480}) }',
         'exit_worker_by_lua_block { require("gateway_metrics").stop() }',
-        'log_by_lua_block { require("gateway_metrics").record() }',
+        'log_by_lua_block { package.loaded.gateway_metrics.record() }',
         "access_log off;",
         "log_by_lua_block { return }"]
-    assert http.index('log_by_lua_block { require("gateway_metrics").record() }') < http.index("server {")
+    assert http.index('log_by_lua_block { package.loaded.gateway_metrics.record() }') < http.index("server {")
     assert "lua_shared_dict llm_metrics 5262k;" in conf
     assert "syslog" not in gateway_files(prod_spec)["nginx.conf"]
     # nginx composes its part of the line; the client's path goes in as it came (the line's last
@@ -206,7 +207,7 @@ def test_metrics_are_served_by_nginx_on_the_cluster_address_apart_from_the_api(c
         "# Scrapes are not gateway requests: neither usage lines nor counted.",
         "log_by_lua_block { return }",
         "location = /metrics {",
-        'content_by_lua_block { require("gateway_metrics").serve() }',
+        'content_by_lua_block { package.loaded.gateway_metrics.serve() }',
         "}",
         "location / {",
         "default_type text/plain;",
@@ -584,3 +585,20 @@ def test_every_deployed_engine_has_server_facts_and_nginx_lets_go_first() -> Non
         server = engine_server(engine)
         assert server.source and server.evidence in ("read from code", "observed on hardware", "unverified")
         assert 0 < upstream_keepalive_seconds(engine, {}) < server_keepalive_seconds(engine, {}), engine
+
+
+def test_request_handlers_read_only_the_modules_init_by_lua_loaded(config: dict[str, Any]) -> None:
+    # The handlers take their module from package.loaded (no require() call per request): one that
+    # init_by_lua did not load would fail every request with "attempt to index a nil value".
+    budgeted = spec_with(copy.deepcopy(config), apiKeys=[{"id": "default"}, {
+        "id": "metered", "tokenBudget": {"tokens": 100, "windowSeconds": 60}}])
+    for spec in (spec_with(copy.deepcopy(config)), budgeted):
+        conf = gateway_files(spec)["nginx.conf"]
+        init = next(line for line in lines(conf) if line.startswith("init_by_lua_block"))
+        loaded = set(re.findall(r'require\("(\w+)"\)', init))
+        handlers = [line for line in lines(conf) if re.match(r"(set|content|header_filter|body_filter|log)_by_lua", line)
+                    or line.startswith("set_by_lua_block")]
+        used = {m for line in handlers for m in re.findall(r"package\.loaded\.(\w+)", line)}
+        assert "require(" not in "".join(handlers)
+        assert used <= loaded and "gateway" in used and "gateway_metrics" in used, (used, loaded)
+    assert "gateway_budget" in used  # the budgeted stack's handlers

@@ -590,7 +590,7 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
     # $host of a request without a Host (HTTP/1.0): the Host replicas get (HTTP/1.1 requires one) and
     # the redirect's. A server's name costs nothing per request.
     out.append(f"        server_name {g.node};")
-    out += ['        set_by_lua_block $llm_key_id { return require("gateway").key_id() }',
+    out += ['        set_by_lua_block $llm_key_id { return package.loaded.gateway.key_id() }',
             *(error_page(raised) for raised in (*ERRORS, *([BUDGET_REFUSED] if budgets else []))), ""]
     guard = ['            if ($llm_key_id = "") {',
              "                return 401;",
@@ -602,7 +602,7 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
     # A used-up token budget is refused after the key check (its `if`, then admit and its `if`, run
     # in the rewrite phase in this order) and before the rate limits count the request (preaccess);
     # the router's own refusals carry the budget's headers too.
-    refuse = ['            set_by_lua_block $llm_budget_refused { return require("gateway_budget").admit() }',
+    refuse = ['            set_by_lua_block $llm_budget_refused { return package.loaded.gateway_budget.admit() }',
               "            if ($llm_budget_refused) {", f"                return {BUDGET_REFUSED};",
               "            }", *_budget_headers()] if budgets else []
     for prefix, pin in path_routes(spec).items():
@@ -610,7 +610,7 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
             out += [f"        location = {prefix}{endpoint} {{", *guard, *refuse,
                     f"            content_by_lua_block {{ {route_call(endpoint, pin)} }}", "        }"]
         out += [f"        location = {prefix}models {{", *guard,
-                '            content_by_lua_block { require("gateway").models() }', "        }"]
+                '            content_by_lua_block { package.loaded.gateway.models() }', "        }"]
     out += ["", "        location / {", "            return 404;", "        }", ""]
 
     aliased = set(g.aliases.values())
@@ -632,7 +632,7 @@ def route_call(endpoint: str, pin: str | None) -> str:
     """A routing location's handler: gateway.lua's route() with the engine endpoint the location
     proxies to and the pool its path route pins."""
     args = _lua_string(f"/v1/{endpoint}") + (f", {_lua_string(pin)}" if pin else "")
-    return f'require("gateway").route({args})'
+    return f'package.loaded.gateway.route({args})'
 
 
 def _lua_string(text: str) -> str:
@@ -650,7 +650,9 @@ def _lua_directives(spec: StackSpec, layout: GatewayLayout) -> list[str]:
     if layout.lua_cpath:
         out.append(f'    lua_package_cpath "{layout.lua_cpath};;";')
     budgets = f" {budget_init(spec)}" if token_budgets(spec) else ""
-    # gateway_metrics loaded in the master too: the workers (another user) inherit it read.
+    # Every module loaded here, in the master: the workers (another user) inherit them read, and the
+    # request handlers take them from package.loaded, a table lookup where require() is a C call on
+    # every handler entry (0.5k instructions a request over the six; bench/gateway_instructions.py).
     return out + [f'    init_by_lua_block {{ require("gateway").init({_lua_string(layout.routes_file)}, {digests}){budgets}'
                   ' require("gateway_metrics") }']
 
@@ -727,13 +729,13 @@ def _usage_directives(spec: StackSpec, layout: GatewayLayout) -> list[str]:
     refusals and nginx's own errors too. nginx composes its part of the line (LOG_FORMAT) in C,
     Lua the rest; Lua keeps lines and counts in the worker, and a timer writes and merges them once
     a second."""
-    charge = 'require("gateway_budget").charge' if token_budgets(spec) else ""
+    charge = 'package.loaded.gateway_budget.charge' if token_budgets(spec) else ""
     return [f"    map \"\" $llm_usage_line {{ default '{LOG_FORMAT}'; }}",
             "    # Counters merged from every worker's own tables; kept across reloads (same name and size).",
             f"    lua_shared_dict {METRICS_ZONE} {metrics_zone_kib(spec)}k;",
             f'    init_worker_by_lua_block {{ require("gateway_metrics").start({_lua_value(metrics_settings(spec, layout))}) }}',
             '    exit_worker_by_lua_block { require("gateway_metrics").stop() }',
-            f'    log_by_lua_block {{ require("gateway_metrics").record({charge}) }}',
+            f'    log_by_lua_block {{ package.loaded.gateway_metrics.record({charge}) }}',
             # nginx's own access log would write each request again, one write() apiece.
             "    access_log off;"]
 
@@ -748,7 +750,7 @@ def _metrics_server(layout: GatewayLayout) -> list[str]:
             "        # Scrapes are not gateway requests: neither usage lines nor counted.",
             "        log_by_lua_block { return }",
             "        location = /metrics {",
-            '            content_by_lua_block { require("gateway_metrics").serve() }',
+            '            content_by_lua_block { package.loaded.gateway_metrics.serve() }',
             "        }",
             "        location / {",
             "            default_type text/plain;",
@@ -860,8 +862,8 @@ def _proxy_block(spec: StackSpec, upstream: str, pools: Sequence[str]) -> list[s
         f"            proxy_next_upstream_tries {MAX_TRIES};",
         f"            proxy_next_upstream_timeout {timeout}s;",
         # A replica's error that is not JSON is answered as OpenAI JSON (gateway.lua head()).
-        '            header_filter_by_lua_block { require("gateway").head() }',
-        '            body_filter_by_lua_block { require("gateway").usage() }',
+        '            header_filter_by_lua_block { package.loaded.gateway.head() }',
+        '            body_filter_by_lua_block { package.loaded.gateway.usage() }',
     ]
 
 
