@@ -30,7 +30,8 @@ import pytest
 
 import components.planning.gateway as gateway_planning
 from components.planning.gateway import (
-    LOG_FORMAT, METRICS_SOURCE, METRICS_ZONE, NO_USAGE_COUNTS, USAGE_LINE_FIELDS, GatewayLayout, _lua_value, metrics_settings,
+    BUDGET_SOURCE, LOG_FORMAT, LUA_SOURCE, METRICS_SOURCE, METRICS_ZONE, NO_USAGE_COUNTS, USAGE_LINE_FIELDS,
+    GatewayLayout, _lua_value, metrics_settings,
     temp_path_directives,
 )
 from components.spec import load_stack_config
@@ -242,6 +243,22 @@ for _, s in ipairs({59, 123, 899, 4567, 86400, 1234567}) do
 end
 ngx.say(checked, " ", table.concat(wrong, "; "))"""
     assert lua_reports(tmp_path, code, METRICS_SOURCE.parent).split(" ", 1) == ["13054", "\n"]
+
+
+def test_a_finished_requests_entry_is_reused_with_every_field_the_modules_use_cleared() -> None:
+    # record() hands the request's entry to the next request's route_state(): a field it did not
+    # clear would reach that request (an error's text, a stream's carry, a not-HTTP mark).
+    metrics = METRICS_SOURCE.read_text()
+    retire = metrics[metrics.index("local function retire(st)"):]
+    retire = retire[:retire.index("\nend\n")]
+    cleared = re.findall(r"\bst\.(\w+)", retire)
+    assert len(cleared) == len(set(cleared)) and retire.count("nil") == len(cleared)
+    used = set()
+    for source in (LUA_SOURCE, METRICS_SOURCE, BUDGET_SOURCE):
+        text = source.read_text().replace(retire, "")
+        used |= set(re.findall(r"\bst\.(\w+)", text))
+    assert set(cleared) == used
+    assert "        retire(st)  -- read whole: nothing below looks at it\n" in metrics
 
 
 def test_a_response_without_usage_is_logged_with_the_count_fields_gateway_py_names() -> None:
