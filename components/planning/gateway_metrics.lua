@@ -435,7 +435,7 @@ function M.record(charge)
     pieces[n + 9] = '",'
     pieces[n + 10] = counted
     pieces[n + 11] = ',"events":'
-    pieces[n + 12] = events
+    pieces[n + 12] = events == 0 and "0" or events  -- (a number table.concat formats: 0.2k instructions)
     pieces[n + 13] = ","
     pieces[n + 14] = tail
     if charge then
