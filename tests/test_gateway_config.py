@@ -181,7 +181,9 @@ def test_usage_log_and_metrics_are_kept_by_lua_in_the_log_phase_at_http_level(pr
         'init_worker_by_lua_block { require("gateway_metrics").start({zone = "llm_metrics", flush_seconds = 1, '
         'max_pending = 512, field_max = 256, max_series = 10000, buckets = {{0.05, "0.05"}, {0.1, "0.1"}, {0.25, "0.25"}, {0.5, "0.5"}, '
         '{1.0, "1.0"}, {2.5, "2.5"}, {5.0, "5.0"}, {10.0, "10.0"}, {20.0, "20.0"}, {30.0, "30.0"}, {60.0, "60.0"}, '
-        '{120.0, "120.0"}, {300.0, "300.0"}, {600.0, "600.0"}, {900.0, "900.0"}}, usage_dir = "/var/log/llm-gateway", '
+        '{120.0, "120.0"}, {300.0, "300.0"}, {600.0, "600.0"}, {900.0, "900.0"}}, plain_paths = {"/v1/chat/completions", '
+        '"/v1/completions", "/v1/embeddings", "/v1/models", "/smart/v1/chat/completions", "/smart/v1/completions", '
+        '"/smart/v1/embeddings", "/smart/v1/models"}, usage_dir = "/var/log/llm-gateway", '
         'prune_seconds = 3600, retention_days = 30, max_bytes = 21474836480}) }',
         'exit_worker_by_lua_block { require("gateway_metrics").stop() }',
         'log_by_lua_block { package.loaded.gateway_metrics.record() }',

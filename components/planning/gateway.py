@@ -710,13 +710,15 @@ def _lua_value(value: object) -> str:
 
 
 def metrics_settings(spec: StackSpec, layout: GatewayLayout) -> dict[str, object]:
-    """What gateway_metrics.start() is given: where the usage lines go, retention, the series cap, buckets."""
+    """What gateway_metrics.start() is given: where the usage lines go, retention, the series cap, buckets,
+    and the paths the gateway serves (a line's path that is one of them needs no escaping check)."""
     g = spec.gateway
     assert g is not None
     settings: dict[str, object] = {"zone": METRICS_ZONE, "flush_seconds": USAGE_FLUSH_SECONDS,
                                    "max_pending": USAGE_MAX_PENDING,
                                    "field_max": LOG_FIELD_MAX, "max_series": g.metrics_max_series,
-                                   "buckets": [[b, repr(b)] for b in DURATION_BUCKETS]}
+                                   "buckets": [[b, repr(b)] for b in DURATION_BUCKETS],
+                                   "plain_paths": exposed_paths(spec)}
     if layout.usage_dir:
         settings.update(usage_dir=layout.usage_dir, prune_seconds=USAGE_PRUNE_SECONDS,
                         retention_days=g.usage_log.retention_days,

@@ -69,6 +69,7 @@ local M = {}
 -- Set by start(); the worker's state between two flushes.
 local cfg, dict, bounds, nbounds
 local field_max
+local plain_paths = {}             -- the paths the gateway serves (settings.plain_paths) -> true
 -- The usage lines not yet written, oldest first, as the pieces that make them (each line's last
 -- piece ends with its newline): table.concat joins them once per write, where making each line a
 -- string of its own cost 2.8k instructions a request.
@@ -390,7 +391,10 @@ function M.record(charge)
     local five = find(tail, "5", from, true)
     local failed = five and five < q
     local path_at = find(tail, 'path":"', q, true) + 7
-    if #tail - path_at > field_max or not json_safe(tail, path_at, #tail - 1) then
+    -- A path the gateway serves, as it was routed, is JSON as it is: looked up, not scanned (a loop
+    -- here cuts record()'s trace: 0.6k instructions a request).
+    if not plain_paths[sub(tail, path_at, -2)] and (#tail - path_at > field_max
+            or not json_safe(tail, path_at, #tail - 1)) then
         tail = sub(tail, 1, path_at - 1) .. json_text(utf8_cut(sub(tail, path_at, -2), field_max)) .. '"'
     end
     if st and st.stream ~= nil and not st.whole then
@@ -715,6 +719,12 @@ function M.start(settings)
     cfg = settings
     field_max = settings.field_max
     max_pending = settings.max_pending
+    plain_paths = {}
+    for _, path in ipairs(settings.plain_paths or {}) do
+        if #path <= field_max and json_safe(path, 1, #path) then
+            plain_paths[path] = true
+        end
+    end
     pieces, line_at = empty_pending()
     dict = ngx.shared[settings.zone]
     bounds, nbounds = {}, #settings.buckets
