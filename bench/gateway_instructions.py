@@ -80,7 +80,7 @@ def without_lua(conf: str) -> str:
     pool = re.search(r"        location @llm_pool_chat \{\n(.*?)        \}", conf, re.S)
     if pool is None:
         raise SystemExit("the generated gateway no longer has location @llm_pool_chat: update the bench")
-    conf = sub(r'            content_by_lua_block \{ require\("gateway"\)\.route\("/v1/chat/completions"\) \}\n        \}\n'
+    conf = sub(r'            content_by_lua_block \{ package\.loaded\.gateway\.route\("/v1/chat/completions"\) \}\n        \}\n'
                r"        location = /v1/completions",
                pool.group(1).replace(FILTER, "").replace(HEAD, "") + "        }\n        location = /v1/completions", conf)
     conf = sub(re.escape(KEY_ID), "", conf)
