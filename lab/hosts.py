@@ -362,6 +362,12 @@ def lab_namespaces() -> list[str]:
     return [n for n in sh("ip", "netns", "list").split() if n.startswith(PREFIX)]
 
 
+def lab_links() -> list[str]:
+    """The lab's links in this (the root) namespace: the bridge and the hosts' veth ends."""
+    names = [line.split(":")[1].strip().split("@")[0] for line in sh("ip", "-o", "link", "show").splitlines()]
+    return [n for n in names if n.startswith(PREFIX)]
+
+
 def _netns_pids(name: str) -> list[int]:
     out = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout
     return [int(p) for p in out.split()]
@@ -378,6 +384,12 @@ def down() -> list[str]:
     agent = OPERATOR / "agent.pid"
     if agent.exists():
         _stop_pids([int(agent.read_text())], "ssh-agent", grace=5)
+    # The hosts' veth pairs by their root ends (a pair goes with either end): a namespace's links go
+    # only when the kernel cleans it up, after `ip netns del` has returned, so a check right after
+    # it could still find them (it did, after a run stopped half-way).
+    for link in lab_links():
+        if link != BRIDGE:
+            sh("ip", "link", "del", link, check=False)
     for ns in lab_namespaces():
         sh("ip", "netns", "del", ns, check=False)
     if Path(f"/sys/class/net/{BRIDGE}").exists():
@@ -415,9 +427,7 @@ def _comm(pid: int) -> str:
 def leftovers() -> list[str]:
     """Everything of a lab still on the machine: namespaces, links, mounts, processes, files."""
     left = [f"network namespace {n}" for n in lab_namespaces()]
-    links = sh("ip", "-o", "link", "show").splitlines()
-    left += [f"link {line.split(':')[1].strip().split('@')[0]}" for line in links
-             if line.split(":")[1].strip().startswith(PREFIX)]
+    left += [f"link {name}" for name in lab_links()]
     state = str(STATE)
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         if state in line or "/run/netns/lab-" in line:
