@@ -652,7 +652,7 @@ def _lua_directives(spec: StackSpec, layout: GatewayLayout) -> list[str]:
     budgets = f" {budget_init(spec)}" if token_budgets(spec) else ""
     # Every module loaded here, in the master: the workers (another user) inherit them read, and the
     # request handlers take them from package.loaded, a table lookup where require() is a C call on
-    # every handler entry (0.5k instructions a request over the six; bench/gateway_instructions.py).
+    # every handler entry (0.4k instructions a request over the six: callgrind, README).
     return out + [f'    init_by_lua_block {{ require("gateway").init({_lua_string(layout.routes_file)}, {digests}){budgets}'
                   ' require("gateway_metrics") }']
 
