@@ -32,8 +32,8 @@ from typing import Any
 import pytest
 
 from components.planning.gateway import (
-    DIGESTS_FILE, LUA_SOURCE, GatewayLayout, key_ids, keys_script, readiness_script, render_gateway,
-    temp_path_directives,
+    DIGESTS_FILE, LUA_SOURCE, LUA_VM_SETTINGS, GatewayLayout, key_ids, keys_script, readiness_script,
+    render_gateway, temp_path_directives,
 )
 from components.spec import StackSpec, load_stack_config
 from tests.conftest import prod_config
@@ -60,9 +60,10 @@ def nginx_binary() -> str:
     return str(deployed().nginx)
 
 
-def lua_reports(tmp_path: Path, code: str, modules: Path | None = None) -> str:
+def lua_reports(tmp_path: Path, code: str, modules: Path | None = None, init: str = "") -> str:
     """What a content_by_lua_block running `code` prints, from the deployed nginx loading the deployed
-    modules (and Lua modules from `modules`, e.g. the gateway's own source); its error log must stay empty."""
+    modules (and Lua modules from `modules`, e.g. the gateway's own source) after an init_by_lua_block
+    running `init`; its error log must stay empty."""
     found = deployed()
     port = free_port()
     path = f"{modules}/?.lua;" if modules else ""
@@ -71,6 +72,7 @@ load_module {found.lua_module};
 pid {tmp_path}/nginx.pid; error_log {tmp_path}/error.log; daemon off; events {{}}
 http {{ access_log off; {" ".join(temp_path_directives(tmp_path))}
   lua_package_path "{path}{found.lua_package_path};;"; lua_package_cpath "{found.lua_package_cpath};;";
+  {f"init_by_lua_block {{ {init} }}" if init else ""}
   server {{ listen 127.0.0.1:{port}; location / {{ content_by_lua_block {{ {code} }} }} }} }}
 """)
     proc = subprocess.Popen([nginx_binary(), "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
@@ -566,6 +568,16 @@ def test_nginx_accepts_the_generated_config(variant: str, tmp_path: Path) -> Non
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "test is successful" in result.stderr
+
+
+def test_the_workers_collect_lua_garbage_with_the_pause_the_master_set(tmp_path: Path) -> None:
+    # collectgarbage("setpause", n) answers the pause it replaces: a worker's is the gateway's (set in
+    # the master's init_by_lua, before the fork), where a worker of an nginx without it has LuaJIT's 200.
+    (tmp_path / "gateway").mkdir()
+    (tmp_path / "default").mkdir()
+    report = 'ngx.print(collectgarbage("setpause", 200))'
+    assert lua_reports(tmp_path / "gateway", report, init=LUA_VM_SETTINGS) == "400"
+    assert lua_reports(tmp_path / "default", report) == "200"
 
 
 # --- routing ------------------------------------------------------------------------------------

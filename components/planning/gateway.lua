@@ -71,6 +71,11 @@ local keys = {}  -- raw 32-byte sha256 -> key id
 -- request).
 local logged_names = {}
 
+-- A client's model name as logged: at most LOG_FIELD_MAX bytes, never a UTF-8 character cut in two.
+local function log_field(s)
+    return utf8_cut(s, LOG_FIELD_MAX)
+end
+
 local function read(path)
     local f = assert(io.open(path, "rb"))
     local text = f:read("*a")
@@ -88,7 +93,7 @@ function M.init(routes_file, digests_file)
     routes = assert(cjson.decode(read(routes_file)), routes_file .. ": not JSON")
     has_allowlists = next(routes.allow) ~= nil
     for name in pairs(routes.models) do
-        logged_names[name] = json_text(utf8_cut(name, LOG_FIELD_MAX))  -- log_field(), defined below
+        logged_names[name] = json_text(log_field(name))
     end
     if routes.auth then
         local digests = assert(cjson.decode(read(digests_file)), digests_file .. ": not JSON")
@@ -231,11 +236,6 @@ local function visible_names(prefix, id)
         end
     end
     return names
-end
-
--- A client's model name as logged: at most LOG_FIELD_MAX bytes, never a UTF-8 character cut in two.
-local function log_field(s)
-    return utf8_cut(s, LOG_FIELD_MAX)
 end
 
 -- The position of the first byte from i on that is not one of JSON's blanks.
