@@ -153,7 +153,7 @@ def test_reference_loads_the_lua_module_reads_its_tables_once_and_declares_the_r
     # master, once per start or reload, never per request.
     assert lua == ['lua_package_path "/etc/llm-gateway/llm/?.lua;/usr/share/lua/5.1/?.lua;;";',
                    'lua_package_cpath "/usr/lib/x86_64-linux-gnu/lua/5.1/?.so;;";',
-                   'init_by_lua_block { collectgarbage("setpause", 400) '
+                   'init_by_lua_block { jit.opt.start("loopunroll=60") collectgarbage("setpause", 400) '
                    'require("gateway").init("/etc/llm-gateway/llm/routes.json", '
                    '"/etc/llm-gateway-keys/key-hashes.json") require("gateway_metrics") }',
                    "lua_shared_dict llm_metrics 5262k;"]
@@ -368,7 +368,7 @@ def test_without_auth_nothing_checks_or_loads_a_key(config: dict[str, Any], prod
     files = gateway_files(spec)
     assert "key-hashes" not in files["nginx.conf"] and "limit_req" not in files["nginx.conf"]
     # gateway.lua is told there is no digest file to read.
-    assert ('init_by_lua_block { collectgarbage("setpause", 400) '
+    assert ('init_by_lua_block { jit.opt.start("loopunroll=60") collectgarbage("setpause", 400) '
             'require("gateway").init("/etc/llm-gateway/llm/routes.json", nil) '
             'require("gateway_metrics") }' in lines(files["nginx.conf"]))
     assert "set_by_lua" in files["nginx.conf"]  # (it returns '' at once: routes.json says auth is off)
