@@ -646,14 +646,16 @@ def _lua_string(text: str) -> str:
 
 
 # The Lua VM's settings, made in the master before it loads the modules (the workers inherit them):
-# - loopunroll=60 (LuaJIT's default 15): plain_model's loops, unrolled while a trace through them is
-#   recorded, went past 15 and aborted it; whether its trace then formed depended on the order of
-#   the first requests, and in about one worker start in six plain_model ran interpreted: 6-7k
-#   instructions a request more, for the worker's life (jit.p: 2 of 8 starts; none of 10 with 60;
-#   jit.v: unroll aborts in the body scanner in 4 of 6 starts, none of 6 with 60).
-# - setpause 400 (200): a collection cycle when the heap has grown to 4x what the last one left live,
-#   not 2x. A cycle marks everything live, so a request pays half as much for the cycles (0.6k
-#   instructions), for 1.5 MB more per worker.
+# - loopunroll=60 (LuaJIT's default 15: openresty/luajit2 src/lj_jit.h, read from code): plain_model's
+#   loops, unrolled while a trace through them is recorded, went past 15 and aborted it; whether its
+#   trace then formed depended on the order of the first requests, and in about one worker start in
+#   six plain_model ran interpreted: 6-7k instructions a request more, for the worker's life (jit.p:
+#   2 of 8 starts, none of 10 with 60; jit.v: unroll aborts in the body scanner in 4 of 6 starts,
+#   none of 6 with 60).
+# - setpause 400 (200: luaconf.h LUAI_GCPAUSE, and the deployed LuaJIT's, tests/test_gateway_nginx.py):
+#   a collection cycle when the heap has grown to 4x what the last one left live, not 2x. A cycle
+#   marks everything live, so a request pays half as much for the cycles (0.6k instructions), for
+#   1.5 MB more per worker.
 # (bench/gateway_instructions.py; README, "The morning of 2026-12-05".)
 LUA_VM_SETTINGS = 'jit.opt.start("loopunroll=60") collectgarbage("setpause", 400)'
 

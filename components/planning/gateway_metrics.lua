@@ -339,6 +339,12 @@ local function json_safe(s, from, to)
     return true
 end
 
+-- Whether bytes from..to of s (a client's field) go into a usage line as they are: not over
+-- field_max bytes, and JSON as they are.
+local function logged_as_is(s, from, to)
+    return to - from < field_max and json_safe(s, from, to)
+end
+
 -- The token counts' fields of a request whose response had no usage (gateway.py NO_USAGE_COUNTS).
 local NO_COUNTS = '"prompt_tokens":null,"completion_tokens":null,"total_tokens":null'
 -- Where record() reads nginx's part of the line (LOG_FORMAT's order): $time_iso8601 is 25 bytes,
@@ -393,8 +399,7 @@ function M.record(charge)
     local path_at = find(tail, 'path":"', q, true) + 7
     -- A path the gateway serves, as it was routed, is JSON as it is: looked up, not scanned (a loop
     -- here cuts record()'s trace; with gateway.lua's logged_names, 0.6k instructions a request).
-    if not plain_paths[sub(tail, path_at, -2)] and (#tail - path_at > field_max
-            or not json_safe(tail, path_at, #tail - 1)) then
+    if not plain_paths[sub(tail, path_at, -2)] and not logged_as_is(tail, path_at, #tail - 1) then
         tail = sub(tail, 1, path_at - 1) .. json_text(utf8_cut(sub(tail, path_at, -2), field_max)) .. '"'
     end
     if st and st.stream ~= nil and not st.whole then
@@ -720,8 +725,8 @@ function M.start(settings)
     field_max = settings.field_max
     max_pending = settings.max_pending
     plain_paths = {}
-    for _, path in ipairs(settings.plain_paths or {}) do
-        if #path <= field_max and json_safe(path, 1, #path) then
+    for _, path in ipairs(settings.plain_paths) do
+        if logged_as_is(path, 1, #path) then
             plain_paths[path] = true
         end
     end
