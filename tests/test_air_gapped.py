@@ -149,7 +149,7 @@ def test_every_image_is_pulled_from_the_registry_and_nothing_is_built(registry_r
         "reg.example:5000/llm/prom/node-exporter:v1.8.2", "reg.example:5000/llm/prom/prometheus:v2.55.1",
         "reg.example:5000/llm/grafana/grafana:11.3.0",
         # The default gateway image is pulled like the others (the mirror script builds and pushes it).
-        "reg.example:5000/llm/llm-cluster/gateway:nginx-1.26.3-3-deb13u11-lua-0.10.28-2"}
+        "reg.example:5000/llm/llm-cluster/gateway:nginx-1.26.3-3-deb13u12-lua-0.10.28-2"}
     assert all("build" not in r.inputs for r in images)
     assert len(images) == 6 * 3 + 3  # per node vLLM, dcgm and node exporters; gpu-01 also gateway, Prometheus, Grafana
     # Every container runs the id of its node's image; labels keep the stack's reference (facts read it).
@@ -207,7 +207,7 @@ def test_tarballs_are_loaded_then_found_never_pulled(config: dict[str, Any], sta
         assert step.inputs["triggers"]
     gpu01 = sorted(n for n in loads if n.startswith("gpu-01-"))
     assert gpu01 == sorted(f"gpu-01-image-load-{s}" for s in (
-        "vllm-openai-v0-19-1", "gateway-nginx-1-26-3-3-deb13u11-lua-0-10-28-2",
+        "vllm-openai-v0-19-1", "gateway-nginx-1-26-3-3-deb13u12-lua-0-10-28-2",
         "dcgm-exporter-3-3-9-3-6-1-ubuntu22-04", "node-exporter-v1-8-2", "prometheus-v2-55-1", "grafana-11-3-0"))
     assert problems_of(run) == []
     assert [v for v in analyze(run.registrations) if v.policy_name.startswith("air-gapped")] == []
@@ -356,9 +356,9 @@ def test_undo_leaves_an_image_a_container_still_uses(fake: tuple[Path, dict[str,
 def test_the_mirror_script_pushes_or_saves_every_image(config: dict[str, Any]) -> None:
     spec = load_stack_config(with_images(config, registry="reg.example:5000"), set())
     text = isup.mirror_script(spec)
-    assert "docker build -t llm-cluster/gateway:nginx-1.26.3-3-deb13u11-lua-0.10.28-2 components/planning/gateway_image\n" \
-           "docker tag llm-cluster/gateway:nginx-1.26.3-3-deb13u11-lua-0.10.28-2 " \
-           "reg.example:5000/llm-cluster/gateway:nginx-1.26.3-3-deb13u11-lua-0.10.28-2\n" in text
+    assert "docker build -t llm-cluster/gateway:nginx-1.26.3-3-deb13u12-lua-0.10.28-2 components/planning/gateway_image\n" \
+           "docker tag llm-cluster/gateway:nginx-1.26.3-3-deb13u12-lua-0.10.28-2 " \
+           "reg.example:5000/llm-cluster/gateway:nginx-1.26.3-3-deb13u12-lua-0.10.28-2\n" in text
     assert "# nvcr.io/nvidia/k8s/dcgm-exporter:3.3.9-3.6.1-ubuntu22.04 (every node)\n" \
            "docker pull nvcr.io/nvidia/k8s/dcgm-exporter:3.3.9-3.6.1-ubuntu22.04\n" in text
     assert text.count("docker push ") == 6
@@ -449,7 +449,7 @@ def test_an_air_gapped_stack_pulling_from_public_registries_is_refused(config: d
         "prom/node-exporter:v1.8.2 from Docker Hub (docker.io) on every node; "
         "prom/prometheus:v2.55.1 from Docker Hub (docker.io) on gpu-01; "
         "grafana/grafana:11.3.0 from Docker Hub (docker.io) on gpu-01; "
-        "llm-cluster/gateway:nginx-1.26.3-3-deb13u11-lua-0.10.28-2 built on its node from debian:trixie-slim "
+        "llm-cluster/gateway:nginx-1.26.3-3-deb13u12-lua-0.10.28-2 built on its node from debian:trixie-slim "
         "(Docker Hub) and the Debian archive on gpu-01. " + WAY_OUT)]
 
 

@@ -137,7 +137,7 @@ def test_the_committed_dockerfile_is_the_generated_one() -> None:
         assert f" {pkg}={version} " in text
     assert "njs" not in text and "libnginx-mod-http-js" not in TESTED_PACKAGES
     # No epoch colon and no `+` in a Docker tag.
-    assert GATEWAY_IMAGE == "llm-cluster/gateway:nginx-1.26.3-3-deb13u11-lua-0.10.28-2"
+    assert GATEWAY_IMAGE == "llm-cluster/gateway:nginx-1.26.3-3-deb13u12-lua-0.10.28-2"
     for arg, default in build_args().items():
         assert f"\nARG {arg}={default}\n" in text
 
@@ -239,10 +239,10 @@ def test_a_pin_that_left_the_archive_comes_from_snapshot_checked(snapshot_server
     got = fetcher._from_snapshot("nginx-common", TESTED_PACKAGES["nginx-common"], tmp_path)
     assert got == tmp_path / deb.name and got.read_bytes() == deb.read_bytes()
     # A file whose bytes do not match the SHA-1 snapshot names is refused, and so is a version it lacks.
-    snapshot_server("nginx_1.26.3-3+deb13u11_amd64.deb", b"not the package", "0" * 40)
+    snapshot_server("nginx_1.26.3-3+deb13u12_amd64.deb", b"not the package", "0" * 40)
     with pytest.raises(RuntimeError) as err:
         fetcher._from_snapshot("nginx", TESTED_PACKAGES["nginx"], tmp_path)
-    assert str(err.value) == f"{fetcher.SNAPSHOT}: nginx_1.26.3-3+deb13u11_amd64.deb does not match its SHA-1 {'0' * 40}"
+    assert str(err.value) == f"{fetcher.SNAPSHOT}: nginx_1.26.3-3+deb13u12_amd64.deb does not match its SHA-1 {'0' * 40}"
     with pytest.raises(RuntimeError) as err:
         fetcher._from_snapshot("libfoo", "1.0", tmp_path)
     assert str(err.value) == f"libfoo 1.0 (amd64) is neither in the Debian archive nor on {fetcher.SNAPSHOT}"

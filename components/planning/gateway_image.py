@@ -12,9 +12,10 @@ the NDK and Lua modules at MODULES_DIR and has resty.core and cjson on LUA_PATHS
 its nginx and Lua module are then not the tested ones.
 
 What each package is for:
-- nginx, nginx-common 1.26.3-3+deb13u11: trixie's nginx with trixie-security's fixes (nine CVEs over
-  deb13u10, one of them in reading request bodies). Its package provides the module ABI
-  `nginx-abi-1.26.3-1` that both module packages depend on.
+- nginx, nginx-common 1.26.3-3+deb13u12: trixie's nginx with trixie-security's fixes (deb13u11: nine
+  CVEs over deb13u10, one of them in reading request bodies; deb13u12, 2026-11-28: CVE-2026-132779,
+  send_chain() no longer repeated when it sent nothing; its changelog.Debian). Its package provides
+  the module ABI `nginx-abi-1.26.3-1` that both module packages depend on.
 - libnginx-mod-http-lua 1:0.10.28-2 (ngx_http_lua_module.so): the request path (key check, routing,
   /v1/models, refusals, the usage body filter), the token budgets and the metrics, in Lua.
 - libnginx-mod-http-ndk 1:0.3.4-2 (ndk_http_module.so): the Nginx Development Kit the Lua module is
@@ -38,8 +39,8 @@ from pathlib import Path
 # Package -> Debian version: every package of nginx and the Lua module the image installs, pinned
 # (apt adds only the system libraries they link; the docstring says what each one is for).
 TESTED_PACKAGES: dict[str, str] = {
-    "nginx": "1.26.3-3+deb13u11",
-    "nginx-common": "1.26.3-3+deb13u11",
+    "nginx": "1.26.3-3+deb13u12",
+    "nginx-common": "1.26.3-3+deb13u12",
     "libnginx-mod-http-ndk": "1:0.3.4-2",
     "libnginx-mod-http-lua": "1:0.10.28-2",
     "libluajit-5.1-2": "2.1.0+openresty20250117-2",

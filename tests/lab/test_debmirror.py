@@ -71,7 +71,7 @@ class _Archive(http.server.BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:
-        if urllib.request.unquote(self.path) == "/debian/pool/main/n/nginx/nginx_1.26.3-3+deb13u11_amd64.deb":
+        if urllib.request.unquote(self.path) == "/debian/pool/main/n/nginx/nginx_1.26.3-3+deb13u12_amd64.deb":
             self.send_response(200)
             self.send_header("Content-Length", "3")
             self.end_headers()
@@ -88,7 +88,7 @@ def test_the_recorder_keeps_what_apt_fetched_where_http_server_serves_it(tmp_pat
     try:
         base = f"http://127.0.0.1:{recorder.server_address[1]}"
         # apt quotes `+` as %2b; http.server decodes the path before it looks for the file.
-        with urllib.request.urlopen(f"{base}/debian/pool/main/n/nginx/nginx_1.26.3-3%2bdeb13u11_amd64.deb") as r:
+        with urllib.request.urlopen(f"{base}/debian/pool/main/n/nginx/nginx_1.26.3-3%2bdeb13u12_amd64.deb") as r:
             assert r.read() == b"deb"
         with pytest.raises(urllib.error.HTTPError) as missing:
             urllib.request.urlopen(f"{base}/debian/dists/trixie/Release")
@@ -98,9 +98,9 @@ def test_the_recorder_keeps_what_apt_fetched_where_http_server_serves_it(tmp_pat
     finally:
         recorder.shutdown()
         archive.shutdown()
-    assert (tmp_path / "debian/pool/main/n/nginx/nginx_1.26.3-3+deb13u11_amd64.deb").read_bytes() == b"deb"
-    assert recorder.fetched == ["debian/pool/main/n/nginx/nginx_1.26.3-3+deb13u11_amd64.deb"]
-    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["nginx_1.26.3-3+deb13u11_amd64.deb"]
+    assert (tmp_path / "debian/pool/main/n/nginx/nginx_1.26.3-3+deb13u12_amd64.deb").read_bytes() == b"deb"
+    assert recorder.fetched == ["debian/pool/main/n/nginx/nginx_1.26.3-3+deb13u12_amd64.deb"]
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["nginx_1.26.3-3+deb13u12_amd64.deb"]
 
 
 def test_an_expiring_recording_is_found(tmp_path: Path) -> None:
