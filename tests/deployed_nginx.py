@@ -162,16 +162,26 @@ def _apt_env(work: Path) -> dict[str, str]:
     return {**os.environ, "APT_CONFIG": str(work / "apt.conf"), "DEBIAN_FRONTEND": "noninteractive"}
 
 
-def _in_archive(env: dict[str, str], pkg: str, version: str) -> bool:
+def _archive_versions(env: dict[str, str], pkg: str) -> list[str]:
     out = _run(["apt-cache", "madison", pkg], env)
-    return any(f.strip() == version for line in out.splitlines() for f in line.split("|")[1:2])
+    return [f.strip() for line in out.splitlines() for f in line.split("|")[1:2]]
 
 
-def _from_snapshot(pkg: str, version: str, dest: Path) -> Path:
-    """A pinned .deb the archive no longer has, from snapshot.debian.org by name and version (SHA-1 checked)."""
+def _from_snapshot(pkg: str, version: str, dest: Path, archive: list[str] | None = None) -> Path:
+    """A pinned .deb the archive no longer has (it has `archive`), from snapshot.debian.org by name and
+    version (SHA-1 checked)."""
     query = f"{SNAPSHOT}/mr/binary/{urllib.parse.quote(pkg)}/{urllib.parse.quote(version)}/binfiles?fileinfo=1"
-    with urllib.request.urlopen(query, timeout=60) as resp:
-        info = json.load(resp)
+    try:
+        with urllib.request.urlopen(query, timeout=60) as resp:
+            info = json.load(resp)
+    except OSError as err:
+        # What a fresh machine meets the day trixie-security publishes a newer build of a pin.
+        reason = getattr(err, "reason", None) or err
+        raise RuntimeError(
+            f"{pkg} {version} has left the Debian archive (it has {', '.join(archive or []) or 'no version'}) and "
+            f"{SNAPSHOT} cannot be reached ({reason}): pin a version the archive has in "
+            "components/planning/gateway_image.py TESTED_PACKAGES (and the Dockerfile), "
+            "or let this machine reach snapshot.debian.org") from None
     for entry in info.get("result", []):
         if entry.get("architecture") not in (ARCH, "all"):
             continue
@@ -196,11 +206,12 @@ def _fetch(build: Path) -> None:
     pinned_dir.mkdir()
     sources: dict[str, str] = {}
     for pkg, version in TESTED_PACKAGES.items():
-        if _in_archive(env, pkg, version):
+        archive = _archive_versions(env, pkg)
+        if version in archive:
             _run(["apt-get", "download", "-q", f"{pkg}={version}"], env, cwd=pinned_dir)
             sources[pkg] = "archive"
         else:
-            _from_snapshot(pkg, version, pinned_dir)
+            _from_snapshot(pkg, version, pinned_dir, archive)
             sources[pkg] = "snapshot"
     # apt resolves the dependencies of the pinned files themselves (what the image's apt-get install does).
     _run(["apt-get", "install", "--download-only", "-y", "-q", "--no-install-recommends",

@@ -25,6 +25,7 @@ from components.planning.topology import images_for_node
 from components.spec import SpecError, StackSpec, load_stack_config
 from plan.harness import ProgramRun
 from tests import deployed_nginx as fetcher
+from tests.support import free_port
 from tests.conftest import ROOT, prod_config
 from tests.support import free_port
 from tests.test_gateway_nginx import deployed, lua_reports, nginx_binary
@@ -246,6 +247,21 @@ def test_a_pin_that_left_the_archive_comes_from_snapshot_checked(snapshot_server
     with pytest.raises(RuntimeError) as err:
         fetcher._from_snapshot("libfoo", "1.0", tmp_path)
     assert str(err.value) == f"libfoo 1.0 (amd64) is neither in the Debian archive nor on {fetcher.SNAPSHOT}"
+
+
+def test_a_pin_that_left_the_archive_while_snapshot_is_unreachable_says_what_to_change(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # As on 2026-12-05: trixie-security had moved to deb13u12, and snapshot.debian.org did not resolve.
+    port = free_port()  # nothing listens there
+    monkeypatch.setattr(fetcher, "SNAPSHOT", f"http://127.0.0.1:{port}")
+    with pytest.raises(RuntimeError) as err:
+        fetcher._from_snapshot("nginx", "1.26.3-3+deb13u11", tmp_path, ["1.26.3-3+deb13u12", "1.26.3-3+deb13u10"])
+    assert str(err.value) == (
+        "nginx 1.26.3-3+deb13u11 has left the Debian archive (it has 1.26.3-3+deb13u12, 1.26.3-3+deb13u10) and "
+        f"http://127.0.0.1:{port} cannot be reached ([Errno 111] Connection refused): pin a version the archive "
+        "has in components/planning/gateway_image.py TESTED_PACKAGES (and the Dockerfile), or let this machine "
+        "reach snapshot.debian.org")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_partial_cache_or_another_lua_module_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
