@@ -25,7 +25,6 @@ from components.planning.topology import images_for_node
 from components.spec import SpecError, StackSpec, load_stack_config
 from plan.harness import ProgramRun
 from tests import deployed_nginx as fetcher
-from tests.support import free_port
 from tests.conftest import ROOT, prod_config
 from tests.support import free_port
 from tests.test_gateway_nginx import deployed, lua_reports, nginx_binary
