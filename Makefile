@@ -40,7 +40,7 @@ plan: $(VENV)/.runtime
 ## `pulumi` CLI on PATH; ROLLOUT_ARGS=--dry-run prints the steps, --max-unavailable N)
 rollout: $(VENV)/.runtime
 	@test -n "$(POOL)" || { echo "make rollout needs POOL=<pool>" >&2; exit 2; }
-	@$(PY) -m plan.rollout --stack $(STACK) --pool $(POOL) $(ROLLOUT_ARGS)
+	@$(PY) -m ops.rollout --stack $(STACK) --pool $(POOL) $(ROLLOUT_ARGS)
 
 ## system-deps: Debian packages the real-tool tests use (installs them when root, else says what to install)
 system-deps:
@@ -69,7 +69,7 @@ $(LOADTEST_VENV)/.ready: requirements-loadtest.txt
 
 ## loadtest: evalscope perf through the gateway of Pulumi.$(STACK).yaml, per model; report in build/loadtest/$(STACK)/
 loadtest: $(VENV)/.runtime $(LOADTEST_VENV)/.ready
-	@$(PY) -m plan.loadtest --stack $(STACK) $(if $(MODEL),--model '$(MODEL)') --parallel $(PARALLEL) \
+	@$(PY) -m ops.loadtest --stack $(STACK) $(if $(MODEL),--model '$(MODEL)') --parallel $(PARALLEL) \
 		--number $(NUMBER) --evalscope $(LOADTEST_VENV)/bin/evalscope $(LOADTEST_ARGS)
 
 ## lab: the rehearsal lab (root): test hosts, stand-in images, the lab stack brought up on them (lab/README.md)

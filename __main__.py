@@ -1,7 +1,7 @@
 """llm-cluster: load the stack spec, build the components, export the outputs."""
 import pulumi
 
-from components.cluster import deploy
+from components.resources.cluster import deploy
 from components.spec.pulumi_config import spec_from_pulumi
 
 for _name, _value in deploy(spec_from_pulumi()).items():

@@ -39,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from components.planning.gateway import (  # noqa: E402
+from components.planning.gateway.nginx import (  # noqa: E402
     GatewayLayout, key_digests, key_ids, render_gateway, temp_path_directives,
 )
 from components.spec import StackSpec, load_stack_config  # noqa: E402

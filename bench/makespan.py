@@ -25,8 +25,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from components.planning.node_scripts import model_size_bytes  # noqa: E402
-from components.planning.topology import all_instances  # noqa: E402
+from components.planning.nodes.scripts import model_size_bytes  # noqa: E402
+from components.spec.topology import all_instances  # noqa: E402
 from components.spec import StackSpec, load_stack_config  # noqa: E402
 from plan.stackfile import load_stack_file  # noqa: E402
 from plan.cli import run as run_cli  # noqa: E402

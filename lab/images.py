@@ -18,7 +18,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from components.planning.gateway_image import CONTEXT_DIR as GATEWAY_CONTEXT, GATEWAY_IMAGE
+from components.planning.gateway.image import CONTEXT_DIR as GATEWAY_CONTEXT, GATEWAY_IMAGE
 from lab.config import CACHE, LAB_DIR, REGISTRY_ADDRESS, REPO, STATE
 from lab.hosts import REGISTRY_NS, LabError, sh
 from lab.standins import llamacpp as llamacpp_standin, lmdeploy as lmdeploy_standin
@@ -132,8 +132,8 @@ def vllm_facts(tag: str) -> dict:
     if not dump.exists() or not metrics:
         raise LabError(f"the vLLM stand-in for {tag} needs the real parser dump policies/data/vllm-{version}-"
                        f"serve-args.json and a metric list tests/fixtures/metrics/vllm-{version}*.txt")
-    # The planner's methods over the engine images it knows (components.facts.images).
-    from components.facts.images import QUANTIZATION_METHODS
+    # The planner's methods over the engine images it knows (components.engines.vllm.facts).
+    from components.engines.vllm.facts import QUANTIZATION_METHODS
     minor = ".".join(version.split(".")[:2])
     return {"version": version, "dump": dump, "metrics": metrics[0], "ray": RAY_FOR_VLLM.get(minor, RAY_DEFAULT),
             "quantizations": sorted(QUANTIZATION_METHODS), "standin": standin_facts(f"vllm/vllm-openai:{tag}")}
@@ -143,10 +143,10 @@ def standin_facts(ref: str) -> dict:
     """What the stand-in torch and triton report in image `ref` (lab/standins/vllm/torch, triton): the
     image's torch, CUDA, arch list and Triton from the project's facts, the Triton release's verdict on
     fp16 dots, and the GPU the lab hosts pretend to have (the one their nvidia-smi shims print)."""
-    from components.facts.images import image_facts
+    from components.engines.vllm.facts import image_facts
     facts = image_facts(ref)
     if facts is None or facts.triton_facts is None:
-        raise LabError(f"the vLLM stand-in for {ref} needs its torch and Triton facts in components/facts/images.py "
+        raise LabError(f"the vLLM stand-in for {ref} needs its torch and Triton facts in components/engines/vllm/facts.py "
                        "(the qualification gate checks them in the image)")
     import importlib.util
     spec = importlib.util.spec_from_file_location("lab_gpu_shim", LAB_DIR / "shims" / "gpu_shim.py")
@@ -377,7 +377,7 @@ def _import_debian(b: "Builder", ref: str, name: str) -> str:
 
 def _gateway_image(b: "Builder", target: str) -> str:
     """The default gateway image built from the project's own Dockerfile, as an air-gapped site's operator
-    builds it before pushing it to the site's registry (`python -m plan.images`): FROM the lab's
+    builds it before pushing it to the site's registry (`python -m ops.images`): FROM the lab's
     `debian:<release>-slim`, apt reading the lab's Debian mirror (recorded for this very Dockerfile) with
     Debian's signatures checked. The builder's dockerd is in the registry host's namespace, where that
     mirror listens: the build runs on its network (`--network host`). Its image id."""

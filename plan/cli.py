@@ -1,6 +1,6 @@
 """What every command-line entry point of the project shares: a reader that stops reading is not an error.
 
-`python -m plan.capacity … | head` closes the pipe after ten lines; Python then raises BrokenPipeError at
+`python -m ops.capacity … | head` closes the pipe after ten lines; Python then raises BrokenPipeError at
 the next write, and again when it flushes stdout at exit, so the user sees a traceback for what is the
 normal end of a pipeline. `emit` writes and, once the reader is gone, drops the rest quietly; `run`
 wraps a `main` so any write that still meets a closed pipe ends the program the way a shell expects

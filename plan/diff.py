@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.model_weights import ModelWeights
+from components.resources.model_weights import ModelWeights
 from components.spec import StackSpec
 from plan.harness import UNKNOWN
 

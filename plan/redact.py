@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from components.planning.engines import SECRET_FLAGS as ENGINE_SECRET_FLAGS
-from components.planning.engines.base import REDACTED, secret_positions
+from components.engines.registry import SECRET_FLAGS as ENGINE_SECRET_FLAGS
+from components.engines.base import REDACTED, secret_positions
 from plan.harness import SECRET_MARK, Registration
 from policies.rules.security import _SCRIPT_ASSIGN, _SCRIPT_FLAG, SECRET_ENV, SECRET_FLAGS
 # Tokens recognisable by their shape, wherever they appear.

@@ -10,11 +10,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from components.planning.gateway import model_pools, split
-from components.planning.monitoring import written_files
-from components.planning.node_scripts import fanout_rounds
-from components.planning.topology import all_instances, instances, weights_nodes
-from components.planning.engines.base import endpoint
+from components.planning.gateway.nginx import model_pools, split
+from components.planning.monitoring.prometheus import written_files
+from components.planning.nodes.scripts import fanout_rounds
+from components.spec.topology import all_instances, instances, weights_nodes
+from components.engines.base import endpoint
 from components.spec import StackSpec
 from plan.diff import render_diff
 from plan.harness import ProgramRun, Registration

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from components.planning import image_supply as isup
-from components.planning.engines import ENGINES
-from components.planning.engines.llamacpp import llamacpp_env
-from components.planning.engines.lmdeploy import lmdeploy_env
-from components.planning.engines.vllm import vllm_env
-from components.planning.topology import instances
+from components.engines.registry import ENGINES
+from components.engines.llamacpp.engine import llamacpp_env
+from components.engines.lmdeploy.engine import lmdeploy_env
+from components.engines.vllm.engine import vllm_env
+from components.spec.topology import instances
 from components.spec import SpecError, load_stack_config
 from plan.analyze import analyze
 from plan.harness import SECRET_SIG, SIG, ProgramRun
@@ -291,7 +291,7 @@ def test_a_missing_tarball_says_where_it_should_be(fake: tuple[Path, dict[str, s
     done = bash(load, env)
     assert done.returncode == 1
     assert done.stderr.startswith(f"image-load: {s.source} is not on ")
-    assert "copy it there (`python -m plan.images` lists each image's file and the docker save command), or fix " \
+    assert "copy it there (`python -m ops.images` lists each image's file and the docker save command), or fix " \
            "images.tarballs" in done.stderr
     assert not (tmp / "calls").exists()  # docker never ran
 
@@ -366,7 +366,7 @@ def test_the_mirror_script_pushes_or_saves_every_image(config: dict[str, Any]) -
     text = isup.mirror_script(spec)
     assert text.count("docker save -o ") == 6
     assert 'docker save -o "$out"/prom_prometheus_v2.55.1.tar prom/prometheus:v2.55.1\n' in text
-    done = subprocess.run([sys.executable, "-m", "plan.images", "--list"], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "ops.images", "--list"], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parent.parent)
     assert done.returncode == 0
     assert done.stdout.splitlines()[0] == "vllm/vllm-openai:v0.19.1\tvllm/vllm-openai:v0.19.1\torigin\tdocker.io"
@@ -433,7 +433,7 @@ def verdicts(run: ProgramRun) -> list[tuple[str, str, str]]:
 
 
 WAY_OUT = ("Set images.registry to the private registry that holds them (every image is then pulled as "
-           "<registry>/<repository>:<tag>; `python -m plan.images` lists each one and the commands that mirror it), "
+           "<registry>/<repository>:<tag>; `python -m ops.images` lists each one and the commands that mirror it), "
            "or images.tarballs to a directory of `docker save` tarballs on every node (loaded with docker load); "
            "or, if the nodes do reach these registries, set images.airGapped: false.")
 

@@ -1,5 +1,5 @@
 """Every GPU-capability rule at every boundary: each known engine image x sm_70/75/80/86/89/90, through
-the real pack. The threshold each case expects is read from the image's facts (components.facts.images),
+the real pack. The threshold each case expects is read from the image's facts (components.engines.vllm.facts),
 so the table follows the facts as they change; what the rules do with them is what is tested: a rule
 that compares against another number, or against the wrong side of it, fails at the boundary.
 A few facts that hold for every image are pinned here as written by their sources, so a facts edit
@@ -15,7 +15,7 @@ import pytest
 from pulumi_policy import EnforcementLevel
 
 from components.facts.hardware import GPUS
-from components.facts.images import FP8_WEIGHT_METHODS, ImageFacts, known_images
+from components.engines.vllm.facts import FP8_WEIGHT_METHODS, ImageFacts, known_images
 from policies.pack import POLICIES
 from tests.test_policies_rules import model_server, server
 

@@ -13,13 +13,13 @@ import pytest
 from components.facts import hardware
 from components.facts.hardware import GPUS
 from components.facts.models import arch_from_config_json, model_arch
-from components.planning import capacity
-from components.planning.capacity import (GIB, default_max_num_batched_tokens, estimate,
+from components.engines import capacity
+from components.engines.capacity import (GIB, default_max_num_batched_tokens, estimate,
                                           kv_bytes_per_token_per_layer, layers_per_stage,
                                           linear_bytes_per_param, model_params)
-from components.planning.pool_capacity import pool_capacity
+from components.engines.vllm.capacity import pool_capacity
 from components.spec import load_stack_config
-from plan.capacity import main as cli_main
+from ops.capacity import main as cli_main
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("capacity_accuracy", ROOT / "bench" / "capacity_accuracy.py")
@@ -317,7 +317,7 @@ def test_on_a_v0_image_below_sm_80_the_budget_is_the_whole_context(config: dict[
 
 
 def test_the_planner_reads_dtypes_and_fp8_methods_from_the_facts() -> None:
-    from components.facts import images
+    from components.engines.vllm import facts as images
     assert capacity.KV_CACHE_DTYPES is images.KV_CACHE_DTYPES
     assert capacity.DTYPE_BYTES is hardware.DTYPE_BYTES
     # ptpc_fp8 stores 1-byte weights like every FP8 method vLLM knows.

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from components.facts.hardware import CUDA_CONTEXT_GIB, GPUS
-from components.facts.images import IMAGES
+from components.engines.vllm.facts import IMAGES
 from components.facts.models import model_arch
-from components.planning.capacity import (COMM_GIB_PER_PEER, COMM_GIB_PER_PEER_NVLS, NON_TORCH_BASE_GIB,
+from components.engines.capacity import (COMM_GIB_PER_PEER, COMM_GIB_PER_PEER_NVLS, NON_TORCH_BASE_GIB,
                                           communicator_gib, estimate)
-from components.planning.pool_capacity import pool_capacity
+from components.engines.vllm.capacity import pool_capacity
 from components.spec import load_stack_config
 from plan.analyze import analyze
 from tests.conftest import prod_config, run_stack
@@ -103,7 +103,7 @@ def test_the_memory_fit_policy_names_the_start_up_refusal_and_the_utilization_th
 
 
 def test_tensor_parallelism_across_nodes_is_not_estimated(config: dict[str, Any]) -> None:
-    from components.planning.pool_capacity import capacity_dict
+    from components.engines.vllm.capacity import capacity_dict
     config[NS + "pools"]["reasoning"].update(tensorParallel=16, pipelineParallel=1)
     assert capacity_dict(load_stack_config(config, set()), "reasoning") == {
         "error": "capacity not estimated: tensor parallel size 16 spans nodes of 8 GPUs: the planner models "

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from components.planning.capacity import GIB, estimate
-from components.planning.pool_capacity import capacity_report
+from components.engines.capacity import GIB, estimate
+from components.engines.vllm.capacity import capacity_report
 from components.facts.models import model_arch
 from components.spec import StackSpec
 

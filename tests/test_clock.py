@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from components.planning.clock import clock_script
+from components.planning.nodes.clock import clock_script
 from tests.support import tool
 
 # Stand-ins for the operator's `date` and for ssh, on a clock of the test's own: the operator's readings

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from components.planning import firewall
-from components.planning.engines import ENGINES
-from components.planning.engines.base import nccl_env
+from components.planning.nodes import firewall
+from components.engines.registry import ENGINES
+from components.engines.base import nccl_env
 from components.spec import StackSpec
-from plan.doctor import LOG_PATTERN, Finding, main, parse_sections, probe_script
+from ops.doctor import LOG_PATTERN, Finding, main, parse_sections, probe_script
 from tests.support import tool
 
 OPS = Path(__file__).parent / "fixtures" / "ops"
@@ -299,7 +299,7 @@ def test_the_text_report_says_what_was_seen_and_what_to_do(answers: Any, capsys:
 
 
 def test_ssh_runs_the_probe_with_the_stacks_settings(prod_spec: StackSpec, tmp_path: Path, monkeypatch: Any) -> None:
-    from plan.doctor import ssh_runner
+    from ops.doctor import ssh_runner
 
     seen: list[list[str]] = []
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from components.planning.engines.base import WATCHDOG_SCRIPT
-from components.planning.gateway import routes_table
+from components.engines.base import WATCHDOG_SCRIPT
+from components.planning.gateway.nginx import routes_table
 from plan.harness import ProgramRun, Registration
 from tests.conftest import prod_config, run_stack
 from tests.engine_stacks import llamacpp_config, lmdeploy_config, spec_of

@@ -9,12 +9,12 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFWriter
 
 from components.facts.gguf import read_gguf
-from components.facts.llamacpp import DEFAULT_IMAGE, IMAGES, llamacpp_image
+from components.engines.llamacpp.facts import DEFAULT_IMAGE, IMAGES, llamacpp_image
 from components.facts.models import MODELS
-from components.planning.engines.llamacpp import (
+from components.engines.llamacpp.engine import (
     layers_per_gpu, llamacpp_argv, llamacpp_estimate, shape_from_arch, shape_from_gguf,
 )
-from components.planning.topology import instances
+from components.spec.topology import instances
 from components.spec import SpecError
 from tests.engine_stacks import llamacpp_config, spec_of
 
@@ -183,7 +183,7 @@ def test_flag_dump_is_the_help_of_the_b11312_build_parsed() -> None:
     """policies/data's llama.cpp dump is reproduced from the committed `llama-server --help` of a CPU build."""
     import json
 
-    from policies.data.tools.dump_llamacpp import parse_help  # type: ignore[import-not-found]
+    from components.engines.llamacpp.tools.dump_server_args import parse_help  # type: ignore[import-not-found]
 
     root = Path(__file__).resolve().parent.parent
     text = (root / "tests" / "fixtures" / "engines" / "llama.cpp-b11312-server-help.txt").read_text()

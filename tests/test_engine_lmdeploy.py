@@ -6,12 +6,12 @@ import dataclasses
 
 import pytest
 
-from components.facts.lmdeploy import DEFAULT_IMAGE, IMAGES, lmdeploy_image
+from components.engines.lmdeploy.facts import DEFAULT_IMAGE, IMAGES, lmdeploy_image
 from components.facts.models import MODELS
-from components.planning.engines.lmdeploy import (
+from components.engines.lmdeploy.engine import (
     ffn_split, kv_bytes_per_token_per_layer, kv_heads_per_rank, lmdeploy_argv, turbomind_estimate,
 )
-from components.planning.topology import instances
+from components.spec.topology import instances
 from policies.rules.cli_dump import build_parser, options, parse_errors
 from tests.engine_stacks import lmdeploy_config, spec_of
 

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from components.facts.evidence import Evidence
-from components.facts.images import IMAGES, ImageFacts, declared_facts, image_facts, known_images
-from components.planning.engines import ENGINES, engine_for
-from components.planning.engines.base import Engine, container_name, server_container_name
-from components.planning.engines.vllm import TUNED_CONFIG_DIR, moe_configs
-from components.planning.topology import instances
+from components.engines.vllm.facts import IMAGES, ImageFacts, declared_facts, image_facts, known_images
+from components.engines.registry import ENGINES, engine_for
+from components.engines.base import Engine, container_name, server_container_name
+from components.engines.vllm.engine import TUNED_CONFIG_DIR, moe_configs
+from components.spec.topology import instances
 from components.spec import SpecError, StackSpec, load_stack_config
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from components.planning import firewall
+from components.planning.nodes import firewall
 from components.spec import SpecError, StackSpec, load_stack_config
 from plan.harness import ProgramRun
 from tests.support import tool

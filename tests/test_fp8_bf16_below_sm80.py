@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from components.facts.images import FP8_WEIGHT_METHODS, known_images
+from components.engines.vllm.facts import FP8_WEIGHT_METHODS, known_images
 from tests.test_capability_boundaries import _props, server_with
 from tests.test_policies_rules import model_server
 from tests.test_qualification import triton_dir
@@ -89,7 +89,7 @@ def test_on_t4_each_version_follows_its_own_code() -> None:
 
 def compile_fp8_load(version: str, capability: int, tmp_path: Path) -> dict[str, Any]:
     """FP8_CACHE_LOAD compiled by one real Triton release for one GPU target, in a subprocess importing only it."""
-    code = ("import json, sys; from components.planning.engines.gate import compile_kernel; "
+    code = ("import json, sys; from components.engines.gate import compile_kernel; "
             "print(json.dumps(compile_kernel(sys.argv[2], '_fp8_cache_load', {'cache_ptr': '*fp8e4nv', "
             "'scale_ptr': '*fp32', 'out_ptr': '*fp16', 'BLOCK': 'constexpr'}, {'BLOCK': 16}, "
             f"{capability}, sys.argv[1])))")

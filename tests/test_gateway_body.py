@@ -16,7 +16,7 @@ import random
 import subprocess
 from pathlib import Path
 
-from components.planning.gateway import LUA_SOURCE, temp_path_directives
+from components.planning.gateway.nginx import LUA_SOURCE, temp_path_directives
 from tests.deployed_nginx import deployed_nginx
 from tests.support import free_port
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from components.planning import gateway
-from components.planning.gateway import (
+from components.planning.gateway import nginx as gateway
+from components.planning.gateway.nginx import (
     BUDGET_SOURCE, BUDGET_ZONE, budget_init, budget_zone_kib, gateway_files, render_gateway, temp_path_directives,
     token_budgets,
 )

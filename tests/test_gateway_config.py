@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from components.planning.gateway import (
+from components.planning.gateway.nginx import (
     DIGESTS_FILE, ERRORS, LOG_FORMAT, GatewayLayout, concurrency_zones, container_layout, exposed_paths, gateway_files,
     healthcheck_probe, key_digests, key_ids, keyless_probe, keys_delete_script, keys_script, nginx_conf, nginx_rate,
     rate_zones, readiness_script, render_gateway, reset_interval, retry_after_seconds, routes, routes_table,
     upstream_servers,
 )
-from components.planning.node_scripts import bash_command
+from components.planning.nodes.scripts import bash_command
 from components.spec import RateLimitSpec, SpecError, StackSpec, load_stack_config
 from tests.support import free_port, tool
 
@@ -560,7 +560,7 @@ def test_upstream_keepalive_follows_the_pools_engine_server_timeout(config: dict
 
 
 def test_engine_without_server_facts_is_a_clear_error() -> None:
-    from components.planning.gateway_engines import engine_server
+    from components.planning.gateway.upstreams import engine_server
     with pytest.raises(ValueError, match="no server facts for engine 'tgi'.*knows: vllm"):
         engine_server("tgi")
 
@@ -590,7 +590,7 @@ def test_429_retry_after_and_reset_follow_the_rate(rps: float, retry_after: int,
 
 
 def test_every_deployed_engine_has_server_facts_and_nginx_lets_go_first() -> None:
-    from components.planning.gateway_engines import engine_server, server_keepalive_seconds, upstream_keepalive_seconds
+    from components.planning.gateway.upstreams import engine_server, server_keepalive_seconds, upstream_keepalive_seconds
     from components.spec.engines import DEPLOYED_ENGINES
     for engine in DEPLOYED_ENGINES:
         server = engine_server(engine)

@@ -20,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from components.planning.gateway import (
+from components.planning.gateway.nginx import (
     NginxControl, config_script, render_gateway, tls_from_stdin_script, tls_generate_script, usage_dir_script,
 )
 from components.spec import StackSpec, load_stack_config

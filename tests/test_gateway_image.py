@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from components.planning.gateway_image import (
+from components.planning.gateway.image import (
     BASE_IMAGE, BUILD_CONTEXT, CONTEXT_DIR, GATEWAY_IMAGE, LUA_CPATHS, LUA_MODULE, LUA_PATHS, MODULES_DIR, NDK_MODULE,
     TESTED_PACKAGES, build_args, debian_sources, dockerfile,
 )
 from components.planning.image_supply import mirror_script
-from components.planning.topology import images_for_node
+from components.planning.image_supply import images_for_node
 from components.spec import SpecError, StackSpec, load_stack_config
 from plan.harness import ProgramRun
 from tests import deployed_nginx as fetcher
@@ -258,7 +258,7 @@ def test_a_pin_that_left_the_archive_while_snapshot_is_unreachable_says_what_to_
     assert str(err.value) == (
         "nginx 1.26.3-3+deb13u11 has left the Debian archive (it has 1.26.3-3+deb13u12, 1.26.3-3+deb13u10) and "
         f"http://127.0.0.1:{port} cannot be reached ([Errno 111] Connection refused): pin a version the archive "
-        "has in components/planning/gateway_image.py TESTED_PACKAGES (and the Dockerfile), or let this machine "
+        "has in components/planning/gateway/image.py TESTED_PACKAGES (and the Dockerfile), or let this machine "
         "reach snapshot.debian.org")
     assert list(tmp_path.iterdir()) == []
 

@@ -28,8 +28,8 @@ from typing import Any
 
 import pytest
 
-import components.planning.gateway as gateway_planning
-from components.planning.gateway import (
+import components.planning.gateway.nginx as gateway_planning
+from components.planning.gateway.nginx import (
     BUDGET_SOURCE, LOG_FORMAT, LUA_SOURCE, METRICS_SOURCE, METRICS_ZONE, NO_USAGE_COUNTS, USAGE_LINE_FIELDS,
     GatewayLayout, _lua_value, metrics_settings,
     temp_path_directives,

@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from components.planning.gateway import (
+from components.planning.gateway.nginx import (
     DIGESTS_FILE, LUA_SOURCE, LUA_VM_SETTINGS, GatewayLayout, key_ids, keys_script, readiness_script,
     render_gateway, temp_path_directives,
 )

@@ -9,7 +9,7 @@ from typing import Any
 import pulumi
 import pytest
 
-from components.planning.node_scripts import bash_command, hosts_create_script, hosts_entries
+from components.planning.nodes.scripts import bash_command, hosts_create_script, hosts_entries
 from components.spec import StackSpec
 from plan.harness import SECRET_SIG, SIG, ProgramRun
 from tests.support import content_trigger, host_key, script_of

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from plan.loadtest import PROMPT, main, parse_results, perf_argv
+from ops.loadtest import PROMPT, main, parse_results, perf_argv
 from tests.fake_openai import Behaviour, FakeOpenAI, serving
 from tests.support import tool
 

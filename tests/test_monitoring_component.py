@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from components.planning.monitoring import (
+from components.planning.monitoring.prometheus import (
     config_files_delete_script, config_files_script, grafana_password_delete_script,
     grafana_password_generate_script, grafana_password_store_script, grafana_provisioning, grafana_reloads,
     lifecycle_reloads, prometheus_files,
 )
-from components.planning.node_scripts import bash_command
+from components.planning.nodes.scripts import bash_command
 from components.spec import StackSpec
 from plan.harness import ProgramRun, Registration
 from tests.conftest import prod_config, run_stack
@@ -229,7 +229,7 @@ def test_preview_knows_the_image_reference_even_before_the_image_id(prod_preview
 
 
 def test_component_refuses_alertmanager_without_its_config(config: dict[str, Any]) -> None:
-    from components.monitoring import Monitoring, MonitoringArgs
+    from components.resources.monitoring import Monitoring, MonitoringArgs
     from components.spec import StackSpec
     config[NS + "monitoring"]["alertmanager"] = {"image": "prom/alertmanager:v0.27.0", "port": 9093}
     # The spec's own check refuses this first (tests/test_spec.py); the component must not rely on it.

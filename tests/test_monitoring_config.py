@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from components.planning.node_scripts import bash_command
-from components.planning.monitoring import (
+from components.planning.nodes.scripts import bash_command
+from components.planning.monitoring.prometheus import (
     PROMETHEUS_CONFIG, PROMETHEUS_RULES, AlertRule, alert_groups, alert_rules,
     dashboards, grafana_password_delete_script, grafana_password_generate_script,
     grafana_password_store_script, grafana_provisioning, monitoring_files, prometheus_config,

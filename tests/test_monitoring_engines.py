@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from components.facts.llamacpp import IMAGES as LLAMACPP_IMAGES
-from components.facts.lmdeploy import IMAGES as LMDEPLOY_IMAGES
-from components.planning.monitoring import alert_groups, alert_rules, prometheus_config, scrape_targets
+from components.engines.llamacpp.facts import IMAGES as LLAMACPP_IMAGES
+from components.engines.lmdeploy.facts import IMAGES as LMDEPLOY_IMAGES
+from components.planning.monitoring.prometheus import alert_groups, alert_rules, prometheus_config, scrape_targets
 from components.spec import StackSpec
 from tests.engine_stacks import llamacpp_config, lmdeploy_config, spec_of
 from tests.support import tool

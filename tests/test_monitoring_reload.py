@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from components.planning.monitoring import (
+from components.planning.monitoring.prometheus import (
     config_files_script, grafana_reloads, lifecycle_reloads, written_files,
 )
 from tests.support import free_port, tool

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from components.planning import nccl
-from components.planning.topology import all_instances
+from components.planning.fabric import nccl
+from components.spec.topology import all_instances
 from components.spec import StackSpec
 from plan.harness import ProgramRun
 from tests.support import tool

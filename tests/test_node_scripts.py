@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from components.facts.models import model_arch
-from components.planning import node_scripts as ns
-from components.planning.capacity import checkpoint_bytes, linear_bytes_per_param, model_params
+from components.planning.nodes import scripts as ns
+from components.engines.capacity import checkpoint_bytes, linear_bytes_per_param, model_params
 from components.spec import StackSpec
 from tests.support import tool
 

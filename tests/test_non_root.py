@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from components.planning.gateway import keys_script
-from components.planning.monitoring import config_files_script, grafana_password_generate_script
-from components.planning.node_scripts import (
+from components.planning.gateway.nginx import keys_script
+from components.planning.monitoring.prometheus import config_files_script, grafana_password_generate_script
+from components.planning.nodes.scripts import (
     access_script, bash_command, hosts_create_script, hosts_delete_script, manifest_build_script,
 )
 from tests.conftest import prod_config, run_stack

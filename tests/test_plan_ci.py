@@ -109,10 +109,10 @@ def test_format_prints_the_chosen_document_on_stdout(tmp_path: Path) -> None:
     assert json.loads(done.stdout)["policy"]["mandatory"] == 0
 
 
-CLIS = [["-m", "plan"], ["-m", "plan", "--format", "json"], ["-m", "plan.capacity", "--list"],
-        ["-m", "plan.capacity", "--model", "qwen3-30b-a3b", "--gpu", "Tesla V100-SXM2-32GB", "--tp", "8",
+CLIS = [["-m", "plan"], ["-m", "plan", "--format", "json"], ["-m", "ops.capacity", "--list"],
+        ["-m", "ops.capacity", "--model", "qwen3-30b-a3b", "--gpu", "Tesla V100-SXM2-32GB", "--tp", "8",
          "--max-model-len", "32768"],
-        ["-m", "plan.rollout", "--pool", "chat", "--dry-run"], ["-m", "plan.doctor", "--help"],
+        ["-m", "ops.rollout", "--pool", "chat", "--dry-run"], ["-m", "ops.doctor", "--help"],
         ["bench/capacity_accuracy.py"]]
 
 

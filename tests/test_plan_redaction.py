@@ -176,7 +176,7 @@ def test_an_invalid_stack_quoting_a_credential_is_reported_redacted_by_every_pla
     config[NS + "nodes"]["gpu-01"]["address"] = token
     path = tmp_path / "Pulumi.inline.yaml"
     path.write_text(yaml.safe_dump({"config": config}))
-    for module, *extra in (("plan", "--out", str(tmp_path / "out")), ("plan.images",)):
+    for module, *extra in (("plan", "--out", str(tmp_path / "out")), ("ops.images",)):
         done = subprocess.run([sys.executable, "-m", module, "--config", str(path), *extra],
                               cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert done.returncode == 2, (module, done.stderr)
@@ -261,8 +261,8 @@ def test_every_engines_credential_flags_are_refused_at_the_pool_and_never_writte
 
 
 def test_every_value_a_credential_flag_takes_is_found_and_the_gate_masks_each() -> None:
-    from components.planning.engines import SECRET_FLAGS
-    from components.planning.engines.base import masked_secrets
+    from components.engines.registry import SECRET_FLAGS
+    from components.engines.base import masked_secrets
     argv = ["vllm", "serve", "/m", "--api-key", "key-one-0012", "key-two-0013", "--port", "8000", "--hf-token=tok-0014"]
     r = Redactor([registration({"command": argv})])
     assert [str(x) for x in r.redactions] == [

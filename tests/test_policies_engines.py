@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from components.model_server import server_props
-from components.planning.topology import instances
+from components.resources.model_server import server_props
+from components.spec.topology import instances
 from tests.engine_stacks import llamacpp_config, lmdeploy_config, spec_of
 from tests.test_policies_rules import DESCRIPTIONS, analyze
 

@@ -9,13 +9,13 @@ import pytest
 from google.protobuf import struct_pb2
 from pulumi.runtime import proto
 
-from components.planning.monitoring import (
+from components.planning.monitoring.prometheus import (
     alertmanager_args, dcgm_exporter_env, grafana_env, node_exporter_args, prometheus_args,
 )
-from components.planning.ray import RAY_HEAD_SCRIPT, ray_head_script
-from components.planning.topology import all_instances
-from components.planning.engines import ENGINES
-from components.planning.engines.base import container_envs
+from components.planning.fabric.ray import RAY_HEAD_SCRIPT, ray_head_script
+from components.spec.topology import all_instances
+from components.engines.registry import ENGINES
+from components.engines.base import container_envs
 from components.spec import StackSpec
 from components.spec.monitoring import ServiceSpec
 from plan.analyze import LEVEL_NAMES, configure_request, configured_servicer
@@ -29,7 +29,7 @@ STACK = "urn:pulumi:prod::llm-cluster::"
 V100 = "Tesla V100-SXM2-32GB"
 DESCRIPTIONS = {p.name: p.description for p in POLICIES}
 
-# The reference cluster's Qwen3-30B-A3B replica, as components.model_server registers it.
+# The reference cluster's Qwen3-30B-A3B replica, as components.resources.model_server registers it.
 CHAT_ARGV = ["vllm", "serve", "/data/models/Qwen3-30B-A3B", "--served-model-name", "qwen3-30b-a3b",
              "--host", "192.168.10.13", "--port", "8000", "--tensor-parallel-size", "8",
              "--distributed-executor-backend", "mp", "--dtype", "half", "--max-model-len", "32768",

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from components.planning.ray import RAY_HEAD_SCRIPT
-from components.planning.engines.base import WATCHDOG_SCRIPT, health_probe_argv, watchdog_script
+from components.planning.fabric.ray import RAY_HEAD_SCRIPT
+from components.engines.base import WATCHDOG_SCRIPT, health_probe_argv, watchdog_script
 from plan.harness import SECRET_SIG, SIG, UNKNOWN, ProgramRun, Registration
 from tests.conftest import ROOT
 from tests.support import content_trigger, script_of, tool
@@ -351,7 +351,7 @@ def test_containers_wait_for_their_node_image_and_weights_only(prod_run: Program
 def test_nothing_outside_a_pool_waits_for_model_loading(prod_run: ProgramRun) -> None:
     gates = {r.urn for r in mine(prod_run) if r.type == COMMAND}
     inside = {r.urn for r in mine(prod_run)}
-    # The smoke test is the one thing meant to come after every server (components.smoke).
+    # The smoke test is the one thing meant to come after every server (components.resources.smoke).
     smoke = {r.urn for r in prod_run.registrations if "llm-cluster:smoke:SmokeTest" in r.urn}
     for r in prod_run.registrations:
         if r.urn not in inside | smoke:

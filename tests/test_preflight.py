@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from components.planning.node_scripts import node_expectation, preflight_script
-from components.planning.preflight import (
+from components.planning.nodes.scripts import node_expectation, preflight_script
+from components.node_programs.preflight import (
     CHRONY_FIX, GIB, ClockState, Expectation, Finding, Outputs, check_cpus, check_memory, check_node, collect,
     parse_chrony_tracking, parse_cpu_count,
     parse_df_available, parse_docker_runtimes, parse_gpu_query, parse_ibstat, parse_ibv_devices, parse_timedatectl,
@@ -466,7 +466,7 @@ def test_preflight_module_stays_python_3_8_and_stdlib_only() -> None:
     import ast
     import sys
 
-    from components.planning import preflight
+    from components.node_programs import preflight
 
     source = Path(preflight.__file__).read_text()
     tree = ast.parse(source, feature_version=(3, 8))

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from components.planning.node_scripts import node_expectation
-from components.planning.preflight import Expectation, insecure, parse_insecure_registries, registry_tls
+from components.planning.nodes.scripts import node_expectation
+from components.node_programs.preflight import Expectation, insecure, parse_insecure_registries, registry_tls
 from components.spec import load_stack_config
 from tests.conftest import prod_config
 from tests.test_preflight import DOCKER_OK, IB_ROCE, SMI_TABLE, TOPO_DGX1, cpuinfo, fixture, meminfo, \
@@ -180,7 +180,7 @@ def test_a_tarball_directory_missing_images_the_plan_loads_stops_preflight(tmp_p
     planned = node_expectation(load_stack_config(config, set()), "gpu-03")
     names = ["vllm_vllm-openai_v0.19.1.tar", "nvcr.io_nvidia_k8s_dcgm-exporter_3.3.9-3.6.1-ubuntu22.04.tar",
              "prom_node-exporter_v1.8.2.tar"]
-    assert planned.tarballs == [f"{folder}/{n}" for n in names]  # every image gpu-03 runs, as plan.images names them
+    assert planned.tarballs == [f"{folder}/{n}" for n in names]  # every image gpu-03 runs, as ops.images names them
     exp = dataclasses.replace(planned, driver_min="535.0", disk_path=str(tmp_path), min_free_gib=0, models=[],
                               meminfo_path=meminfo(tmp_path, 376 * 1024 * 1024), cpuinfo_path=cpuinfo(tmp_path, 80))
     folder.mkdir()
@@ -192,7 +192,7 @@ def test_a_tarball_directory_missing_images_the_plan_loads_stops_preflight(tmp_p
     assert done.stderr == (
         f"ERROR: gpu-03: {folder} (images.tarballs) lacks 2 of the 3 image tarball(s) the plan loads here: "
         f"{names[1]}, {names[2]}\n"
-        f"    fix: copy them to {folder}/ on gpu-03: `python -m plan.images` prints the script that `docker save`s "
+        f"    fix: copy them to {folder}/ on gpu-03: `python -m ops.images` prints the script that `docker save`s "
         "each under that name on a machine that reaches the registries\n")
     for n in names[1:]:
         (folder / n).write_bytes(b"a docker save tarball")

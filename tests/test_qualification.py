@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from components.facts.images import IMAGES
-from components.planning.engines.gate import TRITON_DOT_KERNEL
-from components.planning.engines.vllm import VLLM_CHECK as CHECK
+from components.engines.vllm.facts import IMAGES
+from components.engines.gate import TRITON_DOT_KERNEL
+from components.engines.vllm.engine import VLLM_CHECK as CHECK
 from components.planning.qualification import node_qualifications, qualification_script
 from components.spec import StackSpec, load_stack_config
 from plan.harness import ProgramRun
@@ -84,7 +84,7 @@ def torch_wheel(version: str) -> Path:
 
 def compile_with(version: str, capability: int, tmp_path: Path) -> dict[str, Any]:
     """The gate's kernel compiled by one real Triton release, in a subprocess that imports only it."""
-    code = ("import json, sys; from components.planning.engines.gate import compile_dot_kernel; "
+    code = ("import json, sys; from components.engines.gate import compile_dot_kernel; "
             f"print(json.dumps(compile_dot_kernel({capability}, sys.argv[1])))")
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=600,

@@ -2,7 +2,7 @@
 gate like vLLM's (one per node and image, what it runs exactly), and each engine's in-image check is run
 here for real where it needs no GPU:
 - vLLM's check program against vLLM 0.19.1's own Python (the PyPI wheel, unpacked; its compiled extensions
-  and dependencies stubbed as policies/data/tools/dump_vllm_serve_args.py does, torch stubbed without a GPU);
+  and dependencies stubbed as components/engines/vllm/tools/dump_serve_args.py does, torch stubbed without a GPU);
 - LMDeploy's against the real lmdeploy 0.16.0 wheel (its required packages stubbed as dump_lmdeploy.py does,
   torch as a stand-in that sees no GPU): TurboMind's real _turbomind.so read for its SASS, lmdeploy's own
   version and `serve api_server` parser;
@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from components.planning.engines.gate import GateCheck
-from components.planning.engines.llamacpp import GATE_MODEL, LLAMACPP_CHECK
-from components.planning.engines.lmdeploy import LMDEPLOY_CHECK
-from components.planning.engines.vllm import VLLM_CHECK
+from components.engines.gate import GateCheck
+from components.engines.llamacpp.engine import GATE_MODEL, LLAMACPP_CHECK
+from components.engines.lmdeploy.engine import LMDEPLOY_CHECK
+from components.engines.vllm.engine import VLLM_CHECK
 from components.planning.qualification import node_qualifications, qualification_script
 from tests.engine_stacks import LLAMACPP_IMAGE, LMDEPLOY_IMAGE, llamacpp_config, lmdeploy_config, spec_of
 from tests.support import tool
@@ -201,7 +201,7 @@ def test_the_lmdeploy_check_refuses_a_gpu_turbomind_has_no_kernels_for(tmp_path:
 
 def llama_server() -> Path:
     """llama-server b11312 built for the CPU from the image's source (the lab's build, cached: the source
-    vendored in the PyPI sdist llama_cpp_python 0.3.36, policies/data/SOURCE.md)."""
+    vendored in the PyPI sdist llama_cpp_python 0.3.36, components/engines/DATA-SOURCES.md)."""
     return server_build(log=lambda line: print(line, file=sys.stderr))
 
 

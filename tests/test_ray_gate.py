@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from components.planning.ray import (
+from components.planning.fabric.ray import (
     RAY_TEXTFILE_METRICS, RayStatus, gate_hints, parse_ray_status, ray_gate_script, ray_head_script,
     ray_head_start_argv, ray_metrics_writer, ray_status_argv, ray_textfile, ray_worker_argv, want_gpus,
 )
-from components.planning.topology import Instance, instances
+from components.spec.topology import Instance, instances
 from components.spec import StackSpec, parse_stack
 from tests.support import free_ports, tool
 

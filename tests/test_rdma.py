@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from components.planning.fabric import ib_argv, parse_ib_write_bw, parse_nccl_net
-from components.planning.rdma import rdma_plan, rdma_script
-from components.planning.topology import all_instances
+from components.node_programs.fabric import ib_argv, parse_ib_write_bw, parse_nccl_net
+from components.planning.fabric.rdma import rdma_plan, rdma_script
+from components.spec.topology import all_instances
 from components.spec import StackSpec, load_stack_config
 from plan.harness import ProgramRun
 from tests.support import tool

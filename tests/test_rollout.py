@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from components.spec import StackSpec
-from plan import rollout
+from ops import rollout
 from plan.harness import ProgramRun
 
 ROOT = Path(__file__).resolve().parent.parent

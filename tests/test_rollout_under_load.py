@@ -16,7 +16,7 @@ from typing import Any
 
 from components.planning.smoke import retry_seconds
 from components.spec import load_stack_config
-from plan import rollout
+from ops import rollout
 from plan.harness import ProgramRun
 from tests.test_gateway_nginx import CHAT, FakeReplica, NginxGateway, _Server, gateway_config, own_gateway
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from components.planning.topology import instances
+from components.spec.topology import instances
 from components.spec import SpecError, StackSpec, load_stack_config
 from tests.support import host_key
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from components.facts.startup_failures import COMMON, StartupFailure, all_failures, first_failure
-from components.planning.engines import ENGINES
-from components.planning.engines.base import health_gate_script, startup_failure_advice
+from components.engines.registry import ENGINES
+from components.engines.base import health_gate_script, startup_failure_advice
 from tests.support import tool
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from components.facts.images import IMAGES
-from components.planning.engines import engine_for
-from components.planning.pool_capacity import pool_capacity
-from components.planning.topology import instances
+from components.engines.vllm.facts import IMAGES
+from components.engines.registry import engine_for
+from components.engines.vllm.capacity import pool_capacity
+from components.spec.topology import instances
 from components.spec import load_stack_config
 from plan.analyze import analyze
 from tests.conftest import prod_config, run_stack
@@ -53,7 +53,7 @@ def test_the_committed_dumps_are_what_the_wheels_own_code_says(version: str, tmp
 
 
 def test_the_facts_read_the_quantization_dump() -> None:
-    dumped = json.loads((ROOT / "components/facts/data/vllm-0.11.0-quantizations.json").read_text())["methods"]
+    dumped = json.loads((ROOT / "components/engines/vllm/data/vllm-0.11.0-quantizations.json").read_text())["methods"]
     facts = IMAGES[V011].quantizations
     assert {m: q.min_capability for m, q in facts.items()} == dumped
     # Read from 0.11.0's code: no FP8 checkpoint below sm_80 yet (0.19.1 runs fp8 from sm_75 as Marlin).

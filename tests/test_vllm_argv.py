@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from components.planning.topology import instances
-from components.planning.engines import ENGINES
-from components.planning.engines.base import (
+from components.spec.topology import instances
+from components.engines.registry import ENGINES
+from components.engines.base import (
     container_labels, container_name, endpoint, health_gate_script, ready_url, server_container_name,
 )
 from components.spec import StackSpec, load_stack_config
@@ -24,7 +24,7 @@ from tests.support import tool
 
 VLLM = ENGINES["vllm"]
 
-# Each supported version's parser dump (policies/data/SOURCE.md says how each was made).
+# Each supported version's parser dump (components/engines/DATA-SOURCES.md says how each was made).
 SERVE_ARGS = {"0.9.2": Path(__file__).parent / "fixtures" / "vllm-0.9.2-serve-args.json",
               "0.19.1": Path(__file__).parents[1] / "policies" / "data" / "vllm-0.19.1-serve-args.json"}
 

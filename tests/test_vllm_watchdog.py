@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from components.planning.engines.base import watchdog_script
+from components.engines.base import watchdog_script
 from tests.support import free_port
 
 # A stand-in for `vllm serve`: /health answers 200 while the flag file says "ok", 503 otherwise;

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from components.facts.evidence import Evidence, Sourced
-from components.facts.images import known_images
-from components.facts.llamacpp import IMAGES as LLAMACPP_IMAGES
-from components.facts.lmdeploy import IMAGES as LMDEPLOY_IMAGES
+from components.engines.vllm.facts import known_images
+from components.engines.llamacpp.facts import IMAGES as LLAMACPP_IMAGES
+from components.engines.lmdeploy.facts import IMAGES as LMDEPLOY_IMAGES
 from components.facts.other_engines import OTHER_ENGINES
 
 # One GPU per generation, as the facts tables name compute capabilities.

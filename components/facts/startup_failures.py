@@ -1,6 +1,6 @@
 """Fatal startup errors as the engines print them: the log line that says it, what it means, what to do.
 
-The readiness gate (components.planning.engines.base.health_gate_script) reads them on the node when a
+The readiness gate (components.engines.base.health_gate_script) reads them on the node when a
 server dies while it waits, and stops at once with the cause instead of waiting out its timeout and
 blaming weights or memory; `doctor` reads them in every server's log. Each engine lists its own
 (`Engine.own_startup_failures`); `Engine.startup_failures` adds the CUDA and NCCL ones every engine

@@ -13,7 +13,7 @@ import shlex
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from components.planning.gateway_image import BASE_IMAGE, BUILD_CONTEXT, build_args, is_built
+from components.planning.gateway.image import BASE_IMAGE, BUILD_CONTEXT, build_args, is_built
 from components.spec import SpecIssue, StackSpec
 
 DOCKER_HUB = "docker.io"
@@ -109,7 +109,6 @@ def node_ref(spec: StackSpec, image: str) -> str:
 
 def node_supplies(spec: StackSpec, node: str) -> list[ImageSupply]:
     """How a node gets every image it runs, the gateway image it builds included."""
-    from components.planning.topology import images_for_node  # topology reads this module's builds_gateway
 
     built = [spec.gateway.image] if spec.gateway is not None and spec.gateway.node == node and builds_gateway(spec) else []
     return [supply(spec, ref) for ref in [*images_for_node(spec, node), *built]]
@@ -151,7 +150,7 @@ image={shlex.quote(s.ref)}
 tarball={shlex.quote(s.source)}
 state={shlex.quote(state)}
 if [[ ! -f "$tarball" ]]; then
-  echo "image-load: $tarball is not on $(hostname): copy it there (\\`python -m plan.images\\` lists each image's" \\
+  echo "image-load: $tarball is not on $(hostname): copy it there (\\`python -m ops.images\\` lists each image's" \\
     "file and the docker save command), or fix images.tarballs" >&2
   exit 1
 fi
@@ -211,7 +210,7 @@ def mirror_script(spec: StackSpec) -> str:
     to images.registry, or `docker save` it into the tarball each node loads (images.tarballs)."""
     imgs = spec.images
     lines = ["#!/usr/bin/env bash",
-             "# Every image the stack runs, made available to air-gapped nodes (python -m plan.images).",
+             "# Every image the stack runs, made available to air-gapped nodes (python -m ops.images).",
              "# Run it from the project's directory on a machine with Docker that reaches the public registries.",
              "set -euo pipefail"]
     if imgs.registry is None and imgs.tarballs is None:
@@ -237,3 +236,24 @@ def mirror_script(spec: StackSpec) -> str:
     if imgs.tarballs is not None:
         lines.append(f"echo \"copy every .tar in $out to {imgs.tarballs} on each node listed above\"")
     return "\n".join(lines) + "\n"
+
+
+def images_for_node(spec: StackSpec, node: str) -> list[str]:
+    """Every image a node runs, so each node pulls exactly what its containers need."""
+    images: list[str] = []
+    for pool in spec.pools.values():
+        if node in pool.nodes:
+            images.append(pool.image)
+    if spec.gateway is not None and spec.gateway.node == node:
+        # The default gateway image is built on its node (gateway_image.py) unless images.registry or
+        # images.tarballs supply it like any other image.
+        if not builds_gateway(spec):
+            images.append(spec.gateway.image)
+    m = spec.monitoring
+    if m is not None:
+        images += [m.dcgm_exporter.image, m.node_exporter.image]
+        if m.node == node:
+            images += [m.prometheus.image, m.grafana.image]
+            if m.alertmanager is not None:
+                images.append(m.alertmanager.image)
+    return list(dict.fromkeys(images))

@@ -2,7 +2,7 @@
 server starts (and while the weights still copy), so an image that cannot run on the node's GPU stops the
 deploy in seconds with what failed and the fix, not after a 15-minute load.
 
-What runs is the engine's (Engine.gate_check, composed from components.planning.engines.gate):
+What runs is the engine's (Engine.gate_check, composed from components.engines.gate):
   vLLM       torch sees the GPU, it is the planned GPU, sm_XY is in torch.cuda.get_arch_list(), an fp16
              matmul is right, Triton compiles and runs an fp16 `tl.dot` (Triton 3.3 cannot below sm_80),
              vllm imports at the expected version, every planned argv parses with the image's parser;
@@ -18,7 +18,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from components.planning.engines.gate import GateCheck
+from components.engines.gate import GateCheck
 from components.spec import StackSpec
 
 
@@ -42,9 +42,9 @@ def node_qualifications(spec: StackSpec) -> list[Qualification]:
     """One Qualification per node and serving image whose engine has a gate for it (an image without facts
     gets the policy pack's advisory instead): the argvs it must parse are the instances' served from that
     node; a Ray worker node runs the image's GPU code with none of its own."""
-    from components.planning.engines import engine_for
-    from components.planning.engines.base import masked_secrets
-    from components.planning.topology import instances
+    from components.engines.registry import engine_for
+    from components.engines.base import masked_secrets
+    from components.spec.topology import instances
 
     found: dict[tuple[str, str], tuple[str, list[tuple[str, ...]]]] = {}
     for name, pool in spec.pools.items():

@@ -1,7 +1,7 @@
 """The deploy-time smoke test: what to ask the gateway (one chat completion per served name) and the script.
 
 The script runs on the gateway's node after the gateway and every model's health gate; the keys
-reach it on stdin (a secret, never in the command line), and components/planning/smoke_client.py
+reach it on stdin (a secret, never in the command line), and components/node_programs/smoke_client.py
 does the requests.
 """
 from __future__ import annotations
@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from components.planning.engines import engine_for
-from components.planning.engines.base import server_container_name
-from components.planning.node_scripts import run_shipped_python
-from components.planning.topology import instances
+from components.engines.registry import engine_for
+from components.engines.base import server_container_name
+from components.planning.nodes.scripts import run_shipped_python
+from components.spec.topology import instances
 from components.spec import StackSpec
+from components.node_programs import NODE_PROGRAMS
 
-CLIENT_SOURCE = Path(__file__).with_name("smoke_client.py")
+CLIENT_SOURCE = NODE_PROGRAMS / "smoke_client.py"
 _HEREDOC = "LLM_CLUSTER_SMOKE_PY"
 # Requests are tiny (16 tokens): a minute covers a cold first request on the largest pool.
 REQUEST_TIMEOUT_SECONDS = 120

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from components.facts.hardware import DTYPE_ALIASES, GPUS
-from components.facts.images import DEFAULT_IMAGES, IMAGES, KV_CACHE_DTYPES, QUANTIZATION_METHODS, image_facts
+from components.engines.vllm.facts import DEFAULT_IMAGES, IMAGES, KV_CACHE_DTYPES, QUANTIZATION_METHODS, image_facts
 from components.spec.base import NAME_PATTERN, Spec
 from components.spec.engines import ENGINE_NAMES, OPTIONS_KEY, LlamacppOptions, LmdeployOptions
 
@@ -322,7 +322,7 @@ class ModelSpec(Spec):
     path: str
     """Absolute directory on every node of the pools that serve it."""
     arch: str | None = None
-    """Catalog name of the architecture (see `python -m plan.capacity --list`)."""
+    """Catalog name of the architecture (see `python -m ops.capacity --list`)."""
     config_json: str | None = None
     """Path (on the operator's machine) of the checkpoint's config.json, for models not in the catalog."""
     quantization: str | None = None
@@ -419,7 +419,7 @@ def canonical_flag(token: str) -> str | None:
     return name
 
 
-# Environment the product sets from typed keys (each engine's serve_env, components.planning.engines).
+# Environment the product sets from typed keys (each engine's serve_env, components.engines).
 TYPED_ENV: dict[str, str] = {
     "NCCL_IB_HCA": "nodes.<node>.hca.device",
     "NCCL_IB_GID_INDEX": "nodes.<node>.hca.gidIndex",
@@ -429,7 +429,7 @@ TYPED_ENV: dict[str, str] = {
     "NCCL_DEBUG": "nccl.debug",
     "VLLM_HOST_IP": "nodes.<node>.address",
     "VLLM_TUNED_CONFIG_FOLDER": "pools.<pool>.vllm.moeConfigFiles",
-    # Every engine's offline variables (components.planning.engines.*: OFFLINE_ENV).
+    # Every engine's offline variables (components.engines.*: OFFLINE_ENV).
     "HF_HUB_OFFLINE": "pools.<pool>.offline",
     "TRANSFORMERS_OFFLINE": "pools.<pool>.offline",
     "VLLM_NO_USAGE_STATS": "pools.<pool>.offline",
@@ -541,7 +541,7 @@ class ImageFactsSpec(Spec):
     (each replaced fact is marked unverified; the policy pack and the qualification gate hold the image to them)."""
 
     like: str
-    """A known image whose other facts the build shares (components.facts.images.IMAGES)."""
+    """A known image whose other facts the build shares (components.engines.vllm.facts.IMAGES)."""
     version: str | None = Field(default=None, pattern=r"^\d+\.\d+(\.\d+)?([a-z0-9.+-]*)$")
     cuda: str | None = None
     torch: str | None = None
@@ -570,7 +570,7 @@ class PoolSpec(Spec):
     """The serving engine: vllm, lmdeploy (TurboMind), llamacpp; other engines the runbooks name are
     known and refused with the reason for the pool's GPU."""
     image: ImageRef = ""
-    """Serving image; unset: the engine's default (components.facts.images.DEFAULT_IMAGES)."""
+    """Serving image; unset: the engine's default (components.engines.vllm.facts.DEFAULT_IMAGES)."""
     image_facts: ImageFactsSpec | None = None
     """Facts of the image when it is a private build the facts table does not know."""
     tensor_parallel: int = Field(ge=1, le=16)

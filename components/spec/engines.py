@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator
 
-from components.facts.llamacpp import IMAGES as LLAMACPP_IMAGES
+from components.engines.llamacpp.facts import IMAGES as LLAMACPP_IMAGES
 from components.facts.other_engines import OTHER_ENGINES, refusal
 from components.spec.base import Spec, SpecIssue
 
@@ -21,7 +21,7 @@ ENGINE_NAMES = DEPLOYED_ENGINES + tuple(OTHER_ENGINES)
 OPTIONS_KEY = {"vllm": "vllm", "lmdeploy": "lmdeploy", "llamacpp": "llamacpp"}
 _KV_CACHE_TYPES = sorted({t for i in LLAMACPP_IMAGES.values() for t in i.kv_cache_types})
 # The model spec's quantization values TurboMind loads (None: an fp16/bf16 checkpoint, `--model-format hf`),
-# and the dtypes it computes in (components.planning.engines.lmdeploy maps both onto its flags).
+# and the dtypes it computes in (components.engines.lmdeploy.engine maps both onto its flags).
 LMDEPLOY_FORMATS = frozenset({None, "awq", "gptq", "compressed-tensors", "fp8", "mxfp4"})
 LMDEPLOY_DTYPES = frozenset({"auto", "half", "float16", "bfloat16"})
 LLAMACPP_MULTI_NODE = ("llama.cpp spans nodes only through its RPC backend, which upstream calls \"a proof-of-"

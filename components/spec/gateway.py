@@ -5,7 +5,7 @@ import re
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from components.planning.gateway_image import DEBIAN_MIRROR, DEBIAN_SECURITY_MIRROR, GATEWAY_IMAGE, build_args
+from components.planning.gateway.image import DEBIAN_MIRROR, DEBIAN_SECURITY_MIRROR, GATEWAY_IMAGE, build_args
 from components.spec.base import Spec
 from components.spec.cluster import Cidr, ImageRef, Name, Port
 
@@ -110,7 +110,7 @@ class GatewaySpec(Spec):
     port: Port = 443
     image: ImageRef = GATEWAY_IMAGE
     """Default: built on the gateway node from Debian with the nginx and Lua module versions the tests
-    run (components/planning/gateway_image.py). Another image needs nginx with the NDK and Lua modules
+    run (components/planning/gateway/image.py). Another image needs nginx with the NDK and Lua modules
     at /usr/lib/nginx/modules and resty.core and cjson on Debian's Lua paths (Debian's or Ubuntu's
     nginx with libnginx-mod-http-lua and lua-cjson), and is not what was tested."""
     image_build: ImageBuildSpec = ImageBuildSpec()

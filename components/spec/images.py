@@ -32,7 +32,7 @@ class ImagesSpec(Spec):
     for a registry without auth)."""
     tarballs: str | None = None
     """A directory on every node holding `docker save` tarballs, one per image, named as
-    `python -m plan.images` lists them; each is loaded with `docker load` instead of pulled."""
+    `python -m ops.images` lists them; each is loaded with `docker load` instead of pulled."""
 
     @field_validator("registry")
     @classmethod

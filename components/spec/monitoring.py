@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from components.facts.hardware import CUDA_CONTEXT_GIB, GPUS
-from components.facts.images import image_facts
-from components.planning.capacity import communicator_gib  # pure: facts in, figures out
+from components.engines.vllm.facts import image_facts
+from components.engines.capacity import communicator_gib  # pure: facts in, figures out
 from components.spec.base import Spec, SpecIssue
 from components.spec.cluster import Fraction, ImageRef, Port
 

@@ -139,8 +139,8 @@ def _check_files(s: StackSpec) -> list[SpecIssue]:
     """What the stack names in a table or a file on the operator's machine, looked up now so a bad one is a
     config error, not a traceback halfway through the plan (each model's architecture: its catalog name or
     its configJson; the fused-MoE tile configs)."""
-    from components.planning.engines.vllm import moe_configs
-    from components.planning.pool_capacity import model_architecture
+    from components.engines.vllm.engine import moe_configs
+    from components.engines.vllm.capacity import model_architecture
     issues: list[SpecIssue] = []
     for mname in s.models:
         try:
@@ -180,7 +180,7 @@ def _check_names_and_nodes(s: StackSpec) -> list[SpecIssue]:
 
 def _check_pools(s: StackSpec) -> list[SpecIssue]:
     # Imported here: topology reads the spec module, so a top-level import would be circular.
-    from components.planning.topology import nodes_per_instance
+    from components.spec.topology import nodes_per_instance
 
     issues: list[SpecIssue] = []
     owner: dict[str, str] = {}
@@ -325,7 +325,7 @@ def _check_gateway(s: StackSpec) -> list[SpecIssue]:
 def _check_shared_models(s: StackSpec) -> list[SpecIssue]:
     """Pools serving one model share its traffic by gateway.poolWeights; refuse what the gateway cannot honour."""
     # Imported here: the engines read the spec module, so a top-level import would be circular.
-    from components.planning.gateway import context_length
+    from components.planning.gateway.nginx import context_length
 
     g = s.gateway
     assert g is not None
@@ -391,7 +391,7 @@ def _check_images(s: StackSpec) -> list[SpecIssue]:
 
 def _check_ports(s: StackSpec) -> list[SpecIssue]:
     """Every host-network listener on a node gets its own port."""
-    from components.planning.topology import host_ports  # circular at module level, see _check_pools
+    from components.spec.topology import host_ports  # circular at module level, see _check_pools
 
     used: dict[str, dict[int, str]] = {n: {} for n in s.nodes}
     issues: list[SpecIssue] = []

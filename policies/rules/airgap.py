@@ -13,12 +13,12 @@ from pulumi_policy import (
     StackValidationPolicy,
 )
 
-from components.planning.engines import ENGINES
+from components.engines.registry import ENGINES
 from components.planning.image_supply import public_registry
 from policies.rules.common import GPU_NODE, MODEL_SERVER, per_pool
 
 WAY_OUT = ("Set images.registry to the private registry that holds them (every image is then pulled as "
-           "<registry>/<repository>:<tag>; `python -m plan.images` lists each one and the commands that mirror it), "
+           "<registry>/<repository>:<tag>; `python -m ops.images` lists each one and the commands that mirror it), "
            "or images.tarballs to a directory of `docker save` tarballs on every node (loaded with docker load); "
            "or, if the nodes do reach these registries, set images.airGapped: false.")
 

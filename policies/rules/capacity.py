@@ -82,7 +82,7 @@ def validate_fit(args: ResourceValidationArgs, report: ReportViolation) -> None:
     """Mandatory: not one sequence of max-model-len fits in the KV cache left after the weights."""
     capacity = _capacity(args)
     if capacity.get("fits") is False and capacity.get("advice"):
-        # Engines beside vLLM say what to change in their own option names (components.planning.engines).
+        # Engines beside vLLM say what to change in their own option names (components.engines).
         report(f"does not fit: {capacity.get('reason')}. To fit: {capacity['advice']}.", None)
         return
     if capacity.get("fits") is False:

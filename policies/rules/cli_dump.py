@@ -1,7 +1,7 @@
 """An engine's command line checked by a parser rebuilt from the dump of its real one (policies/data).
 
 One dump format for every engine: a JSON list of {"opts", "kind", "nargs", "choices", "type"} per option
-and {"positional", "nargs"} per positional, as policies/data/tools/dump_lmdeploy.py writes from
+and {"positional", "nargs"} per positional, as components/engines/lmdeploy/tools/dump_api_server_args.py writes from
 LMDeploy's argparse parser and dump_llamacpp.py from `llama-server --help`. The rebuilt parser refuses
 abbreviations (the real ones may accept them; a stack states whole flags) and checks values by type and
 choices, so a misspelt flag or an impossible value is found at preview, not at container start.
@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+from components.engines.data import parser_dump
 
-DATA = Path(__file__).resolve().parent.parent / "data"
 
 
 class _ParseError(Exception):
@@ -43,7 +43,7 @@ _ACTIONS = {"_StoreTrueAction": "store_true", "_StoreFalseAction": "store_false"
 
 @lru_cache(maxsize=16)
 def _entries(dump: str) -> tuple[dict[str, Any], ...]:
-    return tuple(json.loads((DATA / dump).read_text()))
+    return tuple(json.loads(parser_dump(dump).read_text()))
 
 
 def options(dump: str) -> frozenset[str]:

@@ -13,7 +13,7 @@ from pulumi_policy import (
 from pulumi_policy.proxy import UnknownValueError
 
 from components.facts.hardware import GPUS, VLLM_IMAGE_REPO, GpuModel
-from components.facts.images import ImageFacts, facts_for
+from components.engines.vllm.facts import ImageFacts, facts_for
 from components.spec.cluster import canonical_flag
 from policies.rules.serve_args import API_SERVER, SERVE, ServeArgs, parse_serve
 

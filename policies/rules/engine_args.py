@@ -15,7 +15,7 @@ Source: vllm/config.py at v0.9.2 (ModelConfig._get_and_verify_max_len, Scheduler
 _verify_args); the same checks stand in vllm/config/scheduler.py and model.py of the 0.10–0.19 lines.
 Where the lines differ is whether chunked prefill is on when unset: always on the V1 engine, only above
 32768 tokens on V0 (EngineArgs._set_default_args_v0): read from the pool's image facts
-(components.facts.images: its engine line per GPU, VLLM_USE_V1 where it is read, the V0 threshold).
+(components.engines.vllm.facts: its engine line per GPU, VLLM_USE_V1 where it is read, the V0 threshold).
 """
 from __future__ import annotations
 

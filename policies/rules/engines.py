@@ -1,7 +1,7 @@
 """Rules for servers of engines beside vLLM (LMDeploy TurboMind, llama.cpp), read from the ModelServer's props.
 
 Each rule judges the argv the product generated (parsed by a parser rebuilt from the engine's real CLI,
-policies/data) against the image's facts (components.facts.lmdeploy / llamacpp), the same tables the
+policies/data) against the image's facts (components.engines.lmdeploy.facts / llamacpp), the same tables the
 components read: image vs GPU, model format vs GPU and converter rules, KV cache quantization, flags,
 split modes and multi-node. vLLM servers are judged by the vLLM rules (hardware, image, flags).
 """
@@ -14,12 +14,12 @@ from typing import Any
 from pulumi_policy import EnforcementLevel, ReportViolation, ResourceValidationArgs, ResourceValidationPolicy
 
 from components.facts.hardware import GPUS, GpuModel
-from components.facts.llamacpp import IMAGES as LLAMACPP_IMAGES
-from components.facts.llamacpp import LlamacppImage, llamacpp_image
-from components.facts.lmdeploy import IMAGES as LMDEPLOY_IMAGES
-from components.facts.lmdeploy import LmdeployImage, lmdeploy_image
+from components.engines.llamacpp.facts import IMAGES as LLAMACPP_IMAGES
+from components.engines.llamacpp.facts import LlamacppImage, llamacpp_image
+from components.engines.lmdeploy.facts import IMAGES as LMDEPLOY_IMAGES
+from components.engines.lmdeploy.facts import LmdeployImage, lmdeploy_image
 from components.facts.models import model_arch
-from components.planning.engines.lmdeploy import HF_ARCHITECTURES, MODEL_FORMATS
+from components.engines.lmdeploy.engine import HF_ARCHITECTURES, MODEL_FORMATS
 from policies.rules.cli_dump import build_parser, parse_errors
 from policies.rules.common import MODEL_SERVER, number, per_pool
 

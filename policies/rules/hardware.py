@@ -1,5 +1,5 @@
 """What the pool's vLLM image cannot run on the GPU it is given, read from the image's facts
-(components.facts.images): dtype, the V1 switch, quantization (capability and MoE path), FP8, the Triton
+(components.engines.vllm.facts): dtype, the V1 switch, quantization (capability and MoE path), FP8, the Triton
 kernels the pool will run, chunked prefill / prefix caching, MLA, the attention backend. Each message names
 the stack key to edit, the evidence (issue or source line, with its evidence level) and the way out.
 
@@ -19,7 +19,7 @@ from pulumi_policy import EnforcementLevel, PolicyConfigSchema
 from components.facts.hardware import (
     DTYPE_ALIASES, FP16_REFUSING_MODEL_TYPES, GPUS, QUANTIZATION_WAY_OUT, capability_text,
 )
-from components.facts.images import DEFAULT_IMAGES, FP8_WEIGHT_METHODS, image_facts
+from components.engines.vllm.facts import DEFAULT_IMAGES, FP8_WEIGHT_METHODS, image_facts
 from policies.rules.common import GPU_MODEL_LABEL, Launch, launch_policy, number
 
 # An image the table does not know is judged by the strictest known line: below sm_80 every known version
@@ -389,7 +389,7 @@ def check_image_known(launch: Launch, config: dict[str, Any]) -> list[str]:
     """Advisory: an image the facts table does not know cannot be judged by the rules that need its facts."""
     if launch.facts is not None:
         return []
-    from components.facts.images import IMAGES
+    from components.engines.vllm.facts import IMAGES
     how = ("declare its facts under pools.<pool>.imageFacts (like: a known image, then version, cuda, torch, "
            "torchArchList, triton)" if launch.resource == "ModelServer" else "use a known image")
     return [f"image {launch.image or '(none stated)'} is not in the facts table (known: {', '.join(sorted(IMAGES))}), so "

@@ -19,9 +19,9 @@ from pulumi_policy import (
     EnforcementLevel, PolicyConfigSchema, ReportViolation, ResourceValidationArgs, ResourceValidationPolicy,
 )
 
-from components.planning.engines import SECRET_FLAG_NAMES
-from components.planning.engines import SECRET_FLAGS as ENGINE_SECRET_FLAGS
-from components.planning.engines.base import REDACTED, secret_positions
+from components.engines.registry import SECRET_FLAG_NAMES
+from components.engines.registry import SECRET_FLAGS as ENGINE_SECRET_FLAGS
+from components.engines.base import REDACTED, secret_positions
 from policies.rules.bindings import binding_problems, every_interface, flag_values
 from policies.rules.common import (
     CONTAINER, GATEWAY, GPU_NODE, REMOTE_COMMAND, container_argv, container_server, env_of, is_ray_container,

@@ -19,9 +19,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from components.facts.images import DEFAULT_IMAGES, ImageFacts, image_facts
+from components.engines.vllm.facts import DEFAULT_IMAGES, ImageFacts, image_facts
+from components.engines.data import parser_dump
 
-DATA = Path(__file__).resolve().parent.parent / "data"
 # What an argv is read with when its image has no facts or no dump: the default image's parser, so the
 # other rules can still read its values (the flag rule then says it cannot judge the flags).
 _FALLBACK = image_facts(DEFAULT_IMAGES["vllm"])
@@ -97,7 +97,7 @@ def _choice(value: Any) -> Any:
 
 def dump_entries(dump: str) -> list[dict[str, Any]]:
     """The entries of one parser dump in policies/data."""
-    return json.loads((DATA / dump).read_text())
+    return json.loads(parser_dump(dump).read_text())
 
 
 @lru_cache(maxsize=8)

@@ -26,13 +26,13 @@ from typing import Any
 
 import pytest
 
-from components.facts.llamacpp import IMAGES as LLAMACPP_IMAGES
-from components.facts.lmdeploy import IMAGES as LMDEPLOY_IMAGES
-from components.planning.engines import engine_for
-from components.planning.engines.llamacpp import LLAMACPP_CHECK
-from components.planning.engines.lmdeploy import LMDEPLOY_CHECK
+from components.engines.llamacpp.facts import IMAGES as LLAMACPP_IMAGES
+from components.engines.lmdeploy.facts import IMAGES as LMDEPLOY_IMAGES
+from components.engines.registry import engine_for
+from components.engines.llamacpp.engine import LLAMACPP_CHECK
+from components.engines.lmdeploy.engine import LMDEPLOY_CHECK
 from components.planning.qualification import Qualification, node_qualifications
-from components.planning.topology import instances
+from components.spec.topology import instances
 from lab.config import REPO
 from lab.images import NUMPY
 from lab.standins import llamacpp as llamacpp_standin, lmdeploy as lmdeploy_standin

@@ -130,7 +130,7 @@ def _in_head(lab: Lab, *argv: str) -> subprocess.CompletedProcess | None:
 def ray_gpus(lab: Lab) -> int:
     """GPUs in `ray status` on the head (what the Ray gate reads); -1 when it did not answer."""
     p = _in_head(lab, "ray", "status", "--address", "198.18.0.11:6379")
-    from components.planning.ray import parse_ray_status
+    from components.planning.fabric.ray import parse_ray_status
     return int(parse_ray_status(p.stdout).gpus_total) if p is not None else -1
 
 
@@ -308,7 +308,7 @@ def test_the_gateway_routes_every_served_name_with_a_key(lab: Lab, name: str, po
 
 
 def test_the_gateway_runs_the_default_image_built_on_its_host(lab: Lab) -> None:
-    from components.planning.gateway_image import GATEWAY_IMAGE, TESTED_PACKAGES
+    from components.planning.gateway.image import GATEWAY_IMAGE, TESTED_PACKAGES
     from lab import debmirror
     gpu01 = lab.host("gpu-01")
     build = lab.resource("gateway-image")
@@ -458,8 +458,8 @@ def test_the_readiness_gate_stops_at_the_first_death_of_a_server_that_prints_a_k
     """The gate as the program renders it, against a host's real docker: a container of the chat image that
     prints vLLM's MLA refusal and exits, which docker restarts, stops the gate with that line and its fix at
     its first death after the gate began (docker's restart count, `docker logs --since`), not at its timeout."""
-    from components.planning.engines import ENGINES
-    from components.planning.engines.base import health_gate_script, startup_failure_advice
+    from components.engines.registry import ENGINES
+    from components.engines.base import health_gate_script, startup_failure_advice
 
     host = lab.host("gpu-03")
     image = docker(host, "inspect", "-f", "{{.Config.Image}}", lab.resource("chat-gpu-03-vllm").inputs["name"]).strip()

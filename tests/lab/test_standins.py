@@ -1,6 +1,6 @@
 """The vLLM stand-in's torch, triton and parser modules against the qualification gate's own check.
 
-No namespaces needed: the gate's in-image Python for vLLM (components/planning/engines/vllm.py VLLM_CHECK) runs with
+No namespaces needed: the gate's in-image Python for vLLM (components/engines/vllm/engine.py VLLM_CHECK) runs with
 the stand-in packages of lab/standins/vllm on its path and the facts the lab bakes into each image, as
 `docker run --gpus device=0` gives them (NVIDIA_VISIBLE_DEVICES). The lab tier runs the same inside the
 built image on every host.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from components.planning.engines.vllm import VLLM_CHECK
+from components.engines.vllm.engine import VLLM_CHECK
 from components.planning.qualification import Qualification, node_qualifications
 from lab import images
 from lab.config import LAB_DIR, REPO

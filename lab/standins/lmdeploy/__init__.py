@@ -8,7 +8,7 @@ ENTRYPOINT or CMD of its own: the CUDA base's `/opt/nvidia/nvidia_entrypoint.sh`
 Debian base (its Python is 3.11, so the wheel is the cp311 one of the same release) and carries:
 - the whole lmdeploy wheel of the image's version (its CLI, configs, metrics and TurboMind's real
   _turbomind.so, whose cubins the qualification gate counts), imported with its missing requirements stubbed
-  (lab_lmdeploy/boot.py, as policies/data/tools/dump_lmdeploy.py does);
+  (lab_lmdeploy/boot.py, as components/engines/lmdeploy/tools/dump_api_server_args.py does);
 - the real prometheus_client, numpy and pydantic (lmdeploy's metrics and configs run on them);
 - the lab's stand-in torch (lab/standins/vllm/torch) reporting the image's torch facts and the hosts' V100;
 - `lmdeploy` (lab_lmdeploy/server.py): LMDeploy's own entrypoint and parser, then a canned-text server.
@@ -36,7 +36,7 @@ ENV = {"PATH": "/opt/py3/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/
 SOURCE = ("InternLM/lmdeploy docker/Dockerfile at v0.16.0 (final stage on nvidia/cuda:12.8.1-base-ubuntu24.04): "
           "venv /opt/py3 first on PATH, TRITON_PTXAS_PATH, root; ENTRYPOINT the CUDA base's "
           "/opt/nvidia/nvidia_entrypoint.sh, no CMD")
-# torch of the image (components/facts/lmdeploy.py: torch from the cu126 index; its note: 2.11.0+cu126 lists
+# torch of the image (components/engines/lmdeploy/facts.py: torch from the cu126 index; its note: 2.11.0+cu126 lists
 # sm_70, pytorch#182250): the arch list PyTorch's cu126 wheels are built for.
 TORCH_CU126_ARCH_LIST = (50, 60, 70, 75, 80, 86, 90)
 ENTRYPOINT_SCRIPT = """#!/bin/bash
@@ -75,10 +75,10 @@ def wheel_root(version: str) -> Path:
 
 def standin_facts(ref: str) -> dict:
     """What the stand-in torch reports in this image: the image's torch and CUDA, the hosts' GPU."""
-    from components.facts.lmdeploy import lmdeploy_image
+    from components.engines.lmdeploy.facts import lmdeploy_image
     facts = lmdeploy_image(ref)
     if facts is None:
-        raise ValueError(f"the LMDeploy stand-in for {ref} needs its facts in components/facts/lmdeploy.py")
+        raise ValueError(f"the LMDeploy stand-in for {ref} needs its facts in components/engines/lmdeploy/facts.py")
     import importlib.util
     spec = importlib.util.spec_from_file_location("lab_gpu_shim", REPO / "lab" / "shims" / "gpu_shim.py")
     assert spec is not None and spec.loader is not None
@@ -131,6 +131,6 @@ def model_config(arch: str) -> dict:
     """config.json keys a generated lab model needs for LMDeploy: `architectures`, as Hugging Face writes it
     for the catalog architecture's model_type (what TurboMind's SUPPORTED_ARCHS is keyed by)."""
     from components.facts.models import model_arch
-    from components.planning.engines.lmdeploy import HF_ARCHITECTURES
+    from components.engines.lmdeploy.engine import HF_ARCHITECTURES
     model_type = model_arch(arch).model_type
     return {"model_type": model_type, "architectures": [HF_ARCHITECTURES[model_type]]} if model_type in HF_ARCHITECTURES else {}

@@ -1,6 +1,6 @@
 """llm-cluster lab stand-in for PyTorch (not PyTorch): what the qualification gate asks of torch.
 
-It reports the serving image's torch facts (version, CUDA, get_arch_list(): components/facts/images.py,
+It reports the serving image's torch facts (version, CUDA, get_arch_list(): components/engines/vllm/facts.py,
 copied into standin.json when the image is built) and the lab hosts' GPU (the captured 8 x Tesla
 V100-SXM2-32GB, compute capability 7.0, as the hosts' nvidia-smi shims print it). A container sees
 GPUs only when Docker gave it some: NVIDIA_VISIBLE_DEVICES, which dockerd's nvidia device driver sets

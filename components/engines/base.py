@@ -1,0 +1,481 @@
+"""The engine seam: what ModelServer, RayCluster, the gateway, monitoring, capacity and policies ask of an
+engine (vLLM, LMDeploy, llama.cpp), and the engine-neutral pieces they share (container names, labels,
+the readiness gate, the watchdog).
+
+An engine is one `Engine` subclass in its own module, registered in components.engines.ENGINES
+under the `pools.*.engine` value that selects it. Nothing outside the engine modules branches on an
+engine's name: callers ask `engine_for(pool)` and use this interface.
+"""
+from __future__ import annotations
+
+import shlex
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Literal, TypeVar
+
+from components.engines.vllm.facts import ImageFacts, declared_facts, image_facts
+from components.facts.startup_failures import COMMON as COMMON_STARTUP_FAILURES, StartupFailure
+from components.engines.gate import GateCheck
+from components.spec.topology import Instance
+from components.spec import StackSpec
+from components.spec.cluster import GpuSpec
+
+LABEL_PREFIX = "llm-cluster."
+# How an engine spans nodes: on a Ray cluster (RayCluster registers head and workers, the server runs
+# on the head), with its own launcher on each node, or not at all.
+MultiNode = Literal["ray", "native", "none"]
+# Ray roles of the containers of a multi-node instance (the head runs the server).
+RAY_ROLES = ("ray-head", "ray-worker")
+F = TypeVar("F")  # an engine's image-facts type
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A file an engine's server container needs, written into it by docker before it starts."""
+
+    path: str
+    content: str
+    executable: bool = False
+
+
+class Engine(ABC):
+    """One serving engine: its command line, environment, endpoints, metrics, formats and capacity model."""
+
+    name: ClassVar[str]  # the `pools.*.engine` value
+    title: ClassVar[str]  # how messages, alerts and dashboards name it
+    server_role: ClassVar[str]  # role label and container-name prefix of a single-node server
+    multi_gpu: ClassVar[tuple[str, ...]]  # parallel modes inside a node ("tensor", "pipeline")
+    multi_node: ClassVar[MultiNode]
+    health_path: ClassVar[str] = "/health"  # 200 once the server answers
+    ready_path: ClassVar[str] = "/health"  # 200 once it serves requests (the readiness gate)
+    metrics_path: ClassVar[str] = "/metrics"  # Prometheus exposition
+    metrics_job: ClassVar[str]  # the Prometheus job of its servers
+    # Under pools.<pool>: what to lower when it runs out of memory.
+    memory_keys: ClassVar[str] = "vllm.gpuMemoryUtilization or maxModelLen"
+    # The fatal errors its own server prints at startup, most specific first
+    # (components/facts/startup_failures.py); `startup_failures` adds the ones every engine shares.
+    own_startup_failures: ClassVar[tuple[StartupFailure, ...]] = ()
+    # The server answers only to its first served name (404 otherwise): the gateway rewrites the others.
+    one_served_name: ClassVar[bool] = False
+
+    # Server flags whose value the engine fetches from a model hub (the air-gapped rule refuses them):
+    # flag -> how its value names what is fetched: "path" (a hub id unless it is an absolute path on the
+    # node), "always" (a repository or URL, always downloaded), "lora" (name=path pairs), "json-model"
+    # (a JSON object whose "model" is read like "path").
+    hub_flags: ClassVar[Mapping[str, str]] = {}
+    # The variables that keep the server off the hub and its telemetry (offline_env; pools.*.offline).
+    offline_vars: ClassVar[Mapping[str, str]] = {}
+    # Server flags whose values are credentials: flag -> "1" (one value) or "+" (every value up to the
+    # next flag). no-plaintext-secrets refuses them as literals, the plan redacts them, and what is
+    # built from a pool's argv outside its containers (the qualification gate) gets them masked.
+    secret_flags: ClassVar[Mapping[str, str]] = {}
+    secret_flag_aliases: ClassVar[Mapping[str, str]] = {}  # a short secret flag -> its long name, for messages
+
+    @property
+    def startup_failures(self) -> tuple[StartupFailure, ...]:
+        """What the readiness gate stops on and doctor reads in the logs: the engine's own fatal startup
+        errors, then the CUDA and NCCL ones every engine shares (the first that matches names the cause)."""
+        return self.own_startup_failures + COMMON_STARTUP_FAILURES
+
+    def hub_downloads(self, argv: list[str]) -> list[tuple[str, str]]:
+        """(flag, what it would download) for every hub fetch a server argv asks for."""
+        out: list[tuple[str, str]] = []
+        for i, token in enumerate(argv):
+            flag, eq, inline = token.partition("=")
+            kind = self.hub_flags.get(flag)
+            if kind is None:
+                continue
+            if eq:
+                values = [inline]
+            elif kind == "lora":  # nargs="+": every value up to the next flag
+                rest = argv[i + 1:]
+                values = rest[:next((j for j, t in enumerate(rest) if t.startswith("-")), len(rest))]
+            else:
+                values = argv[i + 1:i + 2]
+            out += [(flag, name) for value in values for name in _fetched(kind, value)]
+        return out
+
+    # -- facts -------------------------------------------------------------------------------------
+    def image_facts(self, spec: StackSpec, pool: str) -> ImageFacts | None:
+        """The facts of the pool's image: declared in the stack for a private build, else the table's
+        entry, None when neither knows it (rules then say it cannot be judged)."""
+        p = spec.pools[pool]
+        if p.image_facts is not None:
+            return declared_facts(p.image, p.image_facts.like, p.image_facts.overrides(), f"pools.{pool}.imageFacts")
+        return image_facts(p.image)
+
+    def metric_names(self, spec: StackSpec, pool: str) -> Mapping[str, str]:
+        """Logical metric name -> the series this pool's engine version exports ({} when unknown)."""
+        facts = self.image_facts(spec, pool)
+        return facts.metrics if facts is not None else {}
+
+    def accepted_quantizations(self, spec: StackSpec, pool: str, capability: int) -> frozenset[str]:
+        """Checkpoint quantization methods the pool's image loads on this compute capability."""
+        facts = self.image_facts(spec, pool)
+        if facts is None:
+            return frozenset()
+        return frozenset(m for m, q in facts.quantizations.items()
+                         if q.min_capability is not None and q.min_capability <= capability)
+
+    def sizing_inputs(self, spec: StackSpec, pool: str, fallback: F | None) -> tuple[F, GpuSpec]:
+        """What a capacity estimate starts from: the pool's image facts — for an image the table does not
+        know (a private build), `fallback`, the default image's, laid out as it would — and the GPU of its
+        nodes."""
+        image: F | None = self.image_facts(spec, pool) or fallback  # type: ignore[assignment]
+        node_gpu = spec.node(spec.pools[pool].nodes[0]).gpu
+        assert image is not None and node_gpu is not None  # the default image is in the table; the spec refuses GPU-less nodes
+        return image, node_gpu
+
+    # -- the server --------------------------------------------------------------------------------
+    @abstractmethod
+    def context_length(self, spec: StackSpec, pool: str) -> int:
+        """The longest request (prompt + output, tokens) one server of the pool accepts."""
+
+    def probe_argv(self, url: str) -> list[str]:
+        """A command inside the server's image that exits 0 when `url` answers 200 (docker healthcheck,
+        watchdog): python3 by default; an image without python3 overrides it."""
+        return health_probe_argv(url)
+
+    @abstractmethod
+    def serve_argv(self, spec: StackSpec, instance: Instance) -> list[str]:
+        """The server's full command line for one instance."""
+
+    @abstractmethod
+    def serve_env(self, spec: StackSpec, instance: Instance, node: str) -> dict[str, str]:
+        """Environment of every GPU container of an instance on `node`."""
+
+    def uploads(self, spec: StackSpec, instance: Instance) -> list[Upload]:
+        """Files the server container needs besides the watchdog (e.g. tuned kernel configs)."""
+        return []
+
+    @abstractmethod
+    def capacity(self, spec: StackSpec, pool: str, *, mla: bool | None = None) -> dict[str, object]:
+        """The pool's capacity estimate as JSON (plan.json `capacity`), {"error": why} when not modelled."""
+
+    # -- the qualification gate ----------------------------------------------------------------------
+    def gate_check(self, spec: StackSpec, pool: str, node: str, argvs: tuple[tuple[str, ...], ...]) -> GateCheck | None:
+        """What the qualification gate runs in the pool's image on `node` before any server starts there
+        (components.planning.qualification), checking the `argvs` planned on it; None: no gate (an image
+        without facts gets the policy pack's advisory instead)."""
+        return None
+
+
+def planned_capability(spec: StackSpec, node: str) -> int:
+    """The compute capability of the GPU the stack names for a node (70 for sm_70)."""
+    from components.facts.hardware import gpu
+    n = spec.node(node)
+    assert n.gpu is not None  # the spec refuses GPU-less nodes
+    return gpu(n.gpu.model).capability
+
+
+# -- engine-neutral helpers --------------------------------------------------------------------------
+
+# What a masked credential reads as: the plan's redaction mark, so no rule or listing takes it for one.
+REDACTED = "[redacted]"
+
+
+def secret_positions(argv: Sequence[str], flags: Mapping[str, str]) -> list[tuple[int, str]]:
+    """(index, flag) of every credential a secret flag (Engine.secret_flags) is given in an argv: the
+    values after it, or the token itself for `--flag=value`."""
+    out: list[tuple[int, str]] = []
+    for i, token in enumerate(argv):
+        flag, eq, _ = token.partition("=")
+        nargs = flags.get(flag)
+        if nargs is None:
+            continue
+        if eq:
+            out.append((i, flag))
+            continue
+        # The values: the next token, or for a many-valued flag every token up to the next flag.
+        last = len(argv) if nargs == "+" else min(i + 2, len(argv))
+        for j in range(i + 1, last):
+            if argv[j].startswith("-"):
+                break
+            out.append((j, flag))
+    return out
+
+
+def masked_secrets(argv: Sequence[str], flags: Mapping[str, str]) -> list[str]:
+    """The argv with every credential a secret flag is given replaced by REDACTED: for what needs its
+    shape (flags, how many values) and not its keys, such as the qualification gate's parse."""
+    out = list(argv)
+    for i, flag in secret_positions(argv, flags):
+        out[i] = f"{flag}={REDACTED}" if out[i].startswith(f"{flag}=") else REDACTED
+    return out
+
+
+def _fetched(kind: str, value: str) -> list[str]:
+    """What a hub flag's value would fetch (Engine.hub_flags kinds); nothing for paths on the node."""
+    import json
+
+    if kind == "always":
+        return [value] if value else []
+    if kind == "lora":
+        # name=path, or vLLM's JSON form {"name": …, "path": …}
+        if value.strip().startswith("{"):
+            try:
+                path = json.loads(value).get("path")
+            except (ValueError, AttributeError):
+                path = None
+        else:
+            path = value.partition("=")[2] or value
+        return [path] if isinstance(path, str) and path and not path.startswith("/") else []
+    if kind == "json-model":
+        try:
+            model = json.loads(value).get("model") if value.strip().startswith("{") else None
+        except (ValueError, AttributeError):
+            model = None
+        return [model] if isinstance(model, str) and model and not model.startswith("/") else []
+    return [value] if value and not value.startswith("/") else []
+
+
+def container_name(instance: Instance, role: str) -> str:
+    """The fixed name of an instance's GPU container of `role` (gates, hints and operators use it)."""
+    if not role or not role.replace("-", "").isalnum():
+        raise ValueError(f"container role {role!r} must be letters, digits and '-'")
+    return f"{role}-{instance.name}"
+
+
+def server_container_name(engine: Engine, instance: Instance) -> str:
+    """The container that runs the server: its own (one node), or the Ray head (multi-node on Ray)."""
+    return container_name(instance, "ray-head" if instance.uses_ray and engine.multi_node == "ray"
+                          else engine.server_role)
+
+
+def startup_failure_advice(engine: Engine, pool: str, model: str) -> list[tuple[str, str]]:
+    """(pattern, cause and fix) of each fatal startup error of the engine, naming the pool's and model's
+    stack keys: what health_gate_script's `failures` takes."""
+    return [(f.pattern, f.advice(pool, model, engine.memory_keys)) for f in engine.startup_failures]
+
+
+def endpoint(spec: StackSpec, instance: Instance) -> str:
+    """The instance's OpenAI-compatible base URL (what the gateway proxies to)."""
+    return f"http://{spec.node(instance.head).address}:{instance.port}"
+
+
+def ready_url(engine: Engine, spec: StackSpec, instance: Instance) -> str:
+    """The instance's readiness endpoint on its cluster address."""
+    return f"{endpoint(spec, instance)}{engine.ready_path}"
+
+
+def nccl_env(spec: StackSpec, node: str) -> dict[str, str]:
+    """NCCL/GLOO settings of a node's GPU containers (HCA, GID index, bootstrap interface, debug)."""
+    n = spec.node(node)
+    env = {"NCCL_IB_DISABLE": "1" if spec.nccl.ib_disable else "0"}
+    if n.hca is not None:
+        # NCCL takes `dev:port`; the bare device means every port, which is port 1 on these NICs.
+        env["NCCL_IB_HCA"] = n.hca.device if n.hca.port == 1 else f"{n.hca.device}:{n.hca.port}"
+        if n.hca.link_layer == "ethernet" and n.hca.gid_index is not None:
+            env["NCCL_IB_GID_INDEX"] = str(n.hca.gid_index)  # RoCEv2; IB needs none
+    if n.interface is not None:
+        # Ray copies only the engine's own variables to its workers, so each container needs these itself.
+        env["NCCL_SOCKET_IFNAME"] = n.interface
+        env["GLOO_SOCKET_IFNAME"] = n.interface
+    env["NCCL_DEBUG"] = spec.nccl.debug
+    env.update(spec.nccl.extra_env)
+    return env
+
+
+def offline_env(spec: StackSpec, pool: str, variables: Mapping[str, str]) -> dict[str, str]:
+    """An engine's offline variables (hub and telemetry off) unless `pools.<pool>.offline` is false;
+    callers apply the pool's env after them, so one variable can still be overridden."""
+    return dict(variables) if spec.pools[pool].offline else {}
+
+
+def container_envs(env: dict[str, str]) -> list[str]:
+    """Docker's `KEY=value` list, sorted: the provider stores a set, so order must not cause diffs."""
+    return [f"{k}={v}" for k, v in sorted(env.items())]
+
+
+def container_labels(spec: StackSpec, instance: Instance, node: str, role: str) -> dict[str, str]:
+    """Labels of a GPU container: what it is, for people, monitoring and policies (known at preview)."""
+    pool = spec.pools[instance.pool]
+    n = spec.node(node)
+    assert n.gpu is not None
+    return {
+        LABEL_PREFIX + "role": role,
+        LABEL_PREFIX + "pool": instance.pool,
+        LABEL_PREFIX + "instance": instance.name,
+        LABEL_PREFIX + "node": node,
+        LABEL_PREFIX + "gpu-model": n.gpu.model,
+        # The container's `image` is an image id, unknown during preview; the reference is not.
+        LABEL_PREFIX + "image": pool.image,
+        LABEL_PREFIX + "engine": pool.engine,
+    }
+
+
+def health_gate_script(url: str, timeout_s: int, container_hint: str, *, server: str = "vllm",
+                       memory_keys: str = "vllm.gpuMemoryUtilization or maxModelLen", interval_s: int = 5,
+                       progress_every_s: int = 30, failures: Sequence[tuple[str, str]] = (),
+                       max_deaths: int = 3) -> str:
+    """Bash that polls a server's readiness URL until 200, printing elapsed time; times out with what to check.
+
+    When docker is there, it also watches the container: once the server has died since the gate began
+    (docker's restart count went up, or the container stopped), the log lines written since then are
+    searched for `failures` ((ERE, what it means and what to do) pairs, in order: the engine's
+    startup_failures) and the first found stops the gate with that line and its advice; a server that
+    died `max_deaths` times with none of them in its log stops it with the log's last lines. Either
+    way, long before the timeout, which then only means a load that is slow or stuck."""
+    q_url, q_hint, q_server = shlex.quote(url), shlex.quote(container_hint), shlex.quote(server)
+    patterns = "".join(f"\n  {shlex.quote(pattern)}" for pattern, _ in failures)
+    advice = "".join(f"\n  {shlex.quote(text)}" for _, text in failures)
+    return f"""#!/usr/bin/env bash
+# Readiness gate: wait until {server} answers {url} (weights load for 5-15 minutes).
+set -euo pipefail
+url={q_url}
+container={q_hint}
+server={q_server}
+timeout={int(timeout_s)}
+max_deaths={int(max_deaths)}
+# Fatal startup errors {server} prints (components/facts/startup_failures.py), and what each means:
+# literal text, nothing in it is to expand.
+# shellcheck disable=SC2016
+patterns=({patterns}
+)
+# shellcheck disable=SC2016
+advice=({advice}
+)
+start=$SECONDS
+since=$(date +%s)
+next_report=0
+docker_ok=false
+restarts=0
+if command -v docker >/dev/null 2>&1 && restarts=$(docker inspect -f '{{{{.RestartCount}}}}' "$container" 2>/dev/null); then
+  docker_ok=true
+fi
+
+# How often the server died since the gate began: docker restarted it, or it stopped.
+deaths() {{
+  local state count status
+  state=$(docker inspect -f '{{{{.RestartCount}}}} {{{{.State.Status}}}}' "$container" 2>/dev/null) || {{ echo 0; return; }}
+  count=${{state%% *}}
+  status=${{state#* }}
+  case $status in
+    exited | dead) echo $((count - restarts + 1)) ;;
+    *) echo $((count - restarts)) ;;
+  esac
+}}
+
+# Once it died: stop on the first known fatal error in what it logged since the gate began, or after
+# max_deaths deaths without one.
+check_deaths() {{
+  local died logs i line
+  died=$(deaths)
+  (( died > 0 )) || return 0
+  logs=$(docker logs --since "$since" "$container" 2>&1 | tail -n 5000) || true
+  for i in "${{!patterns[@]}}"; do
+    if line=$(grep -E -m 1 -e "${{patterns[$i]}}" <<<"$logs"); then
+      echo "$server: $container died at startup (${{died}}x since the gate began): ${{line:0:400}}" >&2
+      echo "Cause: ${{advice[$i]}}" >&2
+      exit 1
+    fi
+  done
+  if (( died >= max_deaths )); then
+    echo "$server: $container died ${{died}}x since the gate began, with no fatal error this gate knows in" \\
+      "its log; its last lines:" >&2
+    tail -n 30 <<<"$logs" >&2
+    exit 1
+  fi
+}}
+
+# -s without -S: a refused connection every 5 s for 15 minutes is noise, the progress line says it.
+until curl -fs -o /dev/null --max-time 5 "$url"; do
+  elapsed=$((SECONDS - start))
+  if [[ $docker_ok == true ]]; then
+    check_deaths
+  fi
+  if (( elapsed >= timeout )); then
+    echo "$server: $url not healthy after ${{elapsed}}s (timeout ${{timeout}}s)." \\
+      "Check \\`docker logs $container\\` (weights path mounted and complete, out of GPU memory:" \\
+      "lower {memory_keys}), \\`nvidia-smi\\` for GPU memory held by another process." >&2
+    if [[ $docker_ok == true ]]; then
+      docker logs --tail 30 "$container" >&2 2>&1 || true
+    fi
+    exit 1
+  fi
+  if (( elapsed >= next_report )); then
+    echo "$server: waiting for $url: ${{elapsed}}s elapsed (timeout ${{timeout}}s)"
+    next_report=$((next_report + {int(progress_every_s)}))
+  fi
+  sleep {int(interval_s)}
+done
+echo "$server: $url healthy after $((SECONDS - start))s"
+"""
+
+
+# Uploaded beside ray-head.sh into every server container; ray-head.sh finds it next to itself.
+WATCHDOG_SCRIPT = "/opt/llm-cluster/vllm-watchdog.sh"
+# A probe that needs nothing the image might lack beyond python3 (every engine image here has it).
+_PROBE = "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=10)"
+
+
+def health_probe_argv(url: str) -> list[str]:
+    """A command that exits 0 when the server's readiness URL answers 200 (docker healthcheck, watchdog)."""
+    return ["python3", "-c", _PROBE, url]
+
+
+def watchdog_script(url: str, *, load_timeout_s: int, unhealthy_after_s: int, interval_s: int = 15,
+                    probe_argv: list[str] | None = None) -> str:
+    """vllm-watchdog.sh: run the server; exit, so docker restarts the container, when it hangs.
+
+    docker restarts a container whose process exits, not one that is merely unhealthy: a server that
+    never finishes loading, or whose engine hangs (an NCCL peer gone), would stay down until a person
+    notices. The watchdog turns both into an exit. `unhealthy_after_s` 0 turns it off (plain exec).
+    """
+    if unhealthy_after_s <= 0:
+        return '#!/usr/bin/env bash\n# vLLM watchdog disabled (restartUnhealthyAfterSeconds: 0).\nexec "$@"\n'
+    probe = " ".join(shlex.quote(a) for a in (probe_argv or health_probe_argv(url))[:-1])
+    return f"""#!/usr/bin/env bash
+# vLLM watchdog: run the server; exit when it is not healthy {load_timeout_s}s after start, or stays
+# unhealthy for {unhealthy_after_s}s after having served, so that docker (restart unless-stopped) starts
+# it again. docker itself never restarts a container that is only unhealthy.
+set -euo pipefail
+url={shlex.quote(url)}
+if (( $# == 0 )); then
+  echo "usage: vllm-watchdog.sh <vllm command>..." >&2
+  exit 2
+fi
+healthy() {{ {probe} "$url" >/dev/null 2>&1; }}
+"$@" &
+child=$!
+stop() {{
+  kill -TERM "$child" 2>/dev/null || true
+  wait "$child" 2>/dev/null || true
+}}
+trap 'stop; exit 143' TERM INT
+started=$SECONDS
+last_ok=""
+while kill -0 "$child" 2>/dev/null; do
+  sleep {int(interval_s)} &
+  wait $!
+  if healthy; then
+    last_ok=$SECONDS
+  elif [[ -z "$last_ok" ]] && (( SECONDS - started >= {int(load_timeout_s)} )); then
+    echo "watchdog: $url not healthy {load_timeout_s}s after start; stopping vLLM so docker restarts it" \\
+      "(check this container's log above: weights, GPU memory; or raise loadTimeoutMinutes)" >&2
+    stop
+    exit 70
+  elif [[ -n "$last_ok" ]] && (( SECONDS - last_ok >= {int(unhealthy_after_s)} )); then
+    echo "watchdog: $url unhealthy for $((SECONDS - last_ok))s after serving; stopping vLLM so docker" \\
+      "restarts it (look for NCCL errors and Xid events: dmesg, nvidia-smi)" >&2
+    stop
+    exit 70
+  fi
+done
+# vLLM exited by itself: pass its status on.
+wait "$child"
+"""
+
+
+def instance_watchdog_script(engine: Engine, spec: StackSpec, instance: Instance) -> str:
+    """The watchdog for one instance, with its pool's load timeout and unhealthy limit."""
+    pool = spec.pools[instance.pool]
+    url = ready_url(engine, spec, instance)
+    return watchdog_script(url, load_timeout_s=pool.load_timeout_minutes * 60,
+                           unhealthy_after_s=pool.restart_unhealthy_after_seconds, probe_argv=engine.probe_argv(url))
+
+
+def supervised_argv(engine: Engine, spec: StackSpec, instance: Instance) -> list[str]:
+    """What a server container runs: the watchdog, then the engine's argv it supervises."""
+    return ["/bin/bash", WATCHDOG_SCRIPT, *engine.serve_argv(spec, instance)]

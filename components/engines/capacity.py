@@ -1,0 +1,450 @@
+"""Capacity planning: the numbers vLLM 0.9.2 (V0 engine) computes at start-up, computed at preview.
+
+vLLM V0 sizes the KV cache in `Worker.determine_num_available_blocks` (worker/worker.py):
+    kv_memory = total_gpu_memory * gpu_memory_utilization
+                - (weights + activation peak of a profile run + non-torch memory)
+    gpu_blocks = kv_memory // (block_size * layers_on_this_worker * kv_bytes_per_token_per_layer)
+and the engine keeps the minimum over all workers (executor_base.py), logging
+"# cuda blocks: N" and "Maximum concurrency for L tokens per request: (N * block_size / L)x".
+This module reproduces each term from the architecture:
+
+- Weights: every linear layer, split as vLLM splits it (column/row parallel divide by TP; MLA's
+  q_a/kv_a projections, MoE routers and norms are replicated; KV heads are replicated when fewer
+  than TP; the vocabulary is padded to a multiple of 64 and split by TP). The embedding sits on the
+  first pipeline stage, the LM head and final norm on the last; a tied LM head costs nothing only
+  when PP = 1. With MLA on, vLLM also keeps dequantized W_UK/W_UV copies of kv_b_proj.
+- Quantization (assumptions, stated plainly): GPTQ/AWQ/moe_wna16 quantize every linear layer of the
+  decoder, experts included, at `bits` with one fp16 scale and one packed `bits` zero per group;
+  embeddings, LM head, norms, biases and MoE routers stay in the activation dtype (vLLM builds the
+  routers with quant_config=None). bitsandbytes is NF4 with double quantization (4 bits + 8-bit
+  absmax per 64 + fp32 per 256 blocks). fp8 is 1 byte + negligible scales. A GPTQ checkpoint that
+  left some projections (e.g. MLA's) unquantized weighs more than this estimate.
+- Activation peak: the profile run pushes max_num_batched_tokens tokens in max_num_seqs sequences
+  through the model and samples one token per sequence over the full vocabulary; the peak is the
+  larger of the forward pass (residual stream + the widest MLP/MoE intermediate) and the sampler
+  (fp32 logits, probabilities, sort values and int64 indices: ~38 bytes per vocabulary entry per
+  sequence, fitted on the startup logs in tests/fixtures/vllm-startup-logs).
+- Non-torch memory: a base the profile run adds on every GPU (cuBLAS workspaces, kernels loaded; 0.03-0.04
+  GiB in the one-GPU logs), plus the NCCL communicators and custom all-reduce buffers, which grow with the
+  peers a GPU talks to: 0.25 GiB per peer fitted on the TP 2 logs (PCIe or NVLink point to point), 0.32
+  GiB per peer on NVSwitch Hopper (NCCL NVLS), fitted on a TP 8 x PP 2 log (2.53-2.57 GiB). A GPU's
+  peers are its TP-1 tensor-parallel peers plus its pipeline neighbours (one at either end, two inside).
+  Where the communicators count depends on the image (ImageFacts.nccl_in_budget): vLLM 0.9.2 takes its
+  memory baseline before NCCL starts, so they come out of the budget; from 0.11 (vllm#25359) NCCL starts
+  first, they sit outside the budget, and vLLM refuses to start when less than utilization x total is
+  free after them and the CUDA context. CUDA graphs are captured after the KV cache is allocated and
+  come out of the (1 - utilization) headroom, so they are not subtracted.
+
+Sources: vLLM 0.9.2 worker/worker.py, worker/cache_engine.py (get_cache_block_size), vLLM 0.19.1
+v1/worker/gpu_worker.py (determine_available_memory) and v1/worker/utils.py (request_memory),
+distributed/utils.py (get_pp_indices), model_executor/models/deepseek_v2.py (non-MLA attention pads
+V to qk_head_dim), config.py (get_num_kv_heads: max(1, kv_heads // tp)).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from components.facts.hardware import CUDA_CONTEXT_GIB, DTYPE_BYTES
+from components.engines.vllm.facts import FP8_WEIGHT_METHODS as FP8_QUANTIZATION_METHODS
+from components.engines.vllm.facts import KV_CACHE_DTYPES, kv_cache_bytes
+from components.facts.models import ModelArch
+
+GIB = 1024**3
+# GPU memory outside torch's allocator that the profile run adds on every GPU: 0.03 and 0.04 GiB logged on
+# one GPU (vllm#13882, #12529 in tests/fixtures/vllm-startup-logs), rounded up.
+NON_TORCH_BASE_GIB = 0.05
+# NCCL communicators and custom all-reduce buffers per peer: the TP 2 logs show 0.25 (vllm#13061, 2 x RTX
+# 4090) and 0.30 GiB (vllm#15815, 2 x L40S), the base included; the larger of the two, less the base.
+COMM_GIB_PER_PEER = 0.25
+# Below this much spare at start-up (free after NCCL less the request) the estimate says how thin it is:
+# the communicators' size is fitted on other GPUs than the pool's.
+STARTUP_MARGIN_GIB = 0.5
+# On NVSwitch Hopper (NCCL NVLS): 2.53 and 2.57 GiB logged at TP 8 x PP 2 on H20 (vllm#13074): 8 peers.
+COMM_GIB_PER_PEER_NVLS = 0.32
+# Weight-only integer schemes whose overhead is one fp16 scale + one packed zero per group.
+GROUPED_INT_METHODS = frozenset({"gptq", "awq", "moe_wna16", "gptq_marlin", "awq_marlin",
+                                 "compressed-tensors", "auto-round"})
+QUANTIZATIONS = GROUPED_INT_METHODS | FP8_QUANTIZATION_METHODS | {"bitsandbytes"}
+# vLLM pads the vocabulary of VocabParallelEmbedding/ParallelLMHead to a multiple of this.
+VOCAB_PADDING = 64
+# V0 default when chunked prefill is off (arg_utils / SchedulerConfig): max(max_model_len, 2048).
+DEFAULT_MIN_BATCHED_TOKENS = 2048
+# V1 always chunks prefills; the OpenAI server's default budget (arg_utils _set_default_args_v1):
+# 8192 on GPUs with >= 70 GiB that are not A100s (PR #17885: larger budgets slow A100s), else 2048.
+V1_BATCHED_TOKENS_LARGE_GPU = 8192
+V1_BATCHED_TOKENS = 2048
+V1_LARGE_GPU_MIN_GIB = 70
+# V0 fused MoE processes at most this many tokens at once (VLLM_FUSED_MOE_CHUNK_SIZE default).
+FUSED_MOE_CHUNK = 32768
+# Bytes per (sequence x vocabulary entry) held at the sampler's peak in the profile run.
+SAMPLER_BYTES_PER_LOGIT = 38
+# Copies of the residual stream (hidden, residual, normed input, attention output) alive at once.
+RESIDUAL_COPIES = 4
+# The runbooks' rule of thumb: parameters x bytes per parameter x 1.2.
+RULE_OF_THUMB_FACTOR = 1.2
+
+
+@dataclass(frozen=True)
+class CapacityEstimate:
+    """What vLLM will find on each GPU of one pool, and whether the pool can serve max_model_len."""
+
+    model: str
+    gpu_memory_gib: float
+    tp: int
+    pp: int
+    gpu_memory_utilization: float
+    dtype: str
+    quantization: str | None
+    kv_cache_dtype: str
+    uses_mla: bool
+    mla_enabled: bool
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    layers_per_stage: tuple[int, ...]
+    weights_gib_per_gpu: float  # worst pipeline stage
+    weights_gib_total: float  # the whole model once (all stages, all TP ranks, replicas counted)
+    kv_bytes_per_token_per_gpu: int  # on the stage that limits the block count
+    activation_gib: float
+    non_torch_gib: float
+    kv_cache_gib_per_gpu: float
+    gpu_blocks: int
+    kv_tokens: int
+    max_concurrency: float  # sequences of max_model_len tokens the KV cache holds at once
+    fits: bool
+    reason: str
+    rule_of_thumb_gib_total: float
+    notes: tuple[str, ...] = field(default=())
+    communicator_gib: float = 0.0  # NCCL and custom all-reduce buffers per GPU
+    communicator_in_budget: bool = True  # counted in non_torch_gib (else outside the budget)
+    startup_free_gib: float | None = None  # free per GPU when vLLM checks its request (images that check)
+    advice: str = ""  # what to change when vLLM refuses before the KV cache is sized
+    weights_gib_per_stage: tuple[float, ...] = ()  # one GPU of each pipeline stage, first stage first
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (plan.json `capacity`, `--json`)."""
+        d = asdict(self)
+        d["layers_per_stage"] = list(self.layers_per_stage)
+        d["notes"] = list(self.notes)
+        d["weights_gib_per_stage"] = [round(w, 4) for w in self.weights_gib_per_stage]
+        for key, value in d.items():
+            if isinstance(value, float):
+                d[key] = round(value, 4)
+        return d
+
+
+def layers_per_stage(num_layers: int, pp: int) -> list[int]:
+    """Decoder layers per pipeline stage, as vLLM's get_pp_indices splits them."""
+    if pp < 1 or pp > num_layers:
+        raise ValueError(f"pipeline parallel size {pp} must be between 1 and the {num_layers} layers")
+    parts = [num_layers // pp] * pp
+    # vLLM gives the remainder to the stages just before the last one (the last holds the LM head).
+    for i in range(2, num_layers % pp + 2):
+        parts[-i] += 1
+    return parts
+
+
+def linear_bytes_per_param(quantization: str | None, act_bytes: int, quant_bits: int,
+                           group_size: int) -> float:
+    """Bytes one quantized linear-layer weight costs, scales and zero points included."""
+    if quantization is None:
+        return float(act_bytes)
+    if quantization in FP8_QUANTIZATION_METHODS:
+        return 1.0
+    if quantization == "bitsandbytes":
+        return quant_bits / 8 + 1 / 64 + 4 / (64 * 256)
+    if quantization in GROUPED_INT_METHODS:
+        # One fp16 scale and one zero packed at `bits` per group; per-channel when group_size <= 0.
+        per_group = (2 + quant_bits / 8) / group_size if group_size > 0 else 0.0
+        return quant_bits / 8 + per_group
+    raise ValueError(f"quantization {quantization!r} is not modelled; known: {', '.join(sorted(QUANTIZATIONS))}")
+
+
+def kv_heads_per_gpu(arch: ModelArch, tp: int) -> int:
+    """KV heads on one TP rank: vLLM replicates them when there are fewer than TP."""
+    return max(1, arch.num_kv_heads // tp)
+
+
+def kv_bytes_per_token_per_layer(arch: ModelArch, tp: int, kv_bytes: int, mla_enabled: bool) -> int:
+    """KV cache bytes one token costs in one layer on one GPU."""
+    if arch.uses_mla and mla_enabled:
+        # MLA caches the compressed latent plus the shared rope key, the same on every TP rank.
+        return (arch.kv_lora_rank + arch.qk_rope_head_dim) * kv_bytes
+    if arch.uses_mla:
+        # MLA off (VLLM_MLA_DISABLE=1): full per-head K and V; vLLM pads V to the qk head size.
+        return 2 * (arch.num_attention_heads // tp) * (arch.qk_nope_head_dim + arch.qk_rope_head_dim) * kv_bytes
+    return 2 * kv_heads_per_gpu(arch, tp) * arch.head_dim * kv_bytes
+
+
+def _padded_vocab(arch: ModelArch) -> int:
+    return -(-arch.vocab_size // VOCAB_PADDING) * VOCAB_PADDING
+
+
+def _attention_params(arch: ModelArch, tp: int, mla_enabled: bool) -> tuple[float, float]:
+    """(quantizable linear params, params kept in the activation dtype) of one attention block per GPU."""
+    h, heads = arch.hidden_size, arch.num_attention_heads // tp
+    if arch.uses_mla:
+        qk = arch.qk_nope_head_dim + arch.qk_rope_head_dim
+        q = (h * arch.q_lora_rank + arch.q_lora_rank * heads * qk) if arch.q_lora_rank else h * heads * qk
+        kv_a = h * (arch.kv_lora_rank + arch.qk_rope_head_dim)  # replicated on every rank
+        kv_b = arch.kv_lora_rank * heads * (arch.qk_nope_head_dim + arch.v_head_dim)
+        o = heads * arch.v_head_dim * h
+        norms = arch.q_lora_rank + arch.kv_lora_rank
+        # With MLA, vLLM keeps dequantized W_UK^T and W_UV (the size of kv_b) for the absorbed path.
+        absorbed = kv_b if mla_enabled else 0
+        return q + kv_a + kv_b + o, norms + absorbed
+    kv = kv_heads_per_gpu(arch, tp) * arch.head_dim
+    q = heads * arch.head_dim
+    linear = h * q + 2 * h * kv + q * h
+    bias = (q + 2 * kv) if arch.qkv_bias else 0
+    if arch.model_type == "gpt_oss":
+        bias += h + heads  # o_proj bias and per-head attention sinks
+    qk_norms = 2 * arch.head_dim if arch.model_type in ("qwen3", "qwen3_moe") else 0
+    return linear, bias + qk_norms
+
+
+def _mlp_params(arch: ModelArch, index: int, tp: int) -> tuple[float, float]:
+    """(quantizable linear params, unquantized params) of one MLP/MoE block per GPU."""
+    h = arch.hidden_size
+    if not arch.is_moe_layer(index):
+        return 3 * h * arch.intermediate_size / tp, 0.0
+    experts = arch.num_experts * 3 * h * arch.moe_intermediate_size / tp
+    shared_width = arch.shared_expert_intermediate_size or arch.moe_intermediate_size
+    shared = arch.num_shared_experts * 3 * h * shared_width / tp
+    router = arch.num_experts * h  # replicated, never quantized
+    extra = 0.0
+    if arch.uses_mla:
+        extra = arch.num_experts * 2  # e_score_correction_bias (fp32 = 2 fp16 slots)
+    if arch.model_type == "gpt_oss":
+        extra = arch.num_experts * (1 + 3 * arch.moe_intermediate_size / tp + h)  # router/expert biases
+    if arch.shared_expert_intermediate_size:
+        extra += h  # Qwen2-MoE's shared_expert_gate
+    return experts + shared, router + extra
+
+
+def _stage_weight_bytes(arch: ModelArch, start: int, end: int, *, tp: int, pp: int, first: bool,
+                        last: bool, act_bytes: int, linear_bytes: float, mla_enabled: bool) -> float:
+    """Weight bytes on one GPU of the pipeline stage holding layers [start, end)."""
+    h = arch.hidden_size
+    vocab_slice = _padded_vocab(arch) / tp * h
+    plain = 0.0
+    if first:
+        plain += vocab_slice
+    if last:
+        plain += h  # final norm
+        if not (arch.tie_word_embeddings and pp == 1):
+            plain += vocab_slice  # LM head (a tied head shares the embedding only when one stage has both)
+    quantized = 0.0
+    attn_q, attn_p = _attention_params(arch, tp, mla_enabled)  # the same in every layer
+    for i in range(start, end):
+        mlp_q, mlp_p = _mlp_params(arch, i, tp)
+        quantized += attn_q + mlp_q
+        plain += attn_p + mlp_p + 2 * h  # input and post-attention norms
+    return plain * act_bytes + quantized * linear_bytes
+
+
+def checkpoint_bytes(arch: ModelArch, *, act_bytes: int, linear_bytes: float) -> float:
+    """The model's weights once, as its files hold them: no TP split, no vocabulary padding, no MLA copies.
+
+    Linear layers cost `linear_bytes` per parameter (quantized), embeddings, LM head, norms, biases and
+    routers `act_bytes` (linear_bytes_per_param gives the former).
+    """
+    padding = (_padded_vocab(arch) - arch.vocab_size) * arch.hidden_size * (1 if arch.tie_word_embeddings else 2)
+    return _stage_weight_bytes(arch, 0, arch.num_layers, tp=1, pp=1, first=True, last=True,
+                               act_bytes=act_bytes, linear_bytes=linear_bytes, mla_enabled=False) - padding * act_bytes
+
+
+def model_params(arch: ModelArch) -> float:
+    """Total parameters the planner counts for the model (one copy, no padding), for cross-checks."""
+    return checkpoint_bytes(arch, act_bytes=1, linear_bytes=1.0)
+
+
+def activation_peak_bytes(arch: ModelArch, *, tp: int, act_bytes: int, max_num_batched_tokens: int,
+                          max_num_seqs: int) -> float:
+    """Peak PyTorch memory of vLLM's profile run beyond the weights (forward pass or sampler)."""
+    h = arch.hidden_size
+    if arch.is_moe:
+        tokens = min(max_num_batched_tokens, FUSED_MOE_CHUNK)
+        # fused_moe's three intermediate caches: gate_up, activated, and down outputs per routed copy.
+        mlp = tokens * arch.experts_per_token * (3 * arch.moe_intermediate_size / tp + h)
+    else:
+        mlp = max_num_batched_tokens * 3 * arch.intermediate_size / tp
+    forward = (max_num_batched_tokens * RESIDUAL_COPIES * h + mlp) * act_bytes
+    sampler = max_num_seqs * arch.vocab_size * SAMPLER_BYTES_PER_LOGIT
+    return max(forward, sampler)
+
+
+def default_max_num_batched_tokens(max_model_len: int, *, v1_engine: bool = False, gpu_name: str = "",
+                                   gpu_memory_gib: float = 0.0, chunked_prefill: bool | None = None) -> int:
+    """vLLM's max_num_batched_tokens when unset: V0 without chunked prefill, or V1's budget for the OpenAI
+    server (2048, 8192 on >= 70 GiB non-A100 GPUs), raised to max_model_len when V1's chunked prefill is off
+    (0.19.1 engine/arg_utils.py:2050-2075, 2213-2230)."""
+    if not v1_engine:
+        return max(max_model_len, DEFAULT_MIN_BATCHED_TOKENS)
+    budget = V1_BATCHED_TOKENS
+    if gpu_memory_gib >= V1_LARGE_GPU_MIN_GIB and "a100" not in gpu_name.lower():
+        budget = V1_BATCHED_TOKENS_LARGE_GPU
+    return budget if chunked_prefill is not False else max(max_model_len, budget)
+
+
+def pipeline_neighbours(pp: int) -> int:
+    """Pipeline stages a middle stage talks to (two) or an end stage (one); none without PP."""
+    return min(pp - 1, 2)
+
+
+def communicator_gib(tp: int, pp: int, *, nvls: bool = False) -> float:
+    """NCCL communicators and custom all-reduce buffers on one GPU: a share per TP peer and pipeline
+    neighbour, larger where NCCL uses NVLink SHARP (NVSwitch Hopper)."""
+    peers = (tp - 1) + pipeline_neighbours(pp)
+    return peers * (COMM_GIB_PER_PEER_NVLS if nvls else COMM_GIB_PER_PEER)
+
+
+def _rule_of_thumb_bytes_per_param(quantization: str | None, act_bytes: int, quant_bits: int) -> float:
+    if quantization is None:
+        return float(act_bytes)
+    if quantization in FP8_QUANTIZATION_METHODS:
+        return 1.0
+    return quant_bits / 8
+
+
+def estimate(arch: ModelArch, gpu_memory_gib: float, *, tp: int, pp: int,
+             gpu_memory_utilization: float, dtype: str, quantization: str | None = None,
+             quant_bits: int = 4, group_size: int = 128, kv_cache_dtype: str = "auto",
+             max_model_len: int, max_num_seqs: int, max_num_batched_tokens: int | None = None,
+             block_size: int = 16, mla_enabled: bool = True, v1_engine: bool = False,
+             gpu_name: str = "", chunked_prefill: bool | None = None, nccl_in_budget: bool = True,
+             nvls: bool = False) -> CapacityEstimate:
+    """Estimate weights, KV cache and concurrency per GPU for one pool, the way vLLM will.
+
+    `v1_engine`, `gpu_name` and `chunked_prefill` (None: the engine's default) only pick vLLM's default
+    max_num_batched_tokens when it is unset. `nccl_in_budget` is the image's profiler order
+    (ImageFacts.nccl_in_budget), `nvls` whether the GPUs talk over NVSwitch with NCCL NVLS.
+    """
+    _check_inputs(arch, gpu_memory_gib, tp, pp, gpu_memory_utilization, dtype, kv_cache_dtype,
+                  max_model_len, max_num_seqs, block_size)
+    act_bytes = DTYPE_BYTES[dtype]
+    kv_bytes = kv_cache_bytes(kv_cache_dtype, act_bytes)
+    linear_bytes = linear_bytes_per_param(quantization, act_bytes, quant_bits, group_size)
+    batched = max_num_batched_tokens or default_max_num_batched_tokens(
+        max_model_len, v1_engine=v1_engine, gpu_name=gpu_name, gpu_memory_gib=gpu_memory_gib,
+        chunked_prefill=chunked_prefill)
+    stages = layers_per_stage(arch.num_layers, pp)
+    activation = activation_peak_bytes(arch, tp=tp, act_bytes=act_bytes,
+                                       max_num_batched_tokens=batched, max_num_seqs=max_num_seqs)
+    comm = communicator_gib(tp, pp, nvls=nvls) * GIB
+    non_torch = NON_TORCH_BASE_GIB * GIB + (comm if nccl_in_budget else 0.0)
+    budget = gpu_memory_gib * GIB * gpu_memory_utilization
+    # Where NCCL starts before the baseline, vLLM first checks that its whole request is still free.
+    startup_free = None if nccl_in_budget else gpu_memory_gib * GIB - CUDA_CONTEXT_GIB * GIB - comm
+    per_token_layer = kv_bytes_per_token_per_layer(arch, tp, kv_bytes, mla_enabled)
+
+    weights, blocks, kv_mem, kv_per_token = [], [], [], []
+    start = 0
+    for rank, n in enumerate(stages):
+        w = _stage_weight_bytes(arch, start, start + n, tp=tp, pp=pp, first=rank == 0,
+                                last=rank == pp - 1, act_bytes=act_bytes, linear_bytes=linear_bytes,
+                                mla_enabled=mla_enabled)
+        free = budget - w - activation - non_torch
+        weights.append(w)
+        kv_mem.append(free)
+        kv_per_token.append(per_token_layer * n)
+        blocks.append(max(0, int(free // (block_size * per_token_layer * n))))
+        start += n
+    worst = min(range(pp), key=lambda r: blocks[r])
+    gpu_blocks = blocks[worst]
+    kv_tokens = gpu_blocks * block_size
+    concurrency = kv_tokens / max_model_len
+    weights_total = sum(weights) * tp
+    rot = (model_params(arch) * _rule_of_thumb_bytes_per_param(quantization, act_bytes, quant_bits)
+           * RULE_OF_THUMB_FACTOR)
+    fits, reason = _verdict(weights[worst], max(weights), kv_mem[worst], activation, non_torch, budget,
+                            kv_tokens, max_model_len, gpu_memory_gib, gpu_memory_utilization)
+    advice = ""
+    if startup_free is not None and startup_free < budget:
+        fits, reason, advice = _startup_refusal(startup_free, comm, tp, pp, gpu_memory_gib,
+                                                gpu_memory_utilization)
+    notes = _notes(arch, mla_enabled, concurrency, max_num_seqs, fits)
+    if fits and startup_free is not None and startup_free - budget < STARTUP_MARGIN_GIB * GIB:
+        notes += (f"only {(startup_free - budget) / GIB:.2f} GiB per GPU to spare when vLLM checks its request "
+                  f"at start (NCCL/all-reduce buffers estimated at {comm / GIB:.2f} GiB): if it refuses with "
+                  "'Free memory on device ... on startup', lower gpu-memory-utilization",)
+    return CapacityEstimate(
+        model=arch.name, gpu_memory_gib=gpu_memory_gib, tp=tp, pp=pp,
+        gpu_memory_utilization=gpu_memory_utilization, dtype=dtype, quantization=quantization,
+        kv_cache_dtype=kv_cache_dtype, uses_mla=arch.uses_mla,
+        mla_enabled=mla_enabled and arch.uses_mla,
+        max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=batched,
+        layers_per_stage=tuple(stages), weights_gib_per_gpu=max(weights) / GIB,
+        weights_gib_total=weights_total / GIB, kv_bytes_per_token_per_gpu=kv_per_token[worst],
+        activation_gib=activation / GIB, non_torch_gib=non_torch / GIB,
+        kv_cache_gib_per_gpu=max(0.0, kv_mem[worst]) / GIB, gpu_blocks=gpu_blocks, kv_tokens=kv_tokens,
+        max_concurrency=concurrency, fits=fits, reason=reason, rule_of_thumb_gib_total=rot / GIB,
+        notes=notes, communicator_gib=comm / GIB, communicator_in_budget=nccl_in_budget,
+        startup_free_gib=None if startup_free is None else startup_free / GIB, advice=advice,
+        weights_gib_per_stage=tuple(w / GIB for w in weights),
+    )
+
+
+def _startup_refusal(free: float, comm: float, tp: int, pp: int, gpu_gib: float,
+                     util: float) -> tuple[bool, str, str]:
+    """vLLM's request_memory refusal: less than utilization x total free once NCCL is up."""
+    peers = (tp - 1) + pipeline_neighbours(pp)
+    highest = max(0.0, (free / GIB) / gpu_gib)
+    reason = (f"about {free / GIB:.2f} GiB per GPU is free when vLLM sizes its request ({gpu_gib:.2f} GiB less "
+              f"the CUDA context, {CUDA_CONTEXT_GIB:g} GiB, and NCCL/all-reduce buffers for {peers} peers, "
+              f"{comm / GIB:.2f} GiB), less than gpu-memory-utilization {util:.2f} x {gpu_gib:.2f} = "
+              f"{gpu_gib * util:.2f} GiB: vLLM stops with 'Free memory on device ... on startup is less than "
+              "desired GPU memory utilization'")
+    advice = f"lower gpu-memory-utilization from {util:g} to {int(highest * 100) / 100:.2f} or less"
+    return False, reason, advice
+
+
+def _check_inputs(arch: ModelArch, gpu_memory_gib: float, tp: int, pp: int, util: float, dtype: str,
+                  kv_cache_dtype: str, max_model_len: int, max_num_seqs: int, block_size: int) -> None:
+    if gpu_memory_gib <= 0:
+        raise ValueError(f"GPU memory must be positive, got {gpu_memory_gib}")
+    if tp < 1 or pp < 1:
+        raise ValueError(f"tensor and pipeline parallel sizes must be >= 1, got tp={tp} pp={pp}")
+    if arch.num_attention_heads % tp:
+        raise ValueError(f"{arch.name} has {arch.num_attention_heads} attention heads, "
+                         f"not divisible by tensor parallel size {tp}")
+    if not 0 < util <= 1:
+        raise ValueError(f"gpu-memory-utilization must be in (0, 1], got {util}")
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv-cache-dtype {kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
+    if max_model_len < 1 or max_num_seqs < 1 or block_size < 1:
+        raise ValueError("max-model-len, max-num-seqs and block-size must be >= 1")
+
+
+def _verdict(stage_weights: float, max_weights: float, kv_mem: float, activation: float,
+             non_torch: float, budget: float, kv_tokens: int, max_model_len: int, gpu_gib: float,
+             util: float) -> tuple[bool, str]:
+    """Whether vLLM will start and serve max_model_len, and if not, why in plain words."""
+    share = f"{gpu_gib:.1f} GiB x {util:.2f} = {budget / GIB:.1f} GiB per GPU"
+    if max_weights >= budget:
+        return False, (f"the weights alone need {max_weights / GIB:.1f} GiB per GPU, more than the "
+                       f"{share}: add GPUs (TP/PP), quantize, or raise gpu-memory-utilization")
+    if kv_mem <= 0:
+        return False, (f"weights {stage_weights / GIB:.1f} GiB + activations {activation / GIB:.1f} GiB + "
+                       f"non-torch {non_torch / GIB:.1f} GiB leave no KV cache in the {share}: vLLM "
+                       "stops with 'No available memory for the cache blocks'")
+    if kv_tokens < max_model_len:
+        return False, (f"the KV cache holds {kv_tokens} tokens, fewer than max-model-len "
+                       f"{max_model_len}: vLLM refuses to start; lower max-model-len to {kv_tokens} "
+                       "or less, or add GPUs")
+    return True, ""
+
+
+def _notes(arch: ModelArch, mla_enabled: bool, concurrency: float, max_num_seqs: int,
+           fits: bool) -> tuple[str, ...]:
+    notes = []
+    if arch.uses_mla and mla_enabled:
+        notes.append("MLA on: needs FlashAttention-2 (sm_80+); on V100 set VLLM_MLA_DISABLE=1 and "
+                     "plan with MLA off")
+    if fits and concurrency < max_num_seqs:
+        notes.append(f"only {concurrency:.1f} sequences of max-model-len fit at once, below "
+                     f"max-num-seqs {max_num_seqs}: long requests will queue or be preempted")
+    return tuple(notes)

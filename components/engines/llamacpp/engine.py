@@ -1,0 +1,387 @@
+"""llama.cpp behind the engine seam: `llama-server` argv and env, and the capacity of one server.
+
+Capacity follows llama.cpp at the image's build (sources in components.engines.llamacpp.facts):
+- `-c` is the whole KV cache: with `-np N` slots each request gets n_ctx / N tokens, padded to 256
+  (src/llama-context.cpp); the product passes `-c contextPerSlot x parallel` so contextPerSlot is what
+  a request gets.
+- With every layer offloaded (`-ngl 999`) and `-sm layer`, decoder blocks are spread evenly over the
+  server's GPUs and each GPU caches K/V of its own layers; the output layer sits on the last GPU, the
+  token embedding stays in host memory (llama.cpp keeps the input layer on the CPU). A DeepSeek-MLA GGUF
+  caches only K (latent + rope key, no V: src/llama-kv-cache.cpp).
+- Weights come from the GGUF header when the pool names one (tensor bytes, exact), else from the model's
+  stated sizeGib spread over its layers.
+Assumptions, not measured: RESERVED_GIB per GPU for the CUDA context and cuBLAS; compute buffers of one
+ubatch (COMPUTE_UBATCH tokens) as estimated by compute_bytes.
+"""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import ClassVar
+
+from components.facts.gguf import GgufModel, read_gguf
+from components.facts.hardware import gpu
+from components.engines.llamacpp.facts import DEFAULT_IMAGE, LlamacppImage, llamacpp_image
+from components.facts.models import ModelArch
+from components.facts.startup_failures import LLAMACPP as LLAMACPP_STARTUP_FAILURES, StartupFailure
+from components.engines.base import Engine, MultiNode, offline_env, planned_capability
+from components.engines.gate import GateCheck
+from components.engines.estimate import GIB, EngineEstimate
+from components.engines.vllm.capacity import model_architecture
+from components.spec.topology import Instance, instances
+from components.spec import StackSpec
+from components.spec.engines import LLAMACPP_ALIASES
+
+RESERVED_GIB = 0.5
+COMPUTE_UBATCH = 512  # llama.cpp's default -ub
+RULE_OF_THUMB_FACTOR = 1.2
+# Bytes per cached element of each -ctk/-ctv type (ggml block size and bytes: q8_0 34 B per 32, ...).
+CACHE_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32,
+                    "iq4_nl": 18 / 32, "q5_0": 22 / 32, "q5_1": 24 / 32}
+# Where llama-server is in the server image (.devops/cuda.Dockerfile ENTRYPOINT ["/app/llama-server"]).
+SERVER_BINARY = "/app/llama-server"
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the capacity of a llama.cpp server depends on, from a GGUF header or from the catalog."""
+
+    name: str
+    layers: int
+    embedding: int
+    vocab: int
+    heads: int
+    ffn_width: int  # the widest MLP activation of one token (experts used x expert width for MoE)
+    layer_bytes: tuple[int, ...]  # weight bytes of each decoder block
+    output_bytes: int  # output.weight + output_norm (on the last GPU)
+    input_bytes: int  # token_embd (host memory)
+    kv_per_token_per_layer_f16: float  # K+V bytes of one token in one layer at f16
+    exact: bool  # weights read from the GGUF header (False: spread from a stated size)
+
+    def kv_per_token_per_layer(self, cache_type: str) -> float:
+        """K+V bytes of one token in one layer at the cache type."""
+        return self.kv_per_token_per_layer_f16 / 2 * CACHE_TYPE_BYTES[cache_type]
+
+
+def shape_from_gguf(g: GgufModel, *, total_bytes: int | None = None) -> ModelShape:
+    """The shape of a GGUF model; a split model's other shards are sized by `total_bytes` (all shards)."""
+    layers = tuple(g.layer_bytes(i) for i in range(g.block_count))
+    output = g.bytes_named("output.weight", "output_norm.weight")
+    inp = g.bytes_named("token_embd.weight")
+    if g.split_count > 1:
+        if total_bytes is None:
+            raise ValueError(f"{g.path} is shard 1 of {g.split_count}: its header lists only its own tensors; "
+                             "state the model's sizeGib (all shards) to size the rest")
+        known = sum(layers)
+        rest = max(0, total_bytes - known - output - inp)
+        missing = [i for i, b in enumerate(layers) if b == 0] or list(range(len(layers)))
+        layers = tuple(b + (rest // len(missing) if i in missing else 0) for i, b in enumerate(layers))
+    ffn = (g.expert_used_count * g.expert_feed_forward_length if g.expert_count
+           else g.feed_forward_length)
+    return ModelShape(name=g.name or g.path, layers=g.block_count, embedding=g.embedding_length,
+                      vocab=g.vocab_size, heads=g.head_count, ffn_width=ffn, layer_bytes=layers,
+                      output_bytes=output, input_bytes=inp,
+                      kv_per_token_per_layer_f16=g.kv_bytes_per_token_per_layer(2.0),
+                      exact=g.split_count == 1)
+
+
+def shape_from_arch(arch: ModelArch, total_bytes: float) -> ModelShape:
+    """The shape of a catalog model whose GGUF weighs `total_bytes`: blocks share what embeddings leave."""
+    h = arch.hidden_size
+    embed = arch.vocab_size * h  # at about one byte per weight in a 4-8 bit GGUF: a small correction
+    output = arch.vocab_size * h + h
+    per_layer = max(0.0, total_bytes - embed - output) / arch.num_layers
+    if arch.uses_mla:
+        kv = (arch.kv_lora_rank + arch.qk_rope_head_dim) * 2.0  # llama.cpp's MLA cache: K only
+    else:
+        kv = 2 * arch.num_kv_heads * arch.head_dim * 2.0
+    width = (arch.experts_per_token * arch.moe_intermediate_size) if arch.is_moe else arch.intermediate_size
+    return ModelShape(name=arch.name, layers=arch.num_layers, embedding=h, vocab=arch.vocab_size,
+                      heads=arch.num_attention_heads, ffn_width=width,
+                      layer_bytes=tuple(int(per_layer) for _ in range(arch.num_layers)), output_bytes=output,
+                      input_bytes=embed, kv_per_token_per_layer_f16=kv, exact=False)
+
+
+def layers_per_gpu(layers: int, gpus: int) -> list[int]:
+    """Decoder blocks per GPU with -sm layer over identical GPUs (an even split, remainder to the first)."""
+    base, extra = divmod(layers, gpus)
+    return [base + (1 if i < extra else 0) for i in range(gpus)]
+
+
+def compute_bytes(shape: ModelShape, *, last: bool, ctx_per_slot: int, flash_attention: bool) -> float:
+    """One GPU's compute buffer for a ubatch: activations, the logits on the last GPU, and without
+    FlashAttention the K*Q scores of a full slot [unverified estimate of ggml's graph allocator]."""
+    ub = COMPUTE_UBATCH
+    act = ub * (4 * shape.embedding + shape.ffn_width) * 4
+    logits = ub * shape.vocab * 4 if last else 0
+    scores = 0 if flash_attention else ub * ctx_per_slot * shape.heads * 4
+    return act + logits + scores
+
+
+def llamacpp_estimate(shape: ModelShape, gpu_memory_gib: float, *, gpus: int, split_mode: str,
+                      ctx_per_slot: int, parallel: int, cache_type: str, flash_attention: bool,
+                      ctx_pad: int = 256) -> EngineEstimate:
+    """What one llama-server puts on each of its GPUs, and whether every slot gets its context."""
+    slot = -(-ctx_per_slot // ctx_pad) * ctx_pad
+    n_ctx = slot * parallel
+    per_token_layer = shape.kv_per_token_per_layer(cache_type)
+    if split_mode in ("row", "tensor") or gpus == 1:
+        # Every GPU holds a share of every layer (row/tensor) or the one GPU holds all.
+        share = [shape.layers / gpus] * gpus
+        weights = [sum(shape.layer_bytes) / gpus + shape.output_bytes / gpus] * gpus
+    else:
+        counts = layers_per_gpu(shape.layers, gpus)
+        share = [float(c) for c in counts]
+        weights, start = [], 0
+        for i, c in enumerate(counts):
+            weights.append(sum(shape.layer_bytes[start:start + c]) + (shape.output_bytes if i == gpus - 1 else 0))
+            start += c
+    kv = [s * per_token_layer * n_ctx for s in share]
+    compute = [compute_bytes(shape, last=i == gpus - 1, ctx_per_slot=slot, flash_attention=flash_attention)
+               for i in range(gpus)]
+    reserved = RESERVED_GIB * GIB
+    need = [w + k + c + reserved for w, k, c in zip(weights, kv, compute)]
+    worst = max(range(gpus), key=lambda i: need[i])
+    total = gpu_memory_gib * GIB
+    fits, reason, advice = True, "", ""
+    if weights[worst] + reserved >= total:
+        fits = False
+        reason = (f"the weights need {weights[worst] / GIB:.1f} GiB on GPU {worst} of the server, more than its "
+                  f"{gpu_memory_gib:.1f} GiB")
+        advice = "give each server more GPUs (tensorParallel), or serve a smaller quantization of the GGUF"
+    elif need[worst] > total:
+        fits = False
+        reason = (f"GPU {worst} needs {need[worst] / GIB:.1f} GiB (weights {weights[worst] / GIB:.1f} + KV "
+                  f"{kv[worst] / GIB:.1f} for -c {n_ctx} + compute {compute[worst] / GIB:.2f} + CUDA context "
+                  f"{RESERVED_GIB:g}) of its {gpu_memory_gib:.1f} GiB: llama-server fails to allocate at start")
+        advice = ("lower llamacpp.contextPerSlot or parallel, quantize the KV cache (cacheType q8_0), or give each "
+                  "server more GPUs")
+    notes = []
+    if not shape.exact:
+        notes.append("weights spread evenly over the layers from the stated size (no GGUF header): per-GPU "
+                     "figures are approximate")
+    if slot != ctx_per_slot:
+        notes.append(f"llama.cpp pads each slot's context to {ctx_pad}: {ctx_per_slot} becomes {slot}")
+    kv_tokens = n_ctx
+    rot = (sum(shape.layer_bytes) + shape.output_bytes + shape.input_bytes) * RULE_OF_THUMB_FACTOR
+    return EngineEstimate(
+        engine="llamacpp", model=shape.name, gpu_memory_gib=gpu_memory_gib, tp=gpus, max_model_len=slot,
+        weights_gib_per_gpu=max(weights) / GIB, weights_gib_total=sum(weights) / GIB,
+        kv_bytes_per_token_per_gpu=share[worst] * per_token_layer,
+        kv_cache_gib_per_gpu=kv[worst] / GIB, kv_tokens=kv_tokens, max_concurrency=float(parallel),
+        rule_of_thumb_gib_total=rot / GIB, fits=fits, reason=reason, advice=advice, notes=tuple(notes),
+        extra={"context_option": "the context per slot (llamacpp.contextPerSlot)", "n_ctx": n_ctx, "ctx_per_slot": slot, "parallel": parallel, "split_mode": split_mode,
+               "cache_type": cache_type, "layers_per_gpu": [round(s, 2) for s in share],
+               "compute_gib_per_gpu": compute[worst] / GIB, "host_gib": shape.input_bytes / GIB,
+               "weights_exact": shape.exact},
+    )
+
+
+# -- the server ------------------------------------------------------------------------------------------
+
+def gguf_path(spec: StackSpec, pool_name: str) -> str:
+    """The GGUF file llama-server loads (-m): the pool's ggufFile inside the model's path."""
+    pool = spec.pools[pool_name]
+    assert pool.llamacpp is not None  # the spec requires the llamacpp block with engine: llamacpp
+    return f"{spec.models[pool.model].path.rstrip('/')}/{pool.llamacpp.gguf_file}"
+
+
+def llamacpp_argv(spec: StackSpec, instance: Instance) -> list[str]:
+    """`llama-server` for one instance: every layer on its GPUs, the pool's slots and context, metrics on."""
+    pool = spec.pools[instance.pool]
+    o = pool.llamacpp
+    assert o is not None
+    argv = [SERVER_BINARY, "-m", gguf_path(spec, instance.pool),
+            # Comma-separated names the API answers to (llama-server checks none, the gateway routes by them).
+            "--alias", ",".join(spec.served_names(pool.model)),
+            # Bound to the cluster address (the image's LLAMA_ARG_HOST=0.0.0.0 is overridden by the flag).
+            "--host", spec.node(instance.head).address,
+            "--port", str(instance.port),
+            "--n-gpu-layers", "999",
+            "--split-mode", o.split_mode,
+            "--ctx-size", str(o.context_per_slot * o.parallel),
+            "--parallel", str(o.parallel),
+            "--flash-attn", o.flash_attention]
+    if o.cache_type != "f16":
+        argv += ["--cache-type-k", o.cache_type, "--cache-type-v", o.cache_type]
+    # --fit off: what the plan sized is what starts; llama.cpp would otherwise shrink unset arguments
+    # (context, offloaded layers) to fit and serve less than the plan says, silently.
+    argv += ["--fit", "off", "--jinja", "--metrics", "--threads", str(threads_per_instance(spec, instance.head))]
+    return argv + list(o.extra_args)
+
+
+def threads_per_instance(spec: StackSpec, node: str) -> int:
+    """llama-server's --threads on a node: its CPUs (cpuCores) shared by every serving instance there.
+    Unset, each llama-server takes all of the node's cores (b11312's --threads default -1), so N of them
+    on one node ask N times its CPUs."""
+    cpus, _ = spec.node_cpus(node)
+    here = sum(node in i.nodes for pool in spec.pools for i in instances(spec, pool))
+    return max(1, cpus // max(1, here))
+
+
+# Offline (pools.*.offline): llama-server b11312's `--offline` ("forces use of cache, prevents network
+# access"), read from the environment as LLAMA_ARG_OFFLINE (its --help: tests/fixtures/engines). It is
+# C++ and reads neither huggingface_hub's variables nor sends usage statistics.
+LLAMACPP_OFFLINE_ENV: dict[str, str] = {"LLAMA_ARG_OFFLINE": "1"}
+
+
+def llamacpp_env(spec: StackSpec, instance: Instance, node: str) -> dict[str, str]:
+    """Environment of the server container: offline, then the pool's own (llama.cpp reads its options from argv)."""
+    env = offline_env(spec, instance.pool, LLAMACPP_OFFLINE_ENV)
+    env.update(spec.pools[instance.pool].env)
+    return env
+
+
+# Where the gate points -m: the weights may still be copying, and the parser runs before the model loads.
+GATE_MODEL = "/nonexistent/llm-cluster-qualification.gguf"
+# The gate's check in the image (bash; the server image has no python3): llama-server's build, the CUDA
+# device it lists and its compute capability, and each planned argv through llama-server's own parser
+# (an unknown flag or value stops it with "invalid argument" / "error while handling argument"; a good
+# command line gets as far as loading the model, which GATE_MODEL makes fail at once).
+# Arguments: server build capability recommended argv... (each argv one shell-quoted string).
+LLAMACPP_CHECK = r"""
+set -u
+server=$1 build=$2 capability=$3 recommended=$4
+shift 4
+failed=0
+json() { local s=${1//\\/\\\\}; s=${s//\"/\\\"}; printf '%s' "${s//$'\n'/ }"; }
+report() {
+  if [[ $2 == true ]]; then
+    printf '{"check": "%s", "ok": true, "detail": "%s"}\n' "$1" "$(json "$3")"
+  else
+    printf '{"check": "%s", "ok": false, "detail": "%s", "fix": "%s"}\n' "$1" "$(json "$3")" "$(json "$4")"
+    failed=1
+  fi
+}
+version=$("$server" --version 2>&1 || true)
+if [[ $version == *"(build $build,"* ]]; then
+  report engine-version true "$(head -n1 <<<"$version")"
+else
+  report engine-version false "$(head -n1 <<<"$version")" \
+    "the image does not carry llama.cpp b$build: fix the image tag"
+fi
+devices=$("$server" --list-devices 2>&1 || true)
+gpu=$(grep -m1 -E '^  CUDA[0-9]+: ' <<<"$devices" || true)
+if [[ -z $gpu ]]; then
+  report gpu-visible false "llama-server lists no CUDA device: $(grep -A1 'Available devices' <<<"$devices" | tail -n1 | sed 's/^ *//')" \
+    "the container sees no GPU, or this build has no CUDA: check the NVIDIA container runtime (docker info | grep -i runtime), the driver (nvidia-smi), and that the image is a CUDA one ($recommended)"
+else
+  report gpu-visible true "${gpu#  }"
+  found=$(sed -n 's/^ *Device 0: .*, compute capability \([0-9]*\)\.\([0-9]*\),.*/\1\2/p' <<<"$devices" | head -n1)
+  if [[ -n $found ]]; then
+    if [[ $found == "$capability" ]]; then
+      report gpu-as-planned true "device 0 is sm_$found, as planned"
+    else
+      report gpu-as-planned false "device 0 is sm_$found; the stack plans sm_$capability" \
+        "the node's GPU is not the one the stack names: fix nodes.<node>.gpu.model (or nodeDefaults.gpu.model)"
+    fi
+  fi
+fi
+for planned in "$@"; do
+  argv=()
+  eval "argv=($planned)"
+  out=$(timeout 120 "${argv[@]}" 2>&1 || true)
+  bad=$(grep -m1 -E 'invalid argument|error while handling argument' <<<"$out" || true)
+  if [[ -n $bad ]]; then
+    report argv-parses false "$bad" "the planned flags are not this image's: fix the image tag, or the flag the message names"
+  elif grep -q 'loading model' <<<"$out"; then
+    report argv-parses true "${argv[0]} ... parses"
+  else
+    report argv-parses false "$(tail -n1 <<<"$out")" "llama-server stopped before its model load: see the line above"
+  fi
+done
+exit "$failed"
+"""
+
+
+# Where the gate binds llama-server: the gate's container has no network but its loopback (`docker run
+# --network none`), and llama-server b11312 binds its HTTP socket before it loads the model, so the
+# planned --host (the node's address) would stop it with "couldn't bind HTTP server socket" before the
+# flags after it were ever judged (seen in the lab, tests/lab/test_lab_engines.py).
+GATE_HOST = "127.0.0.1"
+
+
+def gate_argv(argv: tuple[str, ...]) -> list[str]:
+    """A planned llama-server argv as the gate runs it: -m on GATE_MODEL, --host on GATE_HOST, the rest as planned."""
+    out = list(argv)
+    for flag, value in (("-m", GATE_MODEL), ("--model", GATE_MODEL), ("--host", GATE_HOST)):
+        if flag in out:
+            out[out.index(flag) + 1] = value
+    return out
+
+
+# llama-server b11312's --help: --api-key KEY (several comma-separated), -hft/--hf-token TOKEN.
+SECRET_FLAGS = {"--api-key": "1", "-hft": "1", "--hf-token": "1"}
+
+
+class LlamacppEngine(Engine):
+    """llama.cpp's llama-server: one process per GPU group of a node, GGUF weights, no multi-node."""
+
+    # llama-server b11312 (its --help): each of these downloads a model (Hugging Face, Docker Hub's AI
+    # models, a URL); --offline only makes it use its cache, which an air-gapped node does not have.
+    offline_vars: ClassVar[dict[str, str]] = LLAMACPP_OFFLINE_ENV
+    hub_flags: ClassVar[dict[str, str]] = {
+        flag: "always" for flag in ("-hf", "-hfr", "--hf-repo", "-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf",
+                                    "-mu", "--model-url", "-dr", "--docker-repo")}
+    secret_flags: ClassVar[dict[str, str]] = SECRET_FLAGS
+    secret_flag_aliases: ClassVar[dict[str, str]] = {a: f for a, f in LLAMACPP_ALIASES.items() if a in SECRET_FLAGS}
+
+    name: ClassVar[str] = "llamacpp"
+    title: ClassVar[str] = "llama.cpp"
+    server_role: ClassVar[str] = "llamacpp"
+    multi_gpu: ClassVar[tuple[str, ...]] = ("layer", "row", "tensor")
+    multi_node: ClassVar[MultiNode] = "none"
+    memory_keys: ClassVar[str] = "llamacpp.contextPerSlot or parallel"
+    own_startup_failures: ClassVar[tuple[StartupFailure, ...]] = LLAMACPP_STARTUP_FAILURES
+    metrics_job: ClassVar[str] = "llamacpp"
+
+    def context_length(self, spec: StackSpec, pool: str) -> int:
+        o = spec.pools[pool].llamacpp
+        assert o is not None
+        return o.context_per_slot  # a request gets its slot's share of -c
+
+    def image_facts(self, spec: StackSpec, pool: str) -> LlamacppImage | None:  # type: ignore[override]
+        return llamacpp_image(spec.pools[pool].image)
+
+    def probe_argv(self, url: str) -> list[str]:
+        # The server image has curl and no python3 (.devops/cuda.Dockerfile installs libgomp1 curl ffmpeg).
+        return ["curl", "-fsS", "-o", "/dev/null", "--max-time", "10", url]
+
+    def serve_argv(self, spec: StackSpec, instance: Instance) -> list[str]:
+        return llamacpp_argv(spec, instance)
+
+    def serve_env(self, spec: StackSpec, instance: Instance, node: str) -> dict[str, str]:
+        return llamacpp_env(spec, instance, node)
+
+    def gate_check(self, spec: StackSpec, pool: str, node: str, argvs: tuple[tuple[str, ...], ...]) -> GateCheck | None:
+        facts = self.image_facts(spec, pool)
+        if facts is None:
+            return None
+        return GateCheck(f"{self.title} b{facts.build}", "/bin/bash",
+                         ("-c", LLAMACPP_CHECK, "llama-cpp-qualification", SERVER_BINARY, str(facts.build),
+                          str(planned_capability(spec, node)), DEFAULT_IMAGE,
+                          *(shlex.join(gate_argv(a)) for a in argvs)),
+                         "llama-server's build, the CUDA device it lists and its compute capability, and the "
+                         "planned flags")
+
+    def capacity(self, spec: StackSpec, pool: str, *, mla: bool | None = None) -> dict[str, object]:
+        p = spec.pools[pool]
+        o = p.llamacpp
+        assert o is not None  # the spec requires the llamacpp block
+        image, node_gpu = self.sizing_inputs(spec, pool, llamacpp_image(DEFAULT_IMAGE))
+        model = spec.models[p.model]
+        total = model.size_gib * GIB if model.size_gib is not None else None
+        try:
+            if o.gguf_header is not None:
+                shape = shape_from_gguf(read_gguf(o.gguf_header), total_bytes=int(total) if total else None)
+            elif total is not None:
+                shape = shape_from_arch(model_architecture(spec, p.model), total)
+            else:
+                raise ValueError(f"state llamacpp.ggufHeader (a copy of the GGUF's header) or models.{p.model}.sizeGib "
+                                 "(the GGUF's size) to size the weights")
+            return llamacpp_estimate(
+                shape, gpu(node_gpu.model).memory_gib, gpus=p.tensor_parallel, split_mode=o.split_mode,
+                ctx_per_slot=o.context_per_slot, parallel=o.parallel, cache_type=o.cache_type,
+                flash_attention=o.flash_attention != "off", ctx_pad=image.ctx_pad).to_dict()
+        except ValueError as err:
+            return {"error": f"capacity not estimated: {err}"}

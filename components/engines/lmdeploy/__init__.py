@@ -1,0 +1,1 @@
+"""LMDeploy (TurboMind): its image facts, options, argv and env, capacity model and rules."""

@@ -1,0 +1,196 @@
+"""vLLM behind the engine seam: `vllm serve` argv and env read from the pool's image facts, the
+MoE tuned-config upload, and the capacity model of components.engines.vllm.capacity."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import ClassVar
+
+from components.facts.hardware import gpu
+from components.engines.vllm.facts import DEFAULT_IMAGES, ImageFacts
+from components.facts.startup_failures import VLLM as VLLM_STARTUP_FAILURES, StartupFailure
+from components.engines.base import Engine, MultiNode, Upload, nccl_env, offline_env, planned_capability
+from components.engines.gate import (DOT_BLOCK, ENGINE_VERSION_CHECK, TORCH_CHECKS, TRITON_DOT_CHECK,
+                                              TRITON_DOT_KERNEL, GateCheck, argv_check, python_check)
+from components.spec.topology import Instance
+from components.spec import SpecError, SpecIssue, StackSpec
+
+# Where the pool's fused-MoE tile configs are written inside the container (VLLM_TUNED_CONFIG_FOLDER).
+TUNED_CONFIG_DIR = "/opt/llm-cluster/moe-configs"
+# fused_moe.py get_config_file_name: "E={E},N={N},device_name={name}{,dtype=…}{,block_shape=[…]}.json".
+_MOE_CONFIG_NAME = re.compile(r"E=\d+,N=\d+,device_name=[A-Za-z0-9_.-]+(,dtype=[a-z0-9_]+)?(,block_shape=\[\d+, ?\d+\])?\.json")
+
+
+# The hub and telemetry off, each name read from the code that reads it (pools.*.offline):
+# - HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE: huggingface_hub constants.py (HF_HUB_OFFLINE = _is_true(HF_HUB_OFFLINE or
+#   TRANSFORMERS_OFFLINE)), which vLLM 0.19.1 passes as local_files_only (transformers_utils/config.py,
+#   model_loader/weight_utils.py) and uses to map hub ids to local paths (engine/arg_utils.py);
+# - VLLM_NO_USAGE_STATS / DO_NOT_TRACK: vllm 0.19.1 envs.py ("1" only) read by usage/usage_lib.py is_usage_stats_enabled;
+#   DO_NOT_TRACK also turns off huggingface_hub's telemetry;
+# - RAY_USAGE_STATS_ENABLED: Ray's usage_constants.py, exactly "0" or "1" (any other value raises), read by
+#   `ray start` in the Ray head and worker containers, which get this same env.
+VLLM_OFFLINE_ENV: dict[str, str] = {
+    "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+    "RAY_USAGE_STATS_ENABLED": "0",
+}
+
+
+class VllmEngine(Engine):
+    """vLLM's OpenAI server (`vllm serve`); multi-node instances run on Ray."""
+
+    name: ClassVar[str] = "vllm"
+    title: ClassVar[str] = "vLLM"
+    server_role: ClassVar[str] = "vllm"
+    multi_gpu: ClassVar[tuple[str, ...]] = ("tensor", "pipeline")
+    multi_node: ClassVar[MultiNode] = "ray"
+    metrics_job: ClassVar[str] = "vllm"
+    own_startup_failures: ClassVar[tuple[StartupFailure, ...]] = VLLM_STARTUP_FAILURES
+    # EngineArgs of 0.19.1 (and --speculative-model of 0.9.2): a value that is not a local path is a
+    # hub repository id vLLM downloads (transformers_utils/repo_utils.py, lora/resolver).
+    offline_vars: ClassVar[dict[str, str]] = VLLM_OFFLINE_ENV
+    hub_flags: ClassVar[dict[str, str]] = {
+        "--tokenizer": "path", "--hf-config-path": "path", "--speculative-model": "path",
+        "--speculative-config": "json-model", "-sc": "json-model", "--lora-modules": "lora",
+    }
+    # [cli-0.19.1] --api-key nargs "+" (one value in 0.9.2), --hf-token nargs "?" (alone: the cached login).
+    secret_flags: ClassVar[dict[str, str]] = {"--api-key": "+", "--hf-token": "1"}
+
+    def context_length(self, spec: StackSpec, pool: str) -> int:
+        v = spec.pools[pool].vllm
+        assert v is not None  # the spec requires the vllm block with engine: vllm
+        return v.max_model_len
+
+    def serve_argv(self, spec: StackSpec, instance: Instance) -> list[str]:
+        return vllm_argv(spec, instance, self.image_facts(spec, instance.pool))
+
+    def serve_env(self, spec: StackSpec, instance: Instance, node: str) -> dict[str, str]:
+        return vllm_env(spec, instance, node, self.image_facts(spec, instance.pool))
+
+    def uploads(self, spec: StackSpec, instance: Instance) -> list[Upload]:
+        return [Upload(f"{TUNED_CONFIG_DIR}/{name}", content)
+                for name, content in moe_configs(spec, instance.pool).items()]
+
+    def capacity(self, spec: StackSpec, pool: str, *, mla: bool | None = None) -> dict[str, object]:
+        from components.engines.vllm.capacity import capacity_dict
+        return capacity_dict(spec, pool, mla=mla)
+
+    def gate_check(self, spec: StackSpec, pool: str, node: str, argvs: tuple[tuple[str, ...], ...]) -> GateCheck | None:
+        facts = self.image_facts(spec, pool)
+        if facts is None:
+            return None
+        data = {"version": facts.version, "module": "vllm", "kernel": TRITON_DOT_KERNEL, "block": DOT_BLOCK,
+                "argvs": [list(a) for a in argvs], "recommended": DEFAULT_IMAGES[self.name],
+                "capability": planned_capability(spec, node)}
+        return GateCheck(f"{self.title} {facts.version}", "python3", ("-c", VLLM_CHECK, json.dumps(data, sort_keys=True)),
+                         "torch's arch list, the planned GPU, an fp16 matmul, a Triton fp16 dot, the vLLM version "
+                         "and the planned flags")
+
+
+# `vllm serve`'s own parser (make_arg_parser + AsyncEngineArgs), as the image's CLI builds it.
+VLLM_ARGV_CHECK = argv_check("""
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:  # before 0.12 it lived in vllm.utils
+        from vllm.utils import FlexibleArgumentParser
+    root = FlexibleArgumentParser(prog="vllm")
+    parser = ServeSubcommand().subparser_init(root.add_subparsers())
+""", skip=2)
+VLLM_CHECK = python_check(TORCH_CHECKS, TRITON_DOT_CHECK, ENGINE_VERSION_CHECK, VLLM_ARGV_CHECK)
+
+
+def moe_configs(spec: StackSpec, pool: str) -> dict[str, str]:
+    """The pool's fused-MoE tile configs, file name -> JSON text, read from the operator's machine."""
+    out: dict[str, str] = {}
+    for i, path in enumerate(spec.pools[pool].vllm.moe_config_files):
+        key = f"pools.{pool}.vllm.moeConfigFiles[{i}]"
+        file = Path(path)
+        if not _MOE_CONFIG_NAME.fullmatch(file.name):
+            raise SpecError([SpecIssue(key, f"{file.name!r} is not named as vLLM looks tile configs up: "
+                                            "E=<experts>,N=<width>,device_name=<GPU name, spaces as _>[,dtype=…].json "
+                                            "(e.g. E=128,N=96,device_name=Tesla_V100-SXM2-32GB.json)")])
+        try:
+            text = file.read_text()
+            json.loads(text)
+        except (OSError, ValueError) as err:
+            raise SpecError([SpecIssue(key, f"cannot read a JSON tile config from {path}: {err}")]) from None
+        out[file.name] = text
+    return out
+
+
+def vllm_argv(spec: StackSpec, instance: Instance, facts: ImageFacts | None = None) -> list[str]:
+    """The full `vllm serve` command line of one instance: flags of the pool's vLLM version, valid values."""
+    pool = spec.pools[instance.pool]
+    model = spec.models[pool.model]
+    v = pool.vllm
+    world = instance.tensor_parallel * instance.pipeline_parallel
+    # `vllm serve` takes the model as a positional; `--model` raises a ValueError (0.9.2 and later).
+    argv = ["vllm", "serve", model.path,
+            "--served-model-name", *spec.served_names(pool.model),
+            # Bound to the cluster address, not 0.0.0.0: only the gateway and Prometheus reach it.
+            "--host", spec.node(instance.head).address,
+            "--port", str(instance.port),
+            "--tensor-parallel-size", str(instance.tensor_parallel)]
+    if instance.pipeline_parallel > 1:
+        argv += ["--pipeline-parallel-size", str(instance.pipeline_parallel)]
+    if instance.uses_ray:
+        argv += ["--distributed-executor-backend", "ray"]
+    elif world > 1:
+        # Stated rather than left to vLLM's guess, so the plan shows how the engine will run.
+        argv += ["--distributed-executor-backend", "mp"]
+    argv += ["--dtype", model.dtype,
+             "--max-model-len", str(v.max_model_len),
+             "--max-num-seqs", str(v.max_num_seqs),
+             "--gpu-memory-utilization", str(v.gpu_memory_utilization)]
+    if v.attention_backend is not None and facts is not None and facts.attention_backend_flag:
+        argv += ["--attention-backend", v.attention_backend]
+    if v.kv_cache_dtype != "auto":
+        argv += ["--kv-cache-dtype", v.kv_cache_dtype]
+    if model.quantization:
+        argv += ["--quantization", model.quantization]
+    if v.block_size != 16:
+        argv += ["--block-size", str(v.block_size)]
+    if v.swap_space_gib is not None:
+        argv += ["--swap-space", str(v.swap_space_gib)]
+    if v.max_num_batched_tokens is not None:
+        argv += ["--max-num-batched-tokens", str(v.max_num_batched_tokens)]
+    argv += _tristate("--enable-prefix-caching", v.enable_prefix_caching)
+    argv += _tristate("--enable-chunked-prefill", v.enable_chunked_prefill)
+    if v.enforce_eager:
+        argv.append("--enforce-eager")
+    if model.trust_remote_code:
+        argv.append("--trust-remote-code")
+    return argv + list(v.extra_args)
+
+
+def _tristate(flag: str, value: bool | None) -> list[str]:
+    """A BooleanOptionalAction flag: on, `--no-` off, or absent to keep vLLM's default."""
+    if value is None:
+        return []
+    return [flag] if value else ["--no-" + flag[2:]]
+
+
+def vllm_env(spec: StackSpec, instance: Instance, node: str, facts: ImageFacts | None = None) -> dict[str, str]:
+    """Environment of every GPU container of an instance on `node` (vLLM, Ray head and workers)."""
+    pool = spec.pools[instance.pool]
+    n = spec.node(node)
+    assert n.gpu is not None  # the spec refuses nodes without GPUs
+    capability = gpu(n.gpu.model).capability
+    env: dict[str, str] = {}
+    if facts is not None and facts.reads_vllm_use_v1 and not facts.runs_v1(capability):
+        # Only where the image's envs.py reads it: unset means V1, which this line refuses below its minimum.
+        env["VLLM_USE_V1"] = "0"
+    # As in the runbook: fork after CUDA init breaks the TP workers.
+    env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+    if pool.vllm.moe_config_files and facts is not None and facts.tuned_moe_config_env:
+        env[facts.tuned_moe_config_env] = TUNED_CONFIG_DIR
+    if pool.vllm.attention_backend is not None and facts is not None and not facts.attention_backend_flag:
+        # Lines without --attention-backend (before 0.14) read the backend from the environment.
+        env["VLLM_ATTENTION_BACKEND"] = pool.vllm.attention_backend
+    env.update(offline_env(spec, instance.pool, VLLM_OFFLINE_ENV))
+    env.update(nccl_env(spec, node))
+    env.update(pool.env)
+    # Per node by nature (vLLM refuses two Ray nodes with one IP): a pool-wide value cannot override it.
+    env["VLLM_HOST_IP"] = n.address
+    return env

@@ -1,0 +1,1 @@
+"""The multi-node fabric: Ray, NCCL, RDMA."""

@@ -1,0 +1,1 @@
+"""The gateway: nginx + Lua config, routing, keys, TLS, its image."""

@@ -1,0 +1,1 @@
+"""Monitoring: Prometheus scrape config and alert rules, Grafana, the engines' serving metrics."""

@@ -1,0 +1,1 @@
+"""Node preparation: remote scripts, preflight expectations, host firewall, clock."""

@@ -1,0 +1,1 @@
+"""The ComponentResources: each registers what planning produced for one part of the cluster."""

@@ -1,0 +1,103 @@
+"""Where each pool's instances run: nodes, head, GPUs and port of every vLLM instance."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from components.spec.cluster import PoolSpec
+from components.spec.stack import StackSpec
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One vLLM server: a single-node replica, or a TP×PP engine on a Ray cluster across nodes."""
+
+    pool: str
+    name: str  # unique in the stack; container and resource names derive from it
+    nodes: tuple[str, ...]  # the head first
+    port: int
+    tensor_parallel: int
+    pipeline_parallel: int
+    gpu_ids: tuple[int, ...] | None  # GPUs of a replica that shares its node; None = all GPUs
+
+    @property
+    def head(self) -> str:
+        """The node whose address serves the OpenAI API (and runs the Ray head)."""
+        return self.nodes[0]
+
+    @property
+    def uses_ray(self) -> bool:
+        """Instances spanning nodes run on Ray; single-node ones use vLLM's multiprocessing."""
+        return len(self.nodes) > 1
+
+
+def nodes_per_instance(pool: PoolSpec, gpus_per_node: int) -> int:
+    """Nodes one instance spans: the GPUs it needs (TP×PP) over the GPUs of a node, at least PP."""
+    need = pool.tensor_parallel * pool.pipeline_parallel
+    return max(pool.pipeline_parallel, math.ceil(need / gpus_per_node))
+
+
+def instances(spec: StackSpec, pool_name: str) -> list[Instance]:
+    """Every instance of a pool, in node order: the layout components, gateway and monitoring share."""
+    pool = spec.pools[pool_name]
+    gpus = spec.node(pool.nodes[0]).gpu
+    assert gpus is not None  # the spec refuses nodes without GPUs
+    span = nodes_per_instance(pool, gpus.count)
+    out: list[Instance] = []
+    for start in range(0, len(pool.nodes) - span + 1, span):
+        group = tuple(pool.nodes[start:start + span])
+        if span > 1 or pool.replicas_per_node == 1:
+            out.append(Instance(pool_name, f"{pool_name}-{group[0]}", group, pool.port,
+                                pool.tensor_parallel, pool.pipeline_parallel, None))
+            continue
+        width = pool.tensor_parallel * pool.pipeline_parallel
+        for r in range(pool.replicas_per_node):
+            out.append(Instance(pool_name, f"{pool_name}-{group[0]}-r{r}", group, pool.port + r,
+                                pool.tensor_parallel, pool.pipeline_parallel,
+                                tuple(range(r * width, (r + 1) * width))))
+    return out
+
+
+def all_instances(spec: StackSpec) -> list[Instance]:
+    """Instances of every pool, pools in stack order."""
+    return [i for p in spec.pools for i in instances(spec, p)]
+
+
+def host_ports(spec: StackSpec) -> list[tuple[str, int, str]]:
+    """Every TCP/UDP listener the stack puts on a node's host network: (node, port, stack key)."""
+    out: list[tuple[str, int, str]] = []
+    for pname, p in spec.pools.items():
+        for inst in instances(spec, pname):
+            out.append((inst.head, inst.port, f"pools.{pname}.port"))
+            if inst.uses_ray:
+                out += [(inst.head, p.ray_port, f"pools.{pname}.rayPort"),
+                        (inst.head, p.ray_dashboard_port, f"pools.{pname}.rayDashboardPort"),
+                        (inst.head, p.ray_client_port, f"pools.{pname}.rayClientPort")]
+    g = spec.gateway
+    if g is not None:
+        out += [(g.node, g.port, "gateway.port"), (g.node, g.metrics_port, "gateway.metricsPort")]
+        if g.http_redirect_port is not None:
+            out.append((g.node, g.http_redirect_port, "gateway.httpRedirectPort"))
+    m = spec.monitoring
+    if m is not None:
+        for n in spec.nodes:
+            out += [(n, m.dcgm_exporter.port, "monitoring.dcgmExporter.port"),
+                    (n, m.node_exporter.port, "monitoring.nodeExporter.port")]
+        out += [(m.node, m.prometheus.port, "monitoring.prometheus.port"),
+                (m.node, m.grafana.port, "monitoring.grafana.port")]
+        if m.alertmanager is not None:
+            out.append((m.node, m.alertmanager.port, "monitoring.alertmanager.port"))
+    return out
+
+
+def resource_suffix(text: str) -> str:
+    """A name fragment from an image ref or path: `vllm/vllm-openai:v0.9.2` -> `vllm-openai-v0-9-2`."""
+    last = text.rstrip("/").split("/")[-1]
+    return "".join(c if c.isalnum() else "-" for c in last.lower()).strip("-")
+
+
+def weights_nodes(spec: StackSpec, model: str) -> list[str]:
+    """Nodes that need a model's weights: its source node first, then every node of the pools serving it."""
+    source = spec.models[model].source.node
+    holders = [n for p in spec.pools.values() if p.model == model for n in p.nodes]
+    return list(dict.fromkeys(([source] if source else []) + holders))

@@ -1,0 +1,1 @@
+"""Operations on a running cluster: doctor, rollout, load test, the capacity and images CLIs."""
