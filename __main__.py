@@ -2,7 +2,7 @@
 import pulumi
 
 from components.resources.cluster import deploy
-from components.spec.pulumi_config import spec_from_pulumi
+from components.resources.config import spec_from_pulumi
 
 for _name, _value in deploy(spec_from_pulumi()).items():
     pulumi.export(_name, _value)

@@ -42,7 +42,8 @@ sys.path.insert(0, str(ROOT))
 from components.planning.gateway.nginx import (  # noqa: E402
     GatewayLayout, key_digests, key_ids, render_gateway, temp_path_directives,
 )
-from components.spec import StackSpec, load_stack_config  # noqa: E402
+from components.spec import StackSpec  # noqa: E402
+from components.planning.load import load_stack_config
 from plan.stackfile import load_stack_file  # noqa: E402
 from plan.cli import run as run_cli  # noqa: E402
 from tests.deployed_nginx import DeployedNginx, deployed_nginx  # noqa: E402

@@ -27,7 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 from components.planning.nodes.scripts import model_size_bytes  # noqa: E402
 from components.spec.topology import all_instances  # noqa: E402
-from components.spec import StackSpec, load_stack_config  # noqa: E402
+from components.spec import StackSpec  # noqa: E402
+from components.planning.load import load_stack_config
 from plan.stackfile import load_stack_file  # noqa: E402
 from plan.cli import run as run_cli  # noqa: E402
 

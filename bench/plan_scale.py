@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT))
 
 import pulumi  # noqa: E402
 
-from components.spec import load_stack_config  # noqa: E402
+from components.planning.load import load_stack_config  # noqa: E402
 from plan.analyze import analyze  # noqa: E402
 from plan.graph import component_graph  # noqa: E402
 from plan.harness import run_main_program, run_program  # noqa: E402

@@ -67,7 +67,7 @@ def stack_images(path: Path) -> list[str]:
     """The images the stack runs, under the names it gives them (the stand-ins are built under these; the
     private registry serves them at the same repository paths, as the program maps them)."""
     from components.planning.image_supply import stack_images as images_of
-    from components.spec import load_stack_config
+    from components.planning.load import load_stack_config
     from plan.stackfile import load_stack_file
     stack = load_stack_file(path)
     return images_of(load_stack_config(stack.config, stack.secret_keys))

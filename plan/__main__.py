@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT))
 
 import pulumi  # noqa: E402
 
-from components.engines.vllm.capacity import capacity_report  # noqa: E402
+from components.planning.capacity import capacity_report  # noqa: E402
 from plan.analyze import PolicyConfigError, analyze  # noqa: E402
 from plan.graph import component_graph, write_graph  # noqa: E402
 from plan.diff import keep_previous, parse_plan, plan_diff, previous_plan  # noqa: E402

@@ -10,7 +10,9 @@ from typing import Any
 
 import yaml
 
-from components.spec import NAMESPACE, SECTIONS, SpecError, SpecIssue, StackSpec, load_stack_config
+from components.spec import NAMESPACE, SECTIONS, SpecError, SpecIssue, StackSpec
+
+from components.planning.load import load_stack_config
 from components.spec.stack import secret_in_plain_config
 
 

@@ -14,7 +14,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from components.spec import StackSpec, load_stack_config  # noqa: E402
+from components.spec import StackSpec  # noqa: E402
+
+from components.planning.load import load_stack_config
 from plan.harness import ProgramRun, run_main_program  # noqa: E402
 from plan.stackfile import load_stack_file  # noqa: E402
 

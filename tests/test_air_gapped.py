@@ -21,7 +21,8 @@ from components.engines.llamacpp.engine import llamacpp_env
 from components.engines.lmdeploy.engine import lmdeploy_env
 from components.engines.vllm.engine import vllm_env
 from components.spec.topology import instances
-from components.spec import SpecError, load_stack_config
+from components.spec import SpecError
+from components.planning.load import load_stack_config
 from plan.analyze import analyze
 from plan.harness import SECRET_SIG, SIG, ProgramRun
 from tests.support import tool

@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 import yaml
 
-from components.spec import SpecError, load_stack_config
+from components.spec import SpecError
+
+from components.planning.load import load_stack_config
 from tests.conftest import ROOT, prod_config
 
 NS = "llm-cluster:"

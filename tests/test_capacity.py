@@ -14,11 +14,9 @@ from components.facts import hardware
 from components.facts.hardware import GPUS
 from components.facts.models import arch_from_config_json, model_arch
 from components.engines import capacity
-from components.engines.capacity import (GIB, default_max_num_batched_tokens, estimate,
-                                          kv_bytes_per_token_per_layer, layers_per_stage,
-                                          linear_bytes_per_param, model_params)
+from components.engines.capacity import GIB, default_max_num_batched_tokens, estimate, kv_bytes_per_token_per_layer, layers_per_stage, linear_bytes_per_param, model_params
 from components.engines.vllm.capacity import pool_capacity
-from components.spec import load_stack_config
+from components.planning.load import load_stack_config
 from ops.capacity import main as cli_main
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from components.engines.capacity import GIB, estimate
-from components.engines.vllm.capacity import capacity_report
+from components.planning.capacity import capacity_report
 from components.facts.models import model_arch
 from components.spec import StackSpec
 

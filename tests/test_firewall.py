@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from components.planning.nodes import firewall
-from components.spec import SpecError, StackSpec, load_stack_config
+from components.spec import SpecError, StackSpec
+from components.planning.load import load_stack_config
 from plan.harness import ProgramRun
 from tests.support import tool
 

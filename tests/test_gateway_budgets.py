@@ -28,7 +28,8 @@ from components.planning.gateway.nginx import (
     BUDGET_SOURCE, BUDGET_ZONE, budget_init, budget_zone_kib, gateway_files, render_gateway, temp_path_directives,
     token_budgets,
 )
-from components.spec import SpecError, StackSpec, load_stack_config
+from components.spec import SpecError, StackSpec
+from components.planning.load import load_stack_config
 from tests.conftest import prod_config
 from tests.test_gateway_nginx import (
     CHAT, USAGE, WAIT, FakeReplica, NginxGateway, error_code, gateway_config, log_line, lua_layout, nginx_binary,

@@ -20,7 +20,8 @@ from components.planning.gateway.nginx import (
     upstream_servers,
 )
 from components.planning.nodes.scripts import bash_command
-from components.spec import RateLimitSpec, SpecError, StackSpec, load_stack_config
+from components.spec import RateLimitSpec, SpecError, StackSpec
+from components.planning.load import load_stack_config
 from tests.support import free_port, tool
 
 

@@ -23,7 +23,8 @@ from typing import Any
 from components.planning.gateway.nginx import (
     NginxControl, config_script, render_gateway, tls_from_stdin_script, tls_generate_script, usage_dir_script,
 )
-from components.spec import StackSpec, load_stack_config
+from components.spec import StackSpec
+from components.planning.load import load_stack_config
 from tests.test_gateway_nginx import (
     CHAT, WAIT, FakeReplica, NginxGateway, gateway_config, host_keys, nginx_binary, own_gateway, self_signed,
 )

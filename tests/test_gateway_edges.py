@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from components.planning.gateway.nginx import ERRORS
-from components.spec import load_stack_config
+from components.planning.load import load_stack_config
 from tests.test_gateway_nginx import (  # noqa: F401 (replicas: a fixture)
     CHAT, R1, WAIT, FakeReplica, NginxGateway, by_name, error_code, gateway_config, host_keys, log_line, own_gateway,
     replicas, self_signed, send_held,

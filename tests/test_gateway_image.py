@@ -22,7 +22,8 @@ from components.planning.gateway.image import (
 )
 from components.planning.image_supply import mirror_script
 from components.planning.image_supply import images_for_node
-from components.spec import SpecError, StackSpec, load_stack_config
+from components.spec import SpecError, StackSpec
+from components.planning.load import load_stack_config
 from plan.harness import ProgramRun
 from tests import deployed_nginx as fetcher
 from tests.conftest import ROOT, prod_config

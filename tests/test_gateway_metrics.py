@@ -34,7 +34,7 @@ from components.planning.gateway.nginx import (
     GatewayLayout, _lua_value, metrics_settings,
     temp_path_directives,
 )
-from components.spec import load_stack_config
+from components.planning.load import load_stack_config
 from tests.test_gateway_nginx import (
     CHAT, R1, WAIT, FakeReplica, NginxGateway, free_port, gateway_config, host_keys, lua_layout, lua_reports,
     nginx_binary,

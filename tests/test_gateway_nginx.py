@@ -35,7 +35,8 @@ from components.planning.gateway.nginx import (
     DIGESTS_FILE, LUA_SOURCE, LUA_VM_SETTINGS, GatewayLayout, key_ids, keys_script, readiness_script,
     render_gateway, temp_path_directives,
 )
-from components.spec import StackSpec, load_stack_config
+from components.spec import StackSpec
+from components.planning.load import load_stack_config
 from tests.conftest import prod_config
 from tests.deployed_nginx import DeployedNginx, deployed_nginx
 from tests.support import free_port

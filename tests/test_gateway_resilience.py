@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from components.spec import load_stack_config
+from components.planning.load import load_stack_config
 from tests.support import free_port
 from tests.test_gateway_nginx import (
     CHAT, WAIT, FakeReplica, NginxGateway, error_code, gateway_config, own_gateway,

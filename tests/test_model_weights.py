@@ -8,7 +8,7 @@ import pytest
 
 from components.resources.gpu_node import GpuNode, GpuNodeArgs
 from components.resources.model_weights import ModelWeights, ModelWeightsArgs
-from components.spec.pulumi_config import spec_from_pulumi
+from components.resources.config import spec_from_pulumi
 from plan.harness import ProgramRun, run_program
 from tests.support import content_trigger, script_of
 

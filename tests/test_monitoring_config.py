@@ -19,7 +19,8 @@ from components.planning.monitoring.prometheus import (
     grafana_password_store_script, grafana_provisioning, monitoring_files, prometheus_config,
     scrape_targets,
 )
-from components.spec import SpecError, StackSpec, load_stack_config
+from components.spec import SpecError, StackSpec
+from components.planning.load import load_stack_config
 from components.spec.monitoring import monitoring_issues
 from tests.support import tool
 

@@ -84,7 +84,7 @@ def test_memory_fit_proposes_fixes_that_work_and_says_when_utilization_cannot() 
 
 def test_memory_fit_offers_a_shorter_context_when_only_the_kv_cache_is_short() -> None:
     from components.engines.vllm.capacity import pool_capacity
-    from components.spec import load_stack_config
+    from components.planning.load import load_stack_config
     config = prod_config()
     config[NS + "pools"]["reasoning"]["vllm"]["maxModelLen"] = 32768  # MLA off: the full per-head KV cache
     tokens = pool_capacity(load_stack_config(config, set()), "reasoning").kv_tokens

@@ -17,7 +17,7 @@ import pytest
 
 from components.planning.nodes.scripts import node_expectation
 from components.node_programs.preflight import Expectation, insecure, parse_insecure_registries, registry_tls
-from components.spec import load_stack_config
+from components.planning.load import load_stack_config
 from tests.conftest import prod_config
 from tests.test_preflight import DOCKER_OK, IB_ROCE, SMI_TABLE, TOPO_DGX1, cpuinfo, fixture, meminfo, \
     query_csv_from_table, run_preflight

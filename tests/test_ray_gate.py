@@ -18,7 +18,8 @@ from components.planning.fabric.ray import (
     ray_head_start_argv, ray_metrics_writer, ray_status_argv, ray_textfile, ray_worker_argv, want_gpus,
 )
 from components.spec.topology import Instance, instances
-from components.spec import StackSpec, parse_stack
+from components.spec import StackSpec
+from components.planning.load import parse_stack
 from tests.support import free_ports, tool
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ray"

@@ -7,7 +7,10 @@ import typing
 from typing import Any
 
 from components.spec import SECRET_KEYS, StackSpec
+from components.engines.registry import ENGINES  # noqa: F401  (registers the engines' options blocks)
+from components.spec import PoolSpec
 from components.spec.base import Spec
+from components.spec.engines import deployed
 from tests.conftest import ROOT
 
 README = (ROOT / "README.md").read_text()
@@ -35,6 +38,9 @@ def spec_keys(model: type[Spec]) -> dict[str, Any]:
             continue
         nested, _ = _model_in(field.annotation)
         out[field.alias or name] = spec_keys(nested) if nested is not None else None
+    if model is PoolSpec:  # each deployed engine's options block, registered by the engine
+        for engine in deployed().values():
+            out[engine.options_key] = spec_keys(engine.options_model)
     return out
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from components.planning.smoke import retry_seconds
-from components.spec import load_stack_config
+from components.planning.load import load_stack_config
 from ops import rollout
 from plan.harness import ProgramRun
 from tests.test_gateway_nginx import CHAT, FakeReplica, NginxGateway, _Server, gateway_config, own_gateway

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from components.planning.smoke import key_for, smoke_plan, smoke_script
-from components.spec import StackSpec, load_stack_config
+from components.spec import StackSpec
+from components.planning.load import load_stack_config
 from plan.harness import ProgramRun
 from tests.fake_openai import Behaviour, FakeOpenAI, serving
 from tests.support import tool

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from components.spec.topology import instances
-from components.spec import SpecError, StackSpec, load_stack_config
+from components.spec import SpecError, StackSpec
+from components.planning.load import load_stack_config
 from tests.support import host_key
 
 NS = "llm-cluster:"

@@ -16,7 +16,7 @@ from components.engines.vllm.facts import IMAGES
 from components.engines.registry import engine_for
 from components.engines.vllm.capacity import pool_capacity
 from components.spec.topology import instances
-from components.spec import load_stack_config
+from components.planning.load import load_stack_config
 from plan.analyze import analyze
 from tests.conftest import prod_config, run_stack
 from tests.test_policies_rules import model_server, server

@@ -19,7 +19,8 @@ from components.engines.registry import ENGINES
 from components.engines.base import (
     container_labels, container_name, endpoint, health_gate_script, ready_url, server_container_name,
 )
-from components.spec import StackSpec, load_stack_config
+from components.spec import StackSpec
+from components.planning.load import load_stack_config
 from tests.support import tool
 
 VLLM = ENGINES["vllm"]

@@ -12,14 +12,14 @@ import shlex
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
-from components.engines.vllm.facts import ImageFacts, declared_facts, image_facts
 from components.facts.startup_failures import COMMON as COMMON_STARTUP_FAILURES, StartupFailure
 from components.engines.gate import GateCheck
 from components.spec.topology import Instance
-from components.spec import StackSpec
-from components.spec.cluster import GpuSpec
+from components.spec import SpecIssue, StackSpec
+from components.spec.base import Spec
+from components.spec.cluster import GpuSpec, PoolSpec
 
 LABEL_PREFIX = "llm-cluster."
 # How an engine spans nodes: on a Ray cluster (RayCluster registers head and workers, the server runs
@@ -72,6 +72,80 @@ class Engine(ABC):
     secret_flags: ClassVar[Mapping[str, str]] = {}
     secret_flag_aliases: ClassVar[Mapping[str, str]] = {}  # a short secret flag -> its long name, for messages
 
+    # -- the stack keys it owns ----------------------------------------------------------------------
+    options_key: ClassVar[str]  # its options block: pools.<pool>.<options_key>
+    options_model: ClassVar[type[Spec]]  # the model that block validates against
+    required_option: ClassVar[str]  # the option its block cannot do without (camelCase), named when it is missing
+    default_image: ClassVar[str]  # pools.*.image when unset
+    # Server flags the product sets from typed stack keys: flag -> the key that owns it, with <pool>, <model>
+    # and <node> standing for the names. In extraArgs such a flag would come after the product's own and
+    # win in the engine while the plan keeps reading the typed key: the spec refuses it.
+    typed_flags: ClassVar[Mapping[str, str]] = {}
+    typed_env: ClassVar[Mapping[str, str]] = {}  # environment it sets from typed keys: variable -> key
+
+    def canonical_flag(self, token: str) -> str | None:
+        """The long flag a server argv token sets (`--session_len=8` -> `--session-len`), None for a value."""
+        if not token.startswith("-") or token == "-" or token[1:2].isdigit():
+            return None
+        name = token.partition("=")[0]
+        return "--" + name[2:].replace("_", "-") if name.startswith("--") else name
+
+    def typed_key(self, flag: str, *, pool: str, model: str, node: str) -> str | None:
+        """The stack key that owns a server flag, names filled in; None for flags extraArgs may carry."""
+        template = self.typed_flags.get(flag)
+        if template is None:
+            return None
+        return template.replace("<pool>", pool).replace("<model>", model).replace("<node>", node)
+
+    def options(self, pool: PoolSpec) -> Any:
+        """The pool's options block (this engine's options_model)."""
+        return pool.options
+
+    def checkpoint_quantizations(self) -> frozenset[str]:
+        """`models.*.quantization` values its images load."""
+        return frozenset()
+
+    def declarable_images(self) -> list[str]:
+        """Images whose facts a private build may declare it shares (pools.*.imageFacts.like)."""
+        return []
+
+    def knows_image(self, ref: str) -> bool:
+        """Whether `ref` is one of declarable_images (as the facts table reads references)."""
+        return False
+
+    def spec_issues(self, spec: StackSpec, pool: str) -> list[SpecIssue]:
+        """What this engine cannot be asked to do in the pool, before any resource exists (stack keys named)."""
+        return self.extra_args_issues(spec, pool)
+
+    def file_issues(self, spec: StackSpec, pool: str) -> list[SpecIssue]:
+        """Files on the operator's machine the pool names (read at plan time): unreadable or misnamed ones."""
+        return []
+
+    def alert_issues(self, spec: StackSpec, pool: str) -> list[SpecIssue]:
+        """Alert thresholds of the monitoring section the pool would make moot (the stack has monitoring)."""
+        return []
+
+    def one_node_issues(self, spec: StackSpec, pool: str, why: str) -> list[SpecIssue]:
+        """An engine that serves an instance on one node refuses pipelineParallel > 1, saying why."""
+        p = spec.pools[pool]
+        if p.pipeline_parallel <= 1:
+            return []
+        return [SpecIssue(f"pools.{pool}.pipelineParallel", f"{p.engine} pools run on one node: {why}; serve one "
+                          "replica per node (pipelineParallel 1), or use engine: vllm for tensor x pipeline parallel "
+                          "across nodes")]
+
+    def extra_args_issues(self, spec: StackSpec, pool: str) -> list[SpecIssue]:
+        """extraArgs may not carry a flag a typed key owns."""
+        p = spec.pools[pool]
+        issues = []
+        for i, token in enumerate(self.options(p).extra_args):
+            flag = self.canonical_flag(token)
+            key = self.typed_key(flag, pool=pool, model=p.model, node="<node>") if flag else None
+            if key is not None:
+                issues.append(SpecIssue(f"pools.{pool}.{self.options_key}.extraArgs[{i}]",
+                                        f"{token!r} is set by the typed key {key}: state it there instead"))
+        return issues
+
     @property
     def startup_failures(self) -> tuple[StartupFailure, ...]:
         """What the readiness gate stops on and doctor reads in the logs: the engine's own fatal startup
@@ -97,13 +171,10 @@ class Engine(ABC):
         return out
 
     # -- facts -------------------------------------------------------------------------------------
-    def image_facts(self, spec: StackSpec, pool: str) -> ImageFacts | None:
-        """The facts of the pool's image: declared in the stack for a private build, else the table's
-        entry, None when neither knows it (rules then say it cannot be judged)."""
-        p = spec.pools[pool]
-        if p.image_facts is not None:
-            return declared_facts(p.image, p.image_facts.like, p.image_facts.overrides(), f"pools.{pool}.imageFacts")
-        return image_facts(p.image)
+    @abstractmethod
+    def image_facts(self, spec: StackSpec, pool: str) -> Any:
+        """The facts of the pool's image (its engine's facts table entry, a SourcedImage), None when the
+        table does not know it (rules then say it cannot be judged)."""
 
     def metric_names(self, spec: StackSpec, pool: str) -> Mapping[str, str]:
         """Logical metric name -> the series this pool's engine version exports ({} when unknown)."""

@@ -39,3 +39,10 @@ class SourcedImage:
         return str(self.sources[name])
 
 
+def image_ref_key(ref: str) -> str:
+    """'docker.io/vllm/vllm-openai:v0.19.1@sha256:…' -> 'vllm/vllm-openai:v0.19.1' (the table's key)."""
+    ref = ref.split("@", 1)[0]
+    for prefix in ("docker.io/", "index.docker.io/", "registry-1.docker.io/"):
+        if ref.startswith(prefix):
+            ref = ref[len(prefix):]
+    return ref.removeprefix("library/")

@@ -16,12 +16,11 @@ from components.engines.registry import engine_for
 from components.engines.base import (
     endpoint, health_gate_script, ready_url, server_container_name, startup_failure_advice, supervised_argv,
 )
-from components.engines.vllm.capacity import (
-    checkpoint_quantization, context_window_dict, model_architecture, quantization_config,
-)
+from components.spec.models import checkpoint_quantization, context_window_dict, model_architecture, quantization_config
 from components.spec.topology import Instance, instances
 from components.resources.ray_cluster import RayCluster, RayClusterArgs
-from components.spec import StackSpec, stack_keys
+from components.spec import StackSpec
+from components.engines.registry import stack_keys
 
 
 @dataclass(frozen=True)

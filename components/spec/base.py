@@ -36,7 +36,7 @@ class Spec(BaseModel):
     def _refuse_unknown_keys(cls, data: Any) -> Any:
         # pydantic's own "extra_forbidden" does not say what *is* allowed; users need that list.
         if isinstance(data, dict):
-            allowed = {f.alias or n for n, f in cls.model_fields.items()}
+            allowed = cls._allowed_keys()
             unknown = sorted(str(k) for k in data if k not in allowed)
             if unknown:
                 raise PydanticCustomError(
@@ -44,6 +44,11 @@ class Spec(BaseModel):
                     {"key": unknown[0], "quoted": repr(unknown[0]), "allowed": ", ".join(sorted(allowed))},
                 )
         return data
+
+    @classmethod
+    def _allowed_keys(cls) -> set[str]:
+        """The keys this model takes (YAML names)."""
+        return {f.alias or n for n, f in cls.model_fields.items()}
 
     @field_validator("*", mode="before")
     @classmethod

@@ -5,14 +5,15 @@ import base64
 import binascii
 import ipaddress
 import re
+from functools import cache
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, PrivateAttr, ValidationError, create_model, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from components.facts.hardware import DTYPE_ALIASES, GPUS
-from components.engines.vllm.facts import DEFAULT_IMAGES, IMAGES, KV_CACHE_DTYPES, QUANTIZATION_METHODS, image_facts
+from components.spec import engines as deployed_engines
 from components.spec.base import NAME_PATTERN, Spec
-from components.spec.engines import ENGINE_NAMES, OPTIONS_KEY, LlamacppOptions, LmdeployOptions
 
 Port = Annotated[int, Field(ge=1, le=65535)]
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
@@ -361,9 +362,10 @@ class ModelSpec(Spec):
     @field_validator("quantization")
     @classmethod
     def _known_method(cls, v: str | None) -> str | None:
-        if v is not None and v not in QUANTIZATION_METHODS:
+        known = deployed_engines.quantization_methods()
+        if v is not None and v not in known:
             raise ValueError(f"unknown quantization {v!r}; the known engine versions know: "
-                             f"{', '.join(sorted(QUANTIZATION_METHODS))}")
+                             f"{', '.join(sorted(known))}")
         return v
 
     @model_validator(mode="after")
@@ -373,53 +375,8 @@ class ModelSpec(Spec):
         return self
 
 
-# The `vllm serve` flags the product sets from typed stack keys: flag -> the key that owns it, with
-# <pool>, <model> and <node> standing for the names. A flag in extraArgs would be appended after the
-# typed one and win in vLLM, while the gates, the gateway upstreams, the capacity plan and the
-# policies keep reading the typed key: the spec refuses it, naming the key.
-TYPED_FLAGS: dict[str, str] = {
-    "--model": "models.<model>.path",
-    "--served-model-name": "models.<model>.servedNames",
-    "--host": "nodes.<node>.address",
-    "--port": "pools.<pool>.port",
-    "--tensor-parallel-size": "pools.<pool>.tensorParallel",
-    "--pipeline-parallel-size": "pools.<pool>.pipelineParallel",
-    "--distributed-executor-backend": "pools.<pool>.pipelineParallel",
-    "--dtype": "models.<model>.dtype",
-    "--quantization": "models.<model>.quantization",
-    "--trust-remote-code": "models.<model>.trustRemoteCode",
-    "--max-model-len": "pools.<pool>.vllm.maxModelLen",
-    "--max-num-seqs": "pools.<pool>.vllm.maxNumSeqs",
-    "--gpu-memory-utilization": "pools.<pool>.vllm.gpuMemoryUtilization",
-    "--max-num-batched-tokens": "pools.<pool>.vllm.maxNumBatchedTokens",
-    "--kv-cache-dtype": "pools.<pool>.vllm.kvCacheDtype",
-    "--block-size": "pools.<pool>.vllm.blockSize",
-    "--swap-space": "pools.<pool>.vllm.swapSpaceGib",
-    "--enable-prefix-caching": "pools.<pool>.vllm.enablePrefixCaching",
-    "--enable-chunked-prefill": "pools.<pool>.vllm.enableChunkedPrefill",
-    "--enforce-eager": "pools.<pool>.vllm.enforceEager",
-    "--attention-backend": "pools.<pool>.vllm.attentionBackend",
-}
-# vLLM's short spellings of typed flags (EngineArgs.add_cli_args).
-FLAG_ALIASES = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-q": "--quantization"}
-
-
-def canonical_flag(token: str) -> str | None:
-    """The long flag a `vllm serve` token sets (`--max_model_len=8`, `--no-enforce-eager`, `-tp`), None for a value."""
-    if not token.startswith("-") or token == "-" or token[1:2].isdigit():
-        return None
-    name = token.partition("=")[0]
-    if name in FLAG_ALIASES:
-        return FLAG_ALIASES[name]
-    if name.startswith("--"):
-        # vLLM's FlexibleArgumentParser reads --max_model_len as --max-model-len.
-        name = "--" + name[2:].replace("_", "-")
-        if name.startswith("--no-") and "--" + name[5:] in TYPED_FLAGS:
-            return "--" + name[5:]
-    return name
-
-
-# Environment the product sets from typed keys (each engine's serve_env, components.engines).
+# Environment every GPU container gets from the nodes' and NCCL keys (each engine adds its own: the registry's
+# TYPED_ENV).
 TYPED_ENV: dict[str, str] = {
     "NCCL_IB_HCA": "nodes.<node>.hca.device",
     "NCCL_IB_GID_INDEX": "nodes.<node>.hca.gidIndex",
@@ -427,24 +384,7 @@ TYPED_ENV: dict[str, str] = {
     "GLOO_SOCKET_IFNAME": "nodes.<node>.interface",
     "NCCL_IB_DISABLE": "nccl.ibDisable",
     "NCCL_DEBUG": "nccl.debug",
-    "VLLM_HOST_IP": "nodes.<node>.address",
-    "VLLM_TUNED_CONFIG_FOLDER": "pools.<pool>.vllm.moeConfigFiles",
-    # Every engine's offline variables (components.engines.*: OFFLINE_ENV).
-    "HF_HUB_OFFLINE": "pools.<pool>.offline",
-    "TRANSFORMERS_OFFLINE": "pools.<pool>.offline",
-    "VLLM_NO_USAGE_STATS": "pools.<pool>.offline",
-    "DO_NOT_TRACK": "pools.<pool>.offline",
-    "RAY_USAGE_STATS_ENABLED": "pools.<pool>.offline",
-    "LLAMA_ARG_OFFLINE": "pools.<pool>.offline",
 }
-
-
-def typed_key(flag: str, *, pool: str, model: str, node: str) -> str | None:
-    """The stack key that owns a `vllm serve` flag, with the names filled in; None for other flags."""
-    template = TYPED_FLAGS.get(flag)
-    if template is None:
-        return None
-    return template.replace("<pool>", pool).replace("<model>", model).replace("<node>", node)
 
 
 def _fraction(v: float) -> float:
@@ -503,45 +443,12 @@ def absolute_path(v: str, where: str) -> str:
     return v
 
 
-class VllmOptions(Spec):
-    """vLLM engine options; each maps to one `vllm serve` flag (checked against the pool's vLLM version)."""
-
-    max_model_len: int = Field(ge=16)
-    """Longest sequence (prompt + output) in tokens; at most the model's context window."""
-    max_num_seqs: int = Field(default=256, ge=1)
-    gpu_memory_utilization: Fraction = 0.9
-    """Fraction of each GPU's memory vLLM may use, 0 < x <= 1 (0.9, not 90)."""
-    max_num_batched_tokens: int | None = Field(default=None, ge=1)
-    kv_cache_dtype: Literal[KV_CACHE_DTYPES] = "auto"  # type: ignore[valid-type]
-    block_size: Literal[1, 8, 16, 32, 64, 128] = 16
-    swap_space_gib: int | None = Field(default=None, ge=0)
-    """CPU swap space per GPU (`--swap-space`, V0 lines only: 0.19 has no such flag); unset keeps vLLM's."""
-    attention_backend: str | None = Field(default=None, pattern=r"^[A-Z][A-Z0-9_]*$")
-    """`--attention-backend` (vLLM >= 0.14), e.g. TRITON_ATTN on V100; the policy pack checks it per GPU."""
-    moe_config_files: list[str] = Field(default_factory=list)
-    """Fused-MoE tile configs (files on the operator's machine named as vLLM looks them up, e.g.
-    `E=128,N=96,device_name=Tesla_V100-SXM2-32GB.json`), uploaded into the container and named by
-    VLLM_TUNED_CONFIG_FOLDER: vLLM ships none for V100."""
-    enable_prefix_caching: bool | None = None
-    """None leaves vLLM's default (on in V1); the policy pack refuses it where the image's Triton kernels die."""
-    enable_chunked_prefill: bool | None = None
-    enforce_eager: bool = False
-    """`--enforce-eager`: no CUDA graphs or torch.compile (the first thing to try when capture fails on V100)."""
-    extra_args: list[str] = Field(default_factory=list)
-    """Further `vllm serve` flags verbatim; the policy pack checks each against the pool's vLLM parser.
-    Flags a typed key sets (--max-model-len, --port, …) are refused here: state the typed key."""
-
-
-# The option each engine's block cannot do without (named in the error when the block is missing).
-_REQUIRED_OPTION = {"vllm": "maxModelLen", "lmdeploy": "sessionLen", "llamacpp": "contextPerSlot"}
-
-
 class ImageFactsSpec(Spec):
     """Facts of a private image build, declared by the stack: a known image's facts with these replaced
     (each replaced fact is marked unverified; the policy pack and the qualification gate hold the image to them)."""
 
     like: str
-    """A known image whose other facts the build shares (components.engines.vllm.facts.IMAGES)."""
+    """A known image whose other facts the build shares (an engine's image facts table)."""
     version: str | None = Field(default=None, pattern=r"^\d+\.\d+(\.\d+)?([a-z0-9.+-]*)$")
     cuda: str | None = None
     torch: str | None = None
@@ -552,8 +459,8 @@ class ImageFactsSpec(Spec):
     @field_validator("like")
     @classmethod
     def _known(cls, v: str) -> str:
-        if image_facts(v) is None:
-            raise ValueError(f"{v!r} is not a known image; known: {', '.join(sorted(IMAGES))}")
+        if not deployed_engines.knows_image(v):
+            raise ValueError(f"{v!r} is not a known image; known: {', '.join(deployed_engines.declarable_images())}")
         return v
 
     def overrides(self) -> dict[str, object]:
@@ -566,11 +473,11 @@ class PoolSpec(Spec):
 
     model: str
     nodes: list[str] = Field(min_length=1)
-    engine: Literal[ENGINE_NAMES] = "vllm"  # type: ignore[valid-type]
+    engine: str = ""
     """The serving engine: vllm, lmdeploy (TurboMind), llamacpp; other engines the runbooks name are
     known and refused with the reason for the pool's GPU."""
     image: ImageRef = ""
-    """Serving image; unset: the engine's default (components.engines.vllm.facts.DEFAULT_IMAGES)."""
+    """Serving image; unset: the engine's default (its package's facts)."""
     image_facts: ImageFactsSpec | None = None
     """Facts of the image when it is a private build the facts table does not know."""
     tensor_parallel: int = Field(ge=1, le=16)
@@ -585,12 +492,6 @@ class PoolSpec(Spec):
     ray_client_port: Port = 10001
     shm_size_gib: int = Field(default=32, ge=1, le=65536)
     """/dev/shm of each container in GiB (tmpfs: RAM of the node, checked against its memoryGib)."""
-    vllm: VllmOptions | None = None
-    """vLLM options (required with engine: vllm)."""
-    lmdeploy: LmdeployOptions | None = None
-    """LMDeploy TurboMind options (required with engine: lmdeploy)."""
-    llamacpp: LlamacppOptions | None = None
-    """llama.cpp server options (required with engine: llamacpp)."""
     env: dict[EnvName, str] = Field(default_factory=dict)
     """Extra environment for every container of the pool (VLLM_USE_V1 is set by the product where the image reads it)."""
     offline: bool = True
@@ -610,31 +511,97 @@ class PoolSpec(Spec):
     does not restart an unhealthy container; a server that never becomes healthy within
     loadTimeoutMinutes is restarted too."""
 
-    @model_validator(mode="after")
-    def _engine_options(self) -> PoolSpec:
-        # Exactly the options block of the pool's engine: another engine's options would be silently ignored.
-        wanted = OPTIONS_KEY.get(self.engine)
-        given = [k for k in OPTIONS_KEY.values() if getattr(self, k) is not None]
-        if wanted is not None and wanted not in given:
-            raise ValueError(f"engine {self.engine} needs its options block `{wanted}` (e.g. {wanted}: "
-                             f"{{{_REQUIRED_OPTION[wanted]}: ...}})")
-        stray = [k for k in given if k != wanted]
-        if stray:
-            raise ValueError(f"`{stray[0]}` options do not apply to engine {self.engine}; "
-                             + (f"state `{wanted}` instead" if wanted else "remove them"))
-        return self
-
     @field_validator("nodes")
     @classmethod
     def _no_repeats(cls, v: list[str]) -> list[str]:
         return listed_once(v, "node ")
 
+    @classmethod
+    def _allowed_keys(cls) -> set[str]:
+        return super()._allowed_keys() | set(deployed_engines.options_keys())
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, v: str) -> str:
+        names = deployed_engines.engine_names()
+        if v not in names:
+            quoted = [repr(n) for n in names]
+            raise PydanticCustomError("literal_error", "Input should be {expected}",
+                                      {"expected": ", ".join(quoted[:-1]) + " or " + quoted[-1]})
+        return v
+
     @model_validator(mode="before")
     @classmethod
-    def _default_image(cls, data: Any) -> Any:
-        # The default depends on the engine, so it is filled in before the (frozen) model is built.
-        if isinstance(data, dict) and not data.get("image"):
-            engine = data.get("engine", "vllm")
-            if engine in DEFAULT_IMAGES:
-                data = {**data, "image": DEFAULT_IMAGES[engine]}
+    def _default_engine_and_image(cls, data: Any) -> Any:
+        # Both depend on the registry (the image on the engine), so they are filled in before the (frozen)
+        # model is built.
+        if isinstance(data, dict):
+            engine = data.get("engine") or deployed_engines.DEFAULT_ENGINE[0]
+            data = {**data, "engine": engine}
+            known = deployed_engines.deployed().get(engine) if isinstance(engine, str) else None
+            if not data.get("image") and known is not None:
+                data = {**data, "image": known.default_image}
         return data
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _engine_options(cls, data: Any, handler: Any) -> PoolSpec:
+        # The options blocks are the registered engines' own models, validated under their own key so an
+        # error names pools.<pool>.<key>.<option>; exactly the block of the pool's engine is allowed.
+        if not isinstance(data, dict):
+            return handler(data)
+        keys = deployed_engines.options_keys()
+        blocks = {k: data[k] for k in keys if k in data}
+        errors: list[Any] = []
+        pool = None
+        try:
+            pool = handler({k: v for k, v in data.items() if k not in blocks})
+        except ValidationError as err:
+            errors += _relayed(err)
+        options: dict[str, Spec] = {}
+        for key, block in blocks.items():
+            try:
+                options[key] = _options_holder(key).model_validate({key: block}).__dict__[key]
+            except ValidationError as err:
+                errors += _relayed(err)
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        assert pool is not None
+        engine = deployed_engines.deployed().get(pool.engine)
+        wanted = engine.options_key if engine is not None else None
+        if wanted is not None and wanted not in options:
+            raise ValueError(f"engine {pool.engine} needs its options block `{wanted}` (e.g. {wanted}: "
+                             f"{{{engine.required_option}: ...}})")
+        stray = [k for k in keys if k in options and k != wanted]
+        if stray:
+            raise ValueError(f"`{stray[0]}` options do not apply to engine {pool.engine}; "
+                             + (f"state `{wanted}` instead" if wanted else "remove them"))
+        pool.__pydantic_private__["_options"] = options.get(wanted) if wanted else None
+        return pool
+
+    _options: Spec | None = PrivateAttr(default=None)
+
+    @property
+    def options(self) -> Spec | None:
+        """The options block of the pool's engine (None for an engine the project does not deploy)."""
+        return self._options
+
+    def __getattr__(self, name: str) -> Any:
+        # pools.<pool>.<key> reads as an attribute too (pool.vllm.maxModelLen): the block when it is the
+        # pool's engine's, None for another engine's key.
+        if not name.startswith("_") and name in deployed_engines.DEPLOYED_KEYS:
+            return self._options if deployed_engines.DEPLOYED_KEYS[name] == self.engine else None
+        return super().__getattr__(name)  # type: ignore[misc]
+
+
+def _relayed(err: ValidationError) -> list[Any]:
+    """pydantic's errors as line errors for one combined ValidationError, type, location and context kept."""
+    return [{"type": PydanticCustomError(e["type"], e["msg"].replace("{", "{{").replace("}", "}}"), e.get("ctx")),
+             "loc": e["loc"], "input": e["input"]} for e in err.errors(include_url=False)]
+
+
+@cache
+def _options_holder(key: str) -> type[Spec]:
+    """A model with one field, `key`, of the engine's options model: its errors carry the key in their location."""
+    engine = deployed_engines.deployed()[deployed_engines.options_keys()[key]]
+    return create_model(f"{engine.options_model.__name__}Block", __base__=Spec, **{key: (engine.options_model, ...)})

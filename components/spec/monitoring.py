@@ -5,9 +5,6 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from components.facts.hardware import CUDA_CONTEXT_GIB, GPUS
-from components.engines.vllm.facts import image_facts
-from components.engines.capacity import communicator_gib  # pure: facts in, figures out
 from components.spec.base import Spec, SpecIssue
 from components.spec.cluster import Fraction, ImageRef, Port
 
@@ -64,7 +61,8 @@ class MonitoringSpec(Spec):
 
 
 def monitoring_issues(spec: StackSpec) -> list[SpecIssue]:
-    """Cross-section rules of the monitoring section: secrets it needs, thresholds the pools make moot."""
+    """Cross-section rules of the monitoring section: the secrets it needs (the thresholds a pool's engine
+    makes moot are the engine's to say: Engine.alert_issues)."""
     m = spec.monitoring
     if m is None:
         if "alertmanagerConfig" in spec.secrets:
@@ -78,29 +76,4 @@ def monitoring_issues(spec: StackSpec) -> list[SpecIssue]:
     if m.alertmanager is None and "alertmanagerConfig" in spec.secrets:
         issues.append(SpecIssue("monitoring.alertmanager", "is unset but the secret alertmanagerConfig is "
                                 "given; set monitoring.alertmanager (image and port) to deploy Alertmanager"))
-    ratio = m.thresholds.gpu_memory_used_ratio
-    for pname, pool in spec.pools.items():
-        g = spec.node(pool.nodes[0]).gpu if pool.nodes[0] in spec.nodes else None
-        known = GPUS.get(g.model) if g is not None else None
-        if known is None or pool.vllm is None:
-            continue  # the pool's own checks name the missing node or the unknown GPU; not a vLLM budget
-        if g is not None and pool.tensor_parallel > g.count:
-            continue  # TP across nodes: not modelled (the capacity plan says so, the parallelism rule judges it)
-        # FB_USED counts more than vLLM's budget: the CUDA context sits outside it, and so do the NCCL
-        # communicators on images that start NCCL before they measure free memory (the capacity model's).
-        facts = image_facts(pool.image)
-        comm = 0.0 if facts is None or facts.nccl_in_budget else communicator_gib(
-            pool.tensor_parallel, pool.pipeline_parallel, nvls=known.nvls)
-        floor = round(pool.vllm.gpu_memory_utilization + (CUDA_CONTEXT_GIB + comm) / known.memory_gib, 4)
-        if floor >= 1:
-            continue  # the pool cannot start at all: memory-fit names that, with the utilization that starts
-        if ratio <= floor:
-            outside = f"its CUDA context (about {CUDA_CONTEXT_GIB:g} GiB)" + (
-                f" and NCCL communicators (about {comm:.2f} GiB at TP {pool.tensor_parallel} x PP "
-                f"{pool.pipeline_parallel})" if comm else "")
-            issues.append(SpecIssue(
-                "monitoring.thresholds.gpuMemoryUsedRatio",
-                f"{ratio} would fire on every GPU of pool {pname!r}: vLLM takes gpuMemoryUtilization "
-                f"{pool.vllm.gpu_memory_utilization} at start, plus {outside}, of the {known.memory_gib:g} GiB "
-                f"{known.name}; set it above {floor}"))
     return issues

@@ -10,15 +10,12 @@ from pydantic import Field, ValidationError
 from components.facts.servers import REFERENCE_SERVER
 from components.spec.base import NAME_RE, Spec, SpecError, SpecIssue, issues_from_validation_error
 from components.spec.cluster import (
-    FirewallSpec, ModelSpec, NcclSpec, NodeDefaults, NodeSpec, PoolSpec, PreflightSpec, SshSpec, TYPED_ENV,
-    TYPED_FLAGS, canonical_flag, typed_key,
-)
-from components.spec.engines import (
-    ENGINE_TYPED_FLAGS, OPTIONS_KEY, engine_flag, engine_issues, engine_options, engine_typed_key,
+    FirewallSpec, ModelSpec, NcclSpec, NodeDefaults, NodeSpec, PoolSpec, PreflightSpec, SshSpec,
 )
 from components.spec.gateway import GatewaySpec
 from components.spec.images import ImagesSpec
 from components.spec.monitoring import MonitoringSpec, monitoring_issues
+from components.spec.topology import host_ports, nodes_per_instance
 
 NAMESPACE = "llm-cluster"
 
@@ -87,39 +84,6 @@ class StackSpec(Spec):
         return list(self.models[model].served_names) or [model]
 
 
-def stack_keys(s: StackSpec, pool: str, node: str) -> dict[str, str]:
-    """Where a person edits what a pool's server is given: `vllm serve` flag or env name -> stack key.
-
-    Typed flags map to their typed keys, flags from extraArgs to their extraArgs entry, env names to
-    pools.<pool>.env, nccl.extraEnv or the node key the product derives them from. The policy pack
-    names these keys in its messages (policies.rules.common.name_stack_keys).
-    """
-    p = s.pools[pool]
-    keys: dict[str, str] = {}
-    other = engine_options(p)
-    for flag in (TYPED_FLAGS if other is None else ENGINE_TYPED_FLAGS[p.engine]):
-        key = (typed_key(flag, pool=pool, model=p.model, node=node) if other is None
-               else engine_typed_key(p.engine, flag, pool=pool, model=p.model, node=node))
-        if key is not None:
-            keys[flag] = key
-    for name, template in TYPED_ENV.items():
-        keys[name] = template.replace("<node>", node).replace("<pool>", pool)
-    extra = p.vllm.extra_args if p.vllm is not None else other.extra_args if other is not None else []
-    for i, token in enumerate(extra):
-        flag = canonical_flag(token) if other is None else engine_flag(p.engine, token)
-        if flag is not None:
-            keys.setdefault(flag, f"pools.{pool}.{OPTIONS_KEY[p.engine]}.extraArgs[{i}] (given in extraArgs)")
-    for name in s.nccl.extra_env:
-        keys[name] = f"nccl.extraEnv.{name}"
-    for name in p.env:
-        keys[name] = f"pools.{pool}.env.{name}"
-    # The pool's image, as a message names it ("image vllm/vllm-openai:latest is not pinned").
-    keys[f"image {p.image}"] = f"pools.{pool}.image"
-    # Any other variable a message suggests is set in the pool's env.
-    keys["*env"] = f"pools.{pool}.env"
-    return keys
-
-
 SECTIONS = [f.alias for f in StackSpec.model_fields.values() if not f.exclude]
 
 
@@ -128,35 +92,7 @@ def _not_one_of(value: str, kind: str, known: Iterable[str]) -> str:
     return f"{value!r} is not a {kind}; {kind}s are: {', '.join(known) or '(none)'}"
 
 
-def _check_references(s: StackSpec) -> list[SpecIssue]:
-    """Cross-section rules pydantic cannot see: references, ownership, uniqueness, ports."""
-    issues = (_check_names_and_nodes(s) + _check_pools(s) + _check_models(s) + _check_gateway(s)
-              + _check_monitoring_and_ssh(s) + _check_images(s) + engine_issues(s) + _check_files(s))
-    return issues or _check_ports(s)
-
-
-def _check_files(s: StackSpec) -> list[SpecIssue]:
-    """What the stack names in a table or a file on the operator's machine, looked up now so a bad one is a
-    config error, not a traceback halfway through the plan (each model's architecture: its catalog name or
-    its configJson; the fused-MoE tile configs)."""
-    from components.engines.vllm.engine import moe_configs
-    from components.engines.vllm.capacity import model_architecture
-    issues: list[SpecIssue] = []
-    for mname in s.models:
-        try:
-            model_architecture(s, mname)
-        except SpecError as err:
-            issues += err.issues
-    for pname, p in s.pools.items():
-        if p.vllm is not None and p.vllm.moe_config_files:
-            try:
-                moe_configs(s, pname)
-            except SpecError as err:
-                issues += err.issues
-    return issues
-
-
-def _check_names_and_nodes(s: StackSpec) -> list[SpecIssue]:
+def check_names_and_nodes(s: StackSpec) -> list[SpecIssue]:
     issues: list[SpecIssue] = []
     for section, names in (("nodes", s.nodes), ("pools", s.pools), ("models", s.models)):
         for name in names:
@@ -178,10 +114,7 @@ def _check_names_and_nodes(s: StackSpec) -> list[SpecIssue]:
     return issues
 
 
-def _check_pools(s: StackSpec) -> list[SpecIssue]:
-    # Imported here: topology reads the spec module, so a top-level import would be circular.
-    from components.spec.topology import nodes_per_instance
-
+def check_pools(s: StackSpec) -> list[SpecIssue]:
     issues: list[SpecIssue] = []
     owner: dict[str, str] = {}
     for pname, p in s.pools.items():
@@ -195,7 +128,6 @@ def _check_pools(s: StackSpec) -> list[SpecIssue]:
                                         f"{owner[nname]!r}; a node belongs to at most one pool"))
             else:
                 owner[nname] = pname
-        issues += _check_extra_args(pname, p)
         members = [n for n in p.nodes if n in s.nodes]
         gpus = [s.node(n).gpu for n in members]
         if not members or any(g is None for g in gpus):
@@ -234,25 +166,6 @@ def _check_pools(s: StackSpec) -> list[SpecIssue]:
     return issues
 
 
-def _check_extra_args(pname: str, p: PoolSpec) -> list[SpecIssue]:
-    """extraArgs may not set a flag a typed key owns: vLLM takes the last one, the rest of the plan the typed one."""
-    issues: list[SpecIssue] = []
-    if p.vllm is None:
-        return issues  # other engines' extraArgs: components.spec.engines.engine_issues
-    for i, token in enumerate(p.vllm.extra_args):
-        flag = canonical_flag(token)
-        key = typed_key(flag, pool=pname, model=p.model, node="<node>") if flag else None
-        if key is None:
-            continue
-        said = f"{token!r}" + (f" (that is {flag})" if token.partition("=")[0] != flag else "")
-        issues.append(SpecIssue(
-            f"pools.{pname}.vllm.extraArgs[{i}]",
-            f"{said} is set by the typed key {key}: state it there instead. In extraArgs it would come after the "
-            "product's own flag and win in vLLM, while the readiness gates, the gateway, the capacity plan and "
-            "the policies keep using the typed value"))
-    return issues
-
-
 def _served(s: StackSpec) -> dict[str, str]:
     """Served name -> model (the first model claiming it)."""
     served: dict[str, str] = {}
@@ -262,7 +175,7 @@ def _served(s: StackSpec) -> dict[str, str]:
     return served
 
 
-def _check_models(s: StackSpec) -> list[SpecIssue]:
+def check_models(s: StackSpec) -> list[SpecIssue]:
     issues: list[SpecIssue] = []
     for mname, m in s.models.items():
         if m.source.node is not None and m.source.node not in s.nodes:
@@ -276,7 +189,7 @@ def _check_models(s: StackSpec) -> list[SpecIssue]:
     return issues
 
 
-def _check_gateway(s: StackSpec) -> list[SpecIssue]:
+def check_gateway(s: StackSpec) -> list[SpecIssue]:
     g = s.gateway
     if g is None:
         return []
@@ -319,64 +232,22 @@ def _check_gateway(s: StackSpec) -> list[SpecIssue]:
         add("gateway.httpRedirectPort", "redirects to HTTPS, which needs tls: true")
     if g.http_redirect_port == g.port:
         add("gateway.httpRedirectPort", f"is the gateway's own port {g.port}; pick another or leave it unset")
-    return issues + _check_shared_models(s)
-
-
-def _check_shared_models(s: StackSpec) -> list[SpecIssue]:
-    """Pools serving one model share its traffic by gateway.poolWeights; refuse what the gateway cannot honour."""
-    # Imported here: the engines read the spec module, so a top-level import would be circular.
-    from components.planning.gateway.nginx import context_length
-
-    g = s.gateway
-    assert g is not None
-    issues: list[SpecIssue] = []
-    by_model: dict[str, list[str]] = {}
-    for pname, p in s.pools.items():
-        by_model.setdefault(p.model, []).append(pname)
-    for pool, _ in g.pool_weights.items():
-        if pool not in s.pools:
-            issues.append(SpecIssue(f"gateway.poolWeights.{pool}", _not_one_of(pool, "pool", s.pools)))
-        elif len(by_model[s.pools[pool].model]) == 1:
-            issues.append(SpecIssue(f"gateway.poolWeights.{pool}", f"pool {pool!r} is the only pool serving model "
-                                    f"{s.pools[pool].model!r}: a weight splits a model's traffic between pools "
-                                    "that serve it"))
-    for model, pools in by_model.items():
-        if len(pools) < 2:
-            continue
-        if all(g.pool_weights.get(p, 1) == 0 for p in pools):
-            issues.append(SpecIssue("gateway.poolWeights", f"every pool serving model {model!r} "
-                                    f"({', '.join(pools)}) has weight 0: its requests would find no replica"))
-        lens = {p: context_length(s, p) for p in pools}
-        if len(set(lens.values())) > 1:
-            issues.append(SpecIssue(f"pools.{pools[1]}", f"pools {', '.join(pools)} serve model {model!r} behind "
-                                    "one name but accept different context lengths ("
-                                    + ", ".join(f"{p}: {n}" for p, n in lens.items())
-                                    + "): the same request would pass or fail by where it lands; give them one "
-                                    "context length (vllm.maxModelLen, lmdeploy.sessionLen, llamacpp.contextPerSlot)"))
-        for i, k in enumerate(g.api_keys):
-            for j, name in enumerate(k.models):
-                if name in pools:
-                    issues.append(SpecIssue(f"gateway.apiKeys[{i}].models[{j}]", f"pool {name!r} shares model "
-                                            f"{model!r} with {', '.join(p for p in pools if p != name)}: a key cannot "
-                                            f"be held to one of them; name the model ({model!r}) instead"))
     return issues
 
 
-def _check_monitoring_and_ssh(s: StackSpec) -> list[SpecIssue]:
+def check_monitoring_and_ssh(s: StackSpec) -> list[SpecIssue]:
     issues: list[SpecIssue] = []
     if s.monitoring is not None and s.monitoring.node not in s.nodes:
         issues.append(SpecIssue("monitoring.node", _not_one_of(s.monitoring.node, "node", s.nodes)))
-    issues += monitoring_issues(s)
+    issues += monitoring_issues(s)  # the engines' own thresholds follow in components.planning.load
     if not s.ssh.agent and not s.ssh.key_path and "sshPrivateKey" not in s.secrets:
         issues.append(SpecIssue("ssh.agent", "is false but neither ssh.keyPath nor the secret sshPrivateKey is "
                                 "given: the nodes could not be reached; use the agent, a key file, or the secret key"))
     return issues
 
 
-def _check_images(s: StackSpec) -> list[SpecIssue]:
+def check_images(s: StackSpec) -> list[SpecIssue]:
     """Registry credentials come in pairs and only with a registry; tarball file names are unique."""
-    from components.planning.image_supply import tarball_name_issues  # circular at module level, see _check_pools
-
     given = sorted({"registryUsername", "registryPassword"} & s.secrets)
     if given and s.images.registry is None:
         return [SpecIssue("images.registry", f"the secret {' and '.join(given)} is set but no registry is: state "
@@ -386,13 +257,11 @@ def _check_images(s: StackSpec) -> list[SpecIssue]:
         missing = ({"registryUsername", "registryPassword"} - set(given)).pop()
         return [SpecIssue("images.registry", f"the secret {given[0]} is set without {missing}: set both "
                           f"(pulumi config set --secret {missing}), or neither for a registry without auth")]
-    return tarball_name_issues(s)
+    return []
 
 
-def _check_ports(s: StackSpec) -> list[SpecIssue]:
+def check_ports(s: StackSpec) -> list[SpecIssue]:
     """Every host-network listener on a node gets its own port."""
-    from components.spec.topology import host_ports  # circular at module level, see _check_pools
-
     used: dict[str, dict[int, str]] = {n: {} for n in s.nodes}
     issues: list[SpecIssue] = []
     for node, port, key in host_ports(s):
@@ -403,16 +272,13 @@ def _check_ports(s: StackSpec) -> list[SpecIssue]:
     return issues
 
 
-def parse_stack(sections: Mapping[str, Any], secrets: frozenset[str] = frozenset()) -> StackSpec:
-    """Validate the stack's sections (YAML names: ssh, nodes, pools, …); raise SpecError listing every issue."""
+def validate_sections(sections: Mapping[str, Any], secrets: frozenset[str] = frozenset()) -> StackSpec:
+    """The stack's sections (YAML names: ssh, nodes, pools, …) as the model; SpecError lists every issue the
+    model itself finds. The cross-section checks follow: components.planning.load.parse_stack runs them all."""
     try:
-        spec = StackSpec.model_validate({**sections, "secrets": secrets}, by_alias=True)
+        return StackSpec.model_validate({**sections, "secrets": secrets}, by_alias=True)
     except ValidationError as err:
         raise SpecError(issues_from_validation_error(err)) from None
-    issues = _check_references(spec)
-    if issues:
-        raise SpecError(issues)
-    return spec
 
 
 def secret_in_plain_config(at: str, section: str) -> SpecIssue:
@@ -422,8 +288,9 @@ def secret_in_plain_config(at: str, section: str) -> SpecIssue:
                      "(secrets are only " + ", ".join(f"{NAMESPACE}:{k}" for k in SECRET_KEYS) + ")")
 
 
-def load_stack_config(config: Mapping[str, Any], secret_keys: set[str] | frozenset[str]) -> StackSpec:
-    """Build the spec from Pulumi config (full keys `llm-cluster:<section>`), refusing unknown keys and plaintext secrets."""
+def config_sections(config: Mapping[str, Any], secret_keys: set[str] | frozenset[str]) -> tuple[dict[str, Any], frozenset[str]]:
+    """The sections and secret names of a Pulumi config (full keys `llm-cluster:<section>`), refusing unknown
+    keys and plaintext secrets."""
     issues: list[SpecIssue] = []
     sections: dict[str, Any] = {}
     secrets: set[str] = set()
@@ -461,4 +328,4 @@ def load_stack_config(config: Mapping[str, Any], secret_keys: set[str] | frozens
                                     + ", ".join(prefix + k for k in SECTIONS + sorted(SECRET_KEYS))))
     if issues:
         raise SpecError(issues)
-    return parse_stack(sections, frozenset(secrets))
+    return sections, frozenset(secrets)

@@ -1,11 +1,14 @@
-"""Where each pool's instances run: nodes, head, GPUs and port of every vLLM instance."""
+"""Where each pool's instances run: nodes, head, GPUs and port of every serving instance."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from components.spec.cluster import PoolSpec
-from components.spec.stack import StackSpec
+
+if TYPE_CHECKING:  # annotations only: the stack module reads this one
+    from components.spec.stack import StackSpec
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from pulumi_policy.proxy import UnknownValueError
 
 from components.facts.hardware import GPUS, VLLM_IMAGE_REPO, GpuModel
 from components.engines.vllm.facts import ImageFacts, facts_for
-from components.spec.cluster import canonical_flag
+from components.engines.vllm.options import canonical_flag
 from policies.rules.serve_args import API_SERVER, SERVE, ServeArgs, parse_serve
 
 CONTAINER = "docker:index/container:Container"

@@ -19,7 +19,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from components.engines.vllm.facts import DEFAULT_IMAGES, ImageFacts, image_facts
+from components.engines.vllm.facts import ImageFacts, image_facts
+
+from components.engines.registry import DEFAULT_IMAGES
 from components.engines.data import parser_dump
 
 # What an argv is read with when its image has no facts or no dump: the default image's parser, so the

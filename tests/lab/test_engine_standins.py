@@ -46,7 +46,7 @@ PYTHON = "/usr/bin/python3"  # the image's interpreter: Debian bookworm's python
 
 @pytest.fixture(scope="module")
 def spec():  # type: ignore[no-untyped-def]
-    from components.spec import load_stack_config
+    from components.planning.load import load_stack_config
     from plan.stackfile import load_stack_file
     stack = load_stack_file(STACK, "lab-engines")
     return load_stack_config(stack.config, stack.secret_keys)

@@ -60,7 +60,7 @@ def _gate(site: Path, check_json: str, visible: str | None) -> tuple[int, dict[s
 
 @pytest.fixture(scope="module")
 def lab_qualification():
-    from components.spec import load_stack_config
+    from components.planning.load import load_stack_config
     from plan.stackfile import load_stack_file
     stack = load_stack_file(REPO / "Pulumi.lab.yaml", "lab")
     spec = load_stack_config(stack.config, stack.secret_keys)

@@ -27,10 +27,11 @@ from components.facts.startup_failures import LLAMACPP as LLAMACPP_STARTUP_FAILU
 from components.engines.base import Engine, MultiNode, offline_env, planned_capability
 from components.engines.gate import GateCheck
 from components.engines.estimate import GIB, EngineEstimate
-from components.engines.vllm.capacity import model_architecture
+from components.spec.models import model_architecture
 from components.spec.topology import Instance, instances
-from components.spec import StackSpec
-from components.spec.engines import LLAMACPP_ALIASES
+from components.engines.llamacpp.options import LLAMACPP_ALIASES, LLAMACPP_MULTI_NODE, TYPED_FLAGS, LlamacppOptions
+from components.spec import SpecIssue, StackSpec
+from components.spec.base import Spec
 
 RESERVED_GIB = 0.5
 COMPUTE_UBATCH = 512  # llama.cpp's default -ub
@@ -334,6 +335,32 @@ class LlamacppEngine(Engine):
     memory_keys: ClassVar[str] = "llamacpp.contextPerSlot or parallel"
     own_startup_failures: ClassVar[tuple[StartupFailure, ...]] = LLAMACPP_STARTUP_FAILURES
     metrics_job: ClassVar[str] = "llamacpp"
+
+    options_key: ClassVar[str] = "llamacpp"
+    options_model: ClassVar[type[Spec]] = LlamacppOptions
+    required_option: ClassVar[str] = "contextPerSlot"
+    default_image: ClassVar[str] = DEFAULT_IMAGE
+    typed_flags: ClassVar[dict[str, str]] = TYPED_FLAGS
+
+    def canonical_flag(self, token: str) -> str | None:
+        if not token.startswith("-") or token == "-" or token[1:2].isdigit():
+            return None
+        name = token.partition("=")[0]
+        return LLAMACPP_ALIASES.get(name, name)
+
+    def checkpoint_quantizations(self) -> frozenset[str]:
+        return frozenset({"gguf"})
+
+    def spec_issues(self, spec: StackSpec, pool: str) -> list[SpecIssue]:
+        p = spec.pools[pool]
+        model = spec.models.get(p.model)
+        if model is None:
+            return []
+        issues = self.extra_args_issues(spec, pool) + self.one_node_issues(spec, pool, LLAMACPP_MULTI_NODE)
+        if model.quantization != "gguf":
+            issues.append(SpecIssue(f"models.{p.model}.quantization", f"pool {pool!r} runs llama.cpp, which "
+                                    "loads GGUF files only: set quantization: gguf (and the pool's llamacpp.ggufFile)"))
+        return issues
 
     def context_length(self, spec: StackSpec, pool: str) -> int:
         o = spec.pools[pool].llamacpp

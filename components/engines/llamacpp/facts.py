@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from components.facts.evidence import Sourced, code, observed
-from components.facts.sourced import SourcedImage
+from components.facts.sourced import SourcedImage, image_ref_key
 
 ENGINE = "llamacpp"
 REPO = "ghcr.io/ggml-org/llama.cpp"
@@ -155,5 +155,4 @@ DEFAULT_IMAGE = f"{REPO}:server-cuda-b11312"
 
 def llamacpp_image(ref: str) -> LlamacppImage | None:
     """The facts of a llama.cpp image reference, None when the table does not know it."""
-    from components.engines.vllm.facts import image_ref_key  # images.py reads this module's DEFAULT_IMAGE
     return IMAGES.get(image_ref_key(ref))

@@ -30,9 +30,11 @@ from components.engines.base import Engine, MultiNode, nccl_env, offline_env, pl
 from components.engines.estimate import GIB, EngineEstimate
 from components.engines.gate import (ENGINE_VERSION_CHECK, FATBIN_SOURCE, TORCH_CHECKS, GateCheck, argv_check,
                                               python_check)
-from components.engines.vllm.capacity import model_architecture
+from components.spec.models import model_architecture
 from components.spec.topology import Instance
-from components.spec import StackSpec
+from components.engines.lmdeploy.options import LMDEPLOY_DTYPES, LMDEPLOY_FORMATS, TYPED_FLAGS, LmdeployOptions
+from components.spec import SpecIssue, StackSpec
+from components.spec.base import Spec
 
 # Memory a TurboMind process holds before it loads weights, per GPU [unverified: vLLM's measured figures
 # for the same CUDA context and libraries, components.facts.hardware].
@@ -288,6 +290,33 @@ class LmdeployEngine(Engine):
     own_startup_failures: ClassVar[tuple[StartupFailure, ...]] = LMDEPLOY_STARTUP_FAILURES
     metrics_job: ClassVar[str] = "lmdeploy"
     one_served_name: ClassVar[bool] = True  # --model-name: any other name gets 404
+
+    options_key: ClassVar[str] = "lmdeploy"
+    options_model: ClassVar[type[Spec]] = LmdeployOptions
+    required_option: ClassVar[str] = "sessionLen"
+    default_image: ClassVar[str] = DEFAULT_IMAGE
+    typed_flags: ClassVar[dict[str, str]] = TYPED_FLAGS
+
+    def checkpoint_quantizations(self) -> frozenset[str]:
+        return frozenset(f for f in LMDEPLOY_FORMATS if f)
+
+    def spec_issues(self, spec: StackSpec, pool: str) -> list[SpecIssue]:
+        p = spec.pools[pool]
+        model = spec.models.get(p.model)
+        if model is None:
+            return []
+        issues = self.extra_args_issues(spec, pool)
+        issues += self.one_node_issues(spec, pool, "TurboMind has no pipeline parallel; it spans nodes only as tensor "
+                                       "parallel over the network (--nnodes), which no one has shown on V100 and which "
+                                       "would put every layer's all-reduce on the NIC")
+        if model.quantization == "gguf" or model.quantization not in LMDEPLOY_FORMATS:
+            issues.append(SpecIssue(f"models.{p.model}.quantization", f"{model.quantization!r} is not a "
+                                    f"TurboMind model format (pool {pool!r}); TurboMind loads: unset (hf), "
+                                    + ", ".join(sorted(f for f in LMDEPLOY_FORMATS if f))))
+        if model.dtype not in LMDEPLOY_DTYPES:
+            issues.append(SpecIssue(f"models.{p.model}.dtype", f"{model.dtype!r}: TurboMind computes in "
+                                    "float16 or bfloat16 (pool {0!r}); use half, bfloat16 or auto".format(pool)))
+        return issues
 
     def context_length(self, spec: StackSpec, pool: str) -> int:
         o = spec.pools[pool].lmdeploy

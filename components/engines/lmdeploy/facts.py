@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from components.facts.evidence import Sourced, code, observed, unverified
-from components.facts.sourced import SourcedImage
+from components.facts.sourced import SourcedImage, image_ref_key
 
 ENGINE = "lmdeploy"
 REPO = "openmmlab/lmdeploy"
@@ -217,5 +217,4 @@ DEFAULT_IMAGE = f"{REPO}:v0.16.0-cu12.8"
 
 def lmdeploy_image(ref: str) -> LmdeployImage | None:
     """The facts of an LMDeploy image reference, None when the table does not know it."""
-    from components.engines.vllm.facts import image_ref_key  # images.py reads this module's DEFAULT_IMAGE
     return IMAGES.get(image_ref_key(ref))

@@ -7,14 +7,17 @@ import re
 from pathlib import Path
 from typing import ClassVar
 
-from components.facts.hardware import gpu
-from components.engines.vllm.facts import DEFAULT_IMAGES, ImageFacts
+from components.engines.capacity import communicator_gib
+from components.facts.hardware import CUDA_CONTEXT_GIB, GPUS, gpu
+from components.engines.vllm.facts import DEFAULT_IMAGE, IMAGES, QUANTIZATION_METHODS, ImageFacts, image_facts, pool_image_facts
+from components.engines.vllm.options import TYPED_ENV, TYPED_FLAGS, VllmOptions, canonical_flag
 from components.facts.startup_failures import VLLM as VLLM_STARTUP_FAILURES, StartupFailure
 from components.engines.base import Engine, MultiNode, Upload, nccl_env, offline_env, planned_capability
 from components.engines.gate import (DOT_BLOCK, ENGINE_VERSION_CHECK, TORCH_CHECKS, TRITON_DOT_CHECK,
                                               TRITON_DOT_KERNEL, GateCheck, argv_check, python_check)
 from components.spec.topology import Instance
 from components.spec import SpecError, SpecIssue, StackSpec
+from components.spec.base import Spec
 
 # Where the pool's fused-MoE tile configs are written inside the container (VLLM_TUNED_CONFIG_FOLDER).
 TUNED_CONFIG_DIR = "/opt/llm-cluster/moe-configs"
@@ -56,6 +59,87 @@ class VllmEngine(Engine):
     # [cli-0.19.1] --api-key nargs "+" (one value in 0.9.2), --hf-token nargs "?" (alone: the cached login).
     secret_flags: ClassVar[dict[str, str]] = {"--api-key": "+", "--hf-token": "1"}
 
+    options_key: ClassVar[str] = "vllm"
+    options_model: ClassVar[type[Spec]] = VllmOptions
+    required_option: ClassVar[str] = "maxModelLen"
+    default_image: ClassVar[str] = DEFAULT_IMAGE
+    typed_flags: ClassVar[dict[str, str]] = TYPED_FLAGS
+    typed_env: ClassVar[dict[str, str]] = TYPED_ENV
+
+    def image_facts(self, spec: StackSpec, pool: str) -> ImageFacts | None:
+        """The facts of the pool's image: declared in the stack for a private build, else the table's
+        entry, None when neither knows it (rules then say it cannot be judged)."""
+        return pool_image_facts(spec, pool)
+
+    def canonical_flag(self, token: str) -> str | None:
+        return canonical_flag(token)
+
+    def checkpoint_quantizations(self) -> frozenset[str]:
+        return QUANTIZATION_METHODS
+
+    def declarable_images(self) -> list[str]:
+        return sorted(IMAGES)
+
+    def knows_image(self, ref: str) -> bool:
+        return image_facts(ref) is not None
+
+    def file_issues(self, spec: StackSpec, pool: str) -> list[SpecIssue]:
+        if not spec.pools[pool].vllm.moe_config_files:
+            return []
+        try:
+            moe_configs(spec, pool)
+        except SpecError as err:
+            return err.issues
+        return []
+
+    def extra_args_issues(self, spec: StackSpec, pool: str) -> list[SpecIssue]:
+        """extraArgs may not set a flag a typed key owns: vLLM takes the last one, the rest of the plan the typed one."""
+        p = spec.pools[pool]
+        issues: list[SpecIssue] = []
+        for i, token in enumerate(p.vllm.extra_args):
+            flag = self.canonical_flag(token)
+            key = self.typed_key(flag, pool=pool, model=p.model, node="<node>") if flag else None
+            if key is None:
+                continue
+            said = f"{token!r}" + (f" (that is {flag})" if token.partition("=")[0] != flag else "")
+            issues.append(SpecIssue(
+                f"pools.{pool}.vllm.extraArgs[{i}]",
+                f"{said} is set by the typed key {key}: state it there instead. In extraArgs it would come after the "
+                "product's own flag and win in vLLM, while the readiness gates, the gateway, the capacity plan and "
+                "the policies keep using the typed value"))
+        return issues
+
+    def alert_issues(self, spec: StackSpec, pname: str) -> list[SpecIssue]:
+        """monitoring.thresholds.gpuMemoryUsedRatio must lie above what vLLM takes at start on the pool's GPUs."""
+        m = spec.monitoring
+        assert m is not None
+        ratio = m.thresholds.gpu_memory_used_ratio
+        pool = spec.pools[pname]
+        g = spec.node(pool.nodes[0]).gpu if pool.nodes[0] in spec.nodes else None
+        known = GPUS.get(g.model) if g is not None else None
+        if known is None:
+            return []  # the pool's own checks name the missing node or the unknown GPU
+        if g is not None and pool.tensor_parallel > g.count:
+            return []  # TP across nodes: not modelled (the capacity plan says so, the parallelism rule judges it)
+        # FB_USED counts more than vLLM's budget: the CUDA context sits outside it, and so do the NCCL
+        # communicators on images that start NCCL before they measure free memory (the capacity model's).
+        facts = image_facts(pool.image)
+        comm = 0.0 if facts is None or facts.nccl_in_budget else communicator_gib(
+            pool.tensor_parallel, pool.pipeline_parallel, nvls=known.nvls)
+        floor = round(pool.vllm.gpu_memory_utilization + (CUDA_CONTEXT_GIB + comm) / known.memory_gib, 4)
+        if floor >= 1:
+            return []  # the pool cannot start at all: memory-fit names that, with the utilization that starts
+        if ratio <= floor:
+            outside = f"its CUDA context (about {CUDA_CONTEXT_GIB:g} GiB)" + (
+                f" and NCCL communicators (about {comm:.2f} GiB at TP {pool.tensor_parallel} x PP "
+                f"{pool.pipeline_parallel})" if comm else "")
+            return [SpecIssue(
+                "monitoring.thresholds.gpuMemoryUsedRatio",
+                f"{ratio} would fire on every GPU of pool {pname!r}: vLLM takes gpuMemoryUtilization "
+                f"{pool.vllm.gpu_memory_utilization} at start, plus {outside}, of the {known.memory_gib:g} GiB "
+                f"{known.name}; set it above {floor}")]
+        return []
+
     def context_length(self, spec: StackSpec, pool: str) -> int:
         v = spec.pools[pool].vllm
         assert v is not None  # the spec requires the vllm block with engine: vllm
@@ -80,7 +164,7 @@ class VllmEngine(Engine):
         if facts is None:
             return None
         data = {"version": facts.version, "module": "vllm", "kernel": TRITON_DOT_KERNEL, "block": DOT_BLOCK,
-                "argvs": [list(a) for a in argvs], "recommended": DEFAULT_IMAGES[self.name],
+                "argvs": [list(a) for a in argvs], "recommended": DEFAULT_IMAGE,
                 "capability": planned_capability(spec, node)}
         return GateCheck(f"{self.title} {facts.version}", "python3", ("-c", VLLM_CHECK, json.dumps(data, sort_keys=True)),
                          "torch's arch list, the planned GPU, an fp16 matmul, a Triton fp16 dot, the vLLM version "

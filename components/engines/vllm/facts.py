@@ -36,12 +36,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from components.facts.evidence import Evidence, Sourced, code, observed, unverified
-from components.engines.llamacpp.facts import DEFAULT_IMAGE as LLAMACPP_DEFAULT
-from components.engines.lmdeploy.facts import DEFAULT_IMAGE as LMDEPLOY_DEFAULT
-from components.facts.sourced import SourcedImage
+from components.facts.sourced import SourcedImage, image_ref_key
+
+if TYPE_CHECKING:
+    from components.spec import StackSpec
 
 MoeRoute = Literal["native", "none", "moe_wna16"]
 
@@ -374,18 +375,18 @@ IMAGES: dict[str, ImageFacts] = {f.ref: f for f in [
 ]}
 
 
+def pool_image_facts(spec: StackSpec, pool: str) -> ImageFacts | None:
+    """The facts of a pool's image: declared in the stack for a private build, else the table's entry, None
+    when neither knows it (rules then say it cannot be judged)."""
+    p = spec.pools[pool]
+    if p.image_facts is not None:
+        return declared_facts(p.image, p.image_facts.like, p.image_facts.overrides(), f"pools.{pool}.imageFacts")
+    return image_facts(p.image)
+
+
 def known_images() -> Iterator[ImageFacts]:
     """Every image in the table, in a stable order (for tests that iterate versions and GPUs)."""
     return iter(sorted(IMAGES.values(), key=lambda f: (f.engine, f.version, f.variant)))
-
-
-def image_ref_key(ref: str) -> str:
-    """'docker.io/vllm/vllm-openai:v0.19.1@sha256:…' -> 'vllm/vllm-openai:v0.19.1' (the table's key)."""
-    ref = ref.split("@", 1)[0]
-    for prefix in ("docker.io/", "index.docker.io/", "registry-1.docker.io/"):
-        if ref.startswith(prefix):
-            ref = ref[len(prefix):]
-    return ref.removeprefix("library/")
 
 
 def image_facts(ref: str | None) -> ImageFacts | None:
@@ -423,8 +424,7 @@ def declared_facts(ref: str, like: str, overrides: Mapping[str, object], declare
 
 # The image a pool runs when it names none, per engine: the newest line whose facts say it starts on
 # every GPU in components.facts.hardware (vLLM 0.19.x is the last with sm_70).
-DEFAULT_IMAGES: dict[str, str] = {"vllm": "vllm/vllm-openai:v0.19.1", "lmdeploy": LMDEPLOY_DEFAULT,
-                                  "llamacpp": LLAMACPP_DEFAULT}
+DEFAULT_IMAGE = "vllm/vllm-openai:v0.19.1"
 # Every `--quantization` and `--kv-cache-dtype` value some known image accepts (the spec's first check;
 # the policy pack then holds each pool to its own image's list).
 QUANTIZATION_METHODS = frozenset(m for f in IMAGES.values() for m in f.quantizations)

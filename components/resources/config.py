@@ -5,7 +5,8 @@ import pulumi
 from pulumi.runtime.config import CONFIG, _SECRET_KEYS, get_config_env
 
 from components.spec.base import SpecError
-from components.spec.stack import StackSpec, load_stack_config
+from components.spec.stack import StackSpec
+from components.planning.load import load_stack_config
 
 
 def spec_from_pulumi() -> StackSpec:

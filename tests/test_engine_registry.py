@@ -1,0 +1,114 @@
+"""Adding an engine is a package and one registry line: a toy engine, registered from this test module and
+touching no other file, is planned end to end (spec, containers, gateway, monitoring, capacity, policies)."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import pytest
+from pydantic import Field
+
+from components.engines import registry
+from components.engines.base import Engine, MultiNode, offline_env
+from components.planning.load import load_stack_config
+from components.spec import SpecError, StackSpec
+from components.spec import engines as spec_engines
+from components.spec.base import Spec
+from components.spec.topology import Instance
+from plan.harness import ProgramRun
+from tests.conftest import run_stack
+from tests.engine_stacks import engine_config
+
+CONTAINER = "docker:index/container:Container"
+TOY_IMAGE = "example.org/toyserve:1.0"
+
+
+class ToyOptions(Spec):
+    """The toy engine's options block (`pools.<pool>.toy`)."""
+
+    context_tokens: int = Field(ge=16)
+    slots: int = Field(default=2, ge=1)
+    extra_args: list[str] = Field(default_factory=list)
+
+
+class ToyEngine(Engine):
+    """A server the project has never heard of: one process per instance, on one node."""
+
+    name: ClassVar[str] = "toyserve"
+    title: ClassVar[str] = "ToyServe"
+    server_role: ClassVar[str] = "toyserve"
+    multi_gpu: ClassVar[tuple[str, ...]] = ("tensor",)
+    multi_node: ClassVar[MultiNode] = "none"
+    metrics_job: ClassVar[str] = "toyserve"
+    memory_keys: ClassVar[str] = "toy.slots"
+    offline_vars: ClassVar[dict[str, str]] = {"TOY_OFFLINE": "1"}
+    options_key: ClassVar[str] = "toy"
+    options_model: ClassVar[type[Spec]] = ToyOptions
+    required_option: ClassVar[str] = "contextTokens"
+    default_image: ClassVar[str] = TOY_IMAGE
+    typed_flags: ClassVar[dict[str, str]] = {"--slots": "pools.<pool>.toy.slots"}
+
+    def image_facts(self, spec: StackSpec, pool: str) -> None:
+        return None
+
+    def context_length(self, spec: StackSpec, pool: str) -> int:
+        return spec.pools[pool].toy.context_tokens
+
+    def serve_argv(self, spec: StackSpec, instance: Instance) -> list[str]:
+        o = spec.pools[instance.pool].toy
+        return ["toyserve", "--port", str(instance.port), "--slots", str(o.slots), *o.extra_args]
+
+    def serve_env(self, spec: StackSpec, instance: Instance, node: str) -> dict[str, str]:
+        return {**offline_env(spec, instance.pool, self.offline_vars), **spec.pools[instance.pool].env}
+
+    def capacity(self, spec: StackSpec, pool: str, *, mla: bool | None = None) -> dict[str, object]:
+        return {"error": "capacity not estimated: ToyServe has no capacity model"}
+
+
+@pytest.fixture(scope="module")
+def toy_registered() -> Iterator[None]:
+    engines, images, deployed = dict(registry.ENGINES), dict(registry.DEFAULT_IMAGES), dict(spec_engines.DEPLOYED)
+    keys = dict(spec_engines.DEPLOYED_KEYS)
+    registry.register(ToyEngine())
+    yield
+    for table, saved in ((registry.ENGINES, engines), (registry.DEFAULT_IMAGES, images),
+                         (spec_engines.DEPLOYED, deployed), (spec_engines.DEPLOYED_KEYS, keys)):
+        table.clear()
+        table.update(saved)  # type: ignore[attr-defined]
+
+
+def toy_config(**toy: Any) -> dict[str, Any]:
+    """The reference stack with its chat pool on the toy engine (its default image)."""
+    return engine_config(engine="toyserve", image=None, toy={"contextTokens": 4096, **toy})
+
+
+def test_a_registered_engine_is_a_stack_value_with_its_own_options_block(toy_registered: None) -> None:
+    spec = load_stack_config(toy_config(slots=3), set())
+    chat = spec.pools["chat"]
+    assert (chat.engine, chat.image, chat.toy.slots, chat.vllm) == ("toyserve", TOY_IMAGE, 3, None)
+
+
+def test_its_options_are_validated_under_its_key_and_its_typed_flags_refused_in_extra_args(toy_registered: None) -> None:
+    with pytest.raises(SpecError) as bad:
+        load_stack_config(toy_config(slots=0), set())
+    assert [str(i) for i in bad.value.issues] == ["pools.chat.toy.slots: 0 is not allowed: must be at least 1"]
+    with pytest.raises(SpecError) as bad:
+        load_stack_config(toy_config(extraArgs=["--slots=9"]), set())
+    assert [str(i) for i in bad.value.issues] == [
+        "pools.chat.toy.extraArgs[0]: '--slots=9' is set by the typed key pools.chat.toy.slots: state it there instead"]
+
+
+def test_a_stack_on_the_toy_engine_plans_containers_gateway_and_monitoring(toy_registered: None) -> None:
+    run: ProgramRun = run_stack(toy_config())
+    [server] = [r for r in run.registrations if r.type == CONTAINER and r.name == "chat-gpu-03-toyserve"]
+    assert server.inputs["command"][-6:] == ["toyserve", "--port", "8000", "--slots", "2"][-6:]
+    assert "TOY_OFFLINE=1" in server.inputs["envs"]
+    labels = {x["label"]: x["value"] for x in server.inputs["labels"]}
+    assert labels["llm-cluster.engine"] == "toyserve"
+    assert labels["llm-cluster.image"] == TOY_IMAGE
+
+
+def test_unregistered_the_engine_is_an_unknown_value_again() -> None:
+    with pytest.raises(SpecError) as bad:
+        load_stack_config(toy_config(), set())
+    assert str(bad.value.issues[0]).startswith("pools.chat.engine: 'toyserve' is not allowed: must be one of 'vllm'")
