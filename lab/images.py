@@ -127,10 +127,10 @@ def debian_rootfs(ref: str) -> Path:
 def vllm_facts(tag: str) -> dict:
     """The image's vLLM version, its parser dump and metric names (project data, per version)."""
     version = tag.lstrip("v")
-    dump = REPO / "policies" / "data" / f"vllm-{version}-serve-args.json"
+    dump = REPO / "components" / "engines" / "vllm" / "data" / f"vllm-{version}-serve-args.json"
     metrics = sorted((REPO / "tests" / "fixtures" / "metrics").glob(f"vllm-{version}*.txt"))
     if not dump.exists() or not metrics:
-        raise LabError(f"the vLLM stand-in for {tag} needs the real parser dump policies/data/vllm-{version}-"
+        raise LabError(f"the vLLM stand-in for {tag} needs the real parser dump components/engines/vllm/data/vllm-{version}-"
                        f"serve-args.json and a metric list tests/fixtures/metrics/vllm-{version}*.txt")
     # The planner's methods over the engine images it knows (components.engines.vllm.facts).
     from components.engines.vllm.facts import QUANTIZATION_METHODS
@@ -186,7 +186,7 @@ def inputs_hash(ref: str) -> str:
                  + json.dumps(f["standin"], sort_keys=True).encode())
     elif kind == "lmdeploy":
         h.update(json.dumps(lmdeploy_standin.standin_facts(ref), sort_keys=True).encode()
-                 + (REPO / "policies" / "data" / "tools" / "dump_lmdeploy.py").read_bytes())
+                 + (REPO / "components" / "engines" / "lmdeploy" / "tools" / "dump_lmdeploy.py").read_bytes())
     return h.hexdigest()[:16]
 
 

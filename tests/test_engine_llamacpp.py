@@ -180,14 +180,14 @@ def test_argv_quantized_cache_and_extra_args() -> None:
 
 
 def test_flag_dump_is_the_help_of_the_b11312_build_parsed() -> None:
-    """policies/data's llama.cpp dump is reproduced from the committed `llama-server --help` of a CPU build."""
+    """components/engines/<engine>/data's llama.cpp dump is reproduced from the committed `llama-server --help` of a CPU build."""
     import json
 
-    from components.engines.llamacpp.tools.dump_server_args import parse_help  # type: ignore[import-not-found]
+    from components.engines.llamacpp.tools.dump_llamacpp import parse_help  # type: ignore[import-not-found]
 
     root = Path(__file__).resolve().parent.parent
     text = (root / "tests" / "fixtures" / "engines" / "llama.cpp-b11312-server-help.txt").read_text()
-    dump = json.loads((root / "policies" / "data" / CUDA12.serve_args).read_text())
+    dump = json.loads((root / "components" / "engines" / "llamacpp" / "data" / CUDA12.serve_args).read_text())
     assert parse_help(text) == dump
     options = [line for line in text.splitlines() if line.startswith("-") and not line.startswith("-----")]
     assert len(options) == len(dump) == 255  # every option line became one entry

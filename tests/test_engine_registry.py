@@ -65,7 +65,7 @@ class ToyEngine(Engine):
         return {"error": "capacity not estimated: ToyServe has no capacity model"}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def toy_registered() -> Iterator[None]:
     engines, images, deployed = dict(registry.ENGINES), dict(registry.DEFAULT_IMAGES), dict(spec_engines.DEPLOYED)
     keys = dict(spec_engines.DEPLOYED_KEYS)

@@ -2,7 +2,7 @@
 gate like vLLM's (one per node and image, what it runs exactly), and each engine's in-image check is run
 here for real where it needs no GPU:
 - vLLM's check program against vLLM 0.19.1's own Python (the PyPI wheel, unpacked; its compiled extensions
-  and dependencies stubbed as components/engines/vllm/tools/dump_serve_args.py does, torch stubbed without a GPU);
+  and dependencies stubbed as components/engines/vllm/tools/dump_vllm_serve_args.py does, torch stubbed without a GPU);
 - LMDeploy's against the real lmdeploy 0.16.0 wheel (its required packages stubbed as dump_lmdeploy.py does,
   torch as a stand-in that sees no GPU): TurboMind's real _turbomind.so read for its SASS, lmdeploy's own
   version and `serve api_server` parser;
@@ -32,7 +32,8 @@ from lab.standins.llamacpp import server_build
 from tests.test_qualification import CACHE, lint_and_run_gate, python_files, unpacked_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
-TOOLS = ROOT / "policies" / "data" / "tools"
+VLLM_TOOLS = ROOT / "components" / "engines" / "vllm" / "tools"
+LMDEPLOY_TOOLS = ROOT / "components" / "engines" / "lmdeploy" / "tools"
 
 
 def gates(config: dict[str, Any]) -> dict[tuple[str, str], Any]:
@@ -121,7 +122,7 @@ exec(compile(sys.argv.pop(1), "<vllm check>", "exec"), {"__name__": "__main__"})
 
 
 def run_vllm_check(facts: dict[str, Any], tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", VLLM_BOOT, str(TOOLS), str(vllm_source()), VLLM_CHECK,
+    return subprocess.run([sys.executable, "-c", VLLM_BOOT, str(VLLM_TOOLS), str(vllm_source()), VLLM_CHECK,
                            json.dumps(facts)], capture_output=True, text=True, timeout=600, cwd=tmp_path,
                           env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
 
@@ -166,7 +167,7 @@ exec(compile(sys.argv.pop(1), "<lmdeploy check>", "exec"), {"__name__": "__main_
 
 
 def run_lmdeploy_check(facts: dict[str, Any], tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", LMDEPLOY_BOOT, str(TOOLS), str(lmdeploy_root()), LMDEPLOY_CHECK,
+    return subprocess.run([sys.executable, "-c", LMDEPLOY_BOOT, str(LMDEPLOY_TOOLS), str(lmdeploy_root()), LMDEPLOY_CHECK,
                            json.dumps(facts)], capture_output=True, text=True, timeout=600, cwd=tmp_path,
                           env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(lmdeploy_root())})
 

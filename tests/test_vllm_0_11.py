@@ -40,11 +40,11 @@ def vllm_source(version: str) -> Path:
 @pytest.mark.parametrize("version", ["0.11.0", "0.19.1"])
 def test_the_committed_dumps_are_what_the_wheels_own_code_says(version: str, tmp_path: Path) -> None:
     source = vllm_source(version)
-    for tool, committed in (("dump_vllm_serve_args.py", ROOT / "policies" / "data" / f"vllm-{version}-serve-args.json"),
+    for tool, committed in (("dump_vllm_serve_args.py", ROOT / "components" / "engines" / "vllm" / "data" / f"vllm-{version}-serve-args.json"),
                             ("dump_vllm_quantizations.py",
-                             ROOT / "components" / "facts" / "data" / f"vllm-{version}-quantizations.json")):
+                             ROOT / "components" / "engines" / "vllm" / "data" / f"vllm-{version}-quantizations.json")):
         out = tmp_path / committed.name
-        run = subprocess.run([sys.executable, str(ROOT / "policies" / "data" / "tools" / tool), str(source), str(out)],
+        run = subprocess.run([sys.executable, str(ROOT / "components" / "engines" / "vllm" / "tools" / tool), str(source), str(out)],
                              capture_output=True, text=True, timeout=600, cwd=tmp_path,
                              env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
         assert run.returncode == 0, run.stderr[-2000:]

@@ -27,7 +27,7 @@ VLLM = ENGINES["vllm"]
 
 # Each supported version's parser dump (components/engines/DATA-SOURCES.md says how each was made).
 SERVE_ARGS = {"0.9.2": Path(__file__).parent / "fixtures" / "vllm-0.9.2-serve-args.json",
-              "0.19.1": Path(__file__).parents[1] / "policies" / "data" / "vllm-0.19.1-serve-args.json"}
+              "0.19.1": Path(__file__).parents[1] / "components" / "engines" / "vllm" / "data" / "vllm-0.19.1-serve-args.json"}
 
 
 class ParseError(Exception):

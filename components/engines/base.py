@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeVar
 
+from components.facts.engine_matrix import Cell
 from components.facts.startup_failures import COMMON as COMMON_STARTUP_FAILURES, StartupFailure
 from components.engines.gate import GateCheck
 from components.spec.topology import Instance
@@ -119,6 +120,10 @@ class Engine(ABC):
 
     def file_issues(self, spec: StackSpec, pool: str) -> list[SpecIssue]:
         """Files on the operator's machine the pool names (read at plan time): unreadable or misnamed ones."""
+        return []
+
+    def matrix_rows(self) -> list[tuple[str, list[Cell]]]:
+        """Its rows of the engines x GPU generations table (components.facts.engine_matrix): one per image."""
         return []
 
     def alert_issues(self, spec: StackSpec, pool: str) -> list[SpecIssue]:

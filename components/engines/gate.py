@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import textwrap
 from dataclasses import dataclass
-from pathlib import Path
 from components.node_programs import NODE_PROGRAMS
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from components.facts.hardware import DTYPE_ALIASES, gpu
+from components.facts.hardware import DTYPE_ALIASES
 from components.facts.models import (
     ModelArch, arch_from_config_json, context_window, model_arch, quantization_from_config_json,
 )

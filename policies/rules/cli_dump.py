@@ -1,7 +1,7 @@
-"""An engine's command line checked by a parser rebuilt from the dump of its real one (policies/data).
+"""An engine's command line checked by a parser rebuilt from the dump of its real one (components/engines/<engine>/data).
 
 One dump format for every engine: a JSON list of {"opts", "kind", "nargs", "choices", "type"} per option
-and {"positional", "nargs"} per positional, as components/engines/lmdeploy/tools/dump_api_server_args.py writes from
+and {"positional", "nargs"} per positional, as components/engines/lmdeploy/tools/dump_lmdeploy.py writes from
 LMDeploy's argparse parser and dump_llamacpp.py from `llama-server --help`. The rebuilt parser refuses
 abbreviations (the real ones may accept them; a stack states whole flags) and checks values by type and
 choices, so a misspelt flag or an impossible value is found at preview, not at container start.

@@ -1,7 +1,7 @@
 """Rules for servers of engines beside vLLM (LMDeploy TurboMind, llama.cpp), read from the ModelServer's props.
 
 Each rule judges the argv the product generated (parsed by a parser rebuilt from the engine's real CLI,
-policies/data) against the image's facts (components.engines.lmdeploy.facts / llamacpp), the same tables the
+components/engines/<engine>/data) against the image's facts (components.engines.lmdeploy.facts / llamacpp), the same tables the
 components read: image vs GPU, model format vs GPU and converter rules, KV cache quantization, flags,
 split modes and multi-node. vLLM servers are judged by the vLLM rules (hardware, image, flags).
 """

@@ -1,5 +1,5 @@
 """Rule 8: every `vllm serve` flag is real in the pool's vLLM version and has a valid value; the model is
-positional. The argv is parsed with the parser dumped from that version (policies/data; the image's
+positional. The argv is parsed with the parser dumped from that version (components/engines/<engine>/data; the image's
 `serve_args` fact). An image without a dump is not judged here (vllm-image-unknown says so).
 
 The api_server (`python3 -m vllm.entrypoints.openai.api_server`, the vllm/vllm-openai image's ENTRYPOINT)

@@ -1,5 +1,5 @@
 """`vllm serve` argv parsed by an argparse parser rebuilt from the pool's vLLM version's own (one dump per
-version in policies/data; which one is the image's `serve_args` fact).
+version in components/engines/<engine>/data; which one is the image's `serve_args` fact).
 
 The same dump gives the parser of `python3 -m vllm.entrypoints.openai.api_server` (the vllm/vllm-openai
 image's ENTRYPOINT): both are built by make_arg_parser + AsyncEngineArgs.add_cli_args, so they take the
@@ -98,7 +98,7 @@ def _choice(value: Any) -> Any:
 
 
 def dump_entries(dump: str) -> list[dict[str, Any]]:
-    """The entries of one parser dump in policies/data."""
+    """The entries of one parser dump in components/engines/<engine>/data."""
     return json.loads(parser_dump(dump).read_text())
 
 

@@ -21,9 +21,11 @@ from typing import ClassVar
 
 from components.facts.gguf import GgufModel, read_gguf
 from components.facts.hardware import gpu
-from components.engines.llamacpp.facts import DEFAULT_IMAGE, LlamacppImage, llamacpp_image
+from components.facts.engine_matrix import GENERATIONS, Cell, level
+from components.engines.llamacpp.facts import DEFAULT_IMAGE, IMAGES, LlamacppImage, llamacpp_image
 from components.facts.models import ModelArch
-from components.facts.startup_failures import LLAMACPP as LLAMACPP_STARTUP_FAILURES, StartupFailure
+from components.engines.llamacpp.startup_failures import STARTUP_FAILURES as LLAMACPP_STARTUP_FAILURES
+from components.facts.startup_failures import StartupFailure
 from components.engines.base import Engine, MultiNode, offline_env, planned_capability
 from components.engines.gate import GateCheck
 from components.engines.estimate import GIB, EngineEstimate
@@ -361,6 +363,20 @@ class LlamacppEngine(Engine):
             issues.append(SpecIssue(f"models.{p.model}.quantization", f"pool {pool!r} runs llama.cpp, which "
                                     "loads GGUF files only: set quantization: gguf (and the pool's llamacpp.ggufFile)"))
         return issues
+
+    def matrix_rows(self) -> list[tuple[str, list[Cell]]]:
+        out = []
+        for ll in IMAGES.values():
+            cells = []
+            for _, cap in GENERATIONS:
+                if not ll.runs_on(cap):
+                    cells.append(Cell("no", level(ll.sources["sass"], cap)))
+                elif ll.jit_only(cap):
+                    cells.append(Cell("deployed (PTX JIT)", level(ll.sources["ptx"], cap)))
+                else:
+                    cells.append(Cell("deployed", level(ll.sources["sass"], cap)))
+            out.append((f"llama.cpp `{ll.ref}`", cells))
+        return out
 
     def context_length(self, spec: StackSpec, pool: str) -> int:
         o = spec.pools[pool].llamacpp

@@ -6,8 +6,8 @@ Every fact names its source and evidence level (components.facts.evidence). Sour
               ggml-org/llama.cpp@0c1e57098"): .devops/cuda.Dockerfile, .github/workflows/docker.yml,
               ggml/src/ggml-cuda/CMakeLists.txt, common/arg.cpp, src/llama-context.cpp, tools/server/*.cpp,
               tools/rpc/README.md.
-  [cli-bN]    policies/data/llama.cpp-bN-server-args.json: `llama-server --help` of a CPU build of that
-              source (components/engines/llamacpp/tools/dump_server_args.py).
+  [cli-bN]    components/engines/llamacpp/data/llama.cpp-bN-server-args.json: `llama-server --help` of a CPU build of that
+              source (components/engines/llamacpp/tools/dump_llamacpp.py).
   [ref]       shared/reference/volta/engines-on-v100.md §4 (PRs, issues and user reports quoted there).
 Nothing here was run on a GPU.
 """
@@ -58,7 +58,7 @@ class LlamacppImage(SourcedImage):
     multi_node: str  # how llama.cpp spans nodes, in words (the project refuses it)
     kv_cache_types: tuple[str, ...]  # -ctk / -ctv values
     ctx_pad: int  # the per-slot context is padded to a multiple of this
-    serve_args: str  # the `llama-server --help` dump in policies/data
+    serve_args: str  # the `llama-server --help` dump in components/engines/<engine>/data
     metrics: Mapping[str, str]
     sources: Mapping[str, Sourced] = field(default_factory=dict)
     note: str = ""

@@ -22,9 +22,11 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from components.facts.hardware import gpu
-from components.engines.lmdeploy.facts import DEFAULT_IMAGE, LmdeployImage, lmdeploy_image
+from components.facts.engine_matrix import GENERATIONS, Cell, level
+from components.engines.lmdeploy.facts import DEFAULT_IMAGE, IMAGES, LmdeployImage, lmdeploy_image
 from components.facts.models import ModelArch
-from components.facts.startup_failures import LMDEPLOY as LMDEPLOY_STARTUP_FAILURES, StartupFailure
+from components.engines.lmdeploy.startup_failures import STARTUP_FAILURES as LMDEPLOY_STARTUP_FAILURES
+from components.facts.startup_failures import StartupFailure
 from components.engines.capacity import model_params
 from components.engines.base import Engine, MultiNode, nccl_env, offline_env, planned_capability
 from components.engines.estimate import GIB, EngineEstimate
@@ -317,6 +319,11 @@ class LmdeployEngine(Engine):
             issues.append(SpecIssue(f"models.{p.model}.dtype", f"{model.dtype!r}: TurboMind computes in "
                                     "float16 or bfloat16 (pool {0!r}); use half, bfloat16 or auto".format(pool)))
         return issues
+
+    def matrix_rows(self) -> list[tuple[str, list[Cell]]]:
+        return [(f"LMDeploy TurboMind `{image.ref}`",
+                 [Cell("deployed" if image.runs_on(cap) else "no", level(image.sources["sass"], cap))
+                  for _, cap in GENERATIONS]) for image in IMAGES.values()]
 
     def context_length(self, spec: StackSpec, pool: str) -> int:
         o = spec.pools[pool].lmdeploy

@@ -6,8 +6,8 @@ Every fact names its source and evidence level (components.facts.evidence). Sour
               components/node_programs/fatbin_archs.py (0.16.0: 91 sm_70 cubins; 0.15.0: 99).
   [src-X]     the InternLM/lmdeploy repository at tag vX (file:line), read with git.
   [ref]       shared/reference/volta/engines-on-v100.md §3 (issues and user reports, quoted there).
-  [cli-X]     policies/data/lmdeploy-X-api_server-args.json: `lmdeploy serve api_server`'s own argparse
-              parser, dumped by components/engines/lmdeploy/tools/dump_api_server_args.py from [whl-X].
+  [cli-X]     components/engines/lmdeploy/data/lmdeploy-X-api_server-args.json: `lmdeploy serve api_server`'s own argparse
+              parser, dumped by components/engines/lmdeploy/tools/dump_lmdeploy.py from [whl-X].
   [metrics-X] tests/fixtures/engines/lmdeploy-X-metrics.txt: the exposition lmdeploy's
               PrometheusStatLogger registers ([whl-X] lmdeploy/metrics/loggers.py), rendered for real.
 Nothing here was run on a GPU.
@@ -68,7 +68,7 @@ class LmdeployImage(SourcedImage):
     cache_block_seq_len: int  # tokens per KV block (the --cache-block-seq-len default)
     ffn_pad_align: int  # _GEMM_K_ALIGN: the intermediate dim is split in groups of lcm(group, this)
     served_names: int  # how many model names one server answers to (--model-name)
-    serve_args: str  # the parser dump in policies/data
+    serve_args: str  # the parser dump in components/engines/<engine>/data
     metrics: Mapping[str, str]  # logical name -> exported series
     sources: Mapping[str, Sourced] = field(default_factory=dict)
     note: str = ""

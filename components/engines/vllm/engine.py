@@ -8,10 +8,12 @@ from pathlib import Path
 from typing import ClassVar
 
 from components.engines.capacity import communicator_gib
+from components.facts.engine_matrix import GENERATIONS, Cell, level, sass_runs
 from components.facts.hardware import CUDA_CONTEXT_GIB, GPUS, gpu
-from components.engines.vllm.facts import DEFAULT_IMAGE, IMAGES, QUANTIZATION_METHODS, ImageFacts, image_facts, pool_image_facts
+from components.engines.vllm.facts import DEFAULT_IMAGE, IMAGES, QUANTIZATION_METHODS, ImageFacts, image_facts, known_images, pool_image_facts
 from components.engines.vllm.options import TYPED_ENV, TYPED_FLAGS, VllmOptions, canonical_flag
-from components.facts.startup_failures import VLLM as VLLM_STARTUP_FAILURES, StartupFailure
+from components.engines.vllm.startup_failures import STARTUP_FAILURES as VLLM_STARTUP_FAILURES
+from components.facts.startup_failures import StartupFailure
 from components.engines.base import Engine, MultiNode, Upload, nccl_env, offline_env, planned_capability
 from components.engines.gate import (DOT_BLOCK, ENGINE_VERSION_CHECK, TORCH_CHECKS, TRITON_DOT_CHECK,
                                               TRITON_DOT_KERNEL, GateCheck, argv_check, python_check)
@@ -108,6 +110,21 @@ class VllmEngine(Engine):
                 "product's own flag and win in vLLM, while the readiness gates, the gateway, the capacity plan and "
                 "the policies keep using the typed value"))
         return issues
+
+    def matrix_rows(self) -> list[tuple[str, list[Cell]]]:
+        """vLLM images: torch's CUDA build decides whether anything starts, Triton whether fp16 MoE compiles."""
+        out = []
+        for f in known_images():
+            cells = []
+            for _, cap in GENERATIONS:
+                if not sass_runs(f.torch_arch_list, cap):
+                    cells.append(Cell("no", level(f.sources["torch_arch_list"], cap)))
+                elif f.triton_fp16_dot(cap) is False:
+                    cells.append(Cell("dense only: no fp16 Triton MoE", level(f.sources["triton"], cap)))
+                else:
+                    cells.append(Cell("deployed", level(f.sources["torch_arch_list"], cap)))
+            out.append((f"vLLM `{f.ref}`", cells))
+        return out
 
     def alert_issues(self, spec: StackSpec, pname: str) -> list[SpecIssue]:
         """monitoring.thresholds.gpuMemoryUsedRatio must lie above what vLLM takes at start on the pool's GPUs."""

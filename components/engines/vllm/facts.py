@@ -14,7 +14,7 @@ Sources, as cited below:
   vLLM 0.11.0 the PyPI wheel vllm-0.11.0-cp38-abi3-manylinux1_x86_64.whl (sha256 3861c75f…68cd62), read
                here: vllm/envs.py, engine/arg_utils.py, platforms/cuda.py, v1/worker/gpu_worker.py,
                v1/metrics/loggers.py, v1/attention/backends/*.py; its quantization capabilities and
-               flag list dumped from its code (components/facts/data, policies/data).
+               flag list dumped from its code (components/engines/vllm/data, components/engines/<engine>/data).
   pytorch#147607:  pytorch/pytorch#147607 (sm_70 removed from the CUDA 12.8 builds of 2.7) [maint];
                #18818, #19185 "no kernel image is available" on V100 with the 0.9.x images [obs].
   pytorch#182250:  pytorch/pytorch#182250: torch 2.10.0+cu128 get_arch_list() includes sm_70 [obs].
@@ -38,7 +38,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal
 
-from components.facts.evidence import Evidence, Sourced, code, observed, unverified
+from components.facts.evidence import Sourced, code, observed, unverified
 from components.facts.sourced import SourcedImage, image_ref_key
 
 if TYPE_CHECKING:
@@ -116,7 +116,7 @@ class ImageFacts(SourcedImage):
     # custom all-reduce buffers count inside gpu-memory-utilization's budget (else they sit outside it,
     # and vLLM refuses to start when less than utilization x total is free once they exist).
     nccl_in_budget: bool
-    serve_args: str | None  # the parser dump in policies/data (None: flags cannot be checked)
+    serve_args: str | None  # the parser dump in components/engines/<engine>/data (None: flags cannot be checked)
     metrics: Mapping[str, str]  # logical name -> exported series (counters with _total)
     tuned_moe_config_env: str | None  # env var of a folder of fused-MoE tile configs
     serve_refuses_model_flag: bool  # `vllm serve --model X` exits (else: a warning, X becomes the positional)
@@ -280,7 +280,7 @@ _KV_0191 = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_i
 
 _Q0110 = MappingProxyType({
     # vLLM 0.11.0 get_min_capability of every QUANTIZATION_METHODS entry, called for real on the wheel's code
-    # (components/engines/vllm/data/vllm-0.11.0-quantizations.json, components/engines/vllm/tools/dump_quantizations.py).
+    # (components/engines/vllm/data/vllm-0.11.0-quantizations.json, components/engines/vllm/tools/dump_vllm_quantizations.py).
     **{m: QuantMethod(cap, "native") for m, cap in _dumped_capabilities("0.11.0").items()},
     "gptq": QuantMethod(60, "moe_wna16"),  # gptq.py:134-146 routes FusedMoE to MoeWNA16
 })

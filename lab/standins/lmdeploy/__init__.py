@@ -8,7 +8,7 @@ ENTRYPOINT or CMD of its own: the CUDA base's `/opt/nvidia/nvidia_entrypoint.sh`
 Debian base (its Python is 3.11, so the wheel is the cp311 one of the same release) and carries:
 - the whole lmdeploy wheel of the image's version (its CLI, configs, metrics and TurboMind's real
   _turbomind.so, whose cubins the qualification gate counts), imported with its missing requirements stubbed
-  (lab_lmdeploy/boot.py, as components/engines/lmdeploy/tools/dump_api_server_args.py does);
+  (lab_lmdeploy/boot.py, as components/engines/lmdeploy/tools/dump_lmdeploy.py does);
 - the real prometheus_client, numpy and pydantic (lmdeploy's metrics and configs run on them);
 - the lab's stand-in torch (lab/standins/vllm/torch) reporting the image's torch facts and the hosts' V100;
 - `lmdeploy` (lab_lmdeploy/server.py): LMDeploy's own entrypoint and parser, then a canned-text server.

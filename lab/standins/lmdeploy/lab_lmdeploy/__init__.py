@@ -2,5 +2,5 @@
 Python (its CLI, config classes, metrics) with a canned-text engine in place of TurboMind.
 
 boot (run at every interpreter start by lab-lmdeploy.pth) stubs the packages lmdeploy requires that the
-stand-in does not carry, as components/engines/lmdeploy/tools/dump_api_server_args.py does; server is `lmdeploy serve api_server`.
+stand-in does not carry, as components/engines/lmdeploy/tools/dump_lmdeploy.py does; server is `lmdeploy serve api_server`.
 """

@@ -1,10 +1,10 @@
-"""Turn `llama-server --help` into the CLI dump format of policies/data (one JSON entry per option).
+"""Turn `llama-server --help` into the CLI dump format of components/engines/<engine>/data (one JSON entry per option).
 
 Not imported by the program: run by hand on a build of the image's source, then commit the output
 (components/engines/DATA-SOURCES.md says which build):
     cmake -S <llama.cpp at bNNNN> -B build -DGGML_NATIVE=OFF -DLLAMA_BUILD_NUMBER=NNNN ...
     cmake --build build --target llama-server
-    build/bin/llama-server --help | python components/engines/llamacpp/tools/dump_server_args.py > policies/data/llama.cpp-bNNNN-server-args.json
+    build/bin/llama-server --help | python components/engines/llamacpp/tools/dump_llamacpp.py > components/engines/llamacpp/data/llama.cpp-bNNNN-server-args.json
 The help lists each option as `-x,    --long, --other HINT [HINT2]   help...` (common/arg.cpp
 common_arg::to_string): options before the first run of two spaces, then up to two value hints. An option
 without a hint is a flag; `{a,b,c}` hints are its choices; others take one value each.

@@ -1,6 +1,6 @@
 """Dump every option of `vllm serve` from vLLM's own argparse parser, without vLLM's dependency tree.
 
-    python components/engines/vllm/tools/dump_serve_args.py <unpacked wheel dir> policies/data/vllm-X-serve-args.json
+    python components/engines/vllm/tools/dump_vllm_serve_args.py <unpacked wheel dir> components/engines/vllm/data/vllm-X-serve-args.json
 
 The wheel's Python sources are imported as they are (unpack it: `unzip vllm-X.whl -x '*.so'`); every
 module that is not installed (torch, transformers, fastapi, …, and vLLM's compiled extensions) is

@@ -3,9 +3,9 @@
 Not imported by the program: run by hand against a wheel unpacked from PyPI, then commit the output
 (components/engines/DATA-SOURCES.md names each file this wrote):
     pip download lmdeploy==0.16.0 --no-deps -d /tmp/lmd && unzip -q /tmp/lmd/*.whl -d /tmp/lmd
-    python components/engines/lmdeploy/tools/dump_api_server_args.py cli /tmp/lmd > components/engines/lmdeploy/data/lmdeploy-0.16.0-api_server-args.json
+    python components/engines/lmdeploy/tools/dump_lmdeploy.py cli /tmp/lmd > components/engines/lmdeploy/data/lmdeploy-0.16.0-api_server-args.json
     # in a scratch venv with prometheus_client, pydantic and numpy (what the exporter itself needs):
-    python components/engines/lmdeploy/tools/dump_api_server_args.py metrics /tmp/lmd > tests/fixtures/engines/lmdeploy-0.16.0-metrics.txt
+    python components/engines/lmdeploy/tools/dump_lmdeploy.py metrics /tmp/lmd > tests/fixtures/engines/lmdeploy-0.16.0-metrics.txt
 LMDeploy's own modules (lmdeploy/cli/*.py, the parser registries they read for `choices`,
 lmdeploy/metrics/loggers.py) are imported for real; a package the wheel requires (its METADATA
 Requires-Dist) that is not installed is stubbed: building the parser or the Prometheus collectors only

@@ -1,6 +1,6 @@
 """Dump each `--quantization` method's minimum compute capability from vLLM's own code, without its dependencies.
 
-    python components/engines/vllm/tools/dump_quantizations.py <unpacked wheel dir> components/facts/data/vllm-X-quantizations.json
+    python components/engines/vllm/tools/dump_vllm_quantizations.py <unpacked wheel dir> components/engines/vllm/data/vllm-X-quantizations.json
 
 vLLM's Python is imported as it is, with everything not installed stubbed and the platform pinned to the CPU
 (the stubs of dump_vllm_serve_args.py); then, for every QUANTIZATION_METHODS entry, the config class's own
