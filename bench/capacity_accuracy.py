@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from components.facts.models import ModelArch, arch_from_config_json, model_arch  # noqa: E402
-from components.engines.capacity import CapacityEstimate, estimate  # noqa: E402
+from components.engines.vllm.memory import CapacityEstimate, estimate  # noqa: E402
 from plan.cli import run as run_cli  # noqa: E402
 
 LOG_DIR = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "vllm-startup-logs"

@@ -19,7 +19,7 @@ from components.engines.vllm.facts import IMAGES, KV_CACHE_DTYPES, image_facts
 from components.engines.registry import DEFAULT_IMAGES
 from components.facts.models import (MODELS, ModelArch, arch_from_config_json, model_arch,
                                      quantization_from_config_json)
-from components.engines.capacity import CapacityEstimate, estimate
+from components.engines.vllm.memory import CapacityEstimate, estimate
 from plan.cli import run as run_cli
 
 

@@ -13,8 +13,10 @@ import pytest
 from components.facts import hardware
 from components.facts.hardware import GPUS
 from components.facts.models import arch_from_config_json, model_arch
-from components.engines import capacity
-from components.engines.capacity import GIB, default_max_num_batched_tokens, estimate, kv_bytes_per_token_per_layer, layers_per_stage, linear_bytes_per_param, model_params
+from components.engines import weights
+from components.engines.vllm import memory as capacity
+from components.engines.weights import GIB, kv_bytes_per_token_per_layer, layers_per_stage, linear_bytes_per_param, model_params
+from components.engines.vllm.memory import default_max_num_batched_tokens, estimate
 from components.engines.vllm.capacity import pool_capacity
 from components.planning.load import load_stack_config
 from ops.capacity import main as cli_main
@@ -320,7 +322,7 @@ def test_the_planner_reads_dtypes_and_fp8_methods_from_the_facts() -> None:
     assert capacity.DTYPE_BYTES is hardware.DTYPE_BYTES
     # ptpc_fp8 stores 1-byte weights like every FP8 method vLLM knows.
     assert linear_bytes_per_param("ptpc_fp8", 2, 8, 128) == 1.0
-    assert images.FP8_WEIGHT_METHODS <= capacity.QUANTIZATIONS
+    assert images.FP8_WEIGHT_METHODS <= weights.QUANTIZATIONS
     # A float16 KV cache on a float32 model is 2 bytes per element, every fp8 form 1.
     assert [images.kv_cache_bytes(d, 4) for d in ("auto", "float16", "bfloat16", "fp8", "fp8_e5m2")] == [4, 2, 2, 1, 1]
 

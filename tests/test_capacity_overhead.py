@@ -11,7 +11,7 @@ import pytest
 from components.facts.hardware import CUDA_CONTEXT_GIB, GPUS
 from components.engines.vllm.facts import IMAGES
 from components.facts.models import model_arch
-from components.engines.capacity import COMM_GIB_PER_PEER, COMM_GIB_PER_PEER_NVLS, NON_TORCH_BASE_GIB, communicator_gib, estimate
+from components.engines.vllm.memory import COMM_GIB_PER_PEER, COMM_GIB_PER_PEER_NVLS, NON_TORCH_BASE_GIB, communicator_gib, estimate
 from components.engines.vllm.capacity import pool_capacity
 from components.planning.load import load_stack_config
 from plan.analyze import analyze

@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
-from components.engines.capacity import GIB, estimate
+from components.engines.weights import GIB
+
+from components.engines.vllm.memory import estimate
 from components.planning.capacity import capacity_report
 from components.facts.models import model_arch
 from components.spec import StackSpec

@@ -5,7 +5,7 @@ import pytest
 
 from components.facts.models import (MODELS, arch_from_config_json, model_arch,
                                      quantization_from_config_json)
-from components.engines.capacity import model_params
+from components.engines.weights import model_params
 
 # Copied from Qwen/Qwen3-30B-A3B config.json (the fields the planner reads).
 QWEN3_30B_A3B_CONFIG = {

@@ -12,7 +12,7 @@ import pytest
 
 from components.facts.models import model_arch
 from components.planning.nodes import scripts as ns
-from components.engines.capacity import checkpoint_bytes, linear_bytes_per_param, model_params
+from components.engines.weights import checkpoint_bytes, linear_bytes_per_param, model_params
 from components.spec import StackSpec
 from tests.support import tool
 

@@ -27,7 +27,7 @@ from components.engines.lmdeploy.facts import DEFAULT_IMAGE, IMAGES, LmdeployIma
 from components.facts.models import ModelArch
 from components.engines.lmdeploy.startup_failures import STARTUP_FAILURES as LMDEPLOY_STARTUP_FAILURES
 from components.facts.startup_failures import StartupFailure
-from components.engines.capacity import model_params
+from components.engines.weights import model_params
 from components.engines.base import Engine, MultiNode, nccl_env, offline_env, planned_capability
 from components.engines.estimate import GIB, EngineEstimate
 from components.engines.gate import (ENGINE_VERSION_CHECK, FATBIN_SOURCE, TORCH_CHECKS, GateCheck, argv_check,

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from components.facts.hardware import gpu
-from components.engines.capacity import CapacityEstimate, estimate
+from components.engines.vllm.memory import CapacityEstimate, estimate
 from components.engines.vllm.facts import pool_image_facts
 from components.spec import StackSpec
 from components.spec.models import model_architecture, resolved_dtype

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import ClassVar
 
-from components.engines.capacity import communicator_gib
+from components.engines.vllm.memory import communicator_gib
 from components.facts.engine_matrix import GENERATIONS, Cell, level, sass_runs
 from components.facts.hardware import CUDA_CONTEXT_GIB, GPUS, gpu
 from components.engines.vllm.facts import DEFAULT_IMAGE, IMAGES, QUANTIZATION_METHODS, ImageFacts, image_facts, known_images, pool_image_facts

@@ -39,6 +39,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal
 
 from components.facts.evidence import Sourced, code, observed, unverified
+from components.engines.weights import FP8_WEIGHT_METHODS  # noqa: F401  (the rules read it with these facts)
 from components.facts.sourced import SourcedImage, image_ref_key
 
 if TYPE_CHECKING:
@@ -429,9 +430,6 @@ DEFAULT_IMAGE = "vllm/vllm-openai:v0.19.1"
 # the policy pack then holds each pool to its own image's list).
 QUANTIZATION_METHODS = frozenset(m for f in IMAGES.values() for m in f.quantizations)
 KV_CACHE_DTYPES = tuple(dict.fromkeys(d for f in known_images() for d in f.kv_cache_dtypes))
-# Checkpoint methods that store FP8 (or FP4) weights: no FP8 units on Volta or Turing. [quantizations]
-FP8_WEIGHT_METHODS = frozenset({"fp8", "fbgemm_fp8", "ptpc_fp8", "modelopt", "modelopt_fp4", "modelopt_mxfp8",
-                                "mxfp8"})
 
 
 def kv_cache_bytes(kv_cache_dtype: str, act_bytes: int) -> int:

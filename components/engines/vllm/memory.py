@@ -46,11 +46,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from components.facts.hardware import CUDA_CONTEXT_GIB, DTYPE_BYTES
-from components.engines.vllm.facts import FP8_WEIGHT_METHODS as FP8_QUANTIZATION_METHODS
 from components.engines.vllm.facts import KV_CACHE_DTYPES, kv_cache_bytes
+from components.engines.weights import (
+    FP8_WEIGHT_METHODS as FP8_QUANTIZATION_METHODS, GIB, kv_bytes_per_token_per_layer, layers_per_stage,
+    linear_bytes_per_param, model_params, stage_weight_bytes,
+)
 from components.facts.models import ModelArch
 
-GIB = 1024**3
 # GPU memory outside torch's allocator that the profile run adds on every GPU: 0.03 and 0.04 GiB logged on
 # one GPU (vllm#13882, #12529 in tests/fixtures/vllm-startup-logs), rounded up.
 NON_TORCH_BASE_GIB = 0.05
@@ -62,12 +64,6 @@ COMM_GIB_PER_PEER = 0.25
 STARTUP_MARGIN_GIB = 0.5
 # On NVSwitch Hopper (NCCL NVLS): 2.53 and 2.57 GiB logged at TP 8 x PP 2 on H20 (vllm#13074): 8 peers.
 COMM_GIB_PER_PEER_NVLS = 0.32
-# Weight-only integer schemes whose overhead is one fp16 scale + one packed zero per group.
-GROUPED_INT_METHODS = frozenset({"gptq", "awq", "moe_wna16", "gptq_marlin", "awq_marlin",
-                                 "compressed-tensors", "auto-round"})
-QUANTIZATIONS = GROUPED_INT_METHODS | FP8_QUANTIZATION_METHODS | {"bitsandbytes"}
-# vLLM pads the vocabulary of VocabParallelEmbedding/ParallelLMHead to a multiple of this.
-VOCAB_PADDING = 64
 # V0 default when chunked prefill is off (arg_utils / SchedulerConfig): max(max_model_len, 2048).
 DEFAULT_MIN_BATCHED_TOKENS = 2048
 # V1 always chunks prefills; the OpenAI server's default budget (arg_utils _set_default_args_v1):
@@ -132,132 +128,6 @@ class CapacityEstimate:
             if isinstance(value, float):
                 d[key] = round(value, 4)
         return d
-
-
-def layers_per_stage(num_layers: int, pp: int) -> list[int]:
-    """Decoder layers per pipeline stage, as vLLM's get_pp_indices splits them."""
-    if pp < 1 or pp > num_layers:
-        raise ValueError(f"pipeline parallel size {pp} must be between 1 and the {num_layers} layers")
-    parts = [num_layers // pp] * pp
-    # vLLM gives the remainder to the stages just before the last one (the last holds the LM head).
-    for i in range(2, num_layers % pp + 2):
-        parts[-i] += 1
-    return parts
-
-
-def linear_bytes_per_param(quantization: str | None, act_bytes: int, quant_bits: int,
-                           group_size: int) -> float:
-    """Bytes one quantized linear-layer weight costs, scales and zero points included."""
-    if quantization is None:
-        return float(act_bytes)
-    if quantization in FP8_QUANTIZATION_METHODS:
-        return 1.0
-    if quantization == "bitsandbytes":
-        return quant_bits / 8 + 1 / 64 + 4 / (64 * 256)
-    if quantization in GROUPED_INT_METHODS:
-        # One fp16 scale and one zero packed at `bits` per group; per-channel when group_size <= 0.
-        per_group = (2 + quant_bits / 8) / group_size if group_size > 0 else 0.0
-        return quant_bits / 8 + per_group
-    raise ValueError(f"quantization {quantization!r} is not modelled; known: {', '.join(sorted(QUANTIZATIONS))}")
-
-
-def kv_heads_per_gpu(arch: ModelArch, tp: int) -> int:
-    """KV heads on one TP rank: vLLM replicates them when there are fewer than TP."""
-    return max(1, arch.num_kv_heads // tp)
-
-
-def kv_bytes_per_token_per_layer(arch: ModelArch, tp: int, kv_bytes: int, mla_enabled: bool) -> int:
-    """KV cache bytes one token costs in one layer on one GPU."""
-    if arch.uses_mla and mla_enabled:
-        # MLA caches the compressed latent plus the shared rope key, the same on every TP rank.
-        return (arch.kv_lora_rank + arch.qk_rope_head_dim) * kv_bytes
-    if arch.uses_mla:
-        # MLA off (VLLM_MLA_DISABLE=1): full per-head K and V; vLLM pads V to the qk head size.
-        return 2 * (arch.num_attention_heads // tp) * (arch.qk_nope_head_dim + arch.qk_rope_head_dim) * kv_bytes
-    return 2 * kv_heads_per_gpu(arch, tp) * arch.head_dim * kv_bytes
-
-
-def _padded_vocab(arch: ModelArch) -> int:
-    return -(-arch.vocab_size // VOCAB_PADDING) * VOCAB_PADDING
-
-
-def _attention_params(arch: ModelArch, tp: int, mla_enabled: bool) -> tuple[float, float]:
-    """(quantizable linear params, params kept in the activation dtype) of one attention block per GPU."""
-    h, heads = arch.hidden_size, arch.num_attention_heads // tp
-    if arch.uses_mla:
-        qk = arch.qk_nope_head_dim + arch.qk_rope_head_dim
-        q = (h * arch.q_lora_rank + arch.q_lora_rank * heads * qk) if arch.q_lora_rank else h * heads * qk
-        kv_a = h * (arch.kv_lora_rank + arch.qk_rope_head_dim)  # replicated on every rank
-        kv_b = arch.kv_lora_rank * heads * (arch.qk_nope_head_dim + arch.v_head_dim)
-        o = heads * arch.v_head_dim * h
-        norms = arch.q_lora_rank + arch.kv_lora_rank
-        # With MLA, vLLM keeps dequantized W_UK^T and W_UV (the size of kv_b) for the absorbed path.
-        absorbed = kv_b if mla_enabled else 0
-        return q + kv_a + kv_b + o, norms + absorbed
-    kv = kv_heads_per_gpu(arch, tp) * arch.head_dim
-    q = heads * arch.head_dim
-    linear = h * q + 2 * h * kv + q * h
-    bias = (q + 2 * kv) if arch.qkv_bias else 0
-    if arch.model_type == "gpt_oss":
-        bias += h + heads  # o_proj bias and per-head attention sinks
-    qk_norms = 2 * arch.head_dim if arch.model_type in ("qwen3", "qwen3_moe") else 0
-    return linear, bias + qk_norms
-
-
-def _mlp_params(arch: ModelArch, index: int, tp: int) -> tuple[float, float]:
-    """(quantizable linear params, unquantized params) of one MLP/MoE block per GPU."""
-    h = arch.hidden_size
-    if not arch.is_moe_layer(index):
-        return 3 * h * arch.intermediate_size / tp, 0.0
-    experts = arch.num_experts * 3 * h * arch.moe_intermediate_size / tp
-    shared_width = arch.shared_expert_intermediate_size or arch.moe_intermediate_size
-    shared = arch.num_shared_experts * 3 * h * shared_width / tp
-    router = arch.num_experts * h  # replicated, never quantized
-    extra = 0.0
-    if arch.uses_mla:
-        extra = arch.num_experts * 2  # e_score_correction_bias (fp32 = 2 fp16 slots)
-    if arch.model_type == "gpt_oss":
-        extra = arch.num_experts * (1 + 3 * arch.moe_intermediate_size / tp + h)  # router/expert biases
-    if arch.shared_expert_intermediate_size:
-        extra += h  # Qwen2-MoE's shared_expert_gate
-    return experts + shared, router + extra
-
-
-def _stage_weight_bytes(arch: ModelArch, start: int, end: int, *, tp: int, pp: int, first: bool,
-                        last: bool, act_bytes: int, linear_bytes: float, mla_enabled: bool) -> float:
-    """Weight bytes on one GPU of the pipeline stage holding layers [start, end)."""
-    h = arch.hidden_size
-    vocab_slice = _padded_vocab(arch) / tp * h
-    plain = 0.0
-    if first:
-        plain += vocab_slice
-    if last:
-        plain += h  # final norm
-        if not (arch.tie_word_embeddings and pp == 1):
-            plain += vocab_slice  # LM head (a tied head shares the embedding only when one stage has both)
-    quantized = 0.0
-    attn_q, attn_p = _attention_params(arch, tp, mla_enabled)  # the same in every layer
-    for i in range(start, end):
-        mlp_q, mlp_p = _mlp_params(arch, i, tp)
-        quantized += attn_q + mlp_q
-        plain += attn_p + mlp_p + 2 * h  # input and post-attention norms
-    return plain * act_bytes + quantized * linear_bytes
-
-
-def checkpoint_bytes(arch: ModelArch, *, act_bytes: int, linear_bytes: float) -> float:
-    """The model's weights once, as its files hold them: no TP split, no vocabulary padding, no MLA copies.
-
-    Linear layers cost `linear_bytes` per parameter (quantized), embeddings, LM head, norms, biases and
-    routers `act_bytes` (linear_bytes_per_param gives the former).
-    """
-    padding = (_padded_vocab(arch) - arch.vocab_size) * arch.hidden_size * (1 if arch.tie_word_embeddings else 2)
-    return _stage_weight_bytes(arch, 0, arch.num_layers, tp=1, pp=1, first=True, last=True,
-                               act_bytes=act_bytes, linear_bytes=linear_bytes, mla_enabled=False) - padding * act_bytes
-
-
-def model_params(arch: ModelArch) -> float:
-    """Total parameters the planner counts for the model (one copy, no padding), for cross-checks."""
-    return checkpoint_bytes(arch, act_bytes=1, linear_bytes=1.0)
 
 
 def activation_peak_bytes(arch: ModelArch, *, tp: int, act_bytes: int, max_num_batched_tokens: int,
@@ -342,7 +212,7 @@ def estimate(arch: ModelArch, gpu_memory_gib: float, *, tp: int, pp: int,
     weights, blocks, kv_mem, kv_per_token = [], [], [], []
     start = 0
     for rank, n in enumerate(stages):
-        w = _stage_weight_bytes(arch, start, start + n, tp=tp, pp=pp, first=rank == 0,
+        w = stage_weight_bytes(arch, start, start + n, tp=tp, pp=pp, first=rank == 0,
                                 last=rank == pp - 1, act_bytes=act_bytes, linear_bytes=linear_bytes,
                                 mla_enabled=mla_enabled)
         free = budget - w - activation - non_torch
