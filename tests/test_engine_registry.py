@@ -6,15 +6,19 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import pytest
+import yaml
 from pydantic import Field
 
 from components.engines import registry
 from components.engines.base import Engine, MultiNode, offline_env
+from components.engines.http import EngineServer
 from components.planning.load import load_stack_config
 from components.spec import SpecError, StackSpec
 from components.spec import engines as spec_engines
 from components.spec.base import Spec
 from components.spec.topology import Instance
+from components.planning.nodes.scripts import written_files
+from plan.analyze import analyze
 from plan.harness import ProgramRun
 from tests.conftest import run_stack
 from tests.engine_stacks import engine_config
@@ -40,6 +44,9 @@ class ToyEngine(Engine):
     multi_gpu: ClassVar[tuple[str, ...]] = ("tensor",)
     multi_node: ClassVar[MultiNode] = "none"
     metrics_job: ClassVar[str] = "toyserve"
+    http_server: ClassVar[EngineServer] = EngineServer(
+        keepalive_seconds=20, keepalive_env="TOY_KEEP_ALIVE", not_ready_statuses=(503, 529),
+        source="the toy server of this test", evidence="unverified")
     memory_keys: ClassVar[str] = "toy.slots"
     offline_vars: ClassVar[dict[str, str]] = {"TOY_OFFLINE": "1"}
     options_key: ClassVar[str] = "toy"
@@ -98,14 +105,26 @@ def test_its_options_are_validated_under_its_key_and_its_typed_flags_refused_in_
         "pools.chat.toy.extraArgs[0]: '--slots=9' is set by the typed key pools.chat.toy.slots: state it there instead"]
 
 
-def test_a_stack_on_the_toy_engine_plans_containers_gateway_and_monitoring(toy_registered: None) -> None:
+def test_a_stack_on_the_toy_engine_plans_containers_gateway_monitoring_and_policies(toy_registered: None) -> None:
     run: ProgramRun = run_stack(toy_config())
     [server] = [r for r in run.registrations if r.type == CONTAINER and r.name == "chat-gpu-03-toyserve"]
-    assert server.inputs["command"][-6:] == ["toyserve", "--port", "8000", "--slots", "2"][-6:]
+    assert server.inputs["command"] == ["toyserve", "--port", "8000", "--slots", "2"]
     assert "TOY_OFFLINE=1" in server.inputs["envs"]
     labels = {x["label"]: x["value"] for x in server.inputs["labels"]}
-    assert labels["llm-cluster.engine"] == "toyserve"
-    assert labels["llm-cluster.image"] == TOY_IMAGE
+    assert (labels["llm-cluster.engine"], labels["llm-cluster.image"]) == ("toyserve", TOY_IMAGE)
+    assert "gpu-03-image-toyserve-1-0" in {r.name for r in run.registrations}
+    # The gateway takes the toy server's own keep-alive and not-ready statuses.
+    conf = written_files(run.get("gateway-config").plain_inputs()["create"])["/etc/llm-cluster/gateway/conf/nginx.conf"]
+    upstream = conf[conf.index("upstream llm_pool_chat {"):]
+    assert upstream[:upstream.index("}")].splitlines()[-3:-1] == ["        keepalive 32;", "        keepalive_timeout 18s;"]
+    assert "http_503 http_504 http_529 non_idempotent;" in conf
+    # Prometheus scrapes its servers under the engine's own job.
+    prometheus = yaml.safe_load(written_files(run.get("monitoring-prometheus-config").plain_inputs()["create"])[
+        "/etc/llm-cluster/monitoring/prometheus/prometheus.yml"])
+    [toy_job] = [job for job in prometheus["scrape_configs"] if job["job_name"] == "toyserve"]
+    assert [t["labels"]["instance"] for t in toy_job["static_configs"]] == [f"chat-gpu-0{i}" for i in (3, 4, 5, 6)]
+    # The policy pack reads its argv with no rule written for it, and refuses nothing.
+    assert [v for v in analyze(run.registrations) if v.enforcement_level == "mandatory"] == []
 
 
 def test_unregistered_the_engine_is_an_unknown_value_again() -> None:

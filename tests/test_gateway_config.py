@@ -562,7 +562,7 @@ def test_upstream_keepalive_follows_the_pools_engine_server_timeout(config: dict
 
 def test_engine_without_server_facts_is_a_clear_error() -> None:
     from components.planning.gateway.upstreams import engine_server
-    with pytest.raises(ValueError, match="no server facts for engine 'tgi'.*knows: vllm"):
+    with pytest.raises(ValueError, match="no server facts for engine 'tgi': no such engine is registered .*knows: vllm, lmdeploy, llamacpp"):
         engine_server("tgi")
 
 
@@ -591,12 +591,22 @@ def test_429_retry_after_and_reset_follow_the_rate(rps: float, retry_after: int,
 
 
 def test_every_deployed_engine_has_server_facts_and_nginx_lets_go_first() -> None:
+    from components.engines.registry import ENGINES
     from components.planning.gateway.upstreams import engine_server, server_keepalive_seconds, upstream_keepalive_seconds
-    from components.spec.engines import DEPLOYED_ENGINES
-    for engine in DEPLOYED_ENGINES:
+    assert set(ENGINES) == {"vllm", "lmdeploy", "llamacpp"}
+    for engine in ENGINES:
         server = engine_server(engine)
         assert server.source and server.evidence in ("read from code", "observed on hardware", "unverified")
         assert 0 < upstream_keepalive_seconds(engine, {}) < server_keepalive_seconds(engine, {}), engine
+
+
+@pytest.mark.parametrize(("engine", "variable"), [("vllm", "VLLM_HTTP_TIMEOUT_KEEP_ALIVE"),
+                                                  ("lmdeploy", "UVICORN_TIMEOUT_KEEP_ALIVE")])
+def test_a_pool_env_that_lengthens_the_servers_keepalive_lengthens_nginxs(engine: str, variable: str) -> None:
+    from components.planning.gateway.upstreams import upstream_keepalive_seconds
+    # The variable each server reads (its facts' source); llama-server has none.
+    assert (upstream_keepalive_seconds(engine, {variable: "65"}), upstream_keepalive_seconds(engine, {})) == (63, 3)
+    assert upstream_keepalive_seconds("llamacpp", {variable: "65"}) == 3
 
 
 def test_request_handlers_read_only_the_modules_init_by_lua_loaded(config: dict[str, Any]) -> None:

@@ -92,7 +92,7 @@ def test_the_tests_run_the_nginx_and_lua_module_the_image_pins() -> None:
     assert re.search(r"nginx/(\S+)", version).group(1) == _upstream("nginx")  # type: ignore[union-attr]
     if "snapshot" in found.sources.values():
         warnings.warn(f"pinned packages came from snapshot.debian.org ({found.sources}): the image's default build "
-                      "cannot fetch them from the archive any more; move the pins in gateway_image.py, or build "
+                      "cannot fetch them from the archive any more; move the pins in components/planning/gateway/image.py, or build "
                       "with gateway.imageBuild pointing at snapshot.debian.org")
 
 

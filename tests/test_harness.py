@@ -50,7 +50,7 @@ def test_up_answers_with_opaque_unique_ids_and_the_computed_outputs(prod_run: Pr
     assert all(ids) and len(set(ids)) == len(ids)
     assert not any(r.name in r.resource_id for r in custom)  # nothing a test could guess
     nginx = prod_run.get("gateway-nginx")
-    image = prod_run.get("gateway-image")  # built on gpu-01 (gateway_image.py)
+    image = prod_run.get("gateway-image")  # built on gpu-01 (components/planning/gateway/image.py)
     assert nginx.plain_inputs()["image"] == image.state["imageId"] != UNKNOWN
     assert prod_run.get("gateway-ready").plain_inputs()["triggers"] == [nginx.resource_id]
 

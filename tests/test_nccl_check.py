@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from components.node_programs import NODE_PROGRAMS
 from components.planning.fabric import nccl
 from components.spec.topology import all_instances
 from components.spec import StackSpec
@@ -18,7 +19,6 @@ from plan.harness import ProgramRun
 from tests.support import tool
 
 OPS = Path(__file__).parent / "fixtures" / "ops"
-PLANNING = Path(__file__).parent.parent / "components" / "planning"
 
 
 def log(name: str) -> str:
@@ -27,12 +27,12 @@ def log(name: str) -> str:
 
 @pytest.fixture(scope="module")
 def check() -> Any:
-    sys.path.insert(0, str(PLANNING))  # as in the container: fabric.py beside nccl_check.py
+    sys.path.insert(0, str(NODE_PROGRAMS))  # as in the container: fabric.py beside nccl_check.py
     try:
         import nccl_check
         yield nccl_check
     finally:
-        sys.path.remove(str(PLANNING))
+        sys.path.remove(str(NODE_PROGRAMS))
 
 
 def reasoning(spec: StackSpec) -> Any:
@@ -68,7 +68,7 @@ def test_a_wrong_sum_or_no_ib_line_is_refused(check: Any, prod_spec: StackSpec) 
 
 
 def test_the_check_imports_ray_and_torch_only_when_it_runs() -> None:
-    tree = ast.parse((PLANNING / "nccl_check.py").read_text(), feature_version=(3, 8))
+    tree = ast.parse((NODE_PROGRAMS / "nccl_check.py").read_text(), feature_version=(3, 8))
     top = {a.name.split(".")[0] for n in tree.body if isinstance(n, ast.Import) for a in n.names}
     top |= {n.module.split(".")[0] for n in tree.body if isinstance(n, ast.ImportFrom) and n.module}
     assert top <= set(sys.stdlib_module_names) | {"__future__", "fabric"}

@@ -17,6 +17,9 @@ from components.engines.registry import ENGINES
 from components.engines.base import health_gate_script, startup_failure_advice
 from tests.support import tool
 
+# The memory keys the readiness gate of the reference stack's chat pool names.
+VLLM_MEMORY_KEYS = f"pools.chat.{ENGINES['vllm'].memory_keys}"
+
 FIXTURES = Path(__file__).parent / "fixtures"
 FAILING = FIXTURES / "startup-failures"
 # The capacity fixtures' startup logs that end in vLLM's refusal (engine, the id they must read as).
@@ -79,7 +82,7 @@ def _gate(tmp_path: Path, log: str, *, count: int | None = 0, step: int = 0, sta
     pairs = failures if failures is not None else startup_failure_advice(ENGINES["vllm"], "chat", "qwen3-30b-a3b")
     script = tmp_path / "gate.sh"
     script.write_text(health_gate_script(f"http://127.0.0.1:{_closed_port()}/health", timeout_s, "vllm-chat-gpu-03",
-                                         interval_s=1, progress_every_s=60, failures=pairs))
+                                         server="vllm", memory_keys=VLLM_MEMORY_KEYS, interval_s=1, progress_every_s=60, failures=pairs))
     started = time.monotonic()
     done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120,
                           env={"PATH": f"{bin_dir}:/usr/bin:/bin", "FAKE_DOCKER_STATE": str(state)})
@@ -94,6 +97,7 @@ def test_gate_with_failures_is_shellcheck_clean(tmp_path: Path) -> None:
     for engine in ENGINES.values():
         script = tmp_path / f"{engine.name}.sh"
         script.write_text(health_gate_script("http://192.168.10.13:8000/health", 1800, "vllm-chat-gpu-03",
+                                             server=engine.name, memory_keys=f"pools.chat.{engine.memory_keys}",
                                              failures=startup_failure_advice(engine, "chat", "qwen3-30b-a3b")))
         lint = subprocess.run([tool("shellcheck"), str(script)], capture_output=True, text=True)
         assert lint.returncode == 0, lint.stdout

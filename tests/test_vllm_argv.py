@@ -23,6 +23,9 @@ from components.spec import StackSpec
 from components.planning.load import load_stack_config
 from tests.support import tool
 
+# The memory keys the readiness gate of the reference stack's chat pool names.
+VLLM_MEMORY_KEYS = f"pools.chat.{ENGINES['vllm'].memory_keys}"
+
 VLLM = ENGINES["vllm"]
 
 # Each supported version's parser dump (components/engines/DATA-SOURCES.md says how each was made).
@@ -279,7 +282,7 @@ def _closed_port() -> int:
 
 def test_health_gate_is_valid_shellcheck_clean_bash(tmp_path: Path) -> None:
     script = tmp_path / "gate.sh"
-    script.write_text(health_gate_script("http://192.168.10.13:8000/health", 1800, "vllm-chat-gpu-03"))
+    script.write_text(health_gate_script("http://192.168.10.13:8000/health", 1800, "vllm-chat-gpu-03", server="vllm", memory_keys=VLLM_MEMORY_KEYS))
     assert subprocess.run([tool("bash"), "-n", str(script)], capture_output=True).returncode == 0
     lint = subprocess.run([tool("shellcheck"), str(script)], capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout
@@ -288,7 +291,7 @@ def test_health_gate_is_valid_shellcheck_clean_bash(tmp_path: Path) -> None:
 def test_health_gate_passes_once_health_answers(healthy_url: str, tmp_path: Path) -> None:
     tool("curl")
     script = tmp_path / "gate.sh"
-    script.write_text(health_gate_script(healthy_url, 10, "vllm-x"))
+    script.write_text(health_gate_script(healthy_url, 10, "vllm-x", server="vllm", memory_keys=VLLM_MEMORY_KEYS))
     done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"vllm: {healthy_url} healthy after ")
@@ -298,7 +301,7 @@ def test_health_gate_reports_progress_and_times_out_with_what_to_check(tmp_path:
     tool("curl")
     url = f"http://127.0.0.1:{_closed_port()}/health"
     script = tmp_path / "gate.sh"
-    script.write_text(health_gate_script(url, 2, "vllm-chat-gpu-03", interval_s=1, progress_every_s=1))
+    script.write_text(health_gate_script(url, 2, "vllm-chat-gpu-03", server="vllm", memory_keys=VLLM_MEMORY_KEYS, interval_s=1, progress_every_s=1))
     done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60,
                           env={"PATH": "/usr/bin:/bin"})  # no docker here: the log tail is skipped
     assert done.returncode == 1

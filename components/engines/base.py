@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 from components.facts.engine_matrix import Cell
 from components.facts.startup_failures import COMMON as COMMON_STARTUP_FAILURES, StartupFailure
 from components.engines.gate import GateCheck
+from components.engines.http import EngineServer
 from components.spec.topology import Instance
 from components.spec import SpecIssue, StackSpec
 from components.spec.base import Spec
@@ -52,8 +53,9 @@ class Engine(ABC):
     ready_path: ClassVar[str] = "/health"  # 200 once it serves requests (the readiness gate)
     metrics_path: ClassVar[str] = "/metrics"  # Prometheus exposition
     metrics_job: ClassVar[str]  # the Prometheus job of its servers
+    http_server: ClassVar[EngineServer]  # keep-alive and not-ready statuses, as the gateway needs them
     # Under pools.<pool>: what to lower when it runs out of memory.
-    memory_keys: ClassVar[str] = "vllm.gpuMemoryUtilization or maxModelLen"
+    memory_keys: ClassVar[str]
     # The fatal errors its own server prints at startup, most specific first
     # (components/facts/startup_failures.py); `startup_failures` adds the ones every engine shares.
     own_startup_failures: ClassVar[tuple[StartupFailure, ...]] = ()
@@ -381,8 +383,8 @@ def container_labels(spec: StackSpec, instance: Instance, node: str, role: str) 
     }
 
 
-def health_gate_script(url: str, timeout_s: int, container_hint: str, *, server: str = "vllm",
-                       memory_keys: str = "vllm.gpuMemoryUtilization or maxModelLen", interval_s: int = 5,
+def health_gate_script(url: str, timeout_s: int, container_hint: str, *, server: str, memory_keys: str,
+                       interval_s: int = 5,
                        progress_every_s: int = 30, failures: Sequence[tuple[str, str]] = (),
                        max_deaths: int = 3) -> str:
     """Bash that polls a server's readiness URL until 200, printing elapsed time; times out with what to check.

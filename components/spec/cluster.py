@@ -520,6 +520,17 @@ class PoolSpec(Spec):
     def _allowed_keys(cls) -> set[str]:
         return super()._allowed_keys() | set(deployed_engines.options_keys())
 
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unknown_keys(cls, data: Any) -> Any:
+        # A pool on an engine that is not registered has that engine's options block too: the engine is
+        # the mistake to name (the block is checked again once the engine is known).
+        if isinstance(data, dict) and isinstance(data.get("engine"), str) \
+                and data["engine"] not in deployed_engines.engine_names():
+            allowed = cls._allowed_keys()
+            data = {k: v for k, v in data.items() if k in allowed}
+        return super()._refuse_unknown_keys(data)
+
     @field_validator("engine")
     @classmethod
     def _known_engine(cls, v: str) -> str:

@@ -27,6 +27,9 @@ from lab.__main__ import debian_mirror, image_refs, weights
 from lab.config import CLIENT_ADDRESS, LAB_DIR, REPO, STATE as STATE_DIR, LabHost, LabStack, load_lab_stack
 from lab.rehearse import CONTAINER, COMMAND_REMOTE, Rehearsal, RehearsalError, StepLog, dockerfile_of
 
+# The memory keys the readiness gate of the reference stack's chat pool names.
+VLLM_MEMORY_KEYS = f"pools.chat.{ENGINES['vllm'].memory_keys}"
+
 # The tier runs wherever the lab can: as root, with the Debian tools .ci/system-deps installs.
 WHY_NOT = hosts.can_create_namespaces()
 pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"the lab does not run: {WHY_NOT}")
@@ -473,7 +476,8 @@ def test_the_readiness_gate_stops_at_the_first_death_of_a_server_that_prints_a_k
         wrapper.write_text(f'#!/bin/sh\nexec {shutil.which("docker")} -H "unix://{host.dir}/run/docker.sock" "$@"\n')
         wrapper.chmod(0o755)
         script = tmp_path / "gate.sh"
-        script.write_text(health_gate_script("http://127.0.0.1:9/health", 300, name, interval_s=1,
+        script.write_text(health_gate_script("http://127.0.0.1:9/health", 300, name, server="vllm",
+                                             memory_keys=VLLM_MEMORY_KEYS, interval_s=1,
                                              failures=startup_failure_advice(ENGINES["vllm"], "chat", "qwen3-30b-a3b")))
         t0 = time.monotonic()
         done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=200,

@@ -22,7 +22,8 @@ from typing import ClassVar
 from components.facts.gguf import GgufModel, read_gguf
 from components.facts.hardware import gpu
 from components.facts.engine_matrix import GENERATIONS, Cell, level
-from components.engines.llamacpp.facts import DEFAULT_IMAGE, IMAGES, LlamacppImage, llamacpp_image
+from components.engines.http import EngineServer
+from components.engines.llamacpp.facts import DEFAULT_IMAGE, HTTP_SERVER, IMAGES, LlamacppImage, llamacpp_image
 from components.facts.models import ModelArch
 from components.engines.llamacpp.startup_failures import STARTUP_FAILURES as LLAMACPP_STARTUP_FAILURES
 from components.facts.startup_failures import StartupFailure
@@ -337,6 +338,7 @@ class LlamacppEngine(Engine):
     memory_keys: ClassVar[str] = "llamacpp.contextPerSlot or parallel"
     own_startup_failures: ClassVar[tuple[StartupFailure, ...]] = LLAMACPP_STARTUP_FAILURES
     metrics_job: ClassVar[str] = "llamacpp"
+    http_server: ClassVar[EngineServer] = HTTP_SERVER
 
     options_key: ClassVar[str] = "llamacpp"
     options_model: ClassVar[type[Spec]] = LlamacppOptions

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from components.engines.http import EngineServer
 from components.facts.evidence import Sourced, code, observed
 from components.facts.sourced import SourcedImage, image_ref_key
 
@@ -156,3 +157,14 @@ DEFAULT_IMAGE = f"{REPO}:server-cuda-b11312"
 def llamacpp_image(ref: str) -> LlamacppImage | None:
     """The facts of a llama.cpp image reference, None when the table does not know it."""
     return IMAGES.get(image_ref_key(ref))
+
+
+# Its OpenAI server as the gateway sees it: idle keep-alive timeout and the statuses of a replica that
+# cannot serve (the gateway's upstream keepalive_timeout stays shorter; failover counts those statuses).
+HTTP_SERVER = EngineServer(
+    keepalive_seconds=5, keepalive_env=None, not_ready_statuses=(503,),
+    source=("llama-server (b11312) leaves cpp-httplib's CPPHTTPLIB_KEEPALIVE_TIMEOUT_SECOND at its default 5 "
+            "(vendor/cpp-httplib/httplib.h; tools/server sets no keep-alive timeout) and answers every "
+            "endpoint 503 'Loading model' until the model is loaded (tools/server/server-http.cpp) "
+            "(read from code)."),
+    evidence="read from code")

@@ -23,7 +23,8 @@ from typing import ClassVar
 
 from components.facts.hardware import gpu
 from components.facts.engine_matrix import GENERATIONS, Cell, level
-from components.engines.lmdeploy.facts import DEFAULT_IMAGE, IMAGES, LmdeployImage, lmdeploy_image
+from components.engines.http import EngineServer
+from components.engines.lmdeploy.facts import DEFAULT_IMAGE, HTTP_SERVER, IMAGES, LmdeployImage, lmdeploy_image
 from components.facts.models import ModelArch
 from components.engines.lmdeploy.startup_failures import STARTUP_FAILURES as LMDEPLOY_STARTUP_FAILURES
 from components.facts.startup_failures import StartupFailure
@@ -291,6 +292,7 @@ class LmdeployEngine(Engine):
     memory_keys: ClassVar[str] = "lmdeploy.cacheMaxEntryCount or sessionLen"
     own_startup_failures: ClassVar[tuple[StartupFailure, ...]] = LMDEPLOY_STARTUP_FAILURES
     metrics_job: ClassVar[str] = "lmdeploy"
+    http_server: ClassVar[EngineServer] = HTTP_SERVER
     one_served_name: ClassVar[bool] = True  # --model-name: any other name gets 404
 
     options_key: ClassVar[str] = "lmdeploy"

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from components.engines.http import EngineServer
 from components.facts.evidence import Sourced, code, observed, unverified
 from components.facts.sourced import SourcedImage, image_ref_key
 
@@ -218,3 +219,14 @@ DEFAULT_IMAGE = f"{REPO}:v0.16.0-cu12.8"
 def lmdeploy_image(ref: str) -> LmdeployImage | None:
     """The facts of an LMDeploy image reference, None when the table does not know it."""
     return IMAGES.get(image_ref_key(ref))
+
+
+# Its OpenAI server as the gateway sees it: idle keep-alive timeout and the statuses of a replica that
+# cannot serve (the gateway's upstream keepalive_timeout stays shorter; failover counts those statuses).
+HTTP_SERVER = EngineServer(
+    keepalive_seconds=5, keepalive_env="UVICORN_TIMEOUT_KEEP_ALIVE", not_ready_statuses=(503,),
+    source=("lmdeploy/serve/openai/api_server.py (0.15.0, 0.16.0 wheels) runs uvicorn with timeout_keep_alive="
+            "int(os.environ.get('UVICORN_TIMEOUT_KEEP_ALIVE', 5)); /health answers 503 while the engine's "
+            "health monitor says unhealthy (endpoints/management.py); the server listens only after the "
+            "engine is built (read from code)."),
+    evidence="read from code")

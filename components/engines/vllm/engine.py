@@ -10,7 +10,8 @@ from typing import ClassVar
 from components.engines.vllm.memory import communicator_gib
 from components.facts.engine_matrix import GENERATIONS, Cell, level, sass_runs
 from components.facts.hardware import CUDA_CONTEXT_GIB, GPUS, gpu
-from components.engines.vllm.facts import DEFAULT_IMAGE, IMAGES, QUANTIZATION_METHODS, ImageFacts, image_facts, known_images, pool_image_facts
+from components.engines.http import EngineServer
+from components.engines.vllm.facts import DEFAULT_IMAGE, HTTP_SERVER, IMAGES, QUANTIZATION_METHODS, ImageFacts, image_facts, known_images, pool_image_facts
 from components.engines.vllm.options import TYPED_ENV, TYPED_FLAGS, VllmOptions, canonical_flag
 from components.engines.vllm.startup_failures import STARTUP_FAILURES as VLLM_STARTUP_FAILURES
 from components.facts.startup_failures import StartupFailure
@@ -50,6 +51,8 @@ class VllmEngine(Engine):
     multi_gpu: ClassVar[tuple[str, ...]] = ("tensor", "pipeline")
     multi_node: ClassVar[MultiNode] = "ray"
     metrics_job: ClassVar[str] = "vllm"
+    http_server: ClassVar[EngineServer] = HTTP_SERVER
+    memory_keys: ClassVar[str] = "vllm.gpuMemoryUtilization or maxModelLen"
     own_startup_failures: ClassVar[tuple[StartupFailure, ...]] = VLLM_STARTUP_FAILURES
     # EngineArgs of 0.19.1 (and --speculative-model of 0.9.2): a value that is not a local path is a
     # hub repository id vLLM downloads (transformers_utils/repo_utils.py, lora/resolver).

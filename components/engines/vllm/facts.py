@@ -38,6 +38,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal
 
+from components.engines.http import EngineServer
 from components.facts.evidence import Sourced, code, observed, unverified
 from components.engines.weights import FP8_WEIGHT_METHODS  # noqa: F401  (the rules read it with these facts)
 from components.facts.sourced import SourcedImage, image_ref_key
@@ -437,3 +438,14 @@ def kv_cache_bytes(kv_cache_dtype: str, act_bytes: int) -> int:
     if kv_cache_dtype == "auto":
         return act_bytes
     return 2 if kv_cache_dtype in ("float16", "bfloat16") else 1
+
+
+# Its OpenAI server as the gateway sees it: idle keep-alive timeout and the statuses of a replica that
+# cannot serve (the gateway's upstream keepalive_timeout stays shorter; failover counts those statuses).
+HTTP_SERVER = EngineServer(
+    keepalive_seconds=5, keepalive_env="VLLM_HTTP_TIMEOUT_KEEP_ALIVE", not_ready_statuses=(503,),
+    source=("vllm/entrypoints/openai/api_server.py passes timeout_keep_alive="
+            "envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE to uvicorn; vllm/envs.py defaults it to 5 (seconds), "
+            "as does uvicorn's own Config(timeout_keep_alive=5) (v0.10.2 .. v0.19.x; read from code). "
+            "Not ready: 503 (unverified; the gateway counts every 500/502/503/504 as a failure anyway)."),
+    evidence="read from code")

@@ -75,10 +75,11 @@ def _tag_version(version: str) -> str:
 
 GATEWAY_IMAGE = ("llm-cluster/gateway:nginx-" + _tag_version(TESTED_PACKAGES["nginx"])
                  + "-lua-" + _tag_version(TESTED_PACKAGES["libnginx-mod-http-lua"]))
-CONTEXT_DIR = Path(__file__).with_name("image")
 # The build context as the provider gets it: relative to the project, where Pulumi runs the program
-# (an absolute path would make the plan differ from one clone to the next).
-BUILD_CONTEXT = "components/planning/gateway_image"
+# (an absolute path would make the plan differ from one clone to the next); its path is in every plan
+# that builds the image, so it stays where plans have always named it.
+CONTEXT_DIR = Path(__file__).parents[1] / "gateway_image"
+BUILD_CONTEXT = CONTEXT_DIR.relative_to(Path(__file__).parents[3]).as_posix()
 # The worker user of the official nginx image, kept so both images own the usage log alike.
 WORKER_UID = 101
 

@@ -106,7 +106,7 @@ def add_image_files(files: Path, ref: str, pip: Path, numpy: str) -> dict[str, s
     with open(site / "torch" / "__init__.py", "a") as f:
         f.write(TORCH_STUBS)
     (site / "standin.json").write_text(json.dumps(facts, indent=1))
-    shutil.copy2(REPO / "policies" / "data" / "tools" / "dump_lmdeploy.py", site / "dump_lmdeploy.py")
+    shutil.copy2(REPO / "components" / "engines" / "lmdeploy" / "tools" / "dump_lmdeploy.py", site / "dump_lmdeploy.py")
     shutil.copytree(HERE / "lab_lmdeploy", site / "lab_lmdeploy", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy2(REPO / "lab" / "standins" / "openai_http.py", site / "openai_http.py")
     (site / "lab-lmdeploy.pth").write_text("import lab_lmdeploy.boot\n")
