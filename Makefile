@@ -19,7 +19,7 @@ NUMBER ?= 512
 LOADTEST_ARGS ?=
 LOADTEST_VENV ?= .venv-loadtest
 
-.PHONY: plan rollout test system-deps mutation flakes bench loadtest clean lab lab-down
+.PHONY: plan rollout test lint system-deps mutation flakes bench loadtest clean lab lab-down
 
 $(VENV)/.runtime: requirements.txt
 	@test -x $(VENV)/bin/pip || { rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
@@ -46,8 +46,13 @@ rollout: $(VENV)/.runtime
 system-deps:
 	@bash .ci/system-deps
 
-## test: every test tier, real tools included
-test: $(VENV)/.test system-deps
+## lint: ruff (lint and format) and the import contracts of pyproject.toml (layers one way, no circle)
+lint: $(VENV)/.test
+	$(VENV)/bin/ruff check --quiet .
+	$(VENV)/bin/lint-imports --no-cache
+
+## test: lint, then every test tier, real tools included
+test: lint $(VENV)/.test system-deps
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests
 
 ## mutation: plant known bugs one at a time in a copy of the tree; the tests that must catch each run (score printed)
@@ -60,7 +65,7 @@ flakes: $(VENV)/.test system-deps
 
 ## bench: the benchmarks' figures (printed, never asserted)
 bench: $(VENV)/.test system-deps
-	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	@for b in bench/*.py; do echo "== $$b"; $(PY) -m bench.$$(basename $$b .py) || exit 1; done
 
 $(LOADTEST_VENV)/.ready: requirements-loadtest.txt
 	@test -x $(LOADTEST_VENV)/bin/pip || { rm -rf $(LOADTEST_VENV) && $(PYTHON) -m venv $(LOADTEST_VENV); }

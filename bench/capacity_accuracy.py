@@ -1,22 +1,20 @@
 """Capacity estimator vs real vLLM start-up logs: weights, non-torch memory and KV tokens per log, the
 medians and the worst optimistic KV error.
 
-Run: .venv/bin/python bench/capacity_accuracy.py   (figures only; tests/test_capacity.py asserts them)
+Run: .venv/bin/python -m bench.capacity_accuracy   (figures only; tests/test_capacity.py asserts them)
 """
 from __future__ import annotations
 
 import json
 import re
 import statistics
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from components.facts.models import ModelArch, arch_from_config_json, model_arch  # noqa: E402
-from components.engines.vllm.memory import CapacityEstimate, estimate  # noqa: E402
-from plan.cli import run as run_cli  # noqa: E402
+from components.facts.models import ModelArch, arch_from_config_json, model_arch
+from components.engines.vllm.memory import CapacityEstimate, estimate
+from plan.cli import run as run_cli
 
 LOG_DIR = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "vllm-startup-logs"
 # vLLM writes "GB" in older messages but divides by 2**30, so every figure here is GiB.

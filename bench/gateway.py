@@ -36,18 +36,17 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from components.planning.gateway.nginx import (  # noqa: E402
+from components.planning.gateway.nginx import (
     GatewayLayout, key_digests, key_ids, render_gateway, temp_path_directives,
 )
-from components.spec import StackSpec  # noqa: E402
+from components.spec import StackSpec
 from components.planning.load import load_stack_config
-from plan.stackfile import load_stack_file  # noqa: E402
-from plan.cli import run as run_cli  # noqa: E402
-from tests.deployed_nginx import DeployedNginx, deployed_nginx  # noqa: E402
-from tests.support import free_port, free_ports  # noqa: E402
+from plan.stackfile import load_stack_file
+from plan.cli import run as run_cli
+from tests.deployed_nginx import DeployedNginx, deployed_nginx
+from tests.support import free_port, free_ports
+
+ROOT = Path(__file__).resolve().parent.parent
 
 KEY = "sk-bench-0123456789abcdef"
 SECONDS = 3

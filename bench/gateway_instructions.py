@@ -23,20 +23,18 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench.gateway import (  # noqa: E402
+from bench.gateway import (
     BODY, KEY, REPLY, bench_spec, label, simple_conf, write_gateway,
 )
-from plan.cli import run as run_cli  # noqa: E402
-from tests.deployed_nginx import DeployedNginx, deployed_nginx  # noqa: E402
-from tests.support import free_port  # noqa: E402
+from plan.cli import run as run_cli
+from tests.deployed_nginx import DeployedNginx, deployed_nginx
+from tests.support import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
 
 WARMUP_SECONDS = 3  # LuaJIT compiles its traces in the first requests
 MEASURE_SECONDS = 4

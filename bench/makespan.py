@@ -1,6 +1,6 @@
 """Makespan of `pulumi up` for a stack: the dependency graph's critical path vs the runbook's one-after-another.
 
-Run: .venv/bin/python bench/makespan.py [--plan build/plan/prod/plan.json] [--stack-file Pulumi.prod.yaml]
+Run: .venv/bin/python -m bench.makespan [--plan build/plan/prod/plan.json] [--stack-file Pulumi.prod.yaml]
 Without --plan it runs the program under the mock runtime itself (a plan.json on disk may be stale).
 Figures only: nothing here is asserted by a test.
 
@@ -17,20 +17,18 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from components.planning.nodes.scripts import model_size_bytes  # noqa: E402
-from components.spec.topology import all_instances  # noqa: E402
-from components.spec import StackSpec  # noqa: E402
+from components.planning.nodes.scripts import model_size_bytes
+from components.spec.topology import all_instances
+from components.spec import StackSpec
 from components.planning.load import load_stack_config
-from plan.stackfile import load_stack_file  # noqa: E402
-from plan.cli import run as run_cli  # noqa: E402
+from plan.stackfile import load_stack_file
+from plan.cli import run as run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
 
 GIB = 1024**3
 # Compressed sizes of the images the stack pulls (assumption: registry figures of these lines).

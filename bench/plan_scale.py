@@ -8,23 +8,21 @@ own. Prints figures and ratios; asserts nothing.
 from __future__ import annotations
 
 import copy
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import pulumi
+
+from components.planning.load import load_stack_config
+from plan.analyze import analyze
+from plan.graph import component_graph
+from plan.harness import run_main_program, run_program
+from plan.report import PlanResult, artifacts_of, plan_json, render_text
+from plan.stackfile import load_stack_file
+from plan.cli import run as run_cli
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import pulumi  # noqa: E402
-
-from components.planning.load import load_stack_config  # noqa: E402
-from plan.analyze import analyze  # noqa: E402
-from plan.graph import component_graph  # noqa: E402
-from plan.harness import run_main_program, run_program  # noqa: E402
-from plan.report import PlanResult, artifacts_of, plan_json, render_text  # noqa: E402
-from plan.stackfile import load_stack_file  # noqa: E402
-from plan.cli import run as run_cli  # noqa: E402
 
 NS = "llm-cluster:"
 

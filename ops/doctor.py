@@ -23,22 +23,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from components.facts.startup_failures import all_failures, any_pattern
+from components.planning.nodes import firewall
+from components.engines.registry import ENGINES, engine_for
+from components.engines.base import container_name, nccl_env, server_container_name
+from components.node_programs.fabric import nccl_fix, parse_nccl_net
+from components.planning.nodes.scripts import operator_file_path, root_steps
+from components.node_programs.preflight import parse_chrony_tracking, parse_timedatectl
+from components.planning.fabric.ray import parse_ray_status, ray_status_argv, want_gpus
+from components.planning.fabric.rdma import rdma_script
+from components.spec.topology import Instance, all_instances, host_ports
+from components.spec import StackSpec
+from plan.stackfile import load_spec
+from plan.cli import run as run_cli
 
-from components.facts.startup_failures import all_failures, any_pattern  # noqa: E402
-from components.planning.nodes import firewall  # noqa: E402
-from components.engines.registry import ENGINES, engine_for  # noqa: E402
-from components.engines.base import container_name, nccl_env, server_container_name  # noqa: E402
-from components.node_programs.fabric import nccl_fix, parse_nccl_net  # noqa: E402
-from components.planning.nodes.scripts import operator_file_path, root_steps  # noqa: E402
-from components.node_programs.preflight import parse_chrony_tracking, parse_timedatectl  # noqa: E402
-from components.planning.fabric.ray import parse_ray_status, ray_status_argv, want_gpus  # noqa: E402
-from components.planning.fabric.rdma import rdma_script  # noqa: E402
-from components.spec.topology import Instance, all_instances, host_ports  # noqa: E402
-from components.spec import StackSpec  # noqa: E402
-from plan.stackfile import load_spec  # noqa: E402
-from plan.cli import run as run_cli  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 # Server log lines worth reading back: NCCL's transport, Xid, and every engine's fatal startup errors.

@@ -10,12 +10,11 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from components.planning.image_supply import mirror_script, stack_images, supply
+from plan.cli import run as run_cli
+from plan.stackfile import load_spec
 
-from components.planning.image_supply import mirror_script, stack_images, supply  # noqa: E402
-from plan.cli import run as run_cli  # noqa: E402
-from plan.stackfile import load_spec  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 EXIT_OK, EXIT_INVALID = 0, 2
 

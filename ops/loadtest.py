@@ -20,12 +20,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from components.spec import StackSpec
+from plan.cli import run as run_cli
+from ops.doctor import spec_from_args, stack_options
 
-from components.spec import StackSpec  # noqa: E402
-from plan.cli import run as run_cli  # noqa: E402
-from ops.doctor import spec_from_args, stack_options  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 PROMPT = "Write a short story of about 200 words about a lighthouse keeper who finds a message in a bottle."

@@ -30,18 +30,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pulumi import automation as auto
+
+from components.planning.smoke import retry_seconds, where_to_look
+from components.node_programs.smoke_client import RETRY_STATUSES
+from components.spec.topology import instances
+from components.spec import StackSpec
+from plan.harness import ProgramRun, Registration, run_main_program
+from plan.stackfile import load_spec
+from plan.cli import run as run_cli
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from pulumi import automation as auto  # noqa: E402
-
-from components.planning.smoke import retry_seconds, where_to_look  # noqa: E402
-from components.node_programs.smoke_client import RETRY_STATUSES  # noqa: E402
-from components.spec.topology import instances  # noqa: E402
-from components.spec import StackSpec  # noqa: E402
-from plan.harness import ProgramRun, Registration, run_main_program  # noqa: E402
-from plan.stackfile import load_spec  # noqa: E402
-from plan.cli import run as run_cli  # noqa: E402
 
 CONTAINER = "docker:index/container:Container"
 INSTANCE_LABEL = "llm-cluster.instance"

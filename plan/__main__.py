@@ -11,23 +11,24 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pulumi
+
+from components.planning.capacity import capacity_report
+from plan.analyze import PolicyConfigError, analyze
+from plan.graph import component_graph, write_graph
+from plan.diff import keep_previous, parse_plan, plan_diff, previous_plan
+from plan.harness import DuplicateUrnError, run_main_program
+from plan.report import PlanResult, artifacts_of, in_stable_order, plan_json, render_text, write_artifacts
+from components.engines.base import REDACTED
+from components.engines.credentials import CREDENTIAL_SHAPES
+from plan.redact import Redactor
+from plan.secrets import find_leaks, text_leaks, unmarked_outputs
+from components.spec import SpecError
+from plan.stackfile import load_spec, say_invalid
+from plan.ci import configured_levels, junit, repo_uri, sarif, write_text
+from plan.cli import emit, run as run_cli
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import pulumi  # noqa: E402
-
-from components.planning.capacity import capacity_report  # noqa: E402
-from plan.analyze import PolicyConfigError, analyze  # noqa: E402
-from plan.graph import component_graph, write_graph  # noqa: E402
-from plan.diff import keep_previous, parse_plan, plan_diff, previous_plan  # noqa: E402
-from plan.harness import DuplicateUrnError, run_main_program  # noqa: E402
-from plan.report import PlanResult, artifacts_of, in_stable_order, plan_json, render_text, write_artifacts  # noqa: E402
-from plan.redact import CREDENTIAL_SHAPES, REDACTED, Redactor  # noqa: E402
-from plan.secrets import find_leaks, text_leaks, unmarked_outputs  # noqa: E402
-from components.spec import SpecError  # noqa: E402
-from plan.stackfile import load_spec, say_invalid  # noqa: E402
-from plan.ci import configured_levels, junit, repo_uri, sarif, write_text  # noqa: E402
-from plan.cli import emit, run as run_cli  # noqa: E402
 
 EXIT_OK, EXIT_VIOLATION, EXIT_INVALID = 0, 1, 2
 FORMATS = ("text", "json", "sarif", "junit")

@@ -17,18 +17,7 @@ from typing import Any
 from components.engines.registry import SECRET_FLAGS as ENGINE_SECRET_FLAGS
 from components.engines.base import REDACTED, secret_positions
 from plan.harness import SECRET_MARK, Registration
-from policies.rules.security import _SCRIPT_ASSIGN, _SCRIPT_FLAG, SECRET_ENV, SECRET_FLAGS
-# Tokens recognisable by their shape, wherever they appear.
-CREDENTIAL_SHAPES = re.compile("|".join([
-    r"\bhf_[A-Za-z0-9]{20,}",  # Hugging Face
-    r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_-]{20,}",  # OpenAI, Anthropic
-    r"\bgh[pousr]_[A-Za-z0-9]{30,}", r"\bgithub_pat_[A-Za-z0-9_]{30,}",  # GitHub
-    r"\bglpat-[A-Za-z0-9_-]{20,}",  # GitLab
-    r"\bxox[abposr]-[A-Za-z0-9-]{10,}",  # Slack
-    r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b",  # AWS access key id
-    r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",  # JWT
-    r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?-----END [A-Z ]*PRIVATE KEY-----",  # PEM / OpenSSH keys
-]), re.DOTALL)
+from components.engines.credentials import CREDENTIAL_SHAPES, SCRIPT_ASSIGN, SCRIPT_FLAG, SECRET_ENV, SECRET_FLAGS
 # A flagged value this short is redacted only where it sits (NAME=…, --api-key …), not everywhere.
 MIN_GLOBAL = 6
 _ASSIGN = re.compile(r"(?<![\w-])([A-Za-z_][A-Za-z0-9_]*)=(['\"]?)([^\s'\"]+)")
@@ -88,10 +77,10 @@ def _found_in(text: str, path: str, holder: Any) -> Iterable[tuple[str, str]]:
         if text.startswith(flag + "=") and _literal(text[len(flag) + 1:]):
             yield text[len(flag) + 1:], f"flag {flag}"
     if "\n" in text or " " in text:  # a script or shell snippet: the rule's own patterns
-        for m in _SCRIPT_ASSIGN.finditer(text):
+        for m in SCRIPT_ASSIGN.finditer(text):
             if SECRET_ENV.search(m.group(1)) and _literal(m.group(3)):
                 yield m.group(3), f"script assignment {m.group(1)}"
-        for m in _SCRIPT_FLAG.finditer(text):
+        for m in SCRIPT_FLAG.finditer(text):
             yield m.group(3), f"script flag {m.group(1)}"
     for m in CREDENTIAL_SHAPES.finditer(text):
         yield m.group(0), "shaped like a credential"

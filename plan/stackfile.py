@@ -12,6 +12,8 @@ import yaml
 
 from components.spec import NAMESPACE, SECTIONS, SpecError, SpecIssue, StackSpec
 
+from components.engines.base import REDACTED
+from components.engines.credentials import CREDENTIAL_SHAPES
 from components.planning.load import load_stack_config
 from components.spec.stack import secret_in_plain_config
 
@@ -143,7 +145,6 @@ def load_spec(path: Path, name: str | None = None) -> tuple[StackFile, StackSpec
 
 def say_invalid(path: Path, err: SpecError) -> None:
     """Say on stderr why the stack is invalid: one issue a line, anything shaped like a credential redacted."""
-    from plan.redact import CREDENTIAL_SHAPES, REDACTED  # plan.redact reads the harness: only when needed
     print(f"invalid stack config {path}:", file=sys.stderr)
     for issue in err.issues:
         print(f"  {CREDENTIAL_SHAPES.sub(REDACTED, str(issue))}", file=sys.stderr)

@@ -1,12 +1,9 @@
-"""Entry point the Pulumi CLI runs (cwd = policies/): build the PolicyPack from policies.pack; it blocks serving."""
-import sys
-from pathlib import Path
+"""Entry point the Pulumi CLI runs (cwd = policies/): build the PolicyPack from policies.pack; it blocks serving.
 
-# The CLI runs this file with the pack directory on sys.path; the rules import components.facts from the root.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+The pack's virtualenv is the project's (PulumiPolicy.yaml), where `pip install -e .` put the project's packages.
+"""
+from pulumi_policy import PolicyPack
 
-from pulumi_policy import PolicyPack  # noqa: E402
-
-from policies.pack import DEFAULT_LEVEL, PACK_DESCRIPTION, PACK_NAME, POLICIES  # noqa: E402
+from policies.pack import DEFAULT_LEVEL, PACK_DESCRIPTION, PACK_NAME, POLICIES
 
 PolicyPack(name=PACK_NAME, policies=POLICIES, enforcement_level=DEFAULT_LEVEL, description=PACK_DESCRIPTION)

@@ -1,6 +1,6 @@
 """The nginx and Lua module the gateway image deploys, fetched for the real-nginx tests whatever this machine runs.
 
-The gateway image pins Debian packages (components/planning/gateway/image.py). This module fetches
+The gateway image pins Debian packages (components/facts/gateway_image.py). This module fetches
 exactly those versions, with the dependencies Debian resolves for them, from the same archives the
 image's Dockerfile uses (deb.debian.org; snapshot.debian.org for a pinned version that has left
 the archive), checks each package is the pinned one, unpacks them into
@@ -180,7 +180,7 @@ def _from_snapshot(pkg: str, version: str, dest: Path, archive: list[str] | None
         raise RuntimeError(
             f"{pkg} {version} has left the Debian archive (it has {', '.join(archive or []) or 'no version'}) and "
             f"{SNAPSHOT} cannot be reached ({reason}): pin a version the archive has in "
-            "components/planning/gateway/image.py TESTED_PACKAGES (and the Dockerfile), "
+            "components/facts/gateway_image.py TESTED_PACKAGES (and the Dockerfile), "
             "or let this machine reach snapshot.debian.org") from None
     for entry in info.get("result", []):
         if entry.get("architecture") not in (ARCH, "all"):

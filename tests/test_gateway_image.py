@@ -92,7 +92,7 @@ def test_the_tests_run_the_nginx_and_lua_module_the_image_pins() -> None:
     assert re.search(r"nginx/(\S+)", version).group(1) == _upstream("nginx")  # type: ignore[union-attr]
     if "snapshot" in found.sources.values():
         warnings.warn(f"pinned packages came from snapshot.debian.org ({found.sources}): the image's default build "
-                      "cannot fetch them from the archive any more; move the pins in components/planning/gateway/image.py, or build "
+                      "cannot fetch them from the archive any more; move the pins in components/facts/gateway_image.py, or build "
                       "with gateway.imageBuild pointing at snapshot.debian.org")
 
 
@@ -259,7 +259,7 @@ def test_a_pin_that_left_the_archive_while_snapshot_is_unreachable_says_what_to_
     assert str(err.value) == (
         "nginx 1.26.3-3+deb13u11 has left the Debian archive (it has 1.26.3-3+deb13u12, 1.26.3-3+deb13u10) and "
         f"http://127.0.0.1:{port} cannot be reached ([Errno 111] Connection refused): pin a version the archive "
-        "has in components/planning/gateway/image.py TESTED_PACKAGES (and the Dockerfile), or let this machine "
+        "has in components/facts/gateway_image.py TESTED_PACKAGES (and the Dockerfile), or let this machine "
         "reach snapshot.debian.org")
     assert list(tmp_path.iterdir()) == []
 

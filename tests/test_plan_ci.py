@@ -113,7 +113,7 @@ CLIS = [["-m", "plan"], ["-m", "plan", "--format", "json"], ["-m", "ops.capacity
         ["-m", "ops.capacity", "--model", "qwen3-30b-a3b", "--gpu", "Tesla V100-SXM2-32GB", "--tp", "8",
          "--max-model-len", "32768"],
         ["-m", "ops.rollout", "--pool", "chat", "--dry-run"], ["-m", "ops.doctor", "--help"],
-        ["bench/capacity_accuracy.py"]]
+        ["-m", "bench.capacity_accuracy"]]
 
 
 @pytest.mark.parametrize("argv", CLIS, ids=[" ".join(a) for a in CLIS])

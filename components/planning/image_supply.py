@@ -13,7 +13,7 @@ import shlex
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from components.planning.gateway.image import BASE_IMAGE, BUILD_CONTEXT, build_args, is_built
+from components.facts.gateway_image import BASE_IMAGE, BUILD_CONTEXT, build_args, is_built
 from components.spec import SpecIssue, StackSpec
 
 DOCKER_HUB = "docker.io"
@@ -245,7 +245,7 @@ def images_for_node(spec: StackSpec, node: str) -> list[str]:
         if node in pool.nodes:
             images.append(pool.image)
     if spec.gateway is not None and spec.gateway.node == node:
-        # The default gateway image is built on its node (planning/gateway/image.py) unless images.registry or
+        # The default gateway image is built on its node (components/facts/gateway_image.py) unless images.registry or
         # images.tarballs supply it like any other image.
         if not builds_gateway(spec):
             images.append(spec.gateway.image)

@@ -5,7 +5,7 @@ import re
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from components.planning.gateway.image import DEBIAN_MIRROR, DEBIAN_SECURITY_MIRROR, GATEWAY_IMAGE, build_args
+from components.facts.gateway_image import DEBIAN_MIRROR, DEBIAN_SECURITY_MIRROR, GATEWAY_IMAGE, build_args
 from components.spec.base import Spec
 from components.spec.cluster import Cidr, ImageRef, Name, Port
 

@@ -12,7 +12,6 @@ import argparse
 import json
 from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 from components.engines.data import parser_dump
 

@@ -11,7 +11,6 @@ secret values outside secret envelopes (plan/, the lead's check).
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,6 +19,7 @@ from pulumi_policy import (
 )
 
 from components.engines.registry import SECRET_FLAG_NAMES
+from components.engines.credentials import SCRIPT_ASSIGN, SCRIPT_FLAG, SECRET_ENV
 from components.engines.registry import SECRET_FLAGS as ENGINE_SECRET_FLAGS
 from components.engines.base import REDACTED, secret_positions
 from policies.rules.bindings import binding_problems, every_interface, flag_values
@@ -75,19 +75,6 @@ def validate_host_firewall(args: ResourceValidationArgs, report: ReportViolation
            f"TCP {ports} (keep SSH and the gateway open), or set firewall.managed: true.", None)
 
 
-# Env names that carry credentials by convention; *_FILE variants point at a file and are fine.
-SECRET_ENV = re.compile(r"(PASSWORD|PASSWD|SECRET|TOKEN|API_KEY|APIKEY|PRIVATE_KEY|ACCESS_KEY)$", re.IGNORECASE)
-# Every engine's credential flags (Engine.secret_flags: vLLM --api-key/--hf-token, LMDeploy --api-keys,
-# llama.cpp --api-key/-hft).
-SECRET_FLAGS = tuple(ENGINE_SECRET_FLAGS)
-# `NAME=value` or `--api-key value` in a script with a literal value (not $VAR, $(…), a path, a quote of
-# one or the plan's mask); a name after `-` is a flag's (--hf-token=…), which _SCRIPT_FLAG and the
-# server's parse read. A flag's value also as the next item of a JSON list (`"--api-key", "…"`).
-_SCRIPT_ASSIGN = re.compile(r"(?<![\w-])([A-Za-z_][A-Za-z0-9_]*)=(['\"]?)([^\s'\"$`/][^\s'\"]*)")
-_SCRIPT_FLAG = re.compile(r"(?<![\w-])(" + "|".join(map(re.escape, sorted(SECRET_FLAGS, key=len, reverse=True)))
-                          + r")(?:[= ]+|\"\s*,\s*\")(['\"]?)(?!" + re.escape(REDACTED)
-                          + r")([^\s'\"$`/-][^\s'\"]*)")
-
 SECRETS_CONFIG = PolicyConfigSchema(properties={"ignoreEnv": {
     "type": "array", "items": {"type": "string"}, "default": [],
     "description": "Env names that look secret-bearing but carry no secret (or that you accept in env)."}})
@@ -117,11 +104,11 @@ def secret_findings(server: tuple[str, list[str]] | None, env: dict[str, str], s
                   if _literal(str(parsed.get(flag[2:].replace("-", "_")) or ""))]
     found += argv_secret_flags(argv or [])
     for script in scripts:
-        found += [f"script {m.group(1)}=…" for m in _SCRIPT_ASSIGN.finditer(script)
+        found += [f"script {m.group(1)}=…" for m in SCRIPT_ASSIGN.finditer(script)
                   if SECRET_ENV.search(m.group(1)) and m.group(1) not in ignore]
         # A flag the server's parse already reported is not reported again from its script.
         # No word after the flag: the plan's redaction would take it for the flag's value.
-        found += [f"script {m.group(1)}" for m in _SCRIPT_FLAG.finditer(script) if m.group(1) not in found]
+        found += [f"script {m.group(1)}" for m in SCRIPT_FLAG.finditer(script) if m.group(1) not in found]
     return list(dict.fromkeys(found))
 
 

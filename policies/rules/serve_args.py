@@ -16,7 +16,6 @@ import json
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from components.engines.vllm.facts import ImageFacts, image_facts

@@ -3,7 +3,7 @@
 Every fact names its source and evidence level (components.facts.evidence). Sources, as cited below:
   [whl-X]     the PyPI wheel lmdeploy-X-cp311-cp311-manylinux_2_28_x86_64.whl, read here: its
               lmdeploy/*.py, its METADATA, and the cubins of lmdeploy/lib/_turbomind*.so counted with
-              components/node_programs/fatbin_archs.py (0.16.0: 91 sm_70 cubins; 0.15.0: 99).
+              ops/fatbin_archs.py (0.16.0: 91 sm_70 cubins; 0.15.0: 99).
   [src-X]     the InternLM/lmdeploy repository at tag vX (file:line), read with git.
   [ref]       shared/reference/volta/engines-on-v100.md §3 (issues and user reports, quoted there).
   [cli-X]     components/engines/lmdeploy/data/lmdeploy-X-api_server-args.json: `lmdeploy serve api_server`'s own argparse

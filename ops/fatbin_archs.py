@@ -2,7 +2,7 @@
 
 Not imported by the program: the check behind the engine facts "this wheel has sm_70 kernels", run by
 hand on a library unpacked from a PyPI wheel, e.g.
-    python components/node_programs/fatbin_archs.py /tmp/lmd/lmdeploy/lib/_turbomind.cpython-311-x86_64-linux-gnu.so
+    python -m ops.fatbin_archs /tmp/lmd/lmdeploy/lib/_turbomind.cpython-311-x86_64-linux-gnu.so
 The parser is components/node_programs/fatbin.py, which the qualification gate also runs in the image.
 """
 from __future__ import annotations
@@ -10,9 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from components.node_programs.fatbin import fatbin_archs  # noqa: E402
+from components.node_programs.fatbin import fatbin_archs
 
 if __name__ == "__main__":
     for name in sys.argv[1:]:

@@ -1,0 +1,1 @@
+"""Benchmarks: figures printed side by side with a peer, never asserted (`make bench`)."""
