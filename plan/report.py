@@ -17,13 +17,13 @@ from components.spec.topology import all_instances, instances, weights_nodes
 from components.engines.base import endpoint
 from components.spec import StackSpec
 from plan.diff import render_diff
+from components.marks import GPU_NODE
 from plan.harness import ProgramRun, Registration
 
 CONTAINER = "docker:index/container:Container"
 REMOTE_COMMAND = "command:remote:Command"
 LOCAL_COMMAND = "command:local:Command"
 DOCKER_PROVIDER = "pulumi:providers:docker"
-GPU_NODE = "llm-cluster:node:GpuNode"
 
 
 @dataclass

@@ -197,7 +197,7 @@ def test_flag_dump_is_the_help_of_the_b11312_build_parsed() -> None:
 
 
 def test_argv_parses_with_llama_servers_own_options() -> None:
-    from policies.rules.cli_dump import build_parser, parse_errors
+    from components.engines.cli_dump import build_parser, parse_errors
 
     spec = spec_of(llamacpp_config(cacheType="q8_0"))
     parser = build_parser(CUDA12.serve_args, "llama-server")

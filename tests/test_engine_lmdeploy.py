@@ -12,7 +12,7 @@ from components.engines.lmdeploy.engine import (
     ffn_split, kv_bytes_per_token_per_layer, kv_heads_per_rank, lmdeploy_argv, turbomind_estimate,
 )
 from components.spec.topology import instances
-from policies.rules.cli_dump import build_parser, options, parse_errors
+from components.engines.cli_dump import build_parser, options, parse_errors
 from tests.engine_stacks import lmdeploy_config, spec_of
 
 V016 = IMAGES["openmmlab/lmdeploy:v0.16.0-cu12.8"]

@@ -188,7 +188,7 @@ def test_an_invalid_stack_quoting_a_credential_is_reported_redacted_by_every_pla
 def _pool_of(r: Registration, by_urn: dict[str, Registration]) -> str | None:
     """The pool a resource belongs to as the pack sees it (policies.rules.grouped): its pool label, else
     the nearest ModelServer or RayCluster parent's pool."""
-    from policies.rules.common import MODEL_SERVER, RAY_CLUSTER
+    from components.marks import MODEL_SERVER, RAY_CLUSTER
     labels = {lbl.get("label"): lbl.get("value") for lbl in r.plain_inputs().get("labels") or []}
     if labels.get("llm-cluster.pool"):
         return labels["llm-cluster.pool"]

@@ -18,6 +18,8 @@ from components.facts.engine_matrix import Cell
 from components.facts.startup_failures import COMMON as COMMON_STARTUP_FAILURES, StartupFailure
 from components.engines.gate import GateCheck
 from components.engines.http import EngineServer
+from components.engines.judged import EngineRule
+from components.facts.sourced import image_ref_key
 from components.spec.topology import Instance
 from components.spec import SpecIssue, StackSpec
 from components.spec.base import Spec
@@ -84,6 +86,12 @@ class Engine(ABC):
     # and <node> standing for the names. In extraArgs such a flag would come after the product's own and
     # win in the engine while the plan keeps reading the typed key: the spec refuses it.
     typed_flags: ClassVar[Mapping[str, str]] = {}
+    # How the policy pack reads its servers' argv (components/engines/judged.py): the program before the
+    # arguments, flags the product refuses (flag -> why), and its own rules beside the common ones.
+    cli_program: ClassVar[str] = ""
+    refused_flags: ClassVar[Mapping[str, str]] = {}
+    policy_rules: ClassVar[tuple[EngineRule, ...]] = ()
+    common_rules: ClassVar[bool] = True  # judged by judged.COMMON_RULES from its image table
     typed_env: ClassVar[Mapping[str, str]] = {}  # environment it sets from typed keys: variable -> key
 
     def canonical_flag(self, token: str) -> str | None:
@@ -111,6 +119,18 @@ class Engine(ABC):
     def declarable_images(self) -> list[str]:
         """Images whose facts a private build may declare it shares (pools.*.imageFacts.like)."""
         return []
+
+    def image_table(self) -> Mapping[str, Any]:
+        """Its images' facts by reference (each with runs_on, note, cite and serve_args), for the policy pack."""
+        return {}
+
+    def judged_image_facts(self, ref: str) -> Any:
+        """The facts of an image reference as image_table() keys them; None for an image it does not know."""
+        return self.image_table().get(image_ref_key(ref))
+
+    def cli_value_types(self) -> Mapping[str, Any]:
+        """Its CLI's value types by the name its dump gives them, where argparse has no builtin of that name."""
+        return {}
 
     def knows_image(self, ref: str) -> bool:
         """Whether `ref` is one of declarable_images (as the facts table reads references)."""

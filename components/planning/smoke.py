@@ -7,7 +7,6 @@ does the requests.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from components.engines.registry import engine_for
 from components.engines.base import server_container_name

@@ -21,6 +21,7 @@ from components.planning.gateway.image import BUILD_CONTEXT
 from components.planning.image_supply import builds_gateway
 from components.planning.nodes.scripts import bash_command, script_hash
 from components.spec import StackSpec
+from components import marks
 
 READY_TIMEOUT_SECONDS = 120
 
@@ -44,7 +45,7 @@ class Gateway(Component):
     answers 502 for a pool until one of its replicas accepts connections.
     """
 
-    TYPE = "llm-cluster:gateway:Gateway"
+    TYPE = marks.GATEWAY
 
     def __init__(self, name: str, args: GatewayArgs, opts: pulumi.ResourceOptions | None = None):
         spec, node = args.spec, args.node

@@ -34,6 +34,7 @@ from components.planning.nodes.scripts import (
 )
 from components.spec.topology import resource_suffix
 from components.spec import StackSpec
+from components import marks
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ def registry_auth(spec: StackSpec) -> list[docker.ProviderRegistryAuthArgs] | No
 class GpuNode(Component):
     """A GPU server: the handles (connection, Docker provider, images) other components build on."""
 
-    TYPE = "llm-cluster:node:GpuNode"
+    TYPE = marks.GPU_NODE
 
     def __init__(self, name: str, args: GpuNodeArgs, opts: pulumi.ResourceOptions | None = None):
         spec, node = args.spec, args.spec.node(args.node)

@@ -21,6 +21,7 @@ from components.spec.topology import Instance, instances
 from components.resources.ray_cluster import RayCluster, RayClusterArgs
 from components.spec import StackSpec
 from components.engines.registry import stack_keys
+from components import marks
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ def server_props(spec: StackSpec, instance: Instance) -> dict[str, Any]:
 class ModelServer(Component):
     """A server: its own container (single node) or the RayCluster's head (multi-node), then a readiness gate."""
 
-    TYPE = "llm-cluster:vllm:ModelServer"
+    TYPE = marks.MODEL_SERVER
 
     def __init__(self, name: str, args: ModelServerArgs, opts: pulumi.ResourceOptions | None = None):
         spec, inst = args.spec, args.instance

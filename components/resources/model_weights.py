@@ -28,6 +28,7 @@ from components.planning.nodes.scripts import (
     ssh_argv, unmount_script,
 )
 from components.spec import StackSpec
+from components import marks
 
 # Copying a few hundred GB at disk speed and hashing it take hours, not the provider's default.
 COPY_TIMEOUT = "6h"
@@ -49,7 +50,7 @@ class ModelWeights(Component):
     For a copy's source that is the check that its weights are readable; for its targets, their verified copy.
     """
 
-    TYPE = "llm-cluster:weights:ModelWeights"
+    TYPE = marks.MODEL_WEIGHTS
 
     def __init__(self, name: str, args: ModelWeightsArgs, opts: pulumi.ResourceOptions | None = None):
         m = args.spec.models[args.model]

@@ -19,6 +19,7 @@ from components.planning.monitoring.prometheus import (
 from components.planning.nodes.scripts import bash_command
 from components.planning.fabric.ray import NODE_TEXTFILE_DIR
 from components.spec import StackSpec
+from components import marks
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class Monitoring(Component):
     at a first preview, it would blind the policy pack.)
     """
 
-    TYPE = "llm-cluster:monitoring:Monitoring"
+    TYPE = marks.MONITORING
 
     def __init__(self, name: str, args: MonitoringArgs, opts: pulumi.ResourceOptions | None = None):
         spec = args.spec

@@ -12,6 +12,7 @@ from components.resources.base import Component
 from components.resources.gpu_node import GpuNode
 from components.planning.nodes.scripts import bash_command, script_hash
 from components.planning.qualification import Qualification, qualification_script
+from components import marks
 
 # docker pulls nothing here (the image is on the node); the check itself takes seconds, Triton's first
 # compile up to a minute.
@@ -29,7 +30,7 @@ class ImageQualificationArgs:
 class ImageQualification(Component):
     """`docker run --rm --gpus device=0` the serving image with its engine's check; fails the deploy naming the fix."""
 
-    TYPE = "llm-cluster:qualification:ImageQualification"
+    TYPE = marks.IMAGE_QUALIFICATION
 
     def __init__(self, name: str, args: ImageQualificationArgs, opts: pulumi.ResourceOptions | None = None):
         q = args.qualification

@@ -21,6 +21,7 @@ from components.spec.topology import Instance
 from components.engines.registry import engine_for
 from components.engines.base import container_name, supervised_argv
 from components.spec import StackSpec
+from components import marks
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class RayCluster(Component):
     components.planning.fabric.ray for why this makes restarts of the head, or of its node, need no manual step.
     """
 
-    TYPE = "llm-cluster:ray:RayCluster"
+    TYPE = marks.RAY_CLUSTER
 
     def __init__(self, name: str, args: RayClusterArgs, opts: pulumi.ResourceOptions | None = None):
         spec, inst = args.spec, args.instance

@@ -14,6 +14,7 @@ from components.resources.model_server import ModelServer
 from components.planning.nodes.scripts import bash_command, script_hash
 from components.planning.smoke import smoke_plan, smoke_script
 from components.spec import StackSpec
+from components import marks
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class SmokeTestArgs:
 class SmokeTest(Component):
     """A remote command on the gateway's node: the deployment fails naming the model, pool and status."""
 
-    TYPE = "llm-cluster:smoke:SmokeTest"
+    TYPE = marks.SMOKE_TEST
 
     def __init__(self, name: str, args: SmokeTestArgs, opts: pulumi.ResourceOptions | None = None):
         spec, g = args.spec, args.spec.gateway

@@ -15,7 +15,8 @@ from pulumi_policy import (
 
 from components.engines.registry import ENGINES
 from components.planning.image_supply import public_registry
-from policies.rules.common import GPU_NODE, MODEL_SERVER, per_pool
+from components.marks import GPU_NODE, MODEL_SERVER
+from policies.rules.common import per_pool
 
 WAY_OUT = ("Set images.registry to the private registry that holds them (every image is then pulled as "
            "<registry>/<repository>:<tag>; `python -m ops.images` lists each one and the commands that mirror it), "

@@ -14,7 +14,8 @@ from pulumi_policy import (
     EnforcementLevel, PolicyConfigSchema, ReportViolation, ResourceValidationArgs, ResourceValidationPolicy,
 )
 
-from policies.rules.common import MODEL_SERVER, config_with_defaults, number, per_pool
+from components.marks import MODEL_SERVER
+from policies.rules.common import config_with_defaults, number, per_pool
 
 # The highest gpuMemoryUtilization worth proposing: the CUDA context and NCCL buffers live outside it.
 MAX_UTILIZATION = 0.95

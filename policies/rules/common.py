@@ -12,6 +12,8 @@ from pulumi_policy import (
 )
 from pulumi_policy.proxy import UnknownValueError
 
+from components.engines.judged import number
+from components.marks import COMPONENT_PREFIX, MODEL_SERVER
 from components.facts.hardware import GPUS, VLLM_IMAGE_REPO, GpuModel
 from components.engines.vllm.facts import ImageFacts, facts_for
 from components.engines.vllm.options import canonical_flag
@@ -19,11 +21,6 @@ from policies.rules.serve_args import API_SERVER, SERVE, ServeArgs, parse_serve
 
 CONTAINER = "docker:index/container:Container"
 REMOTE_COMMAND = "command:remote:Command"
-MODEL_SERVER = "llm-cluster:vllm:ModelServer"
-RAY_CLUSTER = "llm-cluster:ray:RayCluster"
-GATEWAY = "llm-cluster:gateway:Gateway"
-GPU_NODE = "llm-cluster:node:GpuNode"
-COMPONENT_PREFIX = "llm-cluster:"
 
 ROLE = "llm-cluster.role"
 GPU_MODEL_LABEL = "llm-cluster.gpu-model"
@@ -36,16 +33,6 @@ ROLE_BY_IMAGE: dict[str, str] = {
     "dcgm-exporter": "dcgm-exporter", "grafana": "grafana", "grafana-oss": "grafana",
     "grafana-enterprise": "grafana",
 }
-
-
-def number(value: Any) -> int | None:
-    """Props arrive with numbers as floats (mocks, the engine's Struct): 8.0 -> 8; None stays None."""
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        return int(float(value))
-    except (TypeError, ValueError):
-        return None
 
 
 def labels(props: Mapping[str, Any]) -> dict[str, str]:

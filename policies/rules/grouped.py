@@ -24,7 +24,8 @@ from pulumi_policy import (
 )
 from pulumi_policy.proxy import UnknownValueError
 
-from policies.rules.common import MODEL_SERVER, RAY_CLUSTER, config_with_defaults, labels, name_stack_keys, pool_where
+from components.marks import MODEL_SERVER, RAY_CLUSTER
+from policies.rules.common import config_with_defaults, labels, name_stack_keys, pool_where
 
 POOL_LABEL = "llm-cluster.pool"
 INSTANCE_LABEL = "llm-cluster.instance"

@@ -8,9 +8,9 @@ from pulumi_policy import EnforcementLevel, PolicyConfigSchema, ReportViolation,
 
 from components.facts.hardware import IMAGES_WITH_RAY
 from components.engines.vllm.facts import IMAGES
+from components.marks import RAY_CLUSTER
 from policies.rules.common import (
-    CONTAINER, IMAGE_LABEL, RAY_CLUSTER, Launch, config_with_defaults, container_image, image_parts, is_ray_container,
-    launch_of, per_pool, under_component,
+    CONTAINER, IMAGE_LABEL, Launch, config_with_defaults, container_image, image_parts, is_ray_container, launch_of, per_pool, under_component,
 )
 from policies.rules.hardware import VOLTA_IMAGE, image_key
 

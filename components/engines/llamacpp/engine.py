@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import ClassVar
 
 from components.facts.gguf import GgufModel, read_gguf
 from components.facts.hardware import gpu
 from components.facts.engine_matrix import GENERATIONS, Cell, level
 from components.engines.http import EngineServer
+from components.engines.judged import EngineRule
+from components.engines.llamacpp.rules import RULES
 from components.engines.llamacpp.facts import DEFAULT_IMAGE, HTTP_SERVER, IMAGES, LlamacppImage, llamacpp_image
 from components.facts.models import ModelArch
 from components.engines.llamacpp.startup_failures import STARTUP_FAILURES as LLAMACPP_STARTUP_FAILURES
@@ -338,6 +341,11 @@ class LlamacppEngine(Engine):
     memory_keys: ClassVar[str] = "llamacpp.contextPerSlot or parallel"
     own_startup_failures: ClassVar[tuple[StartupFailure, ...]] = LLAMACPP_STARTUP_FAILURES
     metrics_job: ClassVar[str] = "llamacpp"
+    cli_program: ClassVar[str] = "llama-server"
+    refused_flags: ClassVar[dict[str, str]] = {
+        "--rpc": "the RPC backend is, upstream, \"a proof-of-concept ... fragile and insecure\" (tools/rpc/README.md): "
+                 "llm-cluster serves llama.cpp on one node"}
+    policy_rules: ClassVar[tuple[EngineRule, ...]] = RULES
     http_server: ClassVar[EngineServer] = HTTP_SERVER
 
     options_key: ClassVar[str] = "llamacpp"
@@ -384,6 +392,9 @@ class LlamacppEngine(Engine):
         o = spec.pools[pool].llamacpp
         assert o is not None
         return o.context_per_slot  # a request gets its slot's share of -c
+
+    def image_table(self) -> Mapping[str, LlamacppImage]:
+        return IMAGES
 
     def image_facts(self, spec: StackSpec, pool: str) -> LlamacppImage | None:  # type: ignore[override]
         return llamacpp_image(spec.pools[pool].image)

@@ -19,12 +19,15 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from components.facts.hardware import gpu
 from components.facts.engine_matrix import GENERATIONS, Cell, level
 from components.engines.http import EngineServer
-from components.engines.lmdeploy.facts import DEFAULT_IMAGE, HTTP_SERVER, IMAGES, LmdeployImage, lmdeploy_image
+from components.engines.judged import EngineRule
+from components.engines.lmdeploy.rules import RULES, quant_policy
+from components.engines.lmdeploy.facts import DEFAULT_IMAGE, HTTP_SERVER, IMAGES, MODEL_FORMATS, LmdeployImage, lmdeploy_image
 from components.facts.models import ModelArch
 from components.engines.lmdeploy.startup_failures import STARTUP_FAILURES as LMDEPLOY_STARTUP_FAILURES
 from components.facts.startup_failures import StartupFailure
@@ -46,19 +49,6 @@ COMM_GIB = 0.3
 # TurboMind keeps logits in fp32 for the whole decode batch.
 LOGIT_BYTES = 4
 RULE_OF_THUMB_FACTOR = 1.2
-
-# config.json `architectures[0]` of each catalog model_type (the Hugging Face config files the catalog
-# cites), which is what TurboMind's SUPPORTED_ARCHS is keyed by.
-HF_ARCHITECTURES = {
-    "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-    "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-    "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
-    "kimi_k2": "DeepseekV3ForCausalLM", "gpt_oss": "GptOssForCausalLM",
-}
-# The model spec's `quantization` (vLLM's method names) -> TurboMind's `--model-format`.
-MODEL_FORMATS = {None: "hf", "awq": "awq", "gptq": "gptq", "compressed-tensors": "compressed-tensors",
-                 "fp8": "fp8", "mxfp4": "mxfp4"}
-
 
 @dataclass(frozen=True)
 class FfnSplit:
@@ -294,6 +284,9 @@ class LmdeployEngine(Engine):
     metrics_job: ClassVar[str] = "lmdeploy"
     http_server: ClassVar[EngineServer] = HTTP_SERVER
     one_served_name: ClassVar[bool] = True  # --model-name: any other name gets 404
+    cli_program: ClassVar[str] = "lmdeploy serve api_server"
+    refused_flags: ClassVar[dict[str, str]] = {"--disable-metrics": "monitoring scrapes /metrics, which it turns off"}
+    policy_rules: ClassVar[tuple[EngineRule, ...]] = RULES
 
     options_key: ClassVar[str] = "lmdeploy"
     options_model: ClassVar[type[Spec]] = LmdeployOptions
@@ -331,6 +324,12 @@ class LmdeployEngine(Engine):
         o = spec.pools[pool].lmdeploy
         assert o is not None
         return o.session_len
+
+    def image_table(self) -> Mapping[str, LmdeployImage]:
+        return IMAGES
+
+    def cli_value_types(self) -> Mapping[str, Any]:
+        return {"_parse": quant_policy}
 
     def image_facts(self, spec: StackSpec, pool: str) -> LmdeployImage | None:  # type: ignore[override]
         return lmdeploy_image(spec.pools[pool].image)

@@ -230,3 +230,16 @@ HTTP_SERVER = EngineServer(
             "health monitor says unhealthy (endpoints/management.py); the server listens only after the "
             "engine is built (read from code)."),
     evidence="read from code")
+
+
+# config.json `architectures[0]` of each catalog model_type (the Hugging Face config files the catalog
+# cites), which is what TurboMind's SUPPORTED_ARCHS is keyed by.
+HF_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
+    "kimi_k2": "DeepseekV3ForCausalLM", "gpt_oss": "GptOssForCausalLM",
+}
+# The model spec's `quantization` (vLLM's method names) -> TurboMind's `--model-format`.
+MODEL_FORMATS = {None: "hf", "awq": "awq", "gptq": "gptq", "compressed-tensors": "compressed-tensors",
+                 "fp8": "fp8", "mxfp4": "mxfp4"}

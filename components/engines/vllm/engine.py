@@ -51,6 +51,8 @@ class VllmEngine(Engine):
     multi_gpu: ClassVar[tuple[str, ...]] = ("tensor", "pipeline")
     multi_node: ClassVar[MultiNode] = "ray"
     metrics_job: ClassVar[str] = "vllm"
+    # Judged by the pack's vLLM rules (policies/rules: hardware, image, flags, engine args), not the common ones.
+    common_rules: ClassVar[bool] = False
     http_server: ClassVar[EngineServer] = HTTP_SERVER
     memory_keys: ClassVar[str] = "vllm.gpuMemoryUtilization or maxModelLen"
     own_startup_failures: ClassVar[tuple[StartupFailure, ...]] = VLLM_STARTUP_FAILURES

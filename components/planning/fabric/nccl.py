@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import shlex
-from pathlib import Path
 
 from components.spec.topology import Instance
 from components.spec import StackSpec

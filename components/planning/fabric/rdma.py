@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from components.planning.nodes.scripts import run_shipped_python, ssh_argv
 from components.spec.topology import Instance
