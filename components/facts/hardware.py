@@ -101,13 +101,6 @@ QUANTIZATION_WAY_OUT: dict[str, str] = {
 }
 
 
-VLLM_IMAGE_REPO = "vllm/vllm-openai"
-# Image repositories that carry both Ray and vLLM: every container of a Ray pool needs both (the head
-# runs `vllm serve`, the workers run vLLM's engine workers as Ray actors), so Ray-only images such as
-# rayproject/ray or rayproject/ray-ml do not qualify. [vllm-docker]
-IMAGES_WITH_RAY = frozenset({VLLM_IMAGE_REPO})
-
-
 def gpu(name: str) -> GpuModel:
     """Look a GPU model up by its nvidia-smi name; KeyError lists the known names."""
     try:

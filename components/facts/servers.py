@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from components.facts.evidence import Sourced, code, unverified
+from components.facts.evidence import Sourced, unverified
 
 
 @dataclass(frozen=True)
@@ -20,11 +20,3 @@ class ServerFacts:
 REFERENCE_SERVER = ServerFacts(
     name="the reference cluster's GPU servers", memory_gib=380, cpu_cores=80,
     source=unverified("the runbook's cluster description (380 GB RAM, 80 cores per server); not read from a node"))
-
-# vLLM refuses a CPU swap space of more than this share of the host's RAM, per instance:
-# swap_space x tensor_parallel_size > 0.7 x psutil's total memory -> ValueError("Too large swap space. …"),
-# and warns above 0.4. A container without a memory limit sees the host's total.
-SWAP_SPACE_MAX_FRACTION = 0.7
-SWAP_SPACE_WARN_FRACTION = 0.4
-SWAP_SPACE_SOURCE = code("vllm/config.py CacheConfig.verify_with_parallel_config at v0.9.2 (swap space x "
-                         "tensor_parallel_size against 0.7 of get_cpu_memory())")

@@ -14,8 +14,8 @@ from pulumi_policy.proxy import UnknownValueError
 
 from components.engines.judged import number
 from components.marks import COMPONENT_PREFIX, MODEL_SERVER
-from components.facts.hardware import GPUS, VLLM_IMAGE_REPO, GpuModel
-from components.engines.vllm.facts import ImageFacts, facts_for
+from components.facts.hardware import GPUS, GpuModel
+from components.engines.vllm.facts import VLLM_IMAGE_REPO, ImageFacts, facts_for
 from components.engines.vllm.options import canonical_flag
 from policies.rules.serve_args import API_SERVER, SERVE, ServeArgs, parse_serve
 

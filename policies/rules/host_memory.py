@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from components.facts.servers import SWAP_SPACE_MAX_FRACTION, SWAP_SPACE_SOURCE
+from components.engines.vllm.facts import SWAP_SPACE_MAX_FRACTION, SWAP_SPACE_SOURCE
 from policies.rules.common import Launch, launch_policy, number
 
 

@@ -449,3 +449,19 @@ HTTP_SERVER = EngineServer(
             "as does uvicorn's own Config(timeout_keep_alive=5) (v0.10.2 .. v0.19.x; read from code). "
             "Not ready: 503 (unverified; the gateway counts every 500/502/503/504 as a failure anyway)."),
     evidence="read from code")
+
+
+VLLM_IMAGE_REPO = "vllm/vllm-openai"
+# Image repositories that carry both Ray and vLLM: every container of a Ray pool needs both (the head
+# runs `vllm serve`, the workers run vLLM's engine workers as Ray actors), so Ray-only images such as
+# rayproject/ray or rayproject/ray-ml do not qualify (docker/Dockerfile and requirements/cuda.txt of
+# v0.9.2 and v0.19.0 install ray; read from code).
+IMAGES_WITH_RAY = frozenset({VLLM_IMAGE_REPO})
+
+
+# vLLM refuses a CPU swap space of more than this share of the host's RAM, per instance:
+# swap_space x tensor_parallel_size > 0.7 x psutil's total memory -> ValueError("Too large swap space. …"),
+# and warns above 0.4. A container without a memory limit sees the host's total.
+SWAP_SPACE_MAX_FRACTION = 0.7
+SWAP_SPACE_SOURCE = code("vllm/config.py CacheConfig.verify_with_parallel_config at v0.9.2 (swap space x "
+                         "tensor_parallel_size against 0.7 of get_cpu_memory())")
