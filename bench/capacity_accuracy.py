@@ -11,9 +11,8 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-
-from components.facts.models import ModelArch, arch_from_config_json, model_arch
 from components.engines.vllm.memory import CapacityEstimate, estimate
+from components.facts.models import ModelArch, arch_from_config_json, model_arch
 from plan.cli import run as run_cli
 
 LOG_DIR = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "vllm-startup-logs"

@@ -37,12 +37,16 @@ import urllib.request
 from pathlib import Path
 
 from components.planning.gateway.nginx import (
-    GatewayLayout, key_digests, key_ids, render_gateway, temp_path_directives,
+    GatewayLayout,
+    key_digests,
+    key_ids,
+    render_gateway,
+    temp_path_directives,
 )
-from components.spec import StackSpec
 from components.planning.load import load_stack_config
-from plan.stackfile import load_stack_file
+from components.spec import StackSpec
 from plan.cli import run as run_cli
+from plan.stackfile import load_stack_file
 from tests.deployed_nginx import DeployedNginx, deployed_nginx
 from tests.support import free_port, free_ports
 

@@ -28,7 +28,13 @@ import time
 from pathlib import Path
 
 from bench.gateway import (
-    BODY, KEY, REPLY, bench_spec, label, simple_conf, write_gateway,
+    BODY,
+    KEY,
+    REPLY,
+    bench_spec,
+    label,
+    simple_conf,
+    write_gateway,
 )
 from plan.cli import run as run_cli
 from tests.deployed_nginx import DeployedNginx, deployed_nginx

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from components.planning.nodes.scripts import model_size_bytes
-from components.spec.topology import all_instances
-from components.spec import StackSpec
 from components.planning.load import load_stack_config
-from plan.stackfile import load_stack_file
+from components.planning.nodes.scripts import model_size_bytes
+from components.spec import StackSpec
+from components.spec.topology import all_instances
 from plan.cli import run as run_cli
+from plan.stackfile import load_stack_file
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -16,11 +16,11 @@ import pulumi
 
 from components.planning.load import load_stack_config
 from plan.analyze import analyze
+from plan.cli import run as run_cli
 from plan.graph import component_graph
 from plan.harness import run_main_program, run_program
 from plan.report import PlanResult, artifacts_of, plan_json, render_text
 from plan.stackfile import load_stack_file
-from plan.cli import run as run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 

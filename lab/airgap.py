@@ -16,7 +16,7 @@ an air-gapped node loads, from images a lab host holds.
 """
 from __future__ import annotations
 
-import crypt  # noqa: deprecated in 3.11, present through 3.12; the only bcrypt on this machine without a wheel
+import crypt  # deprecated in 3.11, present through 3.12; the only bcrypt on this machine without a wheel
 import shutil
 import subprocess
 from pathlib import Path

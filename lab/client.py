@@ -17,7 +17,6 @@ import time
 import urllib.error
 import urllib.request
 
-
 CONTEXT: ssl.SSLContext | None = None  # https: verify the gateway against the stack's CA (--cacert)
 
 

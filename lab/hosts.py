@@ -21,8 +21,19 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from lab.config import (BRIDGE, BRIDGE_ADDRESS, CLIENT_ADDRESS, LAB_DIR, REGISTRY_ADDRESS, REGISTRY_ALIASES,
-                        REPO, STATE, SUBNET, LabHost, LabStack)
+from lab.config import (
+    BRIDGE,
+    BRIDGE_ADDRESS,
+    CLIENT_ADDRESS,
+    LAB_DIR,
+    REGISTRY_ADDRESS,
+    REGISTRY_ALIASES,
+    REPO,
+    STATE,
+    SUBNET,
+    LabHost,
+    LabStack,
+)
 
 PREFIX = "lab-"
 REGISTRY_NS = "lab-registry"

@@ -18,10 +18,12 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from components.planning.gateway.image import CONTEXT_DIR as GATEWAY_CONTEXT, GATEWAY_IMAGE
+from components.planning.gateway.image import CONTEXT_DIR as GATEWAY_CONTEXT
+from components.planning.gateway.image import GATEWAY_IMAGE
 from lab.config import CACHE, LAB_DIR, REGISTRY_ADDRESS, REPO, STATE
 from lab.hosts import REGISTRY_NS, LabError, sh
-from lab.standins import llamacpp as llamacpp_standin, lmdeploy as lmdeploy_standin
+from lab.standins import llamacpp as llamacpp_standin
+from lab.standins import lmdeploy as lmdeploy_standin
 
 SUITE = "bookworm"
 BASE_PACKAGES = ("python3", "procps", "ca-certificates", "iproute2", "curl", "openssh-client", "rsync")
@@ -367,7 +369,7 @@ def _context(ref: str, work: Path) -> Path:
     return ctx
 
 
-def _import_debian(b: "Builder", ref: str, name: str) -> str:
+def _import_debian(b: Builder, ref: str, name: str) -> str:
     """The `debian:<release>-slim` stand-in into the builder as `name`: one layer, as Debian's own images
     are (the slimmed debootstrap tree), with their CMD. Its image id."""
     return sh(*b.docker("import", "--change", 'CMD ["bash"]', "--change",
@@ -375,7 +377,7 @@ def _import_debian(b: "Builder", ref: str, name: str) -> str:
                         str(debian_rootfs(ref)), name), timeout=900).strip()
 
 
-def _gateway_image(b: "Builder", target: str) -> str:
+def _gateway_image(b: Builder, target: str) -> str:
     """The default gateway image built from the project's own Dockerfile, as an air-gapped site's operator
     builds it before pushing it to the site's registry (`python -m ops.images`): FROM the lab's
     `debian:<release>-slim`, apt reading the lab's Debian mirror (recorded for this very Dockerfile) with
@@ -417,7 +419,7 @@ class Builder:
         self.sock = self.run / "docker.sock"
         self.pid: int | None = None
 
-    def __enter__(self) -> "Builder":
+    def __enter__(self) -> Builder:
         self.run.mkdir(parents=True, exist_ok=True)
         data = CACHE / "builder"
         data.mkdir(parents=True, exist_ok=True)

@@ -14,12 +14,11 @@ import json
 import sys
 from pathlib import Path
 
-from components.facts.hardware import DTYPE_ALIASES, gpu
-from components.engines.vllm.facts import IMAGES, KV_CACHE_DTYPES, image_facts
 from components.engines.registry import DEFAULT_IMAGES
-from components.facts.models import (MODELS, ModelArch, arch_from_config_json, model_arch,
-                                     quantization_from_config_json)
+from components.engines.vllm.facts import IMAGES, KV_CACHE_DTYPES, image_facts
 from components.engines.vllm.memory import CapacityEstimate, estimate
+from components.facts.hardware import DTYPE_ALIASES, gpu
+from components.facts.models import MODELS, ModelArch, arch_from_config_json, model_arch, quantization_from_config_json
 from plan.cli import run as run_cli
 
 

@@ -23,19 +23,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from components.facts.startup_failures import all_failures, any_pattern
-from components.planning.nodes import firewall
-from components.engines.registry import ENGINES, engine_for
 from components.engines.base import container_name, nccl_env, server_container_name
+from components.engines.registry import ENGINES, engine_for
+from components.facts.startup_failures import all_failures, any_pattern
 from components.node_programs.fabric import nccl_fix, parse_nccl_net
-from components.planning.nodes.scripts import operator_file_path, root_steps
 from components.node_programs.preflight import parse_chrony_tracking, parse_timedatectl
 from components.planning.fabric.ray import parse_ray_status, ray_status_argv, want_gpus
 from components.planning.fabric.rdma import rdma_script
-from components.spec.topology import Instance, all_instances, host_ports
+from components.planning.nodes import firewall
+from components.planning.nodes.scripts import operator_file_path, root_steps
 from components.spec import StackSpec
-from plan.stackfile import load_spec
+from components.spec.topology import Instance, all_instances, host_ports
 from plan.cli import run as run_cli
+from plan.stackfile import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from components.spec import StackSpec
-from plan.cli import run as run_cli
 from ops.doctor import spec_from_args, stack_options
+from plan.cli import run as run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -32,13 +32,13 @@ from typing import Any
 
 from pulumi import automation as auto
 
-from components.planning.smoke import retry_seconds, where_to_look
 from components.node_programs.smoke_client import RETRY_STATUSES
-from components.spec.topology import instances
+from components.planning.smoke import retry_seconds, where_to_look
 from components.spec import StackSpec
+from components.spec.topology import instances
+from plan.cli import run as run_cli
 from plan.harness import ProgramRun, Registration, run_main_program
 from plan.stackfile import load_spec
-from plan.cli import run as run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -13,20 +13,21 @@ from typing import Any
 
 import pulumi
 
-from components.planning.capacity import capacity_report
-from plan.analyze import PolicyConfigError, analyze
-from plan.graph import component_graph, write_graph
-from plan.diff import keep_previous, parse_plan, plan_diff, previous_plan
-from plan.harness import DuplicateUrnError, run_main_program
-from plan.report import PlanResult, artifacts_of, in_stable_order, plan_json, render_text, write_artifacts
 from components.engines.base import REDACTED
 from components.engines.credentials import CREDENTIAL_SHAPES
-from plan.redact import Redactor
-from plan.secrets import find_leaks, text_leaks, unmarked_outputs
+from components.planning.capacity import capacity_report
 from components.spec import SpecError
-from plan.stackfile import load_spec, say_invalid
+from plan.analyze import PolicyConfigError, analyze
 from plan.ci import configured_levels, junit, repo_uri, sarif, write_text
-from plan.cli import emit, run as run_cli
+from plan.cli import emit
+from plan.cli import run as run_cli
+from plan.diff import keep_previous, parse_plan, plan_diff, previous_plan
+from plan.graph import component_graph, write_graph
+from plan.harness import DuplicateUrnError, run_main_program
+from plan.redact import Redactor
+from plan.report import PlanResult, artifacts_of, in_stable_order, plan_json, render_text, write_artifacts
+from plan.secrets import find_leaks, text_leaks, unmarked_outputs
+from plan.stackfile import load_spec, say_invalid
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
@@ -153,7 +153,7 @@ def _timestamp(stack_file: Path) -> str:
         seconds = int(epoch) if epoch else int(stack_file.stat().st_mtime)
     except (OSError, ValueError):
         seconds = 0
-    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def junit(doc: Mapping[str, Any], stack_file: Path, levels: Mapping[str, str]) -> str:

@@ -14,9 +14,8 @@ from typing import Any
 import pulumi
 from google.protobuf import json_format
 from pulumi.runtime import mocks as pulumi_mocks
-from pulumi.runtime import rpc
+from pulumi.runtime import rpc, settings
 from pulumi.runtime.config import set_all_config
-from pulumi.runtime import settings
 from pulumi.runtime.settings import SETTINGS
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await

@@ -14,10 +14,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from components.engines.registry import SECRET_FLAGS as ENGINE_SECRET_FLAGS
 from components.engines.base import REDACTED, secret_positions
-from plan.harness import SECRET_MARK, Registration
 from components.engines.credentials import CREDENTIAL_SHAPES, SCRIPT_ASSIGN, SCRIPT_FLAG, SECRET_ENV, SECRET_FLAGS
+from components.engines.registry import SECRET_FLAGS as ENGINE_SECRET_FLAGS
+from plan.harness import SECRET_MARK, Registration
+
 # A flagged value this short is redacted only where it sits (NAME=…, --api-key …), not everywhere.
 MIN_GLOBAL = 6
 _ASSIGN = re.compile(r"(?<![\w-])([A-Za-z_][A-Za-z0-9_]*)=(['\"]?)([^\s'\"]+)")

@@ -10,14 +10,14 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from components.engines.base import endpoint
+from components.marks import GPU_NODE
 from components.planning.gateway.nginx import model_pools, split
 from components.planning.monitoring.prometheus import written_files
 from components.planning.nodes.scripts import fanout_rounds
-from components.spec.topology import all_instances, instances, weights_nodes
-from components.engines.base import endpoint
 from components.spec import StackSpec
+from components.spec.topology import all_instances, instances, weights_nodes
 from plan.diff import render_diff
-from components.marks import GPU_NODE
 from plan.harness import ProgramRun, Registration
 
 CONTAINER = "docker:index/container:Container"

@@ -10,11 +10,10 @@ from typing import Any
 
 import yaml
 
-from components.spec import NAMESPACE, SECTIONS, SpecError, SpecIssue, StackSpec
-
 from components.engines.base import REDACTED
 from components.engines.credentials import CREDENTIAL_SHAPES
 from components.planning.load import load_stack_config
+from components.spec import NAMESPACE, SECTIONS, SpecError, SpecIssue, StackSpec
 from components.spec.stack import secret_in_plain_config
 
 

@@ -4,7 +4,17 @@ from __future__ import annotations
 from pulumi_policy import EnforcementLevel, Policy
 
 from policies.rules import (
-    airgap, capacity, containers, engine_args, engines, flags, hardware, host_memory, image, security, topology,
+    airgap,
+    capacity,
+    containers,
+    engine_args,
+    engines,
+    flags,
+    hardware,
+    host_memory,
+    image,
+    security,
+    topology,
 )
 
 PACK_NAME = "llm-cluster-hardware"

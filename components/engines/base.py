@@ -14,16 +14,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeVar
 
-from components.facts.engine_matrix import Cell
-from components.facts.startup_failures import COMMON as COMMON_STARTUP_FAILURES, StartupFailure
 from components.engines.gate import GateCheck
 from components.engines.http import EngineServer
 from components.engines.judged import EngineRule
+from components.facts.engine_matrix import Cell
 from components.facts.sourced import image_ref_key
-from components.spec.topology import Instance
+from components.facts.startup_failures import COMMON as COMMON_STARTUP_FAILURES
+from components.facts.startup_failures import StartupFailure
 from components.spec import SpecIssue, StackSpec
 from components.spec.base import Spec
 from components.spec.cluster import GpuSpec, PoolSpec
+from components.spec.topology import Instance
 
 LABEL_PREFIX = "llm-cluster."
 # How an engine spans nodes: on a Ray cluster (RayCluster registers head and workers, the server runs

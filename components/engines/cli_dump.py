@@ -13,8 +13,8 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
-from components.engines.data import parser_dump
 
+from components.engines.data import parser_dump
 
 
 class _ParseError(Exception):

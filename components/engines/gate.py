@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import textwrap
 from dataclasses import dataclass
+
 from components.node_programs import NODE_PROGRAMS
 
 

@@ -6,8 +6,8 @@ from components.engines.llamacpp.engine import LlamacppEngine
 from components.engines.lmdeploy.engine import LmdeployEngine
 from components.engines.vllm.engine import VllmEngine
 from components.spec import engines as spec_engines
-from components.spec.cluster import PoolSpec
 from components.spec.cluster import TYPED_ENV as NODE_TYPED_ENV
+from components.spec.cluster import PoolSpec
 from components.spec.stack import StackSpec
 
 # pools.*.engine -> its Engine. Adding an engine: its own package under components/engines and one line here.

@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from components.spec.models import model_architecture
 from components.engines.registry import ENGINES, engine_for
 from components.facts.hardware import GPUS
 from components.facts.other_engines import OTHER_ENGINES, refusal
 from components.planning.image_supply import tarball_name_issues
 from components.spec import stack
 from components.spec.base import SpecError, SpecIssue
+from components.spec.models import model_architecture
 from components.spec.stack import StackSpec, _not_one_of
 
 

@@ -42,8 +42,8 @@ def node_qualifications(spec: StackSpec) -> list[Qualification]:
     """One Qualification per node and serving image whose engine has a gate for it (an image without facts
     gets the policy pack's advisory instead): the argvs it must parse are the instances' served from that
     node; a Ray worker node runs the image's GPU code with none of its own."""
-    from components.engines.registry import engine_for
     from components.engines.base import masked_secrets
+    from components.engines.registry import engine_for
     from components.spec.topology import instances
 
     found: dict[tuple[str, str], tuple[str, list[tuple[str, ...]]]] = {}

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 
-from components.engines.registry import engine_for
 from components.engines.base import server_container_name
-from components.planning.nodes.scripts import run_shipped_python
-from components.spec.topology import instances
-from components.spec import StackSpec
+from components.engines.registry import engine_for
 from components.node_programs import NODE_PROGRAMS
+from components.planning.nodes.scripts import run_shipped_python
+from components.spec import StackSpec
+from components.spec.topology import instances
 
 CLIENT_SOURCE = NODE_PROGRAMS / "smoke_client.py"
 _HEREDOC = "LLM_CLUSTER_SMOKE_PY"

@@ -5,19 +5,19 @@ from typing import Any
 
 import pulumi
 
+from components.engines.registry import engine_for
+from components.planning.image_supply import images_for_node
+from components.planning.qualification import node_qualifications
 from components.resources.gateway import Gateway, GatewayArgs
 from components.resources.gpu_node import GpuNode, GpuNodeArgs
 from components.resources.model_server import ModelServer, ModelServerArgs
 from components.resources.model_weights import ModelWeights, ModelWeightsArgs
 from components.resources.monitoring import Monitoring, MonitoringArgs
-from components.engines.registry import engine_for
-from components.planning.qualification import node_qualifications
 from components.resources.qualification import ImageQualification, ImageQualificationArgs
-from components.planning.image_supply import images_for_node
-from components.spec.topology import all_instances, resource_suffix, weights_nodes
 from components.resources.ray_cluster import RayCluster, RayClusterArgs
 from components.resources.smoke import SmokeTest, SmokeTestArgs
 from components.spec import NAMESPACE, StackSpec
+from components.spec.topology import all_instances, resource_suffix, weights_nodes
 
 
 def deploy(spec: StackSpec) -> dict[str, Any]:

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import pulumi
-from pulumi.runtime.config import CONFIG, _SECRET_KEYS, get_config_env
+from pulumi.runtime.config import _SECRET_KEYS, CONFIG, get_config_env
 
+from components.planning.load import load_stack_config
 from components.spec.base import SpecError
 from components.spec.stack import StackSpec
-from components.planning.load import load_stack_config
 
 
 def spec_from_pulumi() -> StackSpec:

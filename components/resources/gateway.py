@@ -9,19 +9,39 @@ import pulumi
 import pulumi_docker as docker
 from pulumi_command import remote
 
-from components.resources.base import Component
-from components.resources.gpu_node import GpuNode
-from components.planning.gateway.nginx import (
-    CONTAINER_CONF_DIR, CONTAINER_KEYS_DIR, CONTAINER_NAME, CONTAINER_TLS_DIR, DIGESTS_FILE, HOST_CONF_DIR,
-    HOST_DIGESTS_DIR, HOST_TLS_DIR, config_delete_script, config_script, exposed_paths, healthcheck_probe,
-    key_digests, key_ids, keys_delete_script, keys_script, nginx_argv, readiness_script, routes, split, tls_delete_script,
-    tls_from_stdin_script, tls_generate_script, usage_dir_script,
-)
+from components import marks
 from components.planning.gateway.image import BUILD_CONTEXT
+from components.planning.gateway.nginx import (
+    CONTAINER_CONF_DIR,
+    CONTAINER_KEYS_DIR,
+    CONTAINER_NAME,
+    CONTAINER_TLS_DIR,
+    DIGESTS_FILE,
+    HOST_CONF_DIR,
+    HOST_DIGESTS_DIR,
+    HOST_TLS_DIR,
+    config_delete_script,
+    config_script,
+    exposed_paths,
+    healthcheck_probe,
+    key_digests,
+    key_ids,
+    keys_delete_script,
+    keys_script,
+    nginx_argv,
+    readiness_script,
+    routes,
+    split,
+    tls_delete_script,
+    tls_from_stdin_script,
+    tls_generate_script,
+    usage_dir_script,
+)
 from components.planning.image_supply import builds_gateway
 from components.planning.nodes.scripts import bash_command, script_hash
+from components.resources.base import Component
+from components.resources.gpu_node import GpuNode
 from components.spec import StackSpec
-from components import marks
 
 READY_TIMEOUT_SECONDS = 120
 

@@ -6,15 +6,19 @@ from collections.abc import Mapping
 import pulumi
 import pulumi_docker as docker
 
-from components.resources.gpu_node import GpuNode
-from components.planning.nodes.scripts import bash_command, script_hash
-from components.spec.topology import Instance
-from components.engines.registry import engine_for
 from components.engines.base import (
-    WATCHDOG_SCRIPT, container_envs, container_labels, container_name, instance_watchdog_script,
+    WATCHDOG_SCRIPT,
+    container_envs,
+    container_labels,
+    container_name,
+    instance_watchdog_script,
     ready_url,
 )
+from components.engines.registry import engine_for
+from components.planning.nodes.scripts import bash_command, script_hash
+from components.resources.gpu_node import GpuNode
 from components.spec import StackSpec
+from components.spec.topology import Instance
 
 # Seconds docker waits after SIGTERM before SIGKILL on stop/delete: vLLM frees GPU memory and
 # NCCL communicators on a clean shutdown, which a SIGKILL skips.

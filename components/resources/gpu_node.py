@@ -23,18 +23,27 @@ import pulumi
 import pulumi_docker as docker
 from pulumi_command import local, remote
 
-from components.resources.base import Component
+from components import marks
+from components.planning.image_supply import ImageSupply, load_script, node_supplies, supply, unload_script
 from components.planning.nodes import firewall
 from components.planning.nodes.clock import clock_script
-from components.planning.image_supply import ImageSupply, load_script, node_supplies, supply, unload_script
 from components.planning.nodes.scripts import (
-    bash_command, hosts_create_script, hosts_delete_script, hosts_entries, known_hosts_line, node_expectation,
-    operator_file_create_script, operator_file_delete_script, operator_file_path, preflight_script,
-    root_steps, script_hash,
+    bash_command,
+    hosts_create_script,
+    hosts_delete_script,
+    hosts_entries,
+    known_hosts_line,
+    node_expectation,
+    operator_file_create_script,
+    operator_file_delete_script,
+    operator_file_path,
+    preflight_script,
+    root_steps,
+    script_hash,
 )
-from components.spec.topology import resource_suffix
+from components.resources.base import Component
 from components.spec import StackSpec
-from components import marks
+from components.spec.topology import resource_suffix
 
 
 @dataclass(frozen=True)

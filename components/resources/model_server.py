@@ -8,20 +8,28 @@ import pulumi
 import pulumi_docker as docker
 from pulumi_command import remote
 
+from components import marks
+from components.engines.base import (
+    endpoint,
+    health_gate_script,
+    ready_url,
+    server_container_name,
+    startup_failure_advice,
+    supervised_argv,
+)
+from components.engines.registry import engine_for, stack_keys
 from components.resources.base import Component
 from components.resources.gpu_containers import (
-    gate_command_args, gpu_container_args, gpu_container_opts, server_healthcheck, server_uploads,
+    gate_command_args,
+    gpu_container_args,
+    gpu_container_opts,
+    server_healthcheck,
+    server_uploads,
 )
-from components.engines.registry import engine_for
-from components.engines.base import (
-    endpoint, health_gate_script, ready_url, server_container_name, startup_failure_advice, supervised_argv,
-)
-from components.spec.models import checkpoint_quantization, context_window_dict, model_architecture, quantization_config
-from components.spec.topology import Instance, instances
 from components.resources.ray_cluster import RayCluster, RayClusterArgs
 from components.spec import StackSpec
-from components.engines.registry import stack_keys
-from components import marks
+from components.spec.models import checkpoint_quantization, context_window_dict, model_architecture, quantization_config
+from components.spec.topology import Instance, instances
 
 
 @dataclass(frozen=True)

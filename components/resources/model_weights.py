@@ -20,15 +20,24 @@ from dataclasses import dataclass
 import pulumi
 from pulumi_command import remote
 
+from components import marks
+from components.planning.nodes.scripts import (
+    bash_command,
+    copy_delete_script,
+    copy_script,
+    fanout_rounds,
+    manifest_build_script,
+    manifest_delete_script,
+    manifest_verify_script,
+    mount_script,
+    present_check_script,
+    script_hash,
+    ssh_argv,
+    unmount_script,
+)
 from components.resources.base import Component
 from components.resources.gpu_node import GpuNode
-from components.planning.nodes.scripts import (
-    bash_command, copy_delete_script, copy_script, fanout_rounds, manifest_build_script,
-    manifest_delete_script, manifest_verify_script, mount_script, present_check_script, script_hash,
-    ssh_argv, unmount_script,
-)
 from components.spec import StackSpec
-from components import marks
 
 # Copying a few hundred GB at disk speed and hashing it take hours, not the provider's default.
 COPY_TIMEOUT = "6h"

@@ -7,19 +7,33 @@ import pulumi
 import pulumi_docker as docker
 from pulumi_command import remote
 
-from components.resources.base import Component
-from components.resources.gpu_node import GpuNode
+from components import marks
+from components.planning.fabric.ray import NODE_TEXTFILE_DIR
 from components.planning.monitoring.prometheus import (
-    ALERTMANAGER_CONFIG, GRAFANA_PASSWORD_FILE, GRAFANA_PASSWORD_MOUNT, alertmanager_args,
-    config_files_delete_script, config_files_script, config_mounts, dcgm_exporter_env, grafana_env,
-    grafana_password_delete_script, grafana_password_generate_script, grafana_password_store_script,
-    grafana_provisioning, grafana_reloads, lifecycle_reloads, monitoring_url, node_exporter_args,
-    prometheus_args, prometheus_files,
+    ALERTMANAGER_CONFIG,
+    GRAFANA_PASSWORD_FILE,
+    GRAFANA_PASSWORD_MOUNT,
+    alertmanager_args,
+    config_files_delete_script,
+    config_files_script,
+    config_mounts,
+    dcgm_exporter_env,
+    grafana_env,
+    grafana_password_delete_script,
+    grafana_password_generate_script,
+    grafana_password_store_script,
+    grafana_provisioning,
+    grafana_reloads,
+    lifecycle_reloads,
+    monitoring_url,
+    node_exporter_args,
+    prometheus_args,
+    prometheus_files,
 )
 from components.planning.nodes.scripts import bash_command
-from components.planning.fabric.ray import NODE_TEXTFILE_DIR
+from components.resources.base import Component
+from components.resources.gpu_node import GpuNode
 from components.spec import StackSpec
-from components import marks
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 import pulumi
 from pulumi_command import remote
 
-from components.resources.base import Component
-from components.resources.gpu_node import GpuNode
+from components import marks
 from components.planning.nodes.scripts import bash_command, script_hash
 from components.planning.qualification import Qualification, qualification_script
-from components import marks
+from components.resources.base import Component
+from components.resources.gpu_node import GpuNode
 
 # docker pulls nothing here (the image is on the node); the check itself takes seconds, Triton's first
 # compile up to a minute.

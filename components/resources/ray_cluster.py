@@ -8,20 +8,24 @@ import pulumi
 import pulumi_docker as docker
 from pulumi_command import remote
 
-from components.resources.base import Component
-from components.resources.gpu_containers import (
-    gate_command_args, gpu_container_args, gpu_container_opts, server_healthcheck, server_uploads,
-)
-from components.resources.gpu_node import GpuNode
+from components import marks
+from components.engines.base import container_name, supervised_argv
+from components.engines.registry import engine_for
 from components.planning.fabric import nccl
 from components.planning.fabric import ray as plan
-from components.planning.nodes.scripts import bash_command, script_hash
 from components.planning.fabric.rdma import rdma_script
-from components.spec.topology import Instance
-from components.engines.registry import engine_for
-from components.engines.base import container_name, supervised_argv
+from components.planning.nodes.scripts import bash_command, script_hash
+from components.resources.base import Component
+from components.resources.gpu_containers import (
+    gate_command_args,
+    gpu_container_args,
+    gpu_container_opts,
+    server_healthcheck,
+    server_uploads,
+)
+from components.resources.gpu_node import GpuNode
 from components.spec import StackSpec
-from components import marks
+from components.spec.topology import Instance
 
 
 @dataclass(frozen=True)

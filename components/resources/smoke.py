@@ -7,14 +7,14 @@ from dataclasses import dataclass
 import pulumi
 from pulumi_command import remote
 
+from components import marks
+from components.planning.nodes.scripts import bash_command, script_hash
+from components.planning.smoke import smoke_plan, smoke_script
 from components.resources.base import Component
 from components.resources.gateway import Gateway
 from components.resources.gpu_node import GpuNode
 from components.resources.model_server import ModelServer
-from components.planning.nodes.scripts import bash_command, script_hash
-from components.planning.smoke import smoke_plan, smoke_script
 from components.spec import StackSpec
-from components import marks
 
 
 @dataclass(frozen=True)

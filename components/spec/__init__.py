@@ -1,7 +1,15 @@
 """The stack model: what a user states in `Pulumi.<stack>.yaml`, validated before any resource exists."""
 from components.spec.base import SpecError, SpecIssue
 from components.spec.cluster import (
-    FirewallSpec, GpuSpec, HcaSpec, ModelSpec, NcclSpec, NodeSpec, PoolSpec, PreflightSpec, SshSpec,
+    FirewallSpec,
+    GpuSpec,
+    HcaSpec,
+    ModelSpec,
+    NcclSpec,
+    NodeSpec,
+    PoolSpec,
+    PreflightSpec,
+    SshSpec,
     WeightsSource,
 )
 from components.spec.gateway import ApiKeySpec, GatewaySpec, RateLimitSpec

@@ -4,14 +4,12 @@ from __future__ import annotations
 import datetime
 import math
 import re
+import types
+import typing
 from dataclasses import dataclass
 from typing import Any
 
-import types
-import typing
-
 import annotated_types
-
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError

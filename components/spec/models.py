@@ -7,7 +7,11 @@ from pathlib import Path
 
 from components.facts.hardware import DTYPE_ALIASES
 from components.facts.models import (
-    ModelArch, arch_from_config_json, context_window, model_arch, quantization_from_config_json,
+    ModelArch,
+    arch_from_config_json,
+    context_window,
+    model_arch,
+    quantization_from_config_json,
 )
 from components.spec.base import SpecError, SpecIssue
 from components.spec.stack import StackSpec

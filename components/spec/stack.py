@@ -10,7 +10,14 @@ from pydantic import Field, ValidationError
 from components.facts.servers import REFERENCE_SERVER
 from components.spec.base import NAME_RE, Spec, SpecError, SpecIssue, issues_from_validation_error
 from components.spec.cluster import (
-    FirewallSpec, ModelSpec, NcclSpec, NodeDefaults, NodeSpec, PoolSpec, PreflightSpec, SshSpec,
+    FirewallSpec,
+    ModelSpec,
+    NcclSpec,
+    NodeDefaults,
+    NodeSpec,
+    PoolSpec,
+    PreflightSpec,
+    SshSpec,
 )
 from components.spec.gateway import GatewaySpec
 from components.spec.images import ImagesSpec

@@ -9,13 +9,17 @@ from __future__ import annotations
 from typing import Any
 
 from pulumi_policy import (
-    EnforcementLevel, ReportViolation, ResourceValidationArgs, ResourceValidationPolicy, StackValidationArgs,
+    EnforcementLevel,
+    ReportViolation,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
+    StackValidationArgs,
     StackValidationPolicy,
 )
 
 from components.engines.registry import ENGINES
-from components.planning.image_supply import public_registry
 from components.marks import GPU_NODE, MODEL_SERVER
+from components.planning.image_supply import public_registry
 from policies.rules.common import per_pool
 
 WAY_OUT = ("Set images.registry to the private registry that holds them (every image is then pulled as "

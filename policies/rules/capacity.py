@@ -11,7 +11,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from pulumi_policy import (
-    EnforcementLevel, PolicyConfigSchema, ReportViolation, ResourceValidationArgs, ResourceValidationPolicy,
+    EnforcementLevel,
+    PolicyConfigSchema,
+    ReportViolation,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
 )
 
 from components.marks import MODEL_SERVER

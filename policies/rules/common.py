@@ -8,15 +8,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pulumi_policy import (
-    EnforcementLevel, PolicyConfigSchema, ReportViolation, ResourceValidationArgs, ResourceValidationPolicy,
+    EnforcementLevel,
+    PolicyConfigSchema,
+    ReportViolation,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
 )
 from pulumi_policy.proxy import UnknownValueError
 
 from components.engines.judged import number
-from components.marks import COMPONENT_PREFIX, MODEL_SERVER
-from components.facts.hardware import GPUS, GpuModel
 from components.engines.vllm.facts import VLLM_IMAGE_REPO, ImageFacts, facts_for
 from components.engines.vllm.options import canonical_flag
+from components.facts.hardware import GPUS, GpuModel
+from components.marks import COMPONENT_PREFIX, MODEL_SERVER
 from policies.rules.serve_args import API_SERVER, SERVE, ServeArgs, parse_serve
 
 CONTAINER = "docker:index/container:Container"

@@ -19,7 +19,11 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from pulumi_policy import (
-    EnforcementLevel, PolicyConfigSchema, PolicyResource, ReportViolation, StackValidationArgs,
+    EnforcementLevel,
+    PolicyConfigSchema,
+    PolicyResource,
+    ReportViolation,
+    StackValidationArgs,
     StackValidationPolicy,
 )
 from pulumi_policy.proxy import UnknownValueError

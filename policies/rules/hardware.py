@@ -16,11 +16,15 @@ from typing import Any
 
 from pulumi_policy import EnforcementLevel, PolicyConfigSchema
 
-from components.facts.hardware import (
-    DTYPE_ALIASES, FP16_REFUSING_MODEL_TYPES, GPUS, QUANTIZATION_WAY_OUT, capability_text,
-)
-from components.engines.vllm.facts import FP8_WEIGHT_METHODS, image_facts
 from components.engines.registry import DEFAULT_IMAGES
+from components.engines.vllm.facts import FP8_WEIGHT_METHODS, image_facts
+from components.facts.hardware import (
+    DTYPE_ALIASES,
+    FP16_REFUSING_MODEL_TYPES,
+    GPUS,
+    QUANTIZATION_WAY_OUT,
+    capability_text,
+)
 from policies.rules.common import GPU_MODEL_LABEL, Launch, launch_policy, number
 
 # An image the table does not know is judged by the strictest known line: below sm_80 every known version

@@ -4,12 +4,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from pulumi_policy import EnforcementLevel, PolicyConfigSchema, ReportViolation, ResourceValidationArgs, ResourceValidationPolicy
+from pulumi_policy import (
+    EnforcementLevel,
+    PolicyConfigSchema,
+    ReportViolation,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
+)
 
 from components.engines.vllm.facts import IMAGES, IMAGES_WITH_RAY
 from components.marks import RAY_CLUSTER
 from policies.rules.common import (
-    CONTAINER, IMAGE_LABEL, Launch, config_with_defaults, container_image, image_parts, is_ray_container, launch_of, per_pool, under_component,
+    CONTAINER,
+    IMAGE_LABEL,
+    Launch,
+    config_with_defaults,
+    container_image,
+    image_parts,
+    is_ray_container,
+    launch_of,
+    per_pool,
+    under_component,
 )
 from policies.rules.hardware import VOLTA_IMAGE, image_key
 

@@ -15,17 +15,29 @@ from collections.abc import Mapping
 from typing import Any
 
 from pulumi_policy import (
-    EnforcementLevel, PolicyConfigSchema, ReportViolation, ResourceValidationArgs, ResourceValidationPolicy,
+    EnforcementLevel,
+    PolicyConfigSchema,
+    ReportViolation,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
 )
 
-from components.engines.registry import SECRET_FLAG_NAMES
-from components.engines.credentials import SCRIPT_ASSIGN, SCRIPT_FLAG, SECRET_ENV
-from components.engines.registry import SECRET_FLAGS as ENGINE_SECRET_FLAGS
 from components.engines.base import REDACTED, secret_positions
-from policies.rules.bindings import binding_problems, every_interface, flag_values
+from components.engines.credentials import SCRIPT_ASSIGN, SCRIPT_FLAG, SECRET_ENV
+from components.engines.registry import SECRET_FLAG_NAMES
+from components.engines.registry import SECRET_FLAGS as ENGINE_SECRET_FLAGS
 from components.marks import GATEWAY, GPU_NODE
+from policies.rules.bindings import binding_problems, every_interface, flag_values
 from policies.rules.common import (
-    CONTAINER, REMOTE_COMMAND, container_argv, container_server, env_of, is_ray_container, parse_server, role_of, words,
+    CONTAINER,
+    REMOTE_COMMAND,
+    container_argv,
+    container_server,
+    env_of,
+    is_ray_container,
+    parse_server,
+    role_of,
+    words,
 )
 from policies.rules.grouped import Subject, pool_rule
 

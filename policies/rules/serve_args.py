@@ -18,10 +18,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from components.engines.vllm.facts import ImageFacts, image_facts
-
-from components.engines.registry import DEFAULT_IMAGES
 from components.engines.data import parser_dump
+from components.engines.registry import DEFAULT_IMAGES
+from components.engines.vllm.facts import ImageFacts, image_facts
 
 # What an argv is read with when its image has no facts or no dump: the default image's parser, so the
 # other rules can still read its values (the flag rule then says it cannot judge the flags).

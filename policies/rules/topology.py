@@ -7,7 +7,14 @@ from typing import Any
 from pulumi_policy import EnforcementLevel, PolicyConfigSchema
 
 from policies.rules.common import (
-    CONTAINER, LINK_LAYER_LABEL, Launch, env_of, is_ray_container, labels, launch_policy, number,
+    CONTAINER,
+    LINK_LAYER_LABEL,
+    Launch,
+    env_of,
+    is_ray_container,
+    labels,
+    launch_policy,
+    number,
 )
 from policies.rules.grouped import Subject, pool_rule
 from policies.rules.hardware import model_arch_or_none

@@ -16,28 +16,28 @@ ubatch (COMPUTE_UBATCH tokens) as estimated by compute_bytes.
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import ClassVar
 
-from components.facts.gguf import GgufModel, read_gguf
-from components.facts.hardware import gpu
-from components.facts.engine_matrix import GENERATIONS, Cell, level
+from components.engines.base import Engine, MultiNode, offline_env, planned_capability
+from components.engines.estimate import GIB, EngineEstimate
+from components.engines.gate import GateCheck
 from components.engines.http import EngineServer
 from components.engines.judged import EngineRule
-from components.engines.llamacpp.rules import RULES
 from components.engines.llamacpp.facts import DEFAULT_IMAGE, HTTP_SERVER, IMAGES, LlamacppImage, llamacpp_image
-from components.facts.models import ModelArch
-from components.engines.llamacpp.startup_failures import STARTUP_FAILURES as LLAMACPP_STARTUP_FAILURES
-from components.facts.startup_failures import StartupFailure
-from components.engines.base import Engine, MultiNode, offline_env, planned_capability
-from components.engines.gate import GateCheck
-from components.engines.estimate import GIB, EngineEstimate
-from components.spec.models import model_architecture
-from components.spec.topology import Instance, instances
 from components.engines.llamacpp.options import LLAMACPP_ALIASES, LLAMACPP_MULTI_NODE, TYPED_FLAGS, LlamacppOptions
+from components.engines.llamacpp.rules import RULES
+from components.engines.llamacpp.startup_failures import STARTUP_FAILURES as LLAMACPP_STARTUP_FAILURES
+from components.facts.engine_matrix import GENERATIONS, Cell, level
+from components.facts.gguf import GgufModel, read_gguf
+from components.facts.hardware import gpu
+from components.facts.models import ModelArch
+from components.facts.startup_failures import StartupFailure
 from components.spec import SpecIssue, StackSpec
 from components.spec.base import Spec
+from components.spec.models import model_architecture
+from components.spec.topology import Instance, instances
 
 RESERVED_GIB = 0.5
 COMPUTE_UBATCH = 512  # llama.cpp's default -ub

@@ -18,29 +18,42 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from components.facts.hardware import gpu
-from components.facts.engine_matrix import GENERATIONS, Cell, level
-from components.engines.http import EngineServer
-from components.engines.judged import EngineRule
-from components.engines.lmdeploy.rules import RULES, quant_policy
-from components.engines.lmdeploy.facts import DEFAULT_IMAGE, HTTP_SERVER, IMAGES, MODEL_FORMATS, LmdeployImage, lmdeploy_image
-from components.facts.models import ModelArch
-from components.engines.lmdeploy.startup_failures import STARTUP_FAILURES as LMDEPLOY_STARTUP_FAILURES
-from components.facts.startup_failures import StartupFailure
-from components.engines.weights import model_params
 from components.engines.base import Engine, MultiNode, nccl_env, offline_env, planned_capability
 from components.engines.estimate import GIB, EngineEstimate
-from components.engines.gate import (ENGINE_VERSION_CHECK, FATBIN_SOURCE, TORCH_CHECKS, GateCheck, argv_check,
-                                              python_check)
-from components.spec.models import model_architecture
-from components.spec.topology import Instance
+from components.engines.gate import (
+    ENGINE_VERSION_CHECK,
+    FATBIN_SOURCE,
+    TORCH_CHECKS,
+    GateCheck,
+    argv_check,
+    python_check,
+)
+from components.engines.http import EngineServer
+from components.engines.judged import EngineRule
+from components.engines.lmdeploy.facts import (
+    DEFAULT_IMAGE,
+    HTTP_SERVER,
+    IMAGES,
+    MODEL_FORMATS,
+    LmdeployImage,
+    lmdeploy_image,
+)
 from components.engines.lmdeploy.options import LMDEPLOY_DTYPES, LMDEPLOY_FORMATS, TYPED_FLAGS, LmdeployOptions
+from components.engines.lmdeploy.rules import RULES, quant_policy
+from components.engines.lmdeploy.startup_failures import STARTUP_FAILURES as LMDEPLOY_STARTUP_FAILURES
+from components.engines.weights import model_params
+from components.facts.engine_matrix import GENERATIONS, Cell, level
+from components.facts.hardware import gpu
+from components.facts.models import ModelArch
+from components.facts.startup_failures import StartupFailure
 from components.spec import SpecIssue, StackSpec
 from components.spec.base import Spec
+from components.spec.models import model_architecture
+from components.spec.topology import Instance
 
 # Memory a TurboMind process holds before it loads weights, per GPU [unverified: vLLM's measured figures
 # for the same CUDA context and libraries, components.facts.hardware].

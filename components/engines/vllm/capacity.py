@@ -1,9 +1,9 @@
 """Capacity of each pool from the stack: the capacity planner fed with the pool's real settings."""
 from __future__ import annotations
 
-from components.facts.hardware import gpu
-from components.engines.vllm.memory import CapacityEstimate, estimate
 from components.engines.vllm.facts import pool_image_facts
+from components.engines.vllm.memory import CapacityEstimate, estimate
+from components.facts.hardware import gpu
 from components.spec import StackSpec
 from components.spec.models import model_architecture, resolved_dtype
 

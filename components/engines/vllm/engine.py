@@ -7,20 +7,37 @@ import re
 from pathlib import Path
 from typing import ClassVar
 
-from components.engines.vllm.memory import communicator_gib
-from components.facts.engine_matrix import GENERATIONS, Cell, level, sass_runs
-from components.facts.hardware import CUDA_CONTEXT_GIB, GPUS, gpu
+from components.engines.base import Engine, MultiNode, Upload, nccl_env, offline_env, planned_capability
+from components.engines.gate import (
+    DOT_BLOCK,
+    ENGINE_VERSION_CHECK,
+    TORCH_CHECKS,
+    TRITON_DOT_CHECK,
+    TRITON_DOT_KERNEL,
+    GateCheck,
+    argv_check,
+    python_check,
+)
 from components.engines.http import EngineServer
-from components.engines.vllm.facts import DEFAULT_IMAGE, HTTP_SERVER, IMAGES, QUANTIZATION_METHODS, ImageFacts, image_facts, known_images, pool_image_facts
+from components.engines.vllm.facts import (
+    DEFAULT_IMAGE,
+    HTTP_SERVER,
+    IMAGES,
+    QUANTIZATION_METHODS,
+    ImageFacts,
+    image_facts,
+    known_images,
+    pool_image_facts,
+)
+from components.engines.vllm.memory import communicator_gib
 from components.engines.vllm.options import TYPED_ENV, TYPED_FLAGS, VllmOptions, canonical_flag
 from components.engines.vllm.startup_failures import STARTUP_FAILURES as VLLM_STARTUP_FAILURES
+from components.facts.engine_matrix import GENERATIONS, Cell, level, sass_runs
+from components.facts.hardware import CUDA_CONTEXT_GIB, GPUS, gpu
 from components.facts.startup_failures import StartupFailure
-from components.engines.base import Engine, MultiNode, Upload, nccl_env, offline_env, planned_capability
-from components.engines.gate import (DOT_BLOCK, ENGINE_VERSION_CHECK, TORCH_CHECKS, TRITON_DOT_CHECK,
-                                              TRITON_DOT_KERNEL, GateCheck, argv_check, python_check)
-from components.spec.topology import Instance
 from components.spec import SpecError, SpecIssue, StackSpec
 from components.spec.base import Spec
+from components.spec.topology import Instance
 
 # Where the pool's fused-MoE tile configs are written inside the container (VLLM_TUNED_CONFIG_FOLDER).
 TUNED_CONFIG_DIR = "/opt/llm-cluster/moe-configs"

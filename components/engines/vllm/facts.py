@@ -39,8 +39,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal
 
 from components.engines.http import EngineServer
-from components.facts.evidence import Sourced, code, observed, unverified
 from components.engines.weights import FP8_WEIGHT_METHODS  # noqa: F401  (the rules read it with these facts)
+from components.facts.evidence import Sourced, code, observed, unverified
 from components.facts.sourced import SourcedImage, image_ref_key
 
 if TYPE_CHECKING:

@@ -45,12 +45,19 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from components.facts.hardware import CUDA_CONTEXT_GIB, DTYPE_BYTES
 from components.engines.vllm.facts import KV_CACHE_DTYPES, kv_cache_bytes
 from components.engines.weights import (
-    FP8_WEIGHT_METHODS as FP8_QUANTIZATION_METHODS, GIB, kv_bytes_per_token_per_layer, layers_per_stage,
-    linear_bytes_per_param, model_params, stage_weight_bytes,
+    FP8_WEIGHT_METHODS as FP8_QUANTIZATION_METHODS,
 )
+from components.engines.weights import (
+    GIB,
+    kv_bytes_per_token_per_layer,
+    layers_per_stage,
+    linear_bytes_per_param,
+    model_params,
+    stage_weight_bytes,
+)
+from components.facts.hardware import CUDA_CONTEXT_GIB, DTYPE_BYTES
 from components.facts.models import ModelArch
 
 # GPU memory outside torch's allocator that the profile run adds on every GPU: 0.03 and 0.04 GiB logged on

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 import shlex
 
-from components.spec.topology import Instance
-from components.spec import StackSpec
 from components.node_programs import NODE_PROGRAMS
+from components.spec import StackSpec
+from components.spec.topology import Instance
 
 DIR = "/opt/llm-cluster/nccl"
 WRAPPER = f"{DIR}/nccl-check.sh"

@@ -32,9 +32,9 @@ import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from components.spec.topology import Instance
 from components.engines.base import container_name
 from components.spec import StackSpec
+from components.spec.topology import Instance
 
 # Where ray-head.sh is uploaded inside the head container (the image has no such folder of its own).
 RAY_HEAD_SCRIPT = "/opt/llm-cluster/ray-head.sh"

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import json
 
-from components.planning.nodes.scripts import run_shipped_python, ssh_argv
-from components.spec.topology import Instance
-from components.spec import StackSpec
 from components.node_programs import NODE_PROGRAMS
+from components.planning.nodes.scripts import run_shipped_python, ssh_argv
+from components.spec import StackSpec
+from components.spec.topology import Instance
 
 FABRIC_SOURCE = NODE_PROGRAMS / "fabric.py"
 _HEREDOC = "LLM_CLUSTER_FABRIC_PY"

@@ -3,8 +3,25 @@ context as the docker provider gets it."""
 from __future__ import annotations
 
 from components.facts.gateway_image import (
-    _STANZA, BASE_IMAGE, BUILD_CONTEXT, CONTEXT_DIR, DEBIAN_MIRROR, DEBIAN_SECURITY_MIRROR, DEBIAN_SUITES, GATEWAY_IMAGE,
-    LUA_CPATHS, LUA_MODULE, LUA_PATHS, MODULES_DIR, NDK_MODULE, TESTED_PACKAGES, WORKER_UID, build_args, debian_sources, is_built)
+    _STANZA,
+    BASE_IMAGE,
+    BUILD_CONTEXT,
+    CONTEXT_DIR,
+    DEBIAN_MIRROR,
+    DEBIAN_SECURITY_MIRROR,
+    DEBIAN_SUITES,
+    GATEWAY_IMAGE,
+    LUA_CPATHS,
+    LUA_MODULE,
+    LUA_PATHS,
+    MODULES_DIR,
+    NDK_MODULE,
+    TESTED_PACKAGES,
+    WORKER_UID,
+    build_args,
+    debian_sources,
+    is_built,
+)
 
 
 def dockerfile() -> str:

@@ -35,15 +35,20 @@ from pathlib import Path
 from typing import TypeVar
 
 from components.engines.registry import engine_for
+from components.planning.gateway.image import (
+    LUA_CPATHS,
+    LUA_MODULE,
+    LUA_PATHS,
+    MODULES_DIR,
+    NDK_MODULE,
+    WORKER_UID,
+)
+from components.planning.gateway.upstreams import engine_server, upstream_keepalive_seconds
 from components.planning.monitoring.prometheus import host_port
 from components.planning.nodes.scripts import put_files_lines
-from components.spec.topology import instances
-from components.planning.gateway.upstreams import engine_server, upstream_keepalive_seconds
-from components.planning.gateway.image import (
-    LUA_CPATHS, LUA_MODULE, LUA_PATHS, MODULES_DIR, NDK_MODULE, WORKER_UID,
-)
 from components.spec.gateway import ApiKeySpec, RateLimitSpec, TokenBudgetSpec
 from components.spec.stack import StackSpec
+from components.spec.topology import instances
 
 T = TypeVar("T")
 

@@ -10,16 +10,18 @@ from typing import Any
 
 import yaml
 
-from components.planning.fabric.ray import (
-    NODE_TEXTFILE_DIR, RAY_METRICS_INTERVAL_S, ray_textfile,
-)
-from components.planning.nodes.scripts import put_files_lines, written_files  # noqa: F401 (re-exported)
-from components.spec.topology import Instance, all_instances
-from components.planning.monitoring.engine_metrics import ServingMetrics, omitted, pool_metrics, serving_metrics
-from components.engines.registry import engine_for
 from components.engines.base import container_name
+from components.engines.registry import engine_for
+from components.planning.fabric.ray import (
+    NODE_TEXTFILE_DIR,
+    RAY_METRICS_INTERVAL_S,
+    ray_textfile,
+)
+from components.planning.monitoring.engine_metrics import ServingMetrics, omitted, pool_metrics, serving_metrics
+from components.planning.nodes.scripts import put_files_lines, written_files  # noqa: F401 (re-exported)
 from components.spec.monitoring import MonitoringSpec
 from components.spec.stack import StackSpec
+from components.spec.topology import Instance, all_instances
 
 # Files are laid out under /etc in the containers: `prometheus/…` -> /etc/prometheus/…, and so on.
 PROMETHEUS_CONFIG = "prometheus/prometheus.yml"

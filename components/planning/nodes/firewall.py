@@ -20,8 +20,8 @@ import shlex
 from dataclasses import dataclass
 
 from components.planning.nodes.scripts import refuse_heredoc_end
-from components.spec.topology import all_instances, host_ports
 from components.spec import StackSpec
+from components.spec.topology import all_instances, host_ports
 
 TABLE = "llm_cluster"
 FAMILY = "inet"

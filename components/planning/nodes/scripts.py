@@ -12,15 +12,15 @@ import inspect
 import math
 import re
 import shlex
-from pathlib import Path
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
+from components.engines.weights import GIB, checkpoint_bytes, linear_bytes_per_param
 from components.facts.hardware import DTYPE_ALIASES, DTYPE_BYTES, GPUS
 from components.facts.models import model_arch
 from components.node_programs import preflight
-from components.engines.weights import GIB, checkpoint_bytes, linear_bytes_per_param
-from components.planning.image_supply import node_supplies
 from components.node_programs.preflight import Expectation
+from components.planning.image_supply import node_supplies
 from components.spec import StackSpec
 
 HOSTS_BEGIN = "# BEGIN llm-cluster"

@@ -130,7 +130,7 @@ def add_image_files(files: Path, ref: str, pip: Path, numpy: str) -> dict[str, s
 def model_config(arch: str) -> dict:
     """config.json keys a generated lab model needs for LMDeploy: `architectures`, as Hugging Face writes it
     for the catalog architecture's model_type (what TurboMind's SUPPORTED_ARCHS is keyed by)."""
-    from components.facts.models import model_arch
     from components.engines.lmdeploy.facts import HF_ARCHITECTURES
+    from components.facts.models import model_arch
     model_type = model_arch(arch).model_type
     return {"model_type": model_type, "architectures": [HF_ARCHITECTURES[model_type]]} if model_type in HF_ARCHITECTURES else {}

@@ -12,6 +12,7 @@ import uuid
 from http.server import ThreadingHTTPServer
 
 from openai_http import OpenAIHandler
+
 from vllm import HERE, __version__, _facts
 
 QUANTIZATIONS = set(_facts["quantizations"])
