@@ -52,6 +52,7 @@ class ToyEngine(Engine):
     options_key: ClassVar[str] = "toy"
     options_model: ClassVar[type[Spec]] = ToyOptions
     required_option: ClassVar[str] = "contextTokens"
+    context_key: ClassVar[str] = "contextTokens"
     default_image: ClassVar[str] = TOY_IMAGE
     typed_flags: ClassVar[dict[str, str]] = {"--slots": "pools.<pool>.toy.slots"}
 

@@ -272,7 +272,7 @@ def test_pools_sharing_a_model_are_refused_where_the_gateway_cannot_honour_them(
         "would find no replica",
         "pools.canary: pools chat, canary serve model 'qwen3-30b-a3b' behind one name but accept different context "
         "lengths (chat: 32768, canary: 8192): the same request would pass or fail by where it lands; give them one "
-        "context length (vllm.maxModelLen, lmdeploy.sessionLen, llamacpp.contextPerSlot)",
+        "context length (pools.chat.vllm.maxModelLen, pools.canary.vllm.maxModelLen)",
         "gateway.apiKeys[1].models[0]: pool 'canary' shares model 'qwen3-30b-a3b' with chat: a key cannot be held "
         "to one of them; name the model ('qwen3-30b-a3b') instead"]
 

@@ -82,6 +82,7 @@ class Engine(ABC):
     options_key: ClassVar[str]  # its options block: pools.<pool>.<options_key>
     options_model: ClassVar[type[Spec]]  # the model that block validates against
     required_option: ClassVar[str]  # the option its block cannot do without (camelCase), named when it is missing
+    context_key: ClassVar[str]  # the option of its block that sets the context length a request may use
     default_image: ClassVar[str]  # pools.*.image when unset
     # Server flags the product sets from typed stack keys: flag -> the key that owns it, with <pool>, <model>
     # and <node> standing for the names. In extraArgs such a flag would come after the product's own and

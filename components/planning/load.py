@@ -21,6 +21,12 @@ from components.spec.models import model_architecture
 from components.spec.stack import StackSpec, _not_one_of
 
 
+def context_key(s: StackSpec, pool: str) -> str:
+    """The stack key of a pool's context length, in its engine's options block."""
+    engine = engine_for(s.pools[pool])
+    return f"pools.{pool}.{engine.options_key}.{engine.context_key}"
+
+
 def stack_issues(s: StackSpec) -> list[SpecIssue]:
     """Every cross-section issue of a parsed stack, in the order a person fixes them; the ports last, once
     all else holds."""
@@ -114,7 +120,7 @@ def shared_model_issues(s: StackSpec) -> list[SpecIssue]:
                                     "one name but accept different context lengths ("
                                     + ", ".join(f"{p}: {n}" for p, n in lens.items())
                                     + "): the same request would pass or fail by where it lands; give them one "
-                                    "context length (vllm.maxModelLen, lmdeploy.sessionLen, llamacpp.contextPerSlot)"))
+                                    "context length (" + ", ".join(context_key(s, p) for p in pools) + ")"))
         for i, k in enumerate(g.api_keys):
             for j, name in enumerate(k.models):
                 if name in pools:

@@ -351,6 +351,7 @@ class LlamacppEngine(Engine):
     options_key: ClassVar[str] = "llamacpp"
     options_model: ClassVar[type[Spec]] = LlamacppOptions
     required_option: ClassVar[str] = "contextPerSlot"
+    context_key: ClassVar[str] = "contextPerSlot"
     default_image: ClassVar[str] = DEFAULT_IMAGE
     typed_flags: ClassVar[dict[str, str]] = TYPED_FLAGS
 

@@ -304,6 +304,7 @@ class LmdeployEngine(Engine):
     options_key: ClassVar[str] = "lmdeploy"
     options_model: ClassVar[type[Spec]] = LmdeployOptions
     required_option: ClassVar[str] = "sessionLen"
+    context_key: ClassVar[str] = "sessionLen"
     default_image: ClassVar[str] = DEFAULT_IMAGE
     typed_flags: ClassVar[dict[str, str]] = TYPED_FLAGS
 

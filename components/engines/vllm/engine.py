@@ -86,6 +86,7 @@ class VllmEngine(Engine):
     options_key: ClassVar[str] = "vllm"
     options_model: ClassVar[type[Spec]] = VllmOptions
     required_option: ClassVar[str] = "maxModelLen"
+    context_key: ClassVar[str] = "maxModelLen"
     default_image: ClassVar[str] = DEFAULT_IMAGE
     typed_flags: ClassVar[dict[str, str]] = TYPED_FLAGS
     typed_env: ClassVar[dict[str, str]] = TYPED_ENV
