@@ -15,7 +15,7 @@ connections; the figure is the worker's instructions over the requests wrk compl
   its nginx features.
 
 Every nginx is the deployed one (tests/deployed_nginx.py). Needs valgrind and wrk. Prints figures,
-asserts nothing. (The njs gateway this replaced, measured the same way: 184.9 k per request; README.)
+asserts nothing. The figures of every run, the njs gateway this replaced among them: docs/perf/gateway.md.
 """
 from __future__ import annotations
 

@@ -251,7 +251,7 @@ def test_a_pin_that_left_the_archive_comes_from_snapshot_checked(snapshot_server
 
 def test_a_pin_that_left_the_archive_while_snapshot_is_unreachable_says_what_to_change(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # As on 2026-12-05: trixie-security had moved to deb13u12, and snapshot.debian.org did not resolve.
+    # As when trixie-security moved past the pinned build and snapshot.debian.org did not resolve.
     port = free_port()  # nothing listens there
     monkeypatch.setattr(fetcher, "SNAPSHOT", f"http://127.0.0.1:{port}")
     with pytest.raises(RuntimeError) as err:

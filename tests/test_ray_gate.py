@@ -214,8 +214,8 @@ def test_worker_exits_when_its_head_goes_so_docker_restarts_it_to_rejoin(tmp_pat
     spec = loopback_spec(*free_ports(3))
     inst = instances(spec, "loop")[0]
     # A blocking head in its own process group: killing that group by id is what a dying head
-    # container (or node) does to every Ray process in it at once. Its output is kept: once (a fresh-
-    # clone run, 2026-12-04) the head never answered within SETTLE_S, and nothing said why.
+    # container (or node) does to every Ray process in it at once. Its output is kept: on a fresh clone
+    # the head once never answered within SETTLE_S, and nothing said why.
     head_log = tmp_path / "head.log"
     with head_log.open("wb") as out:
         head = subprocess.Popen([*ray_head_start_argv(spec, inst), "--block"], stdout=out,

@@ -28,11 +28,9 @@ What each package is for:
   ngx.* API (the fast path); the Lua module 0.10.28 loads it at start and refuses to start without it.
 - lua-cjson 2.1.0+dfsg-2.2+b2: JSON in C (the routing table, usage records, budget refusals).
 
-Why not njs (what the gateway ran before): measured on this machine (design of the switch, bench/
-gateway.py), plain proxy_pass served 43.6-45.9k req/s at 32 connections, the njs gateway 15.1k (0.35x,
-p50 +1.28 ms) and the same request path in Lua 22.6-24.3k (0.52x, +0.70 ms), up to 28.4k (0.62x) with
-the usage record written in batches. The issue's goal is out of njs's reach; no njs package is left
-in the image.
+Why not njs (what the gateway ran before): it clones a VM per request, and its gateway served about a
+third of plain proxy_pass's req/s where the same request path in Lua serves over half (bench/gateway.py;
+the runs in docs/perf/gateway.md). No njs package is left in the image.
 """
 from __future__ import annotations
 

@@ -538,9 +538,8 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
             "",
             "http {",
             "    server_tokens off;",
-            # A gateway request allocates 8-16 KB from its pool (its variables, the usage line, the Lua
-            # module's buffers): from nginx's default 4k pool that is three more malloc/free pairs a
-            # request, 2.4k instructions (bench/gateway_instructions.py, README).
+            # A gateway request allocates 8-16 KB from its pool: from the default 4k pool, three more
+            # malloc/free pairs a request (bench/gateway_instructions.py; docs/perf/gateway.md).
             "    request_pool_size 16k;",
             "    default_type application/json;",
             "    tcp_nodelay on;",
@@ -651,17 +650,11 @@ def _lua_string(text: str) -> str:
 
 
 # The Lua VM's settings, made in the master before it loads the modules (the workers inherit them):
-# - loopunroll=60 (LuaJIT's default 15: openresty/luajit2 src/lj_jit.h, read from code): plain_model's
-#   loops, unrolled while a trace through them is recorded, went past 15 and aborted it; whether its
-#   trace then formed depended on the order of the first requests, and in about one worker start in
-#   six plain_model ran interpreted: 6-7k instructions a request more, for the worker's life (jit.p:
-#   2 of 8 starts, none of 10 with 60; jit.v: unroll aborts in the body scanner in 4 of 6 starts,
-#   none of 6 with 60).
-# - setpause 400 (200: luaconf.h LUAI_GCPAUSE, and the deployed LuaJIT's, tests/test_gateway_nginx.py):
-#   a collection cycle when the heap has grown to 4x what the last one left live, not 2x. A cycle
-#   marks everything live, so a request pays half as much for the cycles (0.6k instructions), for
-#   1.5 MB more per worker.
-# (bench/gateway_instructions.py; README, "The morning of 2026-12-05".)
+# - loopunroll=60 (LuaJIT's 15, openresty/luajit2 src/lj_jit.h): at 15 plain_model's loops abort its
+#   trace, and some worker starts then run it interpreted for their whole life.
+# - setpause 400 (200: luaconf.h LUAI_GCPAUSE, the deployed LuaJIT's, tests/test_gateway_nginx.py): a
+#   collection when the heap is 4x what the last one left live, not 2x: half the cycles a request.
+# Both measured by bench/gateway_instructions.py (the runs: docs/perf/gateway.md).
 LUA_VM_SETTINGS = 'jit.opt.start("loopunroll=60") collectgarbage("setpause", 400)'
 
 
@@ -676,7 +669,7 @@ def _lua_directives(spec: StackSpec, layout: GatewayLayout) -> list[str]:
     budgets = f" {budget_init(spec)}" if token_budgets(spec) else ""
     # Every module loaded here, in the master: the workers (another user) inherit them read, and the
     # request handlers take them from package.loaded, a table lookup where require() is a C call on
-    # every handler entry (0.4k instructions a request over the six: callgrind, README).
+    # every handler entry (bench/gateway_instructions.py; docs/perf/gateway.md).
     return out + [f'    init_by_lua_block {{ {LUA_VM_SETTINGS} require("gateway").init({_lua_string(layout.routes_file)}, {digests})'
                   f'{budgets} require("gateway_metrics") }}']
 
