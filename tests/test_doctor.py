@@ -27,7 +27,8 @@ RAY_OK = (RAY / "ray-status.2-nodes-16-gpu.verl-docs.txt").read_text()
 NCCL_IB = next(OPS.glob("nccl-debug-info.net-ib.azure*")).read_text()
 NCCL_SOCKET = next(OPS.glob("nccl-debug-info.net-socket-fallback*")).read_text()
 AKS = (OPS / "ib_write_bw.report_gbits.all-sizes.results-only.azure-aks-ib-hdr200.aks-rdma-infiniband.txt").read_text()
-# A dmesg transcript published with a driver reset (code index), and vLLM's own refusal (VLLM-VOLTA.md).
+# A dmesg transcript published with a driver reset (code index), and vLLM's own refusal (vllm
+# worker/worker.py:553-557 at v0.9.2), as tests/fixtures/startup-failures/vllm.bf16-below-sm80.verl-issue-2594.log has it.
 XID = "[ 1399.140323] NVRM: Xid (PCI:0000:01:00): 32, Channel ID 00000009 intr 00800000\n"
 BF16 = ("ValueError: Bfloat16 is only supported on GPUs with compute capability of at least 8.0. Your Tesla "
         "V100-SXM2-32GB GPU has compute capability 7.0. You can use float16 instead by explicitly setting the`dtype` "

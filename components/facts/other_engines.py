@@ -1,8 +1,9 @@
 """Engines the runbooks name that llm-cluster does not deploy: on which GPUs each could run, and why not here.
 
 A stack may name any of them as `pools.*.engine`; the spec refuses the pool with the reason for its GPU,
-the source, and the nearest way out the project does deploy. Sources are those of
-shared/reference/volta/engines-on-v100.md §5 (each issue and file quoted there) and VOLTA-ENGINES.md.
+the source, and the nearest way out the project does deploy. Each fact cites its public source: the
+engine's own docs and code by file, its release notes and PRs, and GitHub issues as `owner/repo#N`
+(https://github.com/owner/repo/issues/N).
 """
 from __future__ import annotations
 

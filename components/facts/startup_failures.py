@@ -12,10 +12,9 @@ reads it the same way (tests/test_startup_failures.py runs both over real logs):
 case-sensitively against one line at a time; the first entry of a list that matches names the cause,
 so a list goes from the most specific to the most general.
 
-Sources, as cited below: the engines' source at a tag (file:line, read with git), users' logs in
-GitHub issues (their lines are in tests/fixtures/startup-failures, with SOURCES.md), and
-shared/reference/volta (VOLTA-ENGINES.md and the two fact checks it summarises). Nothing here ran on a
-GPU.
+Sources, as cited below: the engines' source at a tag (file:line, read with git) and users' logs in
+GitHub issues, `repo#N` being https://github.com/<repo>/issues/N (their lines are in
+tests/fixtures/startup-failures, each issue's URL in its SOURCES.md). Nothing here ran on a GPU.
 """
 from __future__ import annotations
 

@@ -8,7 +8,9 @@ Every fact names its source and evidence level (components.facts.evidence). Sour
               tools/rpc/README.md.
   [cli-bN]    components/engines/llamacpp/data/llama.cpp-bN-server-args.json: `llama-server --help` of a CPU build of that
               source (components/engines/llamacpp/tools/dump_llamacpp.py).
-  [ref]       shared/reference/volta/engines-on-v100.md §4 (PRs, issues and user reports quoted there).
+  [ref]       ggml-org/llama.cpp PRs and issues by number, #N being https://github.com/ggml-org/llama.cpp/issues/N
+              (a PR's number redirects there); two V100 user reports have no recorded URL: redlinedtm-jpg's
+              and the 8 x V100-SXM2 llama-bench runs (builds 9644 and 9898).
 Nothing here was run on a GPU.
 """
 from __future__ import annotations

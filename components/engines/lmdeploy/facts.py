@@ -5,7 +5,8 @@ Every fact names its source and evidence level (components.facts.evidence). Sour
               lmdeploy/*.py, its METADATA, and the cubins of lmdeploy/lib/_turbomind*.so counted with
               ops/fatbin_archs.py (0.16.0: 91 sm_70 cubins; 0.15.0: 99).
   [src-X]     the InternLM/lmdeploy repository at tag vX (file:line), read with git.
-  [ref]       shared/reference/volta/engines-on-v100.md §3 (issues and user reports, quoted there).
+  [ref]       InternLM/lmdeploy issues and PRs by number, #N being https://github.com/InternLM/lmdeploy/issues/N,
+              and the users' reports on V100 posted there.
   [cli-X]     components/engines/lmdeploy/data/lmdeploy-X-api_server-args.json: `lmdeploy serve api_server`'s own argparse
               parser, dumped by components/engines/lmdeploy/tools/dump_lmdeploy.py from [whl-X].
   [metrics-X] tests/fixtures/engines/lmdeploy-X-metrics.txt: the exposition lmdeploy's

@@ -6,8 +6,9 @@ env builders, monitoring and the qualification gate all read these entries, neve
 Iterate `IMAGES` (or `known_images()`) to test every image against every GPU capability.
 
 Sources, as cited below:
-  [sd-X]       the PyPI sdist vllm-X.tar.gz (a build of tag vX): docker/Dockerfile, requirements/cuda.txt,
-               CMakeLists.txt, vllm/... — as read in shared/reference/volta/*.md (copied facts, not code).
+  [sd-X]       the PyPI sdist vllm-X.tar.gz (https://pypi.org/project/vllm/X/, a build of tag vX):
+               docker/Dockerfile, requirements/cuda.txt, CMakeLists.txt, vllm/..., cited by file:line (the
+               sdists are not fetched by the tests: facts, not code run here).
   vLLM 0.19.1 the PyPI wheel vllm-0.19.1-cp38-abi3-manylinux_2_31_x86_64.whl (sha256 71a87f46…dc719),
                read here: vllm/envs.py, vllm/engine/arg_utils.py, vllm/v1/metrics/loggers.py,
                vllm/model_executor/layers/quantization/*.py.
@@ -18,9 +19,11 @@ Sources, as cited below:
   pytorch#147607:  pytorch/pytorch#147607 (sm_70 removed from the CUDA 12.8 builds of 2.7) [maint];
                #18818, #19185 "no kernel image is available" on V100 with the 0.9.x images [obs].
   pytorch#182250:  pytorch/pytorch#182250: torch 2.10.0+cu128 get_arch_list() includes sm_70 [obs].
-  [triton]     the compile matrix in shared/reference/volta/vllm-0.9.2-on-v100.md (Triton 3.2.0/3.3.0/3.3.1/
-               3.4.0 from PyPI, vLLM's kernels compiled for GPUTarget("cuda", 70, 32)), vllm#17639, #19203,
-               sglang#7467 [obs]; tests/test_qualification_triton.py repeats the check on real wheels.
+  [triton]     the "Triton compile matrix for sm_70": vLLM's Triton kernels compiled for GPUTarget("cuda", 70, 32)
+               with the Triton 3.2.0/3.3.0/3.3.1/3.4.0 wheels from PyPI (https://pypi.org/project/triton/), and
+               0.19.0's fused_moe_kernel with 3.5.0 and 3.6.0 (compiles, 0 mma.sync: FMA only); vllm#17639,
+               #19203, sglang#7467 [obs]; tests/test_qualification.py repeats it on the real 3.3.0, 3.4.0 and
+               3.6.0 wheels with the qualification gate's fp16 tl.dot kernel.
          vllm#14016 [obs] (MLA prefill -> FlashAttention-2 "only supports Ampere GPUs or newer");
                0.19.0 mla_attention.py:1285-1322, 2139-2150 [code].
   vllm#22001, 0.9.2 fused_moe/layer.py:732-736   0.9.2 fused_moe/layer.py:732-736 (no FusedMoE method for plain gptq), vllm#22001 [obs],
@@ -79,9 +82,9 @@ TRITON: dict[str, TritonFacts] = {t.version: t for t in [
     TritonFacts("3.3.1", 80, 80, "Unsupported conversion from f16 to f16 / LLVM ERROR: Unsupported rounding "
                 "mode for conversion", code("Triton compile matrix for sm_70")),
     TritonFacts("3.4.0", 70, 80, "", code("Triton compile matrix for sm_70: every kernel compiles for sm_70, FMA only")),
-    TritonFacts("3.5.0", 70, 80, "", code("VOLTA-ENGINES §1.3: 0.19.0 fused_moe_kernel compiles for sm_70, "
+    TritonFacts("3.5.0", 70, 80, "", code("Triton compile matrix for sm_70: 0.19.0 fused_moe_kernel compiles, "
                                           "0 mma.sync")),
-    TritonFacts("3.6.0", 70, 80, "", code("VOLTA-ENGINES §1.3: 0.19.0 fused_moe_kernel compiles for sm_70, "
+    TritonFacts("3.6.0", 70, 80, "", code("Triton compile matrix for sm_70: 0.19.0 fused_moe_kernel compiles, "
                                           "0 mma.sync")),
 ]}
 
@@ -230,7 +233,8 @@ _COMMON_092 = {
                            "snapshot precedes init_worker_distributed_environment; the logged non_torch_memory "
                            "grows with TP (tests/fixtures/vllm-startup-logs) [obs]"),
     "serve_args": code("components/engines/vllm/data/vllm-0.9.2-serve-args.json, dumped from 0.9.2's own parser"),
-    "metrics": code("vLLM 0.9.2 vllm/engine/metrics.py:64-222 (VLLM-VOLTA §8)"),
+    "metrics": code("vLLM 0.9.2 vllm/engine/metrics.py:64-222 (https://github.com/vllm-project/vllm/blob/v0.9.2/"
+                    "vllm/engine/metrics.py)"),
     "tuned_moe_config_env": code("vLLM 0.9.2 envs.py VLLM_TUNED_CONFIG_FOLDER (fused_moe.py get_moe_configs)"),
     "serve_refuses_model_flag": code("vLLM 0.9.2 vllm/utils/__init__.py:1475-1481 (ValueError)"),
 }
