@@ -1,9 +1,11 @@
 """The README's stack-key table is the spec: every section, every key, nested keys where they nest."""
 from __future__ import annotations
 
+import os
 import re
 import types
 import typing
+from pathlib import Path
 from typing import Any
 
 from components.spec import SECRET_KEYS, StackSpec
@@ -94,3 +96,47 @@ def test_the_notation_reads_nested_objects_and_lists() -> None:
 def test_the_readme_names_every_secret_key() -> None:
     listed = README.split("Secrets are separate keys")[1].split("\n\n")[0]
     assert sorted(re.findall(r"`([A-Za-z]+)`", listed)) == sorted(SECRET_KEYS)
+
+
+DOCS = [ROOT / "README.md", ROOT / "lab" / "README.md", *sorted((ROOT / "docs" / "perf").glob("*.md"))]
+
+
+def test_the_documents_links_resolve_inside_the_repository() -> None:
+    """Every relative link of the README, lab/README.md and docs/perf names a file of the repository."""
+    for doc in DOCS:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", doc.read_text()):
+            if re.match(r"[a-z]+://", target):
+                continue
+            path = (doc.parent / target).resolve()
+            assert path.is_relative_to(ROOT) and path.exists(), f"{doc.relative_to(ROOT)}: {target}"
+
+
+def test_the_readme_links_every_performance_topic_and_the_index_lists_it() -> None:
+    """The measurements live in docs/perf: each topic file is linked from the README and listed in the index."""
+    topics = sorted(p.name for p in (ROOT / "docs" / "perf").glob("*.md") if p.name != "README.md")
+    assert topics, "docs/perf has no topic file"
+    index = (ROOT / "docs" / "perf" / "README.md").read_text()
+    for name in topics:
+        assert f"(docs/perf/{name})" in README, name
+        assert f"]({name})" in index, name
+
+
+def test_nothing_points_at_notes_outside_the_repository() -> None:
+    """A fact's source is a public URL or a file of the repository, never the team's shared notes."""
+    outside = re.compile(r"shared/reference|\.\./shared/|VOLTA-ENGINES|VLLM-VOLTA")
+    skip = {".git", ".venv", ".venv-loadtest", "build", "node_modules", "__pycache__", ".pytest_cache"}
+    found = []
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d not in skip]
+        for name in files:
+            path = Path(folder) / name
+            if path.suffix not in {".py", ".md", ".lua", ".sh", ".yaml", ".yml", ".txt", ""} or \
+                    path == Path(__file__).resolve() or path.stat().st_size > 2_000_000:
+                continue
+            try:
+                text = path.read_text()
+            except (UnicodeDecodeError, OSError):
+                continue
+            found += [f"{path.relative_to(ROOT)}:{n}" for n, line in enumerate(text.splitlines(), 1)
+                      if outside.search(line)]
+    assert not found, found
