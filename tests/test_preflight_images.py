@@ -192,7 +192,7 @@ def test_a_tarball_directory_missing_images_the_plan_loads_stops_preflight(tmp_p
     assert done.stderr == (
         f"ERROR: gpu-03: {folder} (images.tarballs) lacks 2 of the 3 image tarball(s) the plan loads here: "
         f"{names[1]}, {names[2]}\n"
-        f"    fix: copy them to {folder}/ on gpu-03: `python -m ops.images` prints the script that `docker save`s "
+        f"    fix: copy them to {folder}/ on gpu-03: `python -m plan.images` prints the script that `docker save`s "  # the shipped preflight keeps the first name; plan.images runs ops.images
         "each under that name on a machine that reaches the registries\n")
     for n in names[1:]:
         (folder / n).write_bytes(b"a docker save tarball")
