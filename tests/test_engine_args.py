@@ -12,9 +12,9 @@ import pytest
 from components.facts.models import MODELS, arch_from_config_json, context_window
 from plan.analyze import Violation, analyze
 from policies.pack import POLICIES
-from policies.rules.common import Launch
+from components.engines.vllm.launch import Launch
 from policies.rules.engine_args import chunked_prefill, engine_version
-from policies.rules.serve_args import parse_serve
+from components.engines.vllm.serve_args import parse_serve
 from tests.conftest import prod_config, run_stack
 
 NS = "llm-cluster:"

@@ -1,10 +1,10 @@
-"""What the rules read: resource types, labels, env, and the vLLM launch a resource describes."""
+"""What the rules read: resource types, labels, env, and the vLLM launch a resource describes (read by
+components.engines.vllm.launch)."""
 from __future__ import annotations
 
 import re
 import shlex
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from pulumi_policy import (
@@ -16,19 +16,19 @@ from pulumi_policy import (
 )
 from pulumi_policy.proxy import UnknownValueError
 
+from components.engines.containers import GPU_MODEL_LABEL, IMAGE_LABEL, container_argv, image_parts
 from components.engines.judged import number
-from components.engines.vllm.facts import VLLM_IMAGE_REPO, ImageFacts, facts_for
+from components.engines.vllm.facts import facts_for
+from components.engines.vllm.launch import Launch, container_server, parse_server, serve_tokens
 from components.engines.vllm.options import canonical_flag
-from components.facts.hardware import GPUS, GpuModel
+from components.engines.vllm.serve_args import parse_serve
+from components.facts.hardware import GPUS
 from components.marks import COMPONENT_PREFIX, MODEL_SERVER
-from policies.rules.serve_args import API_SERVER, SERVE, ServeArgs, parse_serve
 
 CONTAINER = "docker:index/container:Container"
 REMOTE_COMMAND = "command:remote:Command"
 
 ROLE = "llm-cluster.role"
-GPU_MODEL_LABEL = "llm-cluster.gpu-model"
-IMAGE_LABEL = "llm-cluster.image"
 LINK_LAYER_LABEL = "llm-cluster.link-layer"
 RAY_ROLES = frozenset({"ray-head", "ray-worker"})
 # Roles of well-known images by repository name (the last path part), for containers without a role label.
@@ -53,11 +53,6 @@ def env_of(envs: Any) -> dict[str, str]:
         key, _, value = str(item).partition("=")
         out[key] = value
     return out
-
-
-def container_argv(props: Mapping[str, Any]) -> list[str]:
-    """What a container runs: entrypoints followed by command (the image's own when both are unset)."""
-    return [str(t) for t in list(props.get("entrypoints") or []) + list(props.get("command") or [])]
 
 
 def container_image(props: Mapping[str, Any]) -> str | None:
@@ -117,95 +112,6 @@ def under_component(urn: str) -> bool:
     return any(t.startswith(COMPONENT_PREFIX) for t in urn_types(urn)[:-1])
 
 
-# The two ways vLLM 0.9.2 starts its OpenAI server: the `vllm serve` CLI (SERVE), and the module
-# (API_SERVER) that the vllm/vllm-openai image runs as its ENTRYPOINT, `python3 -m
-# vllm.entrypoints.openai.api_server` (docker/Dockerfile:527 at v0.9.2).
-_API_SERVER_IN_SCRIPT = re.compile(r"-m\s+" + re.escape(API_SERVER) + r"(?=\s|$)")
-
-
-def _script_tail(tail: str) -> list[str] | None:
-    """The words of a script after the server's name, up to the end of its command (blank line)."""
-    try:
-        found = shlex.split(tail.split("\n\n")[0].replace("\\\n", " "))
-    except ValueError:
-        return None
-    return [w for w in found if w not in (";", "&&")]
-
-
-def server_tokens(argv: list[str]) -> tuple[str, list[str]] | None:
-    """(program, its arguments) for the vLLM server an argv starts, also inside a `bash -c` script:
-    `vllm serve …` gives (SERVE, …), `python3 -m vllm.entrypoints.openai.api_server …` gives
-    (API_SERVER, …); None if it starts neither."""
-    for i in range(len(argv) - 1):
-        if argv[i].rsplit("/", 1)[-1] == "vllm" and argv[i + 1] == "serve":
-            return SERVE, argv[i + 2:]
-        if argv[i] == "-m" and argv[i + 1] == API_SERVER:
-            return API_SERVER, argv[i + 2:]
-    for token in argv:
-        serve_at = token.find("vllm serve")
-        module = _API_SERVER_IN_SCRIPT.search(token)
-        if serve_at < 0 and module is None:
-            continue
-        if module is None or 0 <= serve_at < module.start():
-            tail = _script_tail(token[serve_at + len("vllm serve"):])
-            return None if tail is None else (SERVE, tail)
-        tail = _script_tail(token[module.end():])
-        return None if tail is None else (API_SERVER, tail)
-    return None
-
-
-def serve_tokens(argv: list[str]) -> list[str] | None:
-    """The tokens after `vllm serve` in an argv (also inside a `bash -c` script); None if it serves nothing."""
-    found = server_tokens(argv)
-    return found[1] if found and found[0] == SERVE else None
-
-
-def container_server(props: Mapping[str, Any]) -> tuple[str, list[str]] | None:
-    """The vLLM server a container starts: its entrypoints+command, or, without entrypoints on a
-    vllm/vllm-openai image, the image's ENTRYPOINT (the api_server) with the command as its arguments
-    (`docker run vllm/vllm-openai:v0.9.2 --model /m …`, the runbook's form)."""
-    if not props.get("entrypoints"):
-        ref = container_image(props)
-        if ref and image_parts(ref)[0] == VLLM_IMAGE_REPO:
-            return API_SERVER, [str(t) for t in props.get("command") or []]
-    return server_tokens(container_argv(props))
-
-
-def parse_server(found: tuple[str, list[str]], facts: ImageFacts | None = None) -> ServeArgs:
-    """Parse a server's arguments with the parser of the program that reads them, of the image's version."""
-    program, tokens = found
-    return parse_serve(tokens, program=program, facts=facts)
-
-
-@dataclass(frozen=True)
-class Launch:
-    """One vLLM server as a resource describes it: argv after `vllm serve`, env, GPU, model, layout."""
-
-    resource: str  # "ModelServer" or "container"
-    args: ServeArgs
-    env: dict[str, str]
-    gpu_name: str | None
-    gpu: GpuModel | None
-    arch: str | None = None  # model catalog name (ModelServer props)
-    quantization: str | None = None  # the checkpoint's method (ModelServer props)
-    nodes: tuple[str, ...] = ()
-    gpus_per_node: int | None = None
-    image: str | None = None
-    model_path: str | None = None
-    props: Mapping[str, Any] = field(default_factory=dict)
-    facts: ImageFacts | None = None  # the image's facts (declared in the stack, or the table's); None: unknown
-
-    @property
-    def capability(self) -> int | None:
-        """The GPU's compute capability (70 for V100), None when the GPU is not in the facts table."""
-        return self.gpu.capability if self.gpu else None
-
-    def where(self) -> str:
-        """'Tesla V100-SXM2-32GB (sm_70)' for messages."""
-        assert self.gpu is not None
-        return f"{self.gpu.name} (sm_{self.gpu.capability})"
-
-
 def launch_of(args: ResourceValidationArgs) -> Launch | None:
     """The vLLM launch a resource describes: ModelServer props, or a raw container running `vllm serve`
     or the api_server (spelled out, or the vllm/vllm-openai image's own ENTRYPOINT: container_server).
@@ -231,12 +137,12 @@ def launch_of(args: ResourceValidationArgs) -> Launch | None:
         )
     if args.resource_type != CONTAINER or under_component(args.urn):
         return None
-    found = container_server(props)
+    image = container_image(props)
+    found = container_server(props, image)
     if found is None:
         return None
     lab = labels(props)
     gpu_name = lab.get(GPU_MODEL_LABEL)
-    image = container_image(props)
     facts = facts_for(image)
     parsed = parse_server(found, facts)
     return Launch(resource="container", args=parsed, env=env_of(props.get("envs")), gpu_name=gpu_name,
@@ -349,13 +255,3 @@ def launch_policy(name: str, description: str, check: Check, *, level: Enforceme
     return ResourceValidationPolicy(name=name, description=description, validate=per_pool(validate),
                                     enforcement_level=level, config_schema=config)
 
-
-def image_parts(ref: str) -> tuple[str, str | None]:
-    """'vllm/vllm-openai:v0.9.2@sha256:…' -> ('vllm/vllm-openai', 'v0.9.2'); Docker Hub prefixes removed."""
-    ref = ref.split("@", 1)[0]
-    repo, tag = ref, None
-    if ":" in ref.rsplit("/", 1)[-1]:
-        repo, tag = ref.rsplit(":", 1)
-    repo = re.sub(r"^(docker\.io/|index\.docker\.io/|registry-1\.docker\.io/)", "", repo)
-    repo = re.sub(r"^library/", "", repo)
-    return repo, tag

@@ -6,7 +6,8 @@ from typing import Any
 
 from pulumi_policy import EnforcementLevel, PolicyConfigSchema
 
-from policies.rules.common import CONTAINER, container_image, image_parts, role_of
+from components.engines.containers import image_parts
+from policies.rules.common import CONTAINER, container_image, role_of
 from policies.rules.grouped import Subject, pool_rule
 
 PIN_CONFIG = PolicyConfigSchema(properties={"mutableTags": {

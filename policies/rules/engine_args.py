@@ -23,7 +23,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from policies.rules.common import Launch, image_parts, launch_policy, number
+from components.engines.containers import image_parts
+from components.engines.judged import number
+from components.engines.vllm.launch import Launch
+from policies.rules.common import launch_policy
 
 # The line whose V0 engine the pack's reference stack runs; an image without a version tag is read as it.
 REFERENCE_VERSION = (0, 9)

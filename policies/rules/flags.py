@@ -3,12 +3,13 @@ positional. The argv is parsed with the parser dumped from that version (compone
 `serve_args` fact). An image without a dump is not judged here (vllm-image-unknown says so).
 
 The api_server (`python3 -m vllm.entrypoints.openai.api_server`, the vllm/vllm-openai image's ENTRYPOINT)
-is read with the same options, its model as `--model` (policies.rules.serve_args)."""
+is read with the same options, its model as `--model` (components.engines.vllm.serve_args)."""
 from __future__ import annotations
 
 from typing import Any
 
-from policies.rules.common import Launch, launch_policy
+from components.engines.vllm.launch import Launch
+from policies.rules.common import launch_policy
 
 
 def check_flags(launch: Launch, config: dict[str, Any]) -> list[str]:

@@ -16,8 +16,10 @@ from typing import Any
 
 from pulumi_policy import EnforcementLevel, PolicyConfigSchema
 
-from components.engines.registry import DEFAULT_IMAGES
-from components.engines.vllm.facts import FP8_WEIGHT_METHODS, image_facts
+from components.engines.containers import GPU_MODEL_LABEL
+from components.engines.judged import number
+from components.engines.vllm.facts import DEFAULT_IMAGE, FP8_WEIGHT_METHODS, image_facts
+from components.engines.vllm.launch import Launch
 from components.facts.hardware import (
     DTYPE_ALIASES,
     FP16_REFUSING_MODEL_TYPES,
@@ -25,7 +27,7 @@ from components.facts.hardware import (
     QUANTIZATION_WAY_OUT,
     capability_text,
 )
-from policies.rules.common import GPU_MODEL_LABEL, Launch, launch_policy, number
+from policies.rules.common import launch_policy
 
 # An image the table does not know is judged by the strictest known line: below sm_80 every known version
 # refuses bf16 and dies in MLA prefill; an FP8 KV cache and FP8 weights each run on sm_75 in one known line
@@ -33,7 +35,7 @@ from policies.rules.common import GPU_MODEL_LABEL, Launch, launch_policy, number
 # [images: bf16_min_capability, fp8_kv_min_capability, quantizations, mla_min_capability]
 EVERY_VERSION_MIN = {"bf16": 80, "fp8_kv": 80, "fp8_weights": 80, "mla": 80}
 # The image every way-out names: the newest line whose facts start on every GPU the pack knows.
-RECOMMENDED = image_facts(DEFAULT_IMAGES["vllm"]) or image_facts("vllm/vllm-openai:v0.19.1")
+RECOMMENDED = image_facts(DEFAULT_IMAGE) or image_facts("vllm/vllm-openai:v0.19.1")
 VOLTA_IMAGE = "vllm/vllm-openai:v0.19.1"
 
 

@@ -16,8 +16,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from components.engines.judged import number
 from components.engines.vllm.facts import SWAP_SPACE_MAX_FRACTION, SWAP_SPACE_SOURCE
-from policies.rules.common import Launch, launch_policy, number
+from components.engines.vllm.launch import Launch
+from policies.rules.common import launch_policy
 
 
 def _gib(value: Any) -> float:

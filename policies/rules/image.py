@@ -12,15 +12,14 @@ from pulumi_policy import (
     ResourceValidationPolicy,
 )
 
+from components.engines.containers import IMAGE_LABEL, image_parts
 from components.engines.vllm.facts import IMAGES, IMAGES_WITH_RAY
+from components.engines.vllm.launch import Launch
 from components.marks import RAY_CLUSTER
 from policies.rules.common import (
     CONTAINER,
-    IMAGE_LABEL,
-    Launch,
     config_with_defaults,
     container_image,
-    image_parts,
     is_ray_container,
     launch_of,
     per_pool,

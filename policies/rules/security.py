@@ -23,19 +23,19 @@ from pulumi_policy import (
 )
 
 from components.engines.base import REDACTED, secret_positions
+from components.engines.containers import container_argv
 from components.engines.credentials import SCRIPT_ASSIGN, SCRIPT_FLAG, SECRET_ENV
 from components.engines.registry import SECRET_FLAG_NAMES
 from components.engines.registry import SECRET_FLAGS as ENGINE_SECRET_FLAGS
+from components.engines.vllm.launch import container_server, parse_server
 from components.marks import GATEWAY, GPU_NODE
 from policies.rules.bindings import binding_problems, every_interface, flag_values
 from policies.rules.common import (
     CONTAINER,
     REMOTE_COMMAND,
-    container_argv,
-    container_server,
+    container_image,
     env_of,
     is_ray_container,
-    parse_server,
     role_of,
     words,
 )
@@ -106,8 +106,8 @@ def argv_secret_flags(argv: list[str]) -> list[str]:
 def secret_findings(server: tuple[str, list[str]] | None, env: dict[str, str], scripts: list[str],
                     ignore: set[str], argv: list[str] | None = None) -> list[str]:
     """Where a resource holds a credential as a literal: env names, the vLLM server's flags (`server`:
-    common.server_tokens / container_server, as its parser reads them), any engine's credential flags in
-    `argv`, script assignments."""
+    server_tokens / container_server of components.engines.vllm.launch, as its parser reads them), any
+    engine's credential flags in `argv`, script assignments."""
     found = [f"env {name}" for name, value in env.items()
              if SECRET_ENV.search(name) and name not in ignore and _literal(value)]
     if server is not None:
@@ -131,7 +131,7 @@ def secrets_found(resource: Subject, config: dict[str, Any]) -> list[str]:
     if resource.resource_type == CONTAINER:
         # Argv tokens with whitespace are shell snippets (`bash -c 'HF_TOKEN=hf_… vllm serve …'`).
         snippets = [t for t in container_argv(props) if any(c.isspace() for c in t)]
-        found = secret_findings(container_server(props), env_of(props.get("envs")), snippets, ignore,
+        found = secret_findings(container_server(props, container_image(props)), env_of(props.get("envs")), snippets, ignore,
                                 container_argv(props))
     elif resource.resource_type == REMOTE_COMMAND:
         scripts = [str(props.get(k)) for k in ("create", "update", "delete") if props.get(k)]
@@ -180,7 +180,7 @@ def exposure_found(resource: Subject, config: dict[str, Any]) -> list[str]:
         return out  # the container's own sockets sit in its network namespace; only `ports` reach the node's
     argv = container_argv(props)
     out += binding_problems(role, words(argv), env_of(props.get("envs")))
-    server = container_server(props)
+    server = container_server(props, container_image(props))
     if server is not None:
         host = parse_server(server).get("host")
         if every_interface(str(host or "")):

@@ -6,10 +6,10 @@ from typing import Any
 
 from pulumi_policy import EnforcementLevel, PolicyConfigSchema
 
+from components.engines.vllm.launch import Launch
 from policies.rules.common import (
     CONTAINER,
     LINK_LAYER_LABEL,
-    Launch,
     env_of,
     is_ray_container,
     labels,

@@ -19,12 +19,11 @@ from functools import lru_cache
 from typing import Any
 
 from components.engines.data import parser_dump
-from components.engines.registry import DEFAULT_IMAGES
-from components.engines.vllm.facts import ImageFacts, image_facts
+from components.engines.vllm.facts import DEFAULT_IMAGE, ImageFacts, image_facts
 
 # What an argv is read with when its image has no facts or no dump: the default image's parser, so the
 # other rules can still read its values (the flag rule then says it cannot judge the flags).
-_FALLBACK = image_facts(DEFAULT_IMAGES["vllm"])
+_FALLBACK = image_facts(DEFAULT_IMAGE)
 assert _FALLBACK is not None and _FALLBACK.serve_args is not None
 
 # vLLM's own refusal of `--model` (vllm/utils/__init__.py:1475-1481 at v0.9.2).
