@@ -1,5 +1,5 @@
-"""vLLM's startup validation across flags (policies.rules.engine_args): each test changes one field of the
-reference stack and runs the real program through the real pack; the context window of catalog and
+"""vLLM's startup validation across flags (components.engines.vllm.rules.engine_args): each test changes one
+field of the reference stack and runs the real program through the real pack; the context window of catalog and
 configJson models (facts.models.context_window)."""
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
+from components.engines.vllm.launch import Launch
+from components.engines.vllm.rules.engine_args import chunked_prefill, engine_version
+from components.engines.vllm.serve_args import parse_serve
 from components.facts.models import MODELS, arch_from_config_json, context_window
 from plan.analyze import Violation, analyze
 from policies.pack import POLICIES
-from components.engines.vllm.launch import Launch
-from policies.rules.engine_args import chunked_prefill, engine_version
-from components.engines.vllm.serve_args import parse_serve
 from tests.conftest import prod_config, run_stack
 
 NS = "llm-cluster:"

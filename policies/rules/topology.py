@@ -1,12 +1,13 @@
 """Rule 7: parallel layout (TP within a node, TP×PP = GPUs spanned, PP only across nodes, heads ÷ TP) and
-the network of multi-node containers (host network, NCCL variables in every one)."""
+the network of multi-node containers (host network, NCCL variables in every one). The layout check is vLLM's
+own (components/engines/vllm/rules/topology.py)."""
 from __future__ import annotations
 
 from typing import Any
 
 from pulumi_policy import EnforcementLevel, PolicyConfigSchema
 
-from components.engines.vllm.launch import Launch
+from components.engines.vllm.rules.topology import check_parallelism
 from policies.rules.common import (
     CONTAINER,
     LINK_LAYER_LABEL,
@@ -14,46 +15,8 @@ from policies.rules.common import (
     is_ray_container,
     labels,
     launch_policy,
-    number,
 )
 from policies.rules.grouped import Subject, pool_rule
-from policies.rules.hardware import model_arch_or_none
-
-
-def check_parallelism(launch: Launch, config: dict[str, Any]) -> list[str]:
-    """TP and PP against the instance's nodes and GPUs, and the model's attention heads."""
-    tp = number(launch.args.get("tensor_parallel_size")) or number(launch.props.get("tensorParallel")) or 1
-    pp = number(launch.args.get("pipeline_parallel_size")) or number(launch.props.get("pipelineParallel")) or 1
-    per_node, nodes = launch.gpus_per_node, len(launch.nodes) or 1
-    out = []
-    tp_too_wide = per_node is not None and tp > per_node
-    if tp_too_wide:
-        out.append(f"--tensor-parallel-size {tp} is more than the {per_node} GPUs of one node: tensor parallelism "
-                   "all-reduces every layer and must stay inside a node (NVLink/PCIe). Use --tensor-parallel-size "
-                   f"{per_node} --pipeline-parallel-size {max(1, tp * pp // per_node)} across "
-                   f"{max(1, tp * pp // per_node)} nodes.")
-    elif per_node is not None and nodes > 1 and tp * pp != per_node * nodes:
-        out.append(f"tensor {tp} x pipeline {pp} = {tp * pp} GPUs, but the instance spans {nodes} nodes x "
-                   f"{per_node} GPUs = {per_node * nodes}: Ray would leave GPUs idle or not find enough. Use "
-                   f"--tensor-parallel-size {per_node} --pipeline-parallel-size {nodes}.")
-    elif per_node is not None and nodes == 1 and tp * pp > per_node:
-        out.append(f"tensor {tp} x pipeline {pp} = {tp * pp} GPUs, more than the {per_node} of the node.")
-    # A too-wide TP's message already gives the whole layout.
-    if not tp_too_wide and pp > 1 and nodes == 1:
-        out.append(f"--pipeline-parallel-size {pp} inside one node: pipeline stages belong across nodes "
-                   f"(only activations cross the network). Use --tensor-parallel-size {tp * pp} instead.")
-    elif not tp_too_wide and nodes > 1 and pp != nodes:
-        out.append(f"--pipeline-parallel-size {pp} on an instance of {nodes} nodes: pipeline parallelism is what "
-                   f"crosses nodes, one stage per node. Use --pipeline-parallel-size {nodes}.")
-    arch = model_arch_or_none(launch.arch)
-    heads = getattr(arch, "num_attention_heads", None)
-    if heads and tp and heads % tp:
-        divisors = [d for d in range(1, heads + 1) if heads % d == 0 and (per_node is None or d <= per_node)]
-        out.append(f"--tensor-parallel-size {tp}: {launch.arch} has {heads} attention heads, not divisible by {tp} "
-                   f"(vLLM: \"Total number of attention heads ({heads}) must be divisible by tensor parallel size "
-                   f"({tp}).\"). Use one of: {', '.join(map(str, divisors))}.")
-    return out
-
 
 NETWORK_CONFIG = PolicyConfigSchema(properties={"linkLayer": {
     "type": "string", "enum": ["ethernet", "infiniband"], "default": "ethernet",

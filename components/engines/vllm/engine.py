@@ -68,7 +68,8 @@ class VllmEngine(Engine):
     multi_gpu: ClassVar[tuple[str, ...]] = ("tensor", "pipeline")
     multi_node: ClassVar[MultiNode] = "ray"
     metrics_job: ClassVar[str] = "vllm"
-    # Judged by the pack's vLLM rules (policies/rules: hardware, image, flags, engine args), not the common ones.
+    # Judged by its own rules over a Launch (vllm/rules: hardware, image, flags, engine args, ...; the pack makes
+    # them policies in policies/rules), not the common ones.
     common_rules: ClassVar[bool] = False
     http_server: ClassVar[EngineServer] = HTTP_SERVER
     memory_keys: ClassVar[str] = "vllm.gpuMemoryUtilization or maxModelLen"
