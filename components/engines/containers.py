@@ -10,6 +10,22 @@ GPU_MODEL_LABEL = "llm-cluster.gpu-model"
 IMAGE_LABEL = "llm-cluster.image"
 
 
+def labels(props: Mapping[str, Any]) -> dict[str, str]:
+    """A container's `labels` [{label, value}] as a dict."""
+    return {str(item.get("label")): str(item.get("value")) for item in props.get("labels") or []}
+
+
+def env_of(envs: Any) -> dict[str, str]:
+    """A container's `envs` ["K=V"] (or a component's env dict) as a dict."""
+    if isinstance(envs, Mapping):
+        return {str(k): str(v) for k, v in envs.items()}
+    out: dict[str, str] = {}
+    for item in envs or []:
+        key, _, value = str(item).partition("=")
+        out[key] = value
+    return out
+
+
 def container_argv(props: Mapping[str, Any]) -> list[str]:
     """What a container runs: entrypoints followed by command (the image's own when both are unset)."""
     return [str(t) for t in list(props.get("entrypoints") or []) + list(props.get("command") or [])]

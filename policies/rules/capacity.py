@@ -15,9 +15,10 @@ from pulumi_policy import (
     ResourceValidationPolicy,
 )
 
+from components.engines.judged import number
 from components.engines.vllm.rules.capacity import check_fit
 from components.marks import MODEL_SERVER
-from policies.rules.common import config_with_defaults, number, per_pool
+from policies.rules.common import config_with_defaults, per_pool
 
 
 def _capacity(args: ResourceValidationArgs) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""What the rules read: resource types, labels, env, and the vLLM launch a resource describes (read by
-components.engines.vllm.launch)."""
+"""What the rules read: resource types, roles, the image a container states, and the vLLM launch a resource
+describes (a Launch, read from its props by components.engines.vllm.launch)."""
 from __future__ import annotations
 
 import re
@@ -16,13 +16,9 @@ from pulumi_policy import (
 )
 from pulumi_policy.proxy import UnknownValueError
 
-from components.engines.containers import GPU_MODEL_LABEL, IMAGE_LABEL, container_argv, image_parts
-from components.engines.judged import number
-from components.engines.vllm.facts import facts_for
-from components.engines.vllm.launch import Launch, container_server, parse_server, serve_tokens
+from components.engines.containers import IMAGE_LABEL, container_argv, image_parts, labels
+from components.engines.vllm.launch import Launch, container_launch, model_server_launch
 from components.engines.vllm.options import canonical_flag
-from components.engines.vllm.serve_args import parse_serve
-from components.facts.hardware import GPUS
 from components.marks import COMPONENT_PREFIX, MODEL_SERVER
 
 CONTAINER = "docker:index/container:Container"
@@ -37,22 +33,6 @@ ROLE_BY_IMAGE: dict[str, str] = {
     "dcgm-exporter": "dcgm-exporter", "grafana": "grafana", "grafana-oss": "grafana",
     "grafana-enterprise": "grafana",
 }
-
-
-def labels(props: Mapping[str, Any]) -> dict[str, str]:
-    """A container's `labels` [{label, value}] as a dict."""
-    return {str(item.get("label")): str(item.get("value")) for item in props.get("labels") or []}
-
-
-def env_of(envs: Any) -> dict[str, str]:
-    """A container's `envs` ["K=V"] (or a component's env dict) as a dict."""
-    if isinstance(envs, Mapping):
-        return {str(k): str(v) for k, v in envs.items()}
-    out: dict[str, str] = {}
-    for item in envs or []:
-        key, _, value = str(item).partition("=")
-        out[key] = value
-    return out
 
 
 def container_image(props: Mapping[str, Any]) -> str | None:
@@ -122,31 +102,10 @@ def launch_of(args: ResourceValidationArgs) -> Launch | None:
     """
     props = args.props
     if args.resource_type == MODEL_SERVER:
-        if props.get("engine", "vllm") != "vllm":
-            return None  # another engine's server: policies.rules.engines judges it
-        argv = [str(t) for t in props.get("argv") or []]
-        tokens = serve_tokens(argv)
-        gpu_name = props.get("gpuModel")
-        facts = facts_for(props.get("image"), props.get("imageFacts"), f"pools.{props.get('pool')}.imageFacts")
-        return Launch(
-            resource="ModelServer", args=parse_serve(tokens if tokens is not None else argv, facts=facts),
-            env=env_of(props.get("env")), gpu_name=gpu_name, gpu=GPUS.get(str(gpu_name)),
-            arch=props.get("arch"), quantization=props.get("quantization"),
-            nodes=tuple(props.get("nodes") or ()), gpus_per_node=number(props.get("gpuCount")),
-            image=props.get("image"), model_path=props.get("modelPath"), props=props, facts=facts,
-        )
+        return model_server_launch(props)  # None for another engine's server: policies.rules.engines judges it
     if args.resource_type != CONTAINER or under_component(args.urn):
         return None
-    image = container_image(props)
-    found = container_server(props, image)
-    if found is None:
-        return None
-    lab = labels(props)
-    gpu_name = lab.get(GPU_MODEL_LABEL)
-    facts = facts_for(image)
-    parsed = parse_server(found, facts)
-    return Launch(resource="container", args=parsed, env=env_of(props.get("envs")), gpu_name=gpu_name,
-                  gpu=GPUS.get(str(gpu_name)), image=image, model_path=parsed.model, props=props, facts=facts)
+    return container_launch(props, container_image(props))
 
 
 def config_with_defaults(args: Any, schema: PolicyConfigSchema | None) -> dict[str, Any]:

@@ -28,8 +28,9 @@ from pulumi_policy import (
 )
 from pulumi_policy.proxy import UnknownValueError
 
+from components.engines.containers import labels
 from components.marks import MODEL_SERVER, RAY_CLUSTER
-from policies.rules.common import config_with_defaults, labels, name_stack_keys, pool_where
+from policies.rules.common import config_with_defaults, name_stack_keys, pool_where
 
 POOL_LABEL = "llm-cluster.pool"
 INSTANCE_LABEL = "llm-cluster.instance"

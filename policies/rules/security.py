@@ -23,7 +23,7 @@ from pulumi_policy import (
 )
 
 from components.engines.base import REDACTED, secret_positions
-from components.engines.containers import container_argv
+from components.engines.containers import container_argv, env_of
 from components.engines.credentials import SCRIPT_ASSIGN, SCRIPT_FLAG, SECRET_ENV
 from components.engines.registry import SECRET_FLAG_NAMES
 from components.engines.registry import SECRET_FLAGS as ENGINE_SECRET_FLAGS
@@ -34,7 +34,6 @@ from policies.rules.common import (
     CONTAINER,
     REMOTE_COMMAND,
     container_image,
-    env_of,
     is_ray_container,
     role_of,
     words,
@@ -131,8 +130,8 @@ def secrets_found(resource: Subject, config: dict[str, Any]) -> list[str]:
     if resource.resource_type == CONTAINER:
         # Argv tokens with whitespace are shell snippets (`bash -c 'HF_TOKEN=hf_… vllm serve …'`).
         snippets = [t for t in container_argv(props) if any(c.isspace() for c in t)]
-        found = secret_findings(container_server(props, container_image(props)), env_of(props.get("envs")), snippets, ignore,
-                                container_argv(props))
+        server = container_server(props, container_image(props))
+        found = secret_findings(server, env_of(props.get("envs")), snippets, ignore, container_argv(props))
     elif resource.resource_type == REMOTE_COMMAND:
         scripts = [str(props.get(k)) for k in ("create", "update", "delete") if props.get(k)]
         found = secret_findings(None, env_of(props.get("environment")), scripts, ignore)

@@ -7,13 +7,12 @@ from typing import Any
 
 from pulumi_policy import EnforcementLevel, PolicyConfigSchema
 
+from components.engines.containers import env_of, labels
 from components.engines.vllm.rules.topology import check_parallelism
 from policies.rules.common import (
     CONTAINER,
     LINK_LAYER_LABEL,
-    env_of,
     is_ray_container,
-    labels,
     launch_policy,
 )
 from policies.rules.grouped import Subject, pool_rule

@@ -1,6 +1,7 @@
 """The vLLM server a resource describes: the program an argv starts (`vllm serve` or the api_server, also
 inside a `bash -c` script), its arguments parsed by the image's own parser, and the `Launch` the vLLM rules
-judge (components/engines/vllm/rules). Pure: the policy pack reads a resource's props into a Launch."""
+judge (components/engines/vllm/rules), read from a ModelServer's or a container's props. Pure: the policy
+pack hands the props over (policies.rules.common.launch_of)."""
 from __future__ import annotations
 
 import re
@@ -9,10 +10,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.engines.containers import container_argv, image_parts
-from components.engines.vllm.facts import VLLM_IMAGE_REPO, ImageFacts
+from components.engines.containers import GPU_MODEL_LABEL, container_argv, env_of, image_parts, labels
+from components.engines.judged import number
+from components.engines.vllm.facts import VLLM_IMAGE_REPO, ImageFacts, facts_for
 from components.engines.vllm.serve_args import API_SERVER, SERVE, ServeArgs, parse_serve
-from components.facts.hardware import GpuModel
+from components.facts.hardware import GPUS, GpuModel
 
 # The two ways vLLM 0.9.2 starts its OpenAI server: the `vllm serve` CLI (SERVE), and the module
 # (API_SERVER) that the vllm/vllm-openai image runs as its ENTRYPOINT, `python3 -m
@@ -101,3 +103,33 @@ class Launch:
         """'Tesla V100-SXM2-32GB (sm_70)' for messages."""
         assert self.gpu is not None
         return f"{self.gpu.name} (sm_{self.gpu.capability})"
+
+
+def model_server_launch(props: Mapping[str, Any]) -> Launch | None:
+    """The launch a ModelServer's props describe; None for another engine's server."""
+    if props.get("engine", "vllm") != "vllm":
+        return None
+    argv = [str(t) for t in props.get("argv") or []]
+    tokens = serve_tokens(argv)
+    gpu_name = props.get("gpuModel")
+    facts = facts_for(props.get("image"), props.get("imageFacts"), f"pools.{props.get('pool')}.imageFacts")
+    return Launch(
+        resource="ModelServer", args=parse_serve(tokens if tokens is not None else argv, facts=facts),
+        env=env_of(props.get("env")), gpu_name=gpu_name, gpu=GPUS.get(str(gpu_name)),
+        arch=props.get("arch"), quantization=props.get("quantization"),
+        nodes=tuple(props.get("nodes") or ()), gpus_per_node=number(props.get("gpuCount")),
+        image=props.get("image"), model_path=props.get("modelPath"), props=props, facts=facts,
+    )
+
+
+def container_launch(props: Mapping[str, Any], image: str | None) -> Launch | None:
+    """The launch a container's props describe (`image`: the ref it states), GPU from its gpu-model label;
+    None if it starts no vLLM server."""
+    found = container_server(props, image)
+    if found is None:
+        return None
+    gpu_name = labels(props).get(GPU_MODEL_LABEL)
+    facts = facts_for(image)
+    parsed = parse_server(found, facts)
+    return Launch(resource="container", args=parsed, env=env_of(props.get("envs")), gpu_name=gpu_name,
+                  gpu=GPUS.get(str(gpu_name)), image=image, model_path=parsed.model, props=props, facts=facts)
