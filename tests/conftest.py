@@ -11,6 +11,9 @@ from typing import Any
 
 import pytest
 
+# The shared helpers (tests/support) assert as the tests do: their failures show the values compared too.
+pytest.register_assert_rewrite("tests.support")
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 

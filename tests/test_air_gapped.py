@@ -396,7 +396,7 @@ def test_offline_false_and_one_env_override_per_pool(config: dict[str, Any]) -> 
 
 
 def test_each_engine_sets_its_own_offline_variables() -> None:
-    from tests.engine_stacks import llamacpp_config, lmdeploy_config, spec_of
+    from tests.support.engine_stacks import llamacpp_config, lmdeploy_config, spec_of
     lm = spec_of(lmdeploy_config())
     assert {k: v for k, v in lmdeploy_env(lm, instances(lm, "chat")[0], "gpu-03").items()
             if not k.startswith(("NCCL_", "GLOO_"))} == {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}

@@ -11,7 +11,7 @@ from components.engines.base import WATCHDOG_SCRIPT
 from components.planning.gateway.nginx import routes_table
 from plan.harness import ProgramRun, Registration
 from tests.conftest import prod_config, run_stack
-from tests.engine_stacks import llamacpp_config, lmdeploy_config, spec_of
+from tests.support.engine_stacks import llamacpp_config, lmdeploy_config, spec_of
 
 CONTAINER = "docker:index/container:Container"
 SERVER = "llm-cluster:vllm:ModelServer"

@@ -16,7 +16,7 @@ from components.engines.llamacpp.engine import (
 )
 from components.spec.topology import instances
 from components.spec import SpecError
-from tests.engine_stacks import llamacpp_config, spec_of
+from tests.support.engine_stacks import llamacpp_config, spec_of
 
 GIB = 1024**3
 CUDA12 = IMAGES["ghcr.io/ggml-org/llama.cpp:server-cuda-b11312"]

@@ -13,7 +13,7 @@ from components.engines.lmdeploy.engine import (
 )
 from components.spec.topology import instances
 from components.engines.cli_dump import build_parser, options, parse_errors
-from tests.engine_stacks import lmdeploy_config, spec_of
+from tests.support.engine_stacks import lmdeploy_config, spec_of
 
 V016 = IMAGES["openmmlab/lmdeploy:v0.16.0-cu12.8"]
 GIB = 1024**3

@@ -21,7 +21,7 @@ from components.planning.nodes.scripts import written_files
 from plan.analyze import analyze
 from plan.harness import ProgramRun
 from tests.conftest import run_stack
-from tests.engine_stacks import engine_config
+from tests.support.engine_stacks import engine_config
 
 CONTAINER = "docker:index/container:Container"
 TOY_IMAGE = "example.org/toyserve:1.0"

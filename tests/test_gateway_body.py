@@ -17,7 +17,7 @@ import subprocess
 from pathlib import Path
 
 from components.planning.gateway.nginx import LUA_SOURCE, temp_path_directives
-from tests.deployed_nginx import deployed_nginx
+from tests.support.deployed_nginx import deployed_nginx
 from tests.support import free_port
 
 WAIT = 60

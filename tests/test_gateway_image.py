@@ -25,8 +25,8 @@ from components.planning.image_supply import images_for_node
 from components.spec import SpecError, StackSpec
 from components.planning.load import load_stack_config
 from plan.harness import ProgramRun
-from tests import deployed_nginx as fetcher
 from tests.conftest import ROOT, prod_config
+from tests.support import deployed_nginx as fetcher
 from tests.support import free_port
 from tests.test_gateway_nginx import deployed, lua_reports, nginx_binary
 

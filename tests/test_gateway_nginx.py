@@ -1,7 +1,7 @@
 """The generated gateway on the real nginx + Lua, on loopback, in front of fake OpenAI replicas.
 
 The nginx, its Lua module, LuaJIT and the Lua libraries are the gateway image's own pinned Debian
-packages (tests/deployed_nginx.py), never the machine's.
+packages (tests/support/deployed_nginx.py), never the machine's.
 
 Fake replicas are Python HTTP/1.1 servers in threads that record every request and answer like vLLM's
 OpenAI server (JSON with `usage`, or SSE chunks ending with a usage chunk and `[DONE]`). API keys
@@ -38,7 +38,7 @@ from components.planning.gateway.nginx import (
 from components.spec import StackSpec
 from components.planning.load import load_stack_config
 from tests.conftest import prod_config
-from tests.deployed_nginx import DeployedNginx, deployed_nginx
+from tests.support.deployed_nginx import DeployedNginx, deployed_nginx
 from tests.support import free_port
 
 CHAT = "qwen3-30b-a3b"
@@ -54,7 +54,7 @@ def deployed() -> DeployedNginx:
     try:
         return deployed_nginx()
     except (OSError, RuntimeError) as e:
-        pytest.fail(f"the gateway image's nginx and Lua module could not be fetched (tests/deployed_nginx.py): {e}")
+        pytest.fail(f"the gateway image's nginx and Lua module could not be fetched (tests/support/deployed_nginx.py): {e}")
 
 
 def nginx_binary() -> str:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from ops.loadtest import PROMPT, main, parse_results, perf_argv
-from tests.fake_openai import Behaviour, FakeOpenAI, serving
+from tests.support.fake_openai import Behaviour, FakeOpenAI, serving
 from tests.support import tool
 
 ROOT = Path(__file__).resolve().parent.parent

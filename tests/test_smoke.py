@@ -12,7 +12,7 @@ from components.planning.smoke import key_for, smoke_plan, smoke_script
 from components.spec import StackSpec
 from components.planning.load import load_stack_config
 from plan.harness import ProgramRun
-from tests.fake_openai import Behaviour, FakeOpenAI, serving
+from tests.support.fake_openai import Behaviour, FakeOpenAI, serving
 from tests.support import tool
 
 NS = "llm-cluster:"

@@ -8,7 +8,7 @@ the archive), checks each package is the pinned one, unpacks them into
 started by that release's own dynamic loader and libraries, so a bookworm test machine runs trixie's
 nginx, its Lua module and LuaJIT unchanged. Done once per machine (under a lock; a missing or partial cache is rebuilt).
 
-    python tests/deployed_nginx.py      # fetch if needed, then print the nginx, module and Lua paths
+    python tests/support/deployed_nginx.py   # fetch if needed, then print the nginx, module and Lua paths
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from components.planning.gateway.image import (  # noqa: E402
@@ -228,7 +228,7 @@ def _fetch(build: Path) -> None:
     (build / "bin").mkdir()
     launcher = build / "bin" / "nginx"
     final = cache_dir()
-    launcher.write_text("#!/bin/sh\n# trixie's nginx on its own loader and libraries (tests/deployed_nginx.py).\n"
+    launcher.write_text("#!/bin/sh\n# trixie's nginx on its own loader and libraries (tests/support/deployed_nginx.py).\n"
                         f'exec {shlex.join(binary_argv(final / "root"))} "$@"\n')
     launcher.chmod(0o755)
     shutil.rmtree(work)

@@ -1,4 +1,10 @@
-"""Helpers the real-tool tests share: the tools they drive, and free loopback ports."""
+"""What the tests share besides pytest fixtures (those are in tests/conftest.py); no test module imports
+from another.
+
+Here: the real tools the tests drive, free loopback ports, and the host scripts' text. Beside it:
+fake_openai (an OpenAI-compatible server on loopback), deployed_nginx (the gateway image's own nginx
+and Lua module, fetched once per machine), engine_stacks (stacks with LMDeploy and llama.cpp pools).
+"""
 from __future__ import annotations
 
 import hashlib
@@ -58,4 +64,4 @@ def content_trigger(script: str) -> str:
 
 def host_key(node: str) -> str:
     """A real ed25519 public host key for a node named like the reference's (the lab's own, lab/hostkeys/)."""
-    return " ".join((Path(__file__).resolve().parents[1] / "lab" / "hostkeys" / f"{node}.pub").read_text().split()[:2])
+    return " ".join((Path(__file__).resolve().parents[2] / "lab" / "hostkeys" / f"{node}.pub").read_text().split()[:2])
