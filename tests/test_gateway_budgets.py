@@ -31,11 +31,11 @@ from components.planning.gateway.nginx import (
 from components.spec import SpecError, StackSpec
 from components.planning.load import load_stack_config
 from tests.conftest import prod_config
-from tests.test_gateway_nginx import (
+from tests.support import free_port, tool
+from tests.support.gateway import (
     CHAT, USAGE, WAIT, FakeReplica, NginxGateway, error_code, gateway_config, log_line, lua_layout, nginx_binary,
     own_gateway,
 )
-from tests.support import free_port, tool
 
 LONG = 31 * 86400  # a window no test run crosses (its end is at most once a month)
 SHORT = 3  # seconds: the window the reset test waits out

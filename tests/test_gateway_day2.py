@@ -25,10 +25,9 @@ from components.planning.gateway.nginx import (
 )
 from components.spec import StackSpec
 from components.planning.load import load_stack_config
-from tests.test_gateway_nginx import (
-    CHAT, WAIT, FakeReplica, NginxGateway, gateway_config, host_keys, nginx_binary, own_gateway, self_signed,
+from tests.support.gateway import (
+    CHAT, WAIT, FakeReplica, NginxGateway, _post, gateway_config, host_keys, nginx_binary, own_gateway, self_signed,
 )
-from tests.test_gateway_resilience import _post
 
 
 def control(gw: NginxGateway) -> NginxControl:
@@ -61,7 +60,7 @@ def test_config_change_is_written_and_reloaded_without_a_restart(tmp_path: Path)
         master = int((gw.root / "nginx.pid").read_text())
         assert gw.call("POST", "/v1/chat/completions", {"model": "quick"}, keys["default"])[0] == 404
         # A held request is in flight across the reload: it finishes on the old worker.
-        from tests.test_gateway_nginx import send_held
+        from tests.support.gateway import send_held
         replica, client, held = send_held(gw, keys["default"], pools["chat"], "across")
         changed = load_stack_config(gateway_config(aliases={"fast": "chat", "quick": "chat"}), set())
         result = apply_config(gw, changed, pools)

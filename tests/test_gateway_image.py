@@ -28,7 +28,7 @@ from plan.harness import ProgramRun
 from tests.conftest import ROOT, prod_config
 from tests.support import deployed_nginx as fetcher
 from tests.support import free_port
-from tests.test_gateway_nginx import deployed, lua_reports, nginx_binary
+from tests.support.gateway import deployed, lua_reports, nginx_binary
 
 
 def _md5sums(deb: Path) -> dict[str, str]:

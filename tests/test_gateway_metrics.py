@@ -1,7 +1,7 @@
 """Gateway metrics and the usage record for real: gateway_metrics.lua in the deployed nginx + Lua.
 
-The gateway is the generated config on the deployed nginx (tests/test_gateway_nginx.py's harness and
-fake replicas, two workers) with its daily usage files in a directory of the test's own and its
+The gateway is the generated config on the deployed nginx (the harness and fake replicas of
+tests/support/gateway.py, two workers) with its daily usage files in a directory of the test's own and its
 /metrics listener on loopback. Requests of several keys, models and outcomes go through (routed,
 refused, retried, failed, a stream cut by its client); /metrics must then hold exactly their
 counts, pass `promtool check metrics` and hold no API key, and every request must have its usage
@@ -35,11 +35,10 @@ from components.planning.gateway.nginx import (
     temp_path_directives,
 )
 from components.planning.load import load_stack_config
-from tests.test_gateway_nginx import (
-    CHAT, R1, WAIT, FakeReplica, NginxGateway, free_port, gateway_config, host_keys, lua_layout, lua_reports,
-    nginx_binary,
+from tests.support import free_port, tool
+from tests.support.gateway import (
+    CHAT, R1, WAIT, FakeReplica, NginxGateway, gateway_config, host_keys, lua_layout, lua_reports, nginx_binary,
 )
-from tests.support import tool
 
 NGINX_FIELDS = re.findall(r'"(\w+)":', LOG_FORMAT)  # nginx's part of the line, after the request path's
 LINE_FIELDS = [*USAGE_LINE_FIELDS, *NGINX_FIELDS]

@@ -2,12 +2,11 @@
 replicas that fail fast, replicas killed under load. Loopback only, every loop bounded.
 
 The keep-alive race is run against a real uvicorn (vLLM's HTTP server) with its default 5 s idle
-timeout; the rest against the fake replicas of test_gateway_nginx.
+timeout; the rest against the fake replicas of tests/support/gateway.py.
 """
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
 import subprocess
 import sys
@@ -24,8 +23,8 @@ import pytest
 
 from components.planning.load import load_stack_config
 from tests.support import free_port
-from tests.test_gateway_nginx import (
-    CHAT, WAIT, FakeReplica, NginxGateway, error_code, gateway_config, own_gateway,
+from tests.support.gateway import (
+    CHAT, WAIT, FakeReplica, NginxGateway, _post, error_code, gateway_config, own_gateway,
 )
 
 FIXTURES = Path(__file__).parent / "fixtures" / "asgi"
@@ -131,30 +130,6 @@ def test_a_pool_whose_only_replica_fails_passes_its_answer_on(tmp_path: Path) ->
         # No other replica to try: the engine's own error reaches the client, tried at most MAX_TRIES times.
         assert (status, out["served_by"]) == (500, "only")
         assert 1 <= len(only.requests) <= 3
-
-
-# 200 requests at once, the client, nginx and the fake replicas sharing 2 cores with a loaded machine:
-# one answer took over WAIT (20 s) in a whole-suite run at load ~10 while it passed every other run.
-# A hang detector, not a measure: an answer that never comes still fails the test.
-LOAD_WAIT = 3 * WAIT
-
-
-async def _post(port: int, key: str, rid: str) -> tuple[int, dict[str, Any] | str]:
-    """One POST on its own connection (asyncio: hundreds at once without a thread each)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    body = json.dumps({"model": CHAT, "rid": rid, "delay": 0.05}).encode()
-    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n"
-                 b"Authorization: Bearer " + key.encode() + b"\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-    await writer.drain()
-    raw = await asyncio.wait_for(reader.read(), LOAD_WAIT)
-    writer.close()
-    head, _, payload = raw.partition(b"\r\n\r\n")
-    status = int(head.split(b" ", 2)[1]) if head else 0
-    try:
-        return status, json.loads(payload)
-    except ValueError:
-        return status, payload.decode(errors="replace")
 
 
 def _kill_under_load(gw: NginxGateway, key: str, chat: list[FakeReplica], run: int, n: int) -> list[tuple[int, Any]]:

@@ -18,7 +18,7 @@ from components.planning.smoke import retry_seconds
 from components.planning.load import load_stack_config
 from ops import rollout
 from plan.harness import ProgramRun
-from tests.test_gateway_nginx import CHAT, FakeReplica, NginxGateway, _Server, gateway_config, own_gateway
+from tests.support.gateway import CHAT, FakeReplica, NginxGateway, _Server, gateway_config, own_gateway
 
 LOAD_DELAY_S = 0.5  # the new server's "weights loading": nothing listens meanwhile
 CLIENTS = 8
