@@ -26,7 +26,7 @@ from components.planning.load import load_stack_config
 from plan.analyze import analyze
 from plan.harness import SECRET_SIG, SIG, ProgramRun
 from tests.support import tool
-from tests.test_provider_schemas import problems_of
+from tests.support.schemas import problems_of
 
 NS = "llm-cluster:"
 IMAGE = "docker:index/remoteImage:RemoteImage"

@@ -17,12 +17,9 @@ from pulumi_policy import EnforcementLevel
 from components.facts.hardware import GPUS
 from components.engines.vllm.facts import FP8_WEIGHT_METHODS, ImageFacts, known_images
 from policies.pack import POLICIES
-from tests.test_policies_rules import model_server, server
+from tests.support.policies import GPU_AT, _props, model_server, server_with
 
 CAPABILITIES = (70, 75, 80, 86, 89, 90)
-# One GPU per capability, as nvidia-smi names it.
-GPU_AT = {70: "Tesla V100-SXM2-32GB", 75: "Tesla T4", 80: "NVIDIA A100-SXM4-80GB", 86: "NVIDIA A10",
-          89: "NVIDIA L40S", 90: "NVIDIA H100 80GB HBM3"}
 VLLM_IMAGES = [f for f in known_images() if f.engine == "vllm"]
 
 
@@ -94,29 +91,6 @@ RULES: dict[str, Rule] = {
     "mla": Rule("mla-attention",
                 lambda p: {**p, "arch": "deepseek-r1", "model": "deepseek-r1"}, lambda f: f.mla_min_capability),
 }
-
-
-def server_with(props: dict[str, Any], argv_add: list[str]) -> dict[str, Any]:
-    return {**props, "argv": [*props["argv"], *argv_add]}
-
-
-PREFILL_FLAGS = ("--enable-prefix-caching", "--no-enable-prefix-caching", "--enable-chunked-prefill",
-                 "--no-enable-chunked-prefill")
-
-
-def _props(f: ImageFacts, capability: int) -> dict[str, Any]:
-    """The reference chat server on this image and GPU, clean for every rule here: prefix caching and
-    chunked prefill off, V0 chosen where the image still reads VLLM_USE_V1 and has V0, its attention flag only
-    where the image has one."""
-    props = server(gpuModel=GPU_AT[capability], image=f.ref)
-    argv = [a for a in props["argv"] if a not in PREFILL_FLAGS]
-    if not f.attention_backend_flag and "--attention-backend" in argv:
-        i = argv.index("--attention-backend")
-        del argv[i:i + 2]
-    props["argv"] = [*argv, "--no-enable-prefix-caching", "--no-enable-chunked-prefill"]
-    if f.reads_vllm_use_v1 and f.v0_engine:
-        props["env"] = {**props["env"], "VLLM_USE_V1": "0"}
-    return props
 
 
 def _verdicts(policy: str, props: dict[str, Any]) -> list[str]:

@@ -164,7 +164,7 @@ def test_gpu_node_loads_the_firewall_after_preflight_and_before_any_container(pr
 
 def test_an_unmanaged_firewall_registers_nothing_and_gets_the_advisory(config: dict[str, Any],
                                                                       stack_runner: Any) -> None:
-    from tests.test_policies_rules import analyze, only
+    from tests.support.policies import analyze, only
 
     config[NS + "firewall"] = {"managed": False}
     run = stack_runner(config)

@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 
 from components.engines.vllm.facts import FP8_WEIGHT_METHODS, known_images
-from tests.test_capability_boundaries import _props, server_with
-from tests.test_policies_rules import model_server
-from tests.test_qualification import triton_dir
+from tests.support.policies import _props, model_server, server_with
+from tests.support.qualification import triton_dir
 
 VLLM_IMAGES = [f for f in known_images() if f.engine == "vllm"]
 IDS = [f.tag for f in VLLM_IMAGES]

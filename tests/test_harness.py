@@ -19,7 +19,7 @@ from plan.analyze import analyze
 from plan.harness import UNKNOWN, DuplicateUrnError, ProgramRun, run_program
 from plan.secrets import find_leaks, unmarked_outputs
 from tests.conftest import ROOT, prod_config, run_stack
-from tests.test_policy_e2e import ONE_CHANGE
+from tests.support.policies import ONE_CHANGE
 
 NS = "llm-cluster:"
 CONTAINER = "docker:index/container:Container"

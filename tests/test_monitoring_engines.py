@@ -14,7 +14,7 @@ from components.planning.monitoring.prometheus import alert_groups, alert_rules,
 from components.spec import StackSpec
 from tests.support.engine_stacks import llamacpp_config, lmdeploy_config, spec_of
 from tests.support import tool
-from tests.test_monitoring_config import METRICS_DIR, dashboard_queries, metric_names, variable_queries
+from tests.support.monitoring import METRICS_DIR, dashboard_queries, metric_names, variable_queries
 
 
 def listed(fixture: str, *, expand: bool = True) -> set[str]:

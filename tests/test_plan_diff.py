@@ -7,34 +7,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from plan import __main__ as cli
 from components.spec import StackSpec
 from plan.diff import diff_resources, load_replace_rules, replace_inputs_from_schema, service_impact, summary_line
 from plan.stackfile import secret_placeholder
 from tests.conftest import prod_config
+from tests.support.plans import plan_twice, write_stack
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS = ROOT / "tests" / "fixtures" / "schemas"
 NS = "llm-cluster"
 CONTAINER_TYPE = "docker:index/container:Container"
-
-
-def write_stack(path: Path, config: dict[str, Any], secure: dict[str, str] | None = None) -> Path:
-    doc = {"config": {**config, **{k: {"secure": v} for k, v in (secure or {}).items()}}}
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
-
-
-def plan_twice(tmp_path: Path, before: dict[str, Any], after: dict[str, Any], *extra: str) -> dict[str, Any]:
-    """Plan `before`, then `after` as the same stack; return the second plan.json."""
-    stack = tmp_path / "Pulumi.prod.yaml"
-    out = tmp_path / "out"
-    for config in (before, after):
-        write_stack(stack, config)
-        assert cli.main(["--config", str(stack), "--out", str(out), "--quiet", *extra]) in (0, 1)
-    return json.loads((out / "prod" / "plan.json").read_text())
 
 
 def by_name(diff: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -215,7 +199,6 @@ def test_a_new_server_on_gpus_a_deleted_one_holds_is_flagged(old: dict[str, Any]
     impact = service_impact(diff_resources(before, after), before, after, prod_spec)
     flagged = [r for r in impact["recommendations"] if r.startswith("node n1: green would start while blue")]
     assert bool(flagged) is warned
-
 
 
 def test_redacted_credentials_compare_as_they_were_written(tmp_path: Path) -> None:

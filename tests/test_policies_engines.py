@@ -9,7 +9,7 @@ from typing import Any
 from components.resources.model_server import server_props
 from components.spec.topology import instances
 from tests.support.engine_stacks import llamacpp_config, lmdeploy_config, spec_of
-from tests.test_policies_rules import DESCRIPTIONS, analyze
+from tests.support.policies import DESCRIPTIONS, analyze
 
 ENGINE_RULES = {p for p in DESCRIPTIONS if p.startswith(("engine-", "lmdeploy-", "llamacpp-"))}
 

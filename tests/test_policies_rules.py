@@ -6,8 +6,6 @@ import copy
 from typing import Any
 
 import pytest
-from google.protobuf import struct_pb2
-from pulumi.runtime import proto
 
 from components.planning.monitoring.prometheus import (
     alertmanager_args, dcgm_exporter_env, grafana_env, node_exporter_args, prometheus_args,
@@ -18,43 +16,12 @@ from components.engines.registry import ENGINES
 from components.engines.base import container_envs
 from components.spec import StackSpec
 from components.spec.monitoring import ServiceSpec
-from plan.analyze import LEVEL_NAMES, configure_request, configured_servicer
+from plan.analyze import configure_request
 from plan.harness import UNKNOWN, ProgramRun
-from policies.pack import POLICIES
 from policies.rules.bindings import LISTENERS
 from policies.rules.common import RAY_ROLES, role_of
 from policies.rules.security import EXPOSURE_CONFIG
-
-STACK = "urn:pulumi:prod::llm-cluster::"
-V100 = "Tesla V100-SXM2-32GB"
-DESCRIPTIONS = {p.name: p.description for p in POLICIES}
-
-# The reference cluster's Qwen3-30B-A3B replica, as components.resources.model_server registers it.
-CHAT_ARGV = ["vllm", "serve", "/data/models/Qwen3-30B-A3B", "--served-model-name", "qwen3-30b-a3b",
-             "--host", "192.168.10.13", "--port", "8000", "--tensor-parallel-size", "8",
-             "--distributed-executor-backend", "mp", "--dtype", "half", "--max-model-len", "32768",
-             "--max-num-seqs", "128", "--gpu-memory-utilization", "0.9", "--attention-backend", "TRITON_ATTN"]
-CHAT_ENV = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", "NCCL_IB_DISABLE": "0",
-            "NCCL_IB_HCA": "mlx5_0", "NCCL_IB_GID_INDEX": "3", "NCCL_SOCKET_IFNAME": "bond0",
-            "VLLM_HOST_IP": "192.168.10.13"}
-CAPACITY = {"fits": True, "reason": "", "max_concurrency": 20.5, "kv_tokens": 671744.0, "weights_gib_per_gpu": 7.1}
-
-
-def server(**changes: Any) -> dict[str, Any]:
-    """ModelServer props of the reference chat replica, with changes (argv_add, argv_drop, env_* too)."""
-    props: dict[str, Any] = {
-        "pool": "chat", "instance": "chat-gpu-03", "model": "qwen3-30b-a3b", "modelPath": "/data/models/Qwen3-30B-A3B",
-        "arch": "qwen3-30b-a3b", "quantization": None, "dtype": "half", "gpuModel": V100, "gpuCount": 8.0,
-        "nodes": ["gpu-03"], "tensorParallel": 8.0, "pipelineParallel": 1.0, "image": "vllm/vllm-openai:v0.19.1",
-        "argv": list(CHAT_ARGV), "env": dict(CHAT_ENV), "capacity": dict(CAPACITY),
-    }
-    argv: list[str] = props["argv"]
-    for flag in changes.pop("argv_drop", []):
-        i = argv.index(flag)
-        del argv[i:i + (1 if flag.startswith("--no-") or i + 1 == len(argv) or argv[i + 1].startswith("--") else 2)]
-    argv += changes.pop("argv_add", [])
-    props.update(changes)
-    return props
+from tests.support.policies import CAPACITY, CHAT_ARGV, CHAT_ENV, V100, analyze, model_server, only, server
 
 
 def set_flag(props: dict[str, Any], flag: str, value: str) -> dict[str, Any]:
@@ -62,38 +29,6 @@ def set_flag(props: dict[str, Any], flag: str, value: str) -> dict[str, Any]:
     argv = props["argv"]
     argv[argv.index(flag) + 1] = value
     return props
-
-
-def analyze(type_: str, name: str, props: dict[str, Any], *, parent_type: str | None = None,
-            config: dict[str, Any] | None = None,
-            delete_before_replace: bool | None = True) -> list[tuple[str, str, str]]:
-    """(policy, level, message) for one AnalyzeRequest through a freshly configured servicer.
-
-    Resource options as the engine sends them: delete_before_replace None is an option the program left unset.
-    """
-    servicer = configured_servicer(config)
-    chain = f"{parent_type}${type_}" if parent_type else type_
-    s = struct_pb2.Struct()
-    s.update(props)
-    options = proto.AnalyzerResourceOptions(deleteBeforeReplace=bool(delete_before_replace),
-                                            deleteBeforeReplaceDefined=delete_before_replace is not None)
-    urn = f"{STACK}{chain}::{name}"
-    request = proto.AnalyzeRequest(urn=urn, type=type_, name=name, properties=s, options=options)
-    diagnostics = list(servicer.Analyze(request, None).diagnostics)
-    # The stack policies (policies.rules.grouped) see it in AnalyzeStack, alone in its stack.
-    stack = proto.AnalyzeStackRequest(resources=[proto.AnalyzerResource(urn=urn, type=type_, name=name, properties=s,
-                                                                        options=options)])
-    diagnostics += servicer.AnalyzeStack(stack, None).diagnostics
-    return [(d.policyName, LEVEL_NAMES[d.enforcementLevel], d.message) for d in diagnostics]
-
-
-def model_server(props: dict[str, Any], **kw: Any) -> list[tuple[str, str, str]]:
-    return analyze("llm-cluster:vllm:ModelServer", "chat-gpu-03", props, **kw)
-
-
-def only(policy: str, message: str, level: str = "mandatory") -> list[tuple[str, str, str]]:
-    """The one diagnostic expected: the servicer prefixes the policy's description."""
-    return [(policy, level, f"{DESCRIPTIONS[policy]}\n{message}")]
 
 
 def of(policy: str, diagnostics: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -13,8 +12,7 @@ import yaml
 from plan.analyze import Violation, analyze
 from plan.harness import ProgramRun, Registration
 from tests.conftest import ROOT, prod_config, run_stack
-
-NS = "llm-cluster:"
+from tests.support.policies import NS, ONE_CHANGE, QWEN
 
 
 def mandatory(violations: list[Violation]) -> list[tuple[str, str]]:
@@ -31,35 +29,6 @@ def test_reference_stack_plans_without_mandatory_violations(run_name: str, reque
     # reasoning pool's KV cache holds about 2.6 sequences of 8192 tokens.
     assert {(v.policy_name, v.resource_name) for v in violations if v.enforcement_level == "advisory"} == {
         ("memory-headroom", "reasoning-gpu-01")}
-
-
-def _pool(name: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    return lambda c: c[NS + "pools"][name]
-
-
-def _set(path: Callable[[dict[str, Any]], dict[str, Any]], **values: Any) -> Callable[[dict[str, Any]], None]:
-    return lambda c: path(c).update(values)
-
-
-CHAT = _pool("chat")
-REASONING = _pool("reasoning")
-QWEN = lambda c: c[NS + "models"]["qwen3-30b-a3b"]  # noqa: E731
-
-ONE_CHANGE: dict[str, tuple[Callable[[dict[str, Any]], None], str, str]] = {
-    "bf16": (_set(QWEN, dtype="bfloat16"), "gpu-dtype", "chat-gpu-03"),
-    "awq-model": (_set(QWEN, quantization="awq"), "gpu-quantization", "chat-gpu-03"),
-    "flash-attn-backend": (lambda c: CHAT(c)["vllm"].update(attentionBackend="FLASH_ATTN"), "attention-backend",
-                           "chat-gpu-03"),
-    "fp8-kv-cache": (lambda c: CHAT(c)["vllm"].update(kvCacheDtype="fp8"), "gpu-fp8", "chat-gpu-03"),
-    "mla-on": (lambda c: REASONING(c).pop("env"), "mla-attention", "reasoning-gpu-01"),
-    "swap-space-on-0.19": (lambda c: CHAT(c)["vllm"].update(swapSpaceGib=4), "vllm-serve-flags", "chat-gpu-03"),
-    "tp16-on-8-gpu-nodes": (_set(REASONING, tensorParallel=16, pipelineParallel=1), "parallelism",
-                            "reasoning-gpu-01"),
-    "ubuntu2404-variant": (_set(CHAT, image="vllm/vllm-openai:v0.19.1-ubuntu2404"), "vllm-image", "chat-gpu-03"),
-    "unknown-flag": (lambda c: CHAT(c)["vllm"].update(extraArgs=["--enable-prefix-cache"]),
-                     "vllm-serve-flags", "chat-gpu-03"),
-    "literal-hf-token": (_set(CHAT, env={"HF_TOKEN": "hf_live_abc"}), "no-plaintext-secrets", "chat-gpu-03-vllm"),
-}
 
 
 @pytest.mark.parametrize("change", sorted(ONE_CHANGE))

@@ -4,7 +4,8 @@ checks against real releases where they need no GPU:
   Triton wheels from PyPI (3.3.0 must fail as vllm#17639 reports, 3.4.0 and 3.6.0 must compile);
 - the arch-list step reads `torch.cuda.get_arch_list()`'s source, the arch flags compiled into the real
   torch 2.10.0 wheel from PyPI (its +cu128 build; the image's +cu129 build is not on PyPI).
-Wheels are cached under /var/cache/llm-cluster/{triton,torch} and fetched with pip when missing.
+Wheels are cached under /var/cache/llm-cluster/{triton,torch} and fetched with pip when missing
+(tests/support/qualification.py).
 """
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import re
 import subprocess
 import sys
 import zipfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,61 +26,10 @@ from components.planning.qualification import node_qualifications, qualification
 from components.spec import StackSpec
 from components.planning.load import load_stack_config
 from plan.harness import ProgramRun
-from tests.support import tool
+from tests.support.qualification import lint_and_run_gate, torch_wheel, triton_dir
 
-CACHE = Path("/var/cache/llm-cluster")
 TRITON_VERSIONS = ("3.3.0", "3.4.0", "3.6.0")
 TORCH_VERSION = "2.10.0"
-PY = f"{sys.version_info.major}.{sys.version_info.minor}"
-
-
-# The Linux x86-64 wheels a release may ship (vLLM 0.19.1's is manylinux_2_31, Triton's 2_27/2_28): each is
-# only unpacked and read here, or run on this machine's newer glibc (Triton's ptxas).
-PLATFORMS = ("manylinux_2_35_x86_64", "manylinux_2_34_x86_64", "manylinux_2_31_x86_64", "manylinux_2_28_x86_64",
-             "manylinux_2_27_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64")
-
-
-def _pip_download(requirement: str, dest: Path) -> Path:
-    dest.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "download", requirement, "--no-deps", "--only-binary=:all:",
-                    "--python-version", PY, *(arg for p in PLATFORMS for arg in ("--platform", p)),
-                    "-d", str(dest), "-q"], check=True, timeout=1800)
-    name = requirement.replace("==", "-")
-    return next(dest.glob(f"{name}-*.whl"))
-
-
-def unpacked_wheel(requirement: str, root: Path, keep: Callable[[str], bool] = lambda name: True) -> Path:
-    """The PyPI wheel of `requirement` (`name==version`, cached beside `root`) unpacked into `root`, the files
-    `keep` names, each with the mode the wheel gives it (zipfile does not: Triton's ptxas must stay executable).
-    The cache is whole once `root/.unpacked` exists (written last); anything else is unpacked again."""
-    marker = root / ".unpacked"
-    if marker.is_file():
-        return root
-    dest = root.parent
-    wheel = next(dest.glob(f"{requirement.replace('==', '-')}-*.whl"), None) or _pip_download(requirement, dest)
-    with zipfile.ZipFile(wheel) as z:
-        for info in z.infolist():
-            if not info.is_dir() and keep(info.filename):
-                mode = info.external_attr >> 16 & 0o777
-                Path(z.extract(info, root)).chmod(mode or 0o644)
-    marker.write_text(f"{wheel.name}\n")
-    return root
-
-
-def python_files(name: str) -> bool:
-    """A wheel's Python and its metadata: what reading a package's own code needs."""
-    return name.endswith(".py") or ".dist-info/" in name
-
-
-def triton_dir(version: str) -> Path:
-    """A real Triton release unpacked (cached)."""
-    return unpacked_wheel(f"triton=={version}", CACHE / "triton" / version)
-
-
-def torch_wheel(version: str) -> Path:
-    """The real torch wheel from PyPI (cached)."""
-    return next((CACHE / "torch").glob(f"torch-{version}-*.whl"), None) or _pip_download(
-        f"torch=={version}", CACHE / "torch")
 
 
 def compile_with(version: str, capability: int, tmp_path: Path) -> dict[str, Any]:
@@ -168,21 +117,6 @@ def test_one_gate_per_node_and_serving_image_with_the_argvs_served_there(prod_sp
 def test_an_image_without_facts_gets_no_gate_but_the_packs_advisory(config: dict[str, Any]) -> None:
     config["llm-cluster:pools"]["chat"]["image"] = "registry.local/vllm:dev"
     assert {q.image for q in node_qualifications(load_stack_config(config, set()))} == {"vllm/vllm-openai:v0.19.1"}
-
-
-def lint_and_run_gate(script: str, tmp_path: Path, docker: str) -> subprocess.CompletedProcess[str]:
-    """The gate script, shellcheck-clean, run with a stand-in `docker` (bash body `docker`; $ARGV_OUT is a
-    file it may write to)."""
-    path = tmp_path / "qualify.sh"
-    path.write_text(script)
-    lint = subprocess.run([tool("shellcheck"), "-s", "bash", str(path)], capture_output=True, text=True)
-    assert lint.returncode == 0, lint.stdout
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "docker").write_text(f"#!/bin/bash\n{docker}\n")
-    (fake / "docker").chmod(0o755)
-    return subprocess.run(["bash", str(path)], capture_output=True, text=True, timeout=60,
-                          env={"PATH": f"{fake}:/usr/bin:/bin", "ARGV_OUT": str(tmp_path / "argv")})
 
 
 def test_the_gate_script_runs_the_image_on_one_gpu_and_is_shellcheck_clean(prod_spec: StackSpec,

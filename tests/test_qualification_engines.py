@@ -29,7 +29,7 @@ from components.planning.qualification import node_qualifications, qualification
 from tests.support.engine_stacks import LLAMACPP_IMAGE, LMDEPLOY_IMAGE, llamacpp_config, lmdeploy_config, spec_of
 from tests.support import tool
 from lab.standins.llamacpp import server_build
-from tests.test_qualification import CACHE, lint_and_run_gate, python_files, unpacked_wheel
+from tests.support.qualification import CACHE, NETWORK_NONE, lint_and_run_gate, python_files, unpacked_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_TOOLS = ROOT / "components" / "engines" / "vllm" / "tools"
@@ -204,10 +204,6 @@ def llama_server() -> Path:
     """llama-server b11312 built for the CPU from the image's source (the lab's build, cached: the source
     vendored in the PyPI sdist llama_cpp_python 0.3.36, components/engines/DATA-SOURCES.md)."""
     return server_build(log=lambda line: print(line, file=sys.stderr))
-
-
-# `docker run --network none`: a network namespace of its own with only its loopback, which docker brings up.
-NETWORK_NONE = ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "network-none"]
 
 
 def run_llamacpp_check(server: Path, capability: int, argvs: list[list[str]]) -> subprocess.CompletedProcess[str]:

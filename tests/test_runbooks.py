@@ -10,7 +10,7 @@ import pytest
 
 from plan.diff import render_diff
 from tests.conftest import prod_config
-from tests.test_plan_diff import plan_twice
+from tests.support.plans import plan_twice
 
 ROOT = Path(__file__).resolve().parent.parent
 NS = "llm-cluster"

@@ -19,8 +19,8 @@ from components.spec.topology import instances
 from components.planning.load import load_stack_config
 from plan.analyze import analyze
 from tests.conftest import prod_config, run_stack
-from tests.test_policies_rules import model_server, server
-from tests.test_qualification import CACHE, python_files, unpacked_wheel
+from tests.support.policies import model_server, server
+from tests.support.qualification import CACHE, python_files, unpacked_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
 NS = "llm-cluster:"

@@ -36,7 +36,7 @@ from components.spec.topology import instances
 from lab.config import REPO
 from lab.images import NUMPY
 from lab.standins import llamacpp as llamacpp_standin, lmdeploy as lmdeploy_standin
-from tests.test_qualification_engines import NETWORK_NONE
+from tests.support.qualification import NETWORK_NONE
 
 STACK = REPO / "Pulumi.lab-engines.yaml"
 LMDEPLOY = "openmmlab/lmdeploy:v0.16.0-cu12.8"

@@ -1,9 +1,17 @@
-"""What the tests share besides pytest fixtures (those are in tests/conftest.py); no test module imports
+"""What the tests share besides pytest fixtures (those are in tests/conftest.py): no test module imports
 from another.
 
 Here: the real tools the tests drive, free loopback ports, and the host scripts' text. Beside it:
-fake_openai (an OpenAI-compatible server on loopback), deployed_nginx (the gateway image's own nginx
-and Lua module, fetched once per machine), engine_stacks (stacks with LMDeploy and llama.cpp pools).
+- deployed_nginx: the gateway image's own nginx and Lua module, fetched once per machine;
+- gateway: the real-nginx gateway harness (fake replicas, NginxGateway, the test stack's keys);
+- fake_openai: an OpenAI-compatible server on loopback for the smoke and load tests;
+- engine_stacks: the reference stack with its chat pool on LMDeploy or llama.cpp;
+- policies: one resource through the policy pack's analyzer, and the stacks the pack refuses;
+- plans: a stack planned twice by the CLI;
+- schemas: the providers' schemas and a validator of registered resources;
+- monitoring: the exporters' metric lists and the metric names of PromQL queries;
+- preflight: the recorded node outputs and the preflight script run with fake tools that print them;
+- qualification: real wheels from PyPI (cached), the gate script with a stand-in docker, --network none.
 """
 from __future__ import annotations
 
