@@ -19,7 +19,7 @@ NUMBER ?= 512
 LOADTEST_ARGS ?=
 LOADTEST_VENV ?= .venv-loadtest
 
-.PHONY: plan rollout test lint system-deps mutation flakes bench loadtest clean lab lab-down
+.PHONY: plan rollout test test-fast lint system-deps mutation flakes bench loadtest clean lab lab-down
 
 $(VENV)/.runtime: requirements.txt
 	@test -x $(VENV)/bin/pip || { rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
@@ -54,6 +54,11 @@ lint: $(VENV)/.test
 ## test: lint, then every test tier, real tools included
 test: lint $(VENV)/.test system-deps
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+
+## test-fast: every tier but the real-tool and lab tiers (markers set in tests/conftest.py), for the edit
+## loop: no system packages, no lint, under 3 minutes on two cores
+test-fast: $(VENV)/.test
+	$(PY) -m pytest -q -m "not realtool and not lab" $(PYTEST_ARGS) tests
 
 ## mutation: plant known bugs one at a time in a copy of the tree; the tests that must catch each run (score printed)
 mutation: $(VENV)/.test system-deps
