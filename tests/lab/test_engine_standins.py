@@ -36,6 +36,7 @@ from components.spec.topology import instances
 from lab.config import REPO
 from lab.images import NUMPY
 from lab.standins import llamacpp as llamacpp_standin, lmdeploy as lmdeploy_standin
+from tests.support.lab_tier import assert_bounded
 from tests.support.qualification import NETWORK_NONE
 
 STACK = REPO / "Pulumi.lab-engines.yaml"
@@ -282,13 +283,6 @@ def app_env(app: Path, gpus: str | None) -> dict[str, str]:
     if gpus is not None:
         env["NVIDIA_VISIBLE_DEVICES"] = gpus
     return env
-
-
-def assert_bounded(answer: dict[str, Any]) -> None:
-    """The answer stopped at the pool's --n-predict 16 (a random model rarely samples its end token first:
-    then it stopped earlier, on "stop"); without the bound it would run on to the slot's 256 tokens."""
-    tokens, reason = answer["usage"]["completion_tokens"], answer["choices"][0]["finish_reason"]
-    assert (0 < tokens <= 16) and reason == ("length" if tokens == 16 else "stop"), (tokens, reason)
 
 
 def test_the_planned_llamacpp_argv_is_what_the_lab_runs(spec) -> None:  # type: ignore[no-untyped-def]

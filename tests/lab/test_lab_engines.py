@@ -23,8 +23,9 @@ import pytest
 from lab import hosts
 from lab.config import REPO, LabHost
 from lab.rehearse import Rehearsal
-from test_engine_standins import assert_bounded
-from test_lab import Lab, _lab, client, destroy_checked, docker, healthy, http_json, wait_until
+from tests.support.lab_tier import (
+    Lab, _lab, assert_bounded, client, destroy_checked, docker, healthy, http_json, wait_until,
+)
 
 WHY_NOT = hosts.can_create_namespaces()
 pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"the lab does not run: {WHY_NOT}")

@@ -12,6 +12,7 @@ Here: the real tools the tests drive, free loopback ports, and the host scripts'
 - monitoring: the exporters' metric lists and the metric names of PromQL queries;
 - preflight: the recorded node outputs and the preflight script run with fake tools that print them;
 - qualification: real wheels from PyPI (cached), the gate script with a stand-in docker, --network none.
+- lab_tier: the lab of a stack file up on fresh test hosts and down again, for the lab tier (tests/lab).
 """
 from __future__ import annotations
 
