@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from components.engines.registry import ENGINES
 from lab import hosts
 from lab.config import CLIENT_ADDRESS, LAB_DIR, STATE as STATE_DIR, LabHost
 from lab.rehearse import CONTAINER, COMMAND_REMOTE, Rehearsal, RehearsalError, dockerfile_of
