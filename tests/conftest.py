@@ -5,9 +5,9 @@ import copy
 import hashlib
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -22,6 +22,9 @@ from components.spec import StackSpec  # noqa: E402
 from components.planning.load import load_stack_config
 from plan.harness import ProgramRun, run_main_program  # noqa: E402
 from plan.stackfile import load_stack_file  # noqa: E402
+
+if TYPE_CHECKING:
+    from tests.support.gateway import FakeReplica
 
 PROD = ROOT / "Pulumi.prod.yaml"
 TREE_CHANGED = "WARNING: the working tree changed while the suite ran"
@@ -92,6 +95,18 @@ def prod_preview_run() -> ProgramRun:
 def stack_runner() -> Callable[..., ProgramRun]:
     """run_stack, for tests that plan a changed stack."""
     return run_stack
+
+
+@pytest.fixture(scope="module")
+def replicas() -> Iterator[dict[str, list[FakeReplica]]]:
+    """Fake vLLM replicas on loopback for a module's real-nginx gateway: four chat, one reasoning."""
+    from tests.support.gateway import FakeReplica  # not at the top: the harness imports this module
+
+    pools = {"chat": [FakeReplica(f"chat-{i}") for i in range(4)], "reasoning": [FakeReplica("reasoning-0")]}
+    yield pools
+    for rs in pools.values():
+        for r in rs:
+            r.kill()
 
 
 # --- tiers --------------------------------------------------------------------------------------------

@@ -17,8 +17,8 @@ import subprocess
 from pathlib import Path
 
 from components.planning.gateway.nginx import LUA_SOURCE, temp_path_directives
-from tests.support.deployed_nginx import deployed_nginx
 from tests.support import free_port
+from tests.support.deployed_nginx import deployed_nginx
 
 WAIT = 60
 SEED = 20261204

@@ -19,9 +19,9 @@ import pytest
 
 from components.planning.gateway.nginx import ERRORS
 from components.planning.load import load_stack_config
-from tests.support.gateway import (  # noqa: F401 (replicas: a fixture)
+from tests.support.gateway import (
     CHAT, R1, WAIT, FakeReplica, NginxGateway, by_name, error_code, gateway_config, host_keys, log_line, own_gateway,
-    replicas, self_signed, send_held,
+    self_signed, send_held,
 )
 
 
@@ -34,7 +34,7 @@ def edge_config(**gateway: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def pools(replicas: dict[str, list[FakeReplica]]) -> dict[str, list[FakeReplica]]:
-    """The fake replicas of the harness's module fixture (four chat, one reasoning)."""
+    """The fake replicas of the module fixture in tests/conftest.py (four chat, one reasoning)."""
     return replicas
 
 

@@ -29,9 +29,9 @@ from components.planning.gateway.nginx import LUA_SOURCE, LUA_VM_SETTINGS, Gatew
 from components.planning.load import load_stack_config
 from tests.conftest import prod_config
 from tests.support import free_port
-from tests.support.gateway import (  # noqa: F401 (replicas: a fixture)
+from tests.support.gateway import (
     CHAT, R1, STREAM_USAGE, USAGE, WAIT, FakeReplica, NginxGateway, by_name, error_code, gateway_config, host_keys,
-    log_line, lua_layout, lua_reports, nginx_binary, own_gateway, replicas, self_signed, send_held,
+    log_line, lua_layout, lua_reports, nginx_binary, own_gateway, self_signed, send_held,
 )
 
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from ops.loadtest import PROMPT, main, parse_results, perf_argv
-from tests.support.fake_openai import Behaviour, FakeOpenAI, serving
 from tests.support import tool
+from tests.support.fake_openai import Behaviour, FakeOpenAI, serving
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDED = Path(__file__).parent / "fixtures" / "ops" / "evalscope-1.14.1"

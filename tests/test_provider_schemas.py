@@ -15,7 +15,6 @@ from plan.harness import SECRET_SIG, SIG, UNKNOWN, ProgramRun
 from tests.support import host_key
 from tests.support.schemas import SCHEMAS, check_object, problems_of, provider_resources, resource_schema
 
-
 # --- the validator itself can fail ---------------------------------------------------------------
 
 def test_validator_refuses_unknown_missing_and_mistyped_properties() -> None:

@@ -5,7 +5,7 @@ fake OpenAI replicas.
 Fake replicas are Python HTTP/1.1 servers in threads that record every request and answer like vLLM's
 OpenAI server (JSON with `usage`, or SSE chunks ending with a usage chunk and `[DONE]`). API keys
 come from the real host script (keys_script), so the digests gateway.lua looks up are the ones bash wrote.
-`replicas` is a module fixture: a test module that uses it imports it.
+The module fixture `replicas` (four chat replicas, one reasoning) is in tests/conftest.py.
 """
 from __future__ import annotations
 
@@ -31,7 +31,12 @@ from typing import Any
 import pytest
 
 from components.planning.gateway.nginx import (
-    DIGESTS_FILE, GatewayLayout, key_ids, keys_script, render_gateway, temp_path_directives,
+    DIGESTS_FILE,
+    GatewayLayout,
+    key_ids,
+    keys_script,
+    render_gateway,
+    temp_path_directives,
 )
 from components.spec import StackSpec
 from tests.conftest import prod_config
@@ -475,15 +480,6 @@ def own_gateway(spec: StackSpec, pools: dict[str, list[FakeReplica]], root: Path
         for rs in pools.values():
             for r in rs:
                 r.kill()
-
-
-@pytest.fixture(scope="module")
-def replicas() -> Iterator[dict[str, list[FakeReplica]]]:
-    pools = {"chat": [FakeReplica(f"chat-{i}") for i in range(4)], "reasoning": [FakeReplica("reasoning-0")]}
-    yield pools
-    for rs in pools.values():
-        for r in rs:
-            r.kill()
 
 
 def by_name(replicas: dict[str, list[FakeReplica]]) -> dict[str, FakeReplica]:
