@@ -49,6 +49,7 @@ system-deps:
 ## lint: ruff (lint and format) and the import contracts of pyproject.toml (layers one way, no circle)
 lint: $(VENV)/.test
 	$(VENV)/bin/ruff check --quiet .
+	$(VENV)/bin/ruff format --check --quiet .
 	$(VENV)/bin/lint-imports --no-cache
 
 ## test: lint, then every test tier, real tools included

@@ -11,7 +11,7 @@ bench only: installed on first use into its own venv under /var/cache/llm-cluste
 `make test`); `--no-litellm` skips it. `--repetitions N` (default 5) repeats the interleaved runs.
 
 Every nginx (replica, plain proxy, gateway) is the deployed one: the gateway image's nginx and Lua
-module, unpacked from its pinned Debian packages by tests/deployed_nginx.py (what the real-nginx
+module, unpacked from its pinned Debian packages by tests/support/deployed_nginx.py (what the real-nginx
 tests run). After the runs the bench reads the gateway's own /metrics and usage files, so a figure
 that came from dropping the record would show.
 
@@ -47,8 +47,8 @@ from components.planning.load import load_stack_config
 from components.spec import StackSpec
 from plan.cli import run as run_cli
 from plan.stackfile import load_stack_file
-from tests.deployed_nginx import DeployedNginx, deployed_nginx
 from tests.support import free_port, free_ports
+from tests.support.deployed_nginx import DeployedNginx, deployed_nginx
 
 ROOT = Path(__file__).resolve().parent.parent
 

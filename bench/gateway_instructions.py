@@ -14,7 +14,7 @@ connections; the figure is the worker's instructions over the requests wrk compl
   (the key from a map, proxying in the endpoint's location, no filters, no log phase): the floor of
   its nginx features.
 
-Every nginx is the deployed one (tests/deployed_nginx.py). Needs valgrind and wrk. Prints figures,
+Every nginx is the deployed one (tests/support/deployed_nginx.py). Needs valgrind and wrk. Prints figures,
 asserts nothing. The figures of every run, the njs gateway this replaced among them: docs/perf/gateway.md.
 """
 from __future__ import annotations
@@ -37,8 +37,8 @@ from bench.gateway import (
     write_gateway,
 )
 from plan.cli import run as run_cli
-from tests.deployed_nginx import DeployedNginx, deployed_nginx
 from tests.support import free_port
+from tests.support.deployed_nginx import DeployedNginx, deployed_nginx
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -4,24 +4,21 @@ from __future__ import annotations
 import copy
 import hashlib
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from components.planning.load import load_stack_config
+from components.spec import StackSpec
+from plan.harness import ProgramRun, run_main_program
+from plan.stackfile import load_stack_file
+
 # The shared helpers (tests/support) assert as the tests do: their failures show the values compared too.
 pytest.register_assert_rewrite("tests.support")
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from components.spec import StackSpec  # noqa: E402
-
-from components.planning.load import load_stack_config
-from plan.harness import ProgramRun, run_main_program  # noqa: E402
-from plan.stackfile import load_stack_file  # noqa: E402
 
 if TYPE_CHECKING:
     from tests.support.gateway import FakeReplica

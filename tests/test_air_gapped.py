@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import subprocess
 import sys
 from collections.abc import Callable
@@ -15,14 +14,14 @@ from typing import Any
 
 import pytest
 
-from components.planning import image_supply as isup
-from components.engines.registry import ENGINES
 from components.engines.llamacpp.engine import llamacpp_env
 from components.engines.lmdeploy.engine import lmdeploy_env
+from components.engines.registry import ENGINES
 from components.engines.vllm.engine import vllm_env
-from components.spec.topology import instances
-from components.spec import SpecError
+from components.planning import image_supply as isup
 from components.planning.load import load_stack_config
+from components.spec import SpecError
+from components.spec.topology import instances
 from plan.analyze import analyze
 from plan.harness import SECRET_SIG, SIG, ProgramRun
 from tests.support import tool

@@ -17,9 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from components.spec import SpecError
-
 from components.planning.load import load_stack_config
+from components.spec import SpecError
 from tests.conftest import ROOT, prod_config
 
 NS = "llm-cluster:"

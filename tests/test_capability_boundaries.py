@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from pulumi_policy import EnforcementLevel
 
-from components.facts.hardware import GPUS
 from components.engines.vllm.facts import FP8_WEIGHT_METHODS, ImageFacts, known_images
+from components.facts.hardware import GPUS
 from policies.pack import POLICIES
 from tests.support.policies import GPU_AT, _props, model_server, server_with
 

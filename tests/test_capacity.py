@@ -10,14 +10,20 @@ from typing import Any
 
 import pytest
 
+from components.engines import weights
+from components.engines.vllm import memory as capacity
+from components.engines.vllm.capacity import pool_capacity
+from components.engines.vllm.memory import default_max_num_batched_tokens, estimate
+from components.engines.weights import (
+    GIB,
+    kv_bytes_per_token_per_layer,
+    layers_per_stage,
+    linear_bytes_per_param,
+    model_params,
+)
 from components.facts import hardware
 from components.facts.hardware import GPUS
 from components.facts.models import arch_from_config_json, model_arch
-from components.engines import weights
-from components.engines.vllm import memory as capacity
-from components.engines.weights import GIB, kv_bytes_per_token_per_layer, layers_per_stage, linear_bytes_per_param, model_params
-from components.engines.vllm.memory import default_max_num_batched_tokens, estimate
-from components.engines.vllm.capacity import pool_capacity
 from components.planning.load import load_stack_config
 from ops.capacity import main as cli_main
 

@@ -8,11 +8,17 @@ from typing import Any
 
 import pytest
 
-from components.facts.hardware import CUDA_CONTEXT_GIB, GPUS
-from components.engines.vllm.facts import IMAGES
-from components.facts.models import model_arch
-from components.engines.vllm.memory import COMM_GIB_PER_PEER, COMM_GIB_PER_PEER_NVLS, NON_TORCH_BASE_GIB, communicator_gib, estimate
 from components.engines.vllm.capacity import pool_capacity
+from components.engines.vllm.facts import IMAGES
+from components.engines.vllm.memory import (
+    COMM_GIB_PER_PEER,
+    COMM_GIB_PER_PEER_NVLS,
+    NON_TORCH_BASE_GIB,
+    communicator_gib,
+    estimate,
+)
+from components.facts.hardware import CUDA_CONTEXT_GIB, GPUS
+from components.facts.models import model_arch
 from components.planning.load import load_stack_config
 from plan.analyze import analyze
 from tests.conftest import prod_config, run_stack

@@ -14,11 +14,10 @@ from typing import Any
 
 import pytest
 
-from components.engines.weights import GIB
-
 from components.engines.vllm.memory import estimate
-from components.planning.capacity import capacity_report
+from components.engines.weights import GIB
 from components.facts.models import model_arch
+from components.planning.capacity import capacity_report
 from components.spec import StackSpec
 
 FP16 = 2

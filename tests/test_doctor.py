@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from components.planning.nodes import firewall
-from components.engines.registry import ENGINES
 from components.engines.base import nccl_env
+from components.engines.registry import ENGINES
+from components.planning.nodes import firewall
 from components.spec import StackSpec
 from ops.doctor import LOG_PATTERN, Finding, main, parse_sections, probe_script
 from tests.support import tool

@@ -6,7 +6,7 @@ import pytest
 
 from components.facts.other_engines import OTHER_ENGINES, refusal
 from components.spec import SpecError
-from tests.support.engine_stacks import engine_config, lmdeploy_config, llamacpp_config, spec_of
+from tests.support.engine_stacks import engine_config, llamacpp_config, lmdeploy_config, spec_of
 
 
 def _issues(config: dict) -> list[str]:

@@ -8,14 +8,18 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFWriter
 
-from components.facts.gguf import read_gguf
-from components.engines.llamacpp.facts import DEFAULT_IMAGE, IMAGES, llamacpp_image
-from components.facts.models import MODELS
 from components.engines.llamacpp.engine import (
-    layers_per_gpu, llamacpp_argv, llamacpp_estimate, shape_from_arch, shape_from_gguf,
+    layers_per_gpu,
+    llamacpp_argv,
+    llamacpp_estimate,
+    shape_from_arch,
+    shape_from_gguf,
 )
-from components.spec.topology import instances
+from components.engines.llamacpp.facts import DEFAULT_IMAGE, IMAGES, llamacpp_image
+from components.facts.gguf import read_gguf
+from components.facts.models import MODELS
 from components.spec import SpecError
+from components.spec.topology import instances
 from tests.support.engine_stacks import llamacpp_config, spec_of
 
 GIB = 1024**3

@@ -6,13 +6,17 @@ import dataclasses
 
 import pytest
 
+from components.engines.cli_dump import build_parser, options, parse_errors
+from components.engines.lmdeploy.engine import (
+    ffn_split,
+    kv_bytes_per_token_per_layer,
+    kv_heads_per_rank,
+    lmdeploy_argv,
+    turbomind_estimate,
+)
 from components.engines.lmdeploy.facts import DEFAULT_IMAGE, IMAGES, lmdeploy_image
 from components.facts.models import MODELS
-from components.engines.lmdeploy.engine import (
-    ffn_split, kv_bytes_per_token_per_layer, kv_heads_per_rank, lmdeploy_argv, turbomind_estimate,
-)
 from components.spec.topology import instances
-from components.engines.cli_dump import build_parser, options, parse_errors
 from tests.support.engine_stacks import lmdeploy_config, spec_of
 
 V016 = IMAGES["openmmlab/lmdeploy:v0.16.0-cu12.8"]

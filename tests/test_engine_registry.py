@@ -13,11 +13,11 @@ from components.engines import registry
 from components.engines.base import Engine, MultiNode, offline_env
 from components.engines.http import EngineServer
 from components.planning.load import load_stack_config
+from components.planning.nodes.scripts import written_files
 from components.spec import SpecError, StackSpec
 from components.spec import engines as spec_engines
 from components.spec.base import Spec
 from components.spec.topology import Instance
-from components.planning.nodes.scripts import written_files
 from plan.analyze import analyze
 from plan.harness import ProgramRun
 from tests.conftest import run_stack

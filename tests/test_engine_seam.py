@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from components.facts.evidence import Evidence
-from components.engines.vllm.facts import IMAGES, ImageFacts, declared_facts, image_facts, known_images
-from components.engines.registry import ENGINES, engine_for
 from components.engines.base import Engine, container_name, server_container_name
+from components.engines.registry import ENGINES, engine_for
 from components.engines.vllm.engine import TUNED_CONFIG_DIR, moe_configs
-from components.spec.topology import instances
-from components.spec import SpecError, StackSpec
+from components.engines.vllm.facts import IMAGES, ImageFacts, declared_facts, image_facts, known_images
+from components.facts.evidence import Evidence
 from components.planning.load import load_stack_config
+from components.spec import SpecError, StackSpec
+from components.spec.topology import instances
 
 
 def test_engine_for_picks_the_pools_engine(prod_spec: StackSpec) -> None:

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from components.planning.load import load_stack_config
 from components.planning.nodes import firewall
 from components.spec import SpecError, StackSpec
-from components.planning.load import load_stack_config
 from plan.harness import ProgramRun
 from tests.support import tool
 

@@ -25,15 +25,30 @@ import pytest
 
 from components.planning.gateway import nginx as gateway
 from components.planning.gateway.nginx import (
-    BUDGET_SOURCE, BUDGET_ZONE, budget_init, budget_zone_kib, gateway_files, render_gateway, temp_path_directives,
+    BUDGET_SOURCE,
+    BUDGET_ZONE,
+    budget_init,
+    budget_zone_kib,
+    gateway_files,
+    render_gateway,
+    temp_path_directives,
     token_budgets,
 )
-from components.spec import SpecError, StackSpec
 from components.planning.load import load_stack_config
+from components.spec import SpecError, StackSpec
 from tests.conftest import prod_config
 from tests.support import free_port, tool
 from tests.support.gateway import (
-    CHAT, USAGE, WAIT, FakeReplica, NginxGateway, error_code, gateway_config, log_line, lua_layout, nginx_binary,
+    CHAT,
+    USAGE,
+    WAIT,
+    FakeReplica,
+    NginxGateway,
+    error_code,
+    gateway_config,
+    log_line,
+    lua_layout,
+    nginx_binary,
     own_gateway,
 )
 
@@ -129,7 +144,7 @@ def test_keys_take_their_own_budget_or_the_default_and_the_zone_holds_them() -> 
     assert f"    lua_shared_dict {BUDGET_ZONE} 1024k;\n" in conf
     assert budget_zone_kib(spec) == 1024
     assert budget_init(spec) == 'require("gateway_budget").init("llm_budget", {["a"] = {500, 60}, ["b"] = {9, 86400}})'
-    assert f"init_by_lua_block {{" in conf and budget_init(spec) in conf
+    assert "init_by_lua_block {" in conf and budget_init(spec) in conf
     assert files["llm/gateway_budget.lua"] == BUDGET_SOURCE.read_text()
     # Admitted or refused in every model endpoint (rewrite phase, so before the limits count it),
     # after the key check.

@@ -1,10 +1,10 @@
 """The gateway's generated nginx config, routing table, key digests and host scripts (no Pulumi, no nginx)."""
 from __future__ import annotations
 
+import copy
 import hashlib
 import http.server
 import json
-import copy
 import re
 import subprocess
 import threading
@@ -14,14 +14,33 @@ from typing import Any
 import pytest
 
 from components.planning.gateway.nginx import (
-    DIGESTS_FILE, ERRORS, LOG_FORMAT, GatewayLayout, concurrency_zones, container_layout, exposed_paths, gateway_files,
-    healthcheck_probe, key_digests, key_ids, keyless_probe, keys_delete_script, keys_script, nginx_conf, nginx_rate,
-    rate_zones, readiness_script, render_gateway, reset_interval, retry_after_seconds, routes, routes_table,
+    DIGESTS_FILE,
+    ERRORS,
+    LOG_FORMAT,
+    GatewayLayout,
+    concurrency_zones,
+    exposed_paths,
+    gateway_files,
+    healthcheck_probe,
+    key_digests,
+    key_ids,
+    keyless_probe,
+    keys_delete_script,
+    keys_script,
+    nginx_conf,
+    nginx_rate,
+    rate_zones,
+    readiness_script,
+    render_gateway,
+    reset_interval,
+    retry_after_seconds,
+    routes,
+    routes_table,
     upstream_servers,
 )
+from components.planning.load import load_stack_config
 from components.planning.nodes.scripts import bash_command
 from components.spec import RateLimitSpec, SpecError, StackSpec
-from components.planning.load import load_stack_config
 from tests.support import free_port, tool
 
 
@@ -592,7 +611,11 @@ def test_429_retry_after_and_reset_follow_the_rate(rps: float, retry_after: int,
 
 def test_every_deployed_engine_has_server_facts_and_nginx_lets_go_first() -> None:
     from components.engines.registry import ENGINES
-    from components.planning.gateway.upstreams import engine_server, server_keepalive_seconds, upstream_keepalive_seconds
+    from components.planning.gateway.upstreams import (
+        engine_server,
+        server_keepalive_seconds,
+        upstream_keepalive_seconds,
+    )
     assert set(ENGINES) == {"vllm", "lmdeploy", "llamacpp"}
     for engine in ENGINES:
         server = engine_server(engine)

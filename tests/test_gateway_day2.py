@@ -21,12 +21,26 @@ from pathlib import Path
 from typing import Any
 
 from components.planning.gateway.nginx import (
-    NginxControl, config_script, render_gateway, tls_from_stdin_script, tls_generate_script, usage_dir_script,
+    NginxControl,
+    config_script,
+    render_gateway,
+    tls_from_stdin_script,
+    tls_generate_script,
+    usage_dir_script,
 )
-from components.spec import StackSpec
 from components.planning.load import load_stack_config
+from components.spec import StackSpec
 from tests.support.gateway import (
-    CHAT, WAIT, FakeReplica, NginxGateway, _post, gateway_config, host_keys, nginx_binary, own_gateway, self_signed,
+    CHAT,
+    WAIT,
+    FakeReplica,
+    NginxGateway,
+    _post,
+    gateway_config,
+    host_keys,
+    nginx_binary,
+    own_gateway,
+    self_signed,
 )
 
 
@@ -220,7 +234,7 @@ def test_usage_log_is_a_file_a_day_on_the_host_volume(tmp_path: Path) -> None:
     gw = NginxGateway(spec, pools, tmp_path / "gw", digests, usage_dir=usage)
     try:
         assert gw.call("POST", "/v1/chat/completions?t=daily", {"model": CHAT}, keys["default"])[0] == 200
-        today = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+        today = datetime.datetime.now(datetime.UTC).date().isoformat()
         path = usage / f"usage-{today}.log"
         deadline = time.monotonic() + WAIT
         while not (path.exists() and "?t=daily" in path.read_text()):

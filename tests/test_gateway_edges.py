@@ -20,8 +20,19 @@ import pytest
 from components.planning.gateway.nginx import ERRORS
 from components.planning.load import load_stack_config
 from tests.support.gateway import (
-    CHAT, R1, WAIT, FakeReplica, NginxGateway, by_name, error_code, gateway_config, host_keys, log_line, own_gateway,
-    self_signed, send_held,
+    CHAT,
+    R1,
+    WAIT,
+    FakeReplica,
+    NginxGateway,
+    by_name,
+    error_code,
+    gateway_config,
+    host_keys,
+    log_line,
+    own_gateway,
+    self_signed,
+    send_held,
 )
 
 

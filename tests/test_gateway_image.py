@@ -17,13 +17,21 @@ from pathlib import Path
 import pytest
 
 from components.planning.gateway.image import (
-    BASE_IMAGE, BUILD_CONTEXT, CONTEXT_DIR, GATEWAY_IMAGE, LUA_CPATHS, LUA_MODULE, LUA_PATHS, MODULES_DIR, NDK_MODULE,
-    TESTED_PACKAGES, build_args, debian_sources, dockerfile,
+    BASE_IMAGE,
+    BUILD_CONTEXT,
+    CONTEXT_DIR,
+    GATEWAY_IMAGE,
+    LUA_MODULE,
+    MODULES_DIR,
+    NDK_MODULE,
+    TESTED_PACKAGES,
+    build_args,
+    debian_sources,
+    dockerfile,
 )
-from components.planning.image_supply import mirror_script
-from components.planning.image_supply import images_for_node
-from components.spec import SpecError, StackSpec
+from components.planning.image_supply import images_for_node, mirror_script
 from components.planning.load import load_stack_config
+from components.spec import SpecError, StackSpec
 from plan.harness import ProgramRun
 from tests.conftest import ROOT, prod_config
 from tests.support import deployed_nginx as fetcher
@@ -93,7 +101,7 @@ def test_the_tests_run_the_nginx_and_lua_module_the_image_pins() -> None:
     if "snapshot" in found.sources.values():
         warnings.warn(f"pinned packages came from snapshot.debian.org ({found.sources}): the image's default build "
                       "cannot fetch them from the archive any more; move the pins in components/facts/gateway_image.py, or build "
-                      "with gateway.imageBuild pointing at snapshot.debian.org")
+                      "with gateway.imageBuild pointing at snapshot.debian.org", stacklevel=2)
 
 
 def test_the_lua_module_requires_the_nginx_abi_the_image_pins() -> None:
@@ -125,7 +133,7 @@ def test_a_running_nginx_reports_the_pinned_lua_module_luajit_and_resty_core(tmp
     # OpenResty's LuaJIT names itself 2.1.<commit time>: the day the pinned snapshot was taken.
     luajit = re.fullmatch(r"LuaJIT 2\.1\.(\d+)", got[2])
     assert luajit is not None, got[2]
-    day = datetime.datetime.fromtimestamp(int(luajit.group(1)), datetime.timezone.utc).strftime("%Y%m%d")
+    day = datetime.datetime.fromtimestamp(int(luajit.group(1)), datetime.UTC).strftime("%Y%m%d")
     assert f"2.1.0+openresty{day}-" in TESTED_PACKAGES["libluajit-5.1-2"]
 
 

@@ -19,8 +19,8 @@ import signal
 import socket
 import subprocess
 import tempfile
-import urllib.request
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,14 +30,31 @@ import pytest
 
 import components.planning.gateway.nginx as gateway_planning
 from components.planning.gateway.nginx import (
-    BUDGET_SOURCE, LOG_FORMAT, LUA_SOURCE, METRICS_SOURCE, METRICS_ZONE, NO_USAGE_COUNTS, USAGE_LINE_FIELDS,
-    GatewayLayout, _lua_value, metrics_settings,
+    BUDGET_SOURCE,
+    LOG_FORMAT,
+    LUA_SOURCE,
+    METRICS_SOURCE,
+    METRICS_ZONE,
+    NO_USAGE_COUNTS,
+    USAGE_LINE_FIELDS,
+    GatewayLayout,
+    _lua_value,
+    metrics_settings,
     temp_path_directives,
 )
 from components.planning.load import load_stack_config
 from tests.support import free_port, tool
 from tests.support.gateway import (
-    CHAT, R1, WAIT, FakeReplica, NginxGateway, gateway_config, host_keys, lua_layout, lua_reports, nginx_binary,
+    CHAT,
+    R1,
+    WAIT,
+    FakeReplica,
+    NginxGateway,
+    gateway_config,
+    host_keys,
+    lua_layout,
+    lua_reports,
+    nginx_binary,
 )
 
 NGINX_FIELDS = re.findall(r'"(\w+)":', LOG_FORMAT)  # nginx's part of the line, after the request path's

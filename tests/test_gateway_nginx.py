@@ -25,13 +25,35 @@ from typing import Any
 
 import pytest
 
-from components.planning.gateway.nginx import LUA_SOURCE, LUA_VM_SETTINGS, GatewayLayout, readiness_script, render_gateway
+from components.planning.gateway.nginx import (
+    LUA_SOURCE,
+    LUA_VM_SETTINGS,
+    GatewayLayout,
+    readiness_script,
+    render_gateway,
+)
 from components.planning.load import load_stack_config
 from tests.conftest import prod_config
 from tests.support import free_port
 from tests.support.gateway import (
-    CHAT, R1, STREAM_USAGE, USAGE, WAIT, FakeReplica, NginxGateway, by_name, error_code, gateway_config, host_keys,
-    log_line, lua_layout, lua_reports, nginx_binary, own_gateway, self_signed, send_held,
+    CHAT,
+    R1,
+    STREAM_USAGE,
+    USAGE,
+    WAIT,
+    FakeReplica,
+    NginxGateway,
+    by_name,
+    error_code,
+    gateway_config,
+    host_keys,
+    log_line,
+    lua_layout,
+    lua_reports,
+    nginx_binary,
+    own_gateway,
+    self_signed,
+    send_held,
 )
 
 
@@ -521,7 +543,7 @@ def test_usage_and_events_are_read_whatever_bytes_each_read_brings(gw: NginxGate
     deadline = time.monotonic() + WAIT
     mine: dict[str, dict[str, Any]] = {}
     while len(mine) < 2 and time.monotonic() < deadline:
-        mine = {line["path"].split("?t=")[1]: line for line in gw.log() if f"?t=frag-" in line["path"]
+        mine = {line["path"].split("?t=")[1]: line for line in gw.log() if "?t=frag-" in line["path"]
                 and line["path"].endswith(f"-{fragment}")}
         time.sleep(0.05)
     stream, plain = mine[f"frag-stream-{fragment}"], mine[f"frag-json-{fragment}"]

@@ -24,7 +24,13 @@ import pytest
 from components.planning.load import load_stack_config
 from tests.support import free_port
 from tests.support.gateway import (
-    CHAT, WAIT, FakeReplica, NginxGateway, _post, error_code, gateway_config, own_gateway,
+    CHAT,
+    WAIT,
+    FakeReplica,
+    NginxGateway,
+    _post,
+    gateway_config,
+    own_gateway,
 )
 
 FIXTURES = Path(__file__).parent / "fixtures" / "asgi"

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
+from components.resources.config import spec_from_pulumi
 from components.resources.gpu_node import GpuNode, GpuNodeArgs
 from components.resources.model_weights import ModelWeights, ModelWeightsArgs
-from components.resources.config import spec_from_pulumi
 from plan.harness import ProgramRun, run_program
 from tests.support import content_trigger, script_of
 

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from components.facts.models import (MODELS, arch_from_config_json, model_arch,
-                                     quantization_from_config_json)
 from components.engines.weights import model_params
+from components.facts.models import MODELS, arch_from_config_json, model_arch, quantization_from_config_json
 
 # Copied from Qwen/Qwen3-30B-A3B config.json (the fields the planner reads).
 QWEN3_30B_A3B_CONFIG = {

@@ -12,15 +12,24 @@ from typing import Any
 import pytest
 import yaml
 
-from components.planning.nodes.scripts import bash_command
+from components.planning.load import load_stack_config
 from components.planning.monitoring.prometheus import (
-    PROMETHEUS_CONFIG, PROMETHEUS_RULES, AlertRule, alert_groups, alert_rules,
-    dashboards, grafana_password_delete_script, grafana_password_generate_script,
-    grafana_password_store_script, grafana_provisioning, monitoring_files, prometheus_config,
+    PROMETHEUS_CONFIG,
+    PROMETHEUS_RULES,
+    AlertRule,
+    alert_groups,
+    alert_rules,
+    dashboards,
+    grafana_password_delete_script,
+    grafana_password_generate_script,
+    grafana_password_store_script,
+    grafana_provisioning,
+    monitoring_files,
+    prometheus_config,
     scrape_targets,
 )
+from components.planning.nodes.scripts import bash_command
 from components.spec import SpecError, StackSpec
-from components.planning.load import load_stack_config
 from components.spec.monitoring import monitoring_issues
 from tests.support import tool
 from tests.support.monitoring import METRICS_DIR, dashboard_queries, metric_names, variable_queries

@@ -17,7 +17,10 @@ from pathlib import Path
 import pytest
 
 from components.planning.monitoring.prometheus import (
-    config_files_script, grafana_reloads, lifecycle_reloads, written_files,
+    config_files_script,
+    grafana_reloads,
+    lifecycle_reloads,
+    written_files,
 )
 from tests.support import free_port, tool
 

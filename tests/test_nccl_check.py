@@ -13,8 +13,8 @@ import pytest
 
 from components.node_programs import NODE_PROGRAMS
 from components.planning.fabric import nccl
-from components.spec.topology import all_instances
 from components.spec import StackSpec
+from components.spec.topology import all_instances
 from plan.harness import ProgramRun
 from tests.support import tool
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from components.engines.weights import checkpoint_bytes, linear_bytes_per_param, model_params
 from components.facts.models import model_arch
 from components.planning.nodes import scripts as ns
-from components.engines.weights import checkpoint_bytes, linear_bytes_per_param, model_params
 from components.spec import StackSpec
 from tests.support import tool
 

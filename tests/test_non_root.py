@@ -18,7 +18,11 @@ import pytest
 from components.planning.gateway.nginx import keys_script
 from components.planning.monitoring.prometheus import config_files_script, grafana_password_generate_script
 from components.planning.nodes.scripts import (
-    access_script, bash_command, hosts_create_script, hosts_delete_script, manifest_build_script,
+    access_script,
+    bash_command,
+    hosts_create_script,
+    hosts_delete_script,
+    manifest_build_script,
 )
 from tests.conftest import prod_config, run_stack
 
@@ -318,7 +322,7 @@ def test_mount_hosts_and_firewall_steps_run_as_a_sudo_user_create_delete_create(
         (f"{name}-{phase}", steps[name][0 if phase == "create" else 1])
         for phase in order for name in ("hosts", "mount", "firewall")])
     assert machine_state() == before  # the machine's fstab, hosts and nft tables: untouched
-    for (rc, out, err, _), label in zip(runs, [f"{n}-{p}" for p in order for n in ("hosts", "mount", "firewall")]):
+    for (rc, _out, err, _), label in zip(runs, [f"{n}-{p}" for p in order for n in ("hosts", "mount", "firewall")]):
         assert rc == 0, f"{label}: {err}"
     entry = f"{SHARE} {model} nfs ro,_netdev 0 0"
     created = ("--- fstab\n" + entry + "\n--- hosts\n# BEGIN llm-cluster\n")

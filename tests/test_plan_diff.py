@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from plan import __main__ as cli
 from components.spec import StackSpec
+from plan import __main__ as cli
 from plan.diff import diff_resources, load_replace_rules, replace_inputs_from_schema, service_impact, summary_line
 from plan.stackfile import secret_placeholder
 from tests.conftest import prod_config

@@ -261,8 +261,8 @@ def test_every_engines_credential_flags_are_refused_at_the_pool_and_never_writte
 
 
 def test_every_value_a_credential_flag_takes_is_found_and_the_gate_masks_each() -> None:
-    from components.engines.registry import SECRET_FLAGS
     from components.engines.base import masked_secrets
+    from components.engines.registry import SECRET_FLAGS
     argv = ["vllm", "serve", "/m", "--api-key", "key-one-0012", "key-two-0013", "--port", "8000", "--hf-token=tok-0014"]
     r = Redactor([registration({"command": argv})])
     assert [str(x) for x in r.redactions] == [

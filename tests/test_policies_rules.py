@@ -7,15 +7,19 @@ from typing import Any
 
 import pytest
 
-from components.planning.monitoring.prometheus import (
-    alertmanager_args, dcgm_exporter_env, grafana_env, node_exporter_args, prometheus_args,
-)
-from components.planning.fabric.ray import RAY_HEAD_SCRIPT, ray_head_script
-from components.spec.topology import all_instances
-from components.engines.registry import ENGINES
 from components.engines.base import container_envs
+from components.engines.registry import ENGINES
+from components.planning.fabric.ray import RAY_HEAD_SCRIPT, ray_head_script
+from components.planning.monitoring.prometheus import (
+    alertmanager_args,
+    dcgm_exporter_env,
+    grafana_env,
+    node_exporter_args,
+    prometheus_args,
+)
 from components.spec import StackSpec
 from components.spec.monitoring import ServiceSpec
+from components.spec.topology import all_instances
 from plan.analyze import configure_request
 from plan.harness import UNKNOWN, ProgramRun
 from policies.rules.bindings import LISTENERS

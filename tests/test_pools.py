@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from components.planning.fabric.ray import RAY_HEAD_SCRIPT
 from components.engines.base import WATCHDOG_SCRIPT, health_probe_argv, watchdog_script
+from components.planning.fabric.ray import RAY_HEAD_SCRIPT
 from plan.harness import SECRET_SIG, SIG, UNKNOWN, ProgramRun, Registration
 from tests.conftest import ROOT
 from tests.support import content_trigger, script_of, tool

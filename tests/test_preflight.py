@@ -8,19 +8,57 @@ from pathlib import Path
 
 import pytest
 
-from components.planning.nodes.scripts import node_expectation
 from components.node_programs.preflight import (
-    CHRONY_FIX, GIB, ClockState, Expectation, Finding, Outputs, check_cpus, check_memory, check_node, collect,
-    parse_chrony_tracking, parse_cpu_count,
-    parse_df_available, parse_docker_runtimes, parse_gpu_query, parse_ibstat, parse_ibv_devices, parse_timedatectl,
-    parse_topo, version_tuple,
+    CHRONY_FIX,
+    GIB,
+    ClockState,
+    Expectation,
+    Finding,
+    Outputs,
+    check_cpus,
+    check_memory,
+    check_node,
+    collect,
+    parse_chrony_tracking,
+    parse_cpu_count,
+    parse_df_available,
+    parse_docker_runtimes,
+    parse_gpu_query,
+    parse_ibstat,
+    parse_ibv_devices,
+    parse_timedatectl,
+    parse_topo,
+    version_tuple,
 )
+from components.planning.nodes.scripts import node_expectation
 from tests.support.preflight import (
-    CHRONY_SYNC, CHRONY_UNSYNC, DOCKER_DEFAULT, DOCKER_MISSING, DOCKER_OK, IB_9CA, IB_DOWN_DISABLED, IB_H100, IB_NO_SM,
-    IB_PANIC, IB_POLLING, IB_ROCE, IBV_FOUR, IBV_ONE, SMI_TABLE, TIMEDATECTL_NEW, TIMEDATECTL_OLD, TOPO_1NIC, TOPO_DGX1,
-    TOPO_H100, TOPO_PCIE, cpuinfo, fixture, meminfo, query_csv_from_table, run_preflight,
+    CHRONY_SYNC,
+    CHRONY_UNSYNC,
+    DOCKER_DEFAULT,
+    DOCKER_MISSING,
+    DOCKER_OK,
+    IB_9CA,
+    IB_DOWN_DISABLED,
+    IB_H100,
+    IB_NO_SM,
+    IB_PANIC,
+    IB_POLLING,
+    IB_ROCE,
+    IBV_FOUR,
+    IBV_ONE,
+    SMI_TABLE,
+    TIMEDATECTL_NEW,
+    TIMEDATECTL_OLD,
+    TOPO_1NIC,
+    TOPO_DGX1,
+    TOPO_H100,
+    TOPO_PCIE,
+    cpuinfo,
+    fixture,
+    meminfo,
+    query_csv_from_table,
+    run_preflight,
 )
-
 
 # --- parsers ------------------------------------------------------------------------------------
 

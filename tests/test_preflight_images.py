@@ -15,13 +15,22 @@ from typing import Any
 
 import pytest
 
-from components.planning.nodes.scripts import node_expectation
 from components.node_programs.preflight import Expectation, insecure, parse_insecure_registries, registry_tls
 from components.planning.load import load_stack_config
+from components.planning.nodes.scripts import node_expectation
 from tests.conftest import prod_config
 from tests.support import free_port
-from tests.support.preflight import DOCKER_OK, IB_ROCE, SMI_TABLE, TOPO_DGX1, cpuinfo, fixture, meminfo, \
-    query_csv_from_table, run_preflight
+from tests.support.preflight import (
+    DOCKER_OK,
+    IB_ROCE,
+    SMI_TABLE,
+    TOPO_DGX1,
+    cpuinfo,
+    fixture,
+    meminfo,
+    query_csv_from_table,
+    run_preflight,
+)
 
 LAB_DOCKER_INFO = "docker-info.debian-docker.io-20.10.24.lab-host.txt"
 NS = "llm-cluster:"

@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
-from components.engines.vllm.facts import IMAGES
 from components.engines.gate import TRITON_DOT_KERNEL
 from components.engines.vllm.engine import VLLM_CHECK as CHECK
+from components.engines.vllm.facts import IMAGES
+from components.planning.load import load_stack_config
 from components.planning.qualification import node_qualifications, qualification_script
 from components.spec import StackSpec
-from components.planning.load import load_stack_config
 from plan.harness import ProgramRun
 from tests.support.qualification import lint_and_run_gate, torch_wheel, triton_dir
 

@@ -26,9 +26,9 @@ from components.engines.llamacpp.engine import GATE_MODEL, LLAMACPP_CHECK
 from components.engines.lmdeploy.engine import LMDEPLOY_CHECK
 from components.engines.vllm.engine import VLLM_CHECK
 from components.planning.qualification import node_qualifications, qualification_script
-from tests.support.engine_stacks import LLAMACPP_IMAGE, LMDEPLOY_IMAGE, llamacpp_config, lmdeploy_config, spec_of
-from tests.support import tool
 from lab.standins.llamacpp import server_build
+from tests.support import tool
+from tests.support.engine_stacks import LLAMACPP_IMAGE, LMDEPLOY_IMAGE, llamacpp_config, lmdeploy_config, spec_of
 from tests.support.qualification import CACHE, NETWORK_NONE, lint_and_run_gate, python_files, unpacked_wheel
 
 ROOT = Path(__file__).resolve().parents[1]

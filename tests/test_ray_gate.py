@@ -14,12 +14,22 @@ from pathlib import Path
 import pytest
 
 from components.planning.fabric.ray import (
-    RAY_TEXTFILE_METRICS, RayStatus, gate_hints, parse_ray_status, ray_gate_script, ray_head_script,
-    ray_head_start_argv, ray_metrics_writer, ray_status_argv, ray_textfile, ray_worker_argv, want_gpus,
+    RAY_TEXTFILE_METRICS,
+    RayStatus,
+    gate_hints,
+    parse_ray_status,
+    ray_gate_script,
+    ray_head_script,
+    ray_head_start_argv,
+    ray_metrics_writer,
+    ray_status_argv,
+    ray_textfile,
+    ray_worker_argv,
+    want_gpus,
 )
-from components.spec.topology import Instance, instances
-from components.spec import StackSpec
 from components.planning.load import parse_stack
+from components.spec import StackSpec
+from components.spec.topology import Instance, instances
 from tests.support import free_ports, tool
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ray"

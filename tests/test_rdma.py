@@ -12,9 +12,9 @@ import pytest
 
 from components.node_programs.fabric import ib_argv, parse_ib_write_bw, parse_nccl_net
 from components.planning.fabric.rdma import rdma_plan, rdma_script
-from components.spec.topology import all_instances
-from components.spec import StackSpec
 from components.planning.load import load_stack_config
+from components.spec import StackSpec
+from components.spec.topology import all_instances
 from plan.harness import ProgramRun
 from tests.support import tool
 

@@ -8,9 +8,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from components.spec import SECRET_KEYS, StackSpec
 from components.engines.registry import ENGINES  # noqa: F401  (registers the engines' options blocks)
-from components.spec import PoolSpec
+from components.spec import SECRET_KEYS, PoolSpec, StackSpec
 from components.spec.base import Spec
 from components.spec.engines import deployed
 from tests.conftest import ROOT

@@ -14,8 +14,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from components.planning.smoke import retry_seconds
 from components.planning.load import load_stack_config
+from components.planning.smoke import retry_seconds
 from ops import rollout
 from plan.harness import ProgramRun
 from tests.support.gateway import CHAT, FakeReplica, NginxGateway, _Server, gateway_config, own_gateway
@@ -40,7 +40,7 @@ class ReplacingStack:
         self.replicas, self.ups = replicas, []
         self.outputs = {"gatewayUrl": f"http://127.0.0.1:{gw.port}", "gatewayApiKeys": json.dumps(keys)}
 
-    def up(self, target: list[str], **_: Any) -> "ReplacingStack":
+    def up(self, target: list[str], **_: Any) -> ReplacingStack:
         names = [n for n in self.replicas if any(u.endswith(f"::{n}-vllm") for u in target)]
         self.ups.append(names)
         for name in names:

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
+from components.planning.load import load_stack_config
 from components.planning.smoke import key_for, smoke_plan, smoke_script
 from components.spec import StackSpec
-from components.planning.load import load_stack_config
 from plan.harness import ProgramRun
-from tests.support.fake_openai import Behaviour, FakeOpenAI, serving
 from tests.support import tool
+from tests.support.fake_openai import Behaviour, FakeOpenAI, serving
 
 NS = "llm-cluster:"
 NAMES = ["deepseek-r1", "/data/models/DeepSeek-R1-GPTQ-Int4", "qwen3-30b-a3b", "/data/models/Qwen3-30B-A3B"]

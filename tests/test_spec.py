@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from components.spec.topology import instances
-from components.spec import SpecError, StackSpec
 from components.planning.load import load_stack_config
+from components.spec import SpecError, StackSpec
+from components.spec.topology import instances
 from tests.support import host_key
 
 NS = "llm-cluster:"

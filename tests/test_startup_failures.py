@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from components.facts.startup_failures import COMMON, StartupFailure, all_failures, first_failure
-from components.engines.registry import ENGINES
 from components.engines.base import health_gate_script, startup_failure_advice
+from components.engines.registry import ENGINES
+from components.facts.startup_failures import COMMON, StartupFailure, all_failures, first_failure
 from tests.support import tool
 
 # The memory keys the readiness gate of the reference stack's chat pool names.

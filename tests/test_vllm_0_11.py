@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from components.engines.vllm.facts import IMAGES
 from components.engines.registry import engine_for
 from components.engines.vllm.capacity import pool_capacity
-from components.spec.topology import instances
+from components.engines.vllm.facts import IMAGES
 from components.planning.load import load_stack_config
+from components.spec.topology import instances
 from plan.analyze import analyze
 from tests.conftest import prod_config, run_stack
 from tests.support.policies import model_server, server

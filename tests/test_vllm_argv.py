@@ -14,13 +14,18 @@ from typing import Any
 
 import pytest
 
-from components.spec.topology import instances
-from components.engines.registry import ENGINES
 from components.engines.base import (
-    container_labels, container_name, endpoint, health_gate_script, ready_url, server_container_name,
+    container_labels,
+    container_name,
+    endpoint,
+    health_gate_script,
+    ready_url,
+    server_container_name,
 )
-from components.spec import StackSpec
+from components.engines.registry import ENGINES
 from components.planning.load import load_stack_config
+from components.spec import StackSpec
+from components.spec.topology import instances
 from tests.support import tool
 
 # The memory keys the readiness gate of the reference stack's chat pool names.

@@ -2,7 +2,7 @@
 
 These are its facts (pins, paths, mirrors); components/planning/gateway/image.py writes its Dockerfile.
 
-The real-nginx tests run these very packages: `tests/deployed_nginx.py` fetches them (and their
+The real-nginx tests run these very packages: `tests/support/deployed_nginx.py` fetches them (and their
 dependencies) from the Debian archive once per machine into /var/cache/llm-cluster/gateway-nginx/
 and runs that nginx through its own loader, whatever the test machine's release. The image the
 gateway deploys by default is built from the same Debian release with the same versions pinned;
@@ -96,7 +96,7 @@ def build_args(debian_mirror: str = DEBIAN_MIRROR, security_mirror: str = DEBIAN
 def debian_sources(debian_mirror: str = DEBIAN_MIRROR, security_mirror: str = DEBIAN_SECURITY_MIRROR,
                    check_valid_until: bool = True) -> str:
     """apt's deb822 sources for the image's release: the file the Dockerfile writes, and the one the
-    tests' fetch of the same packages uses (tests/deployed_nginx.py)."""
+    tests' fetch of the same packages uses (tests/support/deployed_nginx.py)."""
     return "\n".join(_STANZA % (uri, " ".join(DEBIAN_SUITES[archive]), "yes" if check_valid_until else "no")
                      for archive, uri in (("archive", debian_mirror), ("security", security_mirror)))
 

@@ -10,8 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from components.planning.gateway.image import (BASE_IMAGE, CONTEXT_DIR, DEBIAN_MIRROR, DEBIAN_SECURITY_MIRROR,
-                                               GATEWAY_IMAGE, TESTED_PACKAGES)
+from components.planning.gateway.image import (
+    BASE_IMAGE,
+    CONTEXT_DIR,
+    DEBIAN_MIRROR,
+    DEBIAN_SECURITY_MIRROR,
+    GATEWAY_IMAGE,
+    TESTED_PACKAGES,
+)
 from lab import airgap, debmirror, images
 from lab.config import REPO
 from lab.hosts import LabError

@@ -26,16 +26,17 @@ from typing import Any
 
 import pytest
 
+from components.engines.llamacpp.engine import LLAMACPP_CHECK
 from components.engines.llamacpp.facts import IMAGES as LLAMACPP_IMAGES
+from components.engines.lmdeploy.engine import LMDEPLOY_CHECK
 from components.engines.lmdeploy.facts import IMAGES as LMDEPLOY_IMAGES
 from components.engines.registry import engine_for
-from components.engines.llamacpp.engine import LLAMACPP_CHECK
-from components.engines.lmdeploy.engine import LMDEPLOY_CHECK
 from components.planning.qualification import Qualification, node_qualifications
 from components.spec.topology import instances
 from lab.config import REPO
 from lab.images import NUMPY
-from lab.standins import llamacpp as llamacpp_standin, lmdeploy as lmdeploy_standin
+from lab.standins import llamacpp as llamacpp_standin
+from lab.standins import lmdeploy as lmdeploy_standin
 from tests.support.lab_tier import assert_bounded
 from tests.support.qualification import NETWORK_NONE
 

@@ -22,8 +22,9 @@ import pytest
 
 from components.engines.registry import ENGINES
 from lab import hosts
-from lab.config import CLIENT_ADDRESS, LAB_DIR, STATE as STATE_DIR, LabHost
-from lab.rehearse import CONTAINER, COMMAND_REMOTE, Rehearsal, RehearsalError, dockerfile_of
+from lab.config import CLIENT_ADDRESS, LAB_DIR, LabHost
+from lab.config import STATE as STATE_DIR
+from lab.rehearse import Rehearsal, RehearsalError, dockerfile_of
 from tests.support.lab_tier import STACK, Lab, _lab, client, docker, healthy, http_json, wait_until
 
 # The memory keys the readiness gate of the reference stack's chat pool names.
@@ -330,8 +331,8 @@ def test_the_readiness_gate_stops_at_the_first_death_of_a_server_that_prints_a_k
     """The gate as the program renders it, against a host's real docker: a container of the chat image that
     prints vLLM's MLA refusal and exits, which docker restarts, stops the gate with that line and its fix at
     its first death after the gate began (docker's restart count, `docker logs --since`), not at its timeout."""
-    from components.engines.registry import ENGINES
     from components.engines.base import health_gate_script, startup_failure_advice
+    from components.engines.registry import ENGINES
 
     host = lab.host("gpu-03")
     image = docker(host, "inspect", "-f", "{{.Config.Image}}", lab.resource("chat-gpu-03-vllm").inputs["name"]).strip()

@@ -24,7 +24,15 @@ from lab import hosts
 from lab.config import REPO, LabHost
 from lab.rehearse import Rehearsal
 from tests.support.lab_tier import (
-    Lab, _lab, assert_bounded, client, destroy_checked, docker, healthy, http_json, wait_until,
+    Lab,
+    _lab,
+    assert_bounded,
+    client,
+    destroy_checked,
+    docker,
+    healthy,
+    http_json,
+    wait_until,
 )
 
 WHY_NOT = hosts.can_create_namespaces()

@@ -30,7 +30,15 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from components.planning.gateway.image import (  # noqa: E402
-    GATEWAY_IMAGE, LUA_CPATHS, LUA_MODULE, LUA_PATHS, MODULES_DIR, NDK_MODULE, TESTED_PACKAGES, debian_sources)
+    GATEWAY_IMAGE,
+    LUA_CPATHS,
+    LUA_MODULE,
+    LUA_PATHS,
+    MODULES_DIR,
+    NDK_MODULE,
+    TESTED_PACKAGES,
+    debian_sources,
+)
 
 CACHE = Path(os.environ.get("LLM_CLUSTER_CACHE", "/var/cache/llm-cluster")) / "gateway-nginx"
 SNAPSHOT = "https://snapshot.debian.org"

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from components.spec import StackSpec
-
 from components.planning.load import load_stack_config
+from components.spec import StackSpec
 from tests.conftest import prod_config
 
 LMDEPLOY_IMAGE = "openmmlab/lmdeploy:v0.16.0-cu12.8"
