@@ -1,4 +1,5 @@
 """llm-cluster: load the stack spec, build the components, export the outputs."""
+
 import pulumi
 
 from components.resources.cluster import deploy

@@ -3,6 +3,7 @@ medians and the worst optimistic KV error.
 
 Run: .venv/bin/python -m bench.capacity_accuracy   (figures only; tests/test_capacity.py asserts them)
 """
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,10 @@ from plan.cli import run as run_cli
 
 LOG_DIR = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "vllm-startup-logs"
 # vLLM writes "GB" in older messages but divides by 2**30, so every figure here is GiB.
-_WEIGHTS = [re.compile(r"model weights take\s+([\d.]+)\s*GiB"),
-            re.compile(r"(?:Loading model weights took|Model loading took)\s+([\d.]+)\s*Gi?B")]
+_WEIGHTS = [
+    re.compile(r"model weights take\s+([\d.]+)\s*GiB"),
+    re.compile(r"(?:Loading model weights took|Model loading took)\s+([\d.]+)\s*Gi?B"),
+]
 _BLOCKS = re.compile(r"# (?:cuda|CUDA|GPU) blocks: (\d+)")
 _V1_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 _TOTAL = re.compile(r"total_gpu_memory\s*\(?\s*([\d.]+)\s*GiB")
@@ -47,7 +50,7 @@ class LogCase:
 
 def _header(lines: list[str], key: str) -> str | None:
     prefix = f"# {key}: "
-    return next((ln[len(prefix):] for ln in lines if ln.startswith(prefix)), None)
+    return next((ln[len(prefix) :] for ln in lines if ln.startswith(prefix)), None)
 
 
 def load_case(path: Path) -> LogCase:
@@ -66,11 +69,19 @@ def load_case(path: Path) -> LogCase:
             kv = int(m.group(1).replace(",", ""))
         elif "derived_kv_tokens" in settings:
             kv = int(settings["derived_kv_tokens"])  # type: ignore[arg-type]
-    non_torch, activation = (float(m.group(1)) if (m := rx.search(text)) else None
-                             for rx in (_NON_TORCH, _ACTIVATION))
+    non_torch, activation = (float(m.group(1)) if (m := rx.search(text)) else None for rx in (_NON_TORCH, _ACTIVATION))
     stage = settings.get("logged_stage")
-    return LogCase(path.name, _header(lines, "source") or "", arch, settings, weights, kv, non_torch,
-                   activation, int(stage) if stage is not None else None)  # type: ignore[call-overload]
+    return LogCase(
+        path.name,
+        _header(lines, "source") or "",
+        arch,
+        settings,
+        weights,
+        kv,
+        non_torch,
+        activation,
+        int(stage) if stage is not None else None,
+    )  # type: ignore[call-overload]
 
 
 def load_cases() -> list[LogCase]:
@@ -130,25 +141,34 @@ def summarise(cases: list[LogCase]) -> Summary:
 def main() -> None:
     """Print the comparison table, the medians and the worst optimistic KV error."""
     cases = load_cases()
-    print(f"{'log':<72} {'weights GiB est/log':>20} {'err%':>6} {'non-torch est/log':>18} "
-          f"{'KV tokens est/log':>22} {'err%':>6}")
+    print(
+        f"{'log':<72} {'weights GiB est/log':>20} {'err%':>6} {'non-torch est/log':>18} "
+        f"{'KV tokens est/log':>22} {'err%':>6}"
+    )
     for case in cases:
         est = estimate_case(case)
         w_est = estimated_weights_gib(case, est)
-        nt = (f"{est.non_torch_gib:.2f}/{case.logged_non_torch_gib:.2f}"
-              if case.logged_non_torch_gib is not None else "-")
+        nt = (
+            f"{est.non_torch_gib:.2f}/{case.logged_non_torch_gib:.2f}" if case.logged_non_torch_gib is not None else "-"
+        )
         kv_col, kv_err = "-", ""
         if case.logged_kv_tokens:
-            kv_col, kv_err = (f"{est.kv_tokens}/{case.logged_kv_tokens}",
-                              f"{error_pct(est.kv_tokens, case.logged_kv_tokens):+.1f}")
+            kv_col, kv_err = (
+                f"{est.kv_tokens}/{case.logged_kv_tokens}",
+                f"{error_pct(est.kv_tokens, case.logged_kv_tokens):+.1f}",
+            )
         elif case.logged_kv_tokens == 0:
             kv_col, kv_err = f"{est.kv_tokens}/0", "fits" if est.fits else "no-fit ok"
-        print(f"{case.name[:72]:<72} {w_est:9.2f}/{case.logged_weights_gib:<9.2f} "
-              f"{error_pct(w_est, case.logged_weights_gib):+6.1f} {nt:>18} {kv_col:>22} {kv_err:>6}")
+        print(
+            f"{case.name[:72]:<72} {w_est:9.2f}/{case.logged_weights_gib:<9.2f} "
+            f"{error_pct(w_est, case.logged_weights_gib):+6.1f} {nt:>18} {kv_col:>22} {kv_err:>6}"
+        )
     s = summarise(cases)
     print(f"weights: median |error| {statistics.median(abs(e) for e in s.weights):.1f} % over {len(s.weights)} logs")
-    print(f"KV tokens: median |error| {s.kv_median_abs:.1f} % over {len(s.kv_tokens)} logs; worst optimistic "
-          f"{s.kv_worst_optimistic:+.1f} %")
+    print(
+        f"KV tokens: median |error| {s.kv_median_abs:.1f} % over {len(s.kv_tokens)} logs; worst optimistic "
+        f"{s.kv_worst_optimistic:+.1f} %"
+    )
     if s.non_torch:
         print("non-torch GiB est/log: " + ", ".join(f"{e:.2f}/{lg:.2f}" for _, e, lg in s.non_torch))
 

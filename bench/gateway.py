@@ -21,6 +21,7 @@ repetitions; each ratio to plain nginx is also given per repetition (the two ran
 next to each other) with their median, the figure least moved by the machine's own drift. Every nginx runs one worker. Prints
 figures and ratios; asserts nothing. The machine is shared: run it briefly, say the conditions.
 """
+
 from __future__ import annotations
 
 import json
@@ -59,10 +60,16 @@ CONNECTIONS = (32, 256)
 LITELLM_VERSION = "1.108.7"
 LITELLM_VENV = Path("/var/cache/llm-cluster/litellm/venv")
 BODY = json.dumps({"model": "qwen3-30b-a3b", "messages": [{"role": "user", "content": "你好"}], "max_tokens": 8})
-REPLY = json.dumps({"id": "cmpl-1", "object": "chat.completion", "created": 1700000000, "model": "qwen3-30b-a3b",
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
-                                 "finish_reason": "stop"}],
-                    "usage": {"prompt_tokens": 11, "total_tokens": 18, "completion_tokens": 7}})
+REPLY = json.dumps(
+    {
+        "id": "cmpl-1",
+        "object": "chat.completion",
+        "created": 1700000000,
+        "model": "qwen3-30b-a3b",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 11, "total_tokens": 18, "completion_tokens": 7},
+    }
+)
 GATEWAY = "gateway (as deployed)"
 BUDGETED = "gateway + token budget"
 
@@ -87,8 +94,9 @@ def bench_spec(budget: bool = False) -> StackSpec:
 def start_nginx(nginx: DeployedNginx, root: Path, conf: str, port: int) -> subprocess.Popen[bytes]:
     """nginx in the foreground with this config under `root`, once it listens on `port`."""
     (root / "nginx.conf").write_text(conf)
-    proc = subprocess.Popen([*nginx.argv, "-p", str(root), "-c", str(root / "nginx.conf"),
-                             "-g", "daemon off;"], stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [*nginx.argv, "-p", str(root), "-c", str(root / "nginx.conf"), "-g", "daemon off;"], stderr=subprocess.PIPE
+    )
     for _ in range(200):
         if proc.poll() is not None:
             raise SystemExit(f"nginx failed: {proc.stderr.read().decode() if proc.stderr else ''}")
@@ -126,7 +134,7 @@ worker_processes 1;
 events {{ worker_connections 4096; }}
 http {{
     access_log off;
-    {' '.join(temp_path_directives(root))}
+    {" ".join(temp_path_directives(root))}
     {upstream}
     server {{ listen 127.0.0.1:{port}; location / {{ {location} }} }}
 }}
@@ -137,13 +145,18 @@ def wrk(url: str, connections: int, root: Path, seconds: int = SECONDS, worker: 
     """requests/s, p50 and p99 (ms) and non-2xx count of a POST of BODY with the key; with the pid of
     the target's nginx worker, also its CPU time per request (µs)."""
     script = root / "post.lua"
-    script.write_text(f'wrk.method = "POST"\nwrk.body = {json.dumps(BODY)}\n'
-                      'wrk.headers["Content-Type"] = "application/json"\n'
-                      f'wrk.headers["Authorization"] = "Bearer {KEY}"\n')
+    script.write_text(
+        f'wrk.method = "POST"\nwrk.body = {json.dumps(BODY)}\n'
+        'wrk.headers["Content-Type"] = "application/json"\n'
+        f'wrk.headers["Authorization"] = "Bearer {KEY}"\n'
+    )
     before = cpu_ns(worker) if worker else 0
-    out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s", "--latency",
-                          "-s", str(script), url],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s", "--latency", "-s", str(script), url],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     busy = cpu_ns(worker) - before if worker else 0
 
     def ms(label: str) -> float:
@@ -153,12 +166,17 @@ def wrk(url: str, connections: int, root: Path, seconds: int = SECONDS, worker: 
     bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     late = re.search(r"Socket errors: .*timeout (\d+)", out)
     requests = float(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
-    return {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),  # type: ignore[union-attr]
-            "p50": ms("50%"), "p99": ms("99%"), "non2xx": float(bad.group(1)) if bad else 0.0,
-            "timeouts": float(late.group(1)) if late else 0.0, "requests": requests,
-            # wrk leaves out the requests its stop cut off (at most one per connection): a few
-            # more served than counted, alike for every nginx.
-            "cpu_us": busy / 1000 / max(requests, 1)}
+    return {
+        "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),  # type: ignore[union-attr]
+        "p50": ms("50%"),
+        "p99": ms("99%"),
+        "non2xx": float(bad.group(1)) if bad else 0.0,
+        "timeouts": float(late.group(1)) if late else 0.0,
+        "requests": requests,
+        # wrk leaves out the requests its stop cut off (at most one per connection): a few
+        # more served than counted, alike for every nginx.
+        "cpu_us": busy / 1000 / max(requests, 1),
+    }
 
 
 def write_gateway(nginx: DeployedNginx, spec: StackSpec, root: Path, up: int) -> tuple[int, int]:
@@ -168,11 +186,19 @@ def write_gateway(nginx: DeployedNginx, spec: StackSpec, root: Path, up: int) ->
     port, metrics = free_ports(2)
     (root / "digests.json").write_text(key_digests({"default": KEY}, key_ids(spec)))
     layout = GatewayLayout(
-        port=port, listen_address="127.0.0.1", conf_dir=str(root),
+        port=port,
+        listen_address="127.0.0.1",
+        conf_dir=str(root),
         **nginx.layout_fields(),  # type: ignore[arg-type]
-        digests_file=str(root / "digests.json"), pid_file=str(root / "pid"),
-        error_log=str(root / "error.log"), usage_dir=str(root / "usage"), metrics_listen=f"127.0.0.1:{metrics}",
-        temp_dir=str(root / "tmp"), user=None, worker_processes="1")
+        digests_file=str(root / "digests.json"),
+        pid_file=str(root / "pid"),
+        error_log=str(root / "error.log"),
+        usage_dir=str(root / "usage"),
+        metrics_listen=f"127.0.0.1:{metrics}",
+        temp_dir=str(root / "tmp"),
+        user=None,
+        worker_processes="1",
+    )
     (root / "usage").mkdir()
     (root / "usage").chmod(0o777)  # nginx's workers run as nobody here
     root.chmod(0o755)
@@ -183,7 +209,9 @@ def write_gateway(nginx: DeployedNginx, spec: StackSpec, root: Path, up: int) ->
     return port, metrics
 
 
-def start_gateway(nginx: DeployedNginx, spec: StackSpec, root: Path, up: int) -> tuple[subprocess.Popen[bytes], int, int]:
+def start_gateway(
+    nginx: DeployedNginx, spec: StackSpec, root: Path, up: int
+) -> tuple[subprocess.Popen[bytes], int, int]:
     """The generated gateway started; its port and its metrics port."""
     port, metrics = write_gateway(nginx, spec, root, up)
     return start_nginx(nginx, root, (root / "nginx.conf").read_text(), port), port, metrics
@@ -217,15 +245,43 @@ def start_litellm(root: Path, up: int) -> tuple[subprocess.Popen[bytes], int]:
     """LiteLLM's proxy, one worker, routing the bench's model to the fake replica; its port once it answers."""
     port = free_port()
     root.mkdir(parents=True)
-    (root / "config.yaml").write_text(json.dumps({
-        "model_list": [{"model_name": "qwen3-30b-a3b", "litellm_params": {
-            "model": "openai/qwen3-30b-a3b", "api_base": f"http://127.0.0.1:{up}/v1", "api_key": "none"}}],
-        "general_settings": {"master_key": KEY}}))
-    proc = subprocess.Popen([str(LITELLM_VENV / "bin" / "litellm"), "--config", str(root / "config.yaml"),
-                             "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"],
-                            stdout=subprocess.DEVNULL, stderr=open(root / "litellm.log", "wb"))
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=BODY.encode(),
-                                     headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    (root / "config.yaml").write_text(
+        json.dumps(
+            {
+                "model_list": [
+                    {
+                        "model_name": "qwen3-30b-a3b",
+                        "litellm_params": {
+                            "model": "openai/qwen3-30b-a3b",
+                            "api_base": f"http://127.0.0.1:{up}/v1",
+                            "api_key": "none",
+                        },
+                    }
+                ],
+                "general_settings": {"master_key": KEY},
+            }
+        )
+    )
+    proc = subprocess.Popen(
+        [
+            str(LITELLM_VENV / "bin" / "litellm"),
+            "--config",
+            str(root / "config.yaml"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--num_workers",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(root / "litellm.log", "wb"),
+    )
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        data=BODY.encode(),
+        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+    )
     for _ in range(240):  # its start takes tens of seconds on a busy machine
         if proc.poll() is not None:
             raise SystemExit(f"litellm exited: {(root / 'litellm.log').read_text()[-2000:]}")
@@ -269,12 +325,27 @@ def main() -> None:
                 d.mkdir(parents=True)
             up, proxy = free_ports(2)
             reply = REPLY.replace("'", "")
-            procs.append(start_nginx(nginx, up_root, simple_conf(
-                up_root, up, f"default_type application/json; return 200 '{reply}';"), up))
-            procs.append(start_nginx(nginx, proxy_root, simple_conf(
-                proxy_root, proxy,
-                'proxy_pass http://replica; proxy_http_version 1.1; proxy_set_header Connection "";',
-                f"upstream replica {{ server 127.0.0.1:{up}; keepalive 32; }}"), proxy))
+            procs.append(
+                start_nginx(
+                    nginx,
+                    up_root,
+                    simple_conf(up_root, up, f"default_type application/json; return 200 '{reply}';"),
+                    up,
+                )
+            )
+            procs.append(
+                start_nginx(
+                    nginx,
+                    proxy_root,
+                    simple_conf(
+                        proxy_root,
+                        proxy,
+                        'proxy_pass http://replica; proxy_http_version 1.1; proxy_set_header Connection "";',
+                        f"upstream replica {{ server 127.0.0.1:{up}; keepalive 32; }}",
+                    ),
+                    proxy,
+                )
+            )
             gateways: dict[str, tuple[int, int, Path]] = {}
             for name, spec in ((GATEWAY, bench_spec()), (BUDGETED, bench_spec(budget=True))):
                 root = base / name.split()[-1]
@@ -287,8 +358,11 @@ def main() -> None:
             targets: dict[str, tuple[str, int | None]] = {
                 "direct": (f"http://127.0.0.1:{up}{path}", workers[0]),
                 "nginx proxy_pass": (f"http://127.0.0.1:{proxy}{path}", workers[1]),
-                **{name: (f"http://127.0.0.1:{port}{path}", worker)
-                   for (name, (port, _, _)), worker in zip(gateways.items(), workers[2:])}}
+                **{
+                    name: (f"http://127.0.0.1:{port}{path}", worker)
+                    for (name, (port, _, _)), worker in zip(gateways.items(), workers[2:])
+                },
+            }
             if with_litellm:
                 litellm_python()
                 proc, lport = start_litellm(base / "litellm", up)
@@ -300,7 +374,7 @@ def main() -> None:
                 for c in CONNECTIONS:
                     # Interleaved, drift on the shared machine hits all alike; the order reversed every
                     # other repetition, so a machine speeding up or slowing down favours no target.
-                    for name, (url, worker) in (order if rep % 2 == 0 else order[::-1]):
+                    for name, (url, worker) in order if rep % 2 == 0 else order[::-1]:
                         runs.setdefault((name, c), []).append(wrk(url, c, base, worker=worker))
             records = {name: recorded(metrics, usage) for name, (_, metrics, usage) in gateways.items()}
         finally:
@@ -313,11 +387,15 @@ def main() -> None:
                     p.wait(10)
 
     load = os.getloadavg()
-    print(f"gateway benchmark: {label(nginx)}; loopback, wrk 1 thread, {SECONDS}s per run, {reps} "
-          f"interleaved repetitions, medians; one nginx worker each; {os.cpu_count()} cores shared, load average "
-          f"{load_before[0]:.1f} before, {load[0]:.1f} after (1-minute)")
-    print(f"{'target':<24}{'conns':>6}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'non-2xx':>9}{'timeouts':>10}"
-          f"{'worker CPU µs/req':>19}")
+    print(
+        f"gateway benchmark: {label(nginx)}; loopback, wrk 1 thread, {SECONDS}s per run, {reps} "
+        f"interleaved repetitions, medians; one nginx worker each; {os.cpu_count()} cores shared, load average "
+        f"{load_before[0]:.1f} before, {load[0]:.1f} after (1-minute)"
+    )
+    print(
+        f"{'target':<24}{'conns':>6}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'non-2xx':>9}{'timeouts':>10}"
+        f"{'worker CPU µs/req':>19}"
+    )
     fig: dict[tuple[str, int], dict[str, float]] = {}
     for (name, c), rs in runs.items():
         fig[(name, c)] = {k: median([r[k] for r in rs]) for k in ("rps", "p50", "p99", "cpu_us")}
@@ -337,19 +415,26 @@ def main() -> None:
             # plain nginx's, per repetition (the req/s ratio when the worker is the bottleneck, less
             # the hypervisor's steal and the other processes' share of the two cores).
             capacity = [p["cpu_us"] / g["cpu_us"] for g, p in zip(runs[(name, c)], runs[("nginx proxy_pass", c)])]
-            parts.append(f"{name} / plain nginx {fig[(name, c)]['rps'] / plain['rps']:.2f}x req/s (paired: "
-                         f"{', '.join(f'{r:.2f}' for r in paired)}; median {median(paired):.2f}x), "
-                         f"{median(capacity):.2f}x per worker CPU (paired: {', '.join(f'{r:.2f}' for r in capacity)}), "
-                         f"added p50 {fig[(name, c)]['p50'] - plain['p50']:+.3f} ms")
+            parts.append(
+                f"{name} / plain nginx {fig[(name, c)]['rps'] / plain['rps']:.2f}x req/s (paired: "
+                f"{', '.join(f'{r:.2f}' for r in paired)}; median {median(paired):.2f}x), "
+                f"{median(capacity):.2f}x per worker CPU (paired: {', '.join(f'{r:.2f}' for r in capacity)}), "
+                f"added p50 {fig[(name, c)]['p50'] - plain['p50']:+.3f} ms"
+            )
         if ("LiteLLM proxy", c) in fig:
             lite = fig[("LiteLLM proxy", c)]
-            parts.append(f"gateway / LiteLLM {fig[(GATEWAY, c)]['rps'] / lite['rps']:.0f}x req/s" if lite["rps"]
-                         else "LiteLLM completed no request within wrk's 10 s timeout")
+            parts.append(
+                f"gateway / LiteLLM {fig[(GATEWAY, c)]['rps'] / lite['rps']:.0f}x req/s"
+                if lite["rps"]
+                else "LiteLLM completed no request within wrk's 10 s timeout"
+            )
         print(f"c={c}: " + "; ".join(parts) + " (goals at 32: >= 0.6x, < 1 ms)")
     for name, (counted, lines) in records.items():
         completed = sum(r["requests"] for c in CONNECTIONS for r in runs[(name, c)])
-        print(f"{name}: /metrics counted {counted:.0f} requests and the usage files hold {lines} lines, for "
-              f"{completed:.0f} completed requests (wrk does not count the requests its stop cuts off, nginx does)")
+        print(
+            f"{name}: /metrics counted {counted:.0f} requests and the usage files hold {lines} lines, for "
+            f"{completed:.0f} completed requests (wrk does not count the requests its stop cuts off, nginx does)"
+        )
 
 
 if __name__ == "__main__":

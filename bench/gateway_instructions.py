@@ -17,6 +17,7 @@ connections; the figure is the worker's instructions over the requests wrk compl
 Every nginx is the deployed one (tests/support/deployed_nginx.py). Needs valgrind and wrk. Prints figures,
 asserts nothing. The figures of every run, the njs gateway this replaced among them: docs/perf/gateway.md.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,10 +45,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 WARMUP_SECONDS = 3  # LuaJIT compiles its traces in the first requests
 MEASURE_SECONDS = 4
-RECORD = '    log_by_lua_block { package.loaded.gateway_metrics.record() }\n'
-FILTER = '            body_filter_by_lua_block { package.loaded.gateway.usage() }\n'
-HEAD = '            header_filter_by_lua_block { package.loaded.gateway.head() }\n'
-KEY_ID = '        set_by_lua_block $llm_key_id { return package.loaded.gateway.key_id() }\n'
+RECORD = "    log_by_lua_block { package.loaded.gateway_metrics.record() }\n"
+FILTER = "            body_filter_by_lua_block { package.loaded.gateway.usage() }\n"
+HEAD = "            header_filter_by_lua_block { package.loaded.gateway.head() }\n"
+KEY_ID = "        set_by_lua_block $llm_key_id { return package.loaded.gateway.key_id() }\n"
 
 
 def sub(pattern: str, replacement: str, text: str) -> str:
@@ -62,8 +63,10 @@ def sub(pattern: str, replacement: str, text: str) -> str:
 # What the log phase must still do without the record: forget the request's entries (the router's
 # state, the key id), which record() does; left behind, the next request at the same address would
 # find them.
-FORGET = ('    log_by_lua_block { local m = package.loaded.gateway_metrics local k = m.request_key() '
-          "m.routed[k] = nil m.key_ids[k] = nil }\n")
+FORGET = (
+    "    log_by_lua_block { local m = package.loaded.gateway_metrics local k = m.request_key() "
+    "m.routed[k] = nil m.key_ids[k] = nil }\n"
+)
 
 
 def without_record(conf: str) -> str:
@@ -80,23 +83,31 @@ def without_filter(conf: str) -> str:
 def without_lua(conf: str) -> str:
     """The key from a map, the chat pool's proxying in /v1/chat/completions itself, no filters, no log phase."""
     if HEAD not in conf:
-        raise SystemExit("the generated gateway no longer has the error header filter: update bench/gateway_instructions.py")
+        raise SystemExit(
+            "the generated gateway no longer has the error header filter: update bench/gateway_instructions.py"
+        )
     pool = re.search(r"        location @llm_pool_chat \{\n(.*?)        \}", conf, re.S)
     if pool is None:
         raise SystemExit("the generated gateway no longer has location @llm_pool_chat: update the bench")
-    conf = sub(r'            content_by_lua_block \{ package\.loaded\.gateway\.route\("/v1/chat/completions"\) \}\n        \}\n'
-               r"        location = /v1/completions",
-               pool.group(1).replace(FILTER, "").replace(HEAD, "") + "        }\n        location = /v1/completions", conf)
+    conf = sub(
+        r'            content_by_lua_block \{ package\.loaded\.gateway\.route\("/v1/chat/completions"\) \}\n        \}\n'
+        r"        location = /v1/completions",
+        pool.group(1).replace(FILTER, "").replace(HEAD, "") + "        }\n        location = /v1/completions",
+        conf,
+    )
     conf = sub(re.escape(KEY_ID), "", conf)
-    conf = sub(r"    map \"\" \$llm_key_id \{ default ''; \}\n",
-               f'    map $http_authorization $llm_key_id {{\n        default "";\n        "Bearer {KEY}" default;\n    }}\n',
-               conf)
+    conf = sub(
+        r"    map \"\" \$llm_key_id \{ default ''; \}\n",
+        f'    map $http_authorization $llm_key_id {{\n        default "";\n        "Bearer {KEY}" default;\n    }}\n',
+        conf,
+    )
     return sub(re.escape(RECORD), "", conf)  # no log phase at all: no Lua state to forget
 
 
 def wrk(url: str, seconds: int, script: Path) -> tuple[int, int]:
-    out = subprocess.run(["wrk", "-t1", "-c4", f"-d{seconds}s", "-s", str(script), url],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["wrk", "-t1", "-c4", f"-d{seconds}s", "-s", str(script), url], capture_output=True, text=True, check=True
+    ).stdout
     bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     return int(re.search(r"(\d+) requests in", out).group(1)), int(bad.group(1)) if bad else 0  # type: ignore[union-attr]
 
@@ -107,10 +118,23 @@ def instructions(nginx: DeployedNginx, root: Path, conf: str, script: Path) -> t
     conf = re.sub(r"listen 127\.0\.0\.1:\d+;", f"listen 127.0.0.1:{port};", conf, count=1)  # not the metrics listener
     (root / "cg.conf").write_text(conf)
     out = root / "callgrind.out"
-    proc = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--instr-atstart=no",
-                             *nginx.argv, "-p", str(root), "-c", str(root / "cg.conf"),
-                             "-g", "daemon off; master_process off;"],
-                            stdout=subprocess.DEVNULL, stderr=open(root / "valgrind.log", "wb"))
+    proc = subprocess.Popen(
+        [
+            "valgrind",
+            "--tool=callgrind",
+            f"--callgrind-out-file={out}",
+            "--instr-atstart=no",
+            *nginx.argv,
+            "-p",
+            str(root),
+            "-c",
+            str(root / "cg.conf"),
+            "-g",
+            "daemon off; master_process off;",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(root / "valgrind.log", "wb"),
+    )
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
     try:
         for _ in range(600):
@@ -148,43 +172,67 @@ def main() -> None:
         base = Path(tmp)
         base.chmod(0o755)
         script = base / "post.lua"
-        script.write_text(f'wrk.method = "POST"\nwrk.body = {json.dumps(BODY)}\n'
-                          'wrk.headers["Content-Type"] = "application/json"\n'
-                          f'wrk.headers["Authorization"] = "Bearer {KEY}"\n')
+        script.write_text(
+            f'wrk.method = "POST"\nwrk.body = {json.dumps(BODY)}\n'
+            'wrk.headers["Content-Type"] = "application/json"\n'
+            f'wrk.headers["Authorization"] = "Bearer {KEY}"\n'
+        )
         up = free_port()
         (base / "replica").mkdir()
         reply = REPLY.replace("'", "")
-        (base / "replica/nginx.conf").write_text(simple_conf(base / "replica", up,
-                                                             f"default_type application/json; return 200 '{reply}';"))
-        replica = subprocess.Popen([*nginx.argv, "-p", str(base / "replica"),
-                                    "-c", str(base / "replica/nginx.conf"), "-g", "daemon off;"],
-                                   stderr=subprocess.DEVNULL)
+        (base / "replica/nginx.conf").write_text(
+            simple_conf(base / "replica", up, f"default_type application/json; return 200 '{reply}';")
+        )
+        replica = subprocess.Popen(
+            [*nginx.argv, "-p", str(base / "replica"), "-c", str(base / "replica/nginx.conf"), "-g", "daemon off;"],
+            stderr=subprocess.DEVNULL,
+        )
         rows: list[tuple[str, float, int, int]] = []
         try:
             (base / "proxy").mkdir()
-            rows.append(("plain nginx proxy_pass", *instructions(nginx, base / "proxy", simple_conf(
-                base / "proxy", 0,
-                'proxy_pass http://replica; proxy_http_version 1.1; proxy_set_header Connection "";',
-                f"upstream replica {{ server 127.0.0.1:{up}; keepalive 32; }}"), script)))
+            rows.append(
+                (
+                    "plain nginx proxy_pass",
+                    *instructions(
+                        nginx,
+                        base / "proxy",
+                        simple_conf(
+                            base / "proxy",
+                            0,
+                            'proxy_pass http://replica; proxy_http_version 1.1; proxy_set_header Connection "";',
+                            f"upstream replica {{ server 127.0.0.1:{up}; keepalive 32; }}",
+                        ),
+                        script,
+                    ),
+                )
+            )
             deployed = base / "gateway"
             write_gateway(nginx, bench_spec(False), deployed, up)
             conf = (deployed / "nginx.conf").read_text()
             rows.append(("the gateway as deployed", *instructions(nginx, deployed, conf, script)))
             budget = base / "budget"
             write_gateway(nginx, bench_spec(True), budget, up)
-            rows.append(("… with a token budget on the key", *instructions(
-                nginx, budget, (budget / "nginx.conf").read_text(), script)))
-            for name, variant in (("without the record (no usage line, no counters)", without_record),
-                                  ("without the usage filter", without_filter),
-                                  ("its nginx config without Lua (the floor of its nginx features)", without_lua)):
+            rows.append(
+                (
+                    "… with a token budget on the key",
+                    *instructions(nginx, budget, (budget / "nginx.conf").read_text(), script),
+                )
+            )
+            for name, variant in (
+                ("without the record (no usage line, no counters)", without_record),
+                ("without the usage filter", without_filter),
+                ("its nginx config without Lua (the floor of its nginx features)", without_lua),
+            ):
                 root = base / variant.__name__
                 shutil.copytree(deployed, root, ignore=shutil.ignore_patterns("callgrind.out*", "*.log", "cg.conf"))
                 rows.append((name, *instructions(nginx, root, variant(conf.replace(str(deployed), str(root))), script)))
         finally:
             replica.terminate()
             replica.wait(10)
-    print(f"gateway instructions per request: {label(nginx)}; valgrind callgrind, one nginx process, "
-          f"{MEASURE_SECONDS}s of wrk at 4 connections after {WARMUP_SECONDS}s of warm-up")
+    print(
+        f"gateway instructions per request: {label(nginx)}; valgrind callgrind, one nginx process, "
+        f"{MEASURE_SECONDS}s of wrk at 4 connections after {WARMUP_SECONDS}s of warm-up"
+    )
     print(f"{'target':<68}{'instructions':>14}{'requests':>10}{'non-2xx':>9}")
     for name, per, requests, bad in rows:
         print(f"{name:<68}{per / 1000:>13.1f}k{requests:>10}{bad:>9}")

@@ -12,6 +12,7 @@ each node); the rest are stated assumptions, changeable with the flags below.
   model load      --load-min .. --load-max minutes (runbook: 5-15 min), one figure per scenario
   containers 10 s, Ray join 30 s, hosts 2 s, preflight 20 s, other commands 5 s
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,8 +67,10 @@ def resources(plan: Path | None, stack_file: Path, stack: str) -> list[dict[str,
 
     config = load_stack_file(stack_file, stack).config
     run = run_main_program(config, set(), stack=stack)
-    return [{"urn": r.urn, "type": r.type, "name": r.name, "custom": r.custom,
-             "dependencies": r.dependencies} for r in run.registrations]
+    return [
+        {"urn": r.urn, "type": r.type, "name": r.name, "custom": r.custom, "dependencies": r.dependencies}
+        for r in run.registrations
+    ]
 
 
 def _image_gib(ref: str) -> float:
@@ -151,14 +154,21 @@ def _fmt(seconds: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Print both makespans and their ratio for a fast and a slow model load."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--plan", type=Path, help="read this plan.json (default: run the program under mocks, so the "
-                   "figures never come from a stale plan)")
+    p.add_argument(
+        "--plan",
+        type=Path,
+        help="read this plan.json (default: run the program under mocks, so the figures never come from a stale plan)",
+    )
     p.add_argument("--stack", default="prod")
     p.add_argument("--stack-file", type=Path, default=ROOT / "Pulumi.prod.yaml")
     p.add_argument("--pull-gbps", type=float, default=1.0, help="registry bandwidth per node (Gbit/s)")
     p.add_argument("--hash-gibps", type=float, default=1.0, help="sha256 over the weights (GiB/s)")
-    p.add_argument("--copy-gbps", type=float, help="weights copy rate (Gbit/s; default: the HCA's rate; "
-                   "a single rsync over SSH is disk- and CPU-bound, often 5-10)")
+    p.add_argument(
+        "--copy-gbps",
+        type=float,
+        help="weights copy rate (Gbit/s; default: the HCA's rate; "
+        "a single rsync over SSH is disk- and CPU-bound, often 5-10)",
+    )
     p.add_argument("--load-min", type=float, default=5.0, help="fast model load (minutes)")
     p.add_argument("--load-max", type=float, default=15.0, help="slow model load (minutes)")
     args = p.parse_args(argv)
@@ -166,10 +176,15 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"{args.plan} does not exist (run `make plan`, or leave --plan out)")
     spec = load_stack_config(load_stack_file(args.stack_file, args.stack).config, set())
     res = resources(args.plan, args.stack_file, args.stack)
-    print(f"stack {args.stack}: {sum(1 for r in res if r.get('custom', True))} resources from "
-          f"{args.plan or 'a mock run of the program'}; {len(all_instances(spec))} serving instances")
+    print(
+        f"stack {args.stack}: {sum(1 for r in res if r.get('custom', True))} resources from "
+        f"{args.plan or 'a mock run of the program'}; {len(all_instances(spec))} serving instances"
+    )
     copy = f"{args.copy_gbps:g} Gbit/s" if args.copy_gbps else "each target's HCA rate"
-    print(f"assumptions: pull {args.pull_gbps:g} Gbit/s per node, sha256 {args.hash_gibps:g} GiB/s, copies at {copy}, " + ", ".join(f"{m} {model_size_bytes(spec, m) / GIB:.0f} GiB" for m in spec.models))
+    print(
+        f"assumptions: pull {args.pull_gbps:g} Gbit/s per node, sha256 {args.hash_gibps:g} GiB/s, copies at {copy}, "
+        + ", ".join(f"{m} {model_size_bytes(spec, m) / GIB:.0f} GiB" for m in spec.models)
+    )
     for label, minutes in (("fast load", args.load_min), ("slow load", args.load_max)):
         steps = steps_of(res, spec, Rates(args.pull_gbps, args.hash_gibps, minutes * 60, args.copy_gbps))
         path_s, chain = critical_path(steps)

@@ -5,6 +5,7 @@ in the same harness — and a second floor registering plain resources with the 
 the SDK's per-property serialisation costs, whatever program builds them); the policy pass on its
 own. Prints figures and ratios; asserts nothing.
 """
+
 from __future__ import annotations
 
 import copy
@@ -35,7 +36,7 @@ def synthetic(nodes: int) -> dict[str, Any]:
     cfg[NS + "nodes"] = {n: {"address": f"10.{i // 250}.{i % 250}.10"} for i, n in enumerate(names)}
     pools: dict[str, Any] = {}
     for k in range(nodes // 6):
-        group = names[6 * k:6 * k + 6]
+        group = names[6 * k : 6 * k + 6]
         pools[f"reasoning-{k}"] = {**copy.deepcopy(base[NS + "pools"]["reasoning"]), "nodes": group[:2]}
         pools[f"chat-{k}"] = {**copy.deepcopy(base[NS + "pools"]["chat"]), "nodes": group[2:]}
     cfg[NS + "pools"] = pools
@@ -48,9 +49,11 @@ def synthetic(nodes: int) -> dict[str, Any]:
 
 def floor(inputs: list[dict[str, Any]]) -> float:
     """Seconds for a bare mock program registering one plain resource per inputs dict."""
+
     def program() -> None:
         for i, props in enumerate(inputs):
             pulumi.CustomResource("bench:index:Plain", f"r{i}", props)
+
     t = time.perf_counter()
     run_program(program, {}, set(), stack="floor")
     return time.perf_counter() - t
@@ -72,10 +75,12 @@ def measure(label: str, config: dict[str, Any]) -> None:
     bare = floor([{"index": i, "text": "x" * 64} for i in range(n)])
     same = floor([r.plain_inputs() for r in run.registrations])
     total, program = t4 - t0, t2 - t1
-    print(f"{label:>10}: {len(spec.nodes):4d} nodes {n:6d} resources | validate {t1 - t0:5.2f}s "
-          f"program {program:6.2f}s = {program / bare:4.2f}x floor ({bare:5.2f}s), "
-          f"{program / same:4.2f}x same-inputs floor ({same:5.2f}s) | policy {t3 - t2:5.2f}s "
-          f"report {t4 - t3:5.2f}s | total {total:6.2f}s = {1000 * total / len(spec.nodes):5.1f} ms/node")
+    print(
+        f"{label:>10}: {len(spec.nodes):4d} nodes {n:6d} resources | validate {t1 - t0:5.2f}s "
+        f"program {program:6.2f}s = {program / bare:4.2f}x floor ({bare:5.2f}s), "
+        f"{program / same:4.2f}x same-inputs floor ({same:5.2f}s) | policy {t3 - t2:5.2f}s "
+        f"report {t4 - t3:5.2f}s | total {total:6.2f}s = {1000 * total / len(spec.nodes):5.1f} ms/node"
+    )
 
 
 def main() -> None:

@@ -2,6 +2,7 @@
 
 A leaf: it imports nothing, so the resources that register these types and the code that reads them share it.
 """
+
 COMPONENT_PREFIX = "llm-cluster:"
 # The ModelServer of every engine keeps the token it had when vLLM was the only engine: the type is part of
 # the URN of every server a stack has deployed, and a new one would make `pulumi up` replace them all.

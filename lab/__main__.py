@@ -3,6 +3,7 @@
 up: the test hosts, the stand-in images (built once per machine), the source weights, then the
 rehearsal of the stack's plan; it prints the gateway URL, a key, Prometheus and Grafana.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,6 +19,7 @@ from lab.config import REPO, LabConfigError, LabStack, load_lab_stack
 def weights(stack: LabStack) -> list[str]:
     """A generated model directory (config.json and a few MB of shards) on each model's source node."""
     import yaml
+
     doc = yaml.safe_load(stack.path.read_text())["config"]
     made = []
     for name, model in (doc.get("llm-cluster:models") or {}).items():
@@ -29,8 +31,9 @@ def weights(stack: LabStack) -> list[str]:
             raise hosts.LabError(f"llm-cluster:models.{name}.path: the lab's hosts keep weights under /data")
         root = stack.host(node).dir / "data" / path.removeprefix("/data/")
         root.mkdir(parents=True, exist_ok=True)
-        (root / "config.json").write_text(json.dumps({"model_type": model.get("arch", name), "lab": True,
-                                                      **engine_model_config(doc, name, model)}))
+        (root / "config.json").write_text(
+            json.dumps({"model_type": model.get("arch", name), "lab": True, **engine_model_config(doc, name, model)})
+        )
         engine_model_files(doc, name, root)
         for i in range(2):
             shard = root / f"model-0000{i + 1}-of-00002.safetensors"
@@ -38,6 +41,7 @@ def weights(stack: LabStack) -> list[str]:
                 # Deterministic bytes, 2 MiB per shard: enough for rsync and the manifests to mean something.
                 seed = f"{name}-{i}".encode()
                 import hashlib
+
                 block = b"".join(hashlib.sha256(seed + n.to_bytes(4, "big")).digest() for n in range(1024))
                 shard.write_bytes(block * 64)
         made.append(f"{node}:{path}")
@@ -51,6 +55,7 @@ def _pools_of(doc: dict, model: str) -> list[dict]:
 def engine_model_config(doc: dict, name: str, model: dict) -> dict:
     """config.json keys an engine reads of the generated model: LMDeploy's `architectures` (its backend choice)."""
     from lab.standins import lmdeploy as lmdeploy_standin
+
     if any(p.get("engine") == "lmdeploy" for p in _pools_of(doc, name)) and model.get("arch"):
         return lmdeploy_standin.model_config(str(model["arch"]))
     return {}
@@ -59,6 +64,7 @@ def engine_model_config(doc: dict, name: str, model: dict) -> dict:
 def engine_model_files(doc: dict, name: str, root) -> None:  # type: ignore[no-untyped-def]
     """Weights an engine loads for real: llama.cpp pools' GGUF file (a tiny random llama the real server runs)."""
     from lab.standins import llamacpp as llamacpp_standin
+
     for pool in _pools_of(doc, name):
         if pool.get("engine") == "llamacpp":
             llamacpp_standin.write_gguf(root / str(pool["llamacpp"]["ggufFile"]))
@@ -67,8 +73,14 @@ def engine_model_files(doc: dict, name: str, root) -> None:  # type: ignore[no-u
 def built_dockerfiles(stack: LabStack) -> list[Path]:
     """The Dockerfiles the stack's plan builds on a host (docker:RemoteImage with `build`)."""
     from lab.rehearse import IMAGE, dockerfile_of, plan_resources
-    return sorted({dockerfile_of(r.inputs["build"]) for r in plan_resources(stack.path, stack.name)[0]
-                   if r.type == IMAGE and r.inputs.get("build")})
+
+    return sorted(
+        {
+            dockerfile_of(r.inputs["build"])
+            for r in plan_resources(stack.path, stack.name)[0]
+            if r.type == IMAGE and r.inputs.get("build")
+        }
+    )
 
 
 def image_refs(stack: LabStack) -> list[str]:
@@ -76,14 +88,19 @@ def image_refs(stack: LabStack) -> list[str]:
     every one it builds on a host (the Dockerfile's FROM, pulled by that host's engine)."""
     from lab.debmirror import parse_dockerfile
     from lab.rehearse import IMAGE, plan_resources
-    pulled = {r.inputs["name"] for r in plan_resources(stack.path, stack.name)[0]
-              if r.type == IMAGE and not r.inputs.get("build")}
+
+    pulled = {
+        r.inputs["name"]
+        for r in plan_resources(stack.path, stack.name)[0]
+        if r.type == IMAGE and not r.inputs.get("build")
+    }
     return sorted(pulled | {parse_dockerfile(f.read_text()).base for f in built_dockerfiles(stack)})
 
 
 def debian_mirror(stack: LabStack) -> str | None:
     """The Debian archive the stack's host builds read, recorded (once per machine) and served in the lab."""
     from lab import debmirror, images
+
     files = built_dockerfiles(stack)
     if not files:
         return None
@@ -97,6 +114,7 @@ def debian_mirror(stack: LabStack) -> str | None:
 def summary(rehearsal) -> str:  # type: ignore[no-untyped-def]
     """Where a person reaches the lab's stack from this machine, and a key to do it with."""
     from lab.config import STATE
+
     state = {s["name"]: s["outputs"] for s in rehearsal.state.values()}
     keys = state.get("gateway-keys", {}).get("stdout", "?")
     out = rehearsal.outputs
@@ -105,16 +123,21 @@ def summary(rehearsal) -> str:  # type: ignore[no-untyped-def]
     if ca:  # the gatewayCaCert output: what gateway-tls prints
         path = STATE / "gateway-ca.pem"
         path.write_text(ca + "\n")
-        lines.append(f"            its CA (output gatewayCaCert): {path}  e.g. curl --cacert {path} "
-                     f"{out.get('gatewayUrl')}/v1/models -H 'Authorization: Bearer <key>'")
-    lines += [f"Prometheus: {out.get('prometheusUrl')}",
-              f"Grafana:    {out.get('grafanaUrl')}  (the lab's stand-in: /api/health only)"]
+        lines.append(
+            f"            its CA (output gatewayCaCert): {path}  e.g. curl --cacert {path} "
+            f"{out.get('gatewayUrl')}/v1/models -H 'Authorization: Bearer <key>'"
+        )
+    lines += [
+        f"Prometheus: {out.get('prometheusUrl')}",
+        f"Grafana:    {out.get('grafanaUrl')}  (the lab's stand-in: /api/health only)",
+    ]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lab", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m lab", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("action", choices=["up", "down", "hosts", "images", "rehearse", "destroy"])
     p.add_argument("--stack", default="lab", help="Pulumi.<stack>.yaml (default: lab)")
     args = p.parse_args(argv)
@@ -124,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lab: {e}", file=sys.stderr)
         return 2
     from lab.rehearse import RehearsalError
+
     try:
         # One lab per machine: the action holds /tmp/lab.lock (unless the caller runs under it already).
         with hosts.lab_lock(say=lambda line: print(line, file=sys.stderr)):
@@ -137,6 +161,7 @@ def run(action: str, stack: LabStack) -> int:
     """One action of `python -m lab` on the lab stack."""
     from lab import images
     from lab.rehearse import ADAPTATIONS, Rehearsal
+
     if action == "down":
         left = hosts.down()
         if left:

@@ -14,6 +14,7 @@ still named on Docker Hub or nvcr.io would have nowhere to come from.
 secure keys, or `images.tarballs`) into the lab's state directory; `save_tarballs` writes the tarballs
 an air-gapped node loads, from images a lab host holds.
 """
+
 from __future__ import annotations
 
 import crypt  # deprecated in 3.11, present through 3.12; the only bcrypt on this machine without a wheel
@@ -36,8 +37,11 @@ NS = "llm-cluster:"
 def credentials(stack_name: str) -> tuple[str, str]:
     """The user and password the program is handed for the stack's secure registry keys."""
     from plan.stackfile import secret_placeholder
-    return (secret_placeholder(stack_name, NS + "registryUsername"),
-            secret_placeholder(stack_name, NS + "registryPassword"))
+
+    return (
+        secret_placeholder(stack_name, NS + "registryUsername"),
+        secret_placeholder(stack_name, NS + "registryPassword"),
+    )
 
 
 def airgap_stack(base: Path, name: str = "lab-airgap", tarballs: str | None = None) -> Path:
@@ -69,6 +73,7 @@ def stack_images(path: Path) -> list[str]:
     from components.planning.image_supply import stack_images as images_of
     from components.planning.load import load_stack_config
     from plan.stackfile import load_stack_file
+
     stack = load_stack_file(path)
     return images_of(load_stack_config(stack.config, stack.secret_keys))
 
@@ -76,14 +81,59 @@ def stack_images(path: Path) -> list[str]:
 def _tls() -> None:
     """A CA and a server certificate for the registry's IP address (SAN), made with openssl."""
     ca_key, ca, key, csr, crt = (DIR / n for n in ("ca.key", "ca.crt", "registry.key", "registry.csr", "registry.crt"))
-    sh("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-       "-keyout", str(ca_key), "-out", str(ca), "-days", "2", "-subj", "/CN=llm-cluster lab registry CA")
-    sh("openssl", "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-       "-keyout", str(key), "-out", str(csr), "-subj", f"/CN={REGISTRY_ADDRESS}")
+    sh(
+        "openssl",
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        str(ca_key),
+        "-out",
+        str(ca),
+        "-days",
+        "2",
+        "-subj",
+        "/CN=llm-cluster lab registry CA",
+    )
+    sh(
+        "openssl",
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        str(key),
+        "-out",
+        str(csr),
+        "-subj",
+        f"/CN={REGISTRY_ADDRESS}",
+    )
     ext = DIR / "san.cnf"
     _write(ext, f"subjectAltName=IP:{REGISTRY_ADDRESS}\nextendedKeyUsage=serverAuth\n")
-    sh("openssl", "x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
-       "-out", str(crt), "-days", "2", "-extfile", str(ext))
+    sh(
+        "openssl",
+        "x509",
+        "-req",
+        "-in",
+        str(csr),
+        "-CA",
+        str(ca),
+        "-CAkey",
+        str(ca_key),
+        "-CAcreateserial",
+        "-out",
+        str(crt),
+        "-days",
+        "2",
+        "-extfile",
+        str(ext),
+    )
 
 
 def start(stack_name: str) -> str:
@@ -97,12 +147,17 @@ def start(stack_name: str) -> str:
     salt = crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=16)
     _write(DIR / "htpasswd", f"{user}:{crypt.crypt(password, salt)}\n", 0o600)
     store = CACHE / "registry"
-    _write(DIR / "registry.yml", "version: 0.1\nlog: {level: warn}\n"
-           f"storage: {{filesystem: {{rootdirectory: {store}}}, maintenance: {{readonly: {{enabled: true}}}}}}\n"
-           f"http: {{addr: '{REGISTRY}', tls: {{certificate: {DIR / 'registry.crt'}, key: {DIR / 'registry.key'}}}}}\n"
-           f"auth: {{htpasswd: {{realm: llm-cluster-lab, path: {DIR / 'htpasswd'}}}}}\n")
-    pid = _start(["nsenter", f"--net=/run/netns/{REGISTRY_NS}", "docker-registry", "serve", str(DIR / "registry.yml")],
-                 DIR / "registry.log")
+    _write(
+        DIR / "registry.yml",
+        "version: 0.1\nlog: {level: warn}\n"
+        f"storage: {{filesystem: {{rootdirectory: {store}}}, maintenance: {{readonly: {{enabled: true}}}}}}\n"
+        f"http: {{addr: '{REGISTRY}', tls: {{certificate: {DIR / 'registry.crt'}, key: {DIR / 'registry.key'}}}}}\n"
+        f"auth: {{htpasswd: {{realm: llm-cluster-lab, path: {DIR / 'htpasswd'}}}}}\n",
+    )
+    pid = _start(
+        ["nsenter", f"--net=/run/netns/{REGISTRY_NS}", "docker-registry", "serve", str(DIR / "registry.yml")],
+        DIR / "registry.log",
+    )
     _write(DIR / "registry.pid", str(pid))
     _wait_port(REGISTRY_ADDRESS, PORT, "the private registry")
     CERTS_D.mkdir(parents=True, exist_ok=True)
@@ -144,6 +199,7 @@ def save_tarballs(stack_path: Path, source: LabHost, targets: list[LabHost], dir
     under the private registry's names) into `directory` on every target host, named as the program
     loads them; the files are hard links of one copy. Returns the file names."""
     from components.planning.image_supply import split_reference, tarball_name
+
     if not directory.startswith("/data/"):
         raise LabError(f"{directory}: the lab hosts keep their own files under /data")
     sock = f"unix://{source.dir}/run/docker.sock"

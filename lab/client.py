@@ -6,6 +6,7 @@
       -> {"ok": n, "failed": n, "errors": [...], "p50_s": …, "max_s": …}
 Stdlib only: it runs with the machine's python3 inside a namespace that reaches only the lab.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,6 +54,7 @@ def load(url: str, key: str, model: str, seconds: float, concurrency: int, rate:
             return False
         time.sleep(max(0.0, at - time.monotonic()))
         return True
+
     body = {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
 
     def worker() -> None:
@@ -81,9 +83,15 @@ def load(url: str, key: str, model: str, seconds: float, concurrency: int, rate:
     for t in threads:
         t.join()
     latencies.sort()
-    return {"ok": ok, "failed": failed, "errors": errors[:20], "rate_per_s": rate, "by_host": by_host,
-            "p50_s": latencies[len(latencies) // 2] if latencies else None,
-            "max_s": latencies[-1] if latencies else None}
+    return {
+        "ok": ok,
+        "failed": failed,
+        "errors": errors[:20],
+        "rate_per_s": rate,
+        "by_host": by_host,
+        "p50_s": latencies[len(latencies) // 2] if latencies else None,
+        "max_s": latencies[-1] if latencies else None,
+    }
 
 
 def main() -> int:

@@ -1,4 +1,5 @@
 """The lab's view of a stack file: its hosts, their addresses (all inside the lab subnet) and shim choices."""
+
 from __future__ import annotations
 
 import ipaddress
@@ -14,9 +15,9 @@ LAB_DIR = Path(__file__).resolve().parent
 # uses one /24 of it and refuses a stack with any address outside.
 SUBNET = ipaddress.ip_network("198.18.0.0/24")
 BRIDGE = "lab-br0"
-BRIDGE_ADDRESS = "198.18.0.1"          # the machine's own side: people and tests reach the lab here
-REGISTRY_ADDRESS = "198.18.0.2"        # the registry mirror host (namespace lab-registry)
-CLIENT_ADDRESS = "198.18.0.3"          # a client outside the cluster (namespace lab-client)
+BRIDGE_ADDRESS = "198.18.0.1"  # the machine's own side: people and tests reach the lab here
+REGISTRY_ADDRESS = "198.18.0.2"  # the registry mirror host (namespace lab-registry)
+CLIENT_ADDRESS = "198.18.0.3"  # a client outside the cluster (namespace lab-client)
 # Registries the stand-in images are served under besides Docker Hub (which --registry-mirror covers):
 # each lab host's /etc/hosts points them at the mirror host, as a private DNS would.
 REGISTRY_ALIASES = ("nvcr.io", "ghcr.io")
@@ -71,12 +72,18 @@ def lab_address(value: str, where: str) -> str:
     except ValueError:
         raise LabConfigError(f"{where}: {value!r} is not an IPv4 address") from None
     if ip not in SUBNET:
-        raise LabConfigError(f"{where}: {value} is outside the lab subnet {SUBNET}; the lab sends traffic "
-                             "only to its own hosts (use addresses 198.18.0.10-198.18.0.254)")
-    if str(ip) in (BRIDGE_ADDRESS, REGISTRY_ADDRESS, CLIENT_ADDRESS) or ip in (SUBNET.network_address,
-                                                                                 SUBNET.broadcast_address):
-        raise LabConfigError(f"{where}: {value} is kept by the lab itself (bridge, registry, client); "
-                             "use addresses 198.18.0.10-198.18.0.254")
+        raise LabConfigError(
+            f"{where}: {value} is outside the lab subnet {SUBNET}; the lab sends traffic "
+            "only to its own hosts (use addresses 198.18.0.10-198.18.0.254)"
+        )
+    if str(ip) in (BRIDGE_ADDRESS, REGISTRY_ADDRESS, CLIENT_ADDRESS) or ip in (
+        SUBNET.network_address,
+        SUBNET.broadcast_address,
+    ):
+        raise LabConfigError(
+            f"{where}: {value} is kept by the lab itself (bridge, registry, client); "
+            "use addresses 198.18.0.10-198.18.0.254"
+        )
     return str(ip)
 
 
@@ -98,12 +105,15 @@ def load_lab_stack(path: Path) -> LabStack:
             raise LabConfigError(f"llm-cluster:nodes.{node}.sshAddress: a lab host has one address")
         key = spec.get("hostKey")
         if not key:
-            raise LabConfigError(f"llm-cluster:nodes.{node}.hostKey: the lab pins every host key "
-                                 f"(lab/hostkeys/{node}.pub)")
+            raise LabConfigError(
+                f"llm-cluster:nodes.{node}.hostKey: the lab pins every host key (lab/hostkeys/{node}.pub)"
+            )
         pub = LAB_DIR / "hostkeys" / f"{node}.pub"
         if not pub.exists() or pub.read_text().split()[:2] != key.split()[:2]:
-            raise LabConfigError(f"llm-cluster:nodes.{node}.hostKey differs from lab/hostkeys/{node}.pub "
-                                 f"(generate one with: ssh-keygen -t ed25519 -N '' -f lab/hostkeys/{node})")
+            raise LabConfigError(
+                f"llm-cluster:nodes.{node}.hostKey differs from lab/hostkeys/{node}.pub "
+                f"(generate one with: ssh-keygen -t ed25519 -N '' -f lab/hostkeys/{node})"
+            )
         choice = shims.get(node) or {}
         topo, hca = choice.get("topo", "nvlink"), choice.get("hca", "roce-active")
         if topo not in TOPOLOGIES:

@@ -17,6 +17,7 @@ the build against Debian's signatures, as on a node. A recording whose InRelease
 valid (`Valid-Until`: the -security and -updates suites, a week) is recorded again; when a pinned
 version has left the archive by then, the recording fails with apt's own message.
 """
+
 from __future__ import annotations
 
 import email.utils
@@ -101,6 +102,7 @@ def lab_build_args(dockerfile: Dockerfile) -> dict[str, str]:
 
 # --- recording --------------------------------------------------------------------------------------
 
+
 class _Recorder(http.server.ThreadingHTTPServer):
     daemon_threads = True
 
@@ -146,8 +148,9 @@ class _RecordingHandler(http.server.BaseHTTPRequestHandler):
 
 
 def recording_key(dockerfile_text: str, base_tar: Path) -> str:
-    return hashlib.sha256(dockerfile_text.encode() + base_tar.name.encode()
-                          + str(base_tar.stat().st_size).encode()).hexdigest()[:16]
+    return hashlib.sha256(
+        dockerfile_text.encode() + base_tar.name.encode() + str(base_tar.stat().st_size).encode()
+    ).hexdigest()[:16]
 
 
 def _valid_until(root: Path) -> float | None:
@@ -173,8 +176,9 @@ def record(dockerfile_path: Path, base_tar: Path) -> Path:
             return root
         print(f"lab debian mirror: the recorded indexes expire ({time.ctime(until)}): recording again", flush=True)
     if not df.mirrors():
-        raise LabError(f"{dockerfile_path}: no ARG names an archive URL, so the lab cannot point its apt at "
-                       "the lab's mirror")
+        raise LabError(
+            f"{dockerfile_path}: no ARG names an archive URL, so the lab cannot point its apt at the lab's mirror"
+        )
     shutil.rmtree(root, ignore_errors=True)
     work = CACHE / "debian" / "chroot.tmp"
     shutil.rmtree(work, ignore_errors=True)
@@ -188,25 +192,48 @@ def record(dockerfile_path: Path, base_tar: Path) -> Path:
     try:
         sh("tar", "-C", str(work), "-xf", str(base_tar), timeout=600)
         port = server.server_address[1]
-        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
-               **df.args, **{k: f"http://127.0.0.1:{port}/{archive_name(v)}" for k, v in df.mirrors().items()}}
-        print(f"lab debian mirror: recording what {dockerfile_path.name}'s RUN steps fetch from "
-              f"{', '.join(sorted(upstreams.values()))} (once per machine)", flush=True)
+        env = {
+            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": "/root",
+            **df.args,
+            **{k: f"http://127.0.0.1:{port}/{archive_name(v)}" for k, v in df.mirrors().items()},
+        }
+        print(
+            f"lab debian mirror: recording what {dockerfile_path.name}'s RUN steps fetch from "
+            f"{', '.join(sorted(upstreams.values()))} (once per machine)",
+            flush=True,
+        )
         for step in df.runs:
-            p = subprocess.run(["chroot", str(work), "/bin/sh", "-c", step], env=env, capture_output=True,
-                               text=True, timeout=1800)
+            p = subprocess.run(
+                ["chroot", str(work), "/bin/sh", "-c", step], env=env, capture_output=True, text=True, timeout=1800
+            )
             if p.returncode:
-                raise LabError(f"recording the Debian packages of {dockerfile_path}: its RUN step failed in a chroot "
-                               f"of {df.base} ({p.returncode}):\n{(p.stdout + p.stderr).strip()[-3000:]}")
+                raise LabError(
+                    f"recording the Debian packages of {dockerfile_path}: its RUN step failed in a chroot "
+                    f"of {df.base} ({p.returncode}):\n{(p.stdout + p.stderr).strip()[-3000:]}"
+                )
     finally:
         server.shutdown()
         server.server_close()
         shutil.rmtree(work, ignore_errors=True)
     debs = sorted(f for f in server.fetched if f.endswith(".deb"))
-    manifest.write_text(json.dumps({"dockerfile": str(dockerfile_path), "base": df.base, "archives": upstreams,
-                                    "files": sorted(server.fetched), "debs": debs}, indent=1))
-    print(f"lab debian mirror: {len(server.fetched)} files ({len(debs)} packages) recorded in "
-          f"{time.monotonic() - started:.0f}s", flush=True)
+    manifest.write_text(
+        json.dumps(
+            {
+                "dockerfile": str(dockerfile_path),
+                "base": df.base,
+                "archives": upstreams,
+                "files": sorted(server.fetched),
+                "debs": debs,
+            },
+            indent=1,
+        )
+    )
+    print(
+        f"lab debian mirror: {len(server.fetched)} files ({len(debs)} packages) recorded in "
+        f"{time.monotonic() - started:.0f}s",
+        flush=True,
+    )
     return root
 
 
@@ -227,9 +254,24 @@ def serve(root: Path) -> None:
     """Python's http.server on the registry host, serving the recording read-only (a restart serves it again)."""
     stop()
     log = open(STATE / "debian-mirror.log", "ab")
-    p = subprocess.Popen(["nsenter", f"--net=/run/netns/{REGISTRY_NS}", "python3", "-m", "http.server", str(PORT),
-                          "--bind", REGISTRY_ADDRESS, "--directory", str(root)],
-                         stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+    p = subprocess.Popen(
+        [
+            "nsenter",
+            f"--net=/run/netns/{REGISTRY_NS}",
+            "python3",
+            "-m",
+            "http.server",
+            str(PORT),
+            "--bind",
+            REGISTRY_ADDRESS,
+            "--directory",
+            str(root),
+        ],
+        stdout=log,
+        stderr=log,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     PIDFILE.write_text(str(p.pid))
     deadline = time.monotonic() + 30
     while not serving():

@@ -6,6 +6,7 @@ remote engine over that process's stdin/stdout, keeping the connection for furth
 this client: each ssh process's stdio is joined to one end of a socket pair that http.client uses as
 its socket; idle connections are kept and reused, new ones dialled when all are busy.
 """
+
 from __future__ import annotations
 
 import base64
@@ -55,8 +56,19 @@ class DockerAPI:
 
     def _argv(self) -> list[str]:
         port = ["-p", str(self.port)] if self.port else []
-        return ["ssh", *self.ssh_opts, *port, "-o", "ConnectTimeout=30", "-T", "--", self.target,
-                "docker", "system", "dial-stdio"]
+        return [
+            "ssh",
+            *self.ssh_opts,
+            *port,
+            "-o",
+            "ConnectTimeout=30",
+            "-T",
+            "--",
+            self.target,
+            "docker",
+            "system",
+            "dial-stdio",
+        ]
 
     def _dial(self, timeout: float) -> tuple[http.client.HTTPConnection, subprocess.Popen]:
         mine, theirs = socket.socketpair()
@@ -88,8 +100,9 @@ class DockerAPI:
                         conn, _ = listener.accept()
                     except OSError:
                         return  # closed
-                    procs.append(subprocess.Popen(self._argv(), stdin=conn, stdout=conn, stderr=subprocess.DEVNULL,
-                                                  env=self.env))
+                    procs.append(
+                        subprocess.Popen(self._argv(), stdin=conn, stdout=conn, stderr=subprocess.DEVNULL, env=self.env)
+                    )
                     conn.close()
 
             thread = threading.Thread(target=accept, daemon=True)
@@ -111,9 +124,17 @@ class DockerAPI:
         for conn, proc in idle:
             self._hang_up(conn, proc)
 
-    def request(self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None,
-                raw: bytes | None = None, content_type: str = "application/json",
-                timeout: float = 600, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: dict[str, Any] | None = None,
+        raw: bytes | None = None,
+        content_type: str = "application/json",
+        timeout: float = 600,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, bytes]:
         """One HTTP request to the engine; (status, body). A stale kept connection is dialled again once."""
         url = API + path + ("?" + urllib.parse.urlencode(query) if query else "")
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
@@ -191,5 +212,10 @@ class DockerAPI:
                 info = tarfile.TarInfo(path.lstrip("/"))
                 info.size, info.mode = len(content), mode
                 tar.addfile(info, io.BytesIO(content))
-        self.call("PUT", f"/containers/{container}/archive", query={"path": "/"}, raw=buf.getvalue(),
-                  content_type="application/x-tar")
+        self.call(
+            "PUT",
+            f"/containers/{container}/archive",
+            query={"path": "/"},
+            raw=buf.getvalue(),
+            content_type="application/x-tar",
+        )

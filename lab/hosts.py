@@ -7,6 +7,7 @@ fake-GPU shims on PATH; its dockerd and its sshd. Beside them: lab-registry (the
 dockerd pulls through) and lab-client (a client outside the cluster). No namespace has a route
 beyond 198.18.0.0/24. `down()` removes all of it and checks that nothing is left.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -42,7 +43,7 @@ FIXTURES = REPO / "tests" / "fixtures" / "preflight"
 SHIM_TOOLS = ("nvidia-smi", "ibstat", "ibv_devices", "nvidia-container-cli", "df")
 # Paths each host sees as its own; the machine gets an empty mount point where it has none.
 MOUNT_POINTS = ("/data", "/var/lib/llm-cluster", "/etc/llm-cluster")
-OPERATOR = STATE / "operator"        # the operator's side: the lab's user key, its agent socket
+OPERATOR = STATE / "operator"  # the operator's side: the lab's user key, its agent socket
 # Each host's Docker data (its pulled images, its containers' layers) lives in a tmpfs of its own: an
 # upper bound, not a reservation (about 0.5 GiB is used per host). On this machine's disk, mounted with
 # `discard`, deleting six hosts' overlay trees file by file took minutes at every lab-down.
@@ -98,8 +99,10 @@ def lab_lock(timeout: float = 3600, say: Callable[[str], None] = print) -> Itera
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise LabError(f"{LOCK} is held by pid(s) {sorted(_lock_holders())} for more than "
-                                   f"{timeout:.0f}s: someone else has the lab") from None
+                    raise LabError(
+                        f"{LOCK} is held by pid(s) {sorted(_lock_holders())} for more than "
+                        f"{timeout:.0f}s: someone else has the lab"
+                    ) from None
                 if not told:
                     say(f"lab: waiting for {LOCK} (held by pid(s) {sorted(_lock_holders())}: the lab is in use)")
                     told = True
@@ -159,8 +162,11 @@ def _host_files(stack: LabStack, host: LabHost) -> None:
         (d / sub).mkdir(parents=True, exist_ok=True)
     sh("mount", "-t", "tmpfs", "-o", f"size={DOCKER_TMPFS_SIZE},mode=0711", "lab-docker", str(d / "docker"))
     aliases = "".join(f"{REGISTRY_ADDRESS} {a}\n" for a in REGISTRY_ALIASES)
-    _write(d / "etc-hosts", f"127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n"
-                            f"# the lab's registry mirror answers for these registries\n{aliases}")
+    _write(
+        d / "etc-hosts",
+        f"127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n"
+        f"# the lab's registry mirror answers for these registries\n{aliases}",
+    )
     ssh = d / "home" / ".ssh"
     ssh.mkdir(parents=True, exist_ok=True)
     ssh.chmod(0o700)
@@ -201,8 +207,9 @@ def _wait_port(address: str, port: int, what: str, timeout: float = 30) -> None:
                 return
         except OSError:
             if time.monotonic() > deadline:
-                raise LabError(f"{what} does not answer on {address}:{port} after {timeout:.0f}s "
-                               f"(logs under {STATE})") from None
+                raise LabError(
+                    f"{what} does not answer on {address}:{port} after {timeout:.0f}s (logs under {STATE})"
+                ) from None
             time.sleep(0.2)
 
 
@@ -215,30 +222,63 @@ def _start(argv: list[str], log: Path) -> int:
 def start_registry() -> None:
     """The registry mirror on lab-registry:80, storing in the machine's lab cache (images survive the lab)."""
     from lab.config import CACHE
+
     store = CACHE / "registry"
     store.mkdir(parents=True, exist_ok=True)
     conf = STATE / "registry.yml"
-    _write(conf, "version: 0.1\nlog: {level: warn}\n"
-                 f"storage: {{filesystem: {{rootdirectory: {store}}}, delete: {{enabled: true}}}}\n"
-                 f"http: {{addr: '{REGISTRY_ADDRESS}:80'}}\n")
-    pid = _start(["nsenter", f"--net=/run/netns/{REGISTRY_NS}", "docker-registry", "serve", str(conf)],
-                 STATE / "registry.log")
+    _write(
+        conf,
+        "version: 0.1\nlog: {level: warn}\n"
+        f"storage: {{filesystem: {{rootdirectory: {store}}}, delete: {{enabled: true}}}}\n"
+        f"http: {{addr: '{REGISTRY_ADDRESS}:80'}}\n",
+    )
+    pid = _start(
+        ["nsenter", f"--net=/run/netns/{REGISTRY_NS}", "docker-registry", "serve", str(conf)], STATE / "registry.log"
+    )
     _write(STATE / "registry.pid", str(pid))
     _wait_port(REGISTRY_ADDRESS, 80, "the registry mirror")
     # The lab's NTP server (chrony serving this machine's clock): the hosts' chronyd follow it.
     ntp = STATE / "ntp"
     ntp.mkdir(exist_ok=True)
-    _write(ntp / "chrony.conf", f"local stratum 8\nallow {SUBNET}\nbindaddress {REGISTRY_ADDRESS}\ncmdport 0\n"
-                                f"pidfile {ntp}/chronyd.pid\n")
-    sh("nsenter", f"--net=/run/netns/{REGISTRY_NS}", "chronyd", "-x", "-u", "root", "-f", str(ntp / "chrony.conf"),
-       "-l", str(ntp / "chronyd.log"))
+    _write(
+        ntp / "chrony.conf",
+        f"local stratum 8\nallow {SUBNET}\nbindaddress {REGISTRY_ADDRESS}\ncmdport 0\npidfile {ntp}/chronyd.pid\n",
+    )
+    sh(
+        "nsenter",
+        f"--net=/run/netns/{REGISTRY_NS}",
+        "chronyd",
+        "-x",
+        "-u",
+        "root",
+        "-f",
+        str(ntp / "chrony.conf"),
+        "-l",
+        str(ntp / "chronyd.log"),
+    )
 
 
 def boot_host(host: LabHost) -> int:
     """Start the host's init (mounts, dockerd, sshd) in its namespaces; returns the sshd pid."""
-    pid = _start(["nsenter", f"--net=/run/netns/{host.netns}", "unshare", "--mount", "--uts",
-                  "--propagation", "private", "bash", str(LAB_DIR / "host-init.sh"), "boot",
-                  str(host.dir), host.node, host.address, REGISTRY_ADDRESS], host.dir / "init.log")
+    pid = _start(
+        [
+            "nsenter",
+            f"--net=/run/netns/{host.netns}",
+            "unshare",
+            "--mount",
+            "--uts",
+            "--propagation",
+            "private",
+            "bash",
+            str(LAB_DIR / "host-init.sh"),
+            "boot",
+            str(host.dir),
+            host.node,
+            host.address,
+            REGISTRY_ADDRESS,
+        ],
+        host.dir / "init.log",
+    )
     _write(host.dir / "sshd.pid", str(pid))
     return pid
 
@@ -271,16 +311,25 @@ def restart_dockerd(host: LabHost) -> None:
 def _operator_key() -> None:
     OPERATOR.mkdir(parents=True, exist_ok=True)
     if not (OPERATOR / "id_ed25519").exists():
-        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "llm-cluster lab user", "-f",
-           str(OPERATOR / "id_ed25519"))
+        sh(
+            "ssh-keygen",
+            "-q",
+            "-t",
+            "ed25519",
+            "-N",
+            "",
+            "-C",
+            "llm-cluster lab user",
+            "-f",
+            str(OPERATOR / "id_ed25519"),
+        )
 
 
 def start_agent() -> str:
     """An ssh-agent holding the lab's user key (the lab stack says ssh.agent: true); its socket path."""
     sock = OPERATOR / "agent.sock"
     if sock.exists():
-        probe = subprocess.run(["ssh-add", "-l"], env={**os.environ, "SSH_AUTH_SOCK": str(sock)},
-                               capture_output=True)
+        probe = subprocess.run(["ssh-add", "-l"], env={**os.environ, "SSH_AUTH_SOCK": str(sock)}, capture_output=True)
         if probe.returncode == 0:
             return str(sock)
         sock.unlink()
@@ -299,8 +348,17 @@ def up(stack: LabStack) -> None:
     created = [p for p in MOUNT_POINTS if not Path(p).exists()]
     for p in created:
         Path(p).mkdir(parents=True)
-    _write(STATE / "lab.json", json.dumps({"stack": str(stack.path), "stackName": stack.name, "mountPoints": created,
-                                           "hosts": [h.node for h in stack.hosts]}))
+    _write(
+        STATE / "lab.json",
+        json.dumps(
+            {
+                "stack": str(stack.path),
+                "stackName": stack.name,
+                "mountPoints": created,
+                "hosts": [h.node for h in stack.hosts],
+            }
+        ),
+    )
     _operator_key()
     sh("ip", "link", "add", BRIDGE, "type", "bridge")
     sh("ip", "addr", "add", f"{BRIDGE_ADDRESS}/{SUBNET.prefixlen}", "dev", BRIDGE)

@@ -7,6 +7,7 @@ WORKDIR and paths (each fact below says where it is from). Built once per machin
 /var/cache/llm-cluster/lab/ (the registry's storage and a stamp of the build inputs); a missing or
 stale cache is rebuilt.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -52,42 +53,68 @@ class Kind:
 
 
 KINDS: dict[str, Kind] = {
-    "vllm": Kind(entrypoint=("python3", "-m", "vllm.entrypoints.openai.api_server"), workdir="/vllm-workspace",
-                 source="vllm-project/vllm docker/Dockerfile (vllm-openai target): "
-                        "ENTRYPOINT [\"python3\", \"-m\", \"vllm.entrypoints.openai.api_server\"], root"),
-    "dcgm-exporter": Kind(entrypoint=("/usr/local/dcgm/dcgm-exporter-entrypoint.sh",),
-                          source="NVIDIA/dcgm-exporter docker/Dockerfile: "
-                                 "ENTRYPOINT /usr/local/dcgm/dcgm-exporter-entrypoint.sh"),
-    "node-exporter": Kind(packages=("prometheus-node-exporter",), entrypoint=("/bin/node_exporter",),
-                          user="nobody", source="prometheus/node_exporter Dockerfile: ENTRYPOINT "
-                                                "[\"/bin/node_exporter\"], USER nobody"),
-    "prometheus": Kind(packages=("prometheus",), entrypoint=("/bin/prometheus",),
-                       cmd=("--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prometheus"),
-                       user="nobody", workdir="/prometheus",
-                       source="prometheus/prometheus Dockerfile: ENTRYPOINT [\"/bin/prometheus\"], CMD "
-                              "--config.file=/etc/prometheus/prometheus.yml --storage.tsdb.path=/prometheus, "
-                              "USER nobody, WORKDIR /prometheus"),
-    "grafana": Kind(packages=("python3-yaml",), entrypoint=("/run.sh",), user="472",
-                    env={"GF_PATHS_PROVISIONING": "/etc/grafana/provisioning", "GF_PATHS_DATA": "/var/lib/grafana"},
-                    source="grafana/grafana Dockerfile: ENTRYPOINT [\"/run.sh\"], USER 472 (grafana), "
-                           "GF_PATHS_PROVISIONING=/etc/grafana/provisioning"),
+    "vllm": Kind(
+        entrypoint=("python3", "-m", "vllm.entrypoints.openai.api_server"),
+        workdir="/vllm-workspace",
+        source="vllm-project/vllm docker/Dockerfile (vllm-openai target): "
+        'ENTRYPOINT ["python3", "-m", "vllm.entrypoints.openai.api_server"], root',
+    ),
+    "dcgm-exporter": Kind(
+        entrypoint=("/usr/local/dcgm/dcgm-exporter-entrypoint.sh",),
+        source="NVIDIA/dcgm-exporter docker/Dockerfile: ENTRYPOINT /usr/local/dcgm/dcgm-exporter-entrypoint.sh",
+    ),
+    "node-exporter": Kind(
+        packages=("prometheus-node-exporter",),
+        entrypoint=("/bin/node_exporter",),
+        user="nobody",
+        source='prometheus/node_exporter Dockerfile: ENTRYPOINT ["/bin/node_exporter"], USER nobody',
+    ),
+    "prometheus": Kind(
+        packages=("prometheus",),
+        entrypoint=("/bin/prometheus",),
+        cmd=("--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prometheus"),
+        user="nobody",
+        workdir="/prometheus",
+        source='prometheus/prometheus Dockerfile: ENTRYPOINT ["/bin/prometheus"], CMD '
+        "--config.file=/etc/prometheus/prometheus.yml --storage.tsdb.path=/prometheus, "
+        "USER nobody, WORKDIR /prometheus",
+    ),
+    "grafana": Kind(
+        packages=("python3-yaml",),
+        entrypoint=("/run.sh",),
+        user="472",
+        env={"GF_PATHS_PROVISIONING": "/etc/grafana/provisioning", "GF_PATHS_DATA": "/var/lib/grafana"},
+        source='grafana/grafana Dockerfile: ENTRYPOINT ["/run.sh"], USER 472 (grafana), '
+        "GF_PATHS_PROVISIONING=/etc/grafana/provisioning",
+    ),
     # E's engine stand-ins (lab/standins/llamacpp, lab/standins/lmdeploy: each module's docstring says what).
-    "llamacpp": Kind(packages=llamacpp_standin.PACKAGES, entrypoint=llamacpp_standin.ENTRYPOINT,
-                     workdir=llamacpp_standin.WORKDIR, env=llamacpp_standin.ENV, run=llamacpp_standin.DOCKERFILE_LINES,
-                     source=llamacpp_standin.SOURCE),
-    "lmdeploy": Kind(packages=lmdeploy_standin.PACKAGES, entrypoint=lmdeploy_standin.ENTRYPOINT,
-                     source=lmdeploy_standin.SOURCE),
+    "llamacpp": Kind(
+        packages=llamacpp_standin.PACKAGES,
+        entrypoint=llamacpp_standin.ENTRYPOINT,
+        workdir=llamacpp_standin.WORKDIR,
+        env=llamacpp_standin.ENV,
+        run=llamacpp_standin.DOCKERFILE_LINES,
+        source=llamacpp_standin.SOURCE,
+    ),
+    "lmdeploy": Kind(
+        packages=lmdeploy_standin.PACKAGES, entrypoint=lmdeploy_standin.ENTRYPOINT, source=lmdeploy_standin.SOURCE
+    ),
 }
 
-DEBIAN_SOURCE = ("debuerreotype (docker-library/debian): one layer of debootstrap --variant=minbase, "
-                 "minimizing-config and slimify; CMD [\"bash\"]")
+DEBIAN_SOURCE = (
+    "debuerreotype (docker-library/debian): one layer of debootstrap --variant=minbase, "
+    'minimizing-config and slimify; CMD ["bash"]'
+)
 
 # Which stand-in an image repository gets.
 REPOSITORIES = {
     "vllm/vllm-openai": "vllm",
-    "ghcr.io/ggml-org/llama.cpp": "llamacpp", "openmmlab/lmdeploy": "lmdeploy",
-    "nvcr.io/nvidia/k8s/dcgm-exporter": "dcgm-exporter", "prom/node-exporter": "node-exporter",
-    "prom/prometheus": "prometheus", "grafana/grafana": "grafana",
+    "ghcr.io/ggml-org/llama.cpp": "llamacpp",
+    "openmmlab/lmdeploy": "lmdeploy",
+    "nvcr.io/nvidia/k8s/dcgm-exporter": "dcgm-exporter",
+    "prom/node-exporter": "node-exporter",
+    "prom/prometheus": "prometheus",
+    "grafana/grafana": "grafana",
     "debian": "debian",  # the base image of a Dockerfile a lab host builds (the default gateway image)
     # Not a stand-in: the default gateway image itself, for a stack that pulls it (air-gapped).
     GATEWAY_IMAGE.split(":", 1)[0]: "gateway",
@@ -132,13 +159,22 @@ def vllm_facts(tag: str) -> dict:
     dump = REPO / "components" / "engines" / "vllm" / "data" / f"vllm-{version}-serve-args.json"
     metrics = sorted((REPO / "tests" / "fixtures" / "metrics").glob(f"vllm-{version}*.txt"))
     if not dump.exists() or not metrics:
-        raise LabError(f"the vLLM stand-in for {tag} needs the real parser dump components/engines/vllm/data/vllm-{version}-"
-                       f"serve-args.json and a metric list tests/fixtures/metrics/vllm-{version}*.txt")
+        raise LabError(
+            f"the vLLM stand-in for {tag} needs the real parser dump components/engines/vllm/data/vllm-{version}-"
+            f"serve-args.json and a metric list tests/fixtures/metrics/vllm-{version}*.txt"
+        )
     # The planner's methods over the engine images it knows (components.engines.vllm.facts).
     from components.engines.vllm.facts import QUANTIZATION_METHODS
+
     minor = ".".join(version.split(".")[:2])
-    return {"version": version, "dump": dump, "metrics": metrics[0], "ray": RAY_FOR_VLLM.get(minor, RAY_DEFAULT),
-            "quantizations": sorted(QUANTIZATION_METHODS), "standin": standin_facts(f"vllm/vllm-openai:{tag}")}
+    return {
+        "version": version,
+        "dump": dump,
+        "metrics": metrics[0],
+        "ray": RAY_FOR_VLLM.get(minor, RAY_DEFAULT),
+        "quantizations": sorted(QUANTIZATION_METHODS),
+        "standin": standin_facts(f"vllm/vllm-openai:{tag}"),
+    }
 
 
 def standin_facts(ref: str) -> dict:
@@ -146,26 +182,38 @@ def standin_facts(ref: str) -> dict:
     image's torch, CUDA, arch list and Triton from the project's facts, the Triton release's verdict on
     fp16 dots, and the GPU the lab hosts pretend to have (the one their nvidia-smi shims print)."""
     from components.engines.vllm.facts import image_facts
+
     facts = image_facts(ref)
     if facts is None or facts.triton_facts is None:
-        raise LabError(f"the vLLM stand-in for {ref} needs its torch and Triton facts in components/engines/vllm/facts.py "
-                       "(the qualification gate checks them in the image)")
+        raise LabError(
+            f"the vLLM stand-in for {ref} needs its torch and Triton facts in components/engines/vllm/facts.py "
+            "(the qualification gate checks them in the image)"
+        )
     import importlib.util
+
     spec = importlib.util.spec_from_file_location("lab_gpu_shim", LAB_DIR / "shims" / "gpu_shim.py")
     assert spec is not None and spec.loader is not None
     shim = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(shim)
     name, count, capability = shim.gpu_model(REPO / "tests" / "fixtures" / "preflight")
-    return {"torch": facts.torch, "cuda": facts.cuda, "torch_arch_list": list(facts.torch_arch_list),
-            "triton": facts.triton, "fp16_dot_min_capability": facts.triton_facts.fp16_dot_min_capability,
-            "triton_failure": facts.triton_facts.failure,
-            "gpu": {"name": name, "count": count, "capability": capability}}
+    return {
+        "torch": facts.torch,
+        "cuda": facts.cuda,
+        "torch_arch_list": list(facts.torch_arch_list),
+        "triton": facts.triton,
+        "fp16_dot_min_capability": facts.triton_facts.fp16_dot_min_capability,
+        "triton_failure": facts.triton_facts.failure,
+        "gpu": {"name": name, "count": count, "capability": capability},
+    }
 
 
 # What each stand-in is made of under lab/standins (a directory: its *.py files), besides this module.
 KIND_FILES: dict[str, tuple[str, ...]] = {
-    "vllm": ("vllm", "openai_http.py"), "dcgm-exporter": ("dcgm_exporter.py",), "grafana": ("grafana.py",),
-    "lmdeploy": ("lmdeploy", "openai_http.py", "vllm/torch"), "llamacpp": ("llamacpp",),
+    "vllm": ("vllm", "openai_http.py"),
+    "dcgm-exporter": ("dcgm_exporter.py",),
+    "grafana": ("grafana.py",),
+    "lmdeploy": ("lmdeploy", "openai_http.py", "vllm/torch"),
+    "llamacpp": ("llamacpp",),
 }
 
 
@@ -184,15 +232,22 @@ def inputs_hash(ref: str) -> str:
         h.update(str(tar.stat().st_size if tar.exists() else 0).encode())
     elif kind == "vllm":
         f = vllm_facts(split_ref(ref)[1])
-        h.update(f["dump"].read_bytes() + f["metrics"].read_bytes() + f["ray"].encode()
-                 + json.dumps(f["standin"], sort_keys=True).encode())
+        h.update(
+            f["dump"].read_bytes()
+            + f["metrics"].read_bytes()
+            + f["ray"].encode()
+            + json.dumps(f["standin"], sort_keys=True).encode()
+        )
     elif kind == "lmdeploy":
-        h.update(json.dumps(lmdeploy_standin.standin_facts(ref), sort_keys=True).encode()
-                 + (REPO / "components" / "engines" / "lmdeploy" / "tools" / "dump_lmdeploy.py").read_bytes())
+        h.update(
+            json.dumps(lmdeploy_standin.standin_facts(ref), sort_keys=True).encode()
+            + (REPO / "components" / "engines" / "lmdeploy" / "tools" / "dump_lmdeploy.py").read_bytes()
+        )
     return h.hexdigest()[:16]
 
 
 # --- building -------------------------------------------------------------------------------------
+
 
 def _base(suite: str = SUITE) -> Path:
     """A debootstrap root file system of `suite` (cached), as a tarball for `docker import`."""
@@ -204,8 +259,15 @@ def _base(suite: str = SUITE) -> Path:
     root.parent.mkdir(parents=True, exist_ok=True)
     print(f"lab images: debootstrap {suite} (once per machine)", flush=True)
     include = BASE_PACKAGES if suite == SUITE else ()
-    sh("debootstrap", "--variant=minbase", *([f"--include={','.join(include)}"] if include else []), suite,
-       str(root), "http://deb.debian.org/debian", timeout=1800)
+    sh(
+        "debootstrap",
+        "--variant=minbase",
+        *([f"--include={','.join(include)}"] if include else []),
+        suite,
+        str(root),
+        "http://deb.debian.org/debian",
+        timeout=1800,
+    )
     if suite != SUITE:
         _slimify(root)
     for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
@@ -228,13 +290,23 @@ SLIM_FILES = {
         '/var/cache/apt/*.bin || true"; };\n'
         'APT::Update::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb '
         '/var/cache/apt/*.bin || true"; };\n'
-        'Dir::Cache::pkgcache ""; Dir::Cache::srcpkgcache "";\n'),
+        'Dir::Cache::pkgcache ""; Dir::Cache::srcpkgcache "";\n'
+    ),
     "etc/apt/apt.conf.d/docker-gzip-indexes": 'Acquire::GzipIndexes "true";\n',
     "etc/apt/apt.conf.d/docker-no-languages": 'Acquire::Languages "none";\n',
-    "etc/dpkg/dpkg.cfg.d/docker": "".join(f"path-exclude {p}\n" for p in (
-        "/usr/share/doc/*", "/usr/share/info/*", "/usr/share/linda/*", "/usr/share/lintian/overrides/*",
-        "/usr/share/locale/*", "/usr/share/man/*", "/usr/share/groff/*")) + (
-        "path-include /usr/share/doc/*/copyright\npath-include /usr/share/locale/locale.alias\n"),
+    "etc/dpkg/dpkg.cfg.d/docker": "".join(
+        f"path-exclude {p}\n"
+        for p in (
+            "/usr/share/doc/*",
+            "/usr/share/info/*",
+            "/usr/share/linda/*",
+            "/usr/share/lintian/overrides/*",
+            "/usr/share/locale/*",
+            "/usr/share/man/*",
+            "/usr/share/groff/*",
+        )
+    )
+    + ("path-include /usr/share/doc/*/copyright\npath-include /usr/share/locale/locale.alias\n"),
 }
 
 
@@ -270,8 +342,7 @@ def _packages_layer(packages: tuple[str, ...], work: Path) -> Path:
     shutil.copy2("/etc/resolv.conf", full / "etc/resolv.conf")
     env = ["env", "DEBIAN_FRONTEND=noninteractive", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"]
     sh(*env, "chroot", str(full), "apt-get", "update", "-qq", timeout=600)
-    sh(*env, "chroot", str(full), "apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages,
-       timeout=1200)
+    sh(*env, "chroot", str(full), "apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages, timeout=1200)
     sh("chroot", str(full), "apt-get", "clean")
     (full / "usr/sbin/policy-rc.d").unlink()
     shutil.rmtree(full / "var/lib/apt/lists", ignore_errors=True)
@@ -305,8 +376,17 @@ def _context(ref: str, work: Path) -> Path:
         site = files / "usr/local/lib/python3.11/dist-packages"
         site.mkdir(parents=True, exist_ok=True)
         pip = REPO / ".venv" / "bin" / "pip"
-        sh(str(pip), "install", "-q", "--no-warn-script-location", "--target", str(site), f"ray[client]=={facts['ray']}",
-           f"numpy=={NUMPY}", timeout=1200)
+        sh(
+            str(pip),
+            "install",
+            "-q",
+            "--no-warn-script-location",
+            "--target",
+            str(site),
+            f"ray[client]=={facts['ray']}",
+            f"numpy=={NUMPY}",
+            timeout=1200,
+        )
         shutil.rmtree(site / "bin", ignore_errors=True)  # scripts with this machine's interpreter path
         for package in ("vllm", "torch", "triton"):
             shutil.copytree(standins / "vllm" / package, site / package)
@@ -314,13 +394,16 @@ def _context(ref: str, work: Path) -> Path:
         (site / "standin.json").write_text(json.dumps(facts["standin"], indent=1))
         shutil.copy2(facts["dump"], site / "vllm" / "serve-args.json")
         shutil.copy2(facts["metrics"], site / "vllm" / "metrics.txt")
-        (site / "vllm" / "version.json").write_text(json.dumps(
-            {"version": facts["version"], "quantizations": facts["quantizations"]}))
+        (site / "vllm" / "version.json").write_text(
+            json.dumps({"version": facts["version"], "quantizations": facts["quantizations"]})
+        )
         _script(files / "usr/local/bin/vllm", "from vllm.entrypoints.cli.main import main\nsys.exit(main())")
         _script(files / "usr/local/bin/ray", "from ray.scripts.scripts import main\nsys.exit(main())")
         (files / "vllm-workspace").mkdir()
-        extra_env["LAB_STANDIN"] = (f"vllm {facts['version']} with ray {facts['ray']}; stand-in torch "
-                                    f"{facts['standin']['torch']} and triton {facts['standin']['triton']}")
+        extra_env["LAB_STANDIN"] = (
+            f"vllm {facts['version']} with ray {facts['ray']}; stand-in torch "
+            f"{facts['standin']['torch']} and triton {facts['standin']['triton']}"
+        )
     elif kind_name == "llamacpp":
         llamacpp_standin.add_image_files(files)
     elif kind_name == "lmdeploy":
@@ -330,8 +413,9 @@ def _context(ref: str, work: Path) -> Path:
         d.mkdir(parents=True)
         shutil.copy2(standins / "dcgm_exporter.py", d / "dcgm_exporter.py")
         shutil.copy2(REPO / "tests/fixtures/metrics/dcgm-exporter-default-counters.txt", d / "dcgm-counters.txt")
-        _text(d / "dcgm-exporter-entrypoint.sh", "#!/bin/sh\nexec python3 /usr/local/dcgm/dcgm_exporter.py \"$@\"\n",
-              0o755)
+        _text(
+            d / "dcgm-exporter-entrypoint.sh", '#!/bin/sh\nexec python3 /usr/local/dcgm/dcgm_exporter.py "$@"\n', 0o755
+        )
     elif kind_name == "node-exporter":
         links += [("/usr/bin/prometheus-node-exporter", "/bin/node_exporter")]
     elif kind_name == "prometheus":
@@ -340,7 +424,7 @@ def _context(ref: str, work: Path) -> Path:
         (files / "etc/prometheus").mkdir(parents=True, exist_ok=True)
     elif kind_name == "grafana":
         shutil.copy2(standins / "grafana.py", files / "grafana.py")
-        _text(files / "run.sh", "#!/bin/sh\nexec python3 /grafana.py \"$@\"\n", 0o755)
+        _text(files / "run.sh", '#!/bin/sh\nexec python3 /grafana.py "$@"\n', 0o755)
         for d in ("etc/grafana/provisioning", "var/lib/grafana", "usr/share/grafana"):
             (files / d).mkdir(parents=True, exist_ok=True)
         extra_env["LAB_GRAFANA_VERSION"] = split_ref(ref)[1]
@@ -372,9 +456,18 @@ def _context(ref: str, work: Path) -> Path:
 def _import_debian(b: Builder, ref: str, name: str) -> str:
     """The `debian:<release>-slim` stand-in into the builder as `name`: one layer, as Debian's own images
     are (the slimmed debootstrap tree), with their CMD. Its image id."""
-    return sh(*b.docker("import", "--change", 'CMD ["bash"]', "--change",
-                        f"LABEL org.llm-cluster.lab.standin={json.dumps(DEBIAN_SOURCE)}",
-                        str(debian_rootfs(ref)), name), timeout=900).strip()
+    return sh(
+        *b.docker(
+            "import",
+            "--change",
+            'CMD ["bash"]',
+            "--change",
+            f"LABEL org.llm-cluster.lab.standin={json.dumps(DEBIAN_SOURCE)}",
+            str(debian_rootfs(ref)),
+            name,
+        ),
+        timeout=900,
+    ).strip()
 
 
 def _gateway_image(b: Builder, target: str) -> str:
@@ -384,6 +477,7 @@ def _gateway_image(b: Builder, target: str) -> str:
     Debian's signatures checked. The builder's dockerd is in the registry host's namespace, where that
     mirror listens: the build runs on its network (`--network host`). Its image id."""
     from lab import debmirror
+
     dockerfile = GATEWAY_CONTEXT / "Dockerfile"
     df = debmirror.parse_dockerfile(dockerfile.read_text())
     # FROM resolves in the builder's own store (it pulls from nowhere): the base under its own name.
@@ -391,13 +485,19 @@ def _gateway_image(b: Builder, target: str) -> str:
     debmirror.serve(debmirror.record(dockerfile, debian_rootfs(df.base)))
     try:
         args = [a for k, v in debmirror.lab_build_args(df).items() for a in ("--build-arg", f"{k}={v}")]
-        p = subprocess.run(b.docker("build", "-q", "--network", "host", *args, "-t", target, str(GATEWAY_CONTEXT)),
-                           capture_output=True, text=True, env={"DOCKER_BUILDKIT": "0", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
-                           timeout=1800)
+        p = subprocess.run(
+            b.docker("build", "-q", "--network", "host", *args, "-t", target, str(GATEWAY_CONTEXT)),
+            capture_output=True,
+            text=True,
+            env={"DOCKER_BUILDKIT": "0", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+            timeout=1800,
+        )
     finally:
         debmirror.stop()  # served again by the stack that builds it on a host (lab/__main__.py debian_mirror)
     if p.returncode:
-        raise LabError(f"building the gateway image {GATEWAY_IMAGE} from {dockerfile} failed: {p.stderr.strip()[-2000:]}")
+        raise LabError(
+            f"building the gateway image {GATEWAY_IMAGE} from {dockerfile} failed: {p.stderr.strip()[-2000:]}"
+        )
     return p.stdout.strip()
 
 
@@ -424,11 +524,30 @@ class Builder:
         data = CACHE / "builder"
         data.mkdir(parents=True, exist_ok=True)
         log = open(self.run / "dockerd.log", "ab")
-        p = subprocess.Popen(["nsenter", f"--net=/run/netns/{REGISTRY_NS}", "dockerd", "--data-root", str(data),
-                              "--exec-root", str(self.run / "exec"), "-H", f"unix://{self.sock}",
-                              "--pidfile", str(self.run / "docker.pid"), "--iptables=false", "--ip-masq=false",
-                              "--bridge=none", "--insecure-registry", REGISTRY_ADDRESS],
-                             stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+        p = subprocess.Popen(
+            [
+                "nsenter",
+                f"--net=/run/netns/{REGISTRY_NS}",
+                "dockerd",
+                "--data-root",
+                str(data),
+                "--exec-root",
+                str(self.run / "exec"),
+                "-H",
+                f"unix://{self.sock}",
+                "--pidfile",
+                str(self.run / "docker.pid"),
+                "--iptables=false",
+                "--ip-masq=false",
+                "--bridge=none",
+                "--insecure-registry",
+                REGISTRY_ADDRESS,
+            ],
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         self.pid = p.pid
         self.proc = p
         deadline = time.monotonic() + 60
@@ -459,8 +578,11 @@ class Builder:
 def in_registry(ref: str) -> bool:
     """The mirror serves this name and tag."""
     repo, tag = split_ref(ref)
-    req = urllib.request.Request(f"http://{REGISTRY_ADDRESS}/v2/{registry_path(repo)}/manifests/{tag}", method="HEAD",
-                                 headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"})
+    req = urllib.request.Request(
+        f"http://{REGISTRY_ADDRESS}/v2/{registry_path(repo)}/manifests/{tag}",
+        method="HEAD",
+        headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"},
+    )
     try:
         with urllib.request.urlopen(req, timeout=5) as r:
             return r.status == 200
@@ -495,8 +617,13 @@ def ensure(refs: list[str]) -> dict[str, str]:
                 image_id = _import_debian(b, ref, target)
             else:
                 ctx = _context(ref, work)
-                p = subprocess.run(b.docker("build", "-q", "-t", target, str(ctx)), capture_output=True, text=True,
-                                   env={"DOCKER_BUILDKIT": "0", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, timeout=1800)
+                p = subprocess.run(
+                    b.docker("build", "-q", "-t", target, str(ctx)),
+                    capture_output=True,
+                    text=True,
+                    env={"DOCKER_BUILDKIT": "0", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                    timeout=1800,
+                )
                 if p.returncode:
                     raise LabError(f"building the stand-in for {ref} failed: {p.stderr.strip()[-2000:]}")
                 image_id = p.stdout.strip()

@@ -27,6 +27,7 @@ Computed outputs the mocks invented (an image id) are replaced by the real ones 
 resource runs. State (inputs and outputs per URN, like a Pulumi state file) is kept in the lab's
 state directory so a second `up` can show that nothing re-runs, and `destroy` can undo in reverse.
 """
+
 from __future__ import annotations
 
 import base64
@@ -71,6 +72,7 @@ class RehearsalError(RuntimeError):
 # Each entry: provider input (schema name) → how the docker provider (terraform-provider-docker
 # resource_docker_container_funcs.go) puts it into the create request. Anything else stops the run.
 
+
 def _nanos(duration: str) -> int:
     """Go duration strings as the provider parses them ("30s", "5m", "1h30m")."""
     total, num = 0.0, ""
@@ -82,7 +84,7 @@ def _nanos(duration: str) -> int:
             num += c
             i += 1
             continue
-        unit = "ms" if duration[i:i + 2] == "ms" else c
+        unit = "ms" if duration[i : i + 2] == "ms" else c
         total += float(num) * units[unit]
         num = ""
         i += len(unit)
@@ -105,9 +107,16 @@ def _gpus(value: str) -> list[dict[str, Any]]:
 def _device_requests(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The provider's device_requests blocks as the Engine API's DeviceRequests: one request each, its
     capabilities one set (a container asks for GPUs by id when a replica has a subset of the node's)."""
-    return [{"Driver": r.get("driver", ""), "Count": int(r.get("count", 0)), "DeviceIDs": r.get("deviceIds") or None,
-             "Capabilities": [list(r["capabilities"])] if r.get("capabilities") else None,
-             "Options": r.get("options") or {}} for r in requests]
+    return [
+        {
+            "Driver": r.get("driver", ""),
+            "Count": int(r.get("count", 0)),
+            "DeviceIDs": r.get("deviceIds") or None,
+            "Capabilities": [list(r["capabilities"])] if r.get("capabilities") else None,
+            "Options": r.get("options") or {},
+        }
+        for r in requests
+    ]
 
 
 # The one input the lab cannot pass unchanged: this machine's hard limit on open files (20000 here,
@@ -121,8 +130,10 @@ def _ulimit(u: dict[str, Any]) -> dict[str, Any]:
     if u["name"] == "nofile":
         cap = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         if hard > cap:
-            ADAPTATIONS.append(f"ulimit nofile {soft}/{hard} lowered to {min(soft, cap)}/{cap}: this machine's "
-                               "hard limit on open files")
+            ADAPTATIONS.append(
+                f"ulimit nofile {soft}/{hard} lowered to {min(soft, cap)}/{cap}: this machine's "
+                "hard limit on open files"
+            )
             soft, hard = min(soft, cap), cap
     return {"Name": u["name"], "Soft": soft, "Hard": hard}
 
@@ -135,6 +146,7 @@ def _set(path: str, transform: Callable[[Any], Any] = lambda v: v) -> Callable[[
         for k in keys[:-1]:
             d = d.setdefault(k, {})
         d[keys[-1]] = transform(value)
+
     return apply
 
 
@@ -153,21 +165,29 @@ def _mounts(body: dict, mounts: list[dict]) -> None:
         extra = set(m) - {"target", "type", "source", "readOnly", "bindOptions"}
         if extra:
             raise RehearsalError(f"docker:Container mounts entry: no mapping for {sorted(extra)}")
-        mount = {"Target": m["target"], "Source": m.get("source", ""), "Type": m["type"],
-                 "ReadOnly": bool(m.get("readOnly"))}
+        mount = {
+            "Target": m["target"],
+            "Source": m.get("source", ""),
+            "Type": m["type"],
+            "ReadOnly": bool(m.get("readOnly")),
+        }
         if m.get("bindOptions"):
             mount["BindOptions"] = {"Propagation": m["bindOptions"].get("propagation", "")}
         out.append(mount)
 
 
 def _healthcheck(body: dict, h: dict) -> None:
-    body["Healthcheck"] = {"Test": h["tests"], "Interval": _nanos(h.get("interval", "0s")),
-                           "Timeout": _nanos(h.get("timeout", "0s")),
-                           "StartPeriod": _nanos(h.get("startPeriod", "0s")), "Retries": int(h.get("retries", 0))}
+    body["Healthcheck"] = {
+        "Test": h["tests"],
+        "Interval": _nanos(h.get("interval", "0s")),
+        "Timeout": _nanos(h.get("timeout", "0s")),
+        "StartPeriod": _nanos(h.get("startPeriod", "0s")),
+        "Retries": int(h.get("retries", 0)),
+    }
 
 
 CONTAINER_INPUTS: dict[str, Callable[[dict, Any], None] | None] = {
-    "name": None,                                   # the ?name= query of POST /containers/create
+    "name": None,  # the ?name= query of POST /containers/create
     "image": _set("Image"),
     "command": _set("Cmd"),
     "entrypoints": _set("Entrypoint"),
@@ -178,24 +198,27 @@ CONTAINER_INPUTS: dict[str, Callable[[dict, Any], None] | None] = {
     "networkMode": _set("HostConfig.NetworkMode"),
     "restart": _set("HostConfig.RestartPolicy.Name"),
     "maxRetryCount": _set("HostConfig.RestartPolicy.MaximumRetryCount", int),
-    "shmSize": _set("HostConfig.ShmSize", lambda mb: int(mb) * 1024 * 1024),   # the schema's unit is MB
+    "shmSize": _set("HostConfig.ShmSize", lambda mb: int(mb) * 1024 * 1024),  # the schema's unit is MB
     "init": _set("HostConfig.Init", bool),
     "gpus": _set("HostConfig.DeviceRequests", _gpus),
-    "deviceRequests": lambda b, rs: (b.setdefault("HostConfig", {}).setdefault("DeviceRequests", []).extend(
-        _device_requests(rs))),
+    "deviceRequests": lambda b, rs: (
+        b.setdefault("HostConfig", {}).setdefault("DeviceRequests", []).extend(_device_requests(rs))
+    ),
     "pidMode": _set("HostConfig.PidMode"),
     "ipcMode": _set("HostConfig.IpcMode"),
-    "capabilities": lambda b, c: (b.setdefault("HostConfig", {}).update(
-        {"CapAdd": c.get("adds") or None, "CapDrop": c.get("drops") or None})),
+    "capabilities": lambda b, c: b.setdefault("HostConfig", {}).update(
+        {"CapAdd": c.get("adds") or None, "CapDrop": c.get("drops") or None}
+    ),
     "ulimits": lambda b, us: b.setdefault("HostConfig", {}).update(Ulimits=[_ulimit(u) for u in us]),
     "logDriver": _set("HostConfig.LogConfig.Type"),
     "logOpts": _set("HostConfig.LogConfig.Config"),
     "volumes": _binds,
     "mounts": _mounts,
-    "uploads": None,                                # PUT /containers/{id}/archive before start
-    "destroyGraceSeconds": None,                    # POST /containers/{id}/stop?t= on delete
-    "mustRun": None,                                # checked after start (default true)
-    "wait": None, "waitTimeout": None,              # wait for healthy after start
+    "uploads": None,  # PUT /containers/{id}/archive before start
+    "destroyGraceSeconds": None,  # POST /containers/{id}/stop?t= on delete
+    "mustRun": None,  # checked after start (default true)
+    "wait": None,
+    "waitTimeout": None,  # wait for healthy after start
 }
 
 
@@ -203,8 +226,10 @@ def container_body(inputs: dict[str, Any]) -> dict[str, Any]:
     """The create request for a container's inputs; RehearsalError naming any input without a mapping."""
     unmapped = sorted(set(inputs) - set(CONTAINER_INPUTS))
     if unmapped:
-        raise RehearsalError(f"docker:Container input(s) {', '.join(unmapped)} have no mapping in the rehearsal "
-                             "(lab/rehearse.py CONTAINER_INPUTS): stopping rather than dropping them")
+        raise RehearsalError(
+            f"docker:Container input(s) {', '.join(unmapped)} have no mapping in the rehearsal "
+            "(lab/rehearse.py CONTAINER_INPUTS): stopping rather than dropping them"
+        )
     body: dict[str, Any] = {"HostConfig": {}}
     for key, value in inputs.items():
         mapper = CONTAINER_INPUTS[key]
@@ -228,6 +253,7 @@ def uploads(inputs: dict[str, Any]) -> list[tuple[str, bytes, int]]:
 
 
 # --- the plan's resources ---------------------------------------------------------------------------
+
 
 @dataclass
 class Resource:
@@ -260,6 +286,7 @@ def plan_resources(stack_path: Path, stack_name: str) -> tuple[list[Resource], d
 def _plan_resources(stack_path: Path, stack_name: str) -> tuple[list[Resource], dict[str, Any]]:
     from plan.harness import COMPUTED_OUTPUTS, generated_value, run_main_program
     from plan.stackfile import load_stack_file
+
     stack = load_stack_file(stack_path, stack_name)
     run = run_main_program(stack.config, stack.secret_keys, stack=stack.name, preview=False)
     out = []
@@ -268,8 +295,21 @@ def _plan_resources(stack_path: Path, stack_name: str) -> tuple[list[Resource], 
         mock = COMPUTED_OUTPUTS.get(r.type, lambda _: {})(inputs)
         if r.type in (COMMAND_REMOTE, COMMAND_LOCAL):
             mock = {"stdout": generated_value(r.urn, "stdout"), "stderr": ""}  # what the plan's mocks print
-        out.append(Resource(r.urn, r.type, r.name, r.parent, r.custom, inputs, list(r.dependencies),
-                            r.provider, r.options, mock, dict(r.property_dependencies)))
+        out.append(
+            Resource(
+                r.urn,
+                r.type,
+                r.name,
+                r.parent,
+                r.custom,
+                inputs,
+                list(r.dependencies),
+                r.provider,
+                r.options,
+                mock,
+                dict(r.property_dependencies),
+            )
+        )
     return out, run.stack_outputs
 
 
@@ -290,7 +330,7 @@ class StepLog:
     urn: str
     name: str
     type: str
-    action: str          # create | update | replace | same | delete
+    action: str  # create | update | replace | same | delete
     seconds: float
     stdout: str = ""
     stderr: str = ""
@@ -299,15 +339,17 @@ class StepLog:
 class Rehearsal:
     """Carry out (or undo) a plan's resources on the lab hosts."""
 
-    def __init__(self, stack_path: Path, stack_name: str, agent_sock: str, log: Callable[[str], None] = print,
-                 parallel: int = 8):
+    def __init__(
+        self, stack_path: Path, stack_name: str, agent_sock: str, log: Callable[[str], None] = print, parallel: int = 8
+    ):
         self.stack_path, self.stack_name = stack_path, stack_name
         self.env = {**os.environ, "SSH_AUTH_SOCK": agent_sock}
         self.log = log
         self.parallel = parallel
         self.state_path = STATE / "rehearsal" / f"{stack_name}.json"
-        self.state: dict[str, dict[str, Any]] = (json.loads(self.state_path.read_text())
-                                                 if self.state_path.exists() else {})
+        self.state: dict[str, dict[str, Any]] = (
+            json.loads(self.state_path.read_text()) if self.state_path.exists() else {}
+        )
         self.lock = threading.Lock()
         self.steps: list[StepLog] = []
         self.real: dict[str, dict[str, Any]] = {u: s.get("outputs", {}) for u, s in self.state.items()}
@@ -397,6 +439,7 @@ class Rehearsal:
         Per input, only the outputs of the resources that input depends on (its property dependencies)
         are swapped: a whole value equal to a mock output (even "", a command's mock stdout), or a
         string inside it equal to a non-empty one (an image id inside a list)."""
+
         def swaps_for(deps: list[str]) -> dict[str, Any]:
             swaps: dict[str, Any] = {}
             for dep in deps:
@@ -415,6 +458,7 @@ class Rehearsal:
             if isinstance(value, dict):
                 return {k: sub(v, swaps, False) for k, v in value.items()}
             return value
+
         return {k: sub(v, swaps_for(res.property_deps.get(k, [])), True) for k, v in res.inputs.items()}
 
     def _apply(self, r: Resource) -> None:
@@ -439,16 +483,28 @@ class Rehearsal:
             outputs = self._create(r, inputs)
         with self.lock:
             self.real[r.urn] = outputs
-            self.state[r.urn] = {"type": r.type, "name": r.name, "inputs": inputs, "outputs": outputs,
-                                 "provider": self._provider_config(r) if r.type in (IMAGE, CONTAINER, VOLUME) else None,
-                                 "order": len(self.state) if r.urn not in self.state else self.state[r.urn]["order"]}
+            self.state[r.urn] = {
+                "type": r.type,
+                "name": r.name,
+                "inputs": inputs,
+                "outputs": outputs,
+                "provider": self._provider_config(r) if r.type in (IMAGE, CONTAINER, VOLUME) else None,
+                "order": len(self.state) if r.urn not in self.state else self.state[r.urn]["order"],
+            }
             self._save()
         self._record(r, action, time.monotonic() - started, outputs)
 
     def _record(self, r: Resource, action: str, seconds: float, outputs: dict[str, Any] | None = None) -> None:
         outputs = outputs or {}
-        step = StepLog(r.urn, r.name, r.type.split(":")[-1], action, seconds,
-                       str(outputs.get("stdout", "")), str(outputs.get("stderr", "")))
+        step = StepLog(
+            r.urn,
+            r.name,
+            r.type.split(":")[-1],
+            action,
+            seconds,
+            str(outputs.get("stdout", "")),
+            str(outputs.get("stderr", "")),
+        )
         with self.lock:
             self.steps.append(step)
         if action != "same":
@@ -478,8 +534,11 @@ class Rehearsal:
                 extra = set(entry) - {"address", "username", "password"}
                 if extra:
                     raise RehearsalError(f"docker provider registryAuth field(s) {sorted(extra)} have no mapping")
-                return {"username": entry.get("username", ""), "password": entry.get("password", ""),
-                        "serveraddress": first}
+                return {
+                    "username": entry.get("username", ""),
+                    "password": entry.get("password", ""),
+                    "serveraddress": first,
+                }
         return None
 
     def _docker(self, config: dict[str, Any]) -> DockerAPI:
@@ -501,7 +560,15 @@ class Rehearsal:
         if r.type == COMMAND_LOCAL:
             return self._command(inputs, inputs["create"], None, r.name)
         if r.type == IMAGE:
-            extra = set(inputs) - {"name", "keepLocally", "pullTriggers", "triggers", "forceRemove", "platform", "build"}
+            extra = set(inputs) - {
+                "name",
+                "keepLocally",
+                "pullTriggers",
+                "triggers",
+                "forceRemove",
+                "platform",
+                "build",
+            }
             if extra:
                 raise RehearsalError(f"docker:RemoteImage input(s) {sorted(extra)} have no mapping")
             api = self._docker(self._provider_config(r))
@@ -555,17 +622,25 @@ class Rehearsal:
             # https://<mirror>:443, whatever --insecure-registry says), and the lab's mirror is plain HTTP. The
             # engine's own pull does; BuildKit then uses the local image (its default: prefer local).
             api.pull(base, self._registry_auth(r, base))
-            ADAPTATIONS.append(f"{base} (the FROM of {name}) pulled by the engine before the build: BuildKit in "
-                               "dockerd 20.10 does not use a plain-HTTP registry mirror")
+            ADAPTATIONS.append(
+                f"{base} (the FROM of {name}) pulled by the engine before the build: BuildKit in "
+                "dockerd 20.10 does not use a plain-HTTP registry mirror"
+            )
         argv = ["build", "--progress=plain", "-t", name, "-f", str(dockerfile)]
         for k, v in sorted((build.get("buildArgs") or {}).items()):
             argv += ["--build-arg", f"{k}={v}"]
         with api.local_socket() as sock:
-            p = subprocess.run(["/usr/bin/docker", "-H", f"unix://{sock}", *argv, str(context)], capture_output=True, text=True,
-                               env={**self.env, "DOCKER_BUILDKIT": "1"}, timeout=1800)
+            p = subprocess.run(
+                ["/usr/bin/docker", "-H", f"unix://{sock}", *argv, str(context)],
+                capture_output=True,
+                text=True,
+                env={**self.env, "DOCKER_BUILDKIT": "1"},
+                timeout=1800,
+            )
         if p.returncode:
-            raise RehearsalError(f"building {name} on {api.target} failed ({p.returncode}):\n"
-                                 f"{(p.stdout + p.stderr).strip()[-3000:]}")
+            raise RehearsalError(
+                f"building {name} on {api.target} failed ({p.returncode}):\n{(p.stdout + p.stderr).strip()[-3000:]}"
+            )
         image_id = api.local_image(name)
         if not image_id:
             raise RehearsalError(f"built {name} on {api.target}, but its engine does not hold it")
@@ -604,8 +679,19 @@ class Rehearsal:
         return {"id": cid}
 
     def _command(self, inputs: dict[str, Any], script: str, conn: dict[str, Any] | None, name: str) -> dict[str, Any]:
-        known = {"connection", "create", "update", "delete", "triggers", "stdin", "logging", "environment",
-                 "addPreviousOutputInEnv", "interpreter", "dir"}
+        known = {
+            "connection",
+            "create",
+            "update",
+            "delete",
+            "triggers",
+            "stdin",
+            "logging",
+            "environment",
+            "addPreviousOutputInEnv",
+            "interpreter",
+            "dir",
+        }
         extra = set(inputs) - known
         if extra:
             raise RehearsalError(f"{name}: command input(s) {sorted(extra)} have no mapping")
@@ -613,31 +699,59 @@ class Rehearsal:
         env = dict(inputs.get("environment") or {})
         if conn is None:
             argv = list(inputs.get("interpreter") or ["/bin/sh", "-c"]) + [script]
-            p = subprocess.run(argv, input=stdin, capture_output=True, text=True, cwd=inputs.get("dir"),
-                               env={**self.env, **env}, timeout=3600)
+            p = subprocess.run(
+                argv,
+                input=stdin,
+                capture_output=True,
+                text=True,
+                cwd=inputs.get("dir"),
+                env={**self.env, **env},
+                timeout=3600,
+            )
         else:
             p = self._ssh(conn, script, stdin, env)
         if p.returncode != 0:
-            raise RehearsalError(f"exit status {p.returncode}\n    stdout: {p.stdout.strip()[-1500:]}"
-                                 f"\n    stderr: {p.stderr.strip()[-1500:]}")
+            raise RehearsalError(
+                f"exit status {p.returncode}\n    stdout: {p.stdout.strip()[-1500:]}"
+                f"\n    stderr: {p.stderr.strip()[-1500:]}"
+            )
         return {"stdout": p.stdout.rstrip("\n"), "stderr": p.stderr.rstrip("\n")}
 
-    def _ssh(self, conn: dict[str, Any], script: str, stdin: str | None, env: dict[str, str]
-             ) -> subprocess.CompletedProcess:
+    def _ssh(
+        self, conn: dict[str, Any], script: str, stdin: str | None, env: dict[str, str]
+    ) -> subprocess.CompletedProcess:
         """One SSH session with the resource's own connection, retried on dial errors like the provider."""
-        extra = set(conn) - {"host", "port", "user", "hostKey", "privateKey", "privateKeyPassword",
-                             "dialErrorLimit", "perDialTimeout", "agentSocketPath"}
+        extra = set(conn) - {
+            "host",
+            "port",
+            "user",
+            "hostKey",
+            "privateKey",
+            "privateKeyPassword",
+            "dialErrorLimit",
+            "perDialTimeout",
+            "agentSocketPath",
+        }
         if extra:
             raise RehearsalError(f"connection field(s) {sorted(extra)} have no mapping")
         if conn.get("privateKeyPassword"):
             raise RehearsalError("connection.privateKeyPassword: the rehearsal's ssh cannot take a passphrase")
         with tempfile.TemporaryDirectory(prefix="lab-ssh-") as tmp:
-            opts = ["-o", "BatchMode=yes", "-p", str(int(conn.get("port", 22))),
-                    "-o", f"ConnectTimeout={int(conn.get('perDialTimeout', 15))}"]
+            opts = [
+                "-o",
+                "BatchMode=yes",
+                "-p",
+                str(int(conn.get("port", 22))),
+                "-o",
+                f"ConnectTimeout={int(conn.get('perDialTimeout', 15))}",
+            ]
             if conn.get("hostKey"):
                 kh = Path(tmp) / "known_hosts"
-                kh.write_text(f"{conn['host']} {conn['hostKey'].strip()}\n" if int(conn.get("port", 22)) == 22
-                              else f"[{conn['host']}]:{conn['port']} {conn['hostKey'].strip()}\n")
+                kh.write_text(
+                    f"{conn['host']} {conn['hostKey'].strip()}\n"
+                    if int(conn.get("port", 22)) == 22
+                    else f"[{conn['host']}]:{conn['port']} {conn['hostKey'].strip()}\n"
+                )
                 opts += ["-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={kh}"]
             else:
                 # The provider checks no host key when none is given.
@@ -656,8 +770,14 @@ class Rehearsal:
             limit = int(conn.get("dialErrorLimit", 10))
             attempt = 0
             while True:
-                p = subprocess.run(argv, input=stdin if stdin is not None else "", capture_output=True, text=True,
-                                   env=env_ssh, timeout=3600)
+                p = subprocess.run(
+                    argv,
+                    input=stdin if stdin is not None else "",
+                    capture_output=True,
+                    text=True,
+                    env=env_ssh,
+                    timeout=3600,
+                )
                 # 255: ssh itself failed (dial, auth, host key); the provider retries dials only.
                 dial_error = p.returncode == 255 and ("Connection refused" in p.stderr or "timed out" in p.stderr)
                 attempt += 1
@@ -688,8 +808,13 @@ class Rehearsal:
             grace = inputs.get("destroyGraceSeconds")
             try:
                 if grace is not None:
-                    api.call("POST", f"/containers/{cid}/stop", ok=(204, 304), query={"t": int(grace)},
-                             timeout=int(grace) + 60)
+                    api.call(
+                        "POST",
+                        f"/containers/{cid}/stop",
+                        ok=(204, 304),
+                        query={"t": int(grace)},
+                        timeout=int(grace) + 60,
+                    )
                 api.call("DELETE", f"/containers/{cid}", query={"force": "true", "v": "false"})
             except DockerError as e:
                 if "No such container" not in str(e):

@@ -7,6 +7,7 @@
 --model takes a catalog name (components/facts/models.py) or the path of a config.json. Exit
 status: 0 when the pool fits, 1 when it does not, 2 on bad input (a message, no traceback).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,23 +37,38 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int, default=1)
     p.add_argument("--pp", "--pipeline-parallel-size", dest="pp", type=int, default=1)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    p.add_argument("--dtype", default="half", choices=sorted(DTYPE_ALIASES),
-                   help="as vllm serve takes it; auto means float16 (the V100 answer)")
-    p.add_argument("--quantization", default=None,
-                   help="gptq, awq, moe_wna16, bitsandbytes, fp8, ... (default: the config.json's, or none)")
-    p.add_argument("--quant-bits", type=int, default=None,
-                   help="weight bits for gptq/awq, 2..8 (default: the config.json's, or 4)")
-    p.add_argument("--group-size", type=int, default=None,
-                   help="quantization group size, -1 for per-channel (default: the config.json's, or 128)")
+    p.add_argument(
+        "--dtype",
+        default="half",
+        choices=sorted(DTYPE_ALIASES),
+        help="as vllm serve takes it; auto means float16 (the V100 answer)",
+    )
+    p.add_argument(
+        "--quantization",
+        default=None,
+        help="gptq, awq, moe_wna16, bitsandbytes, fp8, ... (default: the config.json's, or none)",
+    )
+    p.add_argument(
+        "--quant-bits", type=int, default=None, help="weight bits for gptq/awq, 2..8 (default: the config.json's, or 4)"
+    )
+    p.add_argument(
+        "--group-size",
+        type=int,
+        default=None,
+        help="quantization group size, -1 for per-channel (default: the config.json's, or 128)",
+    )
     p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--no-mla", action="store_true", help="plan as with VLLM_MLA_DISABLE=1 (needed on V100)")
-    p.add_argument("--image", default=DEFAULT_IMAGES["vllm"],
-                   help=f"serving image whose profiler and engine line set the budget (default {DEFAULT_IMAGES['vllm']}; "
-                        f"known: {', '.join(sorted(IMAGES))})")
+    p.add_argument(
+        "--image",
+        default=DEFAULT_IMAGES["vllm"],
+        help=f"serving image whose profiler and engine line set the budget (default {DEFAULT_IMAGES['vllm']}; "
+        f"known: {', '.join(sorted(IMAGES))})",
+    )
     p.add_argument("--json", action="store_true", help="print the estimate as JSON")
     return p
 
@@ -65,8 +81,9 @@ def _load_model(spec: str) -> tuple[ModelArch, tuple[str, int, int] | None]:
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
-        raise UsageError(f"--model {spec!r} is neither a catalog model ({', '.join(sorted(MODELS))}) "
-                         "nor an existing config.json")
+        raise UsageError(
+            f"--model {spec!r} is neither a catalog model ({', '.join(sorted(MODELS))}) nor an existing config.json"
+        )
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
@@ -80,9 +97,15 @@ def _load_model(spec: str) -> tuple[ModelArch, tuple[str, int, int] | None]:
 def run(argv: list[str]) -> tuple[CapacityEstimate, dict[str, object]]:
     """Parse argv and return the estimate plus the GPU it was made for."""
     args = _parser().parse_args(argv)
-    missing = [flag for flag, value in (("--model", args.model), ("--max-model-len", args.max_model_len),
-                                         ("--gpu or --gpu-memory-gib", args.gpu or args.gpu_memory_gib))
-               if value is None]
+    missing = [
+        flag
+        for flag, value in (
+            ("--model", args.model),
+            ("--max-model-len", args.max_model_len),
+            ("--gpu or --gpu-memory-gib", args.gpu or args.gpu_memory_gib),
+        )
+        if value is None
+    ]
     if missing:
         raise UsageError(f"missing {', '.join(missing)}")
     # Only None is "not given": 0 is a value, and out of range.
@@ -111,17 +134,27 @@ def run(argv: list[str]) -> tuple[CapacityEstimate, dict[str, object]]:
     method, bits, group = checkpoint_quant or (None, 4, 128)
     quantization = args.quantization.lower() if args.quantization else method
     try:
-        est = estimate(arch, memory, tp=args.tp, pp=args.pp,
-                       gpu_memory_utilization=args.gpu_memory_utilization, dtype=dtype,
-                       quantization=quantization,
-                       quant_bits=bits if args.quant_bits is None else args.quant_bits,
-                       group_size=group if args.group_size is None else args.group_size,
-                       kv_cache_dtype=args.kv_cache_dtype,
-                       max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                       max_num_batched_tokens=args.max_num_batched_tokens,
-                       block_size=args.block_size, mla_enabled=not args.no_mla,
-                       v1_engine=v1_engine, gpu_name=gpu_name or "", nccl_in_budget=facts.nccl_in_budget,
-                       nvls=nvls)
+        est = estimate(
+            arch,
+            memory,
+            tp=args.tp,
+            pp=args.pp,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            dtype=dtype,
+            quantization=quantization,
+            quant_bits=bits if args.quant_bits is None else args.quant_bits,
+            group_size=group if args.group_size is None else args.group_size,
+            kv_cache_dtype=args.kv_cache_dtype,
+            max_model_len=args.max_model_len,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            block_size=args.block_size,
+            mla_enabled=not args.no_mla,
+            v1_engine=v1_engine,
+            gpu_name=gpu_name or "",
+            nccl_in_budget=facts.nccl_in_budget,
+            nvls=nvls,
+        )
     except ValueError as e:
         raise UsageError(str(e)) from None
     return est, {"gpu": gpu_name, "json": args.json}
@@ -147,8 +180,11 @@ def render_text(est: CapacityEstimate, gpu_name: str | None = None) -> str:
         f"  fits                    {'yes' if est.fits else 'NO: ' + est.reason}",
     ]
     if est.startup_free_gib is not None:
-        lines.insert(-1, f"  free at start           {est.startup_free_gib:8.2f} GiB  (vLLM requests "
-                         f"{est.gpu_memory_gib * est.gpu_memory_utilization:.2f} GiB)")
+        lines.insert(
+            -1,
+            f"  free at start           {est.startup_free_gib:8.2f} GiB  (vLLM requests "
+            f"{est.gpu_memory_gib * est.gpu_memory_utilization:.2f} GiB)",
+        )
     lines += [f"  note: {n}" for n in est.notes]
     return "\n".join(lines)
 

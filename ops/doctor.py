@@ -9,6 +9,7 @@ probe reads files, `docker inspect`/`logs`/`exec … ray status`, the kernel log
 connects to the peers' ports; `--bandwidth` also runs ib_write_bw between the nodes of each
 multi-node instance (it loads the link for a second).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 # Server log lines worth reading back: NCCL's transport, Xid, and every engine's fatal startup errors.
-LOG_PATTERN = "|".join((r"NCCL INFO (NET/|Using network)|NCCL WARN|NVRM: Xid",
-                        any_pattern(dict.fromkeys(f for e in ENGINES.values() for f in e.startup_failures))))
+LOG_PATTERN = "|".join(
+    (
+        r"NCCL INFO (NET/|Using network)|NCCL WARN|NVRM: Xid",
+        any_pattern(dict.fromkeys(f for e in ENGINES.values() for f in e.startup_failures)),
+    )
+)
 KERNEL_PATTERN = r"NVRM: Xid|Out of memory: Killed process|oom-kill"
 READ_MIB = 1024  # weights read-throughput sample per node (direct I/O, one file)
 SLOW_READ_MBPS = 500.0
@@ -85,8 +90,10 @@ def parse_sections(text: str) -> Sections:
 
 def _section(name: str, command: str) -> str:
     # The section's status is its last command's (the port probe's is always 0: its lines say it all).
-    return (f"echo '@@doctor {name}'\n{{ {command}\n}} 2>&1\n"
-            "# shellcheck disable=SC2320  # the group's status, whatever its last command\nrc=$?\necho \"@@rc $rc\"\n")
+    return (
+        f"echo '@@doctor {name}'\n{{ {command}\n}} 2>&1\n"
+        '# shellcheck disable=SC2320  # the group\'s status, whatever its last command\nrc=$?\necho "@@rc $rc"\n'
+    )
 
 
 def node_containers(spec: StackSpec, node: str) -> list[tuple[Instance, str, str]]:
@@ -112,41 +119,62 @@ def probe_script(spec: StackSpec, node: str) -> str:
     """The read-only bash probe of one node."""
     q = shlex.quote
     n = spec.node(node)
-    parts = ["#!/usr/bin/env bash\n# llm-cluster doctor: read-only probe of " + node + "\nset -u\n",
-             _section("date", "date +%s.%N"),
-             _section("chrony", "chronyc -n tracking"),
-             _section("timedatectl", "timedatectl status"),
-             _section("kernel", f"(dmesg -T 2>/dev/null || journalctl -k -b --no-pager 2>/dev/null) | "
-                                f"grep -E {q(KERNEL_PATTERN)} | tail -n 50")]
+    parts = [
+        "#!/usr/bin/env bash\n# llm-cluster doctor: read-only probe of " + node + "\nset -u\n",
+        _section("date", "date +%s.%N"),
+        _section("chrony", "chronyc -n tracking"),
+        _section("timedatectl", "timedatectl status"),
+        _section(
+            "kernel",
+            f"(dmesg -T 2>/dev/null || journalctl -k -b --no-pager 2>/dev/null) | "
+            f"grep -E {q(KERNEL_PATTERN)} | tail -n 50",
+        ),
+    ]
     if spec.firewall.managed:
         parts.append(_section("nft", f"nft list table {firewall.FAMILY} {firewall.TABLE}"))
     targets = peer_targets(spec, node)
     if targets:
-        lines = "\n".join(f"if timeout 2 bash -c {q(f'</dev/tcp/{a}/{p}')} 2>/dev/null; then s=open; "
-                          f"else s=closed; fi; echo {q(f'{peer} {a} {p} {what}')} \"$s\"" for peer, a, p, what in targets)
+        lines = "\n".join(
+            f"if timeout 2 bash -c {q(f'</dev/tcp/{a}/{p}')} 2>/dev/null; then s=open; "
+            f'else s=closed; fi; echo {q(f"{peer} {a} {p} {what}")} "$s"'
+            for peer, a, p, what in targets
+        )
         parts.append(_section("ports", lines))
     if n.hca is not None:
         base = f"/sys/class/infiniband/{n.hca.device}/ports/{n.hca.port}"
         parts.append(_section("ibstat", f"ibstat {q(n.hca.device)}"))
         if n.hca.gid_index is not None:
-            parts.append(_section("gid", f"cat {q(f'{base}/gid_attrs/types/{n.hca.gid_index}')} "
-                                         f"{q(f'{base}/gids/{n.hca.gid_index}')}"))
+            parts.append(
+                _section(
+                    "gid", f"cat {q(f'{base}/gid_attrs/types/{n.hca.gid_index}')} {q(f'{base}/gids/{n.hca.gid_index}')}"
+                )
+            )
     if n.interface is not None:
         parts.append(_section("iface", f"ip -o -4 addr show dev {q(n.interface)}"))
     for inst, name, _role in node_containers(spec, node):
-        parts.append(_section(f"inspect:{name}", "docker inspect -f '{{.State.Status}} {{.HostConfig.NetworkMode}} "
-                                                  "{{json .Config.Env}}' " + q(name)))
-        parts.append(_section(f"logs:{name}", f"docker logs --tail 5000 {q(name)} 2>&1 | grep -E {q(LOG_PATTERN)} "
-                                               "| tail -n 200"))
+        parts.append(
+            _section(
+                f"inspect:{name}",
+                "docker inspect -f '{{.State.Status}} {{.HostConfig.NetworkMode}} {{json .Config.Env}}' " + q(name),
+            )
+        )
+        parts.append(
+            _section(f"logs:{name}", f"docker logs --tail 5000 {q(name)} 2>&1 | grep -E {q(LOG_PATTERN)} | tail -n 200")
+        )
         if inst.uses_ray and node == inst.head:
             parts.append(_section(f"ray:{inst.name}", " ".join(q(a) for a in ray_status_argv(spec, inst, name))))
     models = dict.fromkeys(spec.pools[i.pool].model for i, _, _ in node_containers(spec, node))
     for m in models:
         path = spec.models[m].path
-        parts.append(_section(f"weights:{m}", f"findmnt -n -o FSTYPE -T {q(path)}; "
-                              f"f=$(find {q(path)} -maxdepth 1 -type f -name '*.safetensors' -size +100M | head -n 1); "
-                              f"if [ -n \"$f\" ]; then dd if=\"$f\" of=/dev/null bs=1M count={READ_MIB} iflag=direct "
-                              "2>&1 | tail -n 1; fi"))
+        parts.append(
+            _section(
+                f"weights:{m}",
+                f"findmnt -n -o FSTYPE -T {q(path)}; "
+                f"f=$(find {q(path)} -maxdepth 1 -type f -name '*.safetensors' -size +100M | head -n 1); "
+                f'if [ -n "$f" ]; then dd if="$f" of=/dev/null bs=1M count={READ_MIB} iflag=direct '
+                "2>&1 | tail -n 1; fi",
+            )
+        )
     g = spec.gateway
     if g is not None and g.node == node:
         for inst in all_instances(spec):
@@ -154,12 +182,12 @@ def probe_script(spec: StackSpec, node: str) -> str:
             parts.append(_section(f"health:{inst.name}", f"curl -s -o /dev/null -m 10 -w '%{{http_code}}\\n' {q(url)}"))
         # Today's usage-log file on the host (gateway.usageLog.dir), one JSON line a request.
         today = f"{g.usage_log.dir.rstrip('/')}/usage-$(date -u +%F).log"
-        parts.append(_section("gateway-log", f"grep -E '\"status\":(502|504)' \"{today}\" 2>/dev/null "
-                                             "| tail -n 2000"))
+        parts.append(_section("gateway-log", f'grep -E \'"status":(502|504)\' "{today}" 2>/dev/null | tail -n 2000'))
     return "".join(parts)
 
 
 # --- the checks (pure) ---------------------------------------------------------------------------
+
 
 @dataclass
 class Observed:
@@ -177,9 +205,18 @@ def _get(obs: Observed, node: str, name: str) -> tuple[int, str] | None:
 
 def check_reachable(spec: StackSpec, obs: Observed, nodes: Sequence[str]) -> list[Finding]:
     """Every node answers over SSH (the other checks need it)."""
-    return [Finding("ssh", n, "fail", f"SSH to {spec.ssh.user}@{spec.node(n).ssh_address or spec.node(n).address} "
-                    f"failed: {obs.unreachable[n]}", "check the node is up and ssh.* settings (user, key, port)")
-            if n in obs.unreachable else Finding("ssh", n, "ok", "reachable") for n in nodes]
+    return [
+        Finding(
+            "ssh",
+            n,
+            "fail",
+            f"SSH to {spec.ssh.user}@{spec.node(n).ssh_address or spec.node(n).address} failed: {obs.unreachable[n]}",
+            "check the node is up and ssh.* settings (user, key, port)",
+        )
+        if n in obs.unreachable
+        else Finding("ssh", n, "ok", "reachable")
+        for n in nodes
+    ]
 
 
 def check_clock(spec: StackSpec, obs: Observed, nodes: Sequence[str]) -> list[Finding]:
@@ -193,8 +230,13 @@ def check_clock(spec: StackSpec, obs: Observed, nodes: Sequence[str]) -> list[Fi
             continue
         chrony, tdc = _get(obs, n, "chrony"), _get(obs, n, "timedatectl")
         try:
-            state = (parse_chrony_tracking(chrony[1]) if chrony and chrony[0] == 0
-                     else parse_timedatectl(tdc[1]) if tdc and tdc[0] == 0 else None)
+            state = (
+                parse_chrony_tracking(chrony[1])
+                if chrony and chrony[0] == 0
+                else parse_timedatectl(tdc[1])
+                if tdc and tdc[0] == 0
+                else None
+            )
         except ValueError:
             state = None
         if state is None:
@@ -213,12 +255,26 @@ def check_clock(spec: StackSpec, obs: Observed, nodes: Sequence[str]) -> list[Fi
             lo, hi = remote - after, remote - before
             if lo > bound or hi < -bound:
                 off = lo if lo > 0 else hi
-                out.append(Finding("clock", n, "fail", f"synchronised ({state.source}) but {abs(off):.1f} s "
-                                   f"{'ahead of' if off > 0 else 'behind'} this machine (bound {bound:g} s)",
-                                   "point chrony on the nodes and on this machine at the same NTP servers"))
+                out.append(
+                    Finding(
+                        "clock",
+                        n,
+                        "fail",
+                        f"synchronised ({state.source}) but {abs(off):.1f} s "
+                        f"{'ahead of' if off > 0 else 'behind'} this machine (bound {bound:g} s)",
+                        "point chrony on the nodes and on this machine at the same NTP servers",
+                    )
+                )
                 continue
-        out.append(Finding("clock", n, "ok", f"synchronised ({state.source}"
-                           + (f", offset {state.offset_s * 1000:+.3f} ms)" if state.offset_s is not None else ")")))
+        out.append(
+            Finding(
+                "clock",
+                n,
+                "ok",
+                f"synchronised ({state.source}"
+                + (f", offset {state.offset_s * 1000:+.3f} ms)" if state.offset_s is not None else ")"),
+            )
+        )
     return out
 
 
@@ -231,18 +287,31 @@ def check_firewall(spec: StackSpec, obs: Observed, nodes: Sequence[str]) -> list
         if spec.firewall.managed:
             nft = _get(obs, n, "nft")
             if nft is None or nft[0] != 0 or f"table {firewall.FAMILY} {firewall.TABLE}" not in nft[1]:
-                out.append(Finding("firewall", n, "fail", f"no nftables table {firewall.FAMILY} {firewall.TABLE} "
-                                   "(Ray's ports are open to anyone who reaches the node)",
-                                   "run pulumi up (it loads the table); after a reboot check "
-                                   f"systemctl status {firewall.UNIT}"))
+                out.append(
+                    Finding(
+                        "firewall",
+                        n,
+                        "fail",
+                        f"no nftables table {firewall.FAMILY} {firewall.TABLE} "
+                        "(Ray's ports are open to anyone who reaches the node)",
+                        f"run pulumi up (it loads the table); after a reboot check systemctl status {firewall.UNIT}",
+                    )
+                )
             else:
                 out.append(Finding("firewall", n, "ok", f"table {firewall.FAMILY} {firewall.TABLE} loaded"))
         ports = _get(obs, n, "ports")
         closed = [ln.rsplit(" ", 1)[0] for ln in (ports[1].splitlines() if ports else []) if ln.endswith(" closed")]
         if closed:
-            out.append(Finding("ports", n, "fail", f"{n} cannot reach: " + "; ".join(closed),
-                               "the service is down (docker ps on the peer) or a firewall between the nodes drops "
-                               "it: the nodes must reach each other on every port (Ray, NCCL, vLLM, exporters)"))
+            out.append(
+                Finding(
+                    "ports",
+                    n,
+                    "fail",
+                    f"{n} cannot reach: " + "; ".join(closed),
+                    "the service is down (docker ps on the peer) or a firewall between the nodes drops "
+                    "it: the nodes must reach each other on every port (Ray, NCCL, vLLM, exporters)",
+                )
+            )
         elif ports:
             out.append(Finding("ports", n, "ok", f"reaches {len(ports[1].splitlines())} peer port(s)"))
     return out
@@ -271,21 +340,53 @@ def check_containers(spec: StackSpec, obs: Observed, nodes: Sequence[str]) -> li
         for _inst, name, _role in node_containers(spec, n):
             got = _inspect(obs, n, name)
             if got is None:
-                out.append(Finding("container", f"{n}/{name}", "fail", "no such container",
-                                   "run pulumi up; docker ps -a on the node"))
+                out.append(
+                    Finding(
+                        "container",
+                        f"{n}/{name}",
+                        "fail",
+                        "no such container",
+                        "run pulumi up; docker ps -a on the node",
+                    )
+                )
                 continue
             status, mode, env = got
             if status != "running":
-                out.append(Finding("container", f"{n}/{name}", "fail", f"{status}",
-                                   f"docker logs {name} on {n} says why; docker starts it again (unless-stopped)"))
+                out.append(
+                    Finding(
+                        "container",
+                        f"{n}/{name}",
+                        "fail",
+                        f"{status}",
+                        f"docker logs {name} on {n} says why; docker starts it again (unless-stopped)",
+                    )
+                )
             if mode != "host":
-                out.append(Finding("network-host", f"{n}/{name}", "fail", f"network mode {mode}",
-                                   "Ray and NCCL need the host network: recreate it with pulumi up"))
-            wrong = [f"{k}={env.get(k, '(unset)')} (stack: {v})" for k, v in want.items()
-                     if k.startswith("NCCL_IB") or k.endswith("SOCKET_IFNAME") if env.get(k) != v]
+                out.append(
+                    Finding(
+                        "network-host",
+                        f"{n}/{name}",
+                        "fail",
+                        f"network mode {mode}",
+                        "Ray and NCCL need the host network: recreate it with pulumi up",
+                    )
+                )
+            wrong = [
+                f"{k}={env.get(k, '(unset)')} (stack: {v})"
+                for k, v in want.items()
+                if k.startswith("NCCL_IB") or k.endswith("SOCKET_IFNAME")
+                if env.get(k) != v
+            ]
             if wrong:
-                out.append(Finding("nccl-env", f"{n}/{name}", "fail", "; ".join(wrong),
-                                   "the container was started by hand or before a stack change: pulumi up replaces it"))
+                out.append(
+                    Finding(
+                        "nccl-env",
+                        f"{n}/{name}",
+                        "fail",
+                        "; ".join(wrong),
+                        "the container was started by hand or before a stack change: pulumi up replaces it",
+                    )
+                )
         node = spec.node(n)
         gid = _get(obs, n, "gid")
         if node.hca is not None and node.hca.gid_index is not None and gid is not None:
@@ -293,19 +394,32 @@ def check_containers(spec: StackSpec, obs: Observed, nodes: Sequence[str]) -> li
             kind = " ".join(lines[:-1]) if gid[0] == 0 else ""
             empty = not lines or set(lines[-1].replace(":", "")) <= {"0"}
             if gid[0] != 0 or kind != "RoCE v2" or empty:
-                out.append(Finding("gid", n, "fail", f"GID index {node.hca.gid_index} of {node.hca.device} port "
-                                   f"{node.hca.port} is {kind or 'missing'}{' (all zero)' if empty and gid[0] == 0 else ''}",
-                                   "NCCL_IB_GID_INDEX must name the RoCE v2 GID of the cluster address (show_gids); "
-                                   f"set nodes.{n}.hca.gidIndex to it"))
+                out.append(
+                    Finding(
+                        "gid",
+                        n,
+                        "fail",
+                        f"GID index {node.hca.gid_index} of {node.hca.device} port "
+                        f"{node.hca.port} is {kind or 'missing'}{' (all zero)' if empty and gid[0] == 0 else ''}",
+                        "NCCL_IB_GID_INDEX must name the RoCE v2 GID of the cluster address (show_gids); "
+                        f"set nodes.{n}.hca.gidIndex to it",
+                    )
+                )
             else:
                 out.append(Finding("gid", n, "ok", f"GID {node.hca.gid_index} is RoCE v2"))
         iface = _get(obs, n, "iface")
         if node.interface is not None and iface is not None:
             if iface[0] != 0 or f" {node.address}/" not in iface[1]:
-                out.append(Finding("interface", n, "fail", f"{node.interface} does not hold {node.address} "
-                                   f"({iface[1].strip() or 'no such interface'})",
-                                   f"NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME must carry the cluster address: fix "
-                                   f"nodes.{n}.interface"))
+                out.append(
+                    Finding(
+                        "interface",
+                        n,
+                        "fail",
+                        f"{node.interface} does not hold {node.address} ({iface[1].strip() or 'no such interface'})",
+                        f"NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME must carry the cluster address: fix "
+                        f"nodes.{n}.interface",
+                    )
+                )
     return out
 
 
@@ -321,14 +435,24 @@ def check_ray(spec: StackSpec, obs: Observed, nodes: Sequence[str]) -> list[Find
         if status is not None and status.nodes >= len(inst.nodes) and status.gpus_total >= want:
             out.append(Finding("ray", inst.name, "ok", f"{status.nodes} nodes, {status.gpus_total:g} GPUs"))
             continue
-        seen = (f"ray status: {status.nodes}/{len(inst.nodes)} nodes, {status.gpus_total:g}/{want} GPUs"
-                if status else f"ray status failed: {(got[1].strip().splitlines() or ['no output'])[-1] if got else 'not run'}")
+        seen = (
+            f"ray status: {status.nodes}/{len(inst.nodes)} nodes, {status.gpus_total:g}/{want} GPUs"
+            if status
+            else f"ray status failed: {(got[1].strip().splitlines() or ['no output'])[-1] if got else 'not run'}"
+        )
         pool = spec.pools[inst.pool]
-        out.append(Finding("ray", inst.name, "fail", seen,
-                           f"workers reach {spec.node(inst.head).address} on TCP {pool.ray_port} and "
-                           f"{pool.ray_client_port} (doctor's ports check), the nodes' clocks agree (clock), the "
-                           "containers run on the host network (network-host), docker logs "
-                           f"{container_name(inst, 'ray-worker')} on " + ", ".join(inst.nodes[1:])))
+        out.append(
+            Finding(
+                "ray",
+                inst.name,
+                "fail",
+                seen,
+                f"workers reach {spec.node(inst.head).address} on TCP {pool.ray_port} and "
+                f"{pool.ray_client_port} (doctor's ports check), the nodes' clocks agree (clock), the "
+                "containers run on the host network (network-host), docker logs "
+                f"{container_name(inst, 'ray-worker')} on " + ", ".join(inst.nodes[1:]),
+            )
+        )
     return out
 
 
@@ -348,15 +472,28 @@ def check_nccl_transport(spec: StackSpec, obs: Observed, nodes: Sequence[str]) -
             hca = node.hca.device if node.hca else "?"
             gid = node.hca.gid_index if node.hca and node.hca.link_layer == "ethernet" else None
             if net.fell_back:
-                out.append(Finding("nccl", f"{n}/{name}", "fail",
-                                   f"NCCL uses NET/Socket ({', '.join(net.socket_interfaces) or '?'})"
-                                   + (f"; {'; '.join(net.warnings)}" if net.warnings else ""),
-                                   "check " + nccl_fix(hca, gid, node.interface or "?")))
+                out.append(
+                    Finding(
+                        "nccl",
+                        f"{n}/{name}",
+                        "fail",
+                        f"NCCL uses NET/Socket ({', '.join(net.socket_interfaces) or '?'})"
+                        + (f"; {'; '.join(net.warnings)}" if net.warnings else ""),
+                        "check " + nccl_fix(hca, gid, node.interface or "?"),
+                    )
+                )
             elif net.networks:
                 out.append(Finding("nccl", f"{n}/{name}", "ok", f"NET/IB: {', '.join(net.ib_devices) or 'IB'}"))
             else:
-                out.append(Finding("nccl", f"{n}/{name}", "warn", "no NCCL INFO lines in the log",
-                                   "set nccl.debug: INFO and pulumi up to see the transport (NET/IB vs NET/Socket)"))
+                out.append(
+                    Finding(
+                        "nccl",
+                        f"{n}/{name}",
+                        "warn",
+                        "no NCCL INFO lines in the log",
+                        "set nccl.debug: INFO and pulumi up to see the transport (NET/IB vs NET/Socket)",
+                    )
+                )
     return out
 
 
@@ -372,12 +509,26 @@ def check_server_logs(spec: StackSpec, obs: Observed, nodes: Sequence[str]) -> l
             pool = spec.pools[inst.pool]
             engine = engine_for(pool)
             for failure, line in all_failures(got[1] if got else "", engine.startup_failures):
-                out.append(Finding(failure.check, f"{n}/{name}", "fail", line[:200],
-                                   failure.advice(inst.pool, pool.model, engine.memory_keys)))
+                out.append(
+                    Finding(
+                        failure.check,
+                        f"{n}/{name}",
+                        "fail",
+                        line[:200],
+                        failure.advice(inst.pool, pool.model, engine.memory_keys),
+                    )
+                )
         kernel = _get(obs, n, "kernel")
         if kernel and re.search(r"Out of memory: Killed process|oom-kill", kernel[1]):
-            out.append(Finding("oom", n, "fail", "kernel OOM killer: " + _first(kernel[1], r"Out of memory|oom-kill"),
-                               "host RAM ran out (weights load in RAM first): lower swapSpaceGib, or fewer replicas"))
+            out.append(
+                Finding(
+                    "oom",
+                    n,
+                    "fail",
+                    "kernel OOM killer: " + _first(kernel[1], r"Out of memory|oom-kill"),
+                    "host RAM ran out (weights load in RAM first): lower swapSpaceGib, or fewer replicas",
+                )
+            )
     return out
 
 
@@ -392,13 +543,20 @@ def check_xid(spec: StackSpec, obs: Observed, nodes: Sequence[str]) -> list[Find
         if n in obs.unreachable:
             continue
         kernel = _get(obs, n, "kernel")
-        xids = sorted({m.group(1) for m in re.finditer(r"NVRM: Xid \([^)]*\): (\d+)", kernel[1] if kernel else "")},
-                      key=int)
+        xids = sorted(
+            {m.group(1) for m in re.finditer(r"NVRM: Xid \([^)]*\): (\d+)", kernel[1] if kernel else "")}, key=int
+        )
         if xids:
-            out.append(Finding("xid", n, "fail", f"GPU Xid error(s) {', '.join(xids)}: "
-                               + _first(kernel[1] if kernel else "", r"NVRM: Xid"),
-                               "Xid 48/63/64/79/94/95 mean a GPU fault: drain the node, nvidia-smi -q, reset or RMA "
-                               "the GPU; 13/31/43 are usually the application (docker logs of its server)"))
+            out.append(
+                Finding(
+                    "xid",
+                    n,
+                    "fail",
+                    f"GPU Xid error(s) {', '.join(xids)}: " + _first(kernel[1] if kernel else "", r"NVRM: Xid"),
+                    "Xid 48/63/64/79/94/95 mean a GPU fault: drain the node, nvidia-smi -q, reset or RMA "
+                    "the GPU; 13/31/43 are usually the application (docker logs of its server)",
+                )
+            )
         else:
             out.append(Finding("xid", n, "ok", "no Xid in the kernel log"))
     return out
@@ -420,12 +578,26 @@ def check_weights(spec: StackSpec, obs: Observed, nodes: Sequence[str]) -> list[
             where = f"{n}/{spec.models[m].path}"
             seen = f"on {fstype}" + (f", read {speed:.0f} MB/s" if speed is not None else "")
             if fstype.startswith("nfs"):
-                out.append(Finding("weights", where, "warn", seen,
-                                   f"loading over NFS is slow: copy the weights to local disk (models.{m}.source.node) "
-                                   "or warm the page cache with a read first"))
+                out.append(
+                    Finding(
+                        "weights",
+                        where,
+                        "warn",
+                        seen,
+                        f"loading over NFS is slow: copy the weights to local disk (models.{m}.source.node) "
+                        "or warm the page cache with a read first",
+                    )
+                )
             elif speed is not None and speed < SLOW_READ_MBPS:
-                out.append(Finding("weights", where, "warn", seen,
-                                   "the disk reads slowly: check iostat -x for a busy or degraded device"))
+                out.append(
+                    Finding(
+                        "weights",
+                        where,
+                        "warn",
+                        seen,
+                        "the disk reads slowly: check iostat -x for a busy or degraded device",
+                    )
+                )
             else:
                 out.append(Finding("weights", where, "ok", seen))
     return out
@@ -448,17 +620,27 @@ def check_replicas(spec: StackSpec, obs: Observed, nodes: Sequence[str]) -> list
     for inst in all_instances(spec):
         got = _get(obs, g.node, f"health:{inst.name}")
         code = got[1].strip() if got else ""
-        name = (container_name(inst, "ray-head") if inst.uses_ray
-                else server_container_name(engine_for(spec.pools[inst.pool]), inst))
+        name = (
+            container_name(inst, "ray-head")
+            if inst.uses_ray
+            else server_container_name(engine_for(spec.pools[inst.pool]), inst)
+        )
         if code == "200":
             out.append(Finding("replica", inst.name, "ok", "healthy from the gateway's node"))
         else:
-            out.append(Finding("replica", inst.name, "fail", f"health answered {code or 'nothing'} from {g.node}",
-                               f"docker logs {name} on {inst.head}, and the kernel log there for Xid errors; the "
-                               f"gateway skips it for gateway.failTimeoutSeconds ({g.fail_timeout_seconds} s)"))
+            out.append(
+                Finding(
+                    "replica",
+                    inst.name,
+                    "fail",
+                    f"health answered {code or 'nothing'} from {g.node}",
+                    f"docker logs {name} on {inst.head}, and the kernel log there for Xid errors; the "
+                    f"gateway skips it for gateway.failTimeoutSeconds ({g.fail_timeout_seconds} s)",
+                )
+            )
     log = _get(obs, g.node, "gateway-log")
     counts: dict[str, int] = {}
-    for line in (log[1].splitlines() if log else []):
+    for line in log[1].splitlines() if log else []:
         try:
             doc = json.loads(line)
         except ValueError:
@@ -466,9 +648,15 @@ def check_replicas(spec: StackSpec, obs: Observed, nodes: Sequence[str]) -> list
         if doc.get("status") in (502, 504):
             counts[str(doc.get("upstream") or "none")] = counts.get(str(doc.get("upstream") or "none"), 0) + 1
     if counts:
-        out.append(Finding("gateway-5xx", g.node, "warn", "502/504 today by upstream: "
-                           + ", ".join(f"{u} {c}" for u, c in sorted(counts.items())),
-                           "the upstreams named are the replicas that failed: see their replica findings"))
+        out.append(
+            Finding(
+                "gateway-5xx",
+                g.node,
+                "warn",
+                "502/504 today by upstream: " + ", ".join(f"{u} {c}" for u, c in sorted(counts.items())),
+                "the upstreams named are the replicas that failed: see their replica findings",
+            )
+        )
     return out
 
 
@@ -487,8 +675,18 @@ def check_rdma(spec: StackSpec, obs: Observed, nodes: Sequence[str]) -> list[Fin
 
 
 CHECKS: list[Callable[[StackSpec, Observed, Sequence[str]], list[Finding]]] = [
-    check_reachable, check_clock, check_firewall, check_containers, check_ray, check_nccl_transport,
-    check_rdma, check_server_logs, check_weights, check_replicas, check_xid]
+    check_reachable,
+    check_clock,
+    check_firewall,
+    check_containers,
+    check_ray,
+    check_nccl_transport,
+    check_rdma,
+    check_server_logs,
+    check_weights,
+    check_replicas,
+    check_xid,
+]
 
 
 def diagnose(spec: StackSpec, obs: Observed, nodes: Sequence[str]) -> list[Finding]:
@@ -503,13 +701,15 @@ Runner = Callable[[str, str], tuple[int, str, str]]  # (node, script) -> (status
 
 def ssh_runner(spec: StackSpec, stack: str) -> Runner:
     """bash -s over ssh with the stack's SSH settings (the key file `pulumi up` wrote when the key is a secret)."""
+
     def run(node: str, script: str) -> tuple[int, str, str]:
         n = spec.node(node)
         opts = ["-o", "BatchMode=yes", "-o", f"Port={spec.ssh.port}", "-o", "ConnectTimeout=10"]
         if not spec.ssh.host_key_checking:
             opts += ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"]
-        key = spec.ssh.key_path or (os.path.expanduser(operator_file_path(stack, node, "key"))
-                                    if "sshPrivateKey" in spec.secrets else None)
+        key = spec.ssh.key_path or (
+            os.path.expanduser(operator_file_path(stack, node, "key")) if "sshPrivateKey" in spec.secrets else None
+        )
         if key:
             opts += ["-i", os.path.expanduser(key)]
         # The kernel log and nft's table need root: a non-root user's probe runs through sudo -n, as
@@ -521,6 +721,7 @@ def ssh_runner(spec: StackSpec, stack: str) -> Runner:
         except subprocess.TimeoutExpired:
             return 124, "", "no answer within 300 s"
         return p.returncode, p.stdout, p.stderr
+
     return run
 
 
@@ -580,8 +781,11 @@ def main(argv: list[str] | None = None, run: Runner | None = None) -> int:
     stack_options(p)
     p.add_argument("--node", action="append", help="only this node (repeatable)")
     p.add_argument("--json", action="store_true", help="findings as JSON")
-    p.add_argument("--bandwidth", action="store_true", help="also retest ib_write_bw between the nodes of each "
-                   "multi-node instance (loads the link briefly)")
+    p.add_argument(
+        "--bandwidth",
+        action="store_true",
+        help="also retest ib_write_bw between the nodes of each multi-node instance (loads the link briefly)",
+    )
     args = p.parse_args(argv)
     loaded = spec_from_args(args)
     if loaded is None:
@@ -589,15 +793,26 @@ def main(argv: list[str] | None = None, run: Runner | None = None) -> int:
     stack, _path, spec = loaded
     unknown = [n for n in args.node or [] if n not in spec.nodes]
     if unknown:
-        print(f"doctor: --node {unknown[0]!r} is not a node of {stack}; nodes are: {', '.join(spec.nodes)}",
-              file=sys.stderr)
+        print(
+            f"doctor: --node {unknown[0]!r} is not a node of {stack}; nodes are: {', '.join(spec.nodes)}",
+            file=sys.stderr,
+        )
         return EXIT_INVALID
     nodes = args.node or list(spec.nodes)
     obs = observe(spec, nodes, run or ssh_runner(spec, stack), args.bandwidth)
     findings = diagnose(spec, obs, nodes)
     if args.json:
-        print(json.dumps({"stack": stack, "nodes": nodes, "failed": sum(f.status == "fail" for f in findings),
-                          "findings": [asdict(f) for f in findings]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "stack": stack,
+                    "nodes": nodes,
+                    "failed": sum(f.status == "fail" for f in findings),
+                    "findings": [asdict(f) for f in findings],
+                },
+                indent=2,
+            )
+        )
     else:
         sys.stdout.write(render(stack, findings, nodes))
     return EXIT_FAILED if any(f.status == "fail" for f in findings) else EXIT_OK

@@ -5,6 +5,7 @@ hand on a library unpacked from a PyPI wheel, e.g.
     python -m ops.fatbin_archs /tmp/lmd/lmdeploy/lib/_turbomind.cpython-311-x86_64-linux-gnu.so
 The parser is components/node_programs/fatbin.py, which the qualification gate also runs in the image.
 """
+
 from __future__ import annotations
 
 import sys

@@ -4,6 +4,7 @@ that fill a private registry or write the tarballs an air-gapped stack loads (im
 Prints a bash script (see components.planning.image_supply.mirror_script) to run on a machine that reaches
 the public registries; `--list` prints one line per image instead: image, what the nodes use, how.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -8,6 +8,7 @@ downloaded. The key comes from --key, else $LLM_CLUSTER_API_KEY, else `pulumi st
 --show-secrets gatewayApiKeys` (the first key). Exit 0 when every model answered every request, 1 when
 requests failed, 2 on bad input or when evalscope could not run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,9 +30,15 @@ ROOT = Path(__file__).resolve().parent.parent
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 PROMPT = "Write a short story of about 200 words about a lighthouse keeper who finds a message in a bottle."
 # The figures reported, from evalscope's benchmark_summary.json (summary) and benchmark_percentile.json.
-SUMMARY = {"requests": "Total Requests", "succeeded": "Success Requests", "failed": "Failed Requests",
-           "duration_s": "Test Duration (s)", "request_throughput": "Req Throughput (req/s)",
-           "output_tokens_per_s": "Output Throughput (tok/s)", "total_tokens_per_s": "Total Throughput (tok/s)"}
+SUMMARY = {
+    "requests": "Total Requests",
+    "succeeded": "Success Requests",
+    "failed": "Failed Requests",
+    "duration_s": "Test Duration (s)",
+    "request_throughput": "Req Throughput (req/s)",
+    "output_tokens_per_s": "Output Throughput (tok/s)",
+    "total_tokens_per_s": "Total Throughput (tok/s)",
+}
 PERCENTILE = {"ttft_ms": "TTFT (ms)", "tpot_ms": "TPOT (ms)", "latency_s": "Latency (s)"}
 
 
@@ -51,8 +58,12 @@ def key_from_pulumi(stack: str) -> str | None:
     """The first gateway key from `pulumi stack output --show-secrets gatewayApiKeys`, when the CLI is there."""
     if shutil.which("pulumi") is None:
         return None
-    p = subprocess.run(["pulumi", "stack", "output", "--show-secrets", "--stack", stack, "gatewayApiKeys"],
-                       capture_output=True, text=True, cwd=ROOT)
+    p = subprocess.run(
+        ["pulumi", "stack", "output", "--show-secrets", "--stack", stack, "gatewayApiKeys"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     try:
         keys = json.loads(p.stdout) if p.returncode == 0 else {}
     except ValueError:
@@ -64,8 +75,9 @@ def ca_from_pulumi(stack: str, out: Path) -> Path | None:
     """The private CA the gateway's certificate comes from (stack output gatewayCaCert), as a file."""
     if shutil.which("pulumi") is None:
         return None
-    p = subprocess.run(["pulumi", "stack", "output", "--stack", stack, "gatewayCaCert"],
-                       capture_output=True, text=True, cwd=ROOT)
+    p = subprocess.run(
+        ["pulumi", "stack", "output", "--stack", stack, "gatewayCaCert"], capture_output=True, text=True, cwd=ROOT
+    )
     if p.returncode != 0 or "BEGIN CERTIFICATE" not in p.stdout:
         return None
     out.mkdir(parents=True, exist_ok=True)
@@ -73,12 +85,32 @@ def ca_from_pulumi(stack: str, out: Path) -> Path | None:
     return out / "gateway-ca.pem"
 
 
-def perf_argv(evalscope: str, url: str, model: str, key: str | None, parallel: int, number: int,
-              max_tokens: int, out_dir: Path) -> list[str]:
+def perf_argv(
+    evalscope: str, url: str, model: str, key: str | None, parallel: int, number: int, max_tokens: int, out_dir: Path
+) -> list[str]:
     """evalscope perf for one model (the runbook's `evalscope perf --url … --parallel 64 --number 512 --api openai`)."""
-    argv = [evalscope, "perf", "--url", f"{url}/v1/chat/completions", "--api", "openai", "--model", model,
-            "--parallel", str(parallel), "--number", str(number), "--prompt", PROMPT,
-            "--max-tokens", str(max_tokens), "--stream", "--outputs-dir", str(out_dir), "--no-timestamp"]
+    argv = [
+        evalscope,
+        "perf",
+        "--url",
+        f"{url}/v1/chat/completions",
+        "--api",
+        "openai",
+        "--model",
+        model,
+        "--parallel",
+        str(parallel),
+        "--number",
+        str(number),
+        "--prompt",
+        PROMPT,
+        "--max-tokens",
+        str(max_tokens),
+        "--stream",
+        "--outputs-dir",
+        str(out_dir),
+        "--no-timestamp",
+    ]
     if key:
         argv += ["--api-key", key]
     return argv
@@ -106,21 +138,26 @@ def parse_results(out_dir: Path) -> dict[str, Any]:
 
 def render(stack: str, url: str, parallel: int, number: int, results: dict[str, dict[str, Any]]) -> str:
     """The text report: one row per model."""
+
     def num(v: Any, fmt: str = "{:.1f}") -> str:
         return "-" if v is None else fmt.format(v)
 
-    lines = [f"load test {stack}: {url}, {parallel} in parallel, {number} requests per model (evalscope perf)",
-             f"{'model':<36} {'ok/all':>9} {'req/s':>7} {'out tok/s':>10} {'TTFT p50/p99 ms':>17} "
-             f"{'TPOT p50/p99 ms':>16} {'latency p50/p99 s':>18}"]
+    lines = [
+        f"load test {stack}: {url}, {parallel} in parallel, {number} requests per model (evalscope perf)",
+        f"{'model':<36} {'ok/all':>9} {'req/s':>7} {'out tok/s':>10} {'TTFT p50/p99 ms':>17} "
+        f"{'TPOT p50/p99 ms':>16} {'latency p50/p99 s':>18}",
+    ]
     for model, r in results.items():
         if "error" in r:
             lines.append(f"{model:<36} error: {r['error']}")
             continue
-        lines.append(f"{model:<36} {num(r['succeeded'], '{:.0f}') + '/' + num(r['requests'], '{:.0f}'):>9} "
-                     f"{num(r['request_throughput'], '{:.2f}'):>7} {num(r['output_tokens_per_s']):>10} "
-                     f"{num(r['ttft_ms']['p50']) + '/' + num(r['ttft_ms']['p99']):>17} "
-                     f"{num(r['tpot_ms']['p50']) + '/' + num(r['tpot_ms']['p99']):>16} "
-                     f"{num(r['latency_s']['p50'], '{:.2f}') + '/' + num(r['latency_s']['p99'], '{:.2f}'):>18}")
+        lines.append(
+            f"{model:<36} {num(r['succeeded'], '{:.0f}') + '/' + num(r['requests'], '{:.0f}'):>9} "
+            f"{num(r['request_throughput'], '{:.2f}'):>7} {num(r['output_tokens_per_s']):>10} "
+            f"{num(r['ttft_ms']['p50']) + '/' + num(r['ttft_ms']['p99']):>17} "
+            f"{num(r['tpot_ms']['p50']) + '/' + num(r['tpot_ms']['p99']):>16} "
+            f"{num(r['latency_s']['p50'], '{:.2f}') + '/' + num(r['latency_s']['p99'], '{:.2f}'):>18}"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -138,8 +175,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--url", help="gateway base URL (default: from the stack, as the gatewayUrl output)")
     p.add_argument("--key", help="API key (default: $LLM_CLUSTER_API_KEY, else the stack's gatewayApiKeys output)")
-    p.add_argument("--ca-cert", type=Path, help="CA of the gateway's certificate, for HTTPS (default: the stack "
-                   "output gatewayCaCert when the CLI can read it; else the system's CAs)")
+    p.add_argument(
+        "--ca-cert",
+        type=Path,
+        help="CA of the gateway's certificate, for HTTPS (default: the stack "
+        "output gatewayCaCert when the CLI can read it; else the system's CAs)",
+    )
     p.add_argument("--evalscope", default=str(ROOT / ".venv-loadtest" / "bin" / "evalscope"))
     p.add_argument("--out", type=Path, default=ROOT / "build" / "loadtest")
     args = p.parse_args(argv)
@@ -157,17 +198,25 @@ def main(argv: list[str] | None = None) -> int:
     models = args.model or default_models(spec)
     unknown = [m for m in models if m not in served]
     if unknown:
-        print(f"loadtest: MODEL {unknown[0]!r} is not served by {stack}; served: {', '.join(sorted(served))}",
-              file=sys.stderr)
+        print(
+            f"loadtest: MODEL {unknown[0]!r} is not served by {stack}; served: {', '.join(sorted(served))}",
+            file=sys.stderr,
+        )
         return EXIT_INVALID
     if not (Path(args.evalscope).exists() or shutil.which(args.evalscope)):
-        print(f"loadtest: evalscope not found at {args.evalscope}; `make loadtest` installs it "
-              "(requirements-loadtest.txt)", file=sys.stderr)
+        print(
+            f"loadtest: evalscope not found at {args.evalscope}; `make loadtest` installs it "
+            "(requirements-loadtest.txt)",
+            file=sys.stderr,
+        )
         return EXIT_INVALID
     key = args.key or os.environ.get("LLM_CLUSTER_API_KEY") or (key_from_pulumi(stack) if spec.gateway.auth else None)
     if spec.gateway.auth and not key:
-        print("loadtest: no API key: pass --key, set LLM_CLUSTER_API_KEY, or run where `pulumi stack output "
-              "--show-secrets gatewayApiKeys` works", file=sys.stderr)
+        print(
+            "loadtest: no API key: pass --key, set LLM_CLUSTER_API_KEY, or run where `pulumi stack output "
+            "--show-secrets gatewayApiKeys` works",
+            file=sys.stderr,
+        )
         return EXIT_INVALID
     url = (args.url or gateway_url(spec)).rstrip("/")
     out = args.out / stack
@@ -179,10 +228,17 @@ def main(argv: list[str] | None = None) -> int:
     for model in models:
         run_dir = out / _slug(model)
         shutil.rmtree(run_dir, ignore_errors=True)
-        print(f"loadtest: {model}: evalscope perf, {args.parallel} in parallel, {args.number} requests",
-              file=sys.stderr, flush=True)
-        done = subprocess.run(perf_argv(args.evalscope, url, model, key, args.parallel, args.number,
-                                        args.max_tokens, run_dir), capture_output=True, text=True, env=env)
+        print(
+            f"loadtest: {model}: evalscope perf, {args.parallel} in parallel, {args.number} requests",
+            file=sys.stderr,
+            flush=True,
+        )
+        done = subprocess.run(
+            perf_argv(args.evalscope, url, model, key, args.parallel, args.number, args.max_tokens, run_dir),
+            capture_output=True,
+            text=True,
+            env=env,
+        )
         (out / f"{_slug(model)}.evalscope.log").parent.mkdir(parents=True, exist_ok=True)
         (out / f"{_slug(model)}.evalscope.log").write_text(done.stdout + done.stderr)
         try:
@@ -192,14 +248,22 @@ def main(argv: list[str] | None = None) -> int:
             results[model] = {"error": f"{e} (evalscope exit {done.returncode}: {tail[:200]})"}
     text = render(stack, url, args.parallel, args.number, results)
     out.mkdir(parents=True, exist_ok=True)
-    report = {"stack": stack, "url": url, "parallel": args.parallel, "number": args.number,
-              "max_tokens": args.max_tokens, "models": results}
+    report = {
+        "stack": stack,
+        "url": url,
+        "parallel": args.parallel,
+        "number": args.number,
+        "max_tokens": args.max_tokens,
+        "models": results,
+    }
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "report.txt").write_text(text)
     sys.stdout.write(text)
     if any("error" in r for r in results.values()):
         return EXIT_INVALID
-    return EXIT_FAILED if any((r.get("failed") or 0) > 0 or not r.get("succeeded") for r in results.values()) else EXIT_OK
+    return (
+        EXIT_FAILED if any((r.get("failed") or 0) > 0 or not r.get("succeeded") for r in results.values()) else EXIT_OK
+    )
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ gateway and monitoring config) is not touched: run a full `pulumi up` after the 
 
 The URNs come from the program itself, run under the mock runtime as `make plan` runs it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,8 +76,14 @@ def instance_targets(run: ProgramRun, instance: str) -> list[str]:
     own = {r.urn for r in run.registrations if not r.custom and r.plain_inputs().get("instance") == instance}
     grew = True
     while grew:
-        readers = {r.urn for r in run.registrations if r.custom and r.urn not in picked and r.parent in own
-                   and any(u in picked for us in r.property_dependencies.values() for u in us)}
+        readers = {
+            r.urn
+            for r in run.registrations
+            if r.custom
+            and r.urn not in picked
+            and r.parent in own
+            and any(u in picked for us in r.property_dependencies.values() for u in us)
+        }
         picked |= readers
         grew = bool(readers)
     return [r.urn for r in run.registrations if r.urn in picked]
@@ -85,13 +92,24 @@ def instance_targets(run: ProgramRun, instance: str) -> list[str]:
 def rollout_steps(run: ProgramRun, spec: StackSpec, pool: str, max_unavailable: int) -> list[Step]:
     """The pool's instances in stack order, `max_unavailable` per step, each with its target URNs."""
     names = [i.name for i in instances(spec, pool)]
-    return [Step(tuple(batch), tuple(u for name in batch for u in instance_targets(run, name)))
-            for batch in (names[k:k + max_unavailable] for k in range(0, len(names), max_unavailable))]
+    return [
+        Step(tuple(batch), tuple(u for name in batch for u in instance_targets(run, name)))
+        for batch in (names[k : k + max_unavailable] for k in range(0, len(names), max_unavailable))
+    ]
 
 
-def gateway_check(url: str, api_key: str | None, model: str, *, attempts: int = 3, timeout_s: float = 300,
-                  wait_s: float = 60, pause_s: float = 1, insecure: bool = False,
-                  say: Callable[[str], None] | None = None) -> str | None:
+def gateway_check(
+    url: str,
+    api_key: str | None,
+    model: str,
+    *,
+    attempts: int = 3,
+    timeout_s: float = 300,
+    wait_s: float = 60,
+    pause_s: float = 1,
+    insecure: bool = False,
+    say: Callable[[str], None] | None = None,
+) -> str | None:
     """None once `attempts` chat completions for `model` in a row answer 200 through the gateway; else what failed.
 
     A pool that just became healthy may still be refused for a while: nginx keeps a replica that
@@ -100,8 +118,9 @@ def gateway_check(url: str, api_key: str | None, model: str, *, attempts: int = 
     `pause_s` apart (a 429 as its Retry-After says), until `wait_s` has passed; any other answer
     (401, 404, …) fails at once, since waiting does not change it.
     """
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Say OK."}],
-                       "max_tokens": 1, "stream": False}).encode()
+    body = json.dumps(
+        {"model": model, "messages": [{"role": "user", "content": "Say OK."}], "max_tokens": 1, "stream": False}
+    ).encode()
     headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {api_key}"} if api_key else {})
     context = ssl._create_unverified_context() if insecure else None  # noqa: S323 (the operator's choice)
     where = f"for model {model!r} through {url}"
@@ -180,10 +199,19 @@ def settle_seconds(spec: StackSpec) -> float:
     return spec.gateway.fail_timeout_seconds + 1 if spec.gateway is not None else 0
 
 
-def rollout(stack: Any, steps: list[Step], model: str, *, check: Callable[..., str | None] = gateway_check,
-            say: Callable[[str], None] = print, policy_pack: Path | None = ROOT / "policies",
-            insecure: bool = False, settle_s: float = 0, gateway_wait_s: float = 60,
-            look_at: str = "the gateway's error log") -> int:
+def rollout(
+    stack: Any,
+    steps: list[Step],
+    model: str,
+    *,
+    check: Callable[..., str | None] = gateway_check,
+    say: Callable[[str], None] = print,
+    policy_pack: Path | None = ROOT / "policies",
+    insecure: bool = False,
+    settle_s: float = 0,
+    gateway_wait_s: float = 60,
+    look_at: str = "the gateway's error log",
+) -> int:
     """Run the steps on an Automation API stack; stop at the first failure, naming each instance's state.
 
     `settle_s` (settle_seconds) is waited after each step: nginx keeps a replica that failed while it
@@ -193,8 +221,10 @@ def rollout(stack: Any, steps: list[Step], model: str, *, check: Callable[..., s
     """
     total = sum(len(s.instances) for s in steps)
     if any(len(s.instances) == total for s in steps):
-        say(f"warning: a step replaces all {total} instance(s) of the pool: it serves nothing until that step's "
-            "instances are healthy (a second pool of the model, blue/green, keeps it serving)")
+        say(
+            f"warning: a step replaces all {total} instance(s) of the pool: it serves nothing until that step's "
+            "instances are healthy (a second pool of the model, blue/green, keeps it serving)"
+        )
     for k, step in enumerate(steps):
         names = ", ".join(step.instances)
         say(f"[{k + 1}/{len(steps)}] {names}: pulumi up --target-dependents with {len(step.targets)} targets")
@@ -202,32 +232,56 @@ def rollout(stack: Any, steps: list[Step], model: str, *, check: Callable[..., s
             say(f"rollout stopped: the program registers no container for {names}")
             return EXIT_FAILED
         try:
-            result = stack.up(target=list(step.targets), target_dependents=True,
-                              policy_packs=[str(policy_pack)] if policy_pack else None,
-                              on_output=lambda line: say(f"    {line.rstrip()}"))
+            result = stack.up(
+                target=list(step.targets),
+                target_dependents=True,
+                policy_packs=[str(policy_pack)] if policy_pack else None,
+                on_output=lambda line: say(f"    {line.rstrip()}"),
+            )
         except auto.errors.CommandError as e:
-            say(f"rollout stopped at {names}: pulumi up failed ({str(e).strip().splitlines()[-1] if str(e).strip() else e})")
-            say("\n".join(_states(steps, k, "replaced by a failed up: its containers or health gate did not come "
-                                            "up; see the up output above, `docker ps -a` and `docker logs` on its nodes")))
+            say(
+                f"rollout stopped at {names}: pulumi up failed ({str(e).strip().splitlines()[-1] if str(e).strip() else e})"
+            )
+            say(
+                "\n".join(
+                    _states(
+                        steps,
+                        k,
+                        "replaced by a failed up: its containers or health gate did not come "
+                        "up; see the up output above, `docker ps -a` and `docker logs` on its nodes",
+                    )
+                )
+            )
             return EXIT_FAILED
         if settle_s:
-            say(f"    {names}: healthy; {settle_s:g} s for the gateway to take it back (failTimeoutSeconds, "
-                "in nginx's whole seconds)")
+            say(
+                f"    {names}: healthy; {settle_s:g} s for the gateway to take it back (failTimeoutSeconds, "
+                "in nginx's whole seconds)"
+            )
             time.sleep(settle_s)
         url = _output(result.outputs, "gatewayUrl")
         if url:
-            problem = check(url, _first_key(result.outputs), model, insecure=insecure, wait_s=gateway_wait_s,
-                            say=say)
+            problem = check(url, _first_key(result.outputs), model, insecure=insecure, wait_s=gateway_wait_s, say=say)
             if problem:
                 say(f"rollout stopped at {names}: healthy, but the gateway check failed: {problem}")
-                say("\n".join(_states(steps, k, "replaced and healthy (its gates passed), but the pool does not "
-                                                f"serve through the gateway; check: {look_at}")))
+                say(
+                    "\n".join(
+                        _states(
+                            steps,
+                            k,
+                            "replaced and healthy (its gates passed), but the pool does not "
+                            f"serve through the gateway; check: {look_at}",
+                        )
+                    )
+                )
                 return EXIT_FAILED
             say(f"    {names}: healthy; the gateway serves {model}")
         else:
             say(f"    {names}: healthy (the stack has no gateway to check through)")
-    say(f"rollout done: {total} instance(s); run `pulumi up` for anything else "
-        "the change touches (config reloads, weights, node scripts)")
+    say(
+        f"rollout done: {total} instance(s); run `pulumi up` for anything else "
+        "the change touches (config reloads, weights, node scripts)"
+    )
     return EXIT_OK
 
 
@@ -237,11 +291,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--pool", required=True, help="the pool to roll out")
     p.add_argument("--max-unavailable", type=int, help="instances per step (default: the pool's maxUnavailable)")
     p.add_argument("--insecure", action="store_true", help="do not verify the gateway's TLS certificate")
-    p.add_argument("--settle-seconds", type=float,
-                   help="wait after each step before the gateway check (default: gateway.failTimeoutSeconds + 1)")
-    p.add_argument("--gateway-wait-seconds", type=float,
-                   help="how long the gateway check retries a pool that does not answer yet "
-                        "(default: gateway.failTimeoutSeconds + 30)")
+    p.add_argument(
+        "--settle-seconds",
+        type=float,
+        help="wait after each step before the gateway check (default: gateway.failTimeoutSeconds + 1)",
+    )
+    p.add_argument(
+        "--gateway-wait-seconds",
+        type=float,
+        help="how long the gateway check retries a pool that does not answer yet "
+        "(default: gateway.failTimeoutSeconds + 30)",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the steps and their targets, change nothing")
     return p
 
@@ -274,8 +334,15 @@ def main(argv: list[str] | None = None) -> int:
     if spec.gateway is None:
         return rollout(stack, steps, model, settle_s=settle)
     wait = args.gateway_wait_seconds if args.gateway_wait_seconds is not None else retry_seconds(spec)
-    return rollout(stack, steps, model, insecure=args.insecure, settle_s=settle, gateway_wait_s=wait,
-                   look_at=where_to_look(spec, args.pool))
+    return rollout(
+        stack,
+        steps,
+        model,
+        insecure=args.insecure,
+        settle_s=settle,
+        gateway_wait_s=wait,
+        look_at=where_to_look(spec, args.pool),
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """`python -m plan`: the offline plan of a stack — exit 0 clean, 1 mandatory violation, 2 invalid config."""
+
 from __future__ import annotations
 
 import argparse
@@ -41,18 +42,34 @@ def _parser() -> argparse.ArgumentParser:
     where.add_argument("--stack", default="prod", help="plan Pulumi.<stack>.yaml (default: prod)")
     where.add_argument("--config", type=Path, help="plan any stack file")
     p.add_argument("--out", type=Path, default=ROOT / "build" / "plan", help="output root (default: build/plan)")
-    p.add_argument("--up", action="store_true",
-                   help="model `pulumi up` (computed outputs known) instead of `pulumi preview`")
+    p.add_argument(
+        "--up", action="store_true", help="model `pulumi up` (computed outputs known) instead of `pulumi preview`"
+    )
     p.add_argument("--policy-config", type=Path, help="policy pack config JSON, as --policy-pack-config")
-    p.add_argument("--quiet", action="store_true",
-                   help="no progress; with --format text print only the verdict (errors still go to stderr)")
-    p.add_argument("--format", choices=FORMATS, default="text",
-                   help="what to print on stdout: the readable plan (default), plan.json, SARIF 2.1.0 or JUnit XML")
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress; with --format text print only the verdict (errors still go to stderr)",
+    )
+    p.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="text",
+        help="what to print on stdout: the readable plan (default), plan.json, SARIF 2.1.0 or JUnit XML",
+    )
     p.add_argument("--sarif", type=Path, metavar="FILE", help="also write the policy verdicts as SARIF 2.1.0 to FILE")
-    p.add_argument("--junit", type=Path, metavar="FILE",
-                   help="also write the policy verdicts as JUnit XML to FILE (one test case per rule and pool)")
-    p.add_argument("--against", type=Path, metavar="PLAN_JSON",
-                   help="diff against this plan.json (default: the previous plan, kept in <out>/<stack>/previous/)")
+    p.add_argument(
+        "--junit",
+        type=Path,
+        metavar="FILE",
+        help="also write the policy verdicts as JUnit XML to FILE (one test case per rule and pool)",
+    )
+    p.add_argument(
+        "--against",
+        type=Path,
+        metavar="PLAN_JSON",
+        help="diff against this plan.json (default: the previous plan, kept in <out>/<stack>/previous/)",
+    )
     return p
 
 
@@ -63,6 +80,7 @@ def _progress(quiet: bool) -> Callable[[str], None]:
     def step(msg: str) -> None:
         if not quiet:
             print(f"[{time.monotonic() - start:5.1f}s] {msg}", file=sys.stderr, flush=True)
+
     return step
 
 
@@ -120,8 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     leaked_files = sorted(rel for rel, text in files.items() if text_leaks(text, secrets))
     if leaks or leaked_files:
         # Nothing is written: the plan's files would carry the secret too.
-        print("refusing to write the plan: secret config values appear in plaintext (keep them Outputs from "
-              "pulumi.Config().require_secret; never .apply() them into plain strings):", file=sys.stderr)
+        print(
+            "refusing to write the plan: secret config values appear in plaintext (keep them Outputs from "
+            "pulumi.Config().require_secret; never .apply() them into plain strings):",
+            file=sys.stderr,
+        )
         for leak in leaks:
             print(f"  {leak.secret_key}: {leak.urn} at {leak.path}", file=sys.stderr)
         for rel in leaked_files:
@@ -142,24 +163,37 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
     previous_path = keep_previous(out_dir, previous)
-    result = PlanResult(stack.name, str(path), not args.up, spec, run, violations, capacity,
-                        redactions=[str(r) for r in redactor.redactions])
+    result = PlanResult(
+        stack.name,
+        str(path),
+        not args.up,
+        spec,
+        run,
+        violations,
+        capacity,
+        redactions=[str(r) for r in redactor.redactions],
+    )
     result.artifacts = write_artifacts(files, out_dir)
     result.artifacts += [str(p.relative_to(out_dir)) for p in write_graph(component_graph(run.registrations), out_dir)]
     if against is None and previous is not None:
         against, args.against = parse_plan(previous), previous_path
     # Against the plan as written (redacted), as the previous one was.
-    result.diff = plan_diff(against, redactor.data(plan_json(result)), spec, str(args.against) if args.against else None)
+    result.diff = plan_diff(
+        against, redactor.data(plan_json(result)), spec, str(args.against) if args.against else None
+    )
     text = redactor.text(render_text(result))
     data = redactor.data(plan_json(result))
     doc = json.dumps(data, indent=2, sort_keys=False)
     # Built from the redacted plan.json: they say nothing it does not.
-    verdicts = {"sarif": json.dumps(sarif(data, path, repo_uri(path, ROOT)), indent=2) + "\n"
-                if args.sarif or args.format == "sarif" else "",
-                "junit": junit(data, path, configured_levels(policy_config))
-                if args.junit or args.format == "junit" else ""}
+    verdicts = {
+        "sarif": json.dumps(sarif(data, path, repo_uri(path, ROOT)), indent=2) + "\n"
+        if args.sarif or args.format == "sarif"
+        else "",
+        "junit": junit(data, path, configured_levels(policy_config)) if args.junit or args.format == "junit" else "",
+    }
     leaked = text_leaks(text + doc + "".join(verdicts.values()), secrets) + redactor.leftovers(
-        [text, doc, *verdicts.values()])
+        [text, doc, *verdicts.values()]
+    )
     if leaked:  # belt and braces: the report itself must never carry a secret
         shutil.rmtree(out_dir, ignore_errors=True)
         print(f"refusing to write the plan: it would contain the secret(s) {', '.join(leaked)}", file=sys.stderr)

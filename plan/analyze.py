@@ -5,6 +5,7 @@ servicer unwraps secrets and turns unknowns into "can't run during preview" exac
 then one AnalyzeStackRequest; the policy config is validated against each policy's schema (as the
 CLI does) and sent with Configure, every policy's enforcement level resolved as the engine does.
 """
+
 from __future__ import annotations
 
 import re
@@ -20,8 +21,12 @@ from pulumi_policy.policy import _PolicyAnalyzerServicer
 from plan.harness import Registration
 from policies.pack import DEFAULT_LEVEL, PACK_NAME, PACK_VERSION, POLICIES
 
-LEVELS = {"advisory": proto.ADVISORY, "mandatory": proto.MANDATORY, "remediate": proto.REMEDIATE,
-          "disabled": proto.DISABLED}
+LEVELS = {
+    "advisory": proto.ADVISORY,
+    "mandatory": proto.MANDATORY,
+    "remediate": proto.REMEDIATE,
+    "disabled": proto.DISABLED,
+}
 LEVEL_NAMES = {v: k for k, v in LEVELS.items()}
 
 
@@ -82,8 +87,11 @@ def configure_request(policy_config: Mapping[str, Any] | None) -> proto.Configur
         if not isinstance(entry, Mapping):
             entry = {"enforcementLevel": entry}
         props = {k: v for k, v in entry.items() if k != "enforcementLevel"}
-        schema = {"type": "object", "additionalProperties": False,
-                  "properties": dict(policy.config_schema.properties) if policy.config_schema else {}}
+        schema = {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": dict(policy.config_schema.properties) if policy.config_schema else {},
+        }
         if props:
             _validate(props, schema, name)
         if "enforcementLevel" in entry:
@@ -99,6 +107,7 @@ def configure_request(policy_config: Mapping[str, Any] | None) -> proto.Configur
 def _validate(props: Mapping[str, Any], schema: dict[str, Any], name: str) -> None:
     """Check a policy's config properties against its schema, as the CLI does (gojsonschema)."""
     import jsonschema  # imported only when properties are configured: the default plan never needs it
+
     try:
         jsonschema.validate(dict(props), schema)
     except jsonschema.ValidationError as err:
@@ -112,21 +121,28 @@ def _provider_of(reg: Registration, by_urn: Mapping[str, Registration]) -> proto
     prov = by_urn.get(urn)
     if prov is None:
         return None
-    return proto.AnalyzerProviderResource(urn=prov.urn, type=prov.type, name=prov.name,
-                                          properties=_struct(prov.inputs))
+    return proto.AnalyzerProviderResource(urn=prov.urn, type=prov.type, name=prov.name, properties=_struct(prov.inputs))
 
 
 def _options(reg: Registration) -> proto.AnalyzerResourceOptions:
     o = reg.options
     timeouts = o.get("customTimeouts") or {}
     opts = proto.AnalyzerResourceOptions(
-        parent=reg.parent, protect=bool(o.get("protect")), ignoreChanges=list(o.get("ignoreChanges") or []),
-        deleteBeforeReplace=bool(o.get("deleteBeforeReplace")), deleteBeforeReplaceDefined=True,
-        additionalSecretOutputs=list(o.get("additionalSecretOutputs") or []))
+        parent=reg.parent,
+        protect=bool(o.get("protect")),
+        ignoreChanges=list(o.get("ignoreChanges") or []),
+        deleteBeforeReplace=bool(o.get("deleteBeforeReplace")),
+        deleteBeforeReplaceDefined=True,
+        additionalSecretOutputs=list(o.get("additionalSecretOutputs") or []),
+    )
     if timeouts:
-        opts.customTimeouts.CopyFrom(proto.AnalyzerResourceOptions.CustomTimeouts(
-            create=_seconds(timeouts.get("create")), update=_seconds(timeouts.get("update")),
-            delete=_seconds(timeouts.get("delete"))))
+        opts.customTimeouts.CopyFrom(
+            proto.AnalyzerResourceOptions.CustomTimeouts(
+                create=_seconds(timeouts.get("create")),
+                update=_seconds(timeouts.get("update")),
+                delete=_seconds(timeouts.get("delete")),
+            )
+        )
     return opts
 
 
@@ -143,8 +159,16 @@ def _violations(response: Any, default_urn: str, by_urn: Mapping[str, Registrati
     for d in response.diagnostics:
         urn = d.urn or default_urn
         reg = by_urn.get(urn)
-        out.append(Violation(d.policyName, LEVEL_NAMES[d.enforcementLevel], urn, d.message,
-                             reg.type if reg else "", reg.name if reg else ""))
+        out.append(
+            Violation(
+                d.policyName,
+                LEVEL_NAMES[d.enforcementLevel],
+                urn,
+                d.message,
+                reg.type if reg else "",
+                reg.name if reg else "",
+            )
+        )
     return out
 
 
@@ -155,20 +179,30 @@ def analyze(registrations: Iterable[Registration], policy_config: Mapping[str, A
     servicer = configured_servicer(policy_config)
     violations: list[Violation] = []
     for reg in regs:
-        request = proto.AnalyzeRequest(urn=reg.urn, type=reg.type, name=reg.name, properties=_struct(reg.inputs),
-                                       options=_options(reg))
+        request = proto.AnalyzeRequest(
+            urn=reg.urn, type=reg.type, name=reg.name, properties=_struct(reg.inputs), options=_options(reg)
+        )
         provider = _provider_of(reg, by_urn)
         if provider is not None:
             request.provider.CopyFrom(provider)
         violations += _violations(servicer.Analyze(request, None), reg.urn, by_urn)
-    stack = proto.AnalyzeStackRequest(resources=[
-        proto.AnalyzerResource(
-            urn=r.urn, type=r.type, name=r.name,
-            # AnalyzeStack sees outputs: components' register_outputs; custom resources echo their inputs.
-            properties=_struct(r.outputs if not r.custom else r.inputs), options=_options(r), parent=r.parent,
-            dependencies=r.dependencies,
-            propertyDependencies={k: proto.AnalyzerPropertyDependencies(urns=v)
-                                  for k, v in r.property_dependencies.items()})
-        for r in regs])
+    stack = proto.AnalyzeStackRequest(
+        resources=[
+            proto.AnalyzerResource(
+                urn=r.urn,
+                type=r.type,
+                name=r.name,
+                # AnalyzeStack sees outputs: components' register_outputs; custom resources echo their inputs.
+                properties=_struct(r.outputs if not r.custom else r.inputs),
+                options=_options(r),
+                parent=r.parent,
+                dependencies=r.dependencies,
+                propertyDependencies={
+                    k: proto.AnalyzerPropertyDependencies(urns=v) for k, v in r.property_dependencies.items()
+                },
+            )
+            for r in regs
+        ]
+    )
     violations += _violations(servicer.AnalyzeStack(stack, None), "", by_urn)
     return violations

@@ -1,4 +1,5 @@
 """`python -m plan.capacity`, the name this command was first published under: it runs ops.capacity."""
+
 import runpy
 
 if __name__ == "__main__":

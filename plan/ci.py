@@ -8,6 +8,7 @@ pool, plus one per rule for the rest of the stack (gateway, monitoring, nodes): 
 fails it, an advisory one is reported in the suite's system-out, a disabled rule is skipped.
 Both are deterministic: no clock is read unless SOURCE_DATE_EPOCH is set (then JUnit's timestamp).
 """
+
 from __future__ import annotations
 
 import os
@@ -70,7 +71,7 @@ def _line_of(key: str, lines: Mapping[str, int]) -> tuple[str, int] | None:
         if key in lines:
             return key, lines[key]
         last = _LAST_PART.search(key)
-        key = key[:last.start()] if last else ""
+        key = key[: last.start()] if last else ""
     return None
 
 
@@ -117,10 +118,11 @@ def sarif(doc: Mapping[str, Any], stack_file: Path, uri: str) -> dict[str, Any]:
             physical["region"] = {"startLine": found[1]}
         location: dict[str, Any] = {"physicalLocation": physical}
         if v.get("urn"):
-            location["logicalLocations"] = [{"name": v["resource"], "fullyQualifiedName": v["urn"],
-                                             "kind": "resource"}]
+            location["logicalLocations"] = [{"name": v["resource"], "fullyQualifiedName": v["urn"], "kind": "resource"}]
         result: dict[str, Any] = {
-            "ruleId": v["policy"], "level": SARIF_LEVEL[v["enforcementLevel"]], "message": {"text": message},
+            "ruleId": v["policy"],
+            "level": SARIF_LEVEL[v["enforcementLevel"]],
+            "message": {"text": message},
             "locations": [location],
             "properties": {"enforcementLevel": v["enforcementLevel"], **({"stackKey": found[0]} if found else {})},
         }
@@ -130,19 +132,34 @@ def sarif(doc: Mapping[str, Any], stack_file: Path, uri: str) -> dict[str, Any]:
     return {
         "$schema": SARIF_SCHEMA,
         "version": "2.1.0",
-        "runs": [{
-            "tool": {"driver": {
-                "name": PACK_NAME, "version": PACK_VERSION, "semanticVersion": PACK_VERSION,
-                "informationUri": "https://www.pulumi.com/docs/using-pulumi/crossguard/",
-                "rules": [{"id": p.name, "name": p.name, "shortDescription": {"text": p.description},
-                           "defaultConfiguration": {"level": SARIF_LEVEL[(p.enforcement_level.value
-                                                                          if p.enforcement_level else "mandatory")]}}
-                          for p in rules],
-            }},
-            "artifacts": [{"location": {"uri": uri}, "roles": ["analysisTarget"]}],
-            "results": results,
-            "properties": {"stack": doc["stack"], "mode": doc["mode"], "mandatory": doc["policy"]["mandatory"]},
-        }],
+        "runs": [
+            {
+                "tool": {
+                    "driver": {
+                        "name": PACK_NAME,
+                        "version": PACK_VERSION,
+                        "semanticVersion": PACK_VERSION,
+                        "informationUri": "https://www.pulumi.com/docs/using-pulumi/crossguard/",
+                        "rules": [
+                            {
+                                "id": p.name,
+                                "name": p.name,
+                                "shortDescription": {"text": p.description},
+                                "defaultConfiguration": {
+                                    "level": SARIF_LEVEL[
+                                        (p.enforcement_level.value if p.enforcement_level else "mandatory")
+                                    ]
+                                },
+                            }
+                            for p in rules
+                        ],
+                    }
+                },
+                "artifacts": [{"location": {"uri": uri}, "roles": ["analysisTarget"]}],
+                "results": results,
+                "properties": {"stack": doc["stack"], "mode": doc["mode"], "mandatory": doc["policy"]["mandatory"]},
+            }
+        ],
     }
 
 
@@ -171,27 +188,47 @@ def junit(doc: Mapping[str, Any], stack_file: Path, levels: Mapping[str, str]) -
     cases, advisories, failures, skipped = [], [], 0, 0
     for rule in _rules():
         for subject in subjects:
-            case = ET.Element("testcase", name=f"{rule.name} {subject}", classname=f"llm-cluster.{stack}.{rule.name}",
-                              time="0")
+            case = ET.Element(
+                "testcase", name=f"{rule.name} {subject}", classname=f"llm-cluster.{stack}.{rule.name}", time="0"
+            )
             found = by_case.get((rule.name, subject), [])
             failing = [v for v in found if v["enforcementLevel"] in ("mandatory", "remediate")]
             if levels.get(rule.name) == "disabled":
                 ET.SubElement(case, "skipped", message="disabled in the policy config")
                 skipped += 1
             elif failing:
-                failure = ET.SubElement(case, "failure", message=failing[0]["message"].splitlines()[-1][:500],
-                                        type=failing[0]["enforcementLevel"])
+                failure = ET.SubElement(
+                    case,
+                    "failure",
+                    message=failing[0]["message"].splitlines()[-1][:500],
+                    type=failing[0]["enforcementLevel"],
+                )
                 failure.text = "\n\n".join(f"{v['resource']} ({v['urn']}):\n{v['message']}" for v in failing)
                 failures += 1
-            advisories += [f"[{v['enforcementLevel']}] {rule.name} {subject} {v['resource']}: {v['message']}"
-                           for v in found if v not in failing]
+            advisories += [
+                f"[{v['enforcementLevel']}] {rule.name} {subject} {v['resource']}: {v['message']}"
+                for v in found
+                if v not in failing
+            ]
             cases.append(case)
-    suite = ET.Element("testsuite", name=f"llm-cluster.{stack}", timestamp=_timestamp(stack_file),
-                       hostname="localhost", tests=str(len(cases)), failures=str(failures), errors="0",
-                       skipped=str(skipped), time="0")
+    suite = ET.Element(
+        "testsuite",
+        name=f"llm-cluster.{stack}",
+        timestamp=_timestamp(stack_file),
+        hostname="localhost",
+        tests=str(len(cases)),
+        failures=str(failures),
+        errors="0",
+        skipped=str(skipped),
+        time="0",
+    )
     properties = ET.SubElement(suite, "properties")
-    for name, value in (("stack", stack), ("mode", doc["mode"]), ("config", str(doc.get("config", ""))),
-                        ("policyPack", f"{PACK_NAME}@{PACK_VERSION}")):
+    for name, value in (
+        ("stack", stack),
+        ("mode", doc["mode"]),
+        ("config", str(doc.get("config", ""))),
+        ("policyPack", f"{PACK_NAME}@{PACK_VERSION}"),
+    ):
         ET.SubElement(properties, "property", name=name, value=value)
     suite.extend(cases)
     ET.SubElement(suite, "system-out").text = "\n\n".join(advisories)
@@ -207,6 +244,7 @@ def junit(doc: Mapping[str, Any], stack_file: Path, levels: Mapping[str, str]) -
 def configured_levels(policy_config: Mapping[str, Any] | None) -> dict[str, str]:
     """Each policy's enforcement level as the engine resolves it for this policy config."""
     from plan.analyze import LEVEL_NAMES, configure_request
+
     request = configure_request(policy_config)
     return {name: LEVEL_NAMES[cfg.enforcementLevel] for name, cfg in request.policyConfig.items()}
 
@@ -224,4 +262,3 @@ def write_text(path: Path, text: str) -> None:
     """Write an output file the user named, creating its directory."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
-

@@ -6,6 +6,7 @@ normal end of a pipeline. `emit` writes and, once the reader is gone, drops the 
 wraps a `main` so any write that still meets a closed pipe ends the program the way a shell expects
 (status 141, 128 + SIGPIPE), with no traceback.
 """
+
 from __future__ import annotations
 
 import os

@@ -20,6 +20,7 @@ go down at once and for about how long (the pool's loadTimeoutMinutes), per serv
 Prometheus, …) whether its container restarts or only reloads (a changed command of the same
 component that runs before or after the container, the container itself kept), and which weights are copied.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -44,8 +45,11 @@ def replace_inputs_from_schema(schema: dict[str, Any]) -> dict[str, list[str]]:
     """Resource type -> the inputs a provider schema marks as forcing a replacement."""
     out: dict[str, list[str]] = {}
     for token, res in sorted(schema.get("resources", {}).items()):
-        props = sorted(k for k, v in res.get("inputProperties", {}).items()
-                       if v.get("willReplaceOnChanges") or v.get("replaceOnChanges"))
+        props = sorted(
+            k
+            for k, v in res.get("inputProperties", {}).items()
+            if v.get("willReplaceOnChanges") or v.get("replaceOnChanges")
+        )
         if props:
             out[token] = props
     return out
@@ -54,9 +58,13 @@ def replace_inputs_from_schema(schema: dict[str, Any]) -> dict[str, list[str]]:
 def load_replace_rules(path: Path = REPLACE_DATA) -> dict[str, tuple[frozenset[str], str]]:
     """Resource type -> (inputs that force a replacement, the source that says so)."""
     data = json.loads(path.read_text())
-    return {token: (frozenset(entry["inputs"]) | frozenset(entry.get("added", {})),
-                    data["sources"][entry["source"]]["cite"])
-            for token, entry in data["types"].items()}
+    return {
+        token: (
+            frozenset(entry["inputs"]) | frozenset(entry.get("added", {})),
+            data["sources"][entry["source"]]["cite"],
+        )
+        for token, entry in data["types"].items()
+    }
 
 
 @dataclass
@@ -145,8 +153,9 @@ def _option_replace(options: dict[str, Any]) -> set[str]:
     return {_top(p) for p in options.get("replaceOnChanges") or []}
 
 
-def diff_resources(before: dict[str, Any], after: dict[str, Any],
-                   rules: dict[str, tuple[frozenset[str], str]] | None = None) -> list[ResourceChange]:
+def diff_resources(
+    before: dict[str, Any], after: dict[str, Any], rules: dict[str, tuple[frozenset[str], str]] | None = None
+) -> list[ResourceChange]:
     """Every resource that changes from plan `before` to plan `after`, in the new plan's order, deletes last."""
     rules = load_replace_rules() if rules is None else rules
     old = {_key(r["urn"]): r for r in before.get("resources", [])}
@@ -157,8 +166,9 @@ def diff_resources(before: dict[str, Any], after: dict[str, Any],
         key = _key(r["urn"])
         new_keys.add(key)
         prev = old.get(key)
-        change = ResourceChange(r["urn"], r["type"], r["name"], "create", r.get("node"), r.get("parent", ""),
-                                custom=r.get("custom", True))
+        change = ResourceChange(
+            r["urn"], r["type"], r["name"], "create", r.get("node"), r.get("parent", ""), custom=r.get("custom", True)
+        )
         if prev is None:
             changes.append(change)
             continue
@@ -186,8 +196,13 @@ def diff_resources(before: dict[str, Any], after: dict[str, Any],
         because = sorted(t for t in touched if t in forcing or t in by_option or "*" in by_option)
         if (because or with_) and change.custom:
             change.op, change.replace_because = "replace", because + [f"replaceWith {n}" for n in with_]
-            change.replace_source = source if any(t in forcing for t in because) else \
-                "the resource's replaceOnChanges option" if because else "the resource's replaceWith option"
+            change.replace_source = (
+                source
+                if any(t in forcing for t in because)
+                else "the resource's replaceOnChanges option"
+                if because
+                else "the resource's replaceWith option"
+            )
             change.delete_before_replace = bool(options.get("deleteBeforeReplace"))
             replaced.add(key)
         else:
@@ -195,8 +210,17 @@ def diff_resources(before: dict[str, Any], after: dict[str, Any],
         changes.append(change)
     for key, r in old.items():
         if key not in new_keys:
-            changes.append(ResourceChange(r["urn"], r["type"], r["name"], "delete", r.get("node"),
-                                          r.get("parent", ""), custom=r.get("custom", True)))
+            changes.append(
+                ResourceChange(
+                    r["urn"],
+                    r["type"],
+                    r["name"],
+                    "delete",
+                    r.get("node"),
+                    r.get("parent", ""),
+                    custom=r.get("custom", True),
+                )
+            )
     return changes
 
 
@@ -215,9 +239,13 @@ def summary_line(counts: dict[str, int]) -> str:
 
 # --- what it means for service ---------------------------------------------------------------------
 
+
 def _labels(resource: dict[str, Any]) -> dict[str, str]:
-    return {lbl.get("label"): lbl.get("value") for lbl in (resource.get("inputs") or {}).get("labels") or []
-            if isinstance(lbl, dict)}
+    return {
+        lbl.get("label"): lbl.get("value")
+        for lbl in (resource.get("inputs") or {}).get("labels") or []
+        if isinstance(lbl, dict)
+    }
 
 
 def _purpose(resource: dict[str, Any]) -> str:
@@ -238,12 +266,14 @@ def _max_unavailable(spec: StackSpec, pool: str) -> int:
     return p.max_unavailable if p is not None else 1
 
 
-def service_impact(changes: list[ResourceChange], before: dict[str, Any], after: dict[str, Any],
-                   spec: StackSpec) -> dict[str, Any]:
+def service_impact(
+    changes: list[ResourceChange], before: dict[str, Any], after: dict[str, Any], spec: StackSpec
+) -> dict[str, Any]:
     """Per pool the instances down at once and for how long; per service restart or reload; weights copied."""
     op = {_key(c.urn): c.op for c in changes}
-    docs = {_key(r["urn"]): r for r in before.get("resources", [])} | \
-        {_key(r["urn"]): r for r in after.get("resources", [])}
+    docs = {_key(r["urn"]): r for r in before.get("resources", [])} | {
+        _key(r["urn"]): r for r in after.get("resources", [])
+    }
     new_keys = {_key(r["urn"]) for r in after.get("resources", [])}
     old_keys = {_key(r["urn"]) for r in before.get("resources", [])}
 
@@ -252,13 +282,22 @@ def service_impact(changes: list[ResourceChange], before: dict[str, Any], after:
         r = docs[key]
         parent = docs.get(_key(r.get("parent", "")))
         if o in ("create", "replace") and parent is not None and parent["type"] == ModelWeights.TYPE:
-            weights.append({"model": (parent.get("inputs") or {}).get("model"), "resource": r["name"],
-                            "urn": r["urn"], "node": r.get("node"), "op": o, "does": _purpose(r)})
+            weights.append(
+                {
+                    "model": (parent.get("inputs") or {}).get("model"),
+                    "resource": r["name"],
+                    "urn": r["urn"],
+                    "node": r.get("node"),
+                    "op": o,
+                    "does": _purpose(r),
+                }
+            )
     copying = {_key(urn) for w in weights for urn in [w["urn"]]}
 
     # Pools: an instance is every container labelled with it (vLLM server, Ray head and workers).
-    inst_state: dict[str, dict[str, set[str]]] = defaultdict(lambda: {"before": set(), "after": set(),
-                                                                     "restarted": set(), "waits": set()})
+    inst_state: dict[str, dict[str, set[str]]] = defaultdict(
+        lambda: {"before": set(), "after": set(), "restarted": set(), "waits": set()}
+    )
     pool_of: dict[str, str] = {}
     for key, r in docs.items():
         lbl = _labels(r)
@@ -277,8 +316,17 @@ def service_impact(changes: list[ResourceChange], before: dict[str, Any], after:
             state["waits"] |= {_key(d) for d in r.get("dependencies") or [] if _key(d) in copying}
     pools: dict[str, Any] = {}
     for inst, state in sorted(inst_state.items()):
-        entry = pools.setdefault(pool_of[inst], {"instancesBefore": 0, "instancesAfter": 0, "added": [],
-                                                 "removed": [], "restarted": [], "waitsForWeights": []})
+        entry = pools.setdefault(
+            pool_of[inst],
+            {
+                "instancesBefore": 0,
+                "instancesAfter": 0,
+                "added": [],
+                "removed": [],
+                "restarted": [],
+                "waitsForWeights": [],
+            },
+        )
         entry["instancesBefore"] += bool(state["before"])
         entry["instancesAfter"] += bool(state["after"])
         if not state["before"]:
@@ -300,23 +348,29 @@ def service_impact(changes: list[ResourceChange], before: dict[str, Any], after:
             recommendations.append(
                 f"pool {pool}: this change restarts {len(entry['restarted'])} of {entry['instancesBefore']} instances "
                 f"at once; roll it out instance by instance instead: make rollout STACK={after.get('stack', '<stack>')} "
-                f"POOL={pool} (maxUnavailable {limit})")
+                f"POOL={pool} (maxUnavailable {limit})"
+            )
         elif entry["restarted"] and entry["servingThroughout"] == 0:
             recommendations.append(
                 f"pool {pool}: its only instance restarts, so the pool serves nothing while it reloads; a second "
-                "pool of the same model (blue/green, see the README) keeps it serving")
+                "pool of the same model (blue/green, see the README) keeps it serving"
+            )
         if entry["waitsForWeights"]:
             recommendations.append(
                 f"pool {pool}: {', '.join(entry['restarted'])} goes down when the change starts but serves again only "
                 f"after the weights copy ({', '.join(entry['waitsForWeights'])}); copy first: pulumi up with a "
-                "--target for each URN in plan.json diff.weights, then the whole change")
+                "--target for each URN in plan.json diff.weights, then the whole change"
+            )
 
     recommendations += _gpu_handovers(changes, docs)
 
     # Services outside the pools: by the role label of their containers.
     services: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
-    commands_changed = {key for key, o in op.items() if o in ("create", "update", "replace")
-                        and docs[key]["type"].startswith("command:")}
+    commands_changed = {
+        key
+        for key, o in op.items()
+        if o in ("create", "update", "replace") and docs[key]["type"].startswith("command:")
+    }
     for key, r in docs.items():
         lbl = _labels(r)
         if r["type"] != CONTAINER or LABEL + "instance" in lbl or LABEL + "role" not in lbl:
@@ -330,15 +384,23 @@ def service_impact(changes: list[ResourceChange], before: dict[str, Any], after:
             # A changed command of the same component, run before the container (writes what it
             # reads) or after it (tells it to re-read), while the container itself stays: a reload.
             before_it = {_key(d) for d in r.get("dependencies") or []}
-            reloads = [c for c in commands_changed if docs[c].get("parent") == r.get("parent")
-                       and (c in before_it or _key(r["urn"]) in {_key(d) for d in docs[c].get("dependencies") or []})]
+            reloads = [
+                c
+                for c in commands_changed
+                if docs[c].get("parent") == r.get("parent")
+                and (c in before_it or _key(r["urn"]) in {_key(d) for d in docs[c].get("dependencies") or []})
+            ]
             if reloads:
                 services[role]["reload"].append(r["name"])
             elif o == "update":
                 services[role]["update in place"].append(r["name"])
 
-    return {"pools": pools, "services": {k: dict(v) for k, v in sorted(services.items())},
-            "weights": weights, "recommendations": recommendations}
+    return {
+        "pools": pools,
+        "services": {k: dict(v) for k, v in sorted(services.items())},
+        "weights": weights,
+        "recommendations": recommendations,
+    }
 
 
 def _gpus(resource: dict[str, Any]) -> set[str] | None:
@@ -365,23 +427,35 @@ def _gpu_handovers(changes: list[ResourceChange], docs: dict[str, dict[str, Any]
         claims = _gpus(docs[_key(new.urn)])
         if not claims:
             continue
-        holders = [old.name for old in deleted if old.node == new.node and (old_claims := _gpus(docs[_key(old.urn)]))
-                   and ("all" in claims or "all" in old_claims or claims & old_claims)]
+        holders = [
+            old.name
+            for old in deleted
+            if old.node == new.node
+            and (old_claims := _gpus(docs[_key(old.urn)]))
+            and ("all" in claims or "all" in old_claims or claims & old_claims)
+        ]
         if holders:
-            out.append(f"node {new.node}: {new.name} would start while {', '.join(holders)} still holds its GPUs "
-                       "(an up creates new resources before it deletes removed ones); free the node first: one up "
-                       "with the node out of its old pool, then the up that gives it to the new one")
+            out.append(
+                f"node {new.node}: {new.name} would start while {', '.join(holders)} still holds its GPUs "
+                "(an up creates new resources before it deletes removed ones); free the node first: one up "
+                "with the node out of its old pool, then the up that gives it to the new one"
+            )
     return out
 
 
 # --- the section plan.json and plan.txt carry -------------------------------------------------------
 
-def plan_diff(before: dict[str, Any] | None, after: dict[str, Any], spec: StackSpec,
-              against: str | None) -> dict[str, Any]:
+
+def plan_diff(
+    before: dict[str, Any] | None, after: dict[str, Any], spec: StackSpec, against: str | None
+) -> dict[str, Any]:
     """plan.json's `diff`: resources changed, the summary, and the service impact."""
     if before is None:
-        note = ("no previous plan of this stack: the next plan compares against this one" if against is None
-                else f"{against} is not a plan.json: nothing to compare against")
+        note = (
+            "no previous plan of this stack: the next plan compares against this one"
+            if against is None
+            else f"{against} is not a plan.json: nothing to compare against"
+        )
         return {"against": None, "note": note}
     changes = diff_resources(before, after)
     out: dict[str, Any] = {
@@ -391,8 +465,10 @@ def plan_diff(before: dict[str, Any] | None, after: dict[str, Any], spec: StackS
         **service_impact(changes, before, after, spec),
     }
     if before.get("mode") != after.get("mode"):
-        out["note"] = (f"the previous plan ran in {before.get('mode')} mode, this one in {after.get('mode')}: "
-                       "values known in one and unknown in the other are not compared")
+        out["note"] = (
+            f"the previous plan ran in {before.get('mode')} mode, this one in {after.get('mode')}: "
+            "values known in one and unknown in the other are not compared"
+        )
     return out
 
 
@@ -407,8 +483,10 @@ def render_diff(diff: dict[str, Any]) -> list[str]:
         if not c.get("custom", True):
             # Components carry no state of their own (their children say what happens): one line each.
             props = sorted({_top(ch["path"]) for ch in c["changes"]})
-            out.append(f"  {SYMBOL[c['op']]:<2} {c['op']:<7} {c['type'].split(':')[-1]:<12} {c['name']}"
-                       + (f"  ({', '.join(props)})" if props else ""))
+            out.append(
+                f"  {SYMBOL[c['op']]:<2} {c['op']:<7} {c['type'].split(':')[-1]:<12} {c['name']}"
+                + (f"  ({', '.join(props)})" if props else "")
+            )
             continue
         where = f" on {c['node']}" if c.get("node") else ""
         out.append(f"  {SYMBOL[c['op']]:<2} {c['op']:<7} {c['type'].split(':')[-1]:<12} {c['name']}{where}")
@@ -420,8 +498,7 @@ def render_diff(diff: dict[str, Any]) -> list[str]:
                 out.append(f"        {ch['path']}: {ch['before'] or '∅'} → {ch['after'] or '∅'}{forced}")
         if c["op"] == "replace":
             order = "old one deleted first" if c["delete_before_replace"] else "new one created first"
-            out.append(f"        replaced because of {', '.join(c['replace_because'])}: {c['replace_source']}; "
-                       f"{order}")
+            out.append(f"        replaced because of {', '.join(c['replace_because'])}: {c['replace_source']}; {order}")
     out.append("  " + summary_line(diff["summary"]))
     out.append("\nService impact")
     if not (diff["pools"] or diff["services"] or diff["weights"]):
@@ -429,15 +506,19 @@ def render_diff(diff: dict[str, Any]) -> list[str]:
     for pool, e in diff["pools"].items():
         parts = []
         if e["restarted"]:
-            wait = (f", after the weights copy ({', '.join(e['waitsForWeights'])})" if e["waitsForWeights"] else "")
-            parts.append(f"{len(e['restarted'])} of {e['instancesBefore']} instances down at once "
-                         f"({', '.join(e['restarted'])}) for up to {e['downForMinutes']} min each "
-                         f"(loadTimeoutMinutes: weights load, then /health){wait}")
+            wait = f", after the weights copy ({', '.join(e['waitsForWeights'])})" if e["waitsForWeights"] else ""
+            parts.append(
+                f"{len(e['restarted'])} of {e['instancesBefore']} instances down at once "
+                f"({', '.join(e['restarted'])}) for up to {e['downForMinutes']} min each "
+                f"(loadTimeoutMinutes: weights load, then /health){wait}"
+            )
         if e["removed"]:
             parts.append(f"removed: {', '.join(e['removed'])}")
         if e["added"]:
             parts.append(f"new: {', '.join(e['added'])} (serve once loaded)")
-        serving = [f"{e['servingThroughout']} of {e['instancesBefore']} serving throughout"] if e["instancesBefore"] else []
+        serving = (
+            [f"{e['servingThroughout']} of {e['instancesBefore']} serving throughout"] if e["instancesBefore"] else []
+        )
         out.append(f"  pool {pool}: " + "; ".join(parts + serving))
     for role, what in diff["services"].items():
         out.append(f"  {role}: " + "; ".join(f"{how} {', '.join(names)}" for how, names in what.items()))

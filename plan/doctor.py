@@ -1,4 +1,5 @@
 """`python -m plan.doctor`, the name this command was first published under: it runs ops.doctor."""
+
 import runpy
 
 if __name__ == "__main__":

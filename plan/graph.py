@@ -1,4 +1,5 @@
 """The deployment graph at component level: Mermaid and Graphviz text, an SVG when `dot` is installed."""
+
 from __future__ import annotations
 
 import shutil
@@ -74,9 +75,12 @@ _COLOURS = ["#dbe9f6", "#e3f1dc", "#fbe5c8", "#f6d5d5", "#e6dcf2", "#f2f2c9", "#
 def dot(graph: ComponentGraph) -> str:
     """Graphviz digraph: one column per component kind, prerequisites on the left."""
     ids = _ids(graph)
-    lines = ["digraph deployment {", "  rankdir=LR; nodesep=0.25; ranksep=1.0;",
-             '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=11];',
-             '  edge [color="#667788", arrowsize=0.7];']
+    lines = [
+        "digraph deployment {",
+        "  rankdir=LR; nodesep=0.25; ranksep=1.0;",
+        '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=11];',
+        '  edge [color="#667788", arrowsize=0.7];',
+    ]
     for n, kind in enumerate(dict.fromkeys(graph.kinds.values())):
         members = [u for u in graph.nodes if graph.kinds[u] == kind]
         colour = _COLOURS[n % len(_COLOURS)]

@@ -1,4 +1,5 @@
 """Run the Pulumi program under the mock runtime and record every registration as the engine would see it."""
+
 from __future__ import annotations
 
 import asyncio
@@ -175,12 +176,16 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             "replaceWith": list(request.replace_with),
         }
         reg = Registration(
-            urn=urn, type=request.type, name=request.name, parent=request.parent,
+            urn=urn,
+            type=request.type,
+            name=request.name,
+            parent=request.parent,
             custom=bool(request.custom),
             inputs=json_format.MessageToDict(request.object),
             dependencies=list(request.dependencies),
             property_dependencies={k: list(v.urns) for k, v in request.propertyDependencies.items()},
-            provider=request.provider, options=options,
+            provider=request.provider,
+            options=options,
         )
         with self._lock:
             if urn in self._by_urn:
@@ -218,12 +223,16 @@ class ProgramRun:
         it as one: it reaches a secret stack output or a secret input. Empty at preview (unknown).
         """
         secret_text = json.dumps(self.secret_output_values) + json.dumps(
-            [_secret_parts(r.inputs) for r in self.registrations])
+            [_secret_parts(r.inputs) for r in self.registrations]
+        )
         found = {}
         for r in self.registrations:
             value = r.state.get("stdout") if r.type in COMMAND_TYPES else None
-            if isinstance(value, str) and value and (
-                    "stdout" in r.options.get("additionalSecretOutputs", []) or value in secret_text):
+            if (
+                isinstance(value, str)
+                and value
+                and ("stdout" in r.options.get("additionalSecretOutputs", []) or value in secret_text)
+            ):
                 found[f"{r.urn}.stdout"] = value
         return found
 
@@ -265,8 +274,15 @@ def _ensure_event_loop() -> None:
         asyncio.set_event_loop(asyncio.new_event_loop())
 
 
-def run_program(program: Callable[[], None], config: Mapping[str, Any], secret_keys: set[str],
-                *, project: str = "llm-cluster", stack: str = "prod", preview: bool = False) -> ProgramRun:
+def run_program(
+    program: Callable[[], None],
+    config: Mapping[str, Any],
+    secret_keys: set[str],
+    *,
+    project: str = "llm-cluster",
+    stack: str = "prod",
+    preview: bool = False,
+) -> ProgramRun:
     """Run `program` under the mock runtime with this stack config; return every registration."""
     _ensure_event_loop()
     mocks = PlanMocks(preview)
@@ -290,18 +306,27 @@ def run_program(program: Callable[[], None], config: Mapping[str, Any], secret_k
         _sync_await(run_pulumi_func(program))
     finally:
         pulumi.export = original_export
-    return ProgramRun(monitor.registrations, {k: _settle(v) for k, v in stack_outputs.items()},
-                      {k: _reveal(v) for k, v in stack_outputs.items() if _is_secret(v) and _is_known(v)})
+    return ProgramRun(
+        monitor.registrations,
+        {k: _settle(v) for k, v in stack_outputs.items()},
+        {k: _reveal(v) for k, v in stack_outputs.items() if _is_secret(v) and _is_known(v)},
+    )
 
 
 PROGRAM = Path(__file__).resolve().parent.parent / "__main__.py"
 
 
-def run_main_program(config: Mapping[str, Any], secret_keys: set[str] | frozenset[str], *,
-                     stack: str = "prod", preview: bool = False) -> ProgramRun:
+def run_main_program(
+    config: Mapping[str, Any], secret_keys: set[str] | frozenset[str], *, stack: str = "prod", preview: bool = False
+) -> ProgramRun:
     """Run the project's own __main__.py (the program `pulumi up` runs) under the mock runtime."""
-    return run_program(lambda: runpy.run_path(str(PROGRAM), run_name="__pulumi_main__"), config,
-                       set(secret_keys), stack=stack, preview=preview)
+    return run_program(
+        lambda: runpy.run_path(str(PROGRAM), run_name="__pulumi_main__"),
+        config,
+        set(secret_keys),
+        stack=stack,
+        preview=preview,
+    )
 
 
 def _is_secret(value: Any) -> bool:

@@ -1,4 +1,5 @@
 """`python -m plan.images`, the name this command was first published under: it runs ops.images."""
+
 import runpy
 
 if __name__ == "__main__":

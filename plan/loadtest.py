@@ -1,4 +1,5 @@
 """`python -m plan.loadtest`, the name this command was first published under: it runs ops.loadtest."""
+
 import runpy
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ uploads. So the values are found where the rule looks (the same names, flags and
 policies.rules.security) plus by shape (Hugging Face, OpenAI, GitHub, GitLab, Slack and AWS tokens, JWTs,
 PEM private keys), and replaced wherever they occur. Pulumi secrets are masked before this ("[secret]").
 """
+
 from __future__ import annotations
 
 import re
@@ -75,8 +76,8 @@ def _found_in(text: str, path: str, holder: Any) -> Iterable[tuple[str, str]]:
         if flag is not None and not text.startswith(f"{flag}=") and _literal(text):
             yield text, f"flag {flag}"
     for flag in SECRET_FLAGS:
-        if text.startswith(flag + "=") and _literal(text[len(flag) + 1:]):
-            yield text[len(flag) + 1:], f"flag {flag}"
+        if text.startswith(flag + "=") and _literal(text[len(flag) + 1 :]):
+            yield text[len(flag) + 1 :], f"flag {flag}"
     if "\n" in text or " " in text:  # a script or shell snippet: the rule's own patterns
         for m in SCRIPT_ASSIGN.finditer(text):
             if SECRET_ENV.search(m.group(1)) and _literal(m.group(3)):
@@ -111,10 +112,17 @@ class Redactor:
         """A string with every credential replaced: known values anywhere, contexts, shapes."""
         for value in self._global:
             text = text.replace(value, REDACTED)
-        text = _ASSIGN.sub(lambda m: f"{m.group(1)}={m.group(2)}{REDACTED}"
-                           if SECRET_ENV.search(m.group(1)) and _literal(m.group(3)) else m.group(0), text)
-        text = _FLAG_VALUE.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(3)}{REDACTED}"
-                               if _literal(m.group(4)) else m.group(0), text)
+        text = _ASSIGN.sub(
+            lambda m: (
+                f"{m.group(1)}={m.group(2)}{REDACTED}"
+                if SECRET_ENV.search(m.group(1)) and _literal(m.group(3))
+                else m.group(0)
+            ),
+            text,
+        )
+        text = _FLAG_VALUE.sub(
+            lambda m: f"{m.group(1)}{m.group(2)}{m.group(3)}{REDACTED}" if _literal(m.group(4)) else m.group(0), text
+        )
         return CREDENTIAL_SHAPES.sub(REDACTED, text)
 
     def data(self, value: Any, key: str = "", parent: str = "") -> Any:

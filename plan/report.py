@@ -1,4 +1,5 @@
 """What the offline plan prints and writes: the readable plan, plan.json and the generated artifacts."""
+
 from __future__ import annotations
 
 import heapq
@@ -64,7 +65,8 @@ def in_stable_order(run: ProgramRun) -> ProgramRun:
     needs: dict[str, set[str]] = {
         r.urn: ({r.parent} | set(r.dependencies) | {d for ds in r.property_dependencies.values() for d in ds})
         & regs.keys() - {r.urn}
-        for r in run.registrations}
+        for r in run.registrations
+    }
     users: dict[str, list[str]] = defaultdict(list)
     for urn, deps in needs.items():
         for dep in deps:
@@ -75,8 +77,13 @@ def in_stable_order(run: ProgramRun) -> ProgramRun:
     while ready:
         urn = heapq.heappop(ready)
         r = regs[urn]
-        ordered.append(replace(r, dependencies=sorted(r.dependencies), property_dependencies={
-            k: sorted(v) for k, v in sorted(r.property_dependencies.items())}))
+        ordered.append(
+            replace(
+                r,
+                dependencies=sorted(r.dependencies),
+                property_dependencies={k: sorted(v) for k, v in sorted(r.property_dependencies.items())},
+            )
+        )
         for user in users[urn]:
             needs[user].discard(urn)
             if not needs[user]:
@@ -88,8 +95,11 @@ def node_index(run: ProgramRun, spec: StackSpec) -> dict[str, str]:
     """urn -> the server a resource acts on: by its Docker provider, or by its SSH connection's host."""
     by_address = {a: name for name, n in spec.nodes.items() for a in (n.address, n.ssh_address) if a}
     node_of_component = {r.urn: r.plain_inputs().get("node") for r in run.registrations if r.type == GPU_NODE}
-    node_of_provider = {r.urn: node_of_component[r.parent] for r in run.registrations
-                        if r.type == DOCKER_PROVIDER and r.parent in node_of_component}
+    node_of_provider = {
+        r.urn: node_of_component[r.parent]
+        for r in run.registrations
+        if r.type == DOCKER_PROVIDER and r.parent in node_of_component
+    }
     index: dict[str, str] = {}
     for r in run.registrations:
         if r.type == GPU_NODE:
@@ -130,8 +140,14 @@ def _labels(inputs: dict[str, Any]) -> dict[str, str]:
 
 def _wrap(prefix: str, words: list[str], width: int = 110) -> list[str]:
     text = " ".join(shlex.quote(str(w)) for w in words)
-    return textwrap.wrap(text, width=width, initial_indent=prefix, subsequent_indent=" " * len(prefix),
-                         break_on_hyphens=False, break_long_words=False) or [prefix.rstrip()]
+    return textwrap.wrap(
+        text,
+        width=width,
+        initial_indent=prefix,
+        subsequent_indent=" " * len(prefix),
+        break_on_hyphens=False,
+        break_long_words=False,
+    ) or [prefix.rstrip()]
 
 
 def type_label(resource_type: str) -> str:
@@ -150,11 +166,15 @@ def render_text(result: PlanResult) -> str:
     spec, run = result.spec, result.run
     out: list[str] = []
     counts = Counter(r.type for r in run.registrations)
-    out.append(f"llm-cluster plan · stack {result.stack} ({result.config_path}) · "
-               f"{'preview' if result.preview else 'up'} mode")
-    out.append(f"{len(spec.nodes)} nodes · {len(spec.pools)} pools · {len(all_instances(spec))} serving instances · "
-               f"{len(run.registrations)} resources (" + ", ".join(
-                   f"{n} {type_label(t)}" for t, n in sorted(counts.items())) + ")")
+    out.append(
+        f"llm-cluster plan · stack {result.stack} ({result.config_path}) · {'preview' if result.preview else 'up'} mode"
+    )
+    out.append(
+        f"{len(spec.nodes)} nodes · {len(spec.pools)} pools · {len(all_instances(spec))} serving instances · "
+        f"{len(run.registrations)} resources ("
+        + ", ".join(f"{n} {type_label(t)}" for t, n in sorted(counts.items()))
+        + ")"
+    )
 
     per_node: dict[str, list[Registration]] = defaultdict(list)
     for r in run.registrations:
@@ -174,8 +194,10 @@ def render_text(result: PlanResult) -> str:
                 continue
             labels = _labels(inp)
             image = labels.get("llm-cluster.image") or inp.get("image")
-            out.append(f"    container  {inp.get('name', r.name)}  {image}  restart={inp.get('restart', 'no')} "
-                       f"network={inp.get('networkMode', 'bridge')}")
+            out.append(
+                f"    container  {inp.get('name', r.name)}  {image}  restart={inp.get('restart', 'no')} "
+                f"network={inp.get('networkMode', 'bridge')}"
+            )
             argv = list(inp.get("entrypoints") or []) + list(inp.get("command") or [])
             if argv:
                 out += _wrap("        argv  ", argv)
@@ -186,10 +208,15 @@ def render_text(result: PlanResult) -> str:
     out.append("\nPools")
     for pname, pool in spec.pools.items():
         for inst in instances(spec, pname):
-            how = f"TP{inst.tensor_parallel} x PP{inst.pipeline_parallel} on Ray" if inst.uses_ray \
+            how = (
+                f"TP{inst.tensor_parallel} x PP{inst.pipeline_parallel} on Ray"
+                if inst.uses_ray
                 else f"TP{inst.tensor_parallel}"
-            out.append(f"  {pname:<12} {inst.name:<22} {pool.model} · {how} · {'+'.join(inst.nodes)} → "
-                       f"{endpoint(spec, inst)}/v1")
+            )
+            out.append(
+                f"  {pname:<12} {inst.name:<22} {pool.model} · {how} · {'+'.join(inst.nodes)} → "
+                f"{endpoint(spec, inst)}/v1"
+            )
 
     out.append("\nWeights")
     for model in dict.fromkeys(p.model for p in spec.pools.values()):
@@ -197,8 +224,12 @@ def render_text(result: PlanResult) -> str:
         where = weights_nodes(spec, model)
         if m.source.node:
             rounds = fanout_rounds(m.source.node, where)
-            how = " · ".join(f"round {i}: " + ", ".join(f"{a}→{b}" for a, b in pairs)
-                             for i, pairs in enumerate(rounds, 1)) or "no copy (one node)"
+            how = (
+                " · ".join(
+                    f"round {i}: " + ", ".join(f"{a}→{b}" for a, b in pairs) for i, pairs in enumerate(rounds, 1)
+                )
+                or "no copy (one node)"
+            )
             out.append(f"  {model:<14} {m.path} from {m.source.node}, verified on every node; {how}")
         elif m.source.shared_mount:
             out.append(f"  {model:<14} {m.path} mounted from {m.source.shared_mount} on {', '.join(where)}")
@@ -209,13 +240,24 @@ def render_text(result: PlanResult) -> str:
         g = spec.gateway
         auth = "API keys required" if g.auth else "NO API keys: auth is false, lab only"
         scheme = "https" if g.tls else "http"
-        out.append(f"\nGateway  {scheme}://{spec.node(g.node).address}:{g.port}  ({auth}) · metrics on "
-                   f":{g.metrics_port}/metrics")
+        out.append(
+            f"\nGateway  {scheme}://{spec.node(g.node).address}:{g.port}  ({auth}) · metrics on "
+            f":{g.metrics_port}/metrics"
+        )
         if g.tls:
-            out.append("  TLS: " + ("certificate from gatewayTlsCert/gatewayTlsKey" if "gatewayTlsCert" in spec.secrets
-                                    else "certificate made on the host by its private CA (output gatewayCaCert)")
-                       + (f"; :{g.http_redirect_port} redirects to HTTPS (a key sent there travels in clear first)"
-                          if g.http_redirect_port else "; no plain-HTTP port"))
+            out.append(
+                "  TLS: "
+                + (
+                    "certificate from gatewayTlsCert/gatewayTlsKey"
+                    if "gatewayTlsCert" in spec.secrets
+                    else "certificate made on the host by its private CA (output gatewayCaCert)"
+                )
+                + (
+                    f"; :{g.http_redirect_port} redirects to HTTPS (a key sent there travels in clear first)"
+                    if g.http_redirect_port
+                    else "; no plain-HTTP port"
+                )
+            )
         else:
             out.append("  TLS: OFF — API keys and prompts cross the network in clear")
         shares = split(spec)
@@ -227,30 +269,41 @@ def render_text(result: PlanResult) -> str:
             out.append(f"  model {alias} → {pname} (alias)")
         for prefix, pname in g.path_routes.items():
             out.append(f"  path  {prefix} → {pname}")
-        out.append(f"  path  /v1/ → the pool serving the body's model (unknown model: 404); "
-                   f"GET /v1/models lists {g.default_pool} first")
+        out.append(
+            f"  path  /v1/ → the pool serving the body's model (unknown model: 404); "
+            f"GET /v1/models lists {g.default_pool} first"
+        )
 
     if result.capacity:
-        out.append("\nCapacity (as each pool's engine will compute it; weights and KV cache per GPU, KV tokens and concurrency "
-                   "per instance, rule of thumb for the whole model)")
-        out.append(f"  {'pool':<11}{'setting':<12}{'weights':>9}{'KV cache':>10}{'KV tokens':>11}"
-                   f"{'max conc.':>11}{'rule of thumb':>15}  fits")
+        out.append(
+            "\nCapacity (as each pool's engine will compute it; weights and KV cache per GPU, KV tokens and concurrency "
+            "per instance, rule of thumb for the whole model)"
+        )
+        out.append(
+            f"  {'pool':<11}{'setting':<12}{'weights':>9}{'KV cache':>10}{'KV tokens':>11}"
+            f"{'max conc.':>11}{'rule of thumb':>15}  fits"
+        )
         out.append(f"  {'':<23}{'/GPU':>9}{'/GPU':>10}{'/instance':>11}{'/instance':>11}{'/model':>15}")
         for pname, entry in result.capacity.items():
             for setting, est in entry.items():
                 if "error" in est:
                     out.append(f"  {pname:<11}{setting:<12}{est['error']}")
                     continue
-                out.append(f"  {pname:<11}{setting:<12}{est['weights_gib_per_gpu']:>8.1f}G"
-                           f"{est['kv_cache_gib_per_gpu']:>9.1f}G{est['kv_tokens']:>11}"
-                           f"{est['max_concurrency']:>10.1f}x{est['rule_of_thumb_gib_total']:>13.0f}G  "
-                           + ("yes" if est["fits"] else "NO — " + est["reason"]))
-        notes = {"mlaOn": "with MLA's compressed KV cache (VLLM_MLA_DISABLE unset), for comparison: the policy pack says "
-                          "whether this GPU and image can run it",
-                 "mlaOff": "with MLA off (VLLM_MLA_DISABLE=1)"}
+                out.append(
+                    f"  {pname:<11}{setting:<12}{est['weights_gib_per_gpu']:>8.1f}G"
+                    f"{est['kv_cache_gib_per_gpu']:>9.1f}G{est['kv_tokens']:>11}"
+                    f"{est['max_concurrency']:>10.1f}x{est['rule_of_thumb_gib_total']:>13.0f}G  "
+                    + ("yes" if est["fits"] else "NO — " + est["reason"])
+                )
+        notes = {
+            "mlaOn": "with MLA's compressed KV cache (VLLM_MLA_DISABLE unset), for comparison: the policy pack says "
+            "whether this GPU and image can run it",
+            "mlaOff": "with MLA off (VLLM_MLA_DISABLE=1)",
+        }
         for setting in sorted({s for entry in result.capacity.values() for s in entry} - {"asDeployed"}):
-            what = notes.get(setting) or (f"each instance on {setting[2:]} nodes (pipelineParallel {setting[2:]}), "
-                                          "one more than deployed")
+            what = notes.get(setting) or (
+                f"each instance on {setting[2:]} nodes (pipelineParallel {setting[2:]}), one more than deployed"
+            )
             out.append(f"  {setting}: {what}")
 
     if result.diff is not None:
@@ -267,15 +320,23 @@ def render_text(result: PlanResult) -> str:
     # fault once (ModelServer rules per pool, container rules as stack policies: policies.rules.grouped);
     # what still repeats is a fault of resources of no pool (an exporter on every node), listed once here.
     grouped: dict[tuple[bool, str, str, str], list[str]] = {}
-    for v in sorted(result.violations, key=lambda v: (v.enforcement_level != "mandatory", v.policy_name, v.urn,
-                                                      v.message)):
+    for v in sorted(
+        result.violations, key=lambda v: (v.enforcement_level != "mandatory", v.policy_name, v.urn, v.message)
+    ):
         key = (v.enforcement_level != "mandatory", v.policy_name, v.enforcement_level, v.message)
         grouped.setdefault(key, []).append(v.resource_name)
     for (_, policy, level, message), resources in grouped.items():
-        out += textwrap.wrap(f"[{level}] {policy} · {', '.join(resources)}: {message}",
-                             width=110, initial_indent="  ", subsequent_indent="      ")
-    verdict = (f"{len(result.mandatory)} mandatory violation(s): `pulumi preview --policy-pack policies` "
-               "would fail" if result.mandatory else "no mandatory violation")
+        out += textwrap.wrap(
+            f"[{level}] {policy} · {', '.join(resources)}: {message}",
+            width=110,
+            initial_indent="  ",
+            subsequent_indent="      ",
+        )
+    verdict = (
+        f"{len(result.mandatory)} mandatory violation(s): `pulumi preview --policy-pack policies` would fail"
+        if result.mandatory
+        else "no mandatory violation"
+    )
     out.append(f"  → {verdict}")
     return "\n".join(out) + "\n"
 
@@ -288,17 +349,32 @@ def plan_json(result: PlanResult) -> dict[str, Any]:
         "config": result.config_path,
         "mode": "preview" if result.preview else "up",
         "resources": [
-            {"urn": r.urn, "type": r.type, "name": r.name, "parent": r.parent, "custom": r.custom,
-             "node": result.node_of.get(r.urn), "inputs": r.display_inputs(),
-             "dependencies": r.dependencies, "propertyDependencies": r.property_dependencies,
-             "provider": r.provider, "options": r.options}
+            {
+                "urn": r.urn,
+                "type": r.type,
+                "name": r.name,
+                "parent": r.parent,
+                "custom": r.custom,
+                "node": result.node_of.get(r.urn),
+                "inputs": r.display_inputs(),
+                "dependencies": r.dependencies,
+                "propertyDependencies": r.property_dependencies,
+                "provider": r.provider,
+                "options": r.options,
+            }
             for r in run.registrations
         ],
         "outputs": run.stack_outputs,
         "policy": {
             "violations": [
-                {"policy": v.policy_name, "enforcementLevel": v.enforcement_level, "urn": v.urn,
-                 "resource": v.resource_name, "type": v.resource_type, "message": v.message}
+                {
+                    "policy": v.policy_name,
+                    "enforcementLevel": v.enforcement_level,
+                    "urn": v.urn,
+                    "resource": v.resource_name,
+                    "type": v.resource_type,
+                    "message": v.message,
+                }
                 for v in result.violations
             ],
             "mandatory": len(result.mandatory),

@@ -1,4 +1,5 @@
 """`python -m plan.rollout`, the name this command was first published under: it runs ops.rollout."""
+
 import runpy
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """Find secret values that escaped their Pulumi secret envelope anywhere in what the program registered."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping

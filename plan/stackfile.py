@@ -1,4 +1,5 @@
 """Read `Pulumi.<stack>.yaml` as the Pulumi CLI would hand it to the program, with no passphrase."""
+
 from __future__ import annotations
 
 import hashlib
@@ -27,11 +28,15 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
         key = loader.construct_object(key_node, deep=deep)
         if isinstance(key, (list, dict)):  # `? [a, b]` or `[a]: …`: unhashable, a TypeError further down
             raise yaml.constructor.ConstructorError(
-                None, None, f"a key must be a name, not a {'list' if isinstance(key, list) else 'mapping'}",
-                key_node.start_mark)
+                None,
+                None,
+                f"a key must be a name, not a {'list' if isinstance(key, list) else 'mapping'}",
+                key_node.start_mark,
+            )
         if key in seen:
             raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r} (the second one would silently win)", key_node.start_mark)
+                None, None, f"duplicate key {key!r} (the second one would silently win)", key_node.start_mark
+            )
         seen.add(key)
     return loader.construct_mapping(node, deep=deep)
 
@@ -66,8 +71,9 @@ def _placeholder_value(stack: str, key: str, config: dict[str, Any]) -> str:
     """A placeholder of the shape the program parses (the gateway keys are a JSON object)."""
     marker = secret_placeholder(stack, key)
     if key == f"{NAMESPACE}:gatewayApiKeys":
-        ids = [k.get("id") for k in (config.get(f"{NAMESPACE}:gateway") or {}).get("apiKeys", [])
-               if isinstance(k, dict)] or ["default"]
+        ids = [
+            k.get("id") for k in (config.get(f"{NAMESPACE}:gateway") or {}).get("apiKeys", []) if isinstance(k, dict)
+        ] or ["default"]
         return "{" + ", ".join(f'"{i}": "{marker}-{n}"' for n, i in enumerate(ids)) + "}"
     if key == f"{NAMESPACE}:sshPrivateKey":
         return f"-----BEGIN OPENSSH PRIVATE KEY-----\n{marker}\n-----END OPENSSH PRIVATE KEY-----\n"
@@ -79,8 +85,9 @@ def load_stack_file(path: Path, name: str | None = None) -> StackFile:
     name = name if name is not None else path.name.removeprefix("Pulumi.").removesuffix(".yaml")
     if not _STACK_NAME.match(name):
         # The name becomes build/plan/<name>/, which the plan empties first: never '', '..' or a path.
-        raise SpecError([SpecIssue(str(path), f"stack name {name!r} must be letters, digits, '-', '_' or '.' "
-                                   "(Pulumi.<name>.yaml)")])
+        raise SpecError(
+            [SpecIssue(str(path), f"stack name {name!r} must be letters, digits, '-', '_' or '.' (Pulumi.<name>.yaml)")]
+        )
     try:
         doc = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)  # noqa: S506 (SafeLoader subclass)
     except FileNotFoundError:
@@ -93,8 +100,15 @@ def load_stack_file(path: Path, name: str | None = None) -> StackFile:
         raise SpecError([SpecIssue(f"{path}", "must be a mapping with a `config:` mapping")])
     misplaced = sorted(str(k) for k in doc if ":" in str(k) or str(k) in SECTIONS)
     if misplaced:  # the config keys written at the top of the file, without `config:` above them
-        raise SpecError([SpecIssue(f"{path}", f"the top-level key {misplaced[0]!r} is not allowed: config keys go "
-                                   "under `config:`, indented below it")])
+        raise SpecError(
+            [
+                SpecIssue(
+                    f"{path}",
+                    f"the top-level key {misplaced[0]!r} is not allowed: config keys go "
+                    "under `config:`, indented below it",
+                )
+            ]
+        )
     raw: dict[str, Any] = doc.get("config") or {}
     odd = [k for k in raw if not isinstance(k, str)]
     if odd:
@@ -109,8 +123,12 @@ def load_stack_file(path: Path, name: str | None = None) -> StackFile:
             secret_keys.add(full)
             continue
         config[full] = value
-    nested = [issue for full, value in config.items() if full.startswith(f"{NAMESPACE}:")
-              for issue in _nested_secrets(full[len(NAMESPACE) + 1:], full[len(NAMESPACE) + 1:], value)]
+    nested = [
+        issue
+        for full, value in config.items()
+        if full.startswith(f"{NAMESPACE}:")
+        for issue in _nested_secrets(full[len(NAMESPACE) + 1 :], full[len(NAMESPACE) + 1 :], value)
+    ]
     if nested:
         raise SpecError(nested)
     for full in sorted(secret_keys):

@@ -2,6 +2,7 @@
 
 The pack's virtualenv is the project's (PulumiPolicy.yaml), where `pip install -e .` put the project's packages.
 """
+
 from pulumi_policy import PolicyPack
 
 from policies.pack import DEFAULT_LEVEL, PACK_DESCRIPTION, PACK_NAME, POLICIES

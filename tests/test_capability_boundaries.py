@@ -5,6 +5,7 @@ that compares against another number, or against the wrong side of it, fails at 
 A few facts that hold for every image are pinned here as written by their sources, so a facts edit
 that moves them fails too.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -38,7 +39,10 @@ def test_facts_every_source_agrees_on_for_every_image() -> None:
         assert f.mla_min_capability == 80, f.ref
         # get_min_capability of quantization/gptq.py (60), awq.py (75) and modelopt.py (89).
         assert {m: f.quantizations[m].min_capability for m in ("gptq", "awq", "modelopt")} == {
-            "gptq": 60, "awq": 75, "modelopt": 89}, f.ref
+            "gptq": 60,
+            "awq": 75,
+            "modelopt": 89,
+        }, f.ref
     by_tag = {f.tag: f for f in VLLM_IMAGES}
     # The runbook's image: torch 2.7.0+cu128 has no sm_70 kernels (pytorch#147607), V1 only from sm_80.
     assert 70 not in by_tag["v0.9.2"].torch_arch_list and by_tag["v0.9.2"].v1_min_capability == 80
@@ -49,7 +53,7 @@ def test_facts_every_source_agrees_on_for_every_image() -> None:
 def _argv_swap(props: dict[str, Any], old: str, new: list[str]) -> dict[str, Any]:
     argv = props["argv"]
     i = argv.index(old)
-    argv[i:i + 1] = new
+    argv[i : i + 1] = new
     return props
 
 
@@ -73,23 +77,31 @@ def _v1(f: ImageFacts) -> int | None:
 
 
 RULES: dict[str, Rule] = {
-    "bf16": Rule("gpu-dtype", lambda p: _argv_swap(p, "half", ["bfloat16"]),
-                 lambda f: f.bf16_min_capability),
-    "prefix-caching": Rule("gpu-chunked-prefill-prefix-caching",
-                           lambda p: _argv_swap(p, "--no-enable-prefix-caching", ["--enable-prefix-caching"]),
-                           lambda f: f.prefix_prefill_min_capability),
-    "chunked-prefill": Rule("gpu-chunked-prefill-prefix-caching",
-                            lambda p: _argv_swap(p, "--no-enable-chunked-prefill", ["--enable-chunked-prefill"]),
-                            lambda f: f.prefix_prefill_min_capability),
-    "fp8-kv-cache": Rule("gpu-fp8", lambda p: server_with(p, argv_add=["--kv-cache-dtype", "fp8"]),
-                         lambda f: f.fp8_kv_min_capability),
+    "bf16": Rule("gpu-dtype", lambda p: _argv_swap(p, "half", ["bfloat16"]), lambda f: f.bf16_min_capability),
+    "prefix-caching": Rule(
+        "gpu-chunked-prefill-prefix-caching",
+        lambda p: _argv_swap(p, "--no-enable-prefix-caching", ["--enable-prefix-caching"]),
+        lambda f: f.prefix_prefill_min_capability,
+    ),
+    "chunked-prefill": Rule(
+        "gpu-chunked-prefill-prefix-caching",
+        lambda p: _argv_swap(p, "--no-enable-chunked-prefill", ["--enable-chunked-prefill"]),
+        lambda f: f.prefix_prefill_min_capability,
+    ),
+    "fp8-kv-cache": Rule(
+        "gpu-fp8", lambda p: server_with(p, argv_add=["--kv-cache-dtype", "fp8"]), lambda f: f.fp8_kv_min_capability
+    ),
     "vllm-use-v1": Rule("vllm-v1-engine", lambda p: {**p, "env": {**p["env"], "VLLM_USE_V1": "1"}}, _v1),
     # Fused MoE runs Triton's fp16 tl.dot: a dense model does not, the MoE chat model does.
-    "triton-fp16-moe": Rule("triton-fp16-dot", lambda p: {**p, "arch": "qwen3-30b-a3b", "model": "qwen3-30b-a3b"},
-                            lambda f: f.triton_facts.fp16_dot_min_capability if f.triton_facts else None,
-                            prepare=lambda p: {**p, "arch": "qwen3-32b", "model": "qwen3-32b"}),
-    "mla": Rule("mla-attention",
-                lambda p: {**p, "arch": "deepseek-r1", "model": "deepseek-r1"}, lambda f: f.mla_min_capability),
+    "triton-fp16-moe": Rule(
+        "triton-fp16-dot",
+        lambda p: {**p, "arch": "qwen3-30b-a3b", "model": "qwen3-30b-a3b"},
+        lambda f: f.triton_facts.fp16_dot_min_capability if f.triton_facts else None,
+        prepare=lambda p: {**p, "arch": "qwen3-32b", "model": "qwen3-32b"},
+    ),
+    "mla": Rule(
+        "mla-attention", lambda p: {**p, "arch": "deepseek-r1", "model": "deepseek-r1"}, lambda f: f.mla_min_capability
+    ),
 }
 
 
@@ -100,7 +112,9 @@ def _verdicts(policy: str, props: dict[str, Any]) -> list[str]:
 CASES = [(rule, f.ref, cap) for rule in RULES for f in VLLM_IMAGES for cap in CAPABILITIES]
 
 
-@pytest.mark.parametrize(("rule", "image", "capability"), CASES, ids=[f"{r}-{i.split(':')[-1]}-sm{c}" for r, i, c in CASES])
+@pytest.mark.parametrize(
+    ("rule", "image", "capability"), CASES, ids=[f"{r}-{i.split(':')[-1]}-sm{c}" for r, i, c in CASES]
+)
 def test_capability_rule_refuses_exactly_below_the_images_threshold(rule: str, image: str, capability: int) -> None:
     r = RULES[rule]
     f = next(x for x in VLLM_IMAGES if x.ref == image)
@@ -111,16 +125,19 @@ def test_capability_rule_refuses_exactly_below_the_images_threshold(rule: str, i
     assert _verdicts(r.policy, r.change(base)) == expected, f"{r.policy} with threshold sm_{need}"
 
 
-QUANT_CASES = [(f.ref, method, cap) for f in VLLM_IMAGES
-               for method, q in sorted(f.quantizations.items())
-               if q.min_capability is not None and method not in FP8_WEIGHT_METHODS
-               for cap in CAPABILITIES]
+QUANT_CASES = [
+    (f.ref, method, cap)
+    for f in VLLM_IMAGES
+    for method, q in sorted(f.quantizations.items())
+    if q.min_capability is not None and method not in FP8_WEIGHT_METHODS
+    for cap in CAPABILITIES
+]
 
 
-@pytest.mark.parametrize(("image", "method", "capability"), QUANT_CASES,
-                         ids=[f"{m}-{i.split(':')[-1]}-sm{c}" for i, m, c in QUANT_CASES])
-def test_quantization_is_refused_exactly_below_the_methods_capability(image: str, method: str,
-                                                                      capability: int) -> None:
+@pytest.mark.parametrize(
+    ("image", "method", "capability"), QUANT_CASES, ids=[f"{m}-{i.split(':')[-1]}-sm{c}" for i, m, c in QUANT_CASES]
+)
+def test_quantization_is_refused_exactly_below_the_methods_capability(image: str, method: str, capability: int) -> None:
     f = next(x for x in VLLM_IMAGES if x.ref == image)
     need = f.quantizations[method].min_capability
     assert need is not None
@@ -129,8 +146,11 @@ def test_quantization_is_refused_exactly_below_the_methods_capability(image: str
     assert refused == ([LEVEL["gpu-quantization"]] if capability < need else []), f"{method} needs sm_{need}"
 
 
-@pytest.mark.parametrize(("image", "capability"), [(f.ref, c) for f in VLLM_IMAGES for c in CAPABILITIES],
-                         ids=[f"{f.tag}-sm{c}" for f in VLLM_IMAGES for c in CAPABILITIES])
+@pytest.mark.parametrize(
+    ("image", "capability"),
+    [(f.ref, c) for f in VLLM_IMAGES for c in CAPABILITIES],
+    ids=[f"{f.tag}-sm{c}" for f in VLLM_IMAGES for c in CAPABILITIES],
+)
 def test_an_image_is_refused_exactly_on_the_gpus_its_torch_has_no_kernels_for(image: str, capability: int) -> None:
     f = next(x for x in VLLM_IMAGES if x.ref == image)
     messages = [m for p, _, m in model_server(_props(f, capability)) if p == "vllm-image" and "no kernel image" in m]

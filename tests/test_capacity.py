@@ -1,4 +1,5 @@
 """Capacity planner: KV and weight arithmetic, vLLM's PP split, accuracy against real start-up logs, CLI."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -37,11 +38,13 @@ CASES = accuracy.load_cases()
 V100 = 32768 / 1024
 # What PyTorch (and so vLLM) sees of a V100-SXM2-32GB, which the CLI and the plan start from (hardware facts).
 V100_SEEN = 31.74
-R1_V100 = dict(tp=8, pp=2, gpu_memory_utilization=0.92, dtype="float16", quantization="gptq",
-               max_model_len=16384, max_num_seqs=32)
+R1_V100 = dict(
+    tp=8, pp=2, gpu_memory_utilization=0.92, dtype="float16", quantization="gptq", max_model_len=16384, max_num_seqs=32
+)
 
 
 # --- vLLM's pipeline split -------------------------------------------------------------------
+
 
 def test_pp_split_gives_the_extra_layers_to_the_stages_before_the_last() -> None:
     # get_pp_indices: 61 // 2 = 30 each, the remainder goes to partitions[-2].
@@ -57,6 +60,7 @@ def test_pp_larger_than_the_layer_count_is_refused() -> None:
 
 
 # --- KV bytes per token ----------------------------------------------------------------------
+
 
 def test_gqa_kv_bytes_split_kv_heads_over_tp() -> None:
     # Qwen3-32B, 8 KV heads, TP=4: 2 (K,V) x 2 heads x 128 x 2 bytes = 1024 per layer.
@@ -88,6 +92,7 @@ def test_fp8_kv_cache_halves_the_bytes() -> None:
 
 # --- weights ---------------------------------------------------------------------------------
 
+
 def test_gptq_int4_group_128_costs_scales_and_zeros() -> None:
     # 4 bits + (fp16 scale + 4-bit zero) per 128 weights = 0.5 + 2.5 / 128 bytes.
     assert linear_bytes_per_param("gptq", 2, 4, 128) == 0.51953125
@@ -101,13 +106,24 @@ def test_unknown_quantization_is_refused() -> None:
 
 
 def test_tied_lm_head_is_free_only_without_pipeline_parallelism() -> None:
-    tied = arch_from_config_json({"model_type": "llama", "hidden_size": 1024, "num_attention_heads": 8,
-                                  "num_hidden_layers": 4, "intermediate_size": 4096, "vocab_size": 128000,
-                                  "tie_word_embeddings": True}, "tiny")
-    one = estimate(tied, 16, tp=1, pp=1, gpu_memory_utilization=0.9, dtype="float16",
-                   max_model_len=1024, max_num_seqs=8)
-    two = estimate(tied, 16, tp=1, pp=2, gpu_memory_utilization=0.9, dtype="float16",
-                   max_model_len=1024, max_num_seqs=8)
+    tied = arch_from_config_json(
+        {
+            "model_type": "llama",
+            "hidden_size": 1024,
+            "num_attention_heads": 8,
+            "num_hidden_layers": 4,
+            "intermediate_size": 4096,
+            "vocab_size": 128000,
+            "tie_word_embeddings": True,
+        },
+        "tiny",
+    )
+    one = estimate(
+        tied, 16, tp=1, pp=1, gpu_memory_utilization=0.9, dtype="float16", max_model_len=1024, max_num_seqs=8
+    )
+    two = estimate(
+        tied, 16, tp=1, pp=2, gpu_memory_utilization=0.9, dtype="float16", max_model_len=1024, max_num_seqs=8
+    )
     # With PP=2 the last stage loads its own LM head copy: 128000 x 1024 x 2 bytes more in total.
     assert (two.weights_gib_total - one.weights_gib_total) * GIB == pytest.approx(128000 * 1024 * 2)
 
@@ -123,6 +139,7 @@ def test_deepseek_r1_gptq_weights_per_v100_settle_the_runbooks_contradiction() -
 
 # --- fit verdicts ----------------------------------------------------------------------------
 
+
 def test_deepseek_r1_on_v100_fits_with_mla_but_not_without_at_16k() -> None:
     mla = estimate(model_arch("deepseek-r1"), V100, mla_enabled=True, **R1_V100)
     no_mla = estimate(model_arch("deepseek-r1"), V100, mla_enabled=False, **R1_V100)
@@ -131,14 +148,24 @@ def test_deepseek_r1_on_v100_fits_with_mla_but_not_without_at_16k() -> None:
     # Without MLA a token costs 12288 x 30 bytes; ~5 GiB of KV cache holds < 16384 tokens.
     assert no_mla.kv_bytes_per_token_per_gpu == 12288 * 30
     assert not no_mla.fits and no_mla.kv_tokens < 16384
-    assert f"fewer than max-model-len 16384: vLLM refuses to start; lower max-model-len to {no_mla.kv_tokens}" \
+    assert (
+        f"fewer than max-model-len 16384: vLLM refuses to start; lower max-model-len to {no_mla.kv_tokens}"
         in no_mla.reason
+    )
     assert any("VLLM_MLA_DISABLE=1" in n for n in mla.notes)
 
 
 def test_weights_larger_than_the_gpu_share_say_so() -> None:
-    est = estimate(model_arch("llama-3.1-405b"), V100, tp=8, pp=1, gpu_memory_utilization=0.9,
-                   dtype="float16", max_model_len=8192, max_num_seqs=16)
+    est = estimate(
+        model_arch("llama-3.1-405b"),
+        V100,
+        tp=8,
+        pp=1,
+        gpu_memory_utilization=0.9,
+        dtype="float16",
+        max_model_len=8192,
+        max_num_seqs=16,
+    )
     assert not est.fits and est.kv_tokens == 0
     assert est.reason.startswith("the weights alone need ")
     assert "more than the 32.0 GiB x 0.90 = 28.8 GiB per GPU" in est.reason
@@ -152,22 +179,46 @@ def test_no_room_for_kv_is_reported_like_vllm() -> None:
 
 
 def test_concurrency_is_kv_tokens_over_max_model_len() -> None:
-    est = estimate(model_arch("qwen3-30b-a3b"), V100, tp=8, pp=1, gpu_memory_utilization=0.9,
-                   dtype="float16", max_model_len=32768, max_num_seqs=128)
+    est = estimate(
+        model_arch("qwen3-30b-a3b"),
+        V100,
+        tp=8,
+        pp=1,
+        gpu_memory_utilization=0.9,
+        dtype="float16",
+        max_model_len=32768,
+        max_num_seqs=128,
+    )
     assert est.fits and est.kv_tokens == est.gpu_blocks * 16
     assert est.max_concurrency == est.kv_tokens / 32768
 
 
 def test_rule_of_thumb_is_params_times_bytes_times_1_2() -> None:
-    est = estimate(model_arch("qwen3-32b"), V100, tp=8, pp=1, gpu_memory_utilization=0.9,
-                   dtype="float16", max_model_len=8192, max_num_seqs=64)
+    est = estimate(
+        model_arch("qwen3-32b"),
+        V100,
+        tp=8,
+        pp=1,
+        gpu_memory_utilization=0.9,
+        dtype="float16",
+        max_model_len=8192,
+        max_num_seqs=64,
+    )
     assert est.rule_of_thumb_gib_total * GIB == pytest.approx(model_params(model_arch("qwen3-32b")) * 2 * 1.2)
 
 
 def test_heads_not_divisible_by_tp_are_refused() -> None:
     with pytest.raises(ValueError, match="40 attention heads, not divisible by tensor parallel size 16"):
-        estimate(model_arch("deepseek-r1-distill-qwen-32b"), V100, tp=16, pp=1,
-                 gpu_memory_utilization=0.9, dtype="float16", max_model_len=8192, max_num_seqs=8)
+        estimate(
+            model_arch("deepseek-r1-distill-qwen-32b"),
+            V100,
+            tp=16,
+            pp=1,
+            gpu_memory_utilization=0.9,
+            dtype="float16",
+            max_model_len=8192,
+            max_num_seqs=8,
+        )
 
 
 def test_estimate_serialises_to_json() -> None:
@@ -176,6 +227,7 @@ def test_estimate_serialises_to_json() -> None:
 
 
 # --- accuracy against real vLLM start-up logs (tests/fixtures/vllm-startup-logs) ---------------
+
 
 def test_at_least_eight_real_logs_are_collected_with_sources() -> None:
     sources = (ROOT / "tests/fixtures/vllm-startup-logs/SOURCES.md").read_text()
@@ -195,8 +247,9 @@ def test_weights_per_gpu_match_the_log_within_3_percent(case) -> None:
     assert accuracy.estimated_weights_gib(case, est) == pytest.approx(case.logged_weights_gib, rel=0.03)
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.logged_kv_tokens],
-                         ids=[c.name[:60] for c in CASES if c.logged_kv_tokens])
+@pytest.mark.parametrize(
+    "case", [c for c in CASES if c.logged_kv_tokens], ids=[c.name[:60] for c in CASES if c.logged_kv_tokens]
+)
 def test_kv_tokens_match_the_log_within_5_percent(case) -> None:
     # KV = budget - weights - activation - non-torch: the activation and non-torch terms are
     # estimates good to ~0.3 GiB (the Llama-3-8B log's dev build measured 1.79 GiB non-torch),
@@ -206,26 +259,51 @@ def test_kv_tokens_match_the_log_within_5_percent(case) -> None:
 
 
 def test_median_errors_are_within_the_issue_targets() -> None:
-    w = [abs(accuracy.error_pct(accuracy.estimated_weights_gib(c, accuracy.estimate_case(c)), c.logged_weights_gib))
-         for c in CASES]
-    kv = [abs(accuracy.error_pct(accuracy.estimate_case(c).kv_tokens, c.logged_kv_tokens))
-          for c in CASES if c.logged_kv_tokens]
+    w = [
+        abs(accuracy.error_pct(accuracy.estimated_weights_gib(c, accuracy.estimate_case(c)), c.logged_weights_gib))
+        for c in CASES
+    ]
+    kv = [
+        abs(accuracy.error_pct(accuracy.estimate_case(c).kv_tokens, c.logged_kv_tokens))
+        for c in CASES
+        if c.logged_kv_tokens
+    ]
     assert statistics.median(w) < 5 and statistics.median(kv) < 10
 
 
 # --- command line ----------------------------------------------------------------------------
 
 # The runbook's settings on its V0 image (R1_V100 leaves v1_engine at its default, False).
-R1_ARGS = ["--model", "deepseek-r1", "--gpu", "Tesla V100-SXM2-32GB", "--tp", "8", "--pp", "2",
-           "--gpu-memory-utilization", "0.92", "--dtype", "half", "--quantization", "gptq",
-           "--max-model-len", "16384", "--max-num-seqs", "32", "--image", "vllm/vllm-openai:v0.9.2"]
+R1_ARGS = [
+    "--model",
+    "deepseek-r1",
+    "--gpu",
+    "Tesla V100-SXM2-32GB",
+    "--tp",
+    "8",
+    "--pp",
+    "2",
+    "--gpu-memory-utilization",
+    "0.92",
+    "--dtype",
+    "half",
+    "--quantization",
+    "gptq",
+    "--max-model-len",
+    "16384",
+    "--max-num-seqs",
+    "32",
+    "--image",
+    "vllm/vllm-openai:v0.9.2",
+]
 
 
 def test_cli_text_report(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(R1_ARGS) == 0
     out = capsys.readouterr().out
-    assert out.startswith("deepseek-r1 on Tesla V100-SXM2-32GB (31.74 GiB), TP=8 PP=2, float16, "
-                          "quantization gptq, KV cache auto, MLA on")
+    assert out.startswith(
+        "deepseek-r1 on Tesla V100-SXM2-32GB (31.74 GiB), TP=8 PP=2, float16, quantization gptq, KV cache auto, MLA on"
+    )
     assert "layers per stage        31/30" in out and "fits                    yes" in out
 
 
@@ -238,16 +316,36 @@ def test_cli_json_matches_the_estimate_and_exits_1_when_it_does_not_fit(capsys) 
 
 def test_cli_reads_a_config_json_and_its_quantization(tmp_path: Path, capsys) -> None:
     # Bits and group size other than the defaults (4, 128): they must come from the file.
-    cfg = {"model_type": "qwen2", "hidden_size": 5120, "num_attention_heads": 40, "num_hidden_layers": 64,
-           "num_key_value_heads": 8, "intermediate_size": 27648, "vocab_size": 152064,
-           "quantization_config": {"quant_method": "gptq", "bits": 8, "group_size": 64}}
+    cfg = {
+        "model_type": "qwen2",
+        "hidden_size": 5120,
+        "num_attention_heads": 40,
+        "num_hidden_layers": 64,
+        "num_key_value_heads": 8,
+        "intermediate_size": 27648,
+        "vocab_size": 152064,
+        "quantization_config": {"quant_method": "gptq", "bits": 8, "group_size": 64},
+    }
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    assert cli_main(["--model", str(tmp_path), "--gpu-memory-gib", "32", "--tp", "2",
-                     "--max-model-len", "8192", "--json"]) == 0
+    assert (
+        cli_main(["--model", str(tmp_path), "--gpu-memory-gib", "32", "--tp", "2", "--max-model-len", "8192", "--json"])
+        == 0
+    )
     # The default image (0.19.1) starts NCCL before its memory baseline.
-    expected = estimate(arch_from_config_json(cfg, tmp_path.name), 32, tp=2, pp=1, gpu_memory_utilization=0.9,
-                        dtype="float16", quantization="gptq", quant_bits=8, group_size=64,
-                        max_model_len=8192, max_num_seqs=256, nccl_in_budget=False).to_dict()
+    expected = estimate(
+        arch_from_config_json(cfg, tmp_path.name),
+        32,
+        tp=2,
+        pp=1,
+        gpu_memory_utilization=0.9,
+        dtype="float16",
+        quantization="gptq",
+        quant_bits=8,
+        group_size=64,
+        max_model_len=8192,
+        max_num_seqs=256,
+        nccl_in_budget=False,
+    ).to_dict()
     assert json.loads(capsys.readouterr().out) == {"gpu": None, **expected}
 
 
@@ -256,24 +354,46 @@ def test_cli_lists_the_catalog(capsys) -> None:
     assert "deepseek-r1                    deepseek-ai/DeepSeek-R1" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--model", "qwen3-32b", "--max-model-len", "8"], "missing --gpu or --gpu-memory-gib"),
-    (["--model", "qwen4", "--gpu-memory-gib", "32", "--max-model-len", "8"], "neither a catalog model"),
-    (["--model", "qwen3-32b", "--gpu", "Tesla K80", "--max-model-len", "8"], "unknown GPU model 'Tesla K80'"),
-    (["--model", "qwen3-32b", "--gpu-memory-gib", "32", "--tp", "3", "--max-model-len", "8"],
-     "not divisible by tensor parallel size 3"),
-    (["--model", "qwen3-32b", "--gpu-memory-gib", "32", "--max-model-len", "8",
-      "--gpu-memory-utilization", "1.5"], "gpu-memory-utilization must be in (0, 1]"),
-    (["--model", "qwen3-32b", "--gpu-memory-gib", "32", "--max-model-len", "8", "--dtype", "int4"],
-     "invalid choice: 'int4'"),
-    # 0 is a value, not "unset": refused, not replaced by the default.
-    ([*R1_ARGS, "--quant-bits", "0"], "error: --quant-bits 0: weight bits must be between 2 and 8"),
-    ([*R1_ARGS, "--quant-bits", "16"], "error: --quant-bits 16: weight bits must be between 2 and 8"),
-    ([*R1_ARGS, "--group-size", "0"],
-     "error: --group-size 0: must be -1 (one group per output channel) or at least 1"),
-    ([*R1_ARGS, "--group-size", "-2"],
-     "error: --group-size -2: must be -1 (one group per output channel) or at least 1"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "qwen3-32b", "--max-model-len", "8"], "missing --gpu or --gpu-memory-gib"),
+        (["--model", "qwen4", "--gpu-memory-gib", "32", "--max-model-len", "8"], "neither a catalog model"),
+        (["--model", "qwen3-32b", "--gpu", "Tesla K80", "--max-model-len", "8"], "unknown GPU model 'Tesla K80'"),
+        (
+            ["--model", "qwen3-32b", "--gpu-memory-gib", "32", "--tp", "3", "--max-model-len", "8"],
+            "not divisible by tensor parallel size 3",
+        ),
+        (
+            [
+                "--model",
+                "qwen3-32b",
+                "--gpu-memory-gib",
+                "32",
+                "--max-model-len",
+                "8",
+                "--gpu-memory-utilization",
+                "1.5",
+            ],
+            "gpu-memory-utilization must be in (0, 1]",
+        ),
+        (
+            ["--model", "qwen3-32b", "--gpu-memory-gib", "32", "--max-model-len", "8", "--dtype", "int4"],
+            "invalid choice: 'int4'",
+        ),
+        # 0 is a value, not "unset": refused, not replaced by the default.
+        ([*R1_ARGS, "--quant-bits", "0"], "error: --quant-bits 0: weight bits must be between 2 and 8"),
+        ([*R1_ARGS, "--quant-bits", "16"], "error: --quant-bits 16: weight bits must be between 2 and 8"),
+        (
+            [*R1_ARGS, "--group-size", "0"],
+            "error: --group-size 0: must be -1 (one group per output channel) or at least 1",
+        ),
+        (
+            [*R1_ARGS, "--group-size", "-2"],
+            "error: --group-size -2: must be -1 (one group per output channel) or at least 1",
+        ),
+    ],
+)
 def test_cli_bad_input_exits_2_with_a_message_and_no_traceback(args, message, capsys) -> None:
     assert cli_main(args) == 2
     err = capsys.readouterr().err
@@ -282,20 +402,34 @@ def test_cli_bad_input_exits_2_with_a_message_and_no_traceback(args, message, ca
 
 # --- vLLM's default batch budget, and the facts the planner shares -----------------------------
 
+
 def test_default_batch_budget_is_v0s_on_volta_and_v1s_from_sm80() -> None:
     # V0 without chunked prefill: the whole max-model-len in one batch.
     assert default_max_num_batched_tokens(32768) == 32768 and default_max_num_batched_tokens(1024) == 2048
     # V1 (arg_utils _set_default_args_v1, OpenAI server): 8192 on >= 70 GiB GPUs but A100s, else 2048.
-    v1 = {name: default_max_num_batched_tokens(32768, v1_engine=True, gpu_name=name, gpu_memory_gib=g.memory_gib)
-          for name, g in GPUS.items() if g.capability >= 80}
-    assert v1 == {"NVIDIA A10": 2048, "NVIDIA A100-SXM4-40GB": 2048, "NVIDIA A100-SXM4-80GB": 2048,
-                  "NVIDIA A100-PCIE-40GB": 2048, "NVIDIA A100 80GB PCIe": 2048, "NVIDIA L40S": 2048,
-                  "NVIDIA H100 80GB HBM3": 8192, "NVIDIA H100 PCIe": 8192, "NVIDIA H200": 8192}
+    v1 = {
+        name: default_max_num_batched_tokens(32768, v1_engine=True, gpu_name=name, gpu_memory_gib=g.memory_gib)
+        for name, g in GPUS.items()
+        if g.capability >= 80
+    }
+    assert v1 == {
+        "NVIDIA A10": 2048,
+        "NVIDIA A100-SXM4-40GB": 2048,
+        "NVIDIA A100-SXM4-80GB": 2048,
+        "NVIDIA A100-PCIE-40GB": 2048,
+        "NVIDIA A100 80GB PCIe": 2048,
+        "NVIDIA L40S": 2048,
+        "NVIDIA H100 80GB HBM3": 8192,
+        "NVIDIA H100 PCIe": 8192,
+        "NVIDIA H200": 8192,
+    }
 
 
 # vLLM 0.19.1 runs V1 on every one of them (its chunked budget: 2048, 8192 on >= 70 GiB non-A100 GPUs).
-@pytest.mark.parametrize("gpu_name,batched", [("Tesla V100-SXM2-32GB", 2048), ("NVIDIA A100-SXM4-80GB", 2048),
-                                              ("NVIDIA H100 80GB HBM3", 8192)])
+@pytest.mark.parametrize(
+    "gpu_name,batched",
+    [("Tesla V100-SXM2-32GB", 2048), ("NVIDIA A100-SXM4-80GB", 2048), ("NVIDIA H100 80GB HBM3", 8192)],
+)
 def test_pool_capacity_uses_the_engine_the_gpu_runs(config: dict[str, Any], gpu_name: str, batched: int) -> None:
     config["llm-cluster:nodeDefaults"]["gpu"]["model"] = gpu_name
     config["llm-cluster:pools"]["chat"]["vllm"]["maxModelLen"] = 32768
@@ -303,8 +437,10 @@ def test_pool_capacity_uses_the_engine_the_gpu_runs(config: dict[str, Any], gpu_
     assert est.max_num_batched_tokens == batched
 
 
-@pytest.mark.parametrize("gpu_name,batched", [("Tesla V100-SXM2-32GB", 2048), ("NVIDIA A100-SXM4-80GB", 2048),
-                                              ("NVIDIA H100 80GB HBM3", 8192)])
+@pytest.mark.parametrize(
+    "gpu_name,batched",
+    [("Tesla V100-SXM2-32GB", 2048), ("NVIDIA A100-SXM4-80GB", 2048), ("NVIDIA H100 80GB HBM3", 8192)],
+)
 def test_cli_uses_the_engine_the_gpu_runs(gpu_name: str, batched: int, capsys) -> None:
     cli_main(["--model", "qwen3-30b-a3b", "--gpu", gpu_name, "--tp", "8", "--max-model-len", "32768", "--json"])
     assert json.loads(capsys.readouterr().out)["max_num_batched_tokens"] == batched
@@ -313,8 +449,21 @@ def test_cli_uses_the_engine_the_gpu_runs(gpu_name: str, batched: int, capsys) -
 def test_on_a_v0_image_below_sm_80_the_budget_is_the_whole_context(config: dict[str, Any], capsys) -> None:
     config["llm-cluster:pools"]["chat"]["image"] = "vllm/vllm-openai:v0.9.2"
     assert pool_capacity(load_stack_config(config, set()), "chat").max_num_batched_tokens == 32768
-    cli_main(["--model", "qwen3-30b-a3b", "--gpu", "Tesla V100-SXM2-32GB", "--tp", "8", "--max-model-len", "32768",
-              "--image", "vllm/vllm-openai:v0.9.2", "--json"])
+    cli_main(
+        [
+            "--model",
+            "qwen3-30b-a3b",
+            "--gpu",
+            "Tesla V100-SXM2-32GB",
+            "--tp",
+            "8",
+            "--max-model-len",
+            "32768",
+            "--image",
+            "vllm/vllm-openai:v0.9.2",
+            "--json",
+        ]
+    )
     assert json.loads(capsys.readouterr().out)["max_num_batched_tokens"] == 32768
     # V1 with chunked prefill off: a prompt must fit one batch, so max(max_model_len, 2048).
     config["llm-cluster:pools"]["chat"]["image"] = "vllm/vllm-openai:v0.19.1"
@@ -324,6 +473,7 @@ def test_on_a_v0_image_below_sm_80_the_budget_is_the_whole_context(config: dict[
 
 def test_the_planner_reads_dtypes_and_fp8_methods_from_the_facts() -> None:
     from components.engines.vllm import facts as images
+
     assert capacity.KV_CACHE_DTYPES is images.KV_CACHE_DTYPES
     assert capacity.DTYPE_BYTES is hardware.DTYPE_BYTES
     # ptpc_fp8 stores 1-byte weights like every FP8 method vLLM knows.
@@ -333,18 +483,24 @@ def test_the_planner_reads_dtypes_and_fp8_methods_from_the_facts() -> None:
     assert [images.kv_cache_bytes(d, 4) for d in ("auto", "float16", "bfloat16", "fp8", "fp8_e5m2")] == [4, 2, 2, 1, 1]
 
 
-@pytest.mark.parametrize("flags, given", [
-    (["--quant-bits", "8"], {"quant_bits": 8}),
-    (["--quant-bits", "2"], {"quant_bits": 2}),
-    (["--group-size", "-1"], {"group_size": -1}),
-    (["--group-size", "1"], {"group_size": 1}),
-])
+@pytest.mark.parametrize(
+    "flags, given",
+    [
+        (["--quant-bits", "8"], {"quant_bits": 8}),
+        (["--quant-bits", "2"], {"quant_bits": 2}),
+        (["--group-size", "-1"], {"group_size": -1}),
+        (["--group-size", "1"], {"group_size": 1}),
+    ],
+)
 def test_cli_quantization_bits_and_group_size_are_used_as_given(flags, given, capsys) -> None:
     cli_main([*R1_ARGS, *flags, "--json"])
     data = json.loads(capsys.readouterr().out)
     expected = estimate(model_arch("deepseek-r1"), V100_SEEN, **R1_V100, **given).to_dict()
     assert data == {"gpu": "Tesla V100-SXM2-32GB", **expected}
-    assert data != {"gpu": "Tesla V100-SXM2-32GB", **estimate(model_arch("deepseek-r1"), V100_SEEN, **R1_V100).to_dict()}
+    assert data != {
+        "gpu": "Tesla V100-SXM2-32GB",
+        **estimate(model_arch("deepseek-r1"), V100_SEEN, **R1_V100).to_dict(),
+    }
 
 
 def test_the_plan_starts_from_the_memory_pytorch_sees_not_nvidia_smis(config: dict[str, Any]) -> None:

@@ -2,6 +2,7 @@
 them: NCCL's share grows with the peers a GPU talks to, counts inside the budget where the memory baseline
 precedes NCCL (0.9.2) and outside it where NCCL starts first (0.19.1), and there vLLM's own start-up
 check (free memory >= utilization x total) refuses a pool before the KV cache is sized."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -46,14 +47,14 @@ def test_nvls_is_the_nvswitch_hopper_parts_only() -> None:
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
 def test_where_the_baseline_precedes_nccl_the_communicators_come_out_of_the_kv_cache(tp: int) -> None:
     # Qwen3-32B as 4-bit GPTQ fits on one V100, so every TP size leaves a KV cache to compare.
-    est = estimate(model_arch("qwen3-32b"), V100, tp=tp, pp=1, gpu_memory_utilization=0.9, quantization="gptq",
-                   **QWEN)
+    est = estimate(model_arch("qwen3-32b"), V100, tp=tp, pp=1, gpu_memory_utilization=0.9, quantization="gptq", **QWEN)
     assert est.kv_cache_gib_per_gpu > 0
     assert est.communicator_in_budget and est.startup_free_gib is None
     assert est.non_torch_gib == pytest.approx(NON_TORCH_BASE_GIB + (tp - 1) * COMM_GIB_PER_PEER)
     budget = V100 * 0.9
-    assert est.kv_cache_gib_per_gpu == pytest.approx(budget - est.weights_gib_per_gpu - est.activation_gib
-                                                     - est.non_torch_gib)
+    assert est.kv_cache_gib_per_gpu == pytest.approx(
+        budget - est.weights_gib_per_gpu - est.activation_gib - est.non_torch_gib
+    )
 
 
 def test_where_nccl_starts_first_the_kv_cache_keeps_it_and_the_start_up_check_pays_it() -> None:
@@ -69,19 +70,24 @@ def test_where_nccl_starts_first_the_kv_cache_keeps_it_and_the_start_up_check_pa
 
 def test_vllm_refuses_to_start_when_less_than_its_request_is_free_after_nccl() -> None:
     # TP 8 x PP 2 on V100s: 31.74 - 0.5 context - 8 peers x 0.25 = 29.24 GiB free; 0.95 x 31.74 = 30.15.
-    est = estimate(model_arch("qwen3-30b-a3b"), V100, tp=8, pp=2, gpu_memory_utilization=0.95,
-                   nccl_in_budget=False, **QWEN)
+    est = estimate(
+        model_arch("qwen3-30b-a3b"), V100, tp=8, pp=2, gpu_memory_utilization=0.95, nccl_in_budget=False, **QWEN
+    )
     assert not est.fits
     assert est.reason == (
         "about 29.24 GiB per GPU is free when vLLM sizes its request (31.74 GiB less the CUDA context, 0.5 GiB, "
         "and NCCL/all-reduce buffers for 8 peers, 2.00 GiB), less than gpu-memory-utilization 0.95 x 31.74 = "
         "30.15 GiB: vLLM stops with 'Free memory on device ... on startup is less than desired GPU memory "
-        "utilization'")
+        "utilization'"
+    )
     assert est.advice == "lower gpu-memory-utilization from 0.95 to 0.92 or less"
     # The advice holds: at 0.92 the request (29.20 GiB) is free, with a note that the margin is thin.
-    ok = estimate(model_arch("qwen3-30b-a3b"), V100, tp=8, pp=2, gpu_memory_utilization=0.92,
-                  nccl_in_budget=False, **QWEN)
-    assert ok.fits and any(n.startswith("only 0.04 GiB per GPU to spare when vLLM checks its request") for n in ok.notes)
+    ok = estimate(
+        model_arch("qwen3-30b-a3b"), V100, tp=8, pp=2, gpu_memory_utilization=0.92, nccl_in_budget=False, **QWEN
+    )
+    assert ok.fits and any(
+        n.startswith("only 0.04 GiB per GPU to spare when vLLM checks its request") for n in ok.notes
+    )
 
 
 def test_the_pool_follows_its_images_profiler_order(config: dict[str, Any]) -> None:
@@ -102,14 +108,18 @@ def test_the_memory_fit_policy_names_the_start_up_refusal_and_the_utilization_th
     config[NS + "monitoring"].setdefault("thresholds", {})["gpuMemoryUsedRatio"] = 0.99  # not this test's rule
     found = [v for v in analyze(run_stack(config, preview=True).registrations) if v.policy_name == "memory-fit"]
     assert [v.resource_name for v in found] == ["reasoning-gpu-01"]
-    assert "vLLM stops with 'Free memory on device ... on startup is less than desired GPU memory utilization'" \
+    assert (
+        "vLLM stops with 'Free memory on device ... on startup is less than desired GPU memory utilization'"
         in found[0].message
+    )
     assert "To fit: lower gpu-memory-utilization from 0.95 to 0.92 or less." in found[0].message
 
 
 def test_tensor_parallelism_across_nodes_is_not_estimated(config: dict[str, Any]) -> None:
     from components.engines.vllm.capacity import capacity_dict
+
     config[NS + "pools"]["reasoning"].update(tensorParallel=16, pipelineParallel=1)
     assert capacity_dict(load_stack_config(config, set()), "reasoning") == {
         "error": "capacity not estimated: tensor parallel size 16 spans nodes of 8 GPUs: the planner models "
-                 "tensor parallelism within a node"}
+        "tensor parallelism within a node"
+    }

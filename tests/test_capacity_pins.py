@@ -8,6 +8,7 @@ parallel layers split by TP; KV heads max(1, kv_heads // TP) per GPU; MLA's q_a/
 MoE routers and norms replicated; vocabulary padded to a multiple of 64 and split by TP; embedding on
 the first pipeline stage, LM head and final norm on the last; fp16 = 2 bytes.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -39,8 +40,16 @@ def qwen3_30b_a3b_weights_per_gpu(tp: int) -> int:
 
 
 def test_qwen3_30b_a3b_tp8_weights_and_kv_per_v100_as_the_chat_pool_runs_it() -> None:
-    est = estimate(model_arch("qwen3-30b-a3b"), 32, tp=8, pp=1, gpu_memory_utilization=0.9, dtype="float16",
-                   max_model_len=32768, max_num_seqs=128)
+    est = estimate(
+        model_arch("qwen3-30b-a3b"),
+        32,
+        tp=8,
+        pp=1,
+        gpu_memory_utilization=0.9,
+        dtype="float16",
+        max_model_len=32768,
+        max_num_seqs=128,
+    )
     assert qwen3_30b_a3b_weights_per_gpu(8) == 7_680_585_728
     assert est.weights_gib_per_gpu * GIB == pytest.approx(7_680_585_728, rel=1e-9)
     # 4 KV heads over TP 8: one (replicated) head per GPU; K and V, 128 wide, fp16, 48 layers.
@@ -53,25 +62,44 @@ def test_qwen3_30b_a3b_tp4_weights_match_vllms_own_log() -> None:
     # rounding); 0.2 % is a tenth of what a 1 % slip in the expert arithmetic moves.
     by_hand = qwen3_30b_a3b_weights_per_gpu(4)
     assert by_hand == 15_285_252_096 and by_hand / GIB == pytest.approx(14.2474, rel=0.002)
-    est = estimate(model_arch("qwen3-30b-a3b"), 80, tp=4, pp=1, gpu_memory_utilization=0.9, dtype="bfloat16",
-                   max_model_len=8192, max_num_seqs=128)
+    est = estimate(
+        model_arch("qwen3-30b-a3b"),
+        80,
+        tp=4,
+        pp=1,
+        gpu_memory_utilization=0.9,
+        dtype="bfloat16",
+        max_model_len=8192,
+        max_num_seqs=128,
+    )
     assert est.weights_gib_per_gpu == pytest.approx(14.2474, rel=0.002)
     assert est.weights_gib_per_gpu * GIB == pytest.approx(by_hand, rel=1e-9)
 
 
-@pytest.mark.parametrize(("model", "weights", "kv"), [
-    # Qwen/Qwen3-32B: hidden 5120, 64 layers, 64 heads, 8 KV heads, head_dim 128, MLP 25600,
-    # vocab 151936, q/k norms. Per layer per GPU: q 5120x1024, k+v 2x5120x128, o 1024x5120,
-    # MLP 3x5120x3200, norms 2x5120 + 2x128 = 60_958_976; embedding and LM head 18992x5120 each.
-    ("qwen3-32b", (64 * 60_958_976 + 2 * 18_992 * 5120 + 5120) * FP16, 64 * 2 * 1 * 128 * FP16),
-    # meta-llama/Llama-3.3-70B-Instruct: hidden 8192, 80 layers, 64 heads, 8 KV heads, head_dim 128,
-    # MLP 28672, vocab 128256. Per layer per GPU: q 8192x1024, k+v 2x8192x128, o 1024x8192,
-    # MLP 3x8192x3584, norms 2x8192 = 106_971_136; embedding and LM head 16032x8192 each.
-    ("llama-3.3-70b", (80 * 106_971_136 + 2 * 16_032 * 8192 + 8192) * FP16, 80 * 2 * 1 * 128 * FP16),
-])
+@pytest.mark.parametrize(
+    ("model", "weights", "kv"),
+    [
+        # Qwen/Qwen3-32B: hidden 5120, 64 layers, 64 heads, 8 KV heads, head_dim 128, MLP 25600,
+        # vocab 151936, q/k norms. Per layer per GPU: q 5120x1024, k+v 2x5120x128, o 1024x5120,
+        # MLP 3x5120x3200, norms 2x5120 + 2x128 = 60_958_976; embedding and LM head 18992x5120 each.
+        ("qwen3-32b", (64 * 60_958_976 + 2 * 18_992 * 5120 + 5120) * FP16, 64 * 2 * 1 * 128 * FP16),
+        # meta-llama/Llama-3.3-70B-Instruct: hidden 8192, 80 layers, 64 heads, 8 KV heads, head_dim 128,
+        # MLP 28672, vocab 128256. Per layer per GPU: q 8192x1024, k+v 2x8192x128, o 1024x8192,
+        # MLP 3x8192x3584, norms 2x8192 = 106_971_136; embedding and LM head 16032x8192 each.
+        ("llama-3.3-70b", (80 * 106_971_136 + 2 * 16_032 * 8192 + 8192) * FP16, 80 * 2 * 1 * 128 * FP16),
+    ],
+)
 def test_dense_catalog_models_tp8_on_v100(model: str, weights: int, kv: int) -> None:
-    est = estimate(model_arch(model), 32, tp=8, pp=1, gpu_memory_utilization=0.9, dtype="float16",
-                   max_model_len=8192, max_num_seqs=64)
+    est = estimate(
+        model_arch(model),
+        32,
+        tp=8,
+        pp=1,
+        gpu_memory_utilization=0.9,
+        dtype="float16",
+        max_model_len=8192,
+        max_num_seqs=64,
+    )
     assert est.weights_gib_per_gpu * GIB == pytest.approx(weights, rel=1e-9)
     assert est.kv_bytes_per_token_per_gpu == kv
 
@@ -105,8 +133,19 @@ def test_deepseek_r1_gptq_tp8_pp2_weights_and_kv_per_v100_as_the_reasoning_pool_
     stage0 = deepseek_r1_gptq_stage_bytes(first=True, last=False, dense=3, moe=28)
     stage1 = deepseek_r1_gptq_stage_bytes(first=False, last=True, dense=0, moe=30)
     assert (stage0, stage1) == (21_713_527_040, 23_090_459_136)
-    est = estimate(model_arch("deepseek-r1"), 32, tp=8, pp=2, gpu_memory_utilization=0.92, dtype="float16",
-                   quantization="gptq", quant_bits=4, group_size=128, max_model_len=16384, max_num_seqs=32)
+    est = estimate(
+        model_arch("deepseek-r1"),
+        32,
+        tp=8,
+        pp=2,
+        gpu_memory_utilization=0.92,
+        dtype="float16",
+        quantization="gptq",
+        quant_bits=4,
+        group_size=128,
+        max_model_len=16384,
+        max_num_seqs=32,
+    )
     assert est.layers_per_stage == (31, 30)
     assert est.weights_gib_per_gpu * GIB == pytest.approx(stage1, rel=1e-9)
     # MLA caches the 512-wide latent plus the 64-wide rope key, fp16, the same on every rank. The

@@ -1,4 +1,5 @@
 """The operator-side clock check, run for real (bash, awk) against a stand-in `ssh` whose node clock is skewed."""
+
 from __future__ import annotations
 
 import os
@@ -26,7 +27,9 @@ echo "$NODE_CLOCK"
 """
 
 
-def run(tmp_path: Path, skew: float, before: float = 0.0, after: float = 0.0, bound: float = 1.0) -> subprocess.CompletedProcess[str]:
+def run(
+    tmp_path: Path, skew: float, before: float = 0.0, after: float = 0.0, bound: float = 1.0
+) -> subprocess.CompletedProcess[str]:
     """The script with the node `skew` s ahead, answering `before` s into the round trip, `after` s before its end."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
@@ -36,8 +39,12 @@ def run(tmp_path: Path, skew: float, before: float = 0.0, after: float = 0.0, bo
     seq = tmp_path / "clock.seq"
     seq.write_text(f"{T0:.6f}\n{T0 + before + after + 0.01:.6f}\n")
     script = clock_script(["ssh", "-o", "BatchMode=yes"], "root@198.18.9.1", "gpu-01", bound)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CLOCK_SEQ": str(seq),
-           "NODE_CLOCK": f"{T0 + before + skew:.6f}"}
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "CLOCK_SEQ": str(seq),
+        "NODE_CLOCK": f"{T0 + before + skew:.6f}",
+    }
     done = subprocess.run([tool("bash"), "-c", script], capture_output=True, text=True, env=env, timeout=60)
     assert seq.read_text() == "", "the script reads the operator's clock exactly twice"
     return done
@@ -55,8 +62,10 @@ def test_a_clock_surely_off_by_more_than_the_bound_fails_naming_chrony(tmp_path:
     assert done.returncode == 1
     first, fix = done.stderr.splitlines()
     interval = "29.990 to 30.000" if skew > 0 else "30.000 to 30.010"
-    assert first == f"ERROR: gpu-01's clock is {interval} s {word} this machine's (bound 1 s, " \
+    assert (
+        first == f"ERROR: gpu-01's clock is {interval} s {word} this machine's (bound 1 s, "
         "preflight.maxClockOffsetSeconds)"
+    )
     assert fix.startswith("    fix: install chrony on the node")
 
 

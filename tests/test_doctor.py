@@ -1,5 +1,6 @@
 """doctor: every row of the runbook's troubleshooting table faked on recorded outputs, through the real
 probe script's sections (a stand-in for SSH answers exactly the sections the probe asks for)."""
+
 from __future__ import annotations
 
 import copy
@@ -30,11 +31,15 @@ AKS = (OPS / "ib_write_bw.report_gbits.all-sizes.results-only.azure-aks-ib-hdr20
 # A dmesg transcript published with a driver reset (code index), and vLLM's own refusal (vllm
 # worker/worker.py:553-557 at v0.9.2), as tests/fixtures/startup-failures/vllm.bf16-below-sm80.verl-issue-2594.log has it.
 XID = "[ 1399.140323] NVRM: Xid (PCI:0000:01:00): 32, Channel ID 00000009 intr 00800000\n"
-BF16 = ("ValueError: Bfloat16 is only supported on GPUs with compute capability of at least 8.0. Your Tesla "
-        "V100-SXM2-32GB GPU has compute capability 7.0. You can use float16 instead by explicitly setting the`dtype` "
-        "flag in CLI, for example: --dtype=half.\n")
-OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.75 GiB. GPU 3 has a total capacity of "
-       "31.74 GiB of which 1.12 GiB is free.\n")
+BF16 = (
+    "ValueError: Bfloat16 is only supported on GPUs with compute capability of at least 8.0. Your Tesla "
+    "V100-SXM2-32GB GPU has compute capability 7.0. You can use float16 instead by explicitly setting the`dtype` "
+    "flag in CLI, for example: --dtype=half.\n"
+)
+OOM = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.75 GiB. GPU 3 has a total capacity of "
+    "31.74 GiB of which 1.12 GiB is free.\n"
+)
 ADDR = {f"gpu-0{i}": f"192.168.10.1{i}" for i in range(1, 7)}
 
 
@@ -63,8 +68,11 @@ def healthy(spec: StackSpec) -> dict[str, dict[str, tuple[int, str]]]:
             elif kind == "gid":
                 s[name] = (0, "RoCE v2\n0000:0000:0000:0000:0000:ffff:c0a8:0a0b\n")
             elif kind == "iface":
-                s[name] = (0, f"3: bond0    inet {ADDR[node]}/24 brd 192.168.10.255 scope global bond0\\       "
-                              "valid_lft forever preferred_lft forever\n")
+                s[name] = (
+                    0,
+                    f"3: bond0    inet {ADDR[node]}/24 brd 192.168.10.255 scope global bond0\\       "
+                    "valid_lft forever preferred_lft forever\n",
+                )
             elif kind == "inspect":
                 env = [f"{k}={v}" for k, v in nccl_env(spec, node).items()]
                 s[name] = (0, f"running host {json.dumps(env)}\n")
@@ -84,8 +92,11 @@ def healthy(spec: StackSpec) -> dict[str, dict[str, tuple[int, str]]]:
     return out
 
 
-def runner(answers: dict[str, dict[str, tuple[int, str]]], unreachable: set[str] = frozenset(),
-           rdma: tuple[int, str] | None = None) -> Callable[[str, str], tuple[int, str, str]]:
+def runner(
+    answers: dict[str, dict[str, tuple[int, str]]],
+    unreachable: set[str] = frozenset(),
+    rdma: tuple[int, str] | None = None,
+) -> Callable[[str, str], tuple[int, str, str]]:
     import time
 
     def run(node: str, script: str) -> tuple[int, str, str]:
@@ -102,11 +113,13 @@ def runner(answers: dict[str, dict[str, tuple[int, str]]], unreachable: set[str]
                 out = f"{time.time():.6f}\n"
             text += f"@@doctor {name}\n{out}@@rc {rc}\n"
         return 0, text, ""
+
     return run
 
 
-def doctor(spec_answers: dict[str, dict[str, tuple[int, str]]], capsys: Any, *args: str,
-           **kw: Any) -> tuple[int, dict[str, Any]]:
+def doctor(
+    spec_answers: dict[str, dict[str, tuple[int, str]]], capsys: Any, *args: str, **kw: Any
+) -> tuple[int, dict[str, Any]]:
     code = main(["--stack", "prod", "--json", *args], run=runner(spec_answers, **kw))
     return code, json.loads(capsys.readouterr().out)
 
@@ -128,16 +141,31 @@ def test_a_healthy_cluster_has_no_failure(answers: Any, capsys: Any) -> None:
     code, report = doctor(answers, capsys)
     assert code == 0 and report["failed"] == 0
     assert {f["check"] for f in report["findings"]} == {
-        "ssh", "clock", "firewall", "ports", "gid", "ray", "nccl", "weights", "replica", "xid"}
+        "ssh",
+        "clock",
+        "firewall",
+        "ports",
+        "gid",
+        "ray",
+        "nccl",
+        "weights",
+        "replica",
+        "xid",
+    }
     assert finding(report, "ray", "reasoning-gpu-01")["seen"] == "2 nodes, 16 GPUs"
     assert finding(report, "nccl", "gpu-02/ray-worker-reasoning-gpu-01")["seen"] == "NET/IB: mlx5_0:1/IB"
 
 
 # --- row 1: `ray status` shows no worker ----------------------------------------------------------
 
+
 def test_row1_ray_missing_a_worker(answers: Any, capsys: Any) -> None:
-    answers["gpu-01"]["ray:reasoning-gpu-01"] = (0, RAY_OK.replace(
-        " 1 node_1eb4d7d07e793114c23a89d1a41f1f76acf6ef5b35af844a4ee8e4ba\n", "").replace("0.0/16.0 GPU", "0.0/8.0 GPU"))
+    answers["gpu-01"]["ray:reasoning-gpu-01"] = (
+        0,
+        RAY_OK.replace(" 1 node_1eb4d7d07e793114c23a89d1a41f1f76acf6ef5b35af844a4ee8e4ba\n", "").replace(
+            "0.0/16.0 GPU", "0.0/8.0 GPU"
+        ),
+    )
     code, report = doctor(answers, capsys)
     assert code == 1
     f = finding(report, "ray", "reasoning-gpu-01")
@@ -146,12 +174,18 @@ def test_row1_ray_missing_a_worker(answers: Any, capsys: Any) -> None:
 
 
 def test_row1_firewall_blocks_the_gcs_and_the_table_is_gone(answers: Any, capsys: Any) -> None:
-    answers["gpu-02"]["ports"] = (0, answers["gpu-02"]["ports"][1].replace(
-        "gpu-01 192.168.10.11 6379 pools.reasoning.rayPort open", "gpu-01 192.168.10.11 6379 pools.reasoning.rayPort closed"))
+    answers["gpu-02"]["ports"] = (
+        0,
+        answers["gpu-02"]["ports"][1].replace(
+            "gpu-01 192.168.10.11 6379 pools.reasoning.rayPort open",
+            "gpu-01 192.168.10.11 6379 pools.reasoning.rayPort closed",
+        ),
+    )
     answers["gpu-02"]["nft"] = (1, "Error: No such file or directory\nlist table inet llm_cluster\n")
     code, report = doctor(answers, capsys)
-    assert ("ports", "gpu-02", "gpu-02 cannot reach: gpu-01 192.168.10.11 6379 pools.reasoning.rayPort") \
-        in failures(report)
+    assert ("ports", "gpu-02", "gpu-02 cannot reach: gpu-01 192.168.10.11 6379 pools.reasoning.rayPort") in failures(
+        report
+    )
     assert finding(report, "firewall", "gpu-02")["seen"].startswith("no nftables table inet llm_cluster")
 
 
@@ -172,24 +206,29 @@ def test_row1_container_without_host_network(answers: Any, capsys: Any) -> None:
 
 # --- row 2: vLLM stuck in NCCL init ------------------------------------------------------------------
 
+
 def test_row2_gid_index_not_roce_v2_and_wrong_interface(answers: Any, capsys: Any) -> None:
     answers["gpu-02"]["gid"] = (0, "IB/RoCE v1\nfe80:0000:0000:0000:ba59:9fff:fe3a:1b2c\n")
     answers["gpu-02"]["iface"] = (1, 'Device "bond0" does not exist.\n')
     _, report = doctor(answers, capsys)
     assert finding(report, "gid", "gpu-02")["seen"] == "GID index 3 of mlx5_0 port 1 is IB/RoCE v1"
-    assert finding(report, "interface", "gpu-02")["seen"] == \
-        'bond0 does not hold 192.168.10.12 (Device "bond0" does not exist.)'
+    assert (
+        finding(report, "interface", "gpu-02")["seen"]
+        == 'bond0 does not hold 192.168.10.12 (Device "bond0" does not exist.)'
+    )
 
 
 def test_row2_container_env_differs_from_the_stack(answers: Any, capsys: Any) -> None:
     status, text = answers["gpu-02"]["inspect:ray-worker-reasoning-gpu-01"]
     answers["gpu-02"]["inspect:ray-worker-reasoning-gpu-01"] = (status, text.replace('"NCCL_IB_GID_INDEX=3", ', ""))
     _, report = doctor(answers, capsys)
-    assert ("nccl-env", "gpu-02/ray-worker-reasoning-gpu-01", "NCCL_IB_GID_INDEX=(unset) (stack: 3)") \
-        in failures(report)
+    assert ("nccl-env", "gpu-02/ray-worker-reasoning-gpu-01", "NCCL_IB_GID_INDEX=(unset) (stack: 3)") in failures(
+        report
+    )
 
 
 # --- row 3: slow cross-node throughput ---------------------------------------------------------------
+
 
 def test_row3_nccl_fell_back_to_sockets(answers: Any, capsys: Any) -> None:
     answers["gpu-02"]["logs:ray-worker-reasoning-gpu-01"] = (0, NCCL_SOCKET)
@@ -203,8 +242,11 @@ def test_row3_nccl_fell_back_to_sockets(answers: Any, capsys: Any) -> None:
 def test_row3_bandwidth_retest_only_with_the_flag(answers: Any, capsys: Any) -> None:
     _, report = doctor(answers, capsys)
     assert not [f for f in report["findings"] if f["check"] == "rdma"]
-    slow = ("", "ERROR: rdma reasoning-gpu-01: gpu-01 -> gpu-02: ib_write_bw average 96.6 Gb/s, below 190 Gb/s\n"
-                "    fix: check ibstat mlx5_0 on both nodes\n")
+    slow = (
+        "",
+        "ERROR: rdma reasoning-gpu-01: gpu-01 -> gpu-02: ib_write_bw average 96.6 Gb/s, below 190 Gb/s\n"
+        "    fix: check ibstat mlx5_0 on both nodes\n",
+    )
     code, report = doctor(answers, capsys, "--bandwidth", rdma=(1, slow[1]))
     assert code == 1
     f = finding(report, "rdma", "reasoning-gpu-01")
@@ -213,6 +255,7 @@ def test_row3_bandwidth_retest_only_with_the_flag(answers: Any, capsys: Any) -> 
 
 
 # --- rows 4 and 5: OOM at start, dtype/kernel unsupported ------------------------------------------
+
 
 def test_row4_out_of_memory_in_the_server_log_and_the_kernels(answers: Any, capsys: Any) -> None:
     answers["gpu-03"]["logs:vllm-chat-gpu-03"] = (0, OOM)
@@ -235,15 +278,19 @@ def test_row5_dtype_not_supported(answers: Any, capsys: Any) -> None:
 
 def test_every_fatal_startup_error_of_the_engine_is_a_finding_with_its_own_fix(answers: Any, capsys: Any) -> None:
     # The reasoning pool's Ray head: MLA prefill on V100, and later an OOM: two causes, two findings.
-    answers["gpu-01"]["logs:ray-head-reasoning-gpu-01"] = (0, "(RayWorkerWrapper pid=311) RuntimeError: FlashAttention "
-                                                              "only supports Ampere GPUs or newer.\n" + OOM)
+    answers["gpu-01"]["logs:ray-head-reasoning-gpu-01"] = (
+        0,
+        "(RayWorkerWrapper pid=311) RuntimeError: FlashAttention only supports Ampere GPUs or newer.\n" + OOM,
+    )
     code, report = doctor(answers, capsys)
     assert code == 1
     mla = finding(report, "dtype-kernel", "gpu-01/ray-head-reasoning-gpu-01")
     assert mla["seen"] == "(RayWorkerWrapper pid=311) RuntimeError: FlashAttention only supports Ampere GPUs or newer."
     assert "Fix: set VLLM_MLA_DISABLE=1 in pools.reasoning.env" in mla["do"]
-    assert "Fix: lower pools.reasoning.vllm.gpuMemoryUtilization" in finding(
-        report, "oom", "gpu-01/ray-head-reasoning-gpu-01")["do"]
+    assert (
+        "Fix: lower pools.reasoning.vllm.gpuMemoryUtilization"
+        in finding(report, "oom", "gpu-01/ray-head-reasoning-gpu-01")["do"]
+    )
 
 
 def test_the_probe_reads_back_every_failure_line_of_every_engine() -> None:
@@ -255,9 +302,16 @@ def test_the_probe_reads_back_every_failure_line_of_every_engine() -> None:
 
 # --- row 6: weights load slowly ---------------------------------------------------------------------
 
+
 def test_row6_weights_on_nfs_and_a_slow_disk(answers: Any, capsys: Any) -> None:
-    answers["gpu-04"]["weights:qwen3-30b-a3b"] = (0, "nfs4\n1073741824 bytes (1.1 GB, 1.0 GiB) copied, 9.1 s, 118 MB/s\n")
-    answers["gpu-05"]["weights:qwen3-30b-a3b"] = (0, "xfs\n1073741824 bytes (1.1 GB, 1.0 GiB) copied, 4.3 s, 250 MB/s\n")
+    answers["gpu-04"]["weights:qwen3-30b-a3b"] = (
+        0,
+        "nfs4\n1073741824 bytes (1.1 GB, 1.0 GiB) copied, 9.1 s, 118 MB/s\n",
+    )
+    answers["gpu-05"]["weights:qwen3-30b-a3b"] = (
+        0,
+        "xfs\n1073741824 bytes (1.1 GB, 1.0 GiB) copied, 4.3 s, 250 MB/s\n",
+    )
     code, report = doctor(answers, capsys)
     assert code == 0  # warnings only
     f = finding(report, "weights", "gpu-04//data/models/Qwen3-30B-A3B")
@@ -268,15 +322,21 @@ def test_row6_weights_on_nfs_and_a_slow_disk(answers: Any, capsys: Any) -> None:
 
 # --- row 7: a replica answers 502 ------------------------------------------------------------------
 
+
 def test_row7_a_replica_502s_with_xid_errors(answers: Any, capsys: Any) -> None:
     answers["gpu-01"]["health:chat-gpu-06"] = (7, "000\n")
-    answers["gpu-01"]["gateway-log"] = (0, "".join(json.dumps(
-        {"status": 502, "upstream": "192.168.10.16:8000", "pool": "chat"}) + "\n" for _ in range(3)))
+    answers["gpu-01"]["gateway-log"] = (
+        0,
+        "".join(json.dumps({"status": 502, "upstream": "192.168.10.16:8000", "pool": "chat"}) + "\n" for _ in range(3)),
+    )
     answers["gpu-06"]["kernel"] = (0, XID)
     code, report = doctor(answers, capsys)
     assert code == 1
     f = finding(report, "replica", "chat-gpu-06")
-    assert (f["seen"], f["do"].split(",")[0]) == ("health answered 000 from gpu-01", "docker logs vllm-chat-gpu-06 on gpu-06")
+    assert (f["seen"], f["do"].split(",")[0]) == (
+        "health answered 000 from gpu-01",
+        "docker logs vllm-chat-gpu-06 on gpu-06",
+    )
     assert finding(report, "gateway-5xx", "gpu-01")["seen"] == "502/504 today by upstream: 192.168.10.16:8000 3"
     assert finding(report, "xid", "gpu-06")["seen"].startswith("GPU Xid error(s) 32: [ 1399.140323] NVRM: Xid")
 
@@ -284,8 +344,13 @@ def test_row7_a_replica_502s_with_xid_errors(answers: Any, capsys: Any) -> None:
 def test_an_unreachable_node_fails_and_one_node_can_be_checked_alone(answers: Any, capsys: Any) -> None:
     code, report = doctor(answers, capsys, "--node", "gpu-02", unreachable={"gpu-02"})
     assert code == 1 and report["nodes"] == ["gpu-02"]
-    assert failures(report) == [("ssh", "gpu-02", "SSH to root@192.168.10.12 failed: ssh: connect to host "
-                                 "192.168.10.12 port 22: No route to host")]
+    assert failures(report) == [
+        (
+            "ssh",
+            "gpu-02",
+            "SSH to root@192.168.10.12 failed: ssh: connect to host 192.168.10.12 port 22: No route to host",
+        )
+    ]
     assert main(["--stack", "prod", "--node", "gpu-9"], run=runner(answers)) == 2
     assert "--node 'gpu-9' is not a node of prod" in capsys.readouterr().err
 
@@ -310,9 +375,23 @@ def test_ssh_runs_the_probe_with_the_stacks_settings(prod_spec: StackSpec, tmp_p
 
     monkeypatch.setattr(subprocess, "run", fake_run)
     assert ssh_runner(prod_spec, "prod")("gpu-02", "probe")[0] == 0
-    assert seen[-1] == ["ssh", "-o", "BatchMode=yes", "-o", "Port=22", "-o", "ConnectTimeout=10", "-o",
-                        "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-                        "root@192.168.10.12", "bash -s"]
+    assert seen[-1] == [
+        "ssh",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "Port=22",
+        "-o",
+        "ConnectTimeout=10",
+        "-o",
+        "StrictHostKeyChecking=no",
+        "-o",
+        "UserKnownHostsFile=/dev/null",
+        "-o",
+        "LogLevel=ERROR",
+        "root@192.168.10.12",
+        "bash -s",
+    ]
     ops = prod_spec.model_copy(update={"ssh": prod_spec.ssh.model_copy(update={"user": "ops"})})
     ssh_runner(ops, "prod")("gpu-02", "probe")
     assert seen[-1][-2:] == ["ops@192.168.10.12", "sudo -n bash -s"]
@@ -334,9 +413,12 @@ def test_the_readme_shows_what_doctor_prints_for_its_three_faults(answers: Any, 
     answers["gpu-02"]["logs:ray-worker-reasoning-gpu-01"] = (0, NCCL_SOCKET)
     answers["gpu-01"]["health:chat-gpu-06"] = (7, "000\n")
     answers["gpu-06"]["kernel"] = (0, XID)
-    answers["gpu-04"]["weights:qwen3-30b-a3b"] = (0, "nfs4\n1073741824 bytes (1.1 GB, 1.0 GiB) copied, 9.1 s, 118 MB/s\n")
+    answers["gpu-04"]["weights:qwen3-30b-a3b"] = (
+        0,
+        "nfs4\n1073741824 bytes (1.1 GB, 1.0 GiB) copied, 9.1 s, 118 MB/s\n",
+    )
     assert main(["--stack", "prod"], run=runner(answers)) == 1
     shown = [ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith("OK ")]
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    block = readme[readme.index("doctor prod: 6 node(s)"):readme.index("exit status 1\n```")].splitlines()
+    block = readme[readme.index("doctor prod: 6 node(s)") : readme.index("exit status 1\n```")].splitlines()
     assert block == shown

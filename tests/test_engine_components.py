@@ -1,6 +1,7 @@
 """LMDeploy and llama.cpp pools under Pulumi's mocks: the ModelServer registers each engine's own container
 (watchdog, restart, healthcheck in a probe the image has, GPUs), its readiness gate, and the gateway routes
 their served names (rewriting to LMDeploy's one name)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -66,10 +67,18 @@ def test_llamacpp_servers_get_their_own_gpu_and_a_curl_probe(llamacpp_run: Progr
     assert i["name"] == "llamacpp-chat-gpu-03-r5"
     assert i["deviceRequests"] == [{"driver": "nvidia", "deviceIds": ["5"], "capabilities": ["gpu"]}]
     assert i["command"][0] == "/app/llama-server" and i["command"][i["command"].index("--port") + 1] == "8005"
-    assert i["healthcheck"]["tests"] == ["CMD", "curl", "-fsS", "-o", "/dev/null", "--max-time", "10",
-                                         "http://192.168.10.13:8005/health"]
+    assert i["healthcheck"]["tests"] == [
+        "CMD",
+        "curl",
+        "-fsS",
+        "-o",
+        "/dev/null",
+        "--max-time",
+        "10",
+        "http://192.168.10.13:8005/health",
+    ]
     watchdog = next(u for u in i["uploads"] if u["file"] == WATCHDOG_SCRIPT)["content"]
-    assert "healthy() { curl -fsS -o /dev/null --max-time 10 \"$url\"" in watchdog
+    assert 'healthy() { curl -fsS -o /dev/null --max-time 10 "$url"' in watchdog
 
 
 def test_gateway_rewrites_lmdeploys_other_names_and_routes_llamacpp_by_every_alias() -> None:

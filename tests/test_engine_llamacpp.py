@@ -1,5 +1,6 @@
 """llama.cpp: image facts, the GGUF header read with the `gguf` package (files written by its own writer),
 the capacity of one server from that header, and the exact `llama-server` argv."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -67,8 +68,9 @@ def _write_gguf(path: Path, *, arch: str, layers: int, mla: bool = False, split_
     for i in range(layers):
         w.add_tensor(f"blk.{i}.attn_q.weight", np.zeros((64, 64), np.float16))
         # 4 experts x 32 rows of 64 q8_0 values: 2 blocks of 34 bytes per row.
-        w.add_tensor(f"blk.{i}.ffn_up_exps.weight", np.zeros((4 * 32, 2 * 34), np.uint8),
-                     raw_dtype=GGMLQuantizationType.Q8_0)
+        w.add_tensor(
+            f"blk.{i}.ffn_up_exps.weight", np.zeros((4 * 32, 2 * 34), np.uint8), raw_dtype=GGMLQuantizationType.Q8_0
+        )
     w.add_tensor("output.weight", np.zeros((4, 64), np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -79,8 +81,14 @@ def _write_gguf(path: Path, *, arch: str, layers: int, mla: bool = False, split_
 
 def test_header_of_a_written_gguf_reads_architecture_and_tensor_bytes(tmp_path: Path) -> None:
     g = read_gguf(_write_gguf(tmp_path / "m.gguf", arch="qwen3moe", layers=3))
-    assert (g.arch, g.name, g.block_count, g.embedding_length, g.head_count, g.head_count_kv) == \
-        ("qwen3moe", "tiny-qwen3moe", 3, 64, 4, 2)
+    assert (g.arch, g.name, g.block_count, g.embedding_length, g.head_count, g.head_count_kv) == (
+        "qwen3moe",
+        "tiny-qwen3moe",
+        3,
+        64,
+        4,
+        2,
+    )
     assert (g.expert_count, g.expert_used_count, g.expert_feed_forward_length, g.vocab_size) == (4, 2, 32, 4)
     assert g.tensor_bytes["blk.0.attn_q.weight"] == 64 * 64 * 2
     assert g.tensor_bytes["blk.0.ffn_up_exps.weight"] == 4 * 32 * 2 * 34
@@ -94,7 +102,7 @@ def test_a_header_only_copy_reads_the_same_as_the_whole_file(tmp_path: Path) -> 
     header = tmp_path / "header.gguf"
     data = whole.read_bytes()
     g = read_gguf(whole)
-    header.write_bytes(data[:len(data) - sum(g.tensor_bytes.values()) + 100])  # tensor data cut away
+    header.write_bytes(data[: len(data) - sum(g.tensor_bytes.values()) + 100])  # tensor data cut away
     h = read_gguf(header)
     assert h.tensor_bytes == g.tensor_bytes and h.block_count == g.block_count and h.path == str(header)
 
@@ -114,8 +122,9 @@ def test_unknown_architecture_and_non_gguf_files_are_refused(tmp_path: Path) -> 
 
 def test_split_gguf_needs_the_total_size_to_size_its_other_shards(tmp_path: Path) -> None:
     g = read_gguf(_write_gguf(tmp_path / "s-00001-of-00003.gguf", arch="qwen3moe", layers=3, split_count=3))
-    with pytest.raises(ValueError, match="is shard 1 of 3: its header lists only its own tensors; state the model's "
-                                         "sizeGib"):
+    with pytest.raises(
+        ValueError, match="is shard 1 of 3: its header lists only its own tensors; state the model's sizeGib"
+    ):
         shape_from_gguf(g)
     shape = shape_from_gguf(g, total_bytes=g.total_bytes * 3)
     assert sum(shape.layer_bytes) + shape.output_bytes + shape.input_bytes == g.total_bytes * 3
@@ -125,8 +134,16 @@ def test_split_gguf_needs_the_total_size_to_size_its_other_shards(tmp_path: Path
 def test_layers_split_evenly_with_the_output_on_the_last_gpu(tmp_path: Path) -> None:
     assert layers_per_gpu(61, 8) == [8, 8, 8, 8, 8, 7, 7, 7]
     g = read_gguf(_write_gguf(tmp_path / "m.gguf", arch="qwen3moe", layers=4))
-    est = llamacpp_estimate(shape_from_gguf(g), 1.0, gpus=2, split_mode="layer", ctx_per_slot=1000, parallel=3,
-                            cache_type="q8_0", flash_attention=True).to_dict()
+    est = llamacpp_estimate(
+        shape_from_gguf(g),
+        1.0,
+        gpus=2,
+        split_mode="layer",
+        ctx_per_slot=1000,
+        parallel=3,
+        cache_type="q8_0",
+        flash_attention=True,
+    ).to_dict()
     assert est["layers_per_gpu"] == [2, 2] and est["ctx_per_slot"] == 1024 and est["n_ctx"] == 3072
     assert est["weights_gib_per_gpu"] == pytest.approx((2 * g.layer_bytes(0) + 4 * 64 * 4) / GIB, abs=1e-4)
     # q8_0 cache: 34 bytes per 32 elements; two layers per GPU.
@@ -136,13 +153,29 @@ def test_layers_split_evenly_with_the_output_on_the_last_gpu(tmp_path: Path) -> 
 
 
 def test_deepseek_r1_q2_on_one_v100_node_fits_and_a_32k_q4_qwen_per_gpu_does_not() -> None:
-    r1 = llamacpp_estimate(shape_from_arch(MODELS["deepseek-r1"], 212e9), 32.0, gpus=8, split_mode="layer",
-                           ctx_per_slot=16384, parallel=4, cache_type="f16", flash_attention=True).to_dict()
+    r1 = llamacpp_estimate(
+        shape_from_arch(MODELS["deepseek-r1"], 212e9),
+        32.0,
+        gpus=8,
+        split_mode="layer",
+        ctx_per_slot=16384,
+        parallel=4,
+        cache_type="f16",
+        flash_attention=True,
+    ).to_dict()
     assert r1["fits"] is True and r1["weights_exact"] is False
     # MLA in llama.cpp: 576 K elements per token per layer at f16, 8 layers on the fullest GPU.
     assert r1["kv_bytes_per_token_per_gpu"] == 8 * 576 * 2
-    qwen = llamacpp_estimate(shape_from_arch(MODELS["qwen3-30b-a3b"], 18.6e9), 32.0, gpus=1, split_mode="none",
-                             ctx_per_slot=32768, parallel=8, cache_type="f16", flash_attention=True).to_dict()
+    qwen = llamacpp_estimate(
+        shape_from_arch(MODELS["qwen3-30b-a3b"], 18.6e9),
+        32.0,
+        gpus=1,
+        split_mode="none",
+        ctx_per_slot=32768,
+        parallel=8,
+        cache_type="f16",
+        flash_attention=True,
+    ).to_dict()
     assert qwen["fits"] is False
     assert qwen["reason"].startswith("GPU 0 needs ") and "KV 24.0 for -c 262144" in qwen["reason"]
     assert qwen["advice"].startswith("lower llamacpp.contextPerSlot or parallel")
@@ -153,10 +186,32 @@ def test_argv_is_exact_one_server_per_gpu() -> None:
     servers = instances(spec, "chat")
     assert len(servers) == 32 and servers[1].gpu_ids == (1,) and servers[1].port == 8001
     assert llamacpp_argv(spec, servers[1]) == [
-        "/app/llama-server", "-m", "/data/models/Qwen3-30B-A3B/Qwen3-30B-A3B-Q4_K_M.gguf",
-        "--alias", "qwen3-30b-a3b,/data/models/Qwen3-30B-A3B", "--host", "192.168.10.13", "--port", "8001",
-        "--n-gpu-layers", "999", "--split-mode", "layer", "--ctx-size", "32768", "--parallel", "4",
-        "--flash-attn", "on", "--fit", "off", "--jinja", "--metrics", "--threads", "10"]  # 80 cores / 8 servers
+        "/app/llama-server",
+        "-m",
+        "/data/models/Qwen3-30B-A3B/Qwen3-30B-A3B-Q4_K_M.gguf",
+        "--alias",
+        "qwen3-30b-a3b,/data/models/Qwen3-30B-A3B",
+        "--host",
+        "192.168.10.13",
+        "--port",
+        "8001",
+        "--n-gpu-layers",
+        "999",
+        "--split-mode",
+        "layer",
+        "--ctx-size",
+        "32768",
+        "--parallel",
+        "4",
+        "--flash-attn",
+        "on",
+        "--fit",
+        "off",
+        "--jinja",
+        "--metrics",
+        "--threads",
+        "10",
+    ]  # 80 cores / 8 servers
 
 
 def test_the_nodes_cpus_are_split_between_its_servers_and_threads_is_the_stacks_key() -> None:
@@ -170,17 +225,33 @@ def test_the_nodes_cpus_are_split_between_its_servers_and_threads_is_the_stacks_
     assert spec.node_cpus("gpu-03") == (64, "nodeDefaults.cpuCores")
     with pytest.raises(SpecError) as err:
         spec_of(llamacpp_config(extraArgs=["-t", "32"]))
-    assert [(i.path, i.message) for i in err.value.issues] == [(
-        "pools.chat.llamacpp.extraArgs[0]", "'-t' is set by the typed key nodes.<node>.cpuCores (split between the "
-        "node's serving instances): state it there instead")]
+    assert [(i.path, i.message) for i in err.value.issues] == [
+        (
+            "pools.chat.llamacpp.extraArgs[0]",
+            "'-t' is set by the typed key nodes.<node>.cpuCores (split between the "
+            "node's serving instances): state it there instead",
+        )
+    ]
 
 
 def test_argv_quantized_cache_and_extra_args() -> None:
     spec = spec_of(llamacpp_config(cacheType="q8_0", extraArgs=["--no-webui"]))
     argv = llamacpp_argv(spec, instances(spec, "chat")[0])
-    assert argv[argv.index("--flash-attn"):] == ["--flash-attn", "on", "--cache-type-k", "q8_0", "--cache-type-v",
-                                                 "q8_0", "--fit", "off", "--jinja", "--metrics", "--threads", "10",
-                                                 "--no-webui"]
+    assert argv[argv.index("--flash-attn") :] == [
+        "--flash-attn",
+        "on",
+        "--cache-type-k",
+        "q8_0",
+        "--cache-type-v",
+        "q8_0",
+        "--fit",
+        "off",
+        "--jinja",
+        "--metrics",
+        "--threads",
+        "10",
+        "--no-webui",
+    ]
 
 
 def test_flag_dump_is_the_help_of_the_b11312_build_parsed() -> None:
@@ -210,7 +281,8 @@ def test_argv_parses_with_llama_servers_own_options() -> None:
     args = parser.parse_args(argv[1:])
     assert (args.split_mode, args.ctx_size, args.parallel, args.fit) == ("layer", "32768", "4", "off")
     assert parse_errors(parser, ["--split-mode", "pipeline"]) == [
-        "argument -sm/--split-mode: invalid choice: 'pipeline' (choose from 'none', 'layer', 'row', 'tensor')"]
+        "argument -sm/--split-mode: invalid choice: 'pipeline' (choose from 'none', 'layer', 'row', 'tensor')"
+    ]
     assert parse_errors(parser, ["--tensor-parallel-size", "8"]) == ["unrecognized arguments: --tensor-parallel-size 8"]
 
 
@@ -221,10 +293,17 @@ def test_usage_of_a_real_llama_server_answer_has_openais_shape() -> None:
 
     root = Path(__file__).resolve().parent / "fixtures" / "engines"
     answer = json.loads((root / "llama.cpp-b11312-chat.json").read_text())
-    assert answer["usage"] == {"completion_tokens": 8, "prompt_tokens": 17, "total_tokens": 25,
-                               "prompt_tokens_details": {"cached_tokens": 0}}
-    chunks = [json.loads(line[6:]) for line in (root / "llama.cpp-b11312-chat-stream.txt").read_text().splitlines()
-              if line.startswith("data: {")]
+    assert answer["usage"] == {
+        "completion_tokens": 8,
+        "prompt_tokens": 17,
+        "total_tokens": 25,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
+    chunks = [
+        json.loads(line[6:])
+        for line in (root / "llama.cpp-b11312-chat-stream.txt").read_text().splitlines()
+        if line.startswith("data: {")
+    ]
     assert [c["usage"]["total_tokens"] for c in chunks if "usage" in c] == [13]  # only the last, with include_usage
     assert chunks[-1]["choices"] == []
 
@@ -243,8 +322,9 @@ def test_kv_cache_estimate_matches_a_real_llama_server(tmp_path: Path) -> None:
     model_mib = float(re.search(r"model buffer size =\s+([\d.]+) MiB", log).group(1))  # type: ignore[union-attr]
     slot = int(re.search(r"n_ctx_seq\s+= (\d+)", log).group(1))  # type: ignore[union-attr]
     shape = shape_from_gguf(read_gguf(write_tiny_llama(tmp_path / "tiny.gguf")))
-    est = llamacpp_estimate(shape, 32.0, gpus=1, split_mode="none", ctx_per_slot=512, parallel=4,
-                            cache_type="f16", flash_attention=True).to_dict()
+    est = llamacpp_estimate(
+        shape, 32.0, gpus=1, split_mode="none", ctx_per_slot=512, parallel=4, cache_type="f16", flash_attention=True
+    ).to_dict()
     assert est["ctx_per_slot"] == slot == 512 and est["n_ctx"] == 2048
     # (the GiB figures are rounded to 4 places in plan.json: compare the exact per-token bytes x cells)
     assert est["kv_bytes_per_token_per_gpu"] * est["n_ctx"] / 2**20 == pytest.approx(kv_mib, abs=0.005)

@@ -1,5 +1,6 @@
 """LMDeploy TurboMind: image facts, the exact `lmdeploy serve api_server` argv (parsed by LMDeploy's own
 parser, rebuilt from its dump), and TurboMind's capacity model (layout, expert padding, KV from the free memory)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -51,8 +52,9 @@ def test_int4_formats_take_group_128_and_kv_policies_per_gpu() -> None:
     assert V016.model_formats["gptq"].group_sizes == {128}
     assert "desc_act false" in V016.model_formats["gptq"].rule
     assert V016.model_formats["compressed-tensors"].group_sizes == {32, 128}
-    assert {p for p, k in V016.kv_quant_policies.items() if k.min_capability is not None and k.min_capability <= 70} \
-        == {0, 4, 8}
+    assert {
+        p for p, k in V016.kv_quant_policies.items() if k.min_capability is not None and k.min_capability <= 70
+    } == {0, 4, 8}
     assert V016.kv_quant_policies[16].min_capability is None  # TurboMind refuses fp8 KV everywhere
     assert V016.kv_quant_policies[42].min_capability == 80
     assert 128 in V016.head_dims(70) and 192 not in V016.head_dims(70) and 192 in V016.head_dims(80)
@@ -63,40 +65,85 @@ def test_argv_is_exact_and_parses_with_lmdeploys_own_parser() -> None:
     inst = instances(spec, "chat")[0]
     argv = lmdeploy_argv(spec, inst)
     assert argv == [
-        "lmdeploy", "serve", "api_server", "/data/models/Qwen3-30B-A3B", "--backend", "turbomind",
-        "--model-name", "qwen3-30b-a3b", "--server-name", "192.168.10.13", "--server-port", "8000",
-        "--tp", "8", "--dtype", "float16", "--model-format", "hf", "--session-len", "32768",
-        "--max-batch-size", "64", "--cache-max-entry-count", "0.8"]
+        "lmdeploy",
+        "serve",
+        "api_server",
+        "/data/models/Qwen3-30B-A3B",
+        "--backend",
+        "turbomind",
+        "--model-name",
+        "qwen3-30b-a3b",
+        "--server-name",
+        "192.168.10.13",
+        "--server-port",
+        "8000",
+        "--tp",
+        "8",
+        "--dtype",
+        "float16",
+        "--model-format",
+        "hf",
+        "--session-len",
+        "32768",
+        "--max-batch-size",
+        "64",
+        "--cache-max-entry-count",
+        "0.8",
+    ]
     parser = build_parser(V016.serve_args, "lmdeploy serve api_server")
     args = parser.parse_args(argv[3:])
-    assert (args.model_path, args.backend, args.tp, args.session_len, args.cache_max_entry_count) == \
-        ("/data/models/Qwen3-30B-A3B", "turbomind", 8, 32768, 0.8)
+    assert (args.model_path, args.backend, args.tp, args.session_len, args.cache_max_entry_count) == (
+        "/data/models/Qwen3-30B-A3B",
+        "turbomind",
+        8,
+        32768,
+        0.8,
+    )
     assert "--disable-metrics" in options(V016.serve_args)  # metrics are on unless this flag is given
     assert "--disable-metrics" not in argv
 
 
 def test_argv_carries_int4_format_kv_policy_and_options_that_differ_from_defaults() -> None:
-    config = lmdeploy_config(quantPolicy=8, enablePrefixCaching=True, cacheBlockSeqLen=128,
-                             maxPrefillTokenNum=4096, cacheMaxEntryCount=0.7,
-                             extraArgs=["--log-level", "INFO"])
-    config["llm-cluster:models"]["qwen3-30b-a3b"].update(quantization="gptq", path="/data/models/Qwen3-30B-A3B-GPTQ-Int4")
+    config = lmdeploy_config(
+        quantPolicy=8,
+        enablePrefixCaching=True,
+        cacheBlockSeqLen=128,
+        maxPrefillTokenNum=4096,
+        cacheMaxEntryCount=0.7,
+        extraArgs=["--log-level", "INFO"],
+    )
+    config["llm-cluster:models"]["qwen3-30b-a3b"].update(
+        quantization="gptq", path="/data/models/Qwen3-30B-A3B-GPTQ-Int4"
+    )
     spec = spec_of(config)
     argv = lmdeploy_argv(spec, instances(spec, "chat")[1])
     assert argv[argv.index("--model-format") + 1] == "gptq"
     assert argv[argv.index("--server-name") + 1] == "192.168.10.14"
-    assert argv[argv.index("--cache-max-entry-count"):] == [
-        "--cache-max-entry-count", "0.7", "--cache-block-seq-len", "128", "--max-prefill-token-num", "4096",
-        "--quant-policy", "8", "--enable-prefix-caching", "--log-level", "INFO"]
+    assert argv[argv.index("--cache-max-entry-count") :] == [
+        "--cache-max-entry-count",
+        "0.7",
+        "--cache-block-seq-len",
+        "128",
+        "--max-prefill-token-num",
+        "4096",
+        "--quant-policy",
+        "8",
+        "--enable-prefix-caching",
+        "--log-level",
+        "INFO",
+    ]
     parser = build_parser(V016.serve_args, "lmdeploy serve api_server", {"_parse": int})
     assert parse_errors(parser, argv[3:]) == []
 
 
 def test_a_misspelt_or_impossible_flag_is_refused_in_the_parsers_words() -> None:
     parser = build_parser(V016.serve_args, "lmdeploy serve api_server")
-    assert parse_errors(parser, ["/m", "--tensor-parallel-size", "8"]) == \
-        ["unrecognized arguments: --tensor-parallel-size 8"]
-    assert parse_errors(parser, ["/m", "--backend", "vllm"]) == \
-        ["argument --backend: invalid choice: 'vllm' (choose from 'pytorch', 'turbomind')"]
+    assert parse_errors(parser, ["/m", "--tensor-parallel-size", "8"]) == [
+        "unrecognized arguments: --tensor-parallel-size 8"
+    ]
+    assert parse_errors(parser, ["/m", "--backend", "vllm"]) == [
+        "argument --backend: invalid choice: 'vllm' (choose from 'pytorch', 'turbomind')"
+    ]
     assert parse_errors(parser, ["/m", "--tp", "eight"]) == ["argument --tp: invalid int value: 'eight'"]
 
 
@@ -116,9 +163,17 @@ def test_expert_dimension_is_zero_padded_when_tp_does_not_divide_its_groups() ->
 
 
 def _estimate(model: str, tp: int, fmt: str, **kw: object) -> dict[str, object]:
-    args: dict[str, object] = dict(tp=tp, model_format=fmt, group_size=128, quant_policy=0, session_len=32768,
-                                   max_batch_size=64, cache_max_entry_count=0.8, cache_block_seq_len=64,
-                                   max_prefill_token_num=8192)
+    args: dict[str, object] = dict(
+        tp=tp,
+        model_format=fmt,
+        group_size=128,
+        quant_policy=0,
+        session_len=32768,
+        max_batch_size=64,
+        cache_max_entry_count=0.8,
+        cache_block_seq_len=64,
+        max_prefill_token_num=8192,
+    )
     args.update(kw)
     return turbomind_estimate(MODELS[model], V016, 32.0, **args).to_dict()  # type: ignore[arg-type]
 
@@ -149,8 +204,10 @@ def test_int8_kv_halves_the_cache_plus_a_scale_and_zero_per_head() -> None:
     int8 = kv_bytes_per_token_per_layer(MODELS["qwen3-32b"], 4, 8)
     int4 = kv_bytes_per_token_per_layer(MODELS["qwen3-32b"], 4, 4)
     assert (fp16, int8, int4) == (2 * 2 * 256, 2 * 2 * (128 + 4), 2 * 2 * (64 + 4))
-    assert _estimate("qwen3-32b", 4, "hf", quant_policy=8)["kv_tokens"] > \
-        1.9 * _estimate("qwen3-32b", 4, "hf")["kv_tokens"]
+    assert (
+        _estimate("qwen3-32b", 4, "hf", quant_policy=8)["kv_tokens"]
+        > 1.9 * _estimate("qwen3-32b", 4, "hf")["kv_tokens"]
+    )
 
 
 def test_weights_that_leave_no_memory_and_a_starved_runtime_are_refused() -> None:

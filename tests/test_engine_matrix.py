@@ -1,4 +1,5 @@
 """The README's engines x GPU generations table is the one the facts build, and says what the spec decides."""
+
 from __future__ import annotations
 
 import re
@@ -22,8 +23,10 @@ def test_cells_match_the_facts_and_carry_evidence() -> None:
     volta = [g for g, _ in GENERATIONS].index("Volta sm_70")
     assert str(table["LMDeploy TurboMind `openmmlab/lmdeploy:v0.16.0-cu12.8`"][volta]) == "deployed [read from code]"
     assert str(table["LMDeploy TurboMind `openmmlab/lmdeploy:v0.16.0-cu13.0`"][volta]) == "no [read from code]"
-    assert str(table["llama.cpp `ghcr.io/ggml-org/llama.cpp:server-cuda-b11312`"][volta]) == \
-        "deployed (PTX JIT) [observed]"
+    assert (
+        str(table["llama.cpp `ghcr.io/ggml-org/llama.cpp:server-cuda-b11312`"][volta])
+        == "deployed (PTX JIT) [observed]"
+    )
     sglang = table["SGLang (`engine: sglang`)"]
     assert str(sglang[volta]) == "no [observed]"
     assert str(sglang[volta + 1]) == "runs, not deployed [read from code]"  # Turing: its own check, not a report

@@ -1,5 +1,6 @@
 """Adding an engine is a package and one registry line: a toy engine, registered from this test module and
 touching no other file, is planned end to end (spec, containers, gateway, monitoring, capacity, policies)."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -45,8 +46,12 @@ class ToyEngine(Engine):
     multi_node: ClassVar[MultiNode] = "none"
     metrics_job: ClassVar[str] = "toyserve"
     http_server: ClassVar[EngineServer] = EngineServer(
-        keepalive_seconds=20, keepalive_env="TOY_KEEP_ALIVE", not_ready_statuses=(503, 529),
-        source="the toy server of this test", evidence="unverified")
+        keepalive_seconds=20,
+        keepalive_env="TOY_KEEP_ALIVE",
+        not_ready_statuses=(503, 529),
+        source="the toy server of this test",
+        evidence="unverified",
+    )
     memory_keys: ClassVar[str] = "toy.slots"
     offline_vars: ClassVar[dict[str, str]] = {"TOY_OFFLINE": "1"}
     options_key: ClassVar[str] = "toy"
@@ -79,8 +84,12 @@ def toy_registered() -> Iterator[None]:
     keys = dict(spec_engines.DEPLOYED_KEYS)
     registry.register(ToyEngine())
     yield
-    for table, saved in ((registry.ENGINES, engines), (registry.DEFAULT_IMAGES, images),
-                         (spec_engines.DEPLOYED, deployed), (spec_engines.DEPLOYED_KEYS, keys)):
+    for table, saved in (
+        (registry.ENGINES, engines),
+        (registry.DEFAULT_IMAGES, images),
+        (spec_engines.DEPLOYED, deployed),
+        (spec_engines.DEPLOYED_KEYS, keys),
+    ):
         table.clear()
         table.update(saved)  # type: ignore[attr-defined]
 
@@ -96,14 +105,17 @@ def test_a_registered_engine_is_a_stack_value_with_its_own_options_block(toy_reg
     assert (chat.engine, chat.image, chat.toy.slots, chat.vllm) == ("toyserve", TOY_IMAGE, 3, None)
 
 
-def test_its_options_are_validated_under_its_key_and_its_typed_flags_refused_in_extra_args(toy_registered: None) -> None:
+def test_its_options_are_validated_under_its_key_and_its_typed_flags_refused_in_extra_args(
+    toy_registered: None,
+) -> None:
     with pytest.raises(SpecError) as bad:
         load_stack_config(toy_config(slots=0), set())
     assert [str(i) for i in bad.value.issues] == ["pools.chat.toy.slots: 0 is not allowed: must be at least 1"]
     with pytest.raises(SpecError) as bad:
         load_stack_config(toy_config(extraArgs=["--slots=9"]), set())
     assert [str(i) for i in bad.value.issues] == [
-        "pools.chat.toy.extraArgs[0]: '--slots=9' is set by the typed key pools.chat.toy.slots: state it there instead"]
+        "pools.chat.toy.extraArgs[0]: '--slots=9' is set by the typed key pools.chat.toy.slots: state it there instead"
+    ]
 
 
 def test_a_stack_on_the_toy_engine_plans_containers_gateway_monitoring_and_policies(toy_registered: None) -> None:
@@ -116,12 +128,18 @@ def test_a_stack_on_the_toy_engine_plans_containers_gateway_monitoring_and_polic
     assert "gpu-03-image-toyserve-1-0" in {r.name for r in run.registrations}
     # The gateway takes the toy server's own keep-alive and not-ready statuses.
     conf = written_files(run.get("gateway-config").plain_inputs()["create"])["/etc/llm-cluster/gateway/conf/nginx.conf"]
-    upstream = conf[conf.index("upstream llm_pool_chat {"):]
-    assert upstream[:upstream.index("}")].splitlines()[-3:-1] == ["        keepalive 32;", "        keepalive_timeout 18s;"]
+    upstream = conf[conf.index("upstream llm_pool_chat {") :]
+    assert upstream[: upstream.index("}")].splitlines()[-3:-1] == [
+        "        keepalive 32;",
+        "        keepalive_timeout 18s;",
+    ]
     assert "http_503 http_504 http_529 non_idempotent;" in conf
     # Prometheus scrapes its servers under the engine's own job.
-    prometheus = yaml.safe_load(written_files(run.get("monitoring-prometheus-config").plain_inputs()["create"])[
-        "/etc/llm-cluster/monitoring/prometheus/prometheus.yml"])
+    prometheus = yaml.safe_load(
+        written_files(run.get("monitoring-prometheus-config").plain_inputs()["create"])[
+            "/etc/llm-cluster/monitoring/prometheus/prometheus.yml"
+        ]
+    )
     [toy_job] = [job for job in prometheus["scrape_configs"] if job["job_name"] == "toyserve"]
     assert [t["labels"]["instance"] for t in toy_job["static_configs"]] == [f"chat-gpu-0{i}" for i in (3, 4, 5, 6)]
     # The policy pack reads its argv with no rule written for it, and refuses nothing.

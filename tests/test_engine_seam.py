@@ -1,4 +1,5 @@
 """The engine seam: engine_for, the interface every caller uses, and the image facts table."""
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,12 @@ def test_every_image_fact_names_its_source_and_evidence() -> None:
 def test_facts_without_a_source_are_refused() -> None:
     base = IMAGES["vllm/vllm-openai:v0.19.1"]
     with pytest.raises(ValueError, match=r"image facts vllm/vllm-openai:v0.19.1: no source for triton$"):
-        ImageFacts(**{**{f.name: getattr(base, f.name) for f in fields(ImageFacts)},
-                      "sources": {k: v for k, v in base.sources.items() if k != "triton"}})
+        ImageFacts(
+            **{
+                **{f.name: getattr(base, f.name) for f in fields(ImageFacts)},
+                "sources": {k: v for k, v in base.sources.items() if k != "triton"},
+            }
+        )
 
 
 def test_image_refs_are_found_with_registry_prefix_and_digest() -> None:
@@ -64,19 +69,40 @@ def test_v0_9_2_facts_say_why_it_dies_on_volta() -> None:
     f = IMAGES["vllm/vllm-openai:v0.9.2"]
     assert not f.torch_runs_on(70) and f.triton_fp16_dot(70) is False and f.triton_fp16_dot(80) is True
     assert f.quantizations["gptq"].moe == "none" and f.quantizations["moe_wna16"].min_capability == 70
-    assert (f.engine_line, f.reads_vllm_use_v1, f.runs_v1(70), f.attention_backend(70)) == ("V0", True, False, "XFORMERS")
+    assert (f.engine_line, f.reads_vllm_use_v1, f.runs_v1(70), f.attention_backend(70)) == (
+        "V0",
+        True,
+        False,
+        "XFORMERS",
+    )
     v19 = IMAGES["vllm/vllm-openai:v0.19.1"]
     assert (v19.reads_vllm_use_v1, v19.runs_v1(70), v19.attention_backend(70), v19.attention_backend(90)) == (
-        False, True, "TRITON_ATTN", "FLASH_ATTN")
+        False,
+        True,
+        "TRITON_ATTN",
+        "FLASH_ATTN",
+    )
     assert v19.quantizations["gptq"].moe == "moe_wna16" and v19.triton_fp16_dot(70) is True
 
 
 def test_a_declared_image_is_its_base_with_the_declared_facts_unverified() -> None:
-    f = declared_facts("registry.local/vllm-volta:0.19.1-cu126", "vllm/vllm-openai:v0.19.1",
-                       {"torch": "2.10.0+cu126", "torch_arch_list": (70, 80)}, "pools.chat.imageFacts")
+    f = declared_facts(
+        "registry.local/vllm-volta:0.19.1-cu126",
+        "vllm/vllm-openai:v0.19.1",
+        {"torch": "2.10.0+cu126", "torch_arch_list": (70, 80)},
+        "pools.chat.imageFacts",
+    )
     assert (f.repo, f.tag, f.torch, f.torch_arch_list, f.triton) == (
-        "registry.local/vllm-volta", "0.19.1-cu126", "2.10.0+cu126", (70, 80), "3.6.0")
-    assert f.source("torch").evidence is Evidence.UNVERIFIED and f.source("torch").source == "declared by pools.chat.imageFacts"
+        "registry.local/vllm-volta",
+        "0.19.1-cu126",
+        "2.10.0+cu126",
+        (70, 80),
+        "3.6.0",
+    )
+    assert (
+        f.source("torch").evidence is Evidence.UNVERIFIED
+        and f.source("torch").source == "declared by pools.chat.imageFacts"
+    )
     assert f.source("triton") == IMAGES["vllm/vllm-openai:v0.19.1"].source("triton")
 
 
@@ -103,8 +129,10 @@ def test_a_moe_config_misnamed_or_unreadable_names_the_stack_key(config: dict[st
     with pytest.raises(SpecError, match=r"pools\.chat\.vllm\.moeConfigFiles\[0\]: 'v100.json' is not named as vLLM"):
         moe_configs(_with_chat(config, moeConfigFiles=[str(tmp_path / "v100.json")]), "chat")
     with pytest.raises(SpecError, match=r"moeConfigFiles\[0\]: cannot read a JSON tile config from"):
-        moe_configs(_with_chat(config, moeConfigFiles=[str(tmp_path / "E=128,N=96,device_name=Tesla_V100-SXM2-32GB.json")]),
-                    "chat")
+        moe_configs(
+            _with_chat(config, moeConfigFiles=[str(tmp_path / "E=128,N=96,device_name=Tesla_V100-SXM2-32GB.json")]),
+            "chat",
+        )
 
 
 METRICS_DIR = Path(__file__).parent / "fixtures" / "metrics"
@@ -116,8 +144,11 @@ def test_every_image_names_only_metrics_its_version_exports() -> None:
     for facts in known_images():
         if facts.engine != "vllm":
             continue
-        exported = {line.split()[0] for line in (METRICS_DIR / lists[facts.version]).read_text().splitlines()
-                    if line.strip() and not line.startswith("#")}
+        exported = {
+            line.split()[0]
+            for line in (METRICS_DIR / lists[facts.version]).read_text().splitlines()
+            if line.strip() and not line.startswith("#")
+        }
         assert set(facts.metrics.values()) <= exported, facts.ref
     v092, v191 = IMAGES["vllm/vllm-openai:v0.9.2"].metrics, IMAGES["vllm/vllm-openai:v0.19.1"].metrics
     assert (v092["kv_cache_usage"], v191["kv_cache_usage"]) == ("vllm:gpu_cache_usage_perc", "vllm:kv_cache_usage_perc")

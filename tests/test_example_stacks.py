@@ -1,4 +1,5 @@
 """The example stacks of each engine plan clean (exit 0, no mandatory violation) with the figures they claim."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def plan(tmp_path: Path, stack: str) -> tuple[subprocess.CompletedProcess[str], dict]:
-    proc = subprocess.run([sys.executable, "-m", "plan", "--stack", stack, "--out", str(tmp_path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "plan", "--stack", stack, "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     doc = json.loads((tmp_path / stack / "plan.json").read_text()) if proc.returncode in (0, 1) else {}
     return proc, doc
 
@@ -34,8 +40,11 @@ def test_qwen3_235b_on_turbomind_shows_its_expert_padding(tmp_path: Path) -> Non
     _, doc = plan(tmp_path, "lmdeploy-qwen3-235b")
     est = doc["capacity"]["reasoning"]["asDeployed"]
     assert est["engine"] == "lmdeploy" and est["ffn_padding"]["expert"] == {"width": 1536, "group": 128, "padded": 2048}
-    servers = [r for r in doc["resources"] if r["type"] == "docker:index/container:Container"
-               and r["name"].startswith("reasoning-gpu-0")]
+    servers = [
+        r
+        for r in doc["resources"]
+        if r["type"] == "docker:index/container:Container" and r["name"].startswith("reasoning-gpu-0")
+    ]
     assert len(servers) == 2  # one TP 8 replica per node
     argv = servers[0]["inputs"]["command"]
     assert argv[:4] == ["lmdeploy", "serve", "api_server", "/data/models/Qwen3-235B-A22B-GPTQ-Int4"]
@@ -45,8 +54,12 @@ def test_qwen3_235b_on_turbomind_shows_its_expert_padding(tmp_path: Path) -> Non
 def test_deepseek_r1_gguf_serves_four_16k_slots_on_one_node(tmp_path: Path) -> None:
     _, doc = plan(tmp_path, "llamacpp-deepseek-r1")
     est = doc["capacity"]["reasoning"]["asDeployed"]
-    assert (est["engine"], est["n_ctx"], est["parallel"], est["layers_per_gpu"]) == \
-        ("llamacpp", 65536, 4, [8, 8, 8, 8, 8, 7, 7, 7])
+    assert (est["engine"], est["n_ctx"], est["parallel"], est["layers_per_gpu"]) == (
+        "llamacpp",
+        65536,
+        4,
+        [8, 8, 8, 8, 8, 7, 7, 7],
+    )
     assert est["kv_bytes_per_token_per_gpu"] == 8 * 576 * 2
     advisories = {v["policy"] for v in doc["policy"]["violations"]}
     assert advisories == {"llamacpp-ptx-jit"}

@@ -1,5 +1,6 @@
 """Host firewall: the generated nftables ruleset (exact, `nft -c`), its scripts (shellcheck), the
 GpuNode wiring and policy advice, and the real thing loaded in network namespaces of our own."""
+
 from __future__ import annotations
 
 import contextlib
@@ -57,13 +58,20 @@ def test_a_chat_node_closes_its_services_and_the_ephemeral_range_to_all_but_the_
 
 def test_the_ray_head_also_closes_ray_ports_and_opens_the_gateway_to_allow_from(prod_spec: StackSpec) -> None:
     rules = firewall.ruleset(prod_spec, "gpu-01")
-    assert ("tcp dport { 3000, 6379, 8000, 8265, 9090, 9100, 9145, 9400, 10001-19999, 32768-60999 } drop"
-            in rules)
+    assert "tcp dport { 3000, 6379, 8000, 8265, 9090, 9100, 9145, 9400, 10001-19999, 32768-60999 } drop" in rules
     # The gateway port is never in the cluster-only set; anyone may reach it by default.
     assert "\t\ttcp dport 443 ip saddr @gateway_v4 accept" in rules and "elements = { 0.0.0.0/0 }" in rules
     assert "\t\ttcp dport 443 ip6 saddr @gateway_v6 accept" in rules and "elements = { ::/0 }" in rules
-    order = [rules.index(s) for s in ("tcp dport 22 accept", "ip saddr @cluster_v4 accept",
-                                      "tcp dport 443 ip saddr", "tcp dport 443 drop", "10001-19999")]
+    order = [
+        rules.index(s)
+        for s in (
+            "tcp dport 22 accept",
+            "ip saddr @cluster_v4 accept",
+            "tcp dport 443 ip saddr",
+            "tcp dport 443 drop",
+            "10001-19999",
+        )
+    ]
     assert order == sorted(order)
     # The Ray worker (no GCS there) still closes Ray's worker range.
     assert "tcp dport { 9100, 9400, 10002-19999, 32768-60999 } drop" in firewall.ruleset(prod_spec, "gpu-02")
@@ -73,8 +81,10 @@ def test_allow_from_trusted_sources_and_ephemeral_ports_come_from_the_stack(conf
     config[NS + "gateway"]["allowFrom"] = ["10.20.0.0/16", "2001:db8::/32"]
     config[NS + "firewall"] = {"trustedSources": ["10.99.0.0/24", "192.168.10.11"], "ephemeralPorts": [40000, 50000]}
     rules = firewall.ruleset(spec_of(config), "gpu-01")
-    assert "elements = { 192.168.10.11, 192.168.10.12, 192.168.10.13, 192.168.10.14, 192.168.10.15, " \
-           "192.168.10.16, 10.99.0.0/24 }" in rules
+    assert (
+        "elements = { 192.168.10.11, 192.168.10.12, 192.168.10.13, 192.168.10.14, 192.168.10.15, "
+        "192.168.10.16, 10.99.0.0/24 }" in rules
+    )
     assert "elements = { 10.20.0.0/16 }" in rules and "elements = { 2001:db8::/32 }" in rules
     assert "cluster_v6" not in rules
     assert "10001-19999, 40000-50000 }" in rules
@@ -91,9 +101,9 @@ def test_overlapping_sources_still_pass_nft_check(config: dict[str, Any], tmp_pa
     subprocess.run([tool("nft"), "-c", "-f", str(tmp_path / "rules.nft")], check=True, capture_output=True, text=True)
 
 
-
-def test_the_http_redirect_port_is_open_to_allow_from_beside_the_tls_port(config: dict[str, Any],
-                                                                         tmp_path: Path) -> None:
+def test_the_http_redirect_port_is_open_to_allow_from_beside_the_tls_port(
+    config: dict[str, Any], tmp_path: Path
+) -> None:
     config[NS + "gateway"].update(httpRedirectPort=80, allowFrom=["10.20.0.0/16", "2001:db8::/32"])
     spec = spec_of(config)
     rules = firewall.ruleset(spec, "gpu-01")
@@ -109,6 +119,7 @@ def test_the_http_redirect_port_is_open_to_allow_from_beside_the_tls_port(config
     # Another node does not serve the gateway: nothing of it opened there.
     assert "dport { 443, 80 }" not in firewall.ruleset(spec, "gpu-02")
 
+
 def test_a_service_port_inside_a_range_merges_instead_of_overlapping(config: dict[str, Any]) -> None:
     config[NS + "pools"]["chat"]["port"] = 40000
     rules = firewall.ruleset(spec_of(config), "gpu-04")
@@ -116,20 +127,35 @@ def test_a_service_port_inside_a_range_merges_instead_of_overlapping(config: dic
     assert "tcp dport { 9100, 9400, 32768-60999 } drop" in rules
 
 
-@pytest.mark.parametrize(("change", "path", "message"), [
-    (lambda c: c[NS + "gateway"].update(allowFrom=["10.0.0.1/8"]), "gateway.allowFrom[0]",
-     "'10.0.0.1/8' is not a CIDR network (10.0.0.1/8 has host bits set); did you mean 10.0.0.0/8?"),
-    (lambda c: c[NS + "gateway"].update(allowFrom=[]), "gateway.allowFrom",
-     "[] is not allowed: must not be empty"),
-    (lambda c: c.update({NS + "firewall": {"trustedSources": ["office"]}}), "firewall.trustedSources[0]",
-     "'office' is not a CIDR network ('office' does not appear to be an IPv4 or IPv6 network)"),
-    (lambda c: c.update({NS + "firewall": {"ephemeralPorts": [60999, 32768]}}), "firewall.ephemeralPorts",
-     "60999 > 32768: give [first, last] of the range"),
-    (lambda c: c.update({NS + "firewall": {"enabled": False}}), "firewall.enabled",
-     "unknown key 'enabled'; allowed keys here: ephemeralPorts, managed, trustedSources"),
-])
-def test_bad_firewall_settings_are_refused_naming_the_key(config: dict[str, Any], change: Any, path: str,
-                                                         message: str) -> None:
+@pytest.mark.parametrize(
+    ("change", "path", "message"),
+    [
+        (
+            lambda c: c[NS + "gateway"].update(allowFrom=["10.0.0.1/8"]),
+            "gateway.allowFrom[0]",
+            "'10.0.0.1/8' is not a CIDR network (10.0.0.1/8 has host bits set); did you mean 10.0.0.0/8?",
+        ),
+        (lambda c: c[NS + "gateway"].update(allowFrom=[]), "gateway.allowFrom", "[] is not allowed: must not be empty"),
+        (
+            lambda c: c.update({NS + "firewall": {"trustedSources": ["office"]}}),
+            "firewall.trustedSources[0]",
+            "'office' is not a CIDR network ('office' does not appear to be an IPv4 or IPv6 network)",
+        ),
+        (
+            lambda c: c.update({NS + "firewall": {"ephemeralPorts": [60999, 32768]}}),
+            "firewall.ephemeralPorts",
+            "60999 > 32768: give [first, last] of the range",
+        ),
+        (
+            lambda c: c.update({NS + "firewall": {"enabled": False}}),
+            "firewall.enabled",
+            "unknown key 'enabled'; allowed keys here: ephemeralPorts, managed, trustedSources",
+        ),
+    ],
+)
+def test_bad_firewall_settings_are_refused_naming_the_key(
+    config: dict[str, Any], change: Any, path: str, message: str
+) -> None:
     change(config)
     with pytest.raises(SpecError) as err:
         spec_of(config)
@@ -144,8 +170,10 @@ def test_every_nodes_ruleset_passes_nft_check(prod_spec: StackSpec, node: str, t
 
 
 def test_scripts_are_shellcheck_clean(prod_spec: StackSpec, tmp_path: Path) -> None:
-    for name, text in (("create.sh", firewall.create_script(prod_spec, "gpu-01")),
-                       ("delete.sh", firewall.delete_script("gpu-01"))):
+    for name, text in (
+        ("create.sh", firewall.create_script(prod_spec, "gpu-01")),
+        ("delete.sh", firewall.delete_script("gpu-01")),
+    ):
         (tmp_path / name).write_text(text)
         subprocess.run([tool("shellcheck"), "-s", "bash", str(tmp_path / name)], check=True)
 
@@ -155,15 +183,16 @@ def test_gpu_node_loads_the_firewall_after_preflight_and_before_any_container(pr
     assert fw.dependencies == [prod_run.get("gpu-02-preflight").urn]
     assert fw.options.get("deleteBeforeReplace") is True
     inputs = fw.plain_inputs()
-    assert "nft -c -f \"$tmp\"" in inputs["create"] and "nft delete table inet llm_cluster" in inputs["delete"]
+    assert 'nft -c -f "$tmp"' in inputs["create"] and "nft delete table inet llm_cluster" in inputs["delete"]
     worker = prod_run.get("reasoning-gpu-01-ray-worker-gpu-02")
     assert fw.urn in worker.dependencies
     node = prod_run.get("gpu-02")
     assert node.inputs["firewallManaged"] is True
 
 
-def test_an_unmanaged_firewall_registers_nothing_and_gets_the_advisory(config: dict[str, Any],
-                                                                      stack_runner: Any) -> None:
+def test_an_unmanaged_firewall_registers_nothing_and_gets_the_advisory(
+    config: dict[str, Any], stack_runner: Any
+) -> None:
     from tests.support.policies import analyze, only
 
     config[NS + "firewall"] = {"managed": False}
@@ -177,7 +206,9 @@ def test_an_unmanaged_firewall_registers_nothing_and_gets_the_advisory(config: d
         "ports run code for anyone who reaches them; let only the cluster's nodes reach TCP 8000 (pools.chat.port), "
         "9100 (monitoring.nodeExporter.port), 9400 (monitoring.dcgmExporter.port), 32768-60999 (ephemeral ports: "
         "NCCL, Gloo, raylet, object manager, vLLM workers) (keep SSH and the gateway open), or set "
-        "firewall.managed: true.", level="advisory")
+        "firewall.managed: true.",
+        level="advisory",
+    )
     assert analyze("llm-cluster:node:GpuNode", "gpu-04", {**props, "firewallManaged": True}) == []
 
 
@@ -243,8 +274,11 @@ def _alive(pid: int) -> bool:
 
 def remove_namespaces() -> None:
     """Ours, and those of earlier runs killed mid-way (their process is gone)."""
-    stale = [name for name in sh("ip", "netns", "list").stdout.split()
-             if (m := re.match(r"^opsfw-(\d+)-", name)) and not _alive(int(m.group(1)))]
+    stale = [
+        name
+        for name in sh("ip", "netns", "list").stdout.split()
+        if (m := re.match(r"^opsfw-(\d+)-", name)) and not _alive(int(m.group(1)))
+    ]
     for ns in [*HOSTS, BRIDGE_NS, *stale]:
         sh("ip", "netns", "delete", ns, check=False)
 
@@ -272,8 +306,12 @@ def namespaces() -> Iterator[None]:
 
 @contextlib.contextmanager
 def listening(ns: str, ports: list[int]) -> Iterator[None]:
-    proc = subprocess.Popen(["ip", "netns", "exec", ns, "python3", "-c", LISTEN, *map(str, ports)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        ["ip", "netns", "exec", ns, "python3", "-c", LISTEN, *map(str, ports)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         yield
@@ -296,7 +334,8 @@ def lab_spec(config: dict[str, Any], allow_from: list[str] | None = None) -> Sta
 
 
 def test_in_namespaces_outsiders_reach_only_gateway_and_ssh_and_cluster_hosts_reach_everything(
-        config: dict[str, Any], tmp_path: Path) -> None:
+    config: dict[str, Any], tmp_path: Path
+) -> None:
     tool("nft")
     spec = lab_spec(config)
     n1 = HOSTS[N1]
@@ -319,8 +358,9 @@ def test_in_namespaces_outsiders_reach_only_gateway_and_ssh_and_cluster_hosts_re
         assert probe(N2, n1) == {p: "open" for p in PROBE_PORTS}
 
         # allowFrom narrows the gateway for outsiders only.
-        (tmp_path / "narrow.sh").write_text(firewall.create_script(
-            lab_spec(config, ["203.0.113.0/24"]), "gpu-01", rules_dir=str(tmp_path / "etc")))
+        (tmp_path / "narrow.sh").write_text(
+            firewall.create_script(lab_spec(config, ["203.0.113.0/24"]), "gpu-01", rules_dir=str(tmp_path / "etc"))
+        )
         in_ns(N1, "bash", str(tmp_path / "narrow.sh"))
         assert probe(OUT, n1)[443] == "closed" and probe(OUT, n1)[22] == "open"
         assert probe(N2, n1)[443] == "open"

@@ -3,6 +3,7 @@ message naming the evidence; on T4 (sm_75) each version as its code decides (0.9
 fp8 cache allowed on V0's XFORMERS; 0.19.1: FP8 weights allowed as Marlin weight-only, an fp8 cache refused,
 since TRITON_ATTN's kernels load it as fp8e4nv, which Triton 3.6 has only from sm_89 — compiled here with
 the real Triton wheel for the GPU targets, no GPU needed)."""
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,7 @@ IDS = [f.tag for f in VLLM_IMAGES]
 
 # What TRITON_ATTN does with an fp8 cache (triton_unified_attention.py: K_load.to(tl.float32) * k_scale):
 # a load through a float8_e4m3fn pointer (Triton's fp8e4nv), upcast, scaled, stored in fp16.
-FP8_CACHE_LOAD = '''
+FP8_CACHE_LOAD = """
 import triton
 import triton.language as tl
 
@@ -32,7 +33,7 @@ def _fp8_cache_load(cache_ptr, scale_ptr, out_ptr, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     k = tl.load(cache_ptr + offs)
     tl.store(out_ptr + offs, (k.to(tl.float32) * tl.load(scale_ptr)).to(tl.float16))
-'''
+"""
 
 
 def _mandatory(policy: str, props: dict[str, Any]) -> list[str]:
@@ -45,8 +46,10 @@ def test_v100_is_refused_bf16_in_every_image_naming_the_code(facts) -> None:
     props = _props(facts, 70)
     props["argv"][props["argv"].index("half")] = "bfloat16"
     [message] = _mandatory("gpu-dtype", props)
-    assert message.startswith("--dtype bfloat16: bfloat16 needs compute capability 8.0; Tesla V100-SXM2-32GB (sm_70) "
-                              "has none (vLLM refuses it at startup; ")
+    assert message.startswith(
+        "--dtype bfloat16: bfloat16 needs compute capability 8.0; Tesla V100-SXM2-32GB (sm_70) "
+        "has none (vLLM refuses it at startup; "
+    )
     assert facts.cite("bf16_min_capability") in message and "[read from code]" in message
 
 
@@ -57,7 +60,8 @@ def test_v100_is_refused_an_fp8_kv_cache_in_every_image_naming_the_evidence(fact
         assert message == (
             f"--kv-cache-dtype {dtype}: vLLM {facts.version} cannot keep an fp8 KV cache on Tesla V100-SXM2-32GB "
             f"(sm_70) ({facts.cite('fp8_kv_min_capability')}). Use --kv-cache-dtype auto (float16 cache) and lower "
-            "--max-model-len or --max-num-seqs if the cache does not fit.")
+            "--max-model-len or --max-num-seqs if the cache does not fit."
+        )
 
 
 @pytest.mark.parametrize("facts", VLLM_IMAGES, ids=IDS)
@@ -65,8 +69,10 @@ def test_v100_is_refused_every_fp8_checkpoint_in_every_image(facts) -> None:
     for method in sorted(FP8_WEIGHT_METHODS & set(facts.quantizations)):
         found = _mandatory("gpu-fp8", server_with(_props(facts, 70), ["--quantization", method]))
         assert len(found) == 1, method
-        assert found[0].endswith(f"and Tesla V100-SXM2-32GB (sm_70) has no FP8 units ({facts.cite('quantizations')})."
-                                 " Serve an fp16 or GPTQ checkpoint of the model instead."), method
+        assert found[0].endswith(
+            f"and Tesla V100-SXM2-32GB (sm_70) has no FP8 units ({facts.cite('quantizations')})."
+            " Serve an fp16 or GPTQ checkpoint of the model instead."
+        ), method
 
 
 def test_on_t4_each_version_follows_its_own_code() -> None:
@@ -88,15 +94,25 @@ def test_on_t4_each_version_follows_its_own_code() -> None:
 
 def compile_fp8_load(version: str, capability: int, tmp_path: Path) -> dict[str, Any]:
     """FP8_CACHE_LOAD compiled by one real Triton release for one GPU target, in a subprocess importing only it."""
-    code = ("import json, sys; from components.engines.gate import compile_kernel; "
-            "print(json.dumps(compile_kernel(sys.argv[2], '_fp8_cache_load', {'cache_ptr': '*fp8e4nv', "
-            "'scale_ptr': '*fp32', 'out_ptr': '*fp16', 'BLOCK': 'constexpr'}, {'BLOCK': 16}, "
-            f"{capability}, sys.argv[1])))")
+    code = (
+        "import json, sys; from components.engines.gate import compile_kernel; "
+        "print(json.dumps(compile_kernel(sys.argv[2], '_fp8_cache_load', {'cache_ptr': '*fp8e4nv', "
+        "'scale_ptr': '*fp32', 'out_ptr': '*fp16', 'BLOCK': 'constexpr'}, {'BLOCK': 16}, "
+        f"{capability}, sys.argv[1])))"
+    )
     root = Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path), FP8_CACHE_LOAD], capture_output=True,
-                         text=True, timeout=600,
-                         env={"PYTHONPATH": f"{triton_dir(version)}:{root}", "PATH": "/usr/bin:/bin",
-                              "HOME": str(tmp_path), "TRITON_CACHE_DIR": str(tmp_path / "cache")})
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path), FP8_CACHE_LOAD],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={
+            "PYTHONPATH": f"{triton_dir(version)}:{root}",
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(tmp_path),
+            "TRITON_CACHE_DIR": str(tmp_path / "cache"),
+        },
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -106,8 +122,10 @@ def test_triton_3_6_loads_an_fp8e4nv_cache_only_from_sm_89(capability: int, tmp_
     got = compile_fp8_load("3.6.0", capability, tmp_path)
     if capability < 89:
         assert got["ok"] is False
-        assert got["error"] == ('ValueError("type fp8e4nv not supported in this architecture. '
-                                "The supported fp8 dtypes are ('fp8e4b15', 'fp8e5')\")")
+        assert got["error"] == (
+            'ValueError("type fp8e4nv not supported in this architecture. '
+            "The supported fp8 dtypes are ('fp8e4b15', 'fp8e5')\")"
+        )
     else:
         assert got == {"ok": True, "triton": "3.6.0", "tensor_cores": False, "error": ""}
     # The 0.19.1 image's facts say the same below sm_80 (on sm_80/86 FlashInfer, not Triton, keeps the cache).

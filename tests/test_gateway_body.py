@@ -8,6 +8,7 @@ numbers in every form, literals, nesting, blanks, `model` repeated, nested, esca
 each also broken in several ways (a byte dropped, doubled, replaced or inserted, the body cut or
 followed by more), and cases written by hand. Both readers run in one nginx on the same bytes.
 """
+
 from __future__ import annotations
 
 import base64
@@ -88,7 +89,7 @@ def _string(rng: random.Random, plain: bool = False) -> bytes:
         if kind == 0:
             parts.append(rng.choice([b'\\"', b"\\\\", b"\\/", b"\\b", b"\\f", b"\\n", b"\\r", b"\\t"]))
         elif kind == 1:
-            parts.append(b"\\u%04x" % rng.choice([0x41, 0xe9, 0x4f60, 0x0, 0x1f, 0xfffd]))
+            parts.append(b"\\u%04x" % rng.choice([0x41, 0xE9, 0x4F60, 0x0, 0x1F, 0xFFFD]))
         elif kind == 2:
             parts.append(b"\\ud83d\\ude00" if rng.random() < 0.5 else b"\\uD83D\\uDE00")  # a pair: kept
         elif kind == 3:
@@ -105,8 +106,24 @@ def _string(rng: random.Random, plain: bool = False) -> bytes:
 
 
 def _number(rng: random.Random) -> bytes:
-    return rng.choice([b"0", b"-0", b"7", b"-12", b"3.25", b"-0.5", b"1e5", b"1E+5", b"2e-3", b"123456789012345678901",
-                       b"1e999", b"-1e-999", b"0.0e0", b"10"])
+    return rng.choice(
+        [
+            b"0",
+            b"-0",
+            b"7",
+            b"-12",
+            b"3.25",
+            b"-0.5",
+            b"1e5",
+            b"1E+5",
+            b"2e-3",
+            b"123456789012345678901",
+            b"1e999",
+            b"-1e-999",
+            b"0.0e0",
+            b"10",
+        ]
+    )
 
 
 def _blank(rng: random.Random) -> bytes:
@@ -130,24 +147,46 @@ def _value(rng: random.Random, depth: int) -> bytes:
 
 
 def _object(rng: random.Random, depth: int, model: bytes | None = None) -> bytes:
-    names = [rng.choice([b'"messages"', b'"role"', b'"max_tokens"', b'"model"', b'"mod\\u0065l"', b'"x\\"y"',
-                         b'"stream"', _string(rng)]) for _ in range(rng.randint(0, 5))]
-    members = [_blank(rng) + name + _blank(rng) + b":" + _blank(rng) + _value(rng, depth) + _blank(rng)
-               for name in names]
+    names = [
+        rng.choice(
+            [
+                b'"messages"',
+                b'"role"',
+                b'"max_tokens"',
+                b'"model"',
+                b'"mod\\u0065l"',
+                b'"x\\"y"',
+                b'"stream"',
+                _string(rng),
+            ]
+        )
+        for _ in range(rng.randint(0, 5))
+    ]
+    members = [
+        _blank(rng) + name + _blank(rng) + b":" + _blank(rng) + _value(rng, depth) + _blank(rng) for name in names
+    ]
     if model is not None:
-        members.insert(rng.randint(0, len(members)), _blank(rng) + b'"model"' + _blank(rng) + b":" + _blank(rng)
-                       + model + _blank(rng))
+        members.insert(
+            rng.randint(0, len(members)),
+            _blank(rng) + b'"model"' + _blank(rng) + b":" + _blank(rng) + model + _blank(rng),
+        )
     return b"{" + b",".join(members) + b"}" if members else b"{" + _blank(rng) + b"}"
 
 
 def _body(rng: random.Random) -> tuple[bytes, bool]:
     """A generated body, and whether plain_model must read it: a plain model member, written last."""
-    model = rng.choice([_string(rng, plain=True), _string(rng, plain=True), _string(rng), b"null", b"1",
-                        b'""', b"{}", b'["a"]'])
+    model = rng.choice(
+        [_string(rng, plain=True), _string(rng, plain=True), _string(rng), b"null", b"1", b'""', b"{}", b'["a"]']
+    )
     body = _object(rng, 1, model)
-    plain = (model.startswith(b'"') and b"\\" not in model and model != b'""'
-             and b"model" not in body.replace(b'"model"', b"", 1) and b"\\u" not in body
-             and all(b not in body for b in (b"\x00", b"1e999", b"-1e-999")))
+    plain = (
+        model.startswith(b'"')
+        and b"\\" not in model
+        and model != b'""'
+        and b"model" not in body.replace(b'"model"', b"", 1)
+        and b"\\u" not in body
+        and all(b not in body for b in (b"\x00", b"1e999", b"-1e-999"))
+    )
     # ... and a body that ends with a plain model member: the last one read is the one routed.
     if rng.random() < 0.3:
         body = body[:-1] + (b"," if len(body) > 2 and body[:-1].strip() != b"{" else b"") + b'"model":"last-one"}'
@@ -161,11 +200,11 @@ def _mutants(rng: random.Random, body: bytes) -> list[bytes]:
         at = rng.randrange(len(body))
         kind = rng.randrange(6)
         if kind == 0:
-            out.append(body[:at] + body[at + 1:])
+            out.append(body[:at] + body[at + 1 :])
         elif kind == 1:
-            out.append(body[:at] + body[at:at + 1] + body[at:])
+            out.append(body[:at] + body[at : at + 1] + body[at:])
         elif kind == 2:
-            out.append(body[:at] + bytes([rng.choice(TOKENS)]) + body[at + 1:])
+            out.append(body[:at] + bytes([rng.choice(TOKENS)]) + body[at + 1 :])
         elif kind == 3:
             out.append(body[:at] + bytes([rng.choice(TOKENS)]) + body[at:])
         elif kind == 4:
@@ -176,20 +215,60 @@ def _mutants(rng: random.Random, body: bytes) -> list[bytes]:
 
 
 HAND = [
-    b'{"model":"a","model":{}}', b'{"model":{},"model":"a"}', b'{"model":"a","model":null}', b'{"model":"a"} x',
-    b'{"model":"a",}', b'{"mod\\u0065l":"b"}', b'{"model":"a","mod\\u0065l":"b"}', b'{"model":"a\\u0062"}',
-    b'{"model":"a"}}', b'{"model":"a"', b'{"model" "a"}', b'{"model":"a" "x":1}', b'{,"model":"a"}',
-    b'{"model":"a","x":01}', b'{"model":"a","x":1.}', b'{"model":"a","x":.5}', b'{"model":"a","x":+1}',
-    b'{"model":"a","x":0x10}', b'{"model":"a","x":-}', b'{"model":"a","x":1e}', b'{"model":"a","x":NaN}',
-    b'{"model":"a","x":Infinity}', b'{"model":"a","x":tru}', b'{"model":"a","x":nulls}', b'{"model":"a","x":[1,]}',
-    b'{"model":"a","x":[,1]}', b'{"model":"a","x":"\\x"}', b'{"model":"a","x":"\\u12"}', b'{"model":"a","x":"\\"}',
-    b'{"model":"a","x":"\\\\"}', b'{"model":"a","x":"\\\\\\"}', b'{"model":"a\x00"}', b'\xef\xbb\xbf{"model":"a"}',
-    b'["model","a"]', b'"model"', b"{}", b"", b" ", b'{"model":""}', b'{"model":"a","x":{"model":"b"}}',
-    b'{"x":{"model":"b"}}', b'{"model":"a","x":' + b"[" * 63 + b"]" * 63 + b"}",
-    b'{"model":"a","x":' + b"[" * 64 + b"]" * 64 + b"}", b'{"model":"a","x":' + b"[" * 2000 + b"]" * 2000 + b"}",
-    b'{"model":"a","x":"\\ud800\\udc00"}', b'{"model":"a","x":"\\udc00\\ud800"}', b'{"model":"a","x":"\\ud800\\ud800"}',
-    b'{"model":"a","x":"' + b"y" * 500 + b'\\n"}', b'{"model":"a b\xff"}', b'{"model":"a","x":"\x7f\x1f"}',
-    b'{\v"model":"a"}', b'{\f"model":"a"}', b'{"model":"a"}\n\n', b'{"model":1,"model":"a"}',
+    b'{"model":"a","model":{}}',
+    b'{"model":{},"model":"a"}',
+    b'{"model":"a","model":null}',
+    b'{"model":"a"} x',
+    b'{"model":"a",}',
+    b'{"mod\\u0065l":"b"}',
+    b'{"model":"a","mod\\u0065l":"b"}',
+    b'{"model":"a\\u0062"}',
+    b'{"model":"a"}}',
+    b'{"model":"a"',
+    b'{"model" "a"}',
+    b'{"model":"a" "x":1}',
+    b'{,"model":"a"}',
+    b'{"model":"a","x":01}',
+    b'{"model":"a","x":1.}',
+    b'{"model":"a","x":.5}',
+    b'{"model":"a","x":+1}',
+    b'{"model":"a","x":0x10}',
+    b'{"model":"a","x":-}',
+    b'{"model":"a","x":1e}',
+    b'{"model":"a","x":NaN}',
+    b'{"model":"a","x":Infinity}',
+    b'{"model":"a","x":tru}',
+    b'{"model":"a","x":nulls}',
+    b'{"model":"a","x":[1,]}',
+    b'{"model":"a","x":[,1]}',
+    b'{"model":"a","x":"\\x"}',
+    b'{"model":"a","x":"\\u12"}',
+    b'{"model":"a","x":"\\"}',
+    b'{"model":"a","x":"\\\\"}',
+    b'{"model":"a","x":"\\\\\\"}',
+    b'{"model":"a\x00"}',
+    b'\xef\xbb\xbf{"model":"a"}',
+    b'["model","a"]',
+    b'"model"',
+    b"{}",
+    b"",
+    b" ",
+    b'{"model":""}',
+    b'{"model":"a","x":{"model":"b"}}',
+    b'{"x":{"model":"b"}}',
+    b'{"model":"a","x":' + b"[" * 63 + b"]" * 63 + b"}",
+    b'{"model":"a","x":' + b"[" * 64 + b"]" * 64 + b"}",
+    b'{"model":"a","x":' + b"[" * 2000 + b"]" * 2000 + b"}",
+    b'{"model":"a","x":"\\ud800\\udc00"}',
+    b'{"model":"a","x":"\\udc00\\ud800"}',
+    b'{"model":"a","x":"\\ud800\\ud800"}',
+    b'{"model":"a","x":"' + b"y" * 500 + b'\\n"}',
+    b'{"model":"a b\xff"}',
+    b'{"model":"a","x":"\x7f\x1f"}',
+    b'{\v"model":"a"}',
+    b'{\f"model":"a"}',
+    b'{"model":"a"}\n\n',
+    b'{"model":1,"model":"a"}',
 ]
 
 
@@ -209,8 +288,10 @@ def test_plain_model_reads_only_bodies_cjson_takes_and_the_model_cjson_reads(tmp
     found = deployed_nginx()
     port = free_port()
     code = COMPARE.replace("EXPECT_FAST", str(len(expected)))
-    load = (f'local f = assert(io.open({json.dumps(str(tmp_path / "corpus"))}, "rb")) '
-            'package.loaded.corpus = f:read("*a") f:close() require("gateway")')
+    load = (
+        f'local f = assert(io.open({json.dumps(str(tmp_path / "corpus"))}, "rb")) '
+        'package.loaded.corpus = f:read("*a") f:close() require("gateway")'
+    )
     (tmp_path / "nginx.conf").write_text(f"""load_module {found.ndk_module};
 load_module {found.lua_module};
 pid {tmp_path}/nginx.pid; error_log {tmp_path}/error.log; daemon off; events {{}}
@@ -220,13 +301,29 @@ http {{ access_log off; {" ".join(temp_path_directives(tmp_path))}
   init_by_lua_block {{ {load} }}
   server {{ listen 127.0.0.1:{port}; location / {{ content_by_lua_block {{ {code} }} }} }} }}
 """)
-    proc = subprocess.Popen([str(found.nginx), "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [str(found.nginx), "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")], stderr=subprocess.PIPE
+    )
     try:
         # Once: a 500 (the check failed to run) is not a reason to ask again.
-        out = subprocess.run(["curl", "-sS", "--retry", "50", "--retry-connrefused", "--retry-delay", "0",
-                              "--retry-max-time", "10", "--max-time", str(WAIT), f"http://127.0.0.1:{port}/"],
-                             capture_output=True, text=True)
+        out = subprocess.run(
+            [
+                "curl",
+                "-sS",
+                "--retry",
+                "50",
+                "--retry-connrefused",
+                "--retry-delay",
+                "0",
+                "--retry-max-time",
+                "10",
+                "--max-time",
+                str(WAIT),
+                f"http://127.0.0.1:{port}/",
+            ],
+            capture_output=True,
+            text=True,
+        )
     finally:
         proc.terminate()
         proc.wait(WAIT)
@@ -234,7 +331,10 @@ http {{ access_log off; {" ".join(temp_path_directives(tmp_path))}
     lines = out.stdout.splitlines()
     missed = [base64.b64decode(line.split()[1]) for line in lines if line.startswith("missed ")]
     assert missed == [] and lines[0] == f"expected {len(expected)}", (
-        (tmp_path / "error.log").read_text()[-3000:], lines[:5], missed[:5])
+        (tmp_path / "error.log").read_text()[-3000:],
+        lines[:5],
+        missed[:5],
+    )
     got = dict(line.split(" ", 1) for line in lines[1:5])
     wrong = [line for line in lines if line.startswith("wrong ")]
     assert wrong == [] and int(got["cases"]) == len(cases)

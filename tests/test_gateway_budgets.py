@@ -6,6 +6,7 @@ worker holds a connection is read from the kernel (`ss -p`), so the tests show t
 hold across workers rather than assume it. A request's tokens are charged in the log phase, before
 its usage line is written: a test waits for that line before the next request reads the count.
 """
+
 from __future__ import annotations
 
 import http.client
@@ -57,19 +58,24 @@ SHORT = 3  # seconds: the window the reset test waits out
 
 
 def budget_config() -> dict[str, Any]:
-    return gateway_config(apiKeys=[
-        {"id": "default"},
-        {"id": "metered", "tokenBudget": {"tokens": 40, "windowSeconds": LONG}},
-        {"id": "streamer", "tokenBudget": {"tokens": 1000, "windowSeconds": LONG}},
-        {"id": "cutter", "tokenBudget": {"tokens": 1000, "windowSeconds": LONG}},
-        {"id": "across", "tokenBudget": {"tokens": 30, "windowSeconds": LONG}},
-        {"id": "short", "tokenBudget": {"tokens": 1, "windowSeconds": SHORT}},
-        {"id": "capped", "maxConcurrent": 2},
-        {"id": "reloaded", "tokenBudget": {"tokens": 20, "windowSeconds": LONG}},
-        {"id": "spanner", "tokenBudget": {"tokens": 1000, "windowSeconds": SHORT}},
-        {"id": "reader", "tokenBudget": {"tokens": 100, "windowSeconds": LONG},
-         "rateLimit": {"requestsPerSecond": 1 / 60, "burst": 1}},
-    ])
+    return gateway_config(
+        apiKeys=[
+            {"id": "default"},
+            {"id": "metered", "tokenBudget": {"tokens": 40, "windowSeconds": LONG}},
+            {"id": "streamer", "tokenBudget": {"tokens": 1000, "windowSeconds": LONG}},
+            {"id": "cutter", "tokenBudget": {"tokens": 1000, "windowSeconds": LONG}},
+            {"id": "across", "tokenBudget": {"tokens": 30, "windowSeconds": LONG}},
+            {"id": "short", "tokenBudget": {"tokens": 1, "windowSeconds": SHORT}},
+            {"id": "capped", "maxConcurrent": 2},
+            {"id": "reloaded", "tokenBudget": {"tokens": 20, "windowSeconds": LONG}},
+            {"id": "spanner", "tokenBudget": {"tokens": 1000, "windowSeconds": SHORT}},
+            {
+                "id": "reader",
+                "tokenBudget": {"tokens": 100, "windowSeconds": LONG},
+                "rateLimit": {"requestsPerSecond": 1 / 60, "burst": 1},
+            },
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +87,14 @@ def gw_keys(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[NginxGat
         yield gw, keys
 
 
-def chat(gw: NginxGateway, key: str, marker: str, conn: http.client.HTTPConnection | None = None,
-         logged: bool = True, **body: Any) -> tuple[int, dict[str, str], Any]:
+def chat(
+    gw: NginxGateway,
+    key: str,
+    marker: str,
+    conn: http.client.HTTPConnection | None = None,
+    logged: bool = True,
+    **body: Any,
+) -> tuple[int, dict[str, str], Any]:
     """One chat completion (on `conn` when given, kept alive), and its log line waited for unless not
     `logged` (nginx ends a request's log phase, its charge, before it reads the connection's next)."""
     payload = json.dumps({"model": CHAT, **body}).encode()
@@ -111,20 +123,36 @@ def window_end(seconds: int, at: float) -> float:
 
 # --- the spec ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"apiKeys": [{"id": "a", "tokenBudget": {"tokens": 0}}]},
-     "gateway.apiKeys[0].tokenBudget.tokens: 0 is not allowed: must be at least 1"),
-    ({"apiKeys": [{"id": "a", "tokenBudget": {"tokens": 10, "windowSeconds": 0}}]},
-     "gateway.apiKeys[0].tokenBudget.windowSeconds: 0 is not allowed: must be at least 1"),
-    ({"apiKeys": [{"id": "a", "tokenBudget": {"tokens": 10, "windowSeconds": 31 * 86400 + 1}}]},
-     "gateway.apiKeys[0].tokenBudget.windowSeconds: 2678401 is not allowed: must be at most 2678400"),
-    ({"defaultTokenBudget": {"tokens": "many"}},
-     "gateway.defaultTokenBudget.tokens: 'many' is not allowed: expected a whole number"),
-    ({"defaultTokenBudget": {"tokens": 10, "window": 60}},
-     "gateway.defaultTokenBudget.window: unknown key 'window'; allowed keys here: tokens, windowSeconds"),
-    ({"defaultTokenBudget": {"tokens": 10}, "auth": False, "apiKeys": []},
-     "gateway.defaultTokenBudget: keys and limits are not checked when auth is false; remove them or set auth: true"),
-])
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"apiKeys": [{"id": "a", "tokenBudget": {"tokens": 0}}]},
+            "gateway.apiKeys[0].tokenBudget.tokens: 0 is not allowed: must be at least 1",
+        ),
+        (
+            {"apiKeys": [{"id": "a", "tokenBudget": {"tokens": 10, "windowSeconds": 0}}]},
+            "gateway.apiKeys[0].tokenBudget.windowSeconds: 0 is not allowed: must be at least 1",
+        ),
+        (
+            {"apiKeys": [{"id": "a", "tokenBudget": {"tokens": 10, "windowSeconds": 31 * 86400 + 1}}]},
+            "gateway.apiKeys[0].tokenBudget.windowSeconds: 2678401 is not allowed: must be at most 2678400",
+        ),
+        (
+            {"defaultTokenBudget": {"tokens": "many"}},
+            "gateway.defaultTokenBudget.tokens: 'many' is not allowed: expected a whole number",
+        ),
+        (
+            {"defaultTokenBudget": {"tokens": 10, "window": 60}},
+            "gateway.defaultTokenBudget.window: unknown key 'window'; allowed keys here: tokens, windowSeconds",
+        ),
+        (
+            {"defaultTokenBudget": {"tokens": 10}, "auth": False, "apiKeys": []},
+            "gateway.defaultTokenBudget: keys and limits are not checked when auth is false; remove them or set auth: true",
+        ),
+    ],
+)
 def test_budget_keys_are_validated_naming_the_key(change: dict[str, Any], message: str) -> None:
     config = prod_config()
     config["llm-cluster:gateway"].update(change)
@@ -135,10 +163,15 @@ def test_budget_keys_are_validated_naming_the_key(change: dict[str, Any], messag
 
 def test_keys_take_their_own_budget_or_the_default_and_the_zone_holds_them() -> None:
     config = prod_config()
-    config["llm-cluster:gateway"].update(defaultTokenBudget={"tokens": 500},
-                                         apiKeys=[{"id": "a"}, {"id": "b", "tokenBudget": {"tokens": 9, "windowSeconds": 86400}}])
+    config["llm-cluster:gateway"].update(
+        defaultTokenBudget={"tokens": 500},
+        apiKeys=[{"id": "a"}, {"id": "b", "tokenBudget": {"tokens": 9, "windowSeconds": 86400}}],
+    )
     spec = load_stack_config(config, set())
-    assert {k: (b.tokens, b.window_seconds) for k, b in token_budgets(spec).items()} == {"a": (500, 60), "b": (9, 86400)}
+    assert {k: (b.tokens, b.window_seconds) for k, b in token_budgets(spec).items()} == {
+        "a": (500, 60),
+        "b": (9, 86400),
+    }
     files = gateway_files(spec)
     conf = files["nginx.conf"]
     assert f"    lua_shared_dict {BUDGET_ZONE} 1024k;\n" in conf
@@ -151,8 +184,9 @@ def test_keys_take_their_own_budget_or_the_default_and_the_zone_holds_them() -> 
     for endpoint in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings"):
         block = conf.split(f"        location = {endpoint} {{\n", 1)[1].split("\n        }\n", 1)[0]
         assert block.index("return 401;") < block.index(
-            '            set_by_lua_block $llm_budget_refused { return package.loaded.gateway_budget.admit() }\n'
-            "            if ($llm_budget_refused) {\n                return 439;\n            }")
+            "            set_by_lua_block $llm_budget_refused { return package.loaded.gateway_budget.admit() }\n"
+            "            if ($llm_budget_refused) {\n                return 439;\n            }"
+        )
     # No budget anywhere: no shared dict, no budget module, no extra log field.
     plain = gateway_files(load_stack_config(prod_config(), set()))
     assert "lua_shared_dict llm_budget" not in plain["nginx.conf"] and "llm/gateway_budget.lua" not in plain
@@ -163,7 +197,9 @@ def test_the_zone_is_sized_for_two_counts_of_every_key() -> None:
     config = prod_config()
     sizes = {}
     for keys in (1, 1950, 1951, 3900, 3901):
-        config["llm-cluster:gateway"].update(apiKeys=[{"id": f"k{i}", "tokenBudget": {"tokens": 1}} for i in range(keys)])
+        config["llm-cluster:gateway"].update(
+            apiKeys=[{"id": f"k{i}", "tokenBudget": {"tokens": 1}} for i in range(keys)]
+        )
         sizes[keys] = budget_zone_kib(load_stack_config(config, set()))
     # keys x 2 counts x 256 bytes, and 5 % for the slab allocator, in the next power of two MiB
     assert sizes == {1: 1024, 1950: 1024, 1951: 2048, 3900: 2048, 3901: 4096}
@@ -178,29 +214,50 @@ def test_the_zone_holds_two_of_the_longest_counts_of_every_key(keys: int, tmp_pa
     (a reload changed its window) fit, each of the longest shape, without evicting any."""
     config = prod_config()
     config["llm-cluster:gateway"].update(
-        apiKeys=[{"id": f"{LONGEST_ID}{i:05d}", "tokenBudget": {"tokens": 1, "windowSeconds": LONG}} for i in range(keys)])
-    zone = next(line for line in gateway_files(load_stack_config(config, set()))["nginx.conf"].splitlines()
-                if line.startswith(f"    lua_shared_dict {BUDGET_ZONE} "))
+        apiKeys=[
+            {"id": f"{LONGEST_ID}{i:05d}", "tokenBudget": {"tokens": 1, "windowSeconds": LONG}} for i in range(keys)
+        ]
+    )
+    zone = next(
+        line
+        for line in gateway_files(load_stack_config(config, set()))["nginx.conf"].splitlines()
+        if line.startswith(f"    lua_shared_dict {BUDGET_ZONE} ")
+    )
     lua = lua_layout()
     for _ in range(5):  # a free port another process takes before nginx binds it: try another
         port = free_port()
-        (tmp_path / "nginx.conf").write_text("\n".join([
-            *(f"load_module {m};" for m in lua["load_modules"]),
-            f"pid {tmp_path}/nginx.pid;", f"error_log {tmp_path}/error.log warn;", "events {}", "http {",
-            *(f"    {line}" for line in temp_path_directives(tmp_path)),
-            f'    lua_package_path "{lua["lua_path"]};;";', zone, "    access_log off;",
-            f"    server {{ listen 127.0.0.1:{port}; location = /fill {{ content_by_lua_block {{",
-            f"        local dict = ngx.shared.{BUDGET_ZONE}",
-            f"        for i = 0, {2 * keys - 1} do",
-            # the shape of gateway_budget's counts, "<id>/<window seconds>"; the second a shorter window
-            f'            local key = "{LONGEST_ID}" .. string.format("%05d", i % {keys}) .. (i < {keys} and "/{LONG}" or "/2678399")',
-            "            local ok, err = dict:safe_add(key, 1, 60)",
-            '            if not ok then return ngx.say("count ", i, " did not fit: ", err) end',
-            "        end",
-            '        ngx.say("all fit")',
-            "    } } }", "}", ""]))
-        proc = subprocess.Popen([nginx_binary(), "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf"),
-                                 "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        (tmp_path / "nginx.conf").write_text(
+            "\n".join(
+                [
+                    *(f"load_module {m};" for m in lua["load_modules"]),
+                    f"pid {tmp_path}/nginx.pid;",
+                    f"error_log {tmp_path}/error.log warn;",
+                    "events {}",
+                    "http {",
+                    *(f"    {line}" for line in temp_path_directives(tmp_path)),
+                    f'    lua_package_path "{lua["lua_path"]};;";',
+                    zone,
+                    "    access_log off;",
+                    f"    server {{ listen 127.0.0.1:{port}; location = /fill {{ content_by_lua_block {{",
+                    f"        local dict = ngx.shared.{BUDGET_ZONE}",
+                    f"        for i = 0, {2 * keys - 1} do",
+                    # the shape of gateway_budget's counts, "<id>/<window seconds>"; the second a shorter window
+                    f'            local key = "{LONGEST_ID}" .. string.format("%05d", i % {keys}) .. (i < {keys} and "/{LONG}" or "/2678399")',
+                    "            local ok, err = dict:safe_add(key, 1, 60)",
+                    '            if not ok then return ngx.say("count ", i, " did not fit: ", err) end',
+                    "        end",
+                    '        ngx.say("all fit")',
+                    "    } } }",
+                    "}",
+                    "",
+                ]
+            )
+        )
+        proc = subprocess.Popen(
+            [nginx_binary(), "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf"), "-g", "daemon off;"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         try:
             deadline = time.monotonic() + WAIT
             while True:
@@ -226,6 +283,7 @@ def test_the_zone_holds_two_of_the_longest_counts_of_every_key(keys: int, tmp_pa
 
 # --- budgets on real nginx ---------------------------------------------------------------------------
 
+
 def test_a_used_up_budget_is_a_429_with_the_headers_clients_read(gw_keys: tuple[NginxGateway, dict[str, str]]) -> None:
     gw, keys = gw_keys
     pools: dict[str, list[FakeReplica]] = gw.pools  # type: ignore[attr-defined]
@@ -239,8 +297,9 @@ def test_a_used_up_budget_is_a_429_with_the_headers_clients_read(gw_keys: tuple[
     status, headers, out = chat(gw, keys["metered"], "m3", rid="m3")
     after = time.time()
     assert status == 429 and error_code(out) == "rate_limit_exceeded" and out["error"]["type"] == "tokens"
-    assert out["error"]["message"] == ("Token budget reached for this API key (40 tokens in this window); "
-                                       "retry after the seconds in Retry-After.")
+    assert out["error"]["message"] == (
+        "Token budget reached for this API key (40 tokens in this window); retry after the seconds in Retry-After."
+    )
     assert (headers["x-ratelimit-limit-tokens"], headers["x-ratelimit-remaining-tokens"]) == ("40", "0")
     # Retry-After: the seconds until the window ends, as seen between sending and the answer.
     retry = int(headers["retry-after"])
@@ -266,7 +325,11 @@ def test_every_answer_to_a_key_with_a_budget_says_what_is_left(gw_keys: tuple[Ng
     assert (status, tuple(headers[h] for h in tokens)) == (200, ("100", "100"))
     status, headers, out = gw.call("POST", "/v1/chat/completions?t=rd2", {"model": CHAT}, keys["reader"])
     assert (status, error_code(out), headers["x-ratelimit-remaining-requests"], tuple(headers[h] for h in tokens)) == (
-        429, "rate_limit_exceeded", "0", ("100", "82"))
+        429,
+        "rate_limit_exceeded",
+        "0",
+        ("100", "82"),
+    )
     # Refusals cost nothing.
     assert [log_line(gw, m)["budget_tokens"] for m in ("rd0", "rd1", "rd2")] == [None, USAGE["total_tokens"], None]
     # What nginx refuses before the budget is read carries none: no key (401), a body over
@@ -278,7 +341,8 @@ def test_every_answer_to_a_key_with_a_budget_says_what_is_left(gw_keys: tuple[Ng
 
 
 def test_streamed_answers_are_charged_from_their_usage_or_their_events(
-        gw_keys: tuple[NginxGateway, dict[str, str]]) -> None:
+    gw_keys: tuple[NginxGateway, dict[str, str]],
+) -> None:
     gw, keys = gw_keys
     status, _, text = chat(gw, keys["streamer"], "s0", stream=True, stream_options={"include_usage": True})
     assert status == 200 and text.endswith("data: [DONE]\n\n")
@@ -292,15 +356,20 @@ def test_streamed_answers_are_charged_from_their_usage_or_their_events(
 
 
 def test_a_stream_the_client_cut_off_is_charged_the_events_it_was_sent(
-        gw_keys: tuple[NginxGateway, dict[str, str]]) -> None:
+    gw_keys: tuple[NginxGateway, dict[str, str]],
+) -> None:
     gw, keys = gw_keys
     pools: dict[str, list[FakeReplica]] = gw.pools  # type: ignore[attr-defined]
     before = chat(gw, keys["cutter"], "c0")[1]["x-ratelimit-remaining-tokens"]
     charged0 = log_line(gw, "c0")["budget_tokens"]
     conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=WAIT)
     body = {"model": CHAT, "stream": True, "stream_options": {"include_usage": True}, "gate": "cut-budget"}
-    conn.request("POST", "/v1/chat/completions?t=c1", json.dumps(body),
-                 {"Authorization": f"Bearer {keys['cutter']}", "Content-Type": "application/json"})
+    conn.request(
+        "POST",
+        "/v1/chat/completions?t=c1",
+        json.dumps(body),
+        {"Authorization": f"Bearer {keys['cutter']}", "Content-Type": "application/json"},
+    )
     resp = conn.getresponse()
     assert b'"t0"' in resp.read1(65536)  # the first event, then the client goes away
     assert conn.sock is not None
@@ -348,7 +417,8 @@ def test_a_budget_counts_again_from_zero_when_its_window_ends(gw_keys: tuple[Ngi
 
 
 def test_a_stream_that_outlasts_its_window_is_charged_in_the_window_it_ends_in(
-        gw_keys: tuple[NginxGateway, dict[str, str]]) -> None:
+    gw_keys: tuple[NginxGateway, dict[str, str]],
+) -> None:
     """Its tokens count where they are reported: a stream longer than its window is not free."""
     gw, keys = gw_keys
     pools: dict[str, list[FakeReplica]] = gw.pools  # type: ignore[attr-defined]
@@ -359,8 +429,12 @@ def test_a_stream_that_outlasts_its_window_is_charged_in_the_window_it_ends_in(
         gate = f"span-{attempt}"
         conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=WAIT)
         body = {"model": CHAT, "stream": True, "stream_options": {"include_usage": True}, "gate": gate}
-        conn.request("POST", f"/v1/chat/completions?t=span{attempt}", json.dumps(body),
-                     {"Authorization": f"Bearer {keys['spanner']}", "Content-Type": "application/json"})
+        conn.request(
+            "POST",
+            f"/v1/chat/completions?t=span{attempt}",
+            json.dumps(body),
+            {"Authorization": f"Bearer {keys['spanner']}", "Content-Type": "application/json"},
+        )
         resp = conn.getresponse()
         admitted = time.time()
         assert resp.status == 200 and b'"t0"' in resp.read1(65536)
@@ -386,8 +460,9 @@ def test_a_full_zone_fails_open_keeps_every_count_and_says_so(tmp_path: Path, mo
     least lua_shared_dict takes): a count that does not fit is not kept, and no other is evicted."""
     monkeypatch.setattr(gateway, "budget_zone_kib", lambda spec: 12)
     ids = [f"f{i}" for i in range(40)]
-    spec = load_stack_config(gateway_config(
-        apiKeys=[{"id": i, "tokenBudget": {"tokens": 10, "windowSeconds": LONG}} for i in ids]), set())
+    spec = load_stack_config(
+        gateway_config(apiKeys=[{"id": i, "tokenBudget": {"tokens": 10, "windowSeconds": LONG}} for i in ids]), set()
+    )
     pools = {"chat": [FakeReplica("chat-0")], "reasoning": [FakeReplica("reasoning-0")]}
     with own_gateway(spec, pools, tmp_path) as (gw, keys):
         assert f"    lua_shared_dict {BUDGET_ZONE} 12k;\n" in gw.files["nginx.conf"]
@@ -407,11 +482,16 @@ def test_a_full_zone_fails_open_keeps_every_count_and_says_so(tmp_path: Path, mo
         assert status == 429 and error_code(out) == "rate_limit_exceeded"
         conn.close()
         log_line(gw, "z-first")
-        said = re.findall(r"\[error\] .*?(token budget: .*?) while logging request, client: ", (gw.root / "error.log").read_text())
-    assert said == [f"token budget: 18 tokens of key '{i}' not counted (no memory): the lua_shared_dict "
-                    f"{BUDGET_ZONE} (12288 bytes, sized from the keys with gateway.apiKeys[].tokenBudget or "
-                    "gateway.defaultTokenBudget) has no room for its count; the key's requests are admitted "
-                    "without one until it has" for i in ids[fit:]]
+        said = re.findall(
+            r"\[error\] .*?(token budget: .*?) while logging request, client: ", (gw.root / "error.log").read_text()
+        )
+    assert said == [
+        f"token budget: 18 tokens of key '{i}' not counted (no memory): the lua_shared_dict "
+        f"{BUDGET_ZONE} (12288 bytes, sized from the keys with gateway.apiKeys[].tokenBudget or "
+        "gateway.defaultTokenBudget) has no room for its count; the key's requests are admitted "
+        "without one until it has"
+        for i in ids[fit:]
+    ]
 
 
 def test_counts_outlive_a_reload(gw_keys: tuple[NginxGateway, dict[str, str]]) -> None:
@@ -425,31 +505,46 @@ def test_counts_outlive_a_reload(gw_keys: tuple[NginxGateway, dict[str, str]]) -
 def test_a_changed_budget_keeps_its_count_and_a_changed_window_starts_a_new_one(tmp_path: Path) -> None:
     """A deployment that changes budgets reloads nginx (config_script): a key's count carries over to
     its new number of tokens, while a new window length is a new window, counted from 0."""
+
     def budgets(raised: int, window: int) -> StackSpec:
-        return load_stack_config(gateway_config(apiKeys=[
-            {"id": "raised", "tokenBudget": {"tokens": raised, "windowSeconds": LONG}},
-            {"id": "rewindowed", "tokenBudget": {"tokens": 20, "windowSeconds": window}}]), set())
+        return load_stack_config(
+            gateway_config(
+                apiKeys=[
+                    {"id": "raised", "tokenBudget": {"tokens": raised, "windowSeconds": LONG}},
+                    {"id": "rewindowed", "tokenBudget": {"tokens": 20, "windowSeconds": window}},
+                ]
+            ),
+            set(),
+        )
 
     pools = {"chat": [FakeReplica("chat-0")], "reasoning": [FakeReplica("reasoning-0")]}
     with own_gateway(budgets(20, LONG), pools, tmp_path) as (gw, keys):
         assert [chat(gw, keys[k], f"c-{k}")[0] for k in ("raised", "rewindowed")] == [200, 200]  # 18 of 20 each
-        files = render_gateway(budgets(100, 86400), gw.layout,
-                               {p: [("127.0.0.1", r.port) for r in rs] for p, rs in pools.items()})
+        files = render_gateway(
+            budgets(100, 86400), gw.layout, {p: [("127.0.0.1", r.port) for r in rs] for p, rs in pools.items()}
+        )
         (gw.conf_dir / "nginx.conf").write_text(files["nginx.conf"])
         gw.reload()
         answers = [chat(gw, keys[k], f"d-{k}") for k in ("raised", "rewindowed")]
-    assert [(status, headers["x-ratelimit-limit-tokens"], headers["x-ratelimit-remaining-tokens"])
-            for status, headers, _ in answers] == [(200, "100", "82"), (200, "20", "20")]
+    assert [
+        (status, headers["x-ratelimit-limit-tokens"], headers["x-ratelimit-remaining-tokens"])
+        for status, headers, _ in answers
+    ] == [(200, "100", "82"), (200, "20", "20")]
 
 
 # --- across workers --------------------------------------------------------------------------------
+
 
 def worker_of(gw: NginxGateway, conn: http.client.HTTPConnection) -> int:
     """The pid of the nginx worker holding this client connection, as the kernel reports it."""
     assert conn.sock is not None
     client_port = conn.sock.getsockname()[1]
-    out = subprocess.run([tool("ss"), "-Htnp", "state", "established", f"( sport = :{gw.port} and dport = :{client_port} )"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [tool("ss"), "-Htnp", "state", "established", f"( sport = :{gw.port} and dport = :{client_port} )"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     pids = set(re.findall(r"pid=(\d+)", out))
     assert len(pids) == 1, out
     return int(pids.pop())
@@ -478,8 +573,14 @@ def test_one_count_per_key_for_every_worker(gw_keys: tuple[NginxGateway, dict[st
     third = chat(gw, keys["across"], "x2", a_conns[1])
     fourth = chat(gw, keys["across"], "x3", b_conns[1])
     assert [(s, h["x-ratelimit-remaining-tokens"]) for s, h, _ in (first, second, third, fourth)] == [
-        (200, "30"), (200, "12"), (429, "0"), (429, "0")]
-    assert {worker_of(gw, c) for c in (a_conns[0], a_conns[1])} == {a} and {worker_of(gw, c) for c in b_conns[:2]} == {b}
+        (200, "30"),
+        (200, "12"),
+        (429, "0"),
+        (429, "0"),
+    ]
+    assert {worker_of(gw, c) for c in (a_conns[0], a_conns[1])} == {a} and {worker_of(gw, c) for c in b_conns[:2]} == {
+        b
+    }
     for conns in (a_conns, b_conns):
         for c in conns:
             c.close()
@@ -492,8 +593,9 @@ def test_the_concurrency_cap_holds_across_workers(gw_keys: tuple[NginxGateway, d
     held: dict[str, tuple[int, dict[str, str], Any]] = {}
 
     def hold(conn: http.client.HTTPConnection, rid: str) -> threading.Thread:
-        thread = threading.Thread(target=lambda: held.update({rid: chat(gw, keys["capped"], rid, conn,
-                                                                        rid=rid, hold=rid)}))
+        thread = threading.Thread(
+            target=lambda: held.update({rid: chat(gw, keys["capped"], rid, conn, rid=rid, hold=rid)})
+        )
         thread.start()
         deadline = time.monotonic() + WAIT
         while not any(rid in r.rids() for r in pools["chat"]):

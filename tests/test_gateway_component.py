@@ -1,4 +1,5 @@
 """The Gateway component under Pulumi's mocks: what it registers, with which inputs, secrets and dependencies."""
+
 from __future__ import annotations
 
 import json
@@ -59,23 +60,48 @@ def test_component_props_are_what_the_policy_pack_reads(generated: ProgramRun) -
     (gw,) = generated.by_type(GATEWAY)
     assert gw.name == "gateway" and gw.parent.endswith("pulumi:pulumi:Stack::llm-cluster-prod")
     assert gw.plain_inputs() == {
-        "node": "gpu-01", "port": 443.0, "image": GATEWAY_IMAGE, "authRequired": True, "apiKeyIds": ["default"],
-        "keySource": "generated", "tls": True, "tlsSource": "generated",
-        "routes": {"deepseek-r1": "reasoning", "/data/models/DeepSeek-R1-GPTQ-Int4": "reasoning",
-                   "qwen3-30b-a3b": "chat", "/data/models/Qwen3-30B-A3B": "chat"},
+        "node": "gpu-01",
+        "port": 443.0,
+        "image": GATEWAY_IMAGE,
+        "authRequired": True,
+        "apiKeyIds": ["default"],
+        "keySource": "generated",
+        "tls": True,
+        "tlsSource": "generated",
+        "routes": {
+            "deepseek-r1": "reasoning",
+            "/data/models/DeepSeek-R1-GPTQ-Int4": "reasoning",
+            "qwen3-30b-a3b": "chat",
+            "/data/models/Qwen3-30B-A3B": "chat",
+        },
         "split": {},
         "pathRoutes": {"/smart/v1/": "reasoning"},
-        "exposedPaths": ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models",
-                         "/smart/v1/chat/completions", "/smart/v1/completions", "/smart/v1/embeddings",
-                         "/smart/v1/models"],
-        "metricsPort": 9145.0}
+        "exposedPaths": [
+            "/v1/chat/completions",
+            "/v1/completions",
+            "/v1/embeddings",
+            "/v1/models",
+            "/smart/v1/chat/completions",
+            "/smart/v1/completions",
+            "/smart/v1/embeddings",
+            "/smart/v1/models",
+        ],
+        "metricsPort": 9145.0,
+    }
 
 
 def test_children_are_parented_to_the_gateway(generated: ProgramRun) -> None:
     (gw,) = generated.by_type(GATEWAY)
     children = sorted((r.type, r.name) for r in generated.registrations if r.parent == gw.urn)
-    assert children == [(COMMAND, "gateway-config"), (COMMAND, "gateway-keys"), (COMMAND, "gateway-ready"),
-                        (COMMAND, "gateway-tls"), (COMMAND, "gateway-usage-dir"), (CONTAINER, "gateway-nginx"), ("docker:index/remoteImage:RemoteImage", "gateway-image")]
+    assert children == [
+        (COMMAND, "gateway-config"),
+        (COMMAND, "gateway-keys"),
+        (COMMAND, "gateway-ready"),
+        (COMMAND, "gateway-tls"),
+        (COMMAND, "gateway-usage-dir"),
+        (CONTAINER, "gateway-nginx"),
+        ("docker:index/remoteImage:RemoteImage", "gateway-image"),
+    ]
 
 
 def host_network_container(run: ProgramRun, resource: str, name: str, image: str) -> Registration:
@@ -94,7 +120,9 @@ def test_container_runs_nginx_on_the_host_files_it_mounts(generated: ProgramRun,
     c = host_network_container(generated, "gateway-nginx", "llm-gateway", "gateway-image")
     inputs = c.plain_inputs()
     assert {(label["label"], label["value"]) for label in inputs["labels"]} == {
-        ("llm-cluster.role", "gateway"), ("llm-cluster.image", GATEWAY_IMAGE)}
+        ("llm-cluster.role", "gateway"),
+        ("llm-cluster.image", GATEWAY_IMAGE),
+    }
     # No uploads: config, keys and certificate are host directories, so changing them never
     # changes the container (a reload, not a replace); the usage log outlives it.
     assert not inputs.get("uploads")
@@ -103,10 +131,16 @@ def test_container_runs_nginx_on_the_host_files_it_mounts(generated: ProgramRun,
         {"hostPath": "/etc/llm-cluster/gateway/conf", "containerPath": "/etc/llm-gateway", "readOnly": True},
         {"hostPath": "/var/log/llm-gateway", "containerPath": "/var/log/llm-gateway"},
         {"hostPath": "/etc/llm-cluster/gateway/nginx", "containerPath": "/etc/llm-gateway-keys", "readOnly": True},
-        {"hostPath": "/etc/llm-cluster/gateway/tls", "containerPath": "/etc/llm-gateway-tls", "readOnly": True}]
-    assert inputs["healthcheck"]["tests"] == healthcheck_probe(prod_spec) == [
-        "CMD-SHELL",
-        "curl -sk -o /dev/null -w '%{http_code}' --max-time 3 https://127.0.0.1:443/v1/models | grep -qx 401"]
+        {"hostPath": "/etc/llm-cluster/gateway/tls", "containerPath": "/etc/llm-gateway-tls", "readOnly": True},
+    ]
+    assert (
+        inputs["healthcheck"]["tests"]
+        == healthcheck_probe(prod_spec)
+        == [
+            "CMD-SHELL",
+            "curl -sk -o /dev/null -w '%{http_code}' --max-time 3 https://127.0.0.1:443/v1/models | grep -qx 401",
+        ]
+    )
     assert not inputs.get("ports")
 
 
@@ -118,8 +152,9 @@ def test_config_command_writes_the_files_and_reloads_nginx(generated: ProgramRun
     # No triggers: a changed file is an update of this command (it writes and reloads), never a replace.
     assert "triggers" not in inputs and "stdin" not in inputs
     script = config_script(prod_spec)
-    assert written_files(script) == {f"/etc/llm-cluster/gateway/conf/{rel}": text
-                                     for rel, text in gateway_files(prod_spec).items()}
+    assert written_files(script) == {
+        f"/etc/llm-cluster/gateway/conf/{rel}": text for rel, text in gateway_files(prod_spec).items()
+    }
     assert "  docker exec llm-gateway nginx -c /etc/llm-gateway/nginx.conf -s reload\n" in script
     by_urn = {r.urn: r for r in generated.registrations}
     assert cmd.urn in generated.get("gateway-nginx").dependencies
@@ -140,8 +175,16 @@ def test_gateway_depends_on_its_node_and_keys_never_on_the_models(generated: Pro
     c = generated.get("gateway-nginx")
     by_urn = {r.urn: r for r in generated.registrations}
     assert {by_urn[u].name for u in c.dependencies} == {
-        "gpu-01-hosts", "gpu-01-preflight", "gpu-01-firewall", "gpu-01-clock", "gateway-image",
-        "gateway-keys", "gateway-tls", "gateway-config", "gateway-usage-dir"}
+        "gpu-01-hosts",
+        "gpu-01-preflight",
+        "gpu-01-firewall",
+        "gpu-01-clock",
+        "gateway-image",
+        "gateway-keys",
+        "gateway-tls",
+        "gateway-config",
+        "gateway-usage-dir",
+    }
     (gw,) = generated.by_type(GATEWAY)
     ours = [r for r in generated.registrations if r.parent == gw.urn]
     for r in ours:
@@ -155,10 +198,12 @@ def test_nginx_itself_writes_the_usage_files_and_serves_metrics_on_the_cluster_a
     (gw,) = generated.by_type(GATEWAY)
     assert [r.name for r in generated.registrations if r.parent == gw.urn and r.type == CONTAINER] == ["gateway-nginx"]
     conf = written_files(generated.get("gateway-config").plain_inputs()["create"])[
-        "/etc/llm-cluster/gateway/conf/nginx.conf"].splitlines()
+        "/etc/llm-cluster/gateway/conf/nginx.conf"
+    ].splitlines()
     assert "        listen 192.168.10.11:9145;" in conf
     assert [line for line in conf if "usage_dir" in line][0].endswith(
-        'usage_dir = "/var/log/llm-gateway", prune_seconds = 3600, retention_days = 30, max_bytes = 21474836480}) }')
+        'usage_dir = "/var/log/llm-gateway", prune_seconds = 3600, retention_days = 30, max_bytes = 21474836480}) }'
+    )
     assert "syslog" not in "\n".join(conf)
 
 
@@ -182,8 +227,9 @@ def test_keys_are_generated_on_the_host_and_kept_secret(generated: ProgramRun) -
     assert generated.stack_outputs.keys() >= {"gatewayUrl", "gatewayApiKeys", "gatewayCaCert"}
 
 
-def test_tls_certificate_is_made_on_the_host_and_its_ca_is_an_output(generated: ProgramRun,
-                                                                      prod_spec: StackSpec) -> None:
+def test_tls_certificate_is_made_on_the_host_and_its_ca_is_an_output(
+    generated: ProgramRun, prod_spec: StackSpec
+) -> None:
     cmd = generated.get("gateway-tls")
     inputs = cmd.plain_inputs()
     assert inputs["create"] == bash_command(tls_generate_script(prod_spec))
@@ -263,18 +309,27 @@ def test_without_auth_no_key_is_made_written_mounted_or_exported() -> None:
     props = gw.plain_inputs()
     assert (props["authRequired"], props["apiKeyIds"], props["keySource"]) == (False, [], "none")
     assert sorted(r.name for r in result.registrations if r.parent == gw.urn) == [
-        "gateway-config", "gateway-image", "gateway-nginx", "gateway-ready", "gateway-usage-dir"]
+        "gateway-config",
+        "gateway-image",
+        "gateway-nginx",
+        "gateway-ready",
+        "gateway-usage-dir",
+    ]
     c = result.get("gateway-nginx")
     inputs = c.plain_inputs()
     assert [v["containerPath"] for v in inputs["volumes"]] == ["/etc/llm-gateway", "/var/log/llm-gateway"]
     files = written_files(result.get("gateway-config").plain_inputs()["create"])
-    assert sorted(files) == ["/etc/llm-cluster/gateway/conf/llm/gateway.lua",
-                             "/etc/llm-cluster/gateway/conf/llm/gateway_metrics.lua",
-                             "/etc/llm-cluster/gateway/conf/llm/routes.json", "/etc/llm-cluster/gateway/conf/nginx.conf"]
+    assert sorted(files) == [
+        "/etc/llm-cluster/gateway/conf/llm/gateway.lua",
+        "/etc/llm-cluster/gateway/conf/llm/gateway_metrics.lua",
+        "/etc/llm-cluster/gateway/conf/llm/routes.json",
+        "/etc/llm-cluster/gateway/conf/nginx.conf",
+    ]
     assert "key-hashes" not in files["/etc/llm-cluster/gateway/conf/nginx.conf"]
     assert inputs["healthcheck"]["tests"][1].endswith("| grep -qx 200")
     assert result.get("gateway-ready").plain_inputs()["create"] == bash_command(
-        readiness_script(80, False, 120, "gpu-01", auth=False))
+        readiness_script(80, False, 120, "gpu-01", auth=False)
+    )
     assert gw.outputs.get("apiKeys") is None and result.stack_outputs.get("gatewayApiKeys") is None
 
 

@@ -1,4 +1,5 @@
 """The gateway's generated nginx config, routing table, key digests and host scripts (no Pulumi, no nginx)."""
+
 from __future__ import annotations
 
 import copy
@@ -58,7 +59,7 @@ def lines(text: str) -> list[str]:
 
 def lua_content(handler: str, args: str = "") -> str:
     """A location's content handler: gateway.lua's function of that name, with these Lua arguments."""
-    return f'content_by_lua_block {{ package.loaded.gateway.{handler}({args}) }}'
+    return f"content_by_lua_block {{ package.loaded.gateway.{handler}({args}) }}"
 
 
 def handler_of(endpoint: str, pin: str | None = None) -> str:
@@ -86,25 +87,32 @@ def block(conf: str, header: str) -> list[str]:
 
 # --- the reference stack ----------------------------------------------------------------------
 
+
 def test_reference_upstreams_are_the_pools_heads_with_passive_health_and_keepalive(prod_spec: StackSpec) -> None:
     conf = gateway_files(prod_spec)["nginx.conf"]
     assert block(conf, "upstream llm_pool_chat") == [
-        "zone llm_pool_chat 64k;", "least_conn;",
+        "zone llm_pool_chat 64k;",
+        "least_conn;",
         "server 192.168.10.13:8000 max_fails=2 fail_timeout=30s;",
         "server 192.168.10.14:8000 max_fails=2 fail_timeout=30s;",
         "server 192.168.10.15:8000 max_fails=2 fail_timeout=30s;",
         "server 192.168.10.16:8000 max_fails=2 fail_timeout=30s;",
         # vLLM's uvicorn closes idle connections after 5 s: nginx lets go at 3 s.
-        "keepalive 32;", "keepalive_timeout 3s;"]
+        "keepalive 32;",
+        "keepalive_timeout 3s;",
+    ]
     # TP8 x PP2 on gpu-01 + gpu-02 is one engine served from its Ray head, gpu-01.
     assert block(conf, "upstream llm_pool_reasoning") == [
-        "zone llm_pool_reasoning 64k;", "least_conn;",
-        "server 192.168.10.11:8000 max_fails=2 fail_timeout=30s;", "keepalive 32;", "keepalive_timeout 3s;"]
+        "zone llm_pool_reasoning 64k;",
+        "least_conn;",
+        "server 192.168.10.11:8000 max_fails=2 fail_timeout=30s;",
+        "keepalive 32;",
+        "keepalive_timeout 3s;",
+    ]
     assert upstream_servers(prod_spec, "reasoning") == [("192.168.10.11", 8000)]
 
 
-def test_reference_pool_locations_stream_retry_before_any_byte_and_use_the_pools_timeouts(
-        prod_spec: StackSpec) -> None:
+def test_reference_pool_locations_stream_retry_before_any_byte_and_use_the_pools_timeouts(prod_spec: StackSpec) -> None:
     conf = gateway_files(prod_spec)["nginx.conf"]
     for pool, timeout in (("chat", 600), ("reasoning", 900)):
         body = block(conf, f"location @llm_pool_{pool}")
@@ -119,11 +127,15 @@ def test_reference_pool_locations_stream_retry_before_any_byte_and_use_the_pools
         # timeout (a slow generation is never run twice), at most 3 attempts.
         assert [line for line in body if line.startswith("proxy_next_upstream")] == [
             "proxy_next_upstream error timeout http_500 http_502 http_503 http_504 non_idempotent;",
-            "proxy_next_upstream_tries 3;", f"proxy_next_upstream_timeout {timeout}s;"]
+            "proxy_next_upstream_tries 3;",
+            f"proxy_next_upstream_timeout {timeout}s;",
+        ]
         assert not any(line.startswith("rewrite") for line in body)
         # A replica's error that is not JSON is answered as OpenAI JSON; every answer's usage read.
-        assert body[-2:] == ['header_filter_by_lua_block { package.loaded.gateway.head() }',
-                             'body_filter_by_lua_block { package.loaded.gateway.usage() }']
+        assert body[-2:] == [
+            "header_filter_by_lua_block { package.loaded.gateway.head() }",
+            "body_filter_by_lua_block { package.loaded.gateway.usage() }",
+        ]
     # Neither the endpoint nor a path route's pool is a variable: each location names them.
     assert "$llm_upstream_uri" not in conf and "$llm_pin" not in conf
     assert 'route("/v1/chat/completions", "reasoning")' in block(conf, "location = /smart/v1/chat/completions")[-1]
@@ -132,14 +144,20 @@ def test_reference_pool_locations_stream_retry_before_any_byte_and_use_the_pools
 def test_reference_listener_limits_and_module_path(prod_spec: StackSpec) -> None:
     conf = lines(gateway_files(prod_spec)["nginx.conf"])
     # NDK first: the Lua module links against it.
-    assert conf[1:3] == ["load_module /usr/lib/nginx/modules/ndk_http_module.so;",
-                         "load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;"]
+    assert conf[1:3] == [
+        "load_module /usr/lib/nginx/modules/ndk_http_module.so;",
+        "load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;",
+    ]
     assert "user nginx;" in conf
     server = block("\n".join(conf), "server")
     # HTTPS by default, and no plain-HTTP listener at all.
-    assert server[:5] == ["listen 443 ssl;", "ssl_certificate /etc/llm-gateway-tls/cert.pem;",
-                          "ssl_certificate_key /etc/llm-gateway-tls/key.pem;", "ssl_protocols TLSv1.2 TLSv1.3;",
-                          "ssl_session_cache shared:llm_tls:10m;"]
+    assert server[:5] == [
+        "listen 443 ssl;",
+        "ssl_certificate /etc/llm-gateway-tls/cert.pem;",
+        "ssl_certificate_key /etc/llm-gateway-tls/key.pem;",
+        "ssl_protocols TLSv1.2 TLSv1.3;",
+        "ssl_session_cache shared:llm_tls:10m;",
+    ]
     # The Host of a request that sent none (HTTP/1.0), which replicas get: the node's name.
     assert server[5] == f"server_name {prod_spec.gateway.node};"
     # ... but the metrics' own, on the cluster address (test_metrics_are_served_by_nginx_on_...).
@@ -165,30 +183,37 @@ def test_a_requests_pool_is_sized_for_what_a_gateway_request_allocates(prod_spec
 
 
 def test_reference_loads_the_lua_module_reads_its_tables_once_and_declares_the_request_variables(
-        prod_spec: StackSpec) -> None:
+    prod_spec: StackSpec,
+) -> None:
     conf = lines(gateway_files(prod_spec)["nginx.conf"])
     http = block("\n".join(conf), "http")
     lua = [line for line in http if line.startswith(("lua_", "init_by_lua"))]
     # The image's packages' own search paths after the config's directory; the tables read in the
     # master, once per start or reload, never per request.
-    assert lua == ['lua_package_path "/etc/llm-gateway/llm/?.lua;/usr/share/lua/5.1/?.lua;;";',
-                   'lua_package_cpath "/usr/lib/x86_64-linux-gnu/lua/5.1/?.so;;";',
-                   'init_by_lua_block { jit.opt.start("loopunroll=60") collectgarbage("setpause", 400) '
-                   'require("gateway").init("/etc/llm-gateway/llm/routes.json", '
-                   '"/etc/llm-gateway-keys/key-hashes.json") require("gateway_metrics") }',
-                   "lua_shared_dict llm_metrics 5262k;"]
+    assert lua == [
+        'lua_package_path "/etc/llm-gateway/llm/?.lua;/usr/share/lua/5.1/?.lua;;";',
+        'lua_package_cpath "/usr/lib/x86_64-linux-gnu/lua/5.1/?.so;;";',
+        'init_by_lua_block { jit.opt.start("loopunroll=60") collectgarbage("setpause", 400) '
+        'require("gateway").init("/etc/llm-gateway/llm/routes.json", '
+        '"/etc/llm-gateway-keys/key-hashes.json") require("gateway_metrics") }',
+        "lua_shared_dict llm_metrics 5262k;",
+    ]
     # Declared with their defaults (a map: kept across ngx.exec and error pages, no "uninitialized"
     # warning for a request that never reached the rewrite phase), and named once so ngx.var may set them.
     assert [line for line in http if line.startswith('map "" ') and "$llm_usage_line" not in line] == [
-        "map \"\" $llm_key_id { default ''; }", "map \"\" $llm_body { default ''; }",
+        "map \"\" $llm_key_id { default ''; }",
+        "map \"\" $llm_body { default ''; }",
         # A routed request's id is gateway.lua's (X-Request-Id); the usage line's comes from Lua too.
-        "map \"\" $llm_request_id { default ''; }"]
+        "map \"\" $llm_request_id { default ''; }",
+    ]
     assert "log_format llm_request_variables '$llm_key_id $llm_body $llm_request_id';" in http
     # The model, pool, token counts and stream events are no nginx variables (gateway_metrics.routed).
-    assert not {"$llm_model", "$llm_pool", "$llm_usage_counts", "$llm_events"} & set(re.findall(r"\$\w+", "\n".join(http)))
+    assert not {"$llm_model", "$llm_pool", "$llm_usage_counts", "$llm_events"} & set(
+        re.findall(r"\$\w+", "\n".join(http))
+    )
     # The key id is computed in the server's rewrite phase, before any location's `if` or limit reads it.
     server = block("\n".join(conf), "server")
-    assert server[6] == 'set_by_lua_block $llm_key_id { return package.loaded.gateway.key_id() }'
+    assert server[6] == "set_by_lua_block $llm_key_id { return package.loaded.gateway.key_id() }"
     assert not [line for line in conf if line.startswith("js_") or "njs" in line]
 
 
@@ -196,12 +221,14 @@ def test_the_tests_lua_paths_replace_the_images(prod_spec: StackSpec, tmp_path: 
     layout = GatewayLayout(port=8080, conf_dir=str(tmp_path), lua_path="/t/a/?.lua;/t/b/?.lua", lua_cpath="/t/?.so")
     conf = lines(nginx_conf(prod_spec, layout))
     assert [line for line in conf if line.startswith("lua_package")] == [
-        f'lua_package_path "{tmp_path}/llm/?.lua;/t/a/?.lua;/t/b/?.lua;;";', 'lua_package_cpath "/t/?.so;;";']
+        f'lua_package_path "{tmp_path}/llm/?.lua;/t/a/?.lua;/t/b/?.lua;;";',
+        'lua_package_cpath "/t/?.so;;";',
+    ]
 
 
 def test_usage_log_and_metrics_are_kept_by_lua_in_the_log_phase_at_http_level(prod_spec: StackSpec) -> None:
     conf = lines(gateway_files(prod_spec)["nginx.conf"])
-    http = conf[conf.index("http {"):]
+    http = conf[conf.index("http {") :]
     # At http level: every request of every server is recorded, nginx's own errors too (and no API
     # location has a log phase of its own: record() forgets what the router kept of each request,
     # gateway_metrics.routed); nginx's own access log (one write per request) is off.
@@ -212,17 +239,20 @@ def test_usage_log_and_metrics_are_kept_by_lua_in_the_log_phase_at_http_level(pr
         '{120.0, "120.0"}, {300.0, "300.0"}, {600.0, "600.0"}, {900.0, "900.0"}}, plain_paths = {"/v1/chat/completions", '
         '"/v1/completions", "/v1/embeddings", "/v1/models", "/smart/v1/chat/completions", "/smart/v1/completions", '
         '"/smart/v1/embeddings", "/smart/v1/models"}, usage_dir = "/var/log/llm-gateway", '
-        'prune_seconds = 3600, retention_days = 30, max_bytes = 21474836480}) }',
+        "prune_seconds = 3600, retention_days = 30, max_bytes = 21474836480}) }",
         'exit_worker_by_lua_block { require("gateway_metrics").stop() }',
-        'log_by_lua_block { package.loaded.gateway_metrics.record() }',
+        "log_by_lua_block { package.loaded.gateway_metrics.record() }",
         "access_log off;",
-        "log_by_lua_block { return }"]
-    assert http.index('log_by_lua_block { package.loaded.gateway_metrics.record() }') < http.index("server {")
+        "log_by_lua_block { return }",
+    ]
+    assert http.index("log_by_lua_block { package.loaded.gateway_metrics.record() }") < http.index("server {")
     assert "lua_shared_dict llm_metrics 5262k;" in conf
     assert "syslog" not in gateway_files(prod_spec)["nginx.conf"]
     # nginx composes its part of the line; the client's path goes in as it came (the line's last
     # field: Lua cuts and escapes it). No regular expression runs for the line.
-    assert [line for line in http if "$llm_usage_line" in line] == [f"map \"\" $llm_usage_line {{ default '{LOG_FORMAT}'; }}"]
+    assert [line for line in http if "$llm_usage_line" in line] == [
+        f"map \"\" $llm_usage_line {{ default '{LOG_FORMAT}'; }}"
+    ]
     assert LOG_FORMAT.startswith('"time":"$time_iso8601","status":$status,"request_time":$request_time,')
     assert LOG_FORMAT.endswith(',"path":"$request_uri"') and "$llm_" not in LOG_FORMAT
     assert not [line for line in conf if line.startswith("map $request_uri $llm_log")]
@@ -230,28 +260,33 @@ def test_usage_log_and_metrics_are_kept_by_lua_in_the_log_phase_at_http_level(pr
 
 def test_metrics_are_served_by_nginx_on_the_cluster_address_apart_from_the_api(config: dict[str, Any]) -> None:
     conf = lines(gateway_files(spec_with(config, metricsPort=9200))["nginx.conf"])
-    server = conf[conf.index("listen 192.168.10.11:9200;") - 1:]
+    server = conf[conf.index("listen 192.168.10.11:9200;") - 1 :]
     assert server[:12] == [
         "server {",
         "listen 192.168.10.11:9200;",
         "# Scrapes are not gateway requests: neither usage lines nor counted.",
         "log_by_lua_block { return }",
         "location = /metrics {",
-        'content_by_lua_block { package.loaded.gateway_metrics.serve() }',
+        "content_by_lua_block { package.loaded.gateway_metrics.serve() }",
         "}",
         "location / {",
         "default_type text/plain;",
         'return 404 "llm-cluster gateway: GET /metrics\\n";',
         "}",
-        "}"]
+        "}",
+    ]
 
 
-@pytest.mark.parametrize(("gateway", "message"), [
-    ({"metricsPort": 80}, "gateway.metricsPort: 80 is not allowed: must be at least 1024"),
-    ({"metricsPort": 8000}, "gateway.metricsPort: port 8000 on gpu-01 is already taken by pools.reasoning.port"),
-])
-def test_the_metrics_port_is_unprivileged_and_claimed_on_the_gateway_node(config: dict[str, Any], gateway: dict[str, Any],
-                                                                         message: str) -> None:
+@pytest.mark.parametrize(
+    ("gateway", "message"),
+    [
+        ({"metricsPort": 80}, "gateway.metricsPort: 80 is not allowed: must be at least 1024"),
+        ({"metricsPort": 8000}, "gateway.metricsPort: port 8000 on gpu-01 is already taken by pools.reasoning.port"),
+    ],
+)
+def test_the_metrics_port_is_unprivileged_and_claimed_on_the_gateway_node(
+    config: dict[str, Any], gateway: dict[str, Any], message: str
+) -> None:
     with pytest.raises(SpecError) as err:
         spec_with(config, **gateway)
     assert str(err.value) == message
@@ -267,24 +302,38 @@ def test_the_keys_of_the_gone_exporter_are_refused_by_name(config: dict[str, Any
 
 def test_only_the_openai_endpoints_are_exposed(prod_spec: StackSpec) -> None:
     assert exposed_paths(prod_spec) == [
-        "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models",
-        "/smart/v1/chat/completions", "/smart/v1/completions", "/smart/v1/embeddings", "/smart/v1/models"]
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/embeddings",
+        "/v1/models",
+        "/smart/v1/chat/completions",
+        "/smart/v1/completions",
+        "/smart/v1/embeddings",
+        "/smart/v1/models",
+    ]
     conf = gateway_files(prod_spec)["nginx.conf"]
-    exact = sorted(line.split()[2] for line in block(conf, "server") if line.startswith("location = ")
-                   and not line.startswith("location = /_llm_error/"))
+    exact = sorted(
+        line.split()[2]
+        for line in block(conf, "server")
+        if line.startswith("location = ") and not line.startswith("location = /_llm_error/")
+    )
     assert exact == sorted(exposed_paths(prod_spec))
     # The error pages are internal: a client asking for one gets the 404.
     for status in ERRORS:
         assert block(conf, f"location = /_llm_error/{status}")[0] == "internal;"
     assert block(conf, "location /") == ["return 404;"]
-    assert [line for line in block(conf, "server") if line.startswith("location ") and "@" not in line
-            and "=" not in line] == ["location / {"]
+    assert [
+        line for line in block(conf, "server") if line.startswith("location ") and "@" not in line and "=" not in line
+    ] == ["location / {"]
 
 
 def test_reference_routes_every_served_name_to_its_pool(prod_spec: StackSpec) -> None:
     assert routes(prod_spec) == {
-        "deepseek-r1": "reasoning", "/data/models/DeepSeek-R1-GPTQ-Int4": "reasoning",
-        "qwen3-30b-a3b": "chat", "/data/models/Qwen3-30B-A3B": "chat"}
+        "deepseek-r1": "reasoning",
+        "/data/models/DeepSeek-R1-GPTQ-Int4": "reasoning",
+        "qwen3-30b-a3b": "chat",
+        "/data/models/Qwen3-30B-A3B": "chat",
+    }
     table = routes_table(prod_spec)
     assert table["order"] == ["chat", "reasoning"]  # defaultPool first in /v1/models
     assert table["prefixes"] == {"/smart/v1/": "reasoning"}
@@ -296,10 +345,17 @@ def test_reference_routes_every_served_name_to_its_pool(prod_spec: StackSpec) ->
 
 def test_reference_error_pages_are_openai_json(prod_spec: StackSpec) -> None:
     conf = gateway_files(prod_spec)["nginx.conf"]
-    for raised, sent, code in ((401, 401, "invalid_api_key"), (404, 404, "not_found"), (413, 413, "request_too_large"),
-                               (429, 429, "rate_limit_exceeded"), (502, 502, "upstream_unavailable"),
-                               (504, 504, "upstream_timeout"), (503, 429, "concurrency_limit_exceeded"),
-                               (494, 431, "headers_too_large"), (497, 400, "https_required")):
+    for raised, sent, code in (
+        (401, 401, "invalid_api_key"),
+        (404, 404, "not_found"),
+        (413, 413, "request_too_large"),
+        (429, 429, "rate_limit_exceeded"),
+        (502, 502, "upstream_unavailable"),
+        (504, 504, "upstream_timeout"),
+        (503, 429, "concurrency_limit_exceeded"),
+        (494, 431, "headers_too_large"),
+        (497, 400, "https_required"),
+    ):
         overwrite = f"={sent} " if sent != raised else ""
         assert f"error_page {raised} {overwrite}/_llm_error/{raised};" in lines(conf)
         ret = [line for line in block(conf, f"location = /_llm_error/{raised}") if line.startswith("return")][0]
@@ -312,13 +368,15 @@ def test_reference_error_pages_are_openai_json(prod_spec: StackSpec) -> None:
         "add_header Retry-After $llm_rl_retry_after always;",
         "add_header x-ratelimit-limit-requests $llm_rl_per_minute always;",
         "add_header x-ratelimit-remaining-requests 0 always;",
-        "add_header x-ratelimit-reset-requests $llm_rl_reset always;"]
+        "add_header x-ratelimit-reset-requests $llm_rl_reset always;",
+    ]
     # The reference key: 20 r/s.
     assert block(conf, "map $llm_key_id $llm_rl_retry_after") == ["default 1;", '\\default "1";']
     assert block(conf, "map $llm_key_id $llm_rl_reset") == ['default "1s";', '\\default "50ms";']
 
 
 # --- variants ---------------------------------------------------------------------------------
+
 
 def test_aliases_get_a_rewriting_location_and_the_pools_first_name(config: dict[str, Any]) -> None:
     spec = spec_with(config, aliases={"fast": "chat"})
@@ -334,24 +392,37 @@ def test_aliases_get_a_rewriting_location_and_the_pools_first_name(config: dict[
 
 
 def test_allowlists_expand_pool_names_to_served_names_and_aliases(config: dict[str, Any]) -> None:
-    spec = spec_with(config, aliases={"fast": "chat"}, apiKeys=[
-        {"id": "ops"}, {"id": "analyst", "models": ["reasoning", "fast"]}])
-    assert routes_table(spec)["allow"] == {"analyst": {
-        "deepseek-r1": True, "/data/models/DeepSeek-R1-GPTQ-Int4": True, "fast": True}}
+    spec = spec_with(
+        config, aliases={"fast": "chat"}, apiKeys=[{"id": "ops"}, {"id": "analyst", "models": ["reasoning", "fast"]}]
+    )
+    assert routes_table(spec)["allow"] == {
+        "analyst": {"deepseek-r1": True, "/data/models/DeepSeek-R1-GPTQ-Int4": True, "fast": True}
+    }
 
 
 def test_one_rate_zone_per_distinct_rate_and_burst(config: dict[str, Any]) -> None:
-    spec = spec_with(config, defaultRateLimit={"requestsPerSecond": 5, "burst": 10}, apiKeys=[
-        {"id": "a"}, {"id": "b", "rateLimit": {"requestsPerSecond": 0.5, "burst": 2}},
-        {"id": "c", "rateLimit": {"requestsPerSecond": 5, "burst": 10}},
-        {"id": "d", "rateLimit": {"requestsPerSecond": 0.5, "burst": 3}}])
+    spec = spec_with(
+        config,
+        defaultRateLimit={"requestsPerSecond": 5, "burst": 10},
+        apiKeys=[
+            {"id": "a"},
+            {"id": "b", "rateLimit": {"requestsPerSecond": 0.5, "burst": 2}},
+            {"id": "c", "rateLimit": {"requestsPerSecond": 5, "burst": 10}},
+            {"id": "d", "rateLimit": {"requestsPerSecond": 0.5, "burst": 3}},
+        ],
+    )
     assert [(nginx_rate(limit), limit.burst, ids) for limit, ids in rate_zones(spec)] == [
-        ("5r/s", 10, ["a", "c"]), ("30r/m", 2, ["b"]), ("30r/m", 3, ["d"])]
+        ("5r/s", 10, ["a", "c"]),
+        ("30r/m", 2, ["b"]),
+        ("30r/m", 3, ["d"]),
+    ]
     conf = nginx_conf(spec, GatewayLayout(port=80))
     loc = block(conf, "location = /v1/chat/completions")
     assert [line for line in loc if line.startswith("limit_req")] == [
-        "limit_req zone=llm_rl_0 burst=10 nodelay;", "limit_req zone=llm_rl_1 burst=2 nodelay;",
-        "limit_req zone=llm_rl_2 burst=3 nodelay;"]
+        "limit_req zone=llm_rl_0 burst=10 nodelay;",
+        "limit_req zone=llm_rl_1 burst=2 nodelay;",
+        "limit_req zone=llm_rl_2 burst=3 nodelay;",
+    ]
     assert block(conf, "map $llm_key_id $llm_rl_1") == ['default "";', "b $llm_key_id;"]
 
 
@@ -361,7 +432,11 @@ def test_no_limit_stated_means_no_zone(config: dict[str, Any]) -> None:
     conf = nginx_conf(spec, GatewayLayout(port=80))
     assert "limit_req" not in conf
     assert block(conf, "location = /v1/models") == [
-        'if ($llm_key_id = "") {', "return 401;", "}", lua_content("models")]
+        'if ($llm_key_id = "") {',
+        "return 401;",
+        "}",
+        lua_content("models"),
+    ]
 
 
 def test_rates_are_whole_per_second_or_per_minute(config: dict[str, Any]) -> None:
@@ -370,9 +445,11 @@ def test_rates_are_whole_per_second_or_per_minute(config: dict[str, Any]) -> Non
     assert nginx_rate(RateLimitSpec(requestsPerSecond=1 / 60)) == "1r/m"
     with pytest.raises(SpecError) as err:
         spec_with(config, defaultRateLimit={"requestsPerSecond": 0.3333})
-    assert str(err.value) == ("gateway.defaultRateLimit.requestsPerSecond: 0.3333 requests/s is not a whole "
-                              "number of requests per minute (19.9980/min); nginx rates are whole requests "
-                              "per second or per minute, e.g. 0.5 (= 30/min)")
+    assert str(err.value) == (
+        "gateway.defaultRateLimit.requestsPerSecond: 0.3333 requests/s is not a whole "
+        "number of requests per minute (19.9980/min); nginx rates are whole requests "
+        "per second or per minute, e.g. 0.5 (= 30/min)"
+    )
 
 
 def test_path_routes_refuse_the_plain_prefix_and_odd_characters(config: dict[str, Any]) -> None:
@@ -388,61 +465,94 @@ def test_without_auth_nothing_checks_or_loads_a_key(config: dict[str, Any], prod
     files = gateway_files(spec)
     assert "key-hashes" not in files["nginx.conf"] and "limit_req" not in files["nginx.conf"]
     # gateway.lua is told there is no digest file to read.
-    assert ('init_by_lua_block { jit.opt.start("loopunroll=60") collectgarbage("setpause", 400) '
-            'require("gateway").init("/etc/llm-gateway/llm/routes.json", nil) '
-            'require("gateway_metrics") }' in lines(files["nginx.conf"]))
+    assert (
+        'init_by_lua_block { jit.opt.start("loopunroll=60") collectgarbage("setpause", 400) '
+        'require("gateway").init("/etc/llm-gateway/llm/routes.json", nil) '
+        'require("gateway_metrics") }' in lines(files["nginx.conf"])
+    )
     assert "set_by_lua" in files["nginx.conf"]  # (it returns '' at once: routes.json says auth is off)
     for endpoint in ("chat/completions", "models"):
-        assert block(files["nginx.conf"], f"location = /v1/{endpoint}") == [
-            handler_of(endpoint)]
+        assert block(files["nginx.conf"], f"location = /v1/{endpoint}") == [handler_of(endpoint)]
     assert json.loads(files["llm/routes.json"])["auth"] is False
     assert routes_table(prod_spec)["auth"] is True
 
 
-@pytest.mark.parametrize(("gateway", "path"), [
-    ({"apiKeys": [{"id": "ops"}]}, "gateway.apiKeys"),
-    ({"apiKeys": [], "defaultRateLimit": {"requestsPerSecond": 5}}, "gateway.defaultRateLimit"),
-])
-def test_without_auth_keys_and_limits_are_refused_not_ignored(config: dict[str, Any], gateway: dict[str, Any],
-                                                              path: str) -> None:
+@pytest.mark.parametrize(
+    ("gateway", "path"),
+    [
+        ({"apiKeys": [{"id": "ops"}]}, "gateway.apiKeys"),
+        ({"apiKeys": [], "defaultRateLimit": {"requestsPerSecond": 5}}, "gateway.defaultRateLimit"),
+    ],
+)
+def test_without_auth_keys_and_limits_are_refused_not_ignored(
+    config: dict[str, Any], gateway: dict[str, Any], path: str
+) -> None:
     with pytest.raises(SpecError) as err:
         spec_with(config, auth=False, **gateway)
-    assert str(err.value) == (f"{path}: keys and limits are not checked when auth is false; "
-                              "remove them or set auth: true")
+    assert str(err.value) == (
+        f"{path}: keys and limits are not checked when auth is false; remove them or set auth: true"
+    )
 
 
 def test_tls_listens_with_the_uploaded_certificate(config: dict[str, Any]) -> None:
     spec = spec_with(config, {"gatewayTlsCert", "gatewayTlsKey"}, tls=True, port=443)
     server = block(nginx_conf(spec, GatewayLayout(port=443)), "server")
-    assert server[:5] == ["listen 443 ssl;", "ssl_certificate /etc/nginx/llm-tls/cert.pem;",
-                          "ssl_certificate_key /etc/nginx/llm-tls/key.pem;", "ssl_protocols TLSv1.2 TLSv1.3;",
-                          "ssl_session_cache shared:llm_tls:10m;"]
+    assert server[:5] == [
+        "listen 443 ssl;",
+        "ssl_certificate /etc/nginx/llm-tls/cert.pem;",
+        "ssl_certificate_key /etc/nginx/llm-tls/key.pem;",
+        "ssl_protocols TLSv1.2 TLSv1.3;",
+        "ssl_session_cache shared:llm_tls:10m;",
+    ]
 
 
 def test_loopback_layout_changes_only_paths_and_the_listener(prod_spec: StackSpec, tmp_path: Path) -> None:
     """What the nginx tests run is the deployed config: the same lines but for where files live."""
     deployed = gateway_files(prod_spec)
-    local = render_gateway(prod_spec, GatewayLayout(
-        port=18080, listen_address="127.0.0.1", conf_dir=str(tmp_path), load_modules=("/x.so", "/y.so"),
-        lua_path="/t/?.lua", lua_cpath="/t/?.so",
-        digests_file=f"{tmp_path}/k.json", tls_dir=f"{tmp_path}/tls", pid_file=f"{tmp_path}/pid",
-        error_log=f"{tmp_path}/e", usage_dir=prod_spec.gateway.usage_log.dir, temp_dir=None, user=None,
-        metrics_listen="127.0.0.1:19145"))
+    local = render_gateway(
+        prod_spec,
+        GatewayLayout(
+            port=18080,
+            listen_address="127.0.0.1",
+            conf_dir=str(tmp_path),
+            load_modules=("/x.so", "/y.so"),
+            lua_path="/t/?.lua",
+            lua_cpath="/t/?.so",
+            digests_file=f"{tmp_path}/k.json",
+            tls_dir=f"{tmp_path}/tls",
+            pid_file=f"{tmp_path}/pid",
+            error_log=f"{tmp_path}/e",
+            usage_dir=prod_spec.gateway.usage_log.dir,
+            temp_dir=None,
+            user=None,
+            metrics_listen="127.0.0.1:19145",
+        ),
+    )
     assert local["llm/gateway.lua"] == deployed["llm/gateway.lua"]
     assert local["llm/gateway_metrics.lua"] == deployed["llm/gateway_metrics.lua"]
     assert local["llm/routes.json"] == deployed["llm/routes.json"]
     differ = set(lines(deployed["nginx.conf"])) ^ set(lines(local["nginx.conf"]))
     heads = {line.split()[0] for line in differ}
-    assert heads == {"load_module", "user", "pid", "error_log", "lua_package_path", "lua_package_cpath",
-                     "init_by_lua_block", "listen", "ssl_certificate", "ssl_certificate_key"}
+    assert heads == {
+        "load_module",
+        "user",
+        "pid",
+        "error_log",
+        "lua_package_path",
+        "lua_package_cpath",
+        "init_by_lua_block",
+        "listen",
+        "ssl_certificate",
+        "ssl_certificate_key",
+    }
 
 
 # --- keys -------------------------------------------------------------------------------------
 
+
 def test_key_digests_map_sha256_to_ids_and_refuse_gaps() -> None:
     text = key_digests({"a": "sk-one", "b": "sk-two"}, ["a", "b"])
-    assert json.loads(text) == {hashlib.sha256(b"sk-one").hexdigest(): "a",
-                                hashlib.sha256(b"sk-two").hexdigest(): "b"}
+    assert json.loads(text) == {hashlib.sha256(b"sk-one").hexdigest(): "a", hashlib.sha256(b"sk-two").hexdigest(): "b"}
     assert "sk-one" not in text
     with pytest.raises(ValueError, match=r"missing: b, not in the stack: c"):
         key_digests({"a": "sk-one", "c": "sk-three"}, ["a", "b"])
@@ -464,8 +574,11 @@ def run_bash(script: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def snapshot(root: Path) -> dict[str, tuple[str, int, int]]:
-    return {str(p.relative_to(root)): (p.read_text(), p.stat().st_mtime_ns, p.stat().st_mode & 0o777)
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): (p.read_text(), p.stat().st_mtime_ns, p.stat().st_mode & 0o777)
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_keys_script_makes_keeps_and_drops_keys_and_writes_digests(tmp_path: Path) -> None:
@@ -478,8 +591,7 @@ def test_keys_script_makes_keeps_and_drops_keys_and_writes_digests(tmp_path: Pat
     assert json.loads((root / "keys.json").read_text()) == keys
     assert (root / "keys.json").stat().st_mode & 0o777 == 0o600
     # The digests the host writes are the ones nginx looks up: same as key_digests.
-    assert json.loads((root / "nginx" / DIGESTS_FILE).read_text()) == json.loads(
-        key_digests(keys, ["default", "ops"]))
+    assert json.loads((root / "nginx" / DIGESTS_FILE).read_text()) == json.loads(key_digests(keys, ["default", "ops"]))
 
     before = snapshot(root)
     again = run_bash(keys_script(["default", "ops"], str(root)))
@@ -499,9 +611,13 @@ def test_keys_script_makes_keeps_and_drops_keys_and_writes_digests(tmp_path: Pat
 
 def test_host_scripts_pass_shellcheck() -> None:
     shellcheck = tool("shellcheck")
-    for script in (keys_script(["default", "we'ird"]), keys_delete_script(),
-                   readiness_script(80, False, 120, "gpu-01"), readiness_script(443, True, 60),
-                   readiness_script(8080, False, 30, "gpu-01", auth=False)):
+    for script in (
+        keys_script(["default", "we'ird"]),
+        keys_delete_script(),
+        readiness_script(80, False, 120, "gpu-01"),
+        readiness_script(443, True, 60),
+        readiness_script(8080, False, 30, "gpu-01", auth=False),
+    ):
         result = subprocess.run([shellcheck, "-s", "bash", "-"], input=script, capture_output=True, text=True)
         assert result.returncode == 0, result.stdout
 
@@ -521,18 +637,22 @@ def test_readiness_script_passes_on_401_and_fails_with_a_message_otherwise() -> 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answer401)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        ok = subprocess.run(["bash", "-c", readiness_script(server.server_address[1], False, 30, "gpu-01")],
-                            capture_output=True, text=True)
+        ok = subprocess.run(
+            ["bash", "-c", readiness_script(server.server_address[1], False, 30, "gpu-01")],
+            capture_output=True,
+            text=True,
+        )
         assert ok.returncode == 0 and "refuses requests without a key" in ok.stdout
     finally:
         server.shutdown()
         server.server_close()
     closed = free_port()
-    down = subprocess.run(["bash", "-c", readiness_script(closed, False, 1, "gpu-01")],
-                          capture_output=True, text=True)
+    down = subprocess.run(["bash", "-c", readiness_script(closed, False, 1, "gpu-01")], capture_output=True, text=True)
     assert down.returncode == 1
-    assert down.stderr.strip() == (f"gateway on gpu-01:{closed} did not answer 401 on /v1/models within 1s "
-                                   "(last status: 000); see: docker logs llm-gateway")
+    assert down.stderr.strip() == (
+        f"gateway on gpu-01:{closed} did not answer 401 on /v1/models within 1s "
+        "(last status: 000); see: docker logs llm-gateway"
+    )
 
 
 def test_healthcheck_probe_sends_the_readiness_request_under_sh(config: dict[str, Any]) -> None:
@@ -560,8 +680,9 @@ def test_host_scripts_run_when_the_login_shell_is_dash(tmp_path: Path) -> None:
     # Handed to dash as it is, the script fails (arrays, pipefail)...
     assert subprocess.run(["dash", "-c", keys_script(["default"], str(root))], capture_output=True).returncode != 0
     # ...so the component sends it through bash_command, which hands it to bash whatever the login shell.
-    made = subprocess.run(["dash", "-c", bash_command(keys_script(["default"], str(root)))],
-                          capture_output=True, text=True)
+    made = subprocess.run(
+        ["dash", "-c", bash_command(keys_script(["default"], str(root)))], capture_output=True, text=True
+    )
     assert made.returncode == 0, made.stderr
     assert list(json.loads(made.stdout)) == ["default"]
     assert subprocess.run(["dash", "-c", bash_command(keys_delete_script(str(root)))]).returncode == 0
@@ -569,6 +690,7 @@ def test_host_scripts_run_when_the_login_shell_is_dash(tmp_path: Path) -> None:
 
 
 # --- engine servers, limits --------------------------------------------------------------------
+
 
 def test_upstream_keepalive_follows_the_pools_engine_server_timeout(config: dict[str, Any]) -> None:
     config["llm-cluster:pools"]["chat"]["env"] = {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "30"}
@@ -581,13 +703,20 @@ def test_upstream_keepalive_follows_the_pools_engine_server_timeout(config: dict
 
 def test_engine_without_server_facts_is_a_clear_error() -> None:
     from components.planning.gateway.upstreams import engine_server
-    with pytest.raises(ValueError, match="no server facts for engine 'tgi': no such engine is registered .*knows: vllm, lmdeploy, llamacpp"):
+
+    with pytest.raises(
+        ValueError,
+        match="no server facts for engine 'tgi': no such engine is registered .*knows: vllm, lmdeploy, llamacpp",
+    ):
         engine_server("tgi")
 
 
 def test_concurrency_caps_get_one_zone_per_cap(config: dict[str, Any]) -> None:
-    spec = spec_with(config, defaultMaxConcurrent=8,
-                     apiKeys=[{"id": "a"}, {"id": "b", "maxConcurrent": 2}, {"id": "default", "maxConcurrent": 8}])
+    spec = spec_with(
+        config,
+        defaultMaxConcurrent=8,
+        apiKeys=[{"id": "a"}, {"id": "b", "maxConcurrent": 2}, {"id": "default", "maxConcurrent": 8}],
+    )
     assert concurrency_zones(spec) == [(8, ["a", "default"]), (2, ["b"])]
     conf = nginx_conf(spec, GatewayLayout(port=80))
     assert block(conf, "map $llm_key_id $llm_cc_0") == ['default "";', "a $llm_key_id;", "\\default $llm_key_id;"]
@@ -602,8 +731,10 @@ def test_concurrency_caps_need_auth(config: dict[str, Any]) -> None:
         spec_with(config, auth=False, apiKeys=[], defaultMaxConcurrent=4)
 
 
-@pytest.mark.parametrize(("rps", "retry_after", "reset"), [
-    (20, 1, "50ms"), (1, 1, "1s"), (0.5, 2, "2s"), (1 / 60, 60, "1m0s"), (1 / 90, 90, "1m30s")])
+@pytest.mark.parametrize(
+    ("rps", "retry_after", "reset"),
+    [(20, 1, "50ms"), (1, 1, "1s"), (0.5, 2, "2s"), (1 / 60, 60, "1m0s"), (1 / 90, 90, "1m30s")],
+)
 def test_429_retry_after_and_reset_follow_the_rate(rps: float, retry_after: int, reset: str) -> None:
     limit = RateLimitSpec.model_construct(requests_per_second=rps, burst=0)
     assert (retry_after_seconds(limit), reset_interval(limit)) == (retry_after, reset)
@@ -616,6 +747,7 @@ def test_every_deployed_engine_has_server_facts_and_nginx_lets_go_first() -> Non
         server_keepalive_seconds,
         upstream_keepalive_seconds,
     )
+
     assert set(ENGINES) == {"vllm", "lmdeploy", "llamacpp"}
     for engine in ENGINES:
         server = engine_server(engine)
@@ -623,10 +755,12 @@ def test_every_deployed_engine_has_server_facts_and_nginx_lets_go_first() -> Non
         assert 0 < upstream_keepalive_seconds(engine, {}) < server_keepalive_seconds(engine, {}), engine
 
 
-@pytest.mark.parametrize(("engine", "variable"), [("vllm", "VLLM_HTTP_TIMEOUT_KEEP_ALIVE"),
-                                                  ("lmdeploy", "UVICORN_TIMEOUT_KEEP_ALIVE")])
+@pytest.mark.parametrize(
+    ("engine", "variable"), [("vllm", "VLLM_HTTP_TIMEOUT_KEEP_ALIVE"), ("lmdeploy", "UVICORN_TIMEOUT_KEEP_ALIVE")]
+)
 def test_a_pool_env_that_lengthens_the_servers_keepalive_lengthens_nginxs(engine: str, variable: str) -> None:
     from components.planning.gateway.upstreams import upstream_keepalive_seconds
+
     # The variable each server reads (its facts' source); llama-server has none.
     assert (upstream_keepalive_seconds(engine, {variable: "65"}), upstream_keepalive_seconds(engine, {})) == (63, 3)
     assert upstream_keepalive_seconds("llamacpp", {variable: "65"}) == 3
@@ -635,13 +769,17 @@ def test_a_pool_env_that_lengthens_the_servers_keepalive_lengthens_nginxs(engine
 def test_request_handlers_read_only_the_modules_init_by_lua_loaded(config: dict[str, Any]) -> None:
     # The handlers take their module from package.loaded (no require() call per request): one that
     # init_by_lua did not load would fail every request with "attempt to index a nil value".
-    budgeted = spec_with(copy.deepcopy(config), apiKeys=[{"id": "default"}, {
-        "id": "metered", "tokenBudget": {"tokens": 100, "windowSeconds": 60}}])
+    budgeted = spec_with(
+        copy.deepcopy(config),
+        apiKeys=[{"id": "default"}, {"id": "metered", "tokenBudget": {"tokens": 100, "windowSeconds": 60}}],
+    )
     for spec in (spec_with(copy.deepcopy(config)), budgeted):
         conf = gateway_files(spec)["nginx.conf"]
         init = next(line for line in lines(conf) if line.startswith("init_by_lua_block"))
         loaded = set(re.findall(r'require\("(\w+)"\)', init))
-        handlers = [line for line in lines(conf) if re.match(r"(set|content|header_filter|body_filter|log)_by_lua", line)]
+        handlers = [
+            line for line in lines(conf) if re.match(r"(set|content|header_filter|body_filter|log)_by_lua", line)
+        ]
         used = {m for line in handlers for m in re.findall(r"package\.loaded\.(\w+)", line)}
         assert "require(" not in "".join(handlers)
         assert used <= loaded and "gateway" in used and "gateway_metrics" in used, (used, loaded)

@@ -4,6 +4,7 @@ leaves without a failed request, the certificate a private CA on the host makes,
 files and their pruning. Loopback only; the scripts run with bash as on the gateway host, with
 `docker exec llm-gateway nginx` replaced by this nginx.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -47,10 +48,12 @@ from tests.support.gateway import (
 def control(gw: NginxGateway) -> NginxControl:
     """The reload the host scripts do, against this test's nginx instead of `docker exec`."""
     nginx = f"{nginx_binary()} -p {gw.root} -c {gw.conf_dir}/nginx.conf"
-    return NginxControl(nginx=nginx, running=f"kill -0 \"$(cat {gw.root}/nginx.pid)\" 2>/dev/null")
+    return NginxControl(nginx=nginx, running=f'kill -0 "$(cat {gw.root}/nginx.pid)" 2>/dev/null')
 
 
-def apply_config(gw: NginxGateway, spec: StackSpec, pools: dict[str, list[FakeReplica]]) -> subprocess.CompletedProcess[str]:
+def apply_config(
+    gw: NginxGateway, spec: StackSpec, pools: dict[str, list[FakeReplica]]
+) -> subprocess.CompletedProcess[str]:
     """Run the host's config script for this spec against the running test nginx (same layout)."""
     files = render_gateway(spec, gw.layout, {p: [("127.0.0.1", r.port) for r in rs] for p, rs in pools.items()})
     script = config_script(spec, files, conf_dir=str(gw.conf_dir), control=control(gw))
@@ -75,6 +78,7 @@ def test_config_change_is_written_and_reloaded_without_a_restart(tmp_path: Path)
         assert gw.call("POST", "/v1/chat/completions", {"model": "quick"}, keys["default"])[0] == 404
         # A held request is in flight across the reload: it finishes on the old worker.
         from tests.support.gateway import send_held
+
         replica, client, held = send_held(gw, keys["default"], pools["chat"], "across")
         changed = load_stack_config(gateway_config(aliases={"fast": "chat", "quick": "chat"}), set())
         result = apply_config(gw, changed, pools)
@@ -90,20 +94,36 @@ def test_config_change_is_written_and_reloaded_without_a_restart(tmp_path: Path)
         assert int((gw.root / "nginx.pid").read_text()) == master  # the same nginx: reloaded, not restarted
 
         # A config nginx refuses is not loaded: the script fails, nginx serves on.
-        broken = subprocess.run(["bash", "-c", config_script(
-            changed, {**gw.files, "nginx.conf": gw.files["nginx.conf"].replace("events {", "events { bogus;")},
-            conf_dir=str(gw.conf_dir), control=control(gw))], capture_output=True, text=True)
+        broken = subprocess.run(
+            [
+                "bash",
+                "-c",
+                config_script(
+                    changed,
+                    {**gw.files, "nginx.conf": gw.files["nginx.conf"].replace("events {", "events { bogus;")},
+                    conf_dir=str(gw.conf_dir),
+                    control=control(gw),
+                ),
+            ],
+            capture_output=True,
+            text=True,
+        )
         assert broken.returncode == 1 and "nginx -t refuses the new config" in broken.stderr
         assert gw.call("POST", "/v1/chat/completions", {"model": "quick"}, keys["default"])[0] == 200
 
 
 def test_pools_sharing_a_model_split_its_requests_by_weight(tmp_path: Path) -> None:
     spec = load_stack_config(shared_config(chat=9, canary=1), set())
-    pools = {"chat": [FakeReplica("chat-a"), FakeReplica("chat-b")], "canary": [FakeReplica("canary")],
-             "reasoning": [FakeReplica("r")]}
+    pools = {
+        "chat": [FakeReplica("chat-a"), FakeReplica("chat-b")],
+        "canary": [FakeReplica("canary")],
+        "reasoning": [FakeReplica("r")],
+    }
     with own_gateway(spec, pools, tmp_path) as (gw, keys):
-        served = Counter(gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["default"])[2]["served_by"]
-                         for _ in range(100))
+        served = Counter(
+            gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["default"])[2]["served_by"]
+            for _ in range(100)
+        )
         # 90/10 by pool, the chat pool's share spread over its two replicas.
         assert 5 <= served["canary"] <= 15 and served["chat-a"] + served["chat-b"] + served["canary"] == 100
         assert abs(served["chat-a"] - served["chat-b"]) <= 10
@@ -131,6 +151,7 @@ def test_removing_one_of_two_pools_of_a_model_fails_no_request(tmp_path: Path) -
                     results.append(answer)
                     sent_at.append(sent)
                     i += 1
+
             await asyncio.gather(*(client(n) for n in range(8)))
 
         runner = threading.Thread(target=lambda: asyncio.run(load()))
@@ -146,7 +167,9 @@ def test_removing_one_of_two_pools_of_a_model_fails_no_request(tmp_path: Path) -
         config["llm-cluster:pools"]["chat"]["nodes"].append("gpu-06")
         del config["llm-cluster:gateway"]["poolWeights"]
         old_workers = gw.workers()
-        result = apply_config(gw, load_stack_config(config, set()), {"chat": pools["chat"], "reasoning": pools["reasoning"]})
+        result = apply_config(
+            gw, load_stack_config(config, set()), {"chat": pools["chat"], "reasoning": pools["reasoning"]}
+        )
         assert result.returncode == 0, result.stderr
         # The old workers finish what they hold, then exit: from then on only the new config answers.
         deadline = time.monotonic() + WAIT
@@ -173,8 +196,12 @@ def test_generated_certificate_is_trusted_through_the_ca_and_kept_across_runs(tm
     ca_pem = made.stdout
     assert ca_pem.startswith("-----BEGIN CERTIFICATE-----") and "made a private CA" in made.stderr
     assert oct((root / "ca" / "ca.key").stat().st_mode & 0o777) == "0o600"
-    text = subprocess.run(["openssl", "x509", "-noout", "-text", "-in", str(root / "tls" / "cert.pem")],
-                          capture_output=True, text=True, check=True).stdout
+    text = subprocess.run(
+        ["openssl", "x509", "-noout", "-text", "-in", str(root / "tls" / "cert.pem")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "DNS:gpu-01, IP Address:192.168.10.11, DNS:gw.example.internal, IP Address:127.0.0.1" in text
     cert_before = (root / "tls" / "cert.pem").read_text()
     again = subprocess.run(["bash", "-c", tls_generate_script(spec, str(root))], capture_output=True, text=True)
@@ -188,8 +215,9 @@ def test_generated_certificate_is_trusted_through_the_ca_and_kept_across_runs(tm
         assert (status, out["served_by"]) == (200, "c")
         # A new name: a new certificate from the same CA, and nginx reloads onto it.
         renamed = load_stack_config(gateway_config(tls=True, port=443, tlsNames=["127.0.0.1", "other.internal"]), set())
-        renewed = subprocess.run(["bash", "-c", tls_generate_script(renamed, str(root), control(gw))],
-                                 capture_output=True, text=True)
+        renewed = subprocess.run(
+            ["bash", "-c", tls_generate_script(renamed, str(root), control(gw))], capture_output=True, text=True
+        )
         assert renewed.returncode == 0 and renewed.stdout == ca_pem, renewed.stderr
         assert "nginx reloaded (certificate changed" in renewed.stderr
         deadline = time.monotonic() + WAIT
@@ -212,8 +240,9 @@ def test_certificate_from_secrets_is_checked_against_its_key(tmp_path: Path) -> 
     assert (root / "tls" / "cert.pem").read_text() == (good / "cert.pem").read_text()
     assert oct((root / "tls" / "key.pem").stat().st_mode & 0o777) == "0o600"
     mismatched = (good / "cert.pem").read_text() + (other / "key.pem").read_text()
-    bad = subprocess.run(["bash", "-c", tls_from_stdin_script(str(root))], input=mismatched, capture_output=True,
-                         text=True)
+    bad = subprocess.run(
+        ["bash", "-c", tls_from_stdin_script(str(root))], input=mismatched, capture_output=True, text=True
+    )
     assert bad.returncode == 1 and "gatewayTlsKey is not the key of the certificate" in bad.stderr
     assert (root / "tls" / "key.pem").read_text() == (good / "key.pem").read_text()
 

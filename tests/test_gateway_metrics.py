@@ -7,6 +7,7 @@ refused, retried, failed, a stream cut by its client); /metrics must then hold e
 counts, pass `promtool check metrics` and hold no API key, and every request must have its usage
 line. Then: a reload loses no line and no count, the series cap, the day split and the retention.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -126,8 +127,12 @@ def traffic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Traffic]:
             gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["default"]),
             gw.call("POST", "/v1/completions", {"model": CHAT}, keys["default"]),
             gw.call("POST", "/v1/chat/completions", {"model": "fast"}, keys["default"]),  # alias
-            gw.call("POST", "/smart/v1/chat/completions",
-                    {"model": R1, "stream": True, "stream_options": {"include_usage": True}}, keys["analyst"]),
+            gw.call(
+                "POST",
+                "/smart/v1/chat/completions",
+                {"model": R1, "stream": True, "stream_options": {"include_usage": True}},
+                keys["analyst"],
+            ),
             gw.call("POST", "/v1/chat/completions", {"model": CHAT}),  # no key
             gw.call("POST", "/v1/chat/completions", {"model": CHAT}, "sk-not-a-key"),
             # Unknown: its name is the client's, escaped in the line and never a label value.
@@ -142,9 +147,12 @@ def traffic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Traffic]:
             assert raw.recv(65536).startswith(b"HTTP/1.1 400 ")
         # A stream its client cuts after the first event: a 200, no tokens (they never came).
         conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=WAIT)
-        conn.request("POST", "/v1/chat/completions?t=cut", json.dumps(
-            {"model": R1, "stream": True, "stream_options": {"include_usage": True}, "gate": "cut"}),
-            {"Authorization": f"Bearer {keys['default']}", "Content-Type": "application/json"})
+        conn.request(
+            "POST",
+            "/v1/chat/completions?t=cut",
+            json.dumps({"model": R1, "stream": True, "stream_options": {"include_usage": True}, "gate": "cut"}),
+            {"Authorization": f"Bearer {keys['default']}", "Content-Type": "application/json"},
+        )
         resp = conn.getresponse()
         assert b'"t0"' in resp.read1(65536)
         conn.sock.shutdown(socket.SHUT_RDWR)
@@ -215,12 +223,33 @@ def test_durations_are_a_histogram_per_pool_and_every_line_is_counted(traffic: T
     name = "llm_gateway_request_duration_seconds"
     # Refused before routing (400, 401, 403, 404, /v1/models, 429): pool "" (Prometheus drops empty labels).
     assert {pool: got[f'{name}_count{{pool="{pool}"}}'] for pool in ("chat", "reasoning", "")} == {
-        "chat": 4, "reasoning": 5, "": 8}
+        "chat": 4,
+        "reasoning": 5,
+        "": 8,
+    }
     for pool in ("chat", "reasoning", ""):
         buckets = {k: v for k, v in got.items() if k.startswith(f'{name}_bucket{{pool="{pool}",le=')}
-        assert list(buckets) == [f'{name}_bucket{{pool="{pool}",le="{le}"}}' for le in (
-            "0.05", "0.1", "0.25", "0.5", "1.0", "2.5", "5.0", "10.0", "20.0", "30.0", "60.0", "120.0", "300.0",
-            "600.0", "900.0", "+Inf")]
+        assert list(buckets) == [
+            f'{name}_bucket{{pool="{pool}",le="{le}"}}'
+            for le in (
+                "0.05",
+                "0.1",
+                "0.25",
+                "0.5",
+                "1.0",
+                "2.5",
+                "5.0",
+                "10.0",
+                "20.0",
+                "30.0",
+                "60.0",
+                "120.0",
+                "300.0",
+                "600.0",
+                "900.0",
+                "+Inf",
+            )
+        ]
         values = list(buckets.values())
         assert values == sorted(values) and values[-1] == got[f'{name}_count{{pool="{pool}"}}']
         # Loopback fake replicas answer in well under 5 s: every request is in the 5 s bucket.
@@ -265,8 +294,8 @@ def test_a_finished_requests_entry_is_reused_with_every_field_the_modules_use_cl
     # record() hands the request's entry to the next request's route_state(): a field it did not
     # clear would reach that request (an error's text, a stream's carry, a not-HTTP mark).
     metrics = METRICS_SOURCE.read_text()
-    retire = metrics[metrics.index("local function retire(st)"):]
-    retire = retire[:retire.index("\nend\n")]
+    retire = metrics[metrics.index("local function retire(st)") :]
+    retire = retire[: retire.index("\nend\n")]
     cleared = re.findall(r"\bst\.(\w+)", retire)
     assert len(cleared) == len(set(cleared)) and retire.count("nil") == len(cleared)
     used = set()
@@ -287,15 +316,36 @@ def test_every_request_has_its_usage_line_with_todays_fields(traffic: Traffic) -
     # The request path's fields, then nginx's in the order gateway_metrics.lua reads them (the
     # client's path last): a JSON object's members have none for its readers.
     assert LINE_FIELDS == [
-        "request_id", "key_id", "pool", "model", "prompt_tokens", "completion_tokens", "total_tokens", "events",
-        "time", "status", "request_time", "upstream_status", "method", "upstream", "completed", "upstream_time",
-        "request_bytes", "response_bytes", "path"]
+        "request_id",
+        "key_id",
+        "pool",
+        "model",
+        "prompt_tokens",
+        "completion_tokens",
+        "total_tokens",
+        "events",
+        "time",
+        "status",
+        "request_time",
+        "upstream_status",
+        "method",
+        "upstream",
+        "completed",
+        "upstream_time",
+        "request_bytes",
+        "response_bytes",
+        "path",
+    ]
     assert all(list(line) == LINE_FIELDS for line in traffic.log)
     cut = next(line for line in traffic.log if line["path"] == "/v1/chat/completions?t=cut")
     assert (cut["status"], cut["completed"], cut["completion_tokens"]) == (200, "", None) and cut["events"] >= 1
     stream = next(line for line in traffic.log if line["key_id"] == "analyst" and line["status"] == 200)
     assert (stream["completed"], stream["prompt_tokens"], stream["completion_tokens"], stream["total_tokens"]) == (
-        "OK", 5, 3, 8)
+        "OK",
+        5,
+        3,
+        8,
+    )
 
 
 def test_client_text_in_a_usage_line_is_json_escaped(traffic: Traffic) -> None:
@@ -338,8 +388,11 @@ def test_metrics_listener_answers_404_off_metrics_and_the_text_content_type(tmp_
         status, content_type, text = get(gw.metrics_port, "/metrics")
         assert (status, content_type) == (200, "text/plain; version=0.0.4; charset=utf-8")
         # A fresh gateway: no label set yet (scrapes are neither counted nor logged).
-        assert samples(text) == {"llm_gateway_log_lines_total": 0, "llm_gateway_log_write_errors_total": 0,
-                                 "llm_gateway_series_overflow_total": 0}
+        assert samples(text) == {
+            "llm_gateway_log_lines_total": 0,
+            "llm_gateway_log_write_errors_total": 0,
+            "llm_gateway_series_overflow_total": 0,
+        }
         # The gateway's own port does not serve them (its 404, in OpenAI's shape).
         assert gw.call("GET", "/metrics")[0] == 404
     finally:
@@ -359,7 +412,8 @@ def test_a_reload_loses_no_usage_line_and_no_count(tmp_path: Path) -> None:
             assert gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["default"])[0] == 200
         text = scrape(gw, 40)
         assert of(text, "llm_gateway_requests_total") == {
-            'llm_gateway_requests_total{key_id="default",model="qwen3-30b-a3b",pool="chat",status="200"}': 40}
+            'llm_gateway_requests_total{key_id="default",model="qwen3-30b-a3b",pool="chat",status="200"}': 40
+        }
         assert samples(text)['llm_gateway_tokens_total{key_id="default",model="qwen3-30b-a3b",kind="prompt"}'] == 440
         assert len(gw.log(at_least=40)) == 40
     finally:
@@ -378,8 +432,15 @@ def test_label_sets_are_capped_and_the_overflow_counted(tmp_path: Path) -> None:
         scrape(gw, 2)
         # The analyst's stream would make 4 more (requests, two token kinds, the reasoning histogram):
         # all dropped and counted; a known label set keeps counting.
-        assert gw.call("POST", "/smart/v1/chat/completions",
-                       {"model": R1, "stream": True, "stream_options": {"include_usage": True}}, keys["analyst"])[0] == 200
+        assert (
+            gw.call(
+                "POST",
+                "/smart/v1/chat/completions",
+                {"model": R1, "stream": True, "stream_options": {"include_usage": True}},
+                keys["analyst"],
+            )[0]
+            == 200
+        )
         assert gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["default"])[0] == 200
         got = samples(scrape(gw, 4))
     finally:
@@ -390,16 +451,21 @@ def test_label_sets_are_capped_and_the_overflow_counted(tmp_path: Path) -> None:
         'llm_gateway_requests_total{key_id="limited",model="",pool="",status="200"}': 1,
         'llm_gateway_tokens_total{key_id="default",model="qwen3-30b-a3b",kind="completion"}': 14,
         'llm_gateway_tokens_total{key_id="default",model="qwen3-30b-a3b",kind="prompt"}': 22,
-        'llm_gateway_request_duration_seconds_sum{pool="chat"}': got['llm_gateway_request_duration_seconds_sum{pool="chat"}'],
+        'llm_gateway_request_duration_seconds_sum{pool="chat"}': got[
+            'llm_gateway_request_duration_seconds_sum{pool="chat"}'
+        ],
         'llm_gateway_request_duration_seconds_count{pool="chat"}': 2,
         'llm_gateway_request_duration_seconds_sum{pool=""}': got['llm_gateway_request_duration_seconds_sum{pool=""}'],
         'llm_gateway_request_duration_seconds_count{pool=""}': 1,
-        "llm_gateway_log_lines_total": 4, "llm_gateway_log_write_errors_total": 0,
-        "llm_gateway_series_overflow_total": 4}
+        "llm_gateway_log_lines_total": 4,
+        "llm_gateway_log_write_errors_total": 0,
+        "llm_gateway_series_overflow_total": 4,
+    }
 
 
 def test_a_full_metrics_zone_drops_new_label_sets_and_never_a_count(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A zone too small for its label sets (the gateway sizes it from maxSeries; 12k is the least
     lua_shared_dict takes): a label set that does not fit is dropped and counted as overflow, and
     no counter that fit is evicted (an evicting add or incr drops the least recently used ones, and
@@ -421,8 +487,14 @@ def test_a_full_metrics_zone_drops_new_label_sets_and_never_a_count(
     # Every counter the zone holds has both of its key's requests; each key it could not hold is overflow.
     assert set(counted.values()) == {2}, counted
     assert got["llm_gateway_series_overflow_total"] >= 2 * (len(ids) - len(counted))
-    said = (gw.root / "error.log").read_text().count("the metrics zone llm_metrics is full: new label sets are "
-                                                     "dropped and counted in llm_gateway_series_overflow_total")
+    said = (
+        (gw.root / "error.log")
+        .read_text()
+        .count(
+            "the metrics zone llm_metrics is full: new label sets are "
+            "dropped and counted in llm_gateway_series_overflow_total"
+        )
+    )
     assert 1 <= said <= 2  # once per worker
 
 
@@ -456,9 +528,19 @@ def test_usage_files_past_their_retention_or_the_size_cap_are_pruned_oldest_firs
 
 
 # nginx's part of a usage line, as a request of the record harness carries it (X-Line).
-HARNESS_LINE = {"time": "", "method": "POST", "path": "/v1/completions", "upstream": "127.0.0.1:1", "status": 200,
-                "upstream_status": "200", "completed": "OK", "request_time": 0.01, "upstream_time": "0.01",
-                "request_bytes": 10, "response_bytes": 20}
+HARNESS_LINE = {
+    "time": "",
+    "method": "POST",
+    "path": "/v1/completions",
+    "upstream": "127.0.0.1:1",
+    "status": 200,
+    "upstream_status": "200",
+    "completed": "OK",
+    "request_time": 0.01,
+    "upstream_time": "0.01",
+    "request_bytes": 10,
+    "response_bytes": 20,
+}
 
 
 class RecordHarness:
@@ -473,25 +555,37 @@ class RecordHarness:
         self.port, self.metrics_port, self.root = layout.port, free_port(), root
         (root / "llm").mkdir()
         shutil.copy(METRICS_SOURCE, root / "llm" / "gateway_metrics.lua")
-        (root / "nginx.conf").write_text("\n".join([
-            *(f"load_module {m};" for m in lua["load_modules"]), "worker_processes 1;",
-            f"pid {root}/nginx.pid;", f"error_log {root}/error.log notice;", "events {}", "http {",
-            *(f"    {line}" for line in temp_path_directives(root)),
-            f'    lua_package_path "{root}/llm/?.lua;{lua["lua_path"]};;";',
-            '    init_by_lua_block { require("gateway_metrics") }',
-            f"    lua_shared_dict {METRICS_ZONE} 1m;",
-            f'    init_worker_by_lua_block {{ require("gateway_metrics").start({_lua_value(settings)}) }}',
-            '    exit_worker_by_lua_block { require("gateway_metrics").stop() }',
-            "    map $http_x_line $llm_usage_line { default $http_x_line; }",
-            "    map \"\" $llm_key_id { default default; }",
-            "    access_log off;",
-            f"    server {{ listen 127.0.0.1:{self.port}; log_by_lua_block {{ require('gateway_metrics').record() }}",
-            "        location / { return 204; } }",
-            f"    server {{ listen 127.0.0.1:{self.metrics_port}; log_by_lua_block {{ return }}",
-            "        location = /metrics { content_by_lua_block { require('gateway_metrics').serve() } } }",
-            "}", ""]))
-        self.proc = subprocess.Popen([nginx_binary(), "-p", str(root), "-c", str(root / "nginx.conf"),
-                                      "-g", "daemon off;"], stderr=subprocess.PIPE)
+        (root / "nginx.conf").write_text(
+            "\n".join(
+                [
+                    *(f"load_module {m};" for m in lua["load_modules"]),
+                    "worker_processes 1;",
+                    f"pid {root}/nginx.pid;",
+                    f"error_log {root}/error.log notice;",
+                    "events {}",
+                    "http {",
+                    *(f"    {line}" for line in temp_path_directives(root)),
+                    f'    lua_package_path "{root}/llm/?.lua;{lua["lua_path"]};;";',
+                    '    init_by_lua_block { require("gateway_metrics") }',
+                    f"    lua_shared_dict {METRICS_ZONE} 1m;",
+                    f'    init_worker_by_lua_block {{ require("gateway_metrics").start({_lua_value(settings)}) }}',
+                    '    exit_worker_by_lua_block { require("gateway_metrics").stop() }',
+                    "    map $http_x_line $llm_usage_line { default $http_x_line; }",
+                    '    map "" $llm_key_id { default default; }',
+                    "    access_log off;",
+                    f"    server {{ listen 127.0.0.1:{self.port}; log_by_lua_block {{ require('gateway_metrics').record() }}",
+                    "        location / { return 204; } }",
+                    f"    server {{ listen 127.0.0.1:{self.metrics_port}; log_by_lua_block {{ return }}",
+                    "        location = /metrics { content_by_lua_block { require('gateway_metrics').serve() } } }",
+                    "}",
+                    "",
+                ]
+            )
+        )
+        self.proc = subprocess.Popen(
+            [nginx_binary(), "-p", str(root), "-c", str(root / "nginx.conf"), "-g", "daemon off;"],
+            stderr=subprocess.PIPE,
+        )
 
     def send(self, time_iso: str) -> None:
         """One request whose usage line is HARNESS_LINE at this time."""
@@ -524,8 +618,12 @@ def test_each_line_goes_to_the_file_of_its_own_day(tmp_path: Path) -> None:
     usage = Path(tempfile.mkdtemp(prefix="llm-usage-"))
     usage.chmod(0o777)
     harness = RecordHarness(tmp_path, usage)
-    times = ["2026-11-30T23:59:59+00:00", "2026-11-30T23:59:59+00:00", "2026-12-01T00:00:00+00:00",
-             "2026-11-30T23:59:59+00:00"]  # the last: a long request logged after midnight, of the day before
+    times = [
+        "2026-11-30T23:59:59+00:00",
+        "2026-11-30T23:59:59+00:00",
+        "2026-12-01T00:00:00+00:00",
+        "2026-11-30T23:59:59+00:00",
+    ]  # the last: a long request logged after midnight, of the day before
     try:
         for t in times:
             harness.send(t)
@@ -556,7 +654,8 @@ def test_lines_a_worker_cannot_write_are_counted_lost_and_the_error_log_says_why
 
 
 def test_a_worker_writes_its_lines_once_it_holds_max_pending_without_waiting_for_its_timer(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The timer an hour away: lines can only reach the file through the bound on what a worker holds.
     monkeypatch.setattr(gateway_planning, "USAGE_FLUSH_SECONDS", 3600)
     monkeypatch.setattr(gateway_planning, "USAGE_MAX_PENDING", 5)
@@ -565,8 +664,12 @@ def test_a_worker_writes_its_lines_once_it_holds_max_pending_without_waiting_for
     conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=WAIT)
 
     def chat() -> int:
-        conn.request("POST", "/v1/chat/completions", body=json.dumps({"model": CHAT}),
-                     headers={"Authorization": f"Bearer {keys['default']}", "Content-Type": "application/json"})
+        conn.request(
+            "POST",
+            "/v1/chat/completions",
+            body=json.dumps({"model": CHAT}),
+            headers={"Authorization": f"Bearer {keys['default']}", "Content-Type": "application/json"},
+        )
         response = conn.getresponse()
         response.read()
         return response.status

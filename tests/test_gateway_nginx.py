@@ -8,6 +8,7 @@ Fake replicas are Python HTTP/1.1 servers in threads that record every request a
 OpenAI server (JSON with `usage`, or SSE chunks ending with a usage chunk and `[DONE]`). API keys
 come from the real host script (keys_script), so the digests gateway.lua looks up are the ones bash wrote.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -58,8 +59,9 @@ from tests.support.gateway import (
 
 
 @pytest.fixture(scope="module")
-def gw_keys(tmp_path_factory: pytest.TempPathFactory,
-            replicas: dict[str, list[FakeReplica]]) -> Iterator[tuple[NginxGateway, dict[str, str]]]:
+def gw_keys(
+    tmp_path_factory: pytest.TempPathFactory, replicas: dict[str, list[FakeReplica]]
+) -> Iterator[tuple[NginxGateway, dict[str, str]]]:
     spec = load_stack_config(gateway_config(), set())
     keys, digests = host_keys(spec, tmp_path_factory.mktemp("keys"))
     gw = NginxGateway(spec, replicas, tmp_path_factory.mktemp("gateway"), digests)
@@ -77,22 +79,26 @@ def keys(gw_keys: tuple[NginxGateway, dict[str, str]]) -> dict[str, str]:
     return gw_keys[1]
 
 
-
-
 # --- nginx -t -----------------------------------------------------------------------------------
-
 
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "reference": {},
     "plain-http": {"tls": False, "port": 80},
     "no-keys-no-limits": {"apiKeys": []},
-    "default-limit-zones": {"defaultRateLimit": {"requestsPerSecond": 0.5, "burst": 2},
-                            "apiKeys": [{"id": "a"}, {"id": "b", "rateLimit": {"requestsPerSecond": 3}}]},
-    "aliases-allowlists": {"aliases": {"fast": "chat", "smart": "reasoning"},
-                           "apiKeys": [{"id": "x", "models": ["fast", "deepseek-r1"]}]},
-    "two-prefixes-big-body": {"pathRoutes": {"/smart/v1/": "reasoning", "/team/chat/v1/": "chat"},
-                              "maxBodyMib": 256, "upstreamKeepalive": 0},
+    "default-limit-zones": {
+        "defaultRateLimit": {"requestsPerSecond": 0.5, "burst": 2},
+        "apiKeys": [{"id": "a"}, {"id": "b", "rateLimit": {"requestsPerSecond": 3}}],
+    },
+    "aliases-allowlists": {
+        "aliases": {"fast": "chat", "smart": "reasoning"},
+        "apiKeys": [{"id": "x", "models": ["fast", "deepseek-r1"]}],
+    },
+    "two-prefixes-big-body": {
+        "pathRoutes": {"/smart/v1/": "reasoning", "/team/chat/v1/": "chat"},
+        "maxBodyMib": 256,
+        "upstreamKeepalive": 0,
+    },
     "tls-from-secrets": {"tls": True, "port": 443},
     "http-redirect": {"httpRedirectPort": 80},
 }
@@ -107,19 +113,28 @@ def test_nginx_accepts_the_generated_config(variant: str, tmp_path: Path) -> Non
         config["llm-cluster:gatewayTlsCert"] = config["llm-cluster:gatewayTlsKey"] = "[secret]"
         secrets = {"llm-cluster:gatewayTlsCert", "llm-cluster:gatewayTlsKey"}
     spec = load_stack_config(config, secrets)
-    layout = GatewayLayout(port=free_port(), listen_address="127.0.0.1", conf_dir=str(tmp_path),
-                           **lua_layout(), digests_file=str(tmp_path / "digests.json"),
-                           tls_dir=str(self_signed(tmp_path / "tls")), pid_file=str(tmp_path / "pid"),
-                           error_log=str(tmp_path / "error.log"), usage_dir=str(tmp_path / "usage"),
-                           temp_dir=str(tmp_path / "tmp"), user=None)
+    layout = GatewayLayout(
+        port=free_port(),
+        listen_address="127.0.0.1",
+        conf_dir=str(tmp_path),
+        **lua_layout(),
+        digests_file=str(tmp_path / "digests.json"),
+        tls_dir=str(self_signed(tmp_path / "tls")),
+        pid_file=str(tmp_path / "pid"),
+        error_log=str(tmp_path / "error.log"),
+        usage_dir=str(tmp_path / "usage"),
+        temp_dir=str(tmp_path / "tmp"),
+        user=None,
+    )
     # The deployed upstreams (the stack's node addresses): nginx -t does not connect to them.
     for rel, text in render_gateway(spec, layout).items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
     (tmp_path / "digests.json").write_text("{}")
     (tmp_path / "tmp").mkdir()
-    result = subprocess.run([nginx_binary(), "-t", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [nginx_binary(), "-t", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
     assert "test is successful" in result.stderr
 
@@ -136,8 +151,10 @@ def test_the_workers_collect_lua_garbage_with_the_pause_the_master_set(tmp_path:
 
 # --- routing ------------------------------------------------------------------------------------
 
-def test_a_port_taken_before_nginx_binds_it_moves_the_gateway_to_another(tmp_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+
+def test_a_port_taken_before_nginx_binds_it_moves_the_gateway_to_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Another process holds the port free_port gave: nginx exits (Address already in use), a second port is tried.
     with socket.create_server(("127.0.0.1", 0)) as taken:
         held = taken.getsockname()[1]
@@ -150,8 +167,9 @@ def test_a_port_taken_before_nginx_binds_it_moves_the_gateway_to_another(tmp_pat
             assert gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["default"])[0] == 200
 
 
-def test_routes_by_model_to_the_pool_that_serves_it(gw: NginxGateway, keys: dict[str, str],
-                                                    replicas: dict[str, list[FakeReplica]]) -> None:
+def test_routes_by_model_to_the_pool_that_serves_it(
+    gw: NginxGateway, keys: dict[str, str], replicas: dict[str, list[FakeReplica]]
+) -> None:
     chat_names = {r.name for r in replicas["chat"]}
     for model in (CHAT, "/data/models/Qwen3-30B-A3B"):
         status, _, out = gw.call("POST", "/v1/chat/completions", {"model": model, "messages": []}, keys["default"])
@@ -166,44 +184,61 @@ def test_path_route_pins_its_pool_and_rewrites_the_prefix(gw: NginxGateway, keys
     assert (status, out["served_by"], out["path"]) == (200, "reasoning-0", "/v1/chat/completions?x=1")
     status, _, out = gw.call("POST", "/smart/v1/chat/completions", {"model": CHAT}, keys["default"])
     assert status == 404 and error_code(out) == "model_not_found"
-    assert out["error"]["message"] == ("The model 'qwen3-30b-a3b' does not exist under /smart/v1/. "
-                                       "Available models: deepseek-r1, /data/models/DeepSeek-R1-GPTQ-Int4")
+    assert out["error"]["message"] == (
+        "The model 'qwen3-30b-a3b' does not exist under /smart/v1/. "
+        "Available models: deepseek-r1, /data/models/DeepSeek-R1-GPTQ-Int4"
+    )
 
 
-def test_alias_reaches_its_pool_with_the_served_name(gw: NginxGateway, keys: dict[str, str],
-                                                     replicas: dict[str, list[FakeReplica]]) -> None:
-    status, _, out = gw.call("POST", "/v1/chat/completions",
-                             {"model": "fast", "messages": [{"role": "user", "content": "你好"}], "rid": "alias"},
-                             keys["default"])
+def test_alias_reaches_its_pool_with_the_served_name(
+    gw: NginxGateway, keys: dict[str, str], replicas: dict[str, list[FakeReplica]]
+) -> None:
+    status, _, out = gw.call(
+        "POST",
+        "/v1/chat/completions",
+        {"model": "fast", "messages": [{"role": "user", "content": "你好"}], "rid": "alias"},
+        keys["default"],
+    )
     assert status == 200 and out["model"] == CHAT
     sent = [r for rs in replicas["chat"] for r in rs.requests if r["body"].get("rid") == "alias"]
-    assert [r["body"] for r in sent] == [{"model": CHAT, "messages": [{"role": "user", "content": "你好"}],
-                                          "rid": "alias"}]
+    assert [r["body"] for r in sent] == [
+        {"model": CHAT, "messages": [{"role": "user", "content": "你好"}], "rid": "alias"}
+    ]
 
 
-@pytest.mark.parametrize(("sent", "received"), [
-    # Every byte but the name as the client sent it: numbers beyond a double's precision, key order,
-    # escapes, empty arrays, a nested `model` (not the request's).
-    (b'{"model": "fast", "rid": "as-sent", "messages": [], "seed": 123456789012345678901, "t": 0.1, '
-     b'"m": {"model": "fast"}, "s": "a\\/b\\"c"}',
-     b'{"model": "qwen3-30b-a3b", "rid": "as-sent", "messages": [], "seed": 123456789012345678901, "t": 0.1, '
-     b'"m": {"model": "fast"}, "s": "a\\/b\\"c"}'),
-    (b' {"rid":"as-sent-escaped","\\u006dodel" :\t"f\\u0061st" }',
-     b' {"rid":"as-sent-escaped","\\u006dodel" :\t"qwen3-30b-a3b" }'),
-    (b'{"model": "fast", "rid": "as-sent-twice", "model": "fast"}',
-     b'{"model": "qwen3-30b-a3b", "rid": "as-sent-twice", "model": "qwen3-30b-a3b"}'),
-])
-def test_an_aliased_body_changes_only_in_its_model(gw: NginxGateway, keys: dict[str, str],
-                                                  replicas: dict[str, list[FakeReplica]], sent: bytes,
-                                                  received: bytes) -> None:
+@pytest.mark.parametrize(
+    ("sent", "received"),
+    [
+        # Every byte but the name as the client sent it: numbers beyond a double's precision, key order,
+        # escapes, empty arrays, a nested `model` (not the request's).
+        (
+            b'{"model": "fast", "rid": "as-sent", "messages": [], "seed": 123456789012345678901, "t": 0.1, '
+            b'"m": {"model": "fast"}, "s": "a\\/b\\"c"}',
+            b'{"model": "qwen3-30b-a3b", "rid": "as-sent", "messages": [], "seed": 123456789012345678901, "t": 0.1, '
+            b'"m": {"model": "fast"}, "s": "a\\/b\\"c"}',
+        ),
+        (
+            b' {"rid":"as-sent-escaped","\\u006dodel" :\t"f\\u0061st" }',
+            b' {"rid":"as-sent-escaped","\\u006dodel" :\t"qwen3-30b-a3b" }',
+        ),
+        (
+            b'{"model": "fast", "rid": "as-sent-twice", "model": "fast"}',
+            b'{"model": "qwen3-30b-a3b", "rid": "as-sent-twice", "model": "qwen3-30b-a3b"}',
+        ),
+    ],
+)
+def test_an_aliased_body_changes_only_in_its_model(
+    gw: NginxGateway, keys: dict[str, str], replicas: dict[str, list[FakeReplica]], sent: bytes, received: bytes
+) -> None:
     status, _, out = gw.call("POST", "/v1/chat/completions", raw=sent, key=keys["default"])
     rid = json.loads(sent)["rid"]
     assert (status, out["model"], out["rid"]) == (200, CHAT, rid)
     assert [r["raw"] for rs in replicas["chat"] for r in rs.requests if r["body"].get("rid") == rid] == [received]
 
 
-def test_least_conn_spreads_requests_and_avoids_a_busy_replica(gw: NginxGateway, keys: dict[str, str],
-                                                               replicas: dict[str, list[FakeReplica]]) -> None:
+def test_least_conn_spreads_requests_and_avoids_a_busy_replica(
+    gw: NginxGateway, keys: dict[str, str], replicas: dict[str, list[FakeReplica]]
+) -> None:
     chat = replicas["chat"]
     before = {r.name: len(r.requests) for r in chat}
     for _ in range(8):
@@ -214,8 +249,9 @@ def test_least_conn_spreads_requests_and_avoids_a_busy_replica(gw: NginxGateway,
     # One replica busy with a long request: least_conn sends everything else to the idle ones.
     busy, client, held = send_held(gw, keys["default"], chat, "busy")
     try:
-        served = [gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["default"])[2]["served_by"]
-                  for _ in range(6)]
+        served = [
+            gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["default"])[2]["served_by"] for _ in range(6)
+        ]
         assert busy.name not in served and len(set(served)) == 3, served
     finally:
         busy.gates["busy"].set()
@@ -223,16 +259,28 @@ def test_least_conn_spreads_requests_and_avoids_a_busy_replica(gw: NginxGateway,
     assert held["result"][0] == 200
 
 
-def test_models_list_is_answered_by_the_gateway_per_key_and_prefix(gw: NginxGateway, keys: dict[str, str],
-                                                                   replicas: dict[str, list[FakeReplica]]) -> None:
+def test_models_list_is_answered_by_the_gateway_per_key_and_prefix(
+    gw: NginxGateway, keys: dict[str, str], replicas: dict[str, list[FakeReplica]]
+) -> None:
     status, _, out = gw.call("GET", "/v1/models", key=keys["default"])
     assert status == 200 and out["object"] == "list"
-    assert [m["id"] for m in out["data"]] == [CHAT, "/data/models/Qwen3-30B-A3B", "fast", R1,
-                                              "/data/models/DeepSeek-R1-GPTQ-Int4"]
+    assert [m["id"] for m in out["data"]] == [
+        CHAT,
+        "/data/models/Qwen3-30B-A3B",
+        "fast",
+        R1,
+        "/data/models/DeepSeek-R1-GPTQ-Int4",
+    ]
     created = out["data"][0]["created"]
     assert isinstance(created, int) and abs(created - time.time()) < 3600
-    assert out["data"][0] == {"id": CHAT, "object": "model", "created": created, "owned_by": "llm-cluster",
-                              "root": "/data/models/Qwen3-30B-A3B", "max_model_len": 32768}
+    assert out["data"][0] == {
+        "id": CHAT,
+        "object": "model",
+        "created": created,
+        "owned_by": "llm-cluster",
+        "root": "/data/models/Qwen3-30B-A3B",
+        "max_model_len": 32768,
+    }
     assert list(out) == ["object", "data"] and all(list(m) == list(out["data"][0]) for m in out["data"])
     _, _, smart = gw.call("GET", "/smart/v1/models", key=keys["default"])
     assert [m["id"] for m in smart["data"]] == [R1, "/data/models/DeepSeek-R1-GPTQ-Int4"]
@@ -243,15 +291,23 @@ def test_models_list_is_answered_by_the_gateway_per_key_and_prefix(gw: NginxGate
 
 # --- errors -------------------------------------------------------------------------------------
 
-def test_missing_or_wrong_key_is_401_before_anything_is_read(gw: NginxGateway, keys: dict[str, str],
-                                                             replicas: dict[str, list[FakeReplica]]) -> None:
+
+def test_missing_or_wrong_key_is_401_before_anything_is_read(
+    gw: NginxGateway, keys: dict[str, str], replicas: dict[str, list[FakeReplica]]
+) -> None:
     seen = sum(len(r.requests) for r in by_name(replicas).values())
-    for headers in ({}, {"Authorization": "Bearer sk-wrong"}, {"Authorization": f"Basic {keys['default']}"},
-                    {"Authorization": "Bearer "}):
-        for method, path in (("POST", "/v1/chat/completions"), ("GET", "/v1/models"),
-                             ("POST", "/smart/v1/completions")):
-            status, hdrs, out = gw.call(method, path, {"model": CHAT} if method == "POST" else None,
-                                        headers=headers)
+    for headers in (
+        {},
+        {"Authorization": "Bearer sk-wrong"},
+        {"Authorization": f"Basic {keys['default']}"},
+        {"Authorization": "Bearer "},
+    ):
+        for method, path in (
+            ("POST", "/v1/chat/completions"),
+            ("GET", "/v1/models"),
+            ("POST", "/smart/v1/completions"),
+        ):
+            status, hdrs, out = gw.call(method, path, {"model": CHAT} if method == "POST" else None, headers=headers)
             assert status == 401 and error_code(out) == "invalid_api_key", (headers, path)
             assert hdrs["www-authenticate"] == "Bearer"
     assert sum(len(r.requests) for r in by_name(replicas).values()) == seen
@@ -273,7 +329,8 @@ def test_only_the_bearer_scheme_carries_a_key(gw: NginxGateway, keys: dict[str, 
 
 
 def test_every_header_with_a_key_passes_past_the_workers_header_bound_and_a_revoked_key_fails_at_once(
-        tmp_path: Path, replicas: dict[str, list[FakeReplica]]) -> None:
+    tmp_path: Path, replicas: dict[str, list[FakeReplica]]
+) -> None:
     spec = load_stack_config(gateway_config(), set())
     keys, digests = host_keys(spec, tmp_path / "keys")
     gw = NginxGateway(spec, replicas, tmp_path / "gateway", digests)
@@ -311,8 +368,10 @@ def test_every_header_with_a_key_passes_past_the_workers_header_bound_and_a_revo
 def test_key_not_allowed_the_model_is_403(gw: NginxGateway, keys: dict[str, str]) -> None:
     status, _, out = gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["analyst"])
     assert status == 403 and error_code(out) == "model_not_allowed"
-    assert out["error"]["message"] == ("The API key 'analyst' may not use the model 'qwen3-30b-a3b'. "
-                                       "Allowed models: deepseek-r1, /data/models/DeepSeek-R1-GPTQ-Int4")
+    assert out["error"]["message"] == (
+        "The API key 'analyst' may not use the model 'qwen3-30b-a3b'. "
+        "Allowed models: deepseek-r1, /data/models/DeepSeek-R1-GPTQ-Int4"
+    )
     status, _, out = gw.call("POST", "/v1/chat/completions", {"model": R1}, keys["analyst"])
     assert (status, out["served_by"]) == (200, "reasoning-0")
 
@@ -332,7 +391,8 @@ def test_unknown_model_is_404_listing_the_available_ones(gw: NginxGateway, keys:
     assert status == 404 and error_code(out) == "model_not_found" and out["error"]["param"] == "model"
     assert out["error"]["message"] == (
         "The model 'gpt-4o' does not exist under /v1/. Available models: qwen3-30b-a3b, "
-        "/data/models/Qwen3-30B-A3B, fast, deepseek-r1, /data/models/DeepSeek-R1-GPTQ-Int4")
+        "/data/models/Qwen3-30B-A3B, fast, deepseek-r1, /data/models/DeepSeek-R1-GPTQ-Int4"
+    )
 
 
 PARSE = "We could not parse the JSON body of your request: "
@@ -340,22 +400,32 @@ MISSING = "You must provide a model parameter (a string)."
 
 
 # The parser's reason is cjson's (the Lua module's JSON library), its token names spelled out.
-@pytest.mark.parametrize(("raw", "code", "message"), [
-    (b'{"model": "qwen3', "invalid_json", PARSE + "Expected value but found unexpected end of string at character 17"),
-    (b"", "invalid_json", PARSE + "Expected value but found the end of the body at character 1"),
-    (b'{"model": "a",}', "invalid_json", PARSE + "Expected object key string but found '}' at character 15"),
-    (b'{"model": "a"} x', "invalid_json", PARSE + "Expected the end but found invalid token at character 16"),
-    (b'{"model": "a", "n": NaN}', "invalid_json", PARSE + "Expected value but found invalid token at character 21"),
-    (b"[1, 2]", "invalid_json", "The request body must be a JSON object."),
-    (b" null", "invalid_json", "The request body must be a JSON object."),
-    (b'"qwen3-30b-a3b"', "invalid_json", "The request body must be a JSON object."),
-    (b'{"messages": []}', "missing_model", MISSING), (b'{"model": 7}', "missing_model", MISSING),
-    (b'{"model": ""}', "missing_model", MISSING), (b'{"model": null}', "missing_model", MISSING),
-    # Only the top level's `model` counts: one inside another member is not the request's.
-    (b'{"messages": [{"model": "qwen3-30b-a3b"}], "x": {"model": "qwen3-30b-a3b"}}', "missing_model", MISSING),
-])
-def test_bad_json_or_missing_model_is_400(gw: NginxGateway, keys: dict[str, str], raw: bytes, code: str,
-                                          message: str) -> None:
+@pytest.mark.parametrize(
+    ("raw", "code", "message"),
+    [
+        (
+            b'{"model": "qwen3',
+            "invalid_json",
+            PARSE + "Expected value but found unexpected end of string at character 17",
+        ),
+        (b"", "invalid_json", PARSE + "Expected value but found the end of the body at character 1"),
+        (b'{"model": "a",}', "invalid_json", PARSE + "Expected object key string but found '}' at character 15"),
+        (b'{"model": "a"} x', "invalid_json", PARSE + "Expected the end but found invalid token at character 16"),
+        (b'{"model": "a", "n": NaN}', "invalid_json", PARSE + "Expected value but found invalid token at character 21"),
+        (b"[1, 2]", "invalid_json", "The request body must be a JSON object."),
+        (b" null", "invalid_json", "The request body must be a JSON object."),
+        (b'"qwen3-30b-a3b"', "invalid_json", "The request body must be a JSON object."),
+        (b'{"messages": []}', "missing_model", MISSING),
+        (b'{"model": 7}', "missing_model", MISSING),
+        (b'{"model": ""}', "missing_model", MISSING),
+        (b'{"model": null}', "missing_model", MISSING),
+        # Only the top level's `model` counts: one inside another member is not the request's.
+        (b'{"messages": [{"model": "qwen3-30b-a3b"}], "x": {"model": "qwen3-30b-a3b"}}', "missing_model", MISSING),
+    ],
+)
+def test_bad_json_or_missing_model_is_400(
+    gw: NginxGateway, keys: dict[str, str], raw: bytes, code: str, message: str
+) -> None:
     status, headers, out = gw.call("POST", "/v1/chat/completions", raw=raw, key=keys["default"])
     assert (status, error_code(out), out["error"]["message"]) == (400, code, message)
     assert out["error"]["param"] == ("model" if code == "missing_model" else None)
@@ -365,48 +435,82 @@ def test_bad_json_or_missing_model_is_400(gw: NginxGateway, keys: dict[str, str]
 LONG = "x" * 300  # longer than gateway.lua's LONG_STRING: checked by gateway.lua, not read by cjson
 
 
-@pytest.mark.parametrize(("raw", "code", "message"), [
-    # A long string's escapes are cjson's to judge, with its own reason and position.
-    ('{"model": "deepseek-r1", "prompt": "' + LONG + '\\x"}', "invalid_json",
-     PARSE + "Expected value but found invalid escape code at character 337"),
-    ('{"model": "deepseek-r1", "prompt": "' + LONG + '\\ud800"}', "invalid_json",
-     PARSE + "Expected value but found invalid unicode escape code at character 337"),
-    ('{"model": "deepseek-r1", "prompt": "' + LONG + '"', "invalid_json",
-     PARSE + "Expected comma or object end but found the end of the body at character 338"),
-    ('{"model": "deepseek-r1", "prompt": "' + LONG, "invalid_json",
-     PARSE + "Expected value but found unexpected end of string at character 337"),
-    ('{"model": "deepseek-r1", "prompt": "' + LONG + '" x}', "invalid_json",
-     PARSE + "Expected comma or object end but found invalid token at character 339"),
-    ('{"model": "' + LONG + '", "prompt": "' + LONG + '"}', "model_not_found", None),
-    ('{"model": "", "prompt": "' + LONG + '"}', "missing_model", MISSING),
-    ('{"prompt": "' + LONG + '"}', "missing_model", MISSING),
-])
-def test_a_body_with_long_strings_is_judged_as_cjson_judges_it(gw: NginxGateway, keys: dict[str, str], raw: str,
-                                                               code: str, message: str | None) -> None:
+@pytest.mark.parametrize(
+    ("raw", "code", "message"),
+    [
+        # A long string's escapes are cjson's to judge, with its own reason and position.
+        (
+            '{"model": "deepseek-r1", "prompt": "' + LONG + '\\x"}',
+            "invalid_json",
+            PARSE + "Expected value but found invalid escape code at character 337",
+        ),
+        (
+            '{"model": "deepseek-r1", "prompt": "' + LONG + '\\ud800"}',
+            "invalid_json",
+            PARSE + "Expected value but found invalid unicode escape code at character 337",
+        ),
+        (
+            '{"model": "deepseek-r1", "prompt": "' + LONG + '"',
+            "invalid_json",
+            PARSE + "Expected comma or object end but found the end of the body at character 338",
+        ),
+        (
+            '{"model": "deepseek-r1", "prompt": "' + LONG,
+            "invalid_json",
+            PARSE + "Expected value but found unexpected end of string at character 337",
+        ),
+        (
+            '{"model": "deepseek-r1", "prompt": "' + LONG + '" x}',
+            "invalid_json",
+            PARSE + "Expected comma or object end but found invalid token at character 339",
+        ),
+        ('{"model": "' + LONG + '", "prompt": "' + LONG + '"}', "model_not_found", None),
+        ('{"model": "", "prompt": "' + LONG + '"}', "missing_model", MISSING),
+        ('{"prompt": "' + LONG + '"}', "missing_model", MISSING),
+    ],
+)
+def test_a_body_with_long_strings_is_judged_as_cjson_judges_it(
+    gw: NginxGateway, keys: dict[str, str], raw: str, code: str, message: str | None
+) -> None:
     status, _, out = gw.call("POST", "/v1/chat/completions", raw=raw.encode(), key=keys["default"])
     assert (status, error_code(out)) == ({"model_not_found": 404}.get(code, 400), code)
     if message is not None:
         assert out["error"]["message"] == message
 
 
-@pytest.mark.parametrize("raw", [
-    '{"prompt": "' + LONG + '", "model": "deepseek-r1"}',
-    '{"messages": [{"role": "user", "content": "' + LONG + '\\n\\"q\\" \\\\ \\/ \\t\\b\\f\\r"}], "model": "deepseek-r1"}',
-    '{"model": "qwen3-30b-a3b", "m": "' + LONG + '\\u00e9", "model": "deepseek-r1"}',
-    '{"model": "qwen3-30b-a3b", "a": ["' + LONG + '", {"model": "x"}], "model": "deepseek-r1", "b": "' + LONG + '"}',
-    '{"' + LONG + '": 1, "model": "deepseek-r1"}',
-    '{"model": "deepseek-r1", "end": "' + LONG + '\\\\"}',
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"prompt": "' + LONG + '", "model": "deepseek-r1"}',
+        '{"messages": [{"role": "user", "content": "'
+        + LONG
+        + '\\n\\"q\\" \\\\ \\/ \\t\\b\\f\\r"}], "model": "deepseek-r1"}',
+        '{"model": "qwen3-30b-a3b", "m": "' + LONG + '\\u00e9", "model": "deepseek-r1"}',
+        '{"model": "qwen3-30b-a3b", "a": ["'
+        + LONG
+        + '", {"model": "x"}], "model": "deepseek-r1", "b": "'
+        + LONG
+        + '"}',
+        '{"' + LONG + '": 1, "model": "deepseek-r1"}',
+        '{"model": "deepseek-r1", "end": "' + LONG + '\\\\"}',
+    ],
+)
 def test_long_strings_do_not_change_the_model_json_reads(gw: NginxGateway, keys: dict[str, str], raw: str) -> None:
     status, _, out = gw.call("POST", "/v1/chat/completions", raw=raw.encode(), key=keys["default"])
     assert (status, out["served_by"]) == (200, "reasoning-0"), out
 
 
-@pytest.mark.parametrize("raw", [
-    b'{"model":"deepseek-r1"}', b'  {\n "model" : "deepseek-r1" }', b'{"model": "deepseek\\u002dr1"}',
-    b'{"\\u006dodel": "deepseek-r1"}', b'{"model": "qwen3-30b-a3b", "model": "deepseek-r1"}',
-    b'{"messages": [{"model": "qwen3-30b-a3b"}], "model": "deepseek-r1", "m": {"model": "fast"}}',
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"model":"deepseek-r1"}',
+        b'  {\n "model" : "deepseek-r1" }',
+        b'{"model": "deepseek\\u002dr1"}',
+        b'{"\\u006dodel": "deepseek-r1"}',
+        b'{"model": "qwen3-30b-a3b", "model": "deepseek-r1"}',
+        b'{"messages": [{"model": "qwen3-30b-a3b"}], "model": "deepseek-r1", "m": {"model": "fast"}}',
+    ],
+)
 def test_the_model_is_the_top_level_member_as_json_reads_it(gw: NginxGateway, keys: dict[str, str], raw: bytes) -> None:
     # Escapes decoded, blanks anywhere, the last of two members (as Python's json, vLLM's, reads it),
     # never a nested `model`.
@@ -425,19 +529,47 @@ def test_body_over_the_limit_is_413(gw: NginxGateway, keys: dict[str, str]) -> N
 
 def test_wrong_method_is_405(gw: NginxGateway, keys: dict[str, str]) -> None:
     status, headers, out = gw.call("GET", "/smart/v1/chat/completions", key=keys["default"])
-    assert (status, headers["allow"], out) == (405, "POST", {"error": {
-        "message": "Method GET is not allowed on /smart/v1/chat/completions; use POST.",
-        "type": "invalid_request_error", "param": None, "code": "method_not_allowed"}})
+    assert (status, headers["allow"], out) == (
+        405,
+        "POST",
+        {
+            "error": {
+                "message": "Method GET is not allowed on /smart/v1/chat/completions; use POST.",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "method_not_allowed",
+            }
+        },
+    )
     status, headers, out = gw.call("PUT", "/v1/models", key=keys["default"])
     assert (status, headers["allow"], out["error"]["message"]) == (
-        405, "GET, HEAD", "Method PUT is not allowed on /v1/models; use GET.")
+        405,
+        "GET, HEAD",
+        "Method PUT is not allowed on /v1/models; use GET.",
+    )
 
 
-@pytest.mark.parametrize("path", ["/metrics", "/health", "/load", "/ping", "/version", "/tokenize",
-                                  "/v1/score", "/v1/chat/completions/", "/v1/../metrics", "/smart/metrics",
-                                  "/smart/v1/../../health", "/", "/_llm_error/400"])
-def test_internal_endpoints_are_never_reachable(gw: NginxGateway, keys: dict[str, str], path: str,
-                                                replicas: dict[str, list[FakeReplica]]) -> None:
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/metrics",
+        "/health",
+        "/load",
+        "/ping",
+        "/version",
+        "/tokenize",
+        "/v1/score",
+        "/v1/chat/completions/",
+        "/v1/../metrics",
+        "/smart/metrics",
+        "/smart/v1/../../health",
+        "/",
+        "/_llm_error/400",
+    ],
+)
+def test_internal_endpoints_are_never_reachable(
+    gw: NginxGateway, keys: dict[str, str], path: str, replicas: dict[str, list[FakeReplica]]
+) -> None:
     seen = sum(len(r.requests) for r in by_name(replicas).values())
     for method in ("GET", "POST"):
         status, _, out = gw.call(method, path, {"model": CHAT} if method == "POST" else None, keys["default"])
@@ -445,8 +577,9 @@ def test_internal_endpoints_are_never_reachable(gw: NginxGateway, keys: dict[str
     assert sum(len(r.requests) for r in by_name(replicas).values()) == seen
 
 
-def test_replicas_never_see_the_clients_key(gw: NginxGateway, keys: dict[str, str],
-                                            replicas: dict[str, list[FakeReplica]]) -> None:
+def test_replicas_never_see_the_clients_key(
+    gw: NginxGateway, keys: dict[str, str], replicas: dict[str, list[FakeReplica]]
+) -> None:
     assert gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["default"])[0] == 200
     received = [r for rep in by_name(replicas).values() for r in rep.requests]
     assert received and not any("authorization" in {h.lower() for h in r["headers"]} for r in received)
@@ -454,7 +587,8 @@ def test_replicas_never_see_the_clients_key(gw: NginxGateway, keys: dict[str, st
 
 
 def test_each_request_has_its_own_id_the_replica_and_the_usage_line_share(
-        gw: NginxGateway, keys: dict[str, str], replicas: dict[str, list[FakeReplica]]) -> None:
+    gw: NginxGateway, keys: dict[str, str], replicas: dict[str, list[FakeReplica]]
+) -> None:
     """A routed request's id is gateway.lua's (a worker's random prefix and a count), one the
     refused requests get from nginx: 32 lowercase hex digits either way, never the same twice."""
     hexid = re.compile(r"[0-9a-f]{32}")
@@ -462,8 +596,12 @@ def test_each_request_has_its_own_id_the_replica_and_the_usage_line_share(
     for i in range(6):  # each on a fresh connection: either worker may take it
         marker = f"rid{i}"
         assert gw.call("POST", f"/v1/chat/completions?t={marker}", {"model": CHAT}, keys["default"])[0] == 200
-        got = [r["headers"]["X-Request-Id"] for rep in by_name(replicas).values() for r in rep.requests
-               if r["path"] == "/v1/chat/completions?t=" + marker]
+        got = [
+            r["headers"]["X-Request-Id"]
+            for rep in by_name(replicas).values()
+            for r in rep.requests
+            if r["path"] == "/v1/chat/completions?t=" + marker
+        ]
         assert len(got) == 1 and hexid.fullmatch(got[0]), got
         sent[marker] = got[0]
     assert gw.call("POST", "/v1/chat/completions?t=rid-refused", {"model": CHAT}, "sk-not-a-key")[0] == 401
@@ -474,12 +612,18 @@ def test_each_request_has_its_own_id_the_replica_and_the_usage_line_share(
 
 # --- streaming and usage ------------------------------------------------------------------------
 
-def test_stream_chunks_reach_the_client_before_the_replica_finishes(gw: NginxGateway, keys: dict[str, str],
-                                                                     replicas: dict[str, list[FakeReplica]]) -> None:
+
+def test_stream_chunks_reach_the_client_before_the_replica_finishes(
+    gw: NginxGateway, keys: dict[str, str], replicas: dict[str, list[FakeReplica]]
+) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=WAIT)
     body = {"model": R1, "stream": True, "stream_options": {"include_usage": True}, "gate": "first-chunk"}
-    conn.request("POST", "/v1/chat/completions", json.dumps(body),
-                 {"Authorization": f"Bearer {keys['default']}", "Content-Type": "application/json"})
+    conn.request(
+        "POST",
+        "/v1/chat/completions",
+        json.dumps(body),
+        {"Authorization": f"Bearer {keys['default']}", "Content-Type": "application/json"},
+    )
     resp = conn.getresponse()
     assert resp.status == 200 and resp.getheader("Content-Type") == "text/event-stream"
     # The replica holds everything after its first event until this client has it: with buffering
@@ -494,13 +638,17 @@ def test_stream_chunks_reach_the_client_before_the_replica_finishes(gw: NginxGat
     assert json.loads(rest.split("data: ")[-2])["usage"] == STREAM_USAGE
 
 
-def test_log_lines_carry_key_id_model_pool_and_tokens_never_a_key(gw: NginxGateway, keys: dict[str, str],
-                                                                  replicas: dict[str, list[FakeReplica]]) -> None:
+def test_log_lines_carry_key_id_model_pool_and_tokens_never_a_key(
+    gw: NginxGateway, keys: dict[str, str], replicas: dict[str, list[FakeReplica]]
+) -> None:
     # A query string marks this test's lines: the log is buffered and shared with the other tests.
     assert gw.call("POST", "/v1/chat/completions?t=plain", {"model": "fast"}, keys["default"])[0] == 200
-    status, _, text = gw.call("POST", "/smart/v1/chat/completions?t=stream",
-                              {"model": R1, "stream": True, "stream_options": {"include_usage": True}},
-                              keys["analyst"])
+    status, _, text = gw.call(
+        "POST",
+        "/smart/v1/chat/completions?t=stream",
+        {"model": R1, "stream": True, "stream_options": {"include_usage": True}},
+        keys["analyst"],
+    )
     assert status == 200 and text.endswith("data: [DONE]\n\n")
     assert gw.call("POST", "/v1/chat/completions?t=refused", {"model": CHAT}, "sk-not-a-key")[0] == 401
     deadline = time.monotonic() + WAIT
@@ -525,44 +673,60 @@ def test_log_lines_carry_key_id_model_pool_and_tokens_never_a_key(gw: NginxGatew
         assert key not in logs
 
 
-
 @pytest.mark.parametrize("fragment", [1, 3, 7])
-def test_usage_and_events_are_read_whatever_bytes_each_read_brings(gw: NginxGateway, keys: dict[str, str],
-                                                                   fragment: int) -> None:
+def test_usage_and_events_are_read_whatever_bytes_each_read_brings(
+    gw: NginxGateway, keys: dict[str, str], fragment: int
+) -> None:
     # The replica writes its answers a few bytes at a time: every marker ("usage", "data:") and the
     # usage object itself are cut across the pieces nginx reads and hands to the body filter.
-    status, _, text = gw.call("POST", f"/v1/chat/completions?t=frag-stream-{fragment}",
-                              {"model": R1, "stream": True, "stream_options": {"include_usage": True},
-                               "fragment": fragment}, keys["default"])
+    status, _, text = gw.call(
+        "POST",
+        f"/v1/chat/completions?t=frag-stream-{fragment}",
+        {"model": R1, "stream": True, "stream_options": {"include_usage": True}, "fragment": fragment},
+        keys["default"],
+    )
     assert status == 200
     events = text.split("\n\n")
-    assert events[-2:] == ["data: [DONE]", ""] and json.loads(events[-3][len("data: "):])["usage"] == STREAM_USAGE
-    status, _, body = gw.call("POST", f"/v1/chat/completions?t=frag-json-{fragment}",
-                              {"model": CHAT, "fragment": fragment}, keys["default"])
+    assert events[-2:] == ["data: [DONE]", ""] and json.loads(events[-3][len("data: ") :])["usage"] == STREAM_USAGE
+    status, _, body = gw.call(
+        "POST", f"/v1/chat/completions?t=frag-json-{fragment}", {"model": CHAT, "fragment": fragment}, keys["default"]
+    )
     assert status == 200 and body["usage"] == USAGE
     deadline = time.monotonic() + WAIT
     mine: dict[str, dict[str, Any]] = {}
     while len(mine) < 2 and time.monotonic() < deadline:
-        mine = {line["path"].split("?t=")[1]: line for line in gw.log() if "?t=frag-" in line["path"]
-                and line["path"].endswith(f"-{fragment}")}
+        mine = {
+            line["path"].split("?t=")[1]: line
+            for line in gw.log()
+            if "?t=frag-" in line["path"] and line["path"].endswith(f"-{fragment}")
+        }
         time.sleep(0.05)
     stream, plain = mine[f"frag-stream-{fragment}"], mine[f"frag-json-{fragment}"]
     # 3 content events, the usage event, [DONE]; the counts of each usage object.
     assert (stream["events"], stream["prompt_tokens"], stream["completion_tokens"], stream["total_tokens"]) == (
-        5, 5, 3, 8)
+        5,
+        5,
+        3,
+        8,
+    )
     assert (plain["events"], plain["prompt_tokens"], plain["completion_tokens"], plain["total_tokens"]) == (
-        0, 11, 7, 18)
+        0,
+        11,
+        7,
+        18,
+    )
+
 
 def test_usage_counts_are_read_from_a_pretty_printed_answer(gw: NginxGateway, keys: dict[str, str]) -> None:
     # Blanks and newlines around every `:` of the usage object (an engine that indents its JSON).
-    status, _, body = gw.call("POST", "/v1/chat/completions?t=indented", {"model": CHAT, "indent": 2},
-                              keys["default"])
+    status, _, body = gw.call("POST", "/v1/chat/completions?t=indented", {"model": CHAT, "indent": 2}, keys["default"])
     assert status == 200 and body["usage"] == USAGE
     line = log_line(gw, "indented")
     assert (line["prompt_tokens"], line["completion_tokens"], line["total_tokens"], line["events"]) == (11, 7, 18, 0)
 
 
 # --- failover -----------------------------------------------------------------------------------
+
 
 def test_killed_replica_its_read_request_is_rerun_and_the_rest_go_to_the_survivor(tmp_path: Path) -> None:
     spec = load_stack_config(gateway_config(), set())
@@ -601,10 +765,16 @@ def test_killed_replica_its_read_request_is_rerun_and_the_rest_go_to_the_survivo
         assert status == 502 and error_code(out) == "upstream_unavailable"
         line = log_line(gw, "gone")
         assert (line["status"], line["key_id"], line["model"], line["pool"], line["events"]) == (
-            502, "default", "fast", "chat", 0)
+            502,
+            "default",
+            "fast",
+            "chat",
+            0,
+        )
 
 
 # --- TLS ----------------------------------------------------------------------------------------
+
 
 def test_tls_gateway_serves_https_with_the_certificate(tmp_path: Path) -> None:
     config = gateway_config(tls=True, port=443)
@@ -621,6 +791,7 @@ def test_tls_gateway_serves_https_with_the_certificate(tmp_path: Path) -> None:
 
 
 # --- auth: false (a lab only) -------------------------------------------------------------------
+
 
 def test_gateway_without_auth_serves_without_a_key_and_logs_no_key_id(tmp_path: Path) -> None:
     config = prod_config()
@@ -644,8 +815,9 @@ def test_gateway_without_auth_serves_without_a_key_and_logs_no_key_id(tmp_path: 
         assert [line["key_id"] for line in log] == [""] * 5
         # Two workers buffer their own lines: which pool comes first in the file is theirs to decide.
         assert sorted(line["pool"] for line in log if line["status"] == 200 and line["model"]) == ["chat", "reasoning"]
-        ready = subprocess.run(["bash", "-c", readiness_script(gw.port, False, 10, "gpu-01", auth=False)],
-                               capture_output=True, text=True)
+        ready = subprocess.run(
+            ["bash", "-c", readiness_script(gw.port, False, 10, "gpu-01", auth=False)], capture_output=True, text=True
+        )
         assert ready.returncode == 0, ready.stderr
         assert ready.stdout.strip() == f"gateway on gpu-01:{gw.port} is up and serves without a key (auth: false)"
     finally:

@@ -4,6 +4,7 @@ replicas that fail fast, replicas killed under load. Loopback only, every loop b
 The keep-alive race is run against a real uvicorn (vLLM's HTTP server) with its default 5 s idle
 timeout; the rest against the fake replicas of tests/support/gateway.py.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -54,9 +55,24 @@ class Uvicorn:
 def uvicorn_server() -> Iterator[Uvicorn]:
     port = free_port()
     # No --timeout-keep-alive: uvicorn's default (5 s), which is vLLM's (VLLM_HTTP_TIMEOUT_KEEP_ALIVE).
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "openai_app:app", "--host", "127.0.0.1",
-                             "--port", str(port), "--lifespan", "off", "--log-level", "warning"],
-                            cwd=FIXTURES, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "openai_app:app",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--lifespan",
+            "off",
+            "--log-level",
+            "warning",
+        ],
+        cwd=FIXTURES,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + WAIT
     while True:
         if proc.poll() is not None:
@@ -103,8 +119,9 @@ def test_request_on_a_connection_the_replica_closed_is_retried_on_a_fresh_one(tm
     replica = FakeReplica("only")
     replica.close_reused = True
     with own_gateway(spec, {"chat": [replica], "reasoning": [FakeReplica("r")]}, tmp_path) as (gw, keys):
-        results = [gw.call("POST", "/v1/chat/completions", {"model": CHAT, "rid": f"n{i}"}, keys["default"])
-                   for i in range(10)]
+        results = [
+            gw.call("POST", "/v1/chat/completions", {"model": CHAT, "rid": f"n{i}"}, keys["default"]) for i in range(10)
+        ]
         assert [status for status, _, _ in results] == [200] * 10
         # Reused connections were reset before anything was read, and each request got through once.
         assert replica.resets >= 4
@@ -117,8 +134,9 @@ def test_a_fast_failing_replica_is_ejected_and_its_requests_served_elsewhere(fai
     chat = [FakeReplica("bad"), FakeReplica("good-1"), FakeReplica("good-2")]
     chat[0].fail_status = failing
     with own_gateway(spec, {"chat": chat, "reasoning": [FakeReplica("r")]}, tmp_path) as (gw, keys):
-        results = [gw.call("POST", "/v1/chat/completions", {"model": CHAT, "rid": f"f{i}"}, keys["default"])
-                   for i in range(30)]
+        results = [
+            gw.call("POST", "/v1/chat/completions", {"model": CHAT, "rid": f"f{i}"}, keys["default"]) for i in range(30)
+        ]
         assert [status for status, _, _ in results] == [200] * 30
         assert {out["served_by"] for _, _, out in results} == {"good-1", "good-2"}
         # maxFails (2) answers counted as failures take it out for failTimeoutSeconds (30 s).

@@ -1,4 +1,5 @@
 """GpuNode under Pulumi's mocks: SSH auth modes, Docker provider options, hosts block, preflight, images, secrets."""
+
 from __future__ import annotations
 
 import json
@@ -30,13 +31,20 @@ def test_each_node_has_provider_hosts_preflight_and_its_images(prod_run: Program
     for node in NODES:
         children = {r.name: r for r in prod_run.registrations if r.parent.endswith(f"GpuNode::{node}")}
         assert {n for n in children if not n.startswith(f"{node}-image-")} == {
-            f"{node}-docker", f"{node}-hosts", f"{node}-preflight", f"{node}-firewall", f"{node}-clock"}
+            f"{node}-docker",
+            f"{node}-hosts",
+            f"{node}-preflight",
+            f"{node}-firewall",
+            f"{node}-clock",
+        }
         assert children[f"{node}-hosts"].dependencies == []
         assert children[f"{node}-preflight"].dependencies == []
     images = [r for r in prod_run.by_type("docker:index/remoteImage:RemoteImage") if r.name.startswith("gpu-03-")]
     assert {r.plain_inputs()["name"] for r in images} == {
-        "vllm/vllm-openai:v0.19.1", "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.9-3.6.1-ubuntu22.04",
-        "prom/node-exporter:v1.8.2"}
+        "vllm/vllm-openai:v0.19.1",
+        "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.9-3.6.1-ubuntu22.04",
+        "prom/node-exporter:v1.8.2",
+    }
     provider = prod_run.get("gpu-03-docker").urn
     for r in images:
         assert r.plain_inputs()["keepLocally"] is True
@@ -46,8 +54,10 @@ def test_each_node_has_provider_hosts_preflight_and_its_images(prod_run: Program
 
 def test_the_clock_is_compared_from_the_operators_machine_with_dockers_ssh_options(prod_run: ProgramRun) -> None:
     clock = prod_run.get("gpu-02-clock").plain_inputs()
-    assert ("remote=$(ssh -o BatchMode=yes -o Port=22 -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
-            "root@192.168.10.12 'date +%s.%N' </dev/null)") in clock["create"]
+    assert (
+        "remote=$(ssh -o BatchMode=yes -o Port=22 -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
+        "root@192.168.10.12 'date +%s.%N' </dev/null)"
+    ) in clock["create"]
     assert "-v bound=1.0 -v node=gpu-02" in clock["create"]
     assert prod_run.get("gpu-02-clock").dependencies == []
 
@@ -55,8 +65,14 @@ def test_the_clock_is_compared_from_the_operators_machine_with_dockers_ssh_optio
 def test_docker_provider_over_ssh_with_each_option_its_own_element(prod_run: ProgramRun) -> None:
     inputs = prod_run.get("gpu-02-docker").plain_inputs()
     assert inputs["host"] == "ssh://root@192.168.10.12"
-    assert json.loads(inputs["sshOpts"]) == ["-o", "Port=22", "-o", "StrictHostKeyChecking=no",
-                                             "-o", "UserKnownHostsFile=/dev/null"]
+    assert json.loads(inputs["sshOpts"]) == [
+        "-o",
+        "Port=22",
+        "-o",
+        "StrictHostKeyChecking=no",
+        "-o",
+        "UserKnownHostsFile=/dev/null",
+    ]
     assert prod_run.get("gpu-02-docker").dependencies == []
 
 
@@ -91,7 +107,8 @@ def test_preflight_runs_the_node_checks_and_has_nothing_to_undo(prod_run: Progra
 
 
 def test_key_path_is_read_into_a_secret_and_given_to_docker_ssh(
-        tmp_path: Path, config: dict[str, Any], stack_runner: Callable[..., ProgramRun]) -> None:
+    tmp_path: Path, config: dict[str, Any], stack_runner: Callable[..., ProgramRun]
+) -> None:
     key = tmp_path / "id_ed25519"
     key.write_text(KEY)
     config["llm-cluster:ssh"] = {"user": "deploy", "agent": False, "keyPath": str(key)}
@@ -103,14 +120,16 @@ def test_key_path_is_read_into_a_secret_and_given_to_docker_ssh(
 
 
 def test_a_missing_key_file_names_ssh_key_path(
-        tmp_path: Path, config: dict[str, Any], stack_runner: Callable[..., ProgramRun]) -> None:
+    tmp_path: Path, config: dict[str, Any], stack_runner: Callable[..., ProgramRun]
+) -> None:
     config["llm-cluster:ssh"] = {"agent": False, "keyPath": str(tmp_path / "nope")}
     with pytest.raises(pulumi.RunError, match=r"ssh.keyPath: cannot read the private key .*nope"):
         stack_runner(config)
 
 
 def test_secret_key_goes_to_commands_and_a_0600_file_for_docker(
-        config: dict[str, Any], stack_runner: Callable[..., ProgramRun]) -> None:
+    config: dict[str, Any], stack_runner: Callable[..., ProgramRun]
+) -> None:
     config["llm-cluster:ssh"] = {"agent": False}
     config["llm-cluster:sshPrivateKey"] = KEY
     run = stack_runner(config, {"llm-cluster:sshPrivateKey"})
@@ -119,7 +138,7 @@ def test_secret_key_goes_to_commands_and_a_0600_file_for_docker(
     assert key_file.type == "command:local:Command" and key_file.parent.endswith("GpuNode::gpu-05")
     assert is_secret(key_file.inputs["stdin"]) and key_file.plain_inputs()["stdin"] == KEY
     assert "umask 077" in key_file.plain_inputs()["create"]
-    assert "rm -f -- \"$HOME\"/.ssh/llm-cluster/prod/gpu-05.key" in key_file.plain_inputs()["delete"]
+    assert 'rm -f -- "$HOME"/.ssh/llm-cluster/prod/gpu-05.key' in key_file.plain_inputs()["delete"]
     docker = run.get("gpu-05-docker")
     assert json.loads(docker.plain_inputs()["sshOpts"])[-2:] == ["-i", "~/.ssh/llm-cluster/prod/gpu-05.key"]
     assert docker.dependencies == [key_file.urn]
@@ -127,7 +146,8 @@ def test_secret_key_goes_to_commands_and_a_0600_file_for_docker(
 
 
 def test_pinned_host_keys_for_commands_and_docker(
-        config: dict[str, Any], stack_runner: Callable[..., ProgramRun]) -> None:
+    config: dict[str, Any], stack_runner: Callable[..., ProgramRun]
+) -> None:
     config["llm-cluster:ssh"] = {"hostKeyChecking": True, "port": 2222}
     for node in NODES:
         config["llm-cluster:nodes"][node]["hostKey"] = host_key(node)
@@ -137,13 +157,19 @@ def test_pinned_host_keys_for_commands_and_docker(
     assert known["stdin"] == f"[192.168.10.13]:2222 {host_key('gpu-03')}\n"
     docker = run.get("gpu-03-docker")
     assert json.loads(docker.plain_inputs()["sshOpts"]) == [
-        "-o", "Port=2222", "-o", "StrictHostKeyChecking=yes",
-        "-o", "UserKnownHostsFile=~/.ssh/llm-cluster/prod/gpu-03.known_hosts"]
+        "-o",
+        "Port=2222",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "UserKnownHostsFile=~/.ssh/llm-cluster/prod/gpu-03.known_hosts",
+    ]
     assert docker.dependencies == [run.get("gpu-03-known-hosts").urn]
 
 
 def test_host_keys_without_checking_pin_nothing(
-        config: dict[str, Any], stack_runner: Callable[..., ProgramRun]) -> None:
+    config: dict[str, Any], stack_runner: Callable[..., ProgramRun]
+) -> None:
     config["llm-cluster:nodes"]["gpu-03"]["hostKey"] = host_key("gpu-03")
     run = stack_runner(config)
     assert "hostKey" not in run.get("gpu-03-preflight").plain_inputs()["connection"]

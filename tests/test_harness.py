@@ -1,6 +1,7 @@
 """plan/harness.py answers as the engine does: a first `pulumi preview` (nothing exists: ids and computed
 outputs unknown), `pulumi up` (opaque ids, computed outputs, what commands print), duplicate URNs refused;
 and the policy pack judges every resource of a preview, never "can't run during preview"."""
+
 from __future__ import annotations
 
 import json
@@ -58,13 +59,14 @@ def test_up_answers_with_opaque_unique_ids_and_the_computed_outputs(prod_run: Pr
 def test_up_gives_the_hosts_generated_secrets_to_the_leak_check(prod_run: ProgramRun) -> None:
     made = prod_run.generated_secrets()
     keys, password = prod_run.get("gateway-keys"), prod_run.get("monitoring-grafana-admin-password")
-    assert made == {f"{keys.urn}.stdout": keys.state["stdout"],
-                    f"{password.urn}.stdout": password.state["stdout"]}
+    assert made == {f"{keys.urn}.stdout": keys.state["stdout"], f"{password.urn}.stdout": password.state["stdout"]}
     assert len(set(made.values())) == 2
     # Exported as secrets, so masked where shown…
     assert prod_run.stack_outputs["gatewayApiKeys"] == prod_run.stack_outputs["grafanaAdminPassword"] == "[secret]"
-    assert prod_run.secret_output_values == {"gatewayApiKeys": keys.state["stdout"],
-                                             "grafanaAdminPassword": password.state["stdout"]}
+    assert prod_run.secret_output_values == {
+        "gatewayApiKeys": keys.state["stdout"],
+        "grafanaAdminPassword": password.state["stdout"],
+    }
     # …and nowhere in plaintext, the state included.
     assert find_leaks(prod_run.registrations, made) == [] and unmarked_outputs(prod_run) == []
 
@@ -82,17 +84,20 @@ def _program_with_a_host_made_secret(*, mark_secret: bool, leak_into: str | None
         remote.Command("use-key", connection=conn, create=made.stdout.apply(lambda k: f"{leak_into} {k}"))
 
 
-@pytest.mark.parametrize(("mark_secret", "leak_into", "found"), [
-    (True, None, []),
-    # stdout not marked: the engine's state would hold the key in plaintext.
-    (False, None, [("make-key", "outputs.stdout (not in additional_secret_outputs)")]),
-    # marked, but .apply()'d into another resource's plain input.
-    (True, "echo", [("use-key", "inputs.create")]),
-])
+@pytest.mark.parametrize(
+    ("mark_secret", "leak_into", "found"),
+    [
+        (True, None, []),
+        # stdout not marked: the engine's state would hold the key in plaintext.
+        (False, None, [("make-key", "outputs.stdout (not in additional_secret_outputs)")]),
+        # marked, but .apply()'d into another resource's plain input.
+        (True, "echo", [("use-key", "inputs.create")]),
+    ],
+)
 def test_the_leak_check_sees_a_host_made_secret_wherever_it_escapes(
-        mark_secret: bool, leak_into: str | None, found: list[tuple[str, str]]) -> None:
-    run = run_program(lambda: _program_with_a_host_made_secret(mark_secret=mark_secret, leak_into=leak_into),
-                      {}, set())
+    mark_secret: bool, leak_into: str | None, found: list[tuple[str, str]]
+) -> None:
+    run = run_program(lambda: _program_with_a_host_made_secret(mark_secret=mark_secret, leak_into=leak_into), {}, set())
     made = run.generated_secrets()
     assert list(made) == [f"{run.get('make-key').urn}.stdout"]
     leaks = find_leaks(run.registrations, made) + unmarked_outputs(run)
@@ -101,8 +106,13 @@ def test_the_leak_check_sees_a_host_made_secret_wherever_it_escapes(
 
 def test_the_plan_refuses_to_write_a_host_made_secret_it_would_print(tmp_path: Path) -> None:
     # With keys generated on the gateway host, --up knows them: the plan must still print none.
-    out = subprocess.run([sys.executable, "-m", "plan", "--up", "--quiet", "--out", str(tmp_path)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "plan", "--up", "--quiet", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     written = "".join(p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file())
     run = run_stack(prod_config())
@@ -118,8 +128,10 @@ def test_a_duplicate_urn_is_refused_as_the_engine_does() -> None:
     with pytest.raises(Exception) as err:
         run_program(program, {}, set())
     assert err.errisinstance(DuplicateUrnError) or "Duplicate resource URN" in str(err.value)
-    assert ("Duplicate resource URN 'urn:pulumi:prod::llm-cluster::command:remote:Command::same'; "
-            "try giving it a unique name") in str(err.value)
+    assert (
+        "Duplicate resource URN 'urn:pulumi:prod::llm-cluster::command:remote:Command::same'; "
+        "try giving it a unique name"
+    ) in str(err.value)
 
 
 def _cant_run(violations: list[Any]) -> list[tuple[str, str]]:
@@ -144,6 +156,7 @@ def _one_change(name: str) -> Callable[[], tuple[dict[str, Any], set[str]]]:
         config = prod_config()
         ONE_CHANGE[name][0](config)
         return config, set()
+
     return make
 
 
@@ -166,11 +179,17 @@ def test_a_preview_of_every_example_stack_leaves_no_policy_blind(tmp_path: Path)
         if path.name == "Pulumi.yaml":
             continue
         doc = yaml.safe_load(path.read_text())
-        out = subprocess.run([sys.executable, "-m", "plan", "--quiet", "--config", str(path), "--out", str(tmp_path)],
-                             cwd=ROOT, capture_output=True, text=True, timeout=300)
+        out = subprocess.run(
+            [sys.executable, "-m", "plan", "--quiet", "--config", str(path), "--out", str(tmp_path)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert out.returncode in (0, 1), (path.name, out.stderr)
-        plan = json.loads((tmp_path / path.name.removeprefix("Pulumi.").removesuffix(".yaml") / "plan.json")
-                          .read_text())
+        plan = json.loads(
+            (tmp_path / path.name.removeprefix("Pulumi.").removesuffix(".yaml") / "plan.json").read_text()
+        )
         blind = [v for v in plan["policy"]["violations"] if "can't run policy" in v["message"]]
         assert blind == [], (path.name, doc is not None, blind)
 
@@ -179,14 +198,19 @@ def test_urns_are_the_engines_the_type_qualified_by_every_parent_but_the_stack()
     def program() -> None:
         outer = pulumi.ComponentResource("t:m:Outer", "outer")
         inner = pulumi.ComponentResource("t:m:Inner", "inner", opts=pulumi.ResourceOptions(parent=outer))
-        remote.Command("leaf", connection=remote.ConnectionArgs(host="198.18.0.2"), create="true",
-                       opts=pulumi.ResourceOptions(parent=inner))
+        remote.Command(
+            "leaf",
+            connection=remote.ConnectionArgs(host="198.18.0.2"),
+            create="true",
+            opts=pulumi.ResourceOptions(parent=inner),
+        )
 
     run = run_program(program, {}, set(), stack="dev")
     assert [r.urn for r in run.registrations] == [
         "urn:pulumi:dev::llm-cluster::t:m:Outer::outer",
         "urn:pulumi:dev::llm-cluster::t:m:Outer$t:m:Inner::inner",
-        "urn:pulumi:dev::llm-cluster::t:m:Outer$t:m:Inner$command:remote:Command::leaf"]
+        "urn:pulumi:dev::llm-cluster::t:m:Outer$t:m:Inner$command:remote:Command::leaf",
+    ]
 
 
 def test_a_run_after_asyncio_run_left_the_thread_without_a_loop_still_runs() -> None:

@@ -1,4 +1,5 @@
 """Model facts: the catalog matches the published config.json files, and custom configs parse."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,24 +9,60 @@ from components.facts.models import MODELS, arch_from_config_json, model_arch, q
 
 # Copied from Qwen/Qwen3-30B-A3B config.json (the fields the planner reads).
 QWEN3_30B_A3B_CONFIG = {
-    "architectures": ["Qwen3MoeForCausalLM"], "decoder_sparse_step": 1, "head_dim": 128,
-    "hidden_size": 2048, "intermediate_size": 6144, "mlp_only_layers": [], "model_type": "qwen3_moe",
-    "moe_intermediate_size": 768, "num_attention_heads": 32, "num_experts": 128,
-    "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4,
-    "tie_word_embeddings": False, "vocab_size": 151936, "max_position_embeddings": 40960,
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "decoder_sparse_step": 1,
+    "head_dim": 128,
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "mlp_only_layers": [],
+    "model_type": "qwen3_moe",
+    "moe_intermediate_size": 768,
+    "num_attention_heads": 32,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "num_hidden_layers": 48,
+    "num_key_value_heads": 4,
+    "tie_word_embeddings": False,
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
 }
 # Copied from deepseek-ai/DeepSeek-R1 config.json.
 DEEPSEEK_R1_CONFIG = {
-    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 7168,
-    "intermediate_size": 18432, "moe_intermediate_size": 2048, "n_routed_experts": 256,
-    "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
-    "num_attention_heads": 128, "num_key_value_heads": 128, "num_hidden_layers": 61,
-    "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
-    "v_head_dim": 128, "vocab_size": 129280, "tie_word_embeddings": False, "max_position_embeddings": 163840,
-    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
-                     "original_max_position_embeddings": 4096, "type": "yarn"},
-    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
-                            "weight_block_size": [128, 128]},
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 8,
+    "first_k_dense_replace": 3,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "num_hidden_layers": 61,
+    "kv_lora_rank": 512,
+    "q_lora_rank": 1536,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "vocab_size": 129280,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 163840,
+    "rope_scaling": {
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "factor": 40,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 4096,
+        "type": "yarn",
+    },
+    "quantization_config": {
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "quant_method": "fp8",
+        "weight_block_size": [128, 128],
+    },
 }
 
 # (name, layers, hidden, heads, kv heads, head_dim, vocab, intermediate, experts, top-k, moe width)
@@ -47,10 +84,18 @@ EXPECTED = [
 def test_catalog_entry_matches_its_config_json(row: tuple) -> None:
     name, layers, hidden, heads, kv, head_dim, vocab, inter, experts, topk, moe = row
     a = model_arch(name)
-    assert (a.num_layers, a.hidden_size, a.num_attention_heads, a.num_kv_heads, a.head_dim,
-            a.vocab_size, a.intermediate_size, a.num_experts, a.experts_per_token,
-            a.moe_intermediate_size) == (layers, hidden, heads, kv, head_dim, vocab, inter, experts,
-                                         topk, moe)
+    assert (
+        a.num_layers,
+        a.hidden_size,
+        a.num_attention_heads,
+        a.num_kv_heads,
+        a.head_dim,
+        a.vocab_size,
+        a.intermediate_size,
+        a.num_experts,
+        a.experts_per_token,
+        a.moe_intermediate_size,
+    ) == (layers, hidden, heads, kv, head_dim, vocab, inter, experts, topk, moe)
 
 
 def test_catalog_covers_every_model_of_the_runbook_tables() -> None:
@@ -69,8 +114,13 @@ def test_mla_models_say_so_and_others_do_not() -> None:
     assert model_arch("deepseek-r1").uses_mla and model_arch("kimi-k2").uses_mla
     assert not model_arch("qwen3-32b").uses_mla and not model_arch("gpt-oss-120b").uses_mla
     r1 = model_arch("deepseek-r1")
-    assert (r1.kv_lora_rank, r1.q_lora_rank, r1.qk_rope_head_dim, r1.qk_nope_head_dim,
-            r1.v_head_dim) == (512, 1536, 64, 128, 128)
+    assert (r1.kv_lora_rank, r1.q_lora_rank, r1.qk_rope_head_dim, r1.qk_nope_head_dim, r1.v_head_dim) == (
+        512,
+        1536,
+        64,
+        128,
+        128,
+    )
     # DeepSeek's first three layers are dense; layer 3 onwards routes to experts.
     assert [r1.is_moe_layer(i) for i in (0, 2, 3, 60)] == [False, False, True, True]
 
@@ -93,30 +143,64 @@ def test_deepseek_config_json_parses_mla_and_moe_fields() -> None:
 
 
 def test_nested_text_config_is_read() -> None:
-    kimi = {"model_type": "kimi_k25", "text_config": dict(DEEPSEEK_R1_CONFIG, model_type="kimi_k2",
-                                                          num_attention_heads=64, n_routed_experts=384)}
+    kimi = {
+        "model_type": "kimi_k25",
+        "text_config": dict(DEEPSEEK_R1_CONFIG, model_type="kimi_k2", num_attention_heads=64, n_routed_experts=384),
+    }
     a = arch_from_config_json(kimi, "k25")
     assert (a.model_type, a.num_attention_heads, a.num_experts, a.uses_mla) == ("kimi_k2", 64, 384, True)
 
 
 def test_qwen2_config_gets_qkv_bias_and_default_head_dim() -> None:
-    a = arch_from_config_json({"model_type": "qwen2", "hidden_size": 5120, "num_attention_heads": 40,
-                               "num_hidden_layers": 64, "num_key_value_heads": 8,
-                               "intermediate_size": 27648, "vocab_size": 152064}, "q")
+    a = arch_from_config_json(
+        {
+            "model_type": "qwen2",
+            "hidden_size": 5120,
+            "num_attention_heads": 40,
+            "num_hidden_layers": 64,
+            "num_key_value_heads": 8,
+            "intermediate_size": 27648,
+            "vocab_size": 152064,
+        },
+        "q",
+    )
     assert (a.qkv_bias, a.head_dim) == (True, 128)
 
 
 def test_gpt_oss_config_maps_local_experts() -> None:
-    a = arch_from_config_json({"model_type": "gpt_oss", "hidden_size": 2880, "num_attention_heads": 64,
-                               "num_key_value_heads": 8, "head_dim": 64, "num_hidden_layers": 36,
-                               "intermediate_size": 2880, "num_local_experts": 128,
-                               "experts_per_token": 4, "vocab_size": 201088,
-                               "attention_bias": True}, "g")
+    a = arch_from_config_json(
+        {
+            "model_type": "gpt_oss",
+            "hidden_size": 2880,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 8,
+            "head_dim": 64,
+            "num_hidden_layers": 36,
+            "intermediate_size": 2880,
+            "num_local_experts": 128,
+            "experts_per_token": 4,
+            "vocab_size": 201088,
+            "attention_bias": True,
+        },
+        "g",
+    )
     # num_experts_per_tok (newer files) and experts_per_token (the original) mean the same.
-    assert a == arch_from_config_json({
-        "model_type": "gpt_oss", "hidden_size": 2880, "num_attention_heads": 64, "num_key_value_heads": 8,
-        "head_dim": 64, "num_hidden_layers": 36, "intermediate_size": 2880, "num_local_experts": 128,
-        "num_experts_per_tok": 4, "vocab_size": 201088, "attention_bias": True}, "g")
+    assert a == arch_from_config_json(
+        {
+            "model_type": "gpt_oss",
+            "hidden_size": 2880,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 8,
+            "head_dim": 64,
+            "num_hidden_layers": 36,
+            "intermediate_size": 2880,
+            "num_local_experts": 128,
+            "num_experts_per_tok": 4,
+            "vocab_size": 201088,
+            "attention_bias": True,
+        },
+        "g",
+    )
     assert (a.num_experts, a.experts_per_token, a.moe_intermediate_size, a.qkv_bias) == (128, 4, 2880, True)
 
 

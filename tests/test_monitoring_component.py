@@ -1,4 +1,5 @@
 """The Monitoring component under Pulumi's mocks: placement, container settings, dependencies, secrets."""
+
 from __future__ import annotations
 
 import json
@@ -39,11 +40,12 @@ def provider_node(reg: Registration) -> str:
 
 def test_exporters_run_on_every_node_and_the_servers_on_the_monitoring_node(prod_run: ProgramRun) -> None:
     placed = sorted((provider_node(r), r.plain_inputs()["name"]) for r in monitoring_containers(prod_run))
-    expected = sorted([(n, k) for n in NODES for k in ("dcgm-exporter", "node-exporter")]
-                      + [("gpu-01", "prometheus"), ("gpu-01", "grafana")])
+    expected = sorted(
+        [(n, k) for n in NODES for k in ("dcgm-exporter", "node-exporter")]
+        + [("gpu-01", "prometheus"), ("gpu-01", "grafana")]
+    )
     assert placed == expected
-    assert sorted(r.name for r in monitoring_containers(prod_run)) == sorted(
-        f"monitoring-{n}-{k}" for n, k in expected)
+    assert sorted(r.name for r in monitoring_containers(prod_run)) == sorted(f"monitoring-{n}-{k}" for n, k in expected)
 
 
 def test_every_monitoring_container_restarts_and_is_replaced_before_recreated(prod_run: ProgramRun) -> None:
@@ -55,15 +57,24 @@ def test_every_monitoring_container_restarts_and_is_replaced_before_recreated(pr
         labels = {lbl["label"]: lbl["value"] for lbl in inputs["labels"]}
         assert labels["llm-cluster.role"] == inputs["name"]
         assert labels["llm-cluster.image"].split(":")[0] in {
-            "nvcr.io/nvidia/k8s/dcgm-exporter", "prom/node-exporter", "prom/prometheus", "grafana/grafana"}
+            "nvcr.io/nvidia/k8s/dcgm-exporter",
+            "prom/node-exporter",
+            "prom/prometheus",
+            "grafana/grafana",
+        }
 
 
 def test_containers_depend_on_their_node_and_image_but_never_on_a_model_server(prod_run: ProgramRun) -> None:
-    serving = {r.urn for r in prod_run.registrations
-               if "llm-cluster:vllm:" in r.urn or "llm-cluster:ray:" in r.urn or "llm-cluster:weights:" in r.urn}
+    serving = {
+        r.urn
+        for r in prod_run.registrations
+        if "llm-cluster:vllm:" in r.urn or "llm-cluster:ray:" in r.urn or "llm-cluster:weights:" in r.urn
+    }
     assert serving  # the pools are in the plan, so the check below means something
-    images = {(provider_node(r), r.plain_inputs()["name"]): r.urn
-              for r in prod_run.by_type("docker:index/remoteImage:RemoteImage")}
+    images = {
+        (provider_node(r), r.plain_inputs()["name"]): r.urn
+        for r in prod_run.by_type("docker:index/remoteImage:RemoteImage")
+    }
     for r in monitoring_containers(prod_run):
         node = provider_node(r)
         label = {lbl["label"]: lbl["value"] for lbl in r.plain_inputs()["labels"]}["llm-cluster.image"]
@@ -83,38 +94,62 @@ def test_node_exporter_sees_the_host_and_the_ray_textfiles_read_only(prod_run: P
     # On every node, Ray head or not: docker creates the directory, so the collector never misses it.
     for n in ("gpu-01", "gpu-05"):
         inputs = prod_run.get(f"monitoring-{n}-node-exporter").plain_inputs()
-        assert inputs["command"] == ["--path.rootfs=/host",
-                                     "--collector.textfile.directory=/var/lib/llm-cluster/node-exporter",
-                                     f"--web.listen-address=192.168.10.1{n[-1]}:9100"]
+        assert inputs["command"] == [
+            "--path.rootfs=/host",
+            "--collector.textfile.directory=/var/lib/llm-cluster/node-exporter",
+            f"--web.listen-address=192.168.10.1{n[-1]}:9100",
+        ]
         assert inputs["pidMode"] == "host"
-        assert inputs["mounts"] == [{"target": "/host", "source": "/", "type": "bind", "readOnly": True,
-                                     "bindOptions": {"propagation": "rslave"}}]
+        assert inputs["mounts"] == [
+            {
+                "target": "/host",
+                "source": "/",
+                "type": "bind",
+                "readOnly": True,
+                "bindOptions": {"propagation": "rslave"},
+            }
+        ]
         # The Ray head writes its textfile into the same host directory.
-        assert inputs["volumes"] == [{"hostPath": "/var/lib/llm-cluster/node-exporter",
-                                      "containerPath": "/var/lib/llm-cluster/node-exporter", "readOnly": True}]
+        assert inputs["volumes"] == [
+            {
+                "hostPath": "/var/lib/llm-cluster/node-exporter",
+                "containerPath": "/var/lib/llm-cluster/node-exporter",
+                "readOnly": True,
+            }
+        ]
     head = prod_run.get("reasoning-gpu-01-ray-head").plain_inputs()
-    assert {"hostPath": "/var/lib/llm-cluster/node-exporter",
-            "containerPath": "/var/lib/llm-cluster/node-exporter"} in head["volumes"]
+    assert {
+        "hostPath": "/var/lib/llm-cluster/node-exporter",
+        "containerPath": "/var/lib/llm-cluster/node-exporter",
+    } in head["volumes"]
 
 
 def test_prometheus_runs_the_generated_config_and_rules(prod_run: ProgramRun, prod_spec: StackSpec) -> None:
     reg = prod_run.get("monitoring-gpu-01-prometheus")
     inputs = reg.plain_inputs()
-    assert inputs["command"] == ["--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prometheus",
-                                 "--storage.tsdb.retention.time=15d", "--web.listen-address=192.168.10.11:9090",
-                                 "--web.enable-lifecycle"]
+    assert inputs["command"] == [
+        "--config.file=/etc/prometheus/prometheus.yml",
+        "--storage.tsdb.path=/prometheus",
+        "--storage.tsdb.retention.time=15d",
+        "--web.listen-address=192.168.10.11:9090",
+        "--web.enable-lifecycle",
+    ]
     # The config is a host directory the config command writes: a change reloads, never replaces.
     assert "uploads" not in inputs
     config = prod_run.get("monitoring-prometheus-config")
-    assert config.plain_inputs()["create"] == bash_command(config_files_script(
-        "prometheus", "prometheus", prometheus_files(prod_spec), ["http://192.168.10.11:9090/-/reload"]))
+    assert config.plain_inputs()["create"] == bash_command(
+        config_files_script(
+            "prometheus", "prometheus", prometheus_files(prod_spec), ["http://192.168.10.11:9090/-/reload"]
+        )
+    )
     assert config.plain_inputs()["delete"] == bash_command(config_files_delete_script("prometheus"))
     assert "triggers" not in config.plain_inputs() and config.options["replaceOnChanges"] == ["triggers[*]"]
     assert config.urn in reg.dependencies and config.urn not in reg.property_dependencies.get("volumes", [])
     volume = prod_run.get("monitoring-prometheus-data")
-    assert inputs["volumes"] == [{"volumeName": "llm-cluster-prometheus-data", "containerPath": "/prometheus"},
-                                 {"hostPath": "/etc/llm-cluster/monitoring/prometheus",
-                                  "containerPath": "/etc/prometheus", "readOnly": True}]
+    assert inputs["volumes"] == [
+        {"volumeName": "llm-cluster-prometheus-data", "containerPath": "/prometheus"},
+        {"hostPath": "/etc/llm-cluster/monitoring/prometheus", "containerPath": "/etc/prometheus", "readOnly": True},
+    ]
     assert volume.urn in reg.dependencies
     assert provider_node(volume) == "gpu-01"
 
@@ -124,20 +159,34 @@ def test_grafana_is_provisioned_and_reads_its_password_from_a_file(prod_run: Pro
     inputs = reg.plain_inputs()
     assert "uploads" not in inputs
     config = prod_run.get("monitoring-grafana-config")
-    assert config.plain_inputs()["create"] == bash_command(config_files_script(
-        "grafana", "grafana", grafana_provisioning(prod_spec), grafana_reloads("http://192.168.10.11:3000")))
+    assert config.plain_inputs()["create"] == bash_command(
+        config_files_script(
+            "grafana", "grafana", grafana_provisioning(prod_spec), grafana_reloads("http://192.168.10.11:3000")
+        )
+    )
     # The reload authenticates with the admin password: its file comes first.
     assert prod_run.get("monitoring-grafana-admin-password").urn in config.dependencies
     assert config.urn in reg.dependencies
     assert "GF_SECURITY_ADMIN_PASSWORD__FILE=/run/secrets/grafana-admin-password" in inputs["envs"]
     assert not [e for e in inputs["envs"] if e.startswith("GF_SECURITY_ADMIN_PASSWORD=")]
     assert "GF_SERVER_HTTP_ADDR=192.168.10.11" in inputs["envs"]
-    assert inputs["volumes"] == [{"hostPath": "/etc/llm-cluster/grafana/admin-password",
-                                  "containerPath": "/run/secrets/grafana-admin-password", "readOnly": True},
-                                 {"hostPath": "/etc/llm-cluster/monitoring/grafana/provisioning",
-                                  "containerPath": "/etc/grafana/provisioning", "readOnly": True},
-                                 {"hostPath": "/etc/llm-cluster/monitoring/grafana/dashboards",
-                                  "containerPath": "/etc/grafana/dashboards", "readOnly": True}]
+    assert inputs["volumes"] == [
+        {
+            "hostPath": "/etc/llm-cluster/grafana/admin-password",
+            "containerPath": "/run/secrets/grafana-admin-password",
+            "readOnly": True,
+        },
+        {
+            "hostPath": "/etc/llm-cluster/monitoring/grafana/provisioning",
+            "containerPath": "/etc/grafana/provisioning",
+            "readOnly": True,
+        },
+        {
+            "hostPath": "/etc/llm-cluster/monitoring/grafana/dashboards",
+            "containerPath": "/etc/grafana/dashboards",
+            "readOnly": True,
+        },
+    ]
     assert prod_run.get("monitoring-grafana-admin-password").urn in reg.dependencies
 
 
@@ -160,14 +209,22 @@ def test_component_props_name_node_ports_and_exporters(prod_run: ProgramRun) -> 
     props = prod_run.get("monitoring").plain_inputs()
     assert prod_run.get("monitoring").type == "llm-cluster:monitoring:Monitoring"
     assert {k: v for k, v in props.items() if k != "exporters"} == {
-        "node": "gpu-01", "prometheusPort": 9090, "grafanaPort": 3000, "alertmanager": False}
-    assert props["exporters"][:2] == [{"node": "gpu-01", "kind": "dcgm-exporter", "port": 9400},
-                                      {"node": "gpu-01", "kind": "node-exporter", "port": 9100}]
+        "node": "gpu-01",
+        "prometheusPort": 9090,
+        "grafanaPort": 3000,
+        "alertmanager": False,
+    }
+    assert props["exporters"][:2] == [
+        {"node": "gpu-01", "kind": "dcgm-exporter", "port": 9400},
+        {"node": "gpu-01", "kind": "node-exporter", "port": 9100},
+    ]
     assert len(props["exporters"]) == 12
 
 
 PASSWORD = "correct-horse-battery-staple-42"
-AM_CONFIG = "route: {receiver: ops}\nreceivers:\n- name: ops\n  webhook_configs: [{url: 'https://hooks.example/T0KEN-xyz'}]\n"
+AM_CONFIG = (
+    "route: {receiver: ops}\nreceivers:\n- name: ops\n  webhook_configs: [{url: 'https://hooks.example/T0KEN-xyz'}]\n"
+)
 
 
 def secret_config() -> dict[str, Any]:
@@ -204,24 +261,37 @@ def test_configured_secrets_never_appear_in_plaintext(secret_run: ProgramRun) ->
 def test_alertmanager_runs_with_its_secret_config(secret_run: ProgramRun) -> None:
     reg = secret_run.get("monitoring-gpu-01-alertmanager")
     inputs = reg.plain_inputs()
-    assert inputs["command"] == ["--config.file=/etc/alertmanager/alertmanager.yml", "--storage.path=/alertmanager",
-                                 "--web.listen-address=192.168.10.11:9093", "--cluster.listen-address="]
+    assert inputs["command"] == [
+        "--config.file=/etc/alertmanager/alertmanager.yml",
+        "--storage.path=/alertmanager",
+        "--web.listen-address=192.168.10.11:9093",
+        "--cluster.listen-address=",
+    ]
     assert "uploads" not in inputs
-    assert inputs["volumes"] == [{"hostPath": "/etc/llm-cluster/monitoring/alertmanager",
-                                  "containerPath": "/etc/alertmanager", "readOnly": True}]
+    assert inputs["volumes"] == [
+        {"hostPath": "/etc/llm-cluster/monitoring/alertmanager", "containerPath": "/etc/alertmanager", "readOnly": True}
+    ]
     # The receivers are a secret: on stdin into a 0600 file, reloaded in place.
     config = secret_run.get("monitoring-alertmanager-config")
     assert config.plain_inputs()["stdin"] == AM_CONFIG and config.display_inputs()["stdin"] == "[secret]"
-    assert config.plain_inputs()["create"] == bash_command(config_files_script(
-        "alertmanager", "alertmanager", {}, lifecycle_reloads("http://192.168.10.11:9093"),
-        stdin_file="alertmanager/alertmanager.yml", secret=True))
+    assert config.plain_inputs()["create"] == bash_command(
+        config_files_script(
+            "alertmanager",
+            "alertmanager",
+            {},
+            lifecycle_reloads("http://192.168.10.11:9093"),
+            stdin_file="alertmanager/alertmanager.yml",
+            secret=True,
+        )
+    )
     assert config.urn in reg.dependencies
     assert inputs["restart"] == "unless-stopped" and reg.options["deleteBeforeReplace"] is True
     assert secret_run.get("monitoring").plain_inputs()["alertmanager"] is True
 
 
-def test_no_monitoring_section_registers_nothing(stack_runner: Callable[..., ProgramRun],
-                                                 config: dict[str, Any]) -> None:
+def test_no_monitoring_section_registers_nothing(
+    stack_runner: Callable[..., ProgramRun], config: dict[str, Any]
+) -> None:
     del config[NS + "monitoring"]
     run = stack_runner(config)
     assert not [r for r in run.registrations if "monitoring" in r.name]
@@ -237,6 +307,7 @@ def test_preview_knows_the_image_reference_even_before_the_image_id(prod_preview
 def test_component_refuses_alertmanager_without_its_config(config: dict[str, Any]) -> None:
     from components.resources.monitoring import Monitoring, MonitoringArgs
     from components.spec import StackSpec
+
     config[NS + "monitoring"]["alertmanager"] = {"image": "prom/alertmanager:v0.27.0", "port": 9093}
     # The spec's own check refuses this first (tests/test_spec.py); the component must not rely on it.
     spec = StackSpec.model_validate({k.removeprefix(NS): v for k, v in config.items()}, by_alias=True)

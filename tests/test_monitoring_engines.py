@@ -1,6 +1,7 @@
 """Monitoring per engine: LMDeploy and llama.cpp servers scraped under their own job, alerts and panels built
 from each engine's own metric names (checked against fixtures of each exporter), alerts an engine cannot feed
 omitted with a note, and the rules file accepted by promtool."""
+
 from __future__ import annotations
 
 import subprocess
@@ -40,10 +41,13 @@ def test_every_mapped_engine_metric_is_in_its_exporters_fixture() -> None:
         assert set(ll.metrics.values()) <= listed("llama.cpp-b11312.txt", expand=False), ll.ref
 
 
-@pytest.mark.parametrize("config, job, fixture", [
-    (lmdeploy_config, "lmdeploy", "lmdeploy-0.16.0.txt"),
-    (llamacpp_config, "llamacpp", "llama.cpp-b11312.txt"),
-])
+@pytest.mark.parametrize(
+    "config, job, fixture",
+    [
+        (lmdeploy_config, "lmdeploy", "lmdeploy-0.16.0.txt"),
+        (llamacpp_config, "llamacpp", "llama.cpp-b11312.txt"),
+    ],
+)
 def test_an_engines_pools_are_scraped_and_queried_by_its_own_names(config, job: str, fixture: str) -> None:
     spec = spec_of(config())
     jobs = {t.job for t in scrape_targets(spec) if t.labels.get("pool") == "chat" and t.job not in ("node", "dcgm")}
@@ -61,7 +65,7 @@ def test_lmdeploy_gets_every_serving_alert_with_its_names() -> None:
     rules = {(r.alert, r.expr) for rs in alert_groups(spec_of(lmdeploy_config())).values() for r in rs}
     exprs = {e for a, e in rules if a == "KVCacheFull"}
     assert 'lmdeploy:gpu_cache_usage_perc{job="lmdeploy"} > 0.98' in exprs
-    assert any("lmdeploy:time_to_first_token_seconds_bucket{job=\"lmdeploy\"}" in e for a, e in rules if a == "HighTTFT")
+    assert any('lmdeploy:time_to_first_token_seconds_bucket{job="lmdeploy"}' in e for a, e in rules if a == "HighTTFT")
     assert ("PoolDown", '(count(up{job="lmdeploy", pool="chat"} == 1) or vector(0)) == 0') in rules
 
 
@@ -70,18 +74,20 @@ def test_llamacpp_pools_go_without_ttft_and_kv_alerts_and_the_rules_file_says_so
     text = alert_rules(spec)
     assert text.startswith(
         "# not generated: HighTTFT: llama.cpp (job llamacpp, pools chat) exports no time_to_first_token\n"
-        "# not generated: KVCacheFull: llama.cpp (job llamacpp, pools chat) exports no kv_cache_usage\n")
+        "# not generated: KVCacheFull: llama.cpp (job llamacpp, pools chat) exports no kv_cache_usage\n"
+    )
     drops = [r.expr for rs in alert_groups(spec).values() for r in rs if r.alert == "ThroughputDrop"]
-    assert 'sum by (pool) (rate(llamacpp:tokens_predicted_total{job="llamacpp"}[5m])) < 5 and on (pool) ' \
-           'sum by (pool) (llamacpp:requests_processing{job="llamacpp"}) > 0' in drops
+    assert (
+        'sum by (pool) (rate(llamacpp:tokens_predicted_total{job="llamacpp"}[5m])) < 5 and on (pool) '
+        'sum by (pool) (llamacpp:requests_processing{job="llamacpp"}) > 0' in drops
+    )
 
 
 @pytest.mark.parametrize("config", [lmdeploy_config, llamacpp_config])
 def test_promtool_accepts_the_rules_of_mixed_engine_stacks(config, tmp_path: Path) -> None:
     rules = tmp_path / "rules.yml"
     rules.write_text(alert_rules(spec_of(config())))
-    proc = subprocess.run([tool("promtool"), "check", "rules", str(rules)], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run([tool("promtool"), "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -90,8 +96,11 @@ def test_llamacpp_fixture_list_is_what_a_real_build_exposes() -> None:
     counter it renders only with a draft model."""
     exposition = (METRICS_DIR.parent / "engines" / "llama.cpp-b11312-metrics.txt").read_text()
     seen = {tuple(line.split()[2:4]) for line in exposition.splitlines() if line.startswith("# TYPE ")}
-    listed_pairs = {tuple(line.split()) for line in (METRICS_DIR / "llama.cpp-b11312.txt").read_text().splitlines()
-                    if line.strip() and not line.startswith("#")}
+    listed_pairs = {
+        tuple(line.split())
+        for line in (METRICS_DIR / "llama.cpp-b11312.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
     assert listed_pairs - seen == {("llamacpp:spec_decode_num_accepted_tokens_per_pos_total", "counter")}
     assert seen <= listed_pairs
 
@@ -99,6 +108,9 @@ def test_llamacpp_fixture_list_is_what_a_real_build_exposes() -> None:
 def test_lmdeploy_fixture_list_is_the_real_exporters() -> None:
     exposition = (METRICS_DIR.parent / "engines" / "lmdeploy-0.16.0-metrics.txt").read_text()
     seen = {tuple(line.split()[2:4]) for line in exposition.splitlines() if line.startswith("# TYPE lmdeploy:")}
-    listed_pairs = {tuple(line.split()) for line in (METRICS_DIR / "lmdeploy-0.16.0.txt").read_text().splitlines()
-                    if line.strip() and not line.startswith("#")}
+    listed_pairs = {
+        tuple(line.split())
+        for line in (METRICS_DIR / "lmdeploy-0.16.0.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
     assert seen == listed_pairs

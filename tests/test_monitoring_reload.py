@@ -1,5 +1,6 @@
 """Config reloads without a restart: the generated config command against a real Prometheus and Alertmanager on
 loopback (Grafana's admin API against a recording stand-in: Grafana is not packaged for Debian)."""
+
 from __future__ import annotations
 
 import base64
@@ -40,8 +41,9 @@ def fake_docker(tmp_path: Path, running: bool) -> dict[str, str]:
 
 
 def run_script(script: str, env: dict[str, str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([tool("bash"), "-c", script], env=env, input=stdin, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [tool("bash"), "-c", script], env=env, input=stdin, capture_output=True, text=True, timeout=120
+    )
 
 
 def get_json(url: str) -> dict:
@@ -77,7 +79,8 @@ def rule_names(port: int) -> list[str]:
 
 
 def test_prometheus_reloads_rules_in_place_and_keeps_them_on_a_bad_config(
-        tmp_path: Path, spawn: list[subprocess.Popen[bytes]]) -> None:
+    tmp_path: Path, spawn: list[subprocess.Popen[bytes]]
+) -> None:
     port, root = free_port(), tmp_path / "etc"
     url = f"http://127.0.0.1:{port}"
 
@@ -93,9 +96,17 @@ def test_prometheus_reloads_rules_in_place_and_keeps_them_on_a_bad_config(
     st = config.stat()
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (65534, 65534, 0o644)
 
-    proc = subprocess.Popen([tool("prometheus"), f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            tool("prometheus"),
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--web.enable-lifecycle",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     spawn.append(proc)
     wait_ready(f"{url}/-/ready", proc, "prometheus")
     assert rule_names(port) == ["A"]
@@ -116,11 +127,19 @@ def test_prometheus_reloads_rules_in_place_and_keeps_them_on_a_bad_config(
 
 
 def test_alertmanager_takes_its_secret_config_on_stdin_and_reloads(
-        tmp_path: Path, spawn: list[subprocess.Popen[bytes]]) -> None:
+    tmp_path: Path, spawn: list[subprocess.Popen[bytes]]
+) -> None:
     port, root = free_port(), tmp_path / "etc"
     url = f"http://127.0.0.1:{port}"
-    script = config_files_script("alertmanager", "alertmanager", {}, lifecycle_reloads(url),
-                                 stdin_file="alertmanager/alertmanager.yml", secret=True, root=str(root))
+    script = config_files_script(
+        "alertmanager",
+        "alertmanager",
+        {},
+        lifecycle_reloads(url),
+        stdin_file="alertmanager/alertmanager.yml",
+        secret=True,
+        root=str(root),
+    )
     assert "ops" not in script  # the receivers never enter the script: stdin only
     first = run_script(script, fake_docker(tmp_path, running=False), stdin=AM_CONFIG % ("ops", "ops"))
     assert first.returncode == 0, first.stderr
@@ -128,9 +147,17 @@ def test_alertmanager_takes_its_secret_config_on_stdin_and_reloads(
     st = path.stat()
     assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (65534, 0o600)
 
-    proc = subprocess.Popen([tool("prometheus-alertmanager"), f"--config.file={path}",
-                             f"--storage.path={tmp_path / 'am'}", f"--web.listen-address=127.0.0.1:{port}",
-                             "--cluster.listen-address="], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            tool("prometheus-alertmanager"),
+            f"--config.file={path}",
+            f"--storage.path={tmp_path / 'am'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--cluster.listen-address=",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     spawn.append(proc)
     wait_ready(f"{url}/-/ready", proc, "alertmanager")
     assert "receiver: ops" in get_json(f"{url}/api/v2/status")["config"]["original"]
@@ -155,42 +182,57 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
 
 
 def test_grafana_reloads_datasources_and_dashboards_as_admin_without_the_password_on_a_command_line(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     server = http.server.HTTPServer(("127.0.0.1", 0), _Recorder)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         password = tmp_path / "admin-password"
         password.write_text('pa"ss\\word')
         url = f"http://127.0.0.1:{server.server_port}"
-        files = {"grafana/provisioning/datasources/x.yaml": "apiVersion: 1\n",
-                 "grafana/dashboards/llm-cluster/d.json": '{"uid": "d", "title": "$pool"}\n'}
-        script = config_files_script("grafana", "grafana", files, grafana_reloads(url, str(password)),
-                                     root=str(tmp_path / "etc"))
+        files = {
+            "grafana/provisioning/datasources/x.yaml": "apiVersion: 1\n",
+            "grafana/dashboards/llm-cluster/d.json": '{"uid": "d", "title": "$pool"}\n',
+        }
+        script = config_files_script(
+            "grafana", "grafana", files, grafana_reloads(url, str(password)), root=str(tmp_path / "etc")
+        )
         assert 'pa"ss' not in script
         done = run_script(script, fake_docker(tmp_path, running=True))
         assert done.returncode == 0, done.stderr
         auth = "Basic " + base64.b64encode(b'admin:pa"ss\\word').decode()
-        assert _Recorder.seen == [("POST", "/api/admin/provisioning/datasources/reload", auth),
-                                  ("POST", "/api/admin/provisioning/dashboards/reload", auth)]
-        assert (tmp_path / "etc" / "grafana" / "dashboards" / "llm-cluster" / "d.json").read_text() == \
-            files["grafana/dashboards/llm-cluster/d.json"]
+        assert _Recorder.seen == [
+            ("POST", "/api/admin/provisioning/datasources/reload", auth),
+            ("POST", "/api/admin/provisioning/dashboards/reload", auth),
+        ]
+        assert (tmp_path / "etc" / "grafana" / "dashboards" / "llm-cluster" / "d.json").read_text() == files[
+            "grafana/dashboards/llm-cluster/d.json"
+        ]
     finally:
         server.shutdown()
 
 
 def test_the_plan_lists_every_file_a_config_script_writes() -> None:
     files = {"prometheus/prometheus.yml": PROM_CONFIG, "prometheus/rules/a.yml": RULE.format(name="A", threshold=0)}
-    script = config_files_script("prometheus", "prometheus", files, lifecycle_reloads("http://127.0.0.1:1"),
-                                 root="/r")
+    script = config_files_script("prometheus", "prometheus", files, lifecycle_reloads("http://127.0.0.1:1"), root="/r")
     assert written_files(script) == {f"/r/{k}": v for k, v in files.items()}
 
 
 def test_config_scripts_pass_shellcheck(tmp_path: Path) -> None:
-    for script in (config_files_script("prometheus", "prometheus", {"prometheus/p.yml": "a: 1\n"},
-                                       lifecycle_reloads("http://127.0.0.1:1")),
-                   config_files_script("grafana", "grafana", {}, grafana_reloads("http://127.0.0.1:1")),
-                   config_files_script("alertmanager", "alertmanager", {}, lifecycle_reloads("http://127.0.0.1:1"),
-                                       stdin_file="alertmanager/alertmanager.yml", secret=True)):
+    for script in (
+        config_files_script(
+            "prometheus", "prometheus", {"prometheus/p.yml": "a: 1\n"}, lifecycle_reloads("http://127.0.0.1:1")
+        ),
+        config_files_script("grafana", "grafana", {}, grafana_reloads("http://127.0.0.1:1")),
+        config_files_script(
+            "alertmanager",
+            "alertmanager",
+            {},
+            lifecycle_reloads("http://127.0.0.1:1"),
+            stdin_file="alertmanager/alertmanager.yml",
+            secret=True,
+        ),
+    ):
         path = tmp_path / "s.sh"
         path.write_text(script)
         out = subprocess.run([tool("shellcheck"), "-s", "bash", str(path)], capture_output=True, text=True)

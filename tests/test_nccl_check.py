@@ -1,5 +1,6 @@
 """NCCL preflight: the verdict on real NCCL INFO logs (NET/IB and the Socket fallback), the wrapper and the
 deploy gate run for real with stand-ins for python3/docker, and the wiring after the Ray gate."""
+
 from __future__ import annotations
 
 import ast
@@ -30,6 +31,7 @@ def check() -> Any:
     sys.path.insert(0, str(NODE_PROGRAMS))  # as in the container: fabric.py beside nccl_check.py
     try:
         import nccl_check
+
         yield nccl_check
     finally:
         sys.path.remove(str(NODE_PROGRAMS))
@@ -41,20 +43,32 @@ def reasoning(spec: StackSpec) -> Any:
 
 def test_net_ib_on_every_rank_passes(check: Any, prod_spec: StackSpec) -> None:
     plan = nccl.check_plan(prod_spec, reasoning(prod_spec))
-    v = check.verdict(plan, [{"host": "gpu-01", "sum_ok": True, "seconds": 0.02, "log": log("net-ib.azure")},
-                             {"host": "gpu-02", "sum_ok": True, "seconds": 0.03, "log": log("net-ib-roce")}])
-    assert v == {"ok": True, "transport": "IB", "devices": ["mlx5_0:1/IB", "mlx5_10:1/RoCE", "mlx5_11:1/RoCE"],
-                 "message": "all-reduce of 64 MiB over NET/IB (mlx5_0:1/IB, mlx5_10:1/RoCE, mlx5_11:1/RoCE) on 2 "
-                            "nodes in 0.03 s"}
+    v = check.verdict(
+        plan,
+        [
+            {"host": "gpu-01", "sum_ok": True, "seconds": 0.02, "log": log("net-ib.azure")},
+            {"host": "gpu-02", "sum_ok": True, "seconds": 0.03, "log": log("net-ib-roce")},
+        ],
+    )
+    assert v == {
+        "ok": True,
+        "transport": "IB",
+        "devices": ["mlx5_0:1/IB", "mlx5_10:1/RoCE", "mlx5_11:1/RoCE"],
+        "message": "all-reduce of 64 MiB over NET/IB (mlx5_0:1/IB, mlx5_10:1/RoCE, mlx5_11:1/RoCE) on 2 "
+        "nodes in 0.03 s",
+    }
 
 
 def test_a_socket_fallback_is_refused_naming_the_variables(check: Any, prod_spec: StackSpec) -> None:
     plan = nccl.check_plan(prod_spec, reasoning(prod_spec))
-    v = check.verdict(plan, [{"sum_ok": True, "log": log("net-ib.azure")},
-                             {"sum_ok": True, "log": log("net-socket-fallback")}])
+    v = check.verdict(
+        plan, [{"sum_ok": True, "log": log("net-ib.azure")}, {"sum_ok": True, "log": log("net-socket-fallback")}]
+    )
     assert v["ok"] is False and v["transport"] == "Socket"
-    assert v["message"].startswith("NCCL fell back to NET/Socket (eth0:10.244.1.4<0>) after: Failed to open "
-                                   "libibverbs.so[.1]; check NCCL_IB_HCA=mlx5_0")
+    assert v["message"].startswith(
+        "NCCL fell back to NET/Socket (eth0:10.244.1.4<0>) after: Failed to open "
+        "libibverbs.so[.1]; check NCCL_IB_HCA=mlx5_0"
+    )
     assert "NCCL_IB_GID_INDEX=3" in v["message"] and "NCCL_SOCKET_IFNAME=bond0" in v["message"]
     mixed = check.verdict(plan, [{"sum_ok": True, "log": log("mixed")}])
     assert mixed["ok"] is False and "NET/IB : No device found." in mixed["message"]
@@ -62,8 +76,10 @@ def test_a_socket_fallback_is_refused_naming_the_variables(check: Any, prod_spec
 
 def test_a_wrong_sum_or_no_ib_line_is_refused(check: Any, prod_spec: StackSpec) -> None:
     plan = nccl.check_plan(prod_spec, reasoning(prod_spec))
-    assert check.verdict(plan, [{"sum_ok": False, "log": log("net-ib.azure")}])["message"] == \
-        "the all-reduce returned a wrong sum"
+    assert (
+        check.verdict(plan, [{"sum_ok": False, "log": log("net-ib.azure")}])["message"]
+        == "the all-reduce returned a wrong sum"
+    )
     assert check.verdict(plan, [{"sum_ok": True, "log": ""}])["message"].startswith("no NET/IB line")
 
 
@@ -86,32 +102,58 @@ def fake_python(tmp_path: Path, verdict: str, status: int) -> dict[str, str]:
 
 def test_over_ib_the_wrapper_keeps_the_verdict_and_execs_the_server(prod_spec: StackSpec, tmp_path: Path) -> None:
     env = fake_python(tmp_path, '{"ok": true, "transport": "IB", "message": "fine"}', 0)
-    script = nccl.wrapper_script(prod_spec, reasoning(prod_spec), directory=str(tmp_path),
-                                 result=str(tmp_path / "result.json"))
-    done = subprocess.run([tool("bash"), "-c", script, "nccl-check.sh", "echo", "server", "started"],
-                          capture_output=True, text=True, env=env, timeout=30)
+    script = nccl.wrapper_script(
+        prod_spec, reasoning(prod_spec), directory=str(tmp_path), result=str(tmp_path / "result.json")
+    )
+    done = subprocess.run(
+        [tool("bash"), "-c", script, "nccl-check.sh", "echo", "server", "started"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         "nccl: all-reduce across 2 nodes of reasoning-gpu-01 (NCCL_DEBUG=INFO)",
-        'nccl: {"ok": true, "transport": "IB", "message": "fine"}', "server started"]
-    gate = subprocess.run([tool("bash"), "-c", nccl.gate_script(reasoning(prod_spec), "ray-head-x", 10)],
-                          capture_output=True, text=True, env=env, timeout=30)
-    assert gate.returncode == 0 and gate.stdout.startswith("nccl reasoning-gpu-01: {\"ok\": true")
+        'nccl: {"ok": true, "transport": "IB", "message": "fine"}',
+        "server started",
+    ]
+    gate = subprocess.run(
+        [tool("bash"), "-c", nccl.gate_script(reasoning(prod_spec), "ray-head-x", 10)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+    )
+    assert gate.returncode == 0 and gate.stdout.startswith('nccl reasoning-gpu-01: {"ok": true')
 
 
 def test_on_sockets_the_server_never_starts_and_the_gate_fails(prod_spec: StackSpec, tmp_path: Path) -> None:
-    refused = '{"ok": false, "transport": "Socket", "message": "NCCL fell back to NET/Socket; check NCCL_IB_HCA=mlx5_0"}'
+    refused = (
+        '{"ok": false, "transport": "Socket", "message": "NCCL fell back to NET/Socket; check NCCL_IB_HCA=mlx5_0"}'
+    )
     env = fake_python(tmp_path, refused, 1)
-    script = nccl.wrapper_script(prod_spec, reasoning(prod_spec), directory=str(tmp_path),
-                                 result=str(tmp_path / "result.json"))
+    script = nccl.wrapper_script(
+        prod_spec, reasoning(prod_spec), directory=str(tmp_path), result=str(tmp_path / "result.json")
+    )
     marker = tmp_path / "served"
     with pytest.raises(subprocess.TimeoutExpired):
-        subprocess.run([tool("bash"), "-c", script, "nccl-check.sh", "touch", str(marker)],
-                       capture_output=True, text=True, env=env, timeout=3)
+        subprocess.run(
+            [tool("bash"), "-c", script, "nccl-check.sh", "touch", str(marker)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=3,
+        )
     assert not marker.exists()
     assert (tmp_path / "result.json").read_text() == refused + "\n"
-    gate = subprocess.run([tool("bash"), "-c", nccl.gate_script(reasoning(prod_spec), "ray-head-x", 10)],
-                          capture_output=True, text=True, env=env, timeout=30)
+    gate = subprocess.run(
+        [tool("bash"), "-c", nccl.gate_script(reasoning(prod_spec), "ray-head-x", 10)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+    )
     assert gate.returncode == 1
     assert gate.stderr == f"ERROR: nccl reasoning-gpu-01: {refused}\n"
 

@@ -1,4 +1,5 @@
 """Node scripts: shellcheck and bash -n on every one; hosts block, manifest and fstab removal run twice on scratch files."""
+
 from __future__ import annotations
 
 import math
@@ -28,10 +29,17 @@ def every_script(spec: StackSpec) -> dict[str, str]:
         "manifest-build": ns.manifest_build_script(PATH),
         "manifest-verify": ns.manifest_verify_script(PATH),
         "manifest-delete": ns.manifest_delete_script(PATH, ("manifest", "cache")),
-        "copy": ns.copy_script(PATH, serving="gpu-01", target="gpu-02", target_login="root@192.168.10.12",
-                               ssh=SSH, manifest="manifest"),
-        "copy-checked": ns.copy_script(PATH, serving="gpu-02", target="gpu-03", target_login="root@10.0.0.3",
-                                       ssh=ns.ssh_argv(2222, True), manifest="expected"),
+        "copy": ns.copy_script(
+            PATH, serving="gpu-01", target="gpu-02", target_login="root@192.168.10.12", ssh=SSH, manifest="manifest"
+        ),
+        "copy-checked": ns.copy_script(
+            PATH,
+            serving="gpu-02",
+            target="gpu-03",
+            target_login="root@10.0.0.3",
+            ssh=ns.ssh_argv(2222, True),
+            manifest="expected",
+        ),
         "copy-delete": ns.copy_delete_script(PATH, target_login="root@192.168.10.12", ssh=SSH),
         "mount": ns.mount_script("nas:/export/models/r1", PATH),
         "unmount": ns.unmount_script("nas:/export/models/r1", PATH),
@@ -46,8 +54,9 @@ def every_script(spec: StackSpec) -> dict[str, str]:
 
 
 def run(script: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", "-c", script, "llm-cluster", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        ["bash", "-c", script, "llm-cluster", *args], capture_output=True, text=True, env={**os.environ, **(env or {})}
+    )
 
 
 def test_every_script_is_shellcheck_clean_and_parses(prod_spec: StackSpec, tmp_path: Path) -> None:
@@ -69,7 +78,7 @@ def test_every_script_is_shellcheck_clean_and_parses(prod_spec: StackSpec, tmp_p
 def test_bash_command_hands_the_script_over_verbatim(tmp_path: Path) -> None:
     script = "#!/usr/bin/env bash\nset -euo pipefail\nprintf '%s|' \"$0\" 'a \"b\"' $'c\\td' \"${HOME:+x}\"\n"
     done = subprocess.run(["sh", "-c", ns.bash_command(script)], capture_output=True, text=True)
-    assert done.stdout == "llm-cluster|a \"b\"|c\td|x|"
+    assert done.stdout == 'llm-cluster|a "b"|c\td|x|'
     with pytest.raises(ValueError, match="heredoc delimiter"):
         ns.bash_command("echo\nLLM_CLUSTER_SCRIPT\n")
 
@@ -90,9 +99,15 @@ def test_hosts_block_is_written_once_kept_in_place_and_removed(prod_spec: StackS
     assert (first.returncode, second.returncode) == (0, 0)
     assert first.stdout == f"{hosts}: llm-cluster block written\n"
     assert second.stdout == f"{hosts}: llm-cluster block already up to date\n"
-    assert hosts.read_text() == after_first == HOSTS + (
-        "# BEGIN llm-cluster\n192.168.10.11 gpu-01\n192.168.10.12 gpu-02\n192.168.10.13 gpu-03\n"
-        "192.168.10.14 gpu-04\n192.168.10.15 gpu-05\n192.168.10.16 gpu-06\n# END llm-cluster\n")
+    assert (
+        hosts.read_text()
+        == after_first
+        == HOSTS
+        + (
+            "# BEGIN llm-cluster\n192.168.10.11 gpu-01\n192.168.10.12 gpu-02\n192.168.10.13 gpu-03\n"
+            "192.168.10.14 gpu-04\n192.168.10.15 gpu-05\n192.168.10.16 gpu-06\n# END llm-cluster\n"
+        )
+    )
     assert hosts.stat().st_ino == inode
 
     # A changed stack replaces the block; it is never duplicated.
@@ -114,6 +129,7 @@ def test_hosts_script_runs_through_the_remote_command_wrapper(prod_spec: StackSp
 
 
 # --- manifest ------------------------------------------------------------------------------------
+
 
 def make_weights(root: Path) -> None:
     (root / "sub").mkdir(parents=True)
@@ -137,9 +153,13 @@ def test_manifest_is_stable_and_rehashes_only_changed_files(tmp_path: Path) -> N
     assert sorted(state) == ["cache", "manifest"]
     manifest = state["manifest"].decode().splitlines()
     assert [ln.split("\t")[2] for ln in manifest] == [
-        "config.json", "model-00001-of-00002.safetensors", "sub/with space.bin"]
-    sha = subprocess.run(["sha256sum", str(root / "sub" / "with space.bin")], capture_output=True,
-                         text=True).stdout.split()[0]
+        "config.json",
+        "model-00001-of-00002.safetensors",
+        "sub/with space.bin",
+    ]
+    sha = subprocess.run(
+        ["sha256sum", str(root / "sub" / "with space.bin")], capture_output=True, text=True
+    ).stdout.split()[0]
     assert manifest[2] == f"1000\t{sha}\tsub/with space.bin"
     assert "hashing 3 changed file(s)" in first.stdout
 
@@ -169,8 +189,9 @@ def test_verify_marks_a_matching_copy_and_refuses_a_corrupt_one(tmp_path: Path) 
     first = run(verify)
     assert first.returncode == 0, first.stderr
     state = state_of(dst)
-    want = subprocess.run(["sha256sum", str(dst / ".llm-cluster" / "expected")], capture_output=True,
-                          text=True).stdout.split()[0]
+    want = subprocess.run(
+        ["sha256sum", str(dst / ".llm-cluster" / "expected")], capture_output=True, text=True
+    ).stdout.split()[0]
     assert state["verified"].decode() == want + "\n"
     second = run(verify)
     assert second.returncode == 0 and state_of(dst) == state
@@ -208,9 +229,10 @@ def test_verify_removes_a_corrupt_file_so_the_next_copy_sends_it_again(tmp_path:
     verify = ns.manifest_verify_script(str(dst), "weights-r1-copy-gpu-01-to-gpu-02")
     bad = run(verify)
     assert bad.returncode == 1
-    assert ("    fix: those files were removed here, so the next copy sends them again: run pulumi up --replace "
-            "<urn of weights-r1-copy-gpu-01-to-gpu-02> (pulumi stack --show-urns); if it repeats, check the disk\n"
-            ) in bad.stderr
+    assert (
+        "    fix: those files were removed here, so the next copy sends them again: run pulumi up --replace "
+        "<urn of weights-r1-copy-gpu-01-to-gpu-02> (pulumi stack --show-urns); if it repeats, check the disk\n"
+    ) in bad.stderr
     assert not shard.exists()
     assert "model-00001" not in (dst / ".llm-cluster" / "cache").read_text()  # its stale checksum is gone too
     assert copy_like_rsync_a(src, dst) == ["model-00001-of-00002.safetensors"]
@@ -232,16 +254,26 @@ def test_missing_source_weights_name_the_path(tmp_path: Path) -> None:
 
 # --- copy, mount, present ----------------------------------------------------------------------
 
+
 def test_copy_script_rsyncs_resumably_without_the_bookkeeping() -> None:
-    text = ns.copy_script(PATH, serving="gpu-01", target="gpu-02", target_login="root@192.168.10.12",
-                          ssh=SSH, manifest="manifest")
-    assert ('rsync -a --partial --info=progress2 --exclude=/.llm-cluster/ -e "${ssh[*]}" "$root/" '
-            '"$dst:$root/"') in text
+    text = ns.copy_script(
+        PATH, serving="gpu-01", target="gpu-02", target_login="root@192.168.10.12", ssh=SSH, manifest="manifest"
+    )
+    assert (
+        'rsync -a --partial --info=progress2 --exclude=/.llm-cluster/ -e "${ssh[*]}" "$root/" "$dst:$root/"'
+    ) in text
     assert "ssh=(ssh -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -p 22)" in text
     assert f"manifest={PATH}/.llm-cluster/manifest" in text
     assert f"'cat {PATH}/.llm-cluster/verified 2>/dev/null || true'" in text
-    assert ns.ssh_argv(2222, True) == ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new",
-                                       "-p", "2222"]
+    assert ns.ssh_argv(2222, True) == [
+        "ssh",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "StrictHostKeyChecking=accept-new",
+        "-p",
+        "2222",
+    ]
 
 
 def test_fstab_entry_is_removed_once_and_only_it(tmp_path: Path) -> None:
@@ -259,10 +291,11 @@ def test_a_share_is_never_expanded_by_the_shell(tmp_path: Path) -> None:
     # The spec refuses such shares; the script must not depend on it.
     share = "nas:/export/$(touch pwned)`touch pwned2`"
     script = ns.mount_script(share, str(tmp_path / "m"), str(tmp_path / "fstab"))
-    assert f"share={ns.q(share)}\n" in script and 'cannot mount $share at' in script
+    assert f"share={ns.q(share)}\n" in script and "cannot mount $share at" in script
     assert f"echo {ns.q(f'    fix: check the export {share} holds the model' + chr(39) + 's files')} >&2" in script
-    done = subprocess.run(["bash", "-c", script.replace('mount "$root" ||', 'false ||')], cwd=tmp_path,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["bash", "-c", script.replace('mount "$root" ||', "false ||")], cwd=tmp_path, capture_output=True, text=True
+    )
     assert done.returncode == 1 and f"ERROR: cannot mount {share} at" in done.stderr
     assert not (tmp_path / "pwned").exists() and not (tmp_path / "pwned2").exists()
 
@@ -276,10 +309,14 @@ def test_a_newline_in_a_value_does_not_end_the_comment_line() -> None:
 
 def test_bookkeeping_lives_in_state_dir(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ns, "STATE_DIR", ".bookkeeping")
-    for script in (ns.manifest_build_script(PATH), ns.manifest_verify_script(PATH),
-                   ns.copy_script(PATH, serving="gpu-01", target="gpu-02", target_login="root@10.0.0.2",
-                                  ssh=SSH, manifest="manifest"),
-                   ns.copy_delete_script(PATH, target_login="root@10.0.0.2", ssh=SSH)):
+    for script in (
+        ns.manifest_build_script(PATH),
+        ns.manifest_verify_script(PATH),
+        ns.copy_script(
+            PATH, serving="gpu-01", target="gpu-02", target_login="root@10.0.0.2", ssh=SSH, manifest="manifest"
+        ),
+        ns.copy_delete_script(PATH, target_login="root@10.0.0.2", ssh=SSH),
+    ):
         assert ".llm-cluster/" not in script and ".bookkeeping" in script
 
 
@@ -294,8 +331,13 @@ def test_operator_key_file_is_0600_from_stdin_and_removed(tmp_path: Path) -> Non
     path = "~/.ssh/llm-cluster/prod/gpu-01.key"
     env = {"HOME": str(tmp_path)}
     for _ in range(2):
-        done = subprocess.run(["bash", "-c", ns.operator_file_create_script(path)], input="KEY\n",
-                              capture_output=True, text=True, env={**os.environ, **env})
+        done = subprocess.run(
+            ["bash", "-c", ns.operator_file_create_script(path)],
+            input="KEY\n",
+            capture_output=True,
+            text=True,
+            env={**os.environ, **env},
+        )
         assert done.returncode == 0, done.stderr
     key = tmp_path / ".ssh/llm-cluster/prod/gpu-01.key"
     assert key.read_text() == "KEY\n" and stat.S_IMODE(key.stat().st_mode) == 0o600
@@ -304,6 +346,7 @@ def test_operator_key_file_is_0600_from_stdin_and_removed(tmp_path: Path) -> Non
 
 
 # --- fan-out -------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 8, 9, 16])
 def test_fanout_takes_ceil_log2_rounds_and_copies_each_node_once(n: int) -> None:
@@ -320,15 +363,23 @@ def test_fanout_takes_ceil_log2_rounds_and_copies_each_node_once(n: int) -> None
 
 def test_fanout_of_the_chat_pool() -> None:
     assert ns.fanout_rounds("gpu-03", ["gpu-03", "gpu-04", "gpu-05", "gpu-06"]) == [
-        [("gpu-03", "gpu-04")], [("gpu-03", "gpu-05"), ("gpu-04", "gpu-06")]]
+        [("gpu-03", "gpu-04")],
+        [("gpu-03", "gpu-05"), ("gpu-04", "gpu-06")],
+    ]
 
 
 # --- expectations --------------------------------------------------------------------------------
 
+
 def test_reference_node_expectation(prod_spec: StackSpec) -> None:
     exp = ns.node_expectation(prod_spec, "gpu-02")
     assert (exp.gpu_model, exp.gpu_count, exp.compute_cap, exp.nvlink, exp.max_tensor_parallel) == (
-        "Tesla V100-SXM2-32GB", 8, "7.0", True, 8)
+        "Tesla V100-SXM2-32GB",
+        8,
+        "7.0",
+        True,
+        8,
+    )
     assert exp.driver_min == "560.28.03" and (exp.disk_path, exp.min_free_gib) == ("/data", 100)
     assert exp.hca == {"device": "mlx5_0", "port": 1, "link_layer": "ethernet", "rate_gbps": 200}
     assert exp.models == [{"path": PATH, "size_bytes": ns.model_size_bytes(prod_spec, "deepseek-r1")}]
@@ -342,7 +393,9 @@ def test_model_size_estimate_and_override(prod_spec: StackSpec) -> None:
     # per 128, embeddings, LM head, norms and routers at fp16 (not the catalog's params_b x 4 bits).
     arch = model_arch("deepseek-r1")
     linear = linear_bytes_per_param("gptq", 2, 4, 128)
-    assert ns.model_size_bytes(prod_spec, "deepseek-r1") == int(checkpoint_bytes(arch, act_bytes=2, linear_bytes=linear))
+    assert ns.model_size_bytes(prod_spec, "deepseek-r1") == int(
+        checkpoint_bytes(arch, act_bytes=2, linear_bytes=linear)
+    )
     assert round(ns.model_size_bytes(prod_spec, "deepseek-r1") / 2**30) == 327
     assert checkpoint_bytes(arch, act_bytes=2, linear_bytes=linear) - model_params(arch) * linear > 2 * 2**30
     assert round(ns.model_size_bytes(prod_spec, "qwen3-30b-a3b") / 2**30) == 57  # 30.5B fp16

@@ -2,6 +2,7 @@
 scripts really run so under a real unprivileged user of this machine (created here with passwordless
 sudo and the docker group, removed afterwards), while the same steps without sudo are refused; the mount,
 fstab, hosts and nftables steps in throwaway mount and network namespaces (below)."""
+
 from __future__ import annotations
 
 import os
@@ -28,12 +29,25 @@ from tests.conftest import prod_config, run_stack
 
 NS = "llm-cluster:"
 # The commands whose scripts write /etc/hosts, /etc/fstab and mounts, /etc/llm-cluster or nftables.
-ROOT_STEPS = {"hosts", "firewall", "mount", "gateway-keys", "gateway-tls", "gateway-config", "gateway-usage-dir",
-              "monitoring-grafana-admin-password", "monitoring-grafana-config", "monitoring-prometheus-config",
-              "monitoring-alertmanager-config"}
+ROOT_STEPS = {
+    "hosts",
+    "firewall",
+    "mount",
+    "gateway-keys",
+    "gateway-tls",
+    "gateway-config",
+    "gateway-usage-dir",
+    "monitoring-grafana-admin-password",
+    "monitoring-grafana-config",
+    "monitoring-prometheus-config",
+    "monitoring-alertmanager-config",
+}
 # What only root may do on a node; a command without sudo must do none of it (a new root step is caught).
-PRIVILEGED = re.compile(r"/etc/(hosts|fstab|llm-cluster)|^\s*(chown|mount|umount|nft -f|systemctl enable)\b|"
-                        r"install [^\n]*-o ", re.M)
+PRIVILEGED = re.compile(
+    r"/etc/(hosts|fstab|llm-cluster)|^\s*(chown|mount|umount|nft -f|systemctl enable)\b|"
+    r"install [^\n]*-o ",
+    re.M,
+)
 # This run's users (sudo + docker group, and neither), named for this process: another run of the suite
 # on the machine (a developer's, CI's) makes and deletes its own, never these.
 DEPLOY, PLAIN = f"llmc{os.getpid()}-deploy", f"llmc{os.getpid()}-plain"
@@ -69,8 +83,9 @@ def test_a_non_root_user_runs_exactly_the_root_steps_through_sudo() -> None:
     assert {s for s, sudo in steps.items() if sudo} == ROOT_STEPS & set(steps)
     assert {"mount", "hosts", "firewall", "gateway-config", "gateway-usage-dir"} <= set(steps)
     # Everything else runs as the user: preflight, weights bookkeeping and copies, gates, the clock.
-    assert {"preflight", "manifest", "verify", "copy", "clock", "chat-health"} <= {s for s, sudo in steps.items()
-                                                                                    if not sudo}
+    assert {"preflight", "manifest", "verify", "copy", "clock", "chat-health"} <= {
+        s for s, sudo in steps.items() if not sudo
+    }
 
 
 def test_no_command_without_sudo_does_what_only_root_may() -> None:
@@ -95,11 +110,14 @@ def test_the_preflight_of_a_non_root_user_checks_sudo_and_the_docker_group_first
     config[NS + "ssh"] = {**config.get(NS + "ssh", {}), "user": "deploy"}
     preflight = run_stack(config, preview=True).get("gpu-03-preflight").plain_inputs()["create"]
     assert access_script("deploy") in preflight
-    assert access_script("deploy") not in run_stack(prod_config(), preview=True).get(
-        "gpu-03-preflight").plain_inputs()["create"]
+    assert (
+        access_script("deploy")
+        not in run_stack(prod_config(), preview=True).get("gpu-03-preflight").plain_inputs()["create"]
+    )
 
 
 # --- the scripts under a real unprivileged user ----------------------------------------------------
+
 
 def _root(*argv: str) -> None:
     subprocess.run(argv, check=True, capture_output=True)
@@ -140,8 +158,14 @@ def system_dir(users: None) -> Iterator[Path]:
 
 def as_user(user: str, command: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
     """Run a Command's create string as `user`, the way SSH hands it to the login shell."""
-    return subprocess.run(["runuser", "-u", user, "--", "bash", "-c", command], input=stdin, capture_output=True,
-                          text=True, timeout=120, cwd="/")
+    return subprocess.run(
+        ["runuser", "-u", user, "--", "bash", "-c", command],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/",
+    )
 
 
 def test_the_hosts_block_is_written_and_removed_through_sudo_and_refused_without(system_dir: Path) -> None:
@@ -175,8 +199,9 @@ def test_gateway_keys_and_grafana_password_are_made_root_only_through_sudo(syste
 
 
 def test_monitoring_config_files_are_written_and_owned_through_sudo(system_dir: Path) -> None:
-    script = config_files_script("prometheus", "prometheus", {"prometheus/prometheus.yml": "global: {}\n"}, [],
-                                 root=str(system_dir))
+    script = config_files_script(
+        "prometheus", "prometheus", {"prometheus/prometheus.yml": "global: {}\n"}, [], root=str(system_dir)
+    )
     assert as_user(DEPLOY, bash_command(script)).returncode != 0
     done = as_user(DEPLOY, bash_command(script, sudo=True))
     assert done.returncode == 0, done.stderr
@@ -187,8 +212,11 @@ def test_monitoring_config_files_are_written_and_owned_through_sudo(system_dir: 
 def test_weights_bookkeeping_runs_as_the_user_in_a_directory_it_owns(users: None) -> None:
     home = Path(f"/home/{DEPLOY}")
     model = home / "models" / "m"
-    done = as_user(DEPLOY, f"mkdir -p {model} && printf weights > {model}/w.safetensors && "
-                   + bash_command(manifest_build_script(str(model))))
+    done = as_user(
+        DEPLOY,
+        f"mkdir -p {model} && printf weights > {model}/w.safetensors && "
+        + bash_command(manifest_build_script(str(model))),
+    )
     assert done.returncode == 0, done.stderr
     manifest = model / ".llm-cluster" / "manifest"
     assert manifest.read_text().endswith("\tw.safetensors\n")
@@ -297,14 +325,37 @@ def run_in_sandbox(root: Path, user: str, steps: list[tuple[str, str]]) -> list[
         path = root / f"step{i}-{label}"
         path.write_text(command)
         files.append(path)
-    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "--", "nsenter",
-                           f"--net=/run/netns/{NETNS}", "--", "bash", str(root / "driver.sh"), str(root / "ns"),
-                           user, str(root / "models" / "qwen"), *map(str, files)],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "nsenter",
+            f"--net=/run/netns/{NETNS}",
+            "--",
+            "bash",
+            str(root / "driver.sh"),
+            str(root / "ns"),
+            user,
+            str(root / "models" / "qwen"),
+            *map(str, files),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
-    return [(int((f.parent / (f.name + ".rc")).read_text()), (f.parent / (f.name + ".out")).read_text(),
-             (f.parent / (f.name + ".err")).read_text(), (f.parent / (f.name + ".state")).read_text())
-            for f in files]
+    return [
+        (
+            int((f.parent / (f.name + ".rc")).read_text()),
+            (f.parent / (f.name + ".out")).read_text(),
+            (f.parent / (f.name + ".err")).read_text(),
+            (f.parent / (f.name + ".state")).read_text(),
+        )
+        for f in files
+    ]
 
 
 def machine_state() -> tuple[bytes, bytes, str]:
@@ -318,14 +369,20 @@ def test_mount_hosts_and_firewall_steps_run_as_a_sudo_user_create_delete_create(
     steps = stack_steps(DEPLOY, model)
     before = machine_state()
     order = ["create", "create", "delete", "create", "delete"]
-    runs = run_in_sandbox(sandbox, DEPLOY, [
-        (f"{name}-{phase}", steps[name][0 if phase == "create" else 1])
-        for phase in order for name in ("hosts", "mount", "firewall")])
+    runs = run_in_sandbox(
+        sandbox,
+        DEPLOY,
+        [
+            (f"{name}-{phase}", steps[name][0 if phase == "create" else 1])
+            for phase in order
+            for name in ("hosts", "mount", "firewall")
+        ],
+    )
     assert machine_state() == before  # the machine's fstab, hosts and nft tables: untouched
     for (rc, _out, err, _), label in zip(runs, [f"{n}-{p}" for p in order for n in ("hosts", "mount", "firewall")]):
         assert rc == 0, f"{label}: {err}"
     entry = f"{SHARE} {model} nfs ro,_netdev 0 0"
-    created = ("--- fstab\n" + entry + "\n--- hosts\n# BEGIN llm-cluster\n")
+    created = "--- fstab\n" + entry + "\n--- hosts\n# BEGIN llm-cluster\n"
     states = [state for _, _, _, state in runs]
     # After each create: the fstab entry once, the mount read-only, the hosts block, the nft table.
     for i in (2, 5, 11):

@@ -1,4 +1,5 @@
 """The plan diff: create/update/replace/delete from the providers' own replace rules, and the service impact."""
+
 from __future__ import annotations
 
 import copy
@@ -27,8 +28,10 @@ def by_name(diff: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def test_replace_rules_are_the_provider_schemas_own() -> None:
     data = json.loads((ROOT / "plan" / "provider_replace.json").read_text())
-    derived = {**replace_inputs_from_schema(json.loads((SCHEMAS / "docker-5.2.schema.json").read_text())),
-               **replace_inputs_from_schema(json.loads((SCHEMAS / "command-1.2.1.schema.json").read_text()))}
+    derived = {
+        **replace_inputs_from_schema(json.loads((SCHEMAS / "docker-5.2.schema.json").read_text())),
+        **replace_inputs_from_schema(json.loads((SCHEMAS / "command-1.2.1.schema.json").read_text())),
+    }
     assert {t: e["inputs"] for t, e in data["types"].items()} == derived
     rules = load_replace_rules()
     container, cite = rules["docker:index/container:Container"]
@@ -77,15 +80,27 @@ def test_a_new_image_replaces_every_replica_of_the_pool_and_recommends_a_rollout
     assert "reasoning" not in diff["pools"]
     assert diff["recommendations"][0] == (
         "pool chat: this change restarts 4 of 4 instances at once; roll it out instance by instance instead: "
-        "make rollout STACK=prod POOL=chat (maxUnavailable 1)")
+        "make rollout STACK=prod POOL=chat (maxUnavailable 1)"
+    )
 
 
 def test_a_changed_restart_policy_is_an_update_in_place() -> None:
-    before = {"mode": "preview", "resources": [{
-        "urn": "urn:pulumi:prod::p::docker:index/container:Container::c", "type": "docker:index/container:Container",
-        "name": "c", "parent": "", "custom": True, "inputs": {"restart": "no", "image": "x",
-                                                               "labels": [{"label": "llm-cluster.role", "value": "r"}]},
-        "dependencies": [], "propertyDependencies": {}, "options": {}}]}
+    before = {
+        "mode": "preview",
+        "resources": [
+            {
+                "urn": "urn:pulumi:prod::p::docker:index/container:Container::c",
+                "type": "docker:index/container:Container",
+                "name": "c",
+                "parent": "",
+                "custom": True,
+                "inputs": {"restart": "no", "image": "x", "labels": [{"label": "llm-cluster.role", "value": "r"}]},
+                "dependencies": [],
+                "propertyDependencies": {},
+                "options": {},
+            }
+        ],
+    }
     after = copy.deepcopy(before)
     after["resources"][0]["inputs"]["restart"] = "unless-stopped"
     [change] = diff_resources(before, after)
@@ -93,15 +108,34 @@ def test_a_changed_restart_policy_is_an_update_in_place() -> None:
 
 
 def test_a_replaced_resource_replaces_dependents_that_read_its_outputs() -> None:
-    image = {"urn": "urn:pulumi:a::p::docker:index/remoteImage:RemoteImage::img", "type": "docker:index/remoteImage:RemoteImage",
-             "name": "img", "parent": "", "custom": True, "inputs": {"name": "repo:1"}, "dependencies": [],
-             "propertyDependencies": {}, "options": {}}
-    reader = {"urn": "urn:pulumi:a::p::docker:index/container:Container::c", "type": "docker:index/container:Container",
-              "name": "c", "parent": "", "custom": True, "inputs": {"image": "img-id", "restart": "no"},
-              "dependencies": [image["urn"]], "propertyDependencies": {"image": [image["urn"]], "restart": []},
-              "options": {}}
-    waiter = {**reader, "urn": "urn:pulumi:a::p::docker:index/container:Container::w", "name": "w",
-              "propertyDependencies": {}}  # depends_on only: no input reads the image
+    image = {
+        "urn": "urn:pulumi:a::p::docker:index/remoteImage:RemoteImage::img",
+        "type": "docker:index/remoteImage:RemoteImage",
+        "name": "img",
+        "parent": "",
+        "custom": True,
+        "inputs": {"name": "repo:1"},
+        "dependencies": [],
+        "propertyDependencies": {},
+        "options": {},
+    }
+    reader = {
+        "urn": "urn:pulumi:a::p::docker:index/container:Container::c",
+        "type": "docker:index/container:Container",
+        "name": "c",
+        "parent": "",
+        "custom": True,
+        "inputs": {"image": "img-id", "restart": "no"},
+        "dependencies": [image["urn"]],
+        "propertyDependencies": {"image": [image["urn"]], "restart": []},
+        "options": {},
+    }
+    waiter = {
+        **reader,
+        "urn": "urn:pulumi:a::p::docker:index/container:Container::w",
+        "name": "w",
+        "propertyDependencies": {},
+    }  # depends_on only: no input reads the image
     before = {"resources": [image, reader, waiter]}
     after = copy.deepcopy(before)
     # Another stack name: the plan of another branch or CI compares as the same resources.
@@ -115,8 +149,10 @@ def test_a_replaced_resource_replaces_dependents_that_read_its_outputs() -> None
 
 
 def test_the_summary_line_reads_like_pulumi_preview() -> None:
-    assert summary_line({"create": 3, "update": 0, "replace": 7, "delete": 5, "unchanged": 84}) == \
-        "Resources: + 3 to create · +- 7 to replace · - 5 to delete · 84 unchanged"
+    assert (
+        summary_line({"create": 3, "update": 0, "replace": 7, "delete": 5, "unchanged": 84})
+        == "Resources: + 3 to create · +- 7 to replace · - 5 to delete · 84 unchanged"
+    )
 
 
 def test_secrets_stay_masked_in_the_diff(tmp_path: Path) -> None:
@@ -132,8 +168,10 @@ def test_secrets_stay_masked_in_the_diff(tmp_path: Path) -> None:
     changes = by_name(plan["diff"])
     # A new key is an update of the gateway's config command (it reloads nginx), never a new container.
     assert "gateway-nginx" not in changes
-    assert (changes["gateway-config"]["op"], [c["path"] for c in changes["gateway-config"]["changes"]]) == \
-        ("update", ["create"])
+    assert (changes["gateway-config"]["op"], [c["path"] for c in changes["gateway-config"]["changes"]]) == (
+        "update",
+        ["create"],
+    )
     assert plan["diff"]["services"]["gateway"] == {"reload": ["gateway-nginx"]}
     # The digests travel as a secret on stdin: "[secret]" on both sides, so no value to show or compare.
     config = next(r for r in plan["resources"] if r["name"] == "gateway-config")
@@ -146,7 +184,9 @@ def test_against_another_plan_and_a_bad_against_file(tmp_path: Path, capsys: pyt
     base = tmp_path / "a" / "prod" / "plan.json"
     assert cli.main(["--config", str(stack), "--out", str(tmp_path / "b"), "--quiet", "--against", str(base)]) == 0
     assert json.loads((tmp_path / "b" / "prod" / "plan.json").read_text())["diff"]["against"] == str(base)
-    assert cli.main(["--config", str(stack), "--out", str(tmp_path / "b"), "--against", str(tmp_path / "nope.json")]) == 2
+    assert (
+        cli.main(["--config", str(stack), "--out", str(tmp_path / "b"), "--against", str(tmp_path / "nope.json")]) == 2
+    )
     assert "--against" in capsys.readouterr().err
 
 
@@ -158,8 +198,10 @@ def test_a_monitoring_config_change_reloads_prometheus_and_replaces_no_container
     changed = {c["name"]: c["op"] for c in diff["resources"] if c["custom"]}
     assert changed == {"monitoring-prometheus-config": "update", "monitoring-grafana-config": "update"}
     assert [c["path"] for c in by_name(diff)["monitoring-prometheus-config"]["changes"]] == ["create"]
-    assert diff["services"] == {"prometheus": {"reload": ["monitoring-gpu-01-prometheus"]},
-                                "grafana": {"reload": ["monitoring-gpu-01-grafana"]}}
+    assert diff["services"] == {
+        "prometheus": {"reload": ["monitoring-gpu-01-prometheus"]},
+        "grafana": {"reload": ["monitoring-gpu-01-grafana"]},
+    }
     assert diff["pools"] == {} and diff["summary"]["replace"] == 0
 
 
@@ -178,22 +220,38 @@ def test_a_new_grafana_password_replaces_grafana_through_replace_with(tmp_path: 
     assert changes["monitoring-grafana-admin-password"].op == "replace"
     grafana = changes["monitoring-gpu-01-grafana"]
     assert (grafana.op, grafana.replace_because, grafana.replace_source) == (
-        "replace", ["replaceWith monitoring-grafana-admin-password"], "the resource's replaceWith option")
+        "replace",
+        ["replaceWith monitoring-grafana-admin-password"],
+        "the resource's replaceWith option",
+    )
 
 
 def _gpu_container(name: str, node: str, **gpus: Any) -> dict[str, Any]:
-    return {"urn": f"urn:pulumi:s::p::docker:index/container:Container::{name}", "type": "docker:index/container:Container",
-            "name": name, "parent": "", "custom": True, "node": node, "dependencies": [], "propertyDependencies": {},
-            "options": {}, "inputs": {"labels": [{"label": "llm-cluster.instance", "value": name}], **gpus}}
+    return {
+        "urn": f"urn:pulumi:s::p::docker:index/container:Container::{name}",
+        "type": "docker:index/container:Container",
+        "name": name,
+        "parent": "",
+        "custom": True,
+        "node": node,
+        "dependencies": [],
+        "propertyDependencies": {},
+        "options": {},
+        "inputs": {"labels": [{"label": "llm-cluster.instance", "value": name}], **gpus},
+    }
 
 
-@pytest.mark.parametrize(("old", "new", "warned"), [
-    ({"gpus": "all"}, {"gpus": "all"}, True),
-    ({"deviceRequests": [{"deviceIds": ["0", "1"]}]}, {"deviceRequests": [{"deviceIds": ["1", "2"]}]}, True),
-    ({"deviceRequests": [{"deviceIds": ["0", "1"]}]}, {"deviceRequests": [{"deviceIds": ["2", "3"]}]}, False),
-])
-def test_a_new_server_on_gpus_a_deleted_one_holds_is_flagged(old: dict[str, Any], new: dict[str, Any], warned: bool,
-                                                            prod_spec: StackSpec) -> None:
+@pytest.mark.parametrize(
+    ("old", "new", "warned"),
+    [
+        ({"gpus": "all"}, {"gpus": "all"}, True),
+        ({"deviceRequests": [{"deviceIds": ["0", "1"]}]}, {"deviceRequests": [{"deviceIds": ["1", "2"]}]}, True),
+        ({"deviceRequests": [{"deviceIds": ["0", "1"]}]}, {"deviceRequests": [{"deviceIds": ["2", "3"]}]}, False),
+    ],
+)
+def test_a_new_server_on_gpus_a_deleted_one_holds_is_flagged(
+    old: dict[str, Any], new: dict[str, Any], warned: bool, prod_spec: StackSpec
+) -> None:
     before = {"resources": [_gpu_container("blue", "n1", **old)]}
     after = {"resources": [_gpu_container("green", "n1", **new)]}
     impact = service_impact(diff_resources(before, after), before, after, prod_spec)
@@ -212,12 +270,28 @@ def test_redacted_credentials_compare_as_they_were_written(tmp_path: Path) -> No
 @pytest.mark.parametrize("order", ["command first", "container first"])
 def test_a_changed_sibling_command_with_the_container_kept_is_a_reload(order: str, prod_spec: StackSpec) -> None:
     parent = "urn:pulumi:s::p::llm-cluster:gateway:Gateway::gw"
-    cmd = {"urn": "urn:pulumi:s::p::command:remote:Command::gw-config", "type": "command:remote:Command",
-           "name": "gw-config", "parent": parent, "custom": True, "inputs": {"create": "write v1; nginx -s reload"},
-           "dependencies": [], "propertyDependencies": {}, "options": {"replaceOnChanges": ["triggers[*]"]}}
-    nginx = {"urn": "urn:pulumi:s::p::docker:index/container:Container::gw-nginx", "type": CONTAINER_TYPE,
-             "name": "gw-nginx", "parent": parent, "custom": True, "dependencies": [], "propertyDependencies": {},
-             "options": {}, "inputs": {"image": "nginx", "labels": [{"label": "llm-cluster.role", "value": "gateway"}]}}
+    cmd = {
+        "urn": "urn:pulumi:s::p::command:remote:Command::gw-config",
+        "type": "command:remote:Command",
+        "name": "gw-config",
+        "parent": parent,
+        "custom": True,
+        "inputs": {"create": "write v1; nginx -s reload"},
+        "dependencies": [],
+        "propertyDependencies": {},
+        "options": {"replaceOnChanges": ["triggers[*]"]},
+    }
+    nginx = {
+        "urn": "urn:pulumi:s::p::docker:index/container:Container::gw-nginx",
+        "type": CONTAINER_TYPE,
+        "name": "gw-nginx",
+        "parent": parent,
+        "custom": True,
+        "dependencies": [],
+        "propertyDependencies": {},
+        "options": {},
+        "inputs": {"image": "nginx", "labels": [{"label": "llm-cluster.role", "value": "gateway"}]},
+    }
     if order == "command first":
         nginx["dependencies"] = [cmd["urn"]]
     else:
@@ -237,4 +311,7 @@ def test_an_unreadable_previous_plan_is_said_and_replaced(tmp_path: Path) -> Non
     (out / "plan.json").write_text('{"resources": [')  # cut short
     assert cli.main(["--config", str(stack), "--out", str(tmp_path / "out"), "--quiet"]) == 0
     diff = json.loads((out / "plan.json").read_text())["diff"]
-    assert diff == {"against": None, "note": f"{out / 'previous' / 'plan.json'} is not a plan.json: nothing to compare against"}
+    assert diff == {
+        "against": None,
+        "note": f"{out / 'previous' / 'plan.json'} is not a plan.json: nothing to compare against",
+    }

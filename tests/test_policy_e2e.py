@@ -1,5 +1,6 @@
 """End to end: the real program under Pulumi's mocks, its registrations through the real policy pack
 (plan.analyze). The reference stack plans clean; stacks changed in one place fail naming the rule."""
+
 from __future__ import annotations
 
 import subprocess
@@ -28,7 +29,8 @@ def test_reference_stack_plans_without_mandatory_violations(run_name: str, reque
     # The one advisory the reference stack carries on purpose (see Pulumi.prod.yaml): without MLA the
     # reasoning pool's KV cache holds about 2.6 sequences of 8192 tokens.
     assert {(v.policy_name, v.resource_name) for v in violations if v.enforcement_level == "advisory"} == {
-        ("memory-headroom", "reasoning-gpu-01")}
+        ("memory-headroom", "reasoning-gpu-01")
+    }
 
 
 @pytest.mark.parametrize("change", sorted(ONE_CHANGE))
@@ -50,8 +52,13 @@ def _stack_file(tmp_path: Any, config: dict[str, Any]) -> str:
 
 def _plan(out: Any, *args: str) -> subprocess.CompletedProcess[str]:
     """`python -m plan --quiet` writing under `out`, as a CI step runs it."""
-    return subprocess.run([sys.executable, "-m", "plan", "--quiet", "--out", str(out), *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "plan", "--quiet", "--out", str(out), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_make_plan_exits_1_naming_the_rule_and_0_on_the_reference(tmp_path: Any) -> None:
@@ -86,46 +93,81 @@ def test_a_gateway_without_auth_is_refused_unless_the_lab_lowers_the_rule(tmp_pa
 def test_the_runbooks_deepseek_command_verbatim_is_refused_once_per_cause_on_v100() -> None:
     """Runbook 000 §6.2, copied as is into a ModelServer on the reference cluster's reasoning pool, on the
     runbook's image: each reason it dies on V100 is one mandatory violation naming its evidence."""
-    argv = ("vllm serve /data/models/DeepSeek-R1-GPTQ-Int4 --tensor-parallel-size 8 --pipeline-parallel-size 2 "
-            "--dtype half --gpu-memory-utilization 0.92 --max-model-len 16384 --max-num-seqs 32 "
-            "--enable-prefix-caching --enable-chunked-prefill --port 8000").split()
-    props = {"pool": "reasoning", "instance": "reasoning-gpu-01", "model": "deepseek-r1",
-             "modelPath": "/data/models/DeepSeek-R1-GPTQ-Int4", "arch": "deepseek-r1", "quantization": "gptq",
-             "dtype": "half", "gpuModel": "Tesla V100-SXM2-32GB", "gpuCount": 8, "nodes": ["gpu-01", "gpu-02"],
-             "tensorParallel": 8, "pipelineParallel": 2, "image": "vllm/vllm-openai:v0.9.2", "argv": argv,
-             "env": {"VLLM_USE_V1": "0", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}, "capacity": None}
+    argv = (
+        "vllm serve /data/models/DeepSeek-R1-GPTQ-Int4 --tensor-parallel-size 8 --pipeline-parallel-size 2 "
+        "--dtype half --gpu-memory-utilization 0.92 --max-model-len 16384 --max-num-seqs 32 "
+        "--enable-prefix-caching --enable-chunked-prefill --port 8000"
+    ).split()
+    props = {
+        "pool": "reasoning",
+        "instance": "reasoning-gpu-01",
+        "model": "deepseek-r1",
+        "modelPath": "/data/models/DeepSeek-R1-GPTQ-Int4",
+        "arch": "deepseek-r1",
+        "quantization": "gptq",
+        "dtype": "half",
+        "gpuModel": "Tesla V100-SXM2-32GB",
+        "gpuCount": 8,
+        "nodes": ["gpu-01", "gpu-02"],
+        "tensorParallel": 8,
+        "pipelineParallel": 2,
+        "image": "vllm/vllm-openai:v0.9.2",
+        "argv": argv,
+        "env": {"VLLM_USE_V1": "0", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"},
+        "capacity": None,
+    }
     urn = "urn:pulumi:prod::llm-cluster::llm-cluster:vllm:ModelServer::reasoning-gpu-01"
     reg = Registration(urn, "llm-cluster:vllm:ModelServer", "reasoning-gpu-01", "", False, props, [], {}, "", {})
     found = [(v.policy_name, v.enforcement_level, v.message.split("\n", 1)[1]) for v in analyze([reg])]
     assert [(p, level) for p, level, _ in found] == [
-        ("quantization-moe", "mandatory"), ("triton-fp16-dot", "mandatory"),
-        ("gpu-chunked-prefill-prefix-caching", "mandatory"), ("gpu-chunked-prefill-prefix-caching", "mandatory"),
-        ("mla-attention", "mandatory"), ("vllm-image", "mandatory")]
+        ("quantization-moe", "mandatory"),
+        ("triton-fp16-dot", "mandatory"),
+        ("gpu-chunked-prefill-prefix-caching", "mandatory"),
+        ("gpu-chunked-prefill-prefix-caching", "mandatory"),
+        ("mla-attention", "mandatory"),
+        ("vllm-image", "mandatory"),
+    ]
     evidence = {p: m for p, _, m in found}
-    assert "no FusedMoE method for gptq" in evidence["quantization-moe"] and "vllm#22001" in evidence["quantization-moe"]
-    assert evidence["triton-fp16-dot"].startswith("the prefix-prefill attention kernel (chunked prefill / prefix "
-                                                  "caching), Triton MLA decode: Triton 3.3.0 in image")
+    assert (
+        "no FusedMoE method for gptq" in evidence["quantization-moe"] and "vllm#22001" in evidence["quantization-moe"]
+    )
+    assert evidence["triton-fp16-dot"].startswith(
+        "the prefix-prefill attention kernel (chunked prefill / prefix "
+        "caching), Triton MLA decode: Triton 3.3.0 in image"
+    )
     assert "vllm#14016" in evidence["mla-attention"] and "VLLM_MLA_DISABLE=1" in evidence["mla-attention"]
     assert "torch 2.7.0+cu128" in evidence["vllm-image"] and "pytorch#147607" in evidence["vllm-image"]
     assert [m.split(":")[0] for p, _, m in found if p == "gpu-chunked-prefill-prefix-caching"] == [
-        "--enable-prefix-caching", "--enable-chunked-prefill"]
+        "--enable-prefix-caching",
+        "--enable-chunked-prefill",
+    ]
 
 
 def test_the_runbooks_ray_head_command_opens_the_dashboard() -> None:
     """Runbook 000 §6.1: `ray start --head --port=6379 --dashboard-host=0.0.0.0 --block` in a raw container."""
-    props = {"networkMode": "host", "entrypoints": ["ray"],
-             "command": ["start", "--head", "--port=6379", "--dashboard-host=0.0.0.0", "--block"],
-             "envs": ["NCCL_IB_HCA=mlx5_0", "NCCL_IB_GID_INDEX=3", "NCCL_SOCKET_IFNAME=bond0"],
-             "image": "vllm/vllm-openai:v0.9.2"}
+    props = {
+        "networkMode": "host",
+        "entrypoints": ["ray"],
+        "command": ["start", "--head", "--port=6379", "--dashboard-host=0.0.0.0", "--block"],
+        "envs": ["NCCL_IB_HCA=mlx5_0", "NCCL_IB_GID_INDEX=3", "NCCL_SOCKET_IFNAME=bond0"],
+        "image": "vllm/vllm-openai:v0.9.2",
+    }
     urn = "urn:pulumi:prod::llm-cluster::docker:index/container:Container::ray-head"
     reg = Registration(urn, "docker:index/container:Container", "ray-head", "", True, props, [], {}, "", {})
     assert [(v.policy_name, v.message.split("\n", 1)[1]) for v in analyze([reg])] == [
-        ("internal-ports", "ray start --dashboard-host=0.0.0.0 opens Ray's dashboard (job submission = code "
-                           "execution) on every interface. Bind it to the node's cluster address or leave it on "
-                           "127.0.0.1."),
+        (
+            "internal-ports",
+            "ray start --dashboard-host=0.0.0.0 opens Ray's dashboard (job submission = code "
+            "execution) on every interface. Bind it to the node's cluster address or leave it on "
+            "127.0.0.1.",
+        ),
         # The runbook's `docker run -d --name ray-head …` has no --restart: a reboot leaves the pool down.
-        ("container-restart", "restart is no: the container stays down after it exits and after a reboot of the "
-                              "node. Set restart=\"unless-stopped\".")]
+        (
+            "container-restart",
+            "restart is no: the container stays down after it exits and after a reboot of the "
+            'node. Set restart="unless-stopped".',
+        ),
+    ]
 
 
 def test_the_pack_starts_the_way_the_cli_runs_it() -> None:
@@ -133,8 +175,13 @@ def test_the_pack_starts_the_way_the_cli_runs_it() -> None:
     import queue
     import threading
 
-    proc = subprocess.Popen([sys.executable, "-u", "-m", "pulumi.policy", "127.0.0.1:1", "."], cwd=ROOT / "policies",
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-u", "-m", "pulumi.policy", "127.0.0.1:1", "."],
+        cwd=ROOT / "policies",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None and proc.stderr is not None
     # readline() has no timeout: read the first line in a thread and wait for it a bounded time.
     lines: queue.Queue[str] = queue.Queue()
@@ -191,7 +238,8 @@ def _ask_the_server(port: int) -> None:
         reg = run_stack(config, preview=True).get("chat-gpu-03")
         props = struct_pb2.Struct()
         props.update(reg.inputs)
-        got = stub.Analyze(proto.AnalyzeRequest(urn=reg.urn, type=reg.type, name=reg.name, properties=props),
-                           timeout=60)
+        got = stub.Analyze(
+            proto.AnalyzeRequest(urn=reg.urn, type=reg.type, name=reg.name, properties=props), timeout=60
+        )
         assert [(d.policyName, d.enforcementLevel) for d in got.diagnostics] == [("gpu-dtype", proto.MANDATORY)]
         assert "--dtype bfloat16: bfloat16 needs compute capability 8.0" in got.diagnostics[0].message

@@ -1,6 +1,7 @@
 """Policy messages say what to edit: one violation per pool and rule listing its instances, the stack
 keys behind every flag and variable named, memory-fit fixes that can work. The real program under
 mocks, the real pack (plan.analyze); each test changes one field of the reference stack."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -32,7 +33,8 @@ def test_a_fault_of_a_four_instance_pool_is_one_violation_naming_the_instances_a
     assert body(found[0]) == (
         f"{CHAT_INSTANCES}: --dtype bfloat16: bfloat16 needs compute capability 8.0; Tesla V100-SXM2-32GB "
         "(sm_70) has none (vLLM refuses it at startup; vLLM 0.19.0 platforms/cuda.py supported dtypes below sm_80: "
-        "fp16, fp32 [read from code]). Instead, set models.qwen3-30b-a3b.dtype: half.")
+        "fp16, fp32 [read from code]). Instead, set models.qwen3-30b-a3b.dtype: half."
+    )
 
 
 def test_a_flag_from_extra_args_is_named_as_an_extra_args_entry() -> None:
@@ -43,28 +45,39 @@ def test_a_flag_from_extra_args_is_named_as_an_extra_args_entry() -> None:
     assert body(found[0]) == (
         f"{CHAT_INSTANCES}: vllm serve (vLLM 0.19.1): unrecognized flag --enable-prefix-cache: not a `vllm serve` "
         "flag in vLLM 0.19.1; did you mean --enable-prefix-caching? Stack keys to edit: pools.chat.vllm.extraArgs[2] (given in "
-        "extraArgs: --enable-prefix-cache), pools.chat.vllm.enablePrefixCaching (--enable-prefix-caching).")
+        "extraArgs: --enable-prefix-cache), pools.chat.vllm.enablePrefixCaching (--enable-prefix-caching)."
+    )
 
 
 def test_a_variable_the_advice_asks_for_is_named_in_the_pools_env() -> None:
-    keys = {"--max-model-len": "pools.chat.vllm.maxModelLen", "*env": "pools.chat.env",
-            "NCCL_IB_HCA": "nodes.gpu-03.hca.device", "HF_TOKEN": "nccl.extraEnv.HF_TOKEN"}
+    keys = {
+        "--max-model-len": "pools.chat.vllm.maxModelLen",
+        "*env": "pools.chat.env",
+        "NCCL_IB_HCA": "nodes.gpu-03.hca.device",
+        "HF_TOKEN": "nccl.extraEnv.HF_TOKEN",
+    }
     assert name_stack_keys("Set VLLM_MLA_DISABLE=1, fix NCCL_IB_HCA and HF_TOKEN, lower --max-model-len.", keys) == (
         "Set VLLM_MLA_DISABLE=1, fix NCCL_IB_HCA and HF_TOKEN, lower --max-model-len. Stack keys to edit: "
         "pools.chat.env.VLLM_MLA_DISABLE (VLLM_MLA_DISABLE), nodes.gpu-03.hca.device (NCCL_IB_HCA), "
-        "nccl.extraEnv.HF_TOKEN (HF_TOKEN), pools.chat.vllm.maxModelLen (--max-model-len).")
+        "nccl.extraEnv.HF_TOKEN (HF_TOKEN), pools.chat.vllm.maxModelLen (--max-model-len)."
+    )
     # A key the message already names is not repeated; a message without flags is left alone.
     assert name_stack_keys("raise pools.chat.vllm.maxModelLen (--max-model-len)", keys) == (
-        "raise pools.chat.vllm.maxModelLen (--max-model-len)")
+        "raise pools.chat.vllm.maxModelLen (--max-model-len)"
+    )
     assert name_stack_keys("no flag here.", keys) == "no flag here."
     # A phrase the keys stand for as written (the pool's image), and a variable the pool sets by its exact name.
-    assert name_stack_keys("image vllm/vllm-openai:latest is not pinned; env OPENAI_API_KEY is plain.", {
-        "image vllm/vllm-openai:latest": "pools.chat.image", "OPENAI_API_KEY": "pools.chat.env.OPENAI_API_KEY"}) == (
+    assert name_stack_keys(
+        "image vllm/vllm-openai:latest is not pinned; env OPENAI_API_KEY is plain.",
+        {"image vllm/vllm-openai:latest": "pools.chat.image", "OPENAI_API_KEY": "pools.chat.env.OPENAI_API_KEY"},
+    ) == (
         "image vllm/vllm-openai:latest is not pinned; env OPENAI_API_KEY is plain. Stack keys to edit: "
-        "pools.chat.image (image), pools.chat.env.OPENAI_API_KEY (OPENAI_API_KEY).")
+        "pools.chat.image (image), pools.chat.env.OPENAI_API_KEY (OPENAI_API_KEY)."
+    )
     # The capacity planner writes flags without their dashes.
     assert name_stack_keys("lower max-model-len to 14384 or less", keys) == (
-        "lower max-model-len to 14384 or less. Stack key to edit: pools.chat.vllm.maxModelLen (max-model-len).")
+        "lower max-model-len to 14384 or less. Stack key to edit: pools.chat.vllm.maxModelLen (max-model-len)."
+    )
 
 
 def test_memory_fit_proposes_fixes_that_work_and_says_when_utilization_cannot() -> None:
@@ -85,6 +98,7 @@ def test_memory_fit_proposes_fixes_that_work_and_says_when_utilization_cannot() 
 def test_memory_fit_offers_a_shorter_context_when_only_the_kv_cache_is_short() -> None:
     from components.engines.vllm.capacity import pool_capacity
     from components.planning.load import load_stack_config
+
     config = prod_config()
     config[NS + "pools"]["reasoning"]["vllm"]["maxModelLen"] = 32768  # MLA off: the full per-head KV cache
     tokens = pool_capacity(load_stack_config(config, set()), "reasoning").kv_tokens
@@ -96,7 +110,8 @@ def test_memory_fit_offers_a_shorter_context_when_only_the_kv_cache_is_short() -
         f"max-model-len 32768: vLLM refuses to start. To fit: lower pools.reasoning.vllm.maxModelLen from 32768 to "
         f"{tokens} or less; or spread each instance over 32 GPUs instead of 16 (pools.reasoning.tensorParallel within "
         "a node, pools.reasoning.pipelineParallel across nodes). (Raising pools.reasoning.vllm.gpuMemoryUtilization "
-        "(a fraction) to 0.95 would not be enough.)")
+        "(a fraction) to 0.95 would not be enough.)"
+    )
 
 
 def test_the_gateway_without_auth_names_gateway_auth() -> None:
@@ -106,13 +121,15 @@ def test_the_gateway_without_auth_names_gateway_auth() -> None:
     assert [body(v) for v in found] == [
         "gateway.auth is false: every model would be open to anyone who reaches the gateway's port. Set "
         "gateway.auth: true (keys in gateway.apiKeys, or none to have one generated on the host), or, for a lab "
-        "only, lower this policy's enforcement level."]
+        "only, lower this policy's enforcement level."
+    ]
 
 
 PLAINTEXT_ADVICE = (
     "Anyone with docker or shell access on the node reads it (docker inspect, ps, the command log). Read it from a "
-    "file on the host (NAME__FILE, --api-key \"$(cat /etc/llm-cluster/…)\"), or list a harmless env name in this "
-    "policy's ignoreEnv.")
+    'file on the host (NAME__FILE, --api-key "$(cat /etc/llm-cluster/…)"), or list a harmless env name in this '
+    "policy's ignoreEnv."
+)
 
 
 def test_a_container_rule_reports_once_per_pool_with_its_instances_and_the_key_at_preview() -> None:
@@ -123,7 +140,8 @@ def test_a_container_rule_reports_once_per_pool_with_its_instances_and_the_key_a
     assert [(v.resource_name, v.enforcement_level) for v in found] == [("chat-gpu-03-vllm", "mandatory")]
     assert body(found[0]) == (
         f"{CHAT_INSTANCES}: credential in plain text: env OPENAI_API_KEY. {PLAINTEXT_ADVICE} Stack key to edit: "
-        "pools.chat.env.OPENAI_API_KEY (OPENAI_API_KEY).")
+        "pools.chat.env.OPENAI_API_KEY (OPENAI_API_KEY)."
+    )
     assert "not-a-real-key" not in found[0].message
 
 
@@ -131,14 +149,18 @@ def test_a_container_rule_names_which_containers_of_an_instance_have_each_findin
     config = prod_config()
     config[NS + "pools"]["reasoning"]["vllm"]["extraArgs"] = ["--api-key", "k"]  # vLLM runs on the Ray head only
     config[NS + "nccl"] = {**config.get(NS + "nccl", {}), "extraEnv": {"WANDB_API_KEY": "w"}}
-    found = {v.resource_name: body(v) for v in violations_of(config, "no-plaintext-secrets")
-             if v.resource_type == "docker:index/container:Container"}
+    found = {
+        v.resource_name: body(v)
+        for v in violations_of(config, "no-plaintext-secrets")
+        if v.resource_type == "docker:index/container:Container"
+    }
     assert sorted(found) == ["chat-gpu-03-vllm", "reasoning-gpu-01-ray-head"]
     assert found["reasoning-gpu-01-ray-head"] == (
         "pools.reasoning, instance reasoning-gpu-01: in reasoning-gpu-01-ray-head: credential in plain text: env "
         "WANDB_API_KEY, --api-key; in reasoning-gpu-01-ray-worker-gpu-02: credential in plain text: env "
         f"WANDB_API_KEY. {PLAINTEXT_ADVICE} Stack keys to edit: nccl.extraEnv.WANDB_API_KEY (WANDB_API_KEY), "
-        "pools.reasoning.vllm.extraArgs[0] (given in extraArgs: --api-key).")
+        "pools.reasoning.vllm.extraArgs[0] (given in extraArgs: --api-key)."
+    )
 
 
 def test_containers_of_no_pool_report_on_their_own_resource() -> None:
@@ -149,7 +171,8 @@ def test_containers_of_no_pool_report_on_their_own_resource() -> None:
     assert {body(v) for v in found} == {
         "image prom/node-exporter:latest is not pinned (tag latest moves to new builds): each node pulls whatever "
         "the tag points to that day, so nodes drift apart and a replaced node can come back with another version. "
-        "Pin a version tag (prom/node-exporter:<version>) or a digest (prom/node-exporter@sha256:<digest>)."}
+        "Pin a version tag (prom/node-exporter:<version>) or a digest (prom/node-exporter@sha256:<digest>)."
+    }
 
 
 def test_cpu_offload_beyond_the_nodes_ram_is_refused_with_what_fits() -> None:
@@ -162,14 +185,16 @@ def test_cpu_offload_beyond_the_nodes_ram_is_refused_with_what_fits() -> None:
         "unset: the reference cluster's GPU servers' 380 GiB), but the pool's instance there pins 384 GiB of it on "
         "the host (--cpu-offload-gb 48 GiB per GPU, x 8 GPUs): the kernel's OOM killer stops a server, or the node "
         "swaps. Swap space plus CPU offload must stay within 47.5 GiB per GPU, or state the node's real RAM. Stack "
-        "key to edit: pools.chat.vllm.extraArgs[0] (given in extraArgs: --cpu-offload-gb).")
+        "key to edit: pools.chat.vllm.extraArgs[0] (given in extraArgs: --cpu-offload-gb)."
+    )
     # 47 GiB per GPU fits the reference server; a node stated smaller does not.
     config[NS + "pools"]["chat"]["vllm"]["extraArgs"] = ["--cpu-offload-gb", "47"]
     assert violations_of(config, "host-memory") == []
     config[NS + "nodes"]["gpu-05"]["memoryGib"] = 256
     found = violations_of(config, "host-memory")
     assert "node gpu-05 has 256 GiB of RAM (nodes.gpu-05.memoryGib), but the pool's instance there pins 376 GiB" in (
-        body(found[0]))
+        body(found[0])
+    )
 
 
 def test_swap_space_above_seven_tenths_of_the_ram_gets_vllms_own_refusal() -> None:
@@ -182,7 +207,8 @@ def test_swap_space_above_seven_tenths_of_the_ram_gets_vllms_own_refusal() -> No
     assert [body(v) for v in found] == [
         f"{CHAT_INSTANCES}: --swap-space 40 GiB per GPU x 8 GPUs = 320 GiB, more than 0.7 of the 380 GiB of RAM of "
         "node gpu-03 (nodes.gpu-03.memoryGib, unset: the reference cluster's GPU servers' 380 GiB): vLLM refuses to "
-        "start (\"Too large swap space\", vllm/config.py CacheConfig.verify_with_parallel_config at v0.9.2 (swap "
+        'start ("Too large swap space", vllm/config.py CacheConfig.verify_with_parallel_config at v0.9.2 (swap '
         "space x tensor_parallel_size against 0.7 of get_cpu_memory()) [read from code]). At most 33 GiB per GPU "
         "fits; the V1 engine does not swap, so 0 loses nothing there. Stack key to edit: "
-        "pools.chat.vllm.swapSpaceGib (--swap-space)."]
+        "pools.chat.vllm.swapSpaceGib (--swap-space)."
+    ]

@@ -1,4 +1,5 @@
 """The reference stack's pools under Pulumi's mocks: components, containers, gates, dependencies, secrets."""
+
 from __future__ import annotations
 
 import json
@@ -27,40 +28,110 @@ PROBE = health_probe_argv("")[2]
 ADDRESS = {f"gpu-0{i}": f"192.168.10.1{i}" for i in range(1, 7)}
 
 REASONING_ARGV = [
-    "vllm", "serve", "/data/models/DeepSeek-R1-GPTQ-Int4",
-    "--served-model-name", "deepseek-r1", "/data/models/DeepSeek-R1-GPTQ-Int4",
-    "--host", "192.168.10.11", "--port", "8000", "--tensor-parallel-size", "8", "--pipeline-parallel-size", "2",
-    "--distributed-executor-backend", "ray", "--dtype", "half", "--max-model-len", "8192", "--max-num-seqs", "32",
-    "--gpu-memory-utilization", "0.9", "--attention-backend", "TRITON_ATTN", "--quantization", "gptq",
-    "--enforce-eager", "--trust-remote-code",
+    "vllm",
+    "serve",
+    "/data/models/DeepSeek-R1-GPTQ-Int4",
+    "--served-model-name",
+    "deepseek-r1",
+    "/data/models/DeepSeek-R1-GPTQ-Int4",
+    "--host",
+    "192.168.10.11",
+    "--port",
+    "8000",
+    "--tensor-parallel-size",
+    "8",
+    "--pipeline-parallel-size",
+    "2",
+    "--distributed-executor-backend",
+    "ray",
+    "--dtype",
+    "half",
+    "--max-model-len",
+    "8192",
+    "--max-num-seqs",
+    "32",
+    "--gpu-memory-utilization",
+    "0.9",
+    "--attention-backend",
+    "TRITON_ATTN",
+    "--quantization",
+    "gptq",
+    "--enforce-eager",
+    "--trust-remote-code",
 ]
 MOE_CONFIG = "E=128,N=96,device_name=Tesla_V100-SXM2-32GB.json"
 
 
 def chat_argv(node: str) -> list[str]:
-    return ["vllm", "serve", "/data/models/Qwen3-30B-A3B",
-            "--served-model-name", "qwen3-30b-a3b", "/data/models/Qwen3-30B-A3B",
-            "--host", ADDRESS[node], "--port", "8000", "--tensor-parallel-size", "8",
-            "--distributed-executor-backend", "mp", "--dtype", "half", "--max-model-len", "32768",
-            "--max-num-seqs", "128", "--gpu-memory-utilization", "0.9", "--attention-backend", "TRITON_ATTN"]
+    return [
+        "vllm",
+        "serve",
+        "/data/models/Qwen3-30B-A3B",
+        "--served-model-name",
+        "qwen3-30b-a3b",
+        "/data/models/Qwen3-30B-A3B",
+        "--host",
+        ADDRESS[node],
+        "--port",
+        "8000",
+        "--tensor-parallel-size",
+        "8",
+        "--distributed-executor-backend",
+        "mp",
+        "--dtype",
+        "half",
+        "--max-model-len",
+        "32768",
+        "--max-num-seqs",
+        "128",
+        "--gpu-memory-utilization",
+        "0.9",
+        "--attention-backend",
+        "TRITON_ATTN",
+    ]
 
 
 def env_of(node: str) -> list[str]:
     # vLLM 0.19.1 reads no VLLM_USE_V1; the reasoning pool turns MLA off, the chat pool names its MoE configs.
-    pool_env = ["VLLM_MLA_DISABLE=1"] if node in ("gpu-01", "gpu-02") else [
-        "VLLM_TUNED_CONFIG_FOLDER=/opt/llm-cluster/moe-configs"]
-    return sorted(["VLLM_WORKER_MULTIPROC_METHOD=spawn", "NCCL_IB_DISABLE=0", "NCCL_IB_HCA=mlx5_0",
-                   "NCCL_IB_GID_INDEX=3", "NCCL_SOCKET_IFNAME=bond0", "GLOO_SOCKET_IFNAME=bond0", "NCCL_DEBUG=WARN",
-                   *pool_env, f"VLLM_HOST_IP={ADDRESS[node]}",
-                   # The hub and telemetry off (pools.*.offline), in the Ray containers too.
-                   "HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1", "VLLM_NO_USAGE_STATS=1", "DO_NOT_TRACK=1",
-                   "RAY_USAGE_STATS_ENABLED=0"])
+    pool_env = (
+        ["VLLM_MLA_DISABLE=1"]
+        if node in ("gpu-01", "gpu-02")
+        else ["VLLM_TUNED_CONFIG_FOLDER=/opt/llm-cluster/moe-configs"]
+    )
+    return sorted(
+        [
+            "VLLM_WORKER_MULTIPROC_METHOD=spawn",
+            "NCCL_IB_DISABLE=0",
+            "NCCL_IB_HCA=mlx5_0",
+            "NCCL_IB_GID_INDEX=3",
+            "NCCL_SOCKET_IFNAME=bond0",
+            "GLOO_SOCKET_IFNAME=bond0",
+            "NCCL_DEBUG=WARN",
+            *pool_env,
+            f"VLLM_HOST_IP={ADDRESS[node]}",
+            # The hub and telemetry off (pools.*.offline), in the Ray containers too.
+            "HF_HUB_OFFLINE=1",
+            "TRANSFORMERS_OFFLINE=1",
+            "VLLM_NO_USAGE_STATS=1",
+            "DO_NOT_TRACK=1",
+            "RAY_USAGE_STATS_ENABLED=0",
+        ]
+    )
 
 
 def labels(role: str, pool: str, instance: str, node: str) -> list[dict[str, str]]:
-    return [{"label": f"llm-cluster.{k}", "value": v} for k, v in [
-        ("role", role), ("pool", pool), ("instance", instance), ("node", node),
-        ("gpu-model", "Tesla V100-SXM2-32GB"), ("image", "vllm/vllm-openai:v0.19.1"), ("engine", "vllm")]]
+    return [
+        {"label": f"llm-cluster.{k}", "value": v}
+        for k, v in [
+            ("role", role),
+            ("pool", pool),
+            ("instance", instance),
+            ("node", node),
+            ("gpu-model", "Tesla V100-SXM2-32GB"),
+            ("image", "vllm/vllm-openai:v0.19.1"),
+            ("engine", "vllm"),
+        ]
+    ]
 
 
 def by_urn(run: ProgramRun) -> dict[str, Registration]:
@@ -114,35 +185,47 @@ def test_reference_pools_register_these_components_and_children(prod_run: Progra
     regs = mine(prod_run)
     assert Counter(r.type for r in regs) == {SERVER: 5, RAY: 1, CONTAINER: 6, COMMAND: 8}
     parent_name = {r.urn: r.name for r in prod_run.registrations}
-    assert sorted((r.name, parent_name.get(r.parent, "stack")) for r in regs if r.custom) == sorted([
-        ("reasoning-gpu-01-ray-head", "reasoning-gpu-01-ray"),
-        ("reasoning-gpu-01-ray-worker-gpu-02", "reasoning-gpu-01-ray"),
-        ("reasoning-gpu-01-ray-gate", "reasoning-gpu-01-ray"),
-        ("reasoning-gpu-01-ray-rdma", "reasoning-gpu-01-ray"),
-        ("reasoning-gpu-01-ray-nccl", "reasoning-gpu-01-ray"),
-        ("reasoning-gpu-01-health", "reasoning-gpu-01"),
-        *[(f"chat-{n}-vllm", f"chat-{n}") for n in POOL_NODES["chat"]],
-        *[(f"chat-{n}-health", f"chat-{n}") for n in POOL_NODES["chat"]],
-    ])
+    assert sorted((r.name, parent_name.get(r.parent, "stack")) for r in regs if r.custom) == sorted(
+        [
+            ("reasoning-gpu-01-ray-head", "reasoning-gpu-01-ray"),
+            ("reasoning-gpu-01-ray-worker-gpu-02", "reasoning-gpu-01-ray"),
+            ("reasoning-gpu-01-ray-gate", "reasoning-gpu-01-ray"),
+            ("reasoning-gpu-01-ray-rdma", "reasoning-gpu-01-ray"),
+            ("reasoning-gpu-01-ray-nccl", "reasoning-gpu-01-ray"),
+            ("reasoning-gpu-01-health", "reasoning-gpu-01"),
+            *[(f"chat-{n}-vllm", f"chat-{n}") for n in POOL_NODES["chat"]],
+            *[(f"chat-{n}-health", f"chat-{n}") for n in POOL_NODES["chat"]],
+        ]
+    )
     assert {r.name for r in regs if not r.custom} == {
-        "reasoning-gpu-01-ray", "reasoning-gpu-01", "chat-gpu-03", "chat-gpu-04", "chat-gpu-05", "chat-gpu-06"}
+        "reasoning-gpu-01-ray",
+        "reasoning-gpu-01",
+        "chat-gpu-03",
+        "chat-gpu-04",
+        "chat-gpu-05",
+        "chat-gpu-06",
+    }
     assert all(r.parent.endswith("::llm-cluster-prod") for r in regs if not r.custom)
 
 
 def test_stack_exports_each_instance_endpoint(prod_run: ProgramRun) -> None:
     assert prod_run.stack_outputs["endpoints"] == {
         "reasoning-gpu-01": "http://192.168.10.11:8000",
-        **{f"chat-{n}": f"http://{ADDRESS[n]}:8000" for n in POOL_NODES["chat"]}}
+        **{f"chat-{n}": f"http://{ADDRESS[n]}:8000" for n in POOL_NODES["chat"]},
+    }
 
 
-def _gpu_container_common(c: dict[str, Any], shm_gib: int, model_path: str,
-                          extra_volumes: list[dict[str, Any]] | None = None) -> None:
+def _gpu_container_common(
+    c: dict[str, Any], shm_gib: int, model_path: str, extra_volumes: list[dict[str, Any]] | None = None
+) -> None:
     assert c["networkMode"] == "host" and c["gpus"] == "all"
     # A private /dev/shm of shmSizeGib: with ipcMode host docker would mount the host's and ignore it.
     assert "ipcMode" not in c and c["shmSize"] == shm_gib * 1024
     assert c["restart"] == "unless-stopped" and c["destroyGraceSeconds"] == 60 and c["init"] is True
-    assert c["volumes"] == [{"hostPath": model_path, "containerPath": model_path, "readOnly": True},
-                            *(extra_volumes or [])]
+    assert c["volumes"] == [
+        {"hostPath": model_path, "containerPath": model_path, "readOnly": True},
+        *(extra_volumes or []),
+    ]
     assert "deviceRequests" not in c
 
 
@@ -153,25 +236,47 @@ def test_ray_head_runs_its_script_with_the_vllm_argv_as_command(prod_run: Progra
     assert c["entrypoints"] == ["/bin/bash", RAY_HEAD_SCRIPT]
     # Once every GPU has joined, ray-head.sh execs the NCCL check, which execs the watchdog over NET/IB
     # only (tests/test_nccl_check.py); the watchdog runs and supervises vLLM.
-    assert c["command"] == ["/bin/bash", "/opt/llm-cluster/nccl/nccl-check.sh", "/bin/bash", WATCHDOG_SCRIPT,
-                            *REASONING_ARGV]
+    assert c["command"] == [
+        "/bin/bash",
+        "/opt/llm-cluster/nccl/nccl-check.sh",
+        "/bin/bash",
+        WATCHDOG_SCRIPT,
+        *REASONING_ARGV,
+    ]
     assert c["envs"] == env_of("gpu-01")
     assert c["labels"] == labels("ray-head", "reasoning", "reasoning-gpu-01", "gpu-01")
     # The host's node-exporter textfile directory, where ray-head.sh writes the cluster's size.
-    _gpu_container_common(c, 64, "/data/models/DeepSeek-R1-GPTQ-Int4", [
-        {"hostPath": "/var/lib/llm-cluster/node-exporter", "containerPath": "/var/lib/llm-cluster/node-exporter"}])
+    _gpu_container_common(
+        c,
+        64,
+        "/data/models/DeepSeek-R1-GPTQ-Int4",
+        [{"hostPath": "/var/lib/llm-cluster/node-exporter", "containerPath": "/var/lib/llm-cluster/node-exporter"}],
+    )
     [upload, watchdog, *checks] = c["uploads"]
-    assert [u["file"] for u in checks] == ["/opt/llm-cluster/nccl/nccl-check.sh", "/opt/llm-cluster/nccl/nccl_check.py",
-                                          "/opt/llm-cluster/nccl/fabric.py"]
+    assert [u["file"] for u in checks] == [
+        "/opt/llm-cluster/nccl/nccl-check.sh",
+        "/opt/llm-cluster/nccl/nccl_check.py",
+        "/opt/llm-cluster/nccl/fabric.py",
+    ]
     assert upload["file"] == RAY_HEAD_SCRIPT and upload["executable"] is True
-    assert ("ray start --head --port=6379 --node-ip-address=192.168.10.11 --num-gpus=8 --dashboard-host=192.168.10.11 "
-            "--dashboard-port=8265 --ray-client-server-port=10001 --disable-usage-stats\n") in upload["content"]
+    assert (
+        "ray start --head --port=6379 --node-ip-address=192.168.10.11 --num-gpus=8 --dashboard-host=192.168.10.11 "
+        "--dashboard-port=8265 --ray-client-server-port=10001 --disable-usage-stats\n"
+    ) in upload["content"]
     assert "textfile=/var/lib/llm-cluster/node-exporter/llm-ray-reasoning-gpu-01.prom\n" in upload["content"]
     assert upload["content"].rstrip().endswith('exec "$@"')
-    assert watchdog == {"file": WATCHDOG_SCRIPT, "executable": True, "content": watchdog_script(
-        "http://192.168.10.11:8000/health", load_timeout_s=1800, unhealthy_after_s=300)}
-    assert c["healthcheck"] == {"tests": ["CMD", "python3", "-c", PROBE, "http://192.168.10.11:8000/health"],
-                                "interval": "30s", "timeout": "10s", "retries": 3, "startPeriod": "1800s"}
+    assert watchdog == {
+        "file": WATCHDOG_SCRIPT,
+        "executable": True,
+        "content": watchdog_script("http://192.168.10.11:8000/health", load_timeout_s=1800, unhealthy_after_s=300),
+    }
+    assert c["healthcheck"] == {
+        "tests": ["CMD", "python3", "-c", PROBE, "http://192.168.10.11:8000/health"],
+        "interval": "30s",
+        "timeout": "10s",
+        "retries": 3,
+        "startPeriod": "1800s",
+    }
     assert reg.options["deleteBeforeReplace"] is True
     assert reg.provider.split("::")[-2].endswith("gpu-01-docker")
 
@@ -181,8 +286,14 @@ def test_ray_worker_joins_the_head_after_it(prod_run: ProgramRun) -> None:
     c = reg.plain_inputs()
     assert c["name"] == "ray-worker-reasoning-gpu-01"
     assert [*c["entrypoints"], *c["command"]] == [
-        "ray", "start", "--block", "--address=192.168.10.11:6379", "--node-ip-address=192.168.10.12",
-        "--num-gpus=8", "--disable-usage-stats"]
+        "ray",
+        "start",
+        "--block",
+        "--address=192.168.10.11:6379",
+        "--node-ip-address=192.168.10.12",
+        "--num-gpus=8",
+        "--disable-usage-stats",
+    ]
     assert c["envs"] == env_of("gpu-02")
     assert c["labels"] == labels("ray-worker", "reasoning", "reasoning-gpu-01", "gpu-02")
     _gpu_container_common(c, 64, "/data/models/DeepSeek-R1-GPTQ-Int4")
@@ -202,10 +313,20 @@ def test_chat_replica_container(prod_run: ProgramRun, node: str) -> None:
     assert c["entrypoints"] == ["/bin/bash", WATCHDOG_SCRIPT]
     assert c["command"] == chat_argv(node)
     # The watchdog, and the V100 MoE tile config the stack names (VLLM_TUNED_CONFIG_FOLDER points at it).
-    assert c["uploads"] == [{"file": WATCHDOG_SCRIPT, "executable": True, "content": watchdog_script(
-        f"http://{ADDRESS[node]}:8000/health", load_timeout_s=1800, unhealthy_after_s=300)},
-        {"file": f"/opt/llm-cluster/moe-configs/{MOE_CONFIG}", "executable": False,
-         "content": (ROOT / "configs" / "moe" / MOE_CONFIG).read_text()}]
+    assert c["uploads"] == [
+        {
+            "file": WATCHDOG_SCRIPT,
+            "executable": True,
+            "content": watchdog_script(
+                f"http://{ADDRESS[node]}:8000/health", load_timeout_s=1800, unhealthy_after_s=300
+            ),
+        },
+        {
+            "file": f"/opt/llm-cluster/moe-configs/{MOE_CONFIG}",
+            "executable": False,
+            "content": (ROOT / "configs" / "moe" / MOE_CONFIG).read_text(),
+        },
+    ]
     assert c["envs"] == env_of(node)
     assert c["labels"] == labels("vllm", "chat", f"chat-{node}", node)
     _gpu_container_common(c, 32, "/data/models/Qwen3-30B-A3B")
@@ -216,8 +337,9 @@ def test_chat_replica_container(prod_run: ProgramRun, node: str) -> None:
     assert reg.provider.split("::")[-2].endswith(f"{node}-docker")
 
 
-def test_replicas_sharing_a_node_get_their_own_gpus(stack_runner: Callable[..., ProgramRun],
-                                                    config: dict[str, Any]) -> None:
+def test_replicas_sharing_a_node_get_their_own_gpus(
+    stack_runner: Callable[..., ProgramRun], config: dict[str, Any]
+) -> None:
     config["llm-cluster:pools"]["chat"].update(tensorParallel=4, replicasPerNode=2)
     run = stack_runner(config)
     c0 = run.get("chat-gpu-03-r0-vllm").plain_inputs()
@@ -247,9 +369,11 @@ def test_ray_gate_waits_for_sixteen_gpus_after_both_containers(prod_run: Program
 
 def test_health_gates_follow_their_server(prod_run: ProgramRun) -> None:
     multi = prod_run.get("reasoning-gpu-01-health")
-    assert set(multi.dependencies) == {prod_run.get("reasoning-gpu-01-ray-gate").urn,
-                                       prod_run.get("reasoning-gpu-01-ray-nccl").urn,
-                                       prod_run.get("reasoning-gpu-01-ray-head").urn}
+    assert set(multi.dependencies) == {
+        prod_run.get("reasoning-gpu-01-ray-gate").urn,
+        prod_run.get("reasoning-gpu-01-ray-nccl").urn,
+        prod_run.get("reasoning-gpu-01-ray-head").urn,
+    }
     assert multi.plain_inputs()["triggers"][1:] == [prod_run.get("reasoning-gpu-01-ray-head").resource_id]
     assert "container=ray-head-reasoning-gpu-01\n" in script_of(multi.plain_inputs()["create"])
     for n in POOL_NODES["chat"]:
@@ -280,29 +404,64 @@ def test_every_generated_script_is_valid_shellcheck_clean_bash(prod_run: Program
 
 def test_model_server_props_carry_what_the_policy_pack_reads(prod_run: ProgramRun) -> None:
     props = prod_run.get("reasoning-gpu-01").plain_inputs()
-    assert {k: v for k, v in props.items() if k not in ("capacity", "capacityWithoutMla", "env", "stackKeys",
-                                                           "contextWindow")} == {
-        "pool": "reasoning", "instance": "reasoning-gpu-01", "model": "deepseek-r1",
-        "modelPath": "/data/models/DeepSeek-R1-GPTQ-Int4", "arch": "deepseek-r1", "quantization": "gptq",
-        "dtype": "half", "gpuModel": "Tesla V100-SXM2-32GB", "gpuCount": 8, "nodes": ["gpu-01", "gpu-02"],
-        "tensorParallel": 8, "pipelineParallel": 2, "image": "vllm/vllm-openai:v0.19.1", "engine": "vllm",
-        "argv": REASONING_ARGV, "poolInstances": ["reasoning-gpu-01"],
+    assert {
+        k: v
+        for k, v in props.items()
+        if k not in ("capacity", "capacityWithoutMla", "env", "stackKeys", "contextWindow")
+    } == {
+        "pool": "reasoning",
+        "instance": "reasoning-gpu-01",
+        "model": "deepseek-r1",
+        "modelPath": "/data/models/DeepSeek-R1-GPTQ-Int4",
+        "arch": "deepseek-r1",
+        "quantization": "gptq",
+        "dtype": "half",
+        "gpuModel": "Tesla V100-SXM2-32GB",
+        "gpuCount": 8,
+        "nodes": ["gpu-01", "gpu-02"],
+        "tensorParallel": 8,
+        "pipelineParallel": 2,
+        "image": "vllm/vllm-openai:v0.19.1",
+        "engine": "vllm",
+        "argv": REASONING_ARGV,
+        "poolInstances": ["reasoning-gpu-01"],
         # What engine rules check a checkpoint by (policies.rules.engines); no configJson: no quantizationConfig.
-        "groupSize": 128, "modelType": "deepseek_v3", "headDim": 192,
+        "groupSize": 128,
+        "modelType": "deepseek_v3",
+        "headDim": 192,
         # What the air-gapped rule reads (policies.rules.airgap).
-        "airGapped": False, "offline": True,
+        "airGapped": False,
+        "offline": True,
         # The RAM the pool's servers share on each of its nodes (policies.rules.host_memory).
-        "hostMemory": {node: {"memoryGib": 380, "instances": 1, "key": f"nodes.{node}.memoryGib, unset: the "
-                              "reference cluster's GPU servers' 380 GiB"} for node in ("gpu-01", "gpu-02")}}
+        "hostMemory": {
+            node: {
+                "memoryGib": 380,
+                "instances": 1,
+                "key": f"nodes.{node}.memoryGib, unset: the reference cluster's GPU servers' 380 GiB",
+            }
+            for node in ("gpu-01", "gpu-02")
+        },
+    }
     # Where each flag and variable is edited, for the pack's messages (the head node's keys).
     keys = props["stackKeys"]
     assert (keys["--max-model-len"], keys["--dtype"], keys["--host"], keys["NCCL_IB_HCA"], keys["*env"]) == (
-        "pools.reasoning.vllm.maxModelLen", "models.deepseek-r1.dtype", "nodes.gpu-01.address",
-        "nodes.gpu-01.hca.device", "pools.reasoning.env")
-    assert props["contextWindow"] == {"tokens": 163840, "ropeScaled": True,
-                                      "derivedFrom": "rope_scaling yarn: original_max_position_embeddings=4096 x factor 40"}
+        "pools.reasoning.vllm.maxModelLen",
+        "models.deepseek-r1.dtype",
+        "nodes.gpu-01.address",
+        "nodes.gpu-01.hca.device",
+        "pools.reasoning.env",
+    )
+    assert props["contextWindow"] == {
+        "tokens": 163840,
+        "ropeScaled": True,
+        "derivedFrom": "rope_scaling yarn: original_max_position_embeddings=4096 x factor 40",
+    }
     assert prod_run.get("chat-gpu-05").plain_inputs()["poolInstances"] == [
-        "chat-gpu-03", "chat-gpu-04", "chat-gpu-05", "chat-gpu-06"]
+        "chat-gpu-03",
+        "chat-gpu-04",
+        "chat-gpu-05",
+        "chat-gpu-06",
+    ]
     assert sorted(f"{k}={v}" for k, v in props["env"].items()) == env_of("gpu-01")
     # MLA is off (VLLM_MLA_DISABLE=1): the capacity is the full per-head KV cache's, and there is nothing
     # further to turn off.
@@ -310,8 +469,14 @@ def test_model_server_props_carry_what_the_policy_pack_reads(prod_run: ProgramRu
     assert "capacityWithoutMla" not in props and "capacityWithoutMla" not in prod_run.get("chat-gpu-05").plain_inputs()
     assert prod_run.get("chat-gpu-05").plain_inputs()["argv"] == chat_argv("gpu-05")
     assert prod_run.get("reasoning-gpu-01-ray").plain_inputs() == {
-        "pool": "reasoning", "instance": "reasoning-gpu-01", "nodes": ["gpu-01", "gpu-02"], "head": "gpu-01",
-        "wantGpus": 16, "image": "vllm/vllm-openai:v0.19.1", "rayPort": 6379}
+        "pool": "reasoning",
+        "instance": "reasoning-gpu-01",
+        "nodes": ["gpu-01", "gpu-02"],
+        "head": "gpu-01",
+        "wantGpus": 16,
+        "image": "vllm/vllm-openai:v0.19.1",
+        "rayPort": 6379,
+    }
 
 
 def test_preview_knows_everything_a_policy_reads_except_the_image_id(prod_preview_run: ProgramRun) -> None:
@@ -358,8 +523,9 @@ def test_nothing_outside_a_pool_waits_for_model_loading(prod_run: ProgramRun) ->
             assert not (closure(prod_run, r) & gates), f"{r.name} waits for a pool's readiness gate"
 
 
-def test_ssh_secrets_stay_secret_in_every_pool_resource(stack_runner: Callable[..., ProgramRun],
-                                                        config: dict[str, Any]) -> None:
+def test_ssh_secrets_stay_secret_in_every_pool_resource(
+    stack_runner: Callable[..., ProgramRun], config: dict[str, Any]
+) -> None:
     key = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA-pools-test\n-----END OPENSSH PRIVATE KEY-----"
     config["llm-cluster:sshPrivateKey"] = key
     run = stack_runner(config, {"llm-cluster:sshPrivateKey"})

@@ -1,4 +1,5 @@
 """Preflight parsers on real outputs (tests/fixtures/preflight), the node check, and the shipped script run end to end."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -62,11 +63,13 @@ from tests.support.preflight import (
 
 # --- parsers ------------------------------------------------------------------------------------
 
+
 def test_gpu_query_rows_from_the_v100_table() -> None:
     gpus = parse_gpu_query(query_csv_from_table(fixture(SMI_TABLE)))
     assert len(gpus) == 8
     assert {(g.name, g.compute_cap, g.driver_version, g.memory_mib) for g in gpus} == {
-        ("Tesla V100-SXM2-32GB", "7.0", "535.183.01", 32768)}
+        ("Tesla V100-SXM2-32GB", "7.0", "535.183.01", 32768)
+    }
 
 
 def test_gpu_query_without_compute_cap_from_an_old_driver() -> None:
@@ -88,8 +91,18 @@ def test_topo_dgx1_hybrid_cube_mesh_links_and_nic_affinity() -> None:
 
 def test_topo_with_node_column_and_legend() -> None:
     topo = parse_topo(fixture(TOPO_1NIC))
-    assert topo.nics == {"mlx5_0": {"GPU0": "NODE", "GPU1": "NODE", "GPU2": "PIX", "GPU3": "PIX",
-                                    "GPU4": "SYS", "GPU5": "SYS", "GPU6": "SYS", "GPU7": "SYS"}}
+    assert topo.nics == {
+        "mlx5_0": {
+            "GPU0": "NODE",
+            "GPU1": "NODE",
+            "GPU2": "PIX",
+            "GPU3": "PIX",
+            "GPU4": "SYS",
+            "GPU5": "SYS",
+            "GPU6": "SYS",
+            "GPU7": "SYS",
+        }
+    }
     assert len(topo.links) == 56
 
 
@@ -171,6 +184,7 @@ def test_driver_versions_compare_numerically() -> None:
 
 # --- the check ----------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def expected(prod_spec) -> Expectation:  # type: ignore[no-untyped-def]
     """gpu-02 of the reference stack, with the driver minimum the Azure fixture meets."""
@@ -178,11 +192,17 @@ def expected(prod_spec) -> Expectation:  # type: ignore[no-untyped-def]
 
 
 def healthy() -> Outputs:
-    return Outputs(gpus=query_csv_from_table(fixture(SMI_TABLE)), topo=fixture(TOPO_DGX1),
-                   ibstat=fixture(IB_ROCE), ibv_devices=fixture(IBV_FOUR), docker_info=fixture(DOCKER_OK),
-                   chrony=CHRONY_SYNC, nft="nftables v1.0.6 (Lester Gooch #5)\n",
-                   df="Filesystem 1024-blocks Used Available Capacity Mounted on\n"
-                      f"/dev/nvme0n1 7000000000 1000 {500 * 1024 * 1024} 1% /data\n")
+    return Outputs(
+        gpus=query_csv_from_table(fixture(SMI_TABLE)),
+        topo=fixture(TOPO_DGX1),
+        ibstat=fixture(IB_ROCE),
+        ibv_devices=fixture(IBV_FOUR),
+        docker_info=fixture(DOCKER_OK),
+        chrony=CHRONY_SYNC,
+        nft="nftables v1.0.6 (Lester Gooch #5)\n",
+        df="Filesystem 1024-blocks Used Available Capacity Mounted on\n"
+        f"/dev/nvme0n1 7000000000 1000 {500 * 1024 * 1024} 1% /data\n",
+    )
 
 
 def errors(findings: list[Finding]) -> list[str]:
@@ -195,8 +215,13 @@ def test_a_healthy_reference_node_passes(expected: Expectation) -> None:
 
 def test_the_reference_driver_minimum_refuses_the_azure_535_driver(prod_spec) -> None:  # type: ignore[no-untyped-def]
     found = check_node(node_expectation(prod_spec, "gpu-02"), healthy())
-    assert found == [Finding("error", "gpu-02 runs NVIDIA driver 535.183.01, the stack needs >= 560.28.03",
-                             "upgrade the driver to 560.28.03 or newer (same version on all nodes)")]
+    assert found == [
+        Finding(
+            "error",
+            "gpu-02 runs NVIDIA driver 535.183.01, the stack needs >= 560.28.03",
+            "upgrade the driver to 560.28.03 or newer (same version on all nodes)",
+        )
+    ]
 
 
 def test_a_missing_gpu_names_the_count_to_fix(expected: Expectation) -> None:
@@ -222,35 +247,47 @@ def test_pcie_gpus_with_tp8_are_only_a_warning(expected: Expectation) -> None:
     exp = dataclasses.replace(expected, nvlink=False)
     [f] = check_node(exp, dataclasses.replace(healthy(), topo=fixture(TOPO_PCIE)))
     assert f.level == "warning" and "tensorParallel 8" in f.what
-    assert check_node(dataclasses.replace(exp, max_tensor_parallel=4),
-                      dataclasses.replace(healthy(), topo=fixture(TOPO_PCIE))) == []
+    assert (
+        check_node(
+            dataclasses.replace(exp, max_tensor_parallel=4), dataclasses.replace(healthy(), topo=fixture(TOPO_PCIE))
+        )
+        == []
+    )
 
 
 def test_hca_without_subnet_manager_says_to_start_opensm(expected: Expectation) -> None:
-    exp = dataclasses.replace(expected, hca={"device": "mlx5_7", "port": 1, "link_layer": "infiniband",
-                                             "rate_gbps": 200})
+    exp = dataclasses.replace(
+        expected, hca={"device": "mlx5_7", "port": 1, "link_layer": "infiniband", "rate_gbps": 200}
+    )
     found = check_node(exp, dataclasses.replace(healthy(), ibstat=fixture(IB_NO_SM), ibv_devices=None))
-    assert found == [Finding("error", "gpu-02: mlx5_7 port 1 is Down/LinkUp, not Active/LinkUp",
-                             "the link is up but no subnet manager assigned it: start opensm or check the "
-                             "switch's SM")]
+    assert found == [
+        Finding(
+            "error",
+            "gpu-02: mlx5_7 port 1 is Down/LinkUp, not Active/LinkUp",
+            "the link is up but no subnet manager assigned it: start opensm or check the switch's SM",
+        )
+    ]
 
 
 def test_hca_down_disabled_and_slow(expected: Expectation) -> None:
-    exp = dataclasses.replace(expected, hca={"device": "mlx5_1", "port": 1, "link_layer": "infiniband",
-                                             "rate_gbps": 200})
+    exp = dataclasses.replace(
+        expected, hca={"device": "mlx5_1", "port": 1, "link_layer": "infiniband", "rate_gbps": 200}
+    )
     found = check_node(exp, dataclasses.replace(healthy(), ibstat=fixture(IB_DOWN_DISABLED), ibv_devices=None))
-    assert errors(found) == ["gpu-02: mlx5_1 port 1 is Down/Disabled, not Active/LinkUp",
-                             "gpu-02: mlx5_1 port 1 runs at 10 Gb/s, the stack expects 200"]
+    assert errors(found) == [
+        "gpu-02: mlx5_1 port 1 is Down/Disabled, not Active/LinkUp",
+        "gpu-02: mlx5_1 port 1 runs at 10 Gb/s, the stack expects 200",
+    ]
 
 
 def test_hca_link_layer_and_missing_device(expected: Expectation) -> None:
     found = check_node(expected, dataclasses.replace(healthy(), ibstat=fixture(IB_DOWN_DISABLED)))
     assert errors(found) == ["gpu-02: mlx5_0 port 1 link layer is InfiniBand, the stack says ethernet"]
     assert found[0].fix == "set nodes.gpu-02.hca (or nodeDefaults.hca).linkLayer to 'infiniband'"
-    found = check_node(expected, dataclasses.replace(healthy(), ibstat=fixture(IB_POLLING),
-                                                     ibv_devices=fixture(IBV_ONE)))
-    assert errors(found) == ["gpu-02: ibv_devices does not list mlx5_0",
-                             "gpu-02: no HCA mlx5_0; ibstat shows mlx5_10"]
+    found = check_node(
+        expected, dataclasses.replace(healthy(), ibstat=fixture(IB_POLLING), ibv_devices=fixture(IBV_ONE))
+    )
+    assert errors(found) == ["gpu-02: ibv_devices does not list mlx5_0", "gpu-02: no HCA mlx5_0; ibstat shows mlx5_10"]
 
 
 def test_nvidia_runtime_missing_unless_the_gpus_hook_is_installed(expected: Expectation) -> None:
@@ -264,8 +301,9 @@ def test_disk_needs_the_weights_still_to_copy(expected: Expectation) -> None:
     # 500 GiB free: enough for the ~327 GiB DeepSeek-R1 GPTQ estimate + 100 GiB kept free, not for 600 GiB.
     big = dataclasses.replace(expected, models=[{"path": "/data/models/x", "size_bytes": 600 * GIB}])
     [f] = check_node(big, healthy())
-    assert f.what == ("gpu-02: 500 GiB free at /data, need 700 GiB (weights still to copy: 600 GiB, "
-                      "minFreeDiskGib: 100)")
+    assert f.what == (
+        "gpu-02: 500 GiB free at /data, need 700 GiB (weights still to copy: 600 GiB, minFreeDiskGib: 100)"
+    )
     # Weights already half there (an interrupted copy) need only the rest.
     assert check_node(big, dataclasses.replace(healthy(), present_bytes={"/data/models/x": 300 * GIB})) == []
 
@@ -274,21 +312,36 @@ def test_disk_keeps_min_free_after_the_copy(expected: Expectation) -> None:
     # 450 GiB to copy into 500 GiB free would leave 50 GiB: below minFreeDiskGib 100.
     tight = dataclasses.replace(expected, models=[{"path": "/data/models/x", "size_bytes": 450 * GIB}])
     [f] = check_node(tight, healthy())
-    assert f.what == ("gpu-02: 500 GiB free at /data, need 550 GiB (weights still to copy: 450 GiB, "
-                      "minFreeDiskGib: 100)")
+    assert f.what == (
+        "gpu-02: 500 GiB free at /data, need 550 GiB (weights still to copy: 450 GiB, minFreeDiskGib: 100)"
+    )
     assert check_node(dataclasses.replace(tight, min_free_gib=50), healthy()) == []
 
 
-@pytest.mark.parametrize(("outputs", "what"), [
-    (dict(chrony=CHRONY_UNSYNC),
-     "gpu-02: the clock is not synchronised (chronyc tracking: Leap status Not synchronised)"),
-    (dict(chrony=None, timedatectl=TIMEDATECTL_NEW.replace(": yes", ": no")),
-     "gpu-02: the clock is not synchronised (timedatectl: System clock synchronized: no)"),
-    (dict(chrony=None, errors={"chrony": "[Errno 2] No such file or directory: 'chronyc'",
-                               "timedatectl": "System has not been booted with systemd"}),
-     "gpu-02: no time synchronisation found (chronyc and timedatectl: [Errno 2] No such file or directory: "
-     "'chronyc')"),
-])
+@pytest.mark.parametrize(
+    ("outputs", "what"),
+    [
+        (
+            dict(chrony=CHRONY_UNSYNC),
+            "gpu-02: the clock is not synchronised (chronyc tracking: Leap status Not synchronised)",
+        ),
+        (
+            dict(chrony=None, timedatectl=TIMEDATECTL_NEW.replace(": yes", ": no")),
+            "gpu-02: the clock is not synchronised (timedatectl: System clock synchronized: no)",
+        ),
+        (
+            dict(
+                chrony=None,
+                errors={
+                    "chrony": "[Errno 2] No such file or directory: 'chronyc'",
+                    "timedatectl": "System has not been booted with systemd",
+                },
+            ),
+            "gpu-02: no time synchronisation found (chronyc and timedatectl: [Errno 2] No such file or directory: "
+            "'chronyc')",
+        ),
+    ],
+)
 def test_an_unsynchronised_clock_is_refused_naming_chrony(expected: Expectation, outputs: dict, what: str) -> None:
     assert check_node(expected, dataclasses.replace(healthy(), **outputs)) == [Finding("error", what, CHRONY_FIX)]
     assert "install chrony" in CHRONY_FIX
@@ -297,7 +350,8 @@ def test_an_unsynchronised_clock_is_refused_naming_chrony(expected: Expectation,
 def test_a_clock_chrony_knows_to_be_off_by_more_than_the_bound_is_refused(expected: Expectation) -> None:
     tight = dataclasses.replace(expected, max_clock_offset_s=0.000001)
     assert errors(check_node(tight, healthy())) == [
-        "gpu-02: chrony says the clock is 0.000 s fast of NTP time (bound: preflight.maxClockOffsetSeconds 1e-06)"]
+        "gpu-02: chrony says the clock is 0.000 s fast of NTP time (bound: preflight.maxClockOffsetSeconds 1e-06)"
+    ]
     assert check_node(dataclasses.replace(expected, max_clock_offset_s=0.5), healthy()) == []
 
 
@@ -305,7 +359,8 @@ def test_nft_is_required_only_when_the_firewall_is_managed(expected: Expectation
     out = dataclasses.replace(healthy(), nft=None, errors={"nft": "[Errno 2] No such file or directory: 'nft'"})
     assert errors(check_node(expected, out)) == [
         "gpu-02: `nft` is missing ([Errno 2] No such file or directory: 'nft'); llm-cluster loads the host firewall "
-        "with it"]
+        "with it"
+    ]
     assert check_node(dataclasses.replace(expected, firewall=False), out) == []
 
 
@@ -354,19 +409,36 @@ def test_collect_falls_back_for_old_drivers_and_keeps_what_a_failing_tool_printe
 
 
 def test_a_node_with_fewer_cpus_than_the_stack_says_is_a_warning_naming_the_key(
-        tmp_path: Path, prod_spec, expected: Expectation) -> None:  # type: ignore[no-untyped-def]
+    tmp_path: Path, prod_spec, expected: Expectation
+) -> None:  # type: ignore[no-untyped-def]
     planned = node_expectation(prod_spec, "gpu-02")
-    assert (planned.cpu_cores, planned.cpu_key) == (80, "nodes.gpu-02.cpuCores, unset: the reference cluster's GPU "
-                                                        "servers' 80")
-    exp = dataclasses.replace(expected, disk_path=str(tmp_path), min_free_gib=0, models=[],
-                              meminfo_path=meminfo(tmp_path, 376 * 1024 * 1024), cpuinfo_path=cpuinfo(tmp_path, 40))
-    done = run_preflight(tmp_path, exp, gpus=query_csv_from_table(fixture(SMI_TABLE)),
-                         topo=fixture(TOPO_DGX1), ibstat=fixture(IB_ROCE), docker=fixture(DOCKER_OK))
+    assert (planned.cpu_cores, planned.cpu_key) == (
+        80,
+        "nodes.gpu-02.cpuCores, unset: the reference cluster's GPU servers' 80",
+    )
+    exp = dataclasses.replace(
+        expected,
+        disk_path=str(tmp_path),
+        min_free_gib=0,
+        models=[],
+        meminfo_path=meminfo(tmp_path, 376 * 1024 * 1024),
+        cpuinfo_path=cpuinfo(tmp_path, 40),
+    )
+    done = run_preflight(
+        tmp_path,
+        exp,
+        gpus=query_csv_from_table(fixture(SMI_TABLE)),
+        topo=fixture(TOPO_DGX1),
+        ibstat=fixture(IB_ROCE),
+        docker=fixture(DOCKER_OK),
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "preflight gpu-02: 0 error(s), 1 warning(s)"
-    assert (f"WARNING: gpu-02 has 40 CPUs ({tmp_path}/cpuinfo), the stack says 80 ({planned.cpu_key}): the "
-            "threads of its servers were planned for the larger figure and would compete for the cores\n"
-            "    fix: state the node's CPUs: nodes.gpu-02.cpuCores: 40\n") in done.stdout
+    assert (
+        f"WARNING: gpu-02 has 40 CPUs ({tmp_path}/cpuinfo), the stack says 80 ({planned.cpu_key}): the "
+        "threads of its servers were planned for the larger figure and would compete for the cores\n"
+        "    fix: state the node's CPUs: nodes.gpu-02.cpuCores: 40\n"
+    ) in done.stdout
     # More CPUs than stated is fine; this machine's own /proc/cpuinfo parses.
     more = dataclasses.replace(exp, cpuinfo_path=cpuinfo(tmp_path, 96))
     assert check_cpus(more, Outputs(cpuinfo=Path(more.cpuinfo_path).read_text())) == []
@@ -375,30 +447,57 @@ def test_a_node_with_fewer_cpus_than_the_stack_says_is_a_warning_naming_the_key(
 
 def test_preflight_script_passes_on_a_healthy_node(tmp_path: Path, expected: Expectation) -> None:
     # 376 GiB managed by the kernel on a server the stack says has 380.
-    exp = dataclasses.replace(expected, disk_path=str(tmp_path), min_free_gib=0,
-                              models=[{"path": str(tmp_path / "none"), "size_bytes": 1}],
-                              meminfo_path=meminfo(tmp_path, 376 * 1024 * 1024), cpuinfo_path=cpuinfo(tmp_path, 80))
-    done = run_preflight(tmp_path, exp, gpus=query_csv_from_table(fixture(SMI_TABLE)),
-                         topo=fixture(TOPO_DGX1), ibstat=fixture(IB_ROCE), docker=fixture(DOCKER_OK))
+    exp = dataclasses.replace(
+        expected,
+        disk_path=str(tmp_path),
+        min_free_gib=0,
+        models=[{"path": str(tmp_path / "none"), "size_bytes": 1}],
+        meminfo_path=meminfo(tmp_path, 376 * 1024 * 1024),
+        cpuinfo_path=cpuinfo(tmp_path, 80),
+    )
+    done = run_preflight(
+        tmp_path,
+        exp,
+        gpus=query_csv_from_table(fixture(SMI_TABLE)),
+        topo=fixture(TOPO_DGX1),
+        ibstat=fixture(IB_ROCE),
+        docker=fixture(DOCKER_OK),
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "preflight gpu-02: 0 error(s), 0 warning(s)"
 
 
 def test_a_node_with_less_ram_than_the_stack_says_is_a_warning_naming_the_key(
-        tmp_path: Path, prod_spec, expected: Expectation) -> None:  # type: ignore[no-untyped-def]
+    tmp_path: Path, prod_spec, expected: Expectation
+) -> None:  # type: ignore[no-untyped-def]
     # The prod stack states no RAM: the reference server's figure, and the key to set, travel to the node.
     planned = node_expectation(prod_spec, "gpu-02")
     assert (planned.memory_gib, planned.memory_key) == prod_spec.node_memory("gpu-02")
     assert planned.memory_gib == 380.0 and planned.memory_key.startswith("nodes.gpu-02.memoryGib, unset: ")
-    exp = dataclasses.replace(expected, disk_path=str(tmp_path), min_free_gib=0, models=[],
-                              memory_gib=planned.memory_gib, memory_key=planned.memory_key,
-                              meminfo_path=meminfo(tmp_path, 24 * 1024 * 1024), cpuinfo_path=cpuinfo(tmp_path, 80))
-    done = run_preflight(tmp_path, exp, gpus=query_csv_from_table(fixture(SMI_TABLE)),
-                         topo=fixture(TOPO_DGX1), ibstat=fixture(IB_ROCE), docker=fixture(DOCKER_OK))
+    exp = dataclasses.replace(
+        expected,
+        disk_path=str(tmp_path),
+        min_free_gib=0,
+        models=[],
+        memory_gib=planned.memory_gib,
+        memory_key=planned.memory_key,
+        meminfo_path=meminfo(tmp_path, 24 * 1024 * 1024),
+        cpuinfo_path=cpuinfo(tmp_path, 80),
+    )
+    done = run_preflight(
+        tmp_path,
+        exp,
+        gpus=query_csv_from_table(fixture(SMI_TABLE)),
+        topo=fixture(TOPO_DGX1),
+        ibstat=fixture(IB_ROCE),
+        docker=fixture(DOCKER_OK),
+    )
     assert done.returncode == 0, done.stderr  # a warning: the node still runs what fits
     assert done.stdout.strip().splitlines()[-1] == "preflight gpu-02: 0 error(s), 1 warning(s)"
-    assert (f"WARNING: gpu-02 has 24 GiB of RAM (MemTotal), the stack says 380 GiB ({exp.memory_key}): the "
-            "host-memory check judged swap space and CPU offload against the larger figure") in done.stdout
+    assert (
+        f"WARNING: gpu-02 has 24 GiB of RAM (MemTotal), the stack says 380 GiB ({exp.memory_key}): the "
+        "host-memory check judged swap space and CPU offload against the larger figure"
+    ) in done.stdout
     assert "fix: state the node's RAM: nodes.gpu-02.memoryGib: 24" in done.stdout
     # The stack's own figure for the node is what is compared.
     spec_says = dataclasses.replace(exp, memory_gib=24.0, memory_key="nodes.gpu-02.memoryGib")
@@ -406,17 +505,31 @@ def test_a_node_with_less_ram_than_the_stack_says_is_a_warning_naming_the_key(
 
 
 def test_preflight_script_fails_with_what_to_fix(tmp_path: Path, prod_spec) -> None:  # type: ignore[no-untyped-def]
-    exp = dataclasses.replace(node_expectation(prod_spec, "gpu-02"), disk_path=str(tmp_path), min_free_gib=0,
-                              models=[], meminfo_path=meminfo(tmp_path, 376 * 1024 * 1024), cpuinfo_path=cpuinfo(tmp_path, 80))
-    done = run_preflight(tmp_path, exp, gpus=query_csv_from_table(fixture(SMI_TABLE), 7),
-                         topo=fixture(TOPO_PCIE), ibstat=fixture(IB_H100), docker=fixture(DOCKER_MISSING))
+    exp = dataclasses.replace(
+        node_expectation(prod_spec, "gpu-02"),
+        disk_path=str(tmp_path),
+        min_free_gib=0,
+        models=[],
+        meminfo_path=meminfo(tmp_path, 376 * 1024 * 1024),
+        cpuinfo_path=cpuinfo(tmp_path, 80),
+    )
+    done = run_preflight(
+        tmp_path,
+        exp,
+        gpus=query_csv_from_table(fixture(SMI_TABLE), 7),
+        topo=fixture(TOPO_PCIE),
+        ibstat=fixture(IB_H100),
+        docker=fixture(DOCKER_MISSING),
+    )
     assert done.returncode == 1
     assert done.stdout.strip().splitlines()[-1] == "preflight gpu-02: 5 error(s), 0 warning(s)"
-    for text in ["ERROR: gpu-02 has 7 GPU(s), the stack expects 8",
-                 "ERROR: gpu-02 runs NVIDIA driver 535.183.01, the stack needs >= 560.28.03",
-                 "ERROR: gpu-02: `nvidia-smi topo -m` shows no NVLink between any GPUs",
-                 "ERROR: gpu-02: mlx5_0 port 1 link layer is InfiniBand, the stack says ethernet",
-                 "ERROR: gpu-02: Docker has no nvidia runtime (io.containerd.runc.v2 runc)"]:
+    for text in [
+        "ERROR: gpu-02 has 7 GPU(s), the stack expects 8",
+        "ERROR: gpu-02 runs NVIDIA driver 535.183.01, the stack needs >= 560.28.03",
+        "ERROR: gpu-02: `nvidia-smi topo -m` shows no NVLink between any GPUs",
+        "ERROR: gpu-02: mlx5_0 port 1 link layer is InfiniBand, the stack says ethernet",
+        "ERROR: gpu-02: Docker has no nvidia runtime (io.containerd.runc.v2 runc)",
+    ]:
         assert text in done.stderr
 
 

@@ -3,6 +3,7 @@
 Generic over `run.registrations`, so resources other components add are checked as they land.
 Schemas: tests/fixtures/schemas (see SOURCES.md there); the validator: tests/support/schemas.py.
 """
+
 from __future__ import annotations
 
 import copy
@@ -17,23 +18,30 @@ from tests.support.schemas import SCHEMAS, check_object, problems_of, provider_r
 
 # --- the validator itself can fail ---------------------------------------------------------------
 
+
 def test_validator_refuses_unknown_missing_and_mistyped_properties() -> None:
     pkg, props, required = resource_schema("command:remote:Command")
-    bad = {"connection": {"host": "h", "port": "22", "agentSocketPath": 1, "bogus": True},
-           "create": ["not", "a", "string"], "triggeers": []}
+    bad = {
+        "connection": {"host": "h", "port": "22", "agentSocketPath": 1, "bogus": True},
+        "create": ["not", "a", "string"],
+        "triggeers": [],
+    }
     problems = check_object(bad, props, required, pkg, "cmd")
     connection_props = SCHEMAS["command"]["types"]["command:remote:Connection"]["properties"]
-    assert sorted(problems) == sorted([
-        "cmd.triggeers: unknown property (allowed: addPreviousOutputInEnv, connection, create, delete, "
-        "environment, logging, stdin, triggers, update)",
-        "cmd.connection.port: expected number, got '22'",
-        "cmd.connection.agentSocketPath: expected string, got 1",
-        f"cmd.connection.bogus: unknown property (allowed: {', '.join(sorted(connection_props))})",
-        "cmd.create: expected string, got ['not', 'a', 'string']",
-    ])
+    assert sorted(problems) == sorted(
+        [
+            "cmd.triggeers: unknown property (allowed: addPreviousOutputInEnv, connection, create, delete, "
+            "environment, logging, stdin, triggers, update)",
+            "cmd.connection.port: expected number, got '22'",
+            "cmd.connection.agentSocketPath: expected string, got 1",
+            f"cmd.connection.bogus: unknown property (allowed: {', '.join(sorted(connection_props))})",
+            "cmd.create: expected string, got ['not', 'a', 'string']",
+        ]
+    )
     assert check_object({}, props, required, pkg, "cmd") == ["cmd.connection: required property missing"]
     assert check_object({"connection": {"host": "h"}, "logging": "loud"}, props, required, pkg, "c") == [
-        "c.logging: 'loud' is not one of ['stdout', 'stderr', 'stdoutAndStderr', 'none']"]
+        "c.logging: 'loud' is not one of ['stdout', 'stderr', 'stdoutAndStderr', 'none']"
+    ]
     with pytest.raises(AssertionError, match="not a resource of the docker schema"):
         resource_schema("docker:index/nope:Nope")
 
@@ -47,6 +55,7 @@ def test_validator_unwraps_secrets_and_accepts_unknowns() -> None:
 
 
 # --- the program's registrations -----------------------------------------------------------------
+
 
 def test_reference_stack_validates(prod_run: ProgramRun) -> None:
     checked = provider_resources(prod_run)

@@ -7,6 +7,7 @@ checks against real releases where they need no GPU:
 Wheels are cached under /var/cache/llm-cluster/{triton,torch} and fetched with pip when missing
 (tests/support/qualification.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -34,12 +35,23 @@ TORCH_VERSION = "2.10.0"
 
 def compile_with(version: str, capability: int, tmp_path: Path) -> dict[str, Any]:
     """The gate's kernel compiled by one real Triton release, in a subprocess that imports only it."""
-    code = ("import json, sys; from components.engines.gate import compile_dot_kernel; "
-            f"print(json.dumps(compile_dot_kernel({capability}, sys.argv[1])))")
+    code = (
+        "import json, sys; from components.engines.gate import compile_dot_kernel; "
+        f"print(json.dumps(compile_dot_kernel({capability}, sys.argv[1])))"
+    )
     root = Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=600,
-                         env={"PYTHONPATH": f"{triton_dir(version)}:{root}", "PATH": "/usr/bin:/bin",
-                              "HOME": str(tmp_path), "TRITON_CACHE_DIR": str(tmp_path / "cache")})
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={
+            "PYTHONPATH": f"{triton_dir(version)}:{root}",
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(tmp_path),
+            "TRITON_CACHE_DIR": str(tmp_path / "cache"),
+        },
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1]) | {"stderr": out.stderr}
 
@@ -59,7 +71,12 @@ def test_the_gates_triton_kernel_compiles_for_sm70_only_from_triton_3_4(version:
 def test_the_same_kernel_uses_tensor_cores_on_sm80_with_triton_3_3(tmp_path: Path) -> None:
     # The failure on sm_70 is the GPU's, not the harness's: the same compile works for Ampere.
     assert compile_with("3.3.0", 80, tmp_path) | {"stderr": ""} == {
-        "ok": True, "triton": "3.3.0", "tensor_cores": True, "error": "", "stderr": ""}
+        "ok": True,
+        "triton": "3.3.0",
+        "tensor_cores": True,
+        "error": "",
+        "stderr": "",
+    }
 
 
 def test_the_triton_facts_agree_with_the_real_compiles(tmp_path: Path) -> None:
@@ -99,6 +116,7 @@ def test_the_arch_list_check_against_the_real_torch_2_10_wheel() -> None:
 
 # --- what `up` runs ---------------------------------------------------------------------------
 
+
 def test_one_gate_per_node_and_serving_image_with_the_argvs_served_there(prod_spec: StackSpec) -> None:
     quals = node_qualifications(prod_spec)
     assert [(q.node, q.image) for q in quals] == [(f"gpu-0{i}", "vllm/vllm-openai:v0.19.1") for i in range(1, 7)]
@@ -109,9 +127,15 @@ def test_one_gate_per_node_and_serving_image_with_the_argvs_served_there(prod_sp
     check = by_node["gpu-03"].check
     assert (check.engine, check.entrypoint, check.args[:2]) == ("vLLM 0.19.1", "python3", ("-c", CHECK))
     facts = json.loads(check.args[2])
-    assert facts == {"version": "0.19.1", "module": "vllm", "block": 16, "kernel": TRITON_DOT_KERNEL,
-                     "capability": 70, "recommended": "vllm/vllm-openai:v0.19.1",
-                     "argvs": [list(a) for a in by_node["gpu-03"].argvs]}
+    assert facts == {
+        "version": "0.19.1",
+        "module": "vllm",
+        "block": 16,
+        "kernel": TRITON_DOT_KERNEL,
+        "capability": 70,
+        "recommended": "vllm/vllm-openai:v0.19.1",
+        "argvs": [list(a) for a in by_node["gpu-03"].argvs],
+    }
 
 
 def test_an_image_without_facts_gets_no_gate_but_the_packs_advisory(config: dict[str, Any]) -> None:
@@ -119,17 +143,20 @@ def test_an_image_without_facts_gets_no_gate_but_the_packs_advisory(config: dict
     assert {q.image for q in node_qualifications(load_stack_config(config, set()))} == {"vllm/vllm-openai:v0.19.1"}
 
 
-def test_the_gate_script_runs_the_image_on_one_gpu_and_is_shellcheck_clean(prod_spec: StackSpec,
-                                                                         tmp_path: Path) -> None:
+def test_the_gate_script_runs_the_image_on_one_gpu_and_is_shellcheck_clean(
+    prod_spec: StackSpec, tmp_path: Path
+) -> None:
     q = next(q for q in node_qualifications(prod_spec) if q.node == "gpu-03")
     script = qualification_script(q)
-    assert "docker run --rm --gpus device=0 --network none \\\n    --entrypoint python3 \"$image\" -c " in script
+    assert 'docker run --rm --gpus device=0 --network none \\\n    --entrypoint python3 "$image" -c ' in script
     # A docker that answers as a failing check would: the gate stops, names the node, shows the lines.
     run = lint_and_run_gate(script, tmp_path, 'echo \'{"check": "triton-fp16-dot", "ok": false}\'\nexit 1')
     assert run.returncode == 1
     assert '{"check": "triton-fp16-dot", "ok": false}' in run.stdout
-    assert ("qualification: vllm/vllm-openai:v0.19.1 cannot serve on gpu-03 (GPU 0); the failed checks above say why"
-            in run.stderr)
+    assert (
+        "qualification: vllm/vllm-openai:v0.19.1 cannot serve on gpu-03 (GPU 0); the failed checks above say why"
+        in run.stderr
+    )
 
 
 def test_the_check_is_valid_python_that_reads_its_facts_from_argv() -> None:
@@ -144,10 +171,14 @@ def test_every_server_container_waits_for_its_nodes_gate(prod_run: ProgramRun) -
     assert prod_run.get("gpu-03-image-vllm-openai-v0-19-1").urn in gate.dependencies
     assert not [d for d in gate.dependencies if "weights" in d]
     assert gate.urn in prod_run.get("chat-gpu-03-vllm").dependencies
-    assert prod_run.get("gpu-02-qualify-vllm-openai-v0-19-1-check").urn in prod_run.get(
-        "reasoning-gpu-01-ray-worker-gpu-02").dependencies
-    assert prod_run.get("gpu-01-qualify-vllm-openai-v0-19-1-check").urn in prod_run.get(
-        "reasoning-gpu-01-ray-head").dependencies
+    assert (
+        prod_run.get("gpu-02-qualify-vllm-openai-v0-19-1-check").urn
+        in prod_run.get("reasoning-gpu-01-ray-worker-gpu-02").dependencies
+    )
+    assert (
+        prod_run.get("gpu-01-qualify-vllm-openai-v0-19-1-check").urn
+        in prod_run.get("reasoning-gpu-01-ray-head").dependencies
+    )
 
 
 def test_the_arch_list_of_the_real_torch_2_8_wheel_is_the_0_11_images_fact() -> None:
@@ -155,8 +186,11 @@ def test_the_arch_list_of_the_real_torch_2_8_wheel_is_the_0_11_images_fact() -> 
     wheel = torch_wheel("2.8.0")
     with zipfile.ZipFile(wheel) as z:
         version = re.search(r"__version__ = '([^']+)'", z.read("torch/version.py").decode()).group(1)  # type: ignore[union-attr]
-        triton = [ln for ln in z.read("torch-2.8.0.dist-info/METADATA").decode().splitlines()
-                  if ln.startswith("Requires-Dist: triton==")]
+        triton = [
+            ln
+            for ln in z.read("torch-2.8.0.dist-info/METADATA").decode().splitlines()
+            if ln.startswith("Requires-Dist: triton==")
+        ]
     assert version == "2.8.0+cu128"
     assert triton == ['Requires-Dist: triton==3.4.0; platform_system == "Linux" and platform_machine == "x86_64"']
     facts = IMAGES["vllm/vllm-openai:v0.11.0"]

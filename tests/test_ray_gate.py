@@ -1,4 +1,5 @@
 """Readiness gates against a real Ray on loopback: a head and a worker, each advertising 8 GPUs."""
+
 from __future__ import annotations
 
 import os
@@ -47,21 +48,34 @@ def _ray() -> str:
 
 def loopback_spec(ray_port: int, dashboard_port: int, client_port: int) -> StackSpec:
     """A 2-node TP8×PP2 pool whose nodes are 127.0.0.1 (head) and 127.0.0.2 (worker)."""
-    return parse_stack({
-        "nodeDefaults": {"gpu": {"model": "Tesla V100-SXM2-32GB", "count": 8}, "interface": "lo",
-                         "hca": {"device": "mlx5_0", "gidIndex": 3}},
-        "nodes": {"head": {"address": "127.0.0.1"}, "worker": {"address": "127.0.0.2"}},
-        "models": {"m": {"arch": "qwen3-30b-a3b", "path": "/data/models/m", "source": {"present": True}}},
-        "pools": {"loop": {"model": "m", "nodes": ["head", "worker"], "tensorParallel": 8,
-                           "pipelineParallel": 2, "rayPort": ray_port, "rayDashboardPort": dashboard_port,
-                           "rayClientPort": client_port, "rayGateTimeoutSeconds": 10,
-                           "vllm": {"maxModelLen": 4096}}},
-    })
+    return parse_stack(
+        {
+            "nodeDefaults": {
+                "gpu": {"model": "Tesla V100-SXM2-32GB", "count": 8},
+                "interface": "lo",
+                "hca": {"device": "mlx5_0", "gidIndex": 3},
+            },
+            "nodes": {"head": {"address": "127.0.0.1"}, "worker": {"address": "127.0.0.2"}},
+            "models": {"m": {"arch": "qwen3-30b-a3b", "path": "/data/models/m", "source": {"present": True}}},
+            "pools": {
+                "loop": {
+                    "model": "m",
+                    "nodes": ["head", "worker"],
+                    "tensorParallel": 8,
+                    "pipelineParallel": 2,
+                    "rayPort": ray_port,
+                    "rayDashboardPort": dashboard_port,
+                    "rayClientPort": client_port,
+                    "rayGateTimeoutSeconds": 10,
+                    "vllm": {"maxModelLen": 4096},
+                }
+            },
+        }
+    )
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-            "RAY_USAGE_STATS_ENABLED": "0"}
+    return {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
 def _wait_for(predicate, what: str, seen=None) -> None:  # noqa: ANN001
@@ -134,8 +148,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackCluste
     inst = instances(spec, "loop")[0]
     head_script = tmp / "ray-head.sh"
     textfile_dir = tmp / "node-exporter"
-    head_script.write_text(ray_head_script(spec, inst, interval_s=1, textfile_dir=str(textfile_dir),
-                                           metrics_interval_s=1))
+    head_script.write_text(
+        ray_head_script(spec, inst, interval_s=1, textfile_dir=str(textfile_dir), metrics_interval_s=1)
+    )
     marker = tmp / "exec-args"
     log = tmp / "head.log"
     head: subprocess.Popen[bytes] | None = None
@@ -145,18 +160,45 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackCluste
             # The stub stands in for `vllm serve …`: it records the arguments the script exec'd.
             # Its own process group: ray-head.sh polls with no deadline by design, so teardown kills the group.
             head = subprocess.Popen(
-                ["bash", str(head_script), "bash", "-c", f'printf "%s\\n" "$@" > {marker}', "_",
-                 "vllm", "serve", "/data/models/m"],
-                stdout=out, stderr=subprocess.STDOUT, env=_env(), start_new_session=True)
+                [
+                    "bash",
+                    str(head_script),
+                    "bash",
+                    "-c",
+                    f'printf "%s\\n" "$@" > {marker}',
+                    "_",
+                    "vllm",
+                    "serve",
+                    "/data/models/m",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=_env(),
+                start_new_session=True,
+            )
         # Start the worker only once the head's gate has seen the head alone, so the log shows both steps.
-        _wait_for(lambda: "ray: 8/16 GPUs, 1 node(s)" in log.read_text() or head.poll() is not None,
-                  "the head's first progress line")
-        worker = subprocess.Popen(ray_worker_argv(spec, inst, "worker"), stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL, env=_env(), start_new_session=True)
+        _wait_for(
+            lambda: "ray: 8/16 GPUs, 1 node(s)" in log.read_text() or head.poll() is not None,
+            "the head's first progress line",
+        )
+        worker = subprocess.Popen(
+            ray_worker_argv(spec, inst, "worker"),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=_env(),
+            start_new_session=True,
+        )
         head_rc = head.wait(timeout=SETTLE_S)
         textfile = Path(ray_textfile(inst, str(textfile_dir)))
-        yield LoopbackCluster(spec, inst, head_rc, log.read_text(),
-                              marker.read_text() if marker.exists() else "", textfile, *_observe(textfile))
+        yield LoopbackCluster(
+            spec,
+            inst,
+            head_rc,
+            log.read_text(),
+            marker.read_text() if marker.exists() else "",
+            textfile,
+            *_observe(textfile),
+        )
     finally:
         # Whatever failed above (a timeout, an assertion in a wait): no ray-head.sh left polling forever.
         # Only our own groups: `ray stop --force` would kill every Ray on the machine, another test's too.
@@ -176,19 +218,34 @@ def test_head_script_waits_for_every_gpu_then_execs_the_command(cluster: Loopbac
 def test_head_script_starts_ray_with_the_planned_head_argv(cluster: LoopbackCluster) -> None:
     pool = cluster.spec.pools["loop"]
     assert ray_head_start_argv(cluster.spec, cluster.instance) == [
-        "ray", "start", "--head", f"--port={pool.ray_port}", "--node-ip-address=127.0.0.1", "--num-gpus=8",
-        "--dashboard-host=127.0.0.1", f"--dashboard-port={pool.ray_dashboard_port}",
-        f"--ray-client-server-port={pool.ray_client_port}", "--disable-usage-stats"]
+        "ray",
+        "start",
+        "--head",
+        f"--port={pool.ray_port}",
+        "--node-ip-address=127.0.0.1",
+        "--num-gpus=8",
+        "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={pool.ray_dashboard_port}",
+        f"--ray-client-server-port={pool.ray_client_port}",
+        "--disable-usage-stats",
+    ]
     assert ray_worker_argv(cluster.spec, cluster.instance, "worker") == [
-        "ray", "start", "--block", f"--address=127.0.0.1:{pool.ray_port}", "--node-ip-address=127.0.0.2",
-        "--num-gpus=8", "--disable-usage-stats"]
+        "ray",
+        "start",
+        "--block",
+        f"--address=127.0.0.1:{pool.ray_port}",
+        "--node-ip-address=127.0.0.2",
+        "--num-gpus=8",
+        "--disable-usage-stats",
+    ]
 
 
 def test_gate_passes_when_the_wanted_gpus_are_there(cluster: LoopbackCluster, tmp_path: Path) -> None:
     want = want_gpus(cluster.spec, cluster.instance)
     assert want == 16
-    script = ray_gate_script(ray_status_argv(cluster.spec, cluster.instance), want, 30, "loop-head",
-                             want_nodes=2, interval_s=1)
+    script = ray_gate_script(
+        ray_status_argv(cluster.spec, cluster.instance), want, 30, "loop-head", want_nodes=2, interval_s=1
+    )
     done = _run(script, tmp_path, "gate.sh")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
@@ -198,8 +255,9 @@ def test_gate_passes_when_the_wanted_gpus_are_there(cluster: LoopbackCluster, tm
 
 def test_gate_times_out_naming_what_is_missing(cluster: LoopbackCluster, tmp_path: Path) -> None:
     hints = gate_hints(cluster.spec, cluster.instance)
-    script = ray_gate_script(ray_status_argv(cluster.spec, cluster.instance), 24, 3, "loop-head",
-                             want_nodes=3, hints=hints, interval_s=1)
+    script = ray_gate_script(
+        ray_status_argv(cluster.spec, cluster.instance), 24, 3, "loop-head", want_nodes=3, hints=hints, interval_s=1
+    )
     done = _run(script, tmp_path, "gate.sh")
     assert done.returncode == 1
     assert done.stdout.splitlines()[0] == "ray: 16/24 GPUs, 2 node(s)"
@@ -209,12 +267,19 @@ def test_gate_times_out_naming_what_is_missing(cluster: LoopbackCluster, tmp_pat
         f"Check: the firewall lets the workers reach 127.0.0.1 on TCP {port} (GCS) and {client} (client) "
         "and the nodes reach each other on Ray's high ports; NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME (lo) "
         "carry the nodes' cluster addresses; the nodes' clocks are in sync (chrony); "
-        "docker logs ray-worker-loop-head on worker")
+        "docker logs ray-worker-loop-head on worker"
+    )
 
 
 def test_python_parser_reads_the_live_cluster_like_the_gate(cluster: LoopbackCluster) -> None:
-    out = subprocess.run(ray_status_argv(cluster.spec, cluster.instance), capture_output=True, text=True,
-                         env=_env(), timeout=SETTLE_S, check=True).stdout
+    out = subprocess.run(
+        ray_status_argv(cluster.spec, cluster.instance),
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=SETTLE_S,
+        check=True,
+    ).stdout
     assert parse_ray_status(out) == RayStatus(nodes=2, gpus_total=16.0, gpus_used=0.0)
 
 
@@ -228,27 +293,42 @@ def test_worker_exits_when_its_head_goes_so_docker_restarts_it_to_rejoin(tmp_pat
     # the head once never answered within SETTLE_S, and nothing said why.
     head_log = tmp_path / "head.log"
     with head_log.open("wb") as out:
-        head = subprocess.Popen([*ray_head_start_argv(spec, inst), "--block"], stdout=out,
-                                stderr=subprocess.STDOUT, env=_env(), start_new_session=True)
+        head = subprocess.Popen(
+            [*ray_head_start_argv(spec, inst), "--block"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=_env(),
+            start_new_session=True,
+        )
     worker = None
     try:
         status = ray_status_argv(spec, inst)
 
         def head_answers() -> bool:
             if head.poll() is not None:
-                pytest.fail(f"the Ray head exited ({head.returncode}) before it answered:\n"
-                            + head_log.read_text(errors="replace")[-3000:])
+                pytest.fail(
+                    f"the Ray head exited ({head.returncode}) before it answered:\n"
+                    + head_log.read_text(errors="replace")[-3000:]
+                )
             return subprocess.run(status, capture_output=True, env=_env()).returncode == 0
 
         _wait_for(head_answers, "the head", lambda: head_log.read_text(errors="replace")[-3000:])
         # Ray's default is 60 s of GCS reconnect attempts; 20 s keeps the test short. Not 5 s: the same
         # bound also covers the worker raylet's first connection to the GCS, and at 5 s the worker once
         # never joined in a whole-suite run at load 15-22 (the likely reason; its logs were not kept).
-        worker = subprocess.Popen(ray_worker_argv(spec, inst, "worker"), stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL, start_new_session=True,
-                                  env={**_env(), "RAY_gcs_rpc_server_reconnect_timeout_s": "20"})
-        _wait_for(lambda: parse_ray_status(subprocess.run(status, capture_output=True, text=True,
-                                                          env=_env()).stdout).nodes == 2, "the worker")
+        worker = subprocess.Popen(
+            ray_worker_argv(spec, inst, "worker"),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**_env(), "RAY_gcs_rpc_server_reconnect_timeout_s": "20"},
+        )
+        _wait_for(
+            lambda: (
+                parse_ray_status(subprocess.run(status, capture_output=True, text=True, env=_env()).stdout).nodes == 2
+            ),
+            "the worker",
+        )
         os.killpg(head.pid, signal.SIGKILL)
         head.wait(timeout=SETTLE_S)
         assert worker.wait(timeout=SETTLE_S) != 0
@@ -259,13 +339,17 @@ def test_worker_exits_when_its_head_goes_so_docker_restarts_it_to_rejoin(tmp_pat
         _kill_group(worker)
 
 
-@pytest.mark.parametrize("fixture,nodes,total,used", [
-    ("ray-status.2-nodes-16-gpu.verl-docs.txt", 2, 16.0, 0.0),
-    ("ray-status.2-nodes-16-gpu-idle.gpustack-issue-2077.txt", 2, 16.0, 0.0),
-    ("ray-status.2-nodes-16-gpu-all-reserved-in-placement-groups.vllm-issue-5094.txt", 2, 16.0, 16.0),
-])
-def test_parser_and_gate_read_published_ray_status(fixture: str, nodes: int, total: float, used: float,
-                                                   tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "fixture,nodes,total,used",
+    [
+        ("ray-status.2-nodes-16-gpu.verl-docs.txt", 2, 16.0, 0.0),
+        ("ray-status.2-nodes-16-gpu-idle.gpustack-issue-2077.txt", 2, 16.0, 0.0),
+        ("ray-status.2-nodes-16-gpu-all-reserved-in-placement-groups.vllm-issue-5094.txt", 2, 16.0, 16.0),
+    ],
+)
+def test_parser_and_gate_read_published_ray_status(
+    fixture: str, nodes: int, total: float, used: float, tmp_path: Path
+) -> None:
     text = (FIXTURES / fixture).read_text()
     assert parse_ray_status(text) == RayStatus(nodes, total, used)
     # The gate's awk on the same text: it passes at 16 and names 1 missing GPU at 17.
@@ -299,7 +383,8 @@ def test_head_publishes_the_cluster_for_node_exporter_and_keeps_on_after_the_exe
     assert _samples(cluster.textfile_text) == {
         'llm_ray_nodes{ray_cluster="loop-head"}': "2",
         'llm_ray_gpus{ray_cluster="loop-head"}': "16",
-        'llm_ray_status_up{ray_cluster="loop-head"}': "1"}
+        'llm_ray_status_up{ray_cluster="loop-head"}': "1",
+    }
     # node-exporter runs as nobody and reads what root wrote in the head container.
     assert oct(cluster.textfile.stat().st_mode & 0o777) == "0o644"
     assert [p.name for p in cluster.textfile.parent.glob("*.prom")] == ["llm-ray-loop-head.prom"]
@@ -309,12 +394,14 @@ def test_head_publishes_the_cluster_for_node_exporter_and_keeps_on_after_the_exe
 
 def test_the_textfile_passes_promtool_and_matches_the_metrics_fixture(cluster: LoopbackCluster) -> None:
     text = cluster.textfile_text
-    out = subprocess.run([tool("promtool"), "check", "metrics"], input=text, capture_output=True, text=True,
-                         timeout=SETTLE_S)
+    out = subprocess.run(
+        [tool("promtool"), "check", "metrics"], input=text, capture_output=True, text=True, timeout=SETTLE_S
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     types = {line.split()[2]: line.split()[3] for line in text.splitlines() if line.startswith("# TYPE ")}
-    listed = dict(line.split() for line in METRICS_FIXTURE.read_text().splitlines()
-                  if line and not line.startswith("#"))
+    listed = dict(
+        line.split() for line in METRICS_FIXTURE.read_text().splitlines() if line and not line.startswith("#")
+    )
     assert types == listed == {name: "gauge" for name in RAY_TEXTFILE_METRICS}
 
 
@@ -326,15 +413,20 @@ def test_writer_says_down_when_ray_status_fails_and_cleans_up_after_a_killed_wri
         leftover = textfile.parent / f".{textfile.name}.Ab12Cd"  # a writer killed between write and rename
         leftover.write_text("llm_ray_nodes 1\n")
         script = tmp_path / f"{name}.sh"
-        script.write_text("#!/usr/bin/env bash\nset -euo pipefail\n"
-                          + ray_metrics_writer(cmd, name, str(textfile), 1) + "\nwait\n")
-        writer = subprocess.Popen(["bash", str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                  start_new_session=True)
+        script.write_text(
+            "#!/usr/bin/env bash\nset -euo pipefail\n" + ray_metrics_writer(cmd, name, str(textfile), 1) + "\nwait\n"
+        )
+        writer = subprocess.Popen(
+            ["bash", str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
         try:
             _wait_for(textfile.exists, f"the {name} textfile")
             label = f'{{ray_cluster="{name}"}}'
             assert _samples(textfile.read_text()) == {
-                f"llm_ray_nodes{label}": want[0], f"llm_ray_gpus{label}": want[1], f"llm_ray_status_up{label}": want[2]}
+                f"llm_ray_nodes{label}": want[0],
+                f"llm_ray_gpus{label}": want[1],
+                f"llm_ray_status_up{label}": want[2],
+            }
             assert not leftover.exists()
         finally:
             _kill_group(writer)

@@ -1,5 +1,6 @@
 """RDMA preflight: ib_write_bw's real output formats, the pair test run for real (bash, python3, the real
 ib_write_bw binary where no HCA exists, a stand-in printing a real output elsewhere), and its wiring."""
+
 from __future__ import annotations
 
 import json
@@ -49,8 +50,23 @@ def test_output_without_a_table_is_refused() -> None:
 def test_the_pair_uses_the_stacks_hca_port_and_gid(prod_spec: StackSpec) -> None:
     plan = rdma_plan(prod_spec, reasoning(prod_spec))
     assert ib_argv(plan, "192.168.10.12") == [
-        "ib_write_bw", "-d", "mlx5_0", "-i", "1", "-p", "18515", "-s", "1048576", "-n", "2000", "-F",
-        "--report_gbits", "-x", "3", "192.168.10.12"]
+        "ib_write_bw",
+        "-d",
+        "mlx5_0",
+        "-i",
+        "1",
+        "-p",
+        "18515",
+        "-s",
+        "1048576",
+        "-n",
+        "2000",
+        "-F",
+        "--report_gbits",
+        "-x",
+        "3",
+        "192.168.10.12",
+    ]
     assert plan["floor_gbps"] == 190.0
     assert [n["name"] for n in plan["nodes"]] == ["gpu-01", "gpu-02"]  # type: ignore[index]
 
@@ -60,11 +76,15 @@ def fake_bin(tmp_path: Path, ib_output: Path | None) -> dict[str, str]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     log = tmp_path / "ssh.log"
-    (bin_dir / "ssh").write_text(f'#!/bin/bash\nlogin=""\nwhile [ $# -gt 1 ]; do case "$1" in -o|-p) shift 2;; '
-                                 f'*) login=$1; shift;; esac; done\necho "$login $1" >> {log}\nexec bash -c "$1"\n')
+    (bin_dir / "ssh").write_text(
+        f'#!/bin/bash\nlogin=""\nwhile [ $# -gt 1 ]; do case "$1" in -o|-p) shift 2;; '
+        f'*) login=$1; shift;; esac; done\necho "$login $1" >> {log}\nexec bash -c "$1"\n'
+    )
     if ib_output is not None:
-        (bin_dir / "ib_write_bw").write_text(f'#!/bin/sh\necho "$*" >> {tmp_path}/ib.log\n'
-                                              f'for a; do last=$a; done\ncase "$last" in 1*) cat {ib_output};; esac\n')
+        (bin_dir / "ib_write_bw").write_text(
+            f'#!/bin/sh\necho "$*" >> {tmp_path}/ib.log\n'
+            f'for a; do last=$a; done\ncase "$last" in 1*) cat {ib_output};; esac\n'
+        )
     for f in bin_dir.iterdir():
         f.chmod(0o755)
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
@@ -93,11 +113,14 @@ def test_a_slow_pair_fails_naming_the_pair_the_figure_and_what_to_check(config: 
     error, fix = done.stderr.splitlines()
     assert error == "ERROR: rdma reasoning-gpu-01: gpu-01 -> gpu-02: ib_write_bw average 196.6 Gb/s, below 200 Gb/s"
     assert fix.startswith("    fix: check ibstat mlx5_0 on both nodes (Active/LinkUp at 200 Gb/s)")
-    assert "GID index 3 is RoCE v2" in fix and fix.endswith("nodes.gpu-01.hca.minWriteBandwidthGbps (or nodeDefaults.hca)")
+    assert "GID index 3 is RoCE v2" in fix and fix.endswith(
+        "nodes.gpu-01.hca.minWriteBandwidthGbps (or nodeDefaults.hca)"
+    )
 
 
-def test_the_real_ib_write_bw_without_an_hca_is_reported_with_its_own_words(prod_spec: StackSpec,
-                                                                          tmp_path: Path) -> None:
+def test_the_real_ib_write_bw_without_an_hca_is_reported_with_its_own_words(
+    prod_spec: StackSpec, tmp_path: Path
+) -> None:
     tool("ib_write_bw")
     done = run_script(prod_spec, fake_bin(tmp_path, None))
     assert done.returncode == 1
@@ -124,6 +147,7 @@ def test_the_rdma_check_can_be_switched_off(config: dict[str, Any], stack_runner
 
 
 # --- NCCL's transport in its INFO lines ------------------------------------------------------------
+
 
 def nccl(name: str) -> str:
     return next(OPS.glob(f"nccl-debug-info.{name}*")).read_text()

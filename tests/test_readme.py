@@ -1,4 +1,5 @@
 """The README's stack-key table is the spec: every section, every key, nested keys where they nest."""
+
 from __future__ import annotations
 
 import os
@@ -62,7 +63,7 @@ def parse_keys(text: str) -> dict[str, Any]:
                 j += 1
                 if depth == 0:
                     break
-            out[name] = parse_keys(text[i + len(opener):j - 1])
+            out[name] = parse_keys(text[i + len(opener) : j - 1])
             i = j + (1 if opener == "[{" else 0)
         else:
             out[name] = None
@@ -72,8 +73,9 @@ def parse_keys(text: str) -> dict[str, Any]:
 
 def readme_table() -> dict[str, dict[str, Any]]:
     """section -> its keys, from the rows `| \\`section\\` | \\`key\\`, … | notes |` of the stack-file table."""
-    rows = re.findall(r"^\| `([A-Za-z]+)` \| (`.*?`) \| .* \|$", README.split("## The stack file")[1].split("\n## ")[0],
-                      re.M)
+    rows = re.findall(
+        r"^\| `([A-Za-z]+)` \| (`.*?`) \| .* \|$", README.split("## The stack file")[1].split("\n## ")[0], re.M
+    )
     return {section: parse_keys(", ".join(re.findall(r"`([^`]+)`", keys))) for section, keys in rows}
 
 
@@ -88,8 +90,12 @@ def test_the_stack_key_table_lists_exactly_the_specs_keys() -> None:
 
 
 def test_the_notation_reads_nested_objects_and_lists() -> None:
-    assert parse_keys("a, b {c, d}, e [{f, g {h}}], i") == {"a": None, "b": {"c": None, "d": None},
-                                                            "e": {"f": None, "g": {"h": None}}, "i": None}
+    assert parse_keys("a, b {c, d}, e [{f, g {h}}], i") == {
+        "a": None,
+        "b": {"c": None, "d": None},
+        "e": {"f": None, "g": {"h": None}},
+        "i": None,
+    }
 
 
 def test_the_readme_names_every_secret_key() -> None:
@@ -129,13 +135,17 @@ def test_nothing_points_at_notes_outside_the_repository() -> None:
         dirs[:] = [d for d in dirs if d not in skip]
         for name in files:
             path = Path(folder) / name
-            if path.suffix not in {".py", ".md", ".lua", ".sh", ".yaml", ".yml", ".txt", ""} or \
-                    path == Path(__file__).resolve() or path.stat().st_size > 2_000_000:
+            if (
+                path.suffix not in {".py", ".md", ".lua", ".sh", ".yaml", ".yml", ".txt", ""}
+                or path == Path(__file__).resolve()
+                or path.stat().st_size > 2_000_000
+            ):
                 continue
             try:
                 text = path.read_text()
             except (UnicodeDecodeError, OSError):
                 continue
-            found += [f"{path.relative_to(ROOT)}:{n}" for n, line in enumerate(text.splitlines(), 1)
-                      if outside.search(line)]
+            found += [
+                f"{path.relative_to(ROOT)}:{n}" for n, line in enumerate(text.splitlines(), 1) if outside.search(line)
+            ]
     assert not found, found

@@ -3,6 +3,7 @@
 The stand-in (tests/fixtures/pulumi-standin/pulumi) answers what the Automation API asks in the formats it
 parses; the gateway is a loopback HTTP server that records each request and how many `up`s had run by then.
 """
+
 from __future__ import annotations
 
 import http.server
@@ -41,7 +42,9 @@ class Gateway(http.server.BaseHTTPRequestHandler):
         if status == 429:
             self.send_header("Retry-After", "0.2")
         self.end_headers()
-        self.wfile.write(b'{"choices": [{"message": {"content": "OK"}}]}' if status == 200 else b'{"error": "no upstream"}')
+        self.wfile.write(
+            b'{"choices": [{"message": {"content": "OK"}}]}' if status == 200 else b'{"error": "no upstream"}'
+        )
 
     def log_message(self, *args: object) -> None:
         pass
@@ -61,9 +64,16 @@ def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, A
     state: dict[str, Any] = {"log": log, "scenario": scenario, "url": f"http://127.0.0.1:{server.server_port}"}
 
     def play(ups: list[dict[str, Any]] | None = None) -> None:
-        scenario.write_text(json.dumps({
-            "ups": ups or [], "secretOutputs": ["gatewayApiKeys"],
-            "outputs": {"gatewayUrl": state["url"], "gatewayApiKeys": json.dumps({"default": "sk-test-1"})}}))
+        scenario.write_text(
+            json.dumps(
+                {
+                    "ups": ups or [],
+                    "secretOutputs": ["gatewayApiKeys"],
+                    "outputs": {"gatewayUrl": state["url"], "gatewayApiKeys": json.dumps({"default": "sk-test-1"})},
+                }
+            )
+        )
+
     state["play"] = play
     yield state
     server.shutdown()
@@ -82,7 +92,8 @@ def expected_targets(run: ProgramRun, instance: str) -> list[str]:
 
 
 def test_each_instance_is_up_targeted_then_checked_through_the_gateway_before_the_next(
-        cli: dict[str, Any], prod_preview_run: ProgramRun, capsys: pytest.CaptureFixture[str]) -> None:
+    cli: dict[str, Any], prod_preview_run: ProgramRun, capsys: pytest.CaptureFixture[str]
+) -> None:
     cli["play"]()
     assert rollout.main(["--stack", "prod", "--pool", "chat", "--settle-seconds", "0"]) == 0
     argvs = calls(cli["log"])
@@ -110,8 +121,12 @@ def test_an_instance_targets_its_container_its_image_on_that_node_and_its_gate(p
     assert names == ["gpu-04-image-" + names[0].split("gpu-04-image-")[1], "chat-gpu-04-vllm", "chat-gpu-04-health"]
     urns = rollout.instance_targets(prod_preview_run, "reasoning-gpu-01")
     ray = [u.rsplit("::", 1)[1] for u in urns]
-    assert {"reasoning-gpu-01-health", "reasoning-gpu-01-ray-gate", "reasoning-gpu-01-ray-head",
-            "reasoning-gpu-01-ray-worker-gpu-02"} <= set(ray)
+    assert {
+        "reasoning-gpu-01-health",
+        "reasoning-gpu-01-ray-gate",
+        "reasoning-gpu-01-ray-head",
+        "reasoning-gpu-01-ray-worker-gpu-02",
+    } <= set(ray)
     assert sorted(n.split("-image-")[0] for n in ray if "-image-" in n) == ["gpu-01", "gpu-02"]
     # Everything else is the instance's own: children of its ModelServer and RayCluster.
     parents = {r.urn: r.parent.rsplit("::", 1)[1] for r in prod_preview_run.registrations}
@@ -119,9 +134,18 @@ def test_an_instance_targets_its_container_its_image_on_that_node_and_its_gate(p
 
 
 def test_the_first_failed_up_stops_the_rollout_and_names_each_instance_state(
-        cli: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
-    cli["play"]([{"exit": 0}, {"exit": 255, "stderr": "error: update failed: chat-gpu-04-health: "
-                                                      "http://192.168.10.14:8000/health not healthy after 1800s\n"}])
+    cli: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    cli["play"](
+        [
+            {"exit": 0},
+            {
+                "exit": 255,
+                "stderr": "error: update failed: chat-gpu-04-health: "
+                "http://192.168.10.14:8000/health not healthy after 1800s\n",
+            },
+        ]
+    )
     assert rollout.main(["--stack", "prod", "--pool", "chat", "--settle-seconds", "0"]) == 1
     assert sum(a[0] == "up" for a in calls(cli["log"])) == 2  # no third up
     assert [n for n, _, _ in Gateway.seen] == [1, 1, 1]  # checked after the first only
@@ -134,32 +158,43 @@ def test_the_first_failed_up_stops_the_rollout_and_names_each_instance_state(
 
 
 def test_a_pool_that_does_not_serve_through_the_gateway_stops_the_rollout(
-        cli: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    cli: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
     cli["play"]()
     Gateway.statuses = [200] + [502] * 100
-    assert rollout.main(["--stack", "prod", "--pool", "chat", "--settle-seconds", "0",
-                         "--gateway-wait-seconds", "2"]) == 1
+    assert (
+        rollout.main(["--stack", "prod", "--pool", "chat", "--settle-seconds", "0", "--gateway-wait-seconds", "2"]) == 1
+    )
     assert sum(a[0] == "up" for a in calls(cli["log"])) == 1
     assert len(Gateway.seen) >= 3  # retried, one second apart, until the 2 s were spent
     out = capsys.readouterr().out
     assert "    the gateway answered 502; retrying for up to 2 s\n" in out
-    assert re.search(r"^rollout stopped at chat-gpu-03: healthy, but the gateway check failed: request \d+ for model "
-                     f"'qwen3-30b-a3b' through {re.escape(cli['url'])} answered 502: "
-                     r'\{"error": "no upstream"\}; retried for \d+ s \(at most 2 s\)$', out, re.M), out
-    assert "  chat-gpu-03: replaced and healthy (its gates passed), but the pool does not serve through the " \
-           "gateway; check: docker logs llm-gateway on gpu-01 (the usage line names the upstream); docker logs " \
-           "vllm-chat-gpu-03 on gpu-03; docker logs vllm-chat-gpu-04 on gpu-04; docker logs vllm-chat-gpu-05 on " \
-           "gpu-05; docker logs vllm-chat-gpu-06 on gpu-06\n" in out
+    assert re.search(
+        r"^rollout stopped at chat-gpu-03: healthy, but the gateway check failed: request \d+ for model "
+        f"'qwen3-30b-a3b' through {re.escape(cli['url'])} answered 502: "
+        r'\{"error": "no upstream"\}; retried for \d+ s \(at most 2 s\)$',
+        out,
+        re.M,
+    ), out
+    assert (
+        "  chat-gpu-03: replaced and healthy (its gates passed), but the pool does not serve through the "
+        "gateway; check: docker logs llm-gateway on gpu-01 (the usage line names the upstream); docker logs "
+        "vllm-chat-gpu-03 on gpu-03; docker logs vllm-chat-gpu-04 on gpu-04; docker logs vllm-chat-gpu-05 on "
+        "gpu-05; docker logs vllm-chat-gpu-06 on gpu-06\n" in out
+    )
     assert "  chat-gpu-04: not touched" in out
 
 
 def test_a_pool_the_gateway_still_shuns_is_waited_out_until_it_serves(
-        cli: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    cli: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
     # nginx answers 502 while it keeps the pool's replicas out (failTimeoutSeconds); then it serves.
     cli["play"]()
     Gateway.statuses = [502, 502, 200, 502]
-    assert rollout.main(["--stack", "prod", "--pool", "chat", "--settle-seconds", "0",
-                         "--gateway-wait-seconds", "60"]) == 0
+    assert (
+        rollout.main(["--stack", "prod", "--pool", "chat", "--settle-seconds", "0", "--gateway-wait-seconds", "60"])
+        == 0
+    )
     # Three answers of 200 in a row count: the 502 after the first 200 starts the count again.
     assert [n for n, _, _ in Gateway.seen[:7]] == [1] * 7
     assert Gateway.seen[7][0] == 2
@@ -170,28 +205,38 @@ def test_a_pool_the_gateway_still_shuns_is_waited_out_until_it_serves(
 
 
 def test_an_answer_waiting_cannot_change_stops_the_rollout_at_once(
-        cli: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    cli: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
     cli["play"]()
     Gateway.statuses = [404]
-    assert rollout.main(["--stack", "prod", "--pool", "chat", "--settle-seconds", "0",
-                         "--gateway-wait-seconds", "600"]) == 1
+    assert (
+        rollout.main(["--stack", "prod", "--pool", "chat", "--settle-seconds", "0", "--gateway-wait-seconds", "600"])
+        == 1
+    )
     assert len(Gateway.seen) == 1
-    assert "the gateway check failed: request 1 for model 'qwen3-30b-a3b' through " \
-           f"{cli['url']} answered 404: {{\"error\": \"no upstream\"}}\n" in capsys.readouterr().out
+    assert (
+        "the gateway check failed: request 1 for model 'qwen3-30b-a3b' through "
+        f'{cli["url"]} answered 404: {{"error": "no upstream"}}\n' in capsys.readouterr().out
+    )
 
 
-def test_a_rate_limited_check_waits_as_the_gateway_says(cli: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_rate_limited_check_waits_as_the_gateway_says(
+    cli: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
     cli["play"]()
     Gateway.statuses = [200, 429, 200, 200]
-    assert rollout.main(["--stack", "prod", "--pool", "chat", "--settle-seconds", "0",
-                         "--gateway-wait-seconds", "60"]) == 0
+    assert (
+        rollout.main(["--stack", "prod", "--pool", "chat", "--settle-seconds", "0", "--gateway-wait-seconds", "60"])
+        == 0
+    )
     # A 429 is the key's limit, not the pool: the two 200s around it still count as in a row.
     assert [n for n, _, _ in Gateway.seen[:5]] == [1, 1, 1, 1, 2]
     assert "retrying" not in capsys.readouterr().out
 
 
 def test_max_unavailable_replaces_that_many_instances_per_step(
-        cli: dict[str, Any], prod_preview_run: ProgramRun) -> None:
+    cli: dict[str, Any], prod_preview_run: ProgramRun
+) -> None:
     cli["play"]()
     assert rollout.main(["--stack", "prod", "--pool", "chat", "--max-unavailable", "2", "--settle-seconds", "0"]) == 0
     ups = [up_targets(a) for a in calls(cli["log"]) if a[0] == "up"]
@@ -199,7 +244,9 @@ def test_max_unavailable_replaces_that_many_instances_per_step(
     assert ups == [[u for i in pair for u in expected_targets(prod_preview_run, i)] for pair in pairs]
 
 
-def test_the_pool_default_comes_from_max_unavailable_in_the_stack(prod_spec: StackSpec, prod_preview_run: ProgramRun) -> None:
+def test_the_pool_default_comes_from_max_unavailable_in_the_stack(
+    prod_spec: StackSpec, prod_preview_run: ProgramRun
+) -> None:
     assert prod_spec.pools["chat"].max_unavailable == 1
     steps = rollout.rollout_steps(prod_preview_run, prod_spec, "chat", 3)
     assert [s.instances for s in steps] == [tuple(CHAT[:3]), tuple(CHAT[3:])]
@@ -210,7 +257,9 @@ def test_an_unknown_pool_exits_2_naming_the_pools(capsys: pytest.CaptureFixture[
     assert "--pool 'nope': the stack's pools are reasoning, chat" in capsys.readouterr().err
 
 
-def test_a_single_instance_pool_is_rolled_with_a_warning(cli: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_single_instance_pool_is_rolled_with_a_warning(
+    cli: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
     cli["play"]()
     assert rollout.main(["--stack", "prod", "--pool", "reasoning", "--settle-seconds", "0"]) == 0
     out = capsys.readouterr().out

@@ -5,6 +5,7 @@ targeted instance's fake replica (killed like a removed container, a new one lis
 port after a load delay), as `pulumi up --target` replaces its container. The gateway is the
 generated config on real nginx; clients keep sending chat completions through it the whole time.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,8 +52,12 @@ class ReplacingStack:
         return self
 
 
-def roll_under_load(tmp_path: Path, run: ProgramRun, fail_timeout_s: int, wait_out: bool,
-                    ) -> tuple[int, list[str], Counter[int], ReplacingStack, dict[str, FakeReplica]]:
+def roll_under_load(
+    tmp_path: Path,
+    run: ProgramRun,
+    fail_timeout_s: int,
+    wait_out: bool,
+) -> tuple[int, list[str], Counter[int], ReplacingStack, dict[str, FakeReplica]]:
     """Roll the chat pool of a loopback gateway while clients send chat completions through it.
 
     `wait_out`: the rollout's own waits (settle after each step, the gateway check's retries), or none.
@@ -65,6 +70,7 @@ def roll_under_load(tmp_path: Path, run: ProgramRun, fail_timeout_s: int, wait_o
     said: list[str] = []
     done = threading.Event()
     with own_gateway(spec, {"chat": list(chat.values()), "reasoning": [FakeReplica("r")]}, tmp_path) as (gw, keys):
+
         def client() -> None:
             while not done.is_set():
                 try:
@@ -79,9 +85,15 @@ def roll_under_load(tmp_path: Path, run: ProgramRun, fail_timeout_s: int, wait_o
             c.start()
         stack = ReplacingStack(chat, gw, keys)
         try:
-            code = rollout.rollout(stack, steps, CHAT, policy_pack=None, say=said.append,
-                                   settle_s=rollout.settle_seconds(spec) if wait_out else 0,
-                                   gateway_wait_s=retry_seconds(spec) if wait_out else 0)
+            code = rollout.rollout(
+                stack,
+                steps,
+                CHAT,
+                policy_pack=None,
+                say=said.append,
+                settle_s=rollout.settle_seconds(spec) if wait_out else 0,
+                gateway_wait_s=retry_seconds(spec) if wait_out else 0,
+            )
         finally:
             done.set()
             for c in clients:
@@ -97,12 +109,15 @@ def test_rolling_the_chat_pool_under_load_loses_no_request(tmp_path: Path, prod_
     assert sum(statuses.values()) > 50 and set(statuses) == {200}, statuses
     # Every replica served again after its replacement (the gateway check's requests included).
     assert all(r.requests for r in chat.values())
-    assert "    chat-gpu-03: healthy; 2 s for the gateway to take it back (failTimeoutSeconds, in nginx's " \
-           "whole seconds)" in said
+    assert (
+        "    chat-gpu-03: healthy; 2 s for the gateway to take it back (failTimeoutSeconds, in nginx's "
+        "whole seconds)" in said
+    )
 
 
-def test_without_waiting_out_the_gateway_the_pool_runs_out_of_replicas(tmp_path: Path,
-                                                                     prod_preview_run: ProgramRun) -> None:
+def test_without_waiting_out_the_gateway_the_pool_runs_out_of_replicas(
+    tmp_path: Path, prod_preview_run: ProgramRun
+) -> None:
     # Replaced faster than nginx forgives them (30 s), the replicas are all shunned by the last step.
     code, said, statuses, _, _ = roll_under_load(tmp_path, prod_preview_run, 30, False)
     assert code == rollout.EXIT_FAILED

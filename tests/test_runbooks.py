@@ -1,4 +1,5 @@
 """The README's runbooks on the reference stack: the plan diff each step produces, asserted, and printed in the README."""
+
 from __future__ import annotations
 
 import json
@@ -59,8 +60,9 @@ def add_gpu07_to_chat(config: dict[str, Any]) -> None:
     pools(config)["chat"]["nodes"].append("gpu-07")
 
 
-def diff_of(tmp_path: Path, before: Callable[[dict[str, Any]], None] | None,
-            after: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+def diff_of(
+    tmp_path: Path, before: Callable[[dict[str, Any]], None] | None, after: Callable[[dict[str, Any]], None]
+) -> dict[str, Any]:
     old, new = prod_config(), prod_config()
     if before:
         before(old)
@@ -82,7 +84,7 @@ def readme_block(title: str) -> str:
 def assert_in_readme(title: str, diff: dict[str, Any]) -> None:
     """The README shows what the tool prints: the summary and the service impact."""
     lines = render_diff(diff)
-    printed = lines[lines.index("\nService impact") + 1:]
+    printed = lines[lines.index("\nService impact") + 1 :]
     summary = next(ln for ln in lines if ln.startswith("  Resources: "))
     block = readme_block(title).splitlines()
     assert summary in block
@@ -106,9 +108,11 @@ def test_moving_gpu06_touches_only_its_containers_and_the_reasoning_ray_cluster(
     assert moved["pools"]["reasoning"]["restarted"] == ["reasoning-gpu-01"]
     assert moved["services"]["prometheus"] == {"reload": ["monitoring-gpu-01-prometheus"]}
     # In one up the new worker would start while chat's server still holds gpu-06's GPUs.
-    assert ("node gpu-06: reasoning-gpu-01-ray-worker-gpu-06 would start while chat-gpu-06-vllm still holds its "
-            "GPUs (an up creates new resources before it deletes removed ones); free the node first: one up with "
-            "the node out of its old pool, then the up that gives it to the new one") in moved["recommendations"]
+    assert (
+        "node gpu-06: reasoning-gpu-01-ray-worker-gpu-06 would start while chat-gpu-06-vllm still holds its "
+        "GPUs (an up creates new resources before it deletes removed ones); free the node first: one up with "
+        "the node out of its old pool, then the up that gives it to the new one"
+    ) in moved["recommendations"]
 
 
 def test_moving_gpu06_reloads_the_gateway_without_a_restart(moved: dict[str, Any]) -> None:
@@ -119,8 +123,9 @@ def test_moving_gpu06_reloads_the_gateway_without_a_restart(moved: dict[str, Any
 def test_step_1_frees_gpu06_and_chat_serves_on_three(tmp_path: Path) -> None:
     diff = diff_of(tmp_path, None, free_gpu06)
     assert containers(diff) == {"chat-gpu-06-vllm": "delete"}
-    assert diff["pools"] == {"chat": {**diff["pools"]["chat"], "removed": ["chat-gpu-06"], "restarted": [],
-                                      "servingThroughout": 3}}
+    assert diff["pools"] == {
+        "chat": {**diff["pools"]["chat"], "removed": ["chat-gpu-06"], "restarted": [], "servingThroughout": 3}
+    }
     assert diff["services"]["prometheus"] == {"reload": ["monitoring-gpu-01-prometheus"]}
     assert diff["services"]["gateway"] == {"reload": ["gateway-nginx"]}
     assert_in_readme("Free a node", diff)
@@ -128,14 +133,15 @@ def test_step_1_frees_gpu06_and_chat_serves_on_three(tmp_path: Path) -> None:
 
 def test_step_2_gives_gpu06_to_reasoning_after_its_weights(tmp_path: Path) -> None:
     diff = diff_of(tmp_path, free_gpu06, gpu06_joins_reasoning)
-    assert containers(diff) == {
-        "reasoning-gpu-01-ray-head": "replace", "reasoning-gpu-01-ray-worker-gpu-06": "create"}
+    assert containers(diff) == {"reasoning-gpu-01-ray-head": "replace", "reasoning-gpu-01-ray-worker-gpu-06": "create"}
     assert "reasoning-gpu-01-ray-worker-gpu-02" not in containers(diff)
     ops = {c["name"]: c["op"] for c in diff["resources"]}
     assert ops["weights-deepseek-r1-copy-gpu-01-to-gpu-06"] == "create"
     assert diff["pools"]["reasoning"]["waitsForWeights"] == ["weights-deepseek-r1-verify-gpu-06"]
-    assert [w["resource"] for w in diff["weights"]] == ["weights-deepseek-r1-copy-gpu-01-to-gpu-06",
-                                                        "weights-deepseek-r1-verify-gpu-06"]
+    assert [w["resource"] for w in diff["weights"]] == [
+        "weights-deepseek-r1-copy-gpu-01-to-gpu-06",
+        "weights-deepseek-r1-verify-gpu-06",
+    ]
     assert not [r for r in diff["recommendations"] if r.startswith("node ")]  # gpu-06 is free by now
     assert_in_readme("Move a node between pools", diff)
 
@@ -162,10 +168,21 @@ def test_each_cut_over_step_moves_one_node_from_blue_to_green(tmp_path: Path) ->
 
 def test_adding_capacity_creates_and_restarts_nothing_that_serves(tmp_path: Path) -> None:
     diff = diff_of(tmp_path, None, add_gpu07_to_chat)
-    assert containers(diff) == {"chat-gpu-07-vllm": "create", "monitoring-gpu-07-dcgm-exporter": "create",
-                       "monitoring-gpu-07-node-exporter": "create"}
-    assert diff["pools"] == {"chat": {**diff["pools"]["chat"], "added": ["chat-gpu-07"], "restarted": [],
-                                      "removed": [], "servingThroughout": 4, "downAtOnce": 0}}
+    assert containers(diff) == {
+        "chat-gpu-07-vllm": "create",
+        "monitoring-gpu-07-dcgm-exporter": "create",
+        "monitoring-gpu-07-node-exporter": "create",
+    }
+    assert diff["pools"] == {
+        "chat": {
+            **diff["pools"]["chat"],
+            "added": ["chat-gpu-07"],
+            "restarted": [],
+            "removed": [],
+            "servingThroughout": 4,
+            "downAtOnce": 0,
+        }
+    }
     ops = {c["name"]: c["op"] for c in diff["resources"]}
     assert ops["weights-qwen3-30b-a3b-copy-gpu-03-to-gpu-07"] == "create"
     # Every node's /etc/hosts learns gpu-07: the hosts commands re-run, no container reads their output.

@@ -1,5 +1,6 @@
 """Smoke test in `up`: the plan (served names, keys), the script against a real loopback OpenAI server
 (good answers, retried 502s, empty answers, missing usage, a wrong key), and its wiring under mocks."""
+
 from __future__ import annotations
 
 import json
@@ -22,18 +23,24 @@ NAMES = ["deepseek-r1", "/data/models/DeepSeek-R1-GPTQ-Int4", "qwen3-30b-a3b", "
 def test_one_check_per_served_name_with_the_generated_key(prod_spec: StackSpec) -> None:
     plan = smoke_plan(prod_spec, "http://192.168.10.11:80")
     assert [(c["model"], c["pool"], c["key_id"]) for c in plan["checks"]] == [  # type: ignore[attr-defined]
-        ("deepseek-r1", "reasoning", "default"), ("/data/models/DeepSeek-R1-GPTQ-Int4", "reasoning", "default"),
-        ("qwen3-30b-a3b", "chat", "default"), ("/data/models/Qwen3-30B-A3B", "chat", "default")]
+        ("deepseek-r1", "reasoning", "default"),
+        ("/data/models/DeepSeek-R1-GPTQ-Int4", "reasoning", "default"),
+        ("qwen3-30b-a3b", "chat", "default"),
+        ("/data/models/Qwen3-30B-A3B", "chat", "default"),
+    ]
     assert plan["retry_seconds"] == 60 and plan["timeout_seconds"] == 120
     assert plan["checks"][2]["hint"] == (  # type: ignore[index]
         "docker logs llm-gateway on gpu-01 (the usage line names the upstream); docker logs vllm-chat-gpu-03 on "
         "gpu-03; docker logs vllm-chat-gpu-04 on gpu-04; docker logs vllm-chat-gpu-05 on gpu-05; docker logs "
-        "vllm-chat-gpu-06 on gpu-06")
+        "vllm-chat-gpu-06 on gpu-06"
+    )
 
 
 def test_each_name_gets_a_key_allowed_to_use_it(config: dict[str, Any]) -> None:
-    config[NS + "gateway"]["apiKeys"] = [{"id": "chat-only", "models": ["qwen3-30b-a3b"]},
-                                         {"id": "smart", "models": ["reasoning"]}]
+    config[NS + "gateway"]["apiKeys"] = [
+        {"id": "chat-only", "models": ["qwen3-30b-a3b"]},
+        {"id": "smart", "models": ["reasoning"]},
+    ]
     spec = load_stack_config(config, set())
     assert key_for(spec, "qwen3-30b-a3b", "chat") == "chat-only"
     assert key_for(spec, "deepseek-r1", "reasoning") == "smart"
@@ -46,12 +53,15 @@ def test_each_name_gets_a_key_allowed_to_use_it(config: dict[str, Any]) -> None:
     assert key_for(load_stack_config(config, set()), "qwen3-30b-a3b", "chat") is None
 
 
-def run_smoke(spec: StackSpec, url: str, keys: dict[str, str], retry: int | None = None) -> subprocess.CompletedProcess[str]:
+def run_smoke(
+    spec: StackSpec, url: str, keys: dict[str, str], retry: int | None = None
+) -> subprocess.CompletedProcess[str]:
     script = smoke_script(spec, url)
     if retry is not None:
         script = script.replace('"retry_seconds": 60', f'"retry_seconds": {retry}')
-    return subprocess.run([tool("bash"), "-c", script], input=json.dumps(keys), capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [tool("bash"), "-c", script], input=json.dumps(keys), capture_output=True, text=True, timeout=120
+    )
 
 
 def test_every_served_name_answers_through_a_real_server_with_the_key(prod_spec: StackSpec) -> None:
@@ -61,21 +71,43 @@ def test_every_served_name_answers_through_a_real_server_with_the_key(prod_spec:
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         f"smoke {n} (pool {p}): 5 completion token(s): 'Hello! How can I help?'"
-        for n, p in zip(NAMES, ["reasoning", "reasoning", "chat", "chat"])] + [
-        "smoke test: 4/4 served name(s) answered"]
+        for n, p in zip(NAMES, ["reasoning", "reasoning", "chat", "chat"])
+    ] + ["smoke test: 4/4 served name(s) answered"]
     # What went over the wire: the README's curl, in Python (JSON body, Content-Type, bearer key).
     first = state.requests[0]
     assert first["path"] == "/v1/chat/completions" and first["authorization"] == "Bearer sk-deploy"
-    assert first["body"] == {"model": "deepseek-r1", "max_tokens": 16, "temperature": 0,
-                             "messages": [{"role": "user", "content": "Say hello."}]}
+    assert first["body"] == {
+        "model": "deepseek-r1",
+        "max_tokens": 16,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": "Say hello."}],
+    }
     # The key came on stdin: the script itself holds none.
     assert "sk-deploy" not in smoke_script(prod_spec, state.url)
 
 
 def test_over_https_with_the_gateways_own_certificate(prod_spec: StackSpec, tmp_path: Any) -> None:
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run([tool("openssl"), "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
-                    "/CN=gateway", "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            tool("openssl"),
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=gateway",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
     state = FakeOpenAI(keys={"sk-deploy"}, models={n: Behaviour() for n in NAMES})
     with serving(state, tls=(str(cert), str(key))):
         done = run_smoke(prod_spec, state.url.replace("http:", "https:"), {"default": "sk-deploy"})
@@ -92,22 +124,28 @@ def test_a_replica_still_held_out_by_nginx_is_retried(prod_spec: StackSpec) -> N
     assert state.models["qwen3-30b-a3b"].seen == 3
 
 
-@pytest.mark.parametrize(("behaviour", "seen"), [
-    (Behaviour(reply=""), "HTTP 200 with an empty completion"),
-    (Behaviour(usage=False), "HTTP 200 without usage.completion_tokens"),
-    (Behaviour(fail_first=99, fail_status=500), 'HTTP 500: {"error": {"message": "upstream failed"}}'),
-    (Behaviour(fail_first=99, fail_status=502), 'HTTP 502: {"error": {"message": "upstream failed"}}'),
-])
-def test_a_bad_answer_fails_the_deploy_naming_model_pool_and_status(prod_spec: StackSpec, behaviour: Behaviour,
-                                                                     seen: str) -> None:
+@pytest.mark.parametrize(
+    ("behaviour", "seen"),
+    [
+        (Behaviour(reply=""), "HTTP 200 with an empty completion"),
+        (Behaviour(usage=False), "HTTP 200 without usage.completion_tokens"),
+        (Behaviour(fail_first=99, fail_status=500), 'HTTP 500: {"error": {"message": "upstream failed"}}'),
+        (Behaviour(fail_first=99, fail_status=502), 'HTTP 502: {"error": {"message": "upstream failed"}}'),
+    ],
+)
+def test_a_bad_answer_fails_the_deploy_naming_model_pool_and_status(
+    prod_spec: StackSpec, behaviour: Behaviour, seen: str
+) -> None:
     state = FakeOpenAI(models={n: Behaviour() for n in NAMES})
     state.models["/data/models/Qwen3-30B-A3B"] = behaviour
     with serving(state):
         done = run_smoke(prod_spec, state.url, {"default": "k"}, retry=3)
     assert done.returncode == 1
     [error] = done.stderr.splitlines()
-    assert error.startswith(f"ERROR: smoke test: model '/data/models/Qwen3-30B-A3B' (pool chat) through "
-                            f"{state.url}: {seen}; check: docker logs llm-gateway on gpu-01")
+    assert error.startswith(
+        f"ERROR: smoke test: model '/data/models/Qwen3-30B-A3B' (pool chat) through "
+        f"{state.url}: {seen}; check: docker logs llm-gateway on gpu-01"
+    )
     assert done.stdout.splitlines()[-1] == "smoke test: 3/4 served name(s) answered"
 
 

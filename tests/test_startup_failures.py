@@ -1,6 +1,7 @@
 """Fatal startup errors (components/facts/startup_failures.py): read in real engine logs, by Python and by
 `grep -E` alike, never in healthy ones; and the readiness gate, run for real with bash, stops on them as
 soon as the server dies instead of waiting out its timeout."""
+
 from __future__ import annotations
 
 import os
@@ -23,14 +24,21 @@ VLLM_MEMORY_KEYS = f"pools.chat.{ENGINES['vllm'].memory_keys}"
 FIXTURES = Path(__file__).parent / "fixtures"
 FAILING = FIXTURES / "startup-failures"
 # The capacity fixtures' startup logs that end in vLLM's refusal (engine, the id they must read as).
-CAPACITY_REFUSALS = {"deepseek-r1-distill-qwen-14b.rtx4090-x2.tp2.v0.7.2-v0.weights-only.vllm-issue-13061.log":
-                     ("vllm", "kv-cache-too-small")}
+CAPACITY_REFUSALS = {
+    "deepseek-r1-distill-qwen-14b.rtx4090-x2.tp2.v0.7.2-v0.weights-only.vllm-issue-13061.log": (
+        "vllm",
+        "kv-cache-too-small",
+    )
+}
 # Real startup logs of servers that came up (or whose startup went on), and of deaths the list leaves to
 # the gate's crash-loop rule (unmatched.*: a port taken may be another server's, or free again in a moment):
 # none of them may read as a known fatal error.
-HEALTHY = [*sorted(p for p in (FIXTURES / "vllm-startup-logs").glob("*.log") if p.name not in CAPACITY_REFUSALS),
-           *sorted((FIXTURES / "engines").glob("*.log")),
-           *sorted(FAILING.glob("healthy.*.log")), *sorted(FAILING.glob("unmatched.*.log"))]
+HEALTHY = [
+    *sorted(p for p in (FIXTURES / "vllm-startup-logs").glob("*.log") if p.name not in CAPACITY_REFUSALS),
+    *sorted((FIXTURES / "engines").glob("*.log")),
+    *sorted(FAILING.glob("healthy.*.log")),
+    *sorted(FAILING.glob("unmatched.*.log")),
+]
 
 
 def _closed_port() -> int:
@@ -65,9 +73,16 @@ esac
 """
 
 
-def _gate(tmp_path: Path, log: str, *, count: int | None = 0, step: int = 0, status: str = "running",
-          timeout_s: int = 20,
-          failures: list[tuple[str, str]] | None = None) -> tuple[subprocess.CompletedProcess[str], float]:
+def _gate(
+    tmp_path: Path,
+    log: str,
+    *,
+    count: int | None = 0,
+    step: int = 0,
+    status: str = "running",
+    timeout_s: int = 20,
+    failures: list[tuple[str, str]] | None = None,
+) -> tuple[subprocess.CompletedProcess[str], float]:
     tool("curl")
     bin_dir, state = tmp_path / "bin", tmp_path / "state"
     bin_dir.mkdir()
@@ -81,24 +96,48 @@ def _gate(tmp_path: Path, log: str, *, count: int | None = 0, step: int = 0, sta
     (state / "log").write_text(log)
     pairs = failures if failures is not None else startup_failure_advice(ENGINES["vllm"], "chat", "qwen3-30b-a3b")
     script = tmp_path / "gate.sh"
-    script.write_text(health_gate_script(f"http://127.0.0.1:{_closed_port()}/health", timeout_s, "vllm-chat-gpu-03",
-                                         server="vllm", memory_keys=VLLM_MEMORY_KEYS, interval_s=1, progress_every_s=60, failures=pairs))
+    script.write_text(
+        health_gate_script(
+            f"http://127.0.0.1:{_closed_port()}/health",
+            timeout_s,
+            "vllm-chat-gpu-03",
+            server="vllm",
+            memory_keys=VLLM_MEMORY_KEYS,
+            interval_s=1,
+            progress_every_s=60,
+            failures=pairs,
+        )
+    )
     started = time.monotonic()
-    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120,
-                          env={"PATH": f"{bin_dir}:/usr/bin:/bin", "FAKE_DOCKER_STATE": str(state)})
+    done = subprocess.run(
+        ["bash", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "FAKE_DOCKER_STATE": str(state)},
+    )
     return done, time.monotonic() - started
 
 
-FA2 = ("(VllmWorker rank=0 pid=231) ERROR 07-10 02:11:40 [multiproc_executor.py:487] RuntimeError: FlashAttention "
-       "only supports Ampere GPUs or newer.\n")
+FA2 = (
+    "(VllmWorker rank=0 pid=231) ERROR 07-10 02:11:40 [multiproc_executor.py:487] RuntimeError: FlashAttention "
+    "only supports Ampere GPUs or newer.\n"
+)
 
 
 def test_gate_with_failures_is_shellcheck_clean(tmp_path: Path) -> None:
     for engine in ENGINES.values():
         script = tmp_path / f"{engine.name}.sh"
-        script.write_text(health_gate_script("http://192.168.10.13:8000/health", 1800, "vllm-chat-gpu-03",
-                                             server=engine.name, memory_keys=f"pools.chat.{engine.memory_keys}",
-                                             failures=startup_failure_advice(engine, "chat", "qwen3-30b-a3b")))
+        script.write_text(
+            health_gate_script(
+                "http://192.168.10.13:8000/health",
+                1800,
+                "vllm-chat-gpu-03",
+                server=engine.name,
+                memory_keys=f"pools.chat.{engine.memory_keys}",
+                failures=startup_failure_advice(engine, "chat", "qwen3-30b-a3b"),
+            )
+        )
         lint = subprocess.run([tool("shellcheck"), str(script)], capture_output=True, text=True)
         assert lint.returncode == 0, lint.stdout
 
@@ -135,8 +174,10 @@ def test_a_crash_loop_without_a_known_error_stops_after_three_deaths_with_the_la
     done, took = _gate(tmp_path, log, step=1, timeout_s=60)
     assert done.returncode == 1 and took < 30
     lines = done.stderr.splitlines()
-    assert lines[0] == ("vllm: vllm-chat-gpu-03 died 3x since the gate began, with no fatal error this gate "
-                        "knows in its log; its last lines:")
+    assert lines[0] == (
+        "vllm: vllm-chat-gpu-03 died 3x since the gate began, with no fatal error this gate "
+        "knows in its log; its last lines:"
+    )
     assert lines[1:] == [f"line {i}" for i in range(11, 40)] + ["Segmentation fault (core dumped)"]
     assert (tmp_path / "state" / "logs-args").read_text().count("--since") == 3  # a look at each death
 
@@ -155,12 +196,13 @@ def test_the_first_failure_in_the_engines_order_names_the_cause(tmp_path: Path) 
 
 
 def test_patterns_with_quotes_and_brackets_reach_grep_intact(tmp_path: Path) -> None:
-    pairs = [("it's \\[x\\] \"y\" \\$z", "quoted")]
-    done, _ = _gate(tmp_path, "a line: it's [x] \"y\" $z\n", step=1, failures=pairs)
+    pairs = [('it\'s \\[x\\] "y" \\$z', "quoted")]
+    done, _ = _gate(tmp_path, 'a line: it\'s [x] "y" $z\n', step=1, failures=pairs)
     assert done.stderr.splitlines()[1] == "Cause: quoted"
 
 
 # --- the entries ---------------------------------------------------------------------------------------
+
 
 def test_an_entry_whose_pattern_python_and_grep_read_differently_is_refused() -> None:
     with pytest.raises(ValueError, match=r"'\\\\d' is not POSIX ERE"):
@@ -202,8 +244,10 @@ def _expected(path: Path) -> tuple[str, str]:
     return engine, failure_id
 
 
-FAILING_LOGS = [*sorted(p for p in FAILING.glob("*.log") if not p.name.startswith(("healthy.", "unmatched."))),
-                *(FIXTURES / "vllm-startup-logs" / name for name in CAPACITY_REFUSALS)]
+FAILING_LOGS = [
+    *sorted(p for p in FAILING.glob("*.log") if not p.name.startswith(("healthy.", "unmatched."))),
+    *(FIXTURES / "vllm-startup-logs" / name for name in CAPACITY_REFUSALS),
+]
 
 
 @pytest.mark.parametrize("path", FAILING_LOGS, ids=lambda p: p.name)
@@ -212,7 +256,7 @@ def test_each_real_failure_log_reads_as_its_cause_in_python_and_in_grep(path: Pa
     failures = ENGINES[engine].startup_failures
     text = path.read_text(errors="replace")
     found = first_failure(text, failures)
-    assert found is not None and found[0].id == failure_id, (found and found[0].id)
+    assert found is not None and found[0].id == failure_id, found and found[0].id
     assert _grep(failures, text)[0] == failure_id
 
 

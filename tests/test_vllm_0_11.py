@@ -2,6 +2,7 @@
 quantization capabilities dumped from its own code, re-dumped here and compared byte for byte), and what
 differs from 0.19.1 reaches the plan: the attention backend by environment (no --attention-backend yet),
 FlexAttention by default below sm_80, VLLM_USE_V1=0 fatal (V0 is gone but the variable is still read)."""
+
 from __future__ import annotations
 
 import json
@@ -40,13 +41,25 @@ def vllm_source(version: str) -> Path:
 @pytest.mark.parametrize("version", ["0.11.0", "0.19.1"])
 def test_the_committed_dumps_are_what_the_wheels_own_code_says(version: str, tmp_path: Path) -> None:
     source = vllm_source(version)
-    for tool, committed in (("dump_vllm_serve_args.py", ROOT / "components" / "engines" / "vllm" / "data" / f"vllm-{version}-serve-args.json"),
-                            ("dump_vllm_quantizations.py",
-                             ROOT / "components" / "engines" / "vllm" / "data" / f"vllm-{version}-quantizations.json")):
+    for tool, committed in (
+        (
+            "dump_vllm_serve_args.py",
+            ROOT / "components" / "engines" / "vllm" / "data" / f"vllm-{version}-serve-args.json",
+        ),
+        (
+            "dump_vllm_quantizations.py",
+            ROOT / "components" / "engines" / "vllm" / "data" / f"vllm-{version}-quantizations.json",
+        ),
+    ):
         out = tmp_path / committed.name
-        run = subprocess.run([sys.executable, str(ROOT / "components" / "engines" / "vllm" / "tools" / tool), str(source), str(out)],
-                             capture_output=True, text=True, timeout=600, cwd=tmp_path,
-                             env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+        run = subprocess.run(
+            [sys.executable, str(ROOT / "components" / "engines" / "vllm" / "tools" / tool), str(source), str(out)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=tmp_path,
+            env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        )
         assert run.returncode == 0, run.stderr[-2000:]
         assert out.read_text() == committed.read_text(), tool
         assert "stub" not in out.read_text()
@@ -57,7 +70,10 @@ def test_the_facts_read_the_quantization_dump() -> None:
     facts = IMAGES[V011].quantizations
     assert {m: q.min_capability for m, q in facts.items()} == dumped
     # Read from 0.11.0's code: no FP8 checkpoint below sm_80 yet (0.19.1 runs fp8 from sm_75 as Marlin).
-    assert (facts["fp8"].min_capability, IMAGES["vllm/vllm-openai:v0.19.1"].quantizations["fp8"].min_capability) == (80, 75)
+    assert (facts["fp8"].min_capability, IMAGES["vllm/vllm-openai:v0.19.1"].quantizations["fp8"].min_capability) == (
+        80,
+        75,
+    )
     assert facts["gptq"].moe == "moe_wna16"
 
 
@@ -83,24 +99,34 @@ def test_the_reference_chat_pool_on_0_11_plans_clean() -> None:
 def test_vllm_use_v1_0_is_refused_where_v0_is_gone() -> None:
     props = server(image=V011, env={"VLLM_USE_V1": "0"})
     found = [(p, level, m.split("\n", 1)[1]) for p, level, m in model_server(props) if p == "vllm-v1-engine"]
-    assert found == [("vllm-v1-engine", "mandatory",
-                      "VLLM_USE_V1=0 selects the V0 engine, which image vllm/vllm-openai:v0.11.0 (vLLM 0.11.0) no "
-                      "longer has: it stops at startup (vLLM 0.11.0 platforms/cuda.py:386-388: VLLM_USE_V1=0 "
-                      "reaches 'V0 attention backends have been removed' (RuntimeError) [read from code]). Remove "
-                      "VLLM_USE_V1 from the container's env (V1 runs on Tesla V100-SXM2-32GB (sm_70) in this "
-                      "image).")]
+    assert found == [
+        (
+            "vllm-v1-engine",
+            "mandatory",
+            "VLLM_USE_V1=0 selects the V0 engine, which image vllm/vllm-openai:v0.11.0 (vLLM 0.11.0) no "
+            "longer has: it stops at startup (vLLM 0.11.0 platforms/cuda.py:386-388: VLLM_USE_V1=0 "
+            "reaches 'V0 attention backends have been removed' (RuntimeError) [read from code]). Remove "
+            "VLLM_USE_V1 from the container's env (V1 runs on Tesla V100-SXM2-32GB (sm_70) in this "
+            "image).",
+        )
+    ]
     # On 0.9.2 (V0 only below sm_80) the same variable is what V100 needs.
-    assert [p for p, _, _ in model_server(server(image="vllm/vllm-openai:v0.9.2", env={"VLLM_USE_V1": "0"}))
-            if p == "vllm-v1-engine"] == []
+    assert [
+        p
+        for p, _, _ in model_server(server(image="vllm/vllm-openai:v0.9.2", env={"VLLM_USE_V1": "0"}))
+        if p == "vllm-v1-engine"
+    ] == []
 
 
 def test_a_backend_named_by_environment_is_checked_like_the_flag() -> None:
     props = server(image=V011, env={"VLLM_ATTENTION_BACKEND": "FLASH_ATTN"})
     props["argv"] = [a for a in props["argv"] if a not in ("--attention-backend", "TRITON_ATTN")]
     found = [m.split("\n", 1)[1] for p, _, m in model_server(props) if p == "attention-backend"]
-    assert found == ["VLLM_ATTENTION_BACKEND FLASH_ATTN: needs sm_80 (compute capability 8.0); Tesla V100-SXM2-32GB "
-                     "(sm_70) has less (its supports_compute_capability in vLLM 0.11.0). On this GPU vLLM picks "
-                     "FLEX_ATTENTION: set that, or leave the flag out."]
+    assert found == [
+        "VLLM_ATTENTION_BACKEND FLASH_ATTN: needs sm_80 (compute capability 8.0); Tesla V100-SXM2-32GB "
+        "(sm_70) has less (its supports_compute_capability in vLLM 0.11.0). On this GPU vLLM picks "
+        "FLEX_ATTENTION: set that, or leave the flag out."
+    ]
 
 
 def test_capacity_on_0_11_follows_its_profiler(config: dict[str, Any]) -> None:

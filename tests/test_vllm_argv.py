@@ -1,4 +1,5 @@
 """vLLM argv, env and the /health gate: exact outputs, parsed by a parser rebuilt from vLLM 0.9.2's own."""
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,10 @@ VLLM_MEMORY_KEYS = f"pools.chat.{ENGINES['vllm'].memory_keys}"
 VLLM = ENGINES["vllm"]
 
 # Each supported version's parser dump (components/engines/DATA-SOURCES.md says how each was made).
-SERVE_ARGS = {"0.9.2": Path(__file__).parent / "fixtures" / "vllm-0.9.2-serve-args.json",
-              "0.19.1": Path(__file__).parents[1] / "components" / "engines" / "vllm" / "data" / "vllm-0.19.1-serve-args.json"}
+SERVE_ARGS = {
+    "0.9.2": Path(__file__).parent / "fixtures" / "vllm-0.9.2-serve-args.json",
+    "0.19.1": Path(__file__).parents[1] / "components" / "engines" / "vllm" / "data" / "vllm-0.19.1-serve-args.json",
+}
 
 
 class ParseError(Exception):
@@ -55,8 +58,12 @@ def _human_int(text: str) -> int:
     return int(float(text[:-1]) * mult[text[-1]]) if text[-1:] in mult else int(text)
 
 
-TYPES = {"int": int, "float": float, "human_readable_int": _human_int,
-         "human_readable_int_or_auto": lambda t: -1 if t in ("-1", "auto") else _human_int(t)}
+TYPES = {
+    "int": int,
+    "float": float,
+    "human_readable_int": _human_int,
+    "human_readable_int_or_auto": lambda t: -1 if t in ("-1", "auto") else _human_int(t),
+}
 
 
 def serve_parser(version: str = "0.19.1") -> StrictParser:
@@ -70,8 +77,7 @@ def serve_parser(version: str = "0.19.1") -> StrictParser:
         if kind == "_HelpAction":
             continue
         if kind == "BooleanOptionalAction":
-            parser.add_argument(*[o for o in opts if not o.startswith("--no-")],
-                                action=argparse.BooleanOptionalAction)
+            parser.add_argument(*[o for o in opts if not o.startswith("--no-")], action=argparse.BooleanOptionalAction)
         elif kind == "_StoreTrueAction":
             parser.add_argument(*opts, action="store_true")
         else:
@@ -101,8 +107,13 @@ def spec_with(config: dict[str, Any], pool: str, **vllm: Any) -> StackSpec:
 def test_parser_rebuilt_from_the_dump_is_strict() -> None:
     # These must fail, or the checks below prove nothing.
     for version in SERVE_ARGS:
-        for bad in (["/m", "--tensor-parallel-size", "two"], ["/m", "--dtype", "bf16"],
-                    ["/m", "--kv-cache-dtype", "int8"], ["/m", "--gpu-memory-util", "0.9"], ["/m", "--no-such-flag"]):
+        for bad in (
+            ["/m", "--tensor-parallel-size", "two"],
+            ["/m", "--dtype", "bf16"],
+            ["/m", "--kv-cache-dtype", "int8"],
+            ["/m", "--gpu-memory-util", "0.9"],
+            ["/m", "--no-such-flag"],
+        ):
             with pytest.raises(ParseError):
                 serve_parser(version).parse_args(bad)
     with pytest.raises(ParseError):  # 0.9.2 had choices for --block-size, 0.19.1 takes any int
@@ -115,14 +126,36 @@ def test_reasoning_argv_is_exact_and_parses(prod_spec: StackSpec) -> None:
     inst = instances(prod_spec, "reasoning")[0]
     argv = VLLM.serve_argv(prod_spec, inst)
     assert argv == [
-        "vllm", "serve", "/data/models/DeepSeek-R1-GPTQ-Int4",
-        "--served-model-name", "deepseek-r1", "/data/models/DeepSeek-R1-GPTQ-Int4",
-        "--host", "192.168.10.11", "--port", "8000",
-        "--tensor-parallel-size", "8", "--pipeline-parallel-size", "2",
-        "--distributed-executor-backend", "ray",
-        "--dtype", "half", "--max-model-len", "8192", "--max-num-seqs", "32",
-        "--gpu-memory-utilization", "0.9", "--attention-backend", "TRITON_ATTN", "--quantization", "gptq",
-        "--enforce-eager", "--trust-remote-code",
+        "vllm",
+        "serve",
+        "/data/models/DeepSeek-R1-GPTQ-Int4",
+        "--served-model-name",
+        "deepseek-r1",
+        "/data/models/DeepSeek-R1-GPTQ-Int4",
+        "--host",
+        "192.168.10.11",
+        "--port",
+        "8000",
+        "--tensor-parallel-size",
+        "8",
+        "--pipeline-parallel-size",
+        "2",
+        "--distributed-executor-backend",
+        "ray",
+        "--dtype",
+        "half",
+        "--max-model-len",
+        "8192",
+        "--max-num-seqs",
+        "32",
+        "--gpu-memory-utilization",
+        "0.9",
+        "--attention-backend",
+        "TRITON_ATTN",
+        "--quantization",
+        "gptq",
+        "--enforce-eager",
+        "--trust-remote-code",
     ]
     ns = parse(argv)
     assert ns.model_tag == "/data/models/DeepSeek-R1-GPTQ-Int4"
@@ -140,12 +173,30 @@ def test_chat_replica_argv_is_exact_and_parses(prod_spec: StackSpec) -> None:
     assert [i.name for i in insts] == ["chat-gpu-03", "chat-gpu-04", "chat-gpu-05", "chat-gpu-06"]
     argv = VLLM.serve_argv(prod_spec, insts[2])
     assert argv == [
-        "vllm", "serve", "/data/models/Qwen3-30B-A3B",
-        "--served-model-name", "qwen3-30b-a3b", "/data/models/Qwen3-30B-A3B",
-        "--host", "192.168.10.15", "--port", "8000", "--tensor-parallel-size", "8",
-        "--distributed-executor-backend", "mp",
-        "--dtype", "half", "--max-model-len", "32768", "--max-num-seqs", "128",
-        "--gpu-memory-utilization", "0.9", "--attention-backend", "TRITON_ATTN",
+        "vllm",
+        "serve",
+        "/data/models/Qwen3-30B-A3B",
+        "--served-model-name",
+        "qwen3-30b-a3b",
+        "/data/models/Qwen3-30B-A3B",
+        "--host",
+        "192.168.10.15",
+        "--port",
+        "8000",
+        "--tensor-parallel-size",
+        "8",
+        "--distributed-executor-backend",
+        "mp",
+        "--dtype",
+        "half",
+        "--max-model-len",
+        "32768",
+        "--max-num-seqs",
+        "128",
+        "--gpu-memory-utilization",
+        "0.9",
+        "--attention-backend",
+        "TRITON_ATTN",
     ]
     assert parse(argv).max_model_len == 32768
 
@@ -161,14 +212,31 @@ def test_a_0_9_2_pool_gets_no_flag_its_parser_lacks(config: dict[str, Any]) -> N
 
 
 def test_every_optional_flag_is_a_real_flag_with_a_valid_value(config: dict[str, Any]) -> None:
-    spec = spec_with(config, "chat", kvCacheDtype="fp8_e5m2", blockSize=32,
-                     maxNumBatchedTokens=8192, enablePrefixCaching=True, enableChunkedPrefill=True,
-                     enforceEager=True, extraArgs=["--enable-log-requests", "--max-log-len", "100"])
+    spec = spec_with(
+        config,
+        "chat",
+        kvCacheDtype="fp8_e5m2",
+        blockSize=32,
+        maxNumBatchedTokens=8192,
+        enablePrefixCaching=True,
+        enableChunkedPrefill=True,
+        enforceEager=True,
+        extraArgs=["--enable-log-requests", "--max-log-len", "100"],
+    )
     argv = VLLM.serve_argv(spec, instances(spec, "chat")[0])
-    assert argv[argv.index("--block-size"):] == [
-        "--block-size", "32", "--max-num-batched-tokens", "8192", "--enable-prefix-caching",
-        "--enable-chunked-prefill", "--enforce-eager", "--enable-log-requests", "--max-log-len", "100"]
-    assert argv[argv.index("--kv-cache-dtype"):argv.index("--kv-cache-dtype") + 2] == ["--kv-cache-dtype", "fp8_e5m2"]
+    assert argv[argv.index("--block-size") :] == [
+        "--block-size",
+        "32",
+        "--max-num-batched-tokens",
+        "8192",
+        "--enable-prefix-caching",
+        "--enable-chunked-prefill",
+        "--enforce-eager",
+        "--enable-log-requests",
+        "--max-log-len",
+        "100",
+    ]
+    assert argv[argv.index("--kv-cache-dtype") : argv.index("--kv-cache-dtype") + 2] == ["--kv-cache-dtype", "fp8_e5m2"]
     ns = parse(argv)
     assert (ns.kv_cache_dtype, ns.block_size, ns.max_num_batched_tokens) == ("fp8_e5m2", 32, 8192)
     assert ns.enable_prefix_caching and ns.enable_chunked_prefill and ns.enforce_eager and ns.enable_log_requests
@@ -206,20 +274,31 @@ def test_env_of_a_reasoning_worker_node(prod_spec: StackSpec) -> None:
     inst = instances(prod_spec, "reasoning")[0]
     # No VLLM_USE_V1: vLLM 0.19.1 does not read it (V1 is its only engine).
     assert VLLM.serve_env(prod_spec, inst, "gpu-02") == {
-        "VLLM_WORKER_MULTIPROC_METHOD": "spawn", "VLLM_MLA_DISABLE": "1",
-        "NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": "mlx5_0", "NCCL_IB_GID_INDEX": "3",
-        "NCCL_SOCKET_IFNAME": "bond0", "GLOO_SOCKET_IFNAME": "bond0", "NCCL_DEBUG": "WARN",
+        "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+        "VLLM_MLA_DISABLE": "1",
+        "NCCL_IB_DISABLE": "0",
+        "NCCL_IB_HCA": "mlx5_0",
+        "NCCL_IB_GID_INDEX": "3",
+        "NCCL_SOCKET_IFNAME": "bond0",
+        "GLOO_SOCKET_IFNAME": "bond0",
+        "NCCL_DEBUG": "WARN",
         "VLLM_HOST_IP": "192.168.10.12",
         # The hub and telemetry off (pools.*.offline, default true); Ray's value is exactly "0".
-        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
         "RAY_USAGE_STATS_ENABLED": "0",
     }
 
 
 def test_env_takes_nccl_extras_and_pool_env_but_keeps_the_node_ip(config: dict[str, Any]) -> None:
     config["llm-cluster:nccl"].update(ibDisable=True, debug="INFO", extraEnv={"NCCL_P2P_LEVEL": "NVL"})
-    config["llm-cluster:pools"]["reasoning"]["env"] = {"VLLM_MLA_DISABLE": "1", "NCCL_DEBUG": "TRACE",
-                                                      "VLLM_HOST_IP": "10.0.0.1"}
+    config["llm-cluster:pools"]["reasoning"]["env"] = {
+        "VLLM_MLA_DISABLE": "1",
+        "NCCL_DEBUG": "TRACE",
+        "VLLM_HOST_IP": "10.0.0.1",
+    }
     config["llm-cluster:nodes"]["gpu-02"]["hca"] = {"device": "mlx5_1", "port": 2, "linkLayer": "infiniband"}
     spec = load_stack_config(config, set())
     env = VLLM.serve_env(spec, instances(spec, "reasoning")[0], "gpu-02")
@@ -238,9 +317,12 @@ def test_v1_engine_is_left_alone_on_ampere(config: dict[str, Any]) -> None:
 def test_labels_name_role_pool_instance_gpu_and_image(prod_spec: StackSpec) -> None:
     inst = instances(prod_spec, "reasoning")[0]
     assert container_labels(prod_spec, inst, "gpu-02", "ray-worker") == {
-        "llm-cluster.role": "ray-worker", "llm-cluster.pool": "reasoning",
-        "llm-cluster.instance": "reasoning-gpu-01", "llm-cluster.node": "gpu-02",
-        "llm-cluster.gpu-model": "Tesla V100-SXM2-32GB", "llm-cluster.image": "vllm/vllm-openai:v0.19.1",
+        "llm-cluster.role": "ray-worker",
+        "llm-cluster.pool": "reasoning",
+        "llm-cluster.instance": "reasoning-gpu-01",
+        "llm-cluster.node": "gpu-02",
+        "llm-cluster.gpu-model": "Tesla V100-SXM2-32GB",
+        "llm-cluster.image": "vllm/vllm-openai:v0.19.1",
         "llm-cluster.engine": "vllm",
     }
 
@@ -248,16 +330,20 @@ def test_labels_name_role_pool_instance_gpu_and_image(prod_spec: StackSpec) -> N
 def test_container_names_come_from_one_function_of_instance_and_role(prod_spec: StackSpec) -> None:
     ray, chat = instances(prod_spec, "reasoning")[0], instances(prod_spec, "chat")[0]
     assert [container_name(ray, r) for r in ("ray-head", "ray-worker")] == [
-        "ray-head-reasoning-gpu-01", "ray-worker-reasoning-gpu-01"]
+        "ray-head-reasoning-gpu-01",
+        "ray-worker-reasoning-gpu-01",
+    ]
     assert container_name(chat, "vllm") == "vllm-chat-gpu-03"
     # The container running `vllm serve` (what the /health gate's hint names): its own, or the Ray head.
-    assert (server_container_name(VLLM, chat), server_container_name(VLLM, ray)) == ("vllm-chat-gpu-03", "ray-head-reasoning-gpu-01")
+    assert (server_container_name(VLLM, chat), server_container_name(VLLM, ray)) == (
+        "vllm-chat-gpu-03",
+        "ray-head-reasoning-gpu-01",
+    )
     with pytest.raises(ValueError, match="container role 'head node' must be letters, digits and '-'"):
         container_name(ray, "head node")
 
 
 # --- the /health gate, with real bash, shellcheck and curl ---
-
 
 
 class _Health(http.server.BaseHTTPRequestHandler):
@@ -287,7 +373,11 @@ def _closed_port() -> int:
 
 def test_health_gate_is_valid_shellcheck_clean_bash(tmp_path: Path) -> None:
     script = tmp_path / "gate.sh"
-    script.write_text(health_gate_script("http://192.168.10.13:8000/health", 1800, "vllm-chat-gpu-03", server="vllm", memory_keys=VLLM_MEMORY_KEYS))
+    script.write_text(
+        health_gate_script(
+            "http://192.168.10.13:8000/health", 1800, "vllm-chat-gpu-03", server="vllm", memory_keys=VLLM_MEMORY_KEYS
+        )
+    )
     assert subprocess.run([tool("bash"), "-n", str(script)], capture_output=True).returncode == 0
     lint = subprocess.run([tool("shellcheck"), str(script)], capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout
@@ -306,11 +396,21 @@ def test_health_gate_reports_progress_and_times_out_with_what_to_check(tmp_path:
     tool("curl")
     url = f"http://127.0.0.1:{_closed_port()}/health"
     script = tmp_path / "gate.sh"
-    script.write_text(health_gate_script(url, 2, "vllm-chat-gpu-03", server="vllm", memory_keys=VLLM_MEMORY_KEYS, interval_s=1, progress_every_s=1))
-    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60,
-                          env={"PATH": "/usr/bin:/bin"})  # no docker here: the log tail is skipped
+    script.write_text(
+        health_gate_script(
+            url, 2, "vllm-chat-gpu-03", server="vllm", memory_keys=VLLM_MEMORY_KEYS, interval_s=1, progress_every_s=1
+        )
+    )
+    done = subprocess.run(
+        ["bash", str(script)], capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"}
+    )  # no docker here: the log tail is skipped
     assert done.returncode == 1
     # Seconds as bash counts them: whole-second ticks, so the exact figures are not asserted.
-    assert re.fullmatch(rf"vllm: waiting for {re.escape(url)}: \d+s elapsed \(timeout 2s\)", done.stdout.splitlines()[0])
-    assert re.match(rf"vllm: {re.escape(url)} not healthy after \d+s \(timeout 2s\)\. Check `docker logs "
-                    r"vllm-chat-gpu-03` \(weights path mounted and complete", done.stderr)
+    assert re.fullmatch(
+        rf"vllm: waiting for {re.escape(url)}: \d+s elapsed \(timeout 2s\)", done.stdout.splitlines()[0]
+    )
+    assert re.match(
+        rf"vllm: {re.escape(url)} not healthy after \d+s \(timeout 2s\)\. Check `docker logs "
+        r"vllm-chat-gpu-03` \(weights path mounted and complete",
+        done.stderr,
+    )

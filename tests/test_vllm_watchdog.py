@@ -1,4 +1,5 @@
 """The vLLM watchdog, run for real with bash against a fake server: it turns a hang into an exit."""
+
 from __future__ import annotations
 
 import os
@@ -20,7 +21,7 @@ from tests.support import free_port
 # A stand-in for `vllm serve`: /health answers 200 while the flag file says "ok", 503 otherwise;
 # it exits with the code written to the flag file as "exit N". Every request is appended to the log
 # file as "<path> <status>", so a test can see what the watchdog's own probe (GET /health) was told.
-FAKE_VLLM = r'''
+FAKE_VLLM = r"""
 import http.server, sys, threading, os
 port, flag, log = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 class H(http.server.BaseHTTPRequestHandler):
@@ -40,7 +41,7 @@ while True:
     if state.startswith("exit "):
         os._exit(int(state.split()[1]))
     time.sleep(0.1)
-'''
+"""
 # Upper bounds so a broken watchdog cannot hang the suite; not timing assertions.
 BOUND_S = 60
 READY_S = 30
@@ -60,8 +61,7 @@ class Watchdog:
     def probes(self) -> list[int]:
         """The status of every /health probe the watchdog made so far (not the test's own requests)."""
         text = self.log.read_text() if self.log.exists() else ""
-        return [int(code) for path, _, code in (line.partition(" ") for line in text.splitlines())
-                if path == "/health"]
+        return [int(code) for path, _, code in (line.partition(" ") for line in text.splitlines()) if path == "/health"]
 
     def wait_for_health(self) -> None:
         """Poll the fake server's /health until it answers 200 (bounded)."""
@@ -84,11 +84,14 @@ class Watchdog:
         deadline = time.monotonic() + READY_S
         while self.probes().count(status) < count:
             if self.proc.poll() is not None:
-                pytest.fail(f"the watchdog exited ({self.proc.returncode}) after probes {self.probes()}, "
-                            f"before {count} answered {status}")
+                pytest.fail(
+                    f"the watchdog exited ({self.proc.returncode}) after probes {self.probes()}, "
+                    f"before {count} answered {status}"
+                )
             if time.monotonic() > deadline:
-                pytest.fail(f"the watchdog's probe was not answered {status} {count} time(s) within "
-                            f"{READY_S}s: {self.probes()}")
+                pytest.fail(
+                    f"the watchdog's probe was not answered {status} {count} time(s) within {READY_S}s: {self.probes()}"
+                )
             time.sleep(0.1)
 
     def wait_until_served(self) -> None:
@@ -111,10 +114,21 @@ def watchdogs(tmp_path: Path) -> Iterator[Callable[..., Watchdog]]:
         fake = tmp_path / "fake_vllm.py"
         fake.write_text(FAKE_VLLM)
         script = tmp_path / "vllm-watchdog.sh"
-        script.write_text(watchdog_script(f"http://127.0.0.1:{port}/health", load_timeout_s=load_timeout_s,
-                                          unhealthy_after_s=unhealthy_after_s, interval_s=1))
-        proc = subprocess.Popen(["bash", str(script), sys.executable, str(fake), str(port), str(flag), str(log)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        script.write_text(
+            watchdog_script(
+                f"http://127.0.0.1:{port}/health",
+                load_timeout_s=load_timeout_s,
+                unhealthy_after_s=unhealthy_after_s,
+                interval_s=1,
+            )
+        )
+        proc = subprocess.Popen(
+            ["bash", str(script), sys.executable, str(fake), str(port), str(flag), str(log)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         started.append(proc)
         return Watchdog(proc, flag, port, log)
 
@@ -142,7 +156,8 @@ def test_script_is_shellcheck_clean() -> None:
 
 
 def test_a_server_that_hangs_after_serving_is_stopped_so_docker_restarts_it(
-        tmp_path: Path, watchdogs: Callable[..., Watchdog]) -> None:
+    tmp_path: Path, watchdogs: Callable[..., Watchdog]
+) -> None:
     w = watchdogs("ok")
     w.wait_until_served()  # healthy at least once, as the watchdog saw it
     assert w.proc.poll() is None
@@ -154,7 +169,8 @@ def test_a_server_that_hangs_after_serving_is_stopped_so_docker_restarts_it(
 
 
 def test_a_server_that_never_loads_is_stopped_after_the_load_timeout(
-        tmp_path: Path, watchdogs: Callable[..., Watchdog]) -> None:
+    tmp_path: Path, watchdogs: Callable[..., Watchdog]
+) -> None:
     w = watchdogs("loading", load_timeout_s=3)
     _, err = w.proc.communicate(timeout=BOUND_S)
     assert w.proc.returncode == 70

@@ -6,6 +6,7 @@ An engine is one `Engine` subclass in its own module, registered in components.e
 under the `pools.*.engine` value that selects it. Nothing outside the engine modules branches on an
 engine's name: callers ask `engine_for(pool)` and use this interface.
 """
+
 from __future__ import annotations
 
 import shlex
@@ -159,9 +160,14 @@ class Engine(ABC):
         p = spec.pools[pool]
         if p.pipeline_parallel <= 1:
             return []
-        return [SpecIssue(f"pools.{pool}.pipelineParallel", f"{p.engine} pools run on one node: {why}; serve one "
-                          "replica per node (pipelineParallel 1), or use engine: vllm for tensor x pipeline parallel "
-                          "across nodes")]
+        return [
+            SpecIssue(
+                f"pools.{pool}.pipelineParallel",
+                f"{p.engine} pools run on one node: {why}; serve one "
+                "replica per node (pipelineParallel 1), or use engine: vllm for tensor x pipeline parallel "
+                "across nodes",
+            )
+        ]
 
     def extra_args_issues(self, spec: StackSpec, pool: str) -> list[SpecIssue]:
         """extraArgs may not carry a flag a typed key owns."""
@@ -171,8 +177,12 @@ class Engine(ABC):
             flag = self.canonical_flag(token)
             key = self.typed_key(flag, pool=pool, model=p.model, node="<node>") if flag else None
             if key is not None:
-                issues.append(SpecIssue(f"pools.{pool}.{self.options_key}.extraArgs[{i}]",
-                                        f"{token!r} is set by the typed key {key}: state it there instead"))
+                issues.append(
+                    SpecIssue(
+                        f"pools.{pool}.{self.options_key}.extraArgs[{i}]",
+                        f"{token!r} is set by the typed key {key}: state it there instead",
+                    )
+                )
         return issues
 
     @property
@@ -192,10 +202,10 @@ class Engine(ABC):
             if eq:
                 values = [inline]
             elif kind == "lora":  # nargs="+": every value up to the next flag
-                rest = argv[i + 1:]
-                values = rest[:next((j for j, t in enumerate(rest) if t.startswith("-")), len(rest))]
+                rest = argv[i + 1 :]
+                values = rest[: next((j for j, t in enumerate(rest) if t.startswith("-")), len(rest))]
             else:
-                values = argv[i + 1:i + 2]
+                values = argv[i + 1 : i + 2]
             out += [(flag, name) for value in values for name in _fetched(kind, value)]
         return out
 
@@ -215,8 +225,9 @@ class Engine(ABC):
         facts = self.image_facts(spec, pool)
         if facts is None:
             return frozenset()
-        return frozenset(m for m, q in facts.quantizations.items()
-                         if q.min_capability is not None and q.min_capability <= capability)
+        return frozenset(
+            m for m, q in facts.quantizations.items() if q.min_capability is not None and q.min_capability <= capability
+        )
 
     def sizing_inputs(self, spec: StackSpec, pool: str, fallback: F | None) -> tuple[F, GpuSpec]:
         """What a capacity estimate starts from: the pool's image facts — for an image the table does not
@@ -224,7 +235,9 @@ class Engine(ABC):
         nodes."""
         image: F | None = self.image_facts(spec, pool) or fallback  # type: ignore[assignment]
         node_gpu = spec.node(spec.pools[pool].nodes[0]).gpu
-        assert image is not None and node_gpu is not None  # the default image is in the table; the spec refuses GPU-less nodes
+        assert (
+            image is not None and node_gpu is not None
+        )  # the default image is in the table; the spec refuses GPU-less nodes
         return image, node_gpu
 
     # -- the server --------------------------------------------------------------------------------
@@ -264,6 +277,7 @@ class Engine(ABC):
 def planned_capability(spec: StackSpec, node: str) -> int:
     """The compute capability of the GPU the stack names for a node (70 for sm_70)."""
     from components.facts.hardware import gpu
+
     n = spec.node(node)
     assert n.gpu is not None  # the spec refuses GPU-less nodes
     return gpu(n.gpu.model).capability
@@ -339,8 +353,9 @@ def container_name(instance: Instance, role: str) -> str:
 
 def server_container_name(engine: Engine, instance: Instance) -> str:
     """The container that runs the server: its own (one node), or the Ray head (multi-node on Ray)."""
-    return container_name(instance, "ray-head" if instance.uses_ray and engine.multi_node == "ray"
-                          else engine.server_role)
+    return container_name(
+        instance, "ray-head" if instance.uses_ray and engine.multi_node == "ray" else engine.server_role
+    )
 
 
 def startup_failure_advice(engine: Engine, pool: str, model: str) -> list[tuple[str, str]]:
@@ -405,10 +420,18 @@ def container_labels(spec: StackSpec, instance: Instance, node: str, role: str) 
     }
 
 
-def health_gate_script(url: str, timeout_s: int, container_hint: str, *, server: str, memory_keys: str,
-                       interval_s: int = 5,
-                       progress_every_s: int = 30, failures: Sequence[tuple[str, str]] = (),
-                       max_deaths: int = 3) -> str:
+def health_gate_script(
+    url: str,
+    timeout_s: int,
+    container_hint: str,
+    *,
+    server: str,
+    memory_keys: str,
+    interval_s: int = 5,
+    progress_every_s: int = 30,
+    failures: Sequence[tuple[str, str]] = (),
+    max_deaths: int = 3,
+) -> str:
     """Bash that polls a server's readiness URL until 200, printing elapsed time; times out with what to check.
 
     When docker is there, it also watches the container: once the server has died since the gate began
@@ -515,8 +538,9 @@ def health_probe_argv(url: str) -> list[str]:
     return ["python3", "-c", _PROBE, url]
 
 
-def watchdog_script(url: str, *, load_timeout_s: int, unhealthy_after_s: int, interval_s: int = 15,
-                    probe_argv: list[str] | None = None) -> str:
+def watchdog_script(
+    url: str, *, load_timeout_s: int, unhealthy_after_s: int, interval_s: int = 15, probe_argv: list[str] | None = None
+) -> str:
     """vllm-watchdog.sh: run the server; exit, so docker restarts the container, when it hangs.
 
     docker restarts a container whose process exits, not one that is merely unhealthy: a server that
@@ -572,8 +596,12 @@ def instance_watchdog_script(engine: Engine, spec: StackSpec, instance: Instance
     """The watchdog for one instance, with its pool's load timeout and unhealthy limit."""
     pool = spec.pools[instance.pool]
     url = ready_url(engine, spec, instance)
-    return watchdog_script(url, load_timeout_s=pool.load_timeout_minutes * 60,
-                           unhealthy_after_s=pool.restart_unhealthy_after_seconds, probe_argv=engine.probe_argv(url))
+    return watchdog_script(
+        url,
+        load_timeout_s=pool.load_timeout_minutes * 60,
+        unhealthy_after_s=pool.restart_unhealthy_after_seconds,
+        probe_argv=engine.probe_argv(url),
+    )
 
 
 def supervised_argv(engine: Engine, spec: StackSpec, instance: Instance) -> list[str]:

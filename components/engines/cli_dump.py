@@ -6,6 +6,7 @@ LMDeploy's argparse parser and dump_llamacpp.py from `llama-server --help`. The 
 abbreviations (the real ones may accept them; a stack states whole flags) and checks values by type and
 choices, so a misspelt flag or an impossible value is found at preview, not at container start.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,13 @@ def _json(value: str) -> Any:
 
 
 BASE_TYPES: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "loads": _named(_json, "json")}
-_ACTIONS = {"_StoreTrueAction": "store_true", "_StoreFalseAction": "store_false", "_StoreAction": "store",
-            "_AppendAction": "append", "_CountAction": "count"}
+_ACTIONS = {
+    "_StoreTrueAction": "store_true",
+    "_StoreFalseAction": "store_false",
+    "_StoreAction": "store",
+    "_AppendAction": "append",
+    "_CountAction": "count",
+}
 
 
 @lru_cache(maxsize=16)
@@ -50,7 +56,9 @@ def options(dump: str) -> frozenset[str]:
     return frozenset(o for e in _entries(dump) for o in e.get("opts", ()))
 
 
-def build_parser(dump: str, prog: str, types: Mapping[str, Callable[[str], Any]] | None = None) -> argparse.ArgumentParser:
+def build_parser(
+    dump: str, prog: str, types: Mapping[str, Callable[[str], Any]] | None = None
+) -> argparse.ArgumentParser:
     """The dumped parser, rebuilt: options, actions, nargs, choices and types; every default suppressed."""
     parser = _Parser(prog=prog, add_help=False, allow_abbrev=False, exit_on_error=False)
     known = {**BASE_TYPES, **(types or {})}

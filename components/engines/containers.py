@@ -1,5 +1,6 @@
 """What a container resource's props and labels say, read alike by an engine's rules and the policy pack:
 the labels the product sets, what the container runs, the parts of an image reference."""
+
 from __future__ import annotations
 
 import re

@@ -1,4 +1,5 @@
 """Where an engine's data lives: each engine package keeps its parser dumps and fact tables in its data/."""
+
 from __future__ import annotations
 
 from functools import cache

@@ -1,5 +1,6 @@
 """The capacity estimate an engine other than vLLM reports: the keys plan.json, the plan report and the
 memory-fit policies read of every engine (the same names as vLLM's CapacityEstimate), plus its own."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -34,15 +35,25 @@ class EngineEstimate:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (plan.json `capacity`, the ModelServer's `capacity` prop)."""
         d: dict[str, Any] = {
-            "engine": self.engine, "model": self.model, "gpu_memory_gib": self.gpu_memory_gib, "tp": self.tp,
-            "max_model_len": self.max_model_len, "weights_gib_per_gpu": self.weights_gib_per_gpu,
+            "engine": self.engine,
+            "model": self.model,
+            "gpu_memory_gib": self.gpu_memory_gib,
+            "tp": self.tp,
+            "max_model_len": self.max_model_len,
+            "weights_gib_per_gpu": self.weights_gib_per_gpu,
             "weights_gib_total": self.weights_gib_total,
             "kv_bytes_per_token_per_gpu": self.kv_bytes_per_token_per_gpu,
-            "kv_cache_gib_per_gpu": self.kv_cache_gib_per_gpu, "kv_tokens": self.kv_tokens,
-            "max_concurrency": self.max_concurrency, "rule_of_thumb_gib_total": self.rule_of_thumb_gib_total,
-            "fits": self.fits, "reason": self.reason, "advice": self.advice, "notes": list(self.notes),
+            "kv_cache_gib_per_gpu": self.kv_cache_gib_per_gpu,
+            "kv_tokens": self.kv_tokens,
+            "max_concurrency": self.max_concurrency,
+            "rule_of_thumb_gib_total": self.rule_of_thumb_gib_total,
+            "fits": self.fits,
+            "reason": self.reason,
+            "advice": self.advice,
+            "notes": list(self.notes),
             # No MLA switch outside vLLM: the keys the vLLM-only MLA advice reads say so.
-            "uses_mla": False, "mla_enabled": False,
+            "uses_mla": False,
+            "mla_enabled": False,
             **dict(self.extra),
         }
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in d.items()}

@@ -8,6 +8,7 @@ project import, one JSON line per check ({"check", "ok", "detail", "fix"}), exit
 FACTS_JSON always holds `capability` (the node's GPU as the stack plans it, 70 for sm_70) and
 `recommended` (the image to name when this one cannot run).
 """
+
 from __future__ import annotations
 
 import textwrap
@@ -27,7 +28,7 @@ class GateCheck:
     checks: str  # what it checks, in words (the gate script's comment)
 
 
-PREAMBLE = r'''
+PREAMBLE = r"""
 import json, sys
 facts = json.loads(sys.argv[1])
 failed = []
@@ -36,11 +37,11 @@ def report(check, ok, detail, fix=""):
     print(json.dumps({"check": check, "ok": ok, "detail": detail, **({"fix": fix} if not ok else {})}), flush=True)
     if not ok:
         failed.append(check)
-'''
+"""
 
 # torch sees a GPU, it is the GPU the stack plans, torch has kernels for it, an fp16 matmul is right.
 # Leaves `torch`, `ok` (a GPU is visible) and `arch` ("sm_70") for the checks after it.
-TORCH_CHECKS = r'''
+TORCH_CHECKS = r"""
 arch = "sm_%d" % facts["capability"]
 try:
     import torch
@@ -69,10 +70,10 @@ if ok:
         report("fp16-matmul", err < 1.0, f"max |fp16 - fp32| = {err:.4f}", "fp16 matmul is wrong on this GPU")
     except Exception as e:
         report("fp16-matmul", False, f"{type(e).__name__}: {e}", "a plain fp16 matmul fails: torch cannot run here")
-'''
+"""
 
 # The engine's Python package imports at the version the facts expect (facts: module, version).
-ENGINE_VERSION_CHECK = r'''
+ENGINE_VERSION_CHECK = r"""
 try:
     import importlib
     engine = importlib.import_module(facts["module"])
@@ -81,11 +82,11 @@ try:
            f"the image does not carry {facts['module']} {facts['version']}: fix the image tag or its declared facts")
 except Exception as e:
     report("engine-version", False, f"import {facts['module']} failed: {e}", "the image does not carry the engine")
-'''
+"""
 
 # Every planned argv parses with the engine's own parser: @PARSER@ builds `parser`, argv[@SKIP@:] is parsed
 # (what follows the command words and the model); the engine's error() raises instead of exiting.
-_ARGV_CHECK = r'''
+_ARGV_CHECK = r"""
 for argv in facts["argvs"]:
     try:
 @PARSER@
@@ -99,7 +100,7 @@ for argv in facts["argvs"]:
     except Exception as e:
         report("argv-parses", False, f"{type(e).__name__}: {e}", "the planned flags are not this image's: fix the "
                "image tag, or the flag the message names")
-'''
+"""
 
 
 def argv_check(parser: str, skip: int) -> str:
@@ -119,7 +120,7 @@ def python_check(*parts: str) -> str:
 
 # The Triton kernel of the fp16-dot check, on its own so the tests compile exactly this text. One 16x16x16
 # fp16 tile product accumulated in fp32 (what every fp16 tl.dot kernel of vLLM lowers through).
-TRITON_DOT_KERNEL = '''
+TRITON_DOT_KERNEL = """
 import triton
 import triton.language as tl
 
@@ -131,13 +132,13 @@ def _dot16(a_ptr, b_ptr, c_ptr, BLOCK: tl.constexpr):
     b = tl.load(b_ptr + offs[:, None] * BLOCK + offs[None, :])
     c = tl.dot(a, b)
     tl.store(c_ptr + offs[:, None] * BLOCK + offs[None, :], c)
-'''
+"""
 DOT_BLOCK = 16
 # How the tests and the gate specialise it for a compile: pointer element types and the constexpr.
 DOT_SIGNATURE = {"a_ptr": "*fp16", "b_ptr": "*fp16", "c_ptr": "*fp32", "BLOCK": "constexpr"}
 
 # Triton compiles and runs TRITON_DOT_KERNEL (facts: kernel, block) on the device; needs TORCH_CHECKS first.
-TRITON_DOT_CHECK = r'''
+TRITON_DOT_CHECK = r"""
 if ok:
     try:
         # @triton.jit reads its function's source from a file: write the kernel to one and import it.
@@ -164,7 +165,7 @@ if ok:
         report("triton-fp16-dot", False, f"Triton cannot compile or run an fp16 tl.dot on {arch}: {detail}",
                f"fused MoE, Triton attention and prefix prefill need it: use an image whose Triton compiles fp16 "
                f"dots for {arch} (Triton >= 3.4 on sm_70: {facts['recommended']})")
-'''
+"""
 
 # The fatbin parser's own text, for checks that read a library's kernels inside the image.
 FATBIN_SOURCE = (NODE_PROGRAMS / "fatbin.py").read_text()
@@ -176,8 +177,9 @@ def compile_dot_kernel(capability: int, workdir: str) -> dict[str, object]:
     return compile_kernel(TRITON_DOT_KERNEL, "_dot16", DOT_SIGNATURE, {"BLOCK": DOT_BLOCK}, capability, workdir)
 
 
-def compile_kernel(text: str, fn: str, signature: dict[str, str], constexprs: dict[str, int], capability: int,
-                   workdir: str) -> dict[str, object]:
+def compile_kernel(
+    text: str, fn: str, signature: dict[str, str], constexprs: dict[str, int], capability: int, workdir: str
+) -> dict[str, object]:
     """Compile the @triton.jit function `fn` of `text` for GPUTarget("cuda", capability, 32) with the Triton on
     sys.path (no GPU needed): {"ok", "triton", "tensor_cores", "error" (the compiler's last line)}."""
     import importlib.util
@@ -199,12 +201,12 @@ def compile_kernel(text: str, fn: str, signature: dict[str, str], constexprs: di
     try:  # Triton >= 3.3 takes constexprs in the signature and as `constexprs`
         source = ASTSource(fn=jit, signature=dict(signature), constexprs=dict(constexprs))
     except TypeError:
-        source = ASTSource(fn=jit, constants=dict(constexprs),
-                           signature={k: v for k, v in signature.items() if v != "constexpr"})
+        source = ASTSource(
+            fn=jit, constants=dict(constexprs), signature={k: v for k, v in signature.items() if v != "constexpr"}
+        )
     try:
         compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32))
     except Exception as err:  # noqa: BLE001 - the compiler's own failure is the result
         lines = str(err).strip().splitlines() or [type(err).__name__]
         return {"ok": False, "triton": triton.__version__, "tensor_cores": False, "error": lines[-1]}
-    return {"ok": True, "triton": triton.__version__, "tensor_cores": "mma.sync" in compiled.asm["ptx"],
-            "error": ""}
+    return {"ok": True, "triton": triton.__version__, "tensor_cores": "mma.sync" in compiled.asm["ptx"], "error": ""}

@@ -1,4 +1,5 @@
 """What the gateway must know about an engine's OpenAI HTTP server; each engine states it, with its source."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -4,6 +4,7 @@ The pack (policies/rules/engines.py) turns each rule here, and each engine's own
 (components/engines/<engine>/rules.py), into a policy over the ModelServers of that engine. A check is a
 pure function of a `JudgedServer`: the messages it returns are the violations, one per pool.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,7 +64,7 @@ class JudgedServer:
 
     def tail(self) -> list[str]:
         """The arguments after the program (`lmdeploy serve api_server` / `llama-server`)."""
-        return self.argv[len(self.engine.cli_program.split()):]
+        return self.argv[len(self.engine.cli_program.split()) :]
 
     def parser(self) -> argparse.ArgumentParser:
         """The image's own CLI, rebuilt from its dump."""
@@ -85,8 +86,10 @@ def check_image(s: JudgedServer) -> list[str]:
     if s.facts is None or s.facts.runs_on(s.cap):
         return []  # an unknown image: engine-image-unknown (advisory)
     working = [ref for ref, f in s.engine.image_table().items() if f.runs_on(s.cap)]
-    return [f"image {s.image} has no kernels for {s.where}: {s.facts.note} ({s.facts.cite('sass')}). "
-            f"Use {' or '.join(working)}"]
+    return [
+        f"image {s.image} has no kernels for {s.where}: {s.facts.note} ({s.facts.cite('sass')}). "
+        f"Use {' or '.join(working)}"
+    ]
 
 
 def check_image_known(s: JudgedServer) -> list[str]:
@@ -94,9 +97,11 @@ def check_image_known(s: JudgedServer) -> list[str]:
     if s.facts is not None:
         return []
     known = sorted(s.engine.image_table())
-    return [f"image {s.image} is not in the {s.engine.name} facts table, so nothing says it runs on {s.where} and "
-            f"its flags cannot be checked; capacity is sized as the default image's. Known: {', '.join(known)} "
-            f"(components/engines/{s.engine.name}/facts.py)"]
+    return [
+        f"image {s.image} is not in the {s.engine.name} facts table, so nothing says it runs on {s.where} and "
+        f"its flags cannot be checked; capacity is sized as the default image's. Known: {', '.join(known)} "
+        f"(components/engines/{s.engine.name}/facts.py)"
+    ]
 
 
 def check_flags(s: JudgedServer) -> list[str]:
@@ -124,10 +129,18 @@ def check_capacity_modelled(s: JudgedServer) -> list[str]:
 # The rules every engine judged from its image table gets; `{engines}` is their titles.
 COMMON_RULES = (
     EngineRule("engine-image", "The engine image has kernels for the pool's GPU ({engines}).", check_image),
-    EngineRule("engine-image-unknown", "The engine image is one the facts table knows ({engines}).",
-               check_image_known, advisory=True),
-    EngineRule("engine-flags", "Every flag exists in the engine image's own CLI with a valid value ({engines}).",
-               check_flags),
-    EngineRule("engine-capacity", "The engine's capacity model sizes the pool (heads divisible by TP, weights "
-               "known).", check_capacity_modelled),
+    EngineRule(
+        "engine-image-unknown",
+        "The engine image is one the facts table knows ({engines}).",
+        check_image_known,
+        advisory=True,
+    ),
+    EngineRule(
+        "engine-flags", "Every flag exists in the engine image's own CLI with a valid value ({engines}).", check_flags
+    ),
+    EngineRule(
+        "engine-capacity",
+        "The engine's capacity model sizes the pool (heads divisible by TP, weights known).",
+        check_capacity_modelled,
+    ),
 )

@@ -1,4 +1,5 @@
 """The engines x GPU generations table: every registered engine's rows, then the engines known by name only."""
+
 from __future__ import annotations
 
 from components.engines.registry import ENGINES

@@ -1,4 +1,5 @@
 """The engine registry: one line per engine, and every engine-indexed table derived from it."""
+
 from __future__ import annotations
 
 from components.engines.base import Engine
@@ -30,9 +31,19 @@ def register(engine: Engine, *, default: bool = False) -> None:
     SECRET_FLAG_NAMES.update(engine.secret_flag_aliases)
     TYPED_ENV.update(engine.typed_env)
     TYPED_ENV.update({name: "pools.<pool>.offline" for name in engine.offline_vars})
-    spec_engines.register(spec_engines.DeployedEngine(
-        engine.name, engine.options_key, engine.options_model, engine.required_option, engine.default_image,
-        engine.checkpoint_quantizations(), engine.declarable_images, engine.knows_image), default=default)
+    spec_engines.register(
+        spec_engines.DeployedEngine(
+            engine.name,
+            engine.options_key,
+            engine.options_model,
+            engine.required_option,
+            engine.default_image,
+            engine.checkpoint_quantizations(),
+            engine.declarable_images,
+            engine.knows_image,
+        ),
+        default=default,
+    )
 
 
 register(VllmEngine(), default=True)
@@ -79,5 +90,14 @@ def stack_keys(s: StackSpec, pool: str, node: str) -> dict[str, str]:
     return keys
 
 
-__all__ = ["DEFAULT_IMAGES", "ENGINES", "SECRET_FLAGS", "SECRET_FLAG_NAMES", "TYPED_ENV", "Engine", "engine_for",
-           "register", "stack_keys"]
+__all__ = [
+    "DEFAULT_IMAGES",
+    "ENGINES",
+    "SECRET_FLAGS",
+    "SECRET_FLAG_NAMES",
+    "TYPED_ENV",
+    "Engine",
+    "engine_for",
+    "register",
+    "stack_keys",
+]

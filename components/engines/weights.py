@@ -6,6 +6,7 @@ routers and norms are replicated; KV heads are replicated when fewer than TP; th
 multiple of 64): the engines' own capacity models start from these figures (components/engines/vllm/
 memory.py states the assumptions in full).
 """
+
 from __future__ import annotations
 
 from components.facts.models import ModelArch
@@ -13,11 +14,11 @@ from components.facts.models import ModelArch
 GIB = 1024**3
 # Checkpoint methods that store FP8 (or FP4) weights: no FP8 units on Volta or Turing (vLLM 0.19.1
 # quantization/*.py, as components/engines/vllm/facts.py cites).
-FP8_WEIGHT_METHODS = frozenset({"fp8", "fbgemm_fp8", "ptpc_fp8", "modelopt", "modelopt_fp4", "modelopt_mxfp8",
-                                "mxfp8"})
+FP8_WEIGHT_METHODS = frozenset({"fp8", "fbgemm_fp8", "ptpc_fp8", "modelopt", "modelopt_fp4", "modelopt_mxfp8", "mxfp8"})
 # Weight-only integer schemes whose overhead is one fp16 scale + one packed zero per group.
-GROUPED_INT_METHODS = frozenset({"gptq", "awq", "moe_wna16", "gptq_marlin", "awq_marlin",
-                                 "compressed-tensors", "auto-round"})
+GROUPED_INT_METHODS = frozenset(
+    {"gptq", "awq", "moe_wna16", "gptq_marlin", "awq_marlin", "compressed-tensors", "auto-round"}
+)
 QUANTIZATIONS = GROUPED_INT_METHODS | FP8_WEIGHT_METHODS | {"bitsandbytes"}
 # vLLM pads the vocabulary of VocabParallelEmbedding/ParallelLMHead to a multiple of this.
 VOCAB_PADDING = 64
@@ -34,8 +35,7 @@ def layers_per_stage(num_layers: int, pp: int) -> list[int]:
     return parts
 
 
-def linear_bytes_per_param(quantization: str | None, act_bytes: int, quant_bits: int,
-                           group_size: int) -> float:
+def linear_bytes_per_param(quantization: str | None, act_bytes: int, quant_bits: int, group_size: int) -> float:
     """Bytes one quantized linear-layer weight costs, scales and zero points included."""
     if quantization is None:
         return float(act_bytes)
@@ -112,8 +112,19 @@ def _mlp_params(arch: ModelArch, index: int, tp: int) -> tuple[float, float]:
     return experts + shared, router + extra
 
 
-def stage_weight_bytes(arch: ModelArch, start: int, end: int, *, tp: int, pp: int, first: bool,
-                        last: bool, act_bytes: int, linear_bytes: float, mla_enabled: bool) -> float:
+def stage_weight_bytes(
+    arch: ModelArch,
+    start: int,
+    end: int,
+    *,
+    tp: int,
+    pp: int,
+    first: bool,
+    last: bool,
+    act_bytes: int,
+    linear_bytes: float,
+    mla_enabled: bool,
+) -> float:
     """Weight bytes on one GPU of the pipeline stage holding layers [start, end)."""
     h = arch.hidden_size
     vocab_slice = _padded_vocab(arch) / tp * h
@@ -140,8 +151,21 @@ def checkpoint_bytes(arch: ModelArch, *, act_bytes: int, linear_bytes: float) ->
     routers `act_bytes` (linear_bytes_per_param gives the former).
     """
     padding = (_padded_vocab(arch) - arch.vocab_size) * arch.hidden_size * (1 if arch.tie_word_embeddings else 2)
-    return stage_weight_bytes(arch, 0, arch.num_layers, tp=1, pp=1, first=True, last=True,
-                               act_bytes=act_bytes, linear_bytes=linear_bytes, mla_enabled=False) - padding * act_bytes
+    return (
+        stage_weight_bytes(
+            arch,
+            0,
+            arch.num_layers,
+            tp=1,
+            pp=1,
+            first=True,
+            last=True,
+            act_bytes=act_bytes,
+            linear_bytes=linear_bytes,
+            mla_enabled=False,
+        )
+        - padding * act_bytes
+    )
 
 
 def model_params(arch: ModelArch) -> float:

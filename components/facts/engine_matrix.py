@@ -6,6 +6,7 @@ components.engines.matrix's output, checked by tests/test_engine_matrix.py), so 
 Every "observed" report behind these facts was made on V100s: on other generations the same fact counts
 as read from code (build files, kernel lists, documented requirements), never as observed.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,7 +16,12 @@ from components.facts.other_engines import OTHER_ENGINES
 
 # One GPU per generation, as the facts tables name compute capabilities.
 GENERATIONS: tuple[tuple[str, int], ...] = (
-    ("Volta sm_70", 70), ("Turing sm_75", 75), ("Ampere sm_80", 80), ("Ada sm_89", 89), ("Hopper sm_90", 90))
+    ("Volta sm_70", 70),
+    ("Turing sm_75", 75),
+    ("Ampere sm_80", 80),
+    ("Ada sm_89", 89),
+    ("Hopper sm_90", 90),
+)
 
 
 @dataclass(frozen=True)
@@ -50,8 +56,10 @@ def other_rows() -> list[tuple[str, list[Cell]]]:
         if e.min_capability is None:
             cells = [Cell("as its backend", level(e.source, cap)) for _, cap in GENERATIONS]
         else:
-            cells = [Cell("no" if cap < e.min_capability else "runs, not deployed", level(e.source, cap))
-                     for _, cap in GENERATIONS]
+            cells = [
+                Cell("no" if cap < e.min_capability else "runs, not deployed", level(e.source, cap))
+                for _, cap in GENERATIONS
+            ]
         out.append((f"{e.title} (`engine: {e.name}`)", cells))
     return out
 

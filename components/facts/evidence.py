@@ -1,4 +1,5 @@
 """How sure a fact is, and where it comes from: every engine and image fact carries one."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

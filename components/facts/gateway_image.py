@@ -32,6 +32,7 @@ Why not njs (what the gateway ran before): it clones a VM per request, and its g
 third of plain proxy_pass's req/s where the same request path in Lua serves over half (bench/gateway.py;
 the runs in docs/perf/gateway.md). No njs package is left in the image.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -73,8 +74,12 @@ def _tag_version(version: str) -> str:
     return version.split(":", 1)[-1].replace("+", "-")
 
 
-GATEWAY_IMAGE = ("llm-cluster/gateway:nginx-" + _tag_version(TESTED_PACKAGES["nginx"])
-                 + "-lua-" + _tag_version(TESTED_PACKAGES["libnginx-mod-http-lua"]))
+GATEWAY_IMAGE = (
+    "llm-cluster/gateway:nginx-"
+    + _tag_version(TESTED_PACKAGES["nginx"])
+    + "-lua-"
+    + _tag_version(TESTED_PACKAGES["libnginx-mod-http-lua"])
+)
 # The worker user of the official nginx image, kept so both images own the usage log alike.
 WORKER_UID = 101
 
@@ -86,24 +91,33 @@ CONTEXT_DIR = Path(__file__).parents[1] / "planning" / "gateway_image"
 BUILD_CONTEXT = CONTEXT_DIR.relative_to(Path(__file__).parents[2]).as_posix()
 
 
-def build_args(debian_mirror: str = DEBIAN_MIRROR, security_mirror: str = DEBIAN_SECURITY_MIRROR,
-               check_valid_until: bool = True) -> dict[str, str]:
+def build_args(
+    debian_mirror: str = DEBIAN_MIRROR, security_mirror: str = DEBIAN_SECURITY_MIRROR, check_valid_until: bool = True
+) -> dict[str, str]:
     """The Dockerfile's build arguments: where apt fetches the pinned packages from."""
-    return {"DEBIAN_MIRROR": debian_mirror, "DEBIAN_SECURITY_MIRROR": security_mirror,
-            "APT_CHECK_VALID_UNTIL": "yes" if check_valid_until else "no"}
+    return {
+        "DEBIAN_MIRROR": debian_mirror,
+        "DEBIAN_SECURITY_MIRROR": security_mirror,
+        "APT_CHECK_VALID_UNTIL": "yes" if check_valid_until else "no",
+    }
 
 
-def debian_sources(debian_mirror: str = DEBIAN_MIRROR, security_mirror: str = DEBIAN_SECURITY_MIRROR,
-                   check_valid_until: bool = True) -> str:
+def debian_sources(
+    debian_mirror: str = DEBIAN_MIRROR, security_mirror: str = DEBIAN_SECURITY_MIRROR, check_valid_until: bool = True
+) -> str:
     """apt's deb822 sources for the image's release: the file the Dockerfile writes, and the one the
     tests' fetch of the same packages uses (tests/support/deployed_nginx.py)."""
-    return "\n".join(_STANZA % (uri, " ".join(DEBIAN_SUITES[archive]), "yes" if check_valid_until else "no")
-                     for archive, uri in (("archive", debian_mirror), ("security", security_mirror)))
+    return "\n".join(
+        _STANZA % (uri, " ".join(DEBIAN_SUITES[archive]), "yes" if check_valid_until else "no")
+        for archive, uri in (("archive", debian_mirror), ("security", security_mirror))
+    )
 
 
 # One deb822 stanza per archive, as debian:trixie-slim ships them.
-_STANZA = ("Types: deb\nURIs: %s\nSuites: %s\nComponents: main\n"
-           "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\nCheck-Valid-Until: %s\n")
+_STANZA = (
+    "Types: deb\nURIs: %s\nSuites: %s\nComponents: main\n"
+    "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\nCheck-Valid-Until: %s\n"
+)
 
 
 def is_built(image: str) -> bool:

@@ -5,6 +5,7 @@ the header is needed: the reader below keeps the package's parsing of the key/va
 tensor infos and skips mapping the tensor data, so a header-only copy of a file (`head -c 64M
 model.gguf > header.gguf`) reads the same as the whole file.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -29,10 +30,18 @@ class _HeaderReader(GGUFReader):
             ggml_type = GGMLQuantizationType(raw_dtype[0])
             n_elems = int(np.prod(dims))
             block_size, type_size = GGML_QUANT_SIZES[ggml_type]
-            tensors.append(ReaderTensor(
-                name=str(bytes(name_data), encoding="utf-8"), tensor_type=ggml_type, shape=dims,
-                n_elements=n_elems, n_bytes=n_elems * type_size // block_size,
-                data_offset=int(start_offs + offset_tensor[0]), data=np.empty(0, np.uint8), field=fld))
+            tensors.append(
+                ReaderTensor(
+                    name=str(bytes(name_data), encoding="utf-8"),
+                    tensor_type=ggml_type,
+                    shape=dims,
+                    n_elements=n_elems,
+                    n_bytes=n_elems * type_size // block_size,
+                    data_offset=int(start_offs + offset_tensor[0]),
+                    data=np.empty(0, np.uint8),
+                    field=fld,
+                )
+            )
         self.tensors = tensors
 
 
@@ -100,8 +109,9 @@ def read_gguf(path: str | Path) -> GgufModel:
     f = reader.fields
     arch = str(_scalar(f, "general.architecture", ""))
     if arch not in KNOWN_ARCHS:
-        raise ValueError(f"{path}: GGUF architecture {arch!r} is not one the planner sizes; known: "
-                         f"{', '.join(sorted(KNOWN_ARCHS))}")
+        raise ValueError(
+            f"{path}: GGUF architecture {arch!r} is not one the planner sizes; known: {', '.join(sorted(KNOWN_ARCHS))}"
+        )
 
     def key(name: str, default: Any = None) -> Any:
         return _scalar(f, f"{arch}.{name}", default)
@@ -112,17 +122,23 @@ def read_gguf(path: str | Path) -> GgufModel:
     vocab = f.get("tokenizer.ggml.tokens")
     tokens = len(vocab.data) if vocab is not None else int(key("vocab_size", 0))
     return GgufModel(
-        path=str(path), arch=arch, name=str(_scalar(f, "general.name", "")),
+        path=str(path),
+        arch=arch,
+        name=str(_scalar(f, "general.name", "")),
         file_type=None if f.get("general.file_type") is None else int(_scalar(f, "general.file_type")),
         split_count=int(_scalar(f, "split.count", 1)),
-        block_count=int(key("block_count")), embedding_length=embd,
-        context_length=int(key("context_length", 0)), head_count=heads,
+        block_count=int(key("block_count")),
+        embedding_length=embd,
+        context_length=int(key("context_length", 0)),
+        head_count=heads,
         head_count_kv=int(key("attention.head_count_kv", heads)),
         key_length=int(key("attention.key_length", head_dim)),
         value_length=int(key("attention.value_length", head_dim)),
         mla=f.get(f"{arch}.attention.key_length_mla") is not None,
         feed_forward_length=int(key("feed_forward_length", 0)),
-        expert_count=int(key("expert_count", 0)), expert_used_count=int(key("expert_used_count", 0)),
+        expert_count=int(key("expert_count", 0)),
+        expert_used_count=int(key("expert_used_count", 0)),
         expert_feed_forward_length=int(key("expert_feed_forward_length", 0)),
-        vocab_size=tokens, tensor_bytes={t.name: int(t.n_bytes) for t in reader.tensors},
+        vocab_size=tokens,
+        tensor_bytes={t.name: int(t.n_bytes) for t in reader.tensors},
     )

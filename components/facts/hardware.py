@@ -15,6 +15,7 @@ Sources:
   [vllm-mem]   the memory profiler (0.9.2 worker/worker.py, 0.19.1 v1/worker/gpu_worker.py): the CUDA context
                is created before its baseline, so it is outside gpuMemoryUtilization's budget.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -73,8 +74,12 @@ GPUS: dict[str, GpuModel] = {
 
 # vLLM's `--dtype` choices (0.9.2 and 0.19.1 alike) and what each means as a torch dtype.
 DTYPE_ALIASES: dict[str, str] = {
-    "auto": "auto", "half": "float16", "float16": "float16",
-    "bfloat16": "bfloat16", "float": "float32", "float32": "float32",
+    "auto": "auto",
+    "half": "float16",
+    "float16": "float16",
+    "bfloat16": "bfloat16",
+    "float": "float32",
+    "float32": "float32",
 }
 DTYPE_BYTES: dict[str, int] = {"float16": 2, "bfloat16": 2, "float32": 4}
 
@@ -90,9 +95,9 @@ FP16_REFUSING_MODEL_TYPES = frozenset({"gemma2", "gemma3", "plamo2", "glm4"})
 # What to use instead when a method needs more than the GPU has. [vllm-docs-q] [lmdeploy]
 QUANTIZATION_WAY_OUT: dict[str, str] = {
     "awq": "serve a GPTQ checkpoint of the model (--quantization gptq), or serve the AWQ checkpoint "
-           "with LMDeploy (TurboMind runs AWQ on sm_70)",
+    "with LMDeploy (TurboMind runs AWQ on sm_70)",
     "awq_marlin": "serve a GPTQ checkpoint of the model (--quantization gptq), or serve the AWQ checkpoint "
-                  "with LMDeploy (TurboMind runs AWQ on sm_70)",
+    "with LMDeploy (TurboMind runs AWQ on sm_70)",
     "gptq_marlin": "use --quantization gptq (or leave it unset: vLLM picks plain gptq itself where Marlin does not run)",
     "gptq_marlin_24": "use a dense GPTQ checkpoint with --quantization gptq",
     "gptq_bitblas": "use --quantization gptq (or bitblas)",

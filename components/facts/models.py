@@ -8,6 +8,7 @@ against the model cards by tests/test_models_catalog.py.
 `params_b` is the total parameter count the model card publishes (billions), kept to cross-check
 the planner's own count; it is never used for sizing.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -77,72 +78,187 @@ MODELS: dict[str, ModelArch] = {
     m.name: m
     for m in [
         # Qwen/Qwen3-30B-A3B — https://huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json (checked)
-        ModelArch("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B", "qwen3_moe", num_layers=48, hidden_size=2048,
-                  num_attention_heads=32, num_kv_heads=4, head_dim=128, vocab_size=151936,
-                  intermediate_size=6144, num_experts=128, experts_per_token=8,
-                  moe_intermediate_size=768, params_b=30.5, max_position_embeddings=40960),
+        ModelArch(
+            "qwen3-30b-a3b",
+            "Qwen/Qwen3-30B-A3B",
+            "qwen3_moe",
+            num_layers=48,
+            hidden_size=2048,
+            num_attention_heads=32,
+            num_kv_heads=4,
+            head_dim=128,
+            vocab_size=151936,
+            intermediate_size=6144,
+            num_experts=128,
+            experts_per_token=8,
+            moe_intermediate_size=768,
+            params_b=30.5,
+            max_position_embeddings=40960,
+        ),
         # Qwen/Qwen3-32B — https://huggingface.co/Qwen/Qwen3-32B/blob/main/config.json (checked)
-        ModelArch("qwen3-32b", "Qwen/Qwen3-32B", "qwen3", num_layers=64, hidden_size=5120,
-                  num_attention_heads=64, num_kv_heads=8, head_dim=128, vocab_size=151936,
-                  intermediate_size=25600, params_b=32.8, max_position_embeddings=40960),
+        ModelArch(
+            "qwen3-32b",
+            "Qwen/Qwen3-32B",
+            "qwen3",
+            num_layers=64,
+            hidden_size=5120,
+            num_attention_heads=64,
+            num_kv_heads=8,
+            head_dim=128,
+            vocab_size=151936,
+            intermediate_size=25600,
+            params_b=32.8,
+            max_position_embeddings=40960,
+        ),
         # meta-llama/Llama-3.3-70B-Instruct —
         # https://huggingface.co/meta-llama/Llama-3.3-70B-Instruct/blob/main/config.json
         # (same shape as Llama-3.1-70B; head_dim not in the file: hidden/heads = 128)
-        ModelArch("llama-3.3-70b", "meta-llama/Llama-3.3-70B-Instruct", "llama", num_layers=80,
-                  hidden_size=8192, num_attention_heads=64, num_kv_heads=8, head_dim=128,
-                  vocab_size=128256, intermediate_size=28672, params_b=70.6, max_position_embeddings=131072,
-                  rope_scaling=(("rope_type", "llama3"), ("factor", 8.0),
-                                ("original_max_position_embeddings", 8192))),
+        ModelArch(
+            "llama-3.3-70b",
+            "meta-llama/Llama-3.3-70B-Instruct",
+            "llama",
+            num_layers=80,
+            hidden_size=8192,
+            num_attention_heads=64,
+            num_kv_heads=8,
+            head_dim=128,
+            vocab_size=128256,
+            intermediate_size=28672,
+            params_b=70.6,
+            max_position_embeddings=131072,
+            rope_scaling=(("rope_type", "llama3"), ("factor", 8.0), ("original_max_position_embeddings", 8192)),
+        ),
         # openai/gpt-oss-120b — https://huggingface.co/openai/gpt-oss-120b/blob/main/config.json
         # (num_local_experts=128, experts_per_token=4, intermediate_size=2880 is the expert width).
         # Not runnable on vLLM 0.9.2 (added in 0.10.1); listed because the runbook lists it.
-        ModelArch("gpt-oss-120b", "openai/gpt-oss-120b", "gpt_oss", num_layers=36, hidden_size=2880,
-                  num_attention_heads=64, num_kv_heads=8, head_dim=64, vocab_size=201088,
-                  intermediate_size=2880, qkv_bias=True, num_experts=128, experts_per_token=4,
-                  moe_intermediate_size=2880, params_b=116.8, max_position_embeddings=131072,
-                  rope_scaling=(("rope_type", "yarn"), ("factor", 32.0),
-                                ("original_max_position_embeddings", 4096))),
+        ModelArch(
+            "gpt-oss-120b",
+            "openai/gpt-oss-120b",
+            "gpt_oss",
+            num_layers=36,
+            hidden_size=2880,
+            num_attention_heads=64,
+            num_kv_heads=8,
+            head_dim=64,
+            vocab_size=201088,
+            intermediate_size=2880,
+            qkv_bias=True,
+            num_experts=128,
+            experts_per_token=4,
+            moe_intermediate_size=2880,
+            params_b=116.8,
+            max_position_embeddings=131072,
+            rope_scaling=(("rope_type", "yarn"), ("factor", 32.0), ("original_max_position_embeddings", 4096)),
+        ),
         # Qwen/Qwen3-235B-A22B — https://huggingface.co/Qwen/Qwen3-235B-A22B/blob/main/config.json
-        ModelArch("qwen3-235b-a22b", "Qwen/Qwen3-235B-A22B", "qwen3_moe", num_layers=94,
-                  hidden_size=4096, num_attention_heads=64, num_kv_heads=4, head_dim=128,
-                  vocab_size=151936, intermediate_size=12288, num_experts=128, experts_per_token=8,
-                  moe_intermediate_size=1536, params_b=235.0, max_position_embeddings=40960),
+        ModelArch(
+            "qwen3-235b-a22b",
+            "Qwen/Qwen3-235B-A22B",
+            "qwen3_moe",
+            num_layers=94,
+            hidden_size=4096,
+            num_attention_heads=64,
+            num_kv_heads=4,
+            head_dim=128,
+            vocab_size=151936,
+            intermediate_size=12288,
+            num_experts=128,
+            experts_per_token=8,
+            moe_intermediate_size=1536,
+            params_b=235.0,
+            max_position_embeddings=40960,
+        ),
         # meta-llama/Llama-3.1-405B-Instruct —
         # https://huggingface.co/meta-llama/Llama-3.1-405B-Instruct/blob/main/config.json
-        ModelArch("llama-3.1-405b", "meta-llama/Llama-3.1-405B-Instruct", "llama", num_layers=126,
-                  hidden_size=16384, num_attention_heads=128, num_kv_heads=8, head_dim=128,
-                  vocab_size=128256, intermediate_size=53248, params_b=405.0, max_position_embeddings=131072,
-                  rope_scaling=(("rope_type", "llama3"), ("factor", 8.0),
-                                ("original_max_position_embeddings", 8192))),
+        ModelArch(
+            "llama-3.1-405b",
+            "meta-llama/Llama-3.1-405B-Instruct",
+            "llama",
+            num_layers=126,
+            hidden_size=16384,
+            num_attention_heads=128,
+            num_kv_heads=8,
+            head_dim=128,
+            vocab_size=128256,
+            intermediate_size=53248,
+            params_b=405.0,
+            max_position_embeddings=131072,
+            rope_scaling=(("rope_type", "llama3"), ("factor", 8.0), ("original_max_position_embeddings", 8192)),
+        ),
         # deepseek-ai/DeepSeek-R1 — https://huggingface.co/deepseek-ai/DeepSeek-R1/blob/main/config.json
         # (identical to DeepSeek-V3's). The MTP layer (num_nextn_predict_layers=1) is not loaded by
         # vLLM without speculative decoding, so params_b is 671, not the 685 HF shows.
-        ModelArch("deepseek-r1", "deepseek-ai/DeepSeek-R1", "deepseek_v3", num_layers=61,
-                  hidden_size=7168, num_attention_heads=128, num_kv_heads=128, head_dim=192,
-                  vocab_size=129280, intermediate_size=18432, num_experts=256, experts_per_token=8,
-                  moe_intermediate_size=2048, num_shared_experts=1, first_k_dense_replace=3,
-                  kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, qk_nope_head_dim=128,
-                  v_head_dim=128, params_b=671.0, max_position_embeddings=163840,
-                  rope_scaling=(("rope_type", "yarn"), ("factor", 40.0),
-                                ("original_max_position_embeddings", 4096))),
+        ModelArch(
+            "deepseek-r1",
+            "deepseek-ai/DeepSeek-R1",
+            "deepseek_v3",
+            num_layers=61,
+            hidden_size=7168,
+            num_attention_heads=128,
+            num_kv_heads=128,
+            head_dim=192,
+            vocab_size=129280,
+            intermediate_size=18432,
+            num_experts=256,
+            experts_per_token=8,
+            moe_intermediate_size=2048,
+            num_shared_experts=1,
+            first_k_dense_replace=3,
+            kv_lora_rank=512,
+            q_lora_rank=1536,
+            qk_rope_head_dim=64,
+            qk_nope_head_dim=128,
+            v_head_dim=128,
+            params_b=671.0,
+            max_position_embeddings=163840,
+            rope_scaling=(("rope_type", "yarn"), ("factor", 40.0), ("original_max_position_embeddings", 4096)),
+        ),
         # moonshotai/Kimi-K2-Instruct — https://huggingface.co/moonshotai/Kimi-K2-Instruct/blob/main/config.json
         # (DeepSeek-V3 shape with 64 heads, 384 experts, 1 dense layer; checked against a copy of
         # the Kimi-K2.5 text_config. vocab_size 163840 from the K2 config, not re-checked.)
-        ModelArch("kimi-k2", "moonshotai/Kimi-K2-Instruct", "kimi_k2", num_layers=61, hidden_size=7168,
-                  num_attention_heads=64, num_kv_heads=64, head_dim=192, vocab_size=163840,
-                  intermediate_size=18432, num_experts=384, experts_per_token=8,
-                  moe_intermediate_size=2048, num_shared_experts=1, first_k_dense_replace=1,
-                  kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, qk_nope_head_dim=128,
-                  v_head_dim=128, params_b=1000.0, max_position_embeddings=131072,
-                  rope_scaling=(("rope_type", "yarn"), ("factor", 32.0),
-                                ("original_max_position_embeddings", 4096))),
+        ModelArch(
+            "kimi-k2",
+            "moonshotai/Kimi-K2-Instruct",
+            "kimi_k2",
+            num_layers=61,
+            hidden_size=7168,
+            num_attention_heads=64,
+            num_kv_heads=64,
+            head_dim=192,
+            vocab_size=163840,
+            intermediate_size=18432,
+            num_experts=384,
+            experts_per_token=8,
+            moe_intermediate_size=2048,
+            num_shared_experts=1,
+            first_k_dense_replace=1,
+            kv_lora_rank=512,
+            q_lora_rank=1536,
+            qk_rope_head_dim=64,
+            qk_nope_head_dim=128,
+            v_head_dim=128,
+            params_b=1000.0,
+            max_position_embeddings=131072,
+            rope_scaling=(("rope_type", "yarn"), ("factor", 32.0), ("original_max_position_embeddings", 4096)),
+        ),
         # deepseek-ai/DeepSeek-R1-Distill-Qwen-32B —
         # https://huggingface.co/deepseek-ai/DeepSeek-R1-Distill-Qwen-32B/blob/main/config.json
         # (Qwen2.5-32B's architecture; checked against a copy of Qwen2.5-32B's config.json)
-        ModelArch("deepseek-r1-distill-qwen-32b", "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B", "qwen2",
-                  num_layers=64, hidden_size=5120, num_attention_heads=40, num_kv_heads=8, head_dim=128,
-                  vocab_size=152064, intermediate_size=27648, qkv_bias=True, params_b=32.8,
-                  max_position_embeddings=131072),
+        ModelArch(
+            "deepseek-r1-distill-qwen-32b",
+            "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B",
+            "qwen2",
+            num_layers=64,
+            hidden_size=5120,
+            num_attention_heads=40,
+            num_kv_heads=8,
+            head_dim=128,
+            vocab_size=152064,
+            intermediate_size=27648,
+            qkv_bias=True,
+            params_b=32.8,
+            max_position_embeddings=131072,
+        ),
     ]
 }
 # deepseek-ai/DeepSeek-V3 — https://huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json:
@@ -155,14 +271,24 @@ def model_arch(name: str) -> ModelArch:
     try:
         return MODELS[name]
     except KeyError:
-        raise KeyError(f"unknown model {name!r}; known: {', '.join(sorted(MODELS))} "
-                       "(or give the path of a config.json)") from None
+        raise KeyError(
+            f"unknown model {name!r}; known: {', '.join(sorted(MODELS))} (or give the path of a config.json)"
+        ) from None
 
 
 # config.json keys vLLM reads a model's length from, smallest wins (ModelConfig._get_and_verify_max_len,
 # vllm/config.py at v0.9.2; the same list in later lines).
-LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
-               "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
+LENGTH_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "model_max_length",
+    "max_target_positions",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
 # rope types vLLM does not scale the length by (their max_position_embeddings is already the long one).
 UNSCALED_ROPE_TYPES = frozenset({"su", "longrope", "llama3"})
 
@@ -199,8 +325,11 @@ def _length_fields(data: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     rope = cfg.get("rope_scaling") or data.get("rope_scaling")
     if isinstance(rope, dict):
         # What the length derivation reads; vLLM renames the older `type` to `rope_type` (patch_rope_scaling).
-        rope = {"rope_type": rope.get("rope_type", rope.get("type")), "factor": rope.get("factor"),
-                "original_max_position_embeddings": rope.get("original_max_position_embeddings")}
+        rope = {
+            "rope_type": rope.get("rope_type", rope.get("type")),
+            "factor": rope.get("factor"),
+            "original_max_position_embeddings": rope.get("original_max_position_embeddings"),
+        }
         out["rope_scaling"] = tuple((k, v) for k, v in rope.items() if v is not None)
     return out
 
@@ -218,8 +347,9 @@ def arch_from_config_json(data: dict[str, Any], name: str) -> ModelArch:
     model_type = str(cfg.get("model_type") or data.get("model_type") or "")
     known = _DENSE_TYPES | _MOE_TYPES | _MLA_TYPES | _GPT_OSS_TYPES
     if model_type not in known:
-        raise ValueError(f"model_type {model_type!r} of {name!r} is not one the planner knows: "
-                         f"{', '.join(sorted(known))}")
+        raise ValueError(
+            f"model_type {model_type!r} of {name!r} is not one the planner knows: {', '.join(sorted(known))}"
+        )
     hidden = int(_required(cfg, "hidden_size", name))
     heads = int(_required(cfg, "num_attention_heads", name))
     common: dict[str, Any] = dict(
@@ -237,7 +367,8 @@ def arch_from_config_json(data: dict[str, Any], name: str) -> ModelArch:
     if model_type in _MLA_TYPES:
         nope, rope = int(cfg["qk_nope_head_dim"]), int(cfg["qk_rope_head_dim"])
         return ModelArch(
-            **common, head_dim=nope + rope,
+            **common,
+            head_dim=nope + rope,
             intermediate_size=int(cfg.get("intermediate_size") or 0),
             num_experts=int(cfg.get("n_routed_experts") or 0),
             experts_per_token=int(cfg.get("num_experts_per_tok") or 0),
@@ -246,31 +377,41 @@ def arch_from_config_json(data: dict[str, Any], name: str) -> ModelArch:
             first_k_dense_replace=int(cfg.get("first_k_dense_replace") or 0),
             kv_lora_rank=int(_required(cfg, "kv_lora_rank", name)),
             q_lora_rank=int(cfg.get("q_lora_rank") or 0),
-            qk_rope_head_dim=rope, qk_nope_head_dim=nope, v_head_dim=int(cfg["v_head_dim"]),
+            qk_rope_head_dim=rope,
+            qk_nope_head_dim=nope,
+            v_head_dim=int(cfg["v_head_dim"]),
         )
     head_dim = int(cfg.get("head_dim") or hidden // heads)
     qkv_bias = model_type in _QKV_BIAS_TYPES or bool(cfg.get("attention_bias", False))
     if model_type in _GPT_OSS_TYPES:
         width = int(_required(cfg, "intermediate_size", name))
-        return ModelArch(**common, head_dim=head_dim, intermediate_size=width, qkv_bias=qkv_bias,
-                         num_experts=int(cfg.get("num_local_experts") or 0),
-                         experts_per_token=int(cfg.get("num_experts_per_tok")
-                                               or cfg.get("experts_per_token") or 0),
-                         moe_intermediate_size=width)
+        return ModelArch(
+            **common,
+            head_dim=head_dim,
+            intermediate_size=width,
+            qkv_bias=qkv_bias,
+            num_experts=int(cfg.get("num_local_experts") or 0),
+            experts_per_token=int(cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 0),
+            moe_intermediate_size=width,
+        )
     if model_type in _MOE_TYPES:
         if cfg.get("mlp_only_layers") or int(cfg.get("decoder_sparse_step") or 1) != 1:
-            raise ValueError(f"{name!r}: MoE layouts with mlp_only_layers or decoder_sparse_step != 1 "
-                             "are not modelled")
+            raise ValueError(f"{name!r}: MoE layouts with mlp_only_layers or decoder_sparse_step != 1 are not modelled")
         shared = int(cfg.get("shared_expert_intermediate_size") or 0)
-        return ModelArch(**common, head_dim=head_dim, qkv_bias=qkv_bias,
-                         intermediate_size=int(cfg.get("intermediate_size") or 0),
-                         num_experts=int(_required(cfg, "num_experts", name)),
-                         experts_per_token=int(_required(cfg, "num_experts_per_tok", name)),
-                         moe_intermediate_size=int(_required(cfg, "moe_intermediate_size", name)),
-                         num_shared_experts=1 if shared else 0,
-                         shared_expert_intermediate_size=shared)
-    return ModelArch(**common, head_dim=head_dim, qkv_bias=qkv_bias,
-                     intermediate_size=int(_required(cfg, "intermediate_size", name)))
+        return ModelArch(
+            **common,
+            head_dim=head_dim,
+            qkv_bias=qkv_bias,
+            intermediate_size=int(cfg.get("intermediate_size") or 0),
+            num_experts=int(_required(cfg, "num_experts", name)),
+            experts_per_token=int(_required(cfg, "num_experts_per_tok", name)),
+            moe_intermediate_size=int(_required(cfg, "moe_intermediate_size", name)),
+            num_shared_experts=1 if shared else 0,
+            shared_expert_intermediate_size=shared,
+        )
+    return ModelArch(
+        **common, head_dim=head_dim, qkv_bias=qkv_bias, intermediate_size=int(_required(cfg, "intermediate_size", name))
+    )
 
 
 def quantization_from_config_json(data: dict[str, Any]) -> tuple[str, int, int] | None:

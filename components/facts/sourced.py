@@ -1,4 +1,5 @@
 """What every image-facts table entry shares: a source for each fact field, its reference, its citations."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -14,14 +15,19 @@ class SourcedImage:
 
     # Fields that identify an entry rather than state a fact about it.
     IDENTITY: ClassVar[frozenset[str]] = frozenset(
-        {"engine", "version", "build", "repo", "tag", "variant", "sources", "note"})
+        {"engine", "version", "build", "repo", "tag", "variant", "sources", "note"}
+    )
     repo: str
     tag: str
     sources: Mapping[str, Sourced]
 
     def __post_init__(self) -> None:
-        missing = [f.name for f in fields(self) if f.name not in self.IDENTITY  # type: ignore[arg-type]
-                   and f.name not in self.sources]
+        missing = [
+            f.name
+            for f in fields(self)
+            if f.name not in self.IDENTITY  # type: ignore[arg-type]
+            and f.name not in self.sources
+        ]
         if missing:
             raise ValueError(f"image facts {self.ref}: no source for {', '.join(missing)}")
 
@@ -44,5 +50,5 @@ def image_ref_key(ref: str) -> str:
     ref = ref.split("@", 1)[0]
     for prefix in ("docker.io/", "index.docker.io/", "registry-1.docker.io/"):
         if ref.startswith(prefix):
-            ref = ref[len(prefix):]
+            ref = ref[len(prefix) :]
     return ref.removeprefix("library/")

@@ -16,6 +16,7 @@ Sources, as cited below: the engines' source at a tag (file:line, read with git)
 GitHub issues, `repo#N` being https://github.com/<repo>/issues/N (their lines are in
 tests/fixtures/startup-failures, each issue's URL in its SOURCES.md). Nothing here ran on a GPU.
 """
+
 from __future__ import annotations
 
 import re
@@ -42,8 +43,10 @@ class StartupFailure:
     def __post_init__(self) -> None:
         for bad in ("\\d", "\\s", "\\b", "\\w", "[[:", "(?", "\\S", "\\D"):
             if bad in self.pattern:
-                raise ValueError(f"startup failure {self.id}: {bad!r} is not POSIX ERE, or Python reads it "
-                                 "differently; write the characters out")
+                raise ValueError(
+                    f"startup failure {self.id}: {bad!r} is not POSIX ERE, or Python reads it "
+                    "differently; write the characters out"
+                )
         re.compile(self.pattern)
 
     def advice(self, pool: str, model: str, memory_keys: str) -> str:
@@ -82,17 +85,22 @@ def any_pattern(failures: Iterable[StartupFailure]) -> str:
 
 COMMON: tuple[StartupFailure, ...] = (
     StartupFailure(
-        "no-kernel-image", DTYPE_KERNEL,
+        "no-kernel-image",
+        DTYPE_KERNEL,
         r"no kernel image is available for execution on the device|with CUDA capability sm_[0-9]+ is not "
         r"compatible with the current PyTorch installation|PyTorch no longer supports this GPU because it is too old",
         "the image's PyTorch or CUDA kernels were not built for this GPU (V100 is sm_70: the vLLM 0.9.x and "
         "0.10.0/0.10.1 images, and any cu13 or -ubuntu2404 build, have none)",
         "an image that has sm_70 kernels in pools.{pool}.image (vLLM 0.10.2 to 0.19.x plain tag, LMDeploy "
         "-cu12.8, llama.cpp server-cuda); `make plan` names the tested ones",
-        observed("pytorch#147607 (sm_70 removed from torch 2.7.0+cu128); vllm#19185 on V100 with a 0.9.x image, "
-                 "#16307; torch/cuda/__init__.py _check_capability and _check_cubins (2.7.1, 2.8.0)")),
+        observed(
+            "pytorch#147607 (sm_70 removed from torch 2.7.0+cu128); vllm#19185 on V100 with a 0.9.x image, "
+            "#16307; torch/cuda/__init__.py _check_capability and _check_cubins (2.7.1, 2.8.0)"
+        ),
+    ),
     StartupFailure(
-        "driver-too-old", DRIVER,
+        "driver-too-old",
+        DRIVER,
         r"CUDA driver version is insufficient for CUDA runtime version|The NVIDIA driver on your system is too "
         r"old|forward compatibility was attempted on non supported HW|the provided PTX was compiled with an "
         r"unsupported toolchain",
@@ -100,22 +108,31 @@ COMMON: tuple[StartupFailure, ...] = (
         "JIT-compiles with the driver, which must know that CUDA)",
         "upgrade the driver on the node (R570 or later for CUDA 12.8 images; `nvidia-smi` shows it), or an "
         "image built for an older CUDA in pools.{pool}.image",
-        code("CUDA runtime error strings (cudaErrorInsufficientDriver 35, cudaErrorCompatNotSupportedOnDevice "
-             "804, cudaErrorUnsupportedPtxVersion 222); torch/cuda/__init__.py _check_driver")),
+        code(
+            "CUDA runtime error strings (cudaErrorInsufficientDriver 35, cudaErrorCompatNotSupportedOnDevice "
+            "804, cudaErrorUnsupportedPtxVersion 222); torch/cuda/__init__.py _check_driver"
+        ),
+    ),
     StartupFailure(
-        "cuda-oom", OOM,
+        "cuda-oom",
+        OOM,
         r"CUDA out of memory|OutOfMemoryError|cudaMalloc failed: out of memory|CUDA (runtime )?error: out of memory",
         "the GPU ran out of memory while the server loaded (weights, activations or KV cache), or another "
         "process holds GPU memory",
         "lower pools.{pool}.{memory_keys}, or spread the model over more GPUs; `nvidia-smi` on the node shows "
         "memory held by another process",
-        observed("torch's CUDA caching allocator (vllm#12529); llama.cpp ggml-cuda.cu:888 (b11312); LMDeploy "
-                 "TurboMind's allocator (lmdeploy#1459, #3557; from v0.14 `[TM][FATAL]… CUDA error: out of "
-                 "memory`, src/turbomind/utils/cuda_utils.cc:28 at v0.16.0 [code])")),
+        observed(
+            "torch's CUDA caching allocator (vllm#12529); llama.cpp ggml-cuda.cu:888 (b11312); LMDeploy "
+            "TurboMind's allocator (lmdeploy#1459, #3557; from v0.14 `[TM][FATAL]… CUDA error: out of "
+            "memory`, src/turbomind/utils/cuda_utils.cc:28 at v0.16.0 [code])"
+        ),
+    ),
     StartupFailure(
-        "nccl-shm", STARTUP,
+        "nccl-shm",
+        STARTUP,
         r"Error while creating shared memory segment",
         "NCCL could not create its shared-memory segment in /dev/shm: the container's /dev/shm is too small",
         "raise pools.{pool}.shmSizeGib",
-        code("NCCL src/misc/shmutils.cc: \"Error while creating shared memory segment %s (size %zu)\"")),
+        code('NCCL src/misc/shmutils.cc: "Error while creating shared memory segment %s (size %zu)"'),
+    ),
 )

@@ -1,5 +1,6 @@
 """The capacity report above the engines' own models: plan.json `capacity`, per pool as deployed and the
 variants a person weighs (MLA's other setting, one more pipeline stage)."""
+
 from __future__ import annotations
 
 from components.engines.registry import engine_for
@@ -15,10 +16,13 @@ def capacity_report(spec: StackSpec) -> dict[str, dict[str, object]]:
         entry: dict[str, object] = {"asDeployed": est}
         if est.get("uses_mla"):
             entry["mlaOn" if not est["mla_enabled"] else "mlaOff"] = engine.capacity(
-                spec, pool, mla=not est["mla_enabled"])
+                spec, pool, mla=not est["mla_enabled"]
+            )
         if p.pipeline_parallel > 1:
             # What one more node per instance would give (the weights spread thinner, more KV cache per GPU).
-            entry[f"pp{p.pipeline_parallel + 1}"] = engine.capacity(with_pipeline_stages(spec, pool, p.pipeline_parallel + 1), pool)
+            entry[f"pp{p.pipeline_parallel + 1}"] = engine.capacity(
+                with_pipeline_stages(spec, pool, p.pipeline_parallel + 1), pool
+            )
         out[pool] = entry
     return out
 

@@ -7,6 +7,7 @@ cover the serving images and forget the exporters. References are read as Docker
 a registry host only when it holds a `.` or a `:` or is `localhost`; otherwise the image is on Docker Hub,
 where a one-component name is under `library/`.
 """
+
 from __future__ import annotations
 
 import shlex
@@ -20,15 +21,25 @@ DOCKER_HUB = "docker.io"
 # Registries on the public internet (an air-gapped node reaches none of them), by host, and by the
 # suffix of the cloud registries whose hosts are per account or region.
 PUBLIC_REGISTRIES: dict[str, str] = {
-    "docker.io": "Docker Hub", "registry-1.docker.io": "Docker Hub", "index.docker.io": "Docker Hub",
-    "nvcr.io": "NVIDIA NGC", "ghcr.io": "GitHub Container Registry", "quay.io": "Quay",
-    "gcr.io": "Google Container Registry", "registry.k8s.io": "Kubernetes registry", "k8s.gcr.io": "Kubernetes registry",
-    "public.ecr.aws": "Amazon ECR Public", "mcr.microsoft.com": "Microsoft Container Registry",
-    "registry.gitlab.com": "GitLab registry", "docker.elastic.co": "Elastic registry",
+    "docker.io": "Docker Hub",
+    "registry-1.docker.io": "Docker Hub",
+    "index.docker.io": "Docker Hub",
+    "nvcr.io": "NVIDIA NGC",
+    "ghcr.io": "GitHub Container Registry",
+    "quay.io": "Quay",
+    "gcr.io": "Google Container Registry",
+    "registry.k8s.io": "Kubernetes registry",
+    "k8s.gcr.io": "Kubernetes registry",
+    "public.ecr.aws": "Amazon ECR Public",
+    "mcr.microsoft.com": "Microsoft Container Registry",
+    "registry.gitlab.com": "GitLab registry",
+    "docker.elastic.co": "Elastic registry",
 }
 PUBLIC_SUFFIXES: dict[str, str] = {
-    ".gcr.io": "Google Container Registry", ".pkg.dev": "Google Artifact Registry",
-    ".amazonaws.com": "Amazon ECR", ".azurecr.io": "Azure Container Registry",
+    ".gcr.io": "Google Container Registry",
+    ".pkg.dev": "Google Artifact Registry",
+    ".amazonaws.com": "Amazon ECR",
+    ".azurecr.io": "Azure Container Registry",
 }
 Via = Literal["origin", "registry", "tarball", "build"]
 
@@ -86,8 +97,12 @@ class ImageSupply:
 def builds_gateway(spec: StackSpec) -> bool:
     """Whether the gateway node builds the default gateway image: only when no registry or tarballs
     supply it (the build needs Docker Hub's Debian base and the Debian archive)."""
-    return (spec.gateway is not None and is_built(spec.gateway.image)
-            and spec.images.registry is None and spec.images.tarballs is None)
+    return (
+        spec.gateway is not None
+        and is_built(spec.gateway.image)
+        and spec.images.registry is None
+        and spec.images.tarballs is None
+    )
 
 
 def supply(spec: StackSpec, image: str) -> ImageSupply:
@@ -110,7 +125,9 @@ def node_ref(spec: StackSpec, image: str) -> str:
 def node_supplies(spec: StackSpec, node: str) -> list[ImageSupply]:
     """How a node gets every image it runs, the gateway image it builds included."""
 
-    built = [spec.gateway.image] if spec.gateway is not None and spec.gateway.node == node and builds_gateway(spec) else []
+    built = (
+        [spec.gateway.image] if spec.gateway is not None and spec.gateway.node == node and builds_gateway(spec) else []
+    )
     return [supply(spec, ref) for ref in [*images_for_node(spec, node), *built]]
 
 
@@ -128,8 +145,13 @@ def tarball_name_issues(spec: StackSpec) -> list[SpecIssue]:
     for image in stack_images(spec):
         name = tarball_name(image)
         if name in seen:
-            issues.append(SpecIssue("images.tarballs", f"{image!r} and {seen[name]!r} would both load from {name}; "
-                                    "tag one of them differently or use images.registry"))
+            issues.append(
+                SpecIssue(
+                    "images.tarballs",
+                    f"{image!r} and {seen[name]!r} would both load from {name}; "
+                    "tag one of them differently or use images.registry",
+                )
+            )
         seen.setdefault(name, image)
     return issues
 
@@ -201,22 +223,29 @@ def build_flags(spec: StackSpec) -> str:
     if spec.gateway is None:
         return ""
     defaults = build_args()
-    return "".join(f" --build-arg {shlex.quote(f'{k}={v}')}" for k, v in spec.gateway.image_build.args().items()
-                   if defaults[k] != v)
+    return "".join(
+        f" --build-arg {shlex.quote(f'{k}={v}')}"
+        for k, v in spec.gateway.image_build.args().items()
+        if defaults[k] != v
+    )
 
 
 def mirror_script(spec: StackSpec) -> str:
     """Bash for a machine that reaches the public registries: fetch every image the stack runs and push it
     to images.registry, or `docker save` it into the tarball each node loads (images.tarballs)."""
     imgs = spec.images
-    lines = ["#!/usr/bin/env bash",
-             "# Every image the stack runs, made available to air-gapped nodes (python -m ops.images).",
-             "# Run it from the project's directory on a machine with Docker that reaches the public registries.",
-             "set -euo pipefail"]
+    lines = [
+        "#!/usr/bin/env bash",
+        "# Every image the stack runs, made available to air-gapped nodes (python -m ops.images).",
+        "# Run it from the project's directory on a machine with Docker that reaches the public registries.",
+        "set -euo pipefail",
+    ]
     if imgs.registry is None and imgs.tarballs is None:
-        lines.append("# images.registry and images.tarballs are unset: the nodes pull each image from its own registry.")
+        lines.append(
+            "# images.registry and images.tarballs are unset: the nodes pull each image from its own registry."
+        )
     if imgs.tarballs is not None:
-        lines += ["out=\"${1:-.}\"", 'mkdir -p -- "$out"']
+        lines += ['out="${1:-.}"', 'mkdir -p -- "$out"']
     nodes_of: dict[str, list[str]] = {}
     for n in spec.nodes:
         for s in node_supplies(spec, n):
@@ -226,15 +255,18 @@ def mirror_script(spec: StackSpec) -> str:
         where = "every node" if nodes == list(spec.nodes) else ", ".join(nodes)
         lines.append(f"# {image} ({where})")
         # The default gateway image is built from the committed context, never pulled.
-        lines.append(f"docker build -t {q}{build_flags(spec)} {shlex.quote(BUILD_CONTEXT)}" if is_built(image)
-                     else f"docker pull {q}")
+        lines.append(
+            f"docker build -t {q}{build_flags(spec)} {shlex.quote(BUILD_CONTEXT)}"
+            if is_built(image)
+            else f"docker pull {q}"
+        )
         s = supply(spec, image)
         if s.via == "registry":
             lines += [f"docker tag {q} {shlex.quote(s.ref)}", f"docker push {shlex.quote(s.ref)}"]
         elif s.via == "tarball":
             lines.append(f'docker save -o "$out"/{shlex.quote(tarball_name(image))} {q}')
     if imgs.tarballs is not None:
-        lines.append(f"echo \"copy every .tar in $out to {imgs.tarballs} on each node listed above\"")
+        lines.append(f'echo "copy every .tar in $out to {imgs.tarballs} on each node listed above"')
     return "\n".join(lines) + "\n"
 
 

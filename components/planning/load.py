@@ -6,6 +6,7 @@ name, tarball names) is checked here, after parsing, so the spec never imports t
 `parse_stack` and `load_stack_config` are what every entry point uses: the Pulumi program, the offline
 plan, the tests.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -31,10 +32,17 @@ def stack_issues(s: StackSpec) -> list[SpecIssue]:
     """Every cross-section issue of a parsed stack, in the order a person fixes them; the ports last, once
     all else holds."""
     images = stack.check_images(s)
-    issues = (stack.check_names_and_nodes(s) + stack.check_pools(s) + stack.check_models(s)
-              + (stack.check_gateway(s) + shared_model_issues(s) if s.gateway is not None else [])
-              + stack.check_monitoring_and_ssh(s) + alert_issues(s)
-              + (images or tarball_name_issues(s)) + engine_issues(s) + file_issues(s))
+    issues = (
+        stack.check_names_and_nodes(s)
+        + stack.check_pools(s)
+        + stack.check_models(s)
+        + (stack.check_gateway(s) + shared_model_issues(s) if s.gateway is not None else [])
+        + stack.check_monitoring_and_ssh(s)
+        + alert_issues(s)
+        + (images or tarball_name_issues(s))
+        + engine_issues(s)
+        + file_issues(s)
+    )
     return issues or stack.check_ports(s)
 
 
@@ -73,8 +81,12 @@ def alert_issues(spec: StackSpec) -> list[SpecIssue]:
     """Alert thresholds a pool's engine makes moot (they would fire from the start)."""
     if spec.monitoring is None:
         return []
-    return [i for pname, pool in spec.pools.items() if pool.engine in ENGINES
-            for i in ENGINES[pool.engine].alert_issues(spec, pname)]
+    return [
+        i
+        for pname, pool in spec.pools.items()
+        if pool.engine in ENGINES
+        for i in ENGINES[pool.engine].alert_issues(spec, pname)
+    ]
 
 
 def file_issues(s: StackSpec) -> list[SpecIssue]:
@@ -105,26 +117,46 @@ def shared_model_issues(s: StackSpec) -> list[SpecIssue]:
         if pool not in s.pools:
             issues.append(SpecIssue(f"gateway.poolWeights.{pool}", _not_one_of(pool, "pool", s.pools)))
         elif len(by_model[s.pools[pool].model]) == 1:
-            issues.append(SpecIssue(f"gateway.poolWeights.{pool}", f"pool {pool!r} is the only pool serving model "
-                                    f"{s.pools[pool].model!r}: a weight splits a model's traffic between pools "
-                                    "that serve it"))
+            issues.append(
+                SpecIssue(
+                    f"gateway.poolWeights.{pool}",
+                    f"pool {pool!r} is the only pool serving model "
+                    f"{s.pools[pool].model!r}: a weight splits a model's traffic between pools "
+                    "that serve it",
+                )
+            )
     for model, pools in by_model.items():
         if len(pools) < 2:
             continue
         if all(g.pool_weights.get(p, 1) == 0 for p in pools):
-            issues.append(SpecIssue("gateway.poolWeights", f"every pool serving model {model!r} "
-                                    f"({', '.join(pools)}) has weight 0: its requests would find no replica"))
+            issues.append(
+                SpecIssue(
+                    "gateway.poolWeights",
+                    f"every pool serving model {model!r} "
+                    f"({', '.join(pools)}) has weight 0: its requests would find no replica",
+                )
+            )
         lens = {p: engine_for(s.pools[p]).context_length(s, p) for p in pools}
         if len(set(lens.values())) > 1:
-            issues.append(SpecIssue(f"pools.{pools[1]}", f"pools {', '.join(pools)} serve model {model!r} behind "
-                                    "one name but accept different context lengths ("
-                                    + ", ".join(f"{p}: {n}" for p, n in lens.items())
-                                    + "): the same request would pass or fail by where it lands; give them one "
-                                    "context length (" + ", ".join(context_key(s, p) for p in pools) + ")"))
+            issues.append(
+                SpecIssue(
+                    f"pools.{pools[1]}",
+                    f"pools {', '.join(pools)} serve model {model!r} behind "
+                    "one name but accept different context lengths ("
+                    + ", ".join(f"{p}: {n}" for p, n in lens.items())
+                    + "): the same request would pass or fail by where it lands; give them one "
+                    "context length (" + ", ".join(context_key(s, p) for p in pools) + ")",
+                )
+            )
         for i, k in enumerate(g.api_keys):
             for j, name in enumerate(k.models):
                 if name in pools:
-                    issues.append(SpecIssue(f"gateway.apiKeys[{i}].models[{j}]", f"pool {name!r} shares model "
-                                            f"{model!r} with {', '.join(p for p in pools if p != name)}: a key cannot "
-                                            f"be held to one of them; name the model ({model!r}) instead"))
+                    issues.append(
+                        SpecIssue(
+                            f"gateway.apiKeys[{i}].models[{j}]",
+                            f"pool {name!r} shares model "
+                            f"{model!r} with {', '.join(p for p in pools if p != name)}: a key cannot "
+                            f"be held to one of them; name the model ({model!r}) instead",
+                        )
+                    )
     return issues

@@ -13,6 +13,7 @@ What runs is the engine's (Engine.gate_check, composed from components.engines.g
 This module only collects the gates (one per node and image, with the argvs served there) and writes the
 script that runs one: `docker run --rm --gpus device=0 --network none --entrypoint … <image> …`.
 """
+
 from __future__ import annotations
 
 import shlex
@@ -57,6 +58,7 @@ def node_qualifications(spec: StackSpec) -> list[Qualification]:
                     # holds them; the pool's own containers carry them, and the pack reports them there.
                     entry[1].append(tuple(masked_secrets(engine.serve_argv(spec, inst), engine.secret_flags)))
     from components.planning.image_supply import node_ref
+
     out = []
     for (node, image), (pool, argvs) in sorted(found.items()):
         unique = tuple(dict.fromkeys(argvs))

@@ -4,6 +4,7 @@ The script runs on the gateway's node after the gateway and every model's health
 reach it on stdin (a secret, never in the command line), and components/node_programs/smoke_client.py
 does the requests.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,8 +50,10 @@ def retry_seconds(spec: StackSpec) -> int:
 def where_to_look(spec: StackSpec, pool: str) -> str:
     """What to read when a pool does not answer through the gateway: the gateway's log, each instance's."""
     assert spec.gateway is not None
-    servers = "; ".join(f"docker logs {server_container_name(engine_for(spec.pools[i.pool]), i)} on {i.head}"
-                        for i in instances(spec, pool))
+    servers = "; ".join(
+        f"docker logs {server_container_name(engine_for(spec.pools[i.pool]), i)} on {i.head}"
+        for i in instances(spec, pool)
+    )
     return f"docker logs llm-gateway on {spec.gateway.node} (the usage line names the upstream); {servers}"
 
 
@@ -66,8 +69,12 @@ def smoke_plan(spec: StackSpec, url: str) -> dict[str, object]:
             if g.auth and key is None:
                 check["skip"] = "no key in gateway.apiKeys may use it"
             checks.append(check)
-    return {"url": url, "checks": checks, "timeout_seconds": REQUEST_TIMEOUT_SECONDS,
-            "retry_seconds": retry_seconds(spec)}
+    return {
+        "url": url,
+        "checks": checks,
+        "timeout_seconds": REQUEST_TIMEOUT_SECONDS,
+        "retry_seconds": retry_seconds(spec),
+    }
 
 
 def smoke_script(spec: StackSpec, url: str) -> str:

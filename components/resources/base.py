@@ -1,4 +1,5 @@
 """The one component shape every llm-cluster ComponentResource follows."""
+
 from __future__ import annotations
 
 from typing import Any, ClassVar

@@ -1,4 +1,5 @@
 """Wire the whole cluster from a validated spec: nodes, weights, pools, gateway, monitoring."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -31,15 +32,18 @@ def deploy(spec: StackSpec) -> dict[str, Any]:
     # when two pools serve it.
     weights: dict[str, ModelWeights] = {}
     for model in dict.fromkeys(p.model for p in spec.pools.values()):
-        weights[model] = ModelWeights(f"weights-{model}", ModelWeightsArgs(
-            spec, model, {n: nodes[n] for n in weights_nodes(spec, model)}))
+        weights[model] = ModelWeights(
+            f"weights-{model}", ModelWeightsArgs(spec, model, {n: nodes[n] for n in weights_nodes(spec, model)})
+        )
 
     # The qualification gate of each serving image on each of its nodes: it needs only the pulled image,
     # so it runs while the weights still copy, and every server of that image on the node waits for it.
     qualifications: dict[tuple[str, str], pulumi.Resource] = {
-        (q.node, q.image): ImageQualification(f"{q.node}-qualify-{resource_suffix(q.image)}",
-                                              ImageQualificationArgs(q, nodes[q.node])).check
-        for q in node_qualifications(spec)}
+        (q.node, q.image): ImageQualification(
+            f"{q.node}-qualify-{resource_suffix(q.image)}", ImageQualificationArgs(q, nodes[q.node])
+        ).check
+        for q in node_qualifications(spec)
+    }
 
     # Each instance depends only on its own nodes and their weights: pools come up (or fail) apart.
     servers: dict[str, ModelServer] = {}
@@ -49,18 +53,29 @@ def deploy(spec: StackSpec) -> dict[str, Any]:
         on_ray = inst.uses_ray and engine_for(spec.pools[inst.pool]).multi_node == "ray"
         image = spec.pools[inst.pool].image
         qualified = {n: qualifications[(n, image)] for n in inst.nodes if (n, image) in qualifications}
-        ray = RayCluster(f"{inst.name}-ray", RayClusterArgs(spec, inst, members, weights_ready, qualified=qualified)
-                         ) if on_ray else None
-        servers[inst.name] = ModelServer(inst.name, ModelServerArgs(spec, inst, members, weights_ready,
-                                                                    qualified=qualified, ray=ray))
+        ray = (
+            RayCluster(f"{inst.name}-ray", RayClusterArgs(spec, inst, members, weights_ready, qualified=qualified))
+            if on_ray
+            else None
+        )
+        servers[inst.name] = ModelServer(
+            inst.name, ModelServerArgs(spec, inst, members, weights_ready, qualified=qualified, ray=ray)
+        )
     outputs["endpoints"] = {name: s.endpoint for name, s in servers.items()}
 
     # The gateway and monitoring wait on their nodes only, never on model loading: the gateway
     # answers 502 for a pool until one of its replicas is up, and monitoring watches the loading.
     if spec.gateway is not None:
-        gateway = Gateway("gateway", GatewayArgs(
-            spec, nodes[spec.gateway.node], api_keys_secret=secrets.get_secret("gatewayApiKeys"),
-            tls_cert=secrets.get_secret("gatewayTlsCert"), tls_key=secrets.get_secret("gatewayTlsKey")))
+        gateway = Gateway(
+            "gateway",
+            GatewayArgs(
+                spec,
+                nodes[spec.gateway.node],
+                api_keys_secret=secrets.get_secret("gatewayApiKeys"),
+                tls_cert=secrets.get_secret("gatewayTlsCert"),
+                tls_key=secrets.get_secret("gatewayTlsKey"),
+            ),
+        )
         outputs["gatewayUrl"] = gateway.url
         outputs["gatewayApiKeys"] = gateway.api_keys
         if gateway.ca_cert is not None:
@@ -71,9 +86,15 @@ def deploy(spec: StackSpec) -> dict[str, Any]:
             SmokeTest("smoke", SmokeTestArgs(spec, nodes[spec.gateway.node], gateway, list(servers.values())))
 
     if spec.monitoring is not None:
-        monitoring = Monitoring("monitoring", MonitoringArgs(
-            spec, nodes, grafana_admin_password=secrets.get_secret("grafanaAdminPassword"),
-            alertmanager_config=secrets.get_secret("alertmanagerConfig")))
+        monitoring = Monitoring(
+            "monitoring",
+            MonitoringArgs(
+                spec,
+                nodes,
+                grafana_admin_password=secrets.get_secret("grafanaAdminPassword"),
+                alertmanager_config=secrets.get_secret("alertmanagerConfig"),
+            ),
+        )
         outputs["prometheusUrl"] = monitoring.prometheus_url
         outputs["grafanaUrl"] = monitoring.grafana_url
         outputs["grafanaAdminPassword"] = monitoring.grafana_admin_password

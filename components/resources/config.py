@@ -1,4 +1,5 @@
 """Read the stack spec from the running Pulumi program's config (real engine or mock runtime)."""
+
 from __future__ import annotations
 
 import pulumi

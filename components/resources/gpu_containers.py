@@ -1,4 +1,5 @@
 """What every server and Ray container of an instance shares: docker arguments, options, health, gates."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -28,8 +29,14 @@ STOP_GRACE_SECONDS = 60
 GATE_TIMEOUT_MARGIN_SECONDS = 120
 
 
-def gpu_container_args(spec: StackSpec, instance: Instance, node: GpuNode, node_name: str, role: str,
-                       extra_volumes: list[docker.ContainerVolumeArgs] | None = None) -> dict[str, object]:
+def gpu_container_args(
+    spec: StackSpec,
+    instance: Instance,
+    node: GpuNode,
+    node_name: str,
+    role: str,
+    extra_volumes: list[docker.ContainerVolumeArgs] | None = None,
+) -> dict[str, object]:
     """docker.Container arguments every GPU container of an instance shares (server, Ray head, Ray worker)."""
     pool = spec.pools[instance.pool]
     engine = engine_for(pool)
@@ -39,8 +46,13 @@ def gpu_container_args(spec: StackSpec, instance: Instance, node: GpuNode, node_
         gpus = {"gpus": "all"}
     else:
         # `gpus="device=0,1"` is parsed by docker as CSV (one id plus a count): name the ids instead.
-        gpus = {"device_requests": [docker.ContainerDeviceRequestArgs(
-            driver="nvidia", device_ids=[str(i) for i in instance.gpu_ids], capabilities=["gpu"])]}
+        gpus = {
+            "device_requests": [
+                docker.ContainerDeviceRequestArgs(
+                    driver="nvidia", device_ids=[str(i) for i in instance.gpu_ids], capabilities=["gpu"]
+                )
+            ]
+        }
     return dict(
         name=container_name(instance, role),
         image=node.images[pool.image].image_id,
@@ -54,17 +66,25 @@ def gpu_container_args(spec: StackSpec, instance: Instance, node: GpuNode, node_
         restart="unless-stopped",
         destroy_grace_seconds=STOP_GRACE_SECONDS,
         envs=container_envs(engine.serve_env(spec, instance, node_name)),
-        labels=[docker.ContainerLabelArgs(label=k, value=v)
-                for k, v in container_labels(spec, instance, node_name, role).items()],
-        volumes=[docker.ContainerVolumeArgs(host_path=model.path, container_path=model.path, read_only=True),
-                 *(extra_volumes or [])],
+        labels=[
+            docker.ContainerLabelArgs(label=k, value=v)
+            for k, v in container_labels(spec, instance, node_name, role).items()
+        ],
+        volumes=[
+            docker.ContainerVolumeArgs(host_path=model.path, container_path=model.path, read_only=True),
+            *(extra_volumes or []),
+        ],
         **gpus,
     )
 
 
-def gpu_container_opts(node: GpuNode, node_name: str, weights_ready: Mapping[str, pulumi.Resource],
-                       extra: list[pulumi.Resource] | None = None,
-                       qualified: Mapping[str, pulumi.Resource] | None = None) -> dict[str, object]:
+def gpu_container_opts(
+    node: GpuNode,
+    node_name: str,
+    weights_ready: Mapping[str, pulumi.Resource],
+    extra: list[pulumi.Resource] | None = None,
+    qualified: Mapping[str, pulumi.Resource] | None = None,
+) -> dict[str, object]:
     """Resource options of a GPU container: its node's provider; the node, its weights and the image's
     qualification gate on that node (components.resources.qualification) first."""
     gates = [r for r in [weights_ready.get(node_name), (qualified or {}).get(node_name)] if r is not None]
@@ -78,22 +98,31 @@ def server_healthcheck(spec: StackSpec, instance: Instance) -> docker.ContainerH
     engine = engine_for(spec.pools[instance.pool])
     return docker.ContainerHealthcheckArgs(
         tests=["CMD", *engine.probe_argv(ready_url(engine, spec, instance))],
-        interval="30s", timeout="10s", retries=3,
-        start_period=f"{spec.pools[instance.pool].load_timeout_minutes * 60}s")
+        interval="30s",
+        timeout="10s",
+        retries=3,
+        start_period=f"{spec.pools[instance.pool].load_timeout_minutes * 60}s",
+    )
 
 
 def server_uploads(spec: StackSpec, instance: Instance) -> list[docker.ContainerUploadArgs]:
     """What the container that runs the server gets written into it: the watchdog, and the files its
     engine asks for (tuned kernel configs)."""
     engine = engine_for(spec.pools[instance.pool])
-    return [docker.ContainerUploadArgs(file=WATCHDOG_SCRIPT, content=instance_watchdog_script(engine, spec, instance),
-                                       executable=True),
-            *(docker.ContainerUploadArgs(file=u.path, content=u.content, executable=u.executable)
-              for u in engine.uploads(spec, instance))]
+    return [
+        docker.ContainerUploadArgs(
+            file=WATCHDOG_SCRIPT, content=instance_watchdog_script(engine, spec, instance), executable=True
+        ),
+        *(
+            docker.ContainerUploadArgs(file=u.path, content=u.content, executable=u.executable)
+            for u in engine.uploads(spec, instance)
+        ),
+    ]
 
 
-def gate_command_args(script: str, timeout_s: int,
-                      triggers: list[pulumi.Input[str]]) -> tuple[dict[str, object], pulumi.CustomTimeouts]:
+def gate_command_args(
+    script: str, timeout_s: int, triggers: list[pulumi.Input[str]]
+) -> tuple[dict[str, object], pulumi.CustomTimeouts]:
     """remote.Command arguments and timeouts for a gate script under bash; re-run when it or its targets change."""
     return dict(
         create=bash_command(script),  # bash whatever the login shell is (dash has no pipefail)

@@ -1,4 +1,5 @@
 """ModelServer: one engine instance (a single-node replica, or TP×PP served from a RayCluster's head) and its readiness gate."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,8 +45,11 @@ def host_memory(spec: StackSpec, pool: str) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for node in spec.pools[pool].nodes:
         gib, key = spec.node_memory(node)
-        out[node] = {"memoryGib": gib, "key": key,
-                     "instances": sum(node in inst.nodes for inst in instances(spec, pool))}
+        out[node] = {
+            "memoryGib": gib,
+            "key": key,
+            "instances": sum(node in inst.nodes for inst in instances(spec, pool)),
+        }
     return out
 
 
@@ -57,17 +61,29 @@ def server_props(spec: StackSpec, instance: Instance) -> dict[str, Any]:
     g = spec.node(instance.head).gpu
     assert g is not None  # the spec refuses nodes without GPUs
     return {
-        "pool": instance.pool, "instance": instance.name, "model": pool.model, "modelPath": model.path,
-        "arch": model.arch, "quantization": model.quantization, "dtype": model.dtype,
-        "gpuModel": g.model, "gpuCount": g.count,  # per node, as GpuNode states it
-        "nodes": list(instance.nodes), "tensorParallel": instance.tensor_parallel,
-        "pipelineParallel": instance.pipeline_parallel, "image": pool.image, "engine": pool.engine,
+        "pool": instance.pool,
+        "instance": instance.name,
+        "model": pool.model,
+        "modelPath": model.path,
+        "arch": model.arch,
+        "quantization": model.quantization,
+        "dtype": model.dtype,
+        "gpuModel": g.model,
+        "gpuCount": g.count,  # per node, as GpuNode states it
+        "nodes": list(instance.nodes),
+        "tensorParallel": instance.tensor_parallel,
+        "pipelineParallel": instance.pipeline_parallel,
+        "image": pool.image,
+        "engine": pool.engine,
         # A private build's declared facts, so the pack judges it by them (None: the table's, by image).
-        "imageFacts": ({"like": pool.image_facts.like, **pool.image_facts.overrides()}
-                       if pool.image_facts is not None else None),
-        "argv": engine.serve_argv(spec, instance), "env": engine.serve_env(spec, instance, instance.head),
+        "imageFacts": (
+            {"like": pool.image_facts.like, **pool.image_facts.overrides()} if pool.image_facts is not None else None
+        ),
+        "argv": engine.serve_argv(spec, instance),
+        "env": engine.serve_env(spec, instance, instance.head),
         # The air-gapped rule: whether the stack says so, and whether the pool keeps the hub off.
-        "airGapped": spec.images.air_gapped, "offline": pool.offline,
+        "airGapped": spec.images.air_gapped,
+        "offline": pool.offline,
         # So the pack reports once per pool, naming its instances and the stack keys to edit.
         "poolInstances": [i.name for i in instances(spec, instance.pool)],
         "stackKeys": stack_keys(spec, instance.pool, instance.head),
@@ -77,12 +93,15 @@ def server_props(spec: StackSpec, instance: Instance) -> dict[str, Any]:
         "contextWindow": context_window_dict(spec, pool.model),
         "checkpointQuantization": checkpoint_quantization(spec, pool.model),
         # What engine rules check a checkpoint by: its quantization group, config.json model_type, head size.
-        "groupSize": model.group_size, "modelType": (arch := model_architecture(spec, pool.model)).model_type,
-        "headDim": arch.head_dim, "quantizationConfig": quantization_config(spec, pool.model),
+        "groupSize": model.group_size,
+        "modelType": (arch := model_architecture(spec, pool.model)).model_type,
+        "headDim": arch.head_dim,
+        "quantizationConfig": quantization_config(spec, pool.model),
         "capacity": (capacity := engine.capacity(spec, instance.pool)),
         # What VLLM_MLA_DISABLE=1 would cost, so the MLA advice can give the figures with the fix.
-        "capacityWithoutMla": (engine.capacity(spec, instance.pool, mla=False)
-                               if capacity.get("mla_enabled") else None),
+        "capacityWithoutMla": (
+            engine.capacity(spec, instance.pool, mla=False) if capacity.get("mla_enabled") else None
+        ),
     }
 
 
@@ -109,10 +128,13 @@ class ModelServer(Component):
                 # to the image's ENTRYPOINT (python3 -m vllm.entrypoints.openai.api_server) as
                 # arguments, which that parser refuses: the entrypoint is overridden (the watchdog,
                 # which then runs `vllm serve`).
-                entrypoints=argv[:2], command=argv[2:], uploads=server_uploads(spec, inst),
+                entrypoints=argv[:2],
+                command=argv[2:],
+                uploads=server_uploads(spec, inst),
                 healthcheck=server_healthcheck(spec, inst),
                 **gpu_container_args(spec, inst, head, inst.head, engine.server_role),
-                opts=self.opts(**gpu_container_opts(head, inst.head, args.weights_ready, qualified=args.qualified)))
+                opts=self.opts(**gpu_container_opts(head, inst.head, args.weights_ready, qualified=args.qualified)),
+            )
             waits_on: list[pulumi.Resource] = [self.container]
             target_id = self.container.id
         else:
@@ -120,13 +142,27 @@ class ModelServer(Component):
             waits_on = list(args.ray.gates)  # GPUs joined (and NCCL over the HCA, when checked)
             target_id = args.ray.head.id
         timeout_s = pool.load_timeout_minutes * 60
-        script = health_gate_script(ready_url(engine, spec, inst), timeout_s, container_name, server=engine.name,
-                                    memory_keys=f"pools.{inst.pool}.{engine.memory_keys}",
-                                    failures=startup_failure_advice(engine, inst.pool, pool.model))
+        script = health_gate_script(
+            ready_url(engine, spec, inst),
+            timeout_s,
+            container_name,
+            server=engine.name,
+            memory_keys=f"pools.{inst.pool}.{engine.memory_keys}",
+            failures=startup_failure_advice(engine, inst.pool, pool.model),
+        )
         command_args, timeouts = gate_command_args(script, timeout_s, [target_id])
         self.gate: remote.Command = remote.Command(
-            self.child("health"), connection=head.connection, **command_args,
-            opts=self.opts(depends_on=waits_on, custom_timeouts=timeouts))
+            self.child("health"),
+            connection=head.connection,
+            **command_args,
+            opts=self.opts(depends_on=waits_on, custom_timeouts=timeouts),
+        )
         # What the pack's stack policies read of the server (they see outputs, not props): policies.rules.grouped.
-        self.register_outputs({"endpoint": self.endpoint, "pool": inst.pool, "instance": inst.name,
-                               "stackKeys": stack_keys(spec, inst.pool, inst.head)})
+        self.register_outputs(
+            {
+                "endpoint": self.endpoint,
+                "pool": inst.pool,
+                "instance": inst.name,
+                "stackKeys": stack_keys(spec, inst.pool, inst.head),
+            }
+        )

@@ -13,6 +13,7 @@ Every step triggers on its script (which holds the model's path) and the model's
 `revision` to re-sync and re-verify.
 Destroying forgets the bookkeeping but keeps the weights on the disks (hours to copy back).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -65,8 +66,18 @@ class ModelWeights(Component):
         m = args.spec.models[args.model]
         src = m.source
         method = "copy" if src.node else "sharedMount" if src.shared_mount else "present"
-        super().__init__(name, {"model": args.model, "path": m.path, "revision": m.revision,
-                                "method": method, "sourceNode": src.node, "nodes": list(args.nodes)}, opts)
+        super().__init__(
+            name,
+            {
+                "model": args.model,
+                "path": m.path,
+                "revision": m.revision,
+                "method": method,
+                "sourceNode": src.node,
+                "nodes": list(args.nodes),
+            },
+            opts,
+        )
         self._args = args
         self.ready: dict[str, pulumi.Resource] = {}
         if src.node is not None:
@@ -74,8 +85,12 @@ class ModelWeights(Component):
         elif src.shared_mount is not None:
             for node in args.nodes:
                 self.ready[node] = self._command(
-                    f"mount-{node}", node, mount_script(src.shared_mount, m.path),
-                    unmount_script(src.shared_mount, m.path), sudo=args.nodes[node].sudo)
+                    f"mount-{node}",
+                    node,
+                    mount_script(src.shared_mount, m.path),
+                    unmount_script(src.shared_mount, m.path),
+                    sudo=args.nodes[node].sudo,
+                )
         else:
             for node in args.nodes:
                 self.ready[node] = self._command(f"check-{node}", node, present_check_script(m.path), None)
@@ -84,11 +99,17 @@ class ModelWeights(Component):
     def _fan_out(self, source: str) -> None:
         spec, path, nodes = self._args.spec, self._args.spec.models[self._args.model].path, self._args.nodes
         if source not in nodes:
-            raise ValueError(f"ModelWeights {self._args.model}: the source node {source!r} must be among "
-                             f"the nodes ({', '.join(nodes)})")
+            raise ValueError(
+                f"ModelWeights {self._args.model}: the source node {source!r} must be among "
+                f"the nodes ({', '.join(nodes)})"
+            )
         manifest = self._command(
-            f"manifest-{source}", source, manifest_build_script(path),
-            manifest_delete_script(path, ("manifest", "cache")), timeout=HASH_TIMEOUT)
+            f"manifest-{source}",
+            source,
+            manifest_build_script(path),
+            manifest_delete_script(path, ("manifest", "cache")),
+            timeout=HASH_TIMEOUT,
+        )
         # The source already holds its weights: its server waits for a quick look at them, not for the hashing.
         self.ready[source] = self._command(f"check-{source}", source, present_check_script(path), None)
         served_by: dict[str, pulumi.Resource] = {source: manifest}  # what a serving node's copies wait on
@@ -98,26 +119,53 @@ class ModelWeights(Component):
                 login = f"{spec.ssh.user}@{spec.nodes[target].address}"
                 copy_name = self.child(f"copy-{serving}-to-{target}")
                 copy = self._command(
-                    f"copy-{serving}-to-{target}", serving,
-                    copy_script(path, serving=serving, target=target, target_login=login, ssh=ssh,
-                                manifest="manifest" if serving == source else "expected"),
+                    f"copy-{serving}-to-{target}",
+                    serving,
+                    copy_script(
+                        path,
+                        serving=serving,
+                        target=target,
+                        target_login=login,
+                        ssh=ssh,
+                        manifest="manifest" if serving == source else "expected",
+                    ),
                     copy_delete_script(path, target_login=login, ssh=ssh),
-                    after=[served_by[serving], *nodes[target].ready], timeout=COPY_TIMEOUT)
+                    after=[served_by[serving], *nodes[target].ready],
+                    timeout=COPY_TIMEOUT,
+                )
                 self.ready[target] = served_by[target] = self._command(
-                    f"verify-{target}", target, manifest_verify_script(path, copy_name),
-                    manifest_delete_script(path, ("verified",)), after=[copy], timeout=HASH_TIMEOUT)
+                    f"verify-{target}",
+                    target,
+                    manifest_verify_script(path, copy_name),
+                    manifest_delete_script(path, ("verified",)),
+                    after=[copy],
+                    timeout=HASH_TIMEOUT,
+                )
 
-    def _command(self, suffix: str, node: str, create: str, delete: str | None, *,
-                 after: list[pulumi.Resource] | None = None, timeout: str | None = None,
-                 sudo: bool = False) -> remote.Command:
+    def _command(
+        self,
+        suffix: str,
+        node: str,
+        create: str,
+        delete: str | None,
+        *,
+        after: list[pulumi.Resource] | None = None,
+        timeout: str | None = None,
+        sudo: bool = False,
+    ) -> remote.Command:
         """A script on `node`, re-run when it (the model's path included) or the model's revision changes."""
         gpu_node = self._args.nodes[node]
         m = self._args.spec.models[self._args.model]
         return remote.Command(
-            self.child(suffix), connection=gpu_node.connection, create=bash_command(create, sudo=sudo),
+            self.child(suffix),
+            connection=gpu_node.connection,
+            create=bash_command(create, sudo=sudo),
             delete=bash_command(delete, sudo=sudo) if delete else None,
             triggers=[m.revision, script_hash(create)],
-            opts=self.opts(depends_on=after if after is not None else gpu_node.ready,
-                           # The old delete must not run after the new create (it would drop its marks).
-                           delete_before_replace=True,
-                           custom_timeouts=pulumi.CustomTimeouts(create=timeout) if timeout else None))
+            opts=self.opts(
+                depends_on=after if after is not None else gpu_node.ready,
+                # The old delete must not run after the new create (it would drop its marks).
+                delete_before_replace=True,
+                custom_timeouts=pulumi.CustomTimeouts(create=timeout) if timeout else None,
+            ),
+        )

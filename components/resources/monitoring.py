@@ -1,4 +1,5 @@
 """Monitoring: dcgm-exporter and node-exporter on every node; Prometheus, Grafana, Alertmanager on one."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -72,60 +73,136 @@ class Monitoring(Component):
             raise ValueError("Monitoring needs the stack's monitoring section")
         if m.alertmanager is not None and args.alertmanager_config is None:
             raise ValueError("monitoring.alertmanager needs the secret alertmanagerConfig")
-        exporters = [{"node": n, "kind": kind, "port": svc.port}
-                     for n in spec.nodes
-                     for kind, svc in (("dcgm-exporter", m.dcgm_exporter), ("node-exporter", m.node_exporter))]
-        super().__init__(name, {"node": m.node, "prometheusPort": m.prometheus.port,
-                                "grafanaPort": m.grafana.port, "exporters": exporters,
-                                "alertmanager": m.alertmanager is not None}, opts)
+        exporters = [
+            {"node": n, "kind": kind, "port": svc.port}
+            for n in spec.nodes
+            for kind, svc in (("dcgm-exporter", m.dcgm_exporter), ("node-exporter", m.node_exporter))
+        ]
+        super().__init__(
+            name,
+            {
+                "node": m.node,
+                "prometheusPort": m.prometheus.port,
+                "grafanaPort": m.grafana.port,
+                "exporters": exporters,
+                "alertmanager": m.alertmanager is not None,
+            },
+            opts,
+        )
         self._nodes = args.nodes
 
         for n in spec.nodes:
-            self._container(n, "dcgm-exporter", m.dcgm_exporter.image,
-                            envs=dcgm_exporter_env(spec, n), gpus="all",
-                            capabilities=docker.ContainerCapabilitiesArgs(adds=["SYS_ADMIN"]))
+            self._container(
+                n,
+                "dcgm-exporter",
+                m.dcgm_exporter.image,
+                envs=dcgm_exporter_env(spec, n),
+                gpus="all",
+                capabilities=docker.ContainerCapabilitiesArgs(adds=["SYS_ADMIN"]),
+            )
             # node-exporter's documented container form: host network and PID namespace, the
             # host's / read-only at /host with rslave propagation so later mounts show up. The
             # textfile directory (Ray heads write their cluster's size there) is its own read-only
             # volume: docker creates it on every node, so the collector never finds it missing.
-            self._container(n, "node-exporter", m.node_exporter.image,
-                            command=node_exporter_args(spec, n), pid_mode="host",
-                            mounts=[docker.ContainerMountArgs(
-                                target="/host", source="/", type="bind", read_only=True,
-                                bind_options=docker.ContainerMountBindOptionsArgs(propagation="rslave"))],
-                            volumes=[docker.ContainerVolumeArgs(host_path=NODE_TEXTFILE_DIR,
-                                                                container_path=NODE_TEXTFILE_DIR, read_only=True)])
+            self._container(
+                n,
+                "node-exporter",
+                m.node_exporter.image,
+                command=node_exporter_args(spec, n),
+                pid_mode="host",
+                mounts=[
+                    docker.ContainerMountArgs(
+                        target="/host",
+                        source="/",
+                        type="bind",
+                        read_only=True,
+                        bind_options=docker.ContainerMountBindOptionsArgs(propagation="rslave"),
+                    )
+                ],
+                volumes=[
+                    docker.ContainerVolumeArgs(
+                        host_path=NODE_TEXTFILE_DIR, container_path=NODE_TEXTFILE_DIR, read_only=True
+                    )
+                ],
+            )
 
         mon = m.node
         node = args.nodes[mon]
-        data = docker.Volume(self.child("prometheus-data"), name="llm-cluster-prometheus-data",
-                             opts=self.opts(provider=node.provider, depends_on=list(node.ready)))
-        prometheus_config = self._config(node, "prometheus", config_files_script(
-            "prometheus", "prometheus", prometheus_files(spec),
-            lifecycle_reloads(monitoring_url(spec, m.prometheus.port))))
-        self._container(mon, "prometheus", m.prometheus.image, command=prometheus_args(spec),
-                        volumes=[docker.ContainerVolumeArgs(volume_name=data.name, container_path="/prometheus"),
-                                 *_config_volumes("prometheus")],
-                        extra_deps=[prometheus_config])
+        data = docker.Volume(
+            self.child("prometheus-data"),
+            name="llm-cluster-prometheus-data",
+            opts=self.opts(provider=node.provider, depends_on=list(node.ready)),
+        )
+        prometheus_config = self._config(
+            node,
+            "prometheus",
+            config_files_script(
+                "prometheus",
+                "prometheus",
+                prometheus_files(spec),
+                lifecycle_reloads(monitoring_url(spec, m.prometheus.port)),
+            ),
+        )
+        self._container(
+            mon,
+            "prometheus",
+            m.prometheus.image,
+            command=prometheus_args(spec),
+            volumes=[
+                docker.ContainerVolumeArgs(volume_name=data.name, container_path="/prometheus"),
+                *_config_volumes("prometheus"),
+            ],
+            extra_deps=[prometheus_config],
+        )
 
         password_file = self._admin_password(node, args.grafana_admin_password)
         # After the password file: the reload authenticates with it.
-        grafana_config = self._config(node, "grafana", config_files_script(
-            "grafana", "grafana", grafana_provisioning(spec), grafana_reloads(monitoring_url(spec, m.grafana.port))),
-            after=[password_file])
-        self._container(mon, "grafana", m.grafana.image, envs=grafana_env(spec),
-                        volumes=[docker.ContainerVolumeArgs(host_path=GRAFANA_PASSWORD_FILE,
-                                                            container_path=GRAFANA_PASSWORD_MOUNT, read_only=True),
-                                 *_config_volumes("grafana")],
-                        extra_deps=[password_file, grafana_config], replace_with=[password_file])
+        grafana_config = self._config(
+            node,
+            "grafana",
+            config_files_script(
+                "grafana", "grafana", grafana_provisioning(spec), grafana_reloads(monitoring_url(spec, m.grafana.port))
+            ),
+            after=[password_file],
+        )
+        self._container(
+            mon,
+            "grafana",
+            m.grafana.image,
+            envs=grafana_env(spec),
+            volumes=[
+                docker.ContainerVolumeArgs(
+                    host_path=GRAFANA_PASSWORD_FILE, container_path=GRAFANA_PASSWORD_MOUNT, read_only=True
+                ),
+                *_config_volumes("grafana"),
+            ],
+            extra_deps=[password_file, grafana_config],
+            replace_with=[password_file],
+        )
 
         if m.alertmanager is not None and args.alertmanager_config is not None:
             # The receivers (webhook URLs, tokens) are a secret: in on stdin, 0600 on the host.
-            alertmanager_config = self._config(node, "alertmanager", config_files_script(
-                "alertmanager", "alertmanager", {}, lifecycle_reloads(monitoring_url(spec, m.alertmanager.port)),
-                stdin_file=ALERTMANAGER_CONFIG, secret=True), stdin=pulumi.Output.secret(args.alertmanager_config))
-            self._container(mon, "alertmanager", m.alertmanager.image, command=alertmanager_args(spec),
-                            volumes=_config_volumes("alertmanager"), extra_deps=[alertmanager_config])
+            alertmanager_config = self._config(
+                node,
+                "alertmanager",
+                config_files_script(
+                    "alertmanager",
+                    "alertmanager",
+                    {},
+                    lifecycle_reloads(monitoring_url(spec, m.alertmanager.port)),
+                    stdin_file=ALERTMANAGER_CONFIG,
+                    secret=True,
+                ),
+                stdin=pulumi.Output.secret(args.alertmanager_config),
+            )
+            self._container(
+                mon,
+                "alertmanager",
+                m.alertmanager.image,
+                command=alertmanager_args(spec),
+                volumes=_config_volumes("alertmanager"),
+                extra_deps=[alertmanager_config],
+            )
 
         self.prometheus_url: pulumi.Output[str] = pulumi.Output.from_input(monitoring_url(spec, m.prometheus.port))
         self.grafana_url: pulumi.Output[str] = pulumi.Output.from_input(monitoring_url(spec, m.grafana.port))
@@ -137,50 +214,88 @@ class Monitoring(Component):
         delete = bash_command(grafana_password_delete_script(), sudo=node.sudo)
         if given is None:
             cmd = remote.Command(
-                self.child("grafana-admin-password"), connection=node.connection,
-                create=bash_command(grafana_password_generate_script(), sudo=node.sudo), delete=delete,
+                self.child("grafana-admin-password"),
+                connection=node.connection,
+                create=bash_command(grafana_password_generate_script(), sudo=node.sudo),
+                delete=delete,
                 # stdout carries the password: secret, and kept out of the engine's log.
                 logging=remote.Logging.STDERR,
-                opts=self.opts(additional_secret_outputs=["stdout"], depends_on=list(node.ready)))
+                opts=self.opts(additional_secret_outputs=["stdout"], depends_on=list(node.ready)),
+            )
             self.grafana_admin_password: pulumi.Output[str] = pulumi.Output.secret(cmd.stdout)
             return cmd
         secret = pulumi.Output.secret(given)
         cmd = remote.Command(
-            self.child("grafana-admin-password"), connection=node.connection,
-            create=bash_command(grafana_password_store_script(), sudo=node.sudo), delete=delete, stdin=secret,
+            self.child("grafana-admin-password"),
+            connection=node.connection,
+            create=bash_command(grafana_password_store_script(), sudo=node.sudo),
+            delete=delete,
+            stdin=secret,
             # A new password replaces the command (new id), which replaces the Grafana container.
             # Delete first: the old command's delete removes the very file the new one would write.
-            triggers=[secret], logging=remote.Logging.STDERR,
-            opts=self.opts(depends_on=list(node.ready), delete_before_replace=True))
+            triggers=[secret],
+            logging=remote.Logging.STDERR,
+            opts=self.opts(depends_on=list(node.ready), delete_before_replace=True),
+        )
         self.grafana_admin_password = secret
         return cmd
 
-    def _config(self, node: GpuNode, service: str, script: str, *, after: list[pulumi.Resource] | None = None,
-                stdin: pulumi.Input[str] | None = None) -> remote.Command:
+    def _config(
+        self,
+        node: GpuNode,
+        service: str,
+        script: str,
+        *,
+        after: list[pulumi.Resource] | None = None,
+        stdin: pulumi.Input[str] | None = None,
+    ) -> remote.Command:
         """The command that writes a service's config files on the host and reloads the running service."""
         # No triggers: a changed file is an update (the script runs again and reloads), never a
         # replace, whose delete would pull the files from under the running service.
         return remote.Command(
-            self.child(f"{service}-config"), connection=node.connection, create=bash_command(script, sudo=node.sudo),
-            delete=bash_command(config_files_delete_script(service), sudo=node.sudo), stdin=stdin,
-            opts=self.opts(depends_on=[*node.ready, *(after or [])]))
+            self.child(f"{service}-config"),
+            connection=node.connection,
+            create=bash_command(script, sudo=node.sudo),
+            delete=bash_command(config_files_delete_script(service), sudo=node.sudo),
+            stdin=stdin,
+            opts=self.opts(depends_on=[*node.ready, *(after or [])]),
+        )
 
-    def _container(self, node_name: str, role: str, image_ref: str, *,
-                   extra_deps: list[pulumi.Resource] | None = None,
-                   replace_with: list[pulumi.Resource] | None = None, **kwargs: object) -> docker.Container:
+    def _container(
+        self,
+        node_name: str,
+        role: str,
+        image_ref: str,
+        *,
+        extra_deps: list[pulumi.Resource] | None = None,
+        replace_with: list[pulumi.Resource] | None = None,
+        **kwargs: object,
+    ) -> docker.Container:
         """A monitoring container on a node: host network, fixed name, restart and replace policies."""
         node = self._nodes[node_name]
         image = node.images[image_ref]
         return docker.Container(
             self.child(f"{node_name}-{role}"),
-            name=role, image=image.image_id, network_mode="host", restart="unless-stopped",
-            labels=[docker.ContainerLabelArgs(label=k, value=v) for k, v in
-                    {"llm-cluster.role": role, "llm-cluster.image": image_ref}.items()],
+            name=role,
+            image=image.image_id,
+            network_mode="host",
+            restart="unless-stopped",
+            labels=[
+                docker.ContainerLabelArgs(label=k, value=v)
+                for k, v in {"llm-cluster.role": role, "llm-cluster.image": image_ref}.items()
+            ],
             **kwargs,  # type: ignore[arg-type]
-            opts=self.opts(provider=node.provider, delete_before_replace=True,
-                           depends_on=[*node.ready, image, *(extra_deps or [])], replace_with=replace_with))
+            opts=self.opts(
+                provider=node.provider,
+                delete_before_replace=True,
+                depends_on=[*node.ready, image, *(extra_deps or [])],
+                replace_with=replace_with,
+            ),
+        )
 
 
 def _config_volumes(service: str) -> list[docker.ContainerVolumeArgs]:
-    return [docker.ContainerVolumeArgs(host_path=host, container_path=inside, read_only=True)
-            for host, inside in config_mounts(service)]
+    return [
+        docker.ContainerVolumeArgs(host_path=host, container_path=inside, read_only=True)
+        for host, inside in config_mounts(service)
+    ]

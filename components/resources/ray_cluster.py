@@ -1,4 +1,5 @@
 """RayCluster: the Ray head (which becomes the multi-node vLLM server) and workers of one instance, and its GPU gate."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -54,65 +55,102 @@ class RayCluster(Component):
         spec, inst = args.spec, args.instance
         pool = spec.pools[inst.pool]
         wanted = plan.want_gpus(spec, inst)
-        super().__init__(name, {"pool": inst.pool, "instance": inst.name, "nodes": list(inst.nodes),
-                                "head": inst.head, "wantGpus": wanted, "image": pool.image,
-                                "rayPort": pool.ray_port}, opts)
+        super().__init__(
+            name,
+            {
+                "pool": inst.pool,
+                "instance": inst.name,
+                "nodes": list(inst.nodes),
+                "head": inst.head,
+                "wantGpus": wanted,
+                "image": pool.image,
+                "rayPort": pool.ray_port,
+            },
+            opts,
+        )
         head_node = args.nodes[inst.head]
         # ib_write_bw between every pair of the instance's nodes before any Ray container starts.
         self.rdma: remote.Command | None = None
         if spec.preflight.rdma_bandwidth and not spec.nccl.ib_disable:
             rdma = rdma_script(spec, inst)
             self.rdma = remote.Command(
-                self.child("rdma"), connection=head_node.connection, create=bash_command(rdma),
-                triggers=[script_hash(rdma)], logging="stdoutAndStderr",
-                opts=self.opts(depends_on=[r for n in inst.nodes for r in args.nodes[n].ready]))
+                self.child("rdma"),
+                connection=head_node.connection,
+                create=bash_command(rdma),
+                triggers=[script_hash(rdma)],
+                logging="stdoutAndStderr",
+                opts=self.opts(depends_on=[r for n in inst.nodes for r in args.nodes[n].ready]),
+            )
         before_head = [self.rdma] if self.rdma is not None else []
         script = plan.ray_head_script(spec, inst)
         head_name = container_name(inst, "ray-head")
         # ray-head.sh writes the cluster's size there for the node's node-exporter (see planning.ray).
-        textfile_dir = docker.ContainerVolumeArgs(host_path=plan.NODE_TEXTFILE_DIR,
-                                                  container_path=plan.NODE_TEXTFILE_DIR)
+        textfile_dir = docker.ContainerVolumeArgs(
+            host_path=plan.NODE_TEXTFILE_DIR, container_path=plan.NODE_TEXTFILE_DIR
+        )
         # With the NCCL check, ray-head.sh execs nccl-check.sh, which execs the server over NET/IB only.
         check = nccl.enabled(spec, inst)
         command = [*(["/bin/bash", nccl.WRAPPER] if check else []), *supervised_argv(engine_for(pool), spec, inst)]
         self.head: docker.Container = docker.Container(
             self.child("head"),
-            entrypoints=["/bin/bash", plan.RAY_HEAD_SCRIPT], command=command,
-            uploads=[docker.ContainerUploadArgs(file=plan.RAY_HEAD_SCRIPT, content=script, executable=True),
-                     *server_uploads(spec, inst),
-                     *(docker.ContainerUploadArgs(file=path, content=text, executable=x)
-                       for path, text, x in (nccl.uploads(spec, inst) if check else []))],
+            entrypoints=["/bin/bash", plan.RAY_HEAD_SCRIPT],
+            command=command,
+            uploads=[
+                docker.ContainerUploadArgs(file=plan.RAY_HEAD_SCRIPT, content=script, executable=True),
+                *server_uploads(spec, inst),
+                *(
+                    docker.ContainerUploadArgs(file=path, content=text, executable=x)
+                    for path, text, x in (nccl.uploads(spec, inst) if check else [])
+                ),
+            ],
             healthcheck=server_healthcheck(spec, inst),
             **gpu_container_args(spec, inst, head_node, inst.head, "ray-head", [textfile_dir]),
-            opts=self.opts(**gpu_container_opts(head_node, inst.head, args.weights_ready, before_head,
-                                                qualified=args.qualified)))
+            opts=self.opts(
+                **gpu_container_opts(head_node, inst.head, args.weights_ready, before_head, qualified=args.qualified)
+            ),
+        )
         self.workers: dict[str, docker.Container] = {}
         for n in inst.nodes[1:]:
             worker_argv = plan.ray_worker_argv(spec, inst, n)
             self.workers[n] = docker.Container(
                 self.child(f"worker-{n}"),
                 # The image's entrypoint is the API server; a worker only runs Ray.
-                entrypoints=worker_argv[:1], command=worker_argv[1:],
+                entrypoints=worker_argv[:1],
+                command=worker_argv[1:],
                 **gpu_container_args(spec, inst, args.nodes[n], n, "ray-worker"),
-                opts=self.opts(**gpu_container_opts(args.nodes[n], n, args.weights_ready, [self.head],
-                                                    qualified=args.qualified)))
+                opts=self.opts(
+                    **gpu_container_opts(args.nodes[n], n, args.weights_ready, [self.head], qualified=args.qualified)
+                ),
+            )
         gate_script = plan.ray_gate_script(
-            plan.ray_status_argv(spec, inst, head_name), wanted, pool.ray_gate_timeout_seconds, inst.name,
-            want_nodes=len(inst.nodes), hints=plan.gate_hints(spec, inst))
+            plan.ray_status_argv(spec, inst, head_name),
+            wanted,
+            pool.ray_gate_timeout_seconds,
+            inst.name,
+            want_nodes=len(inst.nodes),
+            hints=plan.gate_hints(spec, inst),
+        )
         command_args, timeouts = gate_command_args(
-            gate_script, pool.ray_gate_timeout_seconds,
-            [self.head.id, *(w.id for w in self.workers.values())])
+            gate_script, pool.ray_gate_timeout_seconds, [self.head.id, *(w.id for w in self.workers.values())]
+        )
         self.gate: remote.Command = remote.Command(
-            self.child("gate"), connection=head_node.connection, **command_args,
-            opts=self.opts(depends_on=[self.head, *self.workers.values()], custom_timeouts=timeouts))
+            self.child("gate"),
+            connection=head_node.connection,
+            **command_args,
+            opts=self.opts(depends_on=[self.head, *self.workers.values()], custom_timeouts=timeouts),
+        )
         # What the server's health gate waits for: every GPU joined, and NCCL over the HCA.
         self.gates: list[pulumi.Resource] = [self.gate]
         self.nccl: remote.Command | None = None
         if check:
             nccl_gate = nccl.gate_script(inst, head_name)
             self.nccl = remote.Command(
-                self.child("nccl"), connection=head_node.connection, create=bash_command(nccl_gate),
-                triggers=[script_hash(nccl_gate), self.head.id], logging="stdoutAndStderr",
-                opts=self.opts(depends_on=[self.gate]))
+                self.child("nccl"),
+                connection=head_node.connection,
+                create=bash_command(nccl_gate),
+                triggers=[script_hash(nccl_gate), self.head.id],
+                logging="stdoutAndStderr",
+                opts=self.opts(depends_on=[self.gate]),
+            )
             self.gates.append(self.nccl)
         self.register_outputs({"head": inst.head, "wantGpus": wanted, "pool": inst.pool, "instance": inst.name})

@@ -1,4 +1,5 @@
 """SmokeTest: after the gateway and every model's health gate, one chat completion per served name through the gateway."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -40,11 +41,14 @@ class SmokeTest(Component):
         super().__init__(name, {"url": url, "models": [c["model"] for c in plan["checks"]]}, opts)  # type: ignore[attr-defined]
         script = smoke_script(spec, url)
         self.command: remote.Command = remote.Command(
-            self.child("run"), connection=args.node.connection, create=bash_command(script),
+            self.child("run"),
+            connection=args.node.connection,
+            create=bash_command(script),
             # The deploy-time keys ({"id": "key"}), never in the command line or the plan.
             stdin=args.gateway.api_keys if args.gateway.api_keys is not None else "{}",
             # Again whenever the gateway or a server was replaced, or the checks changed.
             triggers=[script_hash(script), args.gateway.container.id, *(s.gate.id for s in args.servers)],
             logging="stdoutAndStderr",
-            opts=self.opts(depends_on=[args.gateway.ready, *(s.gate for s in args.servers)]))
+            opts=self.opts(depends_on=[args.gateway.ready, *(s.gate for s in args.servers)]),
+        )
         self.register_outputs({"url": url})

@@ -1,4 +1,5 @@
 """Shared base for the stack model: strict pydantic models and errors that name the key path."""
+
 from __future__ import annotations
 
 import datetime
@@ -23,7 +24,10 @@ class Spec(BaseModel):
     """Strict, immutable, camelCase in YAML: unknown keys are refused with the allowed ones listed."""
 
     model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=False, frozen=True, extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=False,
+        frozen=True,
+        extra="forbid",
         use_attribute_docstrings=True,
         # YAML's .nan and .inf are floats: no size, count, rate or timeout of a stack is one.
         allow_inf_nan=False,
@@ -38,7 +42,8 @@ class Spec(BaseModel):
             unknown = sorted(str(k) for k in data if k not in allowed)
             if unknown:
                 raise PydanticCustomError(
-                    "unknown_key", "unknown key {quoted}; allowed keys here: {allowed}",
+                    "unknown_key",
+                    "unknown key {quoted}; allowed keys here: {allowed}",
                     {"key": unknown[0], "quoted": repr(unknown[0]), "allowed": ", ".join(sorted(allowed))},
                 )
         return data
@@ -58,8 +63,13 @@ class Spec(BaseModel):
             raise PydanticCustomError("bool_for_number", "expected a number, not true/false")
         if kind == "bool" and isinstance(value, (int, float)) and not isinstance(value, bool):
             raise PydanticCustomError("number_for_bool", "expected true or false, not a number")
-        if (kind == "number" and isinstance(value, (int, float)) and math.isfinite(value) and value > MAX_NUMBER
-                and not any(isinstance(m, (annotated_types.Le, annotated_types.Lt)) for m in field.metadata)):
+        if (
+            kind == "number"
+            and isinstance(value, (int, float))
+            and math.isfinite(value)
+            and value > MAX_NUMBER
+            and not any(isinstance(m, (annotated_types.Le, annotated_types.Lt)) for m in field.metadata)
+        ):
             # A count, size, rate or time with no bound of its own: 1e18 minutes wraps in bash's arithmetic, is
             # past a Go duration's 292 years (Docker's start_period), 1e18 r/s is no rate nginx parses -- long
             # after the plan said it was fine.
@@ -123,28 +133,40 @@ PATTERN_WORDS: dict[str, str] = {
     r"^\d+(\.\d+){0,2}$": "a version: one to three numbers separated by dots, e.g. 535.104",
     r"^[A-Z][A-Z0-9_]*$": "an upper-case name: letters, digits and '_', e.g. TRITON_ATTN",
     r"^\d+\.\d+(\.\d+)?([a-z0-9.+-]*)$": "a version: two or three numbers separated by dots, then any lower-case "
-                                      "suffix, e.g. 0.19.1 or 0.11.0rc1",
+    "suffix, e.g. 0.19.1 or 0.11.0rc1",
     r"^[A-Za-z0-9._+-][A-Za-z0-9._+/-]*\.gguf$": "a .gguf file name inside the model's path: letters, digits, "
-                                                "and . _ + - / (not starting with /), ending in .gguf",
+    "and . _ + - / (not starting with /), ending in .gguf",
 }
 # pydantic's words for a wrong container type name its own classes; users wrote YAML.
-TYPE_WORDS = {"dict_type": "expected a mapping (key: value lines)", "model_type": "expected a mapping (key: value lines)",
-              "model_attributes_type": "expected a mapping (key: value lines)", "list_type": "expected a list (- item lines)"}
+TYPE_WORDS = {
+    "dict_type": "expected a mapping (key: value lines)",
+    "model_type": "expected a mapping (key: value lines)",
+    "model_attributes_type": "expected a mapping (key: value lines)",
+    "list_type": "expected a list (- item lines)",
+}
 
 
 # pydantic's words for a wrong scalar, in the words of someone editing YAML ({…} from the error's context).
 VALUE_WORDS = {
-    "int_parsing": "expected a whole number", "int_type": "expected a whole number",
+    "int_parsing": "expected a whole number",
+    "int_type": "expected a whole number",
     "int_from_float": "expected a whole number, not a fraction",
     "int_parsing_size": "expected a whole number, not one this large",
-    "float_parsing": "expected a number", "float_type": "expected a number",
+    "float_parsing": "expected a number",
+    "float_type": "expected a number",
     "finite_number": "expected a finite number (.nan and .inf are not)",
-    "bool_parsing": "expected true or false", "bool_type": "expected true or false",
-    "string_type": "expected text", "greater_than": "must be greater than {gt}",
-    "greater_than_equal": "must be at least {ge}", "less_than": "must be less than {lt}",
-    "less_than_equal": "must be at most {le}", "string_too_short": "must not be empty",
-    "too_short": "needs at least {min_length} item(s)", "too_long": "takes at most {max_length} item(s)",
-    "string_too_long": "must be at most {max_length} characters", "tuple_type": "expected a list",
+    "bool_parsing": "expected true or false",
+    "bool_type": "expected true or false",
+    "string_type": "expected text",
+    "greater_than": "must be greater than {gt}",
+    "greater_than_equal": "must be at least {ge}",
+    "less_than": "must be less than {lt}",
+    "less_than_equal": "must be at most {le}",
+    "string_too_short": "must not be empty",
+    "too_short": "needs at least {min_length} item(s)",
+    "too_long": "takes at most {max_length} item(s)",
+    "string_too_long": "must be at most {max_length} characters",
+    "tuple_type": "expected a list",
 }
 
 
@@ -189,12 +211,15 @@ def issues_from_validation_error(err: ValidationError, prefix: tuple[Any, ...] =
             msg = f"{shown(e['input'])} is not allowed: {words}"
         elif e["type"] == "literal_error" and "expected" in ctx:
             msg = f"{shown(e['input'])} is not allowed: must be one of {ctx['expected'].replace(' or ', ', ')}"
-            same = [x for x in re.findall(r"'([^']*)'", ctx["expected"])
-                    if isinstance(e["input"], str) and x.lower() == e["input"].strip().lower()]
+            same = [
+                x
+                for x in re.findall(r"'([^']*)'", ctx["expected"])
+                if isinstance(e["input"], str) and x.lower() == e["input"].strip().lower()
+            ]
             msg += f" (did you mean {same[0]!r}?)" if same else ""
         elif e["type"] not in ("value_error", "assertion_error"):
             msg = f"{shown(e['input'])} is not allowed: {msg}"
         if msg.startswith("Value error, "):
-            msg = msg[len("Value error, "):]
+            msg = msg[len("Value error, ") :]
         issues.append(SpecIssue(key_path(prefix + loc), msg))
     return issues

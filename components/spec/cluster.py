@@ -1,4 +1,5 @@
 """Stack model: SSH access, nodes, NCCL, models and pools."""
+
 from __future__ import annotations
 
 import base64
@@ -46,8 +47,16 @@ def not_blank(v: str, what: str) -> str:
 
 
 # OpenSSH's host key types (sshkey.c keytypes[]): what the first field of a known_hosts key is.
-HOST_KEY_TYPES = ("ssh-ed25519", "ssh-rsa", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521",
-                  "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-nistp256@openssh.com", "ssh-dss")
+HOST_KEY_TYPES = (
+    "ssh-ed25519",
+    "ssh-rsa",
+    "ecdsa-sha2-nistp256",
+    "ecdsa-sha2-nistp384",
+    "ecdsa-sha2-nistp521",
+    "sk-ssh-ed25519@openssh.com",
+    "sk-ecdsa-sha2-nistp256@openssh.com",
+    "ssh-dss",
+)
 
 
 def _ssh_strings(blob: bytes) -> list[bytes] | None:
@@ -55,10 +64,10 @@ def _ssh_strings(blob: bytes) -> list[bytes] | None:
     make up the blob exactly (a key cut short in the copy)."""
     out, at = [], 0
     while at < len(blob):
-        size = int.from_bytes(blob[at:at + 4], "big")
+        size = int.from_bytes(blob[at : at + 4], "big")
         if at + 4 + size > len(blob):
             return None
-        out.append(blob[at + 4:at + 4 + size])
+        out.append(blob[at + 4 : at + 4 + size])
         at += 4 + size
     return out
 
@@ -71,16 +80,20 @@ def ssh_host_key(v: str) -> str:
     fields = v.split()
     if fields[0] not in HOST_KEY_TYPES:
         if len(fields) > 1 and fields[1] in HOST_KEY_TYPES:
-            raise ValueError(f"{v!r} is not allowed: it starts with a host name ({fields[0]!r}); give the key "
-                             f"only, the part after it ({fields[1]} AAAA…)")
+            raise ValueError(
+                f"{v!r} is not allowed: it starts with a host name ({fields[0]!r}); give the key "
+                f"only, the part after it ({fields[1]} AAAA…)"
+            )
         raise ValueError(f"{v!r} is not allowed: a host key starts with its type, one of {', '.join(HOST_KEY_TYPES)}")
     try:
         strings = _ssh_strings(base64.b64decode(fields[1] if len(fields) > 1 else "", validate=True))
     except binascii.Error:
         strings = None
     if not strings or len(strings) < 2 or strings[0] != fields[0].encode():
-        raise ValueError(f"{v!r} is not allowed: the key after {fields[0]} is not an {fields[0]} key in base64 "
-                         "(copy it whole from ssh-keyscan or /etc/ssh/ssh_host_*_key.pub)")
+        raise ValueError(
+            f"{v!r} is not allowed: the key after {fields[0]} is not an {fields[0]} key in base64 "
+            "(copy it whole from ssh-keyscan or /etc/ssh/ssh_host_*_key.pub)"
+        )
     return v
 
 
@@ -102,16 +115,25 @@ class SshSpec(Spec):
     @field_validator("key_path")
     @classmethod
     def _key_file(cls, v: str | None) -> str | None:
-        return v if v is None else not_blank(v, "the private key file's path on the operator's machine "
-                                                "(~/.ssh/id_ed25519), or leave keyPath out to use the agent")
+        return (
+            v
+            if v is None
+            else not_blank(
+                v,
+                "the private key file's path on the operator's machine "
+                "(~/.ssh/id_ed25519), or leave keyPath out to use the agent",
+            )
+        )
 
     @field_validator("user")
     @classmethod
     def _posix_user(cls, v: str) -> str:
         # It lands in ssh logins and in the scripts: nothing a shell or a comment line would read twice.
         if not re.fullmatch(USER_PATTERN, v):
-            raise ValueError(f"{v!r} is not a POSIX user name (letters, digits, '.', '_', '-', not "
-                             "starting with '-', at most 32 characters)")
+            raise ValueError(
+                f"{v!r} is not a POSIX user name (letters, digits, '.', '_', '-', not "
+                "starting with '-', at most 32 characters)"
+            )
         return v
 
 
@@ -291,16 +313,22 @@ class WeightsSource(Spec):
     @classmethod
     def _share(cls, v: str | None) -> str | None:
         if v is not None and not re.fullmatch(SHARE_PATTERN, v):
-            raise ValueError(f"{v!r} is not an NFS share server:/path (a host name or IPv4 address, then an "
-                             "absolute path of letters, digits and . _ + / -)")
+            raise ValueError(
+                f"{v!r} is not an NFS share server:/path (a host name or IPv4 address, then an "
+                "absolute path of letters, digits and . _ + / -)"
+            )
         return v
+
     present: bool = False
     """The weights are already on every node (verified, never copied)."""
 
     @model_validator(mode="after")
     def _exactly_one(self) -> WeightsSource:
-        given = [k for k, v in (("node", self.node), ("sharedMount", self.shared_mount),
-                                ("present", self.present or None)) if v]
+        given = [
+            k
+            for k, v in (("node", self.node), ("sharedMount", self.shared_mount), ("present", self.present or None))
+            if v
+        ]
         if len(given) != 1:
             raise ValueError(f"state exactly one of node, sharedMount, present (got {given or 'none'})")
         return self
@@ -309,8 +337,10 @@ class WeightsSource(Spec):
 def served_name(name: str) -> str:
     """A name clients send as `model`: something they can type and the gateway can match exactly."""
     if not name.strip() or name != name.strip() or any(not c.isprintable() for c in name):
-        raise ValueError(f"{name!r} is not allowed: a served name is what clients send as `model`: not empty, "
-                         "no leading or trailing whitespace, no control characters")
+        raise ValueError(
+            f"{name!r} is not allowed: a served name is what clients send as `model`: not empty, "
+            "no leading or trailing whitespace, no control characters"
+        )
     return name
 
 
@@ -350,8 +380,10 @@ class ModelSpec(Spec):
     @classmethod
     def _group(cls, v: int) -> int:
         if v == 0:
-            raise ValueError("0 is not allowed: a group of 0 weights does not exist; give the checkpoint's "
-                             "group_size (128, 64, 32), or -1 for per-channel quantization")
+            raise ValueError(
+                "0 is not allowed: a group of 0 weights does not exist; give the checkpoint's "
+                "group_size (128, 64, 32), or -1 for per-channel quantization"
+            )
         return v
 
     @field_validator("served_names")
@@ -364,8 +396,7 @@ class ModelSpec(Spec):
     def _known_method(cls, v: str | None) -> str | None:
         known = deployed_engines.quantization_methods()
         if v is not None and v not in known:
-            raise ValueError(f"unknown quantization {v!r}; the known engine versions know: "
-                             f"{', '.join(sorted(known))}")
+            raise ValueError(f"unknown quantization {v!r}; the known engine versions know: {', '.join(sorted(known))}")
         return v
 
     @model_validator(mode="after")
@@ -403,8 +434,10 @@ Fraction = Annotated[float, AfterValidator(_fraction)]
 # The first component is a registry only when it has a dot or a port, or is localhost (Docker's rule).
 _REGISTRY = r"(?:(?:localhost|[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+)(?::[0-9]+)?/|[A-Za-z0-9-]+:[0-9]+/)"
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-IMAGE_REF = re.compile(rf"^{_REGISTRY}?{_COMPONENT}(?:/{_COMPONENT})*"
-                       r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$")
+IMAGE_REF = re.compile(
+    rf"^{_REGISTRY}?{_COMPONENT}(?:/{_COMPONENT})*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$"
+)
 
 
 def image_reference(v: str) -> str:
@@ -416,10 +449,13 @@ def image_reference(v: str) -> str:
     repo = v.split("@", 1)[0].rsplit(":", 1)[0] if ":" in v.rsplit("/", 1)[-1] else v.split("@", 1)[0]
     path = repo.split("/", 1)[1] if "/" in repo and re.search(r"[.:]|^localhost$", repo.split("/", 1)[0]) else repo
     if path != path.lower():
-        raise ValueError(f"{v!r}: Docker refuses it (repository name must be lowercase): write "
-                         f"{v.replace(path, path.lower(), 1)!r}")
-    raise ValueError(f"{v!r} is not an image reference: [registry/]repository[:tag][@sha256:digest], the "
-                     "repository of lower-case letters, digits and . _ - separated by /")
+        raise ValueError(
+            f"{v!r}: Docker refuses it (repository name must be lowercase): write {v.replace(path, path.lower(), 1)!r}"
+        )
+    raise ValueError(
+        f"{v!r} is not an image reference: [registry/]repository[:tag][@sha256:digest], the "
+        "repository of lower-case letters, digits and . _ - separated by /"
+    )
 
 
 ImageRef = Annotated[str, AfterValidator(image_reference)]
@@ -525,8 +561,11 @@ class PoolSpec(Spec):
     def _refuse_unknown_keys(cls, data: Any) -> Any:
         # A pool on an engine that is not registered has that engine's options block too: the engine is
         # the mistake to name (the block is checked again once the engine is known).
-        if isinstance(data, dict) and isinstance(data.get("engine"), str) \
-                and data["engine"] not in deployed_engines.engine_names():
+        if (
+            isinstance(data, dict)
+            and isinstance(data.get("engine"), str)
+            and data["engine"] not in deployed_engines.engine_names()
+        ):
             allowed = cls._allowed_keys()
             data = {k: v for k, v in data.items() if k in allowed}
         return super()._refuse_unknown_keys(data)
@@ -537,8 +576,11 @@ class PoolSpec(Spec):
         names = deployed_engines.engine_names()
         if v not in names:
             quoted = [repr(n) for n in names]
-            raise PydanticCustomError("literal_error", "Input should be {expected}",
-                                      {"expected": ", ".join(quoted[:-1]) + " or " + quoted[-1]})
+            raise PydanticCustomError(
+                "literal_error",
+                "Input should be {expected}",
+                {"expected": ", ".join(quoted[:-1]) + " or " + quoted[-1]},
+            )
         return v
 
     @model_validator(mode="before")
@@ -581,12 +623,16 @@ class PoolSpec(Spec):
         engine = deployed_engines.deployed().get(pool.engine)
         wanted = engine.options_key if engine is not None else None
         if wanted is not None and wanted not in options:
-            raise ValueError(f"engine {pool.engine} needs its options block `{wanted}` (e.g. {wanted}: "
-                             f"{{{engine.required_option}: ...}})")
+            raise ValueError(
+                f"engine {pool.engine} needs its options block `{wanted}` (e.g. {wanted}: "
+                f"{{{engine.required_option}: ...}})"
+            )
         stray = [k for k in keys if k in options and k != wanted]
         if stray:
-            raise ValueError(f"`{stray[0]}` options do not apply to engine {pool.engine}; "
-                             + (f"state `{wanted}` instead" if wanted else "remove them"))
+            raise ValueError(
+                f"`{stray[0]}` options do not apply to engine {pool.engine}; "
+                + (f"state `{wanted}` instead" if wanted else "remove them")
+            )
         pool.__pydantic_private__["_options"] = options.get(wanted) if wanted else None
         return pool
 
@@ -607,8 +653,14 @@ class PoolSpec(Spec):
 
 def _relayed(err: ValidationError) -> list[Any]:
     """pydantic's errors as line errors for one combined ValidationError, type, location and context kept."""
-    return [{"type": PydanticCustomError(e["type"], e["msg"].replace("{", "{{").replace("}", "}}"), e.get("ctx")),
-             "loc": e["loc"], "input": e["input"]} for e in err.errors(include_url=False)]
+    return [
+        {
+            "type": PydanticCustomError(e["type"], e["msg"].replace("{", "{{").replace("}", "}}"), e.get("ctx")),
+            "loc": e["loc"],
+            "input": e["input"],
+        }
+        for e in err.errors(include_url=False)
+    ]
 
 
 @cache

@@ -5,6 +5,7 @@ its default image and the checkpoint formats a model may name are the engines' f
 registry entry hands them over here as `DeployedEngine`; the engines the runbooks name that the project
 does not deploy (components.facts.other_engines) are known by name and refused with the reason per GPU.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -1,4 +1,5 @@
 """Stack model: the OpenAI-compatible gateway (nginx + Lua)."""
+
 from __future__ import annotations
 
 import re
@@ -24,9 +25,11 @@ class RateLimitSpec(Spec):
         # nginx's limit_req_zone takes `<int>r/s` or `<int>r/m`; anything finer would be rounded silently.
         per_minute = v * 60
         if abs(per_minute - round(per_minute)) > 1e-6:
-            raise ValueError(f"{v} requests/s is not a whole number of requests per minute "
-                             f"({per_minute:.4f}/min); nginx rates are whole requests per second or "
-                             "per minute, e.g. 0.5 (= 30/min)")
+            raise ValueError(
+                f"{v} requests/s is not a whole number of requests per minute "
+                f"({per_minute:.4f}/min); nginx rates are whole requests per second or "
+                "per minute, e.g. 0.5 (= 30/min)"
+            )
         return v
 
 
@@ -94,8 +97,10 @@ class ImageBuildSpec(Spec):
     @classmethod
     def _url(cls, v: str) -> str:
         if not _MIRROR_RE.match(v):
-            raise ValueError(f"{v!r} must be an http:// or https:// URL of a Debian archive without spaces "
-                             "or quotes, e.g. http://deb.debian.org/debian")
+            raise ValueError(
+                f"{v!r} must be an http:// or https:// URL of a Debian archive without spaces "
+                "or quotes, e.g. http://deb.debian.org/debian"
+            )
         return v.rstrip("/")
 
     def args(self) -> dict[str, str]:
@@ -182,8 +187,10 @@ class GatewaySpec(Spec):
         # Runs only when the key is given: mirrors for an image that is pulled would be silently unused.
         image = info.data.get("image", GATEWAY_IMAGE)
         if image != GATEWAY_IMAGE:
-            raise ValueError(f"applies only to the default image {GATEWAY_IMAGE} (built on the gateway node); "
-                             f"{image} is pulled: remove imageBuild or gateway.image")
+            raise ValueError(
+                f"applies only to the default image {GATEWAY_IMAGE} (built on the gateway node); "
+                f"{image} is pulled: remove imageBuild or gateway.image"
+            )
         return v
 
     @field_validator("api_keys", "default_rate_limit", "default_max_concurrent", "default_token_budget")
@@ -199,11 +206,9 @@ class GatewaySpec(Spec):
     def _prefixes(cls, v: dict[str, str]) -> dict[str, str]:
         for prefix in v:
             if not (prefix.startswith("/") and prefix.endswith("/v1/")):
-                raise ValueError(f"path route {prefix!r} must start with / and end with /v1/ "
-                                 "(e.g. /smart/v1/)")
+                raise ValueError(f"path route {prefix!r} must start with / and end with /v1/ (e.g. /smart/v1/)")
             if prefix == "/v1/":
-                raise ValueError("path route '/v1/' is the gateway's own model-routed prefix; "
-                                 "use defaultPool for it")
+                raise ValueError("path route '/v1/' is the gateway's own model-routed prefix; use defaultPool for it")
             if not all(c.isalnum() or c in "/-_." for c in prefix):
                 raise ValueError(f"path route {prefix!r} may hold only letters, digits and / - _ .")
         return v
@@ -228,7 +233,6 @@ class GatewaySpec(Spec):
     @classmethod
     def _alias_names(cls, v: dict[str, str]) -> dict[str, str]:
         for alias in v:
-            if not alias or any(c in alias for c in "\"\\") or not alias.isprintable():
-                raise ValueError(f"alias {alias!r} must be a non-empty printable name without quotes "
-                                 "or backslashes")
+            if not alias or any(c in alias for c in '"\\') or not alias.isprintable():
+                raise ValueError(f"alias {alias!r} must be a non-empty printable name without quotes or backslashes")
         return v

@@ -1,5 +1,6 @@
 """Stack model: where the nodes get their images (a private registry, tarballs on the nodes, or each
 image's own registry), and whether the cluster is air-gapped."""
+
 from __future__ import annotations
 
 import re
@@ -11,8 +12,10 @@ from components.spec.cluster import absolute_path
 
 # host[:port] then an optional path prefix, in the characters docker references allow
 # (distribution/reference: a domain of dot-separated components, path components of [a-z0-9._-]).
-REGISTRY_PATTERN = (r"(?P<host>[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*"
-                    r"(?P<port>:\d{1,5})?)(?P<prefix>(/[a-z0-9]+([._-][a-z0-9]+)*)*)")
+REGISTRY_PATTERN = (
+    r"(?P<host>[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*"
+    r"(?P<port>:\d{1,5})?)(?P<prefix>(/[a-z0-9]+([._-][a-z0-9]+)*)*)"
+)
 REGISTRY_RE = re.compile(REGISTRY_PATTERN)
 
 
@@ -39,14 +42,18 @@ class ImagesSpec(Spec):
     def _registry(cls, v: str | None) -> str | None:
         if v is not None and "@" in v:
             # Not echoed: the part before @ is a credential.
-            raise ValueError("holds credentials (user:password@): give host[:port][/prefix] only, and the "
-                             "credentials as the secrets registryUsername and registryPassword "
-                             "(pulumi config set --secret registryPassword)")
+            raise ValueError(
+                "holds credentials (user:password@): give host[:port][/prefix] only, and the "
+                "credentials as the secrets registryUsername and registryPassword "
+                "(pulumi config set --secret registryPassword)"
+            )
         m = REGISTRY_RE.fullmatch(v) if v is not None else None
         # Docker reads a first component as a registry host only with a dot, a port, or `localhost`.
         if v is not None and (m is None or not ("." in m["host"] or m["port"] or m["host"] == "localhost")):
-            raise ValueError(f"{v!r} is not a registry address: host[:port][/prefix], e.g. registry.example:5000 "
-                             "or harbor.example/llm (no scheme, no tag)")
+            raise ValueError(
+                f"{v!r} is not a registry address: host[:port][/prefix], e.g. registry.example:5000 "
+                "or harbor.example/llm (no scheme, no tag)"
+            )
         return v
 
     @field_validator("tarballs")

@@ -1,5 +1,6 @@
 """What a stack's models are: the architecture from the catalog or the checkpoint's config.json, its
 quantization and context window, as every engine's capacity model and the rules read them."""
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """Stack model: exporters, Prometheus, alert thresholds, Grafana, optional Alertmanager."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -49,7 +50,8 @@ class MonitoringSpec(Spec):
 
     node: str
     dcgm_exporter: ServiceSpec = ServiceSpec(
-        image="nvcr.io/nvidia/k8s/dcgm-exporter:3.3.9-3.6.1-ubuntu22.04", port=9400)
+        image="nvcr.io/nvidia/k8s/dcgm-exporter:3.3.9-3.6.1-ubuntu22.04", port=9400
+    )
     node_exporter: ServiceSpec = ServiceSpec(image="prom/node-exporter:v1.8.2", port=9100)
     prometheus: ServiceSpec = ServiceSpec(image="prom/prometheus:v2.55.1", port=9090)
     grafana: ServiceSpec = ServiceSpec(image="grafana/grafana:11.3.0", port=3000)
@@ -66,14 +68,29 @@ def monitoring_issues(spec: StackSpec) -> list[SpecIssue]:
     m = spec.monitoring
     if m is None:
         if "alertmanagerConfig" in spec.secrets:
-            return [SpecIssue("alertmanagerConfig", "is set but monitoring is not configured; "
-                              "add monitoring.alertmanager (image and port) or remove the secret")]
+            return [
+                SpecIssue(
+                    "alertmanagerConfig",
+                    "is set but monitoring is not configured; "
+                    "add monitoring.alertmanager (image and port) or remove the secret",
+                )
+            ]
         return []
     issues: list[SpecIssue] = []
     if m.alertmanager is not None and "alertmanagerConfig" not in spec.secrets:
-        issues.append(SpecIssue("monitoring.alertmanager", "needs the secret alertmanagerConfig holding "
-                                "alertmanager.yml (pulumi config set --secret alertmanagerConfig < alertmanager.yml)"))
+        issues.append(
+            SpecIssue(
+                "monitoring.alertmanager",
+                "needs the secret alertmanagerConfig holding "
+                "alertmanager.yml (pulumi config set --secret alertmanagerConfig < alertmanager.yml)",
+            )
+        )
     if m.alertmanager is None and "alertmanagerConfig" in spec.secrets:
-        issues.append(SpecIssue("monitoring.alertmanager", "is unset but the secret alertmanagerConfig is "
-                                "given; set monitoring.alertmanager (image and port) to deploy Alertmanager"))
+        issues.append(
+            SpecIssue(
+                "monitoring.alertmanager",
+                "is unset but the secret alertmanagerConfig is "
+                "given; set monitoring.alertmanager (image and port) to deploy Alertmanager",
+            )
+        )
     return issues

@@ -1,4 +1,5 @@
 """The whole stack config: sections, cross-references, and loading from Pulumi config."""
+
 from __future__ import annotations
 
 import json
@@ -61,9 +62,20 @@ class StackSpec(Spec):
         """The node with nodeDefaults filled in."""
         node = self.nodes[name]
         d = self.node_defaults
-        fill = {f: getattr(d, f) for f in ("gpu", "hca", "interface", "driver_min_version",
-                                           "disk_path", "min_free_disk_gib", "memory_gib", "cpu_cores")
-                if getattr(node, f) is None}
+        fill = {
+            f: getattr(d, f)
+            for f in (
+                "gpu",
+                "hca",
+                "interface",
+                "driver_min_version",
+                "disk_path",
+                "min_free_disk_gib",
+                "memory_gib",
+                "cpu_cores",
+            )
+            if getattr(node, f) is None
+        }
         return node.model_copy(update=fill)
 
     def node_memory(self, name: str) -> tuple[float, str]:
@@ -73,8 +85,9 @@ class StackSpec(Spec):
             return float(self.nodes[name].memory_gib), f"nodes.{name}.memoryGib"
         if self.node_defaults.memory_gib is not None:
             return float(self.node_defaults.memory_gib), "nodeDefaults.memoryGib"
-        return float(REFERENCE_SERVER.memory_gib), (f"nodes.{name}.memoryGib, unset: {REFERENCE_SERVER.name}' "
-                                                    f"{REFERENCE_SERVER.memory_gib:g} GiB")
+        return float(REFERENCE_SERVER.memory_gib), (
+            f"nodes.{name}.memoryGib, unset: {REFERENCE_SERVER.name}' {REFERENCE_SERVER.memory_gib:g} GiB"
+        )
 
     def node_cpus(self, name: str) -> tuple[int, str]:
         """(logical CPUs, the stack key that sets it) of a node: its own, nodeDefaults', else the reference
@@ -83,8 +96,10 @@ class StackSpec(Spec):
             return self.nodes[name].cpu_cores, f"nodes.{name}.cpuCores"
         if self.node_defaults.cpu_cores is not None:
             return self.node_defaults.cpu_cores, "nodeDefaults.cpuCores"
-        return REFERENCE_SERVER.cpu_cores, f"nodes.{name}.cpuCores, unset: {REFERENCE_SERVER.name}' " \
-                                           f"{REFERENCE_SERVER.cpu_cores}"
+        return (
+            REFERENCE_SERVER.cpu_cores,
+            f"nodes.{name}.cpuCores, unset: {REFERENCE_SERVER.name}' {REFERENCE_SERVER.cpu_cores}",
+        )
 
     def served_names(self, model: str) -> list[str]:
         """Names clients use for a model; the model key when none are stated."""
@@ -104,15 +119,21 @@ def check_names_and_nodes(s: StackSpec) -> list[SpecIssue]:
     for section, names in (("nodes", s.nodes), ("pools", s.pools), ("models", s.models)):
         for name in names:
             if not NAME_RE.match(name):
-                issues.append(SpecIssue(f"{section}.{name}", f"{name!r} is not allowed as a name: names become "
-                                        "container and host names, so lowercase letters, digits and '-' "
-                                        "(a DNS label, at most 63 characters)"))
+                issues.append(
+                    SpecIssue(
+                        f"{section}.{name}",
+                        f"{name!r} is not allowed as a name: names become "
+                        "container and host names, so lowercase letters, digits and '-' "
+                        "(a DNS label, at most 63 characters)",
+                    )
+                )
     seen_addr: dict[str, str] = {}
     for name in s.nodes:
         n = s.node(name)
         if n.address in seen_addr:
-            issues.append(SpecIssue(f"nodes.{name}.address",
-                                    f"{n.address} is already the address of {seen_addr[n.address]}"))
+            issues.append(
+                SpecIssue(f"nodes.{name}.address", f"{n.address} is already the address of {seen_addr[n.address]}")
+            )
         seen_addr[n.address] = name
         if n.gpu is None:
             issues.append(SpecIssue(f"nodes.{name}.gpu", "required here or in nodeDefaults (model and count)"))
@@ -131,8 +152,12 @@ def check_pools(s: StackSpec) -> list[SpecIssue]:
             if nname not in s.nodes:
                 issues.append(SpecIssue(f"pools.{pname}.nodes[{i}]", _not_one_of(nname, "node", s.nodes)))
             elif nname in owner:
-                issues.append(SpecIssue(f"pools.{pname}.nodes[{i}]", f"{nname!r} already serves pool "
-                                        f"{owner[nname]!r}; a node belongs to at most one pool"))
+                issues.append(
+                    SpecIssue(
+                        f"pools.{pname}.nodes[{i}]",
+                        f"{nname!r} already serves pool {owner[nname]!r}; a node belongs to at most one pool",
+                    )
+                )
             else:
                 owner[nname] = pname
         members = [n for n in p.nodes if n in s.nodes]
@@ -140,35 +165,59 @@ def check_pools(s: StackSpec) -> list[SpecIssue]:
         if not members or any(g is None for g in gpus):
             continue
         if len({(g.model, g.count) for g in gpus}) > 1:
-            issues.append(SpecIssue(f"pools.{pname}.nodes", "all nodes of a pool need the same GPU model and "
-                                    "count; got " + ", ".join(f"{n}={g.count}x{g.model}" for n, g in zip(members, gpus))))
+            issues.append(
+                SpecIssue(
+                    f"pools.{pname}.nodes",
+                    "all nodes of a pool need the same GPU model and "
+                    "count; got " + ", ".join(f"{n}={g.count}x{g.model}" for n, g in zip(members, gpus)),
+                )
+            )
             continue
         per_node = gpus[0].count
         span = nodes_per_instance(p, per_node)
         if len(p.nodes) % span:
-            issues.append(SpecIssue(f"pools.{pname}.nodes", f"{len(p.nodes)} nodes do not split into instances of "
-                                    f"{span} node(s) (tensorParallel {p.tensor_parallel} x pipelineParallel "
-                                    f"{p.pipeline_parallel} on {per_node} GPUs per node); give a multiple of {span}"))
+            issues.append(
+                SpecIssue(
+                    f"pools.{pname}.nodes",
+                    f"{len(p.nodes)} nodes do not split into instances of "
+                    f"{span} node(s) (tensorParallel {p.tensor_parallel} x pipelineParallel "
+                    f"{p.pipeline_parallel} on {per_node} GPUs per node); give a multiple of {span}",
+                )
+            )
         width = p.tensor_parallel * p.pipeline_parallel
         if p.replicas_per_node > 1 and (span > 1 or width * p.replicas_per_node > per_node):
-            issues.append(SpecIssue(f"pools.{pname}.replicasPerNode", f"{p.replicas_per_node} replicas x "
-                                    f"tensorParallel {p.tensor_parallel} x pipelineParallel {p.pipeline_parallel} "
-                                    f"needs more than the {per_node} GPUs of a node"))
+            issues.append(
+                SpecIssue(
+                    f"pools.{pname}.replicasPerNode",
+                    f"{p.replicas_per_node} replicas x "
+                    f"tensorParallel {p.tensor_parallel} x pipelineParallel {p.pipeline_parallel} "
+                    f"needs more than the {per_node} GPUs of a node",
+                )
+            )
         if span > 1:
             for nname in members:
                 for field in ("hca", "interface"):
                     if getattr(s.node(nname), field) is None:
-                        issues.append(SpecIssue(f"nodes.{nname}.{field}", "required (here or in nodeDefaults): "
-                                                f"pool {pname!r} spans nodes"))
+                        issues.append(
+                            SpecIssue(
+                                f"nodes.{nname}.{field}",
+                                f"required (here or in nodeDefaults): pool {pname!r} spans nodes",
+                            )
+                        )
         # /dev/shm is a tmpfs: what the pool's containers on a node may put there is RAM of that node.
         shm = p.shm_size_gib * (p.replicas_per_node if span == 1 else 1)
         for nname in members:
             ram, key = s.node_memory(nname)
             if shm > ram:
-                issues.append(SpecIssue(f"pools.{pname}.shmSizeGib", f"{p.shm_size_gib} GiB of /dev/shm per "
-                                        f"container{f' x {p.replicas_per_node} replicas' if shm != p.shm_size_gib else ''}"
-                                        f" is more than the {ram:g} GiB of RAM of node {nname} ({key}); at most "
-                                        f"{int(ram // (shm // p.shm_size_gib))} fits"))
+                issues.append(
+                    SpecIssue(
+                        f"pools.{pname}.shmSizeGib",
+                        f"{p.shm_size_gib} GiB of /dev/shm per "
+                        f"container{f' x {p.replicas_per_node} replicas' if shm != p.shm_size_gib else ''}"
+                        f" is more than the {ram:g} GiB of RAM of node {nname} ({key}); at most "
+                        f"{int(ram // (shm // p.shm_size_gib))} fits",
+                    )
+                )
                 break
     return issues
 
@@ -191,8 +240,11 @@ def check_models(s: StackSpec) -> list[SpecIssue]:
     for mname in s.models:
         for i, sn in enumerate(s.served_names(mname)):
             if served[sn] != mname:
-                issues.append(SpecIssue(f"models.{mname}.servedNames[{i}]",
-                                        f"{sn!r} is already a served name of model {served[sn]!r}"))
+                issues.append(
+                    SpecIssue(
+                        f"models.{mname}.servedNames[{i}]", f"{sn!r} is already a served name of model {served[sn]!r}"
+                    )
+                )
     return issues
 
 
@@ -223,18 +275,28 @@ def check_gateway(s: StackSpec) -> list[SpecIssue]:
         ids.add(k.id)
         for j, mname in enumerate(k.models):
             if mname not in allowed:
-                add(f"gateway.apiKeys[{i}].models[{j}]", f"{mname!r} names no served model, alias or pool; "
-                    f"allowed: {', '.join(sorted(allowed))}")
+                add(
+                    f"gateway.apiKeys[{i}].models[{j}]",
+                    f"{mname!r} names no served model, alias or pool; allowed: {', '.join(sorted(allowed))}",
+                )
     if not g.auth and "gatewayApiKeys" in s.secrets:
-        add("gateway.auth", "is false but the secret gatewayApiKeys is set: the keys would never be checked; "
-            "remove the secret (pulumi config rm gatewayApiKeys) or set auth: true")
+        add(
+            "gateway.auth",
+            "is false but the secret gatewayApiKeys is set: the keys would never be checked; "
+            "remove the secret (pulumi config rm gatewayApiKeys) or set auth: true",
+        )
     tls_secrets = {"gatewayTlsCert", "gatewayTlsKey"} & s.secrets
     if len(tls_secrets) == 1:
-        add("gateway.tls", f"the secret {tls_secrets.pop()} is set without its pair: set both gatewayTlsCert and "
+        add(
+            "gateway.tls",
+            f"the secret {tls_secrets.pop()} is set without its pair: set both gatewayTlsCert and "
             "gatewayTlsKey (pulumi config set --secret gatewayTlsCert < cert.pem), or neither to have a "
-            "certificate made on the gateway host")
+            "certificate made on the gateway host",
+        )
     if tls_secrets and not g.tls:
-        add("gateway.tls", "is false but the secrets gatewayTlsCert/gatewayTlsKey are set: set tls: true or remove them")
+        add(
+            "gateway.tls", "is false but the secrets gatewayTlsCert/gatewayTlsKey are set: set tls: true or remove them"
+        )
     if g.http_redirect_port is not None and not g.tls:
         add("gateway.httpRedirectPort", "redirects to HTTPS, which needs tls: true")
     if g.http_redirect_port == g.port:
@@ -248,8 +310,13 @@ def check_monitoring_and_ssh(s: StackSpec) -> list[SpecIssue]:
         issues.append(SpecIssue("monitoring.node", _not_one_of(s.monitoring.node, "node", s.nodes)))
     issues += monitoring_issues(s)  # the engines' own thresholds follow in components.planning.load
     if not s.ssh.agent and not s.ssh.key_path and "sshPrivateKey" not in s.secrets:
-        issues.append(SpecIssue("ssh.agent", "is false but neither ssh.keyPath nor the secret sshPrivateKey is "
-                                "given: the nodes could not be reached; use the agent, a key file, or the secret key"))
+        issues.append(
+            SpecIssue(
+                "ssh.agent",
+                "is false but neither ssh.keyPath nor the secret sshPrivateKey is "
+                "given: the nodes could not be reached; use the agent, a key file, or the secret key",
+            )
+        )
     return issues
 
 
@@ -257,13 +324,23 @@ def check_images(s: StackSpec) -> list[SpecIssue]:
     """Registry credentials come in pairs and only with a registry; tarball file names are unique."""
     given = sorted({"registryUsername", "registryPassword"} & s.secrets)
     if given and s.images.registry is None:
-        return [SpecIssue("images.registry", f"the secret {' and '.join(given)} is set but no registry is: state "
-                          "images.registry (host[:port][/prefix]) or remove the secret (pulumi config rm "
-                          f"{given[0]})")]
+        return [
+            SpecIssue(
+                "images.registry",
+                f"the secret {' and '.join(given)} is set but no registry is: state "
+                "images.registry (host[:port][/prefix]) or remove the secret (pulumi config rm "
+                f"{given[0]})",
+            )
+        ]
     if len(given) == 1:
         missing = ({"registryUsername", "registryPassword"} - set(given)).pop()
-        return [SpecIssue("images.registry", f"the secret {given[0]} is set without {missing}: set both "
-                          f"(pulumi config set --secret {missing}), or neither for a registry without auth")]
+        return [
+            SpecIssue(
+                "images.registry",
+                f"the secret {given[0]} is set without {missing}: set both "
+                f"(pulumi config set --secret {missing}), or neither for a registry without auth",
+            )
+        ]
     return []
 
 
@@ -291,11 +368,16 @@ def validate_sections(sections: Mapping[str, Any], secrets: frozenset[str] = fro
 def secret_in_plain_config(at: str, section: str) -> SpecIssue:
     """A `secure:` value where the section is plain config (the whole section, or a value inside it): the
     program would hand it on in clear."""
-    return SpecIssue(at, f"a secret is not allowed here: {section} is plain config, stated in the stack file "
-                     "(secrets are only " + ", ".join(f"{NAMESPACE}:{k}" for k in SECRET_KEYS) + ")")
+    return SpecIssue(
+        at,
+        f"a secret is not allowed here: {section} is plain config, stated in the stack file "
+        "(secrets are only " + ", ".join(f"{NAMESPACE}:{k}" for k in SECRET_KEYS) + ")",
+    )
 
 
-def config_sections(config: Mapping[str, Any], secret_keys: set[str] | frozenset[str]) -> tuple[dict[str, Any], frozenset[str]]:
+def config_sections(
+    config: Mapping[str, Any], secret_keys: set[str] | frozenset[str]
+) -> tuple[dict[str, Any], frozenset[str]]:
     """The sections and secret names of a Pulumi config (full keys `llm-cluster:<section>`), refusing unknown
     keys and plaintext secrets."""
     issues: list[SpecIssue] = []
@@ -308,14 +390,23 @@ def config_sections(config: Mapping[str, Any], secret_keys: set[str] | frozenset
             # that would otherwise surface as "nodes: required key is missing".
             namespace, _, name = full_key.rpartition(":")
             if namespace and (name in SECTIONS or name in SECRET_KEYS):
-                issues.append(SpecIssue(full_key, f"the namespace {namespace!r} is not allowed: this project reads "
-                                        f"{prefix}{name} (its namespace is the project name, {NAMESPACE})"))
+                issues.append(
+                    SpecIssue(
+                        full_key,
+                        f"the namespace {namespace!r} is not allowed: this project reads "
+                        f"{prefix}{name} (its namespace is the project name, {NAMESPACE})",
+                    )
+                )
             continue
-        key = full_key[len(prefix):]
+        key = full_key[len(prefix) :]
         if key in SECRET_KEYS:
             if full_key not in secret_keys:
-                issues.append(SpecIssue(full_key, "must be a secret: set it with "
-                                        f"`pulumi config set --secret {key}` ({SECRET_KEYS[key]})"))
+                issues.append(
+                    SpecIssue(
+                        full_key,
+                        f"must be a secret: set it with `pulumi config set --secret {key}` ({SECRET_KEYS[key]})",
+                    )
+                )
             secrets.add(key)
         elif key in SECTIONS:
             if full_key in secret_keys:
@@ -331,8 +422,12 @@ def config_sections(config: Mapping[str, Any], secret_keys: set[str] | frozenset
                     pass
             sections[key] = raw
         else:
-            issues.append(SpecIssue(full_key, "unknown config key; allowed: "
-                                    + ", ".join(prefix + k for k in SECTIONS + sorted(SECRET_KEYS))))
+            issues.append(
+                SpecIssue(
+                    full_key,
+                    "unknown config key; allowed: " + ", ".join(prefix + k for k in SECTIONS + sorted(SECRET_KEYS)),
+                )
+            )
     if issues:
         raise SpecError(issues)
     return sections, frozenset(secrets)

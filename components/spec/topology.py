@@ -1,4 +1,5 @@
 """Where each pool's instances run: nodes, head, GPUs and port of every serving instance."""
+
 from __future__ import annotations
 
 import math
@@ -48,16 +49,33 @@ def instances(spec: StackSpec, pool_name: str) -> list[Instance]:
     span = nodes_per_instance(pool, gpus.count)
     out: list[Instance] = []
     for start in range(0, len(pool.nodes) - span + 1, span):
-        group = tuple(pool.nodes[start:start + span])
+        group = tuple(pool.nodes[start : start + span])
         if span > 1 or pool.replicas_per_node == 1:
-            out.append(Instance(pool_name, f"{pool_name}-{group[0]}", group, pool.port,
-                                pool.tensor_parallel, pool.pipeline_parallel, None))
+            out.append(
+                Instance(
+                    pool_name,
+                    f"{pool_name}-{group[0]}",
+                    group,
+                    pool.port,
+                    pool.tensor_parallel,
+                    pool.pipeline_parallel,
+                    None,
+                )
+            )
             continue
         width = pool.tensor_parallel * pool.pipeline_parallel
         for r in range(pool.replicas_per_node):
-            out.append(Instance(pool_name, f"{pool_name}-{group[0]}-r{r}", group, pool.port + r,
-                                pool.tensor_parallel, pool.pipeline_parallel,
-                                tuple(range(r * width, (r + 1) * width))))
+            out.append(
+                Instance(
+                    pool_name,
+                    f"{pool_name}-{group[0]}-r{r}",
+                    group,
+                    pool.port + r,
+                    pool.tensor_parallel,
+                    pool.pipeline_parallel,
+                    tuple(range(r * width, (r + 1) * width)),
+                )
+            )
     return out
 
 
@@ -73,9 +91,11 @@ def host_ports(spec: StackSpec) -> list[tuple[str, int, str]]:
         for inst in instances(spec, pname):
             out.append((inst.head, inst.port, f"pools.{pname}.port"))
             if inst.uses_ray:
-                out += [(inst.head, p.ray_port, f"pools.{pname}.rayPort"),
-                        (inst.head, p.ray_dashboard_port, f"pools.{pname}.rayDashboardPort"),
-                        (inst.head, p.ray_client_port, f"pools.{pname}.rayClientPort")]
+                out += [
+                    (inst.head, p.ray_port, f"pools.{pname}.rayPort"),
+                    (inst.head, p.ray_dashboard_port, f"pools.{pname}.rayDashboardPort"),
+                    (inst.head, p.ray_client_port, f"pools.{pname}.rayClientPort"),
+                ]
     g = spec.gateway
     if g is not None:
         out += [(g.node, g.port, "gateway.port"), (g.node, g.metrics_port, "gateway.metricsPort")]
@@ -84,10 +104,14 @@ def host_ports(spec: StackSpec) -> list[tuple[str, int, str]]:
     m = spec.monitoring
     if m is not None:
         for n in spec.nodes:
-            out += [(n, m.dcgm_exporter.port, "monitoring.dcgmExporter.port"),
-                    (n, m.node_exporter.port, "monitoring.nodeExporter.port")]
-        out += [(m.node, m.prometheus.port, "monitoring.prometheus.port"),
-                (m.node, m.grafana.port, "monitoring.grafana.port")]
+            out += [
+                (n, m.dcgm_exporter.port, "monitoring.dcgmExporter.port"),
+                (n, m.node_exporter.port, "monitoring.nodeExporter.port"),
+            ]
+        out += [
+            (m.node, m.prometheus.port, "monitoring.prometheus.port"),
+            (m.node, m.grafana.port, "monitoring.grafana.port"),
+        ]
         if m.alertmanager is not None:
             out.append((m.node, m.alertmanager.port, "monitoring.alertmanager.port"))
     return out

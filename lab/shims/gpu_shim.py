@@ -19,6 +19,7 @@ host by the lab stack's `lab:hosts.<node>` (copied to choice.json beside this sc
   node's NVMe): the stack's weights are sized from the model catalog (hundreds of GiB) while the lab's
   generated weights are a few MB. Every other df call is the real df.
 """
+
 import json
 import os
 import re
@@ -27,11 +28,15 @@ import sys
 HERE = os.path.dirname(os.path.realpath(__file__))
 FIX = os.path.join(HERE, "fixtures")
 TABLE = "nvidia-smi.8x-tesla-v100-sxm2-32gb.azure-nd40rs-v2.drv535.usernetes-azure.txt"
-TOPO = {"nvlink": "nvidia-smi-topo-m.dgx1-v100-4nic.ucx-py-docs.txt",
-        "pcie": "nvidia-smi-topo-m.8x-pcie-gpus-pix-phb-sys.model-not-stated.matrix-only.nccl-issue-1439.txt"}
+TOPO = {
+    "nvlink": "nvidia-smi-topo-m.dgx1-v100-4nic.ucx-py-docs.txt",
+    "pcie": "nvidia-smi-topo-m.8x-pcie-gpus-pix-phb-sys.model-not-stated.matrix-only.nccl-issue-1439.txt",
+}
 IBSTAT = "ibstat.cx7-mt4129-rate200-ethernet-roce-active.first-2-CA-blocks.mooncake-issue-1999.txt"
 DISABLED_PORT = "ibstat.h100-cx6dx-mt4125-eth-down-disabled-plus-cx7-ib400-active.gpud-testdata.txt"
-IBV_DEVICES = "ibv_devices.vfs-with-zero-node-guid.whitespace-collapsed-as-posted.sriov-network-device-plugin-issue-20.txt"
+IBV_DEVICES = (
+    "ibv_devices.vfs-with-zero-node-guid.whitespace-collapsed-as-posted.sriov-network-device-plugin-issue-20.txt"
+)
 V100_COMPUTE_CAP = "7.0"
 
 
@@ -61,15 +66,19 @@ def gpu_rows(fields):
     driver = re.search(r"Driver Version: (\S+)", table).group(1)
     names = gpu_names(table)
     mems = re.findall(r"/\s+(\d+)MiB \|", table)
-    values = {"name": names, "driver_version": [driver] * len(names),
-              "memory.total": ["%s MiB" % m for m in mems], "compute_cap": [V100_COMPUTE_CAP] * len(names),
-              "index": [str(i) for i in range(len(names))]}
+    values = {
+        "name": names,
+        "driver_version": [driver] * len(names),
+        "memory.total": ["%s MiB" % m for m in mems],
+        "compute_cap": [V100_COMPUTE_CAP] * len(names),
+        "index": [str(i) for i in range(len(names))],
+    }
     unknown = [f for f in fields if f not in values]
     if unknown:
         sys.stderr.write('Field "%s" is not a valid field to query.\n' % unknown[0])
         sys.exit(2)
     rows = [", ".join(values[f][i] for f in fields) for i in range(len(names))]
-    return rows[:choice()["gpus"]]
+    return rows[: choice()["gpus"]]
 
 
 def nvidia_smi(args):
@@ -108,7 +117,7 @@ def ibstat(hca):
     first = re.search(r"(CA 'mlx5_0'.*?Port 1:\n)(\s+State: Active\n\s+Physical state: LinkUp\n)", out, re.S)
     indent = re.match(r"\s+", first.group(2)).group(0)
     lines = [indent + line.strip() for line in down.strip("\n").splitlines()]
-    return out[:first.end(1)] + "\n".join(lines) + "\n" + out[first.end(2):]
+    return out[: first.end(1)] + "\n".join(lines) + "\n" + out[first.end(2) :]
 
 
 def main():

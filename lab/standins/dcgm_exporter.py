@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """llm-cluster lab stand-in for dcgm-exporter (not DCGM): serves the default counters' names for each GPU
 the container was given (NVIDIA_VISIBLE_DEVICES, set by docker's --gpus), on DCGM_EXPORTER_LISTEN."""
+
 import os
 import socket
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -30,8 +31,10 @@ class Handler(BaseHTTPRequestHandler):
         for name, kind in COUNTERS:
             lines.append("# TYPE %s %s" % (name, kind))
             for g in gpus():
-                lines.append('%s{gpu="%s",UUID="GPU-lab-%s",device="nvidia%s",modelName="Tesla V100-SXM2-32GB",'
-                             'Hostname="%s"} 0' % (name, g, g, g, socket.gethostname()))
+                lines.append(
+                    '%s{gpu="%s",UUID="GPU-lab-%s",device="nvidia%s",modelName="Tesla V100-SXM2-32GB",'
+                    'Hostname="%s"} 0' % (name, g, g, g, socket.gethostname())
+                )
         body = ("\n".join(lines) + "\n").encode()
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4")

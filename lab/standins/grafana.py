@@ -6,6 +6,7 @@ Checks: every datasources/*.yaml has apiVersion and datasources with name, type 
 dashboards/*.yaml provider has a path whose *.json files parse and carry a title and panels; the admin
 password file (GF_SECURITY_ADMIN_PASSWORD__FILE) is readable. A failed check exits 1 (docker restarts it).
 """
+
 import glob
 import json
 import os
@@ -56,8 +57,14 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         if self.path == "/api/health":
-            body = json.dumps({"database": "ok", "version": os.environ.get("LAB_GRAFANA_VERSION", ""),
-                               "standin": "llm-cluster lab", "provisioned": SUMMARY}).encode()
+            body = json.dumps(
+                {
+                    "database": "ok",
+                    "version": os.environ.get("LAB_GRAFANA_VERSION", ""),
+                    "standin": "llm-cluster lab",
+                    "provisioned": SUMMARY,
+                }
+            ).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
         else:

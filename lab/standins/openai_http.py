@@ -2,6 +2,7 @@
 
 Copied into each such image beside its stand-in package (lab/images.py), as the module `openai_http`.
 """
+
 import json
 from http.server import BaseHTTPRequestHandler
 

@@ -8,6 +8,7 @@ the images' own (node-exporter/Prometheus/Alertmanager flags, dcgm-exporter's ur
 env, Grafana's [server] http_addr); Ray's GCS and raylet ports are not here: Ray 2.x has no flag
 that binds them to one address (see policies/README.md).
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -47,22 +48,44 @@ class Listener:
 _NO_AUTH = "answer there without authentication"
 LISTENERS: dict[str, tuple[Listener, ...]] = {
     "node-exporter": (Listener("--web.listen-address", ":9100", 9100, f"the host's metrics {_NO_AUTH}"),),
-    "prometheus": (Listener("--web.listen-address", "0.0.0.0:9090", 9090,
-                            f"every metric, the query API and (with --web.enable-lifecycle) reload and shutdown "
-                            f"{_NO_AUTH}"),),
-    "alertmanager": (
-        Listener("--web.listen-address", ":9093", 9093,
-                 "its API answers there without authentication (anyone can silence alerts)"),
-        Listener("--cluster.listen-address", "0.0.0.0:9094", 9094,
-                 "anyone who reaches it can join Alertmanager's HA gossip and silence alerts", may_be_empty=True,
-                 alternative=", or --cluster.listen-address= (empty) to turn gossip off: one Alertmanager needs none"),
+    "prometheus": (
+        Listener(
+            "--web.listen-address",
+            "0.0.0.0:9090",
+            9090,
+            f"every metric, the query API and (with --web.enable-lifecycle) reload and shutdown {_NO_AUTH}",
+        ),
     ),
-    "dcgm-exporter": (Listener("DCGM_EXPORTER_LISTEN", ":9400", 9400, f"the GPUs' metrics {_NO_AUTH}",
-                               aliases=("-a", "--address")),),
-    "grafana": (Listener("GF_SERVER_HTTP_ADDR", "", None, "its login page and API face every network the node is on",
-                         host_only=True,
-                         alternative=", or list grafana in this policy's publicRoles to serve it beyond the "
-                                     "cluster network behind its own login"),),
+    "alertmanager": (
+        Listener(
+            "--web.listen-address",
+            ":9093",
+            9093,
+            "its API answers there without authentication (anyone can silence alerts)",
+        ),
+        Listener(
+            "--cluster.listen-address",
+            "0.0.0.0:9094",
+            9094,
+            "anyone who reaches it can join Alertmanager's HA gossip and silence alerts",
+            may_be_empty=True,
+            alternative=", or --cluster.listen-address= (empty) to turn gossip off: one Alertmanager needs none",
+        ),
+    ),
+    "dcgm-exporter": (
+        Listener("DCGM_EXPORTER_LISTEN", ":9400", 9400, f"the GPUs' metrics {_NO_AUTH}", aliases=("-a", "--address")),
+    ),
+    "grafana": (
+        Listener(
+            "GF_SERVER_HTTP_ADDR",
+            "",
+            None,
+            "its login page and API face every network the node is on",
+            host_only=True,
+            alternative=", or list grafana in this policy's publicRoles to serve it beyond the "
+            "cluster network behind its own login",
+        ),
+    ),
 }
 
 
@@ -83,7 +106,7 @@ def listen_host(value: str, host_only: bool = False) -> str:
     if host_only:
         return value.strip("[]")
     if value.startswith("["):
-        return value[1:value.index("]")] if "]" in value else value[1:]
+        return value[1 : value.index("]")] if "]" in value else value[1:]
     host, sep, _ = value.rpartition(":")
     return host if sep else value
 
@@ -121,19 +144,29 @@ def binding_problems(role: str, argv: list[str], env: Mapping[str, str]) -> list
         if not stated and listener.is_env and listener.setting in env:
             stated = [(listener.setting, env[listener.setting])]
         if stated:
-            checks = [(name, _written(listener, name, value), value) for name, value in stated
-                      if not (listener.may_be_empty and value == "")]
+            checks = [
+                (name, _written(listener, name, value), value)
+                for name, value in stated
+                if not (listener.may_be_empty and value == "")
+            ]
         elif listener.default is None:
             continue
         else:
-            checks = [(listener.setting, f"{listener.setting} unset: the default is "
-                                         f"{listener.default or 'every interface'}", listener.default)]
+            checks = [
+                (
+                    listener.setting,
+                    f"{listener.setting} unset: the default is {listener.default or 'every interface'}",
+                    listener.default,
+                )
+            ]
         # One message per socket: the first value that opens it (node-exporter takes the flag repeatedly).
         for name, said, value in checks:
             if listen_host(value, listener.host_only) in WILDCARD_HOSTS:
                 port = (None if listener.host_only else listen_port(value)) or listener.port
-                out.append(f"{role} on the host network listens on every interface of the node, public ones "
-                           f"included ({said}): {listener.serves}. Set "
-                           f"{_fix(listener, name, port)}{listener.alternative}.")
+                out.append(
+                    f"{role} on the host network listens on every interface of the node, public ones "
+                    f"included ({said}): {listener.serves}. Set "
+                    f"{_fix(listener, name, port)}{listener.alternative}."
+                )
                 break
     return out

@@ -2,6 +2,7 @@
 
 A pool that does not fit is told which fixes can work, computed from the same estimate: by the engine
 (`advice`), or, for vLLM, by its own rule (components/engines/vllm/rules/capacity.py)."""
+
 from __future__ import annotations
 
 import math
@@ -44,9 +45,16 @@ def validate_fit(args: ResourceValidationArgs, report: ReportViolation) -> None:
         report(message, None)
 
 
-HEADROOM_CONFIG = PolicyConfigSchema(properties={"minConcurrency": {
-    "type": "number", "minimum": 0, "default": 4,
-    "description": "Warn when fewer full-length sequences than this fit in the KV cache at once."}})
+HEADROOM_CONFIG = PolicyConfigSchema(
+    properties={
+        "minConcurrency": {
+            "type": "number",
+            "minimum": 0,
+            "default": 4,
+            "description": "Warn when fewer full-length sequences than this fit in the KV cache at once.",
+        }
+    }
+)
 
 
 def validate_headroom(args: ResourceValidationArgs, report: ReportViolation) -> None:
@@ -60,18 +68,27 @@ def validate_headroom(args: ResourceValidationArgs, report: ReportViolation) -> 
         tokens = number(capacity.get("kv_tokens"))
         # At this length the configured number of full-length sequences fits at once.
         shorter = f" to {math.floor(tokens / threshold)}" if tokens and threshold else ""
-        report(f"only {float(concurrency):.1f} sequences of max-model-len fit in the KV cache at once "
-               f"({tokens if tokens is not None else '?'} tokens), below minConcurrency {threshold:g}: requests "
-               f"queue or get preempted under load. Lower {capacity.get('context_option') or '--max-model-len'}"
-               f"{shorter}, or add GPUs to the instance.",
-               None)
+        report(
+            f"only {float(concurrency):.1f} sequences of max-model-len fit in the KV cache at once "
+            f"({tokens if tokens is not None else '?'} tokens), below minConcurrency {threshold:g}: requests "
+            f"queue or get preempted under load. Lower {capacity.get('context_option') or '--max-model-len'}"
+            f"{shorter}, or add GPUs to the instance.",
+            None,
+        )
 
 
 POLICIES = [
-    ResourceValidationPolicy(name="memory-fit", description="The model and one max-model-len sequence fit in GPU memory.",
-                             validate=per_pool(validate_fit), enforcement_level=EnforcementLevel.MANDATORY),
-    ResourceValidationPolicy(name="memory-headroom",
-                             description="Enough KV cache for the configured number of concurrent full-length sequences.",
-                             validate=per_pool(validate_headroom), config_schema=HEADROOM_CONFIG,
-                             enforcement_level=EnforcementLevel.ADVISORY),
+    ResourceValidationPolicy(
+        name="memory-fit",
+        description="The model and one max-model-len sequence fit in GPU memory.",
+        validate=per_pool(validate_fit),
+        enforcement_level=EnforcementLevel.MANDATORY,
+    ),
+    ResourceValidationPolicy(
+        name="memory-headroom",
+        description="Enough KV cache for the configured number of concurrent full-length sequences.",
+        validate=per_pool(validate_headroom),
+        config_schema=HEADROOM_CONFIG,
+        enforcement_level=EnforcementLevel.ADVISORY,
+    ),
 ]

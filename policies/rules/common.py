@@ -1,5 +1,6 @@
 """What the rules read: resource types, roles, the image a container states, and the vLLM launch a resource
 describes (a Launch, read from its props by components.engines.vllm.launch)."""
+
 from __future__ import annotations
 
 import re
@@ -29,8 +30,12 @@ LINK_LAYER_LABEL = "llm-cluster.link-layer"
 RAY_ROLES = frozenset({"ray-head", "ray-worker"})
 # Roles of well-known images by repository name (the last path part), for containers without a role label.
 ROLE_BY_IMAGE: dict[str, str] = {
-    "node-exporter": "node-exporter", "prometheus": "prometheus", "alertmanager": "alertmanager",
-    "dcgm-exporter": "dcgm-exporter", "grafana": "grafana", "grafana-oss": "grafana",
+    "node-exporter": "node-exporter",
+    "prometheus": "prometheus",
+    "alertmanager": "alertmanager",
+    "dcgm-exporter": "dcgm-exporter",
+    "grafana": "grafana",
+    "grafana-oss": "grafana",
     "grafana-enterprise": "grafana",
 }
 
@@ -78,7 +83,8 @@ def is_ray_container(props: Mapping[str, Any]) -> bool:
     """A container that runs a Ray node: its role label, or `ray start` in what it runs."""
     argv = container_argv(props)
     return labels(props).get(ROLE) in RAY_ROLES or any(
-        argv[i].rsplit("/", 1)[-1] == "ray" and argv[i + 1] == "start" for i in range(len(argv) - 1))
+        argv[i].rsplit("/", 1)[-1] == "ray" and argv[i + 1] == "start" for i in range(len(argv) - 1)
+    )
 
 
 def urn_types(urn: str) -> list[str]:
@@ -130,8 +136,11 @@ def name_stack_keys(message: str, keys: Mapping[str, str]) -> str:
     "*env" the pool's env map for variables the pool does not set yet. A key the message already
     names is not repeated."""
     edits: dict[str, str] = {}
-    bare = [m for m in _MESSAGE_BARE_FLAG.finditer(message) if f"--{m.group(1)}" in keys
-            and not message[:m.start()].endswith("--")]
+    bare = [
+        m
+        for m in _MESSAGE_BARE_FLAG.finditer(message)
+        if f"--{m.group(1)}" in keys and not message[: m.start()].endswith("--")
+    ]
     # Any other variable the pool sets (OPENAI_API_KEY, named by no-plaintext-secrets), by its exact name.
     named = [m for m in _MESSAGE_NAME.finditer(message) if m.group(1) in keys]
     found: list[tuple[int, str, str | None]] = []
@@ -145,15 +154,19 @@ def name_stack_keys(message: str, keys: Mapping[str, str]) -> str:
             key = keys.get(token) or (f"{keys['*env']}.{token}" if "*env" in keys else None)
         found.append((match.start(), token, key))
     # Phrases a key stands for as written ("image vllm/vllm-openai:latest": pools.chat.image).
-    found += [(message.find(phrase), phrase.split(" ", 1)[0], key) for phrase, key in keys.items()
-              if " " in phrase and phrase in message]
+    found += [
+        (message.find(phrase), phrase.split(" ", 1)[0], key)
+        for phrase, key in keys.items()
+        if " " in phrase and phrase in message
+    ]
     for _, token, key in sorted(found, key=lambda f: f[0]):
         if key and key.split(" ")[0] not in message and key not in edits:
             edits[key] = token
     if not edits:
         return message
-    listed = ", ".join(f"{key} ({token})" if not key.endswith(")") else f"{key[:-1]}: {token})"
-                       for key, token in edits.items())
+    listed = ", ".join(
+        f"{key} ({token})" if not key.endswith(")") else f"{key[:-1]}: {token})" for key, token in edits.items()
+    )
     text = message.rstrip()
     text += "" if text.endswith((".", ")", "!", "?")) else "."
     return f"{text} Stack key{'s' if len(edits) > 1 else ''} to edit: {listed}."
@@ -166,8 +179,9 @@ def pool_where(pool: str, members: list[str]) -> str:
     return f"pools.{pool}, {len(members)} instances ({', '.join(members)})"
 
 
-def per_pool(validate: Callable[[ResourceValidationArgs, ReportViolation], None]
-             ) -> Callable[[ResourceValidationArgs, ReportViolation], None]:
+def per_pool(
+    validate: Callable[[ResourceValidationArgs, ReportViolation], None],
+) -> Callable[[ResourceValidationArgs, ReportViolation], None]:
     """One violation per pool and rule: a ModelServer of the product reports for its whole pool on the
     pool's first instance, its message led by the pool's key and instances and followed by the stack
     keys to edit; the other instances are not applicable. The instances of a pool are built from one
@@ -196,8 +210,15 @@ def per_pool(validate: Callable[[ResourceValidationArgs, ReportViolation], None]
 Check = Callable[[Launch, dict[str, Any]], list[str]]
 
 
-def launch_policy(name: str, description: str, check: Check, *, level: EnforcementLevel = EnforcementLevel.MANDATORY,
-                  config: PolicyConfigSchema | None = None, needs_gpu: bool = True) -> ResourceValidationPolicy:
+def launch_policy(
+    name: str,
+    description: str,
+    check: Check,
+    *,
+    level: EnforcementLevel = EnforcementLevel.MANDATORY,
+    config: PolicyConfigSchema | None = None,
+    needs_gpu: bool = True,
+) -> ResourceValidationPolicy:
     """A policy over every vLLM launch (ModelServer props or a raw container); one violation per message."""
 
     def validate(args: ResourceValidationArgs, report: ReportViolation) -> None:
@@ -211,6 +232,6 @@ def launch_policy(name: str, description: str, check: Check, *, level: Enforceme
         for message in check(launch, config_with_defaults(args, config)):
             report(message, None)
 
-    return ResourceValidationPolicy(name=name, description=description, validate=per_pool(validate),
-                                    enforcement_level=level, config_schema=config)
-
+    return ResourceValidationPolicy(
+        name=name, description=description, validate=per_pool(validate), enforcement_level=level, config_schema=config
+    )

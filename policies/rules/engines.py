@@ -5,6 +5,7 @@ A rule judges the argv the product generated (parsed by a parser rebuilt from th
 the image's facts, the same tables the components read. vLLM's servers are judged by the vLLM rules
 (hardware, image, flags, engine args) instead of the common ones.
 """
+
 from __future__ import annotations
 
 from pulumi_policy import EnforcementLevel, ReportViolation, ResourceValidationArgs, ResourceValidationPolicy
@@ -32,16 +33,23 @@ def engine_policy(rule: EngineRule, engines: tuple[str, ...], description: str) 
             report(message, None)
 
     level = EnforcementLevel.ADVISORY if rule.advisory else EnforcementLevel.MANDATORY
-    return ResourceValidationPolicy(name=rule.name, description=description, validate=per_pool(validate),
-                                    enforcement_level=level)
+    return ResourceValidationPolicy(
+        name=rule.name, description=description, validate=per_pool(validate), enforcement_level=level
+    )
 
 
 def policies() -> list[ResourceValidationPolicy]:
     """The common rules over every engine that takes them, then each engine's own, in registry order."""
     common = tuple(e for e in ENGINES.values() if e.common_rules)
     titles = ", ".join(e.title for e in common)
-    out = [engine_policy(rule, tuple(e.name for e in common), rule.description.format(engines=titles))
-           for rule in COMMON_RULES] if common else []
+    out = (
+        [
+            engine_policy(rule, tuple(e.name for e in common), rule.description.format(engines=titles))
+            for rule in COMMON_RULES
+        ]
+        if common
+        else []
+    )
     for engine in ENGINES.values():
         out += [engine_policy(rule, (engine.name,), rule.description) for rule in engine.policy_rules]
     return out

@@ -13,6 +13,7 @@ AnalyzeStack sees outputs: at preview a custom resource's outputs are its inputs
 provider computes them; a resource whose checked value is unknown is judged at `pulumi up` (the engine
 runs the stack policies again on the final outputs), not reported as a violation at preview.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
@@ -84,13 +85,20 @@ def pool_message(pool: str, found: dict[str, list[tuple[str, str]]], keys: Mappi
         names = sorted({name for _, name in members})
         # Which resources, said before the finding: a word after a flag would read as its value (plan.redact).
         by_advice.setdefault(advice, []).append((f"in {', '.join(names)}: " if names != resources else "") + said)
-    parts = [name_stack_keys("; ".join(said) + (f". {advice}" if advice else ""), keys)
-             for advice, said in by_advice.items()]
+    parts = [
+        name_stack_keys("; ".join(said) + (f". {advice}" if advice else ""), keys) for advice, said in by_advice.items()
+    ]
     return f"{pool_where(pool, instances)}: {' '.join(parts)}"
 
 
-def pool_rule(name: str, description: str, findings: Findings, *, level: EnforcementLevel,
-              config: PolicyConfigSchema | None = None) -> StackValidationPolicy:
+def pool_rule(
+    name: str,
+    description: str,
+    findings: Findings,
+    *,
+    level: EnforcementLevel,
+    config: PolicyConfigSchema | None = None,
+) -> StackValidationPolicy:
     """A stack policy that reports `findings` once per pool (listing its instances), else per resource."""
 
     def validate(args: StackValidationArgs, report: ReportViolation) -> None:
@@ -117,5 +125,6 @@ def pool_rule(name: str, description: str, findings: Findings, *, level: Enforce
             first_instance = min(inst for members in found.values() for inst, _ in members)
             report(pool_message(pool, found, keys.get(first_instance, {})), first_urn[pool][1])
 
-    return StackValidationPolicy(name=name, description=description, validate=validate, enforcement_level=level,
-                                 config_schema=config)
+    return StackValidationPolicy(
+        name=name, description=description, validate=validate, enforcement_level=level, config_schema=config
+    )

@@ -1,6 +1,7 @@
 """Rule 6 as a policy: the image's torch must have kernels for the GPU (its CUDA arch list, from the image's
 facts); images of multi-node (Ray) containers must carry Ray. The checks are vLLM's own
 (components/engines/vllm/rules/image.py)."""
+
 from __future__ import annotations
 
 from pulumi_policy import (
@@ -23,10 +24,16 @@ from policies.rules.common import (
     under_component,
 )
 
-CONFIG = PolicyConfigSchema(properties={
-    "rayImages": {"type": "array", "items": {"type": "string"}, "default": [],
-                  "description": "Further image repositories (or refs) that contain Ray and vLLM."},
-})
+CONFIG = PolicyConfigSchema(
+    properties={
+        "rayImages": {
+            "type": "array",
+            "items": {"type": "string"},
+            "default": [],
+            "description": "Further image repositories (or refs) that contain Ray and vLLM.",
+        },
+    }
+)
 
 
 def validate(args: ResourceValidationArgs, report: ReportViolation) -> None:
@@ -50,6 +57,8 @@ POLICIES = [
     ResourceValidationPolicy(
         name="vllm-image",
         description="The image's torch must have kernels for the GPU (its CUDA arch list); Ray containers need Ray.",
-        validate=per_pool(validate), config_schema=CONFIG,
-        enforcement_level=EnforcementLevel.MANDATORY),
+        validate=per_pool(validate),
+        config_schema=CONFIG,
+        enforcement_level=EnforcementLevel.MANDATORY,
+    ),
 ]

@@ -9,6 +9,7 @@ script): such values are readable by anyone with `docker inspect` or `ps` on the
 Pulumi encrypts them. `make plan` additionally checks every registration's wire form for the stack's
 secret values outside secret envelopes (plan/, the lead's check).
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -48,12 +49,18 @@ def validate_gateway(args: ResourceValidationArgs, report: ReportViolation) -> N
         return
     props = args.props
     if not props.get("authRequired"):
-        report("gateway.auth is false: every model would be open to anyone who reaches the gateway's port. "
-               "Set gateway.auth: true (keys in gateway.apiKeys, or none to have one generated on the host), or, "
-               "for a lab only, lower this policy's enforcement level.", None)
+        report(
+            "gateway.auth is false: every model would be open to anyone who reaches the gateway's port. "
+            "Set gateway.auth: true (keys in gateway.apiKeys, or none to have one generated on the host), or, "
+            "for a lab only, lower this policy's enforcement level.",
+            None,
+        )
     elif not props.get("apiKeyIds"):
-        report("no API key: with auth required and no key, the gateway refuses every client. State "
-               "gateway.apiKeys, or leave it empty to have a key generated on the host.", None)
+        report(
+            "no API key: with auth required and no key, the gateway refuses every client. State "
+            "gateway.apiKeys, or leave it empty to have a key generated on the host.",
+            None,
+        )
 
 
 def validate_gateway_tls(args: ResourceValidationArgs, report: ReportViolation) -> None:
@@ -64,13 +71,19 @@ def validate_gateway_tls(args: ResourceValidationArgs, report: ReportViolation) 
     props = args.props
     keys = "API keys and prompts" if props.get("authRequired") else "prompts and answers"
     if not props.get("tls"):
-        report(f"gateway.tls is false: {keys} cross the network in clear on port {int(props.get('port') or 0)}. "
-               "Leave gateway.tls at true (a certificate from gatewayTlsCert/gatewayTlsKey, or one made on the "
-               "gateway host with its CA as the output gatewayCaCert).", None)
+        report(
+            f"gateway.tls is false: {keys} cross the network in clear on port {int(props.get('port') or 0)}. "
+            "Leave gateway.tls at true (a certificate from gatewayTlsCert/gatewayTlsKey, or one made on the "
+            "gateway host with its CA as the output gatewayCaCert).",
+            None,
+        )
     elif props.get("httpRedirectPort") is not None:
-        report(f"gateway.httpRedirectPort {int(props['httpRedirectPort'])} answers plain HTTP: a client that sends "
-               f"its request there has sent its {keys} in clear before it is redirected. Unset it unless clients "
-               "need the redirect.", None)
+        report(
+            f"gateway.httpRedirectPort {int(props['httpRedirectPort'])} answers plain HTTP: a client that sends "
+            f"its request there has sent its {keys} in clear before it is redirected. Unset it unless clients "
+            "need the redirect.",
+            None,
+        )
 
 
 def validate_host_firewall(args: ResourceValidationArgs, report: ReportViolation) -> None:
@@ -81,14 +94,24 @@ def validate_host_firewall(args: ResourceValidationArgs, report: ReportViolation
     if args.props.get("firewallManaged", True):
         return
     ports = ", ".join(str(p) for p in args.props.get("firewallClosedPorts") or [])
-    report(f"firewall.managed is false: node {args.props.get('node')} relies on your own firewall. Ray's GCS, "
-           "dashboard and client ports run code for anyone who reaches them; let only the cluster's nodes reach "
-           f"TCP {ports} (keep SSH and the gateway open), or set firewall.managed: true.", None)
+    report(
+        f"firewall.managed is false: node {args.props.get('node')} relies on your own firewall. Ray's GCS, "
+        "dashboard and client ports run code for anyone who reaches them; let only the cluster's nodes reach "
+        f"TCP {ports} (keep SSH and the gateway open), or set firewall.managed: true.",
+        None,
+    )
 
 
-SECRETS_CONFIG = PolicyConfigSchema(properties={"ignoreEnv": {
-    "type": "array", "items": {"type": "string"}, "default": [],
-    "description": "Env names that look secret-bearing but carry no secret (or that you accept in env)."}})
+SECRETS_CONFIG = PolicyConfigSchema(
+    properties={
+        "ignoreEnv": {
+            "type": "array",
+            "items": {"type": "string"},
+            "default": [],
+            "description": "Env names that look secret-bearing but carry no secret (or that you accept in env).",
+        }
+    }
+)
 
 
 def _literal(value: str) -> bool:
@@ -98,25 +121,40 @@ def _literal(value: str) -> bool:
 def argv_secret_flags(argv: list[str]) -> list[str]:
     """The credential flags of any engine given a literal value in an argv (--api-key k, --hf-token=t), by
     their long names (llama.cpp's -hft as --hf-token: the name the stack keys know)."""
-    return [SECRET_FLAG_NAMES.get(flag, flag) for i, flag in secret_positions(argv, ENGINE_SECRET_FLAGS)
-            if _literal(argv[i].split("=", 1)[1] if argv[i].startswith(f"{flag}=") else argv[i])]
+    return [
+        SECRET_FLAG_NAMES.get(flag, flag)
+        for i, flag in secret_positions(argv, ENGINE_SECRET_FLAGS)
+        if _literal(argv[i].split("=", 1)[1] if argv[i].startswith(f"{flag}=") else argv[i])
+    ]
 
 
-def secret_findings(server: tuple[str, list[str]] | None, env: dict[str, str], scripts: list[str],
-                    ignore: set[str], argv: list[str] | None = None) -> list[str]:
+def secret_findings(
+    server: tuple[str, list[str]] | None,
+    env: dict[str, str],
+    scripts: list[str],
+    ignore: set[str],
+    argv: list[str] | None = None,
+) -> list[str]:
     """Where a resource holds a credential as a literal: env names, the vLLM server's flags (`server`:
     server_tokens / container_server of components.engines.vllm.launch, as its parser reads them), any
     engine's credential flags in `argv`, script assignments."""
-    found = [f"env {name}" for name, value in env.items()
-             if SECRET_ENV.search(name) and name not in ignore and _literal(value)]
+    found = [
+        f"env {name}"
+        for name, value in env.items()
+        if SECRET_ENV.search(name) and name not in ignore and _literal(value)
+    ]
     if server is not None:
         parsed = parse_server(server)
-        found += [flag for flag in ("--api-key", "--hf-token")
-                  if _literal(str(parsed.get(flag[2:].replace("-", "_")) or ""))]
+        found += [
+            flag for flag in ("--api-key", "--hf-token") if _literal(str(parsed.get(flag[2:].replace("-", "_")) or ""))
+        ]
     found += argv_secret_flags(argv or [])
     for script in scripts:
-        found += [f"script {m.group(1)}=…" for m in SCRIPT_ASSIGN.finditer(script)
-                  if SECRET_ENV.search(m.group(1)) and m.group(1) not in ignore]
+        found += [
+            f"script {m.group(1)}=…"
+            for m in SCRIPT_ASSIGN.finditer(script)
+            if SECRET_ENV.search(m.group(1)) and m.group(1) not in ignore
+        ]
         # A flag the server's parse already reported is not reported again from its script.
         # No word after the flag: the plan's redaction would take it for the flag's value.
         found += [f"script {m.group(1)}" for m in SCRIPT_FLAG.finditer(script) if m.group(1) not in found]
@@ -139,15 +177,24 @@ def secrets_found(resource: Subject, config: dict[str, Any]) -> list[str]:
         return []
     if not found:
         return []
-    return [f"credential in plain text: {', '.join(found)}. Anyone with docker or shell access on the node "
-            "reads it (docker inspect, ps, the command log). Read it from a file on the host "
-            "(NAME__FILE, --api-key \"$(cat /etc/llm-cluster/…)\"), or list a harmless env name in this "
-            "policy's ignoreEnv."]
+    return [
+        f"credential in plain text: {', '.join(found)}. Anyone with docker or shell access on the node "
+        "reads it (docker inspect, ps, the command log). Read it from a file on the host "
+        '(NAME__FILE, --api-key "$(cat /etc/llm-cluster/…)"), or list a harmless env name in this '
+        "policy's ignoreEnv."
+    ]
 
 
-EXPOSURE_CONFIG = PolicyConfigSchema(properties={"publicRoles": {
-    "type": "array", "items": {"type": "string"}, "default": ["gateway"],
-    "description": "llm-cluster.role values that may listen on every interface (published ports or host network)."}})
+EXPOSURE_CONFIG = PolicyConfigSchema(
+    properties={
+        "publicRoles": {
+            "type": "array",
+            "items": {"type": "string"},
+            "default": ["gateway"],
+            "description": "llm-cluster.role values that may listen on every interface (published ports or host network).",
+        }
+    }
+)
 
 
 def ray_start_words(props: Mapping[str, Any]) -> list[str]:
@@ -171,10 +218,12 @@ def exposure_found(resource: Subject, config: dict[str, Any]) -> list[str]:
     out: list[str] = []
     for port in props.get("ports") or []:
         if every_interface(str(port.get("ip") or "")):
-            out.append(f"port {int(float(port.get('internal')))} of a {role or 'unlabelled'} container is published "
-                       "on every interface: vLLM, Ray and metrics ports serve without authentication. Publish it "
-                       "on the node's cluster address (ports[].ip) or drop it and let the gateway/Prometheus reach "
-                       "it over the cluster network.")
+            out.append(
+                f"port {int(float(port.get('internal')))} of a {role or 'unlabelled'} container is published "
+                "on every interface: vLLM, Ray and metrics ports serve without authentication. Publish it "
+                "on the node's cluster address (ports[].ip) or drop it and let the gateway/Prometheus reach "
+                "it over the cluster network."
+            )
     if props.get("networkMode") != "host":
         return out  # the container's own sockets sit in its network namespace; only `ports` reach the node's
     argv = container_argv(props)
@@ -183,28 +232,53 @@ def exposure_found(resource: Subject, config: dict[str, Any]) -> list[str]:
     if server is not None:
         host = parse_server(server).get("host")
         if every_interface(str(host or "")):
-            out.append(f"{server[0]} --host {host or '(unset)'} on the host network listens on every interface of the "
-                       "node, and /v1, /metrics and /health answer without a key there (only the gateway checks keys). "
-                       "Pass --host <the node's cluster address>.")
+            out.append(
+                f"{server[0]} --host {host or '(unset)'} on the host network listens on every interface of the "
+                "node, and /v1, /metrics and /health answer without a key there (only the gateway checks keys). "
+                "Pass --host <the node's cluster address>."
+            )
     if is_ray_container(props):
         # Unset is fine: Ray's dashboard defaults to localhost.
         for _, value in flag_values(ray_start_words(props), ("--dashboard-host",)):
             if every_interface(value):
-                out.append(f"ray start --dashboard-host={value} opens Ray's dashboard (job submission = code execution) "
-                           "on every interface. Bind it to the node's cluster address or leave it on 127.0.0.1.")
+                out.append(
+                    f"ray start --dashboard-host={value} opens Ray's dashboard (job submission = code execution) "
+                    "on every interface. Bind it to the node's cluster address or leave it on 127.0.0.1."
+                )
     return out
 
 
 POLICIES = [
-    ResourceValidationPolicy(name="gateway-auth", description="The gateway requires API keys.",
-                             validate=validate_gateway, enforcement_level=EnforcementLevel.MANDATORY),
-    ResourceValidationPolicy(name="gateway-tls", description="API keys never cross the network in clear.",
-                             validate=validate_gateway_tls, enforcement_level=EnforcementLevel.ADVISORY),
-    pool_rule("no-plaintext-secrets", "No credential as a literal value in env, argv or remote scripts.",
-              secrets_found, config=SECRETS_CONFIG, level=EnforcementLevel.MANDATORY),
-    ResourceValidationPolicy(name="host-firewall",
-                             description="Ray, NCCL, vLLM and exporter ports reach only the cluster's nodes.",
-                             validate=validate_host_firewall, enforcement_level=EnforcementLevel.ADVISORY),
-    pool_rule("internal-ports", "vLLM, Ray, metrics and monitoring ports stay on the cluster network.",
-              exposure_found, config=EXPOSURE_CONFIG, level=EnforcementLevel.MANDATORY),
+    ResourceValidationPolicy(
+        name="gateway-auth",
+        description="The gateway requires API keys.",
+        validate=validate_gateway,
+        enforcement_level=EnforcementLevel.MANDATORY,
+    ),
+    ResourceValidationPolicy(
+        name="gateway-tls",
+        description="API keys never cross the network in clear.",
+        validate=validate_gateway_tls,
+        enforcement_level=EnforcementLevel.ADVISORY,
+    ),
+    pool_rule(
+        "no-plaintext-secrets",
+        "No credential as a literal value in env, argv or remote scripts.",
+        secrets_found,
+        config=SECRETS_CONFIG,
+        level=EnforcementLevel.MANDATORY,
+    ),
+    ResourceValidationPolicy(
+        name="host-firewall",
+        description="Ray, NCCL, vLLM and exporter ports reach only the cluster's nodes.",
+        validate=validate_host_firewall,
+        enforcement_level=EnforcementLevel.ADVISORY,
+    ),
+    pool_rule(
+        "internal-ports",
+        "vLLM, Ray, metrics and monitoring ports stay on the cluster network.",
+        exposure_found,
+        config=EXPOSURE_CONFIG,
+        level=EnforcementLevel.MANDATORY,
+    ),
 ]

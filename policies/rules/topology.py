@@ -1,6 +1,7 @@
 """Rule 7: parallel layout (TP within a node, TP×PP = GPUs spanned, PP only across nodes, heads ÷ TP) and
 the network of multi-node containers (host network, NCCL variables in every one). The layout check is vLLM's
 own (components/engines/vllm/rules/topology.py)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -17,10 +18,17 @@ from policies.rules.common import (
 )
 from policies.rules.grouped import Subject, pool_rule
 
-NETWORK_CONFIG = PolicyConfigSchema(properties={"linkLayer": {
-    "type": "string", "enum": ["ethernet", "infiniband"], "default": "ethernet",
-    "description": f"RDMA link layer when a container has no {LINK_LAYER_LABEL} label: ethernet (RoCE) "
-                   "needs NCCL_IB_GID_INDEX."}})
+NETWORK_CONFIG = PolicyConfigSchema(
+    properties={
+        "linkLayer": {
+            "type": "string",
+            "enum": ["ethernet", "infiniband"],
+            "default": "ethernet",
+            "description": f"RDMA link layer when a container has no {LINK_LAYER_LABEL} label: ethernet (RoCE) "
+            "needs NCCL_IB_GID_INDEX.",
+        }
+    }
+)
 
 
 def network_found(resource: Subject, config: dict[str, Any]) -> list[str]:
@@ -30,8 +38,10 @@ def network_found(resource: Subject, config: dict[str, Any]) -> list[str]:
     props = resource.props
     out = []
     if props.get("networkMode") != "host":
-        out.append(f"networkMode is {props.get('networkMode') or 'bridge (unset)'}: Ray and NCCL need the node's "
-                   "own addresses and high ports (VLLM_HOST_IP, RDMA). Set network_mode=\"host\".")
+        out.append(
+            f"networkMode is {props.get('networkMode') or 'bridge (unset)'}: Ray and NCCL need the node's "
+            'own addresses and high ports (VLLM_HOST_IP, RDMA). Set network_mode="host".'
+        )
     env = env_of(props.get("envs"))
     link = labels(props).get(LINK_LAYER_LABEL) or config["linkLayer"]
     needed = ["NCCL_SOCKET_IFNAME"]
@@ -41,18 +51,28 @@ def network_found(resource: Subject, config: dict[str, Any]) -> list[str]:
             needed.append("NCCL_IB_GID_INDEX")
     missing = [n for n in needed if not env.get(n)]
     if missing:
-        out.append(f"{', '.join(missing)} not set in the container's env: Ray's executor passes only vLLM's own "
-                   "variables to workers, so each container needs the NCCL ones itself, or NCCL falls back to "
-                   "the wrong interface or TCP (RoCE needs the GID index, usually 3). Set them from the node's "
-                   "hca and interface.")
+        out.append(
+            f"{', '.join(missing)} not set in the container's env: Ray's executor passes only vLLM's own "
+            "variables to workers, so each container needs the NCCL ones itself, or NCCL falls back to "
+            "the wrong interface or TCP (RoCE needs the GID index, usually 3). Set them from the node's "
+            "hca and interface."
+        )
     return out
 
 
 POLICIES = [
-    launch_policy("parallelism",
-                  "Tensor parallelism stays inside a node, pipeline parallelism spans nodes, TP x PP fills the "
-                  "instance's GPUs and divides the attention heads.", check_parallelism, needs_gpu=False),
-    pool_rule("multi-node-network",
-              "Containers of a multi-node instance run on the host network with the NCCL variables set.",
-              network_found, config=NETWORK_CONFIG, level=EnforcementLevel.MANDATORY),
+    launch_policy(
+        "parallelism",
+        "Tensor parallelism stays inside a node, pipeline parallelism spans nodes, TP x PP fills the "
+        "instance's GPUs and divides the attention heads.",
+        check_parallelism,
+        needs_gpu=False,
+    ),
+    pool_rule(
+        "multi-node-network",
+        "Containers of a multi-node instance run on the host network with the NCCL variables set.",
+        network_found,
+        config=NETWORK_CONFIG,
+        level=EnforcementLevel.MANDATORY,
+    ),
 ]

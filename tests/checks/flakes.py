@@ -8,6 +8,7 @@ installed, else Python busy loops), at normal priority: the tests compete with t
 Each run gets its own pytest-randomly seed, printed, so a failing order can be replayed with
 `pytest -p randomly -p "randomly" --randomly-seed=SEED`. Not part of `make test`: it takes runs × the suite.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,14 @@ def start_load(cpus: int) -> list[subprocess.Popen[bytes]]:
         return []
     stress = shutil.which("stress-ng")
     if stress:
-        return [subprocess.Popen([stress, "--cpu", str(cpus), "--cpu-method", "matrixprod", "--quiet"],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)]
+        return [
+            subprocess.Popen(
+                [stress, "--cpu", str(cpus), "--cpu-method", "matrixprod", "--quiet"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        ]
     return [subprocess.Popen([sys.executable, "-c", BUSY_LOOP], start_new_session=True) for _ in range(cpus)]
 
 
@@ -65,16 +72,32 @@ def main() -> int:
         load = start_load(args.load)
         start = time.monotonic()
         try:
-            out = subprocess.run([str(PYTHON), "-m", "pytest", "-q", "-p", "randomly", f"--randomly-seed={seed}",
-                                  *(pytest_args or ["tests"])], cwd=ROOT, capture_output=True, text=True)
+            out = subprocess.run(
+                [
+                    str(PYTHON),
+                    "-m",
+                    "pytest",
+                    "-q",
+                    "-p",
+                    "randomly",
+                    f"--randomly-seed={seed}",
+                    *(pytest_args or ["tests"]),
+                ],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+            )
         finally:
             stop_load(load)
         log = args.log_dir / f"run-{seed}.log"
         log.write_text(out.stdout + out.stderr)
         failures = sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+)", out.stdout, re.M)))
         failed_runs += bool(out.returncode)
-        print(f"run {n}/{len(seeds)} seed={seed} load={args.load} rc={out.returncode} "
-              f"{time.monotonic() - start:.0f}s: {summary_of(out.stdout)}", flush=True)
+        print(
+            f"run {n}/{len(seeds)} seed={seed} load={args.load} rc={out.returncode} "
+            f"{time.monotonic() - start:.0f}s: {summary_of(out.stdout)}",
+            flush=True,
+        )
         for f in failures:
             print(f"    {f}", flush=True)
         # tests/conftest.py says so when the tree changed under the run: its failures are not evidence.

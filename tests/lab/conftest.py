@@ -1,4 +1,5 @@
 """The lab tier's figures (time to up, recovery times, requests lost), printed after the run."""
+
 from __future__ import annotations
 
 import json

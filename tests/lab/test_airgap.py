@@ -7,6 +7,7 @@ Then, on the same hosts, with every image removed and no registry running at all
 Part of the lab tier (`make test`), wherever the lab can run; the module takes /tmp/lab.lock itself
 (hosts.lab_lock), brings its own lab up and takes it down. Figures go to build/lab/figures.json with the tier's.
 """
+
 from __future__ import annotations
 
 import json
@@ -106,8 +107,11 @@ def test_up_succeeds_with_every_image_from_the_private_registry(lab: AirgappedLa
 
 def test_the_registry_refuses_pulls_without_the_stacks_credentials(lab: AirgappedLab) -> None:
     h = lab.stack.host("gpu-02")
-    api = DockerAPI(f"ssh://root@{h.address}", ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"],
-                    {**os.environ, "SSH_AUTH_SOCK": lab.agent})
+    api = DockerAPI(
+        f"ssh://root@{h.address}",
+        ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"],
+        {**os.environ, "SSH_AUTH_SOCK": lab.agent},
+    )
     ref = f"{airgap.REGISTRY}/prom/prometheus:v2.55.1"  # gpu-02 runs no Prometheus: not held there
     try:
         assert api.local_image(ref) is None
@@ -133,23 +137,31 @@ def test_a_dockerd_without_the_registrys_ca_stops_preflight_and_dockerd_agrees(l
     held = ca.read_bytes()
     ca.unlink()
     h = lab.stack.host("gpu-02")
-    api = DockerAPI(f"ssh://root@{h.address}", ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"],
-                    {**os.environ, "SSH_AUTH_SOCK": lab.agent})
+    api = DockerAPI(
+        f"ssh://root@{h.address}",
+        ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"],
+        {**os.environ, "SSH_AUTH_SOCK": lab.agent},
+    )
     try:
         with pytest.raises(RehearsalError) as failed:
             lab.rehearsal._command(inputs, inputs["create"], inputs["connection"], res.name)
         said = str(failed.value)
         assert "preflight gpu-02: 1 error(s), " in said, said  # warnings: the lab hosts have less RAM than stated
-        assert (f"ERROR: gpu-02: dockerd does not trust the private registry {airgap.REGISTRY} (images.registry): "
-                f"{airgap.CERTS_D}/ holds no CA (*.crt), {airgap.REGISTRY} is not among docker info's Insecure "
-                "Registries, and its certificate does not verify against the system CAs (unable to get local issuer "
-                "certificate); every pull from it would fail") in said, said
-        assert f"fix: copy the CA that signed {airgap.REGISTRY}'s certificate to {airgap.CERTS_D}/ca.crt on gpu-02" \
-            in said
+        assert (
+            f"ERROR: gpu-02: dockerd does not trust the private registry {airgap.REGISTRY} (images.registry): "
+            f"{airgap.CERTS_D}/ holds no CA (*.crt), {airgap.REGISTRY} is not among docker info's Insecure "
+            "Registries, and its certificate does not verify against the system CAs (unable to get local issuer "
+            "certificate); every pull from it would fail"
+        ) in said, said
+        assert (
+            f"fix: copy the CA that signed {airgap.REGISTRY}'s certificate to {airgap.CERTS_D}/ca.crt on gpu-02" in said
+        )
         user, password = airgap.credentials(NAME)
         with pytest.raises(DockerError, match="x509: certificate signed by unknown authority"):
-            api.pull(f"{airgap.REGISTRY}/prom/prometheus:v2.55.1",
-                     {"username": user, "password": password, "serveraddress": airgap.REGISTRY})
+            api.pull(
+                f"{airgap.REGISTRY}/prom/prometheus:v2.55.1",
+                {"username": user, "password": password, "serveraddress": airgap.REGISTRY},
+            )
     finally:
         api.close()
         ca.write_bytes(held)
@@ -158,13 +170,28 @@ def test_a_dockerd_without_the_registrys_ca_stops_preflight_and_dockerd_agrees(l
 
 
 def test_serving_containers_run_with_the_hub_and_telemetry_off(lab: AirgappedLab) -> None:
-    for node, name in (("gpu-03", "vllm-chat-gpu-03"), ("gpu-01", "ray-head-reasoning-gpu-01"),
-                       ("gpu-02", "ray-worker-reasoning-gpu-01")):
+    for node, name in (
+        ("gpu-03", "vllm-chat-gpu-03"),
+        ("gpu-01", "ray-head-reasoning-gpu-01"),
+        ("gpu-02", "ray-worker-reasoning-gpu-01"),
+    ):
         env = dict(e.split("=", 1) for e in json.loads(docker(lab.stack, node, "inspect", name))[0]["Config"]["Env"])
-        assert {k: env.get(k) for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK",
-                                        "RAY_USAGE_STATS_ENABLED")} == {
-            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-            "RAY_USAGE_STATS_ENABLED": "0"}, (node, name)
+        assert {
+            k: env.get(k)
+            for k in (
+                "HF_HUB_OFFLINE",
+                "TRANSFORMERS_OFFLINE",
+                "VLLM_NO_USAGE_STATS",
+                "DO_NOT_TRACK",
+                "RAY_USAGE_STATS_ENABLED",
+            )
+        } == {
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "RAY_USAGE_STATS_ENABLED": "0",
+        }, (node, name)
 
 
 def test_nothing_but_the_private_registry_serves_images(lab: AirgappedLab) -> None:
@@ -222,7 +249,10 @@ def test_a_second_load_skips_and_the_delete_undoes_it(tarball_lab: AirgappedLab)
     res = next(r for r in lab.rehearsal.resources.values() if r.name == "gpu-02-image-load-node-exporter-v1-8-2")
     inputs = res.inputs
     again = lab.rehearsal._command(inputs, inputs["create"], inputs["connection"], res.name)
-    assert again["stdout"] == f"image-load: prom/node-exporter:v1.8.2 already loaded from {TARBALLS}/prom_node-exporter_v1.8.2.tar"
+    assert (
+        again["stdout"]
+        == f"image-load: prom/node-exporter:v1.8.2 already loaded from {TARBALLS}/prom_node-exporter_v1.8.2.tar"
+    )
     # In use by the node-exporter container: the delete leaves it and says so.
     undo = lab.rehearsal._command(inputs, inputs["delete"], inputs["connection"], res.name)
     assert "prom/node-exporter:v1.8.2 is still used by a container; left in place" in undo["stderr"]

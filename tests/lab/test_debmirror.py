@@ -1,5 +1,6 @@
 """The lab's Debian mirror without namespaces: what it reads of the gateway image's Dockerfile, that the
 lab stack points the build at it, and the recording proxy on loopback (paths as apt sends them)."""
+
 from __future__ import annotations
 
 import http.server
@@ -49,15 +50,21 @@ def test_the_lab_stack_builds_the_gateway_image_from_the_lab_mirror(stack: str) 
     build = next(r for r in resources if r.type == IMAGE and r.inputs.get("build")).inputs["build"]
     df = debmirror.parse_dockerfile((REPO / build["context"] / build["dockerfile"]).read_text())
     args = build["buildArgs"]
-    assert {k: args[k] for k in df.mirrors()} == debmirror.lab_build_args(df) == {
-        "DEBIAN_MIRROR": "http://198.18.0.2:8080/debian",
-        "DEBIAN_SECURITY_MIRROR": "http://198.18.0.2:8080/debian-security"}
+    assert (
+        {k: args[k] for k in df.mirrors()}
+        == debmirror.lab_build_args(df)
+        == {
+            "DEBIAN_MIRROR": "http://198.18.0.2:8080/debian",
+            "DEBIAN_SECURITY_MIRROR": "http://198.18.0.2:8080/debian-security",
+        }
+    )
     # Debian's signatures are checked in the lab as on a node: Valid-Until too.
     assert args["APT_CHECK_VALID_UNTIL"] == "yes"
 
 
 def test_the_air_gapped_lab_stack_pulls_the_default_gateway_image_the_lab_builds_from_its_dockerfile(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(airgap, "STATE", tmp_path)
     path = airgap.airgap_stack(REPO / "Pulumi.lab.yaml", "lab-airgap")
     resources, _ = plan_resources(path, "lab-airgap")
@@ -115,12 +122,14 @@ def test_an_expiring_recording_is_found(tmp_path: Path) -> None:
     assert debmirror._valid_until(tmp_path) is None  # stable's Release has no Valid-Until
     (tmp_path / "debian-security/dists/trixie-security").mkdir(parents=True)
     (tmp_path / "debian-security/dists/trixie-security/InRelease").write_text(
-        "Origin: Debian\nValid-Until: Tue, 08 Dec 2026 09:00:00 UTC\n")
+        "Origin: Debian\nValid-Until: Tue, 08 Dec 2026 09:00:00 UTC\n"
+    )
     assert debmirror._valid_until(tmp_path) == 1796720400.0  # 2026-12-08 09:00 UTC
 
 
 def test_a_changed_dockerfile_is_recorded_again_not_served_from_the_old_recording(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A recording is kept under a key of the Dockerfile's text: new pins are a new recording, or the lab's
     # build would ask the mirror for packages it never recorded.
     monkeypatch.setattr(debmirror, "CACHE", tmp_path / "cache")
@@ -141,10 +150,12 @@ def test_a_changed_dockerfile_is_recorded_again_not_served_from_the_old_recordin
     assert debmirror.recording_key(repinned, base) != recorded.name
     changed = tmp_path / "new" / "Dockerfile"
     changed.parent.mkdir()
-    changed.write_text("".join(line for line in repinned.splitlines(keepends=True)
-                               if not line.startswith("ARG DEBIAN_")))
+    changed.write_text(
+        "".join(line for line in repinned.splitlines(keepends=True) if not line.startswith("ARG DEBIAN_"))
+    )
     with pytest.raises(LabError) as err:
         debmirror.record(changed, base)
-    assert str(err.value) == (f"{changed}: no ARG names an archive URL, so the lab cannot point its apt at the "
-                              "lab's mirror")
+    assert str(err.value) == (
+        f"{changed}: no ARG names an archive URL, so the lab cannot point its apt at the lab's mirror"
+    )
     assert (recorded / "recorded.json").exists()  # the old recording is left as it was

@@ -11,6 +11,7 @@ No namespaces needed: each image's files are laid out as lab/images.py lays them
   answers; the gate's bash check passes against the image's /app.
 The lab tier (test_lab_engines.py) runs the same images on the lab's hosts, behind the gateway.
 """
+
 from __future__ import annotations
 
 import json
@@ -50,6 +51,7 @@ PYTHON = "/usr/bin/python3"  # the image's interpreter: Debian bookworm's python
 def spec():  # type: ignore[no-untyped-def]
     from components.planning.load import load_stack_config
     from plan.stackfile import load_stack_file
+
     stack = load_stack_file(STACK, "lab-engines")
     return load_stack_config(stack.config, stack.secret_keys)
 
@@ -75,8 +77,9 @@ def free_port() -> int:
 
 
 def get(url: str, body: dict | None = None) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
-                                 headers={"content-type": "application/json"})
+    req = urllib.request.Request(
+        url, data=None if body is None else json.dumps(body).encode(), headers={"content-type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
             return r.status, r.read()
@@ -105,6 +108,7 @@ def qualification(spec, image: str) -> Qualification:  # type: ignore[no-untyped
 
 # --- LMDeploy ----------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def lmdeploy_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The image's /opt/py3 site-packages, as the lab builds it."""
@@ -122,8 +126,14 @@ def lmdeploy(site: Path, args: list[str], gpus: str | None, **kw: Any) -> subpro
     env = {"PATH": "/usr/bin:/bin", "HOME": str(site), "HF_HUB_OFFLINE": "1"}
     if gpus is not None:
         env["NVIDIA_VISIBLE_DEVICES"] = gpus
-    return subprocess.Popen([PYTHON, "-I", "-S", "-c", BOOT, str(site), "lmdeploy", LMDEPLOY_MAIN, *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+    return subprocess.Popen(
+        [PYTHON, "-I", "-S", "-c", BOOT, str(site), "lmdeploy", LMDEPLOY_MAIN, *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **kw,
+    )
 
 
 def lmdeploy_exit(site: Path, args: list[str], gpus: str | None = "0,1") -> tuple[int, str]:
@@ -157,18 +167,43 @@ def lmdeploy_server(spec, lmdeploy_site: Path, model_dir: Path) -> Iterator[str]
 
 def test_the_planned_lmdeploy_argv_is_what_the_lab_runs(spec) -> None:  # type: ignore[no-untyped-def]
     assert planned_argv(spec, "awq") == [
-        "lmdeploy", "serve", "api_server", "/data/models/Qwen3-32B-AWQ", "--backend", "turbomind",
-        "--model-name", "qwen3-32b", "--server-name", "198.18.0.11", "--server-port", "8000", "--tp", "2",
-        "--dtype", "float16", "--model-format", "awq", "--session-len", "8192", "--max-batch-size", "32",
-        "--cache-max-entry-count", "0.8", "--quant-policy", "8"]
+        "lmdeploy",
+        "serve",
+        "api_server",
+        "/data/models/Qwen3-32B-AWQ",
+        "--backend",
+        "turbomind",
+        "--model-name",
+        "qwen3-32b",
+        "--server-name",
+        "198.18.0.11",
+        "--server-port",
+        "8000",
+        "--tp",
+        "2",
+        "--dtype",
+        "float16",
+        "--model-format",
+        "awq",
+        "--session-len",
+        "8192",
+        "--max-batch-size",
+        "32",
+        "--cache-max-entry-count",
+        "0.8",
+        "--quant-policy",
+        "8",
+    ]
 
 
 def test_lmdeploy_serves_the_openai_endpoints_with_usage(lmdeploy_server: str) -> None:
     assert json.loads(get(f"{lmdeploy_server}/health")[1]) == {"status": "healthy"}
     models = json.loads(get(f"{lmdeploy_server}/v1/models")[1])
     assert [m["id"] for m in models["data"]] == ["qwen3-32b"]
-    for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
-                       ("/v1/completions", {"prompt": "hi"})):
+    for path, body in (
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("/v1/completions", {"prompt": "hi"}),
+    ):
         status, raw = get(f"{lmdeploy_server}{path}", {"model": "qwen3-32b", **body})
         answer = json.loads(raw)
         assert status == 200, answer
@@ -179,9 +214,15 @@ def test_lmdeploy_serves_the_openai_endpoints_with_usage(lmdeploy_server: str) -
 
 
 def test_lmdeploy_streams_with_usage_on_the_last_chunk(lmdeploy_server: str) -> None:
-    status, raw = get(f"{lmdeploy_server}/v1/chat/completions", {
-        "model": "qwen3-32b", "stream": True, "stream_options": {"include_usage": True},
-        "messages": [{"role": "user", "content": "hi"}]})
+    status, raw = get(
+        f"{lmdeploy_server}/v1/chat/completions",
+        {
+            "model": "qwen3-32b",
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+    )
     assert status == 200
     events = [e.removeprefix("data: ") for e in raw.decode().split("\n\n") if e]
     assert events[-1] == "[DONE]"
@@ -192,8 +233,16 @@ def test_lmdeploy_streams_with_usage_on_the_last_chunk(lmdeploy_server: str) -> 
 
 def test_lmdeploy_answers_404_for_any_other_name(lmdeploy_server: str) -> None:
     status, raw = get(f"{lmdeploy_server}/v1/chat/completions", {"model": "qwen3", "messages": []})
-    assert (status, json.loads(raw)) == (404, {"message": "The model 'qwen3' does not exist.", "type": "not_found_error",
-                                              "code": 404, "param": None, "object": "error"})
+    assert (status, json.loads(raw)) == (
+        404,
+        {
+            "message": "The model 'qwen3' does not exist.",
+            "type": "not_found_error",
+            "code": 404,
+            "param": None,
+            "object": "error",
+        },
+    )
 
 
 def test_lmdeploy_metrics_carry_the_names_monitoring_reads(lmdeploy_server: str) -> None:
@@ -217,7 +266,10 @@ def test_lmdeploy_refuses_a_value_outside_its_choices(lmdeploy_site: Path, model
     code, out = lmdeploy_exit(lmdeploy_site, ["serve", "api_server", str(model_dir), "--quant-policy", "3"])
     assert code == 2
     # lmdeploy's own type for it (QuantPolicy's values) refuses it, in its words
-    assert out.strip().splitlines()[-1] == "lmdeploy serve api_server: error: argument --quant-policy: invalid _parse value: '3'"
+    assert (
+        out.strip().splitlines()[-1]
+        == "lmdeploy serve api_server: error: argument --quant-policy: invalid _parse value: '3'"
+    )
 
 
 def test_lmdeploy_needs_the_gpus_of_its_tensor_parallel(lmdeploy_site: Path, model_dir: Path) -> None:
@@ -230,7 +282,7 @@ def test_lmdeploy_falls_back_from_turbomind_for_an_architecture_it_lacks(lmdeplo
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["DeepseekV3ForCausalLM"]}))
     code, out = lmdeploy_exit(lmdeploy_site, ["serve", "api_server", str(tmp_path), "--backend", "turbomind"])
     assert code == 1
-    assert (f"Fallback to pytorch engine because {str(tmp_path)!r} not supported by turbomind engine." in out), out
+    assert f"Fallback to pytorch engine because {str(tmp_path)!r} not supported by turbomind engine." in out, out
 
 
 def test_lmdeploy_needs_a_model_directory(lmdeploy_site: Path, tmp_path: Path) -> None:
@@ -244,10 +296,16 @@ def lmdeploy_gate(site: Path, facts: str, gpus: str | None) -> tuple[int, dict[s
     env = {"PATH": "/usr/bin:/bin", "HOME": str(site)}
     if gpus is not None:
         env["NVIDIA_VISIBLE_DEVICES"] = gpus
-    p = subprocess.run([PYTHON, "-I", "-S", "-c", BOOT, str(site), "-c", LMDEPLOY_CHECK, facts], env=env,
-                       capture_output=True, text=True, timeout=300)
-    return p.returncode, {c["check"]: c for c in map(json.loads, [ln for ln in p.stdout.splitlines()
-                                                                   if ln.startswith('{"check"')])}
+    p = subprocess.run(
+        [PYTHON, "-I", "-S", "-c", BOOT, str(site), "-c", LMDEPLOY_CHECK, facts],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return p.returncode, {
+        c["check"]: c for c in map(json.loads, [ln for ln in p.stdout.splitlines() if ln.startswith('{"check"')])
+    }
 
 
 def test_the_lmdeploy_image_passes_the_gate_on_the_hosts_fake_v100(spec, lmdeploy_site: Path) -> None:  # type: ignore[no-untyped-def]
@@ -255,9 +313,18 @@ def test_the_lmdeploy_image_passes_the_gate_on_the_hosts_fake_v100(spec, lmdeplo
     assert q.check.entrypoint == "python3" and q.check.args[:2] == ("-c", LMDEPLOY_CHECK)
     code, checks = lmdeploy_gate(lmdeploy_site, q.check.args[2], "0")
     assert code == 0, checks
-    assert [c for c in checks] == ["torch-sees-gpu", "gpu-as-planned", "torch-arch-list", "fp16-matmul",
-                                   "turbomind-kernels", "engine-version", "argv-parses"]
-    assert checks["turbomind-kernels"]["detail"].startswith("_turbomind.cpython-311-x86_64-linux-gnu.so: 91 sm_70 kernels")
+    assert [c for c in checks] == [
+        "torch-sees-gpu",
+        "gpu-as-planned",
+        "torch-arch-list",
+        "fp16-matmul",
+        "turbomind-kernels",
+        "engine-version",
+        "argv-parses",
+    ]
+    assert checks["turbomind-kernels"]["detail"].startswith(
+        "_turbomind.cpython-311-x86_64-linux-gnu.so: 91 sm_70 kernels"
+    )
     assert checks["engine-version"]["detail"] == "lmdeploy.version 0.16.0, facts expect 0.16.0"
     assert checks["argv-parses"]["detail"] == "lmdeploy serve api_server /data/models/Qwen3-32B-AWQ ... parses"
 
@@ -269,6 +336,7 @@ def test_without_gpus_the_lmdeploy_gate_fails(spec, lmdeploy_site: Path) -> None
 
 
 # --- llama.cpp ---------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def llamacpp_app(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -288,25 +356,53 @@ def app_env(app: Path, gpus: str | None) -> dict[str, str]:
 
 def test_the_planned_llamacpp_argv_is_what_the_lab_runs(spec) -> None:  # type: ignore[no-untyped-def]
     assert planned_argv(spec, "gguf") == [
-        "/app/llama-server", "-m", "/data/models/tiny-llama/tiny-llama-f32.gguf", "--alias", "tiny-llama,tiny-llama-alias",
-        "--host", "198.18.0.12", "--port", "8000", "--n-gpu-layers", "999", "--split-mode", "none",
-        "--ctx-size", "1024", "--parallel", "4", "--flash-attn", "on", "--fit", "off", "--jinja", "--metrics",
-        "--threads", "2", "--n-predict", "16"]
+        "/app/llama-server",
+        "-m",
+        "/data/models/tiny-llama/tiny-llama-f32.gguf",
+        "--alias",
+        "tiny-llama,tiny-llama-alias",
+        "--host",
+        "198.18.0.12",
+        "--port",
+        "8000",
+        "--n-gpu-layers",
+        "999",
+        "--split-mode",
+        "none",
+        "--ctx-size",
+        "1024",
+        "--parallel",
+        "4",
+        "--flash-attn",
+        "on",
+        "--fit",
+        "off",
+        "--jinja",
+        "--metrics",
+        "--threads",
+        "2",
+        "--n-predict",
+        "16",
+    ]
 
 
-def test_the_real_llama_server_loads_the_generated_gguf_with_the_planned_argv(spec, llamacpp_app: Path,
-                                                                               tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_the_real_llama_server_loads_the_generated_gguf_with_the_planned_argv(
+    spec, llamacpp_app: Path, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
     model = llamacpp_standin.write_gguf(tmp_path / "tiny-llama-f32.gguf")
     port = free_port()
     argv = on_loopback(planned_argv(spec, "gguf"), "--host", "--port", port)
     argv[0], argv[2] = str(llamacpp_app / "llama-server"), str(model)
-    p = subprocess.Popen(argv, env=app_env(llamacpp_app, "0"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True)
+    p = subprocess.Popen(
+        argv, env=app_env(llamacpp_app, "0"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(f"{url}/health", p)
         for name in ("tiny-llama", "tiny-llama-alias"):
-            status, raw = get(f"{url}/v1/chat/completions", {"model": name, "messages": [{"role": "user", "content": "hi"}]})
+            status, raw = get(
+                f"{url}/v1/chat/completions", {"model": name, "messages": [{"role": "user", "content": "hi"}]}
+            )
             answer = json.loads(raw)
             assert status == 200, answer
             assert answer["system_fingerprint"] == "b11312-0c1e570"
@@ -323,14 +419,20 @@ def test_the_real_llama_server_loads_the_generated_gguf_with_the_planned_argv(sp
 
 
 def test_the_image_lists_the_gpus_docker_gave_it(llamacpp_app: Path) -> None:
-    out = subprocess.run([str(llamacpp_app / "llama-server"), "--list-devices"], env=app_env(llamacpp_app, "2,3"),
-                         capture_output=True, text=True, timeout=60).stdout
+    out = subprocess.run(
+        [str(llamacpp_app / "llama-server"), "--list-devices"],
+        env=app_env(llamacpp_app, "2,3"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     assert out.splitlines()[1:] == [
         "  Device 0: Tesla V100-SXM2-32GB, compute capability 7.0, VMM: yes",
         "  Device 1: Tesla V100-SXM2-32GB, compute capability 7.0, VMM: yes",
         "Available devices:",
         "  CUDA0: Tesla V100-SXM2-32GB (32768 MiB, 32768 MiB free)",
-        "  CUDA1: Tesla V100-SXM2-32GB (32768 MiB, 32768 MiB free)"]
+        "  CUDA1: Tesla V100-SXM2-32GB (32768 MiB, 32768 MiB free)",
+    ]
 
 
 def llamacpp_gate(q: Qualification, app: Path, gpus: str | None) -> subprocess.CompletedProcess[str]:
@@ -338,8 +440,9 @@ def llamacpp_gate(q: Qualification, app: Path, gpus: str | None) -> subprocess.C
     (what `docker run --network none` gives the gate)."""
     assert q.check.entrypoint == "/bin/bash" and q.check.args[:2] == ("-c", LLAMACPP_CHECK)
     args = [a.replace("/app/", f"{app}/") for a in q.check.args]
-    return subprocess.run([*NETWORK_NONE, "/bin/bash", *args], capture_output=True, text=True, timeout=600,
-                          env=app_env(app, gpus))
+    return subprocess.run(
+        [*NETWORK_NONE, "/bin/bash", *args], capture_output=True, text=True, timeout=600, env=app_env(app, gpus)
+    )
 
 
 def test_the_llamacpp_image_passes_the_gate_on_the_hosts_fake_v100(spec, llamacpp_app: Path) -> None:  # type: ignore[no-untyped-def]
@@ -350,7 +453,8 @@ def test_the_llamacpp_image_passes_the_gate_on_the_hosts_fake_v100(spec, llamacp
         {"check": "engine-version", "ok": True, "detail": "version: 0.5.0-dev (build 11312, commit 0c1e570)"},
         {"check": "gpu-visible", "ok": True, "detail": "CUDA0: Tesla V100-SXM2-32GB (32768 MiB, 32768 MiB free)"},
         {"check": "gpu-as-planned", "ok": True, "detail": "device 0 is sm_70, as planned"},
-        {"check": "argv-parses", "ok": True, "detail": f"{llamacpp_app}/llama-server ... parses"}]
+        {"check": "argv-parses", "ok": True, "detail": f"{llamacpp_app}/llama-server ... parses"},
+    ]
 
 
 def test_without_gpus_the_llamacpp_gate_fails(spec, llamacpp_app: Path) -> None:  # type: ignore[no-untyped-def]
@@ -362,12 +466,15 @@ def test_without_gpus_the_llamacpp_gate_fails(spec, llamacpp_app: Path) -> None:
 def test_the_real_llama_server_refuses_a_flag_of_another_build(spec, llamacpp_app: Path) -> None:  # type: ignore[no-untyped-def]
     q = qualification(spec, LLAMACPP)
     bad = shlex.split(q.check.args[7]) + ["--cache-type-k", "q3_k"]
-    bad_q = Qualification(q.node, q.image, type(q.check)(q.check.engine, q.check.entrypoint,
-                                                         (*q.check.args[:7], shlex.join(bad)), q.check.checks),
-                          q.argvs, q.node_ref)
+    bad_q = Qualification(
+        q.node,
+        q.image,
+        type(q.check)(q.check.engine, q.check.entrypoint, (*q.check.args[:7], shlex.join(bad)), q.check.checks),
+        q.argvs,
+        q.node_ref,
+    )
     run = llamacpp_gate(bad_q, llamacpp_app, "0")
     assert run.returncode == 1
     last = json.loads(run.stdout.splitlines()[-1])
     assert last["check"] == "argv-parses" and last["ok"] is False
     assert last["detail"].startswith('error while handling argument "--cache-type-k"')
-

@@ -6,6 +6,7 @@ nodes and rehearses the stack's plan. Each test leaves the lab as it found it. A
 destroys the stack, checks what destroy removes and keeps, takes the lab down and checks that nothing
 is left. Figures (time to up, recovery times, requests lost) go to build/lab/figures.json.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,11 +35,12 @@ VLLM_MEMORY_KEYS = f"pools.chat.{ENGINES['vllm'].memory_keys}"
 WHY_NOT = hosts.can_create_namespaces()
 pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"the lab does not run: {WHY_NOT}")
 
-GATEWAY = "https://198.18.0.11:443"   # gateway.port 443: TLS with the gateway host's private CA
+GATEWAY = "https://198.18.0.11:443"  # gateway.port 443: TLS with the gateway host's private CA
 
 
 def _key_rate_limit() -> float:
     import yaml
+
     keys = yaml.safe_load(STACK.read_text())["config"]["llm-cluster:gateway"]["apiKeys"]
     return float(keys[0]["rateLimit"]["requestsPerSecond"])
 
@@ -51,8 +53,12 @@ PROMETHEUS = "http://198.18.0.11:9090"
 
 def container_log(host: LabHost, container: str) -> str:
     """`docker logs` of a container on the host's own engine, stdout and stderr."""
-    p = subprocess.run(["docker", "-H", f"unix://{host.dir}/run/docker.sock", "logs", container],
-                       capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        ["docker", "-H", f"unix://{host.dir}/run/docker.sock", "logs", container],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return p.stdout + p.stderr
 
 
@@ -60,9 +66,19 @@ def _in_head(lab: Lab, *argv: str) -> subprocess.CompletedProcess | None:
     """A command in the reasoning pool's Ray head container; None when it did not answer within 60 s (a head
     that is restarting, or a Ray call hanging on a busy machine, is "not yet", not a failure)."""
     try:
-        return subprocess.run(["docker", "-H", f"unix://{lab.host('gpu-01').dir}/run/docker.sock", "exec",
-                               lab.resource("reasoning-gpu-01-ray-head").inputs["name"], *argv],
-                              capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [
+                "docker",
+                "-H",
+                f"unix://{lab.host('gpu-01').dir}/run/docker.sock",
+                "exec",
+                lab.resource("reasoning-gpu-01-ray-head").inputs["name"],
+                *argv,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except subprocess.TimeoutExpired:
         return None
 
@@ -71,12 +87,15 @@ def ray_gpus(lab: Lab) -> int:
     """GPUs in `ray status` on the head (what the Ray gate reads); -1 when it did not answer."""
     p = _in_head(lab, "ray", "status", "--address", "198.18.0.11:6379")
     from components.planning.fabric.ray import parse_ray_status
+
     return int(parse_ray_status(p.stdout).gpus_total) if p is not None else -1
 
 
-RAY_NODES = ("import json, ray; ray.init(address='198.18.0.11:6379', logging_level='ERROR'); "
-             "print('lab-nodes', json.dumps([[n['NodeID'], n['NodeManagerAddress'], n['Resources'].get('GPU', 0)] "
-             "for n in ray.nodes() if n['Alive']]))")
+RAY_NODES = (
+    "import json, ray; ray.init(address='198.18.0.11:6379', logging_level='ERROR'); "
+    "print('lab-nodes', json.dumps([[n['NodeID'], n['NodeManagerAddress'], n['Resources'].get('GPU', 0)] "
+    "for n in ray.nodes() if n['Alive']]))"
+)
 
 
 def ray_nodes(lab: Lab) -> list[tuple[str, str, float]]:
@@ -97,6 +116,7 @@ def lab(figures: dict[str, Any]) -> Iterator[Lab]:
 
 # --- up on fresh hosts --------------------------------------------------------------------------------
 
+
 def test_up_creates_every_resource_of_the_plan(lab: Lab) -> None:
     created = {s.name for s in lab.steps if s.action == "create"}
     customs = {r.name for r in lab.rehearsal.resources.values() if r.custom}
@@ -104,8 +124,10 @@ def test_up_creates_every_resource_of_the_plan(lab: Lab) -> None:
 
 
 def test_weights_fan_out_by_rsync_and_every_copy_verifies(lab: Lab) -> None:
-    for model, source, targets in (("Qwen3-30B-A3B", "gpu-03", ("gpu-04", "gpu-05", "gpu-06")),
-                                   ("DeepSeek-R1-GPTQ-Int4", "gpu-01", ("gpu-02",))):
+    for model, source, targets in (
+        ("Qwen3-30B-A3B", "gpu-03", ("gpu-04", "gpu-05", "gpu-06")),
+        ("DeepSeek-R1-GPTQ-Int4", "gpu-01", ("gpu-02",)),
+    ):
         src = lab.host(source).dir / "data" / "models" / model
         files = sorted(p.name for p in src.iterdir() if p.is_file())
         assert "config.json" in files and len(files) == 3
@@ -116,7 +138,9 @@ def test_weights_fan_out_by_rsync_and_every_copy_verifies(lab: Lab) -> None:
             assert (dst / ".llm-cluster" / "verified").exists(), f"{node} did not verify the manifest"
     # The planned rounds: gpu-04 received the weights before it sent them on to gpu-06.
     order = [s.name for s in lab.steps]
-    assert order.index("weights-qwen3-30b-a3b-verify-gpu-04") < order.index("weights-qwen3-30b-a3b-copy-gpu-04-to-gpu-06")
+    assert order.index("weights-qwen3-30b-a3b-verify-gpu-04") < order.index(
+        "weights-qwen3-30b-a3b-copy-gpu-04-to-gpu-06"
+    )
     copy = next(s for s in lab.steps if s.name == "weights-qwen3-30b-a3b-copy-gpu-03-to-gpu-04")
     assert "copying /data/models/Qwen3-30B-A3B from gpu-03 to gpu-04" in copy.stdout
 
@@ -124,15 +148,18 @@ def test_weights_fan_out_by_rsync_and_every_copy_verifies(lab: Lab) -> None:
 def test_the_hosts_block_is_on_every_host(lab: Lab) -> None:
     for h in lab.stack.hosts:
         text = (h.dir / "etc-hosts").read_text()
-        block = text[text.index("# BEGIN llm-cluster"):text.index("# END llm-cluster")]
+        block = text[text.index("# BEGIN llm-cluster") : text.index("# END llm-cluster")]
         assert all(f"{o.address} {o.node}" in block for o in lab.stack.hosts), h.node
 
 
-@pytest.mark.parametrize("choice, message", [
-    ({"gpus": 7}, "gpu-05 has 7 GPU(s), the stack expects 8"),
-    ({"hca": "down"}, "gpu-05: mlx5_0 port 1 is Down/Disabled, not Active/LinkUp"),
-    ({"topo": "pcie"}, "gpu-05: `nvidia-smi topo -m` shows no NVLink between any GPUs"),
-])
+@pytest.mark.parametrize(
+    "choice, message",
+    [
+        ({"gpus": 7}, "gpu-05 has 7 GPU(s), the stack expects 8"),
+        ({"hca": "down"}, "gpu-05: mlx5_0 port 1 is Down/Disabled, not Active/LinkUp"),
+        ({"topo": "pcie"}, "gpu-05: `nvidia-smi topo -m` shows no NVLink between any GPUs"),
+    ],
+)
 def test_preflight_stops_with_a_pointed_message(lab: Lab, choice: dict[str, Any], message: str) -> None:
     host = lab.host("gpu-05")
     before = hosts.set_shims(host, **choice)
@@ -151,6 +178,7 @@ def test_preflight_stops_with_a_pointed_message(lab: Lab, choice: dict[str, Any]
 
 # --- Ray, the servers, the gateway, monitoring ----------------------------------------------------
 
+
 def test_the_ray_worker_joins_across_hosts_and_the_head_serves(lab: Lab) -> None:
     gate = next(s for s in lab.steps if s.name == "reasoning-gpu-01-ray-gate")
     assert "ray: 16/16 GPUs, 2 node(s)" in gate.stdout
@@ -164,16 +192,20 @@ def test_the_ray_worker_joins_across_hosts_and_the_head_serves(lab: Lab) -> None
     assert healthy("http://198.18.0.11:8000/health")
 
 
-@pytest.mark.parametrize("name, pool_hosts", [
-    ("deepseek-r1", ("gpu-01",)),
-    ("/data/models/DeepSeek-R1-GPTQ-Int4", ("gpu-01",)),
-    ("qwen3-30b-a3b", ("gpu-03", "gpu-04", "gpu-05", "gpu-06")),
-    ("/data/models/Qwen3-30B-A3B", ("gpu-03", "gpu-04", "gpu-05", "gpu-06")),
-])
+@pytest.mark.parametrize(
+    "name, pool_hosts",
+    [
+        ("deepseek-r1", ("gpu-01",)),
+        ("/data/models/DeepSeek-R1-GPTQ-Int4", ("gpu-01",)),
+        ("qwen3-30b-a3b", ("gpu-03", "gpu-04", "gpu-05", "gpu-06")),
+        ("/data/models/Qwen3-30B-A3B", ("gpu-03", "gpu-04", "gpu-05", "gpu-06")),
+    ],
+)
 def test_the_gateway_routes_every_served_name_with_a_key(lab: Lab, name: str, pool_hosts: tuple[str, ...]) -> None:
     body = json.dumps({"model": name, "messages": [{"role": "user", "content": "hi"}]})
-    answer = client("request", f"{GATEWAY}/v1/chat/completions", "--key", lab.key(), "--json", body,
-                    "--cacert", lab.cacert())
+    answer = client(
+        "request", f"{GATEWAY}/v1/chat/completions", "--key", lab.key(), "--json", body, "--cacert", lab.cacert()
+    )
     assert answer["status"] == 200, answer
     content = json.loads(answer["body"])["choices"][0]["message"]["content"]
     assert content.startswith(f"lab stand-in {name} answers from ")
@@ -183,6 +215,7 @@ def test_the_gateway_routes_every_served_name_with_a_key(lab: Lab, name: str, po
 def test_the_gateway_runs_the_default_image_built_on_its_host(lab: Lab) -> None:
     from components.planning.gateway.image import GATEWAY_IMAGE, TESTED_PACKAGES
     from lab import debmirror
+
     gpu01 = lab.host("gpu-01")
     build = lab.resource("gateway-image")
     assert build.inputs["name"] == GATEWAY_IMAGE and build.inputs["build"]
@@ -205,27 +238,43 @@ def test_the_gateway_runs_the_default_image_built_on_its_host(lab: Lab) -> None:
     for p, v in TESTED_PACKAGES.items():
         # The pool's file name has no epoch (libnginx-mod-http-lua_0.10.28-2_…); apt quotes `+`.
         deb = f"/{p}_{v.split(':', 1)[-1].replace('+', '%2b')}_".lower()
-        assert any(line.startswith(gpu01.address) and deb in line.lower() and '" 200 ' in line
-                   for line in served.splitlines()), (deb, served[-2000:])
+        assert any(
+            line.startswith(gpu01.address) and deb in line.lower() and '" 200 ' in line for line in served.splitlines()
+        ), (deb, served[-2000:])
 
 
 def test_the_gateway_refuses_a_request_without_a_key(lab: Lab) -> None:
     body = json.dumps({"model": "qwen3-30b-a3b", "messages": [{"role": "user", "content": "hi"}]})
     ca = lab.cacert()
     assert client("request", f"{GATEWAY}/v1/chat/completions", "--json", body, "--cacert", ca)["status"] == 401
-    assert client("request", f"{GATEWAY}/v1/chat/completions", "--key", "sk-wrong", "--json", body,
-                  "--cacert", ca)["status"] == 401
+    assert (
+        client("request", f"{GATEWAY}/v1/chat/completions", "--key", "sk-wrong", "--json", body, "--cacert", ca)[
+            "status"
+        ]
+        == 401
+    )
 
 
 def test_the_client_namespace_is_outside_the_cluster(lab: Lab) -> None:
     routes = hosts.sh("ip", "-n", hosts.CLIENT_NS, "route", "show")
-    assert routes.split() == ["198.18.0.0/24", "dev", "bond0", "proto", "kernel", "scope", "link", "src", CLIENT_ADDRESS]
+    assert routes.split() == [
+        "198.18.0.0/24",
+        "dev",
+        "bond0",
+        "proto",
+        "kernel",
+        "scope",
+        "link",
+        "src",
+        CLIENT_ADDRESS,
+    ]
 
 
 def test_prometheus_scrapes_every_target_and_no_alert_fires(lab: Lab) -> None:
     def all_up() -> bool:
         targets = http_json(f"{PROMETHEUS}/api/v1/targets")["data"]["activeTargets"]
         return bool(targets) and all(t["health"] == "up" for t in targets)
+
     wait_until(all_up, 90, "every Prometheus target up")
     up = http_json(f"{PROMETHEUS}/api/v1/query?query=up")["data"]["result"]
     jobs = {r["metric"]["job"] for r in up}
@@ -245,6 +294,7 @@ def test_a_second_up_runs_nothing(lab: Lab) -> None:
 
 
 # --- self-healing and load ------------------------------------------------------------------------
+
 
 def _main_process(host: LabHost, container: str, program: str) -> int:
     """The pid of the container's process that runs `program` (a python3 program: `vllm serve`, `ray start`),
@@ -274,14 +324,21 @@ def test_a_killed_ray_worker_rejoins_by_itself(lab: Lab, figures: dict[str, Any]
         """Where the chain stands: both containers' state and the ends of their logs."""
         out = []
         for h, c in ((lab.host("gpu-01"), head_name), (host, name)):
-            out.append(f"--- {c} on {h.node}: " + docker(h, "inspect", "-f",
-                                                          "{{.State.Status}} restarts={{.RestartCount}}", c).strip())
+            out.append(
+                f"--- {c} on {h.node}: "
+                + docker(h, "inspect", "-f", "{{.State.Status}} restarts={{.RestartCount}}", c).strip()
+            )
             out += container_log(h, c).splitlines()[-15:]
         return "\n".join(out + [f"--- Ray nodes: {ray_nodes(lab)}"])
+
     hosts.sh("kill", "-KILL", str(_main_process(host, name, "ray start")))
     t0 = time.monotonic()
-    wait_until(lambda: int(docker(host, "inspect", "-f", "{{.RestartCount}}", name)) > restarts, 120,
-               "docker restarting the Ray worker", chain)
+    wait_until(
+        lambda: int(docker(host, "inspect", "-f", "{{.RestartCount}}", name)) > restarts,
+        120,
+        "docker restarting the Ray worker",
+        chain,
+    )
     # As vLLM's engine does, the stand-in's ends with one of its Ray workers once Ray declares it dead
     # (its GCS health checks); the head's watchdog exits, docker restarts the head (a new Ray cluster),
     # the worker leaves the old one (Ray's GCS reconnect timeout) and joins it, the head serves again.
@@ -293,14 +350,16 @@ def test_a_killed_ray_worker_rejoins_by_itself(lab: Lab, figures: dict[str, Any]
         nodes = ray_nodes(lab)
         ids = {n[0] for n in nodes if n[1] == host.address}
         return bool(ids) and not ids & before and sum(n[2] for n in nodes) == 16
+
     wait_until(rejoined, 300, "gpu-02 back in the Ray cluster as a new node, 16 GPUs alive", chain)
     wait_until(lambda: healthy(head), 300, "the reasoning pool serving again", chain)
     figures["recover_ray_worker_kill_s"] = round(time.monotonic() - t0, 1)
     head_log = container_log(lab.host("gpu-01"), head_name)
     assert "ERROR lab-vllm: the Ray worker on 198.18.0.12 died (ActorDiedError" in head_log
     body = json.dumps({"model": "deepseek-r1", "messages": [{"role": "user", "content": "hi"}]})
-    answer = client("request", f"{GATEWAY}/v1/chat/completions", "--key", lab.key(), "--json", body,
-                    "--cacert", lab.cacert())
+    answer = client(
+        "request", f"{GATEWAY}/v1/chat/completions", "--key", lab.key(), "--json", body, "--cacert", lab.cacert()
+    )
     assert answer["status"] == 200, answer
     # `ray status` (what the Ray gate and the llm_ray_gpus metric read) counts the dead raylet's GPUs
     # until the autoscaler drops it (24 GPUs were seen): it settles on 16.
@@ -327,7 +386,8 @@ def test_a_restarted_docker_engine_brings_its_containers_back(lab: Lab, figures:
 
 
 def test_the_readiness_gate_stops_at_the_first_death_of_a_server_that_prints_a_known_error(
-        lab: Lab, tmp_path: Path, figures: dict[str, Any]) -> None:
+    lab: Lab, tmp_path: Path, figures: dict[str, Any]
+) -> None:
     """The gate as the program renders it, against a host's real docker: a container of the chat image that
     prints vLLM's MLA refusal and exits, which docker restarts, stops the gate with that line and its fix at
     its first death after the gate began (docker's restart count, `docker logs --since`), not at its timeout."""
@@ -338,20 +398,47 @@ def test_the_readiness_gate_stops_at_the_first_death_of_a_server_that_prints_a_k
     image = docker(host, "inspect", "-f", "{{.Config.Image}}", lab.resource("chat-gpu-03-vllm").inputs["name"]).strip()
     name, line = "llm-cluster-doomed-standin", "RuntimeError: FlashAttention only supports Ampere GPUs or newer."
     # Printed 3 s after each start: the first run's line may predate the gate, the next run's cannot.
-    docker(host, "run", "-d", "--name", name, "--restart", "unless-stopped", "--network", "none", "--entrypoint", "sh",
-           image, "-c", f"sleep 3; echo '{line}' >&2; exit 1")
+    docker(
+        host,
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--restart",
+        "unless-stopped",
+        "--network",
+        "none",
+        "--entrypoint",
+        "sh",
+        image,
+        "-c",
+        f"sleep 3; echo '{line}' >&2; exit 1",
+    )
     try:
         wrapper = tmp_path / "bin" / "docker"
         wrapper.parent.mkdir()
         wrapper.write_text(f'#!/bin/sh\nexec {shutil.which("docker")} -H "unix://{host.dir}/run/docker.sock" "$@"\n')
         wrapper.chmod(0o755)
         script = tmp_path / "gate.sh"
-        script.write_text(health_gate_script("http://127.0.0.1:9/health", 300, name, server="vllm",
-                                             memory_keys=VLLM_MEMORY_KEYS, interval_s=1,
-                                             failures=startup_failure_advice(ENGINES["vllm"], "chat", "qwen3-30b-a3b")))
+        script.write_text(
+            health_gate_script(
+                "http://127.0.0.1:9/health",
+                300,
+                name,
+                server="vllm",
+                memory_keys=VLLM_MEMORY_KEYS,
+                interval_s=1,
+                failures=startup_failure_advice(ENGINES["vllm"], "chat", "qwen3-30b-a3b"),
+            )
+        )
         t0 = time.monotonic()
-        done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=200,
-                              env={"PATH": f"{wrapper.parent}:/usr/bin:/bin"})
+        done = subprocess.run(
+            ["bash", str(script)],
+            capture_output=True,
+            text=True,
+            timeout=200,
+            env={"PATH": f"{wrapper.parent}:/usr/bin:/bin"},
+        )
         took = time.monotonic() - t0
         assert done.returncode == 1, done.stderr
         first, cause = done.stderr.splitlines()[:2]
@@ -367,11 +454,30 @@ def test_stopping_a_chat_replica_under_load_loses_no_request(lab: Lab, figures: 
     host = lab.host("gpu-05")
     replica = lab.resource("chat-gpu-05-vllm").inputs["name"]
     seconds = 12.0
-    load = subprocess.Popen(["nsenter", f"--net=/run/netns/{hosts.CLIENT_NS}", sys.executable,
-                             str(LAB_DIR / "client.py"), "load", f"{GATEWAY}/v1/chat/completions", "--key", lab.key(),
-                             "--model", "qwen3-30b-a3b", "--seconds", str(seconds), "--concurrency", "4", "--rate", str(RATE),
-                             "--cacert", lab.cacert()],
-                            stdout=subprocess.PIPE, text=True)
+    load = subprocess.Popen(
+        [
+            "nsenter",
+            f"--net=/run/netns/{hosts.CLIENT_NS}",
+            sys.executable,
+            str(LAB_DIR / "client.py"),
+            "load",
+            f"{GATEWAY}/v1/chat/completions",
+            "--key",
+            lab.key(),
+            "--model",
+            "qwen3-30b-a3b",
+            "--seconds",
+            str(seconds),
+            "--concurrency",
+            "4",
+            "--rate",
+            str(RATE),
+            "--cacert",
+            lab.cacert(),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         time.sleep(seconds / 3)
         docker(host, "stop", "-t", "30", replica)

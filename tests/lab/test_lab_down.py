@@ -3,6 +3,7 @@
 The kernel removes a deleted namespace's links only when it cleans the namespace up, after
 `ip netns del` has returned; `lab down` must not depend on that timing to report nothing left
 behind. Runs between the modules whose labs are up (each takes its lab down at its end)."""
+
 from __future__ import annotations
 
 import subprocess
@@ -18,10 +19,12 @@ pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"the lab does not r
 
 def test_down_removes_a_hosts_namespace_its_veth_pair_and_the_bridge_at_once() -> None:
     assert hosts.lab_namespaces() == [] and hosts.lab_links() == [], "a lab is up: this test would take it down"
-    for argv in (["ip", "netns", "add", "lab-gpu-99"],
-                 ["ip", "link", "add", "lab-v99", "type", "veth", "peer", "name", "bond0", "netns", "lab-gpu-99"],
-                 ["ip", "link", "add", BRIDGE, "type", "bridge"],
-                 ["ip", "link", "set", "lab-v99", "master", BRIDGE, "up"]):
+    for argv in (
+        ["ip", "netns", "add", "lab-gpu-99"],
+        ["ip", "link", "add", "lab-v99", "type", "veth", "peer", "name", "bond0", "netns", "lab-gpu-99"],
+        ["ip", "link", "add", BRIDGE, "type", "bridge"],
+        ["ip", "link", "set", "lab-v99", "master", BRIDGE, "up"],
+    ):
         subprocess.run(argv, check=True)
     assert sorted(hosts.lab_links()) == sorted([BRIDGE, "lab-v99"])
     assert hosts.down() == []

@@ -8,6 +8,7 @@ holds /tmp/lab.lock (lab.hosts.lab_lock) from bringing the hosts up to taking th
 recovery of each engine after its main process is killed) go to build/lab/figures.json with an `engines_`
 prefix.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,7 +42,10 @@ pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"the lab does not r
 STACK = REPO / "Pulumi.lab-engines.yaml"
 GATEWAY = "https://198.18.0.11:443"
 PROMETHEUS = "http://198.18.0.11:9090"
-LMDEPLOY_REPLICAS = {"lmdeploy-awq-gpu-01-r0": "http://198.18.0.11:8000", "lmdeploy-awq-gpu-01-r1": "http://198.18.0.11:8001"}
+LMDEPLOY_REPLICAS = {
+    "lmdeploy-awq-gpu-01-r0": "http://198.18.0.11:8000",
+    "lmdeploy-awq-gpu-01-r1": "http://198.18.0.11:8001",
+}
 LLAMACPP_SERVER = ("llamacpp-gguf-gpu-02", "http://198.18.0.12:8000")
 
 
@@ -60,19 +64,24 @@ def _destroy_and_check(lab: Lab, figures: dict[str, Any]) -> None:
 
 def ask(lab: Lab, path: str, body: dict[str, Any]) -> dict[str, Any]:
     """A request through the gateway from the client namespace, with the stack's generated key."""
-    answer = client("request", f"{GATEWAY}{path}", "--key", lab.key(), "--json", json.dumps(body), "--cacert", lab.cacert())
+    answer = client(
+        "request", f"{GATEWAY}{path}", "--key", lab.key(), "--json", json.dumps(body), "--cacert", lab.cacert()
+    )
     assert answer["status"] == 200, answer
     return json.loads(answer["body"])
 
 
 # --- up ---------------------------------------------------------------------------------------------
 
+
 def test_up_creates_every_resource_and_each_image_passes_its_gate(lab: Lab) -> None:
     created = {s.name for s in lab.steps if s.action == "create"}
     assert created == {r.name for r in lab.rehearsal.resources.values() if r.custom}
     gates = {s.name: s.stdout for s in lab.steps if "-qualify-" in s.name}
-    assert sorted(gates) == ["gpu-01-qualify-lmdeploy-v0-16-0-cu12-8-check",
-                             "gpu-02-qualify-llama-cpp-server-cuda-b11312-check"], sorted(gates)
+    assert sorted(gates) == [
+        "gpu-01-qualify-lmdeploy-v0-16-0-cu12-8-check",
+        "gpu-02-qualify-llama-cpp-server-cuda-b11312-check",
+    ], sorted(gates)
     lmdeploy = gates["gpu-01-qualify-lmdeploy-v0-16-0-cu12-8-check"]
     assert '"check": "turbomind-kernels", "ok": true' in lmdeploy and '"ok": false' not in lmdeploy
     llamacpp = gates["gpu-02-qualify-llama-cpp-server-cuda-b11312-check"]
@@ -83,12 +92,18 @@ def test_the_gguf_is_where_llama_server_loads_it(lab: Lab) -> None:
     gguf = lab.host("gpu-02").dir / "data" / "models" / "tiny-llama" / "tiny-llama-f32.gguf"
     assert gguf.read_bytes()[:4] == b"GGUF"
     host = lab.host("gpu-02")
-    logs = subprocess.run(["docker", "-H", f"unix://{host.dir}/run/docker.sock", "logs", LLAMACPP_SERVER[0]],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60).stdout
+    logs = subprocess.run(
+        ["docker", "-H", f"unix://{host.dir}/run/docker.sock", "logs", LLAMACPP_SERVER[0]],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=60,
+    ).stdout
     assert "load_model: loading model '/data/models/tiny-llama/tiny-llama-f32.gguf'" in logs
 
 
 # --- the gateway --------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", ["qwen3-32b"])
 def test_the_gateway_routes_the_lmdeploy_name_to_its_replicas(lab: Lab, name: str) -> None:
@@ -111,30 +126,42 @@ def test_the_gateway_routes_each_llamacpp_name_to_the_real_server(lab: Lab, name
 
 
 def test_the_gguf_path_route_reaches_llama_cpp(lab: Lab) -> None:
-    answer = ask(lab, "/gguf/v1/chat/completions", {"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}]})
+    answer = ask(
+        lab, "/gguf/v1/chat/completions", {"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}]}
+    )
     assert answer["system_fingerprint"] == "b11312-0c1e570"
 
 
 def test_the_gateway_refuses_a_request_without_a_key(lab: Lab) -> None:
     body = json.dumps({"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}]})
-    assert client("request", f"{GATEWAY}/v1/chat/completions", "--json", body, "--cacert", lab.cacert())["status"] == 401
+    assert (
+        client("request", f"{GATEWAY}/v1/chat/completions", "--json", body, "--cacert", lab.cacert())["status"] == 401
+    )
 
 
 # --- monitoring ---------------------------------------------------------------------------------------
+
 
 def test_prometheus_scrapes_both_engines_and_no_alert_fires(lab: Lab) -> None:
     def all_up() -> bool:
         targets = http_json(f"{PROMETHEUS}/api/v1/targets")["data"]["activeTargets"]
         return bool(targets) and all(t["health"] == "up" for t in targets)
+
     wait_until(all_up, 120, "every Prometheus target up")
     up = http_json(f"{PROMETHEUS}/api/v1/query?query=up")["data"]["result"]
     assert all(r["value"][1] == "1" for r in up), up
     jobs = {r["metric"]["job"] for r in up}
     assert {"node", "dcgm", "lmdeploy", "llamacpp"} <= jobs, jobs
-    engines = sorted((r["metric"]["job"], r["metric"]["pool"], r["metric"]["instance"]) for r in up
-                     if r["metric"]["job"] in ("lmdeploy", "llamacpp"))
-    assert engines == [("llamacpp", "gguf", "gguf-gpu-02"), ("lmdeploy", "awq", "awq-gpu-01-r0"),
-                       ("lmdeploy", "awq", "awq-gpu-01-r1")], engines
+    engines = sorted(
+        (r["metric"]["job"], r["metric"]["pool"], r["metric"]["instance"])
+        for r in up
+        if r["metric"]["job"] in ("lmdeploy", "llamacpp")
+    )
+    assert engines == [
+        ("llamacpp", "gguf", "gguf-gpu-02"),
+        ("lmdeploy", "awq", "awq-gpu-01-r0"),
+        ("lmdeploy", "awq", "awq-gpu-01-r1"),
+    ], engines
     # The engines' own series reach Prometheus under the names monitoring reads (components/facts).
     for series in ("lmdeploy:generation_tokens_total", "llamacpp:tokens_predicted_total"):
         assert http_json(f"{PROMETHEUS}/api/v1/query?query={series}")["data"]["result"], series
@@ -150,6 +177,7 @@ def test_a_second_up_runs_nothing(lab: Lab) -> None:
 
 
 # --- self-healing -------------------------------------------------------------------------------------
+
 
 def main_process(host: LabHost, container: str, binary: str) -> int:
     """The pid of the container's process whose executable is `binary` (not the watchdog's shell)."""
@@ -183,14 +211,19 @@ def _kill_and_recover(lab: Lab, node: str, container: str, binary: str, url: str
 
 def test_a_killed_lmdeploy_server_comes_back_by_itself(lab: Lab, figures: dict[str, Any]) -> None:
     # `lmdeploy` is a python3 program: its process is python3 running /opt/py3/bin/lmdeploy.
-    figures["engines_recover_lmdeploy_kill_s"] = round(_kill_and_recover(
-        lab, "gpu-01", "lmdeploy-awq-gpu-01-r0", "lmdeploy", LMDEPLOY_REPLICAS["lmdeploy-awq-gpu-01-r0"]), 1)
+    figures["engines_recover_lmdeploy_kill_s"] = round(
+        _kill_and_recover(
+            lab, "gpu-01", "lmdeploy-awq-gpu-01-r0", "lmdeploy", LMDEPLOY_REPLICAS["lmdeploy-awq-gpu-01-r0"]
+        ),
+        1,
+    )
     answer = ask(lab, "/v1/chat/completions", {"model": "qwen3-32b", "messages": [{"role": "user", "content": "hi"}]})
     assert answer["choices"][0]["message"]["content"].startswith("lab stand-in qwen3-32b answers from gpu-01:800")
 
 
 def test_a_killed_llama_server_comes_back_by_itself(lab: Lab, figures: dict[str, Any]) -> None:
-    figures["engines_recover_llamacpp_kill_s"] = round(_kill_and_recover(
-        lab, "gpu-02", LLAMACPP_SERVER[0], "llama-server.cpu", LLAMACPP_SERVER[1]), 1)
+    figures["engines_recover_llamacpp_kill_s"] = round(
+        _kill_and_recover(lab, "gpu-02", LLAMACPP_SERVER[0], "llama-server.cpu", LLAMACPP_SERVER[1]), 1
+    )
     answer = ask(lab, "/v1/chat/completions", {"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}]})
     assert answer["system_fingerprint"] == "b11312-0c1e570"

@@ -5,6 +5,7 @@ the stand-in packages of lab/standins/vllm on its path and the facts the lab bak
 `docker run --gpus device=0` gives them (NVIDIA_VISIBLE_DEVICES). The lab tier runs the same inside the
 built image on every host.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,9 @@ def _site(tmp: Path, tag: str) -> Path:
     shutil.copy2(STANDINS.parent / "openai_http.py", site / "openai_http.py")
     shutil.copy2(facts["dump"], site / "vllm" / "serve-args.json")
     shutil.copy2(facts["metrics"], site / "vllm" / "metrics.txt")
-    (site / "vllm" / "version.json").write_text(json.dumps({"version": facts["version"],
-                                                            "quantizations": facts["quantizations"]}))
+    (site / "vllm" / "version.json").write_text(
+        json.dumps({"version": facts["version"], "quantizations": facts["quantizations"]})
+    )
     (site / "standin.json").write_text(json.dumps(facts["standin"]))
     return site
 
@@ -51,10 +53,22 @@ def _gate(site: Path, check_json: str, visible: str | None) -> tuple[int, dict[s
         env["NVIDIA_VISIBLE_DEVICES"] = visible
     # numpy from the test venv, after the stand-ins (the image installs it beside them)
     import numpy
+
     env["PYTHONPATH"] += ":" + str(Path(numpy.__file__).parent.parent)
-    p = subprocess.run([sys.executable, "-I", "-c", "import sys, os; sys.path[:0] = os.environ['PYTHONPATH'].split(':');"
-                        "exec(sys.argv.pop(1))", PROGRAM, check_json], capture_output=True, text=True, env=env,
-                       timeout=120)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-c",
+            "import sys, os; sys.path[:0] = os.environ['PYTHONPATH'].split(':');exec(sys.argv.pop(1))",
+            PROGRAM,
+            check_json,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     return p.returncode, {c["check"]: c for c in map(json.loads, p.stdout.splitlines())}
 
 
@@ -62,6 +76,7 @@ def _gate(site: Path, check_json: str, visible: str | None) -> tuple[int, dict[s
 def lab_qualification():
     from components.planning.load import load_stack_config
     from plan.stackfile import load_stack_file
+
     stack = load_stack_file(REPO / "Pulumi.lab.yaml", "lab")
     spec = load_stack_config(stack.config, stack.secret_keys)
     return next(q for q in node_qualifications(spec) if q.node == "gpu-01")

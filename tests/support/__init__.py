@@ -14,6 +14,7 @@ Here: the real tools the tests drive, free loopback ports, and the host scripts'
 - qualification: real wheels from PyPI (cached), the gate script with a stand-in docker, --network none.
 - lab_tier: the lab of a stack file up on fresh test hosts and down again, for the lab tier (tests/lab).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -26,9 +27,20 @@ import pytest
 
 # The Debian package of each tool the tests run (`.ci/system-deps` installs them as root).
 DEBIAN_PACKAGE = {
-    "promtool": "prometheus", "shellcheck": "shellcheck",
-    "curl": "curl", "bash": "bash", "dash": "dash", "openssl": "openssl", "wrk": "wrk", "pgrep": "procps",
-    "python3": "python3", "nft": "nftables", "ip": "iproute2", "ss": "iproute2", "ib_write_bw": "perftest", "chronyc": "chrony",
+    "promtool": "prometheus",
+    "shellcheck": "shellcheck",
+    "curl": "curl",
+    "bash": "bash",
+    "dash": "dash",
+    "openssl": "openssl",
+    "wrk": "wrk",
+    "pgrep": "procps",
+    "python3": "python3",
+    "nft": "nftables",
+    "ip": "iproute2",
+    "ss": "iproute2",
+    "ib_write_bw": "perftest",
+    "chronyc": "chrony",
 }
 
 
@@ -36,8 +48,10 @@ def tool(name: str) -> str:
     """Path of a real tool a test drives; a clear failure (never a skip) when it is missing."""
     path = shutil.which(name)
     if path is None:
-        pytest.fail(f"{name} is not installed: run `make test` as root "
-                    f"(Debian: apt-get install -y {DEBIAN_PACKAGE.get(name, name)})")
+        pytest.fail(
+            f"{name} is not installed: run `make test` as root "
+            f"(Debian: apt-get install -y {DEBIAN_PACKAGE.get(name, name)})"
+        )
     return path
 
 

@@ -10,6 +10,7 @@ nginx, its Lua module and LuaJIT unchanged. Done once per machine (under a lock;
 
     python tests/support/deployed_nginx.py   # fetch if needed, then print the nginx, module and Lua paths
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -78,14 +79,21 @@ class DeployedNginx:
 
     def layout_fields(self) -> dict[str, object]:
         """GatewayLayout's fields for this tree's modules and Lua libraries."""
-        return {"load_modules": (str(self.ndk_module), str(self.lua_module)),
-                "lua_path": self.lua_package_path, "lua_cpath": self.lua_package_cpath}
+        return {
+            "load_modules": (str(self.ndk_module), str(self.lua_module)),
+            "lua_path": self.lua_package_path,
+            "lua_cpath": self.lua_package_cpath,
+        }
 
 
 def binary_argv(root: Path) -> list[str]:
     """The unpacked release's nginx started by its own loader and libraries."""
-    return [str(root / LOADER), "--library-path", ":".join(str(root / d) for d in LIBDIRS),
-            str(root / "usr/sbin/nginx")]
+    return [
+        str(root / LOADER),
+        "--library-path",
+        ":".join(str(root / d) for d in LIBDIRS),
+        str(root / "usr/sbin/nginx"),
+    ]
 
 
 def cache_dir() -> Path:
@@ -124,16 +132,25 @@ def _load(target: Path) -> DeployedNginx | None:
     except (OSError, ValueError):
         return None
     root = target / "root"
-    found = DeployedNginx(dir=target, nginx=target / "bin" / "nginx",
-                          ndk_module=_under(root, f"{MODULES_DIR}/{NDK_MODULE}"),
-                          lua_module=_under(root, f"{MODULES_DIR}/{LUA_MODULE}"),
-                          lua_package_path=";".join(str(_under(root, p)) for p in LUA_PATHS),
-                          lua_package_cpath=";".join(str(_under(root, p)) for p in LUA_CPATHS),
-                          packages=manifest["packages"], sources=manifest["sources"])
+    found = DeployedNginx(
+        dir=target,
+        nginx=target / "bin" / "nginx",
+        ndk_module=_under(root, f"{MODULES_DIR}/{NDK_MODULE}"),
+        lua_module=_under(root, f"{MODULES_DIR}/{LUA_MODULE}"),
+        lua_package_path=";".join(str(_under(root, p)) for p in LUA_PATHS),
+        lua_package_cpath=";".join(str(_under(root, p)) for p in LUA_CPATHS),
+        packages=manifest["packages"],
+        sources=manifest["sources"],
+    )
     pinned = {p: found.packages.get(p) for p in TESTED_PACKAGES}
     # Each search path's directory too: a pin set that moved resty.core or cjson is not this tree.
-    needed = (found.nginx, found.ndk_module, found.lua_module, root / LOADER,
-              *(_under(root, p).parent for p in (*LUA_PATHS, *LUA_CPATHS)))
+    needed = (
+        found.nginx,
+        found.ndk_module,
+        found.lua_module,
+        root / LOADER,
+        *(_under(root, p).parent for p in (*LUA_PATHS, *LUA_CPATHS)),
+    )
     if pinned != TESTED_PACKAGES or not all(p.exists() for p in needed):
         return None
     return found
@@ -157,16 +174,26 @@ def _apt_env(work: Path) -> dict[str, str]:
         (work / d).mkdir(parents=True, exist_ok=True)
     (work / "etc/sources.list.d/debian.sources").write_text(debian_sources())
     (work / "state/status").write_text("")
-    (work / "apt.conf").write_text("\n".join([
-        f'Dir::Etc::sourcelist "{work}/etc/sources.list";',
-        f'Dir::Etc::sourceparts "{work}/etc/sources.list.d";',
-        f'Dir::Etc::preferencesparts "{work}/etc/preferences.d";',
-        f'Dir::Etc::trusted "{KEYRING}";',
-        f'Dir::State "{work}/state";', f'Dir::State::Lists "{work}/lists";',
-        f'Dir::State::status "{work}/state/status";', f'Dir::Cache "{work}/cache";',
-        f'APT::Architecture "{ARCH}";', 'APT::Architectures { "' + ARCH + '"; };',
-        # Root's apt drops to _apt for downloads, which cannot write into this tree.
-        'APT::Sandbox::User "root";', 'Debug::NoLocking "true";', ""]))
+    (work / "apt.conf").write_text(
+        "\n".join(
+            [
+                f'Dir::Etc::sourcelist "{work}/etc/sources.list";',
+                f'Dir::Etc::sourceparts "{work}/etc/sources.list.d";',
+                f'Dir::Etc::preferencesparts "{work}/etc/preferences.d";',
+                f'Dir::Etc::trusted "{KEYRING}";',
+                f'Dir::State "{work}/state";',
+                f'Dir::State::Lists "{work}/lists";',
+                f'Dir::State::status "{work}/state/status";',
+                f'Dir::Cache "{work}/cache";',
+                f'APT::Architecture "{ARCH}";',
+                'APT::Architectures { "' + ARCH + '"; };',
+                # Root's apt drops to _apt for downloads, which cannot write into this tree.
+                'APT::Sandbox::User "root";',
+                'Debug::NoLocking "true";',
+                "",
+            ]
+        )
+    )
     return {**os.environ, "APT_CONFIG": str(work / "apt.conf"), "DEBIAN_FRONTEND": "noninteractive"}
 
 
@@ -189,7 +216,8 @@ def _from_snapshot(pkg: str, version: str, dest: Path, archive: list[str] | None
             f"{pkg} {version} has left the Debian archive (it has {', '.join(archive or []) or 'no version'}) and "
             f"{SNAPSHOT} cannot be reached ({reason}): pin a version the archive has in "
             "components/facts/gateway_image.py TESTED_PACKAGES (and the Dockerfile), "
-            "or let this machine reach snapshot.debian.org") from None
+            "or let this machine reach snapshot.debian.org"
+        ) from None
     for entry in info.get("result", []):
         if entry.get("architecture") not in (ARCH, "all"):
             continue
@@ -207,8 +235,11 @@ def _from_snapshot(pkg: str, version: str, dest: Path, archive: list[str] | None
 def _fetch(build: Path) -> None:
     work = build / "apt"
     env = _apt_env(work)
-    print(f"gateway-nginx: fetching {', '.join(f'{p}={v}' for p, v in TESTED_PACKAGES.items())} "
-          f"into {build.parent} (once per machine)", file=sys.stderr)
+    print(
+        f"gateway-nginx: fetching {', '.join(f'{p}={v}' for p, v in TESTED_PACKAGES.items())} "
+        f"into {build.parent} (once per machine)",
+        file=sys.stderr,
+    )
     _run(["apt-get", "update", "-q"], env)
     pinned_dir = build / "pinned"
     pinned_dir.mkdir()
@@ -222,8 +253,18 @@ def _fetch(build: Path) -> None:
             _from_snapshot(pkg, version, pinned_dir, archive)
             sources[pkg] = "snapshot"
     # apt resolves the dependencies of the pinned files themselves (what the image's apt-get install does).
-    _run(["apt-get", "install", "--download-only", "-y", "-q", "--no-install-recommends",
-          *sorted(str(p) for p in pinned_dir.glob("*.deb"))], env)
+    _run(
+        [
+            "apt-get",
+            "install",
+            "--download-only",
+            "-y",
+            "-q",
+            "--no-install-recommends",
+            *sorted(str(p) for p in pinned_dir.glob("*.deb")),
+        ],
+        env,
+    )
     debs = {_field(p, "Package"): p for p in (work / "cache/archives").glob("*.deb")}
     debs.update({_field(p, "Package"): p for p in pinned_dir.glob("*.deb")})
     packages = {pkg: _field(path, "Version") for pkg, path in sorted(debs.items())}
@@ -236,12 +277,15 @@ def _fetch(build: Path) -> None:
     (build / "bin").mkdir()
     launcher = build / "bin" / "nginx"
     final = cache_dir()
-    launcher.write_text("#!/bin/sh\n# trixie's nginx on its own loader and libraries (tests/support/deployed_nginx.py).\n"
-                        f'exec {shlex.join(binary_argv(final / "root"))} "$@"\n')
+    launcher.write_text(
+        "#!/bin/sh\n# trixie's nginx on its own loader and libraries (tests/support/deployed_nginx.py).\n"
+        f'exec {shlex.join(binary_argv(final / "root"))} "$@"\n'
+    )
     launcher.chmod(0o755)
     shutil.rmtree(work)
-    (build / MANIFEST).write_text(json.dumps({"image": GATEWAY_IMAGE, "packages": packages, "sources": sources},
-                                             indent=1) + "\n")
+    (build / MANIFEST).write_text(
+        json.dumps({"image": GATEWAY_IMAGE, "packages": packages, "sources": sources}, indent=1) + "\n"
+    )
 
 
 def _field(deb: Path, name: str) -> str:
@@ -250,5 +294,7 @@ def _field(deb: Path, name: str) -> str:
 
 if __name__ == "__main__":
     found = deployed_nginx()
-    print(f"nginx: {found.nginx}\nndk module: {found.ndk_module}\nlua module: {found.lua_module}\n"
-          f"lua_package_path: {found.lua_package_path}\nlua_package_cpath: {found.lua_package_cpath}")
+    print(
+        f"nginx: {found.nginx}\nndk module: {found.ndk_module}\nlua module: {found.lua_module}\n"
+        f"lua_package_path: {found.lua_package_path}\nlua_package_cpath: {found.lua_package_cpath}"
+    )

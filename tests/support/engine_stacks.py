@@ -1,4 +1,5 @@
 """Stacks with LMDeploy and llama.cpp pools, built from the reference stack (shared by the engine tests)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -27,15 +28,20 @@ def engine_config(**chat: Any) -> dict[str, Any]:
 
 def lmdeploy_config(**options: Any) -> dict[str, Any]:
     """The chat pool on LMDeploy TurboMind, TP 8, one replica per node."""
-    return engine_config(engine="lmdeploy", image=LMDEPLOY_IMAGE,
-                         lmdeploy={"sessionLen": 32768, "maxBatchSize": 64, **options})
+    return engine_config(
+        engine="lmdeploy", image=LMDEPLOY_IMAGE, lmdeploy={"sessionLen": 32768, "maxBatchSize": 64, **options}
+    )
 
 
 def llamacpp_config(**options: Any) -> dict[str, Any]:
     """The chat pool on llama.cpp: one server per GPU (8 per node) of a Q4_K_M GGUF."""
-    config = engine_config(engine="llamacpp", image=LLAMACPP_IMAGE, tensorParallel=1, replicasPerNode=8,
-                           llamacpp={"contextPerSlot": 8192, "parallel": 4,
-                                     "ggufFile": "Qwen3-30B-A3B-Q4_K_M.gguf", **options})
+    config = engine_config(
+        engine="llamacpp",
+        image=LLAMACPP_IMAGE,
+        tensorParallel=1,
+        replicasPerNode=8,
+        llamacpp={"contextPerSlot": 8192, "parallel": 4, "ggufFile": "Qwen3-30B-A3B-Q4_K_M.gguf", **options},
+    )
     model = config["llm-cluster:models"]["qwen3-30b-a3b"]
     model.update(quantization="gguf", sizeGib=17.3)
     return config

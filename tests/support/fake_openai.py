@@ -1,5 +1,6 @@
 """A small OpenAI-compatible server on loopback for the smoke and load tests: chat completions
 (plain and streamed, with usage), GET /v1/models, bearer keys, and per-model misbehaviour."""
+
 from __future__ import annotations
 
 import json
@@ -82,8 +83,9 @@ def _handler(state: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                 return
             doc = json.loads(raw)
             with lock:
-                state.requests.append({"path": self.path, "body": doc,
-                                       "authorization": self.headers.get("Authorization")})
+                state.requests.append(
+                    {"path": self.path, "body": doc, "authorization": self.headers.get("Authorization")}
+                )
             b = state.models.get(doc.get("model", ""))
             if b is None:
                 self._json(404, {"error": {"message": f"model {doc.get('model')!r} not found"}})
@@ -100,15 +102,19 @@ def _handler(state: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                 self._stream(doc, words, usage if b.usage else None, b.token_delay_s)
                 return
             out: dict[str, object] = {
-                "id": "chatcmpl-1", "object": "chat.completion", "created": int(time.time()), "model": doc["model"],
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": b.reply},
-                             "finish_reason": "stop"}]}
+                "id": "chatcmpl-1",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": doc["model"],
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": b.reply}, "finish_reason": "stop"}
+                ],
+            }
             if b.usage:
                 out["usage"] = usage
             self._json(200, out)
 
-        def _stream(self, doc: dict[str, object], words: list[str], usage: dict[str, int] | None,
-                    delay: float) -> None:
+        def _stream(self, doc: dict[str, object], words: list[str], usage: dict[str, int] | None, delay: float) -> None:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Transfer-Encoding", "chunked")
@@ -119,12 +125,20 @@ def _handler(state: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
                 self.wfile.flush()
 
-            base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": int(time.time()),
-                    "model": doc["model"]}
+            base = {
+                "id": "chatcmpl-1",
+                "object": "chat.completion.chunk",
+                "created": int(time.time()),
+                "model": doc["model"],
+            }
             for i, w in enumerate(words):
                 time.sleep(delay)
-                send({**base, "choices": [{"index": 0, "delta": {"content": (" " if i else "") + w},
-                                           "finish_reason": None}]})
+                send(
+                    {
+                        **base,
+                        "choices": [{"index": 0, "delta": {"content": (" " if i else "") + w}, "finish_reason": None}],
+                    }
+                )
             send({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
             if usage is not None:
                 send({**base, "choices": [], "usage": usage})
@@ -140,6 +154,7 @@ def serving(state: FakeOpenAI, tls: tuple[str, str] | None = None) -> Iterator[F
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
     if tls is not None:
         import ssl
+
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(*tls)
         server.socket = context.wrap_socket(server.socket, server_side=True)

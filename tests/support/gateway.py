@@ -7,6 +7,7 @@ OpenAI server (JSON with `usage`, or SSE chunks ending with a usage chunk and `[
 come from the real host script (keys_script), so the digests gateway.lua looks up are the ones bash wrote.
 The module fixture `replicas` (four chat replicas, one reasoning) is in tests/conftest.py.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -56,7 +57,9 @@ def deployed() -> DeployedNginx:
     try:
         return deployed_nginx()
     except (OSError, RuntimeError) as e:
-        pytest.fail(f"the gateway image's nginx and Lua module could not be fetched (tests/support/deployed_nginx.py): {e}")
+        pytest.fail(
+            f"the gateway image's nginx and Lua module could not be fetched (tests/support/deployed_nginx.py): {e}"
+        )
 
 
 def nginx_binary() -> str:
@@ -78,12 +81,26 @@ http {{ access_log off; {" ".join(temp_path_directives(tmp_path))}
   {f"init_by_lua_block {{ {init} }}" if init else ""}
   server {{ listen 127.0.0.1:{port}; location / {{ content_by_lua_block {{ {code} }} }} }} }}
 """)
-    proc = subprocess.Popen([nginx_binary(), "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [nginx_binary(), "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")], stderr=subprocess.PIPE
+    )
     try:
-        out = subprocess.run(["curl", "-sS", "--retry", "50", "--retry-connrefused", "--retry-delay", "0",
-                              "--max-time", str(WAIT), f"http://127.0.0.1:{port}/"],
-                             capture_output=True, text=True)
+        out = subprocess.run(
+            [
+                "curl",
+                "-sS",
+                "--retry",
+                "50",
+                "--retry-connrefused",
+                "--retry-delay",
+                "0",
+                "--max-time",
+                str(WAIT),
+                f"http://127.0.0.1:{port}/",
+            ],
+            capture_output=True,
+            text=True,
+        )
         assert out.returncode == 0, out.stderr
         return out.stdout
     finally:
@@ -98,6 +115,7 @@ def lua_layout() -> dict[str, Any]:
 
 
 # --- fake vLLM replicas -----------------------------------------------------------------------
+
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
@@ -177,11 +195,13 @@ class FakeReplica:
                 except ValueError:
                     body = raw.decode(errors="replace")
                 with replica.lock:
-                    replica.requests.append({"path": self.path, "headers": dict(self.headers), "body": body,
-                                             "raw": raw})
+                    replica.requests.append(
+                        {"path": self.path, "headers": dict(self.headers), "body": body, "raw": raw}
+                    )
                 if replica.fail_status is not None:
-                    self._reply(replica.fail_status, {"object": "error", "message": "engine failure",
-                                                      "served_by": replica.name})
+                    self._reply(
+                        replica.fail_status, {"object": "error", "message": "engine failure", "served_by": replica.name}
+                    )
                     return
                 if isinstance(body, dict) and body.get("delay"):
                     time.sleep(float(body["delay"]))
@@ -195,8 +215,10 @@ class FakeReplica:
                     # This status, Content-Type and body (a replica's own error page, JSON or not).
                     status, ctype, text = body["answer"]
                     out = text.encode()
-                    self.wfile.write(f"HTTP/1.1 {status} X\r\nContent-Type: {ctype}\r\n"
-                                     f"Content-Length: {len(out)}\r\n\r\n".encode() + out)
+                    self.wfile.write(
+                        f"HTTP/1.1 {status} X\r\nContent-Type: {ctype}\r\nContent-Length: {len(out)}\r\n\r\n".encode()
+                        + out
+                    )
                     return
                 if isinstance(body, dict) and body.get("raw_answer"):
                     # Not HTTP at all (a port some other service answers on): these bytes, then the close.
@@ -206,18 +228,29 @@ class FakeReplica:
                 if isinstance(body, dict) and body.get("stream"):
                     self._stream(body)
                     return
-                self._reply(200, {"id": "cmpl-1", "object": "chat.completion", "served_by": replica.name,
-                                  "path": self.path, "model": body.get("model") if isinstance(body, dict) else None,
-                                  "rid": body.get("rid") if isinstance(body, dict) else None,
-                                  "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
-                                  "usage": USAGE}, int(body.get("fragment") or 0) if isinstance(body, dict) else 0,
-                            body.get("indent") if isinstance(body, dict) else None)
+                self._reply(
+                    200,
+                    {
+                        "id": "cmpl-1",
+                        "object": "chat.completion",
+                        "served_by": replica.name,
+                        "path": self.path,
+                        "model": body.get("model") if isinstance(body, dict) else None,
+                        "rid": body.get("rid") if isinstance(body, dict) else None,
+                        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
+                        "usage": USAGE,
+                    },
+                    int(body.get("fragment") or 0) if isinstance(body, dict) else 0,
+                    body.get("indent") if isinstance(body, dict) else None,
+                )
 
-            def _reply(self, status: int, payload: dict[str, Any], fragment: int = 0,
-                       indent: int | None = None) -> None:
+            def _reply(
+                self, status: int, payload: dict[str, Any], fragment: int = 0, indent: int | None = None
+            ) -> None:
                 out = json.dumps(payload, indent=indent).encode()
-                head = (f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
-                        f"Content-Length: {len(out)}\r\n\r\n").encode()
+                head = (
+                    f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {len(out)}\r\n\r\n"
+                ).encode()
                 if not fragment:
                     # One write: a replica killed meanwhile sends all of an answer or none of it.
                     self.wfile.write(head + out)
@@ -225,7 +258,7 @@ class FakeReplica:
                 self.wfile.write(head)
                 for at in range(0, len(out), fragment):
                     self._pause()
-                    self.wfile.write(out[at:at + fragment])
+                    self.wfile.write(out[at : at + fragment])
                     self.wfile.flush()
 
             @staticmethod
@@ -237,7 +270,7 @@ class FakeReplica:
                 for at in range(0, len(data), fragment or len(data)):
                     if fragment:
                         self._pause()
-                    piece = data[at:at + fragment] if fragment else data
+                    piece = data[at : at + fragment] if fragment else data
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
                     self.wfile.flush()
 
@@ -256,7 +289,7 @@ class FakeReplica:
                     data = b"data: " + json.dumps(event).encode() + b"\n\n"
                     if body.get("cut") == i:
                         # The replica dies mid-event: half of it in a chunk that promises all of it, then the close.
-                        self.wfile.write(b"%x\r\n%s" % (len(data), data[:len(data) // 2]))
+                        self.wfile.write(b"%x\r\n%s" % (len(data), data[: len(data) // 2]))
                         self.wfile.flush()
                         self.close_connection = True
                         return
@@ -265,8 +298,9 @@ class FakeReplica:
                         # Nothing more until the client has shown it holds the first chunk.
                         replica.gates[body["gate"]].wait(WAIT)
                 if with_usage:
-                    self._chunk(b"data: " + json.dumps({"choices": [], "usage": STREAM_USAGE}).encode() + b"\n\n",
-                                fragment)
+                    self._chunk(
+                        b"data: " + json.dumps({"choices": [], "usage": STREAM_USAGE}).encode() + b"\n\n", fragment
+                    )
                 self._chunk(b"data: [DONE]\n\n", fragment)
                 self.wfile.write(b"0\r\n\r\n")
 
@@ -278,11 +312,19 @@ class FakeReplica:
 
 # --- the gateway under test -------------------------------------------------------------------
 
+
 class NginxGateway:
     """The generated config on the real nginx, bound to 127.0.0.1, its files under `root`."""
 
-    def __init__(self, spec: StackSpec, upstreams: dict[str, list[FakeReplica]], root: Path, digests: Path,
-                 tls_dir: Path | None = None, usage_dir: Path | None = None):
+    def __init__(
+        self,
+        spec: StackSpec,
+        upstreams: dict[str, list[FakeReplica]],
+        root: Path,
+        digests: Path,
+        tls_dir: Path | None = None,
+        usage_dir: Path | None = None,
+    ):
         self.root = root
         # The daily usage files, as deployed: nginx's workers (nobody here) write them, so in a
         # directory of their own outside pytest's private tree unless the test gives one.
@@ -300,13 +342,23 @@ class NginxGateway:
             self.port = free_port()
             self.metrics_port = next(p for p in iter(free_port, None) if p != self.port)
             self.layout = GatewayLayout(
-                port=self.port, listen_address="127.0.0.1", conf_dir=str(self.conf_dir), **lua_layout(),
-                digests_file=str(digests), tls_dir=str(tls_dir or root / "tls"), pid_file=str(root / "nginx.pid"),
-                error_log=str(root / "error.log"), temp_dir=str(self.temp_dir),
-                user=None, worker_processes="2", metrics_listen=f"127.0.0.1:{self.metrics_port}",
-                usage_dir=str(self.usage_dir))
-            self.files = render_gateway(spec, self.layout,
-                                        {p: [("127.0.0.1", r.port) for r in rs] for p, rs in upstreams.items()})
+                port=self.port,
+                listen_address="127.0.0.1",
+                conf_dir=str(self.conf_dir),
+                **lua_layout(),
+                digests_file=str(digests),
+                tls_dir=str(tls_dir or root / "tls"),
+                pid_file=str(root / "nginx.pid"),
+                error_log=str(root / "error.log"),
+                temp_dir=str(self.temp_dir),
+                user=None,
+                worker_processes="2",
+                metrics_listen=f"127.0.0.1:{self.metrics_port}",
+                usage_dir=str(self.usage_dir),
+            )
+            self.files = render_gateway(
+                spec, self.layout, {p: [("127.0.0.1", r.port) for r in rs] for p, rs in upstreams.items()}
+            )
             for rel, text in self.files.items():
                 (self.conf_dir / rel).parent.mkdir(parents=True, exist_ok=True)
                 (self.conf_dir / rel).write_text(text)
@@ -322,13 +374,15 @@ class NginxGateway:
         assert check.returncode == 0, check.stderr
         pid_file = root / "nginx.pid"
         pid_file.unlink(missing_ok=True)
-        self.proc = subprocess.Popen([nginx, "-p", str(root), "-c", conf, "-g", "daemon off;"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen(
+            [nginx, "-p", str(root), "-c", conf, "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
         deadline = time.monotonic() + WAIT
         while True:
             if self.proc.poll() is not None:
-                said = (self.proc.stderr.read().decode() if self.proc.stderr else "") + \
-                    ((root / "error.log").read_text() if (root / "error.log").exists() else "")
+                said = (self.proc.stderr.read().decode() if self.proc.stderr else "") + (
+                    (root / "error.log").read_text() if (root / "error.log").exists() else ""
+                )
                 if "Address already in use" in said:
                     return False
                 pytest.fail(f"nginx exited: {said}")
@@ -359,8 +413,11 @@ class NginxGateway:
     def reload(self) -> None:
         """`nginx -s reload`, returning once every worker is a new one."""
         old = self.workers()
-        subprocess.run([nginx_binary(), "-p", str(self.root), "-c", str(self.conf_dir / "nginx.conf"), "-s", "reload"],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [nginx_binary(), "-p", str(self.root), "-c", str(self.conf_dir / "nginx.conf"), "-s", "reload"],
+            check=True,
+            capture_output=True,
+        )
         deadline = time.monotonic() + WAIT
         while True:
             now = self.workers()
@@ -390,13 +447,21 @@ class NginxGateway:
                 return [json.loads(line) for line in lines]
             time.sleep(0.01)
 
-    def call(self, method: str, path: str, body: Any = None, key: str | None = None,
-             headers: dict[str, str] | None = None, raw: bytes | None = None,
-             context: ssl.SSLContext | None = None) -> tuple[int, dict[str, str], Any]:
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        key: str | None = None,
+        headers: dict[str, str] | None = None,
+        raw: bytes | None = None,
+        context: ssl.SSLContext | None = None,
+    ) -> tuple[int, dict[str, str], Any]:
         """One request on a fresh connection: status, headers, JSON body (or text)."""
         if context is not None:
             conn: http.client.HTTPConnection = http.client.HTTPSConnection(
-                "127.0.0.1", self.port, timeout=WAIT, context=context)
+                "127.0.0.1", self.port, timeout=WAIT, context=context
+            )
         else:
             conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=WAIT)
         hdrs = dict(headers or {})
@@ -432,30 +497,44 @@ def log_line(gw: NginxGateway, marker: str) -> dict[str, Any]:
 def gateway_config(**gateway: Any) -> dict[str, Any]:
     """The reference stack with test keys: one for most tests, one tightly limited, one restricted."""
     config = prod_config()
-    config["llm-cluster:gateway"].update({
-        # Plain HTTP on loopback keeps these tests about routing; TLS has tests of its own.
-        "tls": False,
-        "maxBodyMib": 1, "aliases": {"fast": "chat"},
-        "apiKeys": [{"id": "default", "rateLimit": {"requestsPerSecond": 1000, "burst": 1000}},
-                    {"id": "limited", "rateLimit": {"requestsPerSecond": 1 / 60, "burst": 1}},
-                    {"id": "analyst", "models": ["reasoning"]}],
-        **gateway})
+    config["llm-cluster:gateway"].update(
+        {
+            # Plain HTTP on loopback keeps these tests about routing; TLS has tests of its own.
+            "tls": False,
+            "maxBodyMib": 1,
+            "aliases": {"fast": "chat"},
+            "apiKeys": [
+                {"id": "default", "rateLimit": {"requestsPerSecond": 1000, "burst": 1000}},
+                {"id": "limited", "rateLimit": {"requestsPerSecond": 1 / 60, "burst": 1}},
+                {"id": "analyst", "models": ["reasoning"]},
+            ],
+            **gateway,
+        }
+    )
     return config
 
 
 def host_keys(spec: StackSpec, root: Path) -> tuple[dict[str, str], Path]:
     """Keys made by the real host script into `root`; the digest file nginx preloads."""
-    out = subprocess.run(["bash", "-c", keys_script(key_ids(spec), str(root))], capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run(
+        ["bash", "-c", keys_script(key_ids(spec), str(root))], capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout), root / "nginx" / DIGESTS_FILE
 
 
-def send_held(gw: NginxGateway, key: str, replicas: list[FakeReplica], rid: str,
-              ) -> tuple[FakeReplica, threading.Thread, dict[str, Any]]:
+def send_held(
+    gw: NginxGateway,
+    key: str,
+    replicas: list[FakeReplica],
+    rid: str,
+) -> tuple[FakeReplica, threading.Thread, dict[str, Any]]:
     """Send a request its replica holds unanswered (until its gate opens); return that replica."""
     held: dict[str, Any] = {}
-    client = threading.Thread(target=lambda: held.update(result=gw.call(
-        "POST", "/v1/chat/completions", {"model": CHAT, "rid": rid, "hold": rid}, key)))
+    client = threading.Thread(
+        target=lambda: held.update(
+            result=gw.call("POST", "/v1/chat/completions", {"model": CHAT, "rid": rid, "hold": rid}, key)
+        )
+    )
     client.start()
     deadline = time.monotonic() + WAIT
     while time.monotonic() < deadline:
@@ -467,8 +546,9 @@ def send_held(gw: NginxGateway, key: str, replicas: list[FakeReplica], rid: str,
 
 
 @contextlib.contextmanager
-def own_gateway(spec: StackSpec, pools: dict[str, list[FakeReplica]], root: Path,
-                tls_dir: Path | None = None) -> Iterator[tuple[NginxGateway, dict[str, str]]]:
+def own_gateway(
+    spec: StackSpec, pools: dict[str, list[FakeReplica]], root: Path, tls_dir: Path | None = None
+) -> Iterator[tuple[NginxGateway, dict[str, str]]]:
     """A gateway of its own for a test that kills replicas or changes the listener; host-made keys."""
     keys, digests = host_keys(spec, root / "keys")
     (root / "gw").mkdir()
@@ -495,9 +575,28 @@ def error_code(payload: Any) -> str:
 
 def self_signed(dir_: Path) -> Path:
     dir_.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(dir_ / "key.pem"),
-                    "-out", str(dir_ / "cert.pem")], capture_output=True, check=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(dir_ / "key.pem"),
+            "-out",
+            str(dir_ / "cert.pem"),
+        ],
+        capture_output=True,
+        check=True,
+    )
     return dir_
 
 
@@ -511,9 +610,11 @@ async def _post(port: int, key: str, rid: str) -> tuple[int, dict[str, Any] | st
     """One POST on its own connection (asyncio: hundreds at once without a thread each)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     body = json.dumps({"model": CHAT, "rid": rid, "delay": 0.05}).encode()
-    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n"
-                 b"Authorization: Bearer " + key.encode() + b"\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n"
+        b"Authorization: Bearer " + key.encode() + b"\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
     await writer.drain()
     raw = await asyncio.wait_for(reader.read(), LOAD_WAIT)
     writer.close()

@@ -1,6 +1,7 @@
 """What the lab tier's modules share (tests/lab): the lab of a stack file up from nothing on fresh test
 hosts, yielded, destroyed and checked, down; the hosts' own docker engines, the client namespace, and
 bounded waits."""
+
 from __future__ import annotations
 
 import json
@@ -57,8 +58,14 @@ def docker(host: LabHost, *args: str, timeout: float = 120) -> str:
 
 def client(*args: str, timeout: float = 120) -> dict[str, Any]:
     """lab/client.py in the client namespace (outside the cluster, reaching only the lab)."""
-    out = hosts.sh("nsenter", f"--net=/run/netns/{hosts.CLIENT_NS}", sys.executable, str(LAB_DIR / "client.py"),
-                   *args, timeout=timeout)
+    out = hosts.sh(
+        "nsenter",
+        f"--net=/run/netns/{hosts.CLIENT_NS}",
+        sys.executable,
+        str(LAB_DIR / "client.py"),
+        *args,
+        timeout=timeout,
+    )
     return json.loads(out)
 
 
@@ -75,8 +82,7 @@ def healthy(url: str) -> bool:
         return False
 
 
-def wait_until(check: Callable[[], bool], timeout: float, what: str,
-               state: Callable[[], str] | None = None) -> float:
+def wait_until(check: Callable[[], bool], timeout: float, what: str, state: Callable[[], str] | None = None) -> float:
     """Seconds until `check()` holds; fails naming `what` after `timeout` (with `state()`, what was seen)."""
     t0 = time.monotonic()
     while not check():
@@ -86,8 +92,12 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str,
     return time.monotonic() - t0
 
 
-def _lab(figures: dict[str, Any], path: Path = STACK, prefix: str = "",
-         destroy_and_check: Callable[[Lab, dict[str, Any]], None] | None = None) -> Iterator[Lab]:
+def _lab(
+    figures: dict[str, Any],
+    path: Path = STACK,
+    prefix: str = "",
+    destroy_and_check: Callable[[Lab, dict[str, Any]], None] | None = None,
+) -> Iterator[Lab]:
     """The lab of stack file `path`: up from nothing, yielded, destroyed and checked, down; figures named
     with `prefix` (another stack's module, e.g. test_lab_engines.py, passes its own and its destroy check)."""
     stack = load_lab_stack(path)

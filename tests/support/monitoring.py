@@ -1,5 +1,6 @@
 """What the generated alert rules and dashboards query: the exporters' metric lists (tests/fixtures/metrics,
 see its README.md), the metric names a PromQL expression selects, and every query of the dashboards."""
+
 from __future__ import annotations
 
 import re
@@ -11,8 +12,20 @@ from components.spec import StackSpec
 METRICS_DIR = Path(__file__).parent.parent / "fixtures" / "metrics"
 
 
-AGGREGATORS = {"sum", "avg", "min", "max", "count", "stddev", "stdvar", "topk", "bottomk", "quantile",
-               "count_values", "group"}
+AGGREGATORS = {
+    "sum",
+    "avg",
+    "min",
+    "max",
+    "count",
+    "stddev",
+    "stdvar",
+    "topk",
+    "bottomk",
+    "quantile",
+    "count_values",
+    "group",
+}
 GROUPING = {"by", "without", "on", "ignoring", "group_left", "group_right"}
 KEYWORDS = GROUPING | {"and", "or", "unless", "bool", "offset", "atan2"}
 IDENT = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
@@ -31,7 +44,7 @@ def _tokens(expr: str) -> list[str]:
             j = i + 1
             while expr[j] != c:
                 j += 2 if expr[j] == "\\" else 1
-            out.append(expr[i:j + 1])
+            out.append(expr[i : j + 1])
             i = j + 1
         elif c in "{[":
             close, j, quote = "}" if c == "{" else "]", i + 1, None
@@ -41,7 +54,7 @@ def _tokens(expr: str) -> list[str]:
                 elif expr[j] in "\"'`":
                     quote = None if quote == expr[j] else (quote or expr[j])
                 j += 1
-            out.append(expr[i:j + 1])
+            out.append(expr[i : j + 1])
             i = j + 1
         elif m := IDENT.match(expr, i):
             out.append(m.group())

@@ -1,5 +1,6 @@
 """A stack planned twice by the CLI (`python -m plan`), the second plan's plan.json returned: the diff
 the plan shows for a change."""
+
 from __future__ import annotations
 
 import json

@@ -1,5 +1,6 @@
 """The preflight tests' real outputs (tests/fixtures/preflight and tests/fixtures/ops, sources in their
 SOURCES.md), by file name, and the shipped preflight script run on this machine with fake tools that print them."""
+
 from __future__ import annotations
 
 import os
@@ -33,7 +34,9 @@ SMI_TABLE = "nvidia-smi.8x-tesla-v100-sxm2-32gb.azure-nd40rs-v2.drv535.usernetes
 IB_ROCE = "ibstat.cx7-mt4129-rate200-ethernet-roce-active.first-2-CA-blocks.mooncake-issue-1999.txt"
 IB_9CA = "ibstat.a100-9x-mt4126vf-8ib-hdr200-1eth200-active.gpud-testdata.txt"
 IB_PANIC = "ibstat.a100-azure-8x-cx6vf-mt4124-ib-hdr200-active-with-ibpanic-stderr.gpud-testdata.txt"
-IB_DOWN_DISABLED = "ibstat.cx6-mt4123-hdr200-ib-active-plus-down-disabled.first-2-of-3-CA-blocks.nccl-tests-issue-128.txt"
+IB_DOWN_DISABLED = (
+    "ibstat.cx6-mt4123-hdr200-ib-active-plus-down-disabled.first-2-of-3-CA-blocks.nccl-tests-issue-128.txt"
+)
 IB_NO_SM = "ibstat-mlx5_7.cx6-vf-mt4124-rate200-ib-state-down-phys-linkup.network-operator-issue-249.txt"
 IB_POLLING = "ibstat.cx7-mt4129-state-down-phys-polling.guids-redacted-by-source.gpud-pr-482.txt"
 IB_H100 = "ibstat.h100-cx6dx-mt4125-eth-down-disabled-plus-cx7-ib400-active.gpud-testdata.txt"
@@ -54,8 +57,14 @@ def query_csv_from_table(table: str, count: int | None = None) -> str:
 
 
 def fake_tools(bin_dir: Path, *, gpus: str, topo: str, ibstat: str, docker: str) -> None:
-    files = {"gpus": gpus, "topo": topo, "ibstat": ibstat, "ibv": fixture(IBV_FOUR), "docker": docker,
-             "chrony": CHRONY_SYNC}
+    files = {
+        "gpus": gpus,
+        "topo": topo,
+        "ibstat": ibstat,
+        "ibv": fixture(IBV_FOUR),
+        "docker": docker,
+        "chrony": CHRONY_SYNC,
+    }
     for key, text in files.items():
         (bin_dir / f"{key}.out").write_text(text)
     tools = {
@@ -92,6 +101,10 @@ def meminfo(tmp_path: Path, kib: int) -> str:
 def cpuinfo(tmp_path: Path, cpus: int) -> str:
     """A /proc/cpuinfo listing `cpus` logical CPUs (proc(5): one `processor` entry each)."""
     path = tmp_path / "cpuinfo"
-    path.write_text("".join(f"processor\t: {n}\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Gold "
-                            "6148 CPU @ 2.40GHz\n\n" for n in range(cpus)))
+    path.write_text(
+        "".join(
+            f"processor\t: {n}\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Gold 6148 CPU @ 2.40GHz\n\n"
+            for n in range(cpus)
+        )
+    )
     return str(path)

@@ -1,6 +1,7 @@
 """Real releases and runs for the qualification tests: PyPI wheels (fetched with pip once, cached under
 /var/cache/llm-cluster), the gate script run with a stand-in `docker`, and `docker run --network none`
 as a network namespace of its own."""
+
 from __future__ import annotations
 
 import subprocess
@@ -17,15 +18,38 @@ PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 # The Linux x86-64 wheels a release may ship (vLLM 0.19.1's is manylinux_2_31, Triton's 2_27/2_28): each is
 # only unpacked and read here, or run on this machine's newer glibc (Triton's ptxas).
-PLATFORMS = ("manylinux_2_35_x86_64", "manylinux_2_34_x86_64", "manylinux_2_31_x86_64", "manylinux_2_28_x86_64",
-             "manylinux_2_27_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64")
+PLATFORMS = (
+    "manylinux_2_35_x86_64",
+    "manylinux_2_34_x86_64",
+    "manylinux_2_31_x86_64",
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+)
 
 
 def _pip_download(requirement: str, dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "download", requirement, "--no-deps", "--only-binary=:all:",
-                    "--python-version", PY, *(arg for p in PLATFORMS for arg in ("--platform", p)),
-                    "-d", str(dest), "-q"], check=True, timeout=1800)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            requirement,
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            PY,
+            *(arg for p in PLATFORMS for arg in ("--platform", p)),
+            "-d",
+            str(dest),
+            "-q",
+        ],
+        check=True,
+        timeout=1800,
+    )
     name = requirement.replace("==", "-")
     return next(dest.glob(f"{name}-*.whl"))
 
@@ -61,7 +85,8 @@ def triton_dir(version: str) -> Path:
 def torch_wheel(version: str) -> Path:
     """The real torch wheel from PyPI (cached)."""
     return next((CACHE / "torch").glob(f"torch-{version}-*.whl"), None) or _pip_download(
-        f"torch=={version}", CACHE / "torch")
+        f"torch=={version}", CACHE / "torch"
+    )
 
 
 def lint_and_run_gate(script: str, tmp_path: Path, docker: str) -> subprocess.CompletedProcess[str]:
@@ -75,8 +100,13 @@ def lint_and_run_gate(script: str, tmp_path: Path, docker: str) -> subprocess.Co
     fake.mkdir()
     (fake / "docker").write_text(f"#!/bin/bash\n{docker}\n")
     (fake / "docker").chmod(0o755)
-    return subprocess.run(["bash", str(path)], capture_output=True, text=True, timeout=60,
-                          env={"PATH": f"{fake}:/usr/bin:/bin", "ARGV_OUT": str(tmp_path / "argv")})
+    return subprocess.run(
+        ["bash", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": f"{fake}:/usr/bin:/bin", "ARGV_OUT": str(tmp_path / "argv")},
+    )
 
 
 # `docker run --network none`: a network namespace of its own with only its loopback, which docker brings up.

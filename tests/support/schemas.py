@@ -1,5 +1,6 @@
 """The providers' published schemas (tests/fixtures/schemas, see SOURCES.md there) and a validator of
 registered resources against them: unknown or missing inputs, and wrong types."""
+
 from __future__ import annotations
 
 import json
@@ -18,10 +19,12 @@ def load_schemas() -> dict[str, dict[str, Any]]:
     docker = json.loads((SCHEMA_DIR / "docker-5.2.schema.json").read_text())
     res = docker["resources"]
     res["docker:index/container:Container"]["inputProperties"].setdefault(
-        "deviceCgroupRules", {"type": "array", "items": {"type": "string"}})
+        "deviceCgroupRules", {"type": "array", "items": {"type": "string"}}
+    )
     for prop in ("owner", "group"):
         docker["types"]["docker:index/ContainerUpload:ContainerUpload"]["properties"].setdefault(
-            prop, {"type": "integer"})
+            prop, {"type": "integer"}
+        )
     return {"command": command, "docker": docker}
 
 
@@ -42,13 +45,13 @@ def resource_schema(type_token: str) -> tuple[str, dict[str, Any], list[str]]:
     return pkg, spec.get("inputProperties", {}), spec.get("requiredInputs", [])
 
 
-def check_object(value: Any, props: dict[str, Any], required: list[str], pkg: str, path: str,
-                 *, provider_config: bool = False) -> list[str]:
+def check_object(
+    value: Any, props: dict[str, Any], required: list[str], pkg: str, path: str, *, provider_config: bool = False
+) -> list[str]:
     """Problems of an object value against its properties: unknown keys, missing required keys, types."""
     if not isinstance(value, dict):
         return [f"{path}: expected an object, got {value!r}"]
-    problems = [f"{path}.{k}: unknown property (allowed: {', '.join(sorted(props))})"
-                for k in value if k not in props]
+    problems = [f"{path}.{k}: unknown property (allowed: {', '.join(sorted(props))})" for k in value if k not in props]
     problems += [f"{path}.{k}: required property missing" for k in required if k not in value]
     for k, v in value.items():
         if k in props:
@@ -56,8 +59,7 @@ def check_object(value: Any, props: dict[str, Any], required: list[str], pkg: st
     return problems
 
 
-def check_value(value: Any, spec: dict[str, Any], pkg: str, path: str, *,
-                provider_config: bool = False) -> list[str]:
+def check_value(value: Any, spec: dict[str, Any], pkg: str, path: str, *, provider_config: bool = False) -> list[str]:
     """Problems of one wire-form value against a Pulumi schema type spec."""
     if value == UNKNOWN:
         return []  # unknown during preview: any type
@@ -74,7 +76,7 @@ def check_value(value: Any, spec: dict[str, Any], pkg: str, path: str, *,
     if ref == "pulumi.json#/Any":
         return []
     if ref.startswith("#/types/"):
-        t = SCHEMAS[pkg]["types"][ref[len("#/types/"):]]
+        t = SCHEMAS[pkg]["types"][ref[len("#/types/") :]]
         if "enum" in t:
             allowed = [e["value"] for e in t["enum"]]
             return [] if value in allowed else [f"{path}: {value!r} is not one of {allowed}"]
@@ -106,14 +108,18 @@ def check_value(value: Any, spec: dict[str, Any], pkg: str, path: str, *,
 
 
 def provider_resources(run: ProgramRun) -> list[Any]:
-    return [r for r in run.registrations
-            if r.type.split(":")[0] in PACKAGES or r.type in {f"pulumi:providers:{p}" for p in PACKAGES}]
+    return [
+        r
+        for r in run.registrations
+        if r.type.split(":")[0] in PACKAGES or r.type in {f"pulumi:providers:{p}" for p in PACKAGES}
+    ]
 
 
 def problems_of(run: ProgramRun) -> list[str]:
     found = []
     for r in provider_resources(run):
         pkg, props, required = resource_schema(r.type)
-        found += check_object(r.inputs, props, required, pkg, f"{r.type} {r.name}",
-                              provider_config=r.type.startswith("pulumi:providers:"))
+        found += check_object(
+            r.inputs, props, required, pkg, f"{r.type} {r.name}", provider_config=r.type.startswith("pulumi:providers:")
+        )
     return found

@@ -13,6 +13,7 @@ Capacity follows llama.cpp at the image's build (sources in components.engines.l
 Assumptions, not measured: RESERVED_GIB per GPU for the CUDA context and cuBLAS; compute buffers of one
 ubatch (COMPUTE_UBATCH tokens) as estimated by compute_bytes.
 """
+
 from __future__ import annotations
 
 import shlex
@@ -43,8 +44,17 @@ RESERVED_GIB = 0.5
 COMPUTE_UBATCH = 512  # llama.cpp's default -ub
 RULE_OF_THUMB_FACTOR = 1.2
 # Bytes per cached element of each -ctk/-ctv type (ggml block size and bytes: q8_0 34 B per 32, ...).
-CACHE_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32,
-                    "iq4_nl": 18 / 32, "q5_0": 22 / 32, "q5_1": 24 / 32}
+CACHE_TYPE_BYTES = {
+    "f32": 4.0,
+    "f16": 2.0,
+    "bf16": 2.0,
+    "q8_0": 34 / 32,
+    "q4_0": 18 / 32,
+    "q4_1": 20 / 32,
+    "iq4_nl": 18 / 32,
+    "q5_0": 22 / 32,
+    "q5_1": 24 / 32,
+}
 # Where llama-server is in the server image (.devops/cuda.Dockerfile ENTRYPOINT ["/app/llama-server"]).
 SERVER_BINARY = "/app/llama-server"
 
@@ -77,19 +87,28 @@ def shape_from_gguf(g: GgufModel, *, total_bytes: int | None = None) -> ModelSha
     inp = g.bytes_named("token_embd.weight")
     if g.split_count > 1:
         if total_bytes is None:
-            raise ValueError(f"{g.path} is shard 1 of {g.split_count}: its header lists only its own tensors; "
-                             "state the model's sizeGib (all shards) to size the rest")
+            raise ValueError(
+                f"{g.path} is shard 1 of {g.split_count}: its header lists only its own tensors; "
+                "state the model's sizeGib (all shards) to size the rest"
+            )
         known = sum(layers)
         rest = max(0, total_bytes - known - output - inp)
         missing = [i for i, b in enumerate(layers) if b == 0] or list(range(len(layers)))
         layers = tuple(b + (rest // len(missing) if i in missing else 0) for i, b in enumerate(layers))
-    ffn = (g.expert_used_count * g.expert_feed_forward_length if g.expert_count
-           else g.feed_forward_length)
-    return ModelShape(name=g.name or g.path, layers=g.block_count, embedding=g.embedding_length,
-                      vocab=g.vocab_size, heads=g.head_count, ffn_width=ffn, layer_bytes=layers,
-                      output_bytes=output, input_bytes=inp,
-                      kv_per_token_per_layer_f16=g.kv_bytes_per_token_per_layer(2.0),
-                      exact=g.split_count == 1)
+    ffn = g.expert_used_count * g.expert_feed_forward_length if g.expert_count else g.feed_forward_length
+    return ModelShape(
+        name=g.name or g.path,
+        layers=g.block_count,
+        embedding=g.embedding_length,
+        vocab=g.vocab_size,
+        heads=g.head_count,
+        ffn_width=ffn,
+        layer_bytes=layers,
+        output_bytes=output,
+        input_bytes=inp,
+        kv_per_token_per_layer_f16=g.kv_bytes_per_token_per_layer(2.0),
+        exact=g.split_count == 1,
+    )
 
 
 def shape_from_arch(arch: ModelArch, total_bytes: float) -> ModelShape:
@@ -103,10 +122,19 @@ def shape_from_arch(arch: ModelArch, total_bytes: float) -> ModelShape:
     else:
         kv = 2 * arch.num_kv_heads * arch.head_dim * 2.0
     width = (arch.experts_per_token * arch.moe_intermediate_size) if arch.is_moe else arch.intermediate_size
-    return ModelShape(name=arch.name, layers=arch.num_layers, embedding=h, vocab=arch.vocab_size,
-                      heads=arch.num_attention_heads, ffn_width=width,
-                      layer_bytes=tuple(int(per_layer) for _ in range(arch.num_layers)), output_bytes=output,
-                      input_bytes=embed, kv_per_token_per_layer_f16=kv, exact=False)
+    return ModelShape(
+        name=arch.name,
+        layers=arch.num_layers,
+        embedding=h,
+        vocab=arch.vocab_size,
+        heads=arch.num_attention_heads,
+        ffn_width=width,
+        layer_bytes=tuple(int(per_layer) for _ in range(arch.num_layers)),
+        output_bytes=output,
+        input_bytes=embed,
+        kv_per_token_per_layer_f16=kv,
+        exact=False,
+    )
 
 
 def layers_per_gpu(layers: int, gpus: int) -> list[int]:
@@ -125,9 +153,18 @@ def compute_bytes(shape: ModelShape, *, last: bool, ctx_per_slot: int, flash_att
     return act + logits + scores
 
 
-def llamacpp_estimate(shape: ModelShape, gpu_memory_gib: float, *, gpus: int, split_mode: str,
-                      ctx_per_slot: int, parallel: int, cache_type: str, flash_attention: bool,
-                      ctx_pad: int = 256) -> EngineEstimate:
+def llamacpp_estimate(
+    shape: ModelShape,
+    gpu_memory_gib: float,
+    *,
+    gpus: int,
+    split_mode: str,
+    ctx_per_slot: int,
+    parallel: int,
+    cache_type: str,
+    flash_attention: bool,
+    ctx_pad: int = 256,
+) -> EngineEstimate:
     """What one llama-server puts on each of its GPUs, and whether every slot gets its context."""
     slot = -(-ctx_per_slot // ctx_pad) * ctx_pad
     n_ctx = slot * parallel
@@ -141,11 +178,13 @@ def llamacpp_estimate(shape: ModelShape, gpu_memory_gib: float, *, gpus: int, sp
         share = [float(c) for c in counts]
         weights, start = [], 0
         for i, c in enumerate(counts):
-            weights.append(sum(shape.layer_bytes[start:start + c]) + (shape.output_bytes if i == gpus - 1 else 0))
+            weights.append(sum(shape.layer_bytes[start : start + c]) + (shape.output_bytes if i == gpus - 1 else 0))
             start += c
     kv = [s * per_token_layer * n_ctx for s in share]
-    compute = [compute_bytes(shape, last=i == gpus - 1, ctx_per_slot=slot, flash_attention=flash_attention)
-               for i in range(gpus)]
+    compute = [
+        compute_bytes(shape, last=i == gpus - 1, ctx_per_slot=slot, flash_attention=flash_attention)
+        for i in range(gpus)
+    ]
     reserved = RESERVED_GIB * GIB
     need = [w + k + c + reserved for w, k, c in zip(weights, kv, compute)]
     worst = max(range(gpus), key=lambda i: need[i])
@@ -153,38 +192,66 @@ def llamacpp_estimate(shape: ModelShape, gpu_memory_gib: float, *, gpus: int, sp
     fits, reason, advice = True, "", ""
     if weights[worst] + reserved >= total:
         fits = False
-        reason = (f"the weights need {weights[worst] / GIB:.1f} GiB on GPU {worst} of the server, more than its "
-                  f"{gpu_memory_gib:.1f} GiB")
+        reason = (
+            f"the weights need {weights[worst] / GIB:.1f} GiB on GPU {worst} of the server, more than its "
+            f"{gpu_memory_gib:.1f} GiB"
+        )
         advice = "give each server more GPUs (tensorParallel), or serve a smaller quantization of the GGUF"
     elif need[worst] > total:
         fits = False
-        reason = (f"GPU {worst} needs {need[worst] / GIB:.1f} GiB (weights {weights[worst] / GIB:.1f} + KV "
-                  f"{kv[worst] / GIB:.1f} for -c {n_ctx} + compute {compute[worst] / GIB:.2f} + CUDA context "
-                  f"{RESERVED_GIB:g}) of its {gpu_memory_gib:.1f} GiB: llama-server fails to allocate at start")
-        advice = ("lower llamacpp.contextPerSlot or parallel, quantize the KV cache (cacheType q8_0), or give each "
-                  "server more GPUs")
+        reason = (
+            f"GPU {worst} needs {need[worst] / GIB:.1f} GiB (weights {weights[worst] / GIB:.1f} + KV "
+            f"{kv[worst] / GIB:.1f} for -c {n_ctx} + compute {compute[worst] / GIB:.2f} + CUDA context "
+            f"{RESERVED_GIB:g}) of its {gpu_memory_gib:.1f} GiB: llama-server fails to allocate at start"
+        )
+        advice = (
+            "lower llamacpp.contextPerSlot or parallel, quantize the KV cache (cacheType q8_0), or give each "
+            "server more GPUs"
+        )
     notes = []
     if not shape.exact:
-        notes.append("weights spread evenly over the layers from the stated size (no GGUF header): per-GPU "
-                     "figures are approximate")
+        notes.append(
+            "weights spread evenly over the layers from the stated size (no GGUF header): per-GPU "
+            "figures are approximate"
+        )
     if slot != ctx_per_slot:
         notes.append(f"llama.cpp pads each slot's context to {ctx_pad}: {ctx_per_slot} becomes {slot}")
     kv_tokens = n_ctx
     rot = (sum(shape.layer_bytes) + shape.output_bytes + shape.input_bytes) * RULE_OF_THUMB_FACTOR
     return EngineEstimate(
-        engine="llamacpp", model=shape.name, gpu_memory_gib=gpu_memory_gib, tp=gpus, max_model_len=slot,
-        weights_gib_per_gpu=max(weights) / GIB, weights_gib_total=sum(weights) / GIB,
+        engine="llamacpp",
+        model=shape.name,
+        gpu_memory_gib=gpu_memory_gib,
+        tp=gpus,
+        max_model_len=slot,
+        weights_gib_per_gpu=max(weights) / GIB,
+        weights_gib_total=sum(weights) / GIB,
         kv_bytes_per_token_per_gpu=share[worst] * per_token_layer,
-        kv_cache_gib_per_gpu=kv[worst] / GIB, kv_tokens=kv_tokens, max_concurrency=float(parallel),
-        rule_of_thumb_gib_total=rot / GIB, fits=fits, reason=reason, advice=advice, notes=tuple(notes),
-        extra={"context_option": "the context per slot (llamacpp.contextPerSlot)", "n_ctx": n_ctx, "ctx_per_slot": slot, "parallel": parallel, "split_mode": split_mode,
-               "cache_type": cache_type, "layers_per_gpu": [round(s, 2) for s in share],
-               "compute_gib_per_gpu": compute[worst] / GIB, "host_gib": shape.input_bytes / GIB,
-               "weights_exact": shape.exact},
+        kv_cache_gib_per_gpu=kv[worst] / GIB,
+        kv_tokens=kv_tokens,
+        max_concurrency=float(parallel),
+        rule_of_thumb_gib_total=rot / GIB,
+        fits=fits,
+        reason=reason,
+        advice=advice,
+        notes=tuple(notes),
+        extra={
+            "context_option": "the context per slot (llamacpp.contextPerSlot)",
+            "n_ctx": n_ctx,
+            "ctx_per_slot": slot,
+            "parallel": parallel,
+            "split_mode": split_mode,
+            "cache_type": cache_type,
+            "layers_per_gpu": [round(s, 2) for s in share],
+            "compute_gib_per_gpu": compute[worst] / GIB,
+            "host_gib": shape.input_bytes / GIB,
+            "weights_exact": shape.exact,
+        },
     )
 
 
 # -- the server ------------------------------------------------------------------------------------------
+
 
 def gguf_path(spec: StackSpec, pool_name: str) -> str:
     """The GGUF file llama-server loads (-m): the pool's ggufFile inside the model's path."""
@@ -198,17 +265,29 @@ def llamacpp_argv(spec: StackSpec, instance: Instance) -> list[str]:
     pool = spec.pools[instance.pool]
     o = pool.llamacpp
     assert o is not None
-    argv = [SERVER_BINARY, "-m", gguf_path(spec, instance.pool),
-            # Comma-separated names the API answers to (llama-server checks none, the gateway routes by them).
-            "--alias", ",".join(spec.served_names(pool.model)),
-            # Bound to the cluster address (the image's LLAMA_ARG_HOST=0.0.0.0 is overridden by the flag).
-            "--host", spec.node(instance.head).address,
-            "--port", str(instance.port),
-            "--n-gpu-layers", "999",
-            "--split-mode", o.split_mode,
-            "--ctx-size", str(o.context_per_slot * o.parallel),
-            "--parallel", str(o.parallel),
-            "--flash-attn", o.flash_attention]
+    argv = [
+        SERVER_BINARY,
+        "-m",
+        gguf_path(spec, instance.pool),
+        # Comma-separated names the API answers to (llama-server checks none, the gateway routes by them).
+        "--alias",
+        ",".join(spec.served_names(pool.model)),
+        # Bound to the cluster address (the image's LLAMA_ARG_HOST=0.0.0.0 is overridden by the flag).
+        "--host",
+        spec.node(instance.head).address,
+        "--port",
+        str(instance.port),
+        "--n-gpu-layers",
+        "999",
+        "--split-mode",
+        o.split_mode,
+        "--ctx-size",
+        str(o.context_per_slot * o.parallel),
+        "--parallel",
+        str(o.parallel),
+        "--flash-attn",
+        o.flash_attention,
+    ]
     if o.cache_type != "f16":
         argv += ["--cache-type-k", o.cache_type, "--cache-type-v", o.cache_type]
     # --fit off: what the plan sized is what starts; llama.cpp would otherwise shrink unset arguments
@@ -328,8 +407,21 @@ class LlamacppEngine(Engine):
     # models, a URL); --offline only makes it use its cache, which an air-gapped node does not have.
     offline_vars: ClassVar[dict[str, str]] = LLAMACPP_OFFLINE_ENV
     hub_flags: ClassVar[dict[str, str]] = {
-        flag: "always" for flag in ("-hf", "-hfr", "--hf-repo", "-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf",
-                                    "-mu", "--model-url", "-dr", "--docker-repo")}
+        flag: "always"
+        for flag in (
+            "-hf",
+            "-hfr",
+            "--hf-repo",
+            "-hfd",
+            "-hfrd",
+            "--hf-repo-draft",
+            "--spec-draft-hf",
+            "-mu",
+            "--model-url",
+            "-dr",
+            "--docker-repo",
+        )
+    }
     secret_flags: ClassVar[dict[str, str]] = SECRET_FLAGS
     secret_flag_aliases: ClassVar[dict[str, str]] = {a: f for a, f in LLAMACPP_ALIASES.items() if a in SECRET_FLAGS}
 
@@ -343,8 +435,9 @@ class LlamacppEngine(Engine):
     metrics_job: ClassVar[str] = "llamacpp"
     cli_program: ClassVar[str] = "llama-server"
     refused_flags: ClassVar[dict[str, str]] = {
-        "--rpc": "the RPC backend is, upstream, \"a proof-of-concept ... fragile and insecure\" (tools/rpc/README.md): "
-                 "llm-cluster serves llama.cpp on one node"}
+        "--rpc": 'the RPC backend is, upstream, "a proof-of-concept ... fragile and insecure" (tools/rpc/README.md): '
+        "llm-cluster serves llama.cpp on one node"
+    }
     policy_rules: ClassVar[tuple[EngineRule, ...]] = RULES
     http_server: ClassVar[EngineServer] = HTTP_SERVER
 
@@ -371,8 +464,13 @@ class LlamacppEngine(Engine):
             return []
         issues = self.extra_args_issues(spec, pool) + self.one_node_issues(spec, pool, LLAMACPP_MULTI_NODE)
         if model.quantization != "gguf":
-            issues.append(SpecIssue(f"models.{p.model}.quantization", f"pool {pool!r} runs llama.cpp, which "
-                                    "loads GGUF files only: set quantization: gguf (and the pool's llamacpp.ggufFile)"))
+            issues.append(
+                SpecIssue(
+                    f"models.{p.model}.quantization",
+                    f"pool {pool!r} runs llama.cpp, which "
+                    "loads GGUF files only: set quantization: gguf (and the pool's llamacpp.ggufFile)",
+                )
+            )
         return issues
 
     def matrix_rows(self) -> list[tuple[str, list[Cell]]]:
@@ -414,12 +512,21 @@ class LlamacppEngine(Engine):
         facts = self.image_facts(spec, pool)
         if facts is None:
             return None
-        return GateCheck(f"{self.title} b{facts.build}", "/bin/bash",
-                         ("-c", LLAMACPP_CHECK, "llama-cpp-qualification", SERVER_BINARY, str(facts.build),
-                          str(planned_capability(spec, node)), DEFAULT_IMAGE,
-                          *(shlex.join(gate_argv(a)) for a in argvs)),
-                         "llama-server's build, the CUDA device it lists and its compute capability, and the "
-                         "planned flags")
+        return GateCheck(
+            f"{self.title} b{facts.build}",
+            "/bin/bash",
+            (
+                "-c",
+                LLAMACPP_CHECK,
+                "llama-cpp-qualification",
+                SERVER_BINARY,
+                str(facts.build),
+                str(planned_capability(spec, node)),
+                DEFAULT_IMAGE,
+                *(shlex.join(gate_argv(a)) for a in argvs),
+            ),
+            "llama-server's build, the CUDA device it lists and its compute capability, and the planned flags",
+        )
 
     def capacity(self, spec: StackSpec, pool: str, *, mla: bool | None = None) -> dict[str, object]:
         p = spec.pools[pool]
@@ -434,11 +541,20 @@ class LlamacppEngine(Engine):
             elif total is not None:
                 shape = shape_from_arch(model_architecture(spec, p.model), total)
             else:
-                raise ValueError(f"state llamacpp.ggufHeader (a copy of the GGUF's header) or models.{p.model}.sizeGib "
-                                 "(the GGUF's size) to size the weights")
+                raise ValueError(
+                    f"state llamacpp.ggufHeader (a copy of the GGUF's header) or models.{p.model}.sizeGib "
+                    "(the GGUF's size) to size the weights"
+                )
             return llamacpp_estimate(
-                shape, gpu(node_gpu.model).memory_gib, gpus=p.tensor_parallel, split_mode=o.split_mode,
-                ctx_per_slot=o.context_per_slot, parallel=o.parallel, cache_type=o.cache_type,
-                flash_attention=o.flash_attention != "off", ctx_pad=image.ctx_pad).to_dict()
+                shape,
+                gpu(node_gpu.model).memory_gib,
+                gpus=p.tensor_parallel,
+                split_mode=o.split_mode,
+                ctx_per_slot=o.context_per_slot,
+                parallel=o.parallel,
+                cache_type=o.cache_type,
+                flash_attention=o.flash_attention != "off",
+                ctx_pad=image.ctx_pad,
+            ).to_dict()
         except ValueError as err:
             return {"error": f"capacity not estimated: {err}"}

@@ -13,6 +13,7 @@ Every fact names its source and evidence level (components.facts.evidence). Sour
               and the 8 x V100-SXM2 llama-bench runs (builds 9644 and 9898).
 Nothing here was run on a GPU.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -83,75 +84,124 @@ class LlamacppImage(SourcedImage):
 # [src-b11312] tools/server/server-task.cpp:1523-1600 server_task_result_metrics::to_metrics (prefix
 # "llamacpp:"; served only with --metrics). llama.cpp has no KV-usage gauge, no waiting-queue gauge
 # (requests_deferred is the nearest) and no latency histograms.
-_METRICS = MappingProxyType({
-    "requests_running": "llamacpp:requests_processing",
-    "requests_waiting": "llamacpp:requests_deferred",
-    "prompt_tokens": "llamacpp:prompt_tokens_total",
-    "generation_tokens": "llamacpp:tokens_predicted_total",
-    "prompt_throughput": "llamacpp:prompt_tokens_seconds",
-    "generation_throughput": "llamacpp:predicted_tokens_seconds",
-})
+_METRICS = MappingProxyType(
+    {
+        "requests_running": "llamacpp:requests_processing",
+        "requests_waiting": "llamacpp:requests_deferred",
+        "prompt_tokens": "llamacpp:prompt_tokens_total",
+        "generation_tokens": "llamacpp:tokens_predicted_total",
+        "prompt_throughput": "llamacpp:prompt_tokens_seconds",
+        "generation_throughput": "llamacpp:predicted_tokens_seconds",
+    }
+)
 
-_SPLIT_MODES = MappingProxyType({
-    "none": SplitMode("nothing: one GPU", True, "[cli-b11312] -sm none: use one GPU only"),
-    "layer": SplitMode("nothing: layers are pipelined GPU after GPU", True,
-                       "[cli-b11312] the default; [ref] used by the 8 x V100 llama-bench reports [obs]"),
-    "row": SplitMode("each weight's rows", False,
-                     "[ref] redlinedtm-jpg: -sm row broken in recent builds [obs]"),
-    "tensor": SplitMode("weights and KV", False, "[cli-b11312] '-sm tensor ... (parallelized, EXPERIMENTAL)'"),
-})
+_SPLIT_MODES = MappingProxyType(
+    {
+        "none": SplitMode("nothing: one GPU", True, "[cli-b11312] -sm none: use one GPU only"),
+        "layer": SplitMode(
+            "nothing: layers are pipelined GPU after GPU",
+            True,
+            "[cli-b11312] the default; [ref] used by the 8 x V100 llama-bench reports [obs]",
+        ),
+        "row": SplitMode("each weight's rows", False, "[ref] redlinedtm-jpg: -sm row broken in recent builds [obs]"),
+        "tensor": SplitMode("weights and KV", False, "[cli-b11312] '-sm tensor ... (parallelized, EXPERIMENTAL)'"),
+    }
+)
 
 _COMMON = {
-    "model_formats": code("[src-b11312] llama-server loads GGUF files only (-m); every GGML quant type has "
-                          "CUDA kernels from sm_61 (dp4a MMQ); [ref] PR #16843, #17505 Volta tensor cores for "
-                          "MMF and FlashAttention with V100 benchmarks [obs]"),
+    "model_formats": code(
+        "[src-b11312] llama-server loads GGUF files only (-m); every GGML quant type has "
+        "CUDA kernels from sm_61 (dp4a MMQ); [ref] PR #16843, #17505 Volta tensor cores for "
+        "MMF and FlashAttention with V100 benchmarks [obs]"
+    ),
     "split_modes": code("[cli-b11312] --split-mode {none,layer,row,tensor}"),
-    "multi_node": code("[src-b11312] tools/rpc/README.md: the RPC backend is 'in a proof-of-concept development "
-                       "stage ... fragile and insecure. Never run the RPC server on an open network'"),
+    "multi_node": code(
+        "[src-b11312] tools/rpc/README.md: the RPC backend is 'in a proof-of-concept development "
+        "stage ... fragile and insecure. Never run the RPC server on an open network'"
+    ),
     "kv_cache_types": code("[cli-b11312] -ctk/-ctv allowed values"),
-    "ctx_pad": code("[src-b11312] src/llama-context.cpp:295-296: n_ctx_seq = n_ctx / n_seq_max, padded to 256; "
-                    "a CPU build logs n_ctx_slot = 256 for -c 512 -np 2"),
+    "ctx_pad": code(
+        "[src-b11312] src/llama-context.cpp:295-296: n_ctx_seq = n_ctx / n_seq_max, padded to 256; "
+        "a CPU build logs n_ctx_slot = 256 for -c 512 -np 2"
+    ),
     "serve_args": code("[cli-b11312] components/engines/llamacpp/data/llama.cpp-b11312-server-args.json"),
-    "metrics": code("[src-b11312] tools/server/server-task.cpp server_task_result_metrics::to_metrics; the same "
-                    "names in a CPU build's /metrics (tests/fixtures/engines/llama.cpp-b11312-metrics.txt)"),
+    "metrics": code(
+        "[src-b11312] tools/server/server-task.cpp server_task_result_metrics::to_metrics; the same "
+        "names in a CPU build's /metrics (tests/fixtures/engines/llama.cpp-b11312-metrics.txt)"
+    ),
 }
 
-IMAGES: dict[str, LlamacppImage] = {i.ref: i for i in [
-    LlamacppImage(
-        engine=ENGINE, build=11312, repo=REPO, tag="server-cuda-b11312", variant="cuda", cuda="12.8.1",
-        sass=(86, 89, 120), ptx=(50, 61, 70, 75, 80, 90),
-        model_formats=MappingProxyType({"gguf": GgufFormat(50)}), split_modes=_SPLIT_MODES,
-        multi_node="llama-server --rpc host:port,... over rpc-server on the other nodes",
-        kv_cache_types=("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"),
-        ctx_pad=256, serve_args="llama.cpp-b11312-server-args.json", metrics=_METRICS,
-        sources=MappingProxyType({
-            **_COMMON,
-            "cuda": code("[src-b11312] .github/workflows/docker.yml:91 tag 'cuda cuda12' cuda_version 12.8.1 "
-                         "(.devops/cuda.Dockerfile, CUDA_DOCKER_ARCH=default)"),
-            "sass": code("[src-b11312] ggml/src/ggml-cuda/CMakeLists.txt:43-62 default architectures for CUDA "
-                         "12.8: 50-virtual 61-virtual 70-virtual 75-virtual 80-virtual 86-real 89-real "
-                         "90-virtual 120a-real"),
-            "ptx": observed("[src-b11312] CMakeLists.txt as above: sm_70 only as PTX, JIT at first start; [ref] "
-                            "#13008 -fa works on V100 and the 8 x V100-SXM2 llama-bench reports run these "
-                            "images"),
-        }),
-        note="sm_70 as PTX: the first start JIT-compiles for minutes; the driver must support CUDA 12.8 (R570+)"),
-    LlamacppImage(
-        engine=ENGINE, build=11312, repo=REPO, tag="server-cuda13-b11312", variant="cuda13", cuda="13.4.1",
-        sass=(86, 89, 120, 121), ptx=(75, 80, 90),
-        model_formats=MappingProxyType({"gguf": GgufFormat(75)}), split_modes=_SPLIT_MODES,
-        multi_node="llama-server --rpc host:port,... over rpc-server on the other nodes",
-        kv_cache_types=("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"),
-        ctx_pad=256, serve_args="llama.cpp-b11312-server-args.json", metrics=_METRICS,
-        sources=MappingProxyType({
-            **_COMMON,
-            "cuda": code("[src-b11312] .github/workflows/docker.yml:93 tag 'cuda13' cuda_version 13.4.1"),
-            "sass": code("[src-b11312] ggml/src/ggml-cuda/CMakeLists.txt:43-45: 50/61/70-virtual only for CUDA "
-                         "< 13; CUDA 13 has no sm_70 target at all"),
-            "ptx": code("[src-b11312] ggml/src/ggml-cuda/CMakeLists.txt:47-62"),
-        }),
-        note="CUDA 13 build: no Volta code; use server-cuda-b11312 on V100"),
-]}
+IMAGES: dict[str, LlamacppImage] = {
+    i.ref: i
+    for i in [
+        LlamacppImage(
+            engine=ENGINE,
+            build=11312,
+            repo=REPO,
+            tag="server-cuda-b11312",
+            variant="cuda",
+            cuda="12.8.1",
+            sass=(86, 89, 120),
+            ptx=(50, 61, 70, 75, 80, 90),
+            model_formats=MappingProxyType({"gguf": GgufFormat(50)}),
+            split_modes=_SPLIT_MODES,
+            multi_node="llama-server --rpc host:port,... over rpc-server on the other nodes",
+            kv_cache_types=("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"),
+            ctx_pad=256,
+            serve_args="llama.cpp-b11312-server-args.json",
+            metrics=_METRICS,
+            sources=MappingProxyType(
+                {
+                    **_COMMON,
+                    "cuda": code(
+                        "[src-b11312] .github/workflows/docker.yml:91 tag 'cuda cuda12' cuda_version 12.8.1 "
+                        "(.devops/cuda.Dockerfile, CUDA_DOCKER_ARCH=default)"
+                    ),
+                    "sass": code(
+                        "[src-b11312] ggml/src/ggml-cuda/CMakeLists.txt:43-62 default architectures for CUDA "
+                        "12.8: 50-virtual 61-virtual 70-virtual 75-virtual 80-virtual 86-real 89-real "
+                        "90-virtual 120a-real"
+                    ),
+                    "ptx": observed(
+                        "[src-b11312] CMakeLists.txt as above: sm_70 only as PTX, JIT at first start; [ref] "
+                        "#13008 -fa works on V100 and the 8 x V100-SXM2 llama-bench reports run these "
+                        "images"
+                    ),
+                }
+            ),
+            note="sm_70 as PTX: the first start JIT-compiles for minutes; the driver must support CUDA 12.8 (R570+)",
+        ),
+        LlamacppImage(
+            engine=ENGINE,
+            build=11312,
+            repo=REPO,
+            tag="server-cuda13-b11312",
+            variant="cuda13",
+            cuda="13.4.1",
+            sass=(86, 89, 120, 121),
+            ptx=(75, 80, 90),
+            model_formats=MappingProxyType({"gguf": GgufFormat(75)}),
+            split_modes=_SPLIT_MODES,
+            multi_node="llama-server --rpc host:port,... over rpc-server on the other nodes",
+            kv_cache_types=("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"),
+            ctx_pad=256,
+            serve_args="llama.cpp-b11312-server-args.json",
+            metrics=_METRICS,
+            sources=MappingProxyType(
+                {
+                    **_COMMON,
+                    "cuda": code("[src-b11312] .github/workflows/docker.yml:93 tag 'cuda13' cuda_version 13.4.1"),
+                    "sass": code(
+                        "[src-b11312] ggml/src/ggml-cuda/CMakeLists.txt:43-45: 50/61/70-virtual only for CUDA "
+                        "< 13; CUDA 13 has no sm_70 target at all"
+                    ),
+                    "ptx": code("[src-b11312] ggml/src/ggml-cuda/CMakeLists.txt:47-62"),
+                }
+            ),
+            note="CUDA 13 build: no Volta code; use server-cuda-b11312 on V100",
+        ),
+    ]
+}
 
 DEFAULT_IMAGE = f"{REPO}:server-cuda-b11312"
 
@@ -164,9 +214,14 @@ def llamacpp_image(ref: str) -> LlamacppImage | None:
 # Its OpenAI server as the gateway sees it: idle keep-alive timeout and the statuses of a replica that
 # cannot serve (the gateway's upstream keepalive_timeout stays shorter; failover counts those statuses).
 HTTP_SERVER = EngineServer(
-    keepalive_seconds=5, keepalive_env=None, not_ready_statuses=(503,),
-    source=("llama-server (b11312) leaves cpp-httplib's CPPHTTPLIB_KEEPALIVE_TIMEOUT_SECOND at its default 5 "
-            "(vendor/cpp-httplib/httplib.h; tools/server sets no keep-alive timeout) and answers every "
-            "endpoint 503 'Loading model' until the model is loaded (tools/server/server-http.cpp) "
-            "(read from code)."),
-    evidence="read from code")
+    keepalive_seconds=5,
+    keepalive_env=None,
+    not_ready_statuses=(503,),
+    source=(
+        "llama-server (b11312) leaves cpp-httplib's CPPHTTPLIB_KEEPALIVE_TIMEOUT_SECOND at its default 5 "
+        "(vendor/cpp-httplib/httplib.h; tools/server sets no keep-alive timeout) and answers every "
+        "endpoint 503 'Loading model' until the model is loaded (tools/server/server-http.cpp) "
+        "(read from code)."
+    ),
+    evidence="read from code",
+)

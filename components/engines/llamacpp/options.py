@@ -1,5 +1,6 @@
 """llama.cpp's options block (`pools.<pool>.llamacpp`): each option maps to one flag of `llama-server`,
 whose parser dump is in this package's data/."""
+
 from __future__ import annotations
 
 from typing import Literal
@@ -10,26 +11,45 @@ from components.engines.llamacpp.facts import IMAGES as LLAMACPP_IMAGES
 from components.spec.base import Spec
 
 _KV_CACHE_TYPES = sorted({t for i in LLAMACPP_IMAGES.values() for t in i.kv_cache_types})
-LLAMACPP_MULTI_NODE = ("llama.cpp spans nodes only through its RPC backend, which upstream calls \"a proof-of-"
-                       "concept ... fragile and insecure\" (tools/rpc/README.md): the project does not deploy it")
+LLAMACPP_MULTI_NODE = (
+    'llama.cpp spans nodes only through its RPC backend, which upstream calls "a proof-of-'
+    'concept ... fragile and insecure" (tools/rpc/README.md): the project does not deploy it'
+)
 # The flags the product sets from typed stack keys (see the lmdeploy package's TYPED_FLAGS).
 TYPED_FLAGS: dict[str, str] = {
-    "--model": "pools.<pool>.llamacpp.ggufFile", "--alias": "models.<model>.servedNames",
-    "--host": "nodes.<node>.address", "--port": "pools.<pool>.port",
+    "--model": "pools.<pool>.llamacpp.ggufFile",
+    "--alias": "models.<model>.servedNames",
+    "--host": "nodes.<node>.address",
+    "--port": "pools.<pool>.port",
     "--n-gpu-layers": "pools.<pool>.tensorParallel (every layer is offloaded)",
-    "--split-mode": "pools.<pool>.llamacpp.splitMode", "--ctx-size": "pools.<pool>.llamacpp.contextPerSlot",
-    "--parallel": "pools.<pool>.llamacpp.parallel", "--flash-attn": "pools.<pool>.llamacpp.flashAttention",
-    "--cache-type-k": "pools.<pool>.llamacpp.cacheType", "--cache-type-v": "pools.<pool>.llamacpp.cacheType",
+    "--split-mode": "pools.<pool>.llamacpp.splitMode",
+    "--ctx-size": "pools.<pool>.llamacpp.contextPerSlot",
+    "--parallel": "pools.<pool>.llamacpp.parallel",
+    "--flash-attn": "pools.<pool>.llamacpp.flashAttention",
+    "--cache-type-k": "pools.<pool>.llamacpp.cacheType",
+    "--cache-type-v": "pools.<pool>.llamacpp.cacheType",
     "--fit": "pools.<pool>.llamacpp (the product sets --fit off: what the plan sizes is what starts)",
-    "--metrics": "monitoring (the product turns metrics on)", "--jinja": "pools.<pool>.llamacpp",
+    "--metrics": "monitoring (the product turns metrics on)",
+    "--jinja": "pools.<pool>.llamacpp",
     "--rpc": "pools.<pool>.pipelineParallel (the RPC backend is refused: fragile and insecure upstream)",
     "--threads": "nodes.<node>.cpuCores (split between the node's serving instances)",
 }
 # llama-server's other spellings of typed flags and of its credential flag (common/arg.cpp at b11312).
-LLAMACPP_ALIASES = {"-m": "--model", "-a": "--alias", "-ngl": "--n-gpu-layers", "--gpu-layers": "--n-gpu-layers",
-                    "-sm": "--split-mode", "-c": "--ctx-size", "-np": "--parallel", "-fa": "--flash-attn",
-                    "-ctk": "--cache-type-k", "-ctv": "--cache-type-v", "-fit": "--fit", "-hft": "--hf-token",
-                    "-t": "--threads"}
+LLAMACPP_ALIASES = {
+    "-m": "--model",
+    "-a": "--alias",
+    "-ngl": "--n-gpu-layers",
+    "--gpu-layers": "--n-gpu-layers",
+    "-sm": "--split-mode",
+    "-c": "--ctx-size",
+    "-np": "--parallel",
+    "-fa": "--flash-attn",
+    "-ctk": "--cache-type-k",
+    "-ctv": "--cache-type-v",
+    "-fit": "--fit",
+    "-hft": "--hf-token",
+    "-t": "--threads",
+}
 
 
 class LlamacppOptions(Spec):

@@ -14,6 +14,7 @@ Capacity follows TurboMind 0.15/0.16 as it loads a model (sources in components.
 Assumptions, not measured: the CUDA context and cuBLAS/NCCL workspaces take RESERVED_GIB (+ COMM_GIB
 with TP > 1) before the weights; int4 weights carry one fp16 scale and one fp16 zero per group.
 """
+
 from __future__ import annotations
 
 import json
@@ -63,6 +64,7 @@ COMM_GIB = 0.3
 LOGIT_BYTES = 4
 RULE_OF_THUMB_FACTOR = 1.2
 
+
 @dataclass(frozen=True)
 class FfnSplit:
     """How TurboMind cuts one FFN intermediate dimension over TP ranks."""
@@ -109,7 +111,9 @@ def weight_bytes_per_param(model_format: str, group_size: int) -> float:
     return 0.5 + 4 / group_size  # int4: fp16 scale + fp16 zero per group
 
 
-def weights_per_gpu(arch: ModelArch, tp: int, model_format: str, group_size: int, align: int) -> tuple[float, dict[str, FfnSplit]]:
+def weights_per_gpu(
+    arch: ModelArch, tp: int, model_format: str, group_size: int, align: int
+) -> tuple[float, dict[str, FfnSplit]]:
     """Weight bytes on one TP rank, and how each FFN dimension was split (dense and expert)."""
     h, hd = arch.hidden_size, arch.head_dim
     linear_b = weight_bytes_per_param(model_format, group_size)
@@ -141,8 +145,9 @@ def weights_per_gpu(arch: ModelArch, tp: int, model_format: str, group_size: int
     return plain * 2 + linear * linear_b, splits
 
 
-def runtime_bytes(arch: ModelArch, tp: int, max_prefill_token_num: int, max_batch_size: int,
-                  expert_width: int) -> float:
+def runtime_bytes(
+    arch: ModelArch, tp: int, max_prefill_token_num: int, max_batch_size: int, expert_width: int
+) -> float:
     """Activations and workspaces TurboMind allocates beside the KV cache (a prefill chunk through one
     layer plus fp32 logits of the decode batch) [unverified: an estimate of its buffers, not a measurement]."""
     h = arch.hidden_size
@@ -156,14 +161,26 @@ def runtime_bytes(arch: ModelArch, tp: int, max_prefill_token_num: int, max_batc
     return forward + logits
 
 
-def turbomind_estimate(arch: ModelArch, image: LmdeployImage, gpu_memory_gib: float, *, tp: int,
-                       model_format: str, group_size: int, quant_policy: int, session_len: int,
-                       max_batch_size: int, cache_max_entry_count: float, cache_block_seq_len: int,
-                       max_prefill_token_num: int) -> EngineEstimate:
+def turbomind_estimate(
+    arch: ModelArch,
+    image: LmdeployImage,
+    gpu_memory_gib: float,
+    *,
+    tp: int,
+    model_format: str,
+    group_size: int,
+    quant_policy: int,
+    session_len: int,
+    max_batch_size: int,
+    cache_max_entry_count: float,
+    cache_block_seq_len: int,
+    max_prefill_token_num: int,
+) -> EngineEstimate:
     """What TurboMind will find on each GPU of one instance, and whether it can serve session_len."""
     if arch.num_attention_heads % tp:
-        raise ValueError(f"{arch.name} has {arch.num_attention_heads} attention heads, not divisible by "
-                         f"tensor parallel size {tp}")
+        raise ValueError(
+            f"{arch.name} has {arch.num_attention_heads} attention heads, not divisible by tensor parallel size {tp}"
+        )
     weights, splits = weights_per_gpu(arch, tp, model_format, group_size, image.ffn_pad_align)
     reserved = (RESERVED_GIB + (COMM_GIB if tp > 1 else 0.0)) * GIB
     total = gpu_memory_gib * GIB
@@ -174,50 +191,91 @@ def turbomind_estimate(arch: ModelArch, image: LmdeployImage, gpu_memory_gib: fl
     blocks = int(kv_mem // (per_token * cache_block_seq_len))
     kv_tokens = blocks * cache_block_seq_len
     expert = splits.get("expert")
-    runtime = runtime_bytes(arch, tp, max_prefill_token_num, max_batch_size,
-                            expert.padded if expert else arch.moe_intermediate_size)
+    runtime = runtime_bytes(
+        arch, tp, max_prefill_token_num, max_batch_size, expert.padded if expert else arch.moe_intermediate_size
+    )
     room = max(0.0, free) * (1 - cache_max_entry_count)
     fits, reason, advice = True, "", ""
     share = f"{gpu_memory_gib:.1f} GiB per GPU"
     if free <= 0:
-        fits, reason = False, (f"the weights alone need {weights / GIB:.1f} GiB per GPU (TurboMind layout) of the "
-                               f"{share} ({reserved / GIB:.1f} GiB go to the CUDA context first)")
+        fits, reason = (
+            False,
+            (
+                f"the weights alone need {weights / GIB:.1f} GiB per GPU (TurboMind layout) of the "
+                f"{share} ({reserved / GIB:.1f} GiB go to the CUDA context first)"
+            ),
+        )
         advice = "add GPUs (tensorParallel), or serve a 4-bit checkpoint (AWQ/GPTQ g128)"
     elif kv_tokens < session_len:
-        fits, reason = False, (f"the KV cache holds {kv_tokens} tokens ({cache_max_entry_count:g} of the "
-                               f"{free / GIB:.1f} GiB left after the weights), fewer than sessionLen {session_len}")
-        advice = (f"lower lmdeploy.sessionLen to {kv_tokens} or less, raise cacheMaxEntryCount, quantize the KV "
-                  "cache (quantPolicy 8), or add GPUs")
+        fits, reason = (
+            False,
+            (
+                f"the KV cache holds {kv_tokens} tokens ({cache_max_entry_count:g} of the "
+                f"{free / GIB:.1f} GiB left after the weights), fewer than sessionLen {session_len}"
+            ),
+        )
+        advice = (
+            f"lower lmdeploy.sessionLen to {kv_tokens} or less, raise cacheMaxEntryCount, quantize the KV "
+            "cache (quantPolicy 8), or add GPUs"
+        )
     elif runtime > room:
-        fits, reason = False, (f"the {1 - cache_max_entry_count:.0%} of free memory left beside the KV cache "
-                               f"({room / GIB:.2f} GiB) is less than the ~{runtime / GIB:.2f} GiB of activations and "
-                               f"logits for maxPrefillTokenNum {max_prefill_token_num} and maxBatchSize "
-                               f"{max_batch_size}: TurboMind runs out of memory at the first long prompt")
+        fits, reason = (
+            False,
+            (
+                f"the {1 - cache_max_entry_count:.0%} of free memory left beside the KV cache "
+                f"({room / GIB:.2f} GiB) is less than the ~{runtime / GIB:.2f} GiB of activations and "
+                f"logits for maxPrefillTokenNum {max_prefill_token_num} and maxBatchSize "
+                f"{max_batch_size}: TurboMind runs out of memory at the first long prompt"
+            ),
+        )
         advice = "lower cacheMaxEntryCount, maxPrefillTokenNum or maxBatchSize"
     concurrency = kv_tokens / session_len
     notes = []
     for kind, split in sorted(splits.items()):
         if split.padding_ratio > 0:
-            notes.append(f"{kind} intermediate {split.width} is cut in groups of {split.group}: "
-                         f"{split.width // split.group} groups padded to {split.padded // split.group} for TP {tp} "
-                         f"({split.padding_ratio:.0%} more {kind} weight and GEMM work; a TP that divides the "
-                         "group count pads nothing)")
+            notes.append(
+                f"{kind} intermediate {split.width} is cut in groups of {split.group}: "
+                f"{split.width // split.group} groups padded to {split.padded // split.group} for TP {tp} "
+                f"({split.padding_ratio:.0%} more {kind} weight and GEMM work; a TP that divides the "
+                "group count pads nothing)"
+            )
     if fits and concurrency < max_batch_size:
-        notes.append(f"only {concurrency:.1f} sequences of sessionLen fit at once, below maxBatchSize "
-                     f"{max_batch_size}: long requests queue")
+        notes.append(
+            f"only {concurrency:.1f} sequences of sessionLen fit at once, below maxBatchSize "
+            f"{max_batch_size}: long requests queue"
+        )
     linear_b = weight_bytes_per_param(model_format, group_size)
     rot = model_params(arch) * (2.0 if model_format == "hf" else min(linear_b, 1.0)) * RULE_OF_THUMB_FACTOR
     return EngineEstimate(
-        engine="lmdeploy", model=arch.name, gpu_memory_gib=gpu_memory_gib, tp=tp, max_model_len=session_len,
-        weights_gib_per_gpu=weights / GIB, weights_gib_total=weights * tp / GIB,
-        kv_bytes_per_token_per_gpu=per_token, kv_cache_gib_per_gpu=kv_mem / GIB, kv_tokens=kv_tokens,
-        max_concurrency=concurrency, rule_of_thumb_gib_total=rot / GIB, fits=fits, reason=reason, advice=advice,
+        engine="lmdeploy",
+        model=arch.name,
+        gpu_memory_gib=gpu_memory_gib,
+        tp=tp,
+        max_model_len=session_len,
+        weights_gib_per_gpu=weights / GIB,
+        weights_gib_total=weights * tp / GIB,
+        kv_bytes_per_token_per_gpu=per_token,
+        kv_cache_gib_per_gpu=kv_mem / GIB,
+        kv_tokens=kv_tokens,
+        max_concurrency=concurrency,
+        rule_of_thumb_gib_total=rot / GIB,
+        fits=fits,
+        reason=reason,
+        advice=advice,
         notes=tuple(notes),
-        extra={"context_option": "--session-len (lmdeploy.sessionLen)", "model_format": model_format, "quant_policy": quant_policy, "kv_bits": kv_bits,
-               "cache_max_entry_count": cache_max_entry_count, "free_gib_after_weights": max(0.0, free) / GIB,
-               "runtime_gib": runtime / GIB, "kv_blocks": blocks,
-               "ffn_padding": {k: {"width": s.width, "group": s.group, "padded": s.padded}
-                               for k, s in sorted(splits.items())}},
+        extra={
+            "context_option": "--session-len (lmdeploy.sessionLen)",
+            "model_format": model_format,
+            "quant_policy": quant_policy,
+            "kv_bits": kv_bits,
+            "cache_max_entry_count": cache_max_entry_count,
+            "free_gib_after_weights": max(0.0, free) / GIB,
+            "runtime_gib": runtime / GIB,
+            "kv_blocks": blocks,
+            "ffn_padding": {
+                k: {"width": s.width, "group": s.group, "padded": s.padded} for k, s in sorted(splits.items())
+            },
+        },
     )
 
 
@@ -233,21 +291,36 @@ def lmdeploy_argv(spec: StackSpec, instance: Instance) -> list[str]:
     model = spec.models[pool.model]
     o = pool.lmdeploy
     assert o is not None  # the spec requires the lmdeploy block with engine: lmdeploy
-    argv = ["lmdeploy", "serve", "api_server", model.path,
-            # TurboMind, stated: left unset LMDeploy falls back to its PyTorch engine (Triton kernels, which
-            # do not compile on sm_70) for any architecture TurboMind does not know.
-            "--backend", "turbomind",
-            # One name only: the server answers 404 to any other (the spec allows one served name).
-            "--model-name", spec.served_names(pool.model)[0],
-            # Bound to the cluster address: only the gateway and Prometheus reach it.
-            "--server-name", spec.node(instance.head).address,
-            "--server-port", str(instance.port),
-            "--tp", str(instance.tensor_parallel),
-            "--dtype", DTYPES.get(model.dtype, model.dtype),
-            "--model-format", MODEL_FORMATS.get(model.quantization, str(model.quantization)),
-            "--session-len", str(o.session_len),
-            "--max-batch-size", str(o.max_batch_size),
-            "--cache-max-entry-count", f"{o.cache_max_entry_count:g}"]
+    argv = [
+        "lmdeploy",
+        "serve",
+        "api_server",
+        model.path,
+        # TurboMind, stated: left unset LMDeploy falls back to its PyTorch engine (Triton kernels, which
+        # do not compile on sm_70) for any architecture TurboMind does not know.
+        "--backend",
+        "turbomind",
+        # One name only: the server answers 404 to any other (the spec allows one served name).
+        "--model-name",
+        spec.served_names(pool.model)[0],
+        # Bound to the cluster address: only the gateway and Prometheus reach it.
+        "--server-name",
+        spec.node(instance.head).address,
+        "--server-port",
+        str(instance.port),
+        "--tp",
+        str(instance.tensor_parallel),
+        "--dtype",
+        DTYPES.get(model.dtype, model.dtype),
+        "--model-format",
+        MODEL_FORMATS.get(model.quantization, str(model.quantization)),
+        "--session-len",
+        str(o.session_len),
+        "--max-batch-size",
+        str(o.max_batch_size),
+        "--cache-max-entry-count",
+        f"{o.cache_max_entry_count:g}",
+    ]
     if o.cache_block_seq_len != 64:
         argv += ["--cache-block-seq-len", str(o.cache_block_seq_len)]
     if o.max_prefill_token_num != 8192:
@@ -317,22 +390,43 @@ class LmdeployEngine(Engine):
         if model is None:
             return []
         issues = self.extra_args_issues(spec, pool)
-        issues += self.one_node_issues(spec, pool, "TurboMind has no pipeline parallel; it spans nodes only as tensor "
-                                       "parallel over the network (--nnodes), which no one has shown on V100 and which "
-                                       "would put every layer's all-reduce on the NIC")
+        issues += self.one_node_issues(
+            spec,
+            pool,
+            "TurboMind has no pipeline parallel; it spans nodes only as tensor "
+            "parallel over the network (--nnodes), which no one has shown on V100 and which "
+            "would put every layer's all-reduce on the NIC",
+        )
         if model.quantization == "gguf" or model.quantization not in LMDEPLOY_FORMATS:
-            issues.append(SpecIssue(f"models.{p.model}.quantization", f"{model.quantization!r} is not a "
-                                    f"TurboMind model format (pool {pool!r}); TurboMind loads: unset (hf), "
-                                    + ", ".join(sorted(f for f in LMDEPLOY_FORMATS if f))))
+            issues.append(
+                SpecIssue(
+                    f"models.{p.model}.quantization",
+                    f"{model.quantization!r} is not a "
+                    f"TurboMind model format (pool {pool!r}); TurboMind loads: unset (hf), "
+                    + ", ".join(sorted(f for f in LMDEPLOY_FORMATS if f)),
+                )
+            )
         if model.dtype not in LMDEPLOY_DTYPES:
-            issues.append(SpecIssue(f"models.{p.model}.dtype", f"{model.dtype!r}: TurboMind computes in "
-                                    "float16 or bfloat16 (pool {0!r}); use half, bfloat16 or auto".format(pool)))
+            issues.append(
+                SpecIssue(
+                    f"models.{p.model}.dtype",
+                    f"{model.dtype!r}: TurboMind computes in "
+                    "float16 or bfloat16 (pool {0!r}); use half, bfloat16 or auto".format(pool),
+                )
+            )
         return issues
 
     def matrix_rows(self) -> list[tuple[str, list[Cell]]]:
-        return [(f"LMDeploy TurboMind `{image.ref}`",
-                 [Cell("deployed" if image.runs_on(cap) else "no", level(image.sources["sass"], cap))
-                  for _, cap in GENERATIONS]) for image in IMAGES.values()]
+        return [
+            (
+                f"LMDeploy TurboMind `{image.ref}`",
+                [
+                    Cell("deployed" if image.runs_on(cap) else "no", level(image.sources["sass"], cap))
+                    for _, cap in GENERATIONS
+                ],
+            )
+            for image in IMAGES.values()
+        ]
 
     def context_length(self, spec: StackSpec, pool: str) -> int:
         o = spec.pools[pool].lmdeploy
@@ -359,11 +453,20 @@ class LmdeployEngine(Engine):
         if facts is None:
             return None
         # lmdeploy.version, not the package: its __init__ loads the whole serving stack before the version.
-        data = {"version": facts.version, "module": "lmdeploy.version", "argvs": [list(a) for a in argvs],
-                "recommended": DEFAULT_IMAGE, "capability": planned_capability(spec, node)}
-        return GateCheck(f"{self.title} {facts.version}", "python3", ("-c", LMDEPLOY_CHECK, json.dumps(data, sort_keys=True)),
-                         "torch's arch list, the planned GPU, an fp16 matmul, TurboMind's kernels for the GPU, the "
-                         "LMDeploy version and the planned flags")
+        data = {
+            "version": facts.version,
+            "module": "lmdeploy.version",
+            "argvs": [list(a) for a in argvs],
+            "recommended": DEFAULT_IMAGE,
+            "capability": planned_capability(spec, node),
+        }
+        return GateCheck(
+            f"{self.title} {facts.version}",
+            "python3",
+            ("-c", LMDEPLOY_CHECK, json.dumps(data, sort_keys=True)),
+            "torch's arch list, the planned GPU, an fp16 matmul, TurboMind's kernels for the GPU, the "
+            "LMDeploy version and the planned flags",
+        )
 
     def capacity(self, spec: StackSpec, pool: str, *, mla: bool | None = None) -> dict[str, object]:
         p = spec.pools[pool]
@@ -373,18 +476,26 @@ class LmdeployEngine(Engine):
         model = spec.models[p.model]
         try:
             return turbomind_estimate(
-                model_architecture(spec, p.model), image, gpu(node_gpu.model).memory_gib, tp=p.tensor_parallel,
-                model_format=MODEL_FORMATS.get(model.quantization, "hf"), group_size=model.group_size,
-                quant_policy=o.quant_policy, session_len=o.session_len, max_batch_size=o.max_batch_size,
-                cache_max_entry_count=o.cache_max_entry_count, cache_block_seq_len=o.cache_block_seq_len,
-                max_prefill_token_num=o.max_prefill_token_num).to_dict()
+                model_architecture(spec, p.model),
+                image,
+                gpu(node_gpu.model).memory_gib,
+                tp=p.tensor_parallel,
+                model_format=MODEL_FORMATS.get(model.quantization, "hf"),
+                group_size=model.group_size,
+                quant_policy=o.quant_policy,
+                session_len=o.session_len,
+                max_batch_size=o.max_batch_size,
+                cache_max_entry_count=o.cache_max_entry_count,
+                cache_block_seq_len=o.cache_block_seq_len,
+                max_prefill_token_num=o.max_prefill_token_num,
+            ).to_dict()
         except ValueError as err:
             return {"error": f"capacity not estimated: {err}"}
 
 
 # TurboMind's library in the image has SASS for the GPU (torch's report of it, else the planned one): its own
 # kernels, not torch's, serve the model. Needs FATBIN_SOURCE (fatbin_archs) and TORCH_CHECKS (arch) first.
-TURBOMIND_KERNELS_CHECK = r'''
+TURBOMIND_KERNELS_CHECK = r"""
 try:
     import glob, importlib, os
     root = list(importlib.import_module("lmdeploy").__path__)[0]
@@ -401,14 +512,18 @@ try:
                f"TurboMind in this image has no {arch} kernels: use {facts['recommended']}")
 except Exception as e:
     report("turbomind-kernels", False, f"{type(e).__name__}: {e}", "cannot read TurboMind's library in the image")
-'''
+"""
 
 # `lmdeploy serve api_server`'s own parser (lmdeploy/cli/serve.py), as the image's CLI builds it.
-LMDEPLOY_ARGV_CHECK = argv_check("""
+LMDEPLOY_ARGV_CHECK = argv_check(
+    """
     from lmdeploy.cli.serve import SubCliServe
     if "api_server" not in SubCliServe.subparsers.choices:
         SubCliServe.add_parser_api_server()
     parser = SubCliServe.subparsers.choices["api_server"]
-""", skip=3)
-LMDEPLOY_CHECK = python_check(TORCH_CHECKS, FATBIN_SOURCE, TURBOMIND_KERNELS_CHECK, ENGINE_VERSION_CHECK,
-                              LMDEPLOY_ARGV_CHECK)
+""",
+    skip=3,
+)
+LMDEPLOY_CHECK = python_check(
+    TORCH_CHECKS, FATBIN_SOURCE, TURBOMIND_KERNELS_CHECK, ENGINE_VERSION_CHECK, LMDEPLOY_ARGV_CHECK
+)

@@ -1,5 +1,6 @@
 """LMDeploy's options block (`pools.<pool>.lmdeploy`, TurboMind): each option maps to one flag of
 `lmdeploy serve api_server`, whose parser dump is in this package's data/."""
+
 from __future__ import annotations
 
 from typing import Literal
@@ -17,10 +18,14 @@ LMDEPLOY_DTYPES = frozenset({"auto", "half", "float16", "bfloat16"})
 # the typed key. The spec refuses it.
 TYPED_FLAGS: dict[str, str] = {
     "--backend": "pools.<pool>.engine (TurboMind is what the facts and capacity describe)",
-    "--model-name": "models.<model>.servedNames", "--server-name": "nodes.<node>.address",
-    "--server-port": "pools.<pool>.port", "--tp": "pools.<pool>.tensorParallel",
-    "--dtype": "models.<model>.dtype", "--model-format": "models.<model>.quantization",
-    "--session-len": "pools.<pool>.lmdeploy.sessionLen", "--max-batch-size": "pools.<pool>.lmdeploy.maxBatchSize",
+    "--model-name": "models.<model>.servedNames",
+    "--server-name": "nodes.<node>.address",
+    "--server-port": "pools.<pool>.port",
+    "--tp": "pools.<pool>.tensorParallel",
+    "--dtype": "models.<model>.dtype",
+    "--model-format": "models.<model>.quantization",
+    "--session-len": "pools.<pool>.lmdeploy.sessionLen",
+    "--max-batch-size": "pools.<pool>.lmdeploy.maxBatchSize",
     "--cache-max-entry-count": "pools.<pool>.lmdeploy.cacheMaxEntryCount",
     "--cache-block-seq-len": "pools.<pool>.lmdeploy.cacheBlockSeqLen",
     "--max-prefill-token-num": "pools.<pool>.lmdeploy.maxPrefillTokenNum",

@@ -1,4 +1,5 @@
 """Capacity of each pool from the stack: the capacity planner fed with the pool's real settings."""
+
 from __future__ import annotations
 
 from components.engines.vllm.facts import pool_image_facts
@@ -22,20 +23,33 @@ def pool_capacity(spec: StackSpec, pool: str, *, mla: bool | None = None) -> Cap
     g = gpu(node_gpu.model)
     if p.tensor_parallel > node_gpu.count:
         # The communicator figures are fitted on GPUs of one node; the parallelism rule names the fault.
-        raise ValueError(f"tensor parallel size {p.tensor_parallel} spans nodes of {node_gpu.count} GPUs: "
-                         "the planner models tensor parallelism within a node")
+        raise ValueError(
+            f"tensor parallel size {p.tensor_parallel} spans nodes of {node_gpu.count} GPUs: "
+            "the planner models tensor parallelism within a node"
+        )
     v = p.vllm
     return estimate(
-        model_architecture(spec, p.model), g.visible_memory_gib,
-        tp=p.tensor_parallel, pp=p.pipeline_parallel, gpu_memory_utilization=v.gpu_memory_utilization,
-        dtype=resolved_dtype(m.dtype, g.capability), quantization=m.quantization,
-        quant_bits=m.quant_bits, group_size=m.group_size, kv_cache_dtype=v.kv_cache_dtype,
-        max_model_len=v.max_model_len, max_num_seqs=v.max_num_seqs,
-        max_num_batched_tokens=v.max_num_batched_tokens, block_size=v.block_size,
+        model_architecture(spec, p.model),
+        g.visible_memory_gib,
+        tp=p.tensor_parallel,
+        pp=p.pipeline_parallel,
+        gpu_memory_utilization=v.gpu_memory_utilization,
+        dtype=resolved_dtype(m.dtype, g.capability),
+        quantization=m.quantization,
+        quant_bits=m.quant_bits,
+        group_size=m.group_size,
+        kv_cache_dtype=v.kv_cache_dtype,
+        max_model_len=v.max_model_len,
+        max_num_seqs=v.max_num_seqs,
+        max_num_batched_tokens=v.max_num_batched_tokens,
+        block_size=v.block_size,
         mla_enabled=mla_enabled(spec, pool) if mla is None else mla,
         # The image's engine line on this GPU picks the default batch budget (V1: chunked, 2048 under 70 GiB).
-        v1_engine=_runs_v1(spec, pool, g.capability), gpu_name=g.name, chunked_prefill=v.enable_chunked_prefill,
-        nccl_in_budget=_nccl_in_budget(spec, pool), nvls=g.nvls,
+        v1_engine=_runs_v1(spec, pool, g.capability),
+        gpu_name=g.name,
+        chunked_prefill=v.enable_chunked_prefill,
+        nccl_in_budget=_nccl_in_budget(spec, pool),
+        nvls=g.nvls,
     )
 
 

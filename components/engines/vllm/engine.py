@@ -1,5 +1,6 @@
 """vLLM behind the engine seam: `vllm serve` argv and env read from the pool's image facts, the
 MoE tuned-config upload, and the capacity model of components.engines.vllm.capacity."""
+
 from __future__ import annotations
 
 import json
@@ -42,7 +43,9 @@ from components.spec.topology import Instance
 # Where the pool's fused-MoE tile configs are written inside the container (VLLM_TUNED_CONFIG_FOLDER).
 TUNED_CONFIG_DIR = "/opt/llm-cluster/moe-configs"
 # fused_moe.py get_config_file_name: "E={E},N={N},device_name={name}{,dtype=…}{,block_shape=[…]}.json".
-_MOE_CONFIG_NAME = re.compile(r"E=\d+,N=\d+,device_name=[A-Za-z0-9_.-]+(,dtype=[a-z0-9_]+)?(,block_shape=\[\d+, ?\d+\])?\.json")
+_MOE_CONFIG_NAME = re.compile(
+    r"E=\d+,N=\d+,device_name=[A-Za-z0-9_.-]+(,dtype=[a-z0-9_]+)?(,block_shape=\[\d+, ?\d+\])?\.json"
+)
 
 
 # The hub and telemetry off, each name read from the code that reads it (pools.*.offline):
@@ -54,7 +57,10 @@ _MOE_CONFIG_NAME = re.compile(r"E=\d+,N=\d+,device_name=[A-Za-z0-9_.-]+(,dtype=[
 # - RAY_USAGE_STATS_ENABLED: Ray's usage_constants.py, exactly "0" or "1" (any other value raises), read by
 #   `ray start` in the Ray head and worker containers, which get this same env.
 VLLM_OFFLINE_ENV: dict[str, str] = {
-    "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
     "RAY_USAGE_STATS_ENABLED": "0",
 }
 
@@ -78,8 +84,12 @@ class VllmEngine(Engine):
     # hub repository id vLLM downloads (transformers_utils/repo_utils.py, lora/resolver).
     offline_vars: ClassVar[dict[str, str]] = VLLM_OFFLINE_ENV
     hub_flags: ClassVar[dict[str, str]] = {
-        "--tokenizer": "path", "--hf-config-path": "path", "--speculative-model": "path",
-        "--speculative-config": "json-model", "-sc": "json-model", "--lora-modules": "lora",
+        "--tokenizer": "path",
+        "--hf-config-path": "path",
+        "--speculative-model": "path",
+        "--speculative-config": "json-model",
+        "-sc": "json-model",
+        "--lora-modules": "lora",
     }
     # [cli-0.19.1] --api-key nargs "+" (one value in 0.9.2), --hf-token nargs "?" (alone: the cached login).
     secret_flags: ClassVar[dict[str, str]] = {"--api-key": "+", "--hf-token": "1"}
@@ -128,11 +138,14 @@ class VllmEngine(Engine):
             if key is None:
                 continue
             said = f"{token!r}" + (f" (that is {flag})" if token.partition("=")[0] != flag else "")
-            issues.append(SpecIssue(
-                f"pools.{pool}.vllm.extraArgs[{i}]",
-                f"{said} is set by the typed key {key}: state it there instead. In extraArgs it would come after the "
-                "product's own flag and win in vLLM, while the readiness gates, the gateway, the capacity plan and "
-                "the policies keep using the typed value"))
+            issues.append(
+                SpecIssue(
+                    f"pools.{pool}.vllm.extraArgs[{i}]",
+                    f"{said} is set by the typed key {key}: state it there instead. In extraArgs it would come after the "
+                    "product's own flag and win in vLLM, while the readiness gates, the gateway, the capacity plan and "
+                    "the policies keep using the typed value",
+                )
+            )
         return issues
 
     def matrix_rows(self) -> list[tuple[str, list[Cell]]]:
@@ -165,20 +178,29 @@ class VllmEngine(Engine):
         # FB_USED counts more than vLLM's budget: the CUDA context sits outside it, and so do the NCCL
         # communicators on images that start NCCL before they measure free memory (the capacity model's).
         facts = image_facts(pool.image)
-        comm = 0.0 if facts is None or facts.nccl_in_budget else communicator_gib(
-            pool.tensor_parallel, pool.pipeline_parallel, nvls=known.nvls)
+        comm = (
+            0.0
+            if facts is None or facts.nccl_in_budget
+            else communicator_gib(pool.tensor_parallel, pool.pipeline_parallel, nvls=known.nvls)
+        )
         floor = round(pool.vllm.gpu_memory_utilization + (CUDA_CONTEXT_GIB + comm) / known.memory_gib, 4)
         if floor >= 1:
             return []  # the pool cannot start at all: memory-fit names that, with the utilization that starts
         if ratio <= floor:
             outside = f"its CUDA context (about {CUDA_CONTEXT_GIB:g} GiB)" + (
                 f" and NCCL communicators (about {comm:.2f} GiB at TP {pool.tensor_parallel} x PP "
-                f"{pool.pipeline_parallel})" if comm else "")
-            return [SpecIssue(
-                "monitoring.thresholds.gpuMemoryUsedRatio",
-                f"{ratio} would fire on every GPU of pool {pname!r}: vLLM takes gpuMemoryUtilization "
-                f"{pool.vllm.gpu_memory_utilization} at start, plus {outside}, of the {known.memory_gib:g} GiB "
-                f"{known.name}; set it above {floor}")]
+                f"{pool.pipeline_parallel})"
+                if comm
+                else ""
+            )
+            return [
+                SpecIssue(
+                    "monitoring.thresholds.gpuMemoryUsedRatio",
+                    f"{ratio} would fire on every GPU of pool {pname!r}: vLLM takes gpuMemoryUtilization "
+                    f"{pool.vllm.gpu_memory_utilization} at start, plus {outside}, of the {known.memory_gib:g} GiB "
+                    f"{known.name}; set it above {floor}",
+                )
+            ]
         return []
 
     def context_length(self, spec: StackSpec, pool: str) -> int:
@@ -193,27 +215,40 @@ class VllmEngine(Engine):
         return vllm_env(spec, instance, node, self.image_facts(spec, instance.pool))
 
     def uploads(self, spec: StackSpec, instance: Instance) -> list[Upload]:
-        return [Upload(f"{TUNED_CONFIG_DIR}/{name}", content)
-                for name, content in moe_configs(spec, instance.pool).items()]
+        return [
+            Upload(f"{TUNED_CONFIG_DIR}/{name}", content) for name, content in moe_configs(spec, instance.pool).items()
+        ]
 
     def capacity(self, spec: StackSpec, pool: str, *, mla: bool | None = None) -> dict[str, object]:
         from components.engines.vllm.capacity import capacity_dict
+
         return capacity_dict(spec, pool, mla=mla)
 
     def gate_check(self, spec: StackSpec, pool: str, node: str, argvs: tuple[tuple[str, ...], ...]) -> GateCheck | None:
         facts = self.image_facts(spec, pool)
         if facts is None:
             return None
-        data = {"version": facts.version, "module": "vllm", "kernel": TRITON_DOT_KERNEL, "block": DOT_BLOCK,
-                "argvs": [list(a) for a in argvs], "recommended": DEFAULT_IMAGE,
-                "capability": planned_capability(spec, node)}
-        return GateCheck(f"{self.title} {facts.version}", "python3", ("-c", VLLM_CHECK, json.dumps(data, sort_keys=True)),
-                         "torch's arch list, the planned GPU, an fp16 matmul, a Triton fp16 dot, the vLLM version "
-                         "and the planned flags")
+        data = {
+            "version": facts.version,
+            "module": "vllm",
+            "kernel": TRITON_DOT_KERNEL,
+            "block": DOT_BLOCK,
+            "argvs": [list(a) for a in argvs],
+            "recommended": DEFAULT_IMAGE,
+            "capability": planned_capability(spec, node),
+        }
+        return GateCheck(
+            f"{self.title} {facts.version}",
+            "python3",
+            ("-c", VLLM_CHECK, json.dumps(data, sort_keys=True)),
+            "torch's arch list, the planned GPU, an fp16 matmul, a Triton fp16 dot, the vLLM version "
+            "and the planned flags",
+        )
 
 
 # `vllm serve`'s own parser (make_arg_parser + AsyncEngineArgs), as the image's CLI builds it.
-VLLM_ARGV_CHECK = argv_check("""
+VLLM_ARGV_CHECK = argv_check(
+    """
     from vllm.entrypoints.cli.serve import ServeSubcommand
     try:
         from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -221,7 +256,9 @@ VLLM_ARGV_CHECK = argv_check("""
         from vllm.utils import FlexibleArgumentParser
     root = FlexibleArgumentParser(prog="vllm")
     parser = ServeSubcommand().subparser_init(root.add_subparsers())
-""", skip=2)
+""",
+    skip=2,
+)
 VLLM_CHECK = python_check(TORCH_CHECKS, TRITON_DOT_CHECK, ENGINE_VERSION_CHECK, VLLM_ARGV_CHECK)
 
 
@@ -232,9 +269,16 @@ def moe_configs(spec: StackSpec, pool: str) -> dict[str, str]:
         key = f"pools.{pool}.vllm.moeConfigFiles[{i}]"
         file = Path(path)
         if not _MOE_CONFIG_NAME.fullmatch(file.name):
-            raise SpecError([SpecIssue(key, f"{file.name!r} is not named as vLLM looks tile configs up: "
-                                            "E=<experts>,N=<width>,device_name=<GPU name, spaces as _>[,dtype=…].json "
-                                            "(e.g. E=128,N=96,device_name=Tesla_V100-SXM2-32GB.json)")])
+            raise SpecError(
+                [
+                    SpecIssue(
+                        key,
+                        f"{file.name!r} is not named as vLLM looks tile configs up: "
+                        "E=<experts>,N=<width>,device_name=<GPU name, spaces as _>[,dtype=…].json "
+                        "(e.g. E=128,N=96,device_name=Tesla_V100-SXM2-32GB.json)",
+                    )
+                ]
+            )
         try:
             text = file.read_text()
             json.loads(text)
@@ -251,12 +295,20 @@ def vllm_argv(spec: StackSpec, instance: Instance, facts: ImageFacts | None = No
     v = pool.vllm
     world = instance.tensor_parallel * instance.pipeline_parallel
     # `vllm serve` takes the model as a positional; `--model` raises a ValueError (0.9.2 and later).
-    argv = ["vllm", "serve", model.path,
-            "--served-model-name", *spec.served_names(pool.model),
-            # Bound to the cluster address, not 0.0.0.0: only the gateway and Prometheus reach it.
-            "--host", spec.node(instance.head).address,
-            "--port", str(instance.port),
-            "--tensor-parallel-size", str(instance.tensor_parallel)]
+    argv = [
+        "vllm",
+        "serve",
+        model.path,
+        "--served-model-name",
+        *spec.served_names(pool.model),
+        # Bound to the cluster address, not 0.0.0.0: only the gateway and Prometheus reach it.
+        "--host",
+        spec.node(instance.head).address,
+        "--port",
+        str(instance.port),
+        "--tensor-parallel-size",
+        str(instance.tensor_parallel),
+    ]
     if instance.pipeline_parallel > 1:
         argv += ["--pipeline-parallel-size", str(instance.pipeline_parallel)]
     if instance.uses_ray:
@@ -264,10 +316,16 @@ def vllm_argv(spec: StackSpec, instance: Instance, facts: ImageFacts | None = No
     elif world > 1:
         # Stated rather than left to vLLM's guess, so the plan shows how the engine will run.
         argv += ["--distributed-executor-backend", "mp"]
-    argv += ["--dtype", model.dtype,
-             "--max-model-len", str(v.max_model_len),
-             "--max-num-seqs", str(v.max_num_seqs),
-             "--gpu-memory-utilization", str(v.gpu_memory_utilization)]
+    argv += [
+        "--dtype",
+        model.dtype,
+        "--max-model-len",
+        str(v.max_model_len),
+        "--max-num-seqs",
+        str(v.max_num_seqs),
+        "--gpu-memory-utilization",
+        str(v.gpu_memory_utilization),
+    ]
     if v.attention_backend is not None and facts is not None and facts.attention_backend_flag:
         argv += ["--attention-backend", v.attention_backend]
     if v.kv_cache_dtype != "auto":

@@ -32,6 +32,7 @@ Sources, as cited below:
                '8.7 8.9 9.0 10.0+PTX 12.0' (no 7.0).
   vllm   vllm PR #23614 / #24022 [maint]: V1 enabled on Volta and Turing after Triton 3.4.
 """
+
 from __future__ import annotations
 
 import json
@@ -72,21 +73,43 @@ class TritonFacts:
     source: Sourced
 
 
-TRITON: dict[str, TritonFacts] = {t.version: t for t in [
-    # 3.2.0: simple fp16 dots compile on sm_70 (Volta mma.m8n8k4), but the fused-MoE second GEMM
-    # (MUL_ROUTED_WEIGHT), moe_wna16 and prefix-prefill abort. [triton] QwenLM/Qwen3#1294 [obs]
-    TritonFacts("3.2.0", 75, 70, "LLVM ERROR: Failed to compute parent layout for slice layout",
-                observed("QwenLM/Qwen3#1294 (V100, vLLM 0.8.5 fp16 MoE fails); Triton compile matrix for sm_70")),
-    TritonFacts("3.3.0", 80, 80, "Unsupported conversion from f16 to f16 / LLVM ERROR: Unsupported rounding "
-                "mode for conversion", observed("vllm#17639, #19203, sglang#7467 (sm_75); Triton compile matrix for sm_70")),
-    TritonFacts("3.3.1", 80, 80, "Unsupported conversion from f16 to f16 / LLVM ERROR: Unsupported rounding "
-                "mode for conversion", code("Triton compile matrix for sm_70")),
-    TritonFacts("3.4.0", 70, 80, "", code("Triton compile matrix for sm_70: every kernel compiles for sm_70, FMA only")),
-    TritonFacts("3.5.0", 70, 80, "", code("Triton compile matrix for sm_70: 0.19.0 fused_moe_kernel compiles, "
-                                          "0 mma.sync")),
-    TritonFacts("3.6.0", 70, 80, "", code("Triton compile matrix for sm_70: 0.19.0 fused_moe_kernel compiles, "
-                                          "0 mma.sync")),
-]}
+TRITON: dict[str, TritonFacts] = {
+    t.version: t
+    for t in [
+        # 3.2.0: simple fp16 dots compile on sm_70 (Volta mma.m8n8k4), but the fused-MoE second GEMM
+        # (MUL_ROUTED_WEIGHT), moe_wna16 and prefix-prefill abort. [triton] QwenLM/Qwen3#1294 [obs]
+        TritonFacts(
+            "3.2.0",
+            75,
+            70,
+            "LLVM ERROR: Failed to compute parent layout for slice layout",
+            observed("QwenLM/Qwen3#1294 (V100, vLLM 0.8.5 fp16 MoE fails); Triton compile matrix for sm_70"),
+        ),
+        TritonFacts(
+            "3.3.0",
+            80,
+            80,
+            "Unsupported conversion from f16 to f16 / LLVM ERROR: Unsupported rounding mode for conversion",
+            observed("vllm#17639, #19203, sglang#7467 (sm_75); Triton compile matrix for sm_70"),
+        ),
+        TritonFacts(
+            "3.3.1",
+            80,
+            80,
+            "Unsupported conversion from f16 to f16 / LLVM ERROR: Unsupported rounding mode for conversion",
+            code("Triton compile matrix for sm_70"),
+        ),
+        TritonFacts(
+            "3.4.0", 70, 80, "", code("Triton compile matrix for sm_70: every kernel compiles for sm_70, FMA only")
+        ),
+        TritonFacts(
+            "3.5.0", 70, 80, "", code("Triton compile matrix for sm_70: 0.19.0 fused_moe_kernel compiles, 0 mma.sync")
+        ),
+        TritonFacts(
+            "3.6.0", 70, 80, "", code("Triton compile matrix for sm_70: 0.19.0 fused_moe_kernel compiles, 0 mma.sync")
+        ),
+    ]
+}
 
 
 @dataclass(frozen=True)
@@ -157,18 +180,26 @@ def _sources(common: Mapping[str, Sourced], **specific: Sourced) -> MappingProxy
 
 # Metric names: V0 (engine/metrics.py of 0.9.2) and V1 (v1/metrics/loggers.py of 0.19.1), which renamed
 # the KV-cache gauge and the per-output-token histogram.
-_V0_METRICS = MappingProxyType({
-    "requests_running": "vllm:num_requests_running", "requests_waiting": "vllm:num_requests_waiting",
-    "kv_cache_usage": "vllm:gpu_cache_usage_perc", "preemptions": "vllm:num_preemptions_total",
-    "prompt_tokens": "vllm:prompt_tokens_total", "generation_tokens": "vllm:generation_tokens_total",
-    "time_to_first_token": "vllm:time_to_first_token_seconds",
-    "time_per_output_token": "vllm:time_per_output_token_seconds",
-    "e2e_latency": "vllm:e2e_request_latency_seconds",
-})
-_V1_METRICS = MappingProxyType({
-    **_V0_METRICS, "kv_cache_usage": "vllm:kv_cache_usage_perc",
-    "time_per_output_token": "vllm:inter_token_latency_seconds",
-})
+_V0_METRICS = MappingProxyType(
+    {
+        "requests_running": "vllm:num_requests_running",
+        "requests_waiting": "vllm:num_requests_waiting",
+        "kv_cache_usage": "vllm:gpu_cache_usage_perc",
+        "preemptions": "vllm:num_preemptions_total",
+        "prompt_tokens": "vllm:prompt_tokens_total",
+        "generation_tokens": "vllm:generation_tokens_total",
+        "time_to_first_token": "vllm:time_to_first_token_seconds",
+        "time_per_output_token": "vllm:time_per_output_token_seconds",
+        "e2e_latency": "vllm:e2e_request_latency_seconds",
+    }
+)
+_V1_METRICS = MappingProxyType(
+    {
+        **_V0_METRICS,
+        "kv_cache_usage": "vllm:kv_cache_usage_perc",
+        "time_per_output_token": "vllm:inter_token_latency_seconds",
+    }
+)
 
 _DATA = Path(__file__).resolve().parent / "data"
 
@@ -178,63 +209,98 @@ def _dumped_capabilities(version: str) -> dict[str, int | None]:
     return json.loads((_DATA / f"vllm-{version}-quantizations.json").read_text())["methods"]
 
 
-_Q092 = MappingProxyType({
-    # vLLM 0.9.2 get_min_capability per method; MoE: which methods give FusedMoE a method. [sd-0.9.2]
-    **{m: QuantMethod(60, "native") for m in ("gguf", "aqlm", "deepspeedfp", "auto-round")},
-    "gptq": QuantMethod(60, "none"),  # vllm#22001, 0.9.2 fused_moe/layer.py:732-736: AssertionError in FusedMoE
-    **{m: QuantMethod(70, "native") for m in ("bitsandbytes", "moe_wna16", "compressed-tensors", "quark")},
-    "bitblas": QuantMethod(70, "none"),
-    **{m: QuantMethod(75, "native") for m in ("awq", "torchao")},
-    # fp8 (fp8.py:101-102) among the sm_80 methods: no FP8 checkpoint below sm_80 in 0.9.2.
-    **{m: QuantMethod(80, "native") for m in (
-        "awq_marlin", "gptq_marlin", "gptq_marlin_24", "gptq_bitblas", "marlin", "fp8", "fbgemm_fp8",
-        "experts_int8", "hqq", "qqq", "rtn", "modelopt_fp4", "ptpc_fp8")},
-    "modelopt": QuantMethod(89, "native"),
-    **{m: QuantMethod(None, "none") for m in ("tpu_int8", "neuron_quant", "ipex")},
-})
-_Q0191 = MappingProxyType({
-    # vLLM 0.19.1 get_min_capability of every QUANTIZATION_METHODS entry, called for real on the wheel's code
-    # (components/engines/vllm/data/vllm-0.19.1-quantizations.json). fp8 from sm_75 (fp8.py:145-146): below sm_89
-    # Fp8LinearMethod runs Marlin FP8 weight-only (fp8.py:294-310).
-    **{m: QuantMethod(cap, "native") for m, cap in _dumped_capabilities("0.19.1").items()},
-    "gptq": QuantMethod(60, "moe_wna16"),  # gptq.py:171-183 routes FusedMoE to MoeWNA16
-})
+_Q092 = MappingProxyType(
+    {
+        # vLLM 0.9.2 get_min_capability per method; MoE: which methods give FusedMoE a method. [sd-0.9.2]
+        **{m: QuantMethod(60, "native") for m in ("gguf", "aqlm", "deepspeedfp", "auto-round")},
+        "gptq": QuantMethod(60, "none"),  # vllm#22001, 0.9.2 fused_moe/layer.py:732-736: AssertionError in FusedMoE
+        **{m: QuantMethod(70, "native") for m in ("bitsandbytes", "moe_wna16", "compressed-tensors", "quark")},
+        "bitblas": QuantMethod(70, "none"),
+        **{m: QuantMethod(75, "native") for m in ("awq", "torchao")},
+        # fp8 (fp8.py:101-102) among the sm_80 methods: no FP8 checkpoint below sm_80 in 0.9.2.
+        **{
+            m: QuantMethod(80, "native")
+            for m in (
+                "awq_marlin",
+                "gptq_marlin",
+                "gptq_marlin_24",
+                "gptq_bitblas",
+                "marlin",
+                "fp8",
+                "fbgemm_fp8",
+                "experts_int8",
+                "hqq",
+                "qqq",
+                "rtn",
+                "modelopt_fp4",
+                "ptpc_fp8",
+            )
+        },
+        "modelopt": QuantMethod(89, "native"),
+        **{m: QuantMethod(None, "none") for m in ("tpu_int8", "neuron_quant", "ipex")},
+    }
+)
+_Q0191 = MappingProxyType(
+    {
+        # vLLM 0.19.1 get_min_capability of every QUANTIZATION_METHODS entry, called for real on the wheel's code
+        # (components/engines/vllm/data/vllm-0.19.1-quantizations.json). fp8 from sm_75 (fp8.py:145-146): below sm_89
+        # Fp8LinearMethod runs Marlin FP8 weight-only (fp8.py:294-310).
+        **{m: QuantMethod(cap, "native") for m, cap in _dumped_capabilities("0.19.1").items()},
+        "gptq": QuantMethod(60, "moe_wna16"),  # gptq.py:171-183 routes FusedMoE to MoeWNA16
+    }
+)
 
 _COMMON_092 = {
     "cuda": code("vLLM 0.9.2 docker/Dockerfile:9 CUDA_VERSION=12.8.1"),
-    "torch": code("vLLM 0.9.2 requirements/cuda.txt:9 torch==2.7.0 from the cu128 index (Dockerfile:157-159, "
-                  ":361-364); vllm#18841 env torch 2.7.0+cu128 [obs]"),
-    "torch_arch_list": observed("pytorch#147607: torch 2.7.0+cu128 is built for sm_75..sm_120 without sm_70; "
-                                "vllm#18818, #19185 'no kernel image is available' on V100"),
+    "torch": code(
+        "vLLM 0.9.2 requirements/cuda.txt:9 torch==2.7.0 from the cu128 index (Dockerfile:157-159, "
+        ":361-364); vllm#18841 env torch 2.7.0+cu128 [obs]"
+    ),
+    "torch_arch_list": observed(
+        "pytorch#147607: torch 2.7.0+cu128 is built for sm_75..sm_120 without sm_70; "
+        "vllm#18818, #19185 'no kernel image is available' on V100"
+    ),
     "triton": code("torch 2.7.0's metadata pins triton==3.3.0; vllm#18841 env [obs]"),
-    "engine_line": code("vLLM 0.9.2 vllm/engine/arg_utils.py:1353-1363 (V1 needs capability major >= 8, "
-                        "else V0)"),
+    "engine_line": code("vLLM 0.9.2 vllm/engine/arg_utils.py:1353-1363 (V1 needs capability major >= 8, else V0)"),
     "v1_min_capability": code("vLLM 0.9.2 arg_utils.py:1353-1363"),
     "v0_engine": code("vLLM 0.9.2 vllm/worker/worker.py (the V0 worker) and vllm/engine/llm_engine.py"),
     "reads_vllm_use_v1": code("vLLM 0.9.2 vllm/envs.py (VLLM_USE_V1, unset reads as 1)"),
-    "attention": code("vLLM 0.9.2 platforms/cuda.py:206-212, 309-314 (XFormers below sm_80 on V0; "
-                      "TRITON_MLA for MLA models)"),
+    "attention": code(
+        "vLLM 0.9.2 platforms/cuda.py:206-212, 309-314 (XFormers below sm_80 on V0; TRITON_MLA for MLA models)"
+    ),
     "attention_backend_flag": code("vLLM 0.9.2 no --attention-backend (VLLM_ATTENTION_BACKEND env)"),
-    "quantizations": code("vLLM 0.9.2 get_min_capability of each quantization/*.py; config.py:4469-4478; "
-                          "MoE vllm#22001, 0.9.2 fused_moe/layer.py:732-736"),
+    "quantizations": code(
+        "vLLM 0.9.2 get_min_capability of each quantization/*.py; config.py:4469-4478; "
+        "MoE vllm#22001, 0.9.2 fused_moe/layer.py:732-736"
+    ),
     "kv_cache_dtypes": code("vLLM 0.9.2 config.py CacheDType"),
-    "fp8_kv_min_capability": code("vLLM 0.9.2: on sm_75 V0 runs XFORMERS, whose cache write and paged-attention "
-                                  "decode are CUDA kernels taking kv_cache_dtype (attention/backends/xformers.py:"
-                                  "549-623) and CacheConfig checks no capability (config.py:1589-1599); below sm_75 "
-                                  "refused: no report of an fp8 cache on Volta, and this image's torch has no sm_70"),
+    "fp8_kv_min_capability": code(
+        "vLLM 0.9.2: on sm_75 V0 runs XFORMERS, whose cache write and paged-attention "
+        "decode are CUDA kernels taking kv_cache_dtype (attention/backends/xformers.py:"
+        "549-623) and CacheConfig checks no capability (config.py:1589-1599); below sm_75 "
+        "refused: no report of an fp8 cache on Volta, and this image's torch has no sm_70"
+    ),
     "bf16_min_capability": code("vLLM 0.9.2 platforms/cuda.py:62-72, worker/worker.py:540-557"),
-    "prefix_prefill_min_capability": observed("vllm#18993 (V100) and #19203 (T4): the Triton prefix-prefill "
-                                              "kernel fails with Triton 3.3.0; Triton compile matrix for sm_70"),
+    "prefix_prefill_min_capability": observed(
+        "vllm#18993 (V100) and #19203 (T4): the Triton prefix-prefill "
+        "kernel fails with Triton 3.3.0; Triton compile matrix for sm_70"
+    ),
     "chunked_prefill_auto_above": code("vLLM 0.9.2 arg_utils.py:1510-1539 (V0 chunks prefill above 32768)"),
-    "mla_min_capability": observed("vllm#14016 (sm_75, same code path); 0.9.2 attention/backends/mla/"
-                                   "common.py:1070-1078 calls FA2 with no fallback"),
+    "mla_min_capability": observed(
+        "vllm#14016 (sm_75, same code path); 0.9.2 attention/backends/mla/"
+        "common.py:1070-1078 calls FA2 with no fallback"
+    ),
     "batch_budget": code("vLLM 0.9.2 config.py:2242-2279: max(max_model_len, 2048) with chunked prefill off"),
-    "nccl_in_budget": code("vLLM 0.9.2 worker/worker.py:188-195 and v1/worker/gpu_worker.py:140-160: the baseline "
-                           "snapshot precedes init_worker_distributed_environment; the logged non_torch_memory "
-                           "grows with TP (tests/fixtures/vllm-startup-logs) [obs]"),
+    "nccl_in_budget": code(
+        "vLLM 0.9.2 worker/worker.py:188-195 and v1/worker/gpu_worker.py:140-160: the baseline "
+        "snapshot precedes init_worker_distributed_environment; the logged non_torch_memory "
+        "grows with TP (tests/fixtures/vllm-startup-logs) [obs]"
+    ),
     "serve_args": code("components/engines/vllm/data/vllm-0.9.2-serve-args.json, dumped from 0.9.2's own parser"),
-    "metrics": code("vLLM 0.9.2 vllm/engine/metrics.py:64-222 (https://github.com/vllm-project/vllm/blob/v0.9.2/"
-                    "vllm/engine/metrics.py)"),
+    "metrics": code(
+        "vLLM 0.9.2 vllm/engine/metrics.py:64-222 (https://github.com/vllm-project/vllm/blob/v0.9.2/"
+        "vllm/engine/metrics.py)"
+    ),
     "tuned_moe_config_env": code("vLLM 0.9.2 envs.py VLLM_TUNED_CONFIG_FOLDER (fused_moe.py get_moe_configs)"),
     "serve_refuses_model_flag": code("vLLM 0.9.2 vllm/utils/__init__.py:1475-1481 (ValueError)"),
 }
@@ -242,96 +308,141 @@ _COMMON_092 = {
 _COMMON_0191 = {
     "cuda": code("vLLM 0.19.0 docker/Dockerfile:25 CUDA 12.9.1 (0.19.1 is its patch release)"),
     "torch": code("vLLM 0.19.0 requirements/cuda.txt torch==2.10.0, cu129 index in the image"),
-    "torch_arch_list": unverified("pytorch#182250: 2.10.0+cu128 includes sm_70 [obs]; the image's cu129 build is "
-                                  "inferred from the same arch list, not verified: the qualification gate checks "
-                                  "get_arch_list() on every node"),
+    "torch_arch_list": unverified(
+        "pytorch#182250: 2.10.0+cu128 includes sm_70 [obs]; the image's cu129 build is "
+        "inferred from the same arch list, not verified: the qualification gate checks "
+        "get_arch_list() on every node"
+    ),
     "triton": code("torch 2.10.0's metadata pins triton==3.6.0"),
     "engine_line": code("vLLM 0.11.0 V0 removed (vllm/worker/ holds only worker_base.py); [v1-volta]"),
     "v1_min_capability": code("vllm PR #24022: V1 on Volta and Turing"),
     "v0_engine": code("vLLM 0.11.0 removed V0 (vllm/worker/ holds only worker_base.py)"),
     "reads_vllm_use_v1": code("vLLM 0.19.1 vllm/envs.py has no VLLM_USE_V1 (removed in 0.12.0)"),
-    "attention": code("vLLM 0.19.0 platforms/cuda.py:46-81 priority FLASH_ATTN, FLASHINFER, TRITON_ATTN: V100 "
-                      "lands on TRITON_ATTN (v1/attention/backends/triton_attn.py:327-328, 353-354)"),
+    "attention": code(
+        "vLLM 0.19.0 platforms/cuda.py:46-81 priority FLASH_ATTN, FLASHINFER, TRITON_ATTN: V100 "
+        "lands on TRITON_ATTN (v1/attention/backends/triton_attn.py:327-328, 353-354)"
+    ),
     "attention_backend_flag": code("vLLM 0.19.1 engine/arg_utils.py --attention-backend (since 0.14.0)"),
-    "quantizations": code("vLLM 0.19.1 quantization/__init__.py QUANTIZATION_METHODS, get_min_capability of "
-                          "each method; gptq.py:171-183 GPTQ MoE -> MoeWNA16"),
+    "quantizations": code(
+        "vLLM 0.19.1 quantization/__init__.py QUANTIZATION_METHODS, get_min_capability of "
+        "each method; gptq.py:171-183 GPTQ MoE -> MoeWNA16"
+    ),
     "kv_cache_dtypes": code("vLLM 0.19.1 config/cache.py:14-23 CacheDType"),
-    "fp8_kv_min_capability": code("vLLM 0.19.1: below sm_80 the only backend is TRITON_ATTN, which views an fp8 "
-                                  "cache as float8_e4m3fn (v1/attention/backends/triton_attn.py:399, 475-478), and "
-                                  "Triton 3.6 has fp8e4nv only from sm_89 (backends/nvidia/compiler.py:186-190): "
-                                  "'type fp8e4nv not supported in this architecture' on sm_70 and sm_75, as "
-                                  "tests/test_fp8_bf16_below_sm80.py compiles with the real Triton 3.6.0 wheel"),
+    "fp8_kv_min_capability": code(
+        "vLLM 0.19.1: below sm_80 the only backend is TRITON_ATTN, which views an fp8 "
+        "cache as float8_e4m3fn (v1/attention/backends/triton_attn.py:399, 475-478), and "
+        "Triton 3.6 has fp8e4nv only from sm_89 (backends/nvidia/compiler.py:186-190): "
+        "'type fp8e4nv not supported in this architecture' on sm_70 and sm_75, as "
+        "tests/test_fp8_bf16_below_sm80.py compiles with the real Triton 3.6.0 wheel"
+    ),
     "bf16_min_capability": code("vLLM 0.19.0 platforms/cuda.py supported dtypes below sm_80: fp16, fp32"),
-    "prefix_prefill_min_capability": observed("vllm#47019 (V100, vLLM 0.19, fp16 MoE serves with V1's defaults: "
-                                              "chunked prefill and prefix caching on, TRITON_ATTN, Triton 3.6)"),
+    "prefix_prefill_min_capability": observed(
+        "vllm#47019 (V100, vLLM 0.19, fp16 MoE serves with V1's defaults: "
+        "chunked prefill and prefix caching on, TRITON_ATTN, Triton 3.6)"
+    ),
     "chunked_prefill_auto_above": code("V1 chunks every prefill: no auto switch"),
-    "mla_min_capability": code("vLLM 0.19.0 mla_attention.py:1285-1322 (non-FA prefill only on sm_100), "
-                               ":2139-2150; config/model.py:1581 VLLM_MLA_DISABLE"),
-    "batch_budget": code("vLLM 0.19.1 engine/arg_utils.py:2050-2075, 2213-2230: 2048 (8192 on >=70 GiB non-A100)"
-                         " for the OpenAI server, max(max_model_len, that) with chunked prefill off"),
-    "nccl_in_budget": code("vLLM 0.19.1 v1/worker/gpu_worker.py:259-286: NCCL starts before the init snapshot "
-                           "(vllm#25359, in 0.11.0), and request_memory (v1/worker/utils.py:403-423) refuses a "
-                           "GPU with less than utilization x total free"),
+    "mla_min_capability": code(
+        "vLLM 0.19.0 mla_attention.py:1285-1322 (non-FA prefill only on sm_100), "
+        ":2139-2150; config/model.py:1581 VLLM_MLA_DISABLE"
+    ),
+    "batch_budget": code(
+        "vLLM 0.19.1 engine/arg_utils.py:2050-2075, 2213-2230: 2048 (8192 on >=70 GiB non-A100)"
+        " for the OpenAI server, max(max_model_len, that) with chunked prefill off"
+    ),
+    "nccl_in_budget": code(
+        "vLLM 0.19.1 v1/worker/gpu_worker.py:259-286: NCCL starts before the init snapshot "
+        "(vllm#25359, in 0.11.0), and request_memory (v1/worker/utils.py:403-423) refuses a "
+        "GPU with less than utilization x total free"
+    ),
     "serve_args": code("components/engines/vllm/data/vllm-0.19.1-serve-args.json, dumped from 0.19.1's own parser"),
-    "metrics": code("vLLM 0.19.1 vllm/v1/metrics/loggers.py:437-894 (kv_cache_usage_perc, "
-                    "inter_token_latency_seconds)"),
+    "metrics": code(
+        "vLLM 0.19.1 vllm/v1/metrics/loggers.py:437-894 (kv_cache_usage_perc, inter_token_latency_seconds)"
+    ),
     "tuned_moe_config_env": code("vLLM 0.19.1 envs.py:213, 1491 VLLM_TUNED_CONFIG_FOLDER (fused_moe.py:1062)"),
-    "serve_refuses_model_flag": code("vLLM 0.19.1 utils/argparse_utils.py:185-214 (a warning; --model X becomes "
-                                     "the positional)"),
+    "serve_refuses_model_flag": code(
+        "vLLM 0.19.1 utils/argparse_utils.py:185-214 (a warning; --model X becomes the positional)"
+    ),
 }
 
 _V1_ATTENTION = ((80, "FLASH_ATTN"), (0, "TRITON_ATTN"))
 _KV_0191 = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")
 
 
-_Q0110 = MappingProxyType({
-    # vLLM 0.11.0 get_min_capability of every QUANTIZATION_METHODS entry, called for real on the wheel's code
-    # (components/engines/vllm/data/vllm-0.11.0-quantizations.json, components/engines/vllm/tools/dump_vllm_quantizations.py).
-    **{m: QuantMethod(cap, "native") for m, cap in _dumped_capabilities("0.11.0").items()},
-    "gptq": QuantMethod(60, "moe_wna16"),  # gptq.py:134-146 routes FusedMoE to MoeWNA16
-})
+_Q0110 = MappingProxyType(
+    {
+        # vLLM 0.11.0 get_min_capability of every QUANTIZATION_METHODS entry, called for real on the wheel's code
+        # (components/engines/vllm/data/vllm-0.11.0-quantizations.json, components/engines/vllm/tools/dump_vllm_quantizations.py).
+        **{m: QuantMethod(cap, "native") for m, cap in _dumped_capabilities("0.11.0").items()},
+        "gptq": QuantMethod(60, "moe_wna16"),  # gptq.py:134-146 routes FusedMoE to MoeWNA16
+    }
+)
 
 _COMMON_0110 = {
-    "cuda": unverified("vLLM 0.11.0 requires torch==2.8.0 (wheel METADATA), whose PyPI build is +cu128; the image's "
-                       "Dockerfile CUDA_VERSION was not read here"),
+    "cuda": unverified(
+        "vLLM 0.11.0 requires torch==2.8.0 (wheel METADATA), whose PyPI build is +cu128; the image's "
+        "Dockerfile CUDA_VERSION was not read here"
+    ),
     "torch": code("vLLM 0.11.0 wheel METADATA Requires-Dist torch==2.8.0"),
-    "torch_arch_list": unverified("the real torch 2.8.0+cu128 wheel compiles sm_70 sm_75 sm_80 sm_86 sm_90 sm_100 "
-                                  "sm_120 (libtorch_python.so's arch flags, read by tests/test_qualification.py); "
-                                  "that the image carries this build is inferred: the qualification gate checks "
-                                  "get_arch_list() on every node"),
+    "torch_arch_list": unverified(
+        "the real torch 2.8.0+cu128 wheel compiles sm_70 sm_75 sm_80 sm_86 sm_90 sm_100 "
+        "sm_120 (libtorch_python.so's arch flags, read by tests/test_qualification.py); "
+        "that the image carries this build is inferred: the qualification gate checks "
+        "get_arch_list() on every node"
+    ),
     "triton": code("torch 2.8.0's wheel METADATA pins triton==3.4.0"),
     "engine_line": code("vLLM 0.11.0 platforms/cuda.py:386-388 'V0 attention backends have been removed'"),
-    "v0_engine": code("vLLM 0.11.0 platforms/cuda.py:386-388: VLLM_USE_V1=0 reaches 'V0 attention backends have "
-                      "been removed' (RuntimeError)"),
-    "v1_min_capability": code("vLLM 0.11.0 engine/arg_utils.py:1449-1530 _is_v1_supported_oracle tests no compute "
-                              "capability (vllm PR #24022)"),
+    "v0_engine": code(
+        "vLLM 0.11.0 platforms/cuda.py:386-388: VLLM_USE_V1=0 reaches 'V0 attention backends have "
+        "been removed' (RuntimeError)"
+    ),
+    "v1_min_capability": code(
+        "vLLM 0.11.0 engine/arg_utils.py:1449-1530 _is_v1_supported_oracle tests no compute capability (vllm PR #24022)"
+    ),
     "reads_vllm_use_v1": code("vLLM 0.11.0 vllm/envs.py:900-901 (VLLM_USE_V1, unset reads as 1)"),
-    "attention": code("vLLM 0.11.0 platforms/cuda.py:356-370: FLASH_ATTN from sm_80, FlexAttention below (TRITON_ATTN "
-                      "only when VLLM_ATTENTION_BACKEND names it)"),
-    "attention_backend_flag": code("vLLM 0.11.0 serve parser has no --attention-backend "
-                                   "(components/engines/vllm/data/vllm-0.11.0-serve-args.json); VLLM_ATTENTION_BACKEND, envs.py:612"),
-    "quantizations": code("vLLM 0.11.0 get_min_capability of each QUANTIZATION_METHODS entry, called on the wheel's "
-                          "code (components/engines/vllm/data/vllm-0.11.0-quantizations.json); gptq.py:134-146 GPTQ MoE -> "
-                          "MoeWNA16"),
+    "attention": code(
+        "vLLM 0.11.0 platforms/cuda.py:356-370: FLASH_ATTN from sm_80, FlexAttention below (TRITON_ATTN "
+        "only when VLLM_ATTENTION_BACKEND names it)"
+    ),
+    "attention_backend_flag": code(
+        "vLLM 0.11.0 serve parser has no --attention-backend "
+        "(components/engines/vllm/data/vllm-0.11.0-serve-args.json); VLLM_ATTENTION_BACKEND, envs.py:612"
+    ),
+    "quantizations": code(
+        "vLLM 0.11.0 get_min_capability of each QUANTIZATION_METHODS entry, called on the wheel's "
+        "code (components/engines/vllm/data/vllm-0.11.0-quantizations.json); gptq.py:134-146 GPTQ MoE -> "
+        "MoeWNA16"
+    ),
     "kv_cache_dtypes": code("vLLM 0.11.0 config/cache.py:25-26 CacheDType"),
-    "fp8_kv_min_capability": code("vLLM 0.11.0: below sm_80 FlexAttention refuses a quantized cache "
-                                  "(v1/attention/backends/flex_attention.py:703-704) and TRITON_ATTN views it as "
-                                  "float8_e4m3fn (triton_attn.py:236, 298-299), which Triton 3.4 has only from sm_89 "
-                                  "(backends/nvidia/compiler.py:170-171)"),
+    "fp8_kv_min_capability": code(
+        "vLLM 0.11.0: below sm_80 FlexAttention refuses a quantized cache "
+        "(v1/attention/backends/flex_attention.py:703-704) and TRITON_ATTN views it as "
+        "float8_e4m3fn (triton_attn.py:236, 298-299), which Triton 3.4 has only from sm_89 "
+        "(backends/nvidia/compiler.py:170-171)"
+    ),
     "bf16_min_capability": code("vLLM 0.11.0 platforms/cuda.py:497-510 check_if_supports_dtype"),
-    "prefix_prefill_min_capability": code("vLLM 0.11.0 V1 runs chunked prefill and prefix caching inside its "
-                                          "attention backend; Triton 3.4 compiles fp16 tl.dot for sm_70 (FMA), "
-                                          "tests/test_qualification.py"),
+    "prefix_prefill_min_capability": code(
+        "vLLM 0.11.0 V1 runs chunked prefill and prefix caching inside its "
+        "attention backend; Triton 3.4 compiles fp16 tl.dot for sm_70 (FMA), "
+        "tests/test_qualification.py"
+    ),
     "chunked_prefill_auto_above": code("V1 chunks every prefill: no auto switch"),
-    "mla_min_capability": code("vLLM 0.11.0 v1/attention/backends/mla/common.py:1127-1142 (MLA prefill calls "
-                               "flash_attn_varlen_func, FA2 needs sm_80); config/model.py:1444 VLLM_MLA_DISABLE"),
-    "batch_budget": code("vLLM 0.11.0 engine/arg_utils.py:1600-1672: 2048 (8192 on >=70 GiB non-A100) for the "
-                         "OpenAI server; with chunked prefill off max_model_len itself"),
-    "nccl_in_budget": code("vLLM 0.11.0 v1/worker/gpu_worker.py:165-195: NCCL starts before the init snapshot "
-                           "(vllm#25359), and a GPU with less than utilization x total free is refused"),
+    "mla_min_capability": code(
+        "vLLM 0.11.0 v1/attention/backends/mla/common.py:1127-1142 (MLA prefill calls "
+        "flash_attn_varlen_func, FA2 needs sm_80); config/model.py:1444 VLLM_MLA_DISABLE"
+    ),
+    "batch_budget": code(
+        "vLLM 0.11.0 engine/arg_utils.py:1600-1672: 2048 (8192 on >=70 GiB non-A100) for the "
+        "OpenAI server; with chunked prefill off max_model_len itself"
+    ),
+    "nccl_in_budget": code(
+        "vLLM 0.11.0 v1/worker/gpu_worker.py:165-195: NCCL starts before the init snapshot "
+        "(vllm#25359), and a GPU with less than utilization x total free is refused"
+    ),
     "serve_args": code("components/engines/vllm/data/vllm-0.11.0-serve-args.json, dumped from 0.11.0's own parser"),
-    "metrics": code("vLLM 0.11.0 vllm/v1/metrics/loggers.py (kv_cache_usage_perc, inter_token_latency_seconds; "
-                    "tests/fixtures/metrics/vllm-0.11.0-v1.txt)"),
+    "metrics": code(
+        "vLLM 0.11.0 vllm/v1/metrics/loggers.py (kv_cache_usage_perc, inter_token_latency_seconds; "
+        "tests/fixtures/metrics/vllm-0.11.0-v1.txt)"
+    ),
     "tuned_moe_config_env": code("vLLM 0.11.0 envs.py:192 VLLM_TUNED_CONFIG_FOLDER"),
     "serve_refuses_model_flag": code("vLLM 0.11.0 vllm/utils/__init__.py:1856-1864 (ValueError)"),
 }
@@ -340,45 +451,122 @@ _KV_0110 = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc")
 
 def _vllm_0191(tag: str, variant: str, arch_list: tuple[int, ...], arch_source: Sourced, note: str) -> ImageFacts:
     return ImageFacts(
-        engine="vllm", version="0.19.1", repo="vllm/vllm-openai", tag=tag, variant=variant,
-        cuda="12.9.1", torch="2.10.0+cu129", torch_arch_list=arch_list, triton="3.6.0",
-        engine_line="V1", v0_engine=False, v1_min_capability=70, reads_vllm_use_v1=False,
-        attention=_V1_ATTENTION, attention_backend_flag=True, quantizations=_Q0191,
-        kv_cache_dtypes=_KV_0191, fp8_kv_min_capability=80, bf16_min_capability=80,
-        prefix_prefill_min_capability=70, chunked_prefill_auto_above=None, mla_min_capability=80,
-        batch_budget="v1", nccl_in_budget=False, serve_args="vllm-0.19.1-serve-args.json", metrics=_V1_METRICS,
-        tuned_moe_config_env="VLLM_TUNED_CONFIG_FOLDER", serve_refuses_model_flag=False,
-        sources=_sources(_COMMON_0191, torch_arch_list=arch_source), note=note)
+        engine="vllm",
+        version="0.19.1",
+        repo="vllm/vllm-openai",
+        tag=tag,
+        variant=variant,
+        cuda="12.9.1",
+        torch="2.10.0+cu129",
+        torch_arch_list=arch_list,
+        triton="3.6.0",
+        engine_line="V1",
+        v0_engine=False,
+        v1_min_capability=70,
+        reads_vllm_use_v1=False,
+        attention=_V1_ATTENTION,
+        attention_backend_flag=True,
+        quantizations=_Q0191,
+        kv_cache_dtypes=_KV_0191,
+        fp8_kv_min_capability=80,
+        bf16_min_capability=80,
+        prefix_prefill_min_capability=70,
+        chunked_prefill_auto_above=None,
+        mla_min_capability=80,
+        batch_budget="v1",
+        nccl_in_budget=False,
+        serve_args="vllm-0.19.1-serve-args.json",
+        metrics=_V1_METRICS,
+        tuned_moe_config_env="VLLM_TUNED_CONFIG_FOLDER",
+        serve_refuses_model_flag=False,
+        sources=_sources(_COMMON_0191, torch_arch_list=arch_source),
+        note=note,
+    )
 
 
-IMAGES: dict[str, ImageFacts] = {f.ref: f for f in [
-    ImageFacts(
-        engine="vllm", version="0.9.2", repo="vllm/vllm-openai", tag="v0.9.2", variant="",
-        cuda="12.8.1", torch="2.7.0+cu128", torch_arch_list=(75, 80, 86, 90, 100, 120), triton="3.3.0",
-        engine_line="V0", v0_engine=True, v1_min_capability=80, reads_vllm_use_v1=True,
-        attention=((80, "FLASH_ATTN"), (0, "XFORMERS")), attention_backend_flag=False, quantizations=_Q092,
-        kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"), fp8_kv_min_capability=75,
-        bf16_min_capability=80, prefix_prefill_min_capability=80, chunked_prefill_auto_above=32768,
-        mla_min_capability=80, batch_budget="v0", nccl_in_budget=True, serve_args="vllm-0.9.2-serve-args.json",
-        metrics=_V0_METRICS,
-        tuned_moe_config_env="VLLM_TUNED_CONFIG_FOLDER", serve_refuses_model_flag=True, sources=_sources(_COMMON_092),
-        note="the runbook's image: its torch has no sm_70 and its Triton cannot compile fp16 dots below sm_80"),
-    ImageFacts(
-        engine="vllm", version="0.11.0", repo="vllm/vllm-openai", tag="v0.11.0", variant="",
-        cuda="12.8", torch="2.8.0+cu128", torch_arch_list=(70, 75, 80, 86, 90, 100, 120), triton="3.4.0",
-        engine_line="V1", v0_engine=False, v1_min_capability=70, reads_vllm_use_v1=True,
-        attention=((80, "FLASH_ATTN"), (0, "FLEX_ATTENTION")), attention_backend_flag=False, quantizations=_Q0110,
-        kv_cache_dtypes=_KV_0110, fp8_kv_min_capability=80, bf16_min_capability=80, prefix_prefill_min_capability=70,
-        chunked_prefill_auto_above=None, mla_min_capability=80, batch_budget="v1", nccl_in_budget=False,
-        serve_args="vllm-0.11.0-serve-args.json", metrics=_V1_METRICS, tuned_moe_config_env="VLLM_TUNED_CONFIG_FOLDER",
-        serve_refuses_model_flag=True, sources=_sources(_COMMON_0110),
-        note="the first V1-only line (V0 removed); FlexAttention below sm_80 unless VLLM_ATTENTION_BACKEND=TRITON_ATTN"),
-    _vllm_0191("v0.19.1", "", (70, 75, 80, 86, 90, 100, 120), _COMMON_0191["torch_arch_list"],
-               "the last upstream vLLM line that runs on Volta (V1, TRITON_ATTN)"),
-    _vllm_0191("v0.19.1-ubuntu2404", "ubuntu2404", (87, 89, 90, 100, 120),
-               code("vLLM 0.19.0 .buildkite/release-pipeline.yaml:151-158 ('8.7 8.9 9.0 10.0+PTX 12.0')"),
-               "built without sm_70/sm_75/sm_80: use the plain tag on older GPUs"),
-]}
+IMAGES: dict[str, ImageFacts] = {
+    f.ref: f
+    for f in [
+        ImageFacts(
+            engine="vllm",
+            version="0.9.2",
+            repo="vllm/vllm-openai",
+            tag="v0.9.2",
+            variant="",
+            cuda="12.8.1",
+            torch="2.7.0+cu128",
+            torch_arch_list=(75, 80, 86, 90, 100, 120),
+            triton="3.3.0",
+            engine_line="V0",
+            v0_engine=True,
+            v1_min_capability=80,
+            reads_vllm_use_v1=True,
+            attention=((80, "FLASH_ATTN"), (0, "XFORMERS")),
+            attention_backend_flag=False,
+            quantizations=_Q092,
+            kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
+            fp8_kv_min_capability=75,
+            bf16_min_capability=80,
+            prefix_prefill_min_capability=80,
+            chunked_prefill_auto_above=32768,
+            mla_min_capability=80,
+            batch_budget="v0",
+            nccl_in_budget=True,
+            serve_args="vllm-0.9.2-serve-args.json",
+            metrics=_V0_METRICS,
+            tuned_moe_config_env="VLLM_TUNED_CONFIG_FOLDER",
+            serve_refuses_model_flag=True,
+            sources=_sources(_COMMON_092),
+            note="the runbook's image: its torch has no sm_70 and its Triton cannot compile fp16 dots below sm_80",
+        ),
+        ImageFacts(
+            engine="vllm",
+            version="0.11.0",
+            repo="vllm/vllm-openai",
+            tag="v0.11.0",
+            variant="",
+            cuda="12.8",
+            torch="2.8.0+cu128",
+            torch_arch_list=(70, 75, 80, 86, 90, 100, 120),
+            triton="3.4.0",
+            engine_line="V1",
+            v0_engine=False,
+            v1_min_capability=70,
+            reads_vllm_use_v1=True,
+            attention=((80, "FLASH_ATTN"), (0, "FLEX_ATTENTION")),
+            attention_backend_flag=False,
+            quantizations=_Q0110,
+            kv_cache_dtypes=_KV_0110,
+            fp8_kv_min_capability=80,
+            bf16_min_capability=80,
+            prefix_prefill_min_capability=70,
+            chunked_prefill_auto_above=None,
+            mla_min_capability=80,
+            batch_budget="v1",
+            nccl_in_budget=False,
+            serve_args="vllm-0.11.0-serve-args.json",
+            metrics=_V1_METRICS,
+            tuned_moe_config_env="VLLM_TUNED_CONFIG_FOLDER",
+            serve_refuses_model_flag=True,
+            sources=_sources(_COMMON_0110),
+            note="the first V1-only line (V0 removed); FlexAttention below sm_80 unless VLLM_ATTENTION_BACKEND=TRITON_ATTN",
+        ),
+        _vllm_0191(
+            "v0.19.1",
+            "",
+            (70, 75, 80, 86, 90, 100, 120),
+            _COMMON_0191["torch_arch_list"],
+            "the last upstream vLLM line that runs on Volta (V1, TRITON_ATTN)",
+        ),
+        _vllm_0191(
+            "v0.19.1-ubuntu2404",
+            "ubuntu2404",
+            (87, 89, 90, 100, 120),
+            code("vLLM 0.19.0 .buildkite/release-pipeline.yaml:151-158 ('8.7 8.9 9.0 10.0+PTX 12.0')"),
+            "built without sm_70/sm_75/sm_80: use the plain tag on older GPUs",
+        ),
+    ]
+}
 
 
 def pool_image_facts(spec: StackSpec, pool: str) -> ImageFacts | None:
@@ -404,13 +592,18 @@ def image_facts(ref: str | None) -> ImageFacts | None:
 DECLARABLE = ("version", "cuda", "torch", "torch_arch_list", "triton")
 
 
-def facts_for(ref: str | None, declared: Mapping[str, object] | None = None, declared_by: str = "") -> ImageFacts | None:
+def facts_for(
+    ref: str | None, declared: Mapping[str, object] | None = None, declared_by: str = ""
+) -> ImageFacts | None:
     """The facts of an image: declared ({"like": known ref, field: value…}) or the table's."""
     if declared:
         like = str(declared["like"])
         # Props arrive through protobuf Structs: numbers as floats (70.0), lists as lists.
-        overrides = {k: (tuple(int(c) for c in v) if not isinstance(v, str) and hasattr(v, "__iter__") else v)  # type: ignore[union-attr]
-                     for k, v in declared.items() if k in DECLARABLE}
+        overrides = {
+            k: (tuple(int(c) for c in v) if not isinstance(v, str) and hasattr(v, "__iter__") else v)  # type: ignore[union-attr]
+            for k, v in declared.items()
+            if k in DECLARABLE
+        }
         return declared_facts(ref or like, like, overrides, declared_by or "the stack")
     return image_facts(ref)
 
@@ -423,9 +616,15 @@ def declared_facts(ref: str, like: str, overrides: Mapping[str, object], declare
     sources = dict(base.sources)
     for name in overrides:
         sources[name] = unverified(f"declared by {declared_by}")
-    return replace(base, repo=repo or image_ref_key(ref), tag=tag if repo else "", variant="declared",
-                   sources=MappingProxyType(sources), note=f"declared by {declared_by}, based on {base.ref}",
-                   **overrides)  # type: ignore[arg-type]
+    return replace(
+        base,
+        repo=repo or image_ref_key(ref),
+        tag=tag if repo else "",
+        variant="declared",
+        sources=MappingProxyType(sources),
+        note=f"declared by {declared_by}, based on {base.ref}",
+        **overrides,
+    )  # type: ignore[arg-type]
 
 
 # The image a pool runs when it names none, per engine: the newest line whose facts say it starts on
@@ -447,12 +646,17 @@ def kv_cache_bytes(kv_cache_dtype: str, act_bytes: int) -> int:
 # Its OpenAI server as the gateway sees it: idle keep-alive timeout and the statuses of a replica that
 # cannot serve (the gateway's upstream keepalive_timeout stays shorter; failover counts those statuses).
 HTTP_SERVER = EngineServer(
-    keepalive_seconds=5, keepalive_env="VLLM_HTTP_TIMEOUT_KEEP_ALIVE", not_ready_statuses=(503,),
-    source=("vllm/entrypoints/openai/api_server.py passes timeout_keep_alive="
-            "envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE to uvicorn; vllm/envs.py defaults it to 5 (seconds), "
-            "as does uvicorn's own Config(timeout_keep_alive=5) (v0.10.2 .. v0.19.x; read from code). "
-            "Not ready: 503 (unverified; the gateway counts every 500/502/503/504 as a failure anyway)."),
-    evidence="read from code")
+    keepalive_seconds=5,
+    keepalive_env="VLLM_HTTP_TIMEOUT_KEEP_ALIVE",
+    not_ready_statuses=(503,),
+    source=(
+        "vllm/entrypoints/openai/api_server.py passes timeout_keep_alive="
+        "envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE to uvicorn; vllm/envs.py defaults it to 5 (seconds), "
+        "as does uvicorn's own Config(timeout_keep_alive=5) (v0.10.2 .. v0.19.x; read from code). "
+        "Not ready: 503 (unverified; the gateway counts every 500/502/503/504 as a failure anyway)."
+    ),
+    evidence="read from code",
+)
 
 
 VLLM_IMAGE_REPO = "vllm/vllm-openai"
@@ -467,5 +671,7 @@ IMAGES_WITH_RAY = frozenset({VLLM_IMAGE_REPO})
 # swap_space x tensor_parallel_size > 0.7 x psutil's total memory -> ValueError("Too large swap space. …"),
 # and warns above 0.4. A container without a memory limit sees the host's total.
 SWAP_SPACE_MAX_FRACTION = 0.7
-SWAP_SPACE_SOURCE = code("vllm/config.py CacheConfig.verify_with_parallel_config at v0.9.2 (swap space x "
-                         "tensor_parallel_size against 0.7 of get_cpu_memory())")
+SWAP_SPACE_SOURCE = code(
+    "vllm/config.py CacheConfig.verify_with_parallel_config at v0.9.2 (swap space x "
+    "tensor_parallel_size against 0.7 of get_cpu_memory())"
+)

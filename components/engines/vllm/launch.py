@@ -2,6 +2,7 @@
 inside a `bash -c` script), its arguments parsed by the image's own parser, and the `Launch` the vLLM rules
 judge (components/engines/vllm/rules), read from a ModelServer's or a container's props. Pure: the policy
 pack hands the props over (policies.rules.common.launch_of)."""
+
 from __future__ import annotations
 
 import re
@@ -37,18 +38,18 @@ def server_tokens(argv: list[str]) -> tuple[str, list[str]] | None:
     (API_SERVER, …); None if it starts neither."""
     for i in range(len(argv) - 1):
         if argv[i].rsplit("/", 1)[-1] == "vllm" and argv[i + 1] == "serve":
-            return SERVE, argv[i + 2:]
+            return SERVE, argv[i + 2 :]
         if argv[i] == "-m" and argv[i + 1] == API_SERVER:
-            return API_SERVER, argv[i + 2:]
+            return API_SERVER, argv[i + 2 :]
     for token in argv:
         serve_at = token.find("vllm serve")
         module = _API_SERVER_IN_SCRIPT.search(token)
         if serve_at < 0 and module is None:
             continue
         if module is None or 0 <= serve_at < module.start():
-            tail = _script_tail(token[serve_at + len("vllm serve"):])
+            tail = _script_tail(token[serve_at + len("vllm serve") :])
             return None if tail is None else (SERVE, tail)
-        tail = _script_tail(token[module.end():])
+        tail = _script_tail(token[module.end() :])
         return None if tail is None else (API_SERVER, tail)
     return None
 
@@ -114,11 +115,19 @@ def model_server_launch(props: Mapping[str, Any]) -> Launch | None:
     gpu_name = props.get("gpuModel")
     facts = facts_for(props.get("image"), props.get("imageFacts"), f"pools.{props.get('pool')}.imageFacts")
     return Launch(
-        resource="ModelServer", args=parse_serve(tokens if tokens is not None else argv, facts=facts),
-        env=env_of(props.get("env")), gpu_name=gpu_name, gpu=GPUS.get(str(gpu_name)),
-        arch=props.get("arch"), quantization=props.get("quantization"),
-        nodes=tuple(props.get("nodes") or ()), gpus_per_node=number(props.get("gpuCount")),
-        image=props.get("image"), model_path=props.get("modelPath"), props=props, facts=facts,
+        resource="ModelServer",
+        args=parse_serve(tokens if tokens is not None else argv, facts=facts),
+        env=env_of(props.get("env")),
+        gpu_name=gpu_name,
+        gpu=GPUS.get(str(gpu_name)),
+        arch=props.get("arch"),
+        quantization=props.get("quantization"),
+        nodes=tuple(props.get("nodes") or ()),
+        gpus_per_node=number(props.get("gpuCount")),
+        image=props.get("image"),
+        model_path=props.get("modelPath"),
+        props=props,
+        facts=facts,
     )
 
 
@@ -131,5 +140,14 @@ def container_launch(props: Mapping[str, Any], image: str | None) -> Launch | No
     gpu_name = labels(props).get(GPU_MODEL_LABEL)
     facts = facts_for(image)
     parsed = parse_server(found, facts)
-    return Launch(resource="container", args=parsed, env=env_of(props.get("envs")), gpu_name=gpu_name,
-                  gpu=GPUS.get(str(gpu_name)), image=image, model_path=parsed.model, props=props, facts=facts)
+    return Launch(
+        resource="container",
+        args=parsed,
+        env=env_of(props.get("envs")),
+        gpu_name=gpu_name,
+        gpu=GPUS.get(str(gpu_name)),
+        image=image,
+        model_path=parsed.model,
+        props=props,
+        facts=facts,
+    )

@@ -40,6 +40,7 @@ v1/worker/gpu_worker.py (determine_available_memory) and v1/worker/utils.py (req
 distributed/utils.py (get_pp_indices), model_executor/models/deepseek_v2.py (non-MLA attention pads
 V to qk_head_dim), config.py (get_num_kv_heads: max(1, kv_heads // tp)).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -137,8 +138,9 @@ class CapacityEstimate:
         return d
 
 
-def activation_peak_bytes(arch: ModelArch, *, tp: int, act_bytes: int, max_num_batched_tokens: int,
-                          max_num_seqs: int) -> float:
+def activation_peak_bytes(
+    arch: ModelArch, *, tp: int, act_bytes: int, max_num_batched_tokens: int, max_num_seqs: int
+) -> float:
     """Peak PyTorch memory of vLLM's profile run beyond the weights (forward pass or sampler)."""
     h = arch.hidden_size
     if arch.is_moe:
@@ -152,8 +154,14 @@ def activation_peak_bytes(arch: ModelArch, *, tp: int, act_bytes: int, max_num_b
     return max(forward, sampler)
 
 
-def default_max_num_batched_tokens(max_model_len: int, *, v1_engine: bool = False, gpu_name: str = "",
-                                   gpu_memory_gib: float = 0.0, chunked_prefill: bool | None = None) -> int:
+def default_max_num_batched_tokens(
+    max_model_len: int,
+    *,
+    v1_engine: bool = False,
+    gpu_name: str = "",
+    gpu_memory_gib: float = 0.0,
+    chunked_prefill: bool | None = None,
+) -> int:
     """vLLM's max_num_batched_tokens when unset: V0 without chunked prefill, or V1's budget for the OpenAI
     server (2048, 8192 on >= 70 GiB non-A100 GPUs), raised to max_model_len when V1's chunked prefill is off
     (0.19.1 engine/arg_utils.py:2050-2075, 2213-2230)."""
@@ -185,30 +193,61 @@ def _rule_of_thumb_bytes_per_param(quantization: str | None, act_bytes: int, qua
     return quant_bits / 8
 
 
-def estimate(arch: ModelArch, gpu_memory_gib: float, *, tp: int, pp: int,
-             gpu_memory_utilization: float, dtype: str, quantization: str | None = None,
-             quant_bits: int = 4, group_size: int = 128, kv_cache_dtype: str = "auto",
-             max_model_len: int, max_num_seqs: int, max_num_batched_tokens: int | None = None,
-             block_size: int = 16, mla_enabled: bool = True, v1_engine: bool = False,
-             gpu_name: str = "", chunked_prefill: bool | None = None, nccl_in_budget: bool = True,
-             nvls: bool = False) -> CapacityEstimate:
+def estimate(
+    arch: ModelArch,
+    gpu_memory_gib: float,
+    *,
+    tp: int,
+    pp: int,
+    gpu_memory_utilization: float,
+    dtype: str,
+    quantization: str | None = None,
+    quant_bits: int = 4,
+    group_size: int = 128,
+    kv_cache_dtype: str = "auto",
+    max_model_len: int,
+    max_num_seqs: int,
+    max_num_batched_tokens: int | None = None,
+    block_size: int = 16,
+    mla_enabled: bool = True,
+    v1_engine: bool = False,
+    gpu_name: str = "",
+    chunked_prefill: bool | None = None,
+    nccl_in_budget: bool = True,
+    nvls: bool = False,
+) -> CapacityEstimate:
     """Estimate weights, KV cache and concurrency per GPU for one pool, the way vLLM will.
 
     `v1_engine`, `gpu_name` and `chunked_prefill` (None: the engine's default) only pick vLLM's default
     max_num_batched_tokens when it is unset. `nccl_in_budget` is the image's profiler order
     (ImageFacts.nccl_in_budget), `nvls` whether the GPUs talk over NVSwitch with NCCL NVLS.
     """
-    _check_inputs(arch, gpu_memory_gib, tp, pp, gpu_memory_utilization, dtype, kv_cache_dtype,
-                  max_model_len, max_num_seqs, block_size)
+    _check_inputs(
+        arch,
+        gpu_memory_gib,
+        tp,
+        pp,
+        gpu_memory_utilization,
+        dtype,
+        kv_cache_dtype,
+        max_model_len,
+        max_num_seqs,
+        block_size,
+    )
     act_bytes = DTYPE_BYTES[dtype]
     kv_bytes = kv_cache_bytes(kv_cache_dtype, act_bytes)
     linear_bytes = linear_bytes_per_param(quantization, act_bytes, quant_bits, group_size)
     batched = max_num_batched_tokens or default_max_num_batched_tokens(
-        max_model_len, v1_engine=v1_engine, gpu_name=gpu_name, gpu_memory_gib=gpu_memory_gib,
-        chunked_prefill=chunked_prefill)
+        max_model_len,
+        v1_engine=v1_engine,
+        gpu_name=gpu_name,
+        gpu_memory_gib=gpu_memory_gib,
+        chunked_prefill=chunked_prefill,
+    )
     stages = layers_per_stage(arch.num_layers, pp)
-    activation = activation_peak_bytes(arch, tp=tp, act_bytes=act_bytes,
-                                       max_num_batched_tokens=batched, max_num_seqs=max_num_seqs)
+    activation = activation_peak_bytes(
+        arch, tp=tp, act_bytes=act_bytes, max_num_batched_tokens=batched, max_num_seqs=max_num_seqs
+    )
     comm = communicator_gib(tp, pp, nvls=nvls) * GIB
     non_torch = NON_TORCH_BASE_GIB * GIB + (comm if nccl_in_budget else 0.0)
     budget = gpu_memory_gib * GIB * gpu_memory_utilization
@@ -219,9 +258,18 @@ def estimate(arch: ModelArch, gpu_memory_gib: float, *, tp: int, pp: int,
     weights, blocks, kv_mem, kv_per_token = [], [], [], []
     start = 0
     for rank, n in enumerate(stages):
-        w = stage_weight_bytes(arch, start, start + n, tp=tp, pp=pp, first=rank == 0,
-                                last=rank == pp - 1, act_bytes=act_bytes, linear_bytes=linear_bytes,
-                                mla_enabled=mla_enabled)
+        w = stage_weight_bytes(
+            arch,
+            start,
+            start + n,
+            tp=tp,
+            pp=pp,
+            first=rank == 0,
+            last=rank == pp - 1,
+            act_bytes=act_bytes,
+            linear_bytes=linear_bytes,
+            mla_enabled=mla_enabled,
+        )
         free = budget - w - activation - non_torch
         weights.append(w)
         kv_mem.append(free)
@@ -233,59 +281,102 @@ def estimate(arch: ModelArch, gpu_memory_gib: float, *, tp: int, pp: int,
     kv_tokens = gpu_blocks * block_size
     concurrency = kv_tokens / max_model_len
     weights_total = sum(weights) * tp
-    rot = (model_params(arch) * _rule_of_thumb_bytes_per_param(quantization, act_bytes, quant_bits)
-           * RULE_OF_THUMB_FACTOR)
-    fits, reason = _verdict(weights[worst], max(weights), kv_mem[worst], activation, non_torch, budget,
-                            kv_tokens, max_model_len, gpu_memory_gib, gpu_memory_utilization)
+    rot = (
+        model_params(arch) * _rule_of_thumb_bytes_per_param(quantization, act_bytes, quant_bits) * RULE_OF_THUMB_FACTOR
+    )
+    fits, reason = _verdict(
+        weights[worst],
+        max(weights),
+        kv_mem[worst],
+        activation,
+        non_torch,
+        budget,
+        kv_tokens,
+        max_model_len,
+        gpu_memory_gib,
+        gpu_memory_utilization,
+    )
     advice = ""
     if startup_free is not None and startup_free < budget:
-        fits, reason, advice = _startup_refusal(startup_free, comm, tp, pp, gpu_memory_gib,
-                                                gpu_memory_utilization)
+        fits, reason, advice = _startup_refusal(startup_free, comm, tp, pp, gpu_memory_gib, gpu_memory_utilization)
     notes = _notes(arch, mla_enabled, concurrency, max_num_seqs, fits)
     if fits and startup_free is not None and startup_free - budget < STARTUP_MARGIN_GIB * GIB:
-        notes += (f"only {(startup_free - budget) / GIB:.2f} GiB per GPU to spare when vLLM checks its request "
-                  f"at start (NCCL/all-reduce buffers estimated at {comm / GIB:.2f} GiB): if it refuses with "
-                  "'Free memory on device ... on startup', lower gpu-memory-utilization",)
+        notes += (
+            f"only {(startup_free - budget) / GIB:.2f} GiB per GPU to spare when vLLM checks its request "
+            f"at start (NCCL/all-reduce buffers estimated at {comm / GIB:.2f} GiB): if it refuses with "
+            "'Free memory on device ... on startup', lower gpu-memory-utilization",
+        )
     return CapacityEstimate(
-        model=arch.name, gpu_memory_gib=gpu_memory_gib, tp=tp, pp=pp,
-        gpu_memory_utilization=gpu_memory_utilization, dtype=dtype, quantization=quantization,
-        kv_cache_dtype=kv_cache_dtype, uses_mla=arch.uses_mla,
+        model=arch.name,
+        gpu_memory_gib=gpu_memory_gib,
+        tp=tp,
+        pp=pp,
+        gpu_memory_utilization=gpu_memory_utilization,
+        dtype=dtype,
+        quantization=quantization,
+        kv_cache_dtype=kv_cache_dtype,
+        uses_mla=arch.uses_mla,
         mla_enabled=mla_enabled and arch.uses_mla,
-        max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=batched,
-        layers_per_stage=tuple(stages), weights_gib_per_gpu=max(weights) / GIB,
-        weights_gib_total=weights_total / GIB, kv_bytes_per_token_per_gpu=kv_per_token[worst],
-        activation_gib=activation / GIB, non_torch_gib=non_torch / GIB,
-        kv_cache_gib_per_gpu=max(0.0, kv_mem[worst]) / GIB, gpu_blocks=gpu_blocks, kv_tokens=kv_tokens,
-        max_concurrency=concurrency, fits=fits, reason=reason, rule_of_thumb_gib_total=rot / GIB,
-        notes=notes, communicator_gib=comm / GIB, communicator_in_budget=nccl_in_budget,
-        startup_free_gib=None if startup_free is None else startup_free / GIB, advice=advice,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=batched,
+        layers_per_stage=tuple(stages),
+        weights_gib_per_gpu=max(weights) / GIB,
+        weights_gib_total=weights_total / GIB,
+        kv_bytes_per_token_per_gpu=kv_per_token[worst],
+        activation_gib=activation / GIB,
+        non_torch_gib=non_torch / GIB,
+        kv_cache_gib_per_gpu=max(0.0, kv_mem[worst]) / GIB,
+        gpu_blocks=gpu_blocks,
+        kv_tokens=kv_tokens,
+        max_concurrency=concurrency,
+        fits=fits,
+        reason=reason,
+        rule_of_thumb_gib_total=rot / GIB,
+        notes=notes,
+        communicator_gib=comm / GIB,
+        communicator_in_budget=nccl_in_budget,
+        startup_free_gib=None if startup_free is None else startup_free / GIB,
+        advice=advice,
         weights_gib_per_stage=tuple(w / GIB for w in weights),
     )
 
 
-def _startup_refusal(free: float, comm: float, tp: int, pp: int, gpu_gib: float,
-                     util: float) -> tuple[bool, str, str]:
+def _startup_refusal(free: float, comm: float, tp: int, pp: int, gpu_gib: float, util: float) -> tuple[bool, str, str]:
     """vLLM's request_memory refusal: less than utilization x total free once NCCL is up."""
     peers = (tp - 1) + pipeline_neighbours(pp)
     highest = max(0.0, (free / GIB) / gpu_gib)
-    reason = (f"about {free / GIB:.2f} GiB per GPU is free when vLLM sizes its request ({gpu_gib:.2f} GiB less "
-              f"the CUDA context, {CUDA_CONTEXT_GIB:g} GiB, and NCCL/all-reduce buffers for {peers} peers, "
-              f"{comm / GIB:.2f} GiB), less than gpu-memory-utilization {util:.2f} x {gpu_gib:.2f} = "
-              f"{gpu_gib * util:.2f} GiB: vLLM stops with 'Free memory on device ... on startup is less than "
-              "desired GPU memory utilization'")
+    reason = (
+        f"about {free / GIB:.2f} GiB per GPU is free when vLLM sizes its request ({gpu_gib:.2f} GiB less "
+        f"the CUDA context, {CUDA_CONTEXT_GIB:g} GiB, and NCCL/all-reduce buffers for {peers} peers, "
+        f"{comm / GIB:.2f} GiB), less than gpu-memory-utilization {util:.2f} x {gpu_gib:.2f} = "
+        f"{gpu_gib * util:.2f} GiB: vLLM stops with 'Free memory on device ... on startup is less than "
+        "desired GPU memory utilization'"
+    )
     advice = f"lower gpu-memory-utilization from {util:g} to {int(highest * 100) / 100:.2f} or less"
     return False, reason, advice
 
 
-def _check_inputs(arch: ModelArch, gpu_memory_gib: float, tp: int, pp: int, util: float, dtype: str,
-                  kv_cache_dtype: str, max_model_len: int, max_num_seqs: int, block_size: int) -> None:
+def _check_inputs(
+    arch: ModelArch,
+    gpu_memory_gib: float,
+    tp: int,
+    pp: int,
+    util: float,
+    dtype: str,
+    kv_cache_dtype: str,
+    max_model_len: int,
+    max_num_seqs: int,
+    block_size: int,
+) -> None:
     if gpu_memory_gib <= 0:
         raise ValueError(f"GPU memory must be positive, got {gpu_memory_gib}")
     if tp < 1 or pp < 1:
         raise ValueError(f"tensor and pipeline parallel sizes must be >= 1, got tp={tp} pp={pp}")
     if arch.num_attention_heads % tp:
-        raise ValueError(f"{arch.name} has {arch.num_attention_heads} attention heads, "
-                         f"not divisible by tensor parallel size {tp}")
+        raise ValueError(
+            f"{arch.name} has {arch.num_attention_heads} attention heads, not divisible by tensor parallel size {tp}"
+        )
     if not 0 < util <= 1:
         raise ValueError(f"gpu-memory-utilization must be in (0, 1], got {util}")
     if dtype not in DTYPE_BYTES:
@@ -296,32 +387,47 @@ def _check_inputs(arch: ModelArch, gpu_memory_gib: float, tp: int, pp: int, util
         raise ValueError("max-model-len, max-num-seqs and block-size must be >= 1")
 
 
-def _verdict(stage_weights: float, max_weights: float, kv_mem: float, activation: float,
-             non_torch: float, budget: float, kv_tokens: int, max_model_len: int, gpu_gib: float,
-             util: float) -> tuple[bool, str]:
+def _verdict(
+    stage_weights: float,
+    max_weights: float,
+    kv_mem: float,
+    activation: float,
+    non_torch: float,
+    budget: float,
+    kv_tokens: int,
+    max_model_len: int,
+    gpu_gib: float,
+    util: float,
+) -> tuple[bool, str]:
     """Whether vLLM will start and serve max_model_len, and if not, why in plain words."""
     share = f"{gpu_gib:.1f} GiB x {util:.2f} = {budget / GIB:.1f} GiB per GPU"
     if max_weights >= budget:
-        return False, (f"the weights alone need {max_weights / GIB:.1f} GiB per GPU, more than the "
-                       f"{share}: add GPUs (TP/PP), quantize, or raise gpu-memory-utilization")
+        return False, (
+            f"the weights alone need {max_weights / GIB:.1f} GiB per GPU, more than the "
+            f"{share}: add GPUs (TP/PP), quantize, or raise gpu-memory-utilization"
+        )
     if kv_mem <= 0:
-        return False, (f"weights {stage_weights / GIB:.1f} GiB + activations {activation / GIB:.1f} GiB + "
-                       f"non-torch {non_torch / GIB:.1f} GiB leave no KV cache in the {share}: vLLM "
-                       "stops with 'No available memory for the cache blocks'")
+        return False, (
+            f"weights {stage_weights / GIB:.1f} GiB + activations {activation / GIB:.1f} GiB + "
+            f"non-torch {non_torch / GIB:.1f} GiB leave no KV cache in the {share}: vLLM "
+            "stops with 'No available memory for the cache blocks'"
+        )
     if kv_tokens < max_model_len:
-        return False, (f"the KV cache holds {kv_tokens} tokens, fewer than max-model-len "
-                       f"{max_model_len}: vLLM refuses to start; lower max-model-len to {kv_tokens} "
-                       "or less, or add GPUs")
+        return False, (
+            f"the KV cache holds {kv_tokens} tokens, fewer than max-model-len "
+            f"{max_model_len}: vLLM refuses to start; lower max-model-len to {kv_tokens} "
+            "or less, or add GPUs"
+        )
     return True, ""
 
 
-def _notes(arch: ModelArch, mla_enabled: bool, concurrency: float, max_num_seqs: int,
-           fits: bool) -> tuple[str, ...]:
+def _notes(arch: ModelArch, mla_enabled: bool, concurrency: float, max_num_seqs: int, fits: bool) -> tuple[str, ...]:
     notes = []
     if arch.uses_mla and mla_enabled:
-        notes.append("MLA on: needs FlashAttention-2 (sm_80+); on V100 set VLLM_MLA_DISABLE=1 and "
-                     "plan with MLA off")
+        notes.append("MLA on: needs FlashAttention-2 (sm_80+); on V100 set VLLM_MLA_DISABLE=1 and plan with MLA off")
     if fits and concurrency < max_num_seqs:
-        notes.append(f"only {concurrency:.1f} sequences of max-model-len fit at once, below "
-                     f"max-num-seqs {max_num_seqs}: long requests will queue or be preempted")
+        notes.append(
+            f"only {concurrency:.1f} sequences of max-model-len fit at once, below "
+            f"max-num-seqs {max_num_seqs}: long requests will queue or be preempted"
+        )
     return tuple(notes)

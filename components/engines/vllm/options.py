@@ -1,4 +1,5 @@
 """vLLM's options block (`pools.<pool>.vllm`) and the `vllm serve` flags the product sets from typed stack keys."""
+
 from __future__ import annotations
 
 from typing import Literal
@@ -58,7 +59,6 @@ def canonical_flag(token: str) -> str | None:
         if name.startswith("--no-") and "--" + name[5:] in TYPED_FLAGS:
             return "--" + name[5:]
     return name
-
 
 
 class VllmOptions(Spec):

@@ -8,6 +8,7 @@ same options; the api_server has no `model_tag` positional and takes the model a
 --data-parallel-start-rank, --api-server-count, --config) are not told apart in the dump and are
 accepted for both.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,16 +28,21 @@ _FALLBACK = image_facts(DEFAULT_IMAGE)
 assert _FALLBACK is not None and _FALLBACK.serve_args is not None
 
 # vLLM's own refusal of `--model` (vllm/utils/__init__.py:1475-1481 at v0.9.2).
-MODEL_FLAG_MESSAGE = ("With `vllm serve`, you should provide the model as a positional argument or in a "
-                      "config file instead of via the `--model` option.")
-MISSING_MODEL_MESSAGE = "the model is missing: `vllm serve` takes it as the positional argument (vllm serve /path/to/model …)"
+MODEL_FLAG_MESSAGE = (
+    "With `vllm serve`, you should provide the model as a positional argument or in a "
+    "config file instead of via the `--model` option."
+)
+MISSING_MODEL_MESSAGE = (
+    "the model is missing: `vllm serve` takes it as the positional argument (vllm serve /path/to/model …)"
+)
 # The programs whose argv is parsed: the CLI, and the module the vllm/vllm-openai image runs.
 SERVE = "vllm serve"
 API_SERVER = "vllm.entrypoints.openai.api_server"
 # EngineArgs' default --model (the dump's default), what the api_server loads without --model.
 API_SERVER_MISSING_MODEL_MESSAGE = (
     "the model is missing: the api_server takes it as --model /path/to/model (without it vLLM {version} loads "
-    "its default, {default}, from Hugging Face)")
+    "its default, {default}, from Hugging Face)"
+)
 
 
 class _ParseError(Exception):
@@ -71,14 +77,20 @@ def _human_readable_int_or_auto(value: str) -> int:
 
 
 _human_readable_int_or_auto.__name__ = "human_readable_int_or_auto"
-_TYPES: dict[str, Any] = {"int": int, "float": float, "human_readable_int": _human_readable_int,
-                          "human_readable_int_or_auto": _human_readable_int_or_auto}
+_TYPES: dict[str, Any] = {
+    "int": int,
+    "float": float,
+    "human_readable_int": _human_readable_int,
+    "human_readable_int_or_auto": _human_readable_int_or_auto,
+}
 
 
 def _optional(inner: Any) -> Any:
     """vLLM's optional_type(inner): '' or 'None' is None, anything else goes through inner."""
+
     def convert(value: str) -> Any:
         return None if value in ("", "None") else inner(value)
+
     convert.__name__ = inner.__name__  # argparse says "invalid int value", as vLLM's parser does
     return convert
 
@@ -116,8 +128,9 @@ def serve_parser(program: str = SERVE, dump: str = _FALLBACK.serve_args) -> argp
             continue
         if kind == "BooleanOptionalAction":
             # The dump lists --x and --no-x; argparse derives the --no- form itself.
-            parser.add_argument(*[o for o in opts if not o.startswith("--no-")],
-                                action=argparse.BooleanOptionalAction, **kw)
+            parser.add_argument(
+                *[o for o in opts if not o.startswith("--no-")], action=argparse.BooleanOptionalAction, **kw
+            )
             continue
         if kind == "_StoreTrueAction":
             parser.add_argument(*opts, action="store_true", **kw)
@@ -227,10 +240,15 @@ def parse_serve(tokens: list[str], program: str = SERVE, facts: ImageFacts | Non
             errors.append(f"unrecognized flag {name}: not a `{program}` flag in vLLM {version}{hint}")
             previous_unknown = "=" not in token
         elif not previous_unknown:
-            errors.append(f"unexpected positional argument {token!r}: " + (
-                "`vllm serve` takes one model" if program == SERVE
-                else "the api_server takes no positional argument (the model is --model; to run another "
-                     "program in the vllm/vllm-openai image, set the container's entrypoints)"))
+            errors.append(
+                f"unexpected positional argument {token!r}: "
+                + (
+                    "`vllm serve` takes one model"
+                    if program == SERVE
+                    else "the api_server takes no positional argument (the model is --model; to run another "
+                    "program in the vllm/vllm-openai image, set the container's entrypoints)"
+                )
+            )
         else:
             previous_unknown = False  # the value of the unknown flag before it
     if program == API_SERVER:
@@ -239,13 +257,17 @@ def parse_serve(tokens: list[str], program: str = SERVE, facts: ImageFacts | Non
     elif "model" in values and reader.serve_refuses_model_flag:
         errors.append(MODEL_FLAG_MESSAGE)
     elif "model" in values and values.get("model_tag"):
-        errors.append(f"both a positional model ({values['model_tag']}) and --model {values['model']}: vLLM "
-                      f"{version} moves --model to the positional, and its parser then refuses the second model")
+        errors.append(
+            f"both a positional model ({values['model_tag']}) and --model {values['model']}: vLLM "
+            f"{version} moves --model to the positional, and its parser then refuses the second model"
+        )
     elif not values.get("model_tag") and "model" not in values:
         errors.append(MISSING_MODEL_MESSAGE)
     q = values.get("quantization")
     if q is not None and q not in reader.quantizations:
         # argparse has no choices for --quantization; vLLM refuses it only at startup (0.9.2 config.py:951-957).
-        errors.append(f"argument --quantization/-q: unknown quantization method {q!r}; vLLM {version} knows: "
-                      + ", ".join(sorted(reader.quantizations)))
+        errors.append(
+            f"argument --quantization/-q: unknown quantization method {q!r}; vLLM {version} knows: "
+            + ", ".join(sorted(reader.quantizations))
+        )
     return ServeArgs(values, tuple(errors), program, version if own else None)

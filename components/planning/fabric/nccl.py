@@ -7,6 +7,7 @@ only when NCCL ran over NET/IB. On a refusal it stays up without serving (docker
 restart it into the same refusal) until `pulumi up` replaces it; the deploy-time gate reads the
 verdict and fails the deployment with NCCL's own words and the variables to check.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,9 +35,15 @@ def check_plan(spec: StackSpec, instance: Instance) -> dict[str, object]:
     No NCCL variables are passed: each rank runs in its own node's container, which has its own."""
     head = spec.node(instance.head)
     hca = head.hca
-    return {"instance": instance.name, "nodes": len(instance.nodes), "timeout_s": CHECK_TIMEOUT_S, "env": {},
-            "hca": hca.device if hca else "?", "interface": head.interface or "?",
-            "gid_index": hca.gid_index if hca and hca.link_layer == "ethernet" else None}
+    return {
+        "instance": instance.name,
+        "nodes": len(instance.nodes),
+        "timeout_s": CHECK_TIMEOUT_S,
+        "env": {},
+        "hca": hca.device if hca else "?",
+        "interface": head.interface or "?",
+        "gid_index": hca.gid_index if hca and hca.link_layer == "ethernet" else None,
+    }
 
 
 def wrapper_script(spec: StackSpec, instance: Instance, *, directory: str = DIR, result: str = RESULT) -> str:
@@ -63,9 +70,11 @@ exec "$@"
 
 def uploads(spec: StackSpec, instance: Instance) -> list[tuple[str, str, bool]]:
     """(path, content, executable) the head container gets: the wrapper, the check and its parser."""
-    return [(WRAPPER, wrapper_script(spec, instance), True),
-            (f"{DIR}/nccl_check.py", (_HERE / "nccl_check.py").read_text(), False),
-            (f"{DIR}/fabric.py", (_HERE / "fabric.py").read_text(), False)]
+    return [
+        (WRAPPER, wrapper_script(spec, instance), True),
+        (f"{DIR}/nccl_check.py", (_HERE / "nccl_check.py").read_text(), False),
+        (f"{DIR}/fabric.py", (_HERE / "fabric.py").read_text(), False),
+    ]
 
 
 def gate_script(instance: Instance, container: str, timeout_s: int = CHECK_TIMEOUT_S + 60) -> str:

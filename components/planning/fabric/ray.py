@@ -24,6 +24,7 @@ always be down. ray-head.sh instead polls `ray status` every RAY_METRICS_INTERVA
 the container runs and writes the cluster's nodes and GPUs as a node-exporter textfile
 (ray_textfile_metrics) into NODE_TEXTFILE_DIR, a host directory node-exporter reads.
 """
+
 from __future__ import annotations
 
 import re
@@ -104,18 +105,32 @@ def ray_head_start_argv(spec: StackSpec, instance: Instance) -> list[str]:
     """`ray start --head` for the instance's head node (not blocking: the script goes on to vLLM)."""
     pool = spec.pools[instance.pool]
     address = spec.node(instance.head).address
-    return ["ray", "start", "--head", f"--port={pool.ray_port}", f"--node-ip-address={address}",
-            f"--num-gpus={gpus_per_node(spec, instance)}",
-            # Dashboard on the cluster address only: it can run jobs, so never 0.0.0.0.
-            f"--dashboard-host={address}", f"--dashboard-port={pool.ray_dashboard_port}",
-            f"--ray-client-server-port={pool.ray_client_port}", "--disable-usage-stats"]
+    return [
+        "ray",
+        "start",
+        "--head",
+        f"--port={pool.ray_port}",
+        f"--node-ip-address={address}",
+        f"--num-gpus={gpus_per_node(spec, instance)}",
+        # Dashboard on the cluster address only: it can run jobs, so never 0.0.0.0.
+        f"--dashboard-host={address}",
+        f"--dashboard-port={pool.ray_dashboard_port}",
+        f"--ray-client-server-port={pool.ray_client_port}",
+        "--disable-usage-stats",
+    ]
 
 
 def ray_worker_argv(spec: StackSpec, instance: Instance, node: str) -> list[str]:
     """`ray start --block` joining the head: it exits when the head goes, so docker restarts it to rejoin."""
-    return ["ray", "start", "--block", f"--address={head_address(spec, instance)}",
-            f"--node-ip-address={spec.node(node).address}",
-            f"--num-gpus={gpus_per_node(spec, instance)}", "--disable-usage-stats"]
+    return [
+        "ray",
+        "start",
+        "--block",
+        f"--address={head_address(spec, instance)}",
+        f"--node-ip-address={spec.node(node).address}",
+        f"--num-gpus={gpus_per_node(spec, instance)}",
+        "--disable-usage-stats",
+    ]
 
 
 def ray_status_argv(spec: StackSpec, instance: Instance, container: str | None = None) -> list[str]:
@@ -129,11 +144,13 @@ def gate_hints(spec: StackSpec, instance: Instance) -> list[str]:
     pool = spec.pools[instance.pool]
     head = spec.node(instance.head)
     ifaces = sorted({spec.node(n).interface or "?" for n in instance.nodes})
-    return [f"the firewall lets the workers reach {head.address} on TCP {pool.ray_port} (GCS) and "
-            f"{pool.ray_client_port} (client) and the nodes reach each other on Ray's high ports",
-            f"NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME ({', '.join(ifaces)}) carry the nodes' cluster addresses",
-            "the nodes' clocks are in sync (chrony)",
-            *(f"docker logs {container_name(instance, 'ray-worker')} on {n}" for n in instance.nodes[1:])]
+    return [
+        f"the firewall lets the workers reach {head.address} on TCP {pool.ray_port} (GCS) and "
+        f"{pool.ray_client_port} (client) and the nodes reach each other on Ray's high ports",
+        f"NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME ({', '.join(ifaces)}) carry the nodes' cluster addresses",
+        "the nodes' clocks are in sync (chrony)",
+        *(f"docker logs {container_name(instance, 'ray-worker')} on {n}" for n in instance.nodes[1:]),
+    ]
 
 
 # Same parse as parse_ray_status(): the total after "/" on the GPU line, and the node counts listed
@@ -147,8 +164,9 @@ def _status_cmd_line(status_cmd: Sequence[str]) -> str:
     return f"status_cmd=({' '.join(shlex.quote(a) for a in status_cmd)})"
 
 
-def _gate_lines(want: int, timeout_s: int, instance: str, want_nodes: int | None, hints: Sequence[str],
-                interval_s: int) -> str:
+def _gate_lines(
+    want: int, timeout_s: int, instance: str, want_nodes: int | None, hints: Sequence[str], interval_s: int
+) -> str:
     """The polling loop (on "${status_cmd[@]}") of the deploy-time gate and ray-head.sh (timeout 0 = wait forever)."""
     nodes_wanted = f"/{want_nodes}" if want_nodes else ""
     check = "; ".join(hints) if hints else "ray status on the head and docker logs of the workers"
@@ -182,8 +200,16 @@ while :; do
 done"""
 
 
-def ray_gate_script(status_cmd: Sequence[str], want_gpus: int, timeout_s: int, instance: str, *,
-                    want_nodes: int | None = None, hints: Sequence[str] = (), interval_s: int = 5) -> str:
+def ray_gate_script(
+    status_cmd: Sequence[str],
+    want_gpus: int,
+    timeout_s: int,
+    instance: str,
+    *,
+    want_nodes: int | None = None,
+    hints: Sequence[str] = (),
+    interval_s: int = 5,
+) -> str:
     """Bash that polls `ray status` until `want_gpus` GPUs are in the cluster; exits 1 naming what is missing."""
     return f"""#!/usr/bin/env bash
 # Readiness gate for {instance}: wait until Ray reports {want_gpus} GPUs.
@@ -200,8 +226,11 @@ def ray_metrics_writer(status_cmd: Sequence[str], cluster: str, textfile: str, i
     values = {"llm_ray_nodes": "$nodes", "llm_ray_gpus": "$gpus", "llm_ray_status_up": "$up"}
     words = []
     for name, help_text in RAY_TEXTFILE_METRICS.items():
-        words += [shlex.quote(f"# HELP {name} {help_text}"), shlex.quote(f"# TYPE {name} gauge"),
-                  shlex.quote(f"{name}{label} ") + f'"{values[name]}"']
+        words += [
+            shlex.quote(f"# HELP {name} {help_text}"),
+            shlex.quote(f"# TYPE {name} gauge"),
+            shlex.quote(f"{name}{label} ") + f'"{values[name]}"',
+        ]
     text = " \\\n        ".join(words)
     parse = textwrap.indent(_PARSE_STATUS, "    ")
     return f"""# Ray's own metrics need ray[default]'s dashboard agent, which this image lacks: publish the
@@ -214,7 +243,7 @@ publish_ray_metrics() {{
   # A failed poll or write is retried at the next round: nothing may end the writer.
   set +e
   local dir=${{textfile%/*}} name=${{textfile##*/}} status up gpus nodes tmp failing=0
-  local -a cmd=({' '.join(shlex.quote(a) for a in status_cmd)})
+  local -a cmd=({" ".join(shlex.quote(a) for a in status_cmd)})
   mkdir -p "$dir"
   rm -f "$dir/.$name".*  # temporary files of a writer killed mid-write
   while :; do
@@ -238,16 +267,23 @@ publish_ray_metrics() {{
 publish_ray_metrics &"""
 
 
-def ray_head_script(spec: StackSpec, instance: Instance, *, interval_s: int = 5,
-                    textfile_dir: str = NODE_TEXTFILE_DIR, metrics_interval_s: int = RAY_METRICS_INTERVAL_S) -> str:
+def ray_head_script(
+    spec: StackSpec,
+    instance: Instance,
+    *,
+    interval_s: int = 5,
+    textfile_dir: str = NODE_TEXTFILE_DIR,
+    metrics_interval_s: int = RAY_METRICS_INTERVAL_S,
+) -> str:
     """ray-head.sh: start the Ray head and its metrics writer, wait for all the instance's GPUs, then exec the command."""
     nodes = len(instance.nodes)
     start = " ".join(shlex.quote(a) for a in ray_head_start_argv(spec, instance))
     # No deadline inside the container: exiting would restart the head and throw out the workers that
     # already joined; the deploy-time gate is the one that times out and says what is missing.
     gate = _gate_lines(want_gpus(spec, instance), 0, instance.name, nodes, gate_hints(spec, instance), interval_s)
-    writer = ray_metrics_writer(ray_status_argv(spec, instance), instance.name, ray_textfile(instance, textfile_dir),
-                                metrics_interval_s)
+    writer = ray_metrics_writer(
+        ray_status_argv(spec, instance), instance.name, ray_textfile(instance, textfile_dir), metrics_interval_s
+    )
     return f"""#!/usr/bin/env bash
 # Ray head of {instance.name}: start Ray, wait for the {nodes} nodes' GPUs, then run the container's
 # command (vllm serve). Runs at every start of the container, so a restart needs no manual step.

@@ -1,4 +1,5 @@
 """The RDMA preflight of a multi-node instance: ib_write_bw between every pair of its nodes, before Ray starts."""
+
 from __future__ import annotations
 
 import json
@@ -18,17 +19,32 @@ def rdma_plan(spec: StackSpec, instance: Instance) -> dict[str, object]:
     hca = head.hca
     assert hca is not None  # the spec requires an HCA on every node of a multi-node pool
     key = f"nodes.{instance.head}.hca.minWriteBandwidthGbps (or nodeDefaults.hca)"
-    hints = (f"ibstat {hca.device} on both nodes (Active/LinkUp at {hca.rate_gbps} Gb/s), cables and switch ports, "
-             + ("PFC/ECN for RoCE on the switch and that GID index "
-                f"{hca.gid_index} is RoCE v2 (show_gids), " if hca.link_layer == "ethernet" else "")
-             + f"the HCA's PCIe link (lspci -vv: LnkSta), and that nothing else loads {hca.device}; "
-             f"the floor is {key}")
+    hints = (
+        f"ibstat {hca.device} on both nodes (Active/LinkUp at {hca.rate_gbps} Gb/s), cables and switch ports, "
+        + (
+            f"PFC/ECN for RoCE on the switch and that GID index {hca.gid_index} is RoCE v2 (show_gids), "
+            if hca.link_layer == "ethernet"
+            else ""
+        )
+        + f"the HCA's PCIe link (lspci -vv: LnkSta), and that nothing else loads {hca.device}; "
+        f"the floor is {key}"
+    )
     return {
-        "instance": instance.name, "device": hca.device, "port": hca.port,
+        "instance": instance.name,
+        "device": hca.device,
+        "port": hca.port,
         "gid_index": hca.gid_index if hca.link_layer == "ethernet" else None,
-        "floor_gbps": hca.bandwidth_floor_gbps, "ssh": ssh_argv(spec.ssh.port, spec.ssh.host_key_checking),
-        "nodes": [{"name": n, "address": spec.node(n).address, "login": f"{spec.ssh.user}@{spec.node(n).address}",
-                   **({"local": "1"} if n == instance.head else {})} for n in instance.nodes],
+        "floor_gbps": hca.bandwidth_floor_gbps,
+        "ssh": ssh_argv(spec.ssh.port, spec.ssh.host_key_checking),
+        "nodes": [
+            {
+                "name": n,
+                "address": spec.node(n).address,
+                "login": f"{spec.ssh.user}@{spec.node(n).address}",
+                **({"local": "1"} if n == instance.head else {}),
+            }
+            for n in instance.nodes
+        ],
         "hints": hints,
     }
 

@@ -1,5 +1,6 @@
 """The gateway image's Dockerfile, generated from its pins (components/facts/gateway_image.py), and its build
 context as the docker provider gets it."""
+
 from __future__ import annotations
 
 from components.facts.gateway_image import (
@@ -60,6 +61,23 @@ CMD ["nginx", "-g", "daemon off;"]
 
 
 # The pins are read where the Dockerfile is: the image's users (gateway, lab, tests) import both from here.
-__all__ = ["BASE_IMAGE", "BUILD_CONTEXT", "CONTEXT_DIR", "DEBIAN_MIRROR", "DEBIAN_SECURITY_MIRROR", "DEBIAN_SUITES",
-           "GATEWAY_IMAGE", "LUA_CPATHS", "LUA_MODULE", "LUA_PATHS", "MODULES_DIR", "NDK_MODULE", "TESTED_PACKAGES",
-           "WORKER_UID", "build_args", "debian_sources", "dockerfile", "is_built"]
+__all__ = [
+    "BASE_IMAGE",
+    "BUILD_CONTEXT",
+    "CONTEXT_DIR",
+    "DEBIAN_MIRROR",
+    "DEBIAN_SECURITY_MIRROR",
+    "DEBIAN_SUITES",
+    "GATEWAY_IMAGE",
+    "LUA_CPATHS",
+    "LUA_MODULE",
+    "LUA_PATHS",
+    "MODULES_DIR",
+    "NDK_MODULE",
+    "TESTED_PACKAGES",
+    "WORKER_UID",
+    "build_args",
+    "debian_sources",
+    "dockerfile",
+    "is_built",
+]

@@ -23,6 +23,7 @@ One OpenAI endpoint for every pool:
   served by nginx on the cluster address (gateway.metricsPort, plain HTTP) at /metrics.
 - `auth: false` (a lab only; the policy pack refuses it by default): no key lookup, no 401, no keys.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -145,9 +146,14 @@ def container_layout(spec: StackSpec) -> GatewayLayout:
     """The layout of the gateway container: host network, the stack's port, config from host mounts."""
     g = spec.gateway
     assert g is not None
-    return GatewayLayout(port=g.port, conf_dir=CONTAINER_CONF_DIR,
-                         digests_file=f"{CONTAINER_KEYS_DIR}/{DIGESTS_FILE}", tls_dir=CONTAINER_TLS_DIR,
-                         usage_dir=g.usage_log.dir, metrics_listen=metrics_address(spec))
+    return GatewayLayout(
+        port=g.port,
+        conf_dir=CONTAINER_CONF_DIR,
+        digests_file=f"{CONTAINER_KEYS_DIR}/{DIGESTS_FILE}",
+        tls_dir=CONTAINER_TLS_DIR,
+        usage_dir=g.usage_log.dir,
+        metrics_listen=metrics_address(spec),
+    )
 
 
 def nginx_argv() -> list[str]:
@@ -214,8 +220,7 @@ def path_routes(spec: StackSpec) -> dict[str, str | None]:
 
 def exposed_paths(spec: StackSpec) -> list[str]:
     """Every path the gateway serves (exact matches); everything else is a 404."""
-    return [f"{prefix}{endpoint}" for prefix in path_routes(spec)
-            for endpoint in (*MODEL_ENDPOINTS, "models")]
+    return [f"{prefix}{endpoint}" for prefix in path_routes(spec) for endpoint in (*MODEL_ENDPOINTS, "models")]
 
 
 def upstream_servers(spec: StackSpec, pool: str) -> list[tuple[str, int]]:
@@ -253,8 +258,9 @@ def rate_zones(spec: StackSpec) -> list[tuple[RateLimitSpec, list[str]]]:
     """One limit_req zone per distinct (rate, burst), with the key ids it limits (stack order)."""
     g = spec.gateway
     assert g is not None
-    return _zones(_per_key(spec, lambda k: k.rate_limit, g.default_rate_limit),
-                  lambda limit: (nginx_rate(limit), limit.burst))
+    return _zones(
+        _per_key(spec, lambda k: k.rate_limit, g.default_rate_limit), lambda limit: (nginx_rate(limit), limit.burst)
+    )
 
 
 def concurrency_zones(spec: StackSpec) -> list[tuple[int, list[str]]]:
@@ -323,8 +329,12 @@ def routes_table(spec: StackSpec) -> dict[str, object]:
         # A server that answers to its first name only (LMDeploy) gets the others rewritten to it.
         one_name = any(engine_for(spec.pools[p]).one_served_name for p in pools)
         for name in spec.served_names(model):
-            models[name] = [target(pools), {p: True for p in pools}, location,
-                            first if one_name and name != first else ""]
+            models[name] = [
+                target(pools),
+                {p: True for p in pools},
+                location,
+                first if one_name and name != first else "",
+            ]
             for pool in pools:
                 listing[pool].append(name)
             meta[name] = [spec.models[model].path, context_length(spec, pools[0])]
@@ -340,8 +350,15 @@ def routes_table(spec: StackSpec) -> dict[str, object]:
             allowed = [n for m in k.models for n in (listing.get(m) or [m])]
             allow[k.id] = {n: True for n in allowed}
     order = [g.default_pool] + [p for p in spec.pools if p != g.default_pool]
-    return {"auth": g.auth, "models": models, "listing": listing, "meta": meta, "order": order,
-            "prefixes": dict(g.path_routes), "allow": allow}
+    return {
+        "auth": g.auth,
+        "models": models,
+        "listing": listing,
+        "meta": meta,
+        "order": order,
+        "prefixes": dict(g.path_routes),
+        "allow": allow,
+    }
 
 
 def key_digests(keys: Mapping[str, str], ids: Sequence[str]) -> str:
@@ -349,9 +366,11 @@ def key_digests(keys: Mapping[str, str], ids: Sequence[str]) -> str:
     missing = [i for i in ids if not keys.get(i)]
     extra = sorted(set(keys) - set(ids))
     if missing or extra:
-        raise ValueError("gatewayApiKeys must hold one key for each gateway key id "
-                         f"({', '.join(ids)}); missing: {', '.join(missing) or 'none'}, "
-                         f"not in the stack: {', '.join(extra) or 'none'}")
+        raise ValueError(
+            "gatewayApiKeys must hold one key for each gateway key id "
+            f"({', '.join(ids)}); missing: {', '.join(missing) or 'none'}, "
+            f"not in the stack: {', '.join(extra) or 'none'}"
+        )
     digests = {hashlib.sha256(keys[i].encode()).hexdigest(): i for i in ids}
     if len(digests) != len(ids):
         raise ValueError("gatewayApiKeys gives the same key to two ids; each id needs its own key")
@@ -383,23 +402,36 @@ class ErrorPage:
 ERRORS: dict[int, ErrorPage] = {
     400: ErrorPage(400, "The request could not be parsed (malformed request line, header or path).", "bad_request"),
     401: ErrorPage(401, "Missing or invalid API key: send the header Authorization: Bearer <key>.", "invalid_api_key"),
-    404: ErrorPage(404, "Unknown path: the gateway serves POST /v1/chat/completions, /v1/completions, "
-                        "/v1/embeddings and GET /v1/models.", "not_found"),
+    404: ErrorPage(
+        404,
+        "Unknown path: the gateway serves POST /v1/chat/completions, /v1/completions, "
+        "/v1/embeddings and GET /v1/models.",
+        "not_found",
+    ),
     405: ErrorPage(405, "Method not allowed on this path; see the Allow header.", "method_not_allowed"),
     411: ErrorPage(411, "A request body needs Content-Length or chunked Transfer-Encoding.", "length_required"),
     413: ErrorPage(413, "Request body too large.", "request_too_large"),
     414: ErrorPage(414, "Request URI too long.", "uri_too_long"),
-    429: ErrorPage(429, "Rate limit reached for this API key; retry after the seconds in Retry-After.",
-                   "rate_limit_exceeded", "requests"),
+    429: ErrorPage(
+        429,
+        "Rate limit reached for this API key; retry after the seconds in Retry-After.",
+        "rate_limit_exceeded",
+        "requests",
+    ),
     # limit_conn answers 503 (limit_conn_status): the concurrency cap, sent as a 429 of its own.
-    503: ErrorPage(429, "Too many concurrent requests for this API key; wait for one to finish.",
-                   "concurrency_limit_exceeded", "requests"),
+    503: ErrorPage(
+        429,
+        "Too many concurrent requests for this API key; wait for one to finish.",
+        "concurrency_limit_exceeded",
+        "requests",
+    ),
     494: ErrorPage(431, "Request headers too large.", "headers_too_large"),
     497: ErrorPage(400, "This port speaks HTTPS: use https://.", "https_required"),
     500: ErrorPage(500, "The gateway failed to handle the request.", "internal_error", "server_error"),
     501: ErrorPage(501, "Unsupported Transfer-Encoding.", "not_implemented"),
-    502: ErrorPage(502, "No replica of the model pool could be reached; retry later.", "upstream_unavailable",
-                   "server_error"),
+    502: ErrorPage(
+        502, "No replica of the model pool could be reached; retry later.", "upstream_unavailable", "server_error"
+    ),
     504: ErrorPage(504, "The model pool did not answer in time.", "upstream_timeout", "server_error"),
     505: ErrorPage(505, "HTTP version not supported: use HTTP/1.1.", "http_version_not_supported"),
 }
@@ -407,8 +439,13 @@ ERRORS: dict[int, ErrorPage] = {
 # A token budget used up: gateway_budget.admit refuses (nginx returns this internal status), and the
 # error page answers 429 with the headers' values admit set.
 BUDGET_REFUSED = 439
-BUDGET_ERROR = ErrorPage(429, "Token budget reached for this API key ($llm_tb_limit tokens in this window); "
-                              "retry after the seconds in Retry-After.", "rate_limit_exceeded", "tokens")
+BUDGET_ERROR = ErrorPage(
+    429,
+    "Token budget reached for this API key ($llm_tb_limit tokens in this window); "
+    "retry after the seconds in Retry-After.",
+    "rate_limit_exceeded",
+    "tokens",
+)
 
 # Error pages are internal locations with a URI, not named ones: nginx cannot redirect a request
 # whose request line it could not parse (no URI) to a named location.
@@ -434,19 +471,23 @@ def _error_locations(max_body_mib: int, budgets: bool) -> list[str]:
         message = page.message
         if raised == 413:
             message = f"Request body too large: the gateway accepts at most {max_body_mib} MiB."
-        lines += [f"        location = {ERROR_PREFIX}{raised} {{",
-                  "            internal;",
-                  "            default_type application/json;"]
+        lines += [
+            f"        location = {ERROR_PREFIX}{raised} {{",
+            "            internal;",
+            "            default_type application/json;",
+        ]
         if raised == 401:
             lines.append('            add_header WWW-Authenticate "Bearer" always;')
         if raised == 405:
             lines.append("            add_header Allow $llm_allow always;")
         if raised == 429:
             # The headers OpenAI clients read to back off (the bucket's rate per minute, nothing left).
-            lines += ["            add_header Retry-After $llm_rl_retry_after always;",
-                      "            add_header x-ratelimit-limit-requests $llm_rl_per_minute always;",
-                      "            add_header x-ratelimit-remaining-requests 0 always;",
-                      "            add_header x-ratelimit-reset-requests $llm_rl_reset always;"]
+            lines += [
+                "            add_header Retry-After $llm_rl_retry_after always;",
+                "            add_header x-ratelimit-limit-requests $llm_rl_per_minute always;",
+                "            add_header x-ratelimit-remaining-requests 0 always;",
+                "            add_header x-ratelimit-reset-requests $llm_rl_reset always;",
+            ]
         if raised == 503:
             lines.append("            add_header Retry-After 1 always;")
         if raised == BUDGET_REFUSED:
@@ -454,8 +495,7 @@ def _error_locations(max_body_mib: int, budgets: bool) -> list[str]:
         if budgets:
             # What is left of a key's budget, on nginx's own answers too (a 502, a rate limit's 429).
             lines += _budget_headers()
-        lines += [f"            return {page.status} {_json_error(message, page.code, page.type)};",
-                  "        }"]
+        lines += [f"            return {page.status} {_json_error(message, page.code, page.type)};", "        }"]
     return lines
 
 
@@ -483,8 +523,16 @@ record() reads the labels it needs from nginx's part by position, so the order i
 contract between the two: "time" (25 bytes) and "status" (3 digits) at fixed offsets, then each
 value it reads found by a search for the one byte that ends it; the path, the client's own bytes,
 last, so that every byte before it is nginx's."""
-USAGE_LINE_FIELDS = ("request_id", "key_id", "pool", "model", "prompt_tokens", "completion_tokens", "total_tokens",
-                     "events")
+USAGE_LINE_FIELDS = (
+    "request_id",
+    "key_id",
+    "pool",
+    "model",
+    "prompt_tokens",
+    "completion_tokens",
+    "total_tokens",
+    "events",
+)
 
 # Client-controlled text in a log line is cut to this many characters (a line stays < 2 KiB).
 LOG_FIELD_MAX = 256
@@ -514,65 +562,84 @@ def temp_path_directives(temp_dir: str | Path) -> list[str]:
     return [f"{kind}_temp_path {temp_dir}/{kind};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")]
 
 
-def nginx_conf(spec: StackSpec, layout: GatewayLayout,
-               upstreams: Mapping[str, Sequence[tuple[str, int]]] | None = None) -> str:
+def nginx_conf(
+    spec: StackSpec, layout: GatewayLayout, upstreams: Mapping[str, Sequence[tuple[str, int]]] | None = None
+) -> str:
     """nginx.conf for the gateway; `upstreams` (pool -> [(host, port)]) replaces the stack's replicas."""
     g = spec.gateway
     assert g is not None
     servers = {pool: list((upstreams or {}).get(pool) or upstream_servers(spec, pool)) for pool in spec.pools}
     budgets = token_budgets(spec)
     listen = f"{layout.listen_address}:{layout.port}" if layout.listen_address else str(layout.port)
-    out = ["# Generated by llm-cluster from the stack; change Pulumi.<stack>.yaml, not this file.",
-           *(f"load_module {module};" for module in layout.load_modules)]
+    out = [
+        "# Generated by llm-cluster from the stack; change Pulumi.<stack>.yaml, not this file.",
+        *(f"load_module {module};" for module in layout.load_modules),
+    ]
     if layout.user:
         out.append(f"user {layout.user};")
-    out += [f"worker_processes {layout.worker_processes};",
-            # The one regular expression (the Allow map of 405 answers) compiled to machine code.
-            "pcre_jit on;",
-            f"pid {layout.pid_file};",
-            f"error_log {layout.error_log} warn;",
-            "",
-            "events {",
-            "    worker_connections 16384;",
-            "}",
-            "",
-            "http {",
-            "    server_tokens off;",
-            # A gateway request allocates 8-16 KB from its pool: from the default 4k pool, three more
-            # malloc/free pairs a request (bench/gateway_instructions.py; docs/perf/gateway.md).
-            "    request_pool_size 16k;",
-            "    default_type application/json;",
-            "    tcp_nodelay on;",
-            "    keepalive_timeout 75s;",
-            "    keepalive_requests 10000;",
-            "    # Lua reads `model` from the body: whole, and in memory (but a chunked body whose encoding",
-            "    # outgrows the buffer: gateway.lua reads nginx's temp file then).",
-            f"    client_max_body_size {g.max_body_mib}m;",
-            f"    client_body_buffer_size {g.max_body_mib}m;",
-            "    client_body_in_single_buffer on;",
-            # A client silent this long while sending its request is dropped (nginx closes, logs 408).
-            f"    client_header_timeout {g.client_timeout_seconds}s;",
-            f"    client_body_timeout {g.client_timeout_seconds}s;"]
+    out += [
+        f"worker_processes {layout.worker_processes};",
+        # The one regular expression (the Allow map of 405 answers) compiled to machine code.
+        "pcre_jit on;",
+        f"pid {layout.pid_file};",
+        f"error_log {layout.error_log} warn;",
+        "",
+        "events {",
+        "    worker_connections 16384;",
+        "}",
+        "",
+        "http {",
+        "    server_tokens off;",
+        # A gateway request allocates 8-16 KB from its pool: from the default 4k pool, three more
+        # malloc/free pairs a request (bench/gateway_instructions.py; docs/perf/gateway.md).
+        "    request_pool_size 16k;",
+        "    default_type application/json;",
+        "    tcp_nodelay on;",
+        "    keepalive_timeout 75s;",
+        "    keepalive_requests 10000;",
+        "    # Lua reads `model` from the body: whole, and in memory (but a chunked body whose encoding",
+        "    # outgrows the buffer: gateway.lua reads nginx's temp file then).",
+        f"    client_max_body_size {g.max_body_mib}m;",
+        f"    client_body_buffer_size {g.max_body_mib}m;",
+        "    client_body_in_single_buffer on;",
+        # A client silent this long while sending its request is dropped (nginx closes, logs 408).
+        f"    client_header_timeout {g.client_timeout_seconds}s;",
+        f"    client_body_timeout {g.client_timeout_seconds}s;",
+    ]
     if layout.temp_dir:
         out += [f"    {line}" for line in temp_path_directives(layout.temp_dir)]
-    out += ["",
-            *_lua_directives(spec, layout),
-            *_request_variables(),
-            *(_budget_directives(spec) if budgets else []),
-            *_usage_directives(spec, layout),
-            ""]
+    out += [
+        "",
+        *_lua_directives(spec, layout),
+        *_request_variables(),
+        *(_budget_directives(spec) if budgets else []),
+        *_usage_directives(spec, layout),
+        "",
+    ]
 
     out += _maps(spec)
     zones = rate_zones(spec)
     caps = concurrency_zones(spec)
-    out += _limit_zones("req", [f"rate={nginx_rate(limit)}" for limit, _ in zones], [ids for _, ids in zones], [
-        "    # Per-key rate limits: one zone per (rate, burst); a key outside a zone maps to ''",
-        "    # there, and limit_req does not count empty keys.",
-        "    limit_req_status 429;"])
-    out += _limit_zones("conn", ["" for _ in caps], [ids for _, ids in caps], [
-        "    # Per-key concurrency caps: limit_conn counts a request until its last byte is sent.",
-        "    # Its 503 is turned into a 429 of its own (error_page 503 =429).",
-        "    limit_conn_status 503;"])
+    out += _limit_zones(
+        "req",
+        [f"rate={nginx_rate(limit)}" for limit, _ in zones],
+        [ids for _, ids in zones],
+        [
+            "    # Per-key rate limits: one zone per (rate, burst); a key outside a zone maps to ''",
+            "    # there, and limit_req does not count empty keys.",
+            "    limit_req_status 429;",
+        ],
+    )
+    out += _limit_zones(
+        "conn",
+        ["" for _ in caps],
+        [ids for _, ids in caps],
+        [
+            "    # Per-key concurrency caps: limit_conn counts a request until its last byte is sent.",
+            "    # Its 503 is turned into a 429 of its own (error_page 503 =429).",
+            "    limit_conn_status 503;",
+        ],
+    )
     out.append("")
 
     for pool, addrs in servers.items():
@@ -583,42 +650,70 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
             out += _upstream(spec, f"llm_model_{model}", pools, servers, server_weights(spec, pools))
 
     if g.tls and g.http_redirect_port is not None:
-        plain = (f"{layout.listen_address}:{g.http_redirect_port}" if layout.listen_address
-                 else str(g.http_redirect_port))
+        plain = (
+            f"{layout.listen_address}:{g.http_redirect_port}" if layout.listen_address else str(g.http_redirect_port)
+        )
         # Plain HTTP only sends clients to HTTPS (308 keeps the method and body).
-        out += ["    server {", f"        listen {plain};", f"        server_name {g.node};",
-                f"        return 308 https://$host:{layout.port}$request_uri;", "    }", ""]
-    out += ["    server {",
-            f"        listen {listen}{' ssl' if g.tls else ''};"]
+        out += [
+            "    server {",
+            f"        listen {plain};",
+            f"        server_name {g.node};",
+            f"        return 308 https://$host:{layout.port}$request_uri;",
+            "    }",
+            "",
+        ]
+    out += ["    server {", f"        listen {listen}{' ssl' if g.tls else ''};"]
     if g.tls:
-        out += [f"        ssl_certificate {layout.tls_dir}/cert.pem;",
-                f"        ssl_certificate_key {layout.tls_dir}/key.pem;",
-                "        ssl_protocols TLSv1.2 TLSv1.3;",
-                "        ssl_session_cache shared:llm_tls:10m;"]
+        out += [
+            f"        ssl_certificate {layout.tls_dir}/cert.pem;",
+            f"        ssl_certificate_key {layout.tls_dir}/key.pem;",
+            "        ssl_protocols TLSv1.2 TLSv1.3;",
+            "        ssl_session_cache shared:llm_tls:10m;",
+        ]
     # $host of a request without a Host (HTTP/1.0): the Host replicas get (HTTP/1.1 requires one) and
     # the redirect's. A server's name costs nothing per request.
     out.append(f"        server_name {g.node};")
-    out += ['        set_by_lua_block $llm_key_id { return package.loaded.gateway.key_id() }',
-            *(error_page(raised) for raised in (*ERRORS, *([BUDGET_REFUSED] if budgets else []))), ""]
-    guard = ['            if ($llm_key_id = "") {',
-             "                return 401;",
-             "            }"] if g.auth else []
+    out += [
+        "        set_by_lua_block $llm_key_id { return package.loaded.gateway.key_id() }",
+        *(error_page(raised) for raised in (*ERRORS, *([BUDGET_REFUSED] if budgets else []))),
+        "",
+    ]
+    guard = ['            if ($llm_key_id = "") {', "                return 401;", "            }"] if g.auth else []
     # nginx refuses `burst=0`: without a burst the zone's rate alone applies.
-    guard += [f"            limit_req zone=llm_rl_{i}" + (f" burst={limit.burst} nodelay;" if limit.burst else ";")
-              for i, (limit, _) in enumerate(zones)]
+    guard += [
+        f"            limit_req zone=llm_rl_{i}" + (f" burst={limit.burst} nodelay;" if limit.burst else ";")
+        for i, (limit, _) in enumerate(zones)
+    ]
     guard += [f"            limit_conn llm_cc_{i} {cap};" for i, (cap, _) in enumerate(caps)]
     # A used-up token budget is refused after the key check (its `if`, then admit and its `if`, run
     # in the rewrite phase in this order) and before the rate limits count the request (preaccess);
     # the router's own refusals carry the budget's headers too.
-    refuse = ['            set_by_lua_block $llm_budget_refused { return package.loaded.gateway_budget.admit() }',
-              "            if ($llm_budget_refused) {", f"                return {BUDGET_REFUSED};",
-              "            }", *_budget_headers()] if budgets else []
+    refuse = (
+        [
+            "            set_by_lua_block $llm_budget_refused { return package.loaded.gateway_budget.admit() }",
+            "            if ($llm_budget_refused) {",
+            f"                return {BUDGET_REFUSED};",
+            "            }",
+            *_budget_headers(),
+        ]
+        if budgets
+        else []
+    )
     for prefix, pin in path_routes(spec).items():
         for endpoint in MODEL_ENDPOINTS:
-            out += [f"        location = {prefix}{endpoint} {{", *guard, *refuse,
-                    f"            content_by_lua_block {{ {route_call(endpoint, pin)} }}", "        }"]
-        out += [f"        location = {prefix}models {{", *guard,
-                '            content_by_lua_block { package.loaded.gateway.models() }', "        }"]
+            out += [
+                f"        location = {prefix}{endpoint} {{",
+                *guard,
+                *refuse,
+                f"            content_by_lua_block {{ {route_call(endpoint, pin)} }}",
+                "        }",
+            ]
+        out += [
+            f"        location = {prefix}models {{",
+            *guard,
+            "            content_by_lua_block { package.loaded.gateway.models() }",
+            "        }",
+        ]
     out += ["", "        location / {", "            return 404;", "        }", ""]
 
     aliased = set(g.aliases.values())
@@ -626,12 +721,20 @@ def nginx_conf(spec: StackSpec, layout: GatewayLayout,
         proxy = _proxy_block(spec, f"llm_pool_{pool}", [pool]) + (_budget_headers() if budgets else [])
         out += [f"        location @llm_pool_{pool} {{", *proxy, "        }"]
         if pool in aliased:
-            out += [f"        location @llm_alias_{pool} {{",
-                    "            proxy_set_body $llm_body;", *proxy, "        }"]
+            out += [
+                f"        location @llm_alias_{pool} {{",
+                "            proxy_set_body $llm_body;",
+                *proxy,
+                "        }",
+            ]
     for model, pools in model_pools(spec).items():
         if len(pools) > 1:
-            out += [f"        location @llm_model_{model} {{", *_proxy_block(spec, f"llm_model_{model}", pools),
-                    *(_budget_headers() if budgets else []), "        }"]
+            out += [
+                f"        location @llm_model_{model} {{",
+                *_proxy_block(spec, f"llm_model_{model}", pools),
+                *(_budget_headers() if budgets else []),
+                "        }",
+            ]
     out += ["", *_error_locations(g.max_body_mib, bool(budgets)), "    }", *_metrics_server(layout), "}", ""]
     return "\n".join(out)
 
@@ -640,7 +743,7 @@ def route_call(endpoint: str, pin: str | None) -> str:
     """A routing location's handler: gateway.lua's route() with the engine endpoint the location
     proxies to and the pool its path route pins."""
     args = _lua_string(f"/v1/{endpoint}") + (f", {_lua_string(pin)}" if pin else "")
-    return f'package.loaded.gateway.route({args})'
+    return f"package.loaded.gateway.route({args})"
 
 
 def _lua_string(text: str) -> str:
@@ -670,8 +773,10 @@ def _lua_directives(spec: StackSpec, layout: GatewayLayout) -> list[str]:
     # Every module loaded here, in the master: the workers (another user) inherit them read, and the
     # request handlers take them from package.loaded, a table lookup where require() is a C call on
     # every handler entry (bench/gateway_instructions.py; docs/perf/gateway.md).
-    return out + [f'    init_by_lua_block {{ {LUA_VM_SETTINGS} require("gateway").init({_lua_string(layout.routes_file)}, {digests})'
-                  f'{budgets} require("gateway_metrics") }}']
+    return out + [
+        f'    init_by_lua_block {{ {LUA_VM_SETTINGS} require("gateway").init({_lua_string(layout.routes_file)}, {digests})'
+        f'{budgets} require("gateway_metrics") }}'
+    ]
 
 
 # The variables the request path sets (ngx.var, set_by_lua) for nginx's own directives (limits, an
@@ -685,22 +790,26 @@ def _request_variables() -> list[str]:
     `set` would run again on an error page's redirect and blank them), and it reads as its default
     in a request that never reached the rewrite phase (a 408 on headers), where a `set` variable
     would be "uninitialized": no value, and a warning per request in the error log."""
-    return ["    # What gateway.lua sets for the log phase: a default in every request, kept across redirects.",
-            *(f"    map \"\" ${name} {{ default '{value}'; }}" for name, value in REQUEST_VARIABLES.items()),
-            # ngx.var assigns only a variable nginx has indexed, i.e. one a directive names: this
-            # format, never written, names every one of them whatever the log phase reads.
-            f"    log_format llm_request_variables '{' '.join(f'${name}' for name in REQUEST_VARIABLES)}';"]
+    return [
+        "    # What gateway.lua sets for the log phase: a default in every request, kept across redirects.",
+        *(f"    map \"\" ${name} {{ default '{value}'; }}" for name, value in REQUEST_VARIABLES.items()),
+        # ngx.var assigns only a variable nginx has indexed, i.e. one a directive names: this
+        # format, never written, names every one of them whatever the log phase reads.
+        f"    log_format llm_request_variables '{' '.join(f'${name}' for name in REQUEST_VARIABLES)}';",
+    ]
 
 
 def _budget_directives(spec: StackSpec) -> list[str]:
     """The shared dict of token counts, and the variables of the budget headers (gateway_budget.lua)."""
-    return ["",
-            "    # Token budgets per key per window (gateway_budget.lua): one count per key, the same for",
-            "    # every worker, kept across reloads (a zone keeps its counts while its size is unchanged).",
-            f"    lua_shared_dict {BUDGET_ZONE} {budget_zone_kib(spec)}k;",
-            "    # The x-ratelimit-*-tokens values gateway_budget.admit sets for a key with a budget ('' until",
-            "    # then, and for the others: no header); maps for the reason _request_variables says.",
-            *(f'    map "" $llm_tb_{name} {{ default ""; }}' for name in ("limit", "remaining", "reset", "retry_after"))]
+    return [
+        "",
+        "    # Token budgets per key per window (gateway_budget.lua): one count per key, the same for",
+        "    # every worker, kept across reloads (a zone keeps its counts while its size is unchanged).",
+        f"    lua_shared_dict {BUDGET_ZONE} {budget_zone_kib(spec)}k;",
+        "    # The x-ratelimit-*-tokens values gateway_budget.admit sets for a key with a budget ('' until",
+        "    # then, and for the others: no header); maps for the reason _request_variables says.",
+        *(f'    map "" $llm_tb_{name} {{ default ""; }}' for name in ("limit", "remaining", "reset", "retry_after")),
+    ]
 
 
 def metrics_zone_kib(spec: StackSpec) -> int:
@@ -731,15 +840,22 @@ def metrics_settings(spec: StackSpec, layout: GatewayLayout) -> dict[str, object
     and the paths the gateway serves (a line's path that is one of them needs no escaping check)."""
     g = spec.gateway
     assert g is not None
-    settings: dict[str, object] = {"zone": METRICS_ZONE, "flush_seconds": USAGE_FLUSH_SECONDS,
-                                   "max_pending": USAGE_MAX_PENDING,
-                                   "field_max": LOG_FIELD_MAX, "max_series": g.metrics_max_series,
-                                   "buckets": [[b, repr(b)] for b in DURATION_BUCKETS],
-                                   "plain_paths": exposed_paths(spec)}
+    settings: dict[str, object] = {
+        "zone": METRICS_ZONE,
+        "flush_seconds": USAGE_FLUSH_SECONDS,
+        "max_pending": USAGE_MAX_PENDING,
+        "field_max": LOG_FIELD_MAX,
+        "max_series": g.metrics_max_series,
+        "buckets": [[b, repr(b)] for b in DURATION_BUCKETS],
+        "plain_paths": exposed_paths(spec),
+    }
     if layout.usage_dir:
-        settings.update(usage_dir=layout.usage_dir, prune_seconds=USAGE_PRUNE_SECONDS,
-                        retention_days=g.usage_log.retention_days,
-                        max_bytes=round(g.usage_log.max_total_gib * 2**30))
+        settings.update(
+            usage_dir=layout.usage_dir,
+            prune_seconds=USAGE_PRUNE_SECONDS,
+            retention_days=g.usage_log.retention_days,
+            max_bytes=round(g.usage_log.max_total_gib * 2**30),
+        )
     return settings
 
 
@@ -748,43 +864,49 @@ def _usage_directives(spec: StackSpec, layout: GatewayLayout) -> list[str]:
     refusals and nginx's own errors too. nginx composes its part of the line (LOG_FORMAT) in C,
     Lua the rest; Lua keeps lines and counts in the worker, and a timer writes and merges them once
     a second."""
-    charge = 'package.loaded.gateway_budget.charge' if token_budgets(spec) else ""
-    return [f"    map \"\" $llm_usage_line {{ default '{LOG_FORMAT}'; }}",
-            "    # Counters merged from every worker's own tables; kept across reloads (same name and size).",
-            f"    lua_shared_dict {METRICS_ZONE} {metrics_zone_kib(spec)}k;",
-            f'    init_worker_by_lua_block {{ require("gateway_metrics").start({_lua_value(metrics_settings(spec, layout))}) }}',
-            '    exit_worker_by_lua_block { require("gateway_metrics").stop() }',
-            f'    log_by_lua_block {{ package.loaded.gateway_metrics.record({charge}) }}',
-            # nginx's own access log would write each request again, one write() apiece.
-            "    access_log off;"]
+    charge = "package.loaded.gateway_budget.charge" if token_budgets(spec) else ""
+    return [
+        f"    map \"\" $llm_usage_line {{ default '{LOG_FORMAT}'; }}",
+        "    # Counters merged from every worker's own tables; kept across reloads (same name and size).",
+        f"    lua_shared_dict {METRICS_ZONE} {metrics_zone_kib(spec)}k;",
+        f'    init_worker_by_lua_block {{ require("gateway_metrics").start({_lua_value(metrics_settings(spec, layout))}) }}',
+        '    exit_worker_by_lua_block { require("gateway_metrics").stop() }',
+        f"    log_by_lua_block {{ package.loaded.gateway_metrics.record({charge}) }}",
+        # nginx's own access log would write each request again, one write() apiece.
+        "    access_log off;",
+    ]
 
 
 def _metrics_server(layout: GatewayLayout) -> list[str]:
     """The Prometheus endpoint: GET /metrics on its own listener (the node's cluster address)."""
     if not layout.metrics_listen:
         return []
-    return ["",
-            "    server {",
-            f"        listen {layout.metrics_listen};",
-            "        # Scrapes are not gateway requests: neither usage lines nor counted.",
-            "        log_by_lua_block { return }",
-            "        location = /metrics {",
-            '            content_by_lua_block { package.loaded.gateway_metrics.serve() }',
-            "        }",
-            "        location / {",
-            "            default_type text/plain;",
-            '            return 404 "llm-cluster gateway: GET /metrics\\n";',
-            "        }",
-            "    }"]
+    return [
+        "",
+        "    server {",
+        f"        listen {layout.metrics_listen};",
+        "        # Scrapes are not gateway requests: neither usage lines nor counted.",
+        "        log_by_lua_block { return }",
+        "        location = /metrics {",
+        "            content_by_lua_block { package.loaded.gateway_metrics.serve() }",
+        "        }",
+        "        location / {",
+        "            default_type text/plain;",
+        '            return 404 "llm-cluster gateway: GET /metrics\\n";',
+        "        }",
+        "    }",
+    ]
 
 
 def _budget_headers() -> list[str]:
     """The x-ratelimit-*-tokens headers, on every answer once admit has read the key's budget (empty,
     hence not sent, for a key without one, and for what nginx refuses before: a 401, a 413 by
     Content-Length)."""
-    return ["            add_header x-ratelimit-limit-tokens $llm_tb_limit always;",
-            "            add_header x-ratelimit-remaining-tokens $llm_tb_remaining always;",
-            "            add_header x-ratelimit-reset-tokens $llm_tb_reset always;"]
+    return [
+        "            add_header x-ratelimit-limit-tokens $llm_tb_limit always;",
+        "            add_header x-ratelimit-remaining-tokens $llm_tb_remaining always;",
+        "            add_header x-ratelimit-reset-tokens $llm_tb_reset always;",
+    ]
 
 
 def _limit_zones(kind: str, params: Sequence[str], ids: Sequence[Sequence[str]], preamble: list[str]) -> list[str]:
@@ -814,23 +936,34 @@ def _map_literal(key_id: str) -> str:
 def _maps(spec: StackSpec) -> list[str]:
     """Variables computed by nginx alone (no Lua): Allow, 429 headers."""
     # On $request_uri: the error page's internal redirect has changed $uri by then.
-    out = ["    map $request_uri $llm_allow {",
-           f'        "~^[^?]*/v1/models(?:[?]|$)" "{ALLOW_MODELS}";',
-           f'        default "{ALLOW_ENDPOINTS}";',
-           "    }"]
+    out = [
+        "    map $request_uri $llm_allow {",
+        f'        "~^[^?]*/v1/models(?:[?]|$)" "{ALLOW_MODELS}";',
+        f'        default "{ALLOW_ENDPOINTS}";',
+        "    }",
+    ]
     zones = rate_zones(spec)
-    for variable, value in (("$llm_rl_retry_after", lambda lim: str(retry_after_seconds(lim))),
-                            ("$llm_rl_per_minute", lambda lim: str(round(lim.requests_per_second * 60))),
-                            ("$llm_rl_reset", reset_interval)):
-        out += [f"    map $llm_key_id {variable} {{", "        default 1;" if variable != "$llm_rl_reset"
-                else '        default "1s";']
+    for variable, value in (
+        ("$llm_rl_retry_after", lambda lim: str(retry_after_seconds(lim))),
+        ("$llm_rl_per_minute", lambda lim: str(round(lim.requests_per_second * 60))),
+        ("$llm_rl_reset", reset_interval),
+    ):
+        out += [
+            f"    map $llm_key_id {variable} {{",
+            "        default 1;" if variable != "$llm_rl_reset" else '        default "1s";',
+        ]
         out += [f'        {_map_literal(key_id)} "{value(limit)}";' for limit, ids in zones for key_id in ids]
         out.append("    }")
     return out
 
 
-def _upstream(spec: StackSpec, name: str, pools: Sequence[str], servers: Mapping[str, Sequence[tuple[str, int]]],
-              weights: Mapping[str, int]) -> list[str]:
+def _upstream(
+    spec: StackSpec,
+    name: str,
+    pools: Sequence[str],
+    servers: Mapping[str, Sequence[tuple[str, int]]],
+    weights: Mapping[str, int],
+) -> list[str]:
     """An upstream block over the servers of these pools (one pool, or the pools sharing a model)."""
     g = spec.gateway
     assert g is not None
@@ -838,13 +971,17 @@ def _upstream(spec: StackSpec, name: str, pools: Sequence[str], servers: Mapping
     for pool in pools:
         weight = weights[pool]
         extra = " down" if weight == 0 else (f" weight={weight}" if weight != 1 else "")
-        out += [f"        server {host}:{port}{extra} max_fails={g.max_fails} fail_timeout={g.fail_timeout_seconds}s;"
-                for host, port in servers[pool]]
+        out += [
+            f"        server {host}:{port}{extra} max_fails={g.max_fails} fail_timeout={g.fail_timeout_seconds}s;"
+            for host, port in servers[pool]
+        ]
     idle = min(pool_keepalive_seconds(spec, pool) for pool in pools)
     if g.upstream_keepalive and idle:
-        out += [f"        keepalive {g.upstream_keepalive};",
-                # Shorter than the engine server's own idle timeout: nginx always closes first.
-                f"        keepalive_timeout {idle}s;"]
+        out += [
+            f"        keepalive {g.upstream_keepalive};",
+            # Shorter than the engine server's own idle timeout: nginx always closes first.
+            f"        keepalive_timeout {idle}s;",
+        ]
     return out + ["    }", ""]
 
 
@@ -881,13 +1018,14 @@ def _proxy_block(spec: StackSpec, upstream: str, pools: Sequence[str]) -> list[s
         f"            proxy_next_upstream_tries {MAX_TRIES};",
         f"            proxy_next_upstream_timeout {timeout}s;",
         # A replica's error that is not JSON is answered as OpenAI JSON (gateway.lua head()).
-        '            header_filter_by_lua_block { package.loaded.gateway.head() }',
-        '            body_filter_by_lua_block { package.loaded.gateway.usage() }',
+        "            header_filter_by_lua_block { package.loaded.gateway.head() }",
+        "            body_filter_by_lua_block { package.loaded.gateway.usage() }",
     ]
 
 
-def render_gateway(spec: StackSpec, layout: GatewayLayout,
-                   upstreams: Mapping[str, Sequence[tuple[str, int]]] | None = None) -> dict[str, str]:
+def render_gateway(
+    spec: StackSpec, layout: GatewayLayout, upstreams: Mapping[str, Sequence[tuple[str, int]]] | None = None
+) -> dict[str, str]:
     """Every file the gateway container needs, by path relative to the layout's conf_dir."""
     return {
         "nginx.conf": nginx_conf(spec, layout, upstreams),
@@ -967,6 +1105,7 @@ rm -rf -- {shlex.quote(keys_dir)}
 
 # --- host files, reloaded in place ---------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class NginxControl:
     """How a host script reaches the running nginx: `docker exec` on a node, the binary in tests."""
@@ -994,8 +1133,13 @@ fi
 """
 
 
-def config_script(spec: StackSpec, files: Mapping[str, str] | None = None, conf_dir: str = HOST_CONF_DIR,
-                  digests_from_stdin: str | None = None, control: NginxControl = NginxControl()) -> str:
+def config_script(
+    spec: StackSpec,
+    files: Mapping[str, str] | None = None,
+    conf_dir: str = HOST_CONF_DIR,
+    digests_from_stdin: str | None = None,
+    control: NginxControl = NginxControl(),
+) -> str:
     """Write the gateway's config files (nginx.conf, Lua, routes) on its host and reload nginx in place.
 
     `digests_from_stdin`: the host path of the key digests, when they come from the stack's secret.
@@ -1003,20 +1147,29 @@ def config_script(spec: StackSpec, files: Mapping[str, str] | None = None, conf_
     g = spec.gateway
     assert g is not None
     files = gateway_files(spec) if files is None else files
-    lines = ["#!/usr/bin/env bash",
-             f"# llm-cluster: write the gateway config under {conf_dir} and reload nginx in place",
-             # Key ids and TLS mode in the script: a change to either reloads nginx (digests, certificate).
-             f"# key ids: {', '.join(key_ids(spec)) or '(auth off)'}; tls: {'on' if g.tls else 'off'}",
-             "set -euo pipefail"]
-    lines += put_files_lines({f"{conf_dir}/{rel}": text for rel, text in files.items()}, [conf_dir],
-                             "0:0", "0600" if digests_from_stdin else "0644", digests_from_stdin)
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# llm-cluster: write the gateway config under {conf_dir} and reload nginx in place",
+        # Key ids and TLS mode in the script: a change to either reloads nginx (digests, certificate).
+        f"# key ids: {', '.join(key_ids(spec)) or '(auth off)'}; tls: {'on' if g.tls else 'off'}",
+        "set -euo pipefail",
+    ]
+    lines += put_files_lines(
+        {f"{conf_dir}/{rel}": text for rel, text in files.items()},
+        [conf_dir],
+        "0:0",
+        "0600" if digests_from_stdin else "0644",
+        digests_from_stdin,
+    )
     return "\n".join(lines) + "\n" + reload_lines("config", control)
 
 
 def usage_dir_script(directory: str) -> str:
     """Make the usage-log directory, owned by nginx's worker user (who writes it) and 0750."""
-    return (f"#!/usr/bin/env bash\n# llm-cluster: the gateway's usage-log directory\nset -euo pipefail\n"
-            f"install -d -m 0750 -o {WORKER_UID} -g {WORKER_UID} {shlex.quote(directory)}\n")
+    return (
+        f"#!/usr/bin/env bash\n# llm-cluster: the gateway's usage-log directory\nset -euo pipefail\n"
+        f"install -d -m 0750 -o {WORKER_UID} -g {WORKER_UID} {shlex.quote(directory)}\n"
+    )
 
 
 def config_delete_script(conf_dir: str = HOST_CONF_DIR) -> str:
@@ -1116,8 +1269,10 @@ fi
 
 def tls_delete_script(root: str = HOST_KEYS_DIR) -> str:
     """Undo the TLS scripts: certificate, key and the private CA go with the gateway."""
-    return (f"#!/usr/bin/env bash\n# llm-cluster: remove the gateway's certificate and CA\nset -euo pipefail\n"
-            f"rm -rf -- {shlex.quote(root + '/tls')} {shlex.quote(root + '/ca')}\n")
+    return (
+        f"#!/usr/bin/env bash\n# llm-cluster: remove the gateway's certificate and CA\nset -euo pipefail\n"
+        f"rm -rf -- {shlex.quote(root + '/tls')} {shlex.quote(root + '/ca')}\n"
+    )
 
 
 def _indent(text: str) -> str:

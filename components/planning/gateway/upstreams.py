@@ -6,6 +6,7 @@ nginx must always give up an idle connection first: its upstream `keepalive_time
 engine's idle timeout minus a margin. Each engine states its server (`Engine.http_server`, in its
 facts); nothing in the gateway branches on the engine's name.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -24,8 +25,10 @@ def engine_server(engine: str) -> EngineServer:
     try:
         return ENGINES[engine].http_server
     except KeyError:
-        raise ValueError(f"the gateway has no server facts for engine {engine!r}: no such engine is registered "
-                         f"(components/engines/registry.py knows: {', '.join(ENGINES)})") from None
+        raise ValueError(
+            f"the gateway has no server facts for engine {engine!r}: no such engine is registered "
+            f"(components/engines/registry.py knows: {', '.join(ENGINES)})"
+        ) from None
 
 
 def server_keepalive_seconds(engine: str, env: Mapping[str, str]) -> int:

@@ -5,6 +5,7 @@ Pools whose engine and version export the same names share one group, so a stack
 set of alert rules and panel queries, and a mixed stack one per engine version. Monitoring builds its
 rules and dashboards from these groups: no engine name appears there.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -41,8 +42,10 @@ def serving_metrics(spec: StackSpec) -> list[ServingMetrics]:
         names = tuple(sorted(engine.metric_names(spec, pname).items()))
         groups.setdefault((engine.metrics_job, names), []).append(pname)
         titles[engine.metrics_job] = engine.title
-    return [ServingMetrics(job, titles[job], MappingProxyType(dict(names)), tuple(pools))
-            for (job, names), pools in groups.items()]
+    return [
+        ServingMetrics(job, titles[job], MappingProxyType(dict(names)), tuple(pools))
+        for (job, names), pools in groups.items()
+    ]
 
 
 def pool_metrics(spec: StackSpec, pool: str) -> ServingMetrics:
@@ -57,6 +60,7 @@ def omitted(groups: list[ServingMetrics], needs: Mapping[str, tuple[str, ...]]) 
         for what, logical in needs.items():
             missing = [k for k in logical if k not in g.names]
             if missing:
-                out.append(f"{what}: {g.title} (job {g.job}, pools {', '.join(g.pools)}) exports no "
-                           f"{' or '.join(missing)}")
+                out.append(
+                    f"{what}: {g.title} (job {g.job}, pools {', '.join(g.pools)}) exports no {' or '.join(missing)}"
+                )
     return out

@@ -5,6 +5,7 @@ offset lies in [remote - after, remote - before]. The check fails only when that
 beyond the bound (a slow SSH handshake widens the interval, it never makes a false alarm), and
 says so when the round trip was too slow to decide.
 """
+
 from __future__ import annotations
 
 import shlex
@@ -15,13 +16,15 @@ q = shlex.quote
 
 def clock_script(ssh: Sequence[str], login: str, node: str, bound_s: float) -> str:
     """Bash for the operator's machine: fail when the node's clock is surely off by more than bound_s."""
-    fix = ("install chrony on the node and point it at the same NTP servers as this machine "
-           "(apt-get install chrony; chronyc tracking); Ray's workers and TLS need clocks in step")
+    fix = (
+        "install chrony on the node and point it at the same NTP servers as this machine "
+        "(apt-get install chrony; chronyc tracking); Ray's workers and TLS need clocks in step"
+    )
     return f"""#!/usr/bin/env bash
 # llm-cluster: {node}'s clock against this machine's (bound {bound_s:g} s)
 set -euo pipefail
 before=$(date +%s.%N)
-remote=$({' '.join(q(a) for a in ssh)} {q(login)} 'date +%s.%N' </dev/null)
+remote=$({" ".join(q(a) for a in ssh)} {q(login)} 'date +%s.%N' </dev/null)
 after=$(date +%s.%N)
 awk -v b="$before" -v r="$remote" -v a="$after" -v bound={bound_s!r} -v node={q(node)} -v fix={q(fix)} 'BEGIN {{
   lo = r - a; hi = r - b

@@ -13,6 +13,7 @@ touched: a drop in any table drops, so other tables keep working as they did, an
 undoes exactly what it added. The file loads as one transaction (`table …; delete table …;
 table … { … }`), so a re-run replaces the table atomically and a second run changes nothing.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -61,8 +62,11 @@ def guarded_ports(spec: StackSpec, node: str) -> list[Guarded]:
     """Every port the stack's services use on this node (the gateway's own excepted), sorted."""
     g = spec.gateway
     public = set(gateway_ports(spec)) if g is not None and g.node == node else set()
-    out = [Guarded(port, port, key) for n, port, key in host_ports(spec)
-           if n == node and not (port in public and key.startswith("gateway."))]
+    out = [
+        Guarded(port, port, key)
+        for n, port, key in host_ports(spec)
+        if n == node and not (port in public and key.startswith("gateway."))
+    ]
     if any(node in inst.nodes and inst.uses_ray for inst in all_instances(spec)):
         out.append(Guarded(*RAY_WORKER_PORTS, "Ray worker ports (ray start defaults)"))
     first, last = spec.firewall.ephemeral_ports
@@ -94,7 +98,7 @@ def _split(cidrs: list[str]) -> tuple[list[str], list[str]]:
     def family(version: int) -> list[str]:
         ours = list(dict.fromkeys(n for n in nets if n.version == version))
         # Stack order when nothing overlaps (readable); collapsed (sorted) when something does.
-        overlap = any(a.overlaps(b) for i, a in enumerate(ours) for b in ours[i + 1:])
+        overlap = any(a.overlaps(b) for i, a in enumerate(ours) for b in ours[i + 1 :])
         kept = list(ipaddress.collapse_addresses(ours)) if overlap else ours
         return [str(n.network_address) if n.prefixlen == n.max_prefixlen else str(n) for n in dict.fromkeys(kept)]
 
@@ -102,8 +106,7 @@ def _split(cidrs: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _set(name: str, kind: str, elements: list[str]) -> str:
-    return (f"\tset {name} {{\n\t\ttype {kind}\n\t\tflags interval\n"
-            f"\t\telements = {{ {', '.join(elements)} }}\n\t}}\n")
+    return f"\tset {name} {{\n\t\ttype {kind}\n\t\tflags interval\n\t\telements = {{ {', '.join(elements)} }}\n\t}}\n"
 
 
 def _elements(spans: list[tuple[int, int]]) -> str:
@@ -114,8 +117,10 @@ def ruleset(spec: StackSpec, node: str) -> str:
     """The nft ruleset of one node: `nft -f` loads (or atomically replaces) the table, nothing else."""
     ports = guarded_ports(spec, node)
     trusted4, trusted6 = _split(cluster_sources(spec))
-    lines = [f"# llm-cluster host firewall of {node}: `nft delete table {FAMILY} {TABLE}` removes all of it.",
-             "# Closed to all but the cluster's nodes and firewall.trustedSources (TCP):"]
+    lines = [
+        f"# llm-cluster host firewall of {node}: `nft delete table {FAMILY} {TABLE}` removes all of it.",
+        "# Closed to all but the cluster's nodes and firewall.trustedSources (TCP):",
+    ]
     lines += [f"#   {p.nft():<12} {p.what}" for p in ports]
     lines += [f"table {FAMILY} {TABLE}", f"delete table {FAMILY} {TABLE}", f"table {FAMILY} {TABLE} {{"]
     body = _set("cluster_v4", "ipv4_addr", trusted4)
@@ -130,11 +135,13 @@ def ruleset(spec: StackSpec, node: str) -> str:
             body += _set("gateway_v4", "ipv4_addr", allow4)
         if allow6:
             body += _set("gateway_v6", "ipv6_addr", allow6)
-    rules = ["type filter hook input priority filter; policy accept;",
-             'iifname "lo" accept',
-             "ct state established,related accept",
-             f'tcp dport {spec.ssh.port} accept comment "SSH is never blocked"',
-             'ip saddr @cluster_v4 accept comment "cluster nodes and trusted sources"']
+    rules = [
+        "type filter hook input priority filter; policy accept;",
+        'iifname "lo" accept',
+        "ct state established,related accept",
+        f'tcp dport {spec.ssh.port} accept comment "SSH is never blocked"',
+        'ip saddr @cluster_v4 accept comment "cluster nodes and trusted sources"',
+    ]
     if trusted6:
         rules.append('ip6 saddr @cluster_v6 accept comment "cluster nodes and trusted sources"')
     if gateway_here:

@@ -5,6 +5,7 @@ run changes nothing), with a delete counterpart where the create leaves somethin
 `bash_command` wraps a script for `remote.Command` without re-quoting it, so the plan shows it
 as it runs.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -50,8 +51,10 @@ def run_shipped_python(source: Path, delimiter: str, argument: str) -> str:
     one argument (a JSON plan). A file, not `python3 -`: the program keeps stdin for what is piped in."""
     text = source.read_text()
     refuse_heredoc_end(text, delimiter, source.name)
-    return (f"prog=$(mktemp)\ntrap 'rm -f \"$prog\"' EXIT\ncat > \"$prog\" <<'{delimiter}'\n{text.rstrip()}\n"
-            f"{delimiter}\npython3 \"$prog\" {q(argument)}\n")
+    return (
+        f"prog=$(mktemp)\ntrap 'rm -f \"$prog\"' EXIT\ncat > \"$prog\" <<'{delimiter}'\n{text.rstrip()}\n"
+        f'{delimiter}\npython3 "$prog" {q(argument)}\n'
+    )
 
 
 def bash_command(script: str, *, sudo: bool = False) -> str:
@@ -98,23 +101,27 @@ def script_hash(script: str) -> str:
 
 # --- config files on a host --------------------------------------------------------------------
 
-def put_files_lines(files: Mapping[str, str], roots: Sequence[str], owner: str, mode: str,
-                    stdin_path: str | None = None) -> list[str]:
+
+def put_files_lines(
+    files: Mapping[str, str], roots: Sequence[str], owner: str, mode: str, stdin_path: str | None = None
+) -> list[str]:
     """Bash lines writing each host path's text atomically under `roots`, and removing the files there
     an earlier run wrote that this one does not. `stdin_path` is one more file read from stdin (a secret).
 
     Services mount the roots (directories, never single files: a file replaced by rename stays the
     old inode in a file mount), so the running service sees the new files and can reload them.
     """
-    lines = ["put() {  # put <path>: stdin into <path>, atomically (same directory, then rename)",
-             '  local tmp',
-             '  install -d -m 0755 "$(dirname "$1")"',
-             '  tmp=$(mktemp "$1.XXXXXX")',
-             '  cat > "$tmp"',
-             f'  chmod {mode} "$tmp"',
-             f'  chown {q(owner)} "$tmp"',
-             '  mv -f "$tmp" "$1"',
-             "}"]
+    lines = [
+        "put() {  # put <path>: stdin into <path>, atomically (same directory, then rename)",
+        "  local tmp",
+        '  install -d -m 0755 "$(dirname "$1")"',
+        '  tmp=$(mktemp "$1.XXXXXX")',
+        '  cat > "$tmp"',
+        f'  chmod {mode} "$tmp"',
+        f'  chown {q(owner)} "$tmp"',
+        '  mv -f "$tmp" "$1"',
+        "}",
+    ]
     lines += [f"install -d -m 0755 {q(r)}" for r in roots]
     wanted = [*files, *([stdin_path] if stdin_path else [])]
     for path, text in files.items():
@@ -124,8 +131,9 @@ def put_files_lines(files: Mapping[str, str], roots: Sequence[str], owner: str, 
         lines.append(f"put {q(stdin_path)}")
     lines.append("# Files an earlier config wrote and this one does not (a removed rules file): gone.")
     lines.append(f"find {' '.join(q(r) for r in roots)} -type f -print0 | while IFS= read -r -d '' f; do")
-    lines.append(f'  case "$f" in {"|".join(q(w) for w in wanted)}) ;; *) rm -f -- "$f" ;; esac' if wanted
-                 else '  rm -f -- "$f"')
+    lines.append(
+        f'  case "$f" in {"|".join(q(w) for w in wanted)}) ;; *) rm -f -- "$f" ;; esac' if wanted else '  rm -f -- "$f"'
+    )
     lines.append("done")
     return lines
 
@@ -140,19 +148,23 @@ def written_files(script: str) -> dict[str, str]:
 
 # --- /etc/hosts ----------------------------------------------------------------------------------
 
+
 def hosts_entries(spec: StackSpec) -> list[tuple[str, str]]:
     """Every node's cluster address and name, in stack order (the runbook's /etc/hosts lines)."""
     return [(spec.nodes[n].address, n) for n in spec.nodes]
 
 
-_STRIP_BLOCK = ("awk -v b=\"$begin\" -v e=\"$end\" "
-                "'$0 == b { skip = 1; next } $0 == e { skip = 0; next } !skip' \"$hosts\" > \"$tmp\"")
+_STRIP_BLOCK = (
+    'awk -v b="$begin" -v e="$end" \'$0 == b { skip = 1; next } $0 == e { skip = 0; next } !skip\' "$hosts" > "$tmp"'
+)
 
 
 def _hosts_prelude(hosts_file: str) -> str:
-    return (f"hosts={q(hosts_file)}\nbegin={q(HOSTS_BEGIN)}\nend={q(HOSTS_END)}\n"
-            "tmp=$(mktemp)\ntrap 'rm -f \"$tmp\"' EXIT\n"
-            f"{_STRIP_BLOCK}\n")
+    return (
+        f"hosts={q(hosts_file)}\nbegin={q(HOSTS_BEGIN)}\nend={q(HOSTS_END)}\n"
+        "tmp=$(mktemp)\ntrap 'rm -f \"$tmp\"' EXIT\n"
+        f"{_STRIP_BLOCK}\n"
+    )
 
 
 _WRITE_IF_CHANGED = """\
@@ -169,19 +181,26 @@ fi
 def hosts_create_script(entries: list[tuple[str, str]], hosts_file: str = "/etc/hosts") -> str:
     """Replace (or append) the marked block of cluster names; leaves every other line alone."""
     lines = [HOSTS_BEGIN] + [f"{address} {name}" for address, name in entries] + [HOSTS_END]
-    body = (_hosts_prelude(hosts_file)
-            + "printf '%s\\n' " + " ".join(q(ln) for ln in lines) + " >> \"$tmp\"\n"
-            + _WRITE_IF_CHANGED.replace("{verb}", "written"))
+    body = (
+        _hosts_prelude(hosts_file)
+        + "printf '%s\\n' "
+        + " ".join(q(ln) for ln in lines)
+        + ' >> "$tmp"\n'
+        + _WRITE_IF_CHANGED.replace("{verb}", "written")
+    )
     return _script(f"cluster names in {hosts_file}", body)
 
 
 def hosts_delete_script(hosts_file: str = "/etc/hosts") -> str:
     """Remove the marked block, nothing else."""
-    return _script(f"remove the cluster names from {hosts_file}",
-                   _hosts_prelude(hosts_file) + _WRITE_IF_CHANGED.replace("{verb}", "removed"))
+    return _script(
+        f"remove the cluster names from {hosts_file}",
+        _hosts_prelude(hosts_file) + _WRITE_IF_CHANGED.replace("{verb}", "removed"),
+    )
 
 
 # --- preflight -----------------------------------------------------------------------------------
+
 
 def model_size_bytes(spec: StackSpec, model: str) -> int:
     """On-disk size of a model's weights: `sizeGib` when stated, else the capacity planner's whole-model
@@ -210,20 +229,35 @@ def node_expectation(spec: StackSpec, node: str) -> Expectation:
     n = spec.node(node)
     assert n.gpu is not None  # the spec refuses nodes without GPUs
     gpu = GPUS[n.gpu.model]
-    hca = None if n.hca is None else {"device": n.hca.device, "port": n.hca.port,
-                                      "link_layer": n.hca.link_layer, "rate_gbps": n.hca.rate_gbps}
+    hca = (
+        None
+        if n.hca is None
+        else {"device": n.hca.device, "port": n.hca.port, "link_layer": n.hca.link_layer, "rate_gbps": n.hca.rate_gbps}
+    )
     tps = [p.tensor_parallel for p in spec.pools.values() if node in p.nodes]
     memory_gib, memory_key = spec.node_memory(node)
     cpu_cores, cpu_key = spec.node_cpus(node)
     return Expectation(
-        node=node, gpu_model=gpu.name, gpu_count=n.gpu.count,
-        compute_cap=f"{gpu.capability // 10}.{gpu.capability % 10}", nvlink=gpu.nvlink,
-        max_tensor_parallel=max(tps, default=0), driver_min=n.driver_min_version, hca=hca,
-        disk_path=n.disk_path or "/", min_free_gib=n.min_free_disk_gib or 0,
-        models=[{"path": spec.models[m].path, "size_bytes": model_size_bytes(spec, m)}
-                for m in copied_models(spec, node)],
-        firewall=spec.firewall.managed, max_clock_offset_s=spec.preflight.max_clock_offset_seconds,
-        memory_gib=memory_gib, memory_key=memory_key, cpu_cores=cpu_cores, cpu_key=cpu_key, registry=spec.images.registry_host or "",
+        node=node,
+        gpu_model=gpu.name,
+        gpu_count=n.gpu.count,
+        compute_cap=f"{gpu.capability // 10}.{gpu.capability % 10}",
+        nvlink=gpu.nvlink,
+        max_tensor_parallel=max(tps, default=0),
+        driver_min=n.driver_min_version,
+        hca=hca,
+        disk_path=n.disk_path or "/",
+        min_free_gib=n.min_free_disk_gib or 0,
+        models=[
+            {"path": spec.models[m].path, "size_bytes": model_size_bytes(spec, m)} for m in copied_models(spec, node)
+        ],
+        firewall=spec.firewall.managed,
+        max_clock_offset_s=spec.preflight.max_clock_offset_seconds,
+        memory_gib=memory_gib,
+        memory_key=memory_key,
+        cpu_cores=cpu_cores,
+        cpu_key=cpu_key,
+        registry=spec.images.registry_host or "",
         tarballs=[s.source for s in node_supplies(spec, node) if s.via == "tarball"],
     )
 
@@ -233,11 +267,13 @@ def preflight_script(exp: Expectation, user: str = "root") -> str:
     a non-root `user` is first checked for passwordless sudo and the docker group (access_script)."""
     source = inspect.getsource(preflight)
     refuse_heredoc_end(source, _PREFLIGHT_HEREDOC, "preflight source")
-    body = ((access_script(user) if user != "root" else "") + "command -v python3 >/dev/null 2>&1 || {\n"
-            "  echo \"ERROR: python3 is missing on $(hostname)\" >&2\n"
-            "  echo \"    fix: install python3 (the preflight checks run with it)\" >&2\n"
-            "  exit 1\n}\n"
-            f"python3 - {q(exp.to_json())} <<'{_PREFLIGHT_HEREDOC}'\n{source.rstrip()}\n{_PREFLIGHT_HEREDOC}\n")
+    body = (
+        (access_script(user) if user != "root" else "") + "command -v python3 >/dev/null 2>&1 || {\n"
+        '  echo "ERROR: python3 is missing on $(hostname)" >&2\n'
+        '  echo "    fix: install python3 (the preflight checks run with it)" >&2\n'
+        "  exit 1\n}\n"
+        f"python3 - {q(exp.to_json())} <<'{_PREFLIGHT_HEREDOC}'\n{source.rstrip()}\n{_PREFLIGHT_HEREDOC}\n"
+    )
     return _script(f"preflight of {exp.node} (GPUs, driver, NVLink, HCA, container runtime, disk, clock, nft)", body)
 
 
@@ -278,16 +314,17 @@ rm -f "$state/stat" "$state/pending"
 
 def _state_vars(path: str) -> str:
     """$root, the model directory, and $state, llm-cluster's bookkeeping under it."""
-    return f"root={q(path.rstrip('/') or '/')}\nstate=\"$root/{STATE_DIR}\"\n"
+    return f'root={q(path.rstrip("/") or "/")}\nstate="$root/{STATE_DIR}"\n'
 
 
 def manifest_build_script(path: str) -> str:
     """On the weights' source: (re)build the manifest of sizes and sha256, hashing only changed files."""
-    body = (_state_vars(path)
-            + "test -d \"$root\" || { echo \"ERROR: $root does not exist on $(hostname)\" >&2; "
-            "echo \"    fix: put the weights there, or correct the model's path/source.node\" >&2; exit 1; }\n"
-            + _BUILD_MANIFEST.lstrip()
-            + "echo \"manifest: $state/manifest ($(sha256sum < \"$state/manifest\" | cut -c 1-16))\"\n")
+    body = (
+        _state_vars(path) + 'test -d "$root" || { echo "ERROR: $root does not exist on $(hostname)" >&2; '
+        'echo "    fix: put the weights there, or correct the model\'s path/source.node" >&2; exit 1; }\n'
+        + _BUILD_MANIFEST.lstrip()
+        + 'echo "manifest: $state/manifest ($(sha256sum < "$state/manifest" | cut -c 1-16))"\n'
+    )
     return _script(f"manifest of the weights at {path}", body)
 
 
@@ -297,12 +334,12 @@ def manifest_verify_script(path: str, copy_command: str = "this node's copy comm
     A mismatched file is removed (with its cached checksum): rsync skips a file whose size and mtime
     match, so a corrupt one left in place would never be sent again.
     """
-    body = (_state_vars(path)
-            + "test -f \"$state/expected\" || { echo \"ERROR: no source manifest at "
-            "$state/expected on $(hostname)\" >&2; echo \"    fix: the copy did not finish; "
-            "run pulumi up again (rsync resumes)\" >&2; exit 1; }\n"
-            + _BUILD_MANIFEST.lstrip()
-            + r"""wrong=$(LC_ALL=C comm -23 <(LC_ALL=C sort "$state/expected") <(LC_ALL=C sort "$state/manifest"))
+    body = (
+        _state_vars(path) + 'test -f "$state/expected" || { echo "ERROR: no source manifest at '
+        '$state/expected on $(hostname)" >&2; echo "    fix: the copy did not finish; '
+        'run pulumi up again (rsync resumes)" >&2; exit 1; }\n'
+        + _BUILD_MANIFEST.lstrip()
+        + r"""wrong=$(LC_ALL=C comm -23 <(LC_ALL=C sort "$state/expected") <(LC_ALL=C sort "$state/manifest"))
 if [ -n "$wrong" ]; then
   rm -f "$state/verified"
   count=$(printf '%s\n' "$wrong" | wc -l)
@@ -313,41 +350,51 @@ if [ -n "$wrong" ]; then
   mv "$state/cache.new" "$state/cache"
   while IFS= read -r rel; do rm -f -- "${root:?}/$rel"; done < "$state/wrong"
   rm -f "$state/wrong"
-""" + f"""  echo {q(f"    fix: those files were removed here, so the next copy sends them again: run pulumi up "
-                f"--replace <urn of {copy_command}> (pulumi stack --show-urns); if it repeats, check the disk")} >&2
+"""
+        + f"""  echo {
+            q(
+                f"    fix: those files were removed here, so the next copy sends them again: run pulumi up "
+                f"--replace <urn of {copy_command}> (pulumi stack --show-urns); if it repeats, check the disk"
+            )
+        } >&2
   exit 1
 fi
-""" + r"""want=$(sha256sum < "$state/expected" | cut -d ' ' -f 1)
+"""
+        + r"""want=$(sha256sum < "$state/expected" | cut -d ' ' -f 1)
 if [ "$(cat "$state/verified" 2>/dev/null || true)" != "$want" ]; then echo "$want" > "$state/verified"; fi
 echo "verified: $root matches the source manifest ($(cut -c 1-16 "$state/verified"))"
-""")
+"""
+    )
     return _script(f"verify the weights at {path}", body)
 
 
 def manifest_delete_script(path: str, files: tuple[str, ...]) -> str:
     """Remove llm-cluster's bookkeeping files under the model directory (never the weights)."""
     state = f"{path.rstrip('/')}/{STATE_DIR}"
-    return _script(f"forget the weights bookkeeping at {path}",
-                   f"rm -f -- {' '.join(q(f'{state}/{f}') for f in files)}\n")
+    return _script(
+        f"forget the weights bookkeeping at {path}", f"rm -f -- {' '.join(q(f'{state}/{f}') for f in files)}\n"
+    )
 
 
 def ssh_argv(port: int, host_key_checking: bool) -> list[str]:
     """ssh between nodes: non-interactive; trusts first contact when host keys are checked (nodes hold no pins)."""
-    checking = (["-o", "StrictHostKeyChecking=accept-new"] if host_key_checking
-                else ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"])
+    checking = (
+        ["-o", "StrictHostKeyChecking=accept-new"]
+        if host_key_checking
+        else ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
+    )
     return ["ssh", "-o", "BatchMode=yes", *checking, "-p", str(port)]
 
 
-def copy_script(path: str, *, serving: str, target: str, target_login: str, ssh: list[str],
-                manifest: str) -> str:
+def copy_script(path: str, *, serving: str, target: str, target_login: str, ssh: list[str], manifest: str) -> str:
     """On the serving node: rsync the weights to the target unless it already verified this manifest."""
     root = path.rstrip("/")
     state = f"{root}/{STATE_DIR}"
-    remote = lambda cmd: f"\"${{ssh[@]}}\" \"$dst\" {q(cmd)} </dev/null"  # noqa: E731
+    remote = lambda cmd: f'"${{ssh[@]}}" "$dst" {q(cmd)} </dev/null'  # noqa: E731
     body = f"""root={q(root)}
 dst={q(target_login)}
 manifest={q(f"{state}/{manifest}")}
-ssh=({' '.join(q(a) for a in ssh)})
+ssh=({" ".join(q(a) for a in ssh)})
 command -v rsync >/dev/null || {{ echo "ERROR: rsync is missing on $(hostname); fix: install rsync" >&2; exit 1; }}
 want=$(sha256sum < "$manifest" | cut -d ' ' -f 1)
 have=$({remote(f"cat {q(state + '/verified')} 2>/dev/null || true")})
@@ -371,8 +418,10 @@ def copy_delete_script(path: str, *, target_login: str, ssh: list[str]) -> str:
     """Forget the copy: the target's expected manifest and verified mark go, the weights stay (hours to copy back)."""
     state = f"{path.rstrip('/')}/{STATE_DIR}"
     cmd = f"rm -f -- {q(state + '/expected')} {q(state + '/verified')}"
-    return _script(f"forget the copy of {path} on {target_login}",
-                   f"{' '.join(q(a) for a in ssh)} {q(target_login)} {q(cmd)} </dev/null\n")
+    return _script(
+        f"forget the copy of {path} on {target_login}",
+        f"{' '.join(q(a) for a in ssh)} {q(target_login)} {q(cmd)} </dev/null\n",
+    )
 
 
 def fanout_rounds(source: str, targets: list[str]) -> list[list[tuple[str, str]]]:
@@ -383,13 +432,14 @@ def fanout_rounds(source: str, targets: list[str]) -> list[list[tuple[str, str]]
     while pending:
         pairs = list(zip(holders, pending))
         rounds.append(pairs)
-        pending = pending[len(pairs):]
+        pending = pending[len(pairs) :]
         holders += [dst for _, dst in pairs]
     assert len(rounds) == (math.ceil(math.log2(len(holders))) if len(holders) > 1 else 0)
     return rounds
 
 
 # --- shared mount and weights already present ----------------------------------------------------
+
 
 def fstab_entry(share: str, path: str) -> str:
     """The fstab line of a read-only NFS model share (vLLM only reads the weights)."""
@@ -412,7 +462,7 @@ def _check_readable(fix: str) -> str:
 
 def mount_script(share: str, path: str, fstab: str = "/etc/fstab") -> str:
     """Mount the share at the model path (fstab entry added once) and check the weights are readable."""
-    body = f"""root={q(path.rstrip('/'))}
+    body = f"""root={q(path.rstrip("/"))}
 share={q(share)}
 entry={q(fstab_entry(share, path))}
 fstab={q(fstab)}
@@ -431,7 +481,7 @@ fi
 
 def unmount_script(share: str, path: str, fstab: str = "/etc/fstab") -> str:
     """Unmount the share and remove its fstab entry."""
-    body = f"""root={q(path.rstrip('/'))}
+    body = f"""root={q(path.rstrip("/"))}
 entry={q(fstab_entry(share, path))}
 fstab={q(fstab)}
 if mountpoint -q "$root"; then umount "$root"; fi
@@ -448,11 +498,13 @@ fi
 def present_check_script(path: str) -> str:
     """Weights said to be on the node already: check they are there and readable (nothing to undo)."""
     body = f"root={q(path.rstrip('/'))}\n" + _check_readable(
-        "put the weights there, or use source.node / source.sharedMount for this model")
+        "put the weights there, or use source.node / source.sharedMount for this model"
+    )
     return _script(f"check the weights at {path}", body)
 
 
 # --- files on the operator's machine (for the Docker provider's ssh) -----------------------------
+
 
 def operator_file_path(stack: str, node: str, kind: str) -> str:
     """Where ssh finds a node's key or known_hosts on the operator's machine (`~` expands in ssh -i and -o)."""
@@ -466,8 +518,10 @@ def _home_path(path: str) -> str:
 def operator_file_create_script(path: str) -> str:
     """Write stdin to a 0600 file (atomically): key material never appears in the command line."""
     p = _home_path(path)
-    return _script(f"write {path} from stdin (mode 0600)",
-                   f"umask 077\nmkdir -p \"$(dirname {p})\"\ncat > {p}.tmp\nmv -f {p}.tmp {p}\n")
+    return _script(
+        f"write {path} from stdin (mode 0600)",
+        f'umask 077\nmkdir -p "$(dirname {p})"\ncat > {p}.tmp\nmv -f {p}.tmp {p}\n',
+    )
 
 
 def operator_file_delete_script(path: str) -> str:

@@ -10,6 +10,7 @@ lab's Debian base instead of nvidia/cuda:12.8.1-runtime-ubuntu24.04. It is the r
 parser takes the planned argv, it loads a real (tiny, random-weight) GGUF and answers the OpenAI API and
 /metrics itself. What it cannot show: CUDA, the sm_70 PTX JIT, any speed.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -25,17 +26,21 @@ SDIST = "llama_cpp_python==0.3.36"
 CACHE = Path("/var/cache/llm-cluster") / f"llamacpp-b{BUILD_NUMBER}"
 BINARY = CACHE / "build" / "bin" / "llama-server"
 # .devops/cuda.Dockerfile at b11312, `server` target (the facts the stand-in image carries).
-SOURCE = ("ggml-org/llama.cpp .devops/cuda.Dockerfile at b11312 (server target): ENTRYPOINT [\"/app/llama-server\"], "
-          "WORKDIR /app, ENV LLAMA_ARG_HOST=0.0.0.0, HEALTHCHECK curl -f http://localhost:8080/health, root; "
-          "the build's *.so* in /app")
+SOURCE = (
+    'ggml-org/llama.cpp .devops/cuda.Dockerfile at b11312 (server target): ENTRYPOINT ["/app/llama-server"], '
+    "WORKDIR /app, ENV LLAMA_ARG_HOST=0.0.0.0, HEALTHCHECK curl -f http://localhost:8080/health, root; "
+    "the build's *.so* in /app"
+)
 PACKAGES = ("libgomp1",)  # curl is in the lab's base already
 ENTRYPOINT = ("/app/llama-server",)
 WORKDIR = "/app"
 ENV = {"LLAMA_ARG_HOST": "0.0.0.0"}
 # The image keeps the libraries beside the binary; the CPU build's RUNPATH names this machine's cache,
 # so the dynamic linker is told about /app instead (the same files, found the same way at run time).
-DOCKERFILE_LINES = ("RUN echo /app > /etc/ld.so.conf.d/llama.cpp.conf && ldconfig",
-                    "HEALTHCHECK CMD [\"curl\", \"-f\", \"http://localhost:8080/health\"]")
+DOCKERFILE_LINES = (
+    "RUN echo /app > /etc/ld.so.conf.d/llama.cpp.conf && ldconfig",
+    'HEALTHCHECK CMD ["curl", "-f", "http://localhost:8080/health"]',
+)
 
 
 def server_build(log=print) -> Path:  # type: ignore[no-untyped-def]
@@ -49,18 +54,53 @@ def server_build(log=print) -> Path:  # type: ignore[no-untyped-def]
     if sdist is None:
         # pip reads an sdist's metadata through its build backend (scikit-build-core), installed for that
         # alone in an isolated environment: nothing of it is built, and the test venv does not need it.
-        subprocess.run([sys.executable, "-m", "pip", "download", SDIST, "--no-deps", "--no-binary", ":all:",
-                        "-d", str(CACHE), "-q"], check=True, timeout=1800)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                SDIST,
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                "-d",
+                str(CACHE),
+                "-q",
+            ],
+            check=True,
+            timeout=1800,
+        )
         sdist = next(CACHE.glob("llama_cpp_python-*.tar.gz"))
     with tarfile.open(sdist) as t:
         t.extractall(CACHE, filter="data")
     source = CACHE / sdist.name.removesuffix(".tar.gz") / "vendor" / "llama.cpp"
     with open(CACHE / "build.log", "w") as out:
-        subprocess.run(["cmake", "-S", str(source), "-B", str(CACHE / "build"), "-DGGML_NATIVE=OFF",
-                        f"-DLLAMA_BUILD_NUMBER={BUILD_NUMBER}", f"-DLLAMA_BUILD_COMMIT={COMMIT}", "-DLLAMA_OPENSSL=OFF",
-                        "-DCMAKE_BUILD_TYPE=Release"], check=True, timeout=1800, stdout=out, stderr=out)
-        subprocess.run(["cmake", "--build", str(CACHE / "build"), "--target", "llama-server", "-j2"],
-                       check=True, timeout=3600, stdout=out, stderr=out)
+        subprocess.run(
+            [
+                "cmake",
+                "-S",
+                str(source),
+                "-B",
+                str(CACHE / "build"),
+                "-DGGML_NATIVE=OFF",
+                f"-DLLAMA_BUILD_NUMBER={BUILD_NUMBER}",
+                f"-DLLAMA_BUILD_COMMIT={COMMIT}",
+                "-DLLAMA_OPENSSL=OFF",
+                "-DCMAKE_BUILD_TYPE=Release",
+            ],
+            check=True,
+            timeout=1800,
+            stdout=out,
+            stderr=out,
+        )
+        subprocess.run(
+            ["cmake", "--build", str(CACHE / "build"), "--target", "llama-server", "-j2"],
+            check=True,
+            timeout=3600,
+            stdout=out,
+            stderr=out,
+        )
     return BINARY
 
 
@@ -98,9 +138,15 @@ def devices_wrapper() -> str:
     spec.loader.exec_module(shim)
     name, count, (major, minor) = shim.gpu_model(repo / "tests" / "fixtures" / "preflight")
     from components.facts.hardware import gpu
+
     mib = int(gpu(name).memory_gib * 1024)
-    return (DEVICES_WRAPPER.replace("@BUILD@", str(BUILD_NUMBER)).replace("@ALL@", " ".join(map(str, range(count))))
-            .replace("@NAME@", name).replace("@CAP@", f"{major}.{minor}").replace("@MIB@", str(mib)))
+    return (
+        DEVICES_WRAPPER.replace("@BUILD@", str(BUILD_NUMBER))
+        .replace("@ALL@", " ".join(map(str, range(count))))
+        .replace("@NAME@", name)
+        .replace("@CAP@", f"{major}.{minor}")
+        .replace("@MIB@", str(mib))
+    )
 
 
 def add_image_files(files: Path) -> None:

@@ -14,6 +14,7 @@ Debian base (its Python is 3.11, so the wheel is the cp311 one of the same relea
 - `lmdeploy` (lab_lmdeploy/server.py): LMDeploy's own entrypoint and parser, then a canned-text server.
 Nothing here runs TurboMind, a GPU kernel or a model.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,11 +32,17 @@ PYDANTIC = "2.14.3"  # the program's own pin (requirements.txt): lmdeploy's conf
 SITE = "opt/py3/lib/python3.11/site-packages"
 PACKAGES: tuple[str, ...] = ()
 ENTRYPOINT = ("/opt/nvidia/nvidia_entrypoint.sh",)
-ENV = {"PATH": "/opt/py3/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-       "TRITON_PTXAS_PATH": "/usr/local/cuda/bin/ptxas", "CUDA_VERSION_SHORT": "cu128", "PYTORCH_CUDA_VERSION": "cu126"}
-SOURCE = ("InternLM/lmdeploy docker/Dockerfile at v0.16.0 (final stage on nvidia/cuda:12.8.1-base-ubuntu24.04): "
-          "venv /opt/py3 first on PATH, TRITON_PTXAS_PATH, root; ENTRYPOINT the CUDA base's "
-          "/opt/nvidia/nvidia_entrypoint.sh, no CMD")
+ENV = {
+    "PATH": "/opt/py3/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "TRITON_PTXAS_PATH": "/usr/local/cuda/bin/ptxas",
+    "CUDA_VERSION_SHORT": "cu128",
+    "PYTORCH_CUDA_VERSION": "cu126",
+}
+SOURCE = (
+    "InternLM/lmdeploy docker/Dockerfile at v0.16.0 (final stage on nvidia/cuda:12.8.1-base-ubuntu24.04): "
+    "venv /opt/py3 first on PATH, TRITON_PTXAS_PATH, root; ENTRYPOINT the CUDA base's "
+    "/opt/nvidia/nvidia_entrypoint.sh, no CMD"
+)
 # torch of the image (components/engines/lmdeploy/facts.py: torch from the cu126 index; its note: 2.11.0+cu126 lists
 # sm_70, pytorch#182250): the arch list PyTorch's cu126 wheels are built for.
 TORCH_CU126_ARCH_LIST = (50, 60, 70, 75, 80, 86, 90)
@@ -45,7 +52,7 @@ ENTRYPOINT_SCRIPT = """#!/bin/bash
 set -e
 exec "$@"
 """
-TORCH_STUBS = '''
+TORCH_STUBS = """
 
 def __getattr__(name):
     # lab (LMDeploy image): lmdeploy's modules name torch types at import time; what the stand-in lacks is a stub.
@@ -53,7 +60,7 @@ def __getattr__(name):
         raise AttributeError(name)
     import dump_lmdeploy
     return dump_lmdeploy._stub_class(name)
-'''
+"""
 
 
 def wheel_root(version: str) -> Path:
@@ -64,9 +71,26 @@ def wheel_root(version: str) -> Path:
     wheel = next(CACHE.glob(f"lmdeploy-{version}-cp311-*.whl"), None)
     if wheel is None:
         CACHE.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", f"lmdeploy=={version}", "--no-deps", "--only-binary=:all:",
-                        "--python-version", "3.11", "--platform", "manylinux_2_28_x86_64", "-d", str(CACHE), "-q"],
-                       check=True, timeout=1800)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                f"lmdeploy=={version}",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--python-version",
+                "3.11",
+                "--platform",
+                "manylinux_2_28_x86_64",
+                "-d",
+                str(CACHE),
+                "-q",
+            ],
+            check=True,
+            timeout=1800,
+        )
         wheel = next(CACHE.glob(f"lmdeploy-{version}-cp311-*.whl"))
     with zipfile.ZipFile(wheel) as z:
         z.extractall(root)
@@ -76,17 +100,24 @@ def wheel_root(version: str) -> Path:
 def standin_facts(ref: str) -> dict:
     """What the stand-in torch reports in this image: the image's torch and CUDA, the hosts' GPU."""
     from components.engines.lmdeploy.facts import lmdeploy_image
+
     facts = lmdeploy_image(ref)
     if facts is None:
         raise ValueError(f"the LMDeploy stand-in for {ref} needs its facts in components/engines/lmdeploy/facts.py")
     import importlib.util
+
     spec = importlib.util.spec_from_file_location("lab_gpu_shim", REPO / "lab" / "shims" / "gpu_shim.py")
     assert spec is not None and spec.loader is not None
     shim = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(shim)
     name, count, capability = shim.gpu_model(REPO / "tests" / "fixtures" / "preflight")
-    return {"version": facts.version, "torch": f"{facts.torch} (lab stand-in)", "cuda": facts.cuda,
-            "torch_arch_list": list(TORCH_CU126_ARCH_LIST), "gpu": {"name": name, "count": count, "capability": capability}}
+    return {
+        "version": facts.version,
+        "torch": f"{facts.torch} (lab stand-in)",
+        "cuda": facts.cuda,
+        "torch_arch_list": list(TORCH_CU126_ARCH_LIST),
+        "gpu": {"name": name, "count": count, "capability": capability},
+    }
 
 
 def add_image_files(files: Path, ref: str, pip: Path, numpy: str) -> dict[str, str]:
@@ -98,11 +129,25 @@ def add_image_files(files: Path, ref: str, pip: Path, numpy: str) -> dict[str, s
     shutil.copytree(root / "lmdeploy", site / "lmdeploy", ignore=shutil.ignore_patterns("__pycache__"))
     for info in root.glob("lmdeploy-*.dist-info"):
         shutil.copytree(info, site / info.name)
-    subprocess.run([str(pip), "install", "-q", "--no-warn-script-location", "--target", str(site),
-                    f"prometheus_client=={PROMETHEUS_CLIENT}", f"numpy=={numpy}", f"pydantic=={PYDANTIC}"], check=True, timeout=1200)
+    subprocess.run(
+        [
+            str(pip),
+            "install",
+            "-q",
+            "--no-warn-script-location",
+            "--target",
+            str(site),
+            f"prometheus_client=={PROMETHEUS_CLIENT}",
+            f"numpy=={numpy}",
+            f"pydantic=={PYDANTIC}",
+        ],
+        check=True,
+        timeout=1200,
+    )
     shutil.rmtree(site / "bin", ignore_errors=True)
-    shutil.copytree(REPO / "lab" / "standins" / "vllm" / "torch", site / "torch",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        REPO / "lab" / "standins" / "vllm" / "torch", site / "torch", ignore=shutil.ignore_patterns("__pycache__")
+    )
     with open(site / "torch" / "__init__.py", "a") as f:
         f.write(TORCH_STUBS)
     (site / "standin.json").write_text(json.dumps(facts, indent=1))
@@ -123,8 +168,11 @@ def add_image_files(files: Path, ref: str, pip: Path, numpy: str) -> dict[str, s
     entry.parent.mkdir(parents=True)
     entry.write_text(ENTRYPOINT_SCRIPT)
     entry.chmod(0o755)
-    return {**ENV, "LAB_STANDIN": f"lmdeploy {facts['version']} (the real wheel's Python, a canned-text engine); "
-                                  f"stand-in torch {facts['torch']}"}
+    return {
+        **ENV,
+        "LAB_STANDIN": f"lmdeploy {facts['version']} (the real wheel's Python, a canned-text engine); "
+        f"stand-in torch {facts['torch']}",
+    }
 
 
 def model_config(arch: str) -> dict:
@@ -132,5 +180,10 @@ def model_config(arch: str) -> dict:
     for the catalog architecture's model_type (what TurboMind's SUPPORTED_ARCHS is keyed by)."""
     from components.engines.lmdeploy.facts import HF_ARCHITECTURES
     from components.facts.models import model_arch
+
     model_type = model_arch(arch).model_type
-    return {"model_type": model_type, "architectures": [HF_ARCHITECTURES[model_type]]} if model_type in HF_ARCHITECTURES else {}
+    return (
+        {"model_type": model_type, "architectures": [HF_ARCHITECTURES[model_type]]}
+        if model_type in HF_ARCHITECTURES
+        else {}
+    )

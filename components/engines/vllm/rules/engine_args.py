@@ -17,6 +17,7 @@ Where the lines differ is whether chunked prefill is on when unset: always on th
 32768 tokens on V0 (EngineArgs._set_default_args_v0): read from the pool's image facts
 (components.engines.vllm.facts: its engine line per GPU, VLLM_USE_V1 where it is read, the V0 threshold).
 """
+
 from __future__ import annotations
 
 import re
@@ -47,8 +48,9 @@ def runs_v1(launch: Launch) -> bool:
     that still has V0 on it); an image without facts is read by its tag (V1 only from 0.10)."""
     facts = launch.facts
     if facts is not None:
-        return facts.runs_v1(launch.capability or 0) and not (facts.reads_vllm_use_v1
-                                                             and launch.env.get("VLLM_USE_V1") == "0")
+        return facts.runs_v1(launch.capability or 0) and not (
+            facts.reads_vllm_use_v1 and launch.env.get("VLLM_USE_V1") == "0"
+        )
     if engine_version(launch.image) >= (0, 10):
         return True
     return launch.env.get("VLLM_USE_V1") != "0" and (launch.capability or 0) >= 80
@@ -79,12 +81,16 @@ def check_context(launch: Launch) -> list[str]:
     limit, why = number(window["tokens"]) or 0, str(window.get("derivedFrom") or "")
     out = []
     if length is not None and length > limit and launch.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") not in ("1", "true"):
-        out.append(f"--max-model-len {length} is longer than the model's context window of {limit} tokens ({why} in "
-                   f"its config.json): vLLM refuses it at startup (\"User-specified max_model_len ({length}) is "
-                   f"greater than the derived max_model_len\"). Use --max-model-len {limit} or less.")
+        out.append(
+            f"--max-model-len {length} is longer than the model's context window of {limit} tokens ({why} in "
+            f'its config.json): vLLM refuses it at startup ("User-specified max_model_len ({length}) is '
+            f'greater than the derived max_model_len"). Use --max-model-len {limit} or less.'
+        )
     if launch.args.get("disable_sliding_window") and window.get("ropeScaled"):
-        out.append("--disable-sliding-window on a model with rope_scaling: vLLM raises NotImplementedError "
-                   "(\"Disabling sliding window is not supported for models with rope_scaling\"). Remove the flag.")
+        out.append(
+            "--disable-sliding-window on a model with rope_scaling: vLLM raises NotImplementedError "
+            '("Disabling sliding window is not supported for models with rope_scaling"). Remove the flag.'
+        )
     return out
 
 
@@ -105,15 +111,19 @@ def check_checkpoint_quantization(launch: Launch) -> list[str]:
     given = launch.args.get("quantization")
     model = launch.props.get("model") or "<model>"
     if given is None:
-        return [f"the checkpoint's config.json is quantized with {checkpoint}, but models.{model}.quantization is "
-                f"unset: vLLM loads it as {checkpoint} anyway, while the capacity plan and the hardware rules take "
-                f"it for {launch.props.get('dtype') or 'fp16'} weights. State quantization: {checkpoint} (and its "
-                "quantBits and groupSize)."]
+        return [
+            f"the checkpoint's config.json is quantized with {checkpoint}, but models.{model}.quantization is "
+            f"unset: vLLM loads it as {checkpoint} anyway, while the capacity plan and the hardware rules take "
+            f"it for {launch.props.get('dtype') or 'fp16'} weights. State quantization: {checkpoint} (and its "
+            "quantBits and groupSize)."
+        ]
     if given != checkpoint and given not in COMPATIBLE_QUANTIZATION.get(checkpoint, frozenset({checkpoint})):
-        return [f"--quantization {given} does not match the checkpoint's config.json ({checkpoint}): vLLM refuses "
-                f"it (\"Quantization method specified in the model config ({checkpoint}) does not match the "
-                f"quantization method specified in the `quantization` argument ({given}).\"). Use --quantization "
-                f"{checkpoint}, or a checkpoint quantized with {given}."]
+        return [
+            f"--quantization {given} does not match the checkpoint's config.json ({checkpoint}): vLLM refuses "
+            f'it ("Quantization method specified in the model config ({checkpoint}) does not match the '
+            f'quantization method specified in the `quantization` argument ({given})."). Use --quantization '
+            f"{checkpoint}, or a checkpoint quantized with {given}."
+        ]
     return []
 
 
@@ -128,35 +138,47 @@ def check_scheduler(launch: Launch) -> list[str]:
     chunked, why = chunked_prefill(launch, length)
     out = []
     if batched is not None and length is not None and batched < length and not chunked:
-        out.append(f"--max-num-batched-tokens {batched} is smaller than --max-model-len {length} with chunked "
-                   f"prefill off ({why}): vLLM refuses it (\"max_num_batched_tokens ({batched}) is smaller than "
-                   f"max_model_len ({length})\"), since a prompt must fit one batch. Raise --max-num-batched-tokens "
-                   f"to {length} or more, or lower --max-model-len.")
+        out.append(
+            f"--max-num-batched-tokens {batched} is smaller than --max-model-len {length} with chunked "
+            f'prefill off ({why}): vLLM refuses it ("max_num_batched_tokens ({batched}) is smaller than '
+            f'max_model_len ({length})"), since a prompt must fit one batch. Raise --max-num-batched-tokens '
+            f"to {length} or more, or lower --max-model-len."
+        )
     # Unset, --max-num-seqs is 256 on the GPUs this pack knows (0.9.2's default; V1's for GPUs under 70 GiB).
     shown = seqs if seqs is not None else DEFAULT_MAX_NUM_SEQS
     if batched is not None and batched < shown:
-        out.append(f"--max-num-batched-tokens {batched} is smaller than --max-num-seqs {shown}"
-                   f"{'' if seqs is not None else ' (its default)'}: vLLM refuses it "
-                   f"(\"max_num_batched_tokens ({batched}) must be greater than or equal to max_num_seqs "
-                   f"({shown})\"), every running sequence needs a token per step. Raise --max-num-batched-tokens "
-                   f"to {shown} or more, or lower --max-num-seqs.")
+        out.append(
+            f"--max-num-batched-tokens {batched} is smaller than --max-num-seqs {shown}"
+            f"{'' if seqs is not None else ' (its default)'}: vLLM refuses it "
+            f'("max_num_batched_tokens ({batched}) must be greater than or equal to max_num_seqs '
+            f'({shown})"), every running sequence needs a token per step. Raise --max-num-batched-tokens '
+            f"to {shown} or more, or lower --max-num-seqs."
+        )
     partial = _int(launch, "max_num_partial_prefills")
     long_partial = _int(launch, "max_long_partial_prefills")
     threshold = _int(launch, "long_prefill_token_threshold")
     if partial is not None and partial < 1:
         out.append(f"--max-num-partial-prefills {partial}: vLLM needs 1 or more.")
     if partial is not None and partial > 1 and not chunked:
-        out.append(f"--max-num-partial-prefills {partial} with chunked prefill off ({why}): vLLM refuses it "
-                   "(\"Chunked prefill must be enabled to set max_num_partial_prefills > 1.\"). Pass "
-                   "--enable-chunked-prefill or drop the flag.")
+        out.append(
+            f"--max-num-partial-prefills {partial} with chunked prefill off ({why}): vLLM refuses it "
+            '("Chunked prefill must be enabled to set max_num_partial_prefills > 1."). Pass '
+            "--enable-chunked-prefill or drop the flag."
+        )
     if partial is not None and partial > 1 and threshold is not None and length is not None and threshold > length:
-        out.append(f"--long-prefill-token-threshold {threshold} is above --max-model-len {length}: vLLM refuses it. "
-                   f"Use {length} or less.")
+        out.append(
+            f"--long-prefill-token-threshold {threshold} is above --max-model-len {length}: vLLM refuses it. "
+            f"Use {length} or less."
+        )
     if long_partial is not None and not 1 <= long_partial <= (partial or 1):
-        out.append(f"--max-long-partial-prefills {long_partial} must be between 1 and --max-num-partial-prefills "
-                   f"({partial or 1}), as vLLM checks.")
-    for dest, flag, low in (("num_lookahead_slots", "--num-lookahead-slots", 0),
-                            ("num_scheduler_steps", "--num-scheduler-steps", 1)):
+        out.append(
+            f"--max-long-partial-prefills {long_partial} must be between 1 and --max-num-partial-prefills "
+            f"({partial or 1}), as vLLM checks."
+        )
+    for dest, flag, low in (
+        ("num_lookahead_slots", "--num-lookahead-slots", 0),
+        ("num_scheduler_steps", "--num-scheduler-steps", 1),
+    ):
         value = _int(launch, dest)
         if value is not None and value < low:
             out.append(f"{flag} {value}: vLLM needs {low} or more.")
@@ -174,13 +196,19 @@ def check_world_size(launch: Launch) -> list[str]:
     have = per_node * (len(launch.nodes) or 1)
     if dp * tp * pp <= have:
         return []
-    return [f"--data-parallel-size {dp} x --tensor-parallel-size {tp} x --pipeline-parallel-size {pp} = "
-            f"{dp * tp * pp} GPUs, but the server has {have}: vLLM cannot place its ranks and stops at startup. "
-            "Serve more copies as more instances of the pool (its nodes, replicasPerNode) rather than "
-            "--data-parallel-size."]
+    return [
+        f"--data-parallel-size {dp} x --tensor-parallel-size {tp} x --pipeline-parallel-size {pp} = "
+        f"{dp * tp * pp} GPUs, but the server has {have}: vLLM cannot place its ranks and stops at startup. "
+        "Serve more copies as more instances of the pool (its nodes, replicasPerNode) rather than "
+        "--data-parallel-size."
+    ]
 
 
 def check_engine_args(launch: Launch, config: dict[str, Any]) -> list[str]:
     """Every cross-field refusal of vLLM's config validation this launch would meet."""
-    return (check_context(launch) + check_checkpoint_quantization(launch) + check_scheduler(launch)
-            + check_world_size(launch))
+    return (
+        check_context(launch)
+        + check_checkpoint_quantization(launch)
+        + check_scheduler(launch)
+        + check_world_size(launch)
+    )

@@ -4,6 +4,7 @@ positional. The argv is parsed with the parser dumped from that version (compone
 
 The api_server (`python3 -m vllm.entrypoints.openai.api_server`, the vllm/vllm-openai image's ENTRYPOINT)
 is read with the same options, its model as `--model` (components.engines.vllm.serve_args)."""
+
 from __future__ import annotations
 
 from typing import Any

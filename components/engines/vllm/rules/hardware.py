@@ -8,6 +8,7 @@ weights below sm_80 (the strictest known line: 0.9.2 and 0.19.1 each run one of 
 sm_70). Those rules also judge an image the table does not know. Every other rule needs the image's facts; for an unknown image the
 `vllm-image-unknown` advisory says which rules could not judge it and how to declare its facts.
 """
+
 from __future__ import annotations
 
 import re
@@ -42,6 +43,7 @@ def model_arch_or_none(name: str | None) -> Any:
         return None
     try:
         from components.facts.models import model_arch
+
         return model_arch(name)
     except (ImportError, KeyError):
         return None
@@ -66,8 +68,11 @@ def set_model(launch: Launch, field: str, value: str) -> str:
 
 
 def _image(launch: Launch) -> str:
-    return f"image {launch.facts.ref if launch.facts else launch.image} (vLLM {launch.facts.version})" \
-        if launch.facts else f"image {launch.image}"
+    return (
+        f"image {launch.facts.ref if launch.facts else launch.image} (vLLM {launch.facts.version})"
+        if launch.facts
+        else f"image {launch.image}"
+    )
 
 
 def _dtype(launch: Launch) -> str:
@@ -97,15 +102,21 @@ def check_dtype(launch: Launch, config: dict[str, Any]) -> list[str]:
     cap = launch.capability or 0
     if dtype == "bfloat16" and cap < need:
         source = facts.cite("bf16_min_capability") if facts else "every known vLLM version"
-        return [f"--dtype {given}: bfloat16 needs compute capability {need // 10}.{need % 10}; {launch.where()} has "
-                f"none (vLLM refuses it at startup; {source}). Instead, {set_model(launch, 'dtype', 'half')}."]
+        return [
+            f"--dtype {given}: bfloat16 needs compute capability {need // 10}.{need % 10}; {launch.where()} has "
+            f"none (vLLM refuses it at startup; {source}). Instead, {set_model(launch, 'dtype', 'half')}."
+        ]
     if dtype == "float32" and not config["allowFloat32"]:
-        return [f"--dtype {given}: float32 doubles the weights' memory and runs without tensor cores on "
-                f"{launch.where()}. Use --dtype half, or set allowFloat32 in this policy's config if meant."]
+        return [
+            f"--dtype {given}: float32 doubles the weights' memory and runs without tensor cores on "
+            f"{launch.where()}. Use --dtype half, or set allowFloat32 in this policy's config if meant."
+        ]
     if dtype == "auto" and cap < need and model_type in FP16_REFUSING_MODEL_TYPES and not config["allowFloat32"]:
-        return [f"--dtype auto: model type {model_type} refuses float16 in vLLM, so on {launch.where()} "
-                "auto resolves to float32 (twice the memory, no tensor cores). Serve it on sm_80+ (bfloat16), "
-                "or set allowFloat32 in this policy's config to accept float32."]
+        return [
+            f"--dtype auto: model type {model_type} refuses float16 in vLLM, so on {launch.where()} "
+            "auto resolves to float32 (twice the memory, no tensor cores). Serve it on sm_80+ (bfloat16), "
+            "or set allowFloat32 in this policy's config to accept float32."
+        ]
     return []
 
 
@@ -117,17 +128,21 @@ def check_v1(launch: Launch, config: dict[str, Any]) -> list[str]:
         return []
     value = launch.env.get("VLLM_USE_V1")
     if value == "0" and not facts.v0_engine:
-        return [f"VLLM_USE_V1=0 selects the V0 engine, which {_image(launch)} no longer has: it stops at startup "
-                f"({facts.cite('v0_engine')}). Remove VLLM_USE_V1 from the container's env (V1 runs on "
-                f"{launch.where()} in this image)."]
+        return [
+            f"VLLM_USE_V1=0 selects the V0 engine, which {_image(launch)} no longer has: it stops at startup "
+            f"({facts.cite('v0_engine')}). Remove VLLM_USE_V1 from the container's env (V1 runs on "
+            f"{launch.where()} in this image)."
+        ]
     if facts.runs_v1(launch.capability or 0):
         return []
     if value == "0":
         return []
     state = f"is unset (vLLM {facts.version} reads unset as 1)" if value is None else f"is {value!r}"
-    return [f"VLLM_USE_V1 {state}: the V1 engine of {_image(launch)} needs compute capability "
-            f"{(facts.v1_min_capability or 0) / 10:.1f} and {launch.where()} has less (VLLM_USE_V1=1 raises "
-            f"NotImplementedError; {facts.cite('v1_min_capability')}). Set VLLM_USE_V1=0 in the container's env."]
+    return [
+        f"VLLM_USE_V1 {state}: the V1 engine of {_image(launch)} needs compute capability "
+        f"{(facts.v1_min_capability or 0) / 10:.1f} and {launch.where()} has less (VLLM_USE_V1=1 raises "
+        f"NotImplementedError; {facts.cite('v1_min_capability')}). Set VLLM_USE_V1=0 in the container's env."
+    ]
 
 
 def check_v1_ignored(launch: Launch, config: dict[str, Any]) -> list[str]:
@@ -135,8 +150,10 @@ def check_v1_ignored(launch: Launch, config: dict[str, Any]) -> list[str]:
     facts = launch.facts
     if facts is None or facts.reads_vllm_use_v1 or "VLLM_USE_V1" not in launch.env:
         return []
-    return [f"VLLM_USE_V1={launch.env['VLLM_USE_V1']} does nothing in {_image(launch)}: its envs.py no longer "
-            f"reads it and the only engine is V1 ({facts.cite('reads_vllm_use_v1')}). Remove VLLM_USE_V1."]
+    return [
+        f"VLLM_USE_V1={launch.env['VLLM_USE_V1']} does nothing in {_image(launch)}: its envs.py no longer "
+        f"reads it and the only engine is V1 ({facts.cite('reads_vllm_use_v1')}). Remove VLLM_USE_V1."
+    ]
 
 
 def _quantization(launch: Launch) -> tuple[str | None, str]:
@@ -145,7 +162,9 @@ def _quantization(launch: Launch) -> tuple[str | None, str]:
     if flag:
         return str(flag), f"--quantization {flag}"
     if launch.quantization:
-        return str(launch.quantization), f"the checkpoint's quantization {launch.quantization} ({model_key(launch, 'quantization')})"
+        return str(
+            launch.quantization
+        ), f"the checkpoint's quantization {launch.quantization} ({model_key(launch, 'quantization')})"
     return None, ""
 
 
@@ -161,12 +180,17 @@ def check_quantization(launch: Launch, config: dict[str, Any]) -> list[str]:
         return [f"{source}: not a CUDA method in vLLM {facts.version} (it targets TPU, Neuron, Intel or CPU)."]
     if need <= cap:
         return []
-    works = sorted(m for m, q in facts.quantizations.items()
-                   if q.min_capability is not None and q.min_capability <= cap and m not in FP8_WEIGHT_METHODS)
+    works = sorted(
+        m
+        for m, q in facts.quantizations.items()
+        if q.min_capability is not None and q.min_capability <= cap and m not in FP8_WEIGHT_METHODS
+    )
     way_out = QUANTIZATION_WAY_OUT.get(method, "use a checkpoint in a method that runs here: " + ", ".join(works))
-    return [f"{source}: vLLM {facts.version} needs {capability_text(need)} for {method}; {launch.where()} has less "
-            f"(\"Minimum capability: {need}. Current capability: {cap}.\"; {facts.cite('quantizations')}). "
-            f"Instead, {way_out}."]
+    return [
+        f"{source}: vLLM {facts.version} needs {capability_text(need)} for {method}; {launch.where()} has less "
+        f'("Minimum capability: {need}. Current capability: {cap}."; {facts.cite("quantizations")}). '
+        f"Instead, {way_out}."
+    ]
 
 
 def check_quantization_moe(launch: Launch, config: dict[str, Any]) -> list[str]:
@@ -180,16 +204,25 @@ def check_quantization_moe(launch: Launch, config: dict[str, Any]) -> list[str]:
         return []
     routes = []
     if "moe_wna16" in facts.quantizations and method.startswith("gptq"):
-        routes.append(f"{set_model(launch, 'quantization', 'moe_wna16')} (a GPTQ 4/8-bit checkpoint with "
-                      "desc_act: false; its Triton path needs a Triton that compiles for the GPU)")
-    later = [f for f in [RECOMMENDED] if f is not None and f.quantizations.get(method, None) is not None
-             and f.quantizations[method].moe != "none"]
+        routes.append(
+            f"{set_model(launch, 'quantization', 'moe_wna16')} (a GPTQ 4/8-bit checkpoint with "
+            "desc_act: false; its Triton path needs a Triton that compiles for the GPU)"
+        )
+    later = [
+        f
+        for f in [RECOMMENDED]
+        if f is not None and f.quantizations.get(method, None) is not None and f.quantizations[method].moe != "none"
+    ]
     if later:
-        routes.append(f"use {later[0].ref} ({image_key(launch)}), whose vLLM {later[0].version} routes {method} MoE "
-                      f"layers to MoeWNA16 by itself ({later[0].cite('quantizations')})")
-    return [f"{source} on {arch.name} ({arch.model_type}, a MoE model): vLLM {facts.version} has no FusedMoE method for "
-            f"{method}, so the model fails to build (AssertionError in FusedMoE; {facts.cite('quantizations')}). "
-            f"Instead, {' or '.join(routes) or 'use a method with a MoE path'}."]
+        routes.append(
+            f"use {later[0].ref} ({image_key(launch)}), whose vLLM {later[0].version} routes {method} MoE "
+            f"layers to MoeWNA16 by itself ({later[0].cite('quantizations')})"
+        )
+    return [
+        f"{source} on {arch.name} ({arch.model_type}, a MoE model): vLLM {facts.version} has no FusedMoE method for "
+        f"{method}, so the model fails to build (AssertionError in FusedMoE; {facts.cite('quantizations')}). "
+        f"Instead, {' or '.join(routes) or 'use a method with a MoE path'}."
+    ]
 
 
 def check_fp8(launch: Launch, config: dict[str, Any]) -> list[str]:
@@ -200,20 +233,27 @@ def check_fp8(launch: Launch, config: dict[str, Any]) -> list[str]:
     kv = str(launch.args.get("kv_cache_dtype", "auto"))
     need_kv = facts.fp8_kv_min_capability if facts else EVERY_VERSION_MIN["fp8_kv"]
     if kv.startswith("fp8") and cap < need_kv:
-        source = facts.cite("fp8_kv_min_capability") if facts else (
-            f"no known vLLM version keeps one below {capability_text(EVERY_VERSION_MIN['fp8_kv'])}")
-        out.append(f"--kv-cache-dtype {kv}: vLLM{' ' + facts.version if facts else ''} cannot keep an fp8 KV cache on "
-                   f"{launch.where()} ({source}). Use --kv-cache-dtype auto (float16 cache) "
-                   "and lower --max-model-len or --max-num-seqs if the cache does not fit.")
+        source = (
+            facts.cite("fp8_kv_min_capability")
+            if facts
+            else (f"no known vLLM version keeps one below {capability_text(EVERY_VERSION_MIN['fp8_kv'])}")
+        )
+        out.append(
+            f"--kv-cache-dtype {kv}: vLLM{' ' + facts.version if facts else ''} cannot keep an fp8 KV cache on "
+            f"{launch.where()} ({source}). Use --kv-cache-dtype auto (float16 cache) "
+            "and lower --max-model-len or --max-num-seqs if the cache does not fit."
+        )
     method, source = _quantization(launch)
     if method in FP8_WEIGHT_METHODS:
         q = facts.quantizations.get(method) if facts else None
         need = q.min_capability if q is not None and q.min_capability is not None else EVERY_VERSION_MIN["fp8_weights"]
         if cap < need:
             why = facts.cite("quantizations") if facts else "every known vLLM version"
-            out.append(f"{source}: FP8 weights need {capability_text(need)} in vLLM"
-                       f"{' ' + facts.version if facts else ''} and {launch.where()} has no FP8 units ({why}). "
-                       "Serve an fp16 or GPTQ checkpoint of the model instead.")
+            out.append(
+                f"{source}: FP8 weights need {capability_text(need)} in vLLM"
+                f"{' ' + facts.version if facts else ''} and {launch.where()} has no FP8 units ({why}). "
+                "Serve an fp16 or GPTQ checkpoint of the model instead."
+            )
     return out
 
 
@@ -279,13 +319,17 @@ def check_triton(launch: Launch, config: dict[str, Any]) -> list[str]:
         return []
     t = facts.triton_facts
     assert t is not None
-    ways = [f"use {VOLTA_IMAGE} ({image_key(launch)}; Triton {image_facts(VOLTA_IMAGE).triton} compiles them for "  # type: ignore[union-attr]
-            "sm_70 with FMA, no tensor cores)"]
+    ways = [
+        f"use {VOLTA_IMAGE} ({image_key(launch)}; Triton {image_facts(VOLTA_IMAGE).triton} compiles them for "  # type: ignore[union-attr]
+        "sm_70 with FMA, no tensor cores)"
+    ]
     if _moe_triton(launch) and len(kernels) == 1:
         ways.append(f"{set_model(launch, 'dtype', 'float32')} (fp32 dots compile; twice the weights)")
-    return [f"{', '.join(kernels)}: Triton {t.version} in {_image(launch)} cannot compile fp16 tl.dot below "
-            f"sm_{t.fp16_dot_min_capability} (\"{t.failure}\"; {t.source}), so the engine dies at its startup "
-            f"profile run on {launch.where()}. Instead, {' or '.join(ways)}."]
+    return [
+        f"{', '.join(kernels)}: Triton {t.version} in {_image(launch)} cannot compile fp16 tl.dot below "
+        f'sm_{t.fp16_dot_min_capability} ("{t.failure}"; {t.source}), so the engine dies at its startup '
+        f"profile run on {launch.where()}. Instead, {' or '.join(ways)}."
+    ]
 
 
 def check_prefill(launch: Launch, config: dict[str, Any]) -> list[str]:
@@ -295,8 +339,10 @@ def check_prefill(launch: Launch, config: dict[str, Any]) -> list[str]:
     if facts is None or cap >= facts.prefix_prefill_min_capability:
         return []
     out = []
-    why = (f"the prefix-prefill kernel of {_image(launch)} fails on {launch.where()} "
-           f"({facts.cite('prefix_prefill_min_capability')})")
+    why = (
+        f"the prefix-prefill kernel of {_image(launch)} fails on {launch.where()} "
+        f"({facts.cite('prefix_prefill_min_capability')})"
+    )
     if launch.args.get("enable_prefix_caching"):
         out.append(f"--enable-prefix-caching: {why}. Remove it (enablePrefixCaching: false).")
     chunked = launch.args.get("enable_chunked_prefill")
@@ -306,12 +352,16 @@ def check_prefill(launch: Launch, config: dict[str, Any]) -> list[str]:
     if chunked is None and auto is not None:
         length = launch.args.get("max_model_len")
         if length is None:
-            out.append(f"--max-model-len is unset: vLLM takes the model's context length and turns chunked "
-                       f"prefill on by itself above {auto}; {why}. Set --max-model-len <= {auto} or pass "
-                       "--no-enable-chunked-prefill.")
+            out.append(
+                f"--max-model-len is unset: vLLM takes the model's context length and turns chunked "
+                f"prefill on by itself above {auto}; {why}. Set --max-model-len <= {auto} or pass "
+                "--no-enable-chunked-prefill."
+            )
         elif length > auto:
-            out.append(f"--max-model-len {length}: above {auto} vLLM {facts.version} turns chunked prefill on by "
-                       f"itself; {why}. Set --max-model-len <= {auto} or pass --no-enable-chunked-prefill.")
+            out.append(
+                f"--max-model-len {length}: above {auto} vLLM {facts.version} turns chunked prefill on by "
+                f"itself; {why}. Set --max-model-len <= {auto} or pass --no-enable-chunked-prefill."
+            )
     return out
 
 
@@ -324,18 +374,22 @@ def check_mla(launch: Launch, config: dict[str, Any]) -> list[str]:
     if model is None or cap >= need or not _mla_on(launch):
         return []
     source = facts.cite("mla_min_capability") if facts else "vllm#14016 [observed]; every version through 0.19"
-    message = (f"{model} uses MLA attention: its prefill calls FlashAttention-2, which needs compute capability "
-               f"8.0, with no fallback, so vLLM dies in its startup profile run on {launch.where()} "
-               f"(\"FlashAttention only supports Ampere GPUs or newer\"; {source}). Set VLLM_MLA_DISABLE=1 in "
-               "the pool's env (vLLM then keeps the full per-head KV cache: check the capacity plan), or serve it "
-               "on sm_80+.")
+    message = (
+        f"{model} uses MLA attention: its prefill calls FlashAttention-2, which needs compute capability "
+        f"8.0, with no fallback, so vLLM dies in its startup profile run on {launch.where()} "
+        f'("FlashAttention only supports Ampere GPUs or newer"; {source}). Set VLLM_MLA_DISABLE=1 in '
+        "the pool's env (vLLM then keeps the full per-head KV cache: check the capacity plan), or serve it "
+        "on sm_80+."
+    )
     without = launch.props.get("capacityWithoutMla")
     if isinstance(without, Mapping) and without.get("fits") is False:
         message += f" With it, {without.get('reason')}."
     elif isinstance(without, Mapping) and without.get("kv_tokens") is not None:
         tokens, length = number(without["kv_tokens"]) or 0, number(without.get("max_model_len")) or 0
-        message += (f" With it, the KV cache holds {tokens} tokens per instance "
-                    f"({tokens / length if length else 0:.1f} sequences of {length}).")
+        message += (
+            f" With it, the KV cache holds {tokens} tokens per instance "
+            f"({tokens / length if length else 0:.1f} sequences of {length})."
+        )
     return [message]
 
 
@@ -352,25 +406,53 @@ def check_attention_backend(launch: Launch, config: dict[str, Any]) -> list[str]
     cap = launch.capability or 0
     if need is None or cap >= need:
         return []
-    return [f"{named} {backend}: needs {capability_text(need)}; {launch.where()} has less "
-            f"(its supports_compute_capability in vLLM {facts.version}). On this GPU vLLM picks "
-            f"{facts.attention_backend(cap)}: set that, or leave the flag out."]
+    return [
+        f"{named} {backend}: needs {capability_text(need)}; {launch.where()} has less "
+        f"(its supports_compute_capability in vLLM {facts.version}). On this GPU vLLM picks "
+        f"{facts.attention_backend(cap)}: set that, or leave the flag out."
+    ]
 
 
 # vLLM 0.19.1 v1/attention/backends/*: supports_compute_capability (flash_attn.py:180 >= 8.0,
 # flashinfer.py:394 >= 7.5, triton_attn.py:354 any, mla/flashmla.py:74 9.x/10.x, mla/cutlass_mla.py:66 10.x,
 # mla/flashattn_mla.py:69 9.x, mla/flashinfer_mla.py:66 10.x, mla/triton_mla.py:62 any). [code]
-ATTENTION_MIN_CAPABILITY = {"FLASH_ATTN": 80, "FLASHINFER": 75, "TRITON_ATTN": 0, "FLEX_ATTENTION": 0,
-                            "FLASHMLA": 90, "CUTLASS_MLA": 100, "FLASH_ATTN_MLA": 90, "FLASHINFER_MLA": 100,
-                            "TRITON_MLA": 0}
+ATTENTION_MIN_CAPABILITY = {
+    "FLASH_ATTN": 80,
+    "FLASHINFER": 75,
+    "TRITON_ATTN": 0,
+    "FLEX_ATTENTION": 0,
+    "FLASHMLA": 90,
+    "CUTLASS_MLA": 100,
+    "FLASH_ATTN_MLA": 90,
+    "FLASHINFER_MLA": 100,
+    "TRITON_MLA": 0,
+}
 
 
 # The rules that need the GPU (launch_policy's needs_gpu, and vllm-image's arch check).
-GPU_RULES = ("gpu-dtype", "vllm-v1-engine", "gpu-quantization", "quantization-moe", "gpu-fp8", "triton-fp16-dot",
-             "gpu-chunked-prefill-prefix-caching", "mla-attention", "attention-backend", "vllm-image")
+GPU_RULES = (
+    "gpu-dtype",
+    "vllm-v1-engine",
+    "gpu-quantization",
+    "quantization-moe",
+    "gpu-fp8",
+    "triton-fp16-dot",
+    "gpu-chunked-prefill-prefix-caching",
+    "mla-attention",
+    "attention-backend",
+    "vllm-image",
+)
 # The rules that need the image's facts (an unknown image is not judged by them).
-IMAGE_RULES = ("vllm-v1-engine", "gpu-quantization", "quantization-moe", "triton-fp16-dot",
-               "gpu-chunked-prefill-prefix-caching", "attention-backend", "vllm-serve-flags", "vllm-image")
+IMAGE_RULES = (
+    "vllm-v1-engine",
+    "gpu-quantization",
+    "quantization-moe",
+    "triton-fp16-dot",
+    "gpu-chunked-prefill-prefix-caching",
+    "attention-backend",
+    "vllm-serve-flags",
+    "vllm-image",
+)
 
 
 def check_gpu_known(launch: Launch, config: dict[str, Any]) -> list[str]:
@@ -379,14 +461,20 @@ def check_gpu_known(launch: Launch, config: dict[str, Any]) -> list[str]:
     if launch.resource != "container" or launch.gpu is not None:
         return []
     rules = ", ".join(GPU_RULES)
-    fix = (f"Add the label {GPU_MODEL_LABEL}=<nvidia-smi name> (nvidia-smi --query-gpu=name --format=csv,noheader, "
-           "e.g. Tesla V100-SXM2-32GB) so the hardware rules apply.")
+    fix = (
+        f"Add the label {GPU_MODEL_LABEL}=<nvidia-smi name> (nvidia-smi --query-gpu=name --format=csv,noheader, "
+        "e.g. Tesla V100-SXM2-32GB) so the hardware rules apply."
+    )
     if not launch.gpu_name:
-        return [f"this vLLM container has no {GPU_MODEL_LABEL} label, so the hardware rules ({rules}) cannot "
-                f"judge it. {fix}"]
-    return [f"{GPU_MODEL_LABEL}={launch.gpu_name} is not a GPU in this pack's facts table (known: "
-            f"{', '.join(GPUS)}), so the hardware rules ({rules}) cannot judge this vLLM container. "
-            f"Label it with one of the known names."]
+        return [
+            f"this vLLM container has no {GPU_MODEL_LABEL} label, so the hardware rules ({rules}) cannot "
+            f"judge it. {fix}"
+        ]
+    return [
+        f"{GPU_MODEL_LABEL}={launch.gpu_name} is not a GPU in this pack's facts table (known: "
+        f"{', '.join(GPUS)}), so the hardware rules ({rules}) cannot judge this vLLM container. "
+        f"Label it with one of the known names."
+    ]
 
 
 def check_image_known(launch: Launch, config: dict[str, Any]) -> list[str]:
@@ -394,8 +482,15 @@ def check_image_known(launch: Launch, config: dict[str, Any]) -> list[str]:
     if launch.facts is not None:
         return []
     from components.engines.vllm.facts import IMAGES
-    how = ("declare its facts under pools.<pool>.imageFacts (like: a known image, then version, cuda, torch, "
-           "torchArchList, triton)" if launch.resource == "ModelServer" else "use a known image")
-    return [f"image {launch.image or '(none stated)'} is not in the facts table (known: {', '.join(sorted(IMAGES))}), so "
-            f"{', '.join(IMAGE_RULES)} cannot judge it; only the checks that need no image facts ran (bf16, FP8 and "
-            f"MLA below sm_80). To have it judged, {how}, or use {VOLTA_IMAGE} ({image_key(launch)})."]
+
+    how = (
+        "declare its facts under pools.<pool>.imageFacts (like: a known image, then version, cuda, torch, "
+        "torchArchList, triton)"
+        if launch.resource == "ModelServer"
+        else "use a known image"
+    )
+    return [
+        f"image {launch.image or '(none stated)'} is not in the facts table (known: {', '.join(sorted(IMAGES))}), so "
+        f"{', '.join(IMAGE_RULES)} cannot judge it; only the checks that need no image facts ran (bf16, FP8 and "
+        f"MLA below sm_80). To have it judged, {how}, or use {VOLTA_IMAGE} ({image_key(launch)})."
+    ]

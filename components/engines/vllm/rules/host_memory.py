@@ -11,6 +11,7 @@ KV offloading buffer (`--kv-offloading-size`, GiB summed over the TP ranks). Two
 Each message says what fits. Host RAM comes from the ModelServer's `hostMemory` prop (every node of the
 pool, so each instance judges the whole pool).
 """
+
 from __future__ import annotations
 
 import math
@@ -43,10 +44,12 @@ def check_host_memory(launch: Launch, config: dict[str, Any]) -> list[str]:
     ram, key = float(smallest[1]["memoryGib"]), str(smallest[1]["key"])
     if swap * gpus > SWAP_SPACE_MAX_FRACTION * ram:
         most = math.floor(SWAP_SPACE_MAX_FRACTION * ram / gpus)
-        out.append(f"--swap-space {swap:g} GiB per GPU x {gpus} GPUs = {swap * gpus:g} GiB, more than "
-                   f"{SWAP_SPACE_MAX_FRACTION:g} of the {ram:g} GiB of RAM of node {smallest[0]} ({key}): vLLM "
-                   f"refuses to start (\"Too large swap space\", {SWAP_SPACE_SOURCE}). At most {most} GiB per GPU "
-                   "fits; the V1 engine does not swap, so 0 loses nothing there.")
+        out.append(
+            f"--swap-space {swap:g} GiB per GPU x {gpus} GPUs = {swap * gpus:g} GiB, more than "
+            f"{SWAP_SPACE_MAX_FRACTION:g} of the {ram:g} GiB of RAM of node {smallest[0]} ({key}): vLLM "
+            f'refuses to start ("Too large swap space", {SWAP_SPACE_SOURCE}). At most {most} GiB per GPU '
+            "fits; the V1 engine does not swap, so 0 loses nothing there."
+        )
     over = []
     for node, entry in sorted(nodes.items()):
         count = int(number(entry.get("instances")) or 0)
@@ -61,9 +64,11 @@ def check_host_memory(launch: Launch, config: dict[str, Any]) -> list[str]:
         fits = (node_ram / count - buffer) / gpus
         also = f" (also {', '.join(n for n, _, _ in over[1:])})" if len(over) > 1 else ""
         pin = f"its {count} instances of the pool pin" if count > 1 else "the pool's instance there pins"
-        out.append(f"node {node}{also} has {node_ram:g} GiB of RAM ({entry['key']}), but {pin} "
-                   f"{per_instance * count:g} GiB of it on the host ({what}, x {gpus} GPUs"
-                   f"{' each' if count > 1 else ''}): the kernel's OOM killer stops a "
-                   f"server, or the node swaps. Swap space plus CPU offload must stay within "
-                   f"{max(0.0, fits):.1f} GiB per GPU, or state the node's real RAM.")
+        out.append(
+            f"node {node}{also} has {node_ram:g} GiB of RAM ({entry['key']}), but {pin} "
+            f"{per_instance * count:g} GiB of it on the host ({what}, x {gpus} GPUs"
+            f"{' each' if count > 1 else ''}): the kernel's OOM killer stops a "
+            f"server, or the node swaps. Swap space plus CPU offload must stay within "
+            f"{max(0.0, fits):.1f} GiB per GPU, or state the node's real RAM."
+        )
     return out

@@ -1,5 +1,6 @@
 """Rule 6: the image's torch must have kernels for the GPU (its CUDA arch list, from the image's facts);
 images of multi-node (Ray) containers must carry Ray."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -20,10 +21,12 @@ def arch_problem(launch: Launch) -> str | None:
     if facts is None or gpu is None or facts.torch_runs_on(gpu.capability):
         return None
     arch = ", ".join(f"sm_{c}" for c in facts.torch_arch_list)
-    return (f"{image_key(launch)} {facts.ref}: its torch {facts.torch} is built for {arch}, without "
-            f"sm_{gpu.capability}, so the first CUDA kernel on {launch.where()} fails with \"no kernel image is "
-            f"available for execution on the device\" ({facts.cite('torch_arch_list')}). Use an image whose torch "
-            f"has sm_{gpu.capability}: {', '.join(_runs_on(gpu.capability)) or 'none in the facts table'}.")
+    return (
+        f"{image_key(launch)} {facts.ref}: its torch {facts.torch} is built for {arch}, without "
+        f'sm_{gpu.capability}, so the first CUDA kernel on {launch.where()} fails with "no kernel image is '
+        f'available for execution on the device" ({facts.cite("torch_arch_list")}). Use an image whose torch '
+        f"has sm_{gpu.capability}: {', '.join(_runs_on(gpu.capability)) or 'none in the facts table'}."
+    )
 
 
 def ray_problem(ref: str | None, config: dict[str, Any]) -> str | None:
@@ -33,6 +36,8 @@ def ray_problem(ref: str | None, config: dict[str, Any]) -> str | None:
     repo, _ = image_parts(ref)
     if repo in IMAGES_WITH_RAY or repo in config["rayImages"] or ref in config["rayImages"]:
         return None
-    return (f"image {ref} is not known to contain Ray and vLLM, which every container of a multi-node instance runs "
-            f"(known: {', '.join(sorted(IMAGES_WITH_RAY))}). Use {VOLTA_IMAGE}, or list the image in this "
-            "policy's rayImages.")
+    return (
+        f"image {ref} is not known to contain Ray and vLLM, which every container of a multi-node instance runs "
+        f"(known: {', '.join(sorted(IMAGES_WITH_RAY))}). Use {VOLTA_IMAGE}, or list the image in this "
+        "policy's rayImages."
+    )

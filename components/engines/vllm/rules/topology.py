@@ -1,5 +1,6 @@
 """Rule 7, its vLLM part: parallel layout (TP within a node, TP×PP = GPUs spanned, PP only across nodes,
 heads ÷ TP) of a vLLM launch."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -17,28 +18,38 @@ def check_parallelism(launch: Launch, config: dict[str, Any]) -> list[str]:
     out = []
     tp_too_wide = per_node is not None and tp > per_node
     if tp_too_wide:
-        out.append(f"--tensor-parallel-size {tp} is more than the {per_node} GPUs of one node: tensor parallelism "
-                   "all-reduces every layer and must stay inside a node (NVLink/PCIe). Use --tensor-parallel-size "
-                   f"{per_node} --pipeline-parallel-size {max(1, tp * pp // per_node)} across "
-                   f"{max(1, tp * pp // per_node)} nodes.")
+        out.append(
+            f"--tensor-parallel-size {tp} is more than the {per_node} GPUs of one node: tensor parallelism "
+            "all-reduces every layer and must stay inside a node (NVLink/PCIe). Use --tensor-parallel-size "
+            f"{per_node} --pipeline-parallel-size {max(1, tp * pp // per_node)} across "
+            f"{max(1, tp * pp // per_node)} nodes."
+        )
     elif per_node is not None and nodes > 1 and tp * pp != per_node * nodes:
-        out.append(f"tensor {tp} x pipeline {pp} = {tp * pp} GPUs, but the instance spans {nodes} nodes x "
-                   f"{per_node} GPUs = {per_node * nodes}: Ray would leave GPUs idle or not find enough. Use "
-                   f"--tensor-parallel-size {per_node} --pipeline-parallel-size {nodes}.")
+        out.append(
+            f"tensor {tp} x pipeline {pp} = {tp * pp} GPUs, but the instance spans {nodes} nodes x "
+            f"{per_node} GPUs = {per_node * nodes}: Ray would leave GPUs idle or not find enough. Use "
+            f"--tensor-parallel-size {per_node} --pipeline-parallel-size {nodes}."
+        )
     elif per_node is not None and nodes == 1 and tp * pp > per_node:
         out.append(f"tensor {tp} x pipeline {pp} = {tp * pp} GPUs, more than the {per_node} of the node.")
     # A too-wide TP's message already gives the whole layout.
     if not tp_too_wide and pp > 1 and nodes == 1:
-        out.append(f"--pipeline-parallel-size {pp} inside one node: pipeline stages belong across nodes "
-                   f"(only activations cross the network). Use --tensor-parallel-size {tp * pp} instead.")
+        out.append(
+            f"--pipeline-parallel-size {pp} inside one node: pipeline stages belong across nodes "
+            f"(only activations cross the network). Use --tensor-parallel-size {tp * pp} instead."
+        )
     elif not tp_too_wide and nodes > 1 and pp != nodes:
-        out.append(f"--pipeline-parallel-size {pp} on an instance of {nodes} nodes: pipeline parallelism is what "
-                   f"crosses nodes, one stage per node. Use --pipeline-parallel-size {nodes}.")
+        out.append(
+            f"--pipeline-parallel-size {pp} on an instance of {nodes} nodes: pipeline parallelism is what "
+            f"crosses nodes, one stage per node. Use --pipeline-parallel-size {nodes}."
+        )
     arch = model_arch_or_none(launch.arch)
     heads = getattr(arch, "num_attention_heads", None)
     if heads and tp and heads % tp:
         divisors = [d for d in range(1, heads + 1) if heads % d == 0 and (per_node is None or d <= per_node)]
-        out.append(f"--tensor-parallel-size {tp}: {launch.arch} has {heads} attention heads, not divisible by {tp} "
-                   f"(vLLM: \"Total number of attention heads ({heads}) must be divisible by tensor parallel size "
-                   f"({tp}).\"). Use one of: {', '.join(map(str, divisors))}.")
+        out.append(
+            f"--tensor-parallel-size {tp}: {launch.arch} has {heads} attention heads, not divisible by {tp} "
+            f'(vLLM: "Total number of attention heads ({heads}) must be divisible by tensor parallel size '
+            f'({tp})."). Use one of: {", ".join(map(str, divisors))}.'
+        )
     return out

@@ -1,6 +1,7 @@
 """Stub what lmdeploy requires and the stand-in lacks (torch's CUDA stack, fastapi, transformers, ...), so the
 real lmdeploy modules import: dump_lmdeploy's stub finder, last on sys.meta_path (every installed package
 wins). The package's own __init__ (the whole serving stack) is skipped, as in that tool."""
+
 import os
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ TRANSITIVE = {"requests", "urllib3"}
 
 def install() -> None:
     import dump_lmdeploy
+
     dump_lmdeploy.STUBBED.update(TRANSITIVE)
     dump_lmdeploy._install_stubs(SITE)
     # lmdeploy.turbomind locates its library through the package file, as the real package has one.

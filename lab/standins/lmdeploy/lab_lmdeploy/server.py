@@ -9,6 +9,7 @@ given `--tp` GPUs. It serves what lmdeploy's api_server serves the program: /hea
 /v1/chat/completions and /v1/completions (streamed and not, with usage), 404 for any name but
 --model-name, and /metrics from lmdeploy's own PrometheusStatLogger on the real prometheus_client.
 """
+
 import importlib.util
 import json
 import os
@@ -51,22 +52,40 @@ def supported_archs():
 def engine_config(args, max_batch_size):
     """lmdeploy's own TurbomindEngineConfig, from the arguments as SubCliServe.api_server builds it."""
     from lmdeploy.messages import TurbomindEngineConfig
+
     return TurbomindEngineConfig(
-        dtype=args.dtype, tp=args.tp, dp=args.dp, cp=args.cp, ep=args.ep, nnodes=args.nnodes,
-        node_rank=args.node_rank, dist_init_addr=args.dist_init_addr, max_batch_size=max_batch_size,
-        session_len=args.session_len, model_format=args.model_format, quant_policy=args.quant_policy,
-        rope_scaling_factor=args.rope_scaling_factor, cache_max_entry_count=args.cache_max_entry_count,
-        cache_block_seq_len=args.cache_block_seq_len, enable_prefix_caching=args.enable_prefix_caching,
-        max_prefill_token_num=args.max_prefill_token_num, num_tokens_per_iter=args.num_tokens_per_iter,
-        max_prefill_iters=args.max_prefill_iters, async_=args.async_, communicator=args.communicator,
-        language_model_only=args.language_model_only, enable_metrics=not args.disable_metrics,
-        hf_overrides=args.hf_overrides)
+        dtype=args.dtype,
+        tp=args.tp,
+        dp=args.dp,
+        cp=args.cp,
+        ep=args.ep,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        dist_init_addr=args.dist_init_addr,
+        max_batch_size=max_batch_size,
+        session_len=args.session_len,
+        model_format=args.model_format,
+        quant_policy=args.quant_policy,
+        rope_scaling_factor=args.rope_scaling_factor,
+        cache_max_entry_count=args.cache_max_entry_count,
+        cache_block_seq_len=args.cache_block_seq_len,
+        enable_prefix_caching=args.enable_prefix_caching,
+        max_prefill_token_num=args.max_prefill_token_num,
+        num_tokens_per_iter=args.num_tokens_per_iter,
+        max_prefill_iters=args.max_prefill_iters,
+        async_=args.async_,
+        communicator=args.communicator,
+        language_model_only=args.language_model_only,
+        enable_metrics=not args.disable_metrics,
+        hf_overrides=args.hf_overrides,
+    )
 
 
 def api_server(args):
     """What `lmdeploy serve api_server` does once parsed, with a canned-text engine for TurboMind."""
-    print("INFO lab-lmdeploy 0.16.0 (llm-cluster lab stand-in): serve api_server %s" % " ".join(sys.argv[3:]),
-          flush=True)
+    print(
+        "INFO lab-lmdeploy 0.16.0 (llm-cluster lab stand-in): serve api_server %s" % " ".join(sys.argv[3:]), flush=True
+    )
     config_path = os.path.join(args.model_path, "config.json")
     if not os.path.isfile(config_path):
         fail("OSError: %s does not appear to have a file named config.json" % args.model_path)
@@ -75,16 +94,23 @@ def api_server(args):
     archs = model_config.get("architectures") or []
     if args.backend == "pytorch" or not archs or archs[0] not in supported_archs():
         if args.backend != "pytorch":
-            print("WARNING lmdeploy: Fallback to pytorch engine because %r not supported by turbomind engine."
-                  % args.model_path, flush=True)
+            print(
+                "WARNING lmdeploy: Fallback to pytorch engine because %r not supported by turbomind engine."
+                % args.model_path,
+                flush=True,
+            )
         fail("lab stand-in: LMDeploy's PyTorch engine is not part of the stand-in (architectures %s)" % archs)
     from lmdeploy.utils import get_max_batch_size
+
     max_batch_size = args.max_batch_size or get_max_batch_size(args.device)
     config = engine_config(args, max_batch_size)
     import torch
+
     if torch.cuda.device_count() < config.tp:
-        fail("RuntimeError: TurboMind needs %d GPU(s) for --tp %d; the container sees %d"
-             % (config.tp, config.tp, torch.cuda.device_count()))
+        fail(
+            "RuntimeError: TurboMind needs %d GPU(s) for --tp %d; the container sees %d"
+            % (config.tp, config.tp, torch.cuda.device_count())
+        )
     if not config.session_len:
         # TurboMind takes the model's own length when --session-len is unset.
         config.session_len = model_config.get("max_position_embeddings")
@@ -103,10 +129,12 @@ class Stats:
         self.logger = None
         if enabled:
             from lmdeploy.metrics.loggers import PrometheusStatLogger
+
             self.logger = PrometheusStatLogger(model_name=model_name, max_model_len=session_len or 0)
 
     def schedule(self, delta):
         from lmdeploy.metrics.stats import SchedulerStats
+
         with self.lock:
             self.running += delta
             if self.logger:
@@ -119,6 +147,7 @@ class Stats:
             return
         from lmdeploy.messages import ResponseType
         from lmdeploy.metrics.stats import IterationStats, RequestStats
+
         with self.lock:
             it = IterationStats()
             it.prompt_tokens, it.new_generation_tokens = prompt_tokens, generation_tokens
@@ -148,10 +177,25 @@ def make_handler(args, name, stats):
             if self.path == "/health":
                 self.send(200, {"status": "healthy"})
             elif self.path == "/v1/models":
-                self.send(200, {"object": "list", "data": [{"id": name, "object": "model", "created": int(time.time()),
-                                                            "owned_by": "lmdeploy", "root": name, "parent": None}]})
+                self.send(
+                    200,
+                    {
+                        "object": "list",
+                        "data": [
+                            {
+                                "id": name,
+                                "object": "model",
+                                "created": int(time.time()),
+                                "owned_by": "lmdeploy",
+                                "root": name,
+                                "parent": None,
+                            }
+                        ],
+                    },
+                )
             elif self.path.split("?")[0].rstrip("/") == "/metrics":
                 import prometheus_client
+
                 self.send(200, prometheus_client.generate_latest(), prometheus_client.CONTENT_TYPE_LATEST)
             else:
                 self.send(404, {"detail": "Not Found"})
@@ -162,8 +206,9 @@ def make_handler(args, name, stats):
                 return
             if req.get("model") != name:
                 # lmdeploy/serve/openai/endpoints/common.py validate_request
-                return self.send(404, error_body(404, "The model %r does not exist." % req.get("model"),
-                                                 "not_found_error"))
+                return self.send(
+                    404, error_body(404, "The model %r does not exist." % req.get("model"), "not_found_error")
+                )
             self.complete(req, self.path == "/v1/chat/completions")
 
         def complete(self, req, chat):
@@ -171,8 +216,11 @@ def make_handler(args, name, stats):
             model = req["model"]
             words = ("lab stand-in %s answers from %s" % (model, where)).split(" ")
             prompt_tokens = len(json.dumps(req.get("messages") or req.get("prompt") or "").split())
-            usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + len(words),
-                     "completion_tokens": len(words)}
+            usage = {
+                "prompt_tokens": prompt_tokens,
+                "total_tokens": prompt_tokens + len(words),
+                "completion_tokens": len(words),
+            }
             rid = str(uuid.uuid4().int % 10**9)
             obj = "chat.completion" if chat else "text_completion"
             stats.schedule(+1)
@@ -183,15 +231,33 @@ def make_handler(args, name, stats):
                     self.start_stream("text/event-stream; charset=utf-8")
                     for i, w in enumerate(words):
                         piece = w if i == 0 else " " + w
-                        choice = ({"index": 0, "delta": {"role": "assistant", "content": piece}, "finish_reason": None}
-                                  if chat else {"index": 0, "text": piece, "finish_reason": None})
-                        self.chunk({"id": rid, "object": obj + ".chunk" if chat else obj, "created": int(arrival),
-                                    "model": model, "choices": [choice]})
+                        choice = (
+                            {"index": 0, "delta": {"role": "assistant", "content": piece}, "finish_reason": None}
+                            if chat
+                            else {"index": 0, "text": piece, "finish_reason": None}
+                        )
+                        self.chunk(
+                            {
+                                "id": rid,
+                                "object": obj + ".chunk" if chat else obj,
+                                "created": int(arrival),
+                                "model": model,
+                                "choices": [choice],
+                            }
+                        )
                         time.sleep(delay)
-                    last = ({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": "stop"} if chat
-                            else {"index": 0, "text": "", "finish_reason": "stop"})
-                    final = {"id": rid, "object": obj + ".chunk" if chat else obj, "created": int(arrival),
-                             "model": model, "choices": [last]}
+                    last = (
+                        {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": "stop"}
+                        if chat
+                        else {"index": 0, "text": "", "finish_reason": "stop"}
+                    )
+                    final = {
+                        "id": rid,
+                        "object": obj + ".chunk" if chat else obj,
+                        "created": int(arrival),
+                        "model": model,
+                        "choices": [last],
+                    }
                     if (req.get("stream_options") or {}).get("include_usage"):
                         final["usage"] = usage  # lmdeploy puts usage on the last chunk, beside its choice
                     self.chunk(final)
@@ -199,10 +265,22 @@ def make_handler(args, name, stats):
                 else:
                     time.sleep(delay * len(words))
                     text = " ".join(words)
-                    choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
-                              if chat else {"index": 0, "text": text, "finish_reason": "stop"})
-                    self.send(200, {"id": rid, "object": obj, "created": int(arrival), "model": model,
-                                    "choices": [choice], "usage": usage})
+                    choice = (
+                        {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+                        if chat
+                        else {"index": 0, "text": text, "finish_reason": "stop"}
+                    )
+                    self.send(
+                        200,
+                        {
+                            "id": rid,
+                            "object": obj,
+                            "created": int(arrival),
+                            "model": model,
+                            "choices": [choice],
+                            "usage": usage,
+                        },
+                    )
                 stats.finish(arrival, first, prompt_tokens, len(words))
             finally:
                 stats.schedule(-1)
@@ -236,8 +314,10 @@ def main():
     """`lmdeploy ...` through LMDeploy's own entrypoint; `serve api_server` runs the stand-in server."""
     import lmdeploy.utils
     from lmdeploy.cli.serve import SubCliServe
+
     SubCliServe.api_server = staticmethod(api_server)  # read when the parser is built: set_defaults(run=...)
     lmdeploy.utils.get_model = no_hub
     from lmdeploy.cli.entrypoint import run
+
     run()
     return 0

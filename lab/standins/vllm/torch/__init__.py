@@ -7,6 +7,7 @@ GPUs only when Docker gave it some: NVIDIA_VISIBLE_DEVICES, which dockerd's nvid
 from `--gpus`. Tensors are numpy arrays computed on this machine's CPU (fp16 storage, fp32
 accumulation as on a GPU's fp16 GEMM). Nothing here runs on a GPU or proves a CUDA kernel.
 """
+
 import json
 import os
 
@@ -63,8 +64,9 @@ class Tensor:
 
 def _device(device):
     if str(device).startswith("cuda") and not cuda.is_available():
-        raise RuntimeError("Found no NVIDIA driver on your system. (llm-cluster lab stand-in torch: the "
-                           "container was given no GPU)")
+        raise RuntimeError(
+            "Found no NVIDIA driver on your system. (llm-cluster lab stand-in torch: the container was given no GPU)"
+        )
     return str(device)
 
 

@@ -1,4 +1,5 @@
 """torch.cuda of the lab stand-in: the GPUs Docker gave the container, as the lab hosts' shims describe them."""
+
 import os
 
 from torch import FACTS

@@ -1,4 +1,5 @@
 """torch.version of the lab stand-in: the image's CUDA."""
+
 from torch import FACTS
 
 cuda = FACTS["cuda"]

@@ -8,6 +8,7 @@ the kernel's own Python body with triton.language on numpy, one program per grid
 the gate ships a kernel that computes the right thing and that a failure reaches the deploy as
 the gate's message; it does not compile for, or run on, a GPU.
 """
+
 import inspect
 
 from torch import FACTS, Tensor, cuda
@@ -27,16 +28,20 @@ class JITFunction:
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
             from triton import language as tl
+
             major, minor = cuda.get_device_capability(0)
             capability = major * 10 + minor
             if capability < FACTS["fp16_dot_min_capability"]:
-                raise CompilationError("triton %s on sm_%d (llm-cluster lab stand-in, from the facts): %s"
-                                       % (__version__, capability, FACTS["triton_failure"]))
+                raise CompilationError(
+                    "triton %s on sm_%d (llm-cluster lab stand-in, from the facts): %s"
+                    % (__version__, capability, FACTS["triton_failure"])
+                )
             bound = [tl.pointer(a) if isinstance(a, Tensor) else a for a in args]
             points = grid if isinstance(grid, tuple) else tuple(grid(kwargs))
             for pid in range(points[0] if points else 1):
                 tl._program_id = pid
                 self.fn(*bound, **kwargs)
+
         return launch
 
 

@@ -1,4 +1,5 @@
 """triton.language of the lab stand-in: the operations of the gate's kernel, on numpy blocks."""
+
 import numpy as _np
 
 _program_id = 0

@@ -6,6 +6,7 @@ that version refuses (unknown flags, bad values, --model with `vllm serve`, a mi
 quantization), check the model directory, join the Ray cluster when the executor is Ray (and refuse to
 start with fewer GPUs than tensor x pipeline parallel), then serve the OpenAI API with canned text.
 """
+
 import json
 import os
 

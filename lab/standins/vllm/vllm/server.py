@@ -1,4 +1,5 @@
 """The stand-in server: vLLM's argv parsing (from the real parser dump), Ray join, OpenAI endpoints, /metrics."""
+
 import argparse
 import json
 import os
@@ -84,16 +85,20 @@ def parse(argv, program):
         sys.exit(2)
     if program == "serve":
         if getattr(ns, "model", None) and "--model" in " ".join(argv):
-            sys.stderr.write("ValueError: With `vllm serve`, you should provide the model as a positional "
-                             "argument or in a config file instead of via the `--model` option.\n")
+            sys.stderr.write(
+                "ValueError: With `vllm serve`, you should provide the model as a positional "
+                "argument or in a config file instead of via the `--model` option.\n"
+            )
             sys.exit(1)
         ns.model = ns.model_tag
     if not ns.model:
         sys.stderr.write("error: no model given\n")
         sys.exit(2)
     if ns.quantization is not None and ns.quantization not in QUANTIZATIONS:
-        sys.stderr.write("ValueError: Unknown quantization method: %s. Must be one of %s.\n"
-                         % (ns.quantization, sorted(QUANTIZATIONS)))
+        sys.stderr.write(
+            "ValueError: Unknown quantization method: %s. Must be one of %s.\n"
+            % (ns.quantization, sorted(QUANTIZATIONS))
+        )
         sys.exit(1)
     return ns
 
@@ -101,14 +106,20 @@ def parse(argv, program):
 def join_ray(ns):
     """With the Ray executor: join the cluster (RAY_ADDRESS) and wait for tensor x pipeline GPUs."""
     import ray
+
     want = (ns.tensor_parallel_size or 1) * (ns.pipeline_parallel_size or 1)
     ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), logging_level="WARNING")
     have = ray.cluster_resources().get("GPU", 0)
-    print("INFO lab-vllm: Ray cluster has %d GPUs, %d nodes; the engine needs %d"
-          % (have, len([n for n in ray.nodes() if n["Alive"]]), want), flush=True)
+    print(
+        "INFO lab-vllm: Ray cluster has %d GPUs, %d nodes; the engine needs %d"
+        % (have, len([n for n in ray.nodes() if n["Alive"]]), want),
+        flush=True,
+    )
     if have < want:
-        sys.stderr.write("ValueError: The number of required GPUs exceeds the total number of available GPUs "
-                         "in the placement group (need %d, Ray has %d).\n" % (want, have))
+        sys.stderr.write(
+            "ValueError: The number of required GPUs exceeds the total number of available GPUs "
+            "in the placement group (need %d, Ray has %d).\n" % (want, have)
+        )
         sys.exit(1)
     workers = place_workers(ray)
     threading.Thread(target=watch_workers, args=(ray, workers), daemon=True).start()
@@ -138,8 +149,11 @@ def place_workers(ray):
                 print("INFO lab-vllm: engine worker on %s (%s)" % (address, ray.get(ref, timeout=10)), flush=True)
                 break
             except ray.exceptions.GetTimeoutError:
-                print("INFO lab-vllm: waiting for the engine worker on %s (%.0fs)" % (address, time.monotonic() - started),
-                      flush=True)
+                print(
+                    "INFO lab-vllm: waiting for the engine worker on %s (%.0fs)"
+                    % (address, time.monotonic() - started),
+                    flush=True,
+                )
     return workers
 
 
@@ -162,12 +176,17 @@ def watch_workers(ray, workers):
                 continue  # a slow answer on a busy machine is not a dead worker
             except unavailable as e:
                 if address not in told:
-                    print("INFO lab-vllm: the Ray worker on %s is unavailable (%s), waiting for Ray's verdict"
-                          % (address, str(e).splitlines()[0][:200]), flush=True)
+                    print(
+                        "INFO lab-vllm: the Ray worker on %s is unavailable (%s), waiting for Ray's verdict"
+                        % (address, str(e).splitlines()[0][:200]),
+                        flush=True,
+                    )
                     told.add(address)
             except (ray.exceptions.RayActorError, ray.exceptions.RaySystemError) as e:
-                sys.stderr.write("ERROR lab-vllm: the Ray worker on %s died (%s: %s): the engine is dead "
-                                 "(vLLM: EngineDeadError), shutting down\n" % (address, type(e).__name__, e))
+                sys.stderr.write(
+                    "ERROR lab-vllm: the Ray worker on %s died (%s: %s): the engine is dead "
+                    "(vLLM: EngineDeadError), shutting down\n" % (address, type(e).__name__, e)
+                )
                 sys.stderr.flush()
                 os._exit(1)
 
@@ -178,8 +197,11 @@ class Metrics:
     def __init__(self, model_name):
         self.model = model_name
         self.lock = threading.Lock()
-        self.counters = {"vllm:request_success_total": 0, "vllm:prompt_tokens_total": 0,
-                         "vllm:generation_tokens_total": 0}
+        self.counters = {
+            "vllm:request_success_total": 0,
+            "vllm:prompt_tokens_total": 0,
+            "vllm:generation_tokens_total": 0,
+        }
         self.running = 0
         with open(os.path.join(HERE, "metrics.txt")) as f:
             self.names = [line.split() for line in f if line.strip() and not line.startswith("#")]
@@ -208,9 +230,22 @@ def make_handler(ns, names, metrics):
             if self.path == "/health":
                 self.send(200, b"", "text/plain")
             elif self.path == "/v1/models":
-                self.send(200, {"object": "list", "data": [
-                    {"id": n, "object": "model", "owned_by": "vllm", "root": ns.model, "max_model_len": ns.max_model_len}
-                    for n in names]})
+                self.send(
+                    200,
+                    {
+                        "object": "list",
+                        "data": [
+                            {
+                                "id": n,
+                                "object": "model",
+                                "owned_by": "vllm",
+                                "root": ns.model,
+                                "max_model_len": ns.max_model_len,
+                            }
+                            for n in names
+                        ],
+                    },
+                )
             elif self.path == "/metrics":
                 self.send(200, metrics.render().encode(), "text/plain; version=0.0.4")
             elif self.path == "/version":
@@ -219,21 +254,33 @@ def make_handler(ns, names, metrics):
                 self.send(404, {"detail": "Not Found"})
 
         def do_POST(self):
-            req = self.completion_request({"object": "error", "message": "invalid JSON", "type": "BadRequestError",
-                                           "code": 400})
+            req = self.completion_request(
+                {"object": "error", "message": "invalid JSON", "type": "BadRequestError", "code": 400}
+            )
             if req is None:
                 return
             model = req.get("model")
             if model not in names:
-                return self.send(404, {"object": "error", "message": "The model `%s` does not exist." % model,
-                                       "type": "NotFoundError", "param": None, "code": 404})
+                return self.send(
+                    404,
+                    {
+                        "object": "error",
+                        "message": "The model `%s` does not exist." % model,
+                        "type": "NotFoundError",
+                        "param": None,
+                        "code": 404,
+                    },
+                )
             chat = self.path == "/v1/chat/completions"
             delay = float(os.environ.get("LAB_VLLM_TOKEN_DELAY_S", "0.02"))
             text = "lab stand-in %s answers from %s" % (model, where)
             words = text.split(" ")
             prompt_tokens = len(json.dumps(req.get("messages") or req.get("prompt") or "").split())
-            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(words),
-                     "total_tokens": prompt_tokens + len(words)}
+            usage = {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": len(words),
+                "total_tokens": prompt_tokens + len(words),
+            }
             rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
             obj = "chat.completion" if chat else "text_completion"
             with metrics.lock:
@@ -244,25 +291,63 @@ def make_handler(ns, names, metrics):
                     for i, w in enumerate(words):
                         time.sleep(delay)
                         piece = w if i == 0 else " " + w
-                        choice = ({"index": 0, "delta": {"content": piece}, "finish_reason": None} if chat
-                                  else {"index": 0, "text": piece, "finish_reason": None})
-                        self.chunk({"id": rid, "object": obj + (".chunk" if chat else ""), "model": model,
-                                    "created": int(time.time()), "choices": [choice]})
-                    last = ({"index": 0, "delta": {}, "finish_reason": "stop"} if chat
-                            else {"index": 0, "text": "", "finish_reason": "stop"})
-                    final = {"id": rid, "object": obj + (".chunk" if chat else ""), "model": model,
-                             "created": int(time.time()), "choices": [last]}
+                        choice = (
+                            {"index": 0, "delta": {"content": piece}, "finish_reason": None}
+                            if chat
+                            else {"index": 0, "text": piece, "finish_reason": None}
+                        )
+                        self.chunk(
+                            {
+                                "id": rid,
+                                "object": obj + (".chunk" if chat else ""),
+                                "model": model,
+                                "created": int(time.time()),
+                                "choices": [choice],
+                            }
+                        )
+                    last = (
+                        {"index": 0, "delta": {}, "finish_reason": "stop"}
+                        if chat
+                        else {"index": 0, "text": "", "finish_reason": "stop"}
+                    )
+                    final = {
+                        "id": rid,
+                        "object": obj + (".chunk" if chat else ""),
+                        "model": model,
+                        "created": int(time.time()),
+                        "choices": [last],
+                    }
                     self.chunk(final)
                     if (req.get("stream_options") or {}).get("include_usage"):
-                        self.chunk({"id": rid, "object": obj + (".chunk" if chat else ""), "model": model,
-                                    "created": int(time.time()), "choices": [], "usage": usage})
+                        self.chunk(
+                            {
+                                "id": rid,
+                                "object": obj + (".chunk" if chat else ""),
+                                "model": model,
+                                "created": int(time.time()),
+                                "choices": [],
+                                "usage": usage,
+                            }
+                        )
                     self.end_stream()
                 else:
                     time.sleep(delay * len(words))
-                    choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
-                              if chat else {"index": 0, "text": text, "finish_reason": "stop"})
-                    self.send(200, {"id": rid, "object": obj, "created": int(time.time()), "model": model,
-                                    "choices": [choice], "usage": usage})
+                    choice = (
+                        {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+                        if chat
+                        else {"index": 0, "text": text, "finish_reason": "stop"}
+                    )
+                    self.send(
+                        200,
+                        {
+                            "id": rid,
+                            "object": obj,
+                            "created": int(time.time()),
+                            "model": model,
+                            "choices": [choice],
+                            "usage": usage,
+                        },
+                    )
                 with metrics.lock:
                     metrics.counters["vllm:request_success_total"] += 1
                     metrics.counters["vllm:prompt_tokens_total"] += prompt_tokens
@@ -289,13 +374,17 @@ def run(argv, program):
     server.daemon_threads = True
 
     def stop(signum, frame):
-        print("INFO lab-vllm: shutting down (signal %d): no new connections, finishing requests in flight"
-              % signum, flush=True)
+        print(
+            "INFO lab-vllm: shutting down (signal %d): no new connections, finishing requests in flight" % signum,
+            flush=True,
+        )
         threading.Thread(target=server.shutdown, daemon=True).start()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    print("INFO:     Uvicorn running on http://%s:%d (Press CTRL+C to quit)" % (ns.host or "0.0.0.0", ns.port), flush=True)
+    print(
+        "INFO:     Uvicorn running on http://%s:%d (Press CTRL+C to quit)" % (ns.host or "0.0.0.0", ns.port), flush=True
+    )
     server.serve_forever()
     server.server_close()
     # Like uvicorn's graceful shutdown: requests already accepted are answered before the process exits.

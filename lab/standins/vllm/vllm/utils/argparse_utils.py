@@ -1,4 +1,5 @@
 """vllm.utils.argparse_utils of the lab stand-in: the parser class the qualification gate builds on."""
+
 import argparse
 
 

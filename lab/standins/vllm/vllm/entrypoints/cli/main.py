@@ -1,4 +1,5 @@
 """The `vllm` command: only `vllm serve` (the model positional) is part of the stand-in."""
+
 import sys
 
 from vllm.server import run

@@ -1,4 +1,5 @@
 """vllm.entrypoints.cli.serve of the lab stand-in: `vllm serve`'s subparser, from the real parser dump."""
+
 from vllm.server import populate
 
 

@@ -1,4 +1,5 @@
 """`python3 -m vllm.entrypoints.openai.api_server` (the image's ENTRYPOINT): the model is --model."""
+
 import sys
 
 from vllm.server import run
