@@ -48,8 +48,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "bf16-fact-75",
         "components/engines/vllm/facts.py",
-        "kv_cache_dtypes=_KV_0191, fp8_kv_min_capability=80, bf16_min_capability=80,",
-        "kv_cache_dtypes=_KV_0191, fp8_kv_min_capability=80, bf16_min_capability=75,",
+        "kv_cache_dtypes=_KV_0191,\n        fp8_kv_min_capability=80,\n        bf16_min_capability=80,",
+        "kv_cache_dtypes=_KV_0191,\n        fp8_kv_min_capability=80,\n        bf16_min_capability=75,",
         ("tests/test_capability_boundaries.py",),
         "the 0.19.1 facts say bf16 from sm_75",
     ),
@@ -96,8 +96,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "quantization-boundary-off-by-one",
         "components/engines/vllm/rules/hardware.py",
-        "    if need <= cap:\n        return []\n    works = sorted(m for m, q in facts.quantizations.items()",
-        "    if need < cap:\n        return []\n    works = sorted(m for m, q in facts.quantizations.items()",
+        "    if need <= cap:\n        return []\n    works = sorted(\n",
+        "    if need < cap:\n        return []\n    works = sorted(\n",
         ("tests/test_capability_boundaries.py",),
         "a GPU exactly at a method's minimum capability refused",
     ),
@@ -203,7 +203,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "usage-path-left-raw",
         "components/planning/gateway/lua/gateway_metrics.lua",
-        "    if #tail - path_at > field_max or not json_safe(tail, path_at, #tail - 1) then\n",
+        "    if not plain_paths[sub(tail, path_at, -2)] and not logged_as_is(tail, path_at, #tail - 1) then\n",
         "    if false then\n",
         (
             "tests/test_gateway_metrics.py::test_client_text_in_a_usage_line_is_json_escaped",
@@ -350,7 +350,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "gpu-memory-095-to-097",
         "components/spec/monitoring.py",
-        "gpu_memory_used_ratio: Fraction = 0.95",
+        "gpu_memory_used_ratio: Fraction = 0.99",
         "gpu_memory_used_ratio: Fraction = 0.97",
         ("tests/test_monitoring_config.py",),
         "GPU memory alert default 0.95 -> 0.97",
@@ -358,8 +358,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "temperature-ge-not-gt",
         "components/planning/monitoring/prometheus.py",
-        'f"DCGM_FI_DEV_GPU_TEMP{{job=\\"dcgm\\"}} > {t.gpu_temperature_celsius:g}",',
-        'f"DCGM_FI_DEV_GPU_TEMP{{job=\\"dcgm\\"}} >= {t.gpu_temperature_celsius:g}",',
+        "f'DCGM_FI_DEV_GPU_TEMP{{job=\"dcgm\"}} > {t.gpu_temperature_celsius:g}',",
+        "f'DCGM_FI_DEV_GPU_TEMP{{job=\"dcgm\"}} >= {t.gpu_temperature_celsius:g}',",
         ("tests/test_monitoring_config.py",),
         "the temperature alert fires at the threshold itself",
     ),
@@ -400,27 +400,27 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "grafana-id-label-back",
         "components/resources/monitoring.py",
-        '{"llm-cluster.role": role, "llm-cluster.image": image_ref}.items()],',
+        '{"llm-cluster.role": role, "llm-cluster.image": image_ref}.items()\n',
         '{"llm-cluster.role": role, "llm-cluster.image": image_ref,'
-        ' **({"w": replace_with[0].id} if replace_with else {})}.items()],',
+        ' **({"w": replace_with[0].id} if replace_with else {})}.items()\n',
         ("tests/test_harness.py",),
         "Grafana labelled with its password command's id (the pack blind at preview)",
     ),
     Mutant(
         "grafana-not-replaced-with-its-password",
         "components/resources/monitoring.py",
-        "extra_deps=[password_file, grafana_config], replace_with=[password_file])",
-        "extra_deps=[password_file, grafana_config])",
+        "extra_deps=[password_file, grafana_config],\n            replace_with=[password_file],\n",
+        "extra_deps=[password_file, grafana_config],\n",
         ("tests/test_monitoring_component.py",),
         "a new admin password never reaches Grafana",
     ),
     Mutant(
         "gateway-keys-stdout-unmarked",
         "components/resources/gateway.py",
-        'opts=self.opts(additional_secret_outputs=["stdout"], depends_on=list(node.ready)))\n'
-        "            self.api_keys = pulumi.Output.secret(keys_cmd.stdout)",
-        "opts=self.opts(depends_on=list(node.ready)))\n"
-        "            self.api_keys = pulumi.Output.secret(keys_cmd.stdout)",
+        'opts=self.opts(additional_secret_outputs=["stdout"], depends_on=list(node.ready)),\n'
+        "            )\n            self.api_keys = pulumi.Output.secret(keys_cmd.stdout)",
+        "opts=self.opts(depends_on=list(node.ready)),\n"
+        "            )\n            self.api_keys = pulumi.Output.secret(keys_cmd.stdout)",
         ("tests/test_harness.py", "tests/test_gateway_component.py"),
         "generated API keys kept in plaintext in the state",
     ),
@@ -451,8 +451,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "unmarked-host-secret-unseen",
         "plan/harness.py",
-        '"stdout" in r.options.get("additionalSecretOutputs", []) or value in secret_text):',
-        '"stdout" in r.options.get("additionalSecretOutputs", [])):',
+        'and ("stdout" in r.options.get("additionalSecretOutputs", []) or value in secret_text)\n',
+        'and ("stdout" in r.options.get("additionalSecretOutputs", []))\n',
         ("tests/test_harness.py",),
         "a host-made secret the program forgot to mark is not leak-checked",
     ),
