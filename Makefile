@@ -50,7 +50,7 @@ system-deps:
 lint: $(VENV)/.test
 	$(VENV)/bin/ruff check --quiet .
 	$(VENV)/bin/ruff format --check --quiet .
-	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/lint-imports --no-cache --no-logo
 
 ## test: lint, then every test tier, real tools included
 test: lint $(VENV)/.test system-deps
