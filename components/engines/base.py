@@ -19,6 +19,7 @@ from components.engines.gate import GateCheck
 from components.engines.http import EngineServer
 from components.engines.judged import EngineRule
 from components.facts.engine_matrix import Cell
+from components.facts.hardware import gpu
 from components.facts.sourced import image_ref_key
 from components.facts.startup_failures import COMMON as COMMON_STARTUP_FAILURES
 from components.facts.startup_failures import StartupFailure
@@ -276,8 +277,6 @@ class Engine(ABC):
 
 def planned_capability(spec: StackSpec, node: str) -> int:
     """The compute capability of the GPU the stack names for a node (70 for sm_70)."""
-    from components.facts.hardware import gpu
-
     n = spec.node(node)
     assert n.gpu is not None  # the spec refuses GPU-less nodes
     return gpu(n.gpu.model).capability

@@ -19,8 +19,12 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
+from components.engines.base import masked_secrets
 from components.engines.gate import GateCheck
+from components.engines.registry import engine_for
+from components.planning.image_supply import node_ref
 from components.spec import StackSpec
+from components.spec.topology import instances
 
 
 @dataclass(frozen=True)
@@ -43,10 +47,6 @@ def node_qualifications(spec: StackSpec) -> list[Qualification]:
     """One Qualification per node and serving image whose engine has a gate for it (an image without facts
     gets the policy pack's advisory instead): the argvs it must parse are the instances' served from that
     node; a Ray worker node runs the image's GPU code with none of its own."""
-    from components.engines.base import masked_secrets
-    from components.engines.registry import engine_for
-    from components.spec.topology import instances
-
     found: dict[tuple[str, str], tuple[str, list[tuple[str, ...]]]] = {}
     for name, pool in spec.pools.items():
         engine = engine_for(pool)
@@ -57,8 +57,6 @@ def node_qualifications(spec: StackSpec) -> list[Qualification]:
                     # The parse needs the flags, not the credentials: the gate's command (and its log) never
                     # holds them; the pool's own containers carry them, and the pack reports them there.
                     entry[1].append(tuple(masked_secrets(engine.serve_argv(spec, inst), engine.secret_flags)))
-    from components.planning.image_supply import node_ref
-
     out = []
     for (node, image), (pool, argvs) in sorted(found.items()):
         unique = tuple(dict.fromkeys(argvs))

@@ -20,6 +20,7 @@ from components.engines.gate import (
     python_check,
 )
 from components.engines.http import EngineServer
+from components.engines.vllm.capacity import capacity_dict
 from components.engines.vllm.facts import (
     DEFAULT_IMAGE,
     HTTP_SERVER,
@@ -220,8 +221,6 @@ class VllmEngine(Engine):
         ]
 
     def capacity(self, spec: StackSpec, pool: str, *, mla: bool | None = None) -> dict[str, object]:
-        from components.engines.vllm.capacity import capacity_dict
-
         return capacity_dict(spec, pool, mla=mla)
 
     def gate_check(self, spec: StackSpec, pool: str, node: str, argvs: tuple[tuple[str, ...], ...]) -> GateCheck | None:

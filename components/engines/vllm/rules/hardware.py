@@ -26,6 +26,7 @@ from components.facts.hardware import (
     QUANTIZATION_WAY_OUT,
     capability_text,
 )
+from components.facts.models import model_arch
 
 # An image the table does not know is judged by the strictest known line: below sm_80 every known version
 # refuses bf16 and dies in MLA prefill; an FP8 KV cache and FP8 weights each run on sm_75 in one known line
@@ -38,14 +39,12 @@ VOLTA_IMAGE = "vllm/vllm-openai:v0.19.1"
 
 
 def model_arch_or_none(name: str | None) -> Any:
-    """The catalog's ModelArch for a name, None when unknown (or the catalog is not installed)."""
+    """The catalog's ModelArch for a name, None when unknown."""
     if not name:
         return None
     try:
-        from components.facts.models import model_arch
-
         return model_arch(name)
-    except (ImportError, KeyError):
+    except KeyError:
         return None
 
 
