@@ -8,16 +8,18 @@ from typing import Any
 
 import pytest
 
-from components.planning.monitoring.prometheus import (
-    config_files_delete_script,
-    config_files_script,
+from components.planning.monitoring.files import prometheus_files
+from components.planning.monitoring.grafana import (
     grafana_password_delete_script,
     grafana_password_generate_script,
     grafana_password_store_script,
     grafana_provisioning,
+)
+from components.planning.monitoring.prometheus import (
+    config_files_delete_script,
+    config_files_script,
     grafana_reloads,
     lifecycle_reloads,
-    prometheus_files,
 )
 from components.planning.nodes.scripts import bash_command
 from components.spec import StackSpec

@@ -14,18 +14,18 @@ import pytest
 import yaml
 
 from components.planning.load import load_stack_config
-from components.planning.monitoring.prometheus import (
-    PROMETHEUS_CONFIG,
-    PROMETHEUS_RULES,
-    AlertRule,
-    alert_groups,
-    alert_rules,
+from components.planning.monitoring.alerts import AlertRule, alert_groups, alert_rules
+from components.planning.monitoring.files import monitoring_files
+from components.planning.monitoring.grafana import (
     dashboards,
     grafana_password_delete_script,
     grafana_password_generate_script,
     grafana_password_store_script,
     grafana_provisioning,
-    monitoring_files,
+)
+from components.planning.monitoring.prometheus import (
+    PROMETHEUS_CONFIG,
+    PROMETHEUS_RULES,
     prometheus_config,
     scrape_targets,
 )

@@ -11,7 +11,8 @@ import pytest
 
 from components.engines.llamacpp.facts import IMAGES as LLAMACPP_IMAGES
 from components.engines.lmdeploy.facts import IMAGES as LMDEPLOY_IMAGES
-from components.planning.monitoring.prometheus import alert_groups, alert_rules, prometheus_config, scrape_targets
+from components.planning.monitoring.alerts import alert_groups, alert_rules
+from components.planning.monitoring.prometheus import prometheus_config, scrape_targets
 from components.spec import StackSpec
 from tests.support import tool
 from tests.support.engine_stacks import llamacpp_config, lmdeploy_config, spec_of

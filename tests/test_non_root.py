@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from components.planning.gateway.nginx import keys_script
-from components.planning.monitoring.prometheus import config_files_script, grafana_password_generate_script
+from components.planning.monitoring.grafana import grafana_password_generate_script
+from components.planning.monitoring.prometheus import config_files_script
 from components.planning.nodes.scripts import (
     access_script,
     bash_command,

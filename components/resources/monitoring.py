@@ -10,6 +10,13 @@ from pulumi_command import remote
 
 from components import marks
 from components.planning.fabric.ray import NODE_TEXTFILE_DIR
+from components.planning.monitoring.files import prometheus_files
+from components.planning.monitoring.grafana import (
+    grafana_password_delete_script,
+    grafana_password_generate_script,
+    grafana_password_store_script,
+    grafana_provisioning,
+)
 from components.planning.monitoring.prometheus import (
     ALERTMANAGER_CONFIG,
     GRAFANA_PASSWORD_FILE,
@@ -20,16 +27,11 @@ from components.planning.monitoring.prometheus import (
     config_mounts,
     dcgm_exporter_env,
     grafana_env,
-    grafana_password_delete_script,
-    grafana_password_generate_script,
-    grafana_password_store_script,
-    grafana_provisioning,
     grafana_reloads,
     lifecycle_reloads,
     monitoring_url,
     node_exporter_args,
     prometheus_args,
-    prometheus_files,
 )
 from components.planning.nodes.scripts import bash_command
 from components.resources.base import Component

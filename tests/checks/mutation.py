@@ -357,7 +357,7 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "temperature-ge-not-gt",
-        "components/planning/monitoring/prometheus.py",
+        "components/planning/monitoring/alerts.py",
         "f'DCGM_FI_DEV_GPU_TEMP{{job=\"dcgm\"}} > {t.gpu_temperature_celsius:g}',",
         "f'DCGM_FI_DEV_GPU_TEMP{{job=\"dcgm\"}} >= {t.gpu_temperature_celsius:g}',",
         ("tests/test_monitoring_config.py",),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from components.planning.monitoring.prometheus import dashboards
+from components.planning.monitoring.grafana import dashboards
 from components.spec import StackSpec
 
 METRICS_DIR = Path(__file__).parent.parent / "fixtures" / "metrics"
