@@ -37,13 +37,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from components.planning.gateway.nginx import (
-    GatewayLayout,
-    key_digests,
-    key_ids,
-    render_gateway,
-    temp_path_directives,
-)
+from components.planning.gateway.keys import key_digests, key_ids
+from components.planning.gateway.layout import GatewayLayout
+from components.planning.gateway.nginx import render_gateway, temp_path_directives
 from components.planning.load import load_stack_config
 from components.spec import StackSpec
 from plan.cli import run as run_cli

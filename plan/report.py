@@ -13,7 +13,7 @@ from typing import Any
 
 from components.engines.base import endpoint
 from components.marks import GPU_NODE
-from components.planning.gateway.nginx import model_pools, split
+from components.planning.gateway.routing import model_pools, split
 from components.planning.monitoring.prometheus import written_files
 from components.planning.nodes.scripts import fanout_rounds
 from components.spec import StackSpec

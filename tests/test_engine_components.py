@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from components.engines.base import WATCHDOG_SCRIPT
-from components.planning.gateway.nginx import routes_table
+from components.planning.gateway.routing import routes_table
 from plan.harness import ProgramRun, Registration
 from tests.conftest import prod_config, run_stack
 from tests.support.engine_stacks import llamacpp_config, lmdeploy_config, spec_of

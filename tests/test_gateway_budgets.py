@@ -25,16 +25,8 @@ from typing import Any
 import pytest
 
 from components.planning.gateway import nginx as gateway
-from components.planning.gateway.nginx import (
-    BUDGET_SOURCE,
-    BUDGET_ZONE,
-    budget_init,
-    budget_zone_kib,
-    gateway_files,
-    render_gateway,
-    temp_path_directives,
-    token_budgets,
-)
+from components.planning.gateway.limits import BUDGET_ZONE, budget_init, budget_zone_kib, token_budgets
+from components.planning.gateway.nginx import BUDGET_SOURCE, gateway_files, render_gateway, temp_path_directives
 from components.planning.load import load_stack_config
 from components.spec import SpecError, StackSpec
 from tests.conftest import prod_config

@@ -9,20 +9,16 @@ import pulumi
 import pytest
 
 from components.planning.gateway.image import GATEWAY_IMAGE
+from components.planning.gateway.keys import key_digests, keys_delete_script, keys_script
 from components.planning.gateway.nginx import (
     config_delete_script,
     config_script,
     gateway_files,
     healthcheck_probe,
-    key_digests,
-    keys_delete_script,
-    keys_script,
     readiness_script,
-    tls_delete_script,
-    tls_from_stdin_script,
-    tls_generate_script,
     usage_dir_script,
 )
+from components.planning.gateway.tls import tls_delete_script, tls_from_stdin_script, tls_generate_script
 from components.planning.nodes.scripts import bash_command, written_files
 from components.spec import StackSpec
 from plan.harness import SECRET_SIG, SIG, ProgramRun, Registration, unwrap

@@ -14,31 +14,26 @@ from typing import Any
 
 import pytest
 
-from components.planning.gateway.nginx import (
-    DIGESTS_FILE,
-    ERRORS,
-    LOG_FORMAT,
-    GatewayLayout,
+from components.planning.gateway.keys import key_digests, key_ids, keys_delete_script, keys_script
+from components.planning.gateway.layout import DIGESTS_FILE, GatewayLayout
+from components.planning.gateway.limits import (
     concurrency_zones,
-    exposed_paths,
-    gateway_files,
-    healthcheck_probe,
-    key_digests,
-    key_ids,
-    keyless_probe,
-    keys_delete_script,
-    keys_script,
-    nginx_conf,
     nginx_rate,
     rate_zones,
-    readiness_script,
-    render_gateway,
     reset_interval,
     retry_after_seconds,
-    routes,
-    routes_table,
-    upstream_servers,
 )
+from components.planning.gateway.nginx import (
+    ERRORS,
+    LOG_FORMAT,
+    gateway_files,
+    healthcheck_probe,
+    keyless_probe,
+    nginx_conf,
+    readiness_script,
+    render_gateway,
+)
+from components.planning.gateway.routing import exposed_paths, routes, routes_table, upstream_servers
 from components.planning.load import load_stack_config
 from components.planning.nodes.scripts import bash_command
 from components.spec import RateLimitSpec, SpecError, StackSpec

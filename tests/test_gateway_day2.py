@@ -21,14 +21,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from components.planning.gateway.nginx import (
-    NginxControl,
-    config_script,
-    render_gateway,
-    tls_from_stdin_script,
-    tls_generate_script,
-    usage_dir_script,
-)
+from components.planning.gateway.layout import NginxControl
+from components.planning.gateway.nginx import config_script, render_gateway, usage_dir_script
+from components.planning.gateway.tls import tls_from_stdin_script, tls_generate_script
 from components.planning.load import load_stack_config
 from components.spec import StackSpec
 from tests.support.gateway import (

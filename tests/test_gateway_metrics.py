@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 import components.planning.gateway.nginx as gateway_planning
+from components.planning.gateway.layout import GatewayLayout
 from components.planning.gateway.nginx import (
     BUDGET_SOURCE,
     LOG_FORMAT,
@@ -38,7 +39,6 @@ from components.planning.gateway.nginx import (
     METRICS_ZONE,
     NO_USAGE_COUNTS,
     USAGE_LINE_FIELDS,
-    GatewayLayout,
     _lua_value,
     metrics_settings,
     temp_path_directives,

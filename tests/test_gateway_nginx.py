@@ -26,13 +26,8 @@ from typing import Any
 
 import pytest
 
-from components.planning.gateway.nginx import (
-    LUA_SOURCE,
-    LUA_VM_SETTINGS,
-    GatewayLayout,
-    readiness_script,
-    render_gateway,
-)
+from components.planning.gateway.layout import GatewayLayout
+from components.planning.gateway.nginx import LUA_SOURCE, LUA_VM_SETTINGS, readiness_script, render_gateway
 from components.planning.load import load_stack_config
 from tests.conftest import prod_config
 from tests.support import free_port

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from components.planning.gateway.nginx import keys_script
+from components.planning.gateway.keys import keys_script
 from components.planning.monitoring.grafana import grafana_password_generate_script
 from components.planning.monitoring.prometheus import config_files_script
 from components.planning.nodes.scripts import (

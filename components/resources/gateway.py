@@ -12,7 +12,8 @@ from pulumi_command import remote
 
 from components import marks
 from components.planning.gateway.image import BUILD_CONTEXT
-from components.planning.gateway.nginx import (
+from components.planning.gateway.keys import key_digests, key_ids, keys_delete_script, keys_script
+from components.planning.gateway.layout import (
     CONTAINER_CONF_DIR,
     CONTAINER_KEYS_DIR,
     CONTAINER_NAME,
@@ -21,23 +22,17 @@ from components.planning.gateway.nginx import (
     HOST_CONF_DIR,
     HOST_DIGESTS_DIR,
     HOST_TLS_DIR,
+    nginx_argv,
+)
+from components.planning.gateway.nginx import (
     config_delete_script,
     config_script,
-    exposed_paths,
     healthcheck_probe,
-    key_digests,
-    key_ids,
-    keys_delete_script,
-    keys_script,
-    nginx_argv,
     readiness_script,
-    routes,
-    split,
-    tls_delete_script,
-    tls_from_stdin_script,
-    tls_generate_script,
     usage_dir_script,
 )
+from components.planning.gateway.routing import exposed_paths, routes, split
+from components.planning.gateway.tls import tls_delete_script, tls_from_stdin_script, tls_generate_script
 from components.planning.image_supply import builds_gateway
 from components.planning.nodes.scripts import bash_command, script_hash
 from components.resources.base import Component

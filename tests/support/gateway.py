@@ -31,14 +31,9 @@ from typing import Any
 
 import pytest
 
-from components.planning.gateway.nginx import (
-    DIGESTS_FILE,
-    GatewayLayout,
-    key_ids,
-    keys_script,
-    render_gateway,
-    temp_path_directives,
-)
+from components.planning.gateway.keys import key_ids, keys_script
+from components.planning.gateway.layout import DIGESTS_FILE, GatewayLayout
+from components.planning.gateway.nginx import render_gateway, temp_path_directives
 from components.spec import StackSpec
 from tests.conftest import prod_config
 from tests.support import free_port

@@ -1,4 +1,6 @@
-"""The gateway's nginx + Lua configuration and its key scripts, generated from the stack (no Pulumi).
+"""The gateway's nginx + Lua configuration and its config scripts, generated from the stack (no Pulumi).
+Routing, keys, limits and TLS are in the sibling modules routing.py, keys.py, limits.py and tls.py; where
+nginx runs (paths, listener, host directories) in layout.py.
 
 One OpenAI endpoint for every pool:
 - POST /v1/chat/completions, /v1/completions, /v1/embeddings go to the pool whose served names (or
@@ -26,40 +28,50 @@ One OpenAI endpoint for every pool:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import shlex
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
-from components.engines.registry import engine_for
-from components.planning.gateway.image import (
-    LUA_CPATHS,
-    LUA_MODULE,
-    LUA_PATHS,
-    MODULES_DIR,
-    NDK_MODULE,
-    WORKER_UID,
+from components.planning.gateway.image import WORKER_UID
+from components.planning.gateway.keys import key_ids
+from components.planning.gateway.layout import (
+    CONTAINER_NAME,
+    HOST_CONF_DIR,
+    GatewayLayout,
+    NginxControl,
+    container_layout,
+    reload_lines,
+)
+from components.planning.gateway.limits import (
+    BUDGET_ZONE,
+    budget_init,
+    budget_zone_kib,
+    concurrency_zones,
+    nginx_rate,
+    rate_zones,
+    reset_interval,
+    retry_after_seconds,
+    token_budgets,
+)
+from components.planning.gateway.routing import (
+    MODEL_ENDPOINTS,
+    exposed_paths,
+    model_pools,
+    path_routes,
+    routes_table,
+    server_weights,
+    upstream_servers,
 )
 from components.planning.gateway.upstreams import engine_server, upstream_keepalive_seconds
-from components.planning.monitoring.prometheus import host_port
 from components.planning.nodes.scripts import put_files_lines
-from components.spec.gateway import ApiKeySpec, RateLimitSpec, TokenBudgetSpec
 from components.spec.stack import StackSpec
-from components.spec.topology import instances
-
-T = TypeVar("T")
 
 LUA_SOURCE = Path(__file__).with_name("lua") / "gateway.lua"
 # The token budgets' Lua module (module `gateway_budget`), loaded only when a key has a budget.
 BUDGET_SOURCE = LUA_SOURCE.with_name("gateway_budget.lua")
-BUDGET_ZONE = "llm_budget"
-# A count's share of that lua_shared_dict: the slab slot of the longest count, "<63-character key
-# id>/<window seconds>" (ngx_http_lua_shdict's 76 bytes of node, the key, 8 of value: 147, in 256).
-BUDGET_COUNT_BYTES = 256
 # The usage record and the metrics (module `gateway_metrics`), and its shared dict of counters.
 METRICS_SOURCE = LUA_SOURCE.with_name("gateway_metrics.lua")
 METRICS_ZONE = "llm_metrics"
@@ -73,308 +85,8 @@ USAGE_FLUSH_SECONDS = 1
 USAGE_MAX_PENDING = 512
 USAGE_PRUNE_SECONDS = 3600
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-# The image's NDK and Lua modules, NDK's first: the Lua module links against it.
-LUA_MODULES = (f"{MODULES_DIR}/{NDK_MODULE}", f"{MODULES_DIR}/{LUA_MODULE}")
-
-# Endpoints routed by `model` (POST) under /v1/ and under every path-route prefix.
-MODEL_ENDPOINTS = ("chat/completions", "completions", "embeddings")
-DEFAULT_KEY_ID = "default"
-# Where the gateway host keeps its generated keys: keys.json (id -> key, 0600, the operator's copy)
-# outside the directory mounted into the container, which holds only the digests.
-HOST_KEYS_DIR = "/etc/llm-cluster/gateway"
-HOST_DIGESTS_DIR = f"{HOST_KEYS_DIR}/nginx"
-# The rest of the gateway's host files, each directory mounted read-only into the container, so a
-# changed file is an update of the command that writes it, which reloads nginx (never a new container):
-HOST_CONF_DIR = f"{HOST_KEYS_DIR}/conf"  # nginx.conf, the Lua module, the routing table
-HOST_TLS_DIR = f"{HOST_KEYS_DIR}/tls"  # cert.pem, key.pem (0600)
-HOST_CA_DIR = f"{HOST_KEYS_DIR}/ca"  # the private CA of generated certificates; its key never leaves
-CONTAINER_CONF_DIR = "/etc/llm-gateway"
-CONTAINER_KEYS_DIR = "/etc/llm-gateway-keys"
-CONTAINER_TLS_DIR = "/etc/llm-gateway-tls"
-# Certificates the gateway host makes: valid 397 days (what browsers accept), renewed by any
-# deployment within 30 days of expiry; the CA for 10 years.
-CERT_DAYS = 397
-CERT_RENEW_DAYS = 30
-CA_DAYS = 3650
-DIGESTS_FILE = "key-hashes.json"
-CONTAINER_NAME = "llm-gateway"
 # nginx `map` keywords: a key id spelled like one must be escaped to be matched literally.
 _MAP_KEYWORDS = {"default", "hostnames", "include", "volatile"}
-
-
-@dataclass(frozen=True)
-class GatewayLayout:
-    """Where nginx runs: paths and listener. The container's by default; tests use a temp prefix."""
-
-    port: int
-    listen_address: str = ""
-    """Empty: every address (host network); tests bind 127.0.0.1."""
-    conf_dir: str = "/etc/nginx"
-    load_modules: tuple[str, ...] = LUA_MODULES
-    """The NDK and Lua modules, in load order: the image's; tests: the unpacked packages'."""
-    lua_path: str = ";".join(LUA_PATHS)
-    """Where resty.core and resty.lrucache are (`…/?.lua`, `;`-separated): the image's; tests: the tree's."""
-    lua_cpath: str = ";".join(LUA_CPATHS)
-    """Where cjson is (`…/?.so`): the image's; tests: the tree's."""
-    digests_file: str = f"/etc/nginx/llm-keys/{DIGESTS_FILE}"
-    tls_dir: str = "/etc/nginx/llm-tls"
-    pid_file: str = "/var/run/nginx.pid"
-    error_log: str = "/dev/stderr"
-    usage_dir: str | None = None
-    """The usage log as one file a day (usage-YYYY-MM-DD.log, UTC) in this directory, pruned by
-    gateway.usageLog's retention; None: counted in the metrics, written nowhere."""
-    metrics_listen: str | None = None
-    """host:port of GET /metrics (the container's: the node's cluster address); None: not served."""
-    temp_dir: str | None = None
-    """Client body / proxy temp paths; None keeps the build's defaults."""
-    user: str | None = "nginx"
-    """Worker user (the image has `nginx`); None when nginx does not start as root."""
-    worker_processes: str = "auto"
-
-    @property
-    def lua_dir(self) -> str:
-        """Where the gateway's Lua modules (gateway.lua, …) are inside the container."""
-        return f"{self.conf_dir}/llm"
-
-    @property
-    def routes_file(self) -> str:
-        """The generated routing table (read when nginx starts) inside the container."""
-        return f"{self.conf_dir}/llm/routes.json"
-
-
-def container_layout(spec: StackSpec) -> GatewayLayout:
-    """The layout of the gateway container: host network, the stack's port, config from host mounts."""
-    g = spec.gateway
-    assert g is not None
-    return GatewayLayout(
-        port=g.port,
-        conf_dir=CONTAINER_CONF_DIR,
-        digests_file=f"{CONTAINER_KEYS_DIR}/{DIGESTS_FILE}",
-        tls_dir=CONTAINER_TLS_DIR,
-        usage_dir=g.usage_log.dir,
-        metrics_listen=metrics_address(spec),
-    )
-
-
-def nginx_argv() -> list[str]:
-    """The gateway container's command: nginx in the foreground on the mounted config."""
-    return ["nginx", "-c", f"{CONTAINER_CONF_DIR}/nginx.conf", "-g", "daemon off;"]
-
-
-def key_ids(spec: StackSpec) -> list[str]:
-    """Key ids of the stack: the apiKeys' ids, or `default` when none are stated; none without auth."""
-    assert spec.gateway is not None
-    if not spec.gateway.auth:
-        return []
-    return [k.id for k in spec.gateway.api_keys] or [DEFAULT_KEY_ID]
-
-
-def model_pools(spec: StackSpec) -> dict[str, list[str]]:
-    """Model -> the pools serving it, in stack order."""
-    out: dict[str, list[str]] = {}
-    for pool, p in spec.pools.items():
-        out.setdefault(p.model, []).append(pool)
-    return out
-
-
-def target(pools: Sequence[str]) -> str:
-    """The route target of a model: its pool, or `blue+green` for pools that share it (also logged as `pool`)."""
-    return "+".join(pools)
-
-
-def routes(spec: StackSpec) -> dict[str, str]:
-    """Every model name clients may send (served names, then aliases) -> its pool (`a+b` when shared)."""
-    assert spec.gateway is not None
-    out = {name: target(pools) for model, pools in model_pools(spec).items() for name in spec.served_names(model)}
-    out.update(spec.gateway.aliases)
-    return out
-
-
-def split(spec: StackSpec) -> dict[str, dict[str, float]]:
-    """Model -> {pool: percent of its requests} for every model served by more than one pool."""
-    g = spec.gateway
-    assert g is not None
-    out: dict[str, dict[str, float]] = {}
-    for model, pools in model_pools(spec).items():
-        if len(pools) > 1:
-            weights = {p: g.pool_weights.get(p, 1) for p in pools}
-            total = sum(weights.values())
-            out[model] = {p: round(100 * w / total, 1) for p, w in weights.items()}
-    return out
-
-
-def server_weights(spec: StackSpec, pools: Sequence[str]) -> dict[str, int]:
-    """nginx `weight=` per server of each pool, so that a pool's servers together carry its poolWeight."""
-    g = spec.gateway
-    assert g is not None
-    counts = {p: max(1, len(instances(spec, p))) for p in pools}
-    common = math.lcm(*counts.values())
-    return {p: g.pool_weights.get(p, 1) * common // counts[p] for p in pools}
-
-
-def path_routes(spec: StackSpec) -> dict[str, str | None]:
-    """Prefix -> the pool it pins, with `/v1/` -> None (routed by model)."""
-    assert spec.gateway is not None
-    return {"/v1/": None, **spec.gateway.path_routes}
-
-
-def exposed_paths(spec: StackSpec) -> list[str]:
-    """Every path the gateway serves (exact matches); everything else is a 404."""
-    return [f"{prefix}{endpoint}" for prefix in path_routes(spec) for endpoint in (*MODEL_ENDPOINTS, "models")]
-
-
-def upstream_servers(spec: StackSpec, pool: str) -> list[tuple[str, int]]:
-    """(address, port) of every instance of a pool: the head node serves the OpenAI API."""
-    return [(spec.node(i.head).address, i.port) for i in instances(spec, pool)]
-
-
-def nginx_rate(limit: RateLimitSpec) -> str:
-    """limit_req_zone's rate: whole requests per second, else per minute (the spec guarantees one)."""
-    rps = limit.requests_per_second
-    if abs(rps - round(rps)) < 1e-9:
-        return f"{round(rps)}r/s"
-    return f"{round(rps * 60)}r/m"
-
-
-def _per_key(spec: StackSpec, own: Callable[[ApiKeySpec], T | None], default: T | None) -> dict[str, T | None]:
-    """Key id -> its own value or the stack's default (keys are `default` alone when none are stated)."""
-    g = spec.gateway
-    assert g is not None
-    if not g.auth:
-        return {}  # limits are per key (the spec refuses limits without auth)
-    return {k.id: own(k) or default for k in g.api_keys} if g.api_keys else {DEFAULT_KEY_ID: default}
-
-
-def _zones(values: Mapping[str, T | None], group: Callable[[T], Hashable]) -> list[tuple[T, list[str]]]:
-    """One zone per distinct limit, with the key ids it limits (stack order); unlimited keys in none."""
-    zones: dict[Hashable, tuple[T, list[str]]] = {}
-    for key_id, value in values.items():
-        if value is not None:
-            zones.setdefault(group(value), (value, []))[1].append(key_id)
-    return list(zones.values())
-
-
-def rate_zones(spec: StackSpec) -> list[tuple[RateLimitSpec, list[str]]]:
-    """One limit_req zone per distinct (rate, burst), with the key ids it limits (stack order)."""
-    g = spec.gateway
-    assert g is not None
-    return _zones(
-        _per_key(spec, lambda k: k.rate_limit, g.default_rate_limit), lambda limit: (nginx_rate(limit), limit.burst)
-    )
-
-
-def concurrency_zones(spec: StackSpec) -> list[tuple[int, list[str]]]:
-    """One limit_conn zone per distinct cap, with the key ids it caps (stack order)."""
-    g = spec.gateway
-    assert g is not None
-    return _zones(_per_key(spec, lambda k: k.max_concurrent, g.default_max_concurrent), lambda cap: cap)
-
-
-def token_budgets(spec: StackSpec) -> dict[str, TokenBudgetSpec]:
-    """Key id -> its token budget (its own or defaultTokenBudget), for the keys that have one."""
-    g = spec.gateway
-    assert g is not None
-    return {k: b for k, b in _per_key(spec, lambda k: k.token_budget, g.default_token_budget).items() if b}
-
-
-def budget_zone_kib(spec: StackSpec) -> int:
-    """The shared dict's size: two counts of every key with a budget (its window's, and the one a reload
-    that changed its window leaves until that window ends), 5 % for the slab allocator, rounded up to
-    a power of two MiB: a reload that resizes the zone starts every count at 0, so adding keys should
-    seldom do it."""
-    need = len(token_budgets(spec)) * 2 * BUDGET_COUNT_BYTES * 1.05 / 1024
-    size = 1024
-    while size < need:
-        size *= 2
-    return size
-
-
-def budget_init(spec: StackSpec) -> str:
-    """gateway_budget.init's call in init_by_lua: the zone, and key id -> {tokens, window seconds}."""
-    table = ", ".join(f'["{key_id}"] = {{{b.tokens}, {b.window_seconds}}}' for key_id, b in token_budgets(spec).items())
-    return f'require("gateway_budget").init("{BUDGET_ZONE}", {{{table}}})'
-
-
-def retry_after_seconds(limit: RateLimitSpec) -> int:
-    """Retry-After of a 429 from the rate limit: the time the bucket takes to admit one more request."""
-    return max(1, math.ceil(1 / limit.requests_per_second - 1e-9))
-
-
-def reset_interval(limit: RateLimitSpec) -> str:
-    """x-ratelimit-reset-requests, OpenAI's spelling of a duration: "50ms", "1s", "1m0s"."""
-    ms = round(1000 / limit.requests_per_second)
-    if ms < 1000:
-        return f"{ms}ms"
-    seconds = math.ceil(ms / 1000)
-    return f"{seconds // 60}m{seconds % 60}s" if seconds >= 60 else f"{seconds}s"
-
-
-def context_length(spec: StackSpec, pool: str) -> int:
-    """The longest request a pool's servers accept (the engine's own setting: maxModelLen, sessionLen, ...)."""
-    return engine_for(spec.pools[pool]).context_length(spec, pool)
-
-
-def routes_table(spec: StackSpec) -> dict[str, object]:
-    """routes.json, the table gateway.lua reads: names -> [pool label, {pool: true}, location, rewrite-to],
-    listing, allowlists."""
-    g = spec.gateway
-    assert g is not None
-    by_model = model_pools(spec)
-    models: dict[str, list[object]] = {}
-    listing: dict[str, list[str]] = {pool: [] for pool in spec.pools}
-    meta: dict[str, list[object]] = {}
-    for model, pools in by_model.items():
-        location = f"@llm_pool_{pools[0]}" if len(pools) == 1 else f"@llm_model_{model}"
-        first = spec.served_names(model)[0]
-        # A server that answers to its first name only (LMDeploy) gets the others rewritten to it.
-        one_name = any(engine_for(spec.pools[p]).one_served_name for p in pools)
-        for name in spec.served_names(model):
-            models[name] = [
-                target(pools),
-                {p: True for p in pools},
-                location,
-                first if one_name and name != first else "",
-            ]
-            for pool in pools:
-                listing[pool].append(name)
-            meta[name] = [spec.models[model].path, context_length(spec, pools[0])]
-    for alias, pool in g.aliases.items():
-        # An alias names one pool: the engine only knows its served names, so the body goes out with the first.
-        model = spec.pools[pool].model
-        models[alias] = [pool, {pool: True}, f"@llm_alias_{pool}", spec.served_names(model)[0]]
-        listing[pool].append(alias)
-        meta[alias] = [spec.models[model].path, context_length(spec, pool)]
-    allow: dict[str, dict[str, bool]] = {}
-    for k in g.api_keys:
-        if k.models:
-            allowed = [n for m in k.models for n in (listing.get(m) or [m])]
-            allow[k.id] = {n: True for n in allowed}
-    order = [g.default_pool] + [p for p in spec.pools if p != g.default_pool]
-    return {
-        "auth": g.auth,
-        "models": models,
-        "listing": listing,
-        "meta": meta,
-        "order": order,
-        "prefixes": dict(g.path_routes),
-        "allow": allow,
-    }
-
-
-def key_digests(keys: Mapping[str, str], ids: Sequence[str]) -> str:
-    """The file gateway.lua reads: {sha256(key): id} for exactly the stack's ids; refuses gaps and extras."""
-    missing = [i for i in ids if not keys.get(i)]
-    extra = sorted(set(keys) - set(ids))
-    if missing or extra:
-        raise ValueError(
-            "gatewayApiKeys must hold one key for each gateway key id "
-            f"({', '.join(ids)}); missing: {', '.join(missing) or 'none'}, "
-            f"not in the stack: {', '.join(extra) or 'none'}"
-        )
-    digests = {hashlib.sha256(keys[i].encode()).hexdigest(): i for i in ids}
-    if len(digests) != len(ids):
-        raise ValueError("gatewayApiKeys gives the same key to two ids; each id needs its own key")
-    return json.dumps(digests, indent=1, sort_keys=True) + "\n"
 
 
 def _json_error(message: str, code: str, type_: str) -> str:
@@ -435,7 +147,6 @@ ERRORS: dict[int, ErrorPage] = {
     504: ErrorPage(504, "The model pool did not answer in time.", "upstream_timeout", "server_error"),
     505: ErrorPage(505, "HTTP version not supported: use HTTP/1.1.", "http_version_not_supported"),
 }
-
 # A token budget used up: gateway_budget.admit refuses (nginx returns this internal status), and the
 # error page answers 429 with the headers' values admit set.
 BUDGET_REFUSED = 439
@@ -446,7 +157,6 @@ BUDGET_ERROR = ErrorPage(
     "rate_limit_exceeded",
     "tokens",
 )
-
 # Error pages are internal locations with a URI, not named ones: nginx cannot redirect a request
 # whose request line it could not parse (no URI) to a named location.
 ERROR_PREFIX = "/_llm_error/"
@@ -533,7 +243,6 @@ USAGE_LINE_FIELDS = (
     "total_tokens",
     "events",
 )
-
 # Client-controlled text in a log line is cut to this many characters (a line stays < 2 KiB).
 LOG_FIELD_MAX = 256
 # The token counts of a response's `usage` object, each a log field `<kind>_tokens`.
@@ -1041,96 +750,7 @@ def gateway_files(spec: StackSpec) -> dict[str, str]:
     return render_gateway(spec, container_layout(spec))
 
 
-def keys_script(ids: Sequence[str], keys_dir: str = HOST_KEYS_DIR) -> str:
-    """Make one key per id on the gateway host (kept across runs), drop others; print id -> key JSON.
-
-    Writes keys.json (id -> key, 0600) for the operator and nginx/key-hashes.json (sha256 -> id,
-    the only file mounted into the container). Files are rewritten only when their content changes.
-    """
-    quoted = " ".join(shlex.quote(i) for i in ids)
-    d = shlex.quote(keys_dir)
-    return f"""#!/usr/bin/env bash
-# Gateway API keys, generated on this host and never sent anywhere but the Pulumi state (as a secret).
-set -euo pipefail
-umask 077
-dir={d}
-ids=({quoted})
-mkdir -p "$dir/keys" "$dir/nginx"
-for id in "${{ids[@]}}"; do
-  if [ ! -s "$dir/keys/$id" ]; then
-    key="sk-$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \\n')"
-    printf '%s\\n' "$key" > "$dir/keys/$id.new"
-    mv "$dir/keys/$id.new" "$dir/keys/$id"
-  fi
-done
-for f in "$dir/keys"/*; do
-  [ -e "$f" ] || continue
-  keep=0
-  for id in "${{ids[@]}}"; do
-    if [ "$(basename "$f")" = "$id" ]; then keep=1; fi
-  done
-  if [ "$keep" = 0 ]; then rm -f -- "$f"; fi
-done
-keys='{{'
-digests='{{'
-sep=''
-for id in "${{ids[@]}}"; do
-  key=$(cat "$dir/keys/$id")
-  digest=$(printf '%s' "$key" | sha256sum | cut -d' ' -f1)
-  keys+="$sep\\"$id\\": \\"$key\\""
-  digests+="$sep\\"$digest\\": \\"$id\\""
-  sep=', '
-done
-keys+='}}'
-digests+='}}'
-write_if_changed() {{
-  if [ ! -f "$1" ] || [ "$(cat "$1")" != "$2" ]; then
-    printf '%s\\n' "$2" > "$1.new"
-    mv "$1.new" "$1"
-  fi
-}}
-write_if_changed "$dir/keys.json" "$keys"
-write_if_changed "$dir/nginx/{DIGESTS_FILE}" "$digests"
-printf '%s\\n' "$keys"
-"""
-
-
-def keys_delete_script(keys_dir: str = HOST_KEYS_DIR) -> str:
-    """Undo keys_script: the keys go with the gateway."""
-    return f"""#!/usr/bin/env bash
-set -euo pipefail
-rm -rf -- {shlex.quote(keys_dir)}
-"""
-
-
 # --- host files, reloaded in place ---------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class NginxControl:
-    """How a host script reaches the running nginx: `docker exec` on a node, the binary in tests."""
-
-    nginx: str = f"docker exec {CONTAINER_NAME} nginx -c {CONTAINER_CONF_DIR}/nginx.conf"
-    """A shell command prefix that runs nginx against the gateway's config."""
-    running: str = f"[ \"$(docker inspect -f '{{{{.State.Running}}}}' {CONTAINER_NAME} 2>/dev/null)\" = true ]"
-    """A shell condition: true when that nginx is up (else it reads the files when it starts)."""
-
-
-def reload_lines(what: str, control: NginxControl = NginxControl()) -> str:
-    """Check the config the files now make with `nginx -t`, then `nginx -s reload`: new workers take
-    new requests, old ones finish theirs (streams included). Messages on stderr (stdout may be a secret)."""
-    return f"""if {control.running}; then
-  if ! out=$({control.nginx} -t -q 2>&1); then
-    echo "gateway: nginx -t refuses the new {what}: $out" >&2
-    echo "nginx goes on serving the config it has loaded; fix the stack and deploy again" >&2
-    exit 1
-  fi
-  {control.nginx} -s reload
-  echo "gateway: nginx reloaded ({what} changed; requests in flight finish on the old workers)" >&2
-else
-  echo "gateway: {CONTAINER_NAME} not running yet; it reads the {what} when it starts" >&2
-fi
-"""
 
 
 def config_script(
@@ -1177,113 +797,6 @@ def config_delete_script(conf_dir: str = HOST_CONF_DIR) -> str:
     return f"#!/usr/bin/env bash\n# llm-cluster: remove the gateway config\nset -euo pipefail\nrm -rf -- {shlex.quote(conf_dir)}\n"
 
 
-def tls_names(spec: StackSpec) -> list[str]:
-    """Names in a generated certificate: the node's name and cluster address, then gateway.tlsNames."""
-    g = spec.gateway
-    assert g is not None
-    return list(dict.fromkeys([g.node, spec.node(g.node).address, *g.tls_names]))
-
-
-def tls_generate_script(spec: StackSpec, root: str = HOST_KEYS_DIR, control: NginxControl = NginxControl()) -> str:
-    """Make (once) a private CA on the gateway host and a server certificate it signs; print the CA's certificate.
-
-    The certificate is made again when its names change, when it expires within CERT_RENEW_DAYS, or
-    when it no longer verifies against the CA; then nginx reloads. The CA key stays on the host (0600).
-    """
-    g = spec.gateway
-    assert g is not None
-    q = shlex.quote
-    san = ",".join(f"{'IP' if _is_ipv4(n) else 'DNS'}:{n}" for n in tls_names(spec))
-    return f"""#!/usr/bin/env bash
-# llm-cluster: the gateway's TLS certificate, signed by a private CA made on this host
-set -euo pipefail
-umask 077
-ca={q(root + "/ca")}
-tls={q(root + "/tls")}
-san={q(san)}
-mkdir -p "$ca" "$tls"
-if [ ! -s "$ca/ca.key" ] || [ ! -s "$ca/ca.pem" ]; then
-  openssl req -x509 -newkey rsa:3072 -nodes -sha256 -days {CA_DAYS} -subj {q(f"/CN=llm-cluster gateway CA ({g.node})")} \\
-    -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign \\
-    -keyout "$ca/ca.key.new" -out "$ca/ca.pem.new" 2>/dev/null
-  mv -f "$ca/ca.key.new" "$ca/ca.key"
-  mv -f "$ca/ca.pem.new" "$ca/ca.pem"
-  chmod 0644 "$ca/ca.pem"
-  echo "gateway: made a private CA in $ca" >&2
-fi
-current() {{
-  [ -s "$tls/cert.pem" ] && [ -s "$tls/key.pem" ] && [ "$(cat "$tls/names" 2>/dev/null)" = "$san" ] &&
-    openssl x509 -checkend {CERT_RENEW_DAYS * 86400} -noout -in "$tls/cert.pem" >/dev/null &&
-    openssl verify -CAfile "$ca/ca.pem" "$tls/cert.pem" >/dev/null 2>&1
-}}
-if ! current; then
-  openssl req -newkey rsa:2048 -nodes -sha256 -subj {q(f"/CN={g.node}")} -keyout "$tls/key.pem.new" \\
-    -out "$tls/req.csr" 2>/dev/null
-  printf 'subjectAltName=%s\\nextendedKeyUsage=serverAuth\\nbasicConstraints=critical,CA:FALSE\\n' "$san" > "$tls/ext.cnf"
-  openssl x509 -req -sha256 -days {CERT_DAYS} -in "$tls/req.csr" -CA "$ca/ca.pem" -CAkey "$ca/ca.key" \\
-    -set_serial "0x$(od -An -tx1 -N16 /dev/urandom | tr -d ' \\n')" -extfile "$tls/ext.cnf" \\
-    -out "$tls/cert.pem.new" 2>/dev/null
-  rm -f "$tls/req.csr" "$tls/ext.cnf"
-  chmod 0644 "$tls/cert.pem.new"
-  mv -f "$tls/key.pem.new" "$tls/key.pem"
-  mv -f "$tls/cert.pem.new" "$tls/cert.pem"
-  printf '%s' "$san" > "$tls/names"
-  echo "gateway: new certificate for $san, valid {CERT_DAYS} days" >&2
-{_indent(reload_lines("certificate", control))}
-fi
-cat "$ca/ca.pem"
-"""
-
-
-def tls_from_stdin_script(root: str = HOST_KEYS_DIR, control: NginxControl = NginxControl()) -> str:
-    """Install the stack's certificate chain and key (one PEM stream on stdin), checked to match; reload."""
-    q = shlex.quote
-    return f"""#!/usr/bin/env bash
-# llm-cluster: the gateway's TLS certificate and key from the stack's secrets
-set -euo pipefail
-umask 077
-tls={q(root + "/tls")}
-mkdir -p "$tls"
-pem=$(cat)
-key=$(printf '%s\\n' "$pem" | sed -n '/-----BEGIN .*PRIVATE KEY-----/,/-----END .*PRIVATE KEY-----/p')
-cert=$(printf '%s\\n' "$pem" | sed '/-----BEGIN .*PRIVATE KEY-----/,/-----END .*PRIVATE KEY-----/d')
-if [ -z "$key" ] || ! printf '%s\\n' "$cert" | openssl x509 -noout 2>/dev/null; then
-  echo "gateway: gatewayTlsCert must hold a PEM certificate (chain) and gatewayTlsKey its PEM private key" >&2
-  exit 1
-fi
-if [ "$(printf '%s\\n' "$cert" | openssl x509 -noout -pubkey)" != "$(printf '%s\\n' "$key" | openssl pkey -pubout)" ]; then
-  echo "gateway: gatewayTlsKey is not the key of the certificate in gatewayTlsCert" >&2
-  exit 1
-fi
-if [ "$(cat "$tls/cert.pem" 2>/dev/null)" != "$cert" ] || [ "$(cat "$tls/key.pem" 2>/dev/null)" != "$key" ]; then
-  printf '%s\\n' "$key" > "$tls/key.pem.new"
-  printf '%s\\n' "$cert" > "$tls/cert.pem.new"
-  chmod 0644 "$tls/cert.pem.new"
-  mv -f "$tls/key.pem.new" "$tls/key.pem"
-  mv -f "$tls/cert.pem.new" "$tls/cert.pem"
-  rm -f "$tls/names"
-{_indent(reload_lines("certificate", control))}
-fi
-"""
-
-
-def tls_delete_script(root: str = HOST_KEYS_DIR) -> str:
-    """Undo the TLS scripts: certificate, key and the private CA go with the gateway."""
-    return (
-        f"#!/usr/bin/env bash\n# llm-cluster: remove the gateway's certificate and CA\nset -euo pipefail\n"
-        f"rm -rf -- {shlex.quote(root + '/tls')} {shlex.quote(root + '/ca')}\n"
-    )
-
-
-def _indent(text: str) -> str:
-    return "\n".join(f"  {line}" if line else line for line in text.rstrip("\n").split("\n"))
-
-
-def _is_ipv4(name: str) -> bool:
-    parts = name.split(".")
-    return len(parts) == 4 and all(p.isdigit() and int(p) < 256 for p in parts)
-
-
 def keyless_status(auth: bool) -> int:
     """What GET /v1/models answers a request without a key: 401, or 200 when auth is off."""
     return 401 if auth else 200
@@ -1325,10 +838,3 @@ echo "gateway on $where did not answer {expected} on /v1/models within {int(time
   "(last status: $code); see: docker logs {CONTAINER_NAME}" >&2
 exit 1
 """
-
-
-def metrics_address(spec: StackSpec) -> str:
-    """host:port where nginx serves /metrics: the gateway node's cluster address, plain HTTP."""
-    g = spec.gateway
-    assert g is not None
-    return host_port(spec.node(g.node).address, g.metrics_port)
