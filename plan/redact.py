@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.engines.base import REDACTED, secret_positions
-from components.engines.credentials import CREDENTIAL_SHAPES, SCRIPT_ASSIGN, SCRIPT_FLAG, SECRET_ENV, SECRET_FLAGS
-from components.engines.registry import SECRET_FLAGS as ENGINE_SECRET_FLAGS
+from components.engines.credentials import CREDENTIAL_SHAPES, SCRIPT_ASSIGN, SCRIPT_FLAG, SECRET_ENV
+from components.engines.registry import SECRET_FLAGS
 from plan.harness import SECRET_MARK, Registration
 
 # A flagged value this short is redacted only where it sits (NAME=…, --api-key …), not everywhere.
@@ -59,7 +59,7 @@ def _walk(value: Any, path: str) -> Iterable[tuple[str, Any, Any]]:
 def _flag_values(holder: list[Any]) -> dict[int, str]:
     """Index -> flag for every credential a secret flag is given in a list of argv words."""
     words = [v if isinstance(v, str) else "" for v in holder]
-    return dict(secret_positions(words, ENGINE_SECRET_FLAGS))
+    return dict(secret_positions(words, SECRET_FLAGS))
 
 
 def _found_in(text: str, path: str, holder: Any) -> Iterable[tuple[str, str]]:

@@ -13,6 +13,7 @@ from pydantic import Field
 from components.engines import registry
 from components.engines.base import Engine, MultiNode, offline_env
 from components.engines.http import EngineServer
+from components.facts.evidence import unverified
 from components.planning.load import load_stack_config
 from components.planning.nodes.scripts import written_files
 from components.spec import SpecError, StackSpec
@@ -49,8 +50,7 @@ class ToyEngine(Engine):
         keepalive_seconds=20,
         keepalive_env="TOY_KEEP_ALIVE",
         not_ready_statuses=(503, 529),
-        source="the toy server of this test",
-        evidence="unverified",
+        sourced=unverified("the toy server of this test"),
     )
     memory_keys: ClassVar[str] = "toy.slots"
     offline_vars: ClassVar[dict[str, str]] = {"TOY_OFFLINE": "1"}
@@ -60,9 +60,6 @@ class ToyEngine(Engine):
     context_key: ClassVar[str] = "contextTokens"
     default_image: ClassVar[str] = TOY_IMAGE
     typed_flags: ClassVar[dict[str, str]] = {"--slots": "pools.<pool>.toy.slots"}
-
-    def image_facts(self, spec: StackSpec, pool: str) -> None:
-        return None
 
     def context_length(self, spec: StackSpec, pool: str) -> int:
         return spec.pools[pool].toy.context_tokens
@@ -142,8 +139,14 @@ def test_a_stack_on_the_toy_engine_plans_containers_gateway_monitoring_and_polic
     )
     [toy_job] = [job for job in prometheus["scrape_configs"] if job["job_name"] == "toyserve"]
     assert [t["labels"]["instance"] for t in toy_job["static_configs"]] == [f"chat-gpu-0{i}" for i in (3, 4, 5, 6)]
-    # The policy pack reads its argv with no rule written for it, and refuses nothing.
-    assert [v for v in analyze(run.registrations) if v.enforcement_level == "mandatory"] == []
+    # The pack judges it by the rules every engine gets, with no rule written for it: its image is not in a
+    # facts table (advisory) and, with no capacity model, memory fit cannot be judged (refused).
+    violations = analyze(run.registrations)
+    verdicts = {(v.policy_name, v.enforcement_level) for v in violations if "chat-gpu-03" in v.resource_name}
+    assert verdicts == {("engine-image-unknown", "advisory"), ("engine-capacity", "mandatory")}
+    messages = [v.message for v in violations if v.policy_name.startswith("engine-")]
+    assert any("image example.org/toyserve:1.0 is not in the toyserve facts table" in m for m in messages)
+    assert any("capacity not estimated: ToyServe has no capacity model" in m for m in messages)
 
 
 def test_unregistered_the_engine_is_an_unknown_value_again() -> None:

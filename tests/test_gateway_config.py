@@ -737,6 +737,7 @@ def test_429_retry_after_and_reset_follow_the_rate(rps: float, retry_after: int,
 
 def test_every_deployed_engine_has_server_facts_and_nginx_lets_go_first() -> None:
     from components.engines.registry import ENGINES
+    from components.facts.evidence import Evidence
     from components.planning.gateway.upstreams import (
         engine_server,
         server_keepalive_seconds,
@@ -746,7 +747,7 @@ def test_every_deployed_engine_has_server_facts_and_nginx_lets_go_first() -> Non
     assert set(ENGINES) == {"vllm", "lmdeploy", "llamacpp"}
     for engine in ENGINES:
         server = engine_server(engine)
-        assert server.source and server.evidence in ("read from code", "observed on hardware", "unverified")
+        assert server.sourced.source and isinstance(server.sourced.evidence, Evidence), engine
         assert 0 < upstream_keepalive_seconds(engine, {}) < server_keepalive_seconds(engine, {}), engine
 
 

@@ -128,7 +128,7 @@ class Engine(ABC):
         """Its images' facts by reference (each with runs_on, note, cite and serve_args), for the policy pack."""
         return {}
 
-    def judged_image_facts(self, ref: str) -> Any:
+    def image_facts_of(self, ref: str) -> Any:
         """The facts of an image reference as image_table() keys them; None for an image it does not know."""
         return self.image_table().get(image_ref_key(ref))
 
@@ -211,10 +211,10 @@ class Engine(ABC):
         return out
 
     # -- facts -------------------------------------------------------------------------------------
-    @abstractmethod
     def image_facts(self, spec: StackSpec, pool: str) -> Any:
         """The facts of the pool's image (its engine's facts table entry, a SourcedImage), None when the
         table does not know it (rules then say it cannot be judged)."""
+        return self.image_facts_of(spec.pools[pool].image)
 
     def metric_names(self, spec: StackSpec, pool: str) -> Mapping[str, str]:
         """Logical metric name -> the series this pool's engine version exports ({} when unknown)."""

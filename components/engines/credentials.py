@@ -6,13 +6,10 @@ from __future__ import annotations
 import re
 
 from components.engines.base import REDACTED
-from components.engines.registry import SECRET_FLAGS as ENGINE_SECRET_FLAGS
+from components.engines.registry import SECRET_FLAGS
 
 # Env names that carry credentials by convention; *_FILE variants point at a file and are fine.
 SECRET_ENV = re.compile(r"(PASSWORD|PASSWD|SECRET|TOKEN|API_KEY|APIKEY|PRIVATE_KEY|ACCESS_KEY)$", re.IGNORECASE)
-# Every engine's credential flags (Engine.secret_flags: vLLM --api-key/--hf-token, LMDeploy --api-keys,
-# llama.cpp --api-key/-hft).
-SECRET_FLAGS = tuple(ENGINE_SECRET_FLAGS)
 # `NAME=value` or `--api-key value` in a script with a literal value (not $VAR, $(…), a path, a quote of
 # one or the plan's mask); a name after `-` is a flag's (--hf-token=…), which SCRIPT_FLAG and the
 # server's parse read. A flag's value also as the next item of a JSON list (`"--api-key", "…"`).

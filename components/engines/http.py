@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from components.facts.evidence import Sourced
+
 
 @dataclass(frozen=True)
 class EngineServer:
@@ -15,6 +17,4 @@ class EngineServer:
     """Environment variable of the engine container that changes it (read from the pool's `env`)."""
     not_ready_statuses: tuple[int, ...]
     """Statuses the server answers while it cannot serve (loading, engine dead): failures to fail over."""
-    source: str
-    evidence: str
-    """"read from code", "observed on hardware" or "unverified"."""
+    sourced: Sourced

@@ -50,7 +50,7 @@ class JudgedServer:
         self.gpu = gpu
         self.image = str(props.get("image") or "")
         self.argv = [str(t) for t in props.get("argv") or []]
-        self.facts = engine.judged_image_facts(self.image)
+        self.facts = engine.image_facts_of(self.image)
 
     @property
     def where(self) -> str:

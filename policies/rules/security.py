@@ -26,8 +26,7 @@ from pulumi_policy import (
 from components.engines.base import REDACTED, secret_positions
 from components.engines.containers import container_argv, env_of
 from components.engines.credentials import SCRIPT_ASSIGN, SCRIPT_FLAG, SECRET_ENV
-from components.engines.registry import SECRET_FLAG_NAMES
-from components.engines.registry import SECRET_FLAGS as ENGINE_SECRET_FLAGS
+from components.engines.registry import SECRET_FLAG_NAMES, SECRET_FLAGS
 from components.engines.vllm.launch import container_server, parse_server
 from components.marks import GATEWAY, GPU_NODE
 from policies.rules.bindings import binding_problems, every_interface, flag_values
@@ -123,7 +122,7 @@ def argv_secret_flags(argv: list[str]) -> list[str]:
     their long names (llama.cpp's -hft as --hf-token: the name the stack keys know)."""
     return [
         SECRET_FLAG_NAMES.get(flag, flag)
-        for i, flag in secret_positions(argv, ENGINE_SECRET_FLAGS)
+        for i, flag in secret_positions(argv, SECRET_FLAGS)
         if _literal(argv[i].split("=", 1)[1] if argv[i].startswith(f"{flag}=") else argv[i])
     ]
 

@@ -495,9 +495,6 @@ class LlamacppEngine(Engine):
     def image_table(self) -> Mapping[str, LlamacppImage]:
         return IMAGES
 
-    def image_facts(self, spec: StackSpec, pool: str) -> LlamacppImage | None:  # type: ignore[override]
-        return llamacpp_image(spec.pools[pool].image)
-
     def probe_argv(self, url: str) -> list[str]:
         # The server image has curl and no python3 (.devops/cuda.Dockerfile installs libgomp1 curl ffmpeg).
         return ["curl", "-fsS", "-o", "/dev/null", "--max-time", "10", url]

@@ -217,11 +217,10 @@ HTTP_SERVER = EngineServer(
     keepalive_seconds=5,
     keepalive_env=None,
     not_ready_statuses=(503,),
-    source=(
+    sourced=code(
         "llama-server (b11312) leaves cpp-httplib's CPPHTTPLIB_KEEPALIVE_TIMEOUT_SECOND at its default 5 "
         "(vendor/cpp-httplib/httplib.h; tools/server sets no keep-alive timeout) and answers every "
         "endpoint 503 'Loading model' until the model is loaded (tools/server/server-http.cpp) "
         "(read from code)."
     ),
-    evidence="read from code",
 )

@@ -439,9 +439,6 @@ class LmdeployEngine(Engine):
     def cli_value_types(self) -> Mapping[str, Any]:
         return {"_parse": quant_policy}
 
-    def image_facts(self, spec: StackSpec, pool: str) -> LmdeployImage | None:  # type: ignore[override]
-        return lmdeploy_image(spec.pools[pool].image)
-
     def serve_argv(self, spec: StackSpec, instance: Instance) -> list[str]:
         return lmdeploy_argv(spec, instance)
 

@@ -331,13 +331,12 @@ HTTP_SERVER = EngineServer(
     keepalive_seconds=5,
     keepalive_env="UVICORN_TIMEOUT_KEEP_ALIVE",
     not_ready_statuses=(503,),
-    source=(
+    sourced=code(
         "lmdeploy/serve/openai/api_server.py (0.15.0, 0.16.0 wheels) runs uvicorn with timeout_keep_alive="
         "int(os.environ.get('UVICORN_TIMEOUT_KEEP_ALIVE', 5)); /health answers 503 while the engine's "
         "health monitor says unhealthy (endpoints/management.py); the server listens only after the "
         "engine is built (read from code)."
     ),
-    evidence="read from code",
 )
 
 

@@ -649,13 +649,12 @@ HTTP_SERVER = EngineServer(
     keepalive_seconds=5,
     keepalive_env="VLLM_HTTP_TIMEOUT_KEEP_ALIVE",
     not_ready_statuses=(503,),
-    source=(
+    sourced=code(
         "vllm/entrypoints/openai/api_server.py passes timeout_keep_alive="
         "envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE to uvicorn; vllm/envs.py defaults it to 5 (seconds), "
         "as does uvicorn's own Config(timeout_keep_alive=5) (v0.10.2 .. v0.19.x; read from code). "
         "Not ready: 503 (unverified; the gateway counts every 500/502/503/504 as a failure anyway)."
     ),
-    evidence="read from code",
 )
 
 

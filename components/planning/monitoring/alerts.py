@@ -13,16 +13,20 @@ from components.planning.fabric.ray import (
 )
 from components.planning.monitoring.engine_metrics import omitted, pool_metrics, serving_metrics
 from components.planning.monitoring.prometheus import (
-    NODE_DOWN_FOR,
-    RAY_NODES_LOST_FOR,
-    RAY_TEXTFILE_STALE_SECONDS,
-    SERVICE_DOWN_FOR,
     monitoring_spec,
     scrape_targets,
     to_yaml,
 )
 from components.spec.stack import StackSpec
 from components.spec.topology import Instance, all_instances
+
+# Fixed windows for availability alerts: a lost node or engine matters within minutes, whatever
+# for_minutes says about performance conditions.
+SERVICE_DOWN_FOR = "2m"
+NODE_DOWN_FOR = "2m"
+RAY_NODES_LOST_FOR = "1m"
+# A Ray head's textfile older than this (4 missed rewrites) means its writer, or the head, is gone.
+RAY_TEXTFILE_STALE_SECONDS = 4 * RAY_METRICS_INTERVAL_S
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,9 @@ from typing import Any
 
 from components.planning.monitoring.engine_metrics import ServingMetrics, serving_metrics
 from components.planning.monitoring.prometheus import (
-    DATASOURCE_UID,
     GRAFANA_DASHBOARD_PROVIDER,
     GRAFANA_DASHBOARDS_DIR,
     GRAFANA_DATASOURCE,
-    GRAFANA_FILE_OWNER,
     GRAFANA_PASSWORD_FILE,
     container_path,
     host_port,
@@ -22,6 +20,10 @@ from components.planning.monitoring.prometheus import (
     to_yaml,
 )
 from components.spec.stack import StackSpec
+
+# The official Grafana image runs as uid 472, gid 0: the mounted password file must be readable by it.
+GRAFANA_FILE_OWNER = "472:0"
+DATASOURCE_UID = "prometheus"
 
 # --- Grafana -------------------------------------------------------------------------------------
 

@@ -13,7 +13,6 @@ import yaml
 from components.engines.registry import engine_for
 from components.planning.fabric.ray import (
     NODE_TEXTFILE_DIR,
-    RAY_METRICS_INTERVAL_S,
 )
 from components.planning.nodes.scripts import put_files_lines, written_files  # noqa: F401 (re-exported)
 from components.spec.monitoring import MonitoringSpec
@@ -46,17 +45,6 @@ CONFIG_OWNERS = {"prometheus": "65534:65534", "grafana": "472:0", "alertmanager"
 
 GRAFANA_PASSWORD_FILE = "/etc/llm-cluster/grafana/admin-password"
 GRAFANA_PASSWORD_MOUNT = "/run/secrets/grafana-admin-password"
-# The official Grafana image runs as uid 472, gid 0: the mounted password file must be readable by it.
-GRAFANA_FILE_OWNER = "472:0"
-DATASOURCE_UID = "prometheus"
-
-# Fixed windows for availability alerts: a lost node or engine matters within minutes, whatever
-# for_minutes says about performance conditions.
-SERVICE_DOWN_FOR = "2m"
-NODE_DOWN_FOR = "2m"
-RAY_NODES_LOST_FOR = "1m"
-# A Ray head's textfile older than this (4 missed rewrites) means its writer, or the head, is gone.
-RAY_TEXTFILE_STALE_SECONDS = 4 * RAY_METRICS_INTERVAL_S
 
 
 def container_path(rel: str) -> str:
