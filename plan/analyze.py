@@ -9,13 +9,13 @@ CLI does) and sent with Configure, every policy's enforcement level resolved as 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import struct_pb2
 from pulumi.runtime import proto
-from pulumi_policy import EnforcementLevel
+from pulumi_policy import EnforcementLevel, Policy
 from pulumi_policy.policy import _PolicyAnalyzerServicer
 
 from plan.harness import Registration
@@ -46,10 +46,13 @@ class Violation:
     resource_name: str
 
 
-def configured_servicer(policy_config: Mapping[str, Any] | None = None) -> _PolicyAnalyzerServicer:
-    """The pack's analyzer servicer (what the CLI talks to), configured as the engine would (Configure)."""
-    servicer = _PolicyAnalyzerServicer(PACK_NAME, PACK_VERSION, list(POLICIES), DEFAULT_LEVEL)
-    servicer.Configure(configure_request(policy_config), None)
+def configured_servicer(
+    policy_config: Mapping[str, Any] | None = None, policies: Sequence[Policy] = POLICIES
+) -> _PolicyAnalyzerServicer:
+    """The pack's analyzer servicer (what the CLI talks to; `policies`: the pack's, or some of them), configured as
+    the engine would (Configure)."""
+    servicer = _PolicyAnalyzerServicer(PACK_NAME, PACK_VERSION, list(policies), DEFAULT_LEVEL)
+    servicer.Configure(configure_request(policy_config, policies), None)
     return servicer
 
 
@@ -66,7 +69,9 @@ def _level_of(value: Any, where: str) -> int:
     return LEVELS[name]
 
 
-def configure_request(policy_config: Mapping[str, Any] | None) -> proto.ConfigureAnalyzerRequest:
+def configure_request(
+    policy_config: Mapping[str, Any] | None, policies: Sequence[Policy] = POLICIES
+) -> proto.ConfigureAnalyzerRequest:
     """The Configure request the engine sends: every policy's level resolved, properties schema-checked.
 
     Accepts the CLI's `--policy-pack-config` shape: {"<policy>": "<level>" | {"enforcementLevel": …, k: v},
@@ -75,7 +80,7 @@ def configure_request(policy_config: Mapping[str, Any] | None) -> proto.Configur
     if policy_config is not None and not isinstance(policy_config, Mapping):
         raise PolicyConfigError(f"the policy config must be a JSON object, got {type(policy_config).__name__}")
     config = dict(policy_config or {})
-    by_name = {p.name: p for p in POLICIES}
+    by_name = {p.name: p for p in policies}
     unknown = sorted(set(config) - set(by_name) - {"all"})
     if unknown:
         raise PolicyConfigError(f"unknown policy {unknown[0]!r}; policies: {', '.join(by_name)}")
@@ -172,11 +177,16 @@ def _violations(response: Any, default_urn: str, by_urn: Mapping[str, Registrati
     return out
 
 
-def analyze(registrations: Iterable[Registration], policy_config: Mapping[str, Any] | None = None) -> list[Violation]:
-    """Every violation the pack reports on these registrations (Analyze per resource, then AnalyzeStack)."""
+def analyze(
+    registrations: Iterable[Registration],
+    policy_config: Mapping[str, Any] | None = None,
+    policies: Sequence[Policy] = POLICIES,
+) -> list[Violation]:
+    """Every violation the pack (or `policies` of it) reports on these registrations (Analyze per resource, then
+    AnalyzeStack)."""
     regs = list(registrations)
     by_urn = {r.urn: r for r in regs}
-    servicer = configured_servicer(policy_config)
+    servicer = configured_servicer(policy_config, policies)
     violations: list[Violation] = []
     for reg in regs:
         request = proto.AnalyzeRequest(

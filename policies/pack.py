@@ -21,7 +21,8 @@ from policies.rules import (
 PACK_NAME = "llm-cluster-hardware"
 PACK_VERSION = "0.2.0"
 PACK_DESCRIPTION = (
-    "Refuses at preview what the GPUs cannot run (vLLM 0.9.2 facts), plus topology, security and container rules."
+    "Refuses at preview what the GPUs cannot run (each engine image's facts, with their sources), plus capacity, "
+    "topology, security and container rules."
 )
 # Every policy states its own level; this is only the pack's fallback.
 DEFAULT_LEVEL = EnforcementLevel.MANDATORY

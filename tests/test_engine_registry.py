@@ -3,7 +3,8 @@ touching no other file, is planned end to end (spec, containers, gateway, monito
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import pytest
@@ -13,7 +14,9 @@ from pydantic import Field
 from components.engines import registry
 from components.engines.base import Engine, MultiNode, offline_env
 from components.engines.http import EngineServer
+from components.engines.judged import LaunchRule, ServerCall
 from components.facts.evidence import unverified
+from components.facts.hardware import GPUS, GpuModel
 from components.planning.load import load_stack_config
 from components.planning.nodes.scripts import written_files
 from components.spec import SpecError, StackSpec
@@ -22,11 +25,33 @@ from components.spec.base import Spec
 from components.spec.topology import Instance
 from plan.analyze import analyze
 from plan.harness import ProgramRun
+from policies.rules.common import launch_policies
+from policies.rules.security import exposure_found
 from tests.conftest import run_stack
 from tests.support.engine_stacks import engine_config
 
 CONTAINER = "docker:index/container:Container"
 TOY_IMAGE = "example.org/toyserve:1.0"
+
+
+@dataclass(frozen=True)
+class ToyLaunch:
+    """A toy server as its own rules read it: its slots, and the GPU it runs on."""
+
+    slots: int
+    gpu_name: str | None
+    gpu: GpuModel | None
+
+
+def toy_slots_rule(launch: ToyLaunch, config: Mapping[str, Any]) -> list[str]:
+    return (
+        [f"--slots {launch.slots} exceeds maxSlots {config['maxSlots']}"] if launch.slots > config["maxSlots"] else []
+    )
+
+
+def toy_options(argv: list[str]) -> dict[str, str]:
+    """`toyserve --port 8000 --slots 2` -> {"port": "8000", "slots": "2"}."""
+    return {flag[2:]: value for flag, value in zip(argv[1::2], argv[2::2]) if flag.startswith("--")}
 
 
 class ToyOptions(Spec):
@@ -60,13 +85,32 @@ class ToyEngine(Engine):
     context_key: ClassVar[str] = "contextTokens"
     default_image: ClassVar[str] = TOY_IMAGE
     typed_flags: ClassVar[dict[str, str]] = {"--slots": "pools.<pool>.toy.slots"}
+    launch_rules: ClassVar[tuple[LaunchRule, ...]] = (
+        LaunchRule(
+            "hardware",
+            "toy-slots",
+            "A toy server keeps to its slots.",
+            toy_slots_rule,
+            config={"maxSlots": {"type": "integer", "default": 4}},
+        ),
+    )
+
+    def model_server_launch(self, props: Mapping[str, Any]) -> ToyLaunch | None:
+        options = toy_options([str(t) for t in props.get("argv") or []])
+        gpu = str(props.get("gpuModel"))
+        return ToyLaunch(int(options.get("slots", 1)), gpu, GPUS.get(gpu))
+
+    def container_server(self, props: Mapping[str, Any], image: str | None) -> ServerCall | None:
+        argv = [str(t) for t in props.get("command") or []]
+        return ServerCall("toyserve", toy_options(argv)) if argv[:1] == ["toyserve"] else None
 
     def context_length(self, spec: StackSpec, pool: str) -> int:
         return spec.pools[pool].toy.context_tokens
 
     def serve_argv(self, spec: StackSpec, instance: Instance) -> list[str]:
         o = spec.pools[instance.pool].toy
-        return ["toyserve", "--port", str(instance.port), "--slots", str(o.slots), *o.extra_args]
+        host = spec.node(instance.head).address
+        return ["toyserve", "--host", host, "--port", str(instance.port), "--slots", str(o.slots), *o.extra_args]
 
     def serve_env(self, spec: StackSpec, instance: Instance, node: str) -> dict[str, str]:
         return {**offline_env(spec, instance.pool, self.offline_vars), **spec.pools[instance.pool].env}
@@ -118,7 +162,7 @@ def test_its_options_are_validated_under_its_key_and_its_typed_flags_refused_in_
 def test_a_stack_on_the_toy_engine_plans_containers_gateway_monitoring_and_policies(toy_registered: None) -> None:
     run: ProgramRun = run_stack(toy_config())
     [server] = [r for r in run.registrations if r.type == CONTAINER and r.name == "chat-gpu-03-toyserve"]
-    assert server.inputs["command"] == ["toyserve", "--port", "8000", "--slots", "2"]
+    assert server.inputs["command"] == ["toyserve", "--host", "192.168.10.13", "--port", "8000", "--slots", "2"]
     assert "TOY_OFFLINE=1" in server.inputs["envs"]
     labels = {x["label"]: x["value"] for x in server.inputs["labels"]}
     assert (labels["llm-cluster.engine"], labels["llm-cluster.image"]) == ("toyserve", TOY_IMAGE)
@@ -153,3 +197,33 @@ def test_unregistered_the_engine_is_an_unknown_value_again() -> None:
     with pytest.raises(SpecError) as bad:
         load_stack_config(toy_config(), set())
     assert str(bad.value.issues[0]).startswith("pools.chat.engine: 'toyserve' is not allowed: must be one of 'vllm'")
+
+
+def test_its_launch_rules_join_the_pack_under_their_topic_and_judge_its_servers(toy_registered: None) -> None:
+    hardware = launch_policies("hardware")
+    assert [p.name for p in hardware][-2:] == ["vllm-gpu-unknown", "toy-slots"]  # in registry order
+    run: ProgramRun = run_stack(toy_config(slots=6))
+    violations = analyze(run.registrations, policies=hardware)
+    assert {v.policy_name for v in violations} == {"toy-slots"}
+    assert [v.message.split("\n")[-1] for v in violations] == [
+        "pools.chat, 4 instances (chat-gpu-03, chat-gpu-04, chat-gpu-05, chat-gpu-06): --slots 6 exceeds maxSlots 4. "
+        "Stack key to edit: pools.chat.toy.slots (--slots)."
+    ]
+    assert analyze(run.registrations, {"toy-slots": {"maxSlots": 8}}, policies=hardware) == []
+
+
+def test_a_raw_container_running_its_server_is_read_by_its_own_parser(toy_registered: None) -> None:
+    props = {"networkMode": "host", "command": ["toyserve", "--port", "8000", "--host", "0.0.0.0"]}
+    [finding] = exposure_found(RawContainer(CONTAINER, props), {"publicRoles": ["gateway"]})
+    assert finding.startswith("toyserve --host 0.0.0.0 on the host network listens on every interface")
+
+
+@dataclass
+class RawContainer:
+    """A container added outside the components, as the stack policies see it."""
+
+    resource_type: str
+    props: dict[str, Any]
+    urn: str = "urn:pulumi:t::p::docker:index/container:Container::raw"
+    name: str = "raw"
+    opts: Any = None

@@ -10,6 +10,7 @@ engine's name: callers ask `engine_for(pool)` and use this interface.
 from __future__ import annotations
 
 import shlex
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from components.engines.gate import GateCheck
 from components.engines.http import EngineServer
-from components.engines.judged import EngineRule
+from components.engines.judged import EngineRule, Launch, LaunchRule, ServerCall, advice_fit_problems
 from components.facts.engine_matrix import Cell
 from components.facts.hardware import gpu
 from components.facts.sourced import image_ref_key
@@ -96,6 +97,11 @@ class Engine(ABC):
     refused_flags: ClassVar[Mapping[str, str]] = {}
     policy_rules: ClassVar[tuple[EngineRule, ...]] = ()
     common_rules: ClassVar[bool] = True  # judged by judged.COMMON_RULES from its image table
+    # Rules over its launches as its own parser reads them, containers added outside the components included
+    # (model_server_launch, container_launch); the pack lists each under its topic.
+    launch_rules: ClassVar[tuple[LaunchRule, ...]] = ()
+    flag_aliases: ClassVar[Mapping[str, str]] = {}  # a short server flag -> the long one it stands for
+    env_prefixes: ClassVar[tuple[str, ...]] = ()  # prefixes of its own environment variables, for messages
     typed_env: ClassVar[Mapping[str, str]] = {}  # environment it sets from typed keys: variable -> key
 
     def canonical_flag(self, token: str) -> str | None:
@@ -266,6 +272,30 @@ class Engine(ABC):
     @abstractmethod
     def capacity(self, spec: StackSpec, pool: str, *, mla: bool | None = None) -> dict[str, object]:
         """The pool's capacity estimate as JSON (plan.json `capacity`), {"error": why} when not modelled."""
+
+    # -- what the policy pack reads ------------------------------------------------------------------
+    def model_server_launch(self, props: Mapping[str, Any]) -> Launch | None:
+        """A ModelServer of this engine as its launch_rules read it (props: the component's outputs)."""
+        return None
+
+    def container_launch(self, props: Mapping[str, Any], image: str | None) -> Launch | None:
+        """A container that runs this engine's server as its launch_rules read it (`image`: the ref the
+        container states); None if it runs none."""
+        return None
+
+    def container_server(self, props: Mapping[str, Any], image: str | None) -> ServerCall | None:
+        """The server a container starts, read by this engine's parser (for the security rules); None if none."""
+        return None
+
+    def fit_problems(self, capacity: Mapping[str, Any], pool: str, model: str) -> list[str]:
+        """memory-fit's messages on the pool's capacity estimate (`Engine.capacity`): why it does not fit, and
+        what would."""
+        return advice_fit_problems(capacity)
+
+    def capacity_cli(self, argv: list[str], prog: str) -> int:
+        """Its capacity estimator as a command line (ops.capacity): exit 0 fits, 1 does not, 2 bad input."""
+        print(f"error: {prog}: no capacity estimator for {self.name} pools", file=sys.stderr)
+        return 2
 
     # -- the qualification gate ----------------------------------------------------------------------
     def gate_check(self, spec: StackSpec, pool: str, node: str, argvs: tuple[tuple[str, ...], ...]) -> GateCheck | None:

@@ -3,14 +3,17 @@
 The pack (policies/rules/engines.py) turns each rule here, and each engine's own `Engine.policy_rules`
 (components/engines/<engine>/rules.py), into a policy over the ModelServers of that engine. A check is a
 pure function of a `JudgedServer`: the messages it returns are the violations, one per pool.
+
+An engine whose rules need its own parse of a launch, and judge containers added outside the components too,
+gives `LaunchRule`s instead (`Engine.launch_rules`): the pack lists each under its topic's module.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 from components.engines.cli_dump import build_parser, parse_errors
 from components.facts.hardware import GpuModel
@@ -39,6 +42,40 @@ class EngineRule:
     description: str
     check: Check
     advisory: bool = False
+
+
+class Launch(Protocol):
+    """What the pack reads of any engine's launch (the engine's own type carries the rest): the GPU it runs on."""
+
+    gpu_name: str | None
+    gpu: GpuModel | None
+
+
+@dataclass(frozen=True)
+class LaunchRule:
+    """One policy over an engine's launches (`Engine.model_server_launch`, `Engine.container_launch`).
+
+    `topic` is the pack module that lists it (policies/rules/<topic>.py: hardware, image, topology, flags,
+    engine_args, host_memory), which fixes its place in the pack; `config` holds the JSON-schema properties of
+    the policy's config. `ray_node_image` also judges the image of every Ray node (RayCluster, a raw Ray
+    container): why it cannot run one of the engine's multi-node instances, or None."""
+
+    topic: str
+    name: str
+    description: str
+    check: Callable[[Any, Mapping[str, Any]], list[str]]
+    advisory: bool = False
+    config: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    needs_gpu: bool = True
+    ray_node_image: Callable[[str | None, Mapping[str, Any]], str | None] | None = None
+
+
+@dataclass(frozen=True)
+class ServerCall:
+    """An engine's server as a container states it: the program and the options its own parser read (by dest)."""
+
+    program: str
+    options: Mapping[str, Any]
 
 
 class JudgedServer:
@@ -123,6 +160,14 @@ def check_capacity_modelled(s: JudgedServer) -> list[str]:
     capacity = s.props.get("capacity")
     if isinstance(capacity, Mapping) and capacity.get("error"):
         return [f"{capacity['error']}: memory fit cannot be judged; fix the pool or model it names"]
+    return []
+
+
+def advice_fit_problems(capacity: Mapping[str, Any]) -> list[str]:
+    """A pool that does not fit, told the fixes its engine's capacity model gives (`advice`, in its own option
+    names); nothing when it fits or the model gives none."""
+    if capacity.get("fits") is False and capacity.get("advice"):
+        return [f"does not fit: {capacity.get('reason')}. To fit: {capacity['advice']}."]
     return []
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from components.engines.base import Engine
 from components.engines.llamacpp.engine import LlamacppEngine
 from components.engines.lmdeploy.engine import LmdeployEngine
@@ -51,6 +54,34 @@ register(LmdeployEngine())
 register(LlamacppEngine())
 
 
+def default_engine() -> Engine:
+    """The engine of a pool that names none."""
+    return ENGINES[spec_engines.DEFAULT_ENGINE[0]]
+
+
+def engine_of(props: Mapping[str, Any]) -> Engine | None:
+    """The engine of a ModelServer as the policy pack reads its props (`engine`, else the default); None for an
+    engine no longer registered."""
+    return ENGINES.get(str(props.get("engine") or spec_engines.DEFAULT_ENGINE[0]))
+
+
+def flag_spellings(token: str) -> list[str]:
+    """The long flags a server argv token may stand for, one per engine's reading (`-tp`: vLLM's
+    --tensor-parallel-size), then the token itself: for messages that name a flag without its engine."""
+    found = [flag for e in ENGINES.values() if (flag := e.canonical_flag(token)) is not None]
+    return list(dict.fromkeys([*found, token]))
+
+
+def short_flags() -> list[str]:
+    """Every engine's short server flags that stand for a long one (`-tp`), for messages that name them."""
+    return list(dict.fromkeys(alias for e in ENGINES.values() for alias in e.flag_aliases))
+
+
+def env_prefixes() -> list[str]:
+    """Prefixes of the engines' own environment variables (`VLLM`), for messages that name them."""
+    return list(dict.fromkeys(prefix for e in ENGINES.values() for prefix in e.env_prefixes))
+
+
 def engine_for(pool: PoolSpec) -> Engine:
     """The Engine that serves a pool (`pools.*.engine`)."""
     try:
@@ -97,7 +128,12 @@ __all__ = [
     "SECRET_FLAG_NAMES",
     "TYPED_ENV",
     "Engine",
+    "default_engine",
     "engine_for",
+    "engine_of",
+    "env_prefixes",
+    "flag_spellings",
     "register",
+    "short_flags",
     "stack_keys",
 ]

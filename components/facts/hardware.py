@@ -1,6 +1,6 @@
 """GPU models (name, architecture, compute capability, memory) and the engine-neutral facts around them.
 
-What each engine version does per compute capability is in components.engines.vllm.facts (keyed by image).
+What each engine version does per compute capability is in each engine's facts (components/engines/<engine>/facts.py, keyed by image).
 
 Sources:
   [nv-specs]   NVIDIA data sheets for memory sizes (V100, T4, A10, A100, L40S, H100, H200).

@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # annotations only: the stack module reads this one
 
 @dataclass(frozen=True)
 class Instance:
-    """One vLLM server: a single-node replica, or a TP×PP engine on a Ray cluster across nodes."""
+    """One engine server: a single-node replica, or a TP×PP instance across nodes (on Ray for vLLM)."""
 
     pool: str
     name: str  # unique in the stack; container and resource names derive from it
@@ -31,7 +31,7 @@ class Instance:
 
     @property
     def uses_ray(self) -> bool:
-        """Instances spanning nodes run on Ray; single-node ones use vLLM's multiprocessing."""
+        """Instances spanning nodes run on Ray; single-node ones on the engine's own processes."""
         return len(self.nodes) > 1
 
 

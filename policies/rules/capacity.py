@@ -1,7 +1,7 @@
 """Rule 11: memory fit, from the capacity planner's estimate on the ModelServer (`capacity` prop).
 
-A pool that does not fit is told which fixes can work, computed from the same estimate: by the engine
-(`advice`), or, for vLLM, by its own rule (components/engines/vllm/rules/capacity.py)."""
+A pool that does not fit is told which fixes can work, computed from the same estimate by its engine
+(`Engine.fit_problems`)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from pulumi_policy import (
     ResourceValidationPolicy,
 )
 
-from components.engines.judged import number
-from components.engines.vllm.rules.capacity import check_fit
+from components.engines.judged import advice_fit_problems, number
+from components.engines.registry import engine_of
 from components.marks import MODEL_SERVER
 from policies.rules.common import config_with_defaults, per_pool
 
@@ -35,13 +35,10 @@ def _capacity(args: ResourceValidationArgs) -> dict[str, Any]:
 def validate_fit(args: ResourceValidationArgs, report: ReportViolation) -> None:
     """Mandatory: not one sequence of max-model-len fits in the KV cache left after the weights."""
     capacity = _capacity(args)
-    if capacity.get("fits") is False and capacity.get("advice"):
-        # Engines beside vLLM say what to change in their own option names (components.engines).
-        report(f"does not fit: {capacity.get('reason')}. To fit: {capacity['advice']}.", None)
-        return
-    # Without the engine's advice (vLLM's servers): the fixes checked against the estimate.
+    engine = engine_of(args.props)
     pool, model = str(args.props.get("pool") or "<pool>"), str(args.props.get("model") or "<model>")
-    for message in check_fit(capacity, pool, model):
+    messages = engine.fit_problems(capacity, pool, model) if engine else advice_fit_problems(capacity)
+    for message in messages:
         report(message, None)
 
 

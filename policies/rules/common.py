@@ -1,5 +1,5 @@
-"""What the rules read: resource types, roles, the image a container states, and the vLLM launch a resource
-describes (a Launch, read from its props by components.engines.vllm.launch)."""
+"""What the rules read: resource types, roles, the image a container states, and the launch a resource
+describes (an engine's own reading of its props: Engine.model_server_launch, Engine.container_launch)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,11 @@ from pulumi_policy import (
 )
 from pulumi_policy.proxy import UnknownValueError
 
+from components.engines.base import Engine
 from components.engines.containers import IMAGE_LABEL, container_argv, image_parts, labels
-from components.engines.vllm.launch import Launch, container_launch, model_server_launch
-from components.engines.vllm.options import canonical_flag
-from components.marks import COMPONENT_PREFIX, MODEL_SERVER
+from components.engines.judged import Launch, LaunchRule
+from components.engines.registry import ENGINES, engine_of, env_prefixes, flag_spellings, short_flags
+from components.marks import COMPONENT_PREFIX, MODEL_SERVER, RAY_CLUSTER
 
 CONTAINER = "docker:index/container:Container"
 REMOTE_COMMAND = "command:remote:Command"
@@ -98,9 +99,9 @@ def under_component(urn: str) -> bool:
     return any(t.startswith(COMPONENT_PREFIX) for t in urn_types(urn)[:-1])
 
 
-def launch_of(args: ResourceValidationArgs) -> Launch | None:
-    """The vLLM launch a resource describes: ModelServer props, or a raw container running `vllm serve`
-    or the api_server (spelled out, or the vllm/vllm-openai image's own ENTRYPOINT: container_server).
+def launch_of(engine: Engine, args: ResourceValidationArgs) -> Launch | None:
+    """The launch of `engine` a resource describes: a ModelServer of the engine, or a raw container that runs
+    its server (Engine.container_launch).
 
     Containers registered by the product's components are skipped: their ModelServer carries the same
     argv and env, so a fault is reported once, on the component. A container added outside the
@@ -108,10 +109,10 @@ def launch_of(args: ResourceValidationArgs) -> Launch | None:
     """
     props = args.props
     if args.resource_type == MODEL_SERVER:
-        return model_server_launch(props)  # None for another engine's server: policies.rules.engines judges it
+        return engine.model_server_launch(props) if engine_of(props) is engine else None
     if args.resource_type != CONTAINER or under_component(args.urn):
         return None
-    return container_launch(props, container_image(props))
+    return engine.container_launch(props, container_image(props))
 
 
 def config_with_defaults(args: Any, schema: PolicyConfigSchema | None) -> dict[str, Any]:
@@ -121,11 +122,20 @@ def config_with_defaults(args: Any, schema: PolicyConfigSchema | None) -> dict[s
     return out
 
 
-# Flags and environment variables a message names, to look up the stack key that sets them.
-_MESSAGE_FLAG = re.compile(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*|-tp|-pp|-q)(?![\w-])")
+# Flags and environment variables a message names, to look up the stack key that sets them: long flags and
+# the engines' short ones (`-tp`); variables of the engines (their env_prefixes) and of what they run on.
+def _message_flag() -> re.Pattern[str]:
+    short = "".join(f"|{re.escape(flag)}" for flag in short_flags())
+    return re.compile(rf"(?<![\w-])(--[a-z0-9][a-z0-9-]*{short})(?![\w-])")
+
+
+def _message_env() -> re.Pattern[str]:
+    prefixes = "|".join([*env_prefixes(), "NCCL", "GLOO", "HF", "CUDA", "TORCH", "PYTORCH", "RAY"])
+    return re.compile(rf"(?<![\w.])((?:{prefixes})_[A-Z0-9_]+)\b")
+
+
 # A flag written without its dashes, as the capacity planner's reasons do ("lower max-model-len to 14384").
 _MESSAGE_BARE_FLAG = re.compile(r"(?<![\w-])([a-z0-9]+(?:-[a-z0-9]+)+)(?![\w-])")
-_MESSAGE_ENV = re.compile(r"(?<![\w.])((?:VLLM|NCCL|GLOO|HF|CUDA|TORCH|PYTORCH|RAY)_[A-Z0-9_]+)\b")
 _MESSAGE_NAME = re.compile(r"(?<![\w.])([A-Z][A-Z0-9]*_[A-Z0-9_]+)\b")
 
 
@@ -144,12 +154,12 @@ def name_stack_keys(message: str, keys: Mapping[str, str]) -> str:
     # Any other variable the pool sets (OPENAI_API_KEY, named by no-plaintext-secrets), by its exact name.
     named = [m for m in _MESSAGE_NAME.finditer(message) if m.group(1) in keys]
     found: list[tuple[int, str, str | None]] = []
-    for match in [*_MESSAGE_FLAG.finditer(message), *_MESSAGE_ENV.finditer(message), *bare, *named]:
+    for match in [*_message_flag().finditer(message), *_message_env().finditer(message), *bare, *named]:
         token = match.group(1)
         if match.re is _MESSAGE_BARE_FLAG:
             key = keys.get(f"--{token}")
         elif token.startswith("-"):
-            key = keys.get(canonical_flag(token) or token)
+            key = next((keys[flag] for flag in flag_spellings(token) if flag in keys), None)
         else:
             key = keys.get(token) or (f"{keys['*env']}.{token}" if "*env" in keys else None)
         found.append((match.start(), token, key))
@@ -207,31 +217,49 @@ def per_pool(
     return validate_pool
 
 
-Check = Callable[[Launch, dict[str, Any]], list[str]]
-
-
-def launch_policy(
-    name: str,
-    description: str,
-    check: Check,
-    *,
-    level: EnforcementLevel = EnforcementLevel.MANDATORY,
-    config: PolicyConfigSchema | None = None,
-    needs_gpu: bool = True,
-) -> ResourceValidationPolicy:
-    """A policy over every vLLM launch (ModelServer props or a raw container); one violation per message."""
+def launch_policy(engine: Engine, rule: LaunchRule) -> ResourceValidationPolicy:
+    """A policy over every launch of `engine` (its ModelServers, raw containers running its server), and
+    with `rule.ray_node_image` over every Ray node's image; one violation per message."""
+    config = PolicyConfigSchema(properties=dict(rule.config)) if rule.config else None
 
     def validate(args: ResourceValidationArgs, report: ReportViolation) -> None:
-        launch = launch_of(args)
-        if launch is None:
-            args.not_applicable("not a vLLM server")
+        settings = config_with_defaults(args, config)
+        launch = launch_of(engine, args)
+        ray_node = rule.ray_node_image is not None and (
+            args.resource_type == RAY_CLUSTER
+            or (args.resource_type == CONTAINER and not under_component(args.urn) and is_ray_container(args.props))
+        )
+        if launch is None and not ray_node:
+            args.not_applicable(f"not a {engine.title} server")
             return
-        if needs_gpu and launch.gpu is None:
-            args.not_applicable(f"GPU model {launch.gpu_name!r} is not in the facts table")
-            return
-        for message in check(launch, config_with_defaults(args, config)):
-            report(message, None)
+        messages: list[str | None] = []
+        if launch is not None:
+            if rule.needs_gpu and launch.gpu is None:
+                args.not_applicable(f"GPU model {launch.gpu_name!r} is not in the facts table")
+                return
+            messages += rule.check(launch, settings)
+        if ray_node and rule.ray_node_image is not None:
+            image = args.props.get("image") if args.resource_type == RAY_CLUSTER else container_image(args.props)
+            messages.append(rule.ray_node_image(image, settings))
+        for message in messages:
+            if message:
+                report(message, None)
 
+    level = EnforcementLevel.ADVISORY if rule.advisory else EnforcementLevel.MANDATORY
     return ResourceValidationPolicy(
-        name=name, description=description, validate=per_pool(validate), enforcement_level=level, config_schema=config
+        name=rule.name,
+        description=rule.description,
+        validate=per_pool(validate),
+        enforcement_level=level,
+        config_schema=config,
     )
+
+
+def launch_policies(topic: str) -> list[ResourceValidationPolicy]:
+    """Every registered engine's launch rules of a topic, as policies, in registry order."""
+    return [
+        launch_policy(engine, rule)
+        for engine in ENGINES.values()
+        for rule in engine.launch_rules
+        if rule.topic == topic
+    ]

@@ -2,8 +2,9 @@
 (components/engines/judged.py) and its own (`Engine.policy_rules`, components/engines/<engine>/rules.py).
 
 A rule judges the argv the product generated (parsed by a parser rebuilt from the engine's real CLI) against
-the image's facts, the same tables the components read. vLLM's servers are judged by the vLLM rules
-(hardware, image, flags, engine args) instead of the common ones.
+the image's facts, the same tables the components read. An engine with its own launch rules
+(`Engine.launch_rules`, listed under their topics: hardware, image, flags, ...) is judged by those instead of
+the common ones (`Engine.common_rules` False).
 """
 
 from __future__ import annotations

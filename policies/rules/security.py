@@ -23,11 +23,11 @@ from pulumi_policy import (
     ResourceValidationPolicy,
 )
 
-from components.engines.base import REDACTED, secret_positions
+from components.engines.base import REDACTED, Engine, secret_positions
 from components.engines.containers import container_argv, env_of
 from components.engines.credentials import SCRIPT_ASSIGN, SCRIPT_FLAG, SECRET_ENV
-from components.engines.registry import SECRET_FLAG_NAMES, SECRET_FLAGS
-from components.engines.vllm.launch import container_server, parse_server
+from components.engines.judged import ServerCall
+from components.engines.registry import ENGINES, SECRET_FLAG_NAMES, SECRET_FLAGS
 from components.marks import GATEWAY, GPU_NODE
 from policies.rules.bindings import binding_problems, every_interface, flag_values
 from policies.rules.common import (
@@ -127,25 +127,35 @@ def argv_secret_flags(argv: list[str]) -> list[str]:
     ]
 
 
+def container_server(props: Mapping[str, Any]) -> tuple[Engine, ServerCall] | None:
+    """The engine server a container starts, read by that engine's own parser (the first engine that reads one)."""
+    image = container_image(props)
+    for engine in ENGINES.values():
+        call = engine.container_server(props, image)
+        if call is not None:
+            return engine, call
+    return None
+
+
 def secret_findings(
-    server: tuple[str, list[str]] | None,
+    server: tuple[Engine, ServerCall] | None,
     env: dict[str, str],
     scripts: list[str],
     ignore: set[str],
     argv: list[str] | None = None,
 ) -> list[str]:
-    """Where a resource holds a credential as a literal: env names, the vLLM server's flags (`server`:
-    server_tokens / container_server of components.engines.vllm.launch, as its parser reads them), any
-    engine's credential flags in `argv`, script assignments."""
+    """Where a resource holds a credential as a literal: env names, the credential flags of the server a
+    container starts (`server`: container_server, as its engine's parser reads them), any engine's credential
+    flags in `argv`, script assignments."""
     found = [
         f"env {name}"
         for name, value in env.items()
         if SECRET_ENV.search(name) and name not in ignore and _literal(value)
     ]
     if server is not None:
-        parsed = parse_server(server)
+        engine, call = server
         found += [
-            flag for flag in ("--api-key", "--hf-token") if _literal(str(parsed.get(flag[2:].replace("-", "_")) or ""))
+            flag for flag in engine.secret_flags if _literal(str(call.options.get(flag[2:].replace("-", "_")) or ""))
         ]
     found += argv_secret_flags(argv or [])
     for script in scripts:
@@ -167,8 +177,9 @@ def secrets_found(resource: Subject, config: dict[str, Any]) -> list[str]:
     if resource.resource_type == CONTAINER:
         # Argv tokens with whitespace are shell snippets (`bash -c 'HF_TOKEN=hf_… vllm serve …'`).
         snippets = [t for t in container_argv(props) if any(c.isspace() for c in t)]
-        server = container_server(props, container_image(props))
-        found = secret_findings(server, env_of(props.get("envs")), snippets, ignore, container_argv(props))
+        found = secret_findings(
+            container_server(props), env_of(props.get("envs")), snippets, ignore, container_argv(props)
+        )
     elif resource.resource_type == REMOTE_COMMAND:
         scripts = [str(props.get(k)) for k in ("create", "update", "delete") if props.get(k)]
         found = secret_findings(None, env_of(props.get("environment")), scripts, ignore)
@@ -227,12 +238,13 @@ def exposure_found(resource: Subject, config: dict[str, Any]) -> list[str]:
         return out  # the container's own sockets sit in its network namespace; only `ports` reach the node's
     argv = container_argv(props)
     out += binding_problems(role, words(argv), env_of(props.get("envs")))
-    server = container_server(props, container_image(props))
+    server = container_server(props)
     if server is not None:
-        host = parse_server(server).get("host")
+        _, call = server
+        host = call.options.get("host")
         if every_interface(str(host or "")):
             out.append(
-                f"{server[0]} --host {host or '(unset)'} on the host network listens on every interface of the "
+                f"{call.program} --host {host or '(unset)'} on the host network listens on every interface of the "
                 "node, and /v1, /metrics and /health answer without a key there (only the gateway checks keys). "
                 "Pass --host <the node's cluster address>."
             )

@@ -1,6 +1,6 @@
 """Rule 7: parallel layout (TP within a node, TP×PP = GPUs spanned, PP only across nodes, heads ÷ TP) and
-the network of multi-node containers (host network, NCCL variables in every one). The layout check is vLLM's
-own (components/engines/vllm/rules/topology.py)."""
+the network of multi-node containers (host network, NCCL variables in every one). The layout checks are each
+engine's own (`LaunchRule`s of topic "topology")."""
 
 from __future__ import annotations
 
@@ -9,12 +9,11 @@ from typing import Any
 from pulumi_policy import EnforcementLevel, PolicyConfigSchema
 
 from components.engines.containers import env_of, labels
-from components.engines.vllm.rules.topology import check_parallelism
 from policies.rules.common import (
     CONTAINER,
     LINK_LAYER_LABEL,
     is_ray_container,
-    launch_policy,
+    launch_policies,
 )
 from policies.rules.grouped import Subject, pool_rule
 
@@ -61,13 +60,7 @@ def network_found(resource: Subject, config: dict[str, Any]) -> list[str]:
 
 
 POLICIES = [
-    launch_policy(
-        "parallelism",
-        "Tensor parallelism stays inside a node, pipeline parallelism spans nodes, TP x PP fills the "
-        "instance's GPUs and divides the attention heads.",
-        check_parallelism,
-        needs_gpu=False,
-    ),
+    *launch_policies("topology"),
     pool_rule(
         "multi-node-network",
         "Containers of a multi-node instance run on the host network with the NCCL variables set.",

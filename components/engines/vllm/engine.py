@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from components.engines.base import Engine, MultiNode, Upload, nccl_env, offline_env, planned_capability
 from components.engines.gate import (
@@ -20,6 +21,8 @@ from components.engines.gate import (
     python_check,
 )
 from components.engines.http import EngineServer
+from components.engines.judged import LaunchRule, ServerCall
+from components.engines.vllm import capacity_cli
 from components.engines.vllm.capacity import capacity_dict
 from components.engines.vllm.facts import (
     DEFAULT_IMAGE,
@@ -31,8 +34,11 @@ from components.engines.vllm.facts import (
     known_images,
     pool_image_facts,
 )
+from components.engines.vllm.launch import Launch, container_launch, container_server, model_server_launch, parse_server
 from components.engines.vllm.memory import communicator_gib
-from components.engines.vllm.options import TYPED_ENV, TYPED_FLAGS, VllmOptions, canonical_flag
+from components.engines.vllm.options import FLAG_ALIASES, TYPED_ENV, TYPED_FLAGS, VllmOptions, canonical_flag
+from components.engines.vllm.rules import LAUNCH_RULES
+from components.engines.vllm.rules.capacity import check_fit
 from components.engines.vllm.startup_failures import STARTUP_FAILURES as VLLM_STARTUP_FAILURES
 from components.facts.engine_matrix import GENERATIONS, Cell, level, sass_runs
 from components.facts.hardware import CUDA_CONTEXT_GIB, GPUS, gpu
@@ -75,9 +81,12 @@ class VllmEngine(Engine):
     multi_gpu: ClassVar[tuple[str, ...]] = ("tensor", "pipeline")
     multi_node: ClassVar[MultiNode] = "ray"
     metrics_job: ClassVar[str] = "vllm"
-    # Judged by its own rules over a Launch (vllm/rules: hardware, image, flags, engine args, ...; the pack makes
-    # them policies in policies/rules), not the common ones.
+    # Judged by its own rules over a Launch (vllm/rules: hardware, image, flags, engine args, ...; the pack lists
+    # them under their topics in policies/rules), not the common ones.
     common_rules: ClassVar[bool] = False
+    launch_rules: ClassVar[tuple[LaunchRule, ...]] = LAUNCH_RULES
+    flag_aliases: ClassVar[dict[str, str]] = FLAG_ALIASES
+    env_prefixes: ClassVar[tuple[str, ...]] = ("VLLM",)
     http_server: ClassVar[EngineServer] = HTTP_SERVER
     memory_keys: ClassVar[str] = "vllm.gpuMemoryUtilization or maxModelLen"
     own_startup_failures: ClassVar[tuple[StartupFailure, ...]] = VLLM_STARTUP_FAILURES
@@ -110,6 +119,23 @@ class VllmEngine(Engine):
 
     def canonical_flag(self, token: str) -> str | None:
         return canonical_flag(token)
+
+    def model_server_launch(self, props: Mapping[str, Any]) -> Launch | None:
+        return model_server_launch(props)
+
+    def container_launch(self, props: Mapping[str, Any], image: str | None) -> Launch | None:
+        return container_launch(props, image)
+
+    def container_server(self, props: Mapping[str, Any], image: str | None) -> ServerCall | None:
+        found = container_server(props, image)
+        return ServerCall(found[0], parse_server(found).values) if found is not None else None
+
+    def fit_problems(self, capacity: Mapping[str, Any], pool: str, model: str) -> list[str]:
+        # Without the capacity model's own advice: the fixes checked against the estimate.
+        return super().fit_problems(capacity, pool, model) or check_fit(capacity, pool, model)
+
+    def capacity_cli(self, argv: list[str], prog: str) -> int:
+        return capacity_cli.main(argv, prog)
 
     def checkpoint_quantizations(self) -> frozenset[str]:
         return QUANTIZATION_METHODS

@@ -428,7 +428,7 @@ ATTENTION_MIN_CAPABILITY = {
 }
 
 
-# The rules that need the GPU (launch_policy's needs_gpu, and vllm-image's arch check).
+# The rules that need the GPU (LaunchRule.needs_gpu, and vllm-image's arch check).
 GPU_RULES = (
     "gpu-dtype",
     "vllm-v1-engine",

@@ -3,6 +3,7 @@ images of multi-node (Ray) containers must carry Ray."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from components.engines.containers import IMAGE_LABEL, image_parts
@@ -29,7 +30,13 @@ def arch_problem(launch: Launch) -> str | None:
     )
 
 
-def ray_problem(ref: str | None, config: dict[str, Any]) -> str | None:
+def check_arch(launch: Launch, config: Mapping[str, Any]) -> list[str]:
+    """The launch's image has kernels for its GPU (arch_problem as a rule's check)."""
+    problem = arch_problem(launch)
+    return [problem] if problem else []
+
+
+def ray_problem(ref: str | None, config: Mapping[str, Any]) -> str | None:
     """Why an image cannot run a Ray node of a vLLM instance (it needs Ray and vLLM), or None."""
     if ref is None:
         return f"no image reference to check for Ray: label the container {IMAGE_LABEL}=<image ref>."
