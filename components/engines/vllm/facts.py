@@ -12,6 +12,9 @@ Sources, as cited below:
   vLLM 0.19.1 the PyPI wheel vllm-0.19.1-cp38-abi3-manylinux_2_31_x86_64.whl (sha256 71a87f46…dc719),
                read here: vllm/envs.py, vllm/engine/arg_utils.py, vllm/v1/metrics/loggers.py,
                vllm/model_executor/layers/quantization/*.py.
+  vLLM 0.9.2  the PyPI wheel vllm-0.9.2-cp38-abi3-manylinux1_x86_64.whl (sha256 f3c5da29…85cd34): its
+               quantization methods' capabilities and activation dtypes dumped from its code
+               (components/engines/vllm/data/vllm-0.9.2-quantizations.json), which agree with [sd-0.9.2] below.
   vLLM 0.11.0 the PyPI wheel vllm-0.11.0-cp38-abi3-manylinux1_x86_64.whl (sha256 3861c75f…68cd62), read
                here: vllm/envs.py, engine/arg_utils.py, platforms/cuda.py, v1/worker/gpu_worker.py,
                v1/metrics/loggers.py, v1/attention/backends/*.py; its quantization capabilities and
@@ -59,6 +62,18 @@ class QuantMethod:
 
     min_capability: int | None  # None: not a CUDA method (TPU, Neuron, Intel)
     moe: MoeRoute  # how FusedMoE layers of a MoE model load: own method, none (dies), or the MoeWNA16 route
+    # The activation dtypes (ModelConfig.dtype) vLLM starts with for this method: its config's
+    # get_supported_act_dtypes(), in vLLM's order, as torch names them; () where it could not be asked.
+    act_dtypes: tuple[str, ...] = ()
+    act_dtypes_source: str = ""  # the `def get_supported_act_dtypes` that answers, "vllm/…/gptq.py:130"
+    # Answers that change with the GPU: (from capability, dtypes), highest first (gguf on sm_100+, 0.19.1).
+    act_dtypes_from: tuple[tuple[int, tuple[str, ...]], ...] = ()
+
+    def supported_act_dtypes(self, capability: int | None) -> tuple[str, ...]:
+        """The activation dtypes the method accepts on a GPU of this capability (None: not known)."""
+        return next(
+            (d for need, d in self.act_dtypes_from if capability is not None and capability >= need), self.act_dtypes
+        )
 
 
 @dataclass(frozen=True)
@@ -204,12 +219,38 @@ _V1_METRICS = MappingProxyType(
 _DATA = Path(__file__).resolve().parent / "data"
 
 
+def _dumped(version: str) -> dict[str, dict[str, object]]:
+    """One vLLM wheel's quantization dump (components/engines/vllm/tools/dump_vllm_quantizations.py)."""
+    return json.loads((_DATA / f"vllm-{version}-quantizations.json").read_text())  # type: ignore[no-any-return]
+
+
 def _dumped_capabilities(version: str) -> dict[str, int | None]:
     """{method: get_min_capability} as dumped from one vLLM wheel (None: not a CUDA method)."""
-    return json.loads((_DATA / f"vllm-{version}-quantizations.json").read_text())["methods"]
+    return _dumped(version)["methods"]  # type: ignore[return-value]
 
 
-_Q092 = MappingProxyType(
+def _with_act_dtypes(methods: Mapping[str, QuantMethod], version: str) -> MappingProxyType[str, QuantMethod]:
+    """Each method with the activation dtypes its get_supported_act_dtypes() returned in the version's dump."""
+    dump = _dumped(version)
+    act: dict[str, list[str]] = dump["act_dtypes"]  # type: ignore[assignment]
+    where: dict[str, str] = dump["act_dtypes_source"]  # type: ignore[assignment]
+    by_cap: dict[str, dict[str, list[str]]] = dump["act_dtypes_by_capability"]  # type: ignore[assignment]
+    return MappingProxyType(
+        {
+            m: replace(
+                q,
+                act_dtypes=tuple(act.get(m, ())),
+                act_dtypes_source=where.get(m, ""),
+                act_dtypes_from=tuple(
+                    (int(c), tuple(d)) for c, d in sorted(by_cap.get(m, {}).items(), key=lambda i: -int(i[0]))
+                ),
+            )
+            for m, q in methods.items()
+        }
+    )
+
+
+_Q092 = _with_act_dtypes(
     {
         # vLLM 0.9.2 get_min_capability per method; MoE: which methods give FusedMoE a method. [sd-0.9.2]
         **{m: QuantMethod(60, "native") for m in ("gguf", "aqlm", "deepspeedfp", "auto-round")},
@@ -238,16 +279,18 @@ _Q092 = MappingProxyType(
         },
         "modelopt": QuantMethod(89, "native"),
         **{m: QuantMethod(None, "none") for m in ("tpu_int8", "neuron_quant", "ipex")},
-    }
+    },
+    "0.9.2",
 )
-_Q0191 = MappingProxyType(
+_Q0191 = _with_act_dtypes(
     {
         # vLLM 0.19.1 get_min_capability of every QUANTIZATION_METHODS entry, called for real on the wheel's code
         # (components/engines/vllm/data/vllm-0.19.1-quantizations.json). fp8 from sm_75 (fp8.py:145-146): below sm_89
         # Fp8LinearMethod runs Marlin FP8 weight-only (fp8.py:294-310).
         **{m: QuantMethod(cap, "native") for m, cap in _dumped_capabilities("0.19.1").items()},
         "gptq": QuantMethod(60, "moe_wna16"),  # gptq.py:171-183 routes FusedMoE to MoeWNA16
-    }
+    },
+    "0.19.1",
 )
 
 _COMMON_092 = {
@@ -272,6 +315,10 @@ _COMMON_092 = {
     "quantizations": code(
         "vLLM 0.9.2 get_min_capability of each quantization/*.py; config.py:4469-4478; "
         "MoE vllm#22001, 0.9.2 fused_moe/layer.py:732-736"
+    ),
+    "quantization_act_dtypes": code(
+        "vLLM 0.9.2 config.py:4479-4484 (VllmConfig._get_quantization_config, from __post_init__ :4538); each "
+        "method's dtypes: components/engines/vllm/data/vllm-0.9.2-quantizations.json"
     ),
     "kv_cache_dtypes": code("vLLM 0.9.2 config.py CacheDType"),
     "fp8_kv_min_capability": code(
@@ -327,6 +374,10 @@ _COMMON_0191 = {
         "vLLM 0.19.1 quantization/__init__.py QUANTIZATION_METHODS, get_min_capability of "
         "each method; gptq.py:171-183 GPTQ MoE -> MoeWNA16"
     ),
+    "quantization_act_dtypes": code(
+        "vLLM 0.19.1 config/vllm.py:522-527 (VllmConfig._get_quantization_config, from __post_init__ :702); each "
+        "method's dtypes: components/engines/vllm/data/vllm-0.19.1-quantizations.json"
+    ),
     "kv_cache_dtypes": code("vLLM 0.19.1 config/cache.py:14-23 CacheDType"),
     "fp8_kv_min_capability": code(
         "vLLM 0.19.1: below sm_80 the only backend is TRITON_ATTN, which views an fp8 "
@@ -368,13 +419,14 @@ _V1_ATTENTION = ((80, "FLASH_ATTN"), (0, "TRITON_ATTN"))
 _KV_0191 = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")
 
 
-_Q0110 = MappingProxyType(
+_Q0110 = _with_act_dtypes(
     {
         # vLLM 0.11.0 get_min_capability of every QUANTIZATION_METHODS entry, called for real on the wheel's code
         # (components/engines/vllm/data/vllm-0.11.0-quantizations.json, components/engines/vllm/tools/dump_vllm_quantizations.py).
         **{m: QuantMethod(cap, "native") for m, cap in _dumped_capabilities("0.11.0").items()},
         "gptq": QuantMethod(60, "moe_wna16"),  # gptq.py:134-146 routes FusedMoE to MoeWNA16
-    }
+    },
+    "0.11.0",
 )
 
 _COMMON_0110 = {
@@ -411,6 +463,10 @@ _COMMON_0110 = {
         "vLLM 0.11.0 get_min_capability of each QUANTIZATION_METHODS entry, called on the wheel's "
         "code (components/engines/vllm/data/vllm-0.11.0-quantizations.json); gptq.py:134-146 GPTQ MoE -> "
         "MoeWNA16"
+    ),
+    "quantization_act_dtypes": code(
+        "vLLM 0.11.0 config/__init__.py:267-272 (VllmConfig._get_quantization_config, from __post_init__ :320); each "
+        "method's dtypes: components/engines/vllm/data/vllm-0.11.0-quantizations.json"
     ),
     "kv_cache_dtypes": code("vLLM 0.11.0 config/cache.py:25-26 CacheDType"),
     "fp8_kv_min_capability": code(
