@@ -315,7 +315,7 @@ def test_an_image_the_facts_do_not_know_gets_one_advisory_and_the_every_version_
         "image vllm/vllm-openai:v0.10.1 is not in the facts table (known: "
         "vllm/vllm-openai:v0.11.0, vllm/vllm-openai:v0.19.1, vllm/vllm-openai:v0.19.1-ubuntu2404, "
         "vllm/vllm-openai:v0.9.2), so "
-        "vllm-v1-engine, gpu-quantization, quantization-moe, triton-fp16-dot, gpu-chunked-prefill-prefix-caching, "
+        "vllm-v1-engine, gpu-quantization, quantization-dtype, quantization-moe, triton-fp16-dot, gpu-chunked-prefill-prefix-caching, "
         "attention-backend, vllm-serve-flags, vllm-image cannot judge it; only the checks that need no image "
         "facts ran (bf16, FP8 and MLA below sm_80). To have it judged, declare its facts under "
         "pools.<pool>.imageFacts (like: a known image, then version, cuda, torch, torchArchList, triton), or use "

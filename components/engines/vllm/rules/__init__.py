@@ -16,6 +16,7 @@ from components.engines.vllm.rules.hardware import (
     check_mla,
     check_prefill,
     check_quantization,
+    check_quantization_dtype,
     check_quantization_moe,
     check_triton,
     check_v1,
@@ -68,6 +69,13 @@ LAUNCH_RULES = (
         "gpu-quantization",
         "The quantization method must run on the GPU's compute capability in the image's vLLM.",
         check_quantization,
+    ),
+    LaunchRule(
+        "hardware",
+        "quantization-dtype",
+        "The dtype must be one the quantization method accepts in the image's vLLM (plain gptq and awq: float16 only).",
+        check_quantization_dtype,
+        needs_gpu=False,
     ),
     LaunchRule(
         "hardware",

@@ -192,6 +192,96 @@ def check_quantization(launch: Launch, config: dict[str, Any]) -> list[str]:
     ]
 
 
+# The method vLLM swaps in for a GPTQ or AWQ checkpoint when no --quantization is given and its Marlin kernel runs on
+# the GPU (override_quantization_method takes user_quant None, "marlin" or the Marlin name; an explicit gptq or awq
+# stays as it is): ModelConfig._verify_quantization, vLLM 0.19.1 config/model.py:924-994, gptq_marlin.py:215-239,
+# awq_marlin.py:232-255; 0.9.2 config.py:881, gptq_marlin.py:160-166, awq_marlin.py:107-111. [code]
+CHECKPOINT_OVERRIDES = {"gptq": "gptq_marlin", "awq": "awq_marlin"}
+# `--dtype` values as the way out names them (the stack's models.*.dtype spelling for float16).
+_DTYPE_FLAG = {"float16": "half", "bfloat16": "bfloat16", "float32": "float32"}
+
+
+def _act_dtypes_used(launch: Launch) -> tuple[str, ...]:
+    """The activation dtypes vLLM may start with (ModelConfig.dtype): the one --dtype names; for auto
+    (_resolve_auto_dtype) below sm_80 float16, or float32 for a model type that refuses float16, and from sm_80
+    the checkpoint's config.json dtype, which the pack does not read (float16 or bfloat16; bfloat16 for those
+    model types). () when the GPU is unknown and --dtype is auto."""
+    dtype = _dtype(launch)
+    if dtype != "auto":
+        return (dtype,)
+    if launch.capability is None:
+        return ()
+    bf16 = launch.capability >= (launch.facts.bf16_min_capability if launch.facts else EVERY_VERSION_MIN["bf16"])
+    if getattr(model_arch_or_none(launch.arch), "model_type", None) in FP16_REFUSING_MODEL_TYPES:
+        return ("bfloat16",) if bf16 else ("float32",)
+    return ("float16", "bfloat16") if bf16 else ("float16",)
+
+
+def _torch_list(dtypes: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"torch.{d}" for d in dtypes) + "]"
+
+
+def check_quantization_dtype(launch: Launch, config: dict[str, Any]) -> list[str]:
+    """The activation dtype outside what the quantization method accepts in the image's vLLM: VllmConfig
+    refuses it at startup ("torch.bfloat16 is not supported for quantization method gptq"). Judged where the
+    outcome is certain: every method vLLM may end with (a checkpoint's GPTQ/AWQ may become Marlin) refuses every
+    dtype it may start with. A method whose capability the GPU lacks is gpu-quantization's to say."""
+    facts = launch.facts
+    method, source = _quantization(launch)
+    if facts is None or method is None or method not in facts.quantizations:
+        return []
+    cap = launch.capability
+    methods = [method]
+    upgrade = CHECKPOINT_OVERRIDES.get(method)
+    if not launch.args.get("quantization") and upgrade in facts.quantizations and cap is not None:
+        need = facts.quantizations[upgrade].min_capability  # type: ignore[index]
+        if need is not None and cap >= need:
+            methods.append(upgrade)  # type: ignore[arg-type]
+    quants = [facts.quantizations[m] for m in methods]
+    if any(q.min_capability is None or (cap is not None and cap < q.min_capability) for q in quants):
+        return []
+    accepted = [q.supported_act_dtypes(cap) for q in quants]
+    used = _act_dtypes_used(launch)
+    if not used or any(not a for a in accepted) or any(d in a for d in used for a in accepted):
+        return []
+    given = launch.args.get("dtype", "auto")
+    dtype = used[0]
+    arch = model_arch_or_none(launch.arch)
+    if _dtype(launch) != "auto":
+        dtype_text = f"--dtype {given}"
+    elif dtype == "float32":
+        dtype_text = f"--dtype auto (float32 on {launch.where()}: model type {arch.model_type} refuses float16)"
+    else:
+        dtype_text = f"--dtype auto ({' or '.join(used)} on {launch.where()})"
+    runs = " and ".join(f"{m} in {', '.join(a)} only" for m, a in zip(methods, accepted, strict=True))
+    if len(methods) > 1:
+        runs += f" (vLLM swaps in {methods[1]} for the checkpoint when --quantization is unset)"
+    says = " or ".join(
+        f'"torch.{dtype} is not supported for quantization method {m}. Supported dtypes: {_torch_list(a)}"'
+        for m, a in zip(methods, accepted, strict=True)
+    )
+    defs = ", ".join(
+        f"{m}: {q.act_dtypes_source.removeprefix('vllm/model_executor/layers/')}"
+        for m, q in zip(methods, quants, strict=True)
+    )
+    bf16_runs = cap is None or cap >= facts.bf16_min_capability
+    refuses_fp16 = getattr(arch, "model_type", None) in FP16_REFUSING_MODEL_TYPES
+    ways = [
+        d
+        for d in ("float16", "bfloat16", "float32")
+        if d in accepted[0] and not (d == "bfloat16" and not bf16_runs) and not (d == "float16" and refuses_fp16)
+    ]
+    fix = (
+        set_model(launch, "dtype", _DTYPE_FLAG[ways[0]])
+        if ways
+        else f"no dtype {method} accepts runs here: serve a checkpoint in a method that accepts {dtype}"
+    )
+    return [
+        f"{source} with {dtype_text}: vLLM {facts.version} runs {runs}, so it stops at startup ({says}; "
+        f"{facts.cite('quantization_act_dtypes')}; get_supported_act_dtypes of {defs}). Instead, {fix}."
+    ]
+
+
 def check_quantization_moe(launch: Launch, config: dict[str, Any]) -> list[str]:
     """A quantization method without a FusedMoE method for a MoE model (AssertionError at model build)."""
     facts = launch.facts
@@ -445,6 +535,7 @@ GPU_RULES = (
 IMAGE_RULES = (
     "vllm-v1-engine",
     "gpu-quantization",
+    "quantization-dtype",
     "quantization-moe",
     "triton-fp16-dot",
     "gpu-chunked-prefill-prefix-caching",
