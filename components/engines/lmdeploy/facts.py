@@ -93,6 +93,9 @@ class LmdeployImage(SourcedImage):
         )
 
 
+# TurboMind computes AWQ, GPTQ and compressed-tensors checkpoints in float16 whatever --dtype says: _build_resolver
+# sets torch.float16 for them ([src-0.16.0] lmdeploy/turbomind/converter.py:39-48, after _resolve_dtype's bf16
+# fallback, :127-151), so no dtype x format pair is refused at startup and the pack has no rule for one.
 # What each `--model-format` needs ([src-0.16.0] lmdeploy/turbomind/converter.py:78-92 group sizes,
 # :176-200 quantization_config asserts; GEMM kernels per arch: src/turbomind/kernels/gemm/kernel/
 # sm70_884_{4,8,16}.cu register U4 dense + grouped, MXF4, E4M3 and F16 grouped tiles for sm_70).
