@@ -9,6 +9,7 @@ PY := $(VENV)/bin/python
 STACK ?= prod
 CONFIG ?=
 PLAN_ARGS ?=
+ADVISE_ARGS ?= --runbook
 PYTEST_ARGS ?=
 POOL ?=
 ROLLOUT_ARGS ?=
@@ -19,7 +20,7 @@ NUMBER ?= 512
 LOADTEST_ARGS ?=
 LOADTEST_VENV ?= .venv-loadtest
 
-.PHONY: plan rollout test test-fast lint system-deps mutation flakes bench loadtest clean lab lab-down
+.PHONY: plan advise rollout test test-fast lint system-deps mutation flakes bench loadtest clean lab lab-down
 
 $(VENV)/.runtime: requirements.txt
 	@test -x $(VENV)/bin/pip || { rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
@@ -35,6 +36,12 @@ $(VENV)/.test: requirements.txt requirements-test.txt $(VENV)/.runtime
 ## "Error 1" or "Error 2" — scripts that must tell them apart run `.venv/bin/python -m plan` directly.
 plan: $(VENV)/.runtime
 	@$(PY) -m plan $(if $(CONFIG),--config $(CONFIG),--stack $(STACK)) $(PLAN_ARGS)
+
+## advise: what Pulumi.$(STACK).yaml's GPU nodes can run and how: the runbook's model table judged row by row,
+## each with the best deployment (ADVISE_ARGS: --model NAME, --goal concurrency|context|nodes, --context N,
+## --format json, --write-pool NAME; without --runbook every catalog model)
+advise: $(VENV)/.runtime
+	@$(PY) -m plan.advise --stack $(STACK) $(ADVISE_ARGS)
 
 ## rollout: roll a change out to POOL of Pulumi.$(STACK).yaml instance by instance (Automation API, the
 ## `pulumi` CLI on PATH; ROLLOUT_ARGS=--dry-run prints the steps, --max-unavailable N)

@@ -19,8 +19,10 @@ from typing import Any, ClassVar, Literal, TypeVar
 from components.engines.gate import GateCheck
 from components.engines.http import EngineServer
 from components.engines.judged import EngineRule, Launch, LaunchRule, ServerCall, advice_fit_problems
+from components.engines.weights import CheckpointFormat
 from components.facts.engine_matrix import Cell
 from components.facts.hardware import gpu
+from components.facts.models import ModelArch
 from components.facts.sourced import image_ref_key
 from components.facts.startup_failures import COMMON as COMMON_STARTUP_FAILURES
 from components.facts.startup_failures import StartupFailure
@@ -100,6 +102,11 @@ class Engine(ABC):
     # Rules over its launches as its own parser reads them, containers added outside the components included
     # (model_server_launch, container_launch); the pack lists each under its topic.
     launch_rules: ClassVar[tuple[LaunchRule, ...]] = ()
+    # How far its KV-token estimate has erred on the optimistic side against real start-up logs, as a fraction
+    # (the capacity accuracy bench); None: never measured. The advisor plans concurrency on the pessimistic end.
+    kv_estimate_error: ClassVar[float | None] = None
+    # The forms of a model's weights the placement advisor tries with this engine (plan.advise).
+    advice_formats: ClassVar[tuple[CheckpointFormat, ...]] = ()
     flag_aliases: ClassVar[Mapping[str, str]] = {}  # a short server flag -> the long one it stands for
     env_prefixes: ClassVar[tuple[str, ...]] = ()  # prefixes of its own environment variables, for messages
     typed_env: ClassVar[Mapping[str, str]] = {}  # environment it sets from typed keys: variable -> key
@@ -157,6 +164,33 @@ class Engine(ABC):
     def matrix_rows(self) -> list[tuple[str, list[Cell]]]:
         """Its rows of the engines x GPU generations table (components.facts.engine_matrix): one per image."""
         return []
+
+    def image_refs(self) -> list[str]:
+        """Its images the facts table knows, in the table's order."""
+        return []
+
+    def image_cell(self, ref: str, capability: int) -> Cell | None:
+        """What its facts say of an image on a compute capability (a cell of the engines x GPU table, with the
+        evidence level behind it); None for an image the table does not know."""
+        return None
+
+    def advice_image(self, capability: int) -> tuple[str, Cell] | None:
+        """The image the placement advisor proposes on a GPU: the default image where its facts say it runs
+        there, else the first known image that does; None when none does."""
+        for ref in dict.fromkeys([self.default_image, *self.image_refs()]):
+            cell = self.image_cell(ref, capability)
+            if cell is not None and cell.verdict != "no":
+                return ref, cell
+        return None
+
+    def advice_env(self, arch: ModelArch, image: str, capability: int) -> dict[str, str]:
+        """Environment a pool the advisor proposes needs for the model to start on the GPU (pools.<pool>.env)."""
+        return {}
+
+    def advice_options(self, context: int, fmt: CheckpointFormat, model: str) -> dict[str, Any]:
+        """The options block (pools.<pool>.<options_key>, camelCase) of a pool the advisor proposes: serving
+        `context` tokens per request, the weights in form `fmt`, of the stack's model `model`."""
+        return {self.context_key: context}
 
     def alert_issues(self, spec: StackSpec, pool: str) -> list[SpecIssue]:
         """Alert thresholds of the monitoring section the pool would make moot (the stack has monitoring)."""

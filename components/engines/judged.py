@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from components.engines.base import Engine
 
 Check = Callable[["JudgedServer"], list[str]]
+_PARSERS: dict[tuple[str, str, str], argparse.ArgumentParser] = {}  # (engine, dump, program) -> its parser
 
 
 def number(value: Any) -> int | None:
@@ -104,8 +105,11 @@ class JudgedServer:
         return self.argv[len(self.engine.cli_program.split()) :]
 
     def parser(self) -> argparse.ArgumentParser:
-        """The image's own CLI, rebuilt from its dump."""
-        return build_parser(self.facts.serve_args, self.engine.cli_program, self.engine.cli_value_types())
+        """The image's own CLI, rebuilt from its dump (once per engine and dump: parsing leaves it as it was)."""
+        key = (self.engine.name, self.facts.serve_args, self.engine.cli_program)
+        if key not in _PARSERS:
+            _PARSERS[key] = build_parser(self.facts.serve_args, self.engine.cli_program, self.engine.cli_value_types())
+        return _PARSERS[key]
 
     def args(self) -> argparse.Namespace | None:
         """The argv parsed by the image's own (dumped) parser; None when it does not parse or is unknown."""

@@ -9,6 +9,8 @@ memory.py states the assumptions in full).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from components.facts.models import ModelArch
 
 GIB = 1024**3
@@ -22,6 +24,37 @@ GROUPED_INT_METHODS = frozenset(
 QUANTIZATIONS = GROUPED_INT_METHODS | FP8_WEIGHT_METHODS | {"bitsandbytes"}
 # vLLM pads the vocabulary of VocabParallelEmbedding/ParallelLMHead to a multiple of this.
 VOCAB_PADDING = 64
+
+
+@dataclass(frozen=True)
+class CheckpointFormat:
+    """A form of a model's weights an engine can load, as the placement advisor proposes it (plan.advise):
+    the `models.*` keys it sets."""
+
+    label: str  # "fp16", "gptq-int4", "gguf-q8_0": how the advisor names it
+    quantization: str | None = None  # models.*.quantization; None: the fp16/bf16 checkpoint
+    bits: int = 16  # models.*.quantBits of an integer method
+    group_size: int = 128  # models.*.groupSize of an integer method
+    # A single-file format the engine sizes from models.*.sizeGib (GGUF): bits per weight of its tensors.
+    bits_per_weight: float | None = None
+
+    def model_keys(self, arch: ModelArch) -> dict[str, object]:
+        """The models.* keys of a checkpoint of `arch` in this form (besides arch, path and served names)."""
+        if self.bits_per_weight is not None:
+            return {
+                "quantization": self.quantization,
+                "sizeGib": round(model_params(arch) * self.bits_per_weight / 8 / GIB, 1),
+            }
+        if self.quantization is None:
+            return {"dtype": "half"}
+        if self.quantization in GROUPED_INT_METHODS:
+            return {
+                "quantization": self.quantization,
+                "quantBits": self.bits,
+                "groupSize": self.group_size,
+                "dtype": "half",
+            }
+        return {"quantization": self.quantization, "dtype": "half"}
 
 
 def layers_per_stage(num_layers: int, pp: int) -> list[int]:

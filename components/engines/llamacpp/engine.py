@@ -19,17 +19,25 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from components.engines.base import Engine, MultiNode, offline_env, planned_capability
 from components.engines.estimate import GIB, EngineEstimate
 from components.engines.gate import GateCheck
 from components.engines.http import EngineServer
 from components.engines.judged import EngineRule
-from components.engines.llamacpp.facts import DEFAULT_IMAGE, HTTP_SERVER, IMAGES, LlamacppImage, llamacpp_image
+from components.engines.llamacpp.facts import (
+    DEFAULT_IMAGE,
+    GGUF_BITS_PER_WEIGHT,
+    HTTP_SERVER,
+    IMAGES,
+    LlamacppImage,
+    llamacpp_image,
+)
 from components.engines.llamacpp.options import LLAMACPP_ALIASES, LLAMACPP_MULTI_NODE, TYPED_FLAGS, LlamacppOptions
 from components.engines.llamacpp.rules import RULES
 from components.engines.llamacpp.startup_failures import STARTUP_FAILURES as LLAMACPP_STARTUP_FAILURES
+from components.engines.weights import CheckpointFormat
 from components.facts.engine_matrix import GENERATIONS, Cell, level
 from components.facts.gguf import GgufModel, read_gguf
 from components.facts.hardware import gpu
@@ -443,6 +451,11 @@ class LlamacppEngine(Engine):
 
     options_key: ClassVar[str] = "llamacpp"
     options_model: ClassVar[type[Spec]] = LlamacppOptions
+    # Whole-checkpoint GGUF quants the advisor can size without a file (GGUF_BITS_SOURCE).
+    advice_formats: ClassVar[tuple[CheckpointFormat, ...]] = tuple(
+        CheckpointFormat(f"gguf-{name}", "gguf", round(bits), bits_per_weight=bits)
+        for name, bits in GGUF_BITS_PER_WEIGHT.items()
+    )
     required_option: ClassVar[str] = "contextPerSlot"
     context_key: ClassVar[str] = "contextPerSlot"
     default_image: ClassVar[str] = DEFAULT_IMAGE
@@ -474,18 +487,25 @@ class LlamacppEngine(Engine):
         return issues
 
     def matrix_rows(self) -> list[tuple[str, list[Cell]]]:
-        out = []
-        for ll in IMAGES.values():
-            cells = []
-            for _, cap in GENERATIONS:
-                if not ll.runs_on(cap):
-                    cells.append(Cell("no", level(ll.sources["sass"], cap)))
-                elif ll.jit_only(cap):
-                    cells.append(Cell("deployed (PTX JIT)", level(ll.sources["ptx"], cap)))
-                else:
-                    cells.append(Cell("deployed", level(ll.sources["sass"], cap)))
-            out.append((f"llama.cpp `{ll.ref}`", cells))
-        return out
+        return [
+            (f"llama.cpp `{ref}`", [self.image_cell(ref, cap) for _, cap in GENERATIONS]) for ref in self.image_refs()
+        ]
+
+    def image_refs(self) -> list[str]:
+        return [ll.ref for ll in IMAGES.values()]
+
+    def image_cell(self, ref: str, capability: int) -> Cell | None:
+        ll = self.image_facts_of(ref)
+        if ll is None:
+            return None
+        if not ll.runs_on(capability):
+            return Cell("no", level(ll.sources["sass"], capability))
+        if ll.jit_only(capability):
+            return Cell("deployed (PTX JIT)", level(ll.sources["ptx"], capability))
+        return Cell("deployed", level(ll.sources["sass"], capability))
+
+    def advice_options(self, context: int, fmt: CheckpointFormat, model: str) -> dict[str, Any]:
+        return {"contextPerSlot": context, "ggufFile": f"{model}.gguf"}
 
     def context_length(self, spec: StackSpec, pool: str) -> int:
         o = spec.pools[pool].llamacpp

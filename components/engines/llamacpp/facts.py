@@ -224,3 +224,13 @@ HTTP_SERVER = EngineServer(
         "(read from code)."
     ),
 )
+
+
+# Bits per weight of the GGUF tensor types a whole checkpoint can be quantized to (`llama-quantize --pure`):
+# a block of 32 weights is one fp16 scale plus 16 bytes (q4_0) or 32 bytes (q8_0). The advisor sizes such
+# a file as parameters x bits / 8 (norms stay f32: a rounding error at these sizes).
+GGUF_BITS_PER_WEIGHT: Mapping[str, float] = MappingProxyType({"q8_0": 8.5, "q4_0": 4.5})
+GGUF_BITS_SOURCE = code(
+    "[src-b11312] ggml/src/ggml-common.h: block_q4_0 {ggml_half d; uint8_t qs[QK4_0/2]} and block_q8_0 "
+    "{ggml_half d; int8_t qs[QK8_0]} with QK4_0 = QK8_0 = 32"
+)

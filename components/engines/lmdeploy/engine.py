@@ -46,7 +46,7 @@ from components.engines.lmdeploy.facts import (
 from components.engines.lmdeploy.options import LMDEPLOY_DTYPES, LMDEPLOY_FORMATS, TYPED_FLAGS, LmdeployOptions
 from components.engines.lmdeploy.rules import RULES, quant_policy
 from components.engines.lmdeploy.startup_failures import STARTUP_FAILURES as LMDEPLOY_STARTUP_FAILURES
-from components.engines.weights import model_params
+from components.engines.weights import CheckpointFormat, model_params
 from components.facts.engine_matrix import GENERATIONS, Cell, level
 from components.facts.hardware import gpu
 from components.facts.models import ModelArch
@@ -376,6 +376,11 @@ class LmdeployEngine(Engine):
 
     options_key: ClassVar[str] = "lmdeploy"
     options_model: ClassVar[type[Spec]] = LmdeployOptions
+    advice_formats: ClassVar[tuple[CheckpointFormat, ...]] = (
+        CheckpointFormat("fp16"),
+        CheckpointFormat("awq-int4", "awq", 4),
+        CheckpointFormat("gptq-int4", "gptq", 4),
+    )
     required_option: ClassVar[str] = "sessionLen"
     context_key: ClassVar[str] = "sessionLen"
     default_image: ClassVar[str] = DEFAULT_IMAGE
@@ -418,15 +423,18 @@ class LmdeployEngine(Engine):
 
     def matrix_rows(self) -> list[tuple[str, list[Cell]]]:
         return [
-            (
-                f"LMDeploy TurboMind `{image.ref}`",
-                [
-                    Cell("deployed" if image.runs_on(cap) else "no", level(image.sources["sass"], cap))
-                    for _, cap in GENERATIONS
-                ],
-            )
-            for image in IMAGES.values()
+            (f"LMDeploy TurboMind `{ref}`", [self.image_cell(ref, cap) for _, cap in GENERATIONS])
+            for ref in self.image_refs()
         ]
+
+    def image_refs(self) -> list[str]:
+        return [image.ref for image in IMAGES.values()]
+
+    def image_cell(self, ref: str, capability: int) -> Cell | None:
+        image = self.image_facts_of(ref)
+        if image is None:
+            return None
+        return Cell("deployed" if image.runs_on(capability) else "no", level(image.sources["sass"], capability))
 
     def context_length(self, spec: StackSpec, pool: str) -> int:
         o = spec.pools[pool].lmdeploy

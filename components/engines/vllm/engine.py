@@ -40,8 +40,10 @@ from components.engines.vllm.options import FLAG_ALIASES, TYPED_ENV, TYPED_FLAGS
 from components.engines.vllm.rules import LAUNCH_RULES
 from components.engines.vllm.rules.capacity import check_fit
 from components.engines.vllm.startup_failures import STARTUP_FAILURES as VLLM_STARTUP_FAILURES
+from components.engines.weights import CheckpointFormat
 from components.facts.engine_matrix import GENERATIONS, Cell, level, sass_runs
 from components.facts.hardware import CUDA_CONTEXT_GIB, GPUS, gpu
+from components.facts.models import ModelArch
 from components.facts.startup_failures import StartupFailure
 from components.spec import SpecError, SpecIssue, StackSpec
 from components.spec.base import Spec
@@ -86,6 +88,14 @@ class VllmEngine(Engine):
     common_rules: ClassVar[bool] = False
     launch_rules: ClassVar[tuple[LaunchRule, ...]] = LAUNCH_RULES
     flag_aliases: ClassVar[dict[str, str]] = FLAG_ALIASES
+    # The worst optimistic KV-token error of bench/capacity_accuracy.py (docs/perf/capacity.md).
+    kv_estimate_error: ClassVar[float | None] = 0.035
+    advice_formats: ClassVar[tuple[CheckpointFormat, ...]] = (
+        CheckpointFormat("fp16"),
+        CheckpointFormat("gptq-int4", "gptq", 4),
+        CheckpointFormat("awq-int4", "awq", 4),
+        CheckpointFormat("fp8", "fp8", 8),
+    )
     env_prefixes: ClassVar[tuple[str, ...]] = ("VLLM",)
     http_server: ClassVar[EngineServer] = HTTP_SERVER
     memory_keys: ClassVar[str] = "vllm.gpuMemoryUtilization or maxModelLen"
@@ -177,18 +187,26 @@ class VllmEngine(Engine):
 
     def matrix_rows(self) -> list[tuple[str, list[Cell]]]:
         """vLLM images: torch's CUDA build decides whether anything starts, Triton whether fp16 MoE compiles."""
-        out = []
-        for f in known_images():
-            cells = []
-            for _, cap in GENERATIONS:
-                if not sass_runs(f.torch_arch_list, cap):
-                    cells.append(Cell("no", level(f.sources["torch_arch_list"], cap)))
-                elif f.triton_fp16_dot(cap) is False:
-                    cells.append(Cell("dense only: no fp16 Triton MoE", level(f.sources["triton"], cap)))
-                else:
-                    cells.append(Cell("deployed", level(f.sources["torch_arch_list"], cap)))
-            out.append((f"vLLM `{f.ref}`", cells))
-        return out
+        return [(f"vLLM `{ref}`", [self.image_cell(ref, cap) for _, cap in GENERATIONS]) for ref in self.image_refs()]
+
+    def advice_env(self, arch: ModelArch, image: str, capability: int) -> dict[str, str]:
+        facts = image_facts(image)
+        if arch.uses_mla and facts is not None and capability < facts.mla_min_capability:
+            return {"VLLM_MLA_DISABLE": "1"}  # MLA's kernels need sm_80 (the mla-attention rule)
+        return {}
+
+    def image_refs(self) -> list[str]:
+        return [f.ref for f in known_images()]
+
+    def image_cell(self, ref: str, capability: int) -> Cell | None:
+        f = image_facts(ref)
+        if f is None:
+            return None
+        if not sass_runs(f.torch_arch_list, capability):
+            return Cell("no", level(f.sources["torch_arch_list"], capability))
+        if f.triton_fp16_dot(capability) is False:
+            return Cell("dense only: no fp16 Triton MoE", level(f.sources["triton"], capability))
+        return Cell("deployed", level(f.sources["torch_arch_list"], capability))
 
     def alert_issues(self, spec: StackSpec, pname: str) -> list[SpecIssue]:
         """monitoring.thresholds.gpuMemoryUsedRatio must lie above what vLLM takes at start on the pool's GPUs."""
