@@ -185,6 +185,7 @@ class Judged:
             "engine": c.engine.name,
             "image": c.image,
             "evidence": c.evidence,
+            "formatEvidence": c.engine.format_evidence(c.image, c.capability),
             "format": c.fmt.label,
             "tensorParallel": c.tp,
             "pipelineParallel": c.pp,
@@ -540,7 +541,7 @@ def judge_row(judge: Judge, row: RunbookRow, advice: ModelAdvice | None, context
 def render_model(a: ModelAdvice, top: int = 3) -> str:
     lines = [f"{a.model} ({a.arch.hf_id}): {a.verdict}"]
     for i, j in enumerate(a.ranked[:top]):
-        lines.append(f"  {'best' if i == 0 else f'#{i + 1} '}  {j.candidate.describe()}  [{j.candidate.evidence}]")
+        lines.append(f"  {'best' if i == 0 else f'#{i + 1} '}  {j.candidate.describe()}  [image {j.candidate.evidence}]")
         lines.append("         " + _figures_line(j))
     if not a.ranked:
         reasons = dict.fromkeys(j.refused for j in a.refused if j.refused)
@@ -552,12 +553,14 @@ def render_model(a: ModelAdvice, top: int = 3) -> str:
 
 
 def _figures_line(j: Judged) -> str:
+    c = j.candidate
     err = f", -{j.error:.1%} pessimistic" if j.error else ", error unmeasured"
+    formats = c.engine.format_evidence(c.image, c.capability)
     tight = "  TIGHT: one full-context sequence fits only at the central estimate" if j.tight else ""
     return (
         f"weights {float(j.capacity.get('weights_gib_per_gpu') or 0):.1f} GiB/GPU, KV {j.kv_tokens:,} tokens "
         f"({j.kv_tokens_pessimistic:,}{err}), {j.concurrency:.1f} x {j.candidate.context} tokens per instance, "
-        f"{j.concurrency_per_node:.1f} per node{tight}"
+        f"{j.concurrency_per_node:.1f} per node; weight formats [{formats or 'unknown'}]{tight}"
     )
 
 
@@ -577,10 +580,10 @@ def render_runbook(rows: list[RowVerdict], hw: Hardware, context: int) -> str:
         if v.why_on_image:
             lines.append(f"    on the engine's image for this GPU too: {v.why_on_image}")
         if v.nearest is not None:
-            lines.append(f"    nearest: {v.nearest.candidate.describe()} [{v.nearest.candidate.evidence}]")
+            lines.append(f"    nearest: {v.nearest.candidate.describe()} [image {v.nearest.candidate.evidence}]")
             lines.append(f"             {_figures_line(v.nearest)}")
         if v.best is not None and (v.nearest is None or v.best.candidate.describe() != v.nearest.candidate.describe()):
-            lines.append(f"    best:    {v.best.candidate.describe()} [{v.best.candidate.evidence}]")
+            lines.append(f"    best:    {v.best.candidate.describe()} [image {v.best.candidate.evidence}]")
             lines.append(f"             {_figures_line(v.best)}")
     return "\n".join(lines)
 

@@ -20,7 +20,7 @@ from components.engines.gate import GateCheck
 from components.engines.http import EngineServer
 from components.engines.judged import EngineRule, Launch, LaunchRule, ServerCall, advice_fit_problems
 from components.engines.weights import CheckpointFormat
-from components.facts.engine_matrix import Cell
+from components.facts.engine_matrix import Cell, level
 from components.facts.hardware import gpu
 from components.facts.models import ModelArch
 from components.facts.sourced import image_ref_key
@@ -182,6 +182,13 @@ class Engine(ABC):
             if cell is not None and cell.verdict != "no":
                 return ref, cell
         return None
+
+    def format_evidence(self, ref: str, capability: int) -> str | None:
+        """The evidence level of the fact that says which weight formats an image loads (its `model_formats`
+        source), None when its facts do not say."""
+        facts = self.image_facts_of(ref)
+        source = getattr(facts, "sources", {}).get("model_formats") if facts is not None else None
+        return level(source, capability) if source is not None else None
 
     def advice_env(self, arch: ModelArch, image: str, capability: int) -> dict[str, str]:
         """Environment a pool the advisor proposes needs for the model to start on the GPU (pools.<pool>.env)."""

@@ -189,6 +189,10 @@ class VllmEngine(Engine):
         """vLLM images: torch's CUDA build decides whether anything starts, Triton whether fp16 MoE compiles."""
         return [(f"vLLM `{ref}`", [self.image_cell(ref, cap) for _, cap in GENERATIONS]) for ref in self.image_refs()]
 
+    def format_evidence(self, ref: str, capability: int) -> str | None:
+        facts = image_facts(ref)
+        return level(facts.sources["quantizations"], capability) if facts is not None else None
+
     def advice_env(self, arch: ModelArch, image: str, capability: int) -> dict[str, str]:
         facts = image_facts(image)
         if arch.uses_mla and facts is not None and capability < facts.mla_min_capability:
