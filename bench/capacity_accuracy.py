@@ -1,5 +1,6 @@
 """Capacity estimator vs real vLLM start-up logs: weights, non-torch memory and KV tokens per log, the
-medians and the worst optimistic KV error.
+medians and the worst optimistic KV error; then the V1-engine logs (vLLM 0.10 and later) on their own, the
+errors per class (engine line, TP, model kind) and one line for scripts.
 
 Run: .venv/bin/python -m bench.capacity_accuracy   (figures only; tests/test_capacity.py asserts them)
 """
@@ -28,9 +29,13 @@ _TOTAL = re.compile(r"total_gpu_memory\s*\(?\s*([\d.]+)\s*GiB")
 # The profiler's own breakdown, where the log states it (V0 and V1 up to 0.10 print it at INFO).
 _NON_TORCH = re.compile(r"non_torch_memory(?: takes)?\s+([\d.]+)\s*GiB")
 _ACTIVATION = re.compile(r"PyTorch activation peak memory(?: takes)?\s+([\d.]+)\s*GiB")
+# V1 prints the KV budget it found at INFO (gpu_worker.py, "Available KV cache memory: 5.01 GiB").
+_V1_KV_GIB = re.compile(r"Available KV cache memory:\s+(-?[\d.]+)\s*GiB")
 LOG_BLOCK_SIZE = 16  # every collected log runs vLLM's default block size
 # Case keys that describe the log rather than the estimator's inputs.
-_LOG_KEYS = ("derived_kv_tokens", "logged_stage")
+# engine: "v0" or "v1" (else read from the file name); vllm: the version the log prints; kv_compared: the
+# KV figures are compared although the log does not print the GPU's total memory (the case states it).
+_LOG_KEYS = ("derived_kv_tokens", "logged_stage", "engine", "vllm", "kv_compared")
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,21 @@ class LogCase:
     logged_non_torch_gib: float | None = None  # the profiler's non-torch figure (first line: the logging rank)
     logged_activation_gib: float | None = None
     logged_stage: int | None = None  # the pipeline stage of the rank whose weights the log states (None: worst)
+    logged_kv_gib: float | None = None  # V1's "Available KV cache memory" (GiB per GPU)
+
+    @property
+    def engine(self) -> str:
+        """The engine line that wrote the log: "v1" or "v0" (the case's `engine`, else the file name)."""
+        return str(self.settings.get("engine") or ("v1" if "-v1." in self.name else "v0"))
+
+    @property
+    def tp_class(self) -> str:
+        return "tp1" if int(self.settings["tp"]) == 1 else "tp>=2"  # type: ignore[call-overload]
+
+    @property
+    def kind(self) -> str:
+        """dense, moe or mla (MLA first: DeepSeek's MoE models are classed by their attention)."""
+        return "mla" if self.arch.uses_mla else "moe" if self.arch.is_moe else "dense"
 
 
 def _header(lines: list[str], key: str) -> str | None:
@@ -62,7 +82,7 @@ def load_case(path: Path) -> LogCase:
     settings = json.loads(_header(lines, "case") or "{}")
     weights = next(float(m.group(1)) for rx in _WEIGHTS if (m := rx.search(text)))
     kv: int | None = None
-    if _TOTAL.search(text):  # only logs that state the GPU memory can be compared for KV
+    if _TOTAL.search(text) or settings.get("kv_compared"):  # the GPU memory must be known to compare KV
         if m := _BLOCKS.search(text):
             kv = int(m.group(1)) * LOG_BLOCK_SIZE
         elif m := _V1_TOKENS.search(text):
@@ -71,6 +91,7 @@ def load_case(path: Path) -> LogCase:
             kv = int(settings["derived_kv_tokens"])  # type: ignore[arg-type]
     non_torch, activation = (float(m.group(1)) if (m := rx.search(text)) else None for rx in (_NON_TORCH, _ACTIVATION))
     stage = settings.get("logged_stage")
+    kv_gib = float(m.group(1)) if (m := _V1_KV_GIB.search(text)) else None
     return LogCase(
         path.name,
         _header(lines, "source") or "",
@@ -81,6 +102,7 @@ def load_case(path: Path) -> LogCase:
         non_torch,
         activation,
         int(stage) if stage is not None else None,
+        kv_gib,
     )  # type: ignore[call-overload]
 
 
@@ -138,8 +160,90 @@ def summarise(cases: list[LogCase]) -> Summary:
     return Summary(w, kv, nt)
 
 
+@dataclass(frozen=True)
+class ClassSummary:
+    """KV-token errors of the logs of one class (engine line, TP, or model kind)."""
+
+    name: str
+    errors: list[float]
+
+    @property
+    def median_abs(self) -> float:
+        return statistics.median(abs(e) for e in self.errors)
+
+    @property
+    def worst_optimistic(self) -> float:
+        return max([0.0, *self.errors])
+
+
+def kv_error(case: LogCase) -> float | None:
+    """Signed KV-token error of one log, None when the log cannot be compared for KV."""
+    if not case.logged_kv_tokens:
+        return None
+    return error_pct(estimate_case(case).kv_tokens, case.logged_kv_tokens)
+
+
+CLASSES = (
+    ("engine", ("v0", "v1"), lambda c: c.engine),
+    ("tp", ("tp1", "tp>=2"), lambda c: c.tp_class),
+    ("kind", ("dense", "moe", "mla"), lambda c: c.kind),
+)
+
+
+def class_summaries(cases: list[LogCase]) -> list[ClassSummary]:
+    """Per class (V0/V1, TP 1/TP >= 2, dense/MoE/MLA), the KV errors of its logs; classes without logs left out."""
+    compared = [(c, e) for c in cases if (e := kv_error(c)) is not None]
+    out = []
+    for _, values, key in CLASSES:
+        for value in values:
+            errors = [e for c, e in compared if key(c) == value]
+            if errors:
+                out.append(ClassSummary(value, errors))
+    return out
+
+
+def v1_line(cases: list[LogCase]) -> str:
+    """The bench's last line, for scripts: V1 logs compared for KV, how many at TP >= 2, median and worst."""
+    v1 = [(c, e) for c in cases if c.engine == "v1" and (e := kv_error(c)) is not None]
+    errors = [e for _, e in v1]
+    median = statistics.median(abs(e) for e in errors) if errors else 0.0
+    worst = max([0.0, *errors])
+    tp2 = sum(1 for c, _ in v1 if c.tp_class == "tp>=2")
+    return f"v1 logs {len(v1)} (tp>=2 {tp2}): kv median {median:.1f}%, worst optimistic {worst:.1f}%"
+
+
+def print_v1(cases: list[LogCase]) -> None:
+    """The V1-engine logs on their own: weights, KV memory and KV tokens, estimated vs logged."""
+    print()
+    print(
+        f"V1 engine logs: {'log':<66} {'weights est/log':>16} {'err%':>6} {'KV GiB est/log':>15} "
+        f"{'KV tokens est/log':>22} {'err%':>6}"
+    )
+    for case in (c for c in cases if c.engine == "v1"):
+        est = estimate_case(case)
+        w_est = estimated_weights_gib(case, est)
+        kv_gib = f"{est.kv_cache_gib_per_gpu:.2f}/{case.logged_kv_gib:.2f}" if case.logged_kv_gib is not None else "-"
+        kv_col, kv_err = "-", ""
+        if case.logged_kv_tokens:
+            kv_col = f"{est.kv_tokens}/{case.logged_kv_tokens}"
+            kv_err = f"{error_pct(est.kv_tokens, case.logged_kv_tokens):+.1f}"
+        print(
+            f"{case.name[:82]:<82} {w_est:7.2f}/{case.logged_weights_gib:<8.2f} "
+            f"{error_pct(w_est, case.logged_weights_gib):+6.1f} {kv_gib:>15} {kv_col:>22} {kv_err:>6}"
+        )
+
+
+def print_classes(cases: list[LogCase]) -> None:
+    """Median |error| and worst optimistic KV error per class."""
+    print()
+    print(f"{'class':<8} {'logs':>5} {'KV median |err|%':>17} {'worst optimistic%':>18}")
+    for cls in class_summaries(cases):
+        print(f"{cls.name:<8} {len(cls.errors):>5} {cls.median_abs:>17.1f} {cls.worst_optimistic:>+18.1f}")
+
+
 def main() -> None:
-    """Print the comparison table, the medians and the worst optimistic KV error."""
+    """Print the comparison table, the medians and the worst optimistic KV error, then the V1 logs, the
+    classes and the line for scripts (last)."""
     cases = load_cases()
     print(
         f"{'log':<72} {'weights GiB est/log':>20} {'err%':>6} {'non-torch est/log':>18} "
@@ -171,6 +275,9 @@ def main() -> None:
     )
     if s.non_torch:
         print("non-torch GiB est/log: " + ", ".join(f"{e:.2f}/{lg:.2f}" for _, e, lg in s.non_torch))
+    print_v1(cases)
+    print_classes(cases)
+    print(v1_line(cases))
 
 
 if __name__ == "__main__":
