@@ -70,7 +70,7 @@ CPU_DIFFERENCES: Mapping[str, str] = {
     "process per replica on two cores",
     "--max-model-len / --max-num-seqs": "sized for the tiny model and two cores",
     "--enforce-eager": "added unless eager=False: without it vLLM compiles with torch.compile (Inductor) at "
-    "start, which takes 37-60 s here instead of ~20 s",
+    "start: /health after 37-60 s instead of 14-23 s (issue 33)",
     "--enable-prefix-caching / --num-gpu-blocks-override": "only where a caller asks (the routing bench: prefix "
     "caching on, a KV cache small enough that eviction matters)",
     "VLLM_CPU_KVCACHE_SPACE": "added: the CPU platform's KV cache size in whole GiB (--gpu-memory-utilization "
