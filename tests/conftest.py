@@ -130,6 +130,7 @@ REALTOOL_MODULES = frozenset(
     {
         "test_clock",
         "test_example_stacks",
+        "test_gateway_affinity",
         "test_gateway_body",
         "test_gateway_budgets",
         "test_gateway_day2",

@@ -170,7 +170,7 @@ def test_a_stack_on_the_toy_engine_plans_containers_gateway_monitoring_and_polic
     # The gateway takes the toy server's own keep-alive and not-ready statuses.
     conf = written_files(run.get("gateway-config").plain_inputs()["create"])["/etc/llm-cluster/gateway/conf/nginx.conf"]
     upstream = conf[conf.index("upstream llm_pool_chat {") :]
-    assert upstream[: upstream.index("}")].splitlines()[-3:-1] == [
+    assert upstream[: upstream.index("\n    }")].splitlines()[-2:] == [
         "        keepalive 32;",
         "        keepalive_timeout 18s;",
     ]

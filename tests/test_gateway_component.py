@@ -317,6 +317,7 @@ def test_without_auth_no_key_is_made_written_mounted_or_exported() -> None:
     files = written_files(result.get("gateway-config").plain_inputs()["create"])
     assert sorted(files) == [
         "/etc/llm-cluster/gateway/conf/llm/gateway.lua",
+        "/etc/llm-cluster/gateway/conf/llm/gateway_affinity.lua",
         "/etc/llm-cluster/gateway/conf/llm/gateway_metrics.lua",
         "/etc/llm-cluster/gateway/conf/llm/routes.json",
         "/etc/llm-cluster/gateway/conf/nginx.conf",

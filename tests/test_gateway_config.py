@@ -65,6 +65,14 @@ def handler_of(endpoint: str, pin: str | None = None) -> str:
     return lua_content("route", f'"/v1/{endpoint}"' + (f', "{pin}"' if pin else ""))
 
 
+# The reference chat pool's replicas, given to gateway_affinity.lua with the routing settings' defaults.
+AFFINITY_INIT = (
+    'require("gateway_affinity").init({factor = 1.25, floor = 4, chars = 2048, max_fails = 2, fail_timeout = 30, '
+    'tries = 3, header = "X-Session-Id", upstreams = {llm_pool_chat = {"chat", {"192.168.10.13:8000", '
+    '"192.168.10.14:8000", "192.168.10.15:8000", "192.168.10.16:8000"}}}})'
+)
+
+
 def block(conf: str, header: str) -> list[str]:
     """The stripped lines of the `{ … }` block that opens with `header`."""
     out, depth, inside = [], 0, False
@@ -85,17 +93,17 @@ def block(conf: str, header: str) -> list[str]:
 
 def test_reference_upstreams_are_the_pools_heads_with_passive_health_and_keepalive(prod_spec: StackSpec) -> None:
     conf = gateway_files(prod_spec)["nginx.conf"]
+    # Four replicas: prefix affinity picks one (gateway_affinity.lua, its replicas in its settings below).
     assert block(conf, "upstream llm_pool_chat") == [
         "zone llm_pool_chat 64k;",
-        "least_conn;",
-        "server 192.168.10.13:8000 max_fails=2 fail_timeout=30s;",
-        "server 192.168.10.14:8000 max_fails=2 fail_timeout=30s;",
-        "server 192.168.10.15:8000 max_fails=2 fail_timeout=30s;",
-        "server 192.168.10.16:8000 max_fails=2 fail_timeout=30s;",
+        "# Never used: gateway_affinity.lua picks the replica (prefix affinity, bounded load).",
+        "server 0.0.0.1 max_fails=0;",
+        'balancer_by_lua_block { package.loaded.gateway_affinity.balance("llm_pool_chat") }',
         # vLLM's uvicorn closes idle connections after 5 s: nginx lets go at 3 s.
         "keepalive 32;",
         "keepalive_timeout 3s;",
     ]
+    assert AFFINITY_INIT in conf
     # TP8 x PP2 on gpu-01 + gpu-02 is one engine served from its Ray head, gpu-01.
     assert block(conf, "upstream llm_pool_reasoning") == [
         "zone llm_pool_reasoning 64k;",
@@ -188,9 +196,11 @@ def test_reference_loads_the_lua_module_reads_its_tables_once_and_declares_the_r
     assert lua == [
         'lua_package_path "/etc/llm-gateway/llm/?.lua;/usr/share/lua/5.1/?.lua;;";',
         'lua_package_cpath "/usr/lib/x86_64-linux-gnu/lua/5.1/?.so;;";',
+        "lua_shared_dict llm_affinity 1m;",
         'init_by_lua_block { jit.opt.start("loopunroll=60") collectgarbage("setpause", 400) '
         'require("gateway").init("/etc/llm-gateway/llm/routes.json", '
-        '"/etc/llm-gateway-keys/key-hashes.json") require("gateway_metrics") }',
+        '"/etc/llm-gateway-keys/key-hashes.json") require("gateway_metrics") '
+        f"{AFFINITY_INIT} }}",
         "lua_shared_dict llm_metrics 5262k;",
     ]
     # Declared with their defaults (a map: kept across ngx.exec and error pages, no "uninitialized"
@@ -200,8 +210,10 @@ def test_reference_loads_the_lua_module_reads_its_tables_once_and_declares_the_r
         "map \"\" $llm_body { default ''; }",
         # A routed request's id is gateway.lua's (X-Request-Id); the usage line's comes from Lua too.
         "map \"\" $llm_request_id { default ''; }",
+        # The affinity key's hash, for the chat pool's balancer.
+        "map \"\" $llm_affinity { default ''; }",
     ]
-    assert "log_format llm_request_variables '$llm_key_id $llm_body $llm_request_id';" in http
+    assert "log_format llm_request_variables '$llm_key_id $llm_body $llm_request_id $llm_affinity';" in http
     # The model, pool, token counts and stream events are no nginx variables (gateway_metrics.routed).
     assert not {"$llm_model", "$llm_pool", "$llm_usage_counts", "$llm_events"} & set(
         re.findall(r"\$\w+", "\n".join(http))
@@ -236,11 +248,15 @@ def test_usage_log_and_metrics_are_kept_by_lua_in_the_log_phase_at_http_level(pr
         '"/smart/v1/embeddings", "/smart/v1/models"}, usage_dir = "/var/log/llm-gateway", '
         "prune_seconds = 3600, retention_days = 30, max_bytes = 21474836480}) }",
         'exit_worker_by_lua_block { require("gateway_metrics").stop() }',
-        "log_by_lua_block { package.loaded.gateway_metrics.record() }",
+        "log_by_lua_block { package.loaded.gateway_metrics.record() "
+        "package.loaded.gateway_affinity.done(package.loaded.gateway_metrics.count_route) }",
         "access_log off;",
         "log_by_lua_block { return }",
     ]
-    assert http.index("log_by_lua_block { package.loaded.gateway_metrics.record() }") < http.index("server {")
+    assert http.index(
+        "log_by_lua_block { package.loaded.gateway_metrics.record() "
+        "package.loaded.gateway_affinity.done(package.loaded.gateway_metrics.count_route) }"
+    ) < http.index("server {")
     assert "lua_shared_dict llm_metrics 5262k;" in conf
     assert "syslog" not in gateway_files(prod_spec)["nginx.conf"]
     # nginx composes its part of the line; the client's path goes in as it came (the line's last
@@ -463,7 +479,7 @@ def test_without_auth_nothing_checks_or_loads_a_key(config: dict[str, Any], prod
     assert (
         'init_by_lua_block { jit.opt.start("loopunroll=60") collectgarbage("setpause", 400) '
         'require("gateway").init("/etc/llm-gateway/llm/routes.json", nil) '
-        'require("gateway_metrics") }' in lines(files["nginx.conf"])
+        f'require("gateway_metrics") {AFFINITY_INIT} }}' in lines(files["nginx.conf"])
     )
     assert "set_by_lua" in files["nginx.conf"]  # (it returns '' at once: routes.json says auth is off)
     for endpoint in ("chat/completions", "models"):

@@ -387,8 +387,10 @@ def test_metrics_listener_answers_404_off_metrics_and_the_text_content_type(tmp_
         assert get(gw.metrics_port, "/") == (404, "text/plain", "llm-cluster gateway: GET /metrics\n")
         status, content_type, text = get(gw.metrics_port, "/metrics")
         assert (status, content_type) == (200, "text/plain; version=0.0.4; charset=utf-8")
-        # A fresh gateway: no label set yet (scrapes are neither counted nor logged).
+        # A fresh gateway: no label set yet (scrapes are neither counted nor logged); the chat pool's
+        # replica (prefix affinity) with nothing in flight.
         assert samples(text) == {
+            f'llm_gateway_upstream_in_flight{{pool="chat",upstream="{pools["chat"][0].addr}"}}': 0,
             "llm_gateway_log_lines_total": 0,
             "llm_gateway_log_write_errors_total": 0,
             "llm_gateway_series_overflow_total": 0,
@@ -422,7 +424,9 @@ def test_a_reload_loses_no_usage_line_and_no_count(tmp_path: Path) -> None:
 
 
 def test_label_sets_are_capped_and_the_overflow_counted(tmp_path: Path) -> None:
-    gw, keys, pools = own(tmp_path, metricsMaxSeries=6)
+    # least_conn: the label sets below are requests', tokens' and durations' only (a pool routed by prefix
+    # affinity adds its routing outcomes, counted against the same cap; tests/test_gateway_affinity.py).
+    gw, keys, pools = own(tmp_path, metricsMaxSeries=6, routing={"policy": "least_conn"})
     try:
         # 4 label sets (requests, prompt and completion tokens, the chat histogram), then 2 (requests
         # of `limited`, the histogram of pool ""): the cap. Each waits for its merge.

@@ -315,6 +315,14 @@ def test_no_gateway_means_no_gateway_panels_jobs_or_alerts(config: dict[str, Any
 # --- alert unit tests (promtool test rules) ------------------------------------------------------
 
 
+def in_flight(node: int) -> str:
+    """The gateway's in-flight gauge of the chat replica on gpu-<node>."""
+    return (
+        'llm_gateway_upstream_in_flight{job="gateway", instance="gpu-01", node="gpu-01", pool="chat", '
+        f'upstream="192.168.10.{node}:8000"}}'
+    )
+
+
 @dataclass
 class Case:
     """One promtool alert test: input series, an evaluation time, and the alerts expected then."""
@@ -637,6 +645,26 @@ def cases(spec: StackSpec) -> list[Case]:
             "a single failover",
             "15m",
             [(f"llm_gateway_upstream_failures_total{{{upstream}}}", "0x10 1x10")],
+        ),
+        # Prefix affinity: the busiest replica above 2 x the pool's mean and above the floor (minInFlight 4).
+        Case(
+            "GatewayRoutingImbalance",
+            "20 in flight on one replica, 2 on the others",
+            "15m",
+            [(in_flight(n), "20x20" if n == 13 else "2x20") for n in (13, 14, 15, 16)],
+            [({"pool": "chat"}, 20.0)],
+        ),
+        Case(
+            "GatewayRoutingImbalance",
+            "6 against a mean of 4.5",
+            "15m",
+            [(in_flight(n), "6x20" if n == 13 else "4x20") for n in (13, 14, 15, 16)],
+        ),
+        Case(
+            "GatewayRoutingImbalance",
+            "4 on one replica at low traffic: within the floor",
+            "15m",
+            [(in_flight(n), "4x20" if n == 13 else "0x20") for n in (13, 14, 15, 16)],
         ),
         *threshold_cases(gw200, upstream),
     ]

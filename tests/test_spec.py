@@ -42,7 +42,7 @@ REFUSED: list[tuple[str, Mutation, list[str]]] = [
             "pools.chat.tensorParalel: unknown key 'tensorParalel'; allowed keys here: engine, env, image, imageFacts, "
             "llamacpp, lmdeploy, loadTimeoutMinutes, maxUnavailable, model, nodes, offline, pipelineParallel, port, rayClientPort, rayDashboardPort, "
             "rayGateTimeoutSeconds, rayPort, readTimeoutSeconds, replicasPerNode, "
-            "restartUnhealthyAfterSeconds, shmSizeGib, tensorParallel, vllm"
+            "restartUnhealthyAfterSeconds, routing, shmSizeGib, tensorParallel, vllm"
         ],
     ),
     (

@@ -134,6 +134,7 @@ PATTERN_WORDS: dict[str, str] = {
     r"^[A-Z][A-Z0-9_]*$": "an upper-case name: letters, digits and '_', e.g. TRITON_ATTN",
     r"^\d+\.\d+(\.\d+)?([a-z0-9.+-]*)$": "a version: two or three numbers separated by dots, then any lower-case "
     "suffix, e.g. 0.19.1 or 0.11.0rc1",
+    r"^[A-Za-z0-9-]{1,64}$": "an HTTP header name: letters, digits and '-', at most 64 characters, e.g. X-Session-Id",
     r"^[A-Za-z0-9._+-][A-Za-z0-9._+/-]*\.gguf$": "a .gguf file name inside the model's path: letters, digits, "
     "and . _ + - / (not starting with /), ending in .gguf",
 }

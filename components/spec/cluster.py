@@ -539,6 +539,9 @@ class PoolSpec(Spec):
     load_timeout_minutes: int = Field(default=30, ge=1)
     """How long the readiness gate waits for /health (weights load 5–15 min on local disks)."""
     ray_gate_timeout_seconds: int = Field(default=300, ge=10)
+    routing: Literal["prefix", "least_conn"] | None = None
+    """How the gateway picks this pool's replica (gateway.routing.policy when unset): prefix affinity with
+    bounded load, or least_conn."""
     max_unavailable: int = Field(default=1, ge=1)
     """Instances `make rollout` replaces at once (the others keep serving); the plan diff recommends a
     rollout when a change would restart more of them together."""

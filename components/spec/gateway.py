@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
@@ -108,6 +109,31 @@ class ImageBuildSpec(Spec):
         return build_args(self.debian_mirror, self.debian_security_mirror, self.check_valid_until)
 
 
+RoutingPolicy = Literal["prefix", "least_conn"]
+
+
+class RoutingSpec(Spec):
+    """How the gateway picks a replica of a pool of several instances."""
+
+    policy: RoutingPolicy = "prefix"
+    """`prefix`: the replica that already holds the conversation (a hash of its session, or of the head of its
+    prompt, on a consistent-hash ring of the pool's healthy replicas, moved on when that replica is above its
+    load bound); `least_conn`: the least busy replica. Each pool may set its own (`pools.<pool>.routing`)."""
+    load_factor: float = Field(default=1.25, ge=1.0, le=10.0)
+    """The load bound of `prefix`: a replica takes a request only while its requests in flight stay within
+    ceil(loadFactor x (the pool's in flight + 1) / its healthy replicas); else the next on the ring does."""
+    min_in_flight: int = Field(default=4, ge=1, le=4096)
+    """A replica with fewer requests in flight than this is never above its bound: an engine batches a few
+    requests at little cost, while moving them away loses their cached prefix (and, at low traffic, the
+    bound's mean is mostly noise)."""
+    prefix_chars: int = Field(default=2048, ge=64, le=65536)
+    """How much of a request's head is hashed: the chat messages up to the first user message (system
+    prompt and first turn), or a completion's prompt, cut to this many bytes."""
+    session_header: str = Field(default="X-Session-Id", pattern=r"^[A-Za-z0-9-]{1,64}$")
+    """A header whose value, when a client sends it, is the affinity key (before OpenAI's `user` field, before
+    the prompt's head): one conversation, one replica."""
+
+
 class GatewaySpec(Spec):
     """One endpoint that routes by the request's `model` and by path."""
 
@@ -157,6 +183,9 @@ class GatewaySpec(Spec):
     client_timeout_seconds: int = Field(default=60, ge=1, le=3600)
     """A client that sends no byte of its request headers or body for this long is dropped (a slow
     client holds a connection and, with its body, memory); nginx logs it as 408 and closes."""
+    routing: RoutingSpec = RoutingSpec()
+    """How a pool's replica is picked for a request: prefix affinity with bounded load (the default), or
+    least_conn."""
     upstream_keepalive: int = Field(default=32, ge=0)
     """Idle keepalive connections each nginx worker keeps to each pool (0 = none)."""
     tls: bool = True

@@ -128,3 +128,18 @@ def weights_nodes(spec: StackSpec, model: str) -> list[str]:
     source = spec.models[model].source.node
     holders = [n for p in spec.pools.values() if p.model == model for n in p.nodes]
     return list(dict.fromkeys(([source] if source else []) + holders))
+
+
+def pool_routing(spec: StackSpec, pool: str) -> str:
+    """How the gateway picks a replica of the pool: `prefix` (affinity with bounded load) or `least_conn`."""
+    assert spec.gateway is not None
+    return spec.pools[pool].routing or spec.gateway.routing.policy
+
+
+def affinity_pools(spec: StackSpec) -> list[str]:
+    """The pools routed by prefix affinity: set to `prefix`, with two or more instances to choose from. Pools
+    that share a model keep their weighted least_conn split in the model's own upstream; a path route that
+    pins one of them reaches the pool's upstream, with its affinity."""
+    if spec.gateway is None:
+        return []
+    return [p for p in spec.pools if pool_routing(spec, p) == "prefix" and len(instances(spec, p)) >= 2]

@@ -213,6 +213,10 @@ _V1_METRICS = MappingProxyType(
         **_V0_METRICS,
         "kv_cache_usage": "vllm:kv_cache_usage_perc",
         "time_per_output_token": "vllm:inter_token_latency_seconds",
+        # Counters of prompt tokens looked up in, and found in, the prefix cache (0.11.0 and 0.19.1
+        # v1/metrics/loggers.py: vllm:prefix_cache_queries / _hits, exported with _total).
+        "prefix_cache_queries": "vllm:prefix_cache_queries_total",
+        "prefix_cache_hits": "vllm:prefix_cache_hits_total",
     }
 )
 

@@ -68,12 +68,15 @@ from components.planning.gateway.routing import (
 from components.planning.gateway.upstreams import engine_server, upstream_keepalive_seconds
 from components.planning.nodes.scripts import put_files_lines
 from components.spec.stack import StackSpec
+from components.spec.topology import affinity_pools
 
 LUA_SOURCE = Path(__file__).with_name("lua") / "gateway.lua"
 # The token budgets' Lua module (module `gateway_budget`), loaded only when a key has a budget.
 BUDGET_SOURCE = LUA_SOURCE.with_name("gateway_budget.lua")
 # The usage record and the metrics (module `gateway_metrics`), and its shared dict of counters.
 METRICS_SOURCE = LUA_SOURCE.with_name("gateway_metrics.lua")
+AFFINITY_SOURCE = LUA_SOURCE.with_name("gateway_affinity.lua")
+AFFINITY_ZONE = "llm_affinity"
 METRICS_ZONE = "llm_metrics"
 # Seconds; LLM requests run from milliseconds (refusals, short embeddings) up to the pools' readTimeoutSeconds.
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0)
@@ -319,8 +322,8 @@ def nginx_conf(
         out += [f"    {line}" for line in temp_path_directives(layout.temp_dir)]
     out += [
         "",
-        *_lua_directives(spec, layout),
-        *_request_variables(),
+        *_lua_directives(spec, layout, servers),
+        *_request_variables(spec),
         *(_budget_directives(spec) if budgets else []),
         *_usage_directives(spec, layout),
         "",
@@ -351,8 +354,9 @@ def nginx_conf(
     )
     out.append("")
 
+    affinity = affinity_pools(spec)
     for pool, addrs in servers.items():
-        out += _upstream(spec, f"llm_pool_{pool}", [pool], {pool: addrs}, {pool: 1})
+        out += _upstream(spec, f"llm_pool_{pool}", [pool], {pool: addrs}, {pool: 1}, affinity=pool in affinity)
     for model, pools in model_pools(spec).items():
         if len(pools) > 1:
             # One group over every pool serving the model: a pool's servers carry its poolWeight.
@@ -470,7 +474,9 @@ def _lua_string(text: str) -> str:
 LUA_VM_SETTINGS = 'jit.opt.start("loopunroll=60") collectgarbage("setpause", 400)'
 
 
-def _lua_directives(spec: StackSpec, layout: GatewayLayout) -> list[str]:
+def _lua_directives(
+    spec: StackSpec, layout: GatewayLayout, servers: Mapping[str, Sequence[tuple[str, int]]]
+) -> list[str]:
     """Where the Lua modules are, and gateway.lua's tables read once per start (and per reload)."""
     g = spec.gateway
     assert g is not None
@@ -482,10 +488,44 @@ def _lua_directives(spec: StackSpec, layout: GatewayLayout) -> list[str]:
     # Every module loaded here, in the master: the workers (another user) inherit them read, and the
     # request handlers take them from package.loaded, a table lookup where require() is a C call on
     # every handler entry (bench/gateway_instructions.py; docs/perf/gateway.md).
+    affinity = (
+        f' require("gateway_affinity").init({_lua_value(affinity_settings(spec, servers))})'
+        if affinity_pools(spec)
+        else ""
+    )
+    zone = (
+        [
+            "    # Requests in flight and recent failures per replica of the affinity pools, shared by the workers.",
+            f"    lua_shared_dict {AFFINITY_ZONE} 1m;",
+        ]
+        if affinity
+        else []
+    )
     return out + [
+        *zone,
         f'    init_by_lua_block {{ {LUA_VM_SETTINGS} require("gateway").init({_lua_string(layout.routes_file)}, {digests})'
-        f'{budgets} require("gateway_metrics") }}'
+        f'{budgets} require("gateway_metrics"){affinity} }}',
     ]
+
+
+def affinity_settings(spec: StackSpec, servers: Mapping[str, Sequence[tuple[str, int]]]) -> dict[str, object]:
+    """What gateway_affinity.init() is given: the load factor, the head's length, passive health, the tries,
+    the session header, and each affinity upstream's pool label and replicas (host:port, in stack order)."""
+    g = spec.gateway
+    assert g is not None
+    return {
+        "factor": g.routing.load_factor,
+        "floor": g.routing.min_in_flight,
+        "chars": g.routing.prefix_chars,
+        "max_fails": g.max_fails,
+        "fail_timeout": g.fail_timeout_seconds,
+        "tries": MAX_TRIES,
+        "header": g.routing.session_header,
+        "upstreams": {
+            f"llm_pool_{pool}": [pool, [f"{host}:{port}" for host, port in servers[pool]]]
+            for pool in affinity_pools(spec)
+        },
+    }
 
 
 # The variables the request path sets (ngx.var, set_by_lua) for nginx's own directives (limits, an
@@ -493,18 +533,20 @@ def _lua_directives(spec: StackSpec, layout: GatewayLayout) -> list[str]:
 REQUEST_VARIABLES = {"llm_key_id": "", "llm_body": "", "llm_request_id": ""}
 
 
-def _request_variables() -> list[str]:
+def _request_variables(spec: StackSpec) -> list[str]:
     """Each request variable declared by a `map` of its default. A map's variable is changeable
     and keeps a value set in it, across ngx.exec and error_page redirects alike (a server-level
     `set` would run again on an error page's redirect and blank them), and it reads as its default
     in a request that never reached the rewrite phase (a 408 on headers), where a `set` variable
     would be "uninitialized": no value, and a warning per request in the error log."""
+    # The affinity key's hash, for the balancer of an affinity pool ('': no key, the ring's spread).
+    names = {**REQUEST_VARIABLES, **({"llm_affinity": ""} if affinity_pools(spec) else {})}
     return [
         "    # What gateway.lua sets for the log phase: a default in every request, kept across redirects.",
-        *(f"    map \"\" ${name} {{ default '{value}'; }}" for name, value in REQUEST_VARIABLES.items()),
+        *(f"    map \"\" ${name} {{ default '{value}'; }}" for name, value in names.items()),
         # ngx.var assigns only a variable nginx has indexed, i.e. one a directive names: this
         # format, never written, names every one of them whatever the log phase reads.
-        f"    log_format llm_request_variables '{' '.join(f'${name}' for name in REQUEST_VARIABLES)}';",
+        f"    log_format llm_request_variables '{' '.join(f'${name}' for name in names)}';",
     ]
 
 
@@ -574,13 +616,19 @@ def _usage_directives(spec: StackSpec, layout: GatewayLayout) -> list[str]:
     Lua the rest; Lua keeps lines and counts in the worker, and a timer writes and merges them once
     a second."""
     charge = "package.loaded.gateway_budget.charge" if token_budgets(spec) else ""
+    # An affinity pool's slot given back and its routing outcome counted (gateway_affinity.lua).
+    done = (
+        " package.loaded.gateway_affinity.done(package.loaded.gateway_metrics.count_route)"
+        if affinity_pools(spec)
+        else ""
+    )
     return [
         f"    map \"\" $llm_usage_line {{ default '{LOG_FORMAT}'; }}",
         "    # Counters merged from every worker's own tables; kept across reloads (same name and size).",
         f"    lua_shared_dict {METRICS_ZONE} {metrics_zone_kib(spec)}k;",
         f'    init_worker_by_lua_block {{ require("gateway_metrics").start({_lua_value(metrics_settings(spec, layout))}) }}',
         '    exit_worker_by_lua_block { require("gateway_metrics").stop() }',
-        f"    log_by_lua_block {{ package.loaded.gateway_metrics.record({charge}) }}",
+        f"    log_by_lua_block {{ package.loaded.gateway_metrics.record({charge}){done} }}",
         # nginx's own access log would write each request again, one write() apiece.
         "    access_log off;",
     ]
@@ -672,12 +720,23 @@ def _upstream(
     pools: Sequence[str],
     servers: Mapping[str, Sequence[tuple[str, int]]],
     weights: Mapping[str, int],
+    *,
+    affinity: bool = False,
 ) -> list[str]:
-    """An upstream block over the servers of these pools (one pool, or the pools sharing a model)."""
+    """An upstream block over the servers of these pools (one pool, or the pools sharing a model): least_conn,
+    or with `affinity` gateway_affinity.lua's choice (its replicas are in its settings)."""
     g = spec.gateway
     assert g is not None
-    out = [f"    upstream {name} {{", f"        zone {name} 64k;", "        least_conn;"]
-    for pool in pools:
+    out = [f"    upstream {name} {{", f"        zone {name} 64k;"]
+    if affinity:
+        out += [
+            "        # Never used: gateway_affinity.lua picks the replica (prefix affinity, bounded load).",
+            "        server 0.0.0.1 max_fails=0;",
+            f'        balancer_by_lua_block {{ package.loaded.gateway_affinity.balance("{name}") }}',
+        ]
+    else:
+        out.append("        least_conn;")
+    for pool in [] if affinity else pools:
         weight = weights[pool]
         extra = " down" if weight == 0 else (f" weight={weight}" if weight != 1 else "")
         out += [
@@ -742,6 +801,7 @@ def render_gateway(
         "llm/gateway_metrics.lua": METRICS_SOURCE.read_text(),
         "llm/routes.json": json.dumps(routes_table(spec), indent=1) + "\n",
         **({"llm/gateway_budget.lua": BUDGET_SOURCE.read_text()} if token_budgets(spec) else {}),
+        **({"llm/gateway_affinity.lua": AFFINITY_SOURCE.read_text()} if affinity_pools(spec) else {}),
     }
 
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from components.engines.registry import engine_for
 from components.spec.stack import StackSpec
-from components.spec.topology import instances
+from components.spec.topology import affinity_pools, instances
 
 # Endpoints routed by `model` (POST) under /v1/ and under every path-route prefix.
 MODEL_ENDPOINTS = ("chat/completions", "completions", "embeddings")
@@ -69,6 +69,11 @@ def exposed_paths(spec: StackSpec) -> list[str]:
     return [f"{prefix}{endpoint}" for prefix in path_routes(spec) for endpoint in (*MODEL_ENDPOINTS, "models")]
 
 
+def affinity_locations(spec: StackSpec) -> dict[str, str]:
+    """Named location -> the affinity pool it proxies to (gateway.lua hashes the request's key for those)."""
+    return {f"{kind}{pool}": pool for pool in affinity_pools(spec) for kind in ("@llm_pool_", "@llm_alias_")}
+
+
 def upstream_servers(spec: StackSpec, pool: str) -> list[tuple[str, int]]:
     """(address, port) of every instance of a pool: the head node serves the OpenAI API."""
     return [(spec.node(i.head).address, i.port) for i in instances(spec, pool)]
@@ -123,4 +128,5 @@ def routes_table(spec: StackSpec) -> dict[str, object]:
         "order": order,
         "prefixes": dict(g.path_routes),
         "allow": allow,
+        **({"affinity": affinity} if (affinity := affinity_locations(spec)) else {}),
     }

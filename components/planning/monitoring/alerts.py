@@ -18,11 +18,14 @@ from components.planning.monitoring.prometheus import (
     to_yaml,
 )
 from components.spec.stack import StackSpec
-from components.spec.topology import Instance, all_instances
+from components.spec.topology import Instance, affinity_pools, all_instances
 
 # Fixed windows for availability alerts: a lost node or engine matters within minutes, whatever
 # for_minutes says about performance conditions.
 SERVICE_DOWN_FOR = "2m"
+# A replica of a prefix-affinity pool with more than this many times the pool's mean in flight: the load
+# bound keeps it near loadFactor x the mean, so this much means the bound is not holding.
+ROUTING_IMBALANCE = 2
 NODE_DOWN_FOR = "2m"
 RAY_NODES_LOST_FOR = "1m"
 # A Ray head's textfile older than this (4 missed rewrites) means its writer, or the head, is gone.
@@ -291,6 +294,22 @@ def alert_groups(spec: StackSpec) -> dict[str, list[AlertRule]]:
                 for_,
             ),
         ]
+        if affinity_pools(spec):
+            in_flight = 'llm_gateway_upstream_in_flight{job="gateway"}'
+            floor = spec.gateway.routing.min_in_flight
+            gateway.append(
+                AlertRule(
+                    "GatewayRoutingImbalance",
+                    f"max by (pool) ({in_flight}) > {ROUTING_IMBALANCE:g} * avg by (pool) ({in_flight}) "
+                    f"and max by (pool) ({in_flight}) > {floor}",
+                    "warning",
+                    "Prefix affinity loads one replica of pool {{ $labels.pool }} far above the others",
+                    '{{ $value | printf "%.0f" }} requests in flight on its busiest replica, over '
+                    f"{ROUTING_IMBALANCE:g} x the pool's mean: the load bound (gateway.routing.loadFactor) is not "
+                    "holding, or replicas are ejected; see the gateway's routing outcomes.",
+                    for_,
+                )
+            )
 
     groups = {"llm-serving": serving, "llm-gpu": gpu, "llm-nodes": nodes, "llm-ray": ray, "llm-gateway": gateway}
     return {k: v for k, v in groups.items() if v}

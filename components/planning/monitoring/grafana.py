@@ -95,6 +95,18 @@ def serving_panels(groups: list[ServingMetrics]) -> tuple[Panel, ...]:
             tuple((f"{g['kv_cache_usage']}{{{sel}}}", "{{instance}}") for g, sel in each("kv_cache_usage")),
         ),
         Panel(
+            "Prefix cache hit rate per instance",
+            "percentunit",
+            tuple(
+                (
+                    f"sum by (instance) ({_rate(g['prefix_cache_hits'], sel)}) / "
+                    f"sum by (instance) ({_rate(g['prefix_cache_queries'], sel)})",
+                    "{{instance}}",
+                )
+                for g, sel in each("prefix_cache_hits", "prefix_cache_queries")
+            ),
+        ),
+        Panel(
             "Queue depth",
             "short",
             tuple(
@@ -152,6 +164,23 @@ GATEWAY_PANELS: tuple[Panel, ...] = (
                 "{{pool}} {{upstream}}",
             ),
         ),
+    ),
+)
+GATEWAY_PANELS += (
+    Panel(
+        "Gateway routing outcomes (prefix affinity)",
+        "reqps",
+        (
+            (
+                'sum by (pool, outcome) (rate(llm_gateway_routing_total{job="gateway"}[$__rate_interval]))',
+                "{{pool}} {{outcome}}",
+            ),
+        ),
+    ),
+    Panel(
+        "Requests in flight per replica (prefix affinity)",
+        "short",
+        (('llm_gateway_upstream_in_flight{job="gateway"}', "{{pool}} {{upstream}}"),),
     ),
 )
 GPU_PANELS: tuple[Panel, ...] = (

@@ -65,6 +65,7 @@ local COUNT_KEYS = {'"prompt_tokens"', '"completion_tokens"', '"total_tokens"'}
 local M = {}
 local routes
 local has_allowlists  -- whether any key has one (routes.allow)
+local affinity_of = {}  -- named location -> its pool, for the pools routed by prefix affinity (routes.affinity)
 local keys = {}  -- raw 32-byte sha256 -> key id
 -- Each name routes.json routes -> the model as the usage line holds it: json_text's loop, which would
 -- cut route()'s trace, runs once per name, at start (with record()'s path lookup, 0.6k instructions a
@@ -92,6 +93,7 @@ end
 function M.init(routes_file, digests_file)
     routes = assert(cjson.decode(read(routes_file)), routes_file .. ": not JSON")
     has_allowlists = next(routes.allow) ~= nil
+    affinity_of = routes.affinity or {}
     for name in pairs(routes.models) do
         logged_names[name] = json_text(log_field(name))
     end
@@ -680,6 +682,10 @@ function M.route(endpoint, pin)
         ngx.req.set_uri(endpoint)  -- the query string stays as sent
     end
     var.llm_request_id = st.rid  -- X-Request-Id
+    if affinity_of[location] then
+        -- A pool routed by prefix affinity: its balancer reads the request's key ($llm_affinity).
+        package.loaded.gateway_affinity.key(raw)
+    end
     return ngx.exec(location)
 end
 

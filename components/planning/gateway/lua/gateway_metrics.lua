@@ -62,6 +62,10 @@ local HELP = {
     llm_gateway_log_write_errors_total = "Usage log lines lost because the day's usage file could not be written "
         .. "(nginx's error log says why).",
     llm_gateway_series_overflow_total = "Observations dropped because the gateway already holds maxSeries label sets.",
+    llm_gateway_routing_total = "Requests of pools routed by prefix affinity, by pool and outcome: kept (the key's own "
+        .. "replica), load (it was above its load bound), failure (it was ejected or failed the request), unkeyed (no "
+        .. "session or prompt to hash: the least busy replica).",
+    llm_gateway_upstream_in_flight = "Requests in flight on each replica of a pool routed by prefix affinity.",
 }
 
 local M = {}
@@ -796,6 +800,7 @@ local FAMILIES = {
     {"r", "llm_gateway_requests_total", {"key_id", "model", "pool", "status"}, 3, {1, 4, 2, 3}},
     {"f", "llm_gateway_upstream_failures_total", {"pool", "upstream"}, 1, {1, 2}},
     {"t", "llm_gateway_tokens_total", {"key_id", "model", "kind"}, 2, {1, 3, 2}},
+    {"a", "llm_gateway_routing_total", {"pool", "outcome"}, 1, {1, 2}},
 }
 
 local function head(out, name, kind)
@@ -833,7 +838,7 @@ end
 
 -- Every metric in the Prometheus text format 0.0.4.
 local function render()
-    local by_family = {r = {}, f = {}, t = {}, h = {}}
+    local by_family = {r = {}, f = {}, t = {}, a = {}, h = {}}
     for _, key in ipairs(dict:get_keys(0)) do
         local family = by_family[sub(key, 1, 1)]
         -- A histogram's label set is its count's key (no space: pool names hold none).
@@ -864,6 +869,11 @@ local function render()
         out[#out + 1] = name .. "_sum" .. labels({"pool"}, pool) .. " " .. number(dict:get(key .. " sum") or 0)
         out[#out + 1] = name .. "_count" .. labels({"pool"}, pool) .. " " .. number(count)
     end
+    local affinity = package.loaded.gateway_affinity
+    if affinity then
+        head(out, "llm_gateway_upstream_in_flight", "gauge")
+        affinity.in_flight(out, labels)
+    end
     for _, total in ipairs({{"llm_gateway_log_lines_total", LINES}, {"llm_gateway_log_write_errors_total", WRITE_ERRORS},
                             {"llm_gateway_series_overflow_total", OVERFLOW}}) do
         head(out, total[1], "counter")
@@ -871,6 +881,11 @@ local function render()
     end
     out[#out + 1] = ""
     return concat(out, "\n")
+end
+
+-- gateway_affinity.done(): one request of an affinity pool routed with this outcome.
+function M.count_route(pool, outcome)
+    add("a" .. pool .. " " .. outcome, 1)
 end
 
 -- content_by_lua of the metrics listener's /metrics.

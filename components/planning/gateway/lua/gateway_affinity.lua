@@ -1,0 +1,313 @@
+-- Prefix affinity with bounded load (consistent hashing with bounded loads): the replica of a pool that
+-- already holds a conversation's prompt in its prefix cache gets its next turn, unless it is above its
+-- load bound or failing, when the next replica on the ring takes it.
+--
+-- key() (content phase, from gateway.lua's route()) hashes the request's affinity key into $llm_affinity:
+-- the session header, else OpenAI's `user`, else the prompt's head (chat: the messages up to and including
+-- the first user message; completions: the prompt), cut to prefix_chars bytes.
+-- balance() (balancer_by_lua of an affinity upstream) walks the ring from that hash: the first replica that
+-- is not ejected, not already tried by this request, and within its bound takes it: ceil(factor x (the
+-- pool's in flight + 1) / its healthy replicas), never below floor (min_in_flight). A failed attempt (nginx's proxy_next_upstream) counts against its replica; max_fails of them
+-- within fail_timeout eject it for fail_timeout, so its keys go to their ring successors and no other
+-- key moves. done() (log phase) gives the slot back and counts the outcome:
+--   kept      the key's own replica (the first healthy one on the ring) served it
+--   load      its replica was above the bound, a later one served it
+--   failure   its replica was ejected or failed this request, a later one served it
+--   unkeyed   the request had no key (no session, no prompt): the least busy replica served it
+local M = {}
+
+local balancer = require("ngx.balancer")
+local cjson = require("cjson.safe")
+
+local var = ngx.var
+local crc32 = ngx.crc32_long
+local floor, ceil = math.floor, math.ceil
+local sub, byte = string.sub, string.byte
+local type = type
+
+local VNODES = 160  -- points per replica on the ring: the spread of keys within a few percent
+local dict  -- lua_shared_dict llm_affinity: "i<addr>" in flight, "f<addr>" recent failures, "e<addr>" ejected
+local rings = {}  -- upstream -> {points = sorted hashes, owner = replica index of each point, addrs, hosts, ports, label}
+local cfg
+local use
+
+local function ring_of(addrs)
+    local pts = {}
+    for i, addr in ipairs(addrs) do
+        for v = 1, VNODES do
+            pts[#pts + 1] = {crc32(addr .. "#" .. v), i}
+        end
+    end
+    table.sort(pts, function(a, b)
+        return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2])
+    end)
+    local points, owner = {}, {}
+    for n, p in ipairs(pts) do
+        points[n], owner[n] = p[1], p[2]
+    end
+    return points, owner
+end
+
+-- settings: {factor, floor, chars, max_fails, fail_timeout, tries, header, upstreams = {name = {label, addrs}}}
+function M.init(settings)
+    cfg = settings
+    for name, up in pairs(settings.upstreams) do
+        local r = {label = up[1], addrs = up[2], hosts = {}, ports = {}}
+        for i, addr in ipairs(up[2]) do
+            local colon = addr:find(":[^:]*$")
+            r.hosts[i], r.ports[i] = sub(addr, 1, colon - 1), tonumber(sub(addr, colon + 1))
+        end
+        r.points, r.owner = ring_of(up[2])
+        rings[name] = r
+    end
+    dict = ngx.shared.llm_affinity
+end
+
+-- The text of a chat message's content: a string, or the text parts of an array.
+local function content_text(c)
+    if type(c) == "string" then
+        return c
+    end
+    if type(c) == "table" then
+        local parts = {}
+        for _, part in ipairs(c) do
+            if type(part) == "table" and type(part.text) == "string" then
+                parts[#parts + 1] = part.text
+            end
+        end
+        return table.concat(parts, "\n")
+    end
+    return ""
+end
+
+-- The affinity key of a request body (decoded), or nil.
+local function head_of(body)
+    if type(body) ~= "table" then
+        return nil
+    end
+    if type(body.user) == "string" and body.user ~= "" then
+        return "u\0" .. body.user
+    end
+    local messages = body.messages
+    if type(messages) == "table" then
+        local parts, size = {}, 0
+        for _, m in ipairs(messages) do
+            if type(m) == "table" then
+                local text = tostring(m.role) .. "\0" .. content_text(m.content)
+                parts[#parts + 1] = text
+                size = size + #text
+                if m.role == "user" or size >= cfg.chars then
+                    break
+                end
+            end
+        end
+        return "m\0" .. sub(table.concat(parts, "\0"), 1, cfg.chars)
+    end
+    local prompt = body.prompt
+    if type(prompt) == "table" then
+        prompt = prompt[1]
+    end
+    if type(prompt) == "string" then
+        return "p\0" .. sub(prompt, 1, cfg.chars)
+    end
+    return nil
+end
+
+-- content phase: $llm_affinity := the hash of the request's affinity key ("" leaves it to the ring's spread).
+function M.key(raw)
+    local session = ngx.req.get_headers()[cfg.header]
+    if type(session) == "table" then
+        session = session[1]
+    end
+    local key
+    if session and session ~= "" then
+        key = "s\0" .. session
+    else
+        key = head_of(cjson.decode(raw))
+    end
+    if key then
+        var.llm_affinity = crc32(key)
+    end
+end
+
+-- The ring index of the first point at or after hash h (wrapping).
+local function start_at(points, h)
+    local lo, hi = 1, #points
+    if h > points[hi] then
+        return 1
+    end
+    while lo < hi do
+        local mid = floor((lo + hi) / 2)
+        if points[mid] < h then
+            lo = mid + 1
+        else
+            hi = mid
+        end
+    end
+    return lo
+end
+
+local function ejected(addr)
+    return dict:get("e" .. addr) ~= nil
+end
+
+local function failed(addr)
+    local n = dict:incr("f" .. addr, 1, 0, cfg.fail_timeout)
+    if n and n >= cfg.max_fails and cfg.max_fails > 0 then
+        dict:set("e" .. addr, true, cfg.fail_timeout)
+        dict:delete("f" .. addr)
+    end
+end
+
+-- The attempt goes to replica `pick`: one more in flight there until done() or the next attempt.
+use = function(r, ctx, tried, pick)
+    tried[pick] = true
+    ctx.aff_peer = pick
+    dict:incr("i" .. r.addrs[pick], 1, 0)
+    local ok, err = balancer.set_current_peer(r.hosts[pick], r.ports[pick])
+    if not ok then
+        ngx.log(ngx.ERR, "gateway_affinity: ", err)
+    end
+end
+
+-- balancer_by_lua of an affinity upstream.
+function M.balance(name)
+    local r = rings[name]
+    local ctx = ngx.ctx
+    local tried = ctx.aff_tried
+    if tried then
+        -- A retry: the replica before failed this request (error, timeout or a failure status).
+        local last = ctx.aff_peer
+        failed(r.addrs[last])
+        dict:incr("i" .. r.addrs[last], -1, 0)
+        ctx.aff_peer = nil
+        ctx.aff_failed = true
+    else
+        tried = {}
+        ctx.aff_tried = tried
+        ctx.aff_ring = r
+        balancer.set_more_tries(cfg.tries - 1)
+    end
+    local n = #r.addrs
+    local healthy, total = 0, 0
+    local load = {}
+    for k = 1, n do
+        local addr = r.addrs[k]
+        load[k] = dict:get("i" .. addr) or 0
+        total = total + load[k]
+        if not ejected(addr) then
+            healthy = healthy + 1
+        end
+    end
+    local h = tonumber(var.llm_affinity)
+    if not h then
+        -- No key (no session, no prompt to hash): the least busy replica, ties taken in turn.
+        local from = dict:incr("r" .. name, 1, 0) % n
+        local pick
+        for j = 0, n - 1 do
+            local o = (from + j) % n + 1
+            if not tried[o] and not ejected(r.addrs[o]) and (not pick or load[o] < load[pick]) then
+                pick = o
+            end
+        end
+        if not pick then
+            for o = 1, n do
+                if not tried[o] then
+                    pick = o
+                    break
+                end
+            end
+        end
+        pick = pick or 1
+        ctx.aff_outcome = ctx.aff_outcome or "unkeyed"
+        return use(r, ctx, tried, pick)
+    end
+    local points, owner = r.points, r.owner
+    -- The replicas in ring order from the key's point, each once.
+    local order, seen = {}, {}
+    local i = start_at(points, h)
+    while #order < n do
+        local o = owner[i]
+        if not seen[o] then
+            seen[o] = true
+            order[#order + 1] = o
+        end
+        i = i == #points and 1 or i + 1
+    end
+    local bound = ceil(cfg.factor * (total + 1) / (healthy > 0 and healthy or n))
+    if bound < cfg.floor then
+        bound = cfg.floor
+    end
+    local pick, first_healthy, spill
+    for _, o in ipairs(order) do
+        if not tried[o] and not ejected(r.addrs[o]) then
+            first_healthy = first_healthy or o
+            if load[o] + 1 <= bound then
+                pick = o
+                break
+            end
+            spill = true
+        end
+    end
+    if not pick then
+        -- Every replica tried, ejected or above the bound: the first untried one all the same (nginx, too,
+        -- tries a pool whose servers are all down rather than answer without trying).
+        pick = first_healthy
+        if not pick then
+            for _, o in ipairs(order) do
+                if not tried[o] then
+                    pick = o
+                    break
+                end
+            end
+        end
+        pick = pick or order[1]
+        spill = false
+    end
+    if ctx.aff_outcome == nil then
+        if order[1] ~= pick and (ejected(r.addrs[order[1]]) or tried[order[1]]) then
+            ctx.aff_outcome = "failure"
+        elseif spill then
+            ctx.aff_outcome = "load"
+        else
+            ctx.aff_outcome = "kept"
+        end
+    end
+    return use(r, ctx, tried, pick)
+end
+
+-- log phase (every request): the slot back, the last attempt's failure counted, the outcome counted.
+function M.done(count)
+    local ctx = ngx.ctx
+    local r = ctx.aff_ring
+    if not r then
+        return
+    end
+    local peer = ctx.aff_peer
+    if peer then
+        local addr = r.addrs[peer]
+        dict:incr("i" .. addr, -1, 0)
+        local status = var.upstream_status
+        -- The last attempt's status ("502", or "502, 200" after a retry: only the last counts here).
+        local last = status and status:match("(%d%d%d)$")
+        if not last or byte(last, 1) == 53 then
+            failed(addr)
+        end
+    end
+    local outcome = ctx.aff_failed and "failure" or ctx.aff_outcome or "kept"
+    if count then
+        count(r.label, outcome)
+    end
+end
+
+-- The requests in flight on each replica of the affinity upstreams, as Prometheus gauge lines.
+function M.in_flight(out, labels)
+    for name, r in pairs(rings) do
+        for _, addr in ipairs(r.addrs) do
+            out[#out + 1] = "llm_gateway_upstream_in_flight" .. labels({"pool", "upstream"}, {r.label, addr})
+                .. " " .. (dict:get("i" .. addr) or 0)
+        end
+    end
+end
+
+return M

@@ -1,0 +1,274 @@
+"""Prefix affinity with bounded load on the deployed nginx (gateway_affinity.lua): a conversation stays on its
+replica turn after turn, a session key comes first, the load bound spills to the ring's next replica, and a
+dead replica's conversations move to their ring successors only, with no request lost."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components.planning.gateway.layout import container_layout
+from components.planning.gateway.nginx import nginx_conf
+from components.planning.load import load_stack_config
+from components.spec import SpecError
+from tests.support.gateway import (
+    CHAT,
+    WAIT,
+    FakeReplica,
+    NginxGateway,
+    gateway_config,
+    host_keys,
+    own_gateway,
+)
+
+SYSTEM = "You are a careful assistant. " * 20
+
+
+def chat(conversation: int, turns: int, user: str | None = None) -> dict[str, Any]:
+    """Turn `turns` of a conversation: the shared system prompt, its own first question, the turns since."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
+    for t in range(turns):
+        messages.append({"role": "user", "content": f"conversation {conversation}, question {t}"})
+        if t < turns - 1:
+            messages.append({"role": "assistant", "content": f"answer {t}"})
+    body: dict[str, Any] = {"model": CHAT, "messages": messages}
+    if user is not None:
+        body["user"] = user
+    return body
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[NginxGateway, dict[str, str], list[FakeReplica]]]:
+    chat_replicas = [FakeReplica(f"chat-{i}") for i in range(4)]
+    replicas = {"chat": chat_replicas, "reasoning": [FakeReplica("reasoning-0")]}
+    spec = load_stack_config(gateway_config(), set())
+    keys, digests = host_keys(spec, tmp_path_factory.mktemp("keys"))
+    gw = NginxGateway(spec, replicas, tmp_path_factory.mktemp("gateway"), digests)
+    yield gw, keys, chat_replicas
+    gw.stop()
+    for rs in replicas.values():
+        for r in rs:
+            r.kill()
+
+
+def served(gw: NginxGateway, key: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> str:
+    status, _, payload = gw.call("POST", "/v1/chat/completions", body, key, headers=headers)
+    assert status == 200, payload
+    return str(payload["served_by"])
+
+
+def test_every_turn_of_a_conversation_reaches_the_replica_of_its_first(
+    pool: tuple[NginxGateway, dict[str, str], list[FakeReplica]],
+) -> None:
+    gw, keys, replicas = pool
+    homes = {c: served(gw, keys["default"], chat(c, 1)) for c in range(24)}
+    for turn in (2, 3, 5):
+        assert {c: served(gw, keys["default"], chat(c, turn)) for c in range(24)} == homes
+    # The conversations spread over the pool (a consistent-hash ring of 4 replicas x 160 points).
+    counts = [list(homes.values()).count(r.name) for r in replicas]
+    assert min(counts) >= 2, counts
+
+
+def test_a_session_header_then_the_user_field_come_before_the_prompt(
+    pool: tuple[NginxGateway, dict[str, str], list[FakeReplica]],
+) -> None:
+    gw, keys, _ = pool
+    key = keys["default"]
+    by_session = {s: served(gw, key, chat(s, 1), {"X-Session-Id": f"session-{s}"}) for s in range(12)}
+    # Other prompts under the same session header: its replica all the same.
+    for s in range(12):
+        assert served(gw, key, chat(100 + s, 3), {"X-Session-Id": f"session-{s}"}) == by_session[s]
+    by_user = {u: served(gw, key, chat(200 + u, 1, user=f"user-{u}")) for u in range(12)}
+    for u in range(12):
+        assert served(gw, key, chat(300 + u, 2, user=f"user-{u}")) == by_user[u]
+    assert len(set(by_session.values())) >= 2 and len(set(by_user.values())) >= 2
+
+
+def test_completions_are_keyed_by_their_prompt(pool: tuple[NginxGateway, dict[str, str], list[FakeReplica]]) -> None:
+    gw, keys, _ = pool
+    prompts = {p: f"{SYSTEM} document {p}" for p in range(12)}
+    first = {}
+    for p, text in prompts.items():
+        status, _, payload = gw.call("POST", "/v1/completions", {"model": CHAT, "prompt": text}, keys["default"])
+        assert status == 200
+        first[p] = payload["served_by"]
+    for p, text in prompts.items():
+        body = {"model": CHAT, "prompt": [text], "max_tokens": 3}
+        assert gw.call("POST", "/v1/completions", body, keys["default"])[2]["served_by"] == first[p]
+
+
+@pytest.fixture(scope="module")
+def strict(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[NginxGateway, dict[str, str], list[FakeReplica]]]:
+    """A pool whose bound has no floor (minInFlight 1): the bare consistent hashing with bounded loads."""
+    chat_replicas = [FakeReplica(f"chat-{i}") for i in range(4)]
+    replicas = {"chat": chat_replicas, "reasoning": [FakeReplica("reasoning-0")]}
+    spec = load_stack_config(gateway_config(routing={"minInFlight": 1}), set())
+    keys, digests = host_keys(spec, tmp_path_factory.mktemp("keys"))
+    gw = NginxGateway(spec, replicas, tmp_path_factory.mktemp("gateway"), digests)
+    yield gw, keys, chat_replicas
+    gw.stop()
+    for rs in replicas.values():
+        for r in rs:
+            r.kill()
+
+
+def hold(gw: NginxGateway, key: str, replicas: list[FakeReplica], body: dict[str, Any], rids: list[str]) -> Any:
+    """Send requests of `body` one after another, each held by the replica it reached; -> (replica names, release)."""
+    results: list[dict[str, Any]] = []
+    threads = []
+    for rid in rids:
+        result: dict[str, Any] = {}
+        results.append(result)
+
+        def send(rid: str = rid, result: dict[str, Any] = result) -> None:
+            result["r"] = gw.call("POST", "/v1/chat/completions", {**body, "rid": rid, "hold": rid}, key)
+
+        t = threading.Thread(target=send)
+        t.start()
+        threads.append(t)
+        deadline = time.monotonic() + WAIT
+        while not any(rid in r.rids() for r in replicas) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    holders = [next(r.name for r in replicas if rid in r.rids()) for rid in rids]
+
+    def release() -> list[int]:
+        for r in replicas:
+            for rid in rids:
+                r.gates[rid].set()
+        for t in threads:
+            t.join(WAIT)
+        return [res["r"][0] for res in results]
+
+    return holders, release
+
+
+def test_a_replica_under_its_floor_keeps_its_conversations(
+    pool: tuple[NginxGateway, dict[str, str], list[FakeReplica]],
+) -> None:
+    gw, keys, replicas = pool
+    body = chat(9, 1)
+    home = served(gw, keys["default"], body)
+    # minInFlight 4: three held requests stay home; the fifth, above max(ceil(1.25 x 5 / 4), 4), moves on.
+    holders, release = hold(gw, keys["default"], replicas, body, [f"floor-{n}" for n in range(5)])
+    try:
+        assert holders[:4] == [home] * 4 and holders[4] != home, holders
+    finally:
+        assert release() == [200] * 5
+
+
+def test_the_load_bound_sends_the_overflow_to_the_next_replica_on_the_ring(
+    strict: tuple[NginxGateway, dict[str, str], list[FakeReplica]],
+) -> None:
+    gw, keys, replicas = strict
+    body = chat(7, 1)
+    home = served(gw, keys["default"], body)
+    home_replica = next(r for r in replicas if r.name == home)
+    # Hold requests of this conversation on its replica: with 1.25 x (in flight + 1) / 4 as the bound, the
+    # second one in flight already exceeds it (ceil(1.25 x 2 / 4) = 1), so it goes to the ring's next.
+    holders, release = hold(gw, keys["default"], replicas, body, [f"held-{n}" for n in range(3)])
+    try:
+        assert holders[0] == home
+        assert len(set(holders)) == 3, holders  # each over the bound moved one step further on the ring
+    finally:
+        assert release() == [200] * 3
+    # Released (and their log phases run: nothing in flight), the conversation is back on its own replica.
+    settled(gw)
+    assert served(gw, keys["default"], body) == home_replica.name
+
+
+def test_a_dead_replica_moves_only_its_own_conversations_and_loses_no_request(tmp_path: Path) -> None:
+    chat_replicas = [FakeReplica(f"chat-{i}") for i in range(4)]
+    replicas = {"chat": chat_replicas, "reasoning": [FakeReplica("reasoning-0")]}
+    spec = load_stack_config(gateway_config(), set())
+    with own_gateway(spec, replicas, tmp_path) as (gw, keys):
+        key = keys["default"]
+        before = {c: served(gw, key, chat(c, 1)) for c in range(40)}
+        dead = chat_replicas[0]
+        dead.kill()
+        # Every request still answered (retried on the ring's next replica), while its failures eject it.
+        after = {c: served(gw, key, chat(c, 2)) for c in range(40)}
+        assert dead.name not in after.values()
+        moved = {c for c in before if before[c] != after[c]}
+        assert moved == {c for c in before if before[c] == dead.name}
+        assert moved, "the dead replica held no conversation: widen the sample"
+        metrics = gw_metrics(gw)
+        assert metrics.get('llm_gateway_routing_total{pool="chat",outcome="failure"}', 0) >= 1
+        assert metrics.get('llm_gateway_routing_total{pool="chat",outcome="kept"}', 0) >= 40
+
+
+def scrape(gw: NginxGateway) -> dict[str, float]:
+    """The gateway's /metrics as {series: value}."""
+    conn = http.client.HTTPConnection("127.0.0.1", gw.metrics_port, timeout=WAIT)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            series, _, value = line.rpartition(" ")
+            out[series] = float(value)
+    return out
+
+
+def settled(gw: NginxGateway) -> None:
+    """Wait until no request is in flight on any replica (the in-flight gauge reads the shared zone itself)."""
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        if not any(v for k, v in scrape(gw).items() if k.startswith("llm_gateway_upstream_in_flight")):
+            return
+        time.sleep(0.02)
+    pytest.fail("requests still in flight")
+
+
+def gw_metrics(gw: NginxGateway) -> dict[str, float]:
+    """/metrics once the workers have merged their counts (once a second)."""
+    time.sleep(1.2)
+    return scrape(gw)
+
+
+def test_in_flight_per_replica_is_a_gauge(pool: tuple[NginxGateway, dict[str, str], list[FakeReplica]]) -> None:
+    gw, _, replicas = pool
+    metrics = gw_metrics(gw)
+    for r in replicas:
+        assert metrics[f'llm_gateway_upstream_in_flight{{pool="chat",upstream="{r.addr}"}}'] == 0
+
+
+def test_least_conn_stays_a_choice_per_pool_and_for_the_gateway() -> None:
+    config = gateway_config(routing={"policy": "least_conn"})
+    conf = nginx_conf(load_stack_config(config, set()), container_layout(load_stack_config(config, set())))
+    assert "balancer_by_lua_block" not in conf and conf.count("least_conn;") == 2
+    config = gateway_config()
+    config["llm-cluster:pools"]["chat"]["routing"] = "least_conn"
+    spec = load_stack_config(config, set())
+    assert "gateway_affinity" not in nginx_conf(spec, container_layout(spec))
+    # A pool of one instance has nothing to choose: least_conn whatever the policy.
+    spec = load_stack_config(gateway_config(), set())
+    conf = nginx_conf(spec, container_layout(spec))
+    reasoning = conf[conf.index("upstream llm_pool_reasoning {") :]
+    assert reasoning[: reasoning.index("}")].count("least_conn;") == 1
+    chat_up = conf[conf.index("upstream llm_pool_chat {") :]
+    assert 'balancer_by_lua_block { package.loaded.gateway_affinity.balance("llm_pool_chat") }' in chat_up
+
+
+@pytest.mark.parametrize(
+    ("routing", "message"),
+    [
+        ({"policy": "random"}, "gateway.routing.policy: 'random' is not allowed"),
+        ({"loadFactor": 0.5}, "gateway.routing.loadFactor: 0.5 is not allowed"),
+        ({"prefixChars": 10}, "gateway.routing.prefixChars: 10 is not allowed"),
+        ({"sessionHeader": "X Session"}, "gateway.routing.sessionHeader: 'X Session' is not allowed"),
+    ],
+)
+def test_bad_routing_settings_name_their_key(routing: dict[str, Any], message: str) -> None:
+    with pytest.raises(SpecError) as bad:
+        load_stack_config(gateway_config(routing=routing), set())
+    assert str(bad.value.issues[0]).startswith(message), json.dumps([str(i) for i in bad.value.issues])
