@@ -541,7 +541,9 @@ def judge_row(judge: Judge, row: RunbookRow, advice: ModelAdvice | None, context
 def render_model(a: ModelAdvice, top: int = 3) -> str:
     lines = [f"{a.model} ({a.arch.hf_id}): {a.verdict}"]
     for i, j in enumerate(a.ranked[:top]):
-        lines.append(f"  {'best' if i == 0 else f'#{i + 1} '}  {j.candidate.describe()}  [image {j.candidate.evidence}]")
+        lines.append(
+            f"  {'best' if i == 0 else f'#{i + 1} '}  {j.candidate.describe()}  [image {j.candidate.evidence}]"
+        )
         lines.append("         " + _figures_line(j))
     if not a.ranked:
         reasons = dict.fromkeys(j.refused for j in a.refused if j.refused)
