@@ -64,9 +64,9 @@ test: lint $(VENV)/.test system-deps
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests
 
 ## test-fast: every tier but the real-tool and lab tiers (markers set in tests/conftest.py), for the edit
-## loop: no system packages, no lint, under 3 minutes on two cores
+## loop: no system packages, no lint, a worker per CPU (pytest-xdist), under 3 minutes on two cores
 test-fast: $(VENV)/.test
-	$(PY) -m pytest -q -m "not realtool and not lab" $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q -n auto -m "not realtool and not lab" $(PYTEST_ARGS) tests
 
 ## mutation: plant known bugs one at a time in a copy of the tree; the tests that must catch each run (score printed)
 mutation: $(VENV)/.test system-deps
