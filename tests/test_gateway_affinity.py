@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from components.planning.gateway.layout import container_layout
-from components.planning.gateway.nginx import nginx_conf
+from components.planning.gateway.nginx import AFFINITY_SOURCE, nginx_conf
 from components.planning.load import load_stack_config
 from components.spec import SpecError
 from tests.support.gateway import (
@@ -25,6 +25,7 @@ from tests.support.gateway import (
     NginxGateway,
     gateway_config,
     host_keys,
+    lua_reports,
     own_gateway,
 )
 
@@ -44,11 +45,13 @@ def chat(conversation: int, turns: int, user: str | None = None) -> dict[str, An
     return body
 
 
-@pytest.fixture(scope="module")
-def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[NginxGateway, dict[str, str], list[FakeReplica]]]:
+def affinity_gateway(
+    tmp_path_factory: pytest.TempPathFactory, **routing: Any
+) -> Iterator[tuple[NginxGateway, dict[str, str], list[FakeReplica]]]:
+    """The reference gateway over four fake chat replicas (gateway.routing as given), its keys and the replicas."""
     chat_replicas = [FakeReplica(f"chat-{i}") for i in range(4)]
     replicas = {"chat": chat_replicas, "reasoning": [FakeReplica("reasoning-0")]}
-    spec = load_stack_config(gateway_config(), set())
+    spec = load_stack_config(gateway_config(**({"routing": routing} if routing else {})), set())
     keys, digests = host_keys(spec, tmp_path_factory.mktemp("keys"))
     gw = NginxGateway(spec, replicas, tmp_path_factory.mktemp("gateway"), digests)
     yield gw, keys, chat_replicas
@@ -56,6 +59,11 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[NginxGatewa
     for rs in replicas.values():
         for r in rs:
             r.kill()
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[NginxGateway, dict[str, str], list[FakeReplica]]]:
+    yield from affinity_gateway(tmp_path_factory)
 
 
 def served(gw: NginxGateway, key: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> str:
@@ -71,9 +79,8 @@ def test_every_turn_of_a_conversation_reaches_the_replica_of_its_first(
     homes = {c: served(gw, keys["default"], chat(c, 1)) for c in range(24)}
     for turn in (2, 3, 5):
         assert {c: served(gw, keys["default"], chat(c, turn)) for c in range(24)} == homes
-    # The conversations spread over the pool (a consistent-hash ring of 4 replicas x 160 points).
-    counts = [list(homes.values()).count(r.name) for r in replicas]
-    assert min(counts) >= 2, counts
+    # The conversations spread over the pool (its ring's own spread: test_the_ring_spreads_keys_evenly...).
+    assert len(set(homes.values())) >= 3, homes
 
 
 def test_a_session_header_then_the_user_field_come_before_the_prompt(
@@ -109,16 +116,7 @@ def strict(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[NginxGateway, dict[str, str], list[FakeReplica]]]:
     """A pool whose bound has no floor (minInFlight 1): the bare consistent hashing with bounded loads."""
-    chat_replicas = [FakeReplica(f"chat-{i}") for i in range(4)]
-    replicas = {"chat": chat_replicas, "reasoning": [FakeReplica("reasoning-0")]}
-    spec = load_stack_config(gateway_config(routing={"minInFlight": 1}), set())
-    keys, digests = host_keys(spec, tmp_path_factory.mktemp("keys"))
-    gw = NginxGateway(spec, replicas, tmp_path_factory.mktemp("gateway"), digests)
-    yield gw, keys, chat_replicas
-    gw.stop()
-    for rs in replicas.values():
-        for r in rs:
-            r.kill()
+    yield from affinity_gateway(tmp_path_factory, minInFlight=1)
 
 
 def hold(gw: NginxGateway, key: str, replicas: list[FakeReplica], body: dict[str, Any], rids: list[str]) -> Any:
@@ -272,3 +270,31 @@ def test_bad_routing_settings_name_their_key(routing: dict[str, Any], message: s
     with pytest.raises(SpecError) as bad:
         load_stack_config(gateway_config(routing=routing), set())
     assert str(bad.value.issues[0]).startswith(message), json.dumps([str(i) for i in bad.value.issues])
+
+
+def test_the_ring_spreads_keys_evenly_and_a_lost_replica_moves_only_its_own(tmp_path: Path) -> None:
+    """The ring alone (gateway_affinity.ring/owner) on fixed addresses, over 20,000 evenly spaced hashes."""
+    code = """
+    local a = require("gateway_affinity")
+    local four = {"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000", "10.0.0.4:8000"}
+    local three = {"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.4:8000"}
+    local p4, o4 = a.ring(four)
+    local p3, o3 = a.ring(three)
+    local counts, moved, wrong = {0, 0, 0, 0}, 0, 0
+    for i = 0, 19999 do
+        local h = math.floor(i * 4294967296 / 20000)
+        local before = four[a.owner(p4, o4, h)]
+        local after = three[a.owner(p3, o3, h)]
+        counts[a.owner(p4, o4, h)] = counts[a.owner(p4, o4, h)] + 1
+        if before ~= after then
+            moved = moved + 1
+            if before ~= "10.0.0.3:8000" then wrong = wrong + 1 end
+        end
+    end
+    ngx.print(table.concat(counts, " "), " ", moved, " ", wrong)
+    """
+    *counts, moved, wrong = map(int, lua_reports(tmp_path, code, AFFINITY_SOURCE.parent).split(" "))
+    shares = [c / 20000 for c in counts]
+    assert all(0.2 <= share <= 0.3 for share in shares), shares
+    # Only the lost replica's keys move (to their successors): exactly those it owned.
+    assert wrong == 0 and moved == counts[2]

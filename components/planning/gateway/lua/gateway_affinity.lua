@@ -30,6 +30,7 @@ local dict  -- lua_shared_dict llm_affinity: "i<addr>" in flight, "f<addr>" rece
 local rings = {}  -- upstream -> {points = sorted hashes, owner = replica index of each point, addrs, hosts, ports, label}
 local cfg
 local use
+local start_at
 
 local function ring_of(addrs)
     local pts = {}
@@ -48,12 +49,20 @@ local function ring_of(addrs)
     return points, owner
 end
 
+-- The ring of these replicas: sorted point hashes and the replica index owning each (pure: tested alone).
+M.ring = ring_of
+-- The replica that owns hash h on a ring (the first point at or after it, wrapping).
+function M.owner(points, owner, h)
+    return owner[start_at(points, h)]
+end
+
 -- settings: {factor, floor, chars, max_fails, fail_timeout, tries, header, upstreams = {name = {label, addrs}}}
 function M.init(settings)
     cfg = settings
     for name, up in pairs(settings.upstreams) do
-        local r = {label = up[1], addrs = up[2], hosts = {}, ports = {}}
+        local r = {label = up[1], addrs = up[2], hosts = {}, ports = {}, order_all = {}}
         for i, addr in ipairs(up[2]) do
+            r.order_all[i] = i
             local colon = addr:find(":[^:]*$")
             r.hosts[i], r.ports[i] = sub(addr, 1, colon - 1), tonumber(sub(addr, colon + 1))
         end
@@ -131,7 +140,7 @@ function M.key(raw)
 end
 
 -- The ring index of the first point at or after hash h (wrapping).
-local function start_at(points, h)
+start_at = function(points, h)
     local lo, hi = 1, #points
     if h > points[hi] then
         return 1
@@ -157,6 +166,16 @@ local function failed(addr)
         dict:set("e" .. addr, true, cfg.fail_timeout)
         dict:delete("f" .. addr)
     end
+end
+
+-- The first replica of `order` this request has not tried yet, or nil.
+local function first_untried(order, tried)
+    for _, o in ipairs(order) do
+        if not tried[o] then
+            return o
+        end
+    end
+    return nil
 end
 
 -- The attempt goes to replica `pick`: one more in flight there until done() or the next attempt.
@@ -210,15 +229,7 @@ function M.balance(name)
                 pick = o
             end
         end
-        if not pick then
-            for o = 1, n do
-                if not tried[o] then
-                    pick = o
-                    break
-                end
-            end
-        end
-        pick = pick or 1
+        pick = pick or first_untried(r.order_all, tried) or 1
         ctx.aff_outcome = ctx.aff_outcome or "unkeyed"
         return use(r, ctx, tried, pick)
     end
@@ -252,16 +263,7 @@ function M.balance(name)
     if not pick then
         -- Every replica tried, ejected or above the bound: the first untried one all the same (nginx, too,
         -- tries a pool whose servers are all down rather than answer without trying).
-        pick = first_healthy
-        if not pick then
-            for _, o in ipairs(order) do
-                if not tried[o] then
-                    pick = o
-                    break
-                end
-            end
-        end
-        pick = pick or order[1]
+        pick = first_healthy or first_untried(order, tried) or order[1]
         spill = false
     end
     if ctx.aff_outcome == nil then
