@@ -295,6 +295,12 @@ def render_text(result: PlanResult) -> str:
                     f"{est['max_concurrency']:>10.1f}x{est['rule_of_thumb_gib_total']:>13.0f}G  "
                     + ("yes" if est["fits"] else "NO — " + est["reason"])
                 )
+                if "kv_tokens_low" in est and est["fits"]:
+                    out.append(
+                        f"  {'':<23}pessimistic end: {est['kv_tokens_low']} KV tokens, "
+                        f"{est['max_concurrency_low']:.1f}x (the estimate's measured error, "
+                        f"{est['kv_estimate_error']:.1%} optimistic at worst)"
+                    )
         notes = {
             "mlaOn": "with MLA's compressed KV cache (VLLM_MLA_DISABLE unset), for comparison: the policy pack says "
             "whether this GPU and image can run it",

@@ -10,6 +10,7 @@ import pytest
 
 from components.engines.base import container_envs
 from components.engines.registry import ENGINES
+from components.engines.vllm.capacity import with_range
 from components.planning.fabric.ray import RAY_HEAD_SCRIPT, ray_head_script
 from components.planning.monitoring.prometheus import (
     alertmanager_args,
@@ -1068,6 +1069,55 @@ def test_low_concurrency_is_advisory_with_a_configurable_threshold() -> None:
         level="advisory",
     )
     assert model_server(props, config={"memory-headroom": {"minConcurrency": 2}}) == []
+
+
+def ranged(kv_tokens: int, max_model_len: int = 32768) -> dict[str, Any]:
+    """A vLLM pool's capacity with its range, as components/engines/vllm/capacity.py writes it."""
+    return with_range(
+        {
+            **CAPACITY,
+            "kv_tokens": kv_tokens,
+            "max_model_len": max_model_len,
+            "max_concurrency": kv_tokens / max_model_len,
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("kv_tokens", "warned"),
+    [
+        (32768, True),  # exactly one sequence at the central estimate: 31621 at the pessimistic end
+        (33956, True),  # 32767 at the pessimistic end: one token short
+        (33957, False),  # 32768 at the pessimistic end: fits
+    ],
+)
+def test_a_pool_that_fits_only_at_the_central_estimate_is_warned_with_the_tokens_it_may_lack(
+    kv_tokens: int, warned: bool
+) -> None:
+    capacity = ranged(kv_tokens)
+    got = [d for d in model_server(server(capacity=capacity)) if d[0] == "memory-fit-margin"]
+    if not warned:
+        assert got == []
+        return
+    low = capacity["kv_tokens_low"]
+    assert got == only(
+        "memory-fit-margin",
+        f"fits at the central estimate ({kv_tokens} KV tokens for one sequence of 32768) but not at its pessimistic "
+        f"end ({low}: the KV estimate has erred up to 3.5% on the optimistic side against real start-up logs, "
+        "bench/capacity_accuracy.py), so the engine may refuse to start for want of "
+        f"{32768 - low} tokens of KV cache. The uncertain terms are the activation peak and the memory outside "
+        "torch's allocator; the engine's first start-up log settles it (its KV cache line). Leave room: lower "
+        "--max-model-len, or raise the memory the engine may use.",
+        level="advisory",
+    )
+
+
+def test_headroom_is_judged_at_the_pessimistic_end() -> None:
+    # 4.1 sequences at the central estimate, 3.96 at the pessimistic end: below minConcurrency 4.
+    capacity = ranged(int(4.1 * 32768))
+    [(_, level, message)] = [d for d in model_server(server(capacity=capacity)) if d[0] == "memory-headroom"]
+    assert level == "advisory" and f"fit in the KV cache at once ({capacity['kv_tokens_low']} tokens)" in message
+    assert [d for d in model_server(server(capacity=ranged(int(4.2 * 32768)))) if d[0] == "memory-headroom"] == []
 
 
 # --- rule 12: containers -----------------------------------------------------------------------

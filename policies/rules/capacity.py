@@ -42,6 +42,25 @@ def validate_fit(args: ResourceValidationArgs, report: ReportViolation) -> None:
         report(message, None)
 
 
+def validate_margin(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """Advisory: fits at the central estimate, not at its pessimistic end (the estimate's measured error)."""
+    capacity = _capacity(args)
+    low, tokens = number(capacity.get("kv_tokens_low")), number(capacity.get("kv_tokens"))
+    error = capacity.get("kv_estimate_error")
+    length = number(capacity.get("max_model_len"))
+    if capacity.get("fits") is False or low is None or tokens is None or not length or low >= length:
+        return
+    report(
+        f"fits at the central estimate ({tokens} KV tokens for one sequence of {length}) but not at its pessimistic "
+        f"end ({low}: the KV estimate has erred up to {float(error):.1%} on the optimistic side against real "
+        "start-up logs, bench/capacity_accuracy.py), so the engine may refuse to start for want of "
+        f"{length - low} tokens of KV cache. The uncertain terms are the activation peak and the memory outside "
+        "torch's allocator; the engine's first start-up log settles it (its KV cache line). Leave room: lower "
+        f"{capacity.get('context_option') or '--max-model-len'}, or raise the memory the engine may use.",
+        None,
+    )
+
+
 HEADROOM_CONFIG = PolicyConfigSchema(
     properties={
         "minConcurrency": {
@@ -58,11 +77,12 @@ def validate_headroom(args: ResourceValidationArgs, report: ReportViolation) -> 
     """Advisory: fewer concurrent full-length sequences than the configured minimum."""
     capacity = _capacity(args)
     threshold = float(config_with_defaults(args, HEADROOM_CONFIG)["minConcurrency"])
-    concurrency = capacity.get("max_concurrency")
+    # At the pessimistic end of the estimate where its error is measured (the engine's own range).
+    concurrency = capacity.get("max_concurrency_low", capacity.get("max_concurrency"))
     if capacity.get("fits") is False or concurrency is None:
         return
     if float(concurrency) < threshold:
-        tokens = number(capacity.get("kv_tokens"))
+        tokens = number(capacity.get("kv_tokens_low", capacity.get("kv_tokens")))
         # At this length the configured number of full-length sequences fits at once.
         shorter = f" to {math.floor(tokens / threshold)}" if tokens and threshold else ""
         report(
@@ -80,6 +100,12 @@ POLICIES = [
         description="The model and one max-model-len sequence fit in GPU memory.",
         validate=per_pool(validate_fit),
         enforcement_level=EnforcementLevel.MANDATORY,
+    ),
+    ResourceValidationPolicy(
+        name="memory-fit-margin",
+        description="The model and one max-model-len sequence fit at the pessimistic end of the capacity estimate too.",
+        validate=per_pool(validate_margin),
+        enforcement_level=EnforcementLevel.ADVISORY,
     ),
     ResourceValidationPolicy(
         name="memory-headroom",

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
 from components.engines.vllm.facts import pool_image_facts
-from components.engines.vllm.memory import CapacityEstimate, estimate
+from components.engines.vllm.memory import KV_ESTIMATE_ERROR, CapacityEstimate, estimate
 from components.facts.hardware import gpu
 from components.spec import StackSpec
 from components.spec.models import model_architecture, resolved_dtype
@@ -74,6 +76,16 @@ def capacity_dict(spec: StackSpec, pool: str, *, mla: bool | None = None) -> dic
     """The estimate as JSON, or {"error": why} when the planner cannot model the pool (say, heads not
     divisible by TP): the plan still runs and the policy pack names the real fault."""
     try:
-        return pool_capacity(spec, pool, mla=mla).to_dict()
+        return with_range(pool_capacity(spec, pool, mla=mla).to_dict())
     except ValueError as err:
         return {"error": f"capacity not estimated: {err}"}
+
+
+def with_range(d: dict[str, object]) -> dict[str, object]:
+    """The estimate with its pessimistic end: KV tokens and concurrency less the estimate's measured error."""
+    kv, conc = d["kv_tokens"], d["max_concurrency"]
+    assert isinstance(kv, int) and isinstance(conc, (int, float))
+    d["kv_estimate_error"] = KV_ESTIMATE_ERROR
+    d["kv_tokens_low"] = math.floor(kv * (1 - KV_ESTIMATE_ERROR))
+    d["max_concurrency_low"] = round(conc * (1 - KV_ESTIMATE_ERROR), 4)
+    return d

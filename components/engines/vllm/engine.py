@@ -35,7 +35,7 @@ from components.engines.vllm.facts import (
     pool_image_facts,
 )
 from components.engines.vllm.launch import Launch, container_launch, container_server, model_server_launch, parse_server
-from components.engines.vllm.memory import communicator_gib
+from components.engines.vllm.memory import KV_ESTIMATE_ERROR, communicator_gib
 from components.engines.vllm.options import FLAG_ALIASES, TYPED_ENV, TYPED_FLAGS, VllmOptions, canonical_flag
 from components.engines.vllm.rules import LAUNCH_RULES
 from components.engines.vllm.rules.capacity import check_fit
@@ -88,8 +88,7 @@ class VllmEngine(Engine):
     common_rules: ClassVar[bool] = False
     launch_rules: ClassVar[tuple[LaunchRule, ...]] = LAUNCH_RULES
     flag_aliases: ClassVar[dict[str, str]] = FLAG_ALIASES
-    # The worst optimistic KV-token error of bench/capacity_accuracy.py (docs/perf/capacity.md).
-    kv_estimate_error: ClassVar[float | None] = 0.035
+    kv_estimate_error: ClassVar[float | None] = KV_ESTIMATE_ERROR
     advice_formats: ClassVar[tuple[CheckpointFormat, ...]] = (
         CheckpointFormat("fp16"),
         CheckpointFormat("gptq-int4", "gptq", 4),

@@ -138,6 +138,12 @@ class CapacityEstimate:
         return d
 
 
+# How far the KV-token estimate has erred on the optimistic side against real start-up logs, as a fraction:
+# the worst of bench/capacity_accuracy.py (docs/perf/capacity.md), which a test keeps covering. The plan
+# gives each pool's KV tokens and concurrency as a range down to this; memory-fit-margin warns within it.
+KV_ESTIMATE_ERROR = 0.035
+
+
 def activation_peak_bytes(
     arch: ModelArch, *, tp: int, act_bytes: int, max_num_batched_tokens: int, max_num_seqs: int
 ) -> float:
