@@ -20,7 +20,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -46,6 +46,7 @@ LOG_PATTERN = "|".join(
     (
         r"NCCL INFO (NET/|Using network)|NCCL WARN|NVRM: Xid",
         any_pattern(dict.fromkeys(f for e in ENGINES.values() for f in e.startup_failures)),
+        *dict.fromkeys(line for e in ENGINES.values() for line in e.capacity_log_lines.values()),
     )
 )
 KERNEL_PATTERN = r"NVRM: Xid|Out of memory: Killed process|oom-kill"
@@ -532,6 +533,58 @@ def check_server_logs(spec: StackSpec, obs: Observed, nodes: Sequence[str]) -> l
     return out
 
 
+def logged_capacity(text: str, lines: Mapping[str, str]) -> dict[str, float]:
+    """The memory figures a server logged at its last start (the last line of each kind)."""
+    out = {}
+    for key, pattern in lines.items():
+        found = re.findall(pattern, text)
+        if found:
+            out[key] = float(found[-1].replace(",", ""))
+    return out
+
+
+def check_capacity(spec: StackSpec, obs: Observed, nodes: Sequence[str]) -> list[Finding]:
+    """The KV cache each server's engine logged at start against the plan's estimate: below the estimate's
+    pessimistic end is a warning (the plan promised more than the engine holds), within it ok."""
+    out = []
+    for n in nodes:
+        if n in obs.unreachable:
+            continue
+        for inst, name, _role in node_containers(spec, n):
+            engine = engine_for(spec.pools[inst.pool])
+            got = _get(obs, n, f"logs:{name}")
+            logged = logged_capacity(got[1] if got else "", engine.capacity_log_lines)
+            if "kv_tokens" not in logged:
+                continue
+            plan = engine.capacity(spec, inst.pool)
+            planned = plan.get("kv_tokens")
+            if not isinstance(planned, (int, float)) or not planned:
+                continue
+            low = plan.get("kv_tokens_low", planned)
+            assert isinstance(low, (int, float))
+            tokens = int(logged["kv_tokens"])
+            error = (planned - tokens) / planned
+            seen = f"{tokens:,} KV tokens logged at start, {int(planned):,} planned ({-error:+.1%})"
+            if "kv_cache_gib" in logged:
+                seen += f"; KV cache {logged['kv_cache_gib']} GiB per GPU logged, {plan.get('kv_cache_gib_per_gpu')} planned"
+            if tokens < low:
+                out.append(
+                    Finding(
+                        "capacity",
+                        f"{n}/{name}",
+                        "warn",
+                        seen,
+                        f"the estimate was optimistic for pools.{inst.pool} beyond its measured error: the pool holds "
+                        f"{tokens / float(plan.get('max_model_len') or tokens):.1f} full-length requests, not the planned "
+                        f"{plan.get('max_concurrency')}. Size {engine.memory_keys} from the logged figure, and "
+                        "add this log to the capacity accuracy bench (tests/fixtures/vllm-startup-logs).",
+                    )
+                )
+            else:
+                out.append(Finding("capacity", f"{n}/{name}", "ok", seen))
+    return out
+
+
 def _first(text: str, pattern: str) -> str:
     return next((ln.strip()[:200] for ln in text.splitlines() if re.search(pattern, ln)), "")
 
@@ -683,6 +736,7 @@ CHECKS: list[Callable[[StackSpec, Observed, Sequence[str]], list[Finding]]] = [
     check_nccl_transport,
     check_rdma,
     check_server_logs,
+    check_capacity,
     check_weights,
     check_replicas,
     check_xid,

@@ -422,3 +422,50 @@ def test_the_readme_shows_what_doctor_prints_for_its_three_faults(answers: Any, 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     block = readme[readme.index("doctor prod: 6 node(s)") : readme.index("exit status 1\n```")].splitlines()
     assert block == shown
+
+
+# --- the plan's capacity against what the engine logged at start ------------------------------------
+
+
+def vllm_start(tokens: int, kv_gib: float = 20.67) -> str:
+    """vLLM 0.19.1's start-up lines of its memory (gpu_model_runner.py:4821, gpu_worker.py:437,
+    kv_cache_utils.py:1319-1325), as its logger writes them."""
+    return (
+        "(EngineCore_DP0 pid=97) INFO 12-06 10:00:01 [gpu_model_runner.py:4821] Model loading took 7.15 GiB memory "
+        "and 41.2 seconds\n"
+        f"(EngineCore_DP0 pid=97) INFO 12-06 10:00:09 [gpu_worker.py:437] Available KV cache memory: {kv_gib} GiB\n"
+        f"(EngineCore_DP0 pid=97) INFO 12-06 10:00:09 [kv_cache_utils.py:1319] GPU KV cache size: {tokens:,} tokens\n"
+        "(EngineCore_DP0 pid=97) INFO 12-06 10:00:09 [kv_cache_utils.py:1325] Maximum concurrency for 32,768 tokens "
+        f"per request: {tokens / 32768:.2f}x\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("tokens", "status"),
+    # The chat pool's plan: 903,280 KV tokens, 871,665 at the pessimistic end (3.5 % less).
+    [(903_280, "ok"), (871_665, "ok"), (871_664, "warn"), (700_000, "warn")],
+)
+def test_the_kv_cache_the_engine_logged_is_held_against_the_plan(
+    answers: Any, capsys: Any, tokens: int, status: str
+) -> None:
+    answers["gpu-03"]["logs:vllm-chat-gpu-03"] = (0, vllm_start(tokens))
+    _, report = doctor(answers, capsys)
+    f = finding(report, "capacity", "gpu-03/vllm-chat-gpu-03")
+    assert f["status"] == status
+    assert f["seen"].startswith(f"{tokens:,} KV tokens logged at start, 903,280 planned")
+    assert "KV cache 20.67 GiB per GPU logged, 20.6746 planned" in f["seen"]
+    if status == "warn":
+        assert f["do"].startswith(
+            f"the estimate was optimistic for pools.chat beyond its measured error: the pool holds {tokens / 32768:.1f} "
+            "full-length requests, not the planned 27.5659."
+        )
+
+
+def test_the_probe_reads_back_the_engines_memory_lines() -> None:
+    for line in vllm_start(903_280).splitlines()[:3]:
+        assert re.search(LOG_PATTERN, line), line
+
+
+def test_a_server_that_logged_no_memory_lines_is_not_judged(answers: Any, capsys: Any) -> None:
+    _, report = doctor(answers, capsys)
+    assert [f for f in report["findings"] if f["check"] == "capacity"] == []

@@ -105,6 +105,10 @@ class Engine(ABC):
     # How far its KV-token estimate has erred on the optimistic side against real start-up logs, as a fraction
     # (the capacity accuracy bench); None: never measured. The advisor plans concurrency on the pessimistic end.
     kv_estimate_error: ClassVar[float | None] = None
+    # What its server logs of its memory at start-up, as regular expressions with one group (the number):
+    # "kv_tokens" (per instance), "kv_cache_gib" (per GPU), "weights_gib" (per GPU); doctor compares them
+    # with the plan's estimate.
+    capacity_log_lines: ClassVar[Mapping[str, str]] = {}
     # The forms of a model's weights the placement advisor tries with this engine (plan.advise).
     advice_formats: ClassVar[tuple[CheckpointFormat, ...]] = ()
     flag_aliases: ClassVar[Mapping[str, str]] = {}  # a short server flag -> the long one it stands for

@@ -89,6 +89,13 @@ class VllmEngine(Engine):
     launch_rules: ClassVar[tuple[LaunchRule, ...]] = LAUNCH_RULES
     flag_aliases: ClassVar[dict[str, str]] = FLAG_ALIASES
     kv_estimate_error: ClassVar[float | None] = KV_ESTIMATE_ERROR
+    # vLLM 0.19.1 v1/core/kv_cache_utils.py:1319 (info_once, thousands separated), v1/worker/gpu_worker.py:437,
+    # v1/worker/gpu_model_runner.py:4821.
+    capacity_log_lines: ClassVar[dict[str, str]] = {
+        "kv_tokens": r"GPU KV cache size: ([\d,]+) tokens",
+        "kv_cache_gib": r"Available KV cache memory: ([\d.]+) GiB",
+        "weights_gib": r"Model loading took ([\d.]+) GiB",
+    }
     advice_formats: ClassVar[tuple[CheckpointFormat, ...]] = (
         CheckpointFormat("fp16"),
         CheckpointFormat("gptq-int4", "gptq", 4),
