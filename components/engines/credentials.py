@@ -22,19 +22,15 @@ SCRIPT_FLAG = re.compile(
     + r")([^\s'\"$`/-][^\s'\"]*)"
 )
 # Tokens recognisable by their shape, wherever they appear.
-CREDENTIAL_SHAPES = re.compile(
-    "|".join(
-        [
-            r"\bhf_[A-Za-z0-9]{20,}",  # Hugging Face
-            r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_-]{20,}",  # OpenAI, Anthropic
-            r"\bgh[pousr]_[A-Za-z0-9]{30,}",
-            r"\bgithub_pat_[A-Za-z0-9_]{30,}",  # GitHub
-            r"\bglpat-[A-Za-z0-9_-]{20,}",  # GitLab
-            r"\bxox[abposr]-[A-Za-z0-9-]{10,}",  # Slack
-            r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b",  # AWS access key id
-            r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",  # JWT
-            r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?-----END [A-Z ]*PRIVATE KEY-----",  # PEM / OpenSSH keys
-        ]
-    ),
-    re.DOTALL,
+CREDENTIAL_SHAPE_PATTERNS = (
+    r"\bhf_[A-Za-z0-9]{20,}",  # Hugging Face
+    r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_-]{20,}",  # OpenAI, Anthropic
+    r"\bgh[pousr]_[A-Za-z0-9]{30,}",
+    r"\bgithub_pat_[A-Za-z0-9_]{30,}",  # GitHub
+    r"\bglpat-[A-Za-z0-9_-]{20,}",  # GitLab
+    r"\bxox[abposr]-[A-Za-z0-9-]{10,}",  # Slack
+    r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b",  # AWS access key id
+    r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",  # JWT
+    r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?-----END [A-Z ]*PRIVATE KEY-----",  # PEM / OpenSSH keys
 )
+CREDENTIAL_SHAPES = re.compile("|".join(CREDENTIAL_SHAPE_PATTERNS), re.DOTALL)
