@@ -55,14 +55,17 @@ def load(url: str, key: str, model: str, seconds: float, concurrency: int, rate:
         time.sleep(max(0.0, at - time.monotonic()))
         return True
 
-    body = {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
+    def body(n: int) -> dict:
+        # Each request its own conversation (OpenAI's `user`): a pool routed by prefix affinity spreads them
+        # over its replicas as it would many users', where one repeated prompt would stay on one replica.
+        return {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "user": f"u{n}"}
 
     def worker() -> None:
         nonlocal ok, failed
         while next_slot():
             t0 = time.monotonic()
             try:
-                status, text = request(url, key, body)
+                status, text = request(url, key, body(started))
                 good = status == 200 and json.loads(text)["choices"][0]["message"]["content"]
                 if good:  # "lab stand-in <model> answers from <host>:<port>": who served it
                     with lock:

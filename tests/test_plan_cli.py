@@ -266,7 +266,8 @@ def test_policy_config_lowers_a_rule_and_bad_config_exits_2(tmp_path: Path) -> N
     refused = plan(tmp_path, "--config", str(bf16), "--quiet")
     assert refused.returncode == 1
     lowered = tmp_path / "policy.json"
-    lowered.write_text('{"gpu-dtype": "advisory"}')
+    # bf16 on V100 is refused twice on the GPTQ pool: the GPU has no bf16, and vLLM's gptq takes float16 only.
+    lowered.write_text('{"gpu-dtype": "advisory", "quantization-dtype": "advisory"}')
     assert plan(tmp_path, "--config", str(bf16), "--quiet", "--policy-config", str(lowered)).returncode == 0
     lowered.write_text('{"gpu-dtype": "sometimes"}')
     bad = plan(tmp_path, "--config", str(bf16), "--policy-config", str(lowered))
