@@ -83,6 +83,24 @@ def test_every_turn_of_a_conversation_reaches_the_replica_of_its_first(
     assert len(set(homes.values())) >= 3, homes
 
 
+def test_a_system_prompt_longer_than_prefix_chars_still_keys_each_conversation_by_its_first_question(
+    pool: tuple[NginxGateway, dict[str, str], list[FakeReplica]],
+) -> None:
+    gw, keys, replicas = pool
+    # 5 KB of shared system prompt, above prefixChars (2,048): the key must still tell conversations apart.
+    long_system = "You follow the operator's runbook to the letter and cite it. " * 80
+
+    def long_chat(conversation: int, turns: int) -> dict[str, Any]:
+        body = chat(conversation, turns)
+        body["messages"][0]["content"] = long_system
+        return body
+
+    homes = {c: served(gw, keys["default"], long_chat(c, 1)) for c in range(24)}
+    assert {c: served(gw, keys["default"], long_chat(c, 4)) for c in range(24)} == homes
+    counts = [list(homes.values()).count(r.name) for r in replicas]
+    assert min(counts) >= 2, counts  # spread over the pool, not pinned to the system prompt's replica
+
+
 def test_a_session_header_then_the_user_field_come_before_the_prompt(
     pool: tuple[NginxGateway, dict[str, str], list[FakeReplica]],
 ) -> None:

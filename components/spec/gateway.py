@@ -127,8 +127,10 @@ class RoutingSpec(Spec):
     requests at little cost, while moving them away loses their cached prefix (and, at low traffic, the
     bound's mean is mostly noise)."""
     prefix_chars: int = Field(default=2048, ge=64, le=65536)
-    """How much of a request's head is hashed: the chat messages up to the first user message (system
-    prompt and first turn), or a completion's prompt, cut to this many bytes."""
+    """How much of a request's head is hashed: the chat messages before the first user message (system
+    prompt) cut to this many bytes, and the first user message cut to this many bytes on its own (so
+    conversations sharing a long system prompt still differ by their first question); or a completion's
+    prompt, cut to this many bytes."""
     session_header: str = Field(default="X-Session-Id", pattern=r"^[A-Za-z0-9-]{1,64}$")
     """A header whose value, when a client sends it, is the affinity key (before OpenAI's `user` field, before
     the prompt's head): one conversation, one replica."""

@@ -3,8 +3,9 @@
 -- load bound or failing, when the next replica on the ring takes it.
 --
 -- key() (content phase, from gateway.lua's route()) hashes the request's affinity key into $llm_affinity:
--- the session header, else OpenAI's `user`, else the prompt's head (chat: the messages up to and including
--- the first user message; completions: the prompt), cut to prefix_chars bytes.
+-- the session header, else OpenAI's `user`, else the prompt's head (chat: the messages before the first user
+-- message, cut to prefix_chars bytes, and that first user message, cut to prefix_chars bytes on its own;
+-- completions: the prompt, cut to prefix_chars bytes).
 -- balance() (balancer_by_lua of an affinity upstream) walks the ring from that hash: the first replica that
 -- is not ejected, not already tried by this request, and within its bound takes it: ceil(factor x (the
 -- pool's in flight + 1) / its healthy replicas), never below floor (min_in_flight). A failed attempt (nginx's proxy_next_upstream) counts against its replica; max_fails of them
@@ -99,14 +100,19 @@ local function head_of(body)
     end
     local messages = body.messages
     if type(messages) == "table" then
+        -- The messages before the first user message (system, developer) cut to chars, then the first user
+        -- message cut to chars on its own: a system prompt longer than chars, shared by many conversations,
+        -- must not hide the first question that tells them apart (it would pin all of them to one replica).
         local parts, size = {}, 0
         for _, m in ipairs(messages) do
             if type(m) == "table" then
                 local text = tostring(m.role) .. "\0" .. content_text(m.content)
-                parts[#parts + 1] = text
-                size = size + #text
-                if m.role == "user" or size >= cfg.chars then
-                    break
+                if m.role == "user" then
+                    return "m\0" .. sub(table.concat(parts, "\0"), 1, cfg.chars) .. "\0" .. sub(text, 1, cfg.chars)
+                end
+                if size < cfg.chars then
+                    parts[#parts + 1] = text
+                    size = size + #text
                 end
             end
         end
