@@ -73,6 +73,8 @@ CPU_DIFFERENCES: Mapping[str, str] = {
     "start: /health after 37-60 s instead of 14-23 s (issue 33)",
     "--enable-prefix-caching / --num-gpu-blocks-override": "only where a caller asks (the routing bench: prefix "
     "caching on, a KV cache small enough that eviction matters)",
+    "VLLM_CPU_OMP_THREADS_BIND": "only where a caller asks (the routing bench: one core per replica, so several "
+    "replicas on two cores do not each spin OpenMP threads on both)",
     "VLLM_CPU_KVCACHE_SPACE": "added: the CPU platform's KV cache size in whole GiB (--gpu-memory-utilization "
     "has no effect on the CPU)",
     "VLLM_HOST_IP": "127.0.0.1 in place of the node's address",

@@ -8,12 +8,14 @@ import http.client
 import json
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bench.routing import Ring, affinity_key
 from components.planning.gateway.layout import container_layout
 from components.planning.gateway.nginx import AFFINITY_SOURCE, nginx_conf
 from components.planning.load import load_stack_config
@@ -99,6 +101,18 @@ def test_a_system_prompt_longer_than_prefix_chars_still_keys_each_conversation_b
     assert {c: served(gw, keys["default"], long_chat(c, 4)) for c in range(24)} == homes
     counts = [list(homes.values()).count(r.name) for r in replicas]
     assert min(counts) >= 2, counts  # spread over the pool, not pinned to the system prompt's replica
+
+
+def test_the_benchs_python_ring_picks_the_replica_nginx_picks(
+    pool: tuple[NginxGateway, dict[str, str], list[FakeReplica]],
+) -> None:
+    gw, keys, replicas = pool
+    # bench/routing.py simulates prefix affinity with its own key, crc32 and ring: they must be the Lua's.
+    ring = Ring([r.addr for r in replicas])
+    for c in range(200, 216):
+        body = chat(c, 1)
+        expected = replicas[ring.order(zlib.crc32(affinity_key(body) or b""))[0]].name
+        assert served(gw, keys["default"], body) == expected, c
 
 
 def test_a_session_header_then_the_user_field_come_before_the_prompt(

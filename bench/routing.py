@@ -1,0 +1,992 @@
+"""Prefix affinity against least_conn on real engines: the same multi-turn requests through the real gateway
+in front of real vLLM replicas, once per policy, with the engines' own prefix-cache counters (issue 34).
+
+Run (root: network namespaces): `.venv/bin/python -m bench.routing` (also `make bench`); `--no-kill` skips the
+kill run, `--replicas N`, `--conversations N`, `--clients N`, `--blocks N` resize it. It prints figures and
+asserts nothing; its last line, for scripts: `routing: hit-rate X.XXx, ttft-p50 Y.YYx, max/mean Z.ZZ`
+(prefix affinity against least_conn: the ratios of prefix's to least_conn's engine hit rate and client
+TTFT p50, and the prefix run's max/mean requests per replica).
+
+- **Only loopback.** The bench makes the namespace `vx-routing` (lab/vllm_cpu.Namespace: `lo` only, no route
+  off it) and re-executes itself inside it (`ip netns exec`): the replicas, nginx and the load generator all
+  run there, so vLLM's start-up probes and every request stay on loopback.
+- **The engines.** N (default 4) real vLLM 0.19.1 CPU replicas of `qwen3-moe-tiny` (lab/vllm_cpu.py: the
+  plan's chat-pool launch with its declared CPU differences), prefix caching on, each with a KV cache of
+  BLOCKS blocks of 128 tokens (the CPU backend's block) — 12,288 tokens, against a workload whose
+  conversations and system prompts total several times that, so eviction matters — and one core each
+  (VLLM_CPU_OMP_THREADS_BIND: two replicas per core on this 2-core machine, not every replica's OpenMP
+  threads spinning on both). Prefilling ~2k tokens takes hundreds of ms here (docs/perf/lab.md), far above
+  the HTTP overhead. The replicas are started afresh for each policy, so each run starts with cold caches.
+- **The gateway.** The deployed nginx + Lua (tests/support/deployed_nginx.py) with the config the plan
+  generates (render_gateway) for the reference stack reduced to its chat pool, whose upstreams are the N
+  replicas, over plain HTTP, one worker, with `gateway.routing.policy` least_conn or prefix (the defaults
+  otherwise: loadFactor 1.25, minInFlight 4, prefixChars 2,048).
+- **The workload** (seed SEED, no download): SYSTEMS system prompts of ~1,000 words (~1.2k tokens; tenants or
+  agents, each with its own) and CONVERSATIONS conversations, each with one of them and 4-10 turns (user 20-60
+  words, assistant 100-250 words: the history a chat client sends back; the words drawn from the tiny
+  tokenizer's own training text). Every request carries the whole history, streams, and asks 16 tokens
+  (`ignore_eos`, temperature 0). ACTIVE conversations are open at once; CLIENTS clients each send the next
+  turn of the conversation at the head of one queue, which goes to the back once answered (the next
+  conversation opens when one ends): a conversation's think time is the other conversations' turns, and
+  its turns reach the gateway among theirs. Each policy gets the same requests (their order across clients
+  is the run's own timing).
+- **Per policy**: the engines' prefix-cache hit rate (vllm:prefix_cache_hits_total / queries_total, each
+  replica's /metrics before and after), TTFT p50/p90 as the clients see it (the first chunk with content),
+  requests/s and tokens/s over the run, and the load spread (max/mean requests per replica, from the
+  engines' vllm:request_success_total).
+- **The oracle** and the simulations: `simulate()` replays the same requests through the same queue, the
+  clients as events whose service time is (1 + uncached tokens / 1,000) x a seeded +-25 % jitter (only the
+  order matters), on per-replica LRU caches of whole blocks (a block's identity: the prompt up to its end; a
+  request hits its longest run of cached leading blocks, at most all but its last token; then its blocks are
+  touched, its tail least recently, as vLLM frees them; least recently used blocks are evicted beyond the
+  capacity; decoded tokens and the blocks running requests pin are left out). Token counts: each message
+  counted by a replica's /tokenize in its ChatML frame, the template's remaining tokens calibrated on the
+  engines' usage (the error is printed). Policies: least_conn (fewest in flight, ties in turn), prefix (the
+  same key, ring and bound as gateway_affinity.lua: 160 points per replica at crc32(`addr#i`), the key's
+  crc32, the first replica within max(ceil(1.25 x (in flight + 1) / n), 4)) and the oracle (the replica
+  holding the request's longest cached prefix, load ignored; ties to the one with the fewest requests so
+  far). At the bench's scale it stands beside the measured rates; at the reference cluster's scale it uses
+  the KV-token capacity the capacity planner computes for Pulumi.prod.yaml's chat pool on V100 (plan.json's
+  `capacity`), 4-64 replicas, the same workload shape with the pool's maxNumSeqs clients per replica.
+- **The kill run** (after the prefix run, same replicas, a fresh gateway): the first half of the
+  conversations again under prefix affinity, one replica killed (SIGKILL to its process group) once half the requests are answered; counted: requests
+  answered whole, cut mid-stream (a crash cuts what it was streaming: nginx cannot retry a response already
+  begun), failed; and per conversation its replica before and after the kill (the gateway's usage log):
+  those of the killed replica move, the others should not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import http.client
+import json
+import math
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zlib
+from collections import OrderedDict, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SEED = 34
+MODEL = "qwen3-moe-tiny"
+SERVED = "qwen3-30b-a3b"  # the chat pool's served name (the planned --served-model-name)
+REPLICAS = 4
+CLIENTS = 8
+ACTIVE = 16  # conversations open at once: each waits for the others' turns between its own
+SYSTEMS = 16
+CONVERSATIONS = 96
+TURNS = (4, 10)
+SYSTEM_WORDS = 1000
+USER_WORDS = (20, 60)
+ASSISTANT_WORDS = (100, 250)
+MAX_TOKENS = 16
+CPU_BLOCK = 128  # tokens per KV block of vLLM's CPU backend
+BLOCKS = 96  # per replica: 12,288 tokens
+MAX_MODEL_LEN = 8192
+MAX_NUM_SEQS = 8
+GPU_BLOCK = 16  # vLLM's default block size on CUDA
+SIM_UNIT = 128  # the cluster simulation's block (for its speed): hits rounded down to 128 tokens, not 16
+NS_NAME = "routing"
+KEY = "sk-bench-routing-0123456789"
+VNODES = 160  # gateway_affinity.lua's points per replica
+POLICIES = ("least_conn", "prefix")
+
+
+# --- the workload -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """One conversation: its system prompt (an index) and its turns (user, assistant) in order."""
+
+    cid: int
+    system: int
+    turns: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class Workload:
+    systems: tuple[str, ...]
+    conversations: tuple[Conversation, ...]
+
+    def body(self, cid: int, turn: int) -> dict[str, Any]:
+        """The request of turn `turn` (0-based) of conversation `cid`: the whole history, streamed."""
+        return {
+            "model": SERVED,
+            "messages": self.messages(cid, turn),
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+
+    def messages(self, cid: int, turn: int) -> list[dict[str, str]]:
+        c = self.conversations[cid]
+        out = [{"role": "system", "content": self.systems[c.system]}]
+        for t in range(turn + 1):
+            user, assistant = c.turns[t]
+            out.append({"role": "user", "content": user})
+            if t < turn:
+                out.append({"role": "assistant", "content": assistant})
+        return out
+
+    def requests(self) -> int:
+        return sum(len(c.turns) for c in self.conversations)
+
+
+def _words() -> list[str]:
+    from lab.vllm_cpu_models import TEXT  # the tiny tokenizer's training text: its words are single tokens
+
+    return TEXT.split()
+
+
+def workload(
+    seed: int = SEED,
+    systems: int = SYSTEMS,
+    conversations: int = CONVERSATIONS,
+    turns: tuple[int, int] = TURNS,
+    system_words: int = SYSTEM_WORDS,
+) -> Workload:
+    """The bench's multi-turn workload: deterministic for a seed, nothing downloaded."""
+    rnd = random.Random(seed)
+    words = _words()
+
+    def text(n: int) -> str:
+        return " ".join(rnd.choices(words, k=n))
+
+    prompts = tuple(f"System prompt {s}: you are agent {s}. " + text(system_words) for s in range(systems))
+    convs = []
+    for cid in range(conversations):
+        system = rnd.randrange(systems)
+        n = rnd.randint(*turns)
+        convs.append(
+            Conversation(
+                cid,
+                system,
+                tuple(
+                    (
+                        f"Conversation {cid}, question {t}: " + text(rnd.randint(*USER_WORDS)),
+                        text(rnd.randint(*ASSISTANT_WORDS)),
+                    )
+                    for t in range(n)
+                ),
+            )
+        )
+    return Workload(prompts, tuple(convs))
+
+
+# --- the gateway's choice, in Python (gateway_affinity.lua) ---------------------------------------------
+
+
+def affinity_key(body: dict[str, Any], chars: int = 2048) -> bytes | None:
+    """gateway_affinity.lua head_of() for a chat body without `user` (no session header)."""
+    parts: list[bytes] = []
+    size = 0
+    for m in body.get("messages") or []:
+        text = str(m["role"]).encode() + b"\0" + str(m["content"]).encode()
+        if m["role"] == "user":
+            return b"m\0" + b"\0".join(parts)[:chars] + b"\0" + text[:chars]
+        if size < chars:
+            parts.append(text)
+            size += len(text)
+    return b"m\0" + b"\0".join(parts)[:chars] if parts else None
+
+
+class Ring:
+    """gateway_affinity.lua's ring: VNODES points per replica at crc32(`addr#i`), sorted by (hash, replica)."""
+
+    def __init__(self, addrs: Sequence[str]):
+        self.addrs = list(addrs)
+        pts = sorted(
+            (zlib.crc32(f"{a}#{v}".encode()), i) for i, a in enumerate(self.addrs) for v in range(1, VNODES + 1)
+        )
+        self.points = [p for p, _ in pts]
+        self.owner = [o for _, o in pts]
+
+    def order(self, h: int) -> list[int]:
+        """The replicas in ring order from the first point at or after h (wrapping), each once."""
+        i = bisect.bisect_left(self.points, h)
+        if i == len(self.points):
+            i = 0
+        out: list[int] = []
+        seen: set[int] = set()
+        n = len(self.addrs)
+        while len(out) < n:
+            o = self.owner[i]
+            if o not in seen:
+                seen.add(o)
+                out.append(o)
+            i = (i + 1) % len(self.points)
+        return out
+
+    def pick(self, h: int, load: Sequence[int], factor: float = 1.25, floor: int = 4) -> int:
+        """The replica gateway_affinity.lua's balance() picks for hash h with these in-flight counts (all healthy)."""
+        bound = max(math.ceil(factor * (sum(load) + 1) / len(load)), floor)
+        order = self.order(h)
+        return next((o for o in order if load[o] + 1 <= bound), order[0])
+
+
+# --- the cache simulation --------------------------------------------------------------------------------
+
+
+@dataclass
+class Segments:
+    """A request's prompt as token runs: (identity of the prefix that ends with this run, its tokens)."""
+
+    runs: list[tuple[tuple[int, ...], int]]
+    key: int  # the gateway's affinity hash
+
+    @property
+    def tokens(self) -> int:
+        return sum(n for _, n in self.runs)
+
+
+def prompt_segments(w: Workload, cid: int, turn: int, tokens: dict[str, int], overhead: int = 0) -> Segments:
+    """The runs of a request's prompt: its system prompt (shared by the conversations that use it), then each
+    message of its own history; `tokens` gives each message's token count (template included)."""
+    c = w.conversations[cid]
+    msgs = w.messages(cid, turn)
+    runs: list[tuple[tuple[int, ...], int]] = [((0, c.system), tokens[msgs[0]["content"]])]
+    for m, msg in enumerate(msgs[1:], start=1):
+        runs.append(((1, cid, m), tokens[msg["role"] + "\0" + msg["content"]]))
+    if overhead:
+        runs.append(((2, cid, turn), overhead))  # the generation prompt: never a full block of its own
+    h = affinity_key(w.body(cid, turn))
+    return Segments(runs, zlib.crc32(h) if h is not None else 0)
+
+
+def blocks_of(seg: Segments, block: int) -> list[tuple[tuple[int, ...], int]]:
+    """The identities of a prompt's full blocks: (the run its last token falls in, the offset of its end)."""
+    out = []
+    total = seg.tokens
+    ends = []
+    acc = 0
+    for ident, n in seg.runs:
+        acc += n
+        ends.append((acc, ident))
+    j = 0
+    for end in range(block, total + 1, block):
+        while ends[j][0] < end:
+            j += 1
+        out.append((ends[j][1], end))
+    return out
+
+
+@dataclass
+class SimResult:
+    hit: float
+    per_replica: list[int]
+    moved: int = 0
+
+    @property
+    def spread(self) -> float:
+        return max(self.per_replica) / statistics.mean(self.per_replica)
+
+
+@dataclass
+class _Cache:
+    capacity: int
+    lru: OrderedDict = field(default_factory=OrderedDict)
+
+
+def simulate(
+    w: Workload,
+    segs: dict[tuple[int, int], Segments],
+    replicas: int,
+    capacity_blocks: int,
+    block: int,
+    policy: str,
+    clients: int,
+    active: int,
+    factor: float = 1.25,
+    floor: int = 4,
+    warmup: float = 0.0,
+    seed: int = SEED,
+) -> SimResult:
+    """Hit rate (hit tokens / prompt tokens, after the first `warmup` fraction of requests) and requests per
+    replica of one policy, the clients taking turns of the open conversations as drive() does; a request's
+    service time is (1 + its uncached tokens / 1,000) x a seeded jitter of +-25 % (only the order matters)."""
+    import heapq
+
+    rnd = random.Random(seed)
+    ring = Ring([f"127.0.0.1:{8000 + i}" for i in range(replicas)])
+    caches = [_Cache(capacity_blocks) for _ in range(replicas)]
+    holders: dict[Any, set[int]] = defaultdict(set)  # block -> the replicas caching it (the oracle's index)
+    in_flight = [0] * replicas
+    per = [0] * replicas
+    rr = 0
+    hits = queries = 0
+    total = sum(len(c.turns) for c in w.conversations)
+    skip = int(total * warmup)
+    sched = Schedule(w, active)
+    events: list[tuple[float, int, int, int]] = []  # (finish time, client, replica, conversation)
+    now = 0.0
+    dispatched = 0
+
+    def dispatch(client: int) -> None:
+        nonlocal rr, hits, queries, dispatched
+        got_req = sched.next()
+        if got_req is None:
+            return
+        cid, turn = got_req
+        s = segs[(cid, turn)]
+        blocks = blocks_of(s, block)
+        limit = (s.tokens - 1) // block  # vLLM computes at least the prompt's last token
+        if policy == "least_conn":
+            least = min(in_flight)
+            pick = next(i for i in [(rr + j) % replicas for j in range(replicas)] if in_flight[i] == least)
+            rr = (pick + 1) % replicas
+        elif policy == "prefix":
+            pick = ring.pick(s.key, in_flight, factor, floor)
+        else:  # oracle
+            cands = set(range(replicas))
+            for b in blocks[:limit]:
+                nxt = cands & holders.get(b, set())
+                if not nxt:
+                    break
+                cands = nxt
+            pick = min(cands, key=lambda i: (per[i], i))
+        cache = caches[pick]
+        got = 0
+        for b in blocks[:limit]:
+            if b not in cache.lru:
+                break
+            got += 1
+        if dispatched >= skip:
+            hits += got * block
+            queries += s.tokens
+        dispatched += 1
+        # Touch the request's blocks, its tail least recently (vLLM frees a request's blocks tail first).
+        for b in reversed(blocks):
+            if b in cache.lru:
+                cache.lru.move_to_end(b)
+            else:
+                cache.lru[b] = True
+                holders[b].add(pick)
+        while len(cache.lru) > cache.capacity:
+            old, _ = cache.lru.popitem(last=False)
+            holders[old].discard(pick)
+        in_flight[pick] += 1
+        per[pick] += 1
+        service = (1 + (s.tokens - got * block) / 1000) * rnd.uniform(0.75, 1.25)
+        heapq.heappush(events, (now + service, client, pick, cid))
+
+    for k in range(clients):
+        dispatch(k)
+    while events:
+        now, client, replica, cid = heapq.heappop(events)
+        in_flight[replica] -= 1
+        sched.done(cid)
+        dispatch(client)
+        # A conversation back in the queue may now serve a client that found it empty.
+        while sched.ready and len(events) < clients:
+            dispatch(next(k for k in range(clients) if k not in {e[1] for e in events}))
+    return SimResult(hits / max(queries, 1), per)
+
+
+class Schedule:
+    """The open conversations' next turns in order: `active` conversations open at once, each back at the end of
+    the queue once its turn is answered, the next conversation opened when one ends (the clients' think time is
+    the others' turns in between)."""
+
+    def __init__(self, w: Workload, active: int):
+        from collections import deque
+
+        self.w = w
+        self.pending = deque(c.cid for c in w.conversations)
+        self.ready: deque[int] = deque()
+        self.turn: dict[int, int] = {}
+        for _ in range(min(active, len(self.pending))):
+            self._open()
+
+    def _open(self) -> None:
+        if self.pending:
+            c = self.pending.popleft()
+            self.turn[c] = 0
+            self.ready.append(c)
+
+    def next(self) -> tuple[int, int] | None:
+        """The next request (conversation, turn), or None while no conversation is ready."""
+        if not self.ready:
+            return None
+        c = self.ready.popleft()
+        return c, self.turn[c]
+
+    def done(self, cid: int) -> None:
+        """Turn answered: the conversation's next turn queued, or the next conversation opened."""
+        self.turn[cid] += 1
+        if self.turn[cid] < len(self.w.conversations[cid].turns):
+            self.ready.append(cid)
+        else:
+            self._open()
+
+
+def chat_pool_kv_tokens() -> tuple[int, dict[str, Any]]:
+    """The KV-token capacity per replica the capacity planner computes for Pulumi.prod.yaml's chat pool."""
+    from components.planning.capacity import capacity_report
+    from components.planning.load import load_stack_config
+    from plan.stackfile import load_stack_file
+
+    stack = load_stack_file(ROOT / "Pulumi.prod.yaml", "prod")
+    spec = load_stack_config(stack.config, stack.secret_keys)
+    est = capacity_report(spec)["chat"]["asDeployed"]
+    return int(est["kv_tokens"]), est  # type: ignore[call-overload]
+
+
+def estimated_tokens(w: Workload) -> dict[str, int]:
+    """Token counts without a tokenizer (the cluster simulation's shape): 1.16 tokens a word, as the tiny
+    tokenizer gives this text, plus the ChatML frame (5 tokens a message)."""
+    out: dict[str, int] = {}
+    for s in w.systems:
+        out[s] = round(len(s.split()) * 1.16) + 5
+    for c in w.conversations:
+        for user, assistant in c.turns:
+            out["user\0" + user] = round(len(user.split()) * 1.16) + 5
+            out["assistant\0" + assistant] = round(len(assistant.split()) * 1.16) + 5
+    return out
+
+
+def cluster_table(w_shape: dict[str, Any], replicas_list: Sequence[int], seed: int = SEED) -> list[str]:
+    """The simulation at the reference cluster's scale, as printed lines."""
+    kv, est = chat_pool_kv_tokens()
+    clients_per = int(est["max_num_seqs"])
+    lines = [
+        f"simulation at the reference cluster's scale: each replica {kv:,} KV tokens (the capacity planner's "
+        f"estimate for Pulumi.prod.yaml's chat pool: {est['model']}, TP {est['tp']} on V100, {est['gpu_blocks']:,} "
+        f"blocks of {GPU_BLOCK}), {clients_per} clients per replica (the pool's maxNumSeqs: a replica kept full)",
+        f"  the same workload shape: {w_shape['systems']} system prompts of ~{SYSTEM_WORDS} words (~1.2k tokens), "
+        f"{TURNS[0]}-{TURNS[1]} turns, 3 conversations per client and {ACTIVE // CLIENTS} open per client; 1.16 "
+        f"tokens a word + 5 a message; blocks of {SIM_UNIT} tokens (hits rounded down to them); hit rates over the "
+        "last two thirds of the requests (the first third fills the caches)",
+        "  replicas  requests  least_conn  prefix (max/mean)  oracle (max/mean)  prefix/least_conn",
+    ]
+    for n in replicas_list:
+        clients = clients_per * n
+        w = workload(seed, systems=w_shape["systems"], conversations=3 * clients)
+        tokens = estimated_tokens(w)
+        segs = {
+            (c.cid, t): prompt_segments(w, c.cid, t, tokens, 3) for c in w.conversations for t in range(len(c.turns))
+        }
+        res = {
+            p: simulate(w, segs, n, kv // SIM_UNIT, SIM_UNIT, p, clients, clients * ACTIVE // CLIENTS, warmup=1 / 3)
+            for p in ("least_conn", "prefix", "oracle")
+        }
+        lines.append(
+            f"  {n:8d}  {len(segs):8d}  {res['least_conn'].hit:10.1%}  {res['prefix'].hit:6.1%} ({res['prefix'].spread:4.2f})"
+            f"     {res['oracle'].hit:6.1%} ({res['oracle'].spread:4.2f})   {res['prefix'].hit / max(res['least_conn'].hit, 1e-9):5.2f}x"
+        )
+    return lines
+
+
+# --- the real run (inside the namespace) -----------------------------------------------------------------
+
+
+def _http(port: int, method: str, path: str, body: Any = None, timeout: float = 60) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        data = json.dumps(body).encode() if body is not None else None
+        conn.request(method, path, body=data, headers={"Content-Type": "application/json"} if data else {})
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
+
+
+def engine_counters(port: int) -> dict[str, float]:
+    """A replica's prefix-cache queries and hits and its finished requests, from its own /metrics."""
+    _, text = _http(port, "GET", "/metrics")
+    out = {"queries": 0.0, "hits": 0.0, "requests": 0.0}
+    names = {
+        "vllm:prefix_cache_queries_total": "queries",
+        "vllm:prefix_cache_hits_total": "hits",
+        "vllm:request_success_total": "requests",
+    }
+    for line in text.decode().splitlines():
+        if line.startswith("#"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in names:
+            out[names[name]] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def message_tokens(w: Workload, port: int) -> dict[str, int]:
+    """Each distinct message's tokens as the replica's tokenizer counts it in its ChatML frame
+    (`<|im_start|>role\\n…<|im_end|>\\n`: special tokens, so the counts add up message by message)."""
+    out: dict[str, int] = {}
+
+    def count(role: str, content: str) -> int:
+        frame = f"<|im_start|>{role}\n{content}<|im_end|>\n"
+        status, raw = _http(port, "POST", "/tokenize", {"model": SERVED, "prompt": frame, "add_special_tokens": False})
+        if status != 200:
+            raise SystemExit(f"/tokenize answered {status}: {raw[:300]!r}")
+        return int(json.loads(raw)["count"])
+
+    for s in w.systems:
+        out[s] = count("system", s)
+    for c in w.conversations:
+        for user, assistant in c.turns:
+            out["user\0" + user] = count("user", user)
+            out["assistant\0" + assistant] = count("assistant", assistant)
+    return out
+
+
+@dataclass
+class Outcome:
+    cid: int
+    turn: int
+    status: int = 0
+    ttft: float | None = None
+    done: bool = False
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finished_at: float = 0.0
+    error: str = ""
+
+
+def send(port: int, w: Workload, cid: int, turn: int) -> Outcome:
+    """One streamed chat request through the gateway: TTFT to the first chunk with content."""
+    out = Outcome(cid, turn)
+    body = json.dumps(w.body(cid, turn)).encode()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    t0 = time.monotonic()
+    try:
+        conn.request(
+            "POST",
+            f"/v1/chat/completions?r={cid}-{turn}",
+            body=body,
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"},
+        )
+        r = conn.getresponse()
+        out.status = r.status
+        if r.status != 200:
+            out.error = r.read()[:200].decode(errors="replace")
+            return out
+        while True:
+            line = r.readline()
+            if not line:
+                break
+            if not line.startswith(b"data: "):
+                continue
+            data = line[6:].strip()
+            if data == b"[DONE]":
+                out.done = True
+                break
+            event = json.loads(data)
+            if out.ttft is None and any((c.get("delta") or {}).get("content") for c in event.get("choices") or []):
+                out.ttft = time.monotonic() - t0
+            if event.get("usage"):
+                out.prompt_tokens = int(event["usage"]["prompt_tokens"])
+                out.completion_tokens = int(event["usage"]["completion_tokens"])
+    except (OSError, http.client.HTTPException, ValueError) as e:
+        out.error = f"{type(e).__name__}: {e}"
+    finally:
+        conn.close()
+        out.finished_at = time.monotonic()
+    return out
+
+
+def drive(port: int, w: Workload, clients: int, active: int, on_answer: Any = None) -> tuple[list[Outcome], float]:
+    """The clients: each sends the next turn of the open conversation at the head of one queue (Schedule), so
+    a conversation's turns come back among the others' (its think time) and interleave at the replicas."""
+    sched = Schedule(w, active)
+    cond = threading.Condition()
+    busy = [0]
+    results: list[Outcome] = []
+
+    def client() -> None:
+        while True:
+            with cond:
+                while True:
+                    req = sched.next()
+                    if req is not None:
+                        busy[0] += 1
+                        break
+                    if busy[0] == 0:
+                        return
+                    cond.wait()
+            o = send(port, w, *req)
+            with cond:
+                results.append(o)
+                n = len(results)
+                busy[0] -= 1
+                sched.done(o.cid)
+                cond.notify_all()
+            if on_answer:
+                on_answer(n)
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results, time.monotonic() - t0
+
+
+class Gateway:
+    """The generated gateway config of a one-pool stack (the chat pool on the replicas) on the deployed nginx."""
+
+    def __init__(self, policy: str, ports: Sequence[int], root: Path):
+        from components.planning.gateway.keys import key_digests, key_ids
+        from components.planning.gateway.layout import GatewayLayout
+        from components.planning.gateway.nginx import render_gateway
+        from components.planning.load import load_stack_config
+        from plan.stackfile import load_stack_file
+        from tests.support import free_ports
+        from tests.support.deployed_nginx import deployed_nginx
+
+        config = load_stack_file(ROOT / "Pulumi.prod.yaml", "prod").config
+        config["llm-cluster:pools"].pop("reasoning")
+        config["llm-cluster:models"].pop("deepseek-r1")
+        config["llm-cluster:gateway"].update(
+            tls=False,
+            port=80,
+            pathRoutes={},
+            routing={"policy": policy},
+            apiKeys=[{"id": "default", "rateLimit": {"requestsPerSecond": 100000, "burst": 100000}}],
+        )
+        spec = load_stack_config(config, set())
+        nginx = deployed_nginx()
+        self.root = root
+        root.mkdir(parents=True)
+        (root / "tmp").mkdir()
+        (root / "usage").mkdir()
+        for d in (root, root / "tmp", root / "usage"):
+            d.chmod(0o777)  # nginx's workers run as nobody here
+        self.port, self.metrics_port = free_ports(2)
+        (root / "digests.json").write_text(key_digests({"default": KEY}, key_ids(spec)))
+        layout = GatewayLayout(
+            port=self.port,
+            listen_address="127.0.0.1",
+            conf_dir=str(root),
+            **nginx.layout_fields(),  # type: ignore[arg-type]
+            digests_file=str(root / "digests.json"),
+            pid_file=str(root / "pid"),
+            error_log=str(root / "error.log"),
+            usage_dir=str(root / "usage"),
+            metrics_listen=f"127.0.0.1:{self.metrics_port}",
+            temp_dir=str(root / "tmp"),
+            user=None,
+            worker_processes="1",
+        )
+        for rel, text in render_gateway(spec, layout, {"chat": [("127.0.0.1", p) for p in ports]}).items():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text(text)
+        self.proc = subprocess.Popen(
+            [*nginx.argv, "-p", str(root), "-c", str(root / "nginx.conf"), "-g", "daemon off;"],
+            stderr=subprocess.PIPE,
+        )
+        for _ in range(200):
+            if self.proc.poll() is not None:
+                raise SystemExit(f"nginx failed: {self.proc.stderr.read().decode() if self.proc.stderr else ''}")
+            try:
+                _http(self.port, "GET", "/health", timeout=2)
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise SystemExit("nginx did not listen")
+
+    def served_by(self) -> dict[tuple[int, int], str]:
+        """(conversation, turn) -> the replica that answered (the last address of the usage line's upstream)."""
+        out = {}
+        for f in sorted((self.root / "usage").glob("usage-*.log")):
+            for line in f.read_text().splitlines():
+                rec = json.loads(line)
+                path = rec.get("path", "")
+                if "?r=" in path and rec.get("upstream"):
+                    cid, turn = path.split("?r=", 1)[1].split("-")
+                    out[(int(cid), int(turn))] = rec["upstream"].split(",")[-1].strip()
+        return out
+
+    def routing(self) -> dict[str, float]:
+        """llm_gateway_routing_total by outcome (read after the workers merged their counts: once a second)."""
+        time.sleep(1.5)
+        _, text = _http(self.metrics_port, "GET", "/metrics")
+        out = {}
+        for line in text.decode().splitlines():
+            if line.startswith("llm_gateway_routing_total"):
+                outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
+                out[outcome] = float(line.rsplit(" ", 1)[1])
+        return out
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+def start_replicas(n: int, blocks: int, log_dir: Path) -> list[Any]:
+    from lab import vllm_cpu
+    from tests.support import free_ports
+
+    ns = vllm_cpu.Namespace(NS_NAME)  # already made by the outer process; serve() only names it
+    ports = free_ports(n)
+    cores = os.cpu_count() or 1
+    servers = [
+        vllm_cpu.serve(
+            ns,
+            MODEL,
+            p,
+            log_dir=log_dir,
+            prefix_caching=True,
+            num_blocks=blocks,
+            max_model_len=MAX_MODEL_LEN,
+            max_num_seqs=MAX_NUM_SEQS,
+            extra_env={"VLLM_CPU_OMP_THREADS_BIND": str(i % cores)},
+        )
+        for i, p in enumerate(ports)
+    ]
+    try:
+        for s in servers:
+            s.wait_healthy(600)
+    except BaseException:
+        stop_replicas(servers)
+        raise
+    return servers
+
+
+def stop_replicas(servers: list[Any]) -> None:
+    for s in servers:
+        s.stop()
+
+
+def _load() -> str:
+    return "/".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def measure(policy: str, w: Workload, args: argparse.Namespace, work: Path, log: Any) -> dict[str, Any]:
+    """One policy on freshly started replicas: the engines' counters around the run, the clients' figures."""
+    t0 = time.monotonic()
+    servers = start_replicas(args.replicas, args.blocks, work / f"logs-{policy}")
+    started = time.monotonic() - t0
+    ports = [s.port for s in servers]
+    try:
+        tokens = message_tokens(w, ports[0]) if policy == POLICIES[0] else None
+        gw = Gateway(policy, ports, work / f"gw-{policy}")
+        before = [engine_counters(p) for p in ports]
+        load0 = _load()
+        results, wall = drive(gw.port, w, args.clients, args.active)
+        load1 = _load()
+        after = [engine_counters(p) for p in ports]
+        served = gw.served_by()
+        routing = gw.routing()
+        gw.stop()
+        kill = kill_run(w, args, servers, work, served, log) if policy == "prefix" and args.kill else None
+    finally:
+        stop_replicas(servers)
+    delta = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
+    hits = sum(d["hits"] for d in delta)
+    queries = sum(d["queries"] for d in delta)
+    per = [d["requests"] for d in delta]
+    ok = [r for r in results if r.status == 200 and r.done]
+    ttfts = [r.ttft for r in ok if r.ttft is not None]
+    return {
+        "policy": policy,
+        "started_s": started,
+        "wall_s": wall,
+        "requests": len(results),
+        "ok": len(ok),
+        "hit": hits / max(queries, 1),
+        "hits": hits,
+        "queries": queries,
+        "ttft_p50": pct(ttfts, 0.5),
+        "ttft_p90": pct(ttfts, 0.9),
+        "rps": len(ok) / wall,
+        "prompt_tps": sum(r.prompt_tokens for r in ok) / wall,
+        "output_tps": sum(r.completion_tokens for r in ok) / wall,
+        "per_replica": per,
+        "spread": max(per) / statistics.mean(per),
+        "routing": routing,
+        "load": (load0, load1),
+        "tokens": tokens,
+        "prompt_tokens": {(r.cid, r.turn): r.prompt_tokens for r in ok},
+        "served": served,
+        "kill": kill,
+    }
+
+
+def kill_run(
+    w: Workload, args: argparse.Namespace, servers: list[Any], work: Path, homes_run: dict, log: Any
+) -> dict[str, Any]:
+    """The prefix workload again on the same replicas through a fresh gateway; replica 0 killed halfway."""
+    victim = servers[0]
+    addr = f"127.0.0.1:{victim.port}"
+    gw = Gateway("prefix", [s.port for s in servers], work / "gw-kill")
+    w = Workload(w.systems, w.conversations[: len(w.conversations) // 2])
+    half = w.requests() // 2
+    killed_at: list[float] = []
+
+    def on_answer(n: int) -> None:
+        if n == half and not killed_at:
+            killed_at.append(time.monotonic())
+            os.killpg(victim.proc.pid, signal.SIGKILL)
+
+    results, wall = drive(gw.port, w, args.clients, args.active, on_answer)
+    served = gw.served_by()
+    routing = gw.routing()
+    gw.stop()
+    t_kill = killed_at[0] if killed_at else math.inf
+    whole = [r for r in results if r.status == 200 and r.done]
+    cut = [r for r in results if r.status == 200 and not r.done]
+    failed = [r for r in results if r.status != 200]
+    # Each conversation's replica before the kill (its turns answered before it) and after.
+    before: dict[int, set[str]] = defaultdict(set)
+    after: dict[int, set[str]] = defaultdict(set)
+    for r in whole:
+        where = served.get((r.cid, r.turn))
+        if where is None:
+            continue
+        (before if r.finished_at < t_kill else after)[r.cid].add(where)
+    both = [c for c in before if c in after]
+    of_victim = [c for c in both if before[c] == {addr}]
+    others = [c for c in both if addr not in before[c]]
+    moved_victim = [c for c in of_victim if addr not in after[c]]
+    moved_others = [c for c in others if after[c] != before[c]]
+    return {
+        "requests": len(results),
+        "whole": len(whole),
+        "cut": len(cut),
+        "failed": len(failed),
+        "errors": sorted({r.error[:80] for r in cut + failed}),
+        "conversations_spanning": len(both),
+        "of_victim": len(of_victim),
+        "moved_victim": len(moved_victim),
+        "others": len(others),
+        "moved_others": len(moved_others),
+        "routing": routing,
+        "wall_s": wall,
+    }
+
+
+def inside(args: argparse.Namespace) -> None:
+    """The bench inside the loopback-only namespace: both policies, the oracle, the simulations."""
+
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+
+    w = workload(conversations=args.conversations)
+    work = Path(tempfile.mkdtemp(prefix="bench-routing-"))
+    work.chmod(0o755)
+    log(
+        f"workload: seed {SEED}, {len(w.systems)} system prompts of ~{SYSTEM_WORDS} words, {len(w.conversations)} "
+        f"conversations of {TURNS[0]}-{TURNS[1]} turns ({w.requests()} requests, each the whole history, streamed, "
+        f"{MAX_TOKENS} tokens out), {args.clients} clients"
+    )
+    log(
+        f"engines: {args.replicas} x vLLM 0.19.1 CPU, {MODEL}, prefix caching on, KV cache {args.blocks} blocks x "
+        f"{CPU_BLOCK} = {args.blocks * CPU_BLOCK:,} tokens per replica, max-model-len {MAX_MODEL_LEN}, "
+        f"max-num-seqs {MAX_NUM_SEQS}, one core each; gateway: deployed nginx + Lua, the generated config"
+    )
+    runs = {}
+    for policy in POLICIES:
+        runs[policy] = measure(policy, w, args, work, log)
+        r = runs[policy]
+        log(
+            f"{policy:10s} hit rate {r['hit']:6.1%} ({r['hits']:,.0f}/{r['queries']:,.0f} tokens)  TTFT p50 "
+            f"{r['ttft_p50'] * 1000:6.0f} ms p90 {r['ttft_p90'] * 1000:6.0f} ms  {r['rps']:.2f} req/s "
+            f"{r['prompt_tps']:,.0f} prompt tok/s {r['output_tps']:.0f} output tok/s  max/mean {r['spread']:.2f} "
+            f"{[int(x) for x in r['per_replica']]}  answered {r['ok']}/{r['requests']} in {r['wall_s']:.0f} s  "
+            f"(replicas up in {r['started_s']:.0f} s; load {r['load'][0]} -> {r['load'][1]}; gateway "
+            f"{ {k: int(v) for k, v in r['routing'].items()} })"
+        )
+    tokens = runs[POLICIES[0]]["tokens"]
+    measured = runs["prefix"]["prompt_tokens"]
+    bare = {k: prompt_segments(w, k[0], k[1], tokens).tokens for k in measured}
+    # The template's tokens beyond the messages' own (the generation prompt), from the engines' usage.
+    overhead = int(statistics.median(v - bare[k] for k, v in measured.items()))
+    segs = {
+        (c.cid, t): prompt_segments(w, c.cid, t, tokens, overhead) for c in w.conversations for t in range(len(c.turns))
+    }
+    diffs = [abs(segs[k].tokens - v) for k, v in measured.items()]
+    log(
+        f"simulated prompts (messages counted by the replica's /tokenize, + {overhead} template tokens) against the "
+        f"engines' usage: mean |error| {statistics.mean(diffs):.1f} tokens, max {max(diffs)} (of "
+        f"{statistics.mean(measured.values()):.0f} a prompt on average)"
+    )
+    sim = {
+        p: simulate(w, segs, args.replicas, args.blocks, CPU_BLOCK, p, args.clients, args.active)
+        for p in ("least_conn", "prefix", "oracle")
+    }
+    log(
+        f"simulated at the bench's scale ({args.replicas} replicas x {args.blocks} blocks of {CPU_BLOCK}): least_conn "
+        f"{sim['least_conn'].hit:.1%}, prefix {sim['prefix'].hit:.1%} (max/mean {sim['prefix'].spread:.2f}), "
+        f"oracle {sim['oracle'].hit:.1%} (the limit: longest cached prefix, load ignored; max/mean "
+        f"{sim['oracle'].spread:.2f})"
+    )
+    kill = runs["prefix"]["kill"]
+    if kill:
+        log(
+            f"kill run (prefix, the first {len(w.conversations) // 2} conversations, replica 0 SIGKILLed after "
+            f"{kill['requests'] // 2} answers): {kill['whole']}/{kill['requests']} "
+            f"answered whole, {kill['cut']} cut mid-stream, {kill['failed']} failed {kill['errors']}; conversations "
+            f"spanning the kill: {kill['conversations_spanning']}, of the killed replica {kill['of_victim']} "
+            f"(moved {kill['moved_victim']}), of the others {kill['others']} (moved {kill['moved_others']}); gateway "
+            f"{ {k: int(v) for k, v in kill['routing'].items()} }"
+        )
+    if not args.no_cluster:
+        for line in cluster_table({"systems": len(w.systems)}, args.cluster):
+            log(line)
+    lc, pf = runs["least_conn"], runs["prefix"]
+    log(
+        f"routing: hit-rate {pf['hit'] / max(lc['hit'], 1e-9):.2f}x, ttft-p50 {pf['ttft_p50'] / lc['ttft_p50']:.2f}x, "
+        f"max/mean {pf['spread']:.2f}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.routing", description=__doc__.splitlines()[0])
+    ap.add_argument("--replicas", type=int, default=REPLICAS)
+    ap.add_argument("--clients", type=int, default=CLIENTS)
+    ap.add_argument("--conversations", type=int, default=CONVERSATIONS)
+    ap.add_argument("--active", type=int, default=ACTIVE, help="conversations open at once")
+    ap.add_argument("--blocks", type=int, default=BLOCKS, help="KV blocks of 128 tokens per replica")
+    ap.add_argument("--no-kill", dest="kill", action="store_false", help="skip the kill run")
+    ap.add_argument("--no-cluster", action="store_true", help="skip the cluster-scale simulation")
+    ap.add_argument("--cluster", type=int, nargs="*", default=[4, 16, 64], help="replica counts simulated")
+    ap.add_argument("--sim-only", action="store_true", help="only the cluster-scale simulation (no engine)")
+    ap.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.sim_only:
+        for line in cluster_table({"systems": SYSTEMS}, args.cluster):
+            print(line, flush=True)
+        return 0
+    if args.inside:
+        inside(args)
+        return 0
+    from lab import vllm_cpu
+
+    why = vllm_cpu.can_run()
+    if why:
+        print(f"bench.routing: skipped: {why}", file=sys.stderr)
+        return 0
+    vllm_cpu.model(MODEL)  # the engine and the tiny model, cached (installed once per machine)
+    from tests.support.deployed_nginx import deployed_nginx
+
+    deployed_nginx()  # fetched once per machine, before the namespace (which reaches nothing)
+    with vllm_cpu.Namespace(NS_NAME) as ns:
+        assert ns.links() == ["lo"] and not ns.outside_routes(), "the bench's namespace must have only loopback"
+        cmd = ["ip", "netns", "exec", ns.ns, sys.executable, "-m", "bench.routing", "--inside", *(argv or sys.argv[1:])]
+        return subprocess.run(cmd, cwd=ROOT).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

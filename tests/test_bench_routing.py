@@ -1,0 +1,70 @@
+"""bench/routing.py's pure parts: the seeded workload, the Python mirror of gateway_affinity.lua's key and
+ring (checked against the deployed nginx in tests/test_gateway_affinity.py), and the cache simulation."""
+
+from __future__ import annotations
+
+import zlib
+
+from bench import routing
+
+
+def test_the_workload_is_the_same_for_a_seed_and_another_for_another_seed() -> None:
+    a, b = routing.workload(), routing.workload()
+    assert a == b
+    assert routing.workload(seed=routing.SEED + 1) != a
+    assert len(a.systems) == routing.SYSTEMS and len(a.conversations) == routing.CONVERSATIONS
+    assert all(routing.TURNS[0] <= len(c.turns) <= routing.TURNS[1] for c in a.conversations)
+    # Each turn carries the whole history: system, then user and assistant in turn, ending with the question.
+    c = a.conversations[0]
+    body = a.body(0, 2)
+    roles = [m["role"] for m in body["messages"]]
+    assert roles == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert body["messages"][0]["content"] == a.systems[c.system]
+    assert body["messages"][-1]["content"] == c.turns[2][0] and body["stream"] is True
+
+
+def test_the_affinity_key_is_the_system_part_and_the_first_question_each_cut_to_prefix_chars() -> None:
+    long_system = "s" * 5000
+    body = {"messages": [{"role": "system", "content": long_system}, {"role": "user", "content": "q" * 3000}]}
+    key = routing.affinity_key(body)
+    assert key == b"m\0" + (b"system\0" + b"s" * 5000)[:2048] + b"\0" + (b"user\0" + b"q" * 3000)[:2048]
+    other = {"messages": [body["messages"][0], {"role": "user", "content": "another question"}]}
+    assert routing.affinity_key(other) != key
+    # Later turns repeat the head: the same key.
+    later = {"messages": [*body["messages"], {"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}]}
+    assert routing.affinity_key(later) == key
+
+
+def test_the_ring_walks_every_replica_once_and_the_bound_spills_to_the_next() -> None:
+    ring = routing.Ring([f"127.0.0.1:{8000 + i}" for i in range(4)])
+    assert len(ring.points) == 4 * routing.VNODES and ring.points == sorted(ring.points)
+    h = zlib.crc32(b"some key")
+    order = ring.order(h)
+    assert sorted(order) == [0, 1, 2, 3]
+    assert ring.pick(h, [0, 0, 0, 0]) == order[0]
+    # Its replica at the floor (4 in flight: a fifth would exceed max(ceil(1.25 x 5 / 4), 4)): the next on the ring.
+    load = [0, 0, 0, 0]
+    load[order[0]] = 4
+    assert ring.pick(h, load) == order[1]
+    # Keys spread over the ring within a few percent of a quarter each.
+    owners = [ring.order(zlib.crc32(str(k).encode()))[0] for k in range(4000)]
+    assert all(800 <= owners.count(i) <= 1200 for i in range(4)), [owners.count(i) for i in range(4)]
+
+
+def test_the_simulation_keeps_a_conversation_on_its_replica_and_counts_its_history_as_hits() -> None:
+    w = routing.workload(conversations=8, systems=2)
+    tokens = routing.estimated_tokens(w)
+    segs = {
+        (c.cid, t): routing.prompt_segments(w, c.cid, t, tokens, 3)
+        for c in w.conversations
+        for t in range(len(c.turns))
+    }
+    blocks = routing.blocks_of(segs[(0, 1)], 128)
+    assert len(blocks) == segs[(0, 1)].tokens // 128
+    # A cache that holds everything: prefix and the oracle hit alike; least_conn moves turns and hits less.
+    big = {p: routing.simulate(w, segs, 4, 10**6, 128, p, 4, 8) for p in ("least_conn", "prefix", "oracle")}
+    assert big["least_conn"].hit < big["prefix"].hit <= big["oracle"].hit + 1e-9
+    assert sum(big["prefix"].per_replica) == len(segs)
+    # One replica: every policy is the same.
+    one = {p: routing.simulate(w, segs, 1, 10**6, 128, p, 4, 8).hit for p in ("least_conn", "prefix", "oracle")}
+    assert len(set(one.values())) == 1
