@@ -848,30 +848,37 @@ def kill_run(
     whole = [r for r in results if r.status == 200 and r.done]
     cut = [r for r in results if r.status == 200 and not r.done]
     failed = [r for r in results if r.status != 200]
-    # Each conversation's replica before the kill (its turns answered before it) and after.
-    before: dict[int, set[str]] = defaultdict(set)
-    after: dict[int, set[str]] = defaultdict(set)
+    # The ring's choice for each conversation before the kill (its first replica) and after (the first one
+    # alive): consistent hashing moves only the conversations whose first replica was the killed one.
+    ring = Ring([f"127.0.0.1:{s.port}" for s in servers])
+    first, alive = {}, {}
+    for c in w.conversations:
+        order = [ring.addrs[o] for o in ring.order(zlib.crc32(affinity_key(w.body(c.cid, 0)) or b""))]
+        first[c.cid], alive[c.cid] = order[0], next(a for a in order if a != addr)
+    after = [r for r in whole if r.finished_at >= t_kill and (r.cid, r.turn) in served]
+    of_victim = [r for r in after if first[r.cid] == addr]
+    of_others = [r for r in after if first[r.cid] != addr]
+    # Each conversation's replica (most of its turns) on either side of the kill.
+    sides: dict[int, list[list[str]]] = defaultdict(lambda: [[], []])
     for r in whole:
-        where = served.get((r.cid, r.turn))
-        if where is None:
-            continue
-        (before if r.finished_at < t_kill else after)[r.cid].add(where)
-    both = [c for c in before if c in after]
-    of_victim = [c for c in both if before[c] == {addr}]
-    others = [c for c in both if addr not in before[c]]
-    moved_victim = [c for c in of_victim if addr not in after[c]]
-    moved_others = [c for c in others if after[c] != before[c]]
+        if (r.cid, r.turn) in served:
+            sides[r.cid][r.finished_at >= t_kill].append(served[(r.cid, r.turn)])
+    spanning = {c: [max(set(v), key=v.count) for v in two] for c, two in sides.items() if all(two)}
+    moved = {c for c, (b, a) in spanning.items() if b != a}
     return {
         "requests": len(results),
         "whole": len(whole),
         "cut": len(cut),
         "failed": len(failed),
-        "errors": sorted({r.error[:80] for r in cut + failed}),
-        "conversations_spanning": len(both),
-        "of_victim": len(of_victim),
-        "moved_victim": len(moved_victim),
-        "others": len(others),
-        "moved_others": len(moved_others),
+        "after": len(after),
+        "victim_requests": len(of_victim),
+        "victim_to_successor": sum(served[(r.cid, r.turn)] == alive[r.cid] for r in of_victim),
+        "other_requests": len(of_others),
+        "other_kept": sum(served[(r.cid, r.turn)] == first[r.cid] for r in of_others),
+        "spanning": len(spanning),
+        "spanning_victim": sum(first[c] == addr for c in spanning),
+        "moved_victim": sum(first[c] == addr for c in moved),
+        "moved_others": sum(first[c] != addr for c in moved),
         "routing": routing,
         "wall_s": wall,
     }
@@ -926,22 +933,30 @@ def inside(args: argparse.Namespace) -> None:
         p: simulate(w, segs, args.replicas, args.blocks, CPU_BLOCK, p, args.clients, args.active)
         for p in ("least_conn", "prefix", "oracle")
     }
+    unbounded = simulate(
+        w, segs, args.replicas, args.blocks, CPU_BLOCK, "prefix", args.clients, args.active, floor=10**6
+    )
     log(
         f"simulated at the bench's scale ({args.replicas} replicas x {args.blocks} blocks of {CPU_BLOCK}): least_conn "
         f"{sim['least_conn'].hit:.1%}, prefix {sim['prefix'].hit:.1%} (max/mean {sim['prefix'].spread:.2f}), "
         f"oracle {sim['oracle'].hit:.1%} (the limit: longest cached prefix, load ignored; max/mean "
-        f"{sim['oracle'].spread:.2f})"
+        f"{sim['oracle'].spread:.2f}); prefix without the load bound {unbounded.hit:.1%} (max/mean "
+        f"{unbounded.spread:.2f})"
     )
     kill = runs["prefix"]["kill"]
     if kill:
         log(
             f"kill run (prefix, the first {len(w.conversations) // 2} conversations, replica 0 SIGKILLed after "
-            f"{kill['requests'] // 2} answers): {kill['whole']}/{kill['requests']} "
-            f"answered whole, {kill['cut']} cut mid-stream, {kill['failed']} failed {kill['errors']}; conversations "
-            f"spanning the kill: {kill['conversations_spanning']}, of the killed replica {kill['of_victim']} "
-            f"(moved {kill['moved_victim']}), of the others {kill['others']} (moved {kill['moved_others']}); gateway "
+            f"{kill['requests'] // 2} answers): {kill['whole']}/{kill['requests']} answered whole, {kill['cut']} cut "
+            f"mid-stream (what the killed replica was streaming), {kill['failed']} failed; after the kill, the killed "
+            f"replica's conversations: {kill['victim_to_successor']}/{kill['victim_requests']} requests on their ring "
+            f"successor; the others': {kill['other_kept']}/{kill['other_requests']} on their own replica (the rest "
+            f"moved by the load bound); conversations spanning the kill {kill['spanning']}, their replica (most turns) "
+            f"changed: {kill['moved_victim']} of the killed replica's {kill['spanning_victim']}, {kill['moved_others']} "
+            f"of the others {kill['spanning'] - kill['spanning_victim']}; gateway "
             f"{ {k: int(v) for k, v in kill['routing'].items()} }"
         )
+    log(f"logs (each replica's output, the gateways' configs and usage files): {work}")
     if not args.no_cluster:
         for line in cluster_table({"systems": len(w.systems)}, args.cluster):
             log(line)
