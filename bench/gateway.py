@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from components.planning.gateway.keys import key_digests, key_ids
@@ -175,10 +176,14 @@ def wrk(url: str, connections: int, root: Path, seconds: int = SECONDS, worker: 
     }
 
 
-def write_gateway(nginx: DeployedNginx, spec: StackSpec, root: Path, up: int) -> tuple[int, int]:
-    """The generated gateway's files under `root` (one worker, in front of the fake replica on `up`,
-    its usage files in root/usage); the ports it will listen on and serve /metrics on."""
+def write_gateway(
+    nginx: DeployedNginx, spec: StackSpec, root: Path, up: int | Mapping[str, Sequence[int]]
+) -> tuple[int, int]:
+    """The generated gateway's files under `root` (one worker, in front of the replica on port `up` for every
+    pool, or of each pool's replicas on loopback, its usage files in root/usage); the ports it will listen
+    on and serve /metrics on."""
     (root / "tmp").mkdir(parents=True)
+    (root / "tmp").chmod(0o777)  # nginx's workers run as nobody here
     port, metrics = free_ports(2)
     (root / "digests.json").write_text(key_digests({"default": KEY}, key_ids(spec)))
     layout = GatewayLayout(
@@ -198,7 +203,8 @@ def write_gateway(nginx: DeployedNginx, spec: StackSpec, root: Path, up: int) ->
     (root / "usage").mkdir()
     (root / "usage").chmod(0o777)  # nginx's workers run as nobody here
     root.chmod(0o755)
-    files = render_gateway(spec, layout, {pool: [("127.0.0.1", up)] for pool in spec.pools})
+    ports = {pool: [up] for pool in spec.pools} if isinstance(up, int) else up
+    files = render_gateway(spec, layout, {pool: [("127.0.0.1", p) for p in ps] for pool, ps in ports.items()})
     for rel, text in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)

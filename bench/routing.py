@@ -78,6 +78,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.gateway import KEY, write_gateway
+
 ROOT = Path(__file__).resolve().parent.parent
 
 SEED = 34
@@ -100,7 +102,6 @@ MAX_NUM_SEQS = 8
 GPU_BLOCK = 16  # vLLM's default block size on CUDA
 SIM_UNIT = 128  # the cluster simulation's block (for its speed): hits rounded down to 128 tokens, not 16
 NS_NAME = "routing"
-KEY = "sk-bench-routing-0123456789"
 VNODES = 160  # gateway_affinity.lua's points per replica
 POLICIES = ("least_conn", "prefix")
 
@@ -642,12 +643,8 @@ class Gateway:
     """The generated gateway config of a one-pool stack (the chat pool on the replicas) on the deployed nginx."""
 
     def __init__(self, policy: str, ports: Sequence[int], root: Path):
-        from components.planning.gateway.keys import key_digests, key_ids
-        from components.planning.gateway.layout import GatewayLayout
-        from components.planning.gateway.nginx import render_gateway
         from components.planning.load import load_stack_config
         from plan.stackfile import load_stack_file
-        from tests.support import free_ports
         from tests.support.deployed_nginx import deployed_nginx
 
         config = load_stack_file(ROOT / "Pulumi.prod.yaml", "prod").config
@@ -663,30 +660,7 @@ class Gateway:
         spec = load_stack_config(config, set())
         nginx = deployed_nginx()
         self.root = root
-        root.mkdir(parents=True)
-        (root / "tmp").mkdir()
-        (root / "usage").mkdir()
-        for d in (root, root / "tmp", root / "usage"):
-            d.chmod(0o777)  # nginx's workers run as nobody here
-        self.port, self.metrics_port = free_ports(2)
-        (root / "digests.json").write_text(key_digests({"default": KEY}, key_ids(spec)))
-        layout = GatewayLayout(
-            port=self.port,
-            listen_address="127.0.0.1",
-            conf_dir=str(root),
-            **nginx.layout_fields(),  # type: ignore[arg-type]
-            digests_file=str(root / "digests.json"),
-            pid_file=str(root / "pid"),
-            error_log=str(root / "error.log"),
-            usage_dir=str(root / "usage"),
-            metrics_listen=f"127.0.0.1:{self.metrics_port}",
-            temp_dir=str(root / "tmp"),
-            user=None,
-            worker_processes="1",
-        )
-        for rel, text in render_gateway(spec, layout, {"chat": [("127.0.0.1", p) for p in ports]}).items():
-            (root / rel).parent.mkdir(parents=True, exist_ok=True)
-            (root / rel).write_text(text)
+        self.port, self.metrics_port = write_gateway(nginx, spec, root, {"chat": list(ports)})
         self.proc = subprocess.Popen(
             [*nginx.argv, "-p", str(root), "-c", str(root / "nginx.conf"), "-g", "daemon off;"],
             stderr=subprocess.PIPE,

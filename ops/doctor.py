@@ -547,6 +547,7 @@ def check_capacity(spec: StackSpec, obs: Observed, nodes: Sequence[str]) -> list
     """The KV cache each server's engine logged at start against the plan's estimate: below the estimate's
     pessimistic end is a warning (the plan promised more than the engine holds), within it ok."""
     out = []
+    plans: dict[str, dict[str, object]] = {}  # pool -> its estimate, made once for all its instances
     for n in nodes:
         if n in obs.unreachable:
             continue
@@ -556,7 +557,9 @@ def check_capacity(spec: StackSpec, obs: Observed, nodes: Sequence[str]) -> list
             logged = logged_capacity(got[1] if got else "", engine.capacity_log_lines)
             if "kv_tokens" not in logged:
                 continue
-            plan = engine.capacity(spec, inst.pool)
+            if inst.pool not in plans:
+                plans[inst.pool] = engine.capacity(spec, inst.pool)
+            plan = plans[inst.pool]
             planned = plan.get("kv_tokens")
             if not isinstance(planned, (int, float)) or not planned:
                 continue

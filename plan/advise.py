@@ -49,6 +49,7 @@ from plan.analyze import configured_servicer
 from plan.cli import run as run_cli
 from plan.stackfile import load_stack_file
 from policies.pack import POLICIES
+from policies.rules.common import pool_where
 
 POOL = "advice"
 GOALS = ("concurrency", "context", "nodes")
@@ -151,12 +152,13 @@ class Judged:
 
     @property
     def error(self) -> float | None:
-        return self.candidate.engine.kv_estimate_error
+        """The estimate's measured optimistic error, where its engine has one (the capacity's range)."""
+        return self.capacity.get("kv_estimate_error")
 
     @property
     def kv_tokens_pessimistic(self) -> int:
-        """KV tokens at the pessimistic end of the estimate (the engine's measured error; unmeasured: as is)."""
-        return int(self.kv_tokens * (1 - (self.error or 0.0)))
+        """KV tokens at the pessimistic end of the estimate (the capacity's range; unmeasured: as is)."""
+        return int(self.capacity.get("kv_tokens_low", self.kv_tokens))
 
     @property
     def concurrency(self) -> float:
@@ -324,8 +326,10 @@ class Judge:
         s.update(json.loads(json.dumps(props, default=str)))
         urn = f"urn:pulumi:advice::llm-cluster::{MODEL_SERVER}::{POOL}"
         request = proto.AnalyzeRequest(urn=urn, type=MODEL_SERVER, name=POOL, properties=s)
+        # Each message is the policy's description, then the pool's subject (per_pool), then what it says.
+        subject = f"{pool_where(POOL, [str(m) for m in props.get('poolInstances') or []])}: "
         return [
-            (d.policyName, d.message.split("\n", 1)[-1].split(": ", 1)[-1] if ": " in d.message else d.message)
+            (d.policyName, d.message.split("\n", 1)[-1].removeprefix(subject))
             for d in self.servicer.Analyze(request, None).diagnostics
         ]
 
@@ -421,9 +425,13 @@ def advise_model(
 _WORKER_JUDGE: list[Judge] = []  # the judge a forked worker inherits
 
 
-def _advise_in_worker(job: tuple[str, ModelArch, str | None, int, str]) -> ModelAdvice:
+def _advise(judge: Judge, job: tuple[str, ModelArch, str | None, int, str]) -> ModelAdvice:
     model, arch, config_json, context, goal = job
-    return advise_model(_WORKER_JUDGE[0], model, arch, context, goal, config_json)
+    return advise_model(judge, model, arch, context, goal, config_json)
+
+
+def _advise_in_worker(job: tuple[str, ModelArch, str | None, int, str]) -> ModelAdvice:
+    return _advise(_WORKER_JUDGE[0], job)
 
 
 def advise_models(
@@ -433,15 +441,10 @@ def advise_models(
     jobs = [(m, arch, cj, context, goal) for m, arch, cj in models]
     workers = min(len(jobs), os.cpu_count() or 1)
     if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
-        return {job[0]: _advise_in_worker_with(judge, job) for job in jobs}
+        return {job[0]: _advise(judge, job) for job in jobs}
     _WORKER_JUDGE[:] = [judge]
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
         return {job[0]: advice for job, advice in zip(jobs, pool.map(_advise_in_worker, jobs))}
-
-
-def _advise_in_worker_with(judge: Judge, job: tuple[str, ModelArch, str | None, int, str]) -> ModelAdvice:
-    model, arch, config_json, context, goal = job
-    return advise_model(judge, model, arch, context, goal, config_json)
 
 
 # -- the runbook's table -----------------------------------------------------------------------------------

@@ -187,7 +187,7 @@ def test_a_replica_under_its_floor_keeps_its_conversations(
     gw, keys, replicas = pool
     body = chat(9, 1)
     home = served(gw, keys["default"], body)
-    # minInFlight 4: three held requests stay home; the fifth, above max(ceil(1.25 x 5 / 4), 4), moves on.
+    # minInFlight 4: four held requests stay home; the fifth, above max(ceil(1.25 x 5 / 4), 4), moves on.
     holders, release = hold(gw, keys["default"], replicas, body, [f"floor-{n}" for n in range(5)])
     try:
         assert holders[:4] == [home] * 4 and holders[4] != home, holders

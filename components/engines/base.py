@@ -20,7 +20,7 @@ from components.engines.gate import GateCheck
 from components.engines.http import EngineServer
 from components.engines.judged import EngineRule, Launch, LaunchRule, ServerCall, advice_fit_problems
 from components.engines.weights import CheckpointFormat
-from components.facts.engine_matrix import Cell, level
+from components.facts.engine_matrix import GENERATIONS, Cell, level
 from components.facts.hardware import gpu
 from components.facts.models import ModelArch
 from components.facts.sourced import image_ref_key
@@ -54,6 +54,7 @@ class Engine(ABC):
 
     name: ClassVar[str]  # the `pools.*.engine` value
     title: ClassVar[str]  # how messages, alerts and dashboards name it
+    matrix_label: ClassVar[str] = ""  # how the engines x GPU table names its images' rows (its title if empty)
     server_role: ClassVar[str]  # role label and container-name prefix of a single-node server
     multi_gpu: ClassVar[tuple[str, ...]]  # parallel modes inside a node ("tensor", "pipeline")
     multi_node: ClassVar[MultiNode]
@@ -102,9 +103,6 @@ class Engine(ABC):
     # Rules over its launches as its own parser reads them, containers added outside the components included
     # (model_server_launch, container_launch); the pack lists each under its topic.
     launch_rules: ClassVar[tuple[LaunchRule, ...]] = ()
-    # How far its KV-token estimate has erred on the optimistic side against real start-up logs, as a fraction
-    # (the capacity accuracy bench); None: never measured. The advisor plans concurrency on the pessimistic end.
-    kv_estimate_error: ClassVar[float | None] = None
     # What its server logs of its memory at start-up, as regular expressions with one group (the number):
     # "kv_tokens" (per instance), "kv_cache_gib" (per GPU), "weights_gib" (per GPU); doctor compares them
     # with the plan's estimate.
@@ -167,7 +165,10 @@ class Engine(ABC):
 
     def matrix_rows(self) -> list[tuple[str, list[Cell]]]:
         """Its rows of the engines x GPU generations table (components.facts.engine_matrix): one per image."""
-        return []
+        return [
+            (f"{self.matrix_label or self.title} `{ref}`", [self.image_cell(ref, cap) for _, cap in GENERATIONS])  # type: ignore[misc]
+            for ref in self.image_refs()
+        ]
 
     def image_refs(self) -> list[str]:
         """Its images the facts table knows, in the table's order."""

@@ -38,7 +38,7 @@ from components.engines.llamacpp.options import LLAMACPP_ALIASES, LLAMACPP_MULTI
 from components.engines.llamacpp.rules import RULES
 from components.engines.llamacpp.startup_failures import STARTUP_FAILURES as LLAMACPP_STARTUP_FAILURES
 from components.engines.weights import CheckpointFormat
-from components.facts.engine_matrix import GENERATIONS, Cell, level
+from components.facts.engine_matrix import Cell, level
 from components.facts.gguf import GgufModel, read_gguf
 from components.facts.hardware import gpu
 from components.facts.models import ModelArch
@@ -485,11 +485,6 @@ class LlamacppEngine(Engine):
                 )
             )
         return issues
-
-    def matrix_rows(self) -> list[tuple[str, list[Cell]]]:
-        return [
-            (f"llama.cpp `{ref}`", [self.image_cell(ref, cap) for _, cap in GENERATIONS]) for ref in self.image_refs()
-        ]
 
     def image_refs(self) -> list[str]:
         return [ll.ref for ll in IMAGES.values()]

@@ -47,7 +47,7 @@ from components.engines.lmdeploy.options import LMDEPLOY_DTYPES, LMDEPLOY_FORMAT
 from components.engines.lmdeploy.rules import RULES, quant_policy
 from components.engines.lmdeploy.startup_failures import STARTUP_FAILURES as LMDEPLOY_STARTUP_FAILURES
 from components.engines.weights import CheckpointFormat, model_params
-from components.facts.engine_matrix import GENERATIONS, Cell, level
+from components.facts.engine_matrix import Cell, level
 from components.facts.hardware import gpu
 from components.facts.models import ModelArch
 from components.facts.startup_failures import StartupFailure
@@ -362,6 +362,7 @@ class LmdeployEngine(Engine):
 
     name: ClassVar[str] = "lmdeploy"
     title: ClassVar[str] = "LMDeploy"
+    matrix_label: ClassVar[str] = "LMDeploy TurboMind"
     server_role: ClassVar[str] = "lmdeploy"
     multi_gpu: ClassVar[tuple[str, ...]] = ("tensor",)
     multi_node: ClassVar[MultiNode] = "none"
@@ -420,12 +421,6 @@ class LmdeployEngine(Engine):
                 )
             )
         return issues
-
-    def matrix_rows(self) -> list[tuple[str, list[Cell]]]:
-        return [
-            (f"LMDeploy TurboMind `{ref}`", [self.image_cell(ref, cap) for _, cap in GENERATIONS])
-            for ref in self.image_refs()
-        ]
 
     def image_refs(self) -> list[str]:
         return [image.ref for image in IMAGES.values()]

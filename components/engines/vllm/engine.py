@@ -35,13 +35,13 @@ from components.engines.vllm.facts import (
     pool_image_facts,
 )
 from components.engines.vllm.launch import Launch, container_launch, container_server, model_server_launch, parse_server
-from components.engines.vllm.memory import KV_ESTIMATE_ERROR, communicator_gib
+from components.engines.vllm.memory import communicator_gib
 from components.engines.vllm.options import FLAG_ALIASES, TYPED_ENV, TYPED_FLAGS, VllmOptions, canonical_flag
 from components.engines.vllm.rules import LAUNCH_RULES
 from components.engines.vllm.rules.capacity import check_fit
 from components.engines.vllm.startup_failures import STARTUP_FAILURES as VLLM_STARTUP_FAILURES
 from components.engines.weights import CheckpointFormat
-from components.facts.engine_matrix import GENERATIONS, Cell, level, sass_runs
+from components.facts.engine_matrix import Cell, level, sass_runs
 from components.facts.hardware import CUDA_CONTEXT_GIB, GPUS, gpu
 from components.facts.models import ModelArch
 from components.facts.startup_failures import StartupFailure
@@ -88,7 +88,6 @@ class VllmEngine(Engine):
     common_rules: ClassVar[bool] = False
     launch_rules: ClassVar[tuple[LaunchRule, ...]] = LAUNCH_RULES
     flag_aliases: ClassVar[dict[str, str]] = FLAG_ALIASES
-    kv_estimate_error: ClassVar[float | None] = KV_ESTIMATE_ERROR
     # vLLM 0.19.1 v1/core/kv_cache_utils.py:1319 (info_once, thousands separated), v1/worker/gpu_worker.py:437,
     # v1/worker/gpu_model_runner.py:4821.
     capacity_log_lines: ClassVar[dict[str, str]] = {
@@ -191,10 +190,6 @@ class VllmEngine(Engine):
             )
         return issues
 
-    def matrix_rows(self) -> list[tuple[str, list[Cell]]]:
-        """vLLM images: torch's CUDA build decides whether anything starts, Triton whether fp16 MoE compiles."""
-        return [(f"vLLM `{ref}`", [self.image_cell(ref, cap) for _, cap in GENERATIONS]) for ref in self.image_refs()]
-
     def format_evidence(self, ref: str, capability: int) -> str | None:
         facts = image_facts(ref)
         return level(facts.sources["quantizations"], capability) if facts is not None else None
@@ -209,6 +204,7 @@ class VllmEngine(Engine):
         return [f.ref for f in known_images()]
 
     def image_cell(self, ref: str, capability: int) -> Cell | None:
+        """torch's CUDA build decides whether anything starts, Triton whether fp16 MoE compiles."""
         f = image_facts(ref)
         if f is None:
             return None

@@ -310,7 +310,7 @@ end
 
 -- The requests in flight on each replica of the affinity upstreams, as Prometheus gauge lines.
 function M.in_flight(out, labels)
-    for name, r in pairs(rings) do
+    for _, r in pairs(rings) do
         for _, addr in ipairs(r.addrs) do
             out[#out + 1] = "llm_gateway_upstream_in_flight" .. labels({"pool", "upstream"}, {r.label, addr})
                 .. " " .. (dict:get("i" .. addr) or 0)
