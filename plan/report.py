@@ -217,6 +217,11 @@ def render_text(result: PlanResult) -> str:
                 f"  {pname:<12} {inst.name:<22} {pool.model} · {how} · {'+'.join(inst.nodes)} → "
                 f"{endpoint(spec, inst)}/v1"
             )
+        if not pool.qualification_gate:
+            out.append(
+                f"  {pname:<12} starts WITHOUT the qualification gate (pools.{pname}.qualificationGate: false; "
+                "refused by the policy pack's qualification-gate unless its config lowers it)"
+            )
 
     out.append("\nWeights")
     for model in dict.fromkeys(p.model for p in spec.pools.values()):

@@ -49,6 +49,8 @@ def node_qualifications(spec: StackSpec) -> list[Qualification]:
     node; a Ray worker node runs the image's GPU code with none of its own."""
     found: dict[tuple[str, str], tuple[str, list[tuple[str, ...]]]] = {}
     for name, pool in spec.pools.items():
+        if not pool.qualification_gate:
+            continue
         engine = engine_for(pool)
         for inst in instances(spec, name):
             for node in inst.nodes:

@@ -52,7 +52,9 @@ def deploy(spec: StackSpec) -> dict[str, Any]:
         members = {n: nodes[n] for n in inst.nodes}
         on_ray = inst.uses_ray and engine_for(spec.pools[inst.pool]).multi_node == "ray"
         image = spec.pools[inst.pool].image
-        qualified = {n: qualifications[(n, image)] for n in inst.nodes if (n, image) in qualifications}
+        # A pool without the gate waits for none, not even another pool's gate of the same image on the node.
+        gated = spec.pools[inst.pool].qualification_gate
+        qualified = {n: qualifications[(n, image)] for n in inst.nodes if gated and (n, image) in qualifications}
         ray = (
             RayCluster(f"{inst.name}-ray", RayClusterArgs(spec, inst, members, weights_ready, qualified=qualified))
             if on_ray

@@ -75,6 +75,7 @@ def server_props(spec: StackSpec, instance: Instance) -> dict[str, Any]:
         "pipelineParallel": instance.pipeline_parallel,
         "image": pool.image,
         "engine": pool.engine,
+        "qualificationGate": pool.qualification_gate,
         # A private build's declared facts, so the pack judges it by them (None: the table's, by image).
         "imageFacts": (
             {"like": pool.image_facts.like, **pool.image_facts.overrides()} if pool.image_facts is not None else None

@@ -545,6 +545,11 @@ class PoolSpec(Spec):
     max_unavailable: int = Field(default=1, ge=1)
     """Instances `make rollout` replaces at once (the others keep serving); the plan diff recommends a
     rollout when a change would restart more of them together."""
+    qualification_gate: bool = True
+    """Each server of the pool waits for the qualification gate of its image on its node (a GPU check run in
+    the image). `false` starts them without it — only for a rehearsal on hardware the gate cannot pass (the
+    lab's CPU engines): the plan prints it, and the policy pack's mandatory `qualification-gate` refuses it
+    unless the stack's policy config lowers that rule."""
     restart_unhealthy_after_seconds: int = Field(default=300, ge=0)
     """Restart a server whose /health fails this long after it has served (0: never). docker alone
     does not restart an unhealthy container; a server that never becomes healthy within
