@@ -423,6 +423,7 @@ def test_model_server_props_carry_what_the_policy_pack_reads(prod_run: ProgramRu
         "pipelineParallel": 2,
         "image": "vllm/vllm-openai:v0.19.1",
         "engine": "vllm",
+        "qualificationGate": True,
         "argv": REASONING_ARGV,
         "poolInstances": ["reasoning-gpu-01"],
         # What engine rules check a checkpoint by (policies.rules.engines); no configJson: no quantizationConfig.

@@ -40,7 +40,7 @@ REFUSED: list[tuple[str, Mutation, list[str]]] = [
         lambda c: section(c, "pools")["chat"].update(tensorParalel=8),
         [
             "pools.chat.tensorParalel: unknown key 'tensorParalel'; allowed keys here: engine, env, image, imageFacts, "
-            "llamacpp, lmdeploy, loadTimeoutMinutes, maxUnavailable, model, nodes, offline, pipelineParallel, port, rayClientPort, rayDashboardPort, "
+            "llamacpp, lmdeploy, loadTimeoutMinutes, maxUnavailable, model, nodes, offline, pipelineParallel, port, qualificationGate, rayClientPort, rayDashboardPort, "
             "rayGateTimeoutSeconds, rayPort, readTimeoutSeconds, replicasPerNode, "
             "restartUnhealthyAfterSeconds, routing, shmSizeGib, tensorParallel, vllm"
         ],
