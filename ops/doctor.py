@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from components.engines.base import container_name, nccl_env, server_container_name
+from components.engines.base import container_name, native_worker_role, nccl_env, server_container_name
 from components.engines.registry import ENGINES, engine_for
 from components.facts.startup_failures import all_failures, any_pattern
 from components.node_programs.fabric import nccl_fix, parse_nccl_net
@@ -105,6 +105,9 @@ def node_containers(spec: StackSpec, node: str) -> list[tuple[Instance, str, str
             continue
         if inst.uses_ray:
             role = "ray-head" if node == inst.head else "ray-worker"
+            out.append((inst, container_name(inst, role), role))
+        elif inst.native_launcher and node != inst.head:
+            role = native_worker_role(engine_for(spec.pools[inst.pool]))
             out.append((inst, container_name(inst, role), role))
         else:
             out.append((inst, server_container_name(engine_for(spec.pools[inst.pool]), inst), "server"))
@@ -461,12 +464,16 @@ def check_nccl_transport(spec: StackSpec, obs: Observed, nodes: Sequence[str]) -
     """Rows 2 and 3: NET/IB, not NET/Socket, in the multi-node servers' logs."""
     out = []
     for inst in all_instances(spec):
-        if not inst.uses_ray:
+        if not inst.spans_nodes:
             continue
+        engine = engine_for(spec.pools[inst.pool])
         for n in inst.nodes:
             if n not in nodes or n in obs.unreachable:
                 continue
-            name = container_name(inst, "ray-head" if n == inst.head else "ray-worker")
+            if inst.uses_ray:
+                name = container_name(inst, "ray-head" if n == inst.head else "ray-worker")
+            else:
+                name = container_name(inst, engine.server_role if n == inst.head else native_worker_role(engine))
             got = _get(obs, n, f"logs:{name}")
             net = parse_nccl_net(got[1] if got else "")
             node = spec.node(n)
@@ -796,7 +803,7 @@ def observe(spec: StackSpec, nodes: Sequence[str], run: Runner, bandwidth: bool)
         obs.bracket[n] = (before, after)
     if bandwidth:
         for inst in all_instances(spec):
-            if inst.uses_ray and inst.head in nodes and inst.head not in obs.unreachable:
+            if inst.spans_nodes and inst.head in nodes and inst.head not in obs.unreachable:
                 rc, out, err = run(inst.head, rdma_script(spec, inst))
                 obs.rdma[inst.name] = (rc, out + err)
     return obs

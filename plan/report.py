@@ -211,6 +211,9 @@ def render_text(result: PlanResult) -> str:
             how = (
                 f"TP{inst.tensor_parallel} x PP{inst.pipeline_parallel} on Ray"
                 if inst.uses_ray
+                else f"TP{inst.tensor_parallel} x PP{inst.pipeline_parallel} on the engine's own launcher "
+                f"(rank 0 serves, {len(inst.nodes) - 1} headless)"
+                if inst.native_launcher
                 else f"TP{inst.tensor_parallel}"
             )
             out.append(

@@ -29,6 +29,7 @@ from components.facts.startup_failures import StartupFailure
 from components.spec import SpecIssue, StackSpec
 from components.spec.base import Spec
 from components.spec.cluster import GpuSpec, PoolSpec
+from components.spec.engines import Launcher
 from components.spec.topology import Instance
 
 LABEL_PREFIX = "llm-cluster."
@@ -315,6 +316,18 @@ class Engine(ABC):
         """Files the server container needs besides the watchdog (e.g. tuned kernel configs)."""
         return []
 
+    def launcher(self, options: Spec | None) -> Launcher:
+        """How a pool with this options block starts its instances that span nodes (the engine's one way by
+        default; an engine with two reads the pool's choice)."""
+        return Launcher(self.multi_node)
+
+    def node_argv(self, spec: StackSpec, instance: Instance, node: str) -> list[str]:
+        """The command line on one node of an instance its own launcher spans: the head serves the API (the
+        server's argv), the others join it. Only engines whose `launcher` can say "native" override it."""
+        if node != instance.head:
+            raise NotImplementedError(f"{self.title} has no launcher of its own across nodes")
+        return self.serve_argv(spec, instance)
+
     @abstractmethod
     def capacity(self, spec: StackSpec, pool: str, *, mla: bool | None = None) -> dict[str, object]:
         """The pool's capacity estimate as JSON (plan.json `capacity`), {"error": why} when not modelled."""
@@ -427,10 +440,17 @@ def container_name(instance: Instance, role: str) -> str:
 
 
 def server_container_name(engine: Engine, instance: Instance) -> str:
-    """The container that runs the server: its own (one node), or the Ray head (multi-node on Ray)."""
+    """The container that runs the server: its own (one node, or rank 0 of its own launcher), or the Ray head
+    (multi-node on Ray)."""
     return container_name(
         instance, "ray-head" if instance.uses_ray and engine.multi_node == "ray" else engine.server_role
     )
+
+
+def native_worker_role(engine: Engine) -> str:
+    """Role (and container-name prefix) of the containers on an instance's other nodes when the engine's own
+    launcher spans them: they run no API server, only the engine's workers that join rank 0."""
+    return f"{engine.server_role}-worker"
 
 
 def startup_failure_advice(engine: Engine, pool: str, model: str) -> list[tuple[str, str]]:

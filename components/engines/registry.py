@@ -44,6 +44,7 @@ def register(engine: Engine, *, default: bool = False) -> None:
             engine.checkpoint_quantizations(),
             engine.declarable_images,
             engine.knows_image,
+            engine.launcher,
         ),
         default=default,
     )

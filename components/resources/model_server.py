@@ -1,4 +1,5 @@
-"""ModelServer: one engine instance (a single-node replica, or TP×PP served from a RayCluster's head) and its readiness gate."""
+"""ModelServer: one engine instance (a single-node replica, TP×PP served from a RayCluster's head, or TP×PP on the
+engine's own launcher: a container per node) and its readiness gate."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from pulumi_command import remote
 
 from components import marks
 from components.engines.base import (
+    WATCHDOG_SCRIPT,
     endpoint,
     health_gate_script,
+    native_worker_role,
     ready_url,
     server_container_name,
     startup_failure_advice,
@@ -107,7 +110,9 @@ def server_props(spec: StackSpec, instance: Instance) -> dict[str, Any]:
 
 
 class ModelServer(Component):
-    """A server: its own container (single node) or the RayCluster's head (multi-node), then a readiness gate."""
+    """A server: its own container (single node), the RayCluster's head (multi-node on Ray), or one container per
+    node (multi-node on the engine's own launcher: rank 0 serves the API, the others join it headless), then a
+    readiness gate on the API."""
 
     TYPE = marks.MODEL_SERVER
 
@@ -121,7 +126,9 @@ class ModelServer(Component):
         self.container: docker.Container | None = None
         # Single node: this component's own container; multi-node: the Ray head, which runs vLLM.
         container_name = server_container_name(engine, inst)
+        self.workers: dict[str, docker.Container] = {}
         if args.ray is None:
+            # One node, or rank 0 of the engine's own launcher (the head's argv: it serves the API).
             argv = supervised_argv(engine, spec, inst)
             self.container = docker.Container(
                 self.child(engine.server_role),
@@ -136,7 +143,24 @@ class ModelServer(Component):
                 **gpu_container_args(spec, inst, head, inst.head, engine.server_role),
                 opts=self.opts(**gpu_container_opts(head, inst.head, args.weights_ready, qualified=args.qualified)),
             )
-            waits_on: list[pulumi.Resource] = [self.container]
+            # The other nodes of an instance on the engine's own launcher: the same watchdog (on rank 0's
+            # readiness URL) runs each node's headless argv, so a worker exits, and docker starts it again to
+            # rejoin, when it dies or when rank 0 stops serving (components.engines.base.watchdog_script).
+            for n in inst.nodes[1:] if inst.native_launcher else ():
+                node_argv = ["/bin/bash", WATCHDOG_SCRIPT, *engine.node_argv(spec, inst, n)]
+                self.workers[n] = docker.Container(
+                    self.child(f"worker-{n}"),
+                    entrypoints=node_argv[:2],
+                    command=node_argv[2:],
+                    uploads=server_uploads(spec, inst),
+                    **gpu_container_args(spec, inst, args.nodes[n], n, native_worker_role(engine)),
+                    opts=self.opts(
+                        **gpu_container_opts(
+                            args.nodes[n], n, args.weights_ready, [self.container], qualified=args.qualified
+                        )
+                    ),
+                )
+            waits_on: list[pulumi.Resource] = [self.container, *self.workers.values()]
             target_id = self.container.id
         else:
             # Multi-node: the Ray head container runs vLLM once every GPU has joined.
@@ -151,7 +175,7 @@ class ModelServer(Component):
             memory_keys=f"pools.{inst.pool}.{engine.memory_keys}",
             failures=startup_failure_advice(engine, inst.pool, pool.model),
         )
-        command_args, timeouts = gate_command_args(script, timeout_s, [target_id])
+        command_args, timeouts = gate_command_args(script, timeout_s, [target_id, *(w.id for w in self.workers.values())])
         self.gate: remote.Command = remote.Command(
             self.child("health"),
             connection=head.connection,

@@ -16,6 +16,16 @@ from components.spec.base import Spec
 
 
 @dataclass(frozen=True)
+class Launcher:
+    """How a pool's instances that span nodes start: on a Ray cluster, with the engine's own launcher on each
+    node (rank 0 serving the API), or not at all."""
+
+    kind: str  # "ray", "native" or "none" (components.engines.base.MultiNode)
+    port: int | None = None  # the native launcher's rendezvous port on an instance's first node
+    port_key: str = ""  # the key under pools.<pool> that sets that port ("vllm.masterPort")
+
+
+@dataclass(frozen=True)
 class DeployedEngine:
     """One deployed engine as the stack model sees it."""
 
@@ -27,6 +37,8 @@ class DeployedEngine:
     quantizations: frozenset[str]  # `models.*.quantization` values its images load
     declarable_images: Callable[[], list[str]]  # images whose facts a private build may start from (imageFacts.like)
     knows_image: Callable[[str], bool]  # whether a reference is one of them (as its facts table reads references)
+    # How the pool's multi-node instances start, read from its options block (None: an engine without one).
+    launcher: Callable[[Spec | None], Launcher] = lambda _options: Launcher("ray")
 
 
 DEPLOYED: dict[str, DeployedEngine] = {}

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from components.spec import engines as deployed_engines
 from components.spec.cluster import PoolSpec
 
 if TYPE_CHECKING:  # annotations only: the stack module reads this one
@@ -23,16 +24,36 @@ class Instance:
     tensor_parallel: int
     pipeline_parallel: int
     gpu_ids: tuple[int, ...] | None  # GPUs of a replica that shares its node; None = all GPUs
+    # How it starts across its nodes: "single" (one node), "ray", or "native" (the engine's own launcher on
+    # every node, rank 0 on the head serving the API); "none" for an engine that cannot span nodes.
+    launcher: str = "single"
+    master_port: int | None = None  # the native launcher's rendezvous port on the head
 
     @property
     def head(self) -> str:
-        """The node whose address serves the OpenAI API (and runs the Ray head)."""
+        """The node whose address serves the OpenAI API (and runs the Ray head, or the launcher's rank 0)."""
         return self.nodes[0]
 
     @property
-    def uses_ray(self) -> bool:
-        """Instances spanning nodes run on Ray; single-node ones on the engine's own processes."""
+    def spans_nodes(self) -> bool:
+        """One server across several nodes (on Ray, or on the engine's own launcher)."""
         return len(self.nodes) > 1
+
+    @property
+    def uses_ray(self) -> bool:
+        """Instances spanning nodes on a Ray cluster (the default); single-node ones on the engine's own processes."""
+        return self.spans_nodes and self.launcher == "ray"
+
+    @property
+    def native_launcher(self) -> bool:
+        """Instances spanning nodes on the engine's own launcher: one container per node, no Ray."""
+        return self.spans_nodes and self.launcher == "native"
+
+
+def launcher_of(pool: PoolSpec) -> deployed_engines.Launcher:
+    """How the pool's instances that span nodes start, as its engine reads the pool's options block."""
+    engine = deployed_engines.deployed().get(pool.engine)
+    return engine.launcher(pool.options) if engine is not None else deployed_engines.Launcher("none")
 
 
 def nodes_per_instance(pool: PoolSpec, gpus_per_node: int) -> int:
@@ -47,6 +68,7 @@ def instances(spec: StackSpec, pool_name: str) -> list[Instance]:
     gpus = spec.node(pool.nodes[0]).gpu
     assert gpus is not None  # the spec refuses nodes without GPUs
     span = nodes_per_instance(pool, gpus.count)
+    launch = launcher_of(pool) if span > 1 else deployed_engines.Launcher("single")
     out: list[Instance] = []
     for start in range(0, len(pool.nodes) - span + 1, span):
         group = tuple(pool.nodes[start : start + span])
@@ -60,6 +82,8 @@ def instances(spec: StackSpec, pool_name: str) -> list[Instance]:
                     pool.tensor_parallel,
                     pool.pipeline_parallel,
                     None,
+                    launch.kind,
+                    launch.port if launch.kind == "native" else None,
                 )
             )
             continue
@@ -96,6 +120,8 @@ def host_ports(spec: StackSpec) -> list[tuple[str, int, str]]:
                     (inst.head, p.ray_dashboard_port, f"pools.{pname}.rayDashboardPort"),
                     (inst.head, p.ray_client_port, f"pools.{pname}.rayClientPort"),
                 ]
+            elif inst.native_launcher and inst.master_port is not None:
+                out.append((inst.head, inst.master_port, f"pools.{pname}.{launcher_of(p).port_key}"))
     g = spec.gateway
     if g is not None:
         out += [(g.node, g.port, "gateway.port"), (g.node, g.metrics_port, "gateway.metricsPort")]

@@ -47,7 +47,8 @@ from components.facts.models import ModelArch
 from components.facts.startup_failures import StartupFailure
 from components.spec import SpecError, SpecIssue, StackSpec
 from components.spec.base import Spec
-from components.spec.topology import Instance
+from components.spec.engines import Launcher
+from components.spec.topology import Instance, nodes_per_instance
 
 # Where the pool's fused-MoE tile configs are written inside the container (VLLM_TUNED_CONFIG_FOLDER).
 TUNED_CONFIG_DIR = "/opt/llm-cluster/moe-configs"
@@ -75,7 +76,8 @@ VLLM_OFFLINE_ENV: dict[str, str] = {
 
 
 class VllmEngine(Engine):
-    """vLLM's OpenAI server (`vllm serve`); multi-node instances run on Ray."""
+    """vLLM's OpenAI server (`vllm serve`); multi-node instances run on Ray, or on vLLM's own launcher where the
+    pool says so (pools.<pool>.vllm.multiNode: native)."""
 
     name: ClassVar[str] = "vllm"
     title: ClassVar[str] = "vLLM"
@@ -134,6 +136,17 @@ class VllmEngine(Engine):
 
     def canonical_flag(self, token: str) -> str | None:
         return canonical_flag(token)
+
+    def launcher(self, options: Spec | None) -> Launcher:
+        if isinstance(options, VllmOptions) and options.multi_node == "native":
+            return Launcher("native", options.master_port, f"{self.options_key}.masterPort")
+        return Launcher("ray")
+
+    def node_argv(self, spec: StackSpec, instance: Instance, node: str) -> list[str]:
+        return vllm_node_argv(spec, instance, node, self.image_facts(spec, instance.pool))
+
+    def spec_issues(self, spec: StackSpec, pool: str) -> list[SpecIssue]:
+        return super().spec_issues(spec, pool) + multi_node_issues(spec, pool)
 
     def model_server_launch(self, props: Mapping[str, Any]) -> Launch | None:
         return model_server_launch(props)
@@ -365,6 +378,19 @@ def vllm_argv(spec: StackSpec, instance: Instance, facts: ImageFacts | None = No
     elif world > 1:
         # Stated rather than left to vLLM's guess, so the plan shows how the engine will run.
         argv += ["--distributed-executor-backend", "mp"]
+    if instance.native_launcher:
+        # vLLM's own launcher across nodes: every node states the world and the head's rendezvous, its own
+        # rank (vllm_node_argv sets the others' and makes them headless).
+        argv += [
+            "--nnodes",
+            str(len(instance.nodes)),
+            "--node-rank",
+            "0",
+            "--master-addr",
+            spec.node(instance.head).address,
+            "--master-port",
+            str(instance.master_port),
+        ]
     argv += [
         "--dtype",
         model.dtype,
@@ -394,6 +420,42 @@ def vllm_argv(spec: StackSpec, instance: Instance, facts: ImageFacts | None = No
     if model.trust_remote_code:
         argv.append("--trust-remote-code")
     return argv + list(v.extra_args)
+
+
+def vllm_node_argv(spec: StackSpec, instance: Instance, node: str, facts: ImageFacts | None = None) -> list[str]:
+    """The `vllm serve` argv of one node of an instance on vLLM's own multi-node launcher: the head (rank 0)
+    runs vllm_argv and serves the API; node i of the instance runs the same argv with `--node-rank i` and
+    `--headless` (no API server: its workers join rank 0 through --master-addr:--master-port)."""
+    argv = vllm_argv(spec, instance, facts)
+    if node not in instance.nodes:
+        raise ValueError(f"node {node!r} is not one of {instance.name}'s nodes {list(instance.nodes)}")
+    rank = instance.nodes.index(node)
+    if rank == 0:
+        return argv
+    if not instance.native_launcher:
+        raise ValueError(f"{instance.name} runs on Ray: node {node!r} runs a Ray worker, not vllm serve")
+    at = argv.index("--node-rank") + 1
+    # Right after the launcher's flags, before the pool's extraArgs: the same place on every node.
+    return [*argv[:at], str(rank), *argv[at + 1 : at + 5], "--headless", *argv[at + 5 :]]
+
+
+def multi_node_issues(spec: StackSpec, pool: str) -> list[SpecIssue]:
+    """pools.<pool>.vllm.multiNode: native only where an instance spans nodes (there is nothing to launch across)."""
+    p = spec.pools[pool]
+    if p.vllm.multi_node != "native" or not p.nodes or p.nodes[0] not in spec.nodes:
+        return []
+    g = spec.node(p.nodes[0]).gpu
+    if g is None or nodes_per_instance(p, g.count) > 1:
+        return []
+    return [
+        SpecIssue(
+            f"pools.{pool}.vllm.multiNode",
+            f"'native' starts vLLM's own launcher across the nodes of one instance, but each instance of pool "
+            f"{pool!r} fits on one node (tensorParallel {p.tensor_parallel} x pipelineParallel "
+            f"{p.pipeline_parallel} on {g.count} GPUs per node): remove multiNode (allowed: ray, the default, or "
+            "native for pools whose instances span nodes)",
+        )
+    ]
 
 
 def _tristate(flag: str, value: bool | None) -> list[str]:

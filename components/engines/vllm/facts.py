@@ -163,6 +163,9 @@ class ImageFacts(SourcedImage):
     metrics: Mapping[str, str]  # logical name -> exported series (counters with _total)
     tuned_moe_config_env: str | None  # env var of a folder of fused-MoE tile configs
     serve_refuses_model_flag: bool  # `vllm serve --model X` exits (else: a warning, X becomes the positional)
+    # vLLM's own multi-node launcher: `vllm serve --nnodes N --node-rank R --master-addr A --master-port P` on
+    # every node, `--headless` on all but rank 0 (the mp executor across nodes; pools.<pool>.vllm.multiNode: native).
+    native_multi_node: bool = False
     sources: Mapping[str, Sourced] = field(default_factory=dict)
     note: str = ""
 
@@ -354,6 +357,10 @@ _COMMON_092 = {
     ),
     "tuned_moe_config_env": code("vLLM 0.9.2 envs.py VLLM_TUNED_CONFIG_FOLDER (fused_moe.py get_moe_configs)"),
     "serve_refuses_model_flag": code("vLLM 0.9.2 vllm/utils/__init__.py:1475-1481 (ValueError)"),
+    "native_multi_node": code(
+        "components/engines/vllm/data/vllm-0.9.2-serve-args.json: no --nnodes, --node-rank, --master-addr or "
+        "--master-port (only the data-parallel --headless): multi-node needs Ray"
+    ),
 }
 
 _COMMON_0191 = {
@@ -416,6 +423,13 @@ _COMMON_0191 = {
     "tuned_moe_config_env": code("vLLM 0.19.1 envs.py:213, 1491 VLLM_TUNED_CONFIG_FOLDER (fused_moe.py:1062)"),
     "serve_refuses_model_flag": code(
         "vLLM 0.19.1 utils/argparse_utils.py:185-214 (a warning; --model X becomes the positional)"
+    ),
+    "native_multi_node": code(
+        "components/engines/vllm/data/vllm-0.19.1-serve-args.json, dumped from 0.19.1's parser: --nnodes/-n "
+        "(default 1), --node-rank/-r (default 0), --master-addr (default 127.0.0.1), --master-port (default "
+        "29501), --headless (store_true); vllm/entrypoints/cli/serve.py run_headless starts a MultiprocExecutor "
+        "on a node of rank > 0 (vllm PR #23691, the mp executor across nodes, after 0.11.0); two such processes "
+        "served TP 2 across them on the CPU build of 0.19.1 (issue 33) [obs]"
     ),
 }
 
@@ -505,6 +519,10 @@ _COMMON_0110 = {
     ),
     "tuned_moe_config_env": code("vLLM 0.11.0 envs.py:192 VLLM_TUNED_CONFIG_FOLDER"),
     "serve_refuses_model_flag": code("vLLM 0.11.0 vllm/utils/__init__.py:1856-1864 (ValueError)"),
+    "native_multi_node": code(
+        "components/engines/vllm/data/vllm-0.11.0-serve-args.json: no --nnodes, --node-rank, --master-addr or "
+        "--master-port (vllm PR #23691, the mp executor across nodes, is not in this release): multi-node needs Ray"
+    ),
 }
 _KV_0110 = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc")
 
@@ -539,6 +557,7 @@ def _vllm_0191(tag: str, variant: str, arch_list: tuple[int, ...], arch_source: 
         metrics=_V1_METRICS,
         tuned_moe_config_env="VLLM_TUNED_CONFIG_FOLDER",
         serve_refuses_model_flag=False,
+        native_multi_node=True,
         sources=_sources(_COMMON_0191, torch_arch_list=arch_source),
         note=note,
     )

@@ -8,7 +8,7 @@ from pydantic import Field
 
 from components.engines.vllm.facts import KV_CACHE_DTYPES
 from components.spec.base import Spec
-from components.spec.cluster import Fraction
+from components.spec.cluster import Fraction, Port
 
 # The `vllm serve` flags the product sets from typed stack keys: flag -> the key that owns it, with
 # <pool>, <model> and <node> standing for the names. A flag in extraArgs would be appended after the
@@ -36,6 +36,12 @@ TYPED_FLAGS: dict[str, str] = {
     "--enable-chunked-prefill": "pools.<pool>.vllm.enableChunkedPrefill",
     "--enforce-eager": "pools.<pool>.vllm.enforceEager",
     "--attention-backend": "pools.<pool>.vllm.attentionBackend",
+    # vLLM's own multi-node launcher (multiNode: native): the plan writes each node's rank and the head's address.
+    "--nnodes": "pools.<pool>.vllm.multiNode",
+    "--node-rank": "pools.<pool>.vllm.multiNode",
+    "--headless": "pools.<pool>.vllm.multiNode",
+    "--master-addr": "pools.<pool>.vllm.multiNode",
+    "--master-port": "pools.<pool>.vllm.masterPort",
 }
 # Environment vLLM's containers get from typed keys (beside every engine's NCCL and offline variables).
 TYPED_ENV: dict[str, str] = {
@@ -43,7 +49,15 @@ TYPED_ENV: dict[str, str] = {
     "VLLM_TUNED_CONFIG_FOLDER": "pools.<pool>.vllm.moeConfigFiles",
 }
 # vLLM's short spellings of typed flags (EngineArgs.add_cli_args).
-FLAG_ALIASES = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-q": "--quantization"}
+FLAG_ALIASES = {
+    "-tp": "--tensor-parallel-size",
+    "-pp": "--pipeline-parallel-size",
+    "-q": "--quantization",
+    "-n": "--nnodes",
+    "-r": "--node-rank",
+}
+# The default of multiNode's rendezvous port: vLLM 0.19.1's --master-port default (its parser dump).
+DEFAULT_MASTER_PORT = 29501
 
 
 def canonical_flag(token: str) -> str | None:
@@ -85,6 +99,15 @@ class VllmOptions(Spec):
     enable_chunked_prefill: bool | None = None
     enforce_eager: bool = False
     """`--enforce-eager`: no CUDA graphs or torch.compile (the first thing to try when capture fails on V100)."""
+    multi_node: Literal["ray", "native"] = "ray"
+    """How an instance that spans nodes starts: `ray` (the runbook's way: a Ray head and workers, vLLM's Ray
+    executor) or `native` (vLLM's own launcher, vLLM 0.19.1 here, not 0.11.0 or older: one container per node
+    running `vllm serve … --nnodes N --node-rank R --master-addr <first node> --master-port <masterPort>`, the
+    nodes after the first `--headless`; fewer containers and ports, no Ray dashboard or client port). Only for
+    pools whose instances span nodes; the policy pack refuses `native` on an image without that launcher."""
+    master_port: Port = DEFAULT_MASTER_PORT
+    """With multiNode `native`: the torch.distributed rendezvous port on an instance's first node
+    (`--master-port`); the firewall opens it to the instance's nodes only."""
     extra_args: list[str] = Field(default_factory=list)
     """Further `vllm serve` flags verbatim; the policy pack checks each against the pool's vLLM parser.
     Flags a typed key sets (--max-model-len, --port, …) are refused here: state the typed key."""

@@ -8,7 +8,8 @@ The table (`inet llm_cluster`, an input base chain with policy accept) closes ex
 stack puts on a node, Ray's worker range and the ephemeral range to every source but the cluster's
 node addresses (and `firewall.trustedSources`); the gateway's ports (its port, and the plain-HTTP
 port that redirects to it when `gateway.httpRedirectPort` is set) are open to `gateway.allowFrom`;
-the SSH port is accepted before anything else. Nothing else is filtered, and no other table is
+the SSH port is accepted before anything else. The rendezvous port of an instance on the engine's own
+multi-node launcher (`pools.<pool>.vllm.masterPort`) is narrower still: open to that instance's nodes only. Nothing else is filtered, and no other table is
 touched: a drop in any table drops, so other tables keep working as they did, and deleting ours
 undoes exactly what it added. The file loads as one transaction (`table …; delete table …;
 table … { … }`), so a re-run replaces the table atomically and a second run changes nothing.
@@ -72,6 +73,18 @@ def guarded_ports(spec: StackSpec, node: str) -> list[Guarded]:
     first, last = spec.firewall.ephemeral_ports
     out.append(Guarded(first, last, "ephemeral ports: NCCL, Gloo, raylet, object manager, vLLM workers"))
     return sorted(out, key=lambda p: (p.first, p.last))
+
+
+def instance_only_ports(spec: StackSpec, node: str) -> list[tuple[int, list[str], str]]:
+    """(port, addresses, stack key) of the ports only an instance's own nodes may reach here: the rendezvous
+    port of an instance on the engine's own multi-node launcher (its head is this node), open to its nodes
+    and to nothing else of the cluster (a stray connection to a torch.distributed store can stall the launch)."""
+    out = []
+    for inst in all_instances(spec):
+        if inst.native_launcher and inst.head == node and inst.master_port is not None:
+            key = next(k for n, port, k in host_ports(spec) if n == node and port == inst.master_port)
+            out.append((inst.master_port, [spec.nodes[n].address for n in inst.nodes], key))
+    return out
 
 
 def merged(ports: list[Guarded]) -> list[tuple[int, int]]:
@@ -140,8 +153,13 @@ def ruleset(spec: StackSpec, node: str) -> str:
         'iifname "lo" accept',
         "ct state established,related accept",
         f'tcp dport {spec.ssh.port} accept comment "SSH is never blocked"',
-        'ip saddr @cluster_v4 accept comment "cluster nodes and trusted sources"',
     ]
+    for port, addresses, key in instance_only_ports(spec, node):
+        rules += [
+            f'tcp dport {port} ip saddr {{ {", ".join(addresses)} }} accept comment "{key}: the instance\'s nodes"',
+            f'tcp dport {port} drop comment "{key}: the instance\'s nodes only"',
+        ]
+    rules.append('ip saddr @cluster_v4 accept comment "cluster nodes and trusted sources"')
     if trusted6:
         rules.append('ip6 saddr @cluster_v6 accept comment "cluster nodes and trusted sources"')
     if gateway_here:

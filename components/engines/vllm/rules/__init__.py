@@ -24,7 +24,7 @@ from components.engines.vllm.rules.hardware import (
 )
 from components.engines.vllm.rules.host_memory import check_host_memory
 from components.engines.vllm.rules.image import check_arch, ray_problem
-from components.engines.vllm.rules.topology import check_parallelism
+from components.engines.vllm.rules.topology import check_native_launcher, check_parallelism
 
 FLOAT32_CONFIG = {
     "allowFloat32": {
@@ -141,6 +141,14 @@ LAUNCH_RULES = (
         "Tensor parallelism stays inside a node, pipeline parallelism spans nodes, TP x PP fills the "
         "instance's GPUs and divides the attention heads.",
         check_parallelism,
+        needs_gpu=False,
+    ),
+    LaunchRule(
+        "topology",
+        "vllm-native-multi-node",
+        "vLLM's own multi-node launcher (--nnodes, --node-rank, --master-addr, --master-port; multiNode: native) "
+        "only on an image whose vLLM has it (0.19.1 here, not 0.11.0 or older).",
+        check_native_launcher,
         needs_gpu=False,
     ),
     LaunchRule(

@@ -5,9 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from components.engines.containers import container_argv
 from components.engines.judged import number
-from components.engines.vllm.launch import Launch
-from components.engines.vllm.rules.hardware import model_arch_or_none
+from components.engines.vllm.facts import known_images
+from components.engines.vllm.launch import Launch, server_tokens
+from components.engines.vllm.options import canonical_flag
+from components.engines.vllm.rules.hardware import image_key, model_arch_or_none
+
+# The flags only vLLM's own multi-node launcher takes (--headless alone is also data parallel's, since 0.9).
+LAUNCHER_FLAGS = ("--nnodes", "--node-rank", "--master-addr", "--master-port")
 
 
 def check_parallelism(launch: Launch, config: dict[str, Any]) -> list[str]:
@@ -53,3 +59,28 @@ def check_parallelism(launch: Launch, config: dict[str, Any]) -> list[str]:
             f'({tp})."). Use one of: {", ".join(map(str, divisors))}.'
         )
     return out
+
+
+def _launcher_flags(launch: Launch) -> list[str]:
+    """The multi-node launcher's flags the launch gives, read from its tokens (an older parser knows none)."""
+    argv = [str(t) for t in launch.props.get("argv") or []] if launch.resource == "ModelServer" else []
+    found = server_tokens(argv or container_argv(launch.props))
+    tokens = found[1] if found else []
+    return list(dict.fromkeys(f for t in tokens if (f := canonical_flag(t)) in LAUNCHER_FLAGS))
+
+
+def check_native_launcher(launch: Launch, config: dict[str, Any]) -> list[str]:
+    """vLLM's own multi-node launcher (pools.<pool>.vllm.multiNode: native) only on an image whose vLLM has it."""
+    facts = launch.facts
+    flags = _launcher_flags(launch)
+    if facts is None or facts.native_multi_node or not flags:
+        return []
+    pool = launch.props.get("pool")
+    choice = f"pools.{pool}.vllm.multiNode: native" if launch.resource == "ModelServer" and pool else flags[0]
+    having = [f.ref for f in known_images() if f.engine == "vllm" and f.native_multi_node]
+    return [
+        f"{choice} starts vLLM's own multi-node launcher ({', '.join(flags)}, --headless on the other nodes), "
+        f"which vLLM {facts.version} of {image_key(launch)} {facts.ref} does not have "
+        f"({facts.cite('native_multi_node')}): it would exit on an unrecognized argument. Keep multiNode: ray "
+        f"on this image, or use one whose vLLM has the launcher: {', '.join(having) or 'none in the facts table'}."
+    ]
