@@ -175,7 +175,9 @@ class ModelServer(Component):
             memory_keys=f"pools.{inst.pool}.{engine.memory_keys}",
             failures=startup_failure_advice(engine, inst.pool, pool.model),
         )
-        command_args, timeouts = gate_command_args(script, timeout_s, [target_id, *(w.id for w in self.workers.values())])
+        command_args, timeouts = gate_command_args(
+            script, timeout_s, [target_id, *(w.id for w in self.workers.values())]
+        )
         self.gate: remote.Command = remote.Command(
             self.child("health"),
             connection=head.connection,
