@@ -24,7 +24,9 @@ def plan(tmp_path: Path, stack: str) -> tuple[subprocess.CompletedProcess[str], 
     return proc, doc
 
 
-@pytest.mark.parametrize("stack", ["lmdeploy-qwen3-235b", "lmdeploy-awq", "llamacpp-deepseek-r1"])
+@pytest.mark.parametrize(
+    "stack", ["lmdeploy-qwen3-235b", "lmdeploy-awq", "llamacpp-deepseek-r1", "vllm-native-multinode"]
+)
 def test_example_stack_plans_clean_and_states_its_evidence(stack: str, tmp_path: Path) -> None:
     text = (ROOT / f"Pulumi.{stack}.yaml").read_text()
     assert "Evidence" in text and ("MEDIUM" in text or "LOW" in text)

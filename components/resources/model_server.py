@@ -22,6 +22,8 @@ from components.engines.base import (
     supervised_argv,
 )
 from components.engines.registry import engine_for, stack_keys
+from components.planning.fabric.rdma import rdma_script
+from components.planning.nodes.scripts import bash_command, script_hash
 from components.resources.base import Component
 from components.resources.gpu_containers import (
     gate_command_args,
@@ -127,6 +129,20 @@ class ModelServer(Component):
         # Single node: this component's own container; multi-node: the Ray head, which runs vLLM.
         container_name = server_container_name(engine, inst)
         self.workers: dict[str, docker.Container] = {}
+        # Across nodes on the engine's own launcher: ib_write_bw between the instance's nodes before any of its
+        # containers starts, as RayCluster runs it before its head.
+        self.rdma: remote.Command | None = None
+        if inst.native_launcher and spec.preflight.rdma_bandwidth and not spec.nccl.ib_disable:
+            rdma = rdma_script(spec, inst)
+            self.rdma = remote.Command(
+                self.child("rdma"),
+                connection=head.connection,
+                create=bash_command(rdma),
+                triggers=[script_hash(rdma)],
+                logging="stdoutAndStderr",
+                opts=self.opts(depends_on=[r for n in inst.nodes for r in args.nodes[n].ready]),
+            )
+        before = [self.rdma] if self.rdma is not None else []
         if args.ray is None:
             # One node, or rank 0 of the engine's own launcher (the head's argv: it serves the API).
             argv = supervised_argv(engine, spec, inst)
@@ -141,7 +157,9 @@ class ModelServer(Component):
                 uploads=server_uploads(spec, inst),
                 healthcheck=server_healthcheck(spec, inst),
                 **gpu_container_args(spec, inst, head, inst.head, engine.server_role),
-                opts=self.opts(**gpu_container_opts(head, inst.head, args.weights_ready, qualified=args.qualified)),
+                opts=self.opts(
+                    **gpu_container_opts(head, inst.head, args.weights_ready, before, qualified=args.qualified)
+                ),
             )
             # The other nodes of an instance on the engine's own launcher: the same watchdog (on rank 0's
             # readiness URL) runs each node's headless argv, so a worker exits, and docker starts it again to
