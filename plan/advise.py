@@ -548,6 +548,9 @@ def render_model(a: ModelAdvice, top: int = 3) -> str:
             f"  {'best' if i == 0 else f'#{i + 1} '}  {j.candidate.describe()}  [image {j.candidate.evidence}]"
         )
         lines.append("         " + _figures_line(j))
+        launcher = j.candidate.engine.advice_launcher(j.candidate.image) if j.candidate.pp > 1 else None
+        if launcher:
+            lines.append(f"         across nodes on Ray as proposed, or without Ray: {launcher}")
     if not a.ranked:
         reasons = dict.fromkeys(j.refused for j in a.refused if j.refused)
         for reason in list(reasons)[:3]:

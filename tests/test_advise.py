@@ -68,6 +68,21 @@ def test_every_catalog_model_gets_a_verdict_and_the_reference_pools_models_run(
     assert r1.pool_block()["env"] == {"VLLM_MLA_DISABLE": "1"}
 
 
+def test_a_layout_across_nodes_offers_vllms_own_launcher_where_the_image_has_it(
+    catalog: dict[str, advise.ModelAdvice],
+) -> None:
+    text = advise.render_model(catalog["deepseek-r1"])
+    offer = (
+        "         across nodes on Ray as proposed, or without Ray: vllm.multiNode: native (vLLM 0.19.1's own "
+        "launcher: one container per node, the others --headless, no Ray ports)"
+    )
+    assert catalog["deepseek-r1"].ranked[0].candidate.image == "vllm/vllm-openai:v0.19.1"
+    assert text.splitlines()[3] == offer
+    # One node needs no launcher; an image without one (0.11.0) is offered none.
+    assert "without Ray" not in advise.render_model(catalog["qwen3-30b-a3b"])
+    assert ENGINES["vllm"].advice_launcher("vllm/vllm-openai:v0.11.0") is None
+
+
 def test_refused_deployments_keep_the_first_reason_of_the_pack(catalog: dict[str, advise.ModelAdvice]) -> None:
     refused = {j.candidate.describe(): j.refused for j in catalog["qwen3-32b"].refused}
     fp8 = refused["vllm vllm/vllm-openai:v0.19.1 fp8 TP 8 x PP 1 (1 node)"]

@@ -196,6 +196,11 @@ class Engine(ABC):
         source = getattr(facts, "sources", {}).get("model_formats") if facts is not None else None
         return level(source, capability) if source is not None else None
 
+    def advice_launcher(self, image: str) -> str | None:
+        """The pool key (and what it gives) that spans nodes without Ray on this image, for the placement
+        advisor to offer beside the Ray layout it proposes; None where the image has no launcher of its own."""
+        return None
+
     def advice_env(self, arch: ModelArch, image: str, capability: int) -> dict[str, str]:
         """Environment a pool the advisor proposes needs for the model to start on the GPU (pools.<pool>.env)."""
         return {}

@@ -207,6 +207,15 @@ class VllmEngine(Engine):
         facts = image_facts(ref)
         return level(facts.sources["quantizations"], capability) if facts is not None else None
 
+    def advice_launcher(self, image: str) -> str | None:
+        facts = image_facts(image)
+        if facts is None or not facts.native_multi_node:
+            return None
+        return (
+            f"{self.options_key}.multiNode: native (vLLM {facts.version}'s own launcher: one container per node, "
+            "the others --headless, no Ray ports)"
+        )
+
     def advice_env(self, arch: ModelArch, image: str, capability: int) -> dict[str, str]:
         facts = image_facts(image)
         if arch.uses_mla and facts is not None and capability < facts.mla_min_capability:
