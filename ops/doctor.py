@@ -115,8 +115,15 @@ def node_containers(spec: StackSpec, node: str) -> list[tuple[Instance, str, str
 
 
 def peer_targets(spec: StackSpec, node: str) -> list[tuple[str, str, int, str]]:
-    """(peer, address, port, what) this node must reach: every other node's service ports."""
-    return [(n, spec.nodes[n].address, port, key) for n, port, key in host_ports(spec) if n != node]
+    """(peer, address, port, what) this node must reach: every other node's service ports, but a port the
+    firewall opens to one instance's nodes only (its launcher's rendezvous) from those nodes alone."""
+    mine = spec.nodes[node].address
+    only = {(n, port): addresses for n in spec.nodes for port, addresses, _ in firewall.instance_only_ports(spec, n)}
+    return [
+        (n, spec.nodes[n].address, port, key)
+        for n, port, key in host_ports(spec)
+        if n != node and mine in only.get((n, port), [mine])
+    ]
 
 
 def probe_script(spec: StackSpec, node: str) -> str:

@@ -22,6 +22,7 @@ from components.planning.monitoring.prometheus import scrape_targets
 from components.planning.nodes.firewall import guarded_ports, ruleset
 from components.spec import SpecError, StackSpec
 from components.spec.topology import all_instances, host_ports
+from ops.doctor import node_containers, peer_targets
 from ops.rollout import rollout_steps
 from plan.harness import ProgramRun, Registration
 from plan.stackfile import load_stack_file
@@ -335,3 +336,19 @@ def test_a_headless_worker_exits_when_rank_0_stops_serving_and_passes_its_own_de
             p.communicate(timeout=BOUND_S)
         rank0.kill()
         rank0.wait(timeout=BOUND_S)
+
+
+def test_doctor_reads_each_nodes_own_container(spec: StackSpec) -> None:
+    assert [(name, role) for _, name, role in node_containers(spec, "gpu-01")] == [("vllm-reasoning-gpu-01", "server")]
+    assert [(name, role) for _, name, role in node_containers(spec, "gpu-02")] == [
+        ("vllm-worker-reasoning-gpu-01", "vllm-worker")
+    ]
+
+
+def test_doctor_checks_the_master_port_from_the_instances_nodes_only() -> None:
+    config = native_config()
+    config[P + "nodes"]["gpu-03"] = {"address": "192.168.20.13"}
+    spec = load_stack_config(config, set())
+    assert ("gpu-01", "192.168.20.11", 29501, "pools.reasoning.vllm.masterPort") in peer_targets(spec, "gpu-02")
+    assert [t for t in peer_targets(spec, "gpu-03") if t[2] == 29501] == []
+    assert ("gpu-01", "192.168.20.11", 8000, "pools.reasoning.port") in peer_targets(spec, "gpu-03")
