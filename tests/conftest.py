@@ -168,6 +168,7 @@ REALTOOL_TESTS: dict[str, frozenset[str]] = {
         "test_firewall": {
             "test_every_nodes_ruleset_passes_nft_check",
             "test_in_namespaces_outsiders_reach_only_gateway_and_ssh_and_cluster_hosts_reach_everything",
+            "test_in_namespaces_the_master_port_answers_the_instances_nodes_only",
             "test_overlapping_sources_still_pass_nft_check",
             "test_scripts_are_shellcheck_clean",
             "test_the_http_redirect_port_is_open_to_allow_from_beside_the_tls_port",
@@ -311,6 +312,9 @@ REALTOOL_TESTS: dict[str, frozenset[str]] = {
         },
         "test_vllm_0_11": {
             "test_the_committed_dumps_are_what_the_wheels_own_code_says",
+        },
+        "test_vllm_native_launcher": {
+            "test_a_headless_worker_exits_when_rank_0_stops_serving_and_passes_its_own_death_on",
         },
         "test_vllm_argv": {
             "test_health_gate_is_valid_shellcheck_clean_bash",

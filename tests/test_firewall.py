@@ -19,6 +19,7 @@ from components.planning.load import load_stack_config
 from components.planning.nodes import firewall
 from components.spec import SpecError, StackSpec
 from plan.harness import ProgramRun
+from plan.stackfile import load_stack_file
 from tests.support import tool
 
 NS = "llm-cluster:"
@@ -373,6 +374,29 @@ def test_in_namespaces_outsiders_reach_only_gateway_and_ssh_and_cluster_hosts_re
         assert in_ns(N1, "bash", str(delete)).returncode == 0  # deleting twice is fine
         assert not (tmp_path / "etc" / "firewall.nft").exists()
     assert not set(sh("ip", "netns", "list").stdout.split()) & {*HOSTS, BRIDGE_NS}
+
+
+def test_in_namespaces_the_master_port_answers_the_instances_nodes_only(tmp_path: Path) -> None:
+    # The native-launcher example: reasoning on gpu-01 (n1) + gpu-02 (n2); gpu-03 (the third namespace) is a
+    # cluster node outside the instance: it reaches vLLM's API, not the torch.distributed rendezvous.
+    tool("nft")
+    root = Path(__file__).resolve().parent.parent
+    config = load_stack_file(root / "Pulumi.vllm-native-multinode.yaml", "vllm-native-multinode").config
+    config[NS + "nodes"]["gpu-03"] = {}
+    lab_spec(config)  # n1, n2 and a third address
+    config[NS + "nodes"]["gpu-03"]["address"] = HOSTS[OUT]
+    spec = spec_of(config)
+    ports = ["29501", "8000", "6379"]
+    create = tmp_path / "create.sh"
+    create.write_text(firewall.create_script(spec, "gpu-01", rules_dir=str(tmp_path / "etc")))
+    with namespaces(), listening(N1, [29501, 8000, 6379]):
+        in_ns(N1, "bash", str(create))
+        seen = {src: json.loads(in_ns(src, "python3", "-c", PROBE, HOSTS[N1], *ports).stdout) for src in (N2, OUT)}
+    # 6379 is no port of this stack (no Ray): left alone, open to anyone.
+    assert seen == {
+        N2: {"29501": "open", "8000": "open", "6379": "open"},
+        OUT: {"29501": "closed", "8000": "open", "6379": "open"},
+    }
 
 
 def test_the_script_refuses_a_node_whose_ephemeral_range_is_wider(config: dict[str, Any], tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ from plan.stackfile import load_stack_file
 from tests.conftest import prod_config, run_stack
 from tests.support import free_port
 from tests.support.policies import DESCRIPTIONS, model_server, server
+from tests.support.schemas import problems_of, provider_resources
 from tests.test_vllm_watchdog import BOUND_S, FAKE_VLLM
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -247,6 +248,12 @@ def test_one_container_per_node_and_no_ray(run: ProgramRun, spec: StackSpec) -> 
     gate = named(run, "command:remote:Command", "reasoning-gpu-01-health")
     assert {head.urn, worker.urn} <= set(gate.dependencies)
     assert "http://192.168.20.11:8000/health" in gate.inputs["create"]
+
+
+def test_every_resource_of_the_native_pool_validates_against_the_provider_schemas(run: ProgramRun) -> None:
+    checked = {r.name for r in provider_resources(run)}
+    assert {"reasoning-gpu-01-vllm", "reasoning-gpu-01-worker-gpu-02", "reasoning-gpu-01-rdma"} <= checked
+    assert problems_of(run) == []
 
 
 def test_the_master_port_is_open_to_the_instances_nodes_only_and_no_ray_port_is_fenced(spec: StackSpec) -> None:
