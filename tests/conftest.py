@@ -315,6 +315,7 @@ REALTOOL_TESTS: dict[str, frozenset[str]] = {
         },
         "test_vllm_native_launcher": {
             "test_a_headless_worker_exits_when_rank_0_stops_serving_and_passes_its_own_death_on",
+            "test_the_gate_names_the_workers_log_and_is_shellcheck_clean",
         },
         "test_vllm_argv": {
             "test_health_gate_is_valid_shellcheck_clean_bash",

@@ -248,6 +248,7 @@ def test_one_container_per_node_and_no_ray(run: ProgramRun, spec: StackSpec) -> 
     gate = named(run, "command:remote:Command", "reasoning-gpu-01-health")
     assert {head.urn, worker.urn} <= set(gate.dependencies)
     assert "http://192.168.20.11:8000/health" in gate.inputs["create"]
+    assert "also='Also check: docker logs vllm-worker-reasoning-gpu-01 on gpu-02'" in gate.inputs["create"]
 
 
 def test_every_resource_of_the_native_pool_validates_against_the_provider_schemas(run: ProgramRun) -> None:
@@ -284,6 +285,18 @@ def test_a_rollout_step_replaces_both_nodes_containers_and_reruns_the_gate(run: 
     assert step.instances == ("reasoning-gpu-01",)
     assert {"reasoning-gpu-01-vllm", "reasoning-gpu-01-worker-gpu-02", "reasoning-gpu-01-health"} <= set(names)
     assert {"gpu-01-image-vllm-openai-v0-19-1", "gpu-02-image-vllm-openai-v0-19-1"} <= set(names)
+
+
+def test_the_gate_names_the_workers_log_and_is_shellcheck_clean(run: ProgramRun, tmp_path: Path) -> None:
+    script = named(run, "command:remote:Command", "reasoning-gpu-01-health").inputs["create"]
+    # bash_command: `bash -c "$(cat <<'HEREDOC' … HEREDOC)"`: the script is the heredoc's body.
+    text = script.split("\n", 1)[1].rsplit("\n", 2)[0]
+    path = tmp_path / "gate.sh"
+    path.write_text(text)
+    subprocess.run(["bash", "-n", str(path)], check=True)
+    lint = subprocess.run(["shellcheck", "-s", "bash", str(path)], capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout
+    assert text.count('echo "$also" >&2') == 2
 
 
 # --- the headless worker's watchdog, run for real: rank 0 is a fake server, the worker a sleeping process ---

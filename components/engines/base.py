@@ -531,6 +531,7 @@ def health_gate_script(
     progress_every_s: int = 30,
     failures: Sequence[tuple[str, str]] = (),
     max_deaths: int = 3,
+    also_check: Sequence[str] = (),
 ) -> str:
     """Bash that polls a server's readiness URL until 200, printing elapsed time; times out with what to check.
 
@@ -539,7 +540,12 @@ def health_gate_script(
     searched for `failures` ((ERE, what it means and what to do) pairs, in order: the engine's
     startup_failures) and the first found stops the gate with that line and its advice; a server that
     died `max_deaths` times with none of them in its log stops it with the log's last lines. Either
-    way, long before the timeout, which then only means a load that is slow or stuck."""
+    way, long before the timeout, which then only means a load that is slow or stuck. `also_check` names what
+    else to read when it fails (the other nodes' containers of an instance on the engine's own launcher)."""
+    # Only when given, so that every other gate's text (and hash: its trigger) stays as it was.
+    also = f"Also check: {'; '.join(also_check)}" if also_check else ""
+    also_line = f"also={shlex.quote(also)}\n" if also else ""
+    say_also = '\n    echo "$also" >&2' if also else ""
     q_url, q_hint, q_server = shlex.quote(url), shlex.quote(container_hint), shlex.quote(server)
     patterns = "".join(f"\n  {shlex.quote(pattern)}" for pattern, _ in failures)
     advice = "".join(f"\n  {shlex.quote(text)}" for _, text in failures)
@@ -551,7 +557,7 @@ container={q_hint}
 server={q_server}
 timeout={int(timeout_s)}
 max_deaths={int(max_deaths)}
-# Fatal startup errors {server} prints (components/facts/startup_failures.py), and what each means:
+{also_line}# Fatal startup errors {server} prints (components/facts/startup_failures.py), and what each means:
 # literal text, nothing in it is to expand.
 # shellcheck disable=SC2016
 patterns=({patterns}
@@ -597,7 +603,7 @@ check_deaths() {{
   if (( died >= max_deaths )); then
     echo "$server: $container died ${{died}}x since the gate began, with no fatal error this gate knows in" \\
       "its log; its last lines:" >&2
-    tail -n 30 <<<"$logs" >&2
+    tail -n 30 <<<"$logs" >&2{say_also}
     exit 1
   fi
 }}
@@ -614,7 +620,7 @@ until curl -fs -o /dev/null --max-time 5 "$url"; do
       "lower {memory_keys}), \\`nvidia-smi\\` for GPU memory held by another process." >&2
     if [[ $docker_ok == true ]]; then
       docker logs --tail 30 "$container" >&2 2>&1 || true
-    fi
+    fi{say_also}
     exit 1
   fi
   if (( elapsed >= next_report )); then

@@ -13,6 +13,7 @@ from pulumi_command import remote
 from components import marks
 from components.engines.base import (
     WATCHDOG_SCRIPT,
+    container_name,
     endpoint,
     health_gate_script,
     native_worker_role,
@@ -127,8 +128,12 @@ class ModelServer(Component):
         self.endpoint: str = endpoint(spec, inst)
         self.container: docker.Container | None = None
         # Single node: this component's own container; multi-node: the Ray head, which runs vLLM.
-        container_name = server_container_name(engine, inst)
+        server_name = server_container_name(engine, inst)
         self.workers: dict[str, docker.Container] = {}
+        worker_names = {
+            n: container_name(inst, native_worker_role(engine))
+            for n in (inst.nodes[1:] if inst.native_launcher else ())
+        }
         # Across nodes on the engine's own launcher: ib_write_bw between the instance's nodes before any of its
         # containers starts, as RayCluster runs it before its head.
         self.rdma: remote.Command | None = None
@@ -188,10 +193,12 @@ class ModelServer(Component):
         script = health_gate_script(
             ready_url(engine, spec, inst),
             timeout_s,
-            container_name,
+            server_name,
             server=engine.name,
             memory_keys=f"pools.{inst.pool}.{engine.memory_keys}",
             failures=startup_failure_advice(engine, inst.pool, pool.model),
+            # The engine answers once every node's workers joined: a worker that cannot start shows in its log.
+            also_check=[f"docker logs {w_name} on {n}" for n, w_name in worker_names.items()],
         )
         command_args, timeouts = gate_command_args(
             script, timeout_s, [target_id, *(w.id for w in self.workers.values())]
