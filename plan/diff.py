@@ -294,7 +294,8 @@ def service_impact(
             )
     copying = {_key(urn) for w in weights for urn in [w["urn"]]}
 
-    # Pools: an instance is every container labelled with it (vLLM server, Ray head and workers).
+    # Pools: an instance is every container labelled with it (vLLM server, Ray head and workers, the
+    # native launcher's workers on the other nodes).
     inst_state: dict[str, dict[str, set[str]]] = defaultdict(
         lambda: {"before": set(), "after": set(), "restarted": set(), "waits": set()}
     )

@@ -518,12 +518,14 @@ class PoolSpec(Spec):
     """Facts of the image when it is a private build the facts table does not know."""
     tensor_parallel: int = Field(ge=1, le=16)
     pipeline_parallel: int = Field(default=1, ge=1, le=16)
-    """Nodes one instance spans; >1 runs the instance on a Ray cluster across those nodes."""
+    """Nodes one instance spans; >1 runs the instance on a Ray cluster across those nodes (vLLM: or on its own
+    launcher, `vllm.multiNode: native`)."""
     replicas_per_node: int = Field(default=1, ge=1, le=16)
     """With pipelineParallel 1: instances per node, each on its own tensorParallel GPUs."""
     port: Port = 8000
     """First vLLM port on each node; replica i on a node listens on port + i."""
     ray_port: Port = 6379
+    """The Ray head's GCS port (instances on Ray only; rayDashboardPort and rayClientPort too)."""
     ray_dashboard_port: Port = 8265
     ray_client_port: Port = 10001
     shm_size_gib: int = Field(default=32, ge=1, le=65536)
