@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 import pulumi
 import pulumi_docker as docker
+from pulumi_command import remote
 
 from components.engines.base import (
     WATCHDOG_SCRIPT,
@@ -16,7 +17,9 @@ from components.engines.base import (
     ready_url,
 )
 from components.engines.registry import engine_for
+from components.planning.fabric.rdma import rdma_script
 from components.planning.nodes.scripts import bash_command, script_hash
+from components.resources.base import Component
 from components.resources.gpu_node import GpuNode
 from components.spec import StackSpec
 from components.spec.topology import Instance
@@ -129,3 +132,21 @@ def gate_command_args(
         triggers=[script_hash(script), *triggers],
         logging="stdoutAndStderr",
     ), pulumi.CustomTimeouts(create=f"{timeout_s + GATE_TIMEOUT_MARGIN_SECONDS}s")
+
+
+def rdma_preflight(
+    owner: Component, spec: StackSpec, instance: Instance, nodes: Mapping[str, GpuNode]
+) -> remote.Command | None:
+    """ib_write_bw between every pair of a multi-node instance's nodes, run from its head before any of its
+    containers starts (on Ray or on the engine's own launcher); None when the stack checks no RDMA link."""
+    if not spec.preflight.rdma_bandwidth or spec.nccl.ib_disable:
+        return None
+    rdma = rdma_script(spec, instance)
+    return remote.Command(
+        owner.child("rdma"),
+        connection=nodes[instance.head].connection,
+        create=bash_command(rdma),
+        triggers=[script_hash(rdma)],
+        logging="stdoutAndStderr",
+        opts=owner.opts(depends_on=[r for n in instance.nodes for r in nodes[n].ready]),
+    )

@@ -23,13 +23,12 @@ from components.engines.base import (
     supervised_argv,
 )
 from components.engines.registry import engine_for, stack_keys
-from components.planning.fabric.rdma import rdma_script
-from components.planning.nodes.scripts import bash_command, script_hash
 from components.resources.base import Component
 from components.resources.gpu_containers import (
     gate_command_args,
     gpu_container_args,
     gpu_container_opts,
+    rdma_preflight,
     server_healthcheck,
     server_uploads,
 )
@@ -127,7 +126,7 @@ class ModelServer(Component):
         head = args.nodes[inst.head]
         self.endpoint: str = endpoint(spec, inst)
         self.container: docker.Container | None = None
-        # Single node: this component's own container; multi-node: the Ray head, which runs vLLM.
+        # One node, or rank 0 of the engine's own launcher: this component's own container; on Ray: the head.
         server_name = server_container_name(engine, inst)
         self.workers: dict[str, docker.Container] = {}
         worker_names = {
@@ -136,17 +135,9 @@ class ModelServer(Component):
         }
         # Across nodes on the engine's own launcher: ib_write_bw between the instance's nodes before any of its
         # containers starts, as RayCluster runs it before its head.
-        self.rdma: remote.Command | None = None
-        if inst.native_launcher and spec.preflight.rdma_bandwidth and not spec.nccl.ib_disable:
-            rdma = rdma_script(spec, inst)
-            self.rdma = remote.Command(
-                self.child("rdma"),
-                connection=head.connection,
-                create=bash_command(rdma),
-                triggers=[script_hash(rdma)],
-                logging="stdoutAndStderr",
-                opts=self.opts(depends_on=[r for n in inst.nodes for r in args.nodes[n].ready]),
-            )
+        self.rdma: remote.Command | None = (
+            rdma_preflight(self, spec, inst, args.nodes) if inst.native_launcher else None
+        )
         before = [self.rdma] if self.rdma is not None else []
         if args.ray is None:
             # One node, or rank 0 of the engine's own launcher (the head's argv: it serves the API).

@@ -14,13 +14,13 @@ from components.engines.base import container_name, supervised_argv
 from components.engines.registry import engine_for
 from components.planning.fabric import nccl
 from components.planning.fabric import ray as plan
-from components.planning.fabric.rdma import rdma_script
 from components.planning.nodes.scripts import bash_command, script_hash
 from components.resources.base import Component
 from components.resources.gpu_containers import (
     gate_command_args,
     gpu_container_args,
     gpu_container_opts,
+    rdma_preflight,
     server_healthcheck,
     server_uploads,
 )
@@ -70,17 +70,7 @@ class RayCluster(Component):
         )
         head_node = args.nodes[inst.head]
         # ib_write_bw between every pair of the instance's nodes before any Ray container starts.
-        self.rdma: remote.Command | None = None
-        if spec.preflight.rdma_bandwidth and not spec.nccl.ib_disable:
-            rdma = rdma_script(spec, inst)
-            self.rdma = remote.Command(
-                self.child("rdma"),
-                connection=head_node.connection,
-                create=bash_command(rdma),
-                triggers=[script_hash(rdma)],
-                logging="stdoutAndStderr",
-                opts=self.opts(depends_on=[r for n in inst.nodes for r in args.nodes[n].ready]),
-            )
+        self.rdma: remote.Command | None = rdma_preflight(self, spec, inst, args.nodes)
         before_head = [self.rdma] if self.rdma is not None else []
         script = plan.ray_head_script(spec, inst)
         head_name = container_name(inst, "ray-head")
