@@ -489,6 +489,31 @@ MUTANTS: list[Mutant] = [
         ("tests/test_policy_e2e.py::test_the_pack_starts_the_way_the_cli_runs_it",),
         "the pack the CLI starts serves one policy fewer than the one the plan runs",
     ),
+    # --- vLLM's own multi-node launcher (pools.<pool>.vllm.multiNode: native) --------------------------
+    Mutant(
+        "native-worker-not-headless",
+        "components/engines/vllm/engine.py",
+        '*argv[at + 1 : at + 5], "--headless", *argv[at + 5 :]]',
+        "*argv[at + 1 :]]",
+        ("tests/test_vllm_native_launcher.py",),
+        "the other nodes start a second API server instead of joining rank 0 headless",
+    ),
+    Mutant(
+        "native-master-port-open-to-the-cluster",
+        "components/planning/nodes/firewall.py",
+        "out.append((inst.master_port, [spec.nodes[n].address for n in inst.nodes], key))",
+        "out.append((inst.master_port, cluster_sources(spec), key))",
+        ("tests/test_vllm_native_launcher.py",),
+        "the rendezvous port accepts every cluster node, not the instance's nodes only",
+    ),
+    Mutant(
+        "native-launcher-on-an-image-without-it",
+        "components/engines/vllm/rules/topology.py",
+        "if facts is None or facts.native_multi_node or not flags:",
+        "if facts is None or not flags:",
+        ("tests/test_vllm_native_launcher.py",),
+        "the pack refuses the native launcher on every image, 0.19.1 (which has it) included",
+    ),
 ]
 
 
