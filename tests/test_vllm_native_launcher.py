@@ -158,6 +158,19 @@ def test_native_on_a_pool_whose_instances_fit_one_node_is_refused_naming_the_key
     ]
 
 
+def test_native_without_the_watchdog_is_refused_naming_both_keys() -> None:
+    config = native_config()
+    config[P + "pools"]["reasoning"]["restartUnhealthyAfterSeconds"] = 0
+    assert issues_of(config) == [
+        (
+            "pools.reasoning.restartUnhealthyAfterSeconds",
+            "0 turns the watchdog off, and with multiNode: native it is what stops a headless worker when the first "
+            "node stops serving (its workers would wait in a world that is gone instead of rejoining the restarted "
+            "one): give it seconds (default 300), or use multiNode: ray",
+        )
+    ]
+
+
 def test_an_unknown_launcher_is_refused_with_what_is_allowed() -> None:
     config = native_config()
     config[P + "pools"]["reasoning"]["vllm"]["multiNode"] = "torchrun"
@@ -252,9 +265,11 @@ def test_one_container_per_node_and_no_ray(run: ProgramRun, spec: StackSpec) -> 
 
 
 def test_every_resource_of_the_native_pool_validates_against_the_provider_schemas(run: ProgramRun) -> None:
-    checked = {r.name for r in provider_resources(run)}
-    assert {"reasoning-gpu-01-vllm", "reasoning-gpu-01-worker-gpu-02", "reasoning-gpu-01-rdma"} <= checked
-    assert problems_of(run) == []
+    preview = run_stack(native_config(), stack=STACK, preview=True)
+    for each in (run, preview):
+        checked = {r.name for r in provider_resources(each)}
+        assert {"reasoning-gpu-01-vllm", "reasoning-gpu-01-worker-gpu-02", "reasoning-gpu-01-rdma"} <= checked
+        assert problems_of(each) == []
 
 
 def test_the_master_port_is_open_to_the_instances_nodes_only_and_no_ray_port_is_fenced(spec: StackSpec) -> None:

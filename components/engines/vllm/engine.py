@@ -454,6 +454,15 @@ def multi_node_issues(spec: StackSpec, pool: str) -> list[SpecIssue]:
     if p.vllm.multi_node != "native" or not p.nodes or p.nodes[0] not in spec.nodes:
         return []
     g = spec.node(p.nodes[0]).gpu
+    if g is not None and nodes_per_instance(p, g.count) > 1 and p.restart_unhealthy_after_seconds == 0:
+        return [
+            SpecIssue(
+                f"pools.{pool}.restartUnhealthyAfterSeconds",
+                "0 turns the watchdog off, and with multiNode: native it is what stops a headless worker when "
+                "the first node stops serving (its workers would wait in a world that is gone instead of "
+                "rejoining the restarted one): give it seconds (default 300), or use multiNode: ray",
+            )
+        ]
     if g is None or nodes_per_instance(p, g.count) > 1:
         return []
     return [
