@@ -41,7 +41,7 @@ class Instance:
 
     @property
     def uses_ray(self) -> bool:
-        """Instances spanning nodes on a Ray cluster (the default); single-node ones on the engine's own processes."""
+        """An instance spanning nodes on a Ray cluster (the default way across nodes)."""
         return self.spans_nodes and self.launcher == "ray"
 
     @property
