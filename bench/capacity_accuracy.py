@@ -13,7 +13,8 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from components.engines.vllm.memory import CapacityEstimate, estimate
+from components.engines.vllm.memory import CapacityEstimate, estimate, kv_estimate_error
+from components.facts.hardware import gpu
 from components.facts.models import ModelArch, arch_from_config_json, model_arch
 from plan.cli import run as run_cli
 
@@ -35,7 +36,9 @@ LOG_BLOCK_SIZE = 16  # every collected log runs vLLM's default block size
 # Case keys that describe the log rather than the estimator's inputs.
 # engine: "v0" or "v1" (else read from the file name); vllm: the version the log prints; kv_compared: the
 # KV figures are compared although the log does not print the GPU's total memory (the case states it).
-_LOG_KEYS = ("derived_kv_tokens", "logged_stage", "engine", "vllm", "kv_compared")
+# gpu: a GPU of components/facts/hardware.py, whose memory as the planner sees it (and peer-to-peer NVLink) the
+# case then takes, as `make plan` would, where the log does not print what torch sees.
+_LOG_KEYS = ("derived_kv_tokens", "logged_stage", "engine", "vllm", "kv_compared", "gpu")
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,11 @@ def load_cases() -> list[LogCase]:
 def estimate_case(case: LogCase) -> CapacityEstimate:
     """The planner's estimate for the settings the log ran with."""
     s = {k: v for k, v in case.settings.items() if k not in _LOG_KEYS}
+    s.setdefault("v1_engine", case.engine == "v1")  # the log's engine line picks its terms
+    if name := case.settings.get("gpu"):
+        g = gpu(str(name))
+        s.update(gpu_memory_gib=g.visible_memory_gib, gpu_name=g.name, nvls=g.nvls)
+        s.setdefault("p2p", g.nvlink)
     return estimate(case.arch, **s)  # type: ignore[arg-type]
 
 
@@ -202,6 +210,25 @@ def class_summaries(cases: list[LogCase]) -> list[ClassSummary]:
     return out
 
 
+def pool_classes(cases: list[LogCase]) -> dict[tuple[str, str, str], list[float]]:
+    """KV errors per pool class as the planner ranges a capacity (engine line, TP 1 or >= 2, kind together):
+    what components/engines/vllm/memory.py's KV_ERROR_BY_CLASS must cover."""
+    out: dict[tuple[str, str, str], list[float]] = {}
+    for c in cases:
+        if (e := kv_error(c)) is not None:
+            out.setdefault((c.engine, c.tp_class, c.kind), []).append(e)
+    return out
+
+
+def print_pool_classes(cases: list[LogCase]) -> None:
+    """Each pool class's logs, worst optimistic error and the range the planner gives it."""
+    print()
+    print(f"{'pool class':<22} {'logs':>5} {'worst optimistic%':>18} {'planned range%':>15}")
+    for cls, errors in sorted(pool_classes(cases).items()):
+        planned, how = kv_estimate_error(cls)
+        print(f"{' · '.join(cls):<22} {len(errors):>5} {max([0.0, *errors]):>+18.1f} {planned * 100:>14.1f}  {how}")
+
+
 def v1_line(cases: list[LogCase]) -> str:
     """The bench's last line, for scripts: V1 logs compared for KV, how many at TP >= 2, median and worst."""
     v1 = [(c, e) for c in cases if c.engine == "v1" and (e := kv_error(c)) is not None]
@@ -277,6 +304,7 @@ def main() -> None:
         print("non-torch GiB est/log: " + ", ".join(f"{e:.2f}/{lg:.2f}" for _, e, lg in s.non_torch))
     print_v1(cases)
     print_classes(cases)
+    print_pool_classes(cases)
     print(v1_line(cases))
 
 

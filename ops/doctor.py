@@ -553,8 +553,31 @@ def logged_capacity(text: str, lines: Mapping[str, str]) -> dict[str, float]:
     for key, pattern in lines.items():
         found = re.findall(pattern, text)
         if found:
-            out[key] = float(found[-1].replace(",", ""))
+            last = found[-1] if isinstance(found[-1], str) else next(g for g in found[-1] if g)
+            out[key] = float(last.replace(",", ""))
     return out
+
+
+# The memory terms a log may state beside its KV cache, and the plan's key for each (GiB per GPU).
+MEMORY_TERMS = (
+    ("weights_gib", "weights_gib_per_gpu", "weights"),
+    ("activation_gib", "activation_gib", "activation peak"),
+    ("non_torch_gib", "non_torch_gib", "non-torch memory"),
+)
+
+
+def _terms(logged: Mapping[str, float], plan: Mapping[str, object]) -> tuple[str, str]:
+    """The logged terms beside the plan's ("weights 7.15 GiB logged, 7.16 planned; ..."), and the one the plan
+    undercounted most, in words ("" when none is undercounted)."""
+    seen, worst, over = [], "", 0.0
+    for key, plan_key, name in MEMORY_TERMS:
+        planned = plan.get(plan_key)
+        if key not in logged or not isinstance(planned, (int, float)):
+            continue
+        seen.append(f"{name} {logged[key]:.2f} GiB logged, {planned:.2f} planned")
+        if logged[key] - planned > over:
+            over, worst = logged[key] - planned, f"{name}: {logged[key]:.2f} GiB logged, {planned:.2f} planned"
+    return "; ".join(seen), worst
 
 
 def check_capacity(spec: StackSpec, obs: Observed, nodes: Sequence[str]) -> list[Finding]:
@@ -584,6 +607,8 @@ def check_capacity(spec: StackSpec, obs: Observed, nodes: Sequence[str]) -> list
             seen = f"{tokens:,} KV tokens logged at start, {int(planned):,} planned ({-error:+.1%})"
             if "kv_cache_gib" in logged:
                 seen += f"; KV cache {logged['kv_cache_gib']} GiB per GPU logged, {plan.get('kv_cache_gib_per_gpu')} planned"
+            terms, worst = _terms(logged, plan)
+            seen += f"; {terms}" if terms else ""
             if tokens < low:
                 out.append(
                     Finding(
@@ -593,7 +618,9 @@ def check_capacity(spec: StackSpec, obs: Observed, nodes: Sequence[str]) -> list
                         seen,
                         f"the estimate was optimistic for pools.{inst.pool} beyond its measured error: the pool holds "
                         f"{tokens / float(plan.get('max_model_len') or tokens):.1f} full-length requests, not the planned "
-                        f"{plan.get('max_concurrency')}. Size {engine.memory_keys} from the logged figure, and "
+                        f"{plan.get('max_concurrency')}. "
+                        + (f"The plan undercounted most the {worst}. " if worst else "")
+                        + f"Size {engine.memory_keys} from the logged figure, and "
                         "add this log to the capacity accuracy bench (tests/fixtures/vllm-startup-logs).",
                     )
                 )

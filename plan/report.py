@@ -306,8 +306,8 @@ def render_text(result: PlanResult) -> str:
                 if "kv_tokens_low" in est and est["fits"]:
                     out.append(
                         f"  {'':<23}pessimistic end: {est['kv_tokens_low']} KV tokens, "
-                        f"{est['max_concurrency_low']:.1f}x (the estimate's measured error, "
-                        f"{est['kv_estimate_error']:.1%} optimistic at worst)"
+                        f"{est['kv_cache_gib_per_gpu_low']:.1f}G KV cache/GPU, {est['max_concurrency_low']:.1f}x "
+                        f"(class {est['kv_error_class']}: {est['kv_estimate_error']:.1%} optimistic at worst)"
                     )
         notes = {
             "mlaOn": "with MLA's compressed KV cache (VLLM_MLA_DISABLE unset), for comparison: the policy pack says "

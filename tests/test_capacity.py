@@ -15,7 +15,17 @@ import pytest
 from components.engines import weights
 from components.engines.vllm import memory as capacity
 from components.engines.vllm.capacity import pool_capacity
-from components.engines.vllm.memory import default_max_num_batched_tokens, estimate
+from components.engines.vllm.memory import (
+    KV_ERROR_BY_CLASS,
+    KV_ERROR_FLOOR,
+    KV_ERROR_MIN_LOGS,
+    KV_ERROR_WIDEST,
+    activation_peak_bytes,
+    default_max_num_batched_tokens,
+    default_max_num_seqs,
+    estimate,
+    kv_estimate_error,
+)
 from components.engines.weights import (
     GIB,
     kv_bytes_per_token_per_layer,
@@ -24,8 +34,8 @@ from components.engines.weights import (
     model_params,
 )
 from components.facts import hardware
-from components.facts.hardware import GPUS
-from components.facts.models import arch_from_config_json, model_arch
+from components.facts.hardware import GPUS, TORCH_VISIBLE_FRACTION
+from components.facts.models import ModelArch, arch_from_config_json, model_arch
 from components.planning.load import load_stack_config
 from ops.capacity import main as cli_main
 
@@ -252,15 +262,17 @@ def test_weights_per_gpu_match_the_log_within_3_percent(case) -> None:
 @pytest.mark.parametrize(
     "case", [c for c in CASES if c.logged_kv_tokens], ids=[c.name[:60] for c in CASES if c.logged_kv_tokens]
 )
-def test_kv_tokens_are_at_most_5_percent_optimistic_and_within_15_percent(case) -> None:
+def test_kv_tokens_are_at_most_5_percent_optimistic_and_within_25_percent(case) -> None:
     # KV = budget - weights - activation - non-torch: the activation and non-torch terms are
     # estimates good to ~0.3 GiB (the Llama-3-8B log's dev build measured 1.79 GiB non-torch).
     # Optimistic (more tokens than vLLM found) by at most 5 % on every collected log. The V1 logs of
-    # vLLM 0.10.1 on A100 (Qwen2-7B) come out pessimistic by up to 12.5 %: at gpu-memory-utilization
-    # 0.25 the KV cache is small, so V1's activation peak (smaller than the estimate) weighs more.
+    # vLLM 0.10.1 on A100 (Qwen2-7B) come out pessimistic by up to 22 %: their budgets leave ~0.5 GiB for
+    # activation and non-torch together, while the estimate takes V1's sampler peak as 0.10.2 and later
+    # measure it (~39 bytes per logit, 1.4 GiB here) and the A100's memory as the planner sees it (98.4 % of
+    # 80 GiB); at gpu-memory-utilization 0.25 the KV cache is small, so that weighs most.
     est = accuracy.estimate_case(case)
     err = accuracy.error_pct(est.kv_tokens, case.logged_kv_tokens)
-    assert err <= 5 and abs(err) <= 15
+    assert err <= 5 and abs(err) <= 25
 
 
 def test_median_errors_are_within_the_issue_targets() -> None:
@@ -285,6 +297,80 @@ def test_v1_logs_are_counted_apart_and_the_last_line_is_for_scripts(capsys) -> N
     assert re.fullmatch(r"v1 logs 5 \(tp>=2 3\): kv median \d+\.\d%, worst optimistic \d+\.\d%", line)
     accuracy.main()
     assert capsys.readouterr().out.rstrip("\n").splitlines()[-1] == line
+
+
+def test_each_pool_class_range_covers_the_bench_logs_of_its_class() -> None:
+    classes = accuracy.pool_classes(CASES)
+    worst_of_all = max(max([0.0, *e]) for e in classes.values()) / 100
+    # The fallback is the widest error measured on any log, to the tenth of a percent.
+    assert worst_of_all <= KV_ERROR_WIDEST < worst_of_all + 0.001
+    for cls, errors in classes.items():
+        worst = max([0.0, *errors]) / 100
+        error, how = kv_estimate_error(cls)
+        assert error >= worst, cls
+        if len(errors) >= KV_ERROR_MIN_LOGS:
+            # A class measured on enough logs ranges by its own worst (never under the floor), no wider.
+            assert cls in KV_ERROR_BY_CLASS and error == max(KV_ERROR_FLOOR, round(worst + 0.0005, 3))
+            assert how.endswith("measured on its logs")
+        else:
+            assert cls not in KV_ERROR_BY_CLASS and error == KV_ERROR_WIDEST
+            assert how.endswith("too few logs, the widest error measured")
+    # A class no log measures (MoE, MLA, V1 at TP 1 here) takes the widest too, and the estimate carries it.
+    est = estimate(
+        model_arch("qwen3-30b-a3b"),
+        31.74,
+        tp=8,
+        pp=1,
+        gpu_memory_utilization=0.9,
+        dtype="float16",
+        max_model_len=8192,
+        max_num_seqs=128,
+        v1_engine=True,
+    )
+    assert (est.kv_estimate_error, est.kv_error_class) == (
+        KV_ERROR_WIDEST,
+        "V1 · TP>=2 · MoE: too few logs, the widest error measured",
+    )
+
+
+@pytest.mark.parametrize(
+    ("model", "vocab", "hidden", "logged"),
+    [
+        # llm-d's summary of vLLM start-up logs on H100 (79.18 GiB, vLLM 0.11+, default 8192 batched tokens
+        # and 1024 sequences): peak activation per model (docs/perf/capacity.md).
+        ("Llama-3.1-8B", 128256, 4096, 4.76),
+        ("Llama-3.3-70B TP 2", 128256, 8192, 4.84),
+        ("Qwen3-0.6B", 151936, 1024, 5.56),
+        ("Qwen3-32B", 151936, 5120, 5.64),
+        ("gpt-oss-20b", 201088, 2880, 7.38),
+    ],
+)
+def test_v1_sampler_peak_covers_the_h100_figures_within_0_15_gib(
+    model: str, vocab: int, hidden: int, logged: float
+) -> None:
+    # Only the vocabulary and the hidden size matter here: the sampler outweighs the forward pass.
+    arch = ModelArch(
+        name=model,
+        hf_id="",
+        model_type="llama",
+        num_layers=1,
+        hidden_size=hidden,
+        num_attention_heads=8,
+        num_kv_heads=8,
+        head_dim=128,
+        vocab_size=vocab,
+        intermediate_size=hidden,
+    )
+    seqs = default_max_num_seqs(v1_engine=True, gpu_name="NVIDIA H100 80GB HBM3", gpu_memory_gib=79.18)
+    assert seqs == 1024
+    peak = (
+        activation_peak_bytes(arch, tp=1, act_bytes=2, max_num_batched_tokens=8192, max_num_seqs=seqs, v1_engine=True)
+        / GIB
+    )
+    assert logged <= peak <= logged + 0.15
+    # A100s and GPUs under 70 GiB keep 256 sequences, as vLLM's defaults do.
+    assert default_max_num_seqs(v1_engine=True, gpu_name="NVIDIA A100-SXM4-80GB", gpu_memory_gib=78.7) == 256
+    assert default_max_num_seqs(v1_engine=False, gpu_name="NVIDIA H100 80GB HBM3", gpu_memory_gib=79.18) == 256
 
 
 def test_every_compared_log_falls_in_one_class_of_each_kind() -> None:
@@ -534,4 +620,10 @@ def test_the_plan_starts_from_the_memory_pytorch_sees_not_nvidia_smis(config: di
     # 31.74 GiB of a V100-SXM2-32GB's 32 (public startup logs); GPUs without such a log keep nvidia-smi's.
     est = pool_capacity(load_stack_config(config, set()), "chat")
     assert est.gpu_memory_gib == V100_SEEN
-    assert GPUS["NVIDIA A100-SXM4-80GB"].visible_memory_gib == GPUS["NVIDIA A100-SXM4-80GB"].memory_gib
+    # Without such a log, nvidia-smi's less the share torch never sees, below every ratio a log states.
+    a100 = GPUS["NVIDIA A100-SXM4-80GB"]
+    assert a100.visible_memory_gib == round(80 * TORCH_VISIBLE_FRACTION, 2) == 78.72
+    for g in GPUS.values():
+        if g.torch_memory_gib is not None:
+            assert g.torch_memory_gib / g.memory_gib > TORCH_VISIBLE_FRACTION
+    assert 40 * TORCH_VISIBLE_FRACTION < 39.39  # A100 40GB in PyTorch's OOM messages

@@ -15,6 +15,8 @@ from components.engines.vllm.memory import (
     COMM_GIB_PER_PEER,
     COMM_GIB_PER_PEER_NVLS,
     NON_TORCH_BASE_GIB,
+    V1_COMM_GIB_P2P,
+    V1_NON_TORCH_BASE_GIB,
     communicator_gib,
     estimate,
 )
@@ -96,10 +98,39 @@ def test_the_pool_follows_its_images_profiler_order(config: dict[str, Any]) -> N
     new = pool_capacity(load_stack_config(config, set()), "chat")
     config[NS + "pools"]["chat"]["image"] = "vllm/vllm-openai:v0.9.2"
     old = pool_capacity(load_stack_config(config, set()), "chat")
-    assert (new.communicator_in_budget, old.communicator_in_budget) == (False, True)
-    assert new.communicator_gib == old.communicator_gib == pytest.approx(7 * COMM_GIB_PER_PEER)
+    # 0.19.1 runs V1 on the V100s: its profiler logs the lazily connected NCCL and all-reduce buffers in its
+    # non-torch increase (at least V1_COMM_GIB_P2P over NVLink), and its start-up check pays them as well.
+    assert (new.communicator_in_budget, old.communicator_in_budget) == (True, True)
+    assert new.communicator_gib == pytest.approx(V1_COMM_GIB_P2P) and V1_COMM_GIB_P2P > 7 * COMM_GIB_PER_PEER
+    assert old.communicator_gib == pytest.approx(7 * COMM_GIB_PER_PEER)
     assert old.non_torch_gib == pytest.approx(NON_TORCH_BASE_GIB + 7 * COMM_GIB_PER_PEER)
-    assert new.startup_free_gib is not None and old.startup_free_gib is None
+    assert new.non_torch_gib == pytest.approx(V1_NON_TORCH_BASE_GIB + V1_COMM_GIB_P2P)
+    assert new.startup_free_gib == pytest.approx(V100 - CUDA_CONTEXT_GIB - V1_COMM_GIB_P2P)
+    assert old.startup_free_gib is None
+
+
+@pytest.mark.parametrize(
+    ("tp", "pp", "p2p", "comm"),
+    [
+        (1, 1, True, 0.0),
+        (2, 1, True, V1_COMM_GIB_P2P),  # one peer over NVLink: the floor, not 0.25
+        (8, 2, True, V1_COMM_GIB_P2P),  # 8 peers x 0.25 = 2.00: the floor again
+        (8, 4, True, 9 * COMM_GIB_PER_PEER),  # 9 peers x 0.25 = 2.25: above the floor
+        (2, 1, False, COMM_GIB_PER_PEER),  # PCIe without P2P: custom all-reduce off, NCCL's share only
+        (1, 2, True, COMM_GIB_PER_PEER),  # pipeline only: NCCL send/recv to one neighbour, no all-reduce
+    ],
+)
+def test_v1_counts_the_communicators_in_its_budget_on_every_image(tp: int, pp: int, p2p: bool, comm: float) -> None:
+    arch = model_arch("qwen3-30b-a3b")
+    kw = dict(tp=tp, pp=pp, gpu_memory_utilization=0.85, v1_engine=True, p2p=p2p, **QWEN)
+    before, after = (estimate(arch, V100, nccl_in_budget=order, **kw) for order in (True, False))
+    for est in (before, after):
+        assert est.communicator_gib == pytest.approx(comm) and est.communicator_in_budget
+        assert est.non_torch_gib == pytest.approx(V1_NON_TORCH_BASE_GIB + comm)
+    assert after.kv_tokens == before.kv_tokens
+    # Where NCCL starts before the baseline (0.11+), the start-up check pays the buffers too: both, safe side.
+    assert before.startup_free_gib is None
+    assert after.startup_free_gib == pytest.approx(V100 - CUDA_CONTEXT_GIB - comm)
 
 
 def test_the_memory_fit_policy_names_the_start_up_refusal_and_the_utilization_that_starts() -> None:

@@ -104,9 +104,9 @@ class Engine(ABC):
     # Rules over its launches as its own parser reads them, containers added outside the components included
     # (model_server_launch, container_launch); the pack lists each under its topic.
     launch_rules: ClassVar[tuple[LaunchRule, ...]] = ()
-    # What its server logs of its memory at start-up, as regular expressions with one group (the number):
-    # "kv_tokens" (per instance), "kv_cache_gib" (per GPU), "weights_gib" (per GPU); doctor compares them
-    # with the plan's estimate.
+    # What its server logs of its memory at start-up, as regular expressions with one group (the number), or
+    # alternatives of one group each: "kv_tokens" (per instance), "kv_cache_gib", "weights_gib",
+    # "activation_gib", "non_torch_gib" (per GPU); doctor compares them with the plan's estimate.
     capacity_log_lines: ClassVar[Mapping[str, str]] = {}
     # The forms of a model's weights the placement advisor tries with this engine (plan.advise).
     advice_formats: ClassVar[tuple[CheckpointFormat, ...]] = ()

@@ -50,12 +50,15 @@ def validate_margin(args: ResourceValidationArgs, report: ReportViolation) -> No
     length = number(capacity.get("max_model_len"))
     if capacity.get("fits") is False or low is None or tokens is None or not length or low >= length:
         return
+    cls = capacity.get("kv_error_class")
     report(
         f"fits at the central estimate ({tokens} KV tokens for one sequence of {length}) but not at its pessimistic "
         f"end ({low}: the KV estimate has erred up to {float(error):.1%} on the optimistic side against real "
-        "start-up logs, bench/capacity_accuracy.py), so the engine may refuse to start for want of "
-        f"{length - low} tokens of KV cache. The uncertain terms are the activation peak and the memory outside "
-        "torch's allocator; the engine's first start-up log settles it (its KV cache line). Leave room: lower "
+        f"start-up logs{f' of its class, {cls}' if cls else ''}, bench/capacity_accuracy.py), so the engine may "
+        f"refuse to start for want of {length - low} tokens of KV cache. The uncertain terms are the activation "
+        "peak (the sampler over max-num-seqs rows of the vocabulary) and the memory outside torch's allocator "
+        "(NCCL and all-reduce buffers at TP >= 2); the engine's first start-up log settles it (its KV cache line, "
+        "which doctor compares with the plan). Leave room: lower "
         f"{capacity.get('context_option') or '--max-model-len'}, or raise the memory the engine may use.",
         None,
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from components.engines.vllm.facts import pool_image_facts
-from components.engines.vllm.memory import KV_ESTIMATE_ERROR, CapacityEstimate, estimate
+from components.engines.vllm.memory import CapacityEstimate, estimate
 from components.facts.hardware import gpu
 from components.spec import StackSpec
 from components.spec.models import model_architecture, resolved_dtype
@@ -82,10 +82,12 @@ def capacity_dict(spec: StackSpec, pool: str, *, mla: bool | None = None) -> dic
 
 
 def with_range(d: dict[str, object]) -> dict[str, object]:
-    """The estimate with its pessimistic end: KV tokens and concurrency less the estimate's measured error."""
-    kv, conc = d["kv_tokens"], d["max_concurrency"]
-    assert isinstance(kv, int) and isinstance(conc, (int, float))
-    d["kv_estimate_error"] = KV_ESTIMATE_ERROR
-    d["kv_tokens_low"] = math.floor(kv * (1 - KV_ESTIMATE_ERROR))
-    d["max_concurrency_low"] = round(conc * (1 - KV_ESTIMATE_ERROR), 4)
+    """The estimate with its pessimistic end: KV tokens, KV cache and concurrency less the measured error of
+    the pool's class (kv_estimate_error, set by the estimate)."""
+    kv, conc, gib, error = d["kv_tokens"], d["max_concurrency"], d["kv_cache_gib_per_gpu"], d["kv_estimate_error"]
+    assert isinstance(kv, int) and isinstance(conc, (int, float)) and isinstance(gib, (int, float))
+    assert isinstance(error, float)
+    d["kv_tokens_low"] = math.floor(kv * (1 - error))
+    d["max_concurrency_low"] = round(conc * (1 - error), 4)
+    d["kv_cache_gib_per_gpu_low"] = round(gib * (1 - error), 4)
     return d

@@ -96,6 +96,10 @@ class VllmEngine(Engine):
         "kv_tokens": r"GPU KV cache size: ([\d,]+) tokens",
         "kv_cache_gib": r"Available KV cache memory: ([\d.]+) GiB",
         "weights_gib": r"Model loading took ([\d.]+) GiB",
+        # The profiler's own terms where the log carries them: 0.10.2-0.1x's "Free memory on device ... Actual
+        # usage is ..." (INFO up to 0.11, DEBUG in 0.19.1, gpu_worker.py:640-655) or the V0 / early V1 line.
+        "activation_gib": r"([\d.]+) GiB for peak activation|PyTorch activation peak memory takes ([\d.]+) ?GiB",
+        "non_torch_gib": r"([\d.]+) GiB for non-torch memory|non_torch_memory takes ([\d.]+) ?GiB",
     }
     advice_formats: ClassVar[tuple[CheckpointFormat, ...]] = (
         CheckpointFormat("fp16"),

@@ -25,15 +25,22 @@ This module reproduces each term from the architecture:
   (fp32 logits, probabilities, sort values and int64 indices: ~38 bytes per vocabulary entry per
   sequence, fitted on the startup logs in tests/fixtures/vllm-startup-logs).
 - Non-torch memory: a base the profile run adds on every GPU (cuBLAS workspaces, kernels loaded; 0.03-0.04
-  GiB in the one-GPU logs), plus the NCCL communicators and custom all-reduce buffers, which grow with the
-  peers a GPU talks to: 0.25 GiB per peer fitted on the TP 2 logs (PCIe or NVLink point to point), 0.32
-  GiB per peer on NVSwitch Hopper (NCCL NVLS), fitted on a TP 8 x PP 2 log (2.53-2.57 GiB). A GPU's
-  peers are its TP-1 tensor-parallel peers plus its pipeline neighbours (one at either end, two inside).
-  Where the communicators count depends on the image (ImageFacts.nccl_in_budget): vLLM 0.9.2 takes its
-  memory baseline before NCCL starts, so they come out of the budget; from 0.11 (vllm#25359) NCCL starts
-  first, they sit outside the budget, and vLLM refuses to start when less than utilization x total is
-  free after them and the CUDA context. CUDA graphs are captured after the KV cache is allocated and
-  come out of the (1 - utilization) headroom, so they are not subtracted.
+  GiB in the one-GPU V0 logs, 0.13-0.14 GiB on V1), plus the NCCL communicators and custom all-reduce
+  buffers, which grow with the peers a GPU talks to: 0.25 GiB per peer fitted on the TP 2 logs (PCIe or
+  NVLink point to point), 0.32 GiB per peer on NVSwitch Hopper (NCCL NVLS), fitted on a TP 8 x PP 2 log
+  (2.53-2.57 GiB). A GPU's peers are its TP-1 tensor-parallel peers plus its pipeline neighbours (one at
+  either end, two inside). Where they count depends on the engine line: vLLM 0.9.2 (V0) takes its memory
+  baseline before NCCL starts, so they come out of the budget. On V1 they come out of the budget too, on
+  every image: NCCL connects its peers lazily, on the profile run's first collectives, and where GPUs
+  reach each other peer to peer the custom all-reduce buffers join them, so the profiler logs a non-torch
+  increase of about 2 GiB per GPU at TP >= 2 (V1_COMM_GIB_P2P). From 0.11 (vllm#25359) NCCL also starts
+  before the baseline, and vLLM refuses to start when less than utilization x total is free after it and
+  the CUDA context: that check is modelled too (both, on the safe side). CUDA graphs are captured after
+  the KV cache is allocated and come out of the (1 - utilization) headroom, so they are not subtracted.
+- V1's profile run keeps the forward pass's hidden states alive while it samples (profile_run,
+  gpu_model_runner.py:5721-5739 in 0.19.1), and its dummy sampler sorts for top-p/top-k over max_num_seqs
+  rows of fp32 logits (_dummy_sampler_run, :5556): ~39 bytes per logit, fitted on llm-d's H100 figures
+  (docs/perf/capacity.md), with V1's default max_num_seqs (1024 on >= 70 GiB GPUs other than A100s).
 
 Sources: vLLM 0.9.2 worker/worker.py, worker/cache_engine.py (get_cache_block_size), vLLM 0.19.1
 v1/worker/gpu_worker.py (determine_available_memory) and v1/worker/utils.py (request_memory),
@@ -81,12 +88,54 @@ V1_BATCHED_TOKENS = 2048
 V1_LARGE_GPU_MIN_GIB = 70
 # V0 fused MoE processes at most this many tokens at once (VLLM_FUSED_MOE_CHUNK_SIZE default).
 FUSED_MOE_CHUNK = 32768
-# Bytes per (sequence x vocabulary entry) held at the sampler's peak in the profile run.
+# Bytes per (sequence x vocabulary entry) held at the sampler's peak in the profile run (V0 logs).
 SAMPLER_BYTES_PER_LOGIT = 38
+# V1: the same, fitted on llm-d's H100 summary of vLLM logs (38.4-39.6 bytes with the hidden states below).
+V1_SAMPLER_BYTES_PER_LOGIT = 39
+# V1 defaults when max_num_seqs is unset (0.19.1 engine/arg_utils.py:2053-2073): 1024 on >= 70 GiB GPUs
+# that are not A100s, else 256 (V0: 256).
+V1_MAX_NUM_SEQS_LARGE_GPU = 1024
+DEFAULT_MAX_NUM_SEQS = 256
+# V1's profiler's non-torch increase on one GPU: 0.13-0.14 GiB logged on H100 (llm-d), rounded up.
+V1_NON_TORCH_BASE_GIB = 0.15
+# V1 at TP >= 2 where the GPUs reach each other peer to peer (custom all-reduce on): about 2 GiB per GPU of
+# non-torch increase in the issue's real logs (NCCL's lazily connected buffers and the all-reduce IPC
+# buffers); a floor under the per-peer figure.
+V1_COMM_GIB_P2P = 2.0
 # Copies of the residual stream (hidden, residual, normed input, attention output) alive at once.
 RESIDUAL_COPIES = 4
 # The runbooks' rule of thumb: parameters x bytes per parameter x 1.2.
 RULE_OF_THUMB_FACTOR = 1.2
+
+
+# How far the KV-token estimate has erred on the optimistic side against real start-up logs, per class of
+# pool (engine line, TP 1 or >= 2, dense/MoE/MLA): bench/capacity_accuracy.py measures it (docs/perf/capacity.md)
+# and tests/test_capacity.py keeps each figure covering the bench's logs of its class. A class with fewer than
+# KV_ERROR_MIN_LOGS compared logs takes the widest error measured on any log; none claims less than the floor.
+# The plan gives each pool's KV tokens, KV cache and concurrency as a range down to its class's error, and
+# memory-fit-margin warns within it.
+KV_ERROR_MIN_LOGS = 3
+KV_ERROR_FLOOR = 0.02
+KV_ERROR_WIDEST = 0.035  # the Llama-3-8B H100 log (V0, TP 1): +3.45 %, to the tenth of a percent above
+KV_ERROR_BY_CLASS: dict[tuple[str, str, str], float] = {
+    ("v1", "tp>=2", "dense"): KV_ERROR_FLOOR,  # 3 logs, none optimistic (Qwen2-7B, A100, vLLM 0.10.1)
+}
+
+
+def kv_error_class(arch: ModelArch, *, tp: int, v1_engine: bool) -> tuple[str, str, str]:
+    """The class whose measured error a pool's range takes: engine line, TP 1 or >= 2, dense/MoE/MLA (MLA
+    first: DeepSeek's MoE models are classed by their attention)."""
+    kind = "mla" if arch.uses_mla else "moe" if arch.is_moe else "dense"
+    return ("v1" if v1_engine else "v0", "tp1" if tp == 1 else "tp>=2", kind)
+
+
+def kv_estimate_error(cls: tuple[str, str, str]) -> tuple[float, str]:
+    """The class's measured optimistic error and how it was found, in words for the plan."""
+    kind = {"moe": "MoE", "mla": "MLA"}.get(cls[2], cls[2])
+    name = f"{cls[0].upper()} · {cls[1].upper()} · {kind}"
+    if cls in KV_ERROR_BY_CLASS:
+        return KV_ERROR_BY_CLASS[cls], f"{name}, measured on its logs"
+    return KV_ERROR_WIDEST, f"{name}: too few logs, the widest error measured"
 
 
 @dataclass(frozen=True)
@@ -125,6 +174,8 @@ class CapacityEstimate:
     startup_free_gib: float | None = None  # free per GPU when vLLM checks its request (images that check)
     advice: str = ""  # what to change when vLLM refuses before the KV cache is sized
     weights_gib_per_stage: tuple[float, ...] = ()  # one GPU of each pipeline stage, first stage first
+    kv_estimate_error: float = KV_ERROR_WIDEST  # the class's measured optimistic error (the range's width)
+    kv_error_class: str = ""  # which class, and whether measured on its own logs
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (plan.json `capacity`, `--json`)."""
@@ -138,14 +189,14 @@ class CapacityEstimate:
         return d
 
 
-# How far the KV-token estimate has erred on the optimistic side against real start-up logs, as a fraction:
-# the worst of bench/capacity_accuracy.py (docs/perf/capacity.md), which a test keeps covering. The plan
-# gives each pool's KV tokens and concurrency as a range down to this; memory-fit-margin warns within it.
-KV_ESTIMATE_ERROR = 0.035
-
-
 def activation_peak_bytes(
-    arch: ModelArch, *, tp: int, act_bytes: int, max_num_batched_tokens: int, max_num_seqs: int
+    arch: ModelArch,
+    *,
+    tp: int,
+    act_bytes: int,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    v1_engine: bool = False,
 ) -> float:
     """Peak PyTorch memory of vLLM's profile run beyond the weights (forward pass or sampler)."""
     h = arch.hidden_size
@@ -156,8 +207,19 @@ def activation_peak_bytes(
     else:
         mlp = max_num_batched_tokens * 3 * arch.intermediate_size / tp
     forward = (max_num_batched_tokens * RESIDUAL_COPIES * h + mlp) * act_bytes
-    sampler = max_num_seqs * arch.vocab_size * SAMPLER_BYTES_PER_LOGIT
+    if v1_engine:
+        # V1 samples while the dummy forward's hidden states (one per batched token) are still alive.
+        sampler = max_num_seqs * arch.vocab_size * V1_SAMPLER_BYTES_PER_LOGIT + max_num_batched_tokens * h * act_bytes
+    else:
+        sampler = max_num_seqs * arch.vocab_size * SAMPLER_BYTES_PER_LOGIT
     return max(forward, sampler)
+
+
+def default_max_num_seqs(*, v1_engine: bool = False, gpu_name: str = "", gpu_memory_gib: float = 0.0) -> int:
+    """vLLM's max_num_seqs when unset: V1's OpenAI server takes 1024 on >= 70 GiB GPUs that are not A100s."""
+    if v1_engine and gpu_memory_gib >= V1_LARGE_GPU_MIN_GIB and "a100" not in gpu_name.lower():
+        return V1_MAX_NUM_SEQS_LARGE_GPU
+    return DEFAULT_MAX_NUM_SEQS
 
 
 def default_max_num_batched_tokens(
@@ -184,11 +246,15 @@ def pipeline_neighbours(pp: int) -> int:
     return min(pp - 1, 2)
 
 
-def communicator_gib(tp: int, pp: int, *, nvls: bool = False) -> float:
+def communicator_gib(tp: int, pp: int, *, nvls: bool = False, v1_engine: bool = False, p2p: bool = True) -> float:
     """NCCL communicators and custom all-reduce buffers on one GPU: a share per TP peer and pipeline
-    neighbour, larger where NCCL uses NVLink SHARP (NVSwitch Hopper)."""
+    neighbour, larger where NCCL uses NVLink SHARP (NVSwitch Hopper); on V1 at TP >= 2 between GPUs that
+    reach each other peer to peer, at least V1_COMM_GIB_P2P."""
     peers = (tp - 1) + pipeline_neighbours(pp)
-    return peers * (COMM_GIB_PER_PEER_NVLS if nvls else COMM_GIB_PER_PEER)
+    per_peer = peers * (COMM_GIB_PER_PEER_NVLS if nvls else COMM_GIB_PER_PEER)
+    if v1_engine and p2p and tp > 1:
+        return max(per_peer, V1_COMM_GIB_P2P)
+    return per_peer
 
 
 def _rule_of_thumb_bytes_per_param(quantization: str | None, act_bytes: int, quant_bits: int) -> float:
@@ -212,7 +278,7 @@ def estimate(
     group_size: int = 128,
     kv_cache_dtype: str = "auto",
     max_model_len: int,
-    max_num_seqs: int,
+    max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
     block_size: int = 16,
     mla_enabled: bool = True,
@@ -221,13 +287,18 @@ def estimate(
     chunked_prefill: bool | None = None,
     nccl_in_budget: bool = True,
     nvls: bool = False,
+    p2p: bool = True,
 ) -> CapacityEstimate:
     """Estimate weights, KV cache and concurrency per GPU for one pool, the way vLLM will.
 
-    `v1_engine`, `gpu_name` and `chunked_prefill` (None: the engine's default) only pick vLLM's default
-    max_num_batched_tokens when it is unset. `nccl_in_budget` is the image's profiler order
-    (ImageFacts.nccl_in_budget), `nvls` whether the GPUs talk over NVSwitch with NCCL NVLS.
+    `v1_engine` is the engine line (V1: its activation, non-torch and communicator terms, and the range of
+    its class); with `gpu_name` and `chunked_prefill` (None: the engine's default) it also picks vLLM's
+    defaults for max_num_seqs and max_num_batched_tokens when they are unset. `nccl_in_budget` is the
+    image's profiler order (ImageFacts.nccl_in_budget), `nvls` whether the GPUs talk over NVSwitch with NCCL
+    NVLS, `p2p` whether they reach each other peer to peer (NVLink: custom all-reduce on; unknown: yes).
     """
+    if max_num_seqs is None:
+        max_num_seqs = default_max_num_seqs(v1_engine=v1_engine, gpu_name=gpu_name, gpu_memory_gib=gpu_memory_gib)
     _check_inputs(
         arch,
         gpu_memory_gib,
@@ -252,10 +323,18 @@ def estimate(
     )
     stages = layers_per_stage(arch.num_layers, pp)
     activation = activation_peak_bytes(
-        arch, tp=tp, act_bytes=act_bytes, max_num_batched_tokens=batched, max_num_seqs=max_num_seqs
+        arch,
+        tp=tp,
+        act_bytes=act_bytes,
+        max_num_batched_tokens=batched,
+        max_num_seqs=max_num_seqs,
+        v1_engine=v1_engine,
     )
-    comm = communicator_gib(tp, pp, nvls=nvls) * GIB
-    non_torch = NON_TORCH_BASE_GIB * GIB + (comm if nccl_in_budget else 0.0)
+    comm = communicator_gib(tp, pp, nvls=nvls, v1_engine=v1_engine, p2p=p2p) * GIB
+    # V1 logs NCCL's lazily connected buffers in its non-torch increase whatever the image's order.
+    comm_in_budget = nccl_in_budget or v1_engine
+    base = (V1_NON_TORCH_BASE_GIB if v1_engine else NON_TORCH_BASE_GIB) * GIB
+    non_torch = base + (comm if comm_in_budget else 0.0)
     budget = gpu_memory_gib * GIB * gpu_memory_utilization
     # Where NCCL starts before the baseline, vLLM first checks that its whole request is still free.
     startup_free = None if nccl_in_budget else gpu_memory_gib * GIB - CUDA_CONTEXT_GIB * GIB - comm
@@ -312,6 +391,7 @@ def estimate(
             f"at start (NCCL/all-reduce buffers estimated at {comm / GIB:.2f} GiB): if it refuses with "
             "'Free memory on device ... on startup', lower gpu-memory-utilization",
         )
+    error, error_class = kv_estimate_error(kv_error_class(arch, tp=tp, v1_engine=v1_engine))
     return CapacityEstimate(
         model=arch.name,
         gpu_memory_gib=gpu_memory_gib,
@@ -341,10 +421,12 @@ def estimate(
         rule_of_thumb_gib_total=rot / GIB,
         notes=notes,
         communicator_gib=comm / GIB,
-        communicator_in_budget=nccl_in_budget,
+        communicator_in_budget=comm_in_budget,
         startup_free_gib=None if startup_free is None else startup_free / GIB,
         advice=advice,
         weights_gib_per_stage=tuple(w / GIB for w in weights),
+        kv_estimate_error=error,
+        kv_error_class=error_class,
     )
 
 
