@@ -11,6 +11,7 @@ import pytest
 from components.engines.base import container_envs
 from components.engines.registry import ENGINES
 from components.engines.vllm.capacity import with_range
+from components.engines.vllm.memory import KV_ERROR_WIDEST
 from components.planning.fabric.ray import RAY_HEAD_SCRIPT, ray_head_script
 from components.planning.monitoring.prometheus import (
     alertmanager_args,
@@ -1079,6 +1080,10 @@ def ranged(kv_tokens: int, max_model_len: int = 32768) -> dict[str, Any]:
             "kv_tokens": kv_tokens,
             "max_model_len": max_model_len,
             "max_concurrency": kv_tokens / max_model_len,
+            "kv_cache_gib_per_gpu": 18.5,
+            # The chat pool's class: no log of it yet, so the widest error measured (3.5 %).
+            "kv_estimate_error": KV_ERROR_WIDEST,
+            "kv_error_class": "V1 · TP>=2 · MoE: too few logs, the widest error measured",
         }
     )
 
@@ -1103,11 +1108,13 @@ def test_a_pool_that_fits_only_at_the_central_estimate_is_warned_with_the_tokens
     assert got == only(
         "memory-fit-margin",
         f"fits at the central estimate ({kv_tokens} KV tokens for one sequence of 32768) but not at its pessimistic "
-        f"end ({low}: the KV estimate has erred up to 3.5% on the optimistic side against real start-up logs, "
-        "bench/capacity_accuracy.py), so the engine may refuse to start for want of "
-        f"{32768 - low} tokens of KV cache. The uncertain terms are the activation peak and the memory outside "
-        "torch's allocator; the engine's first start-up log settles it (its KV cache line). Leave room: lower "
-        "--max-model-len, or raise the memory the engine may use.",
+        f"end ({low}: the KV estimate has erred up to 3.5% on the optimistic side against real start-up logs of its "
+        "class, V1 · TP>=2 · MoE: too few logs, the widest error measured, bench/capacity_accuracy.py), so the "
+        f"engine may refuse to start for want of {32768 - low} tokens of KV cache. The uncertain terms are the "
+        "activation peak (the sampler over max-num-seqs rows of the vocabulary) and the memory outside torch's "
+        "allocator (NCCL and all-reduce buffers at TP >= 2); the engine's first start-up log settles it (its KV "
+        "cache line, which doctor compares with the plan). Leave room: lower --max-model-len, or raise the memory "
+        "the engine may use.",
         level="advisory",
     )
 

@@ -131,6 +131,8 @@ def test_a_backend_named_by_environment_is_checked_like_the_flag() -> None:
 
 def test_capacity_on_0_11_follows_its_profiler(config: dict[str, Any]) -> None:
     est = pool_capacity(load_stack_config(chat_on_0_11(config), set()), "chat")
-    # NCCL before the snapshot (vllm#25359 is in 0.11.0), V1's 2048-token budget on a 32 GB GPU.
-    assert (est.communicator_in_budget, est.max_num_batched_tokens) == (False, 2048)
+    # NCCL before the snapshot (vllm#25359 is in 0.11.0): the start-up check pays the buffers; V1 also logs its
+    # lazily connected buffers in the profile run, so the KV budget pays them too. V1's 2048-token budget on
+    # a 32 GB GPU.
+    assert (est.communicator_in_budget, est.max_num_batched_tokens) == (True, 2048)
     assert est.startup_free_gib is not None
