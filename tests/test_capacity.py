@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import re
 import statistics
 import sys
@@ -418,6 +419,13 @@ def test_cli_text_report(capsys: pytest.CaptureFixture[str]) -> None:
         "deepseek-r1 on Tesla V100-SXM2-32GB (31.74 GiB), TP=8 PP=2, float16, quantization gptq, KV cache auto, MLA on"
     )
     assert "layers per stage        31/30" in out and "fits                    yes" in out
+    # The range of its class: V0 on these GPUs (the image given), TP 8, MLA: no logs, the widest error measured.
+    est = estimate(model_arch("deepseek-r1"), V100_SEEN, **R1_V100)
+    low = math.floor(est.kv_tokens * (1 - KV_ERROR_WIDEST))
+    assert (
+        f"  pessimistic end         {low:8d}      KV tokens, {est.max_concurrency * (1 - KV_ERROR_WIDEST):.2f} x "
+        "(class V0 · TP>=2 · MLA: too few logs, the widest error measured: 3.5% optimistic at worst)\n"
+    ) in out
 
 
 def test_cli_json_matches_the_estimate_and_exits_1_when_it_does_not_fit(capsys) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from components.engines.vllm.facts import pool_image_facts
-from components.engines.vllm.memory import CapacityEstimate, estimate
+from components.engines.vllm.memory import CapacityEstimate, estimate, pessimistic_end
 from components.facts.hardware import gpu
 from components.spec import StackSpec
 from components.spec.models import model_architecture, resolved_dtype
@@ -87,7 +87,7 @@ def with_range(d: dict[str, object]) -> dict[str, object]:
     kv, conc, gib, error = d["kv_tokens"], d["max_concurrency"], d["kv_cache_gib_per_gpu"], d["kv_estimate_error"]
     assert isinstance(kv, int) and isinstance(conc, (int, float)) and isinstance(gib, (int, float))
     assert isinstance(error, float)
-    d["kv_tokens_low"] = math.floor(kv * (1 - error))
-    d["max_concurrency_low"] = round(conc * (1 - error), 4)
-    d["kv_cache_gib_per_gpu_low"] = round(gib * (1 - error), 4)
+    d["kv_tokens_low"] = math.floor(pessimistic_end(kv, error))
+    d["max_concurrency_low"] = round(pessimistic_end(conc, error), 4)
+    d["kv_cache_gib_per_gpu_low"] = round(pessimistic_end(gib, error), 4)
     return d

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
 from components.engines.vllm.facts import DEFAULT_IMAGE, IMAGES, KV_CACHE_DTYPES, image_facts
-from components.engines.vllm.memory import CapacityEstimate, estimate
+from components.engines.vllm.memory import CapacityEstimate, estimate, pessimistic_end
 from components.facts.hardware import DTYPE_ALIASES, gpu
 from components.facts.models import MODELS, ModelArch, arch_from_config_json, model_arch, quantization_from_config_json
 
@@ -169,6 +170,9 @@ def render_text(est: CapacityEstimate, gpu_name: str | None = None) -> str:
         f"  KV cache per GPU        {est.kv_cache_gib_per_gpu:8.2f} GiB  ({est.kv_bytes_per_token_per_gpu} bytes/token)",
         f"  KV tokens               {est.kv_tokens:8d}      ({est.gpu_blocks} blocks)",
         f"  max concurrency         {est.max_concurrency:8.2f} x    at {est.max_model_len} tokens per request",
+        f"  pessimistic end         {math.floor(pessimistic_end(est.kv_tokens, est.kv_estimate_error)):8d}      "
+        f"KV tokens, {pessimistic_end(est.max_concurrency, est.kv_estimate_error):.2f} x (class {est.kv_error_class}: "
+        f"{est.kv_estimate_error:.1%} optimistic at worst)",
         f"  rule of thumb           {est.rule_of_thumb_gib_total:8.1f} GiB  (params x bytes x 1.2, whole pool)",
         f"  fits                    {'yes' if est.fits else 'NO: ' + est.reason}",
     ]

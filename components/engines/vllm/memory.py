@@ -122,6 +122,11 @@ KV_ERROR_BY_CLASS: dict[tuple[str, str, str], float] = {
 }
 
 
+def pessimistic_end(value: float, error: float) -> float:
+    """A KV figure (tokens, GiB, concurrency) at the pessimistic end of a range of `error` (a fraction)."""
+    return value * (1 - error)
+
+
 def kv_error_class(arch: ModelArch, *, tp: int, v1_engine: bool) -> tuple[str, str, str]:
     """The class whose measured error a pool's range takes: engine line, TP 1 or >= 2, dense/MoE/MLA (MLA
     first: DeepSeek's MoE models are classed by their attention)."""
