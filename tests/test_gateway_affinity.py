@@ -205,14 +205,61 @@ def test_the_load_bound_sends_the_overflow_to_the_next_replica_on_the_ring(
     # Hold requests of this conversation on its replica: with 1.25 x (in flight + 1) / 4 as the bound, the
     # second one in flight already exceeds it (ceil(1.25 x 2 / 4) = 1), so it goes to the ring's next.
     holders, release = hold(gw, keys["default"], replicas, body, [f"held-{n}" for n in range(3)])
+    ring = Ring([r.addr for r in replicas])
+    order = [replicas[o].name for o in ring.order(zlib.crc32(affinity_key(body) or b""))]
     try:
-        assert holders[0] == home
-        assert len(set(holders)) == 3, holders  # each over the bound moved one step further on the ring
+        # Each over the bound moved one step further on the ring: exactly the ring's next replicas.
+        assert holders == [home, order[1], order[2]] == order[:3], (holders, order)
     finally:
         assert release() == [200] * 3
-    # Released (and their log phases run: nothing in flight), the conversation is back on its own replica.
+    # Released (nothing in flight): the conversation stays where the bound last moved it (stickySeconds), the
+    # replica that prefilled its whole history, and that counts as kept.
     settled(gw)
-    assert served(gw, keys["default"], body) == home_replica.name
+    kept = gw_metrics(gw).get('llm_gateway_routing_total{pool="chat",outcome="kept"}', 0)
+    for _ in range(3):
+        assert served(gw, keys["default"], body) == order[2] != home_replica.name
+    assert gw_metrics(gw)['llm_gateway_routing_total{pool="chat",outcome="kept"}'] == kept + 3
+
+
+@pytest.fixture(scope="module")
+def unsticky(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[NginxGateway, dict[str, str], list[FakeReplica]]]:
+    """No floor and stickySeconds 1: a moved conversation is remembered for one second."""
+    yield from affinity_gateway(tmp_path_factory, minInFlight=1, stickySeconds=1)
+
+
+def test_a_moved_conversation_goes_back_to_its_ring_replica_once_sticky_seconds_pass(
+    unsticky: tuple[NginxGateway, dict[str, str], list[FakeReplica]],
+) -> None:
+    gw, keys, replicas = unsticky
+    body = chat(8, 1)
+    home = served(gw, keys["default"], body)
+    holders, release = hold(gw, keys["default"], replicas, body, ["one", "two"])
+    try:
+        assert holders[0] == home != holders[1], holders
+    finally:
+        assert release() == [200] * 2
+    settled(gw)
+    assert served(gw, keys["default"], body) == holders[1]  # within the second: where it moved
+    time.sleep(1.5)  # the shared zone's entry expires after stickySeconds (1) since its last request
+    assert served(gw, keys["default"], body) == home
+
+
+def test_without_sticky_seconds_a_released_conversation_is_back_on_its_ring_replica(tmp_path: Path) -> None:
+    chat_replicas = [FakeReplica(f"chat-{i}") for i in range(4)]
+    replicas = {"chat": chat_replicas, "reasoning": [FakeReplica("reasoning-0")]}
+    spec = load_stack_config(gateway_config(routing={"minInFlight": 1, "stickySeconds": 0}), set())
+    with own_gateway(spec, replicas, tmp_path) as (gw, keys):
+        body = chat(7, 1)
+        home = served(gw, keys["default"], body)
+        holders, release = hold(gw, keys["default"], chat_replicas, body, ["a", "b"])
+        try:
+            assert holders[0] == home != holders[1], holders
+        finally:
+            assert release() == [200] * 2
+        settled(gw)
+        assert served(gw, keys["default"], body) == home
 
 
 def test_a_dead_replica_moves_only_its_own_conversations_and_loses_no_request(tmp_path: Path) -> None:
@@ -230,6 +277,8 @@ def test_a_dead_replica_moves_only_its_own_conversations_and_loses_no_request(tm
         moved = {c for c in before if before[c] != after[c]}
         assert moved == {c for c in before if before[c] == dead.name}
         assert moved, "the dead replica held no conversation: widen the sample"
+        # The moved ones stay on the replica they moved to (stickySeconds), the others on theirs.
+        assert {c: served(gw, key, chat(c, 3)) for c in range(40)} == after
         metrics = gw_metrics(gw)
         assert metrics.get('llm_gateway_routing_total{pool="chat",outcome="failure"}', 0) >= 1
         assert metrics.get('llm_gateway_routing_total{pool="chat",outcome="kept"}', 0) >= 40
@@ -296,6 +345,7 @@ def test_least_conn_stays_a_choice_per_pool_and_for_the_gateway() -> None:
         ({"loadFactor": 0.5}, "gateway.routing.loadFactor: 0.5 is not allowed"),
         ({"prefixChars": 10}, "gateway.routing.prefixChars: 10 is not allowed"),
         ({"sessionHeader": "X Session"}, "gateway.routing.sessionHeader: 'X Session' is not allowed"),
+        ({"stickySeconds": -1}, "gateway.routing.stickySeconds: -1 is not allowed"),
     ],
 )
 def test_bad_routing_settings_name_their_key(routing: dict[str, Any], message: str) -> None:

@@ -67,7 +67,8 @@ def handler_of(endpoint: str, pin: str | None = None) -> str:
 
 # The reference chat pool's replicas, given to gateway_affinity.lua with the routing settings' defaults.
 AFFINITY_INIT = (
-    'require("gateway_affinity").init({factor = 1.25, floor = 4, chars = 2048, max_fails = 2, fail_timeout = 30, '
+    'require("gateway_affinity").init({factor = 1.25, floor = 4, sticky = 600, chars = 2048, max_fails = 2, '
+    'fail_timeout = 30, '
     'tries = 3, header = "X-Session-Id", upstreams = {llm_pool_chat = {"chat", {"192.168.10.13:8000", '
     '"192.168.10.14:8000", "192.168.10.15:8000", "192.168.10.16:8000"}}}})'
 )
@@ -197,6 +198,7 @@ def test_reference_loads_the_lua_module_reads_its_tables_once_and_declares_the_r
         'lua_package_path "/etc/llm-gateway/llm/?.lua;/usr/share/lua/5.1/?.lua;;";',
         'lua_package_cpath "/usr/lib/x86_64-linux-gnu/lua/5.1/?.so;;";',
         "lua_shared_dict llm_affinity 1m;",
+        "lua_shared_dict llm_affinity_moves 4m;",
         'init_by_lua_block { jit.opt.start("loopunroll=60") collectgarbage("setpause", 400) '
         'require("gateway").init("/etc/llm-gateway/llm/routes.json", '
         '"/etc/llm-gateway-keys/key-hashes.json") require("gateway_metrics") '

@@ -126,6 +126,11 @@ class RoutingSpec(Spec):
     """A replica with fewer requests in flight than this is never above its bound: an engine batches a few
     requests at little cost, while moving them away loses their cached prefix (and, at low traffic, the
     bound's mean is mostly noise)."""
+    sticky_seconds: int = Field(default=600, ge=0, le=86400)
+    """A conversation the bound (or a failure) moved off its replica stays on the replica it moved to for this
+    long after its last request (0: each turn goes back to its ring replica). The moved turn prefilled its
+    whole history there, so its next turns hit it there; sent back, each would miss the turns in between,
+    and every further spill would cost another prefill and evict other conversations' blocks."""
     prefix_chars: int = Field(default=2048, ge=64, le=65536)
     """How much of a request's head is hashed: the chat messages before the first user message (system
     prompt) cut to this many bytes, and the first user message cut to this many bytes on its own (so

@@ -77,6 +77,7 @@ BUDGET_SOURCE = LUA_SOURCE.with_name("gateway_budget.lua")
 METRICS_SOURCE = LUA_SOURCE.with_name("gateway_metrics.lua")
 AFFINITY_SOURCE = LUA_SOURCE.with_name("gateway_affinity.lua")
 AFFINITY_ZONE = "llm_affinity"
+AFFINITY_MOVES_ZONE = "llm_affinity_moves"  # ~25k conversations; dropping one only sends it back to its ring replica
 METRICS_ZONE = "llm_metrics"
 # Seconds; LLM requests run from milliseconds (refusals, short embeddings) up to the pools' readTimeoutSeconds.
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0)
@@ -497,6 +498,8 @@ def _lua_directives(
         [
             "    # Requests in flight and recent failures per replica of the affinity pools, shared by the workers.",
             f"    lua_shared_dict {AFFINITY_ZONE} 1m;",
+            "    # Conversations the load bound or a failure moved, and where to (least recently used dropped when full).",
+            f"    lua_shared_dict {AFFINITY_MOVES_ZONE} 4m;",
         ]
         if affinity
         else []
@@ -516,6 +519,7 @@ def affinity_settings(spec: StackSpec, servers: Mapping[str, Sequence[tuple[str,
     return {
         "factor": g.routing.load_factor,
         "floor": g.routing.min_in_flight,
+        "sticky": g.routing.sticky_seconds,
         "chars": g.routing.prefix_chars,
         "max_fails": g.max_fails,
         "fail_timeout": g.fail_timeout_seconds,

@@ -8,12 +8,17 @@
 -- completions: the prompt, cut to prefix_chars bytes).
 -- balance() (balancer_by_lua of an affinity upstream) walks the ring from that hash: the first replica that
 -- is not ejected, not already tried by this request, and within its bound takes it: ceil(factor x (the
--- pool's in flight + 1) / its healthy replicas), never below floor (min_in_flight). A failed attempt (nginx's proxy_next_upstream) counts against its replica; max_fails of them
--- within fail_timeout eject it for fail_timeout, so its keys go to their ring successors and no other
--- key moves. done() (log phase) gives the slot back and counts the outcome:
---   kept      the key's own replica (the first healthy one on the ring) served it
---   load      its replica was above the bound, a later one served it
---   failure   its replica was ejected or failed this request, a later one served it
+-- pool's in flight + 1) / its healthy replicas), never below floor (min_in_flight). A failed attempt (nginx's
+-- proxy_next_upstream) counts against its replica; max_fails of them within fail_timeout eject it for
+-- fail_timeout, so its keys go to their ring successors and no other key moves.
+-- A key served elsewhere than its own replica (by the bound or a failure) is remembered for sticky seconds
+-- after its last request (lua_shared_dict llm_affinity_moves): its own replica is then the one it moved to,
+-- tried first, the ring after it. The moved turn prefilled the whole conversation there; sent back, the next
+-- turn would miss the turns in between, and each further spill would cost a whole prefill again.
+-- done() (log phase) gives the slot back and counts the outcome:
+--   kept      the key's own replica (its ring replica, or the one it moved to) served it
+--   load      its replica was above the bound, a later one served it (and keeps it)
+--   failure   its replica was ejected or failed this request, a later one served it (and keeps it)
 --   unkeyed   the request had no key (no session, no prompt): the least busy replica served it
 local M = {}
 
@@ -28,7 +33,10 @@ local type = type
 
 local VNODES = 160  -- points per replica on the ring: the spread of keys within a few percent
 local dict  -- lua_shared_dict llm_affinity: "i<addr>" in flight, "f<addr>" recent failures, "e<addr>" ejected
-local rings = {}  -- upstream -> {points = sorted hashes, owner = replica index of each point, addrs, hosts, ports, label}
+local moves  -- lua_shared_dict llm_affinity_moves: "<upstream>#<key hash>" -> the address it moved to
+-- upstream -> {points = sorted hashes, owner = replica index of each point, addrs, index = addr -> replica,
+-- hosts, ports, label}
+local rings = {}
 local cfg
 local use
 local start_at
@@ -57,13 +65,15 @@ function M.owner(points, owner, h)
     return owner[start_at(points, h)]
 end
 
--- settings: {factor, floor, chars, max_fails, fail_timeout, tries, header, upstreams = {name = {label, addrs}}}
+-- settings: {factor, floor, sticky, chars, max_fails, fail_timeout, tries, header,
+-- upstreams = {name = {label, addrs}}}
 function M.init(settings)
     cfg = settings
     for name, up in pairs(settings.upstreams) do
-        local r = {label = up[1], addrs = up[2], hosts = {}, ports = {}, order_all = {}}
+        local r = {label = up[1], addrs = up[2], index = {}, hosts = {}, ports = {}, order_all = {}}
         for i, addr in ipairs(up[2]) do
             r.order_all[i] = i
+            r.index[addr] = i
             local colon = addr:find(":[^:]*$")
             r.hosts[i], r.ports[i] = sub(addr, 1, colon - 1), tonumber(sub(addr, colon + 1))
         end
@@ -71,6 +81,7 @@ function M.init(settings)
         rings[name] = r
     end
     dict = ngx.shared.llm_affinity
+    moves = ngx.shared.llm_affinity_moves
 end
 
 -- The text of a chat message's content: a string, or the text parts of an array.
@@ -240,9 +251,16 @@ function M.balance(name)
         return use(r, ctx, tried, pick)
     end
     local points, owner = r.points, r.owner
-    -- The replicas in ring order from the key's point, each once.
+    -- The replicas in ring order from the key's point, each once; a key that moved: its new replica first.
     local order, seen = {}, {}
+    local mkey = cfg.sticky > 0 and (name .. "#" .. h)
+    local moved = mkey and r.index[moves:get(mkey) or ""]
+    if moved then
+        seen[moved] = true
+        order[1] = moved
+    end
     local i = start_at(points, h)
+    local own = owner[i]
     while #order < n do
         local o = owner[i]
         if not seen[o] then
@@ -279,6 +297,17 @@ function M.balance(name)
             ctx.aff_outcome = "load"
         else
             ctx.aff_outcome = "kept"
+        end
+    end
+    if mkey then
+        -- Where the key lives from now on: its ring replica (nothing to remember) or another, renewed by each
+        -- request.
+        if pick == own then
+            if moved then
+                moves:delete(mkey)
+            end
+        else
+            moves:set(mkey, r.addrs[pick], cfg.sticky)
         end
     end
     return use(r, ctx, tried, pick)
