@@ -76,15 +76,21 @@ def label(nginx: DeployedNginx) -> str:
     return f"nginx {p['nginx']} + ngx_http_lua_module {p['libnginx-mod-http-lua']} (deployed)"
 
 
-def bench_spec(budget: bool = False) -> StackSpec:
+def bench_spec(budget: bool = False, policy: str | None = None) -> StackSpec:
     """The reference stack over plain HTTP like the other targets (the deployed gateway adds TLS on
     top), its key's rate limit never reached (20 r/s would make the bench a 429 test; the zone stays
-    in the path); with `budget`, a token budget on the key it never exhausts."""
+    in the path); with `budget`, a token budget on the key it never exhausts; `policy`: the gateway's
+    routing policy (gateway.routing.policy), else the stack's."""
     config = load_stack_file(ROOT / "Pulumi.prod.yaml", "prod").config
     key: dict[str, object] = {"id": "default", "rateLimit": {"requestsPerSecond": 1000000, "burst": 1000000}}
     if budget:
         key["tokenBudget"] = {"tokens": 10**12, "windowSeconds": 3600}
     config["llm-cluster:gateway"].update(tls=False, port=80, apiKeys=[key])
+    if policy is not None:
+        config["llm-cluster:gateway"]["routing"] = {
+            **config["llm-cluster:gateway"].get("routing", {}),
+            "policy": policy,
+        }
     return load_stack_config(config, set())
 
 
@@ -177,14 +183,19 @@ def wrk(url: str, connections: int, root: Path, seconds: int = SECONDS, worker: 
 
 
 def write_gateway(
-    nginx: DeployedNginx, spec: StackSpec, root: Path, up: int | Mapping[str, Sequence[int]]
+    nginx: DeployedNginx,
+    spec: StackSpec,
+    root: Path,
+    up: int | Mapping[str, Sequence[int]],
+    listen: tuple[int, int] | None = None,
 ) -> tuple[int, int]:
     """The generated gateway's files under `root` (one worker, in front of the replica on port `up` for every
     pool, or of each pool's replicas on loopback, its usage files in root/usage); the ports it will listen
-    on and serve /metrics on."""
-    (root / "tmp").mkdir(parents=True)
+    on and serve /metrics on (`listen`: those of the gateway already there, whose files are rewritten for a
+    reload)."""
+    (root / "tmp").mkdir(parents=True, exist_ok=listen is not None)
     (root / "tmp").chmod(0o777)  # nginx's workers run as nobody here
-    port, metrics = free_ports(2)
+    port, metrics = listen or free_ports(2)
     (root / "digests.json").write_text(key_digests({"default": KEY}, key_ids(spec)))
     layout = GatewayLayout(
         port=port,
@@ -200,7 +211,7 @@ def write_gateway(
         user=None,
         worker_processes="1",
     )
-    (root / "usage").mkdir()
+    (root / "usage").mkdir(exist_ok=listen is not None)
     (root / "usage").chmod(0o777)  # nginx's workers run as nobody here
     root.chmod(0o755)
     ports = {pool: [up] for pool in spec.pools} if isinstance(up, int) else up

@@ -8,6 +8,10 @@ connections; the figure is the worker's instructions over the requests wrk compl
 
 - plain nginx `proxy_pass` (keepalive), the floor of any nginx gateway;
 - the gateway as deployed (the reference stack's generated config), and with a token budget on the key;
+- the routing decision within a pool (issue 34): the chat pool over 4 and over 64 replicas (one fake replica
+  nginx listening on that many ports), routed by least_conn and by prefix affinity (gateway_affinity.lua:
+  the body's key hashed, the ring walked, the bound checked, the shared in-flight counts kept), side by side
+  in one run; every request carries the same conversation, so affinity keeps it on one replica;
 - what its parts cost, derived from the generated config (each substitution is checked): without the
   log phase's record (no usage line, no counters: the handler only forgets the request's entries);
   without the usage filter; its nginx config without Lua
@@ -38,14 +42,21 @@ from bench.gateway import (
     write_gateway,
 )
 from plan.cli import run as run_cli
-from tests.support import free_port
+from tests.support import free_port, free_ports
 from tests.support.deployed_nginx import DeployedNginx, deployed_nginx
 
 ROOT = Path(__file__).resolve().parent.parent
 
 WARMUP_SECONDS = 3  # LuaJIT compiles its traces in the first requests
 MEASURE_SECONDS = 4
-RECORD = "    log_by_lua_block { package.loaded.gateway_metrics.record() }\n"
+REPLICAS = (4, 64)  # the chat pool's replicas in the routing rows: the reference pool, and a large one
+# The log phase: the record, then (an affinity pool in the stack) the affinity slot given back and counted.
+RECORD = "    log_by_lua_block { package.loaded.gateway_metrics.record()"
+AFFINITY_DONE = " package.loaded.gateway_affinity.done(package.loaded.gateway_metrics.count_route)"
+AFFINITY_UPSTREAM = (
+    r"        # Never used: gateway_affinity\.lua[^\n]*\n        server 0\.0\.0\.1 max_fails=0;\n"
+    r'        balancer_by_lua_block \{ package\.loaded\.gateway_affinity\.balance\("llm_pool_chat"\) \}\n'
+)
 FILTER = "            body_filter_by_lua_block { package.loaded.gateway.usage() }\n"
 HEAD = "            header_filter_by_lua_block { package.loaded.gateway.head() }\n"
 KEY_ID = "        set_by_lua_block $llm_key_id { return package.loaded.gateway.key_id() }\n"
@@ -63,14 +74,15 @@ def sub(pattern: str, replacement: str, text: str) -> str:
 # What the log phase must still do without the record: forget the request's entries (the router's
 # state, the key id), which record() does; left behind, the next request at the same address would
 # find them.
+# The affinity slot is still given back (uncounted), or the pool's in-flight counts would only grow.
 FORGET = (
     "    log_by_lua_block { local m = package.loaded.gateway_metrics local k = m.request_key() "
-    "m.routed[k] = nil m.key_ids[k] = nil }\n"
+    "m.routed[k] = nil m.key_ids[k] = nil package.loaded.gateway_affinity.done() }\n"
 )
 
 
 def without_record(conf: str) -> str:
-    return sub(re.escape(RECORD), FORGET, conf)
+    return sub(re.escape(RECORD + AFFINITY_DONE + " }\n"), FORGET, conf)
 
 
 def without_filter(conf: str) -> str:
@@ -80,8 +92,9 @@ def without_filter(conf: str) -> str:
     return conf.replace(FILTER, "")
 
 
-def without_lua(conf: str) -> str:
-    """The key from a map, the chat pool's proxying in /v1/chat/completions itself, no filters, no log phase."""
+def without_lua(conf: str, up: int) -> str:
+    """The key from a map, the chat pool's proxying in /v1/chat/completions itself (least_conn to its
+    replica on `up`, no Lua balancer), no filters, no log phase."""
     if HEAD not in conf:
         raise SystemExit(
             "the generated gateway no longer has the error header filter: update bench/gateway_instructions.py"
@@ -101,7 +114,8 @@ def without_lua(conf: str) -> str:
         f'    map $http_authorization $llm_key_id {{\n        default "";\n        "Bearer {KEY}" default;\n    }}\n',
         conf,
     )
-    return sub(re.escape(RECORD), "", conf)  # no log phase at all: no Lua state to forget
+    conf = sub(AFFINITY_UPSTREAM, f"        least_conn;\n        server 127.0.0.1:{up};\n", conf)
+    return sub(re.escape(RECORD + AFFINITY_DONE + " }\n"), "", conf)  # no log phase at all: nothing to forget
 
 
 def wrk(url: str, seconds: int, script: Path) -> tuple[int, int]:
@@ -177,11 +191,13 @@ def main() -> None:
             'wrk.headers["Content-Type"] = "application/json"\n'
             f'wrk.headers["Authorization"] = "Bearer {KEY}"\n'
         )
-        up = free_port()
+        up, *more = free_ports(max(REPLICAS))
         (base / "replica").mkdir()
         reply = REPLY.replace("'", "")
         (base / "replica/nginx.conf").write_text(
-            simple_conf(base / "replica", up, f"default_type application/json; return 200 '{reply}';")
+            simple_conf(base / "replica", up, f"default_type application/json; return 200 '{reply}';").replace(
+                f"listen 127.0.0.1:{up};", " ".join(f"listen 127.0.0.1:{p};" for p in (up, *more))
+            )
         )
         replica = subprocess.Popen(
             [*nginx.argv, "-p", str(base / "replica"), "-c", str(base / "replica/nginx.conf"), "-g", "daemon off;"],
@@ -218,12 +234,24 @@ def main() -> None:
                     *instructions(nginx, budget, (budget / "nginx.conf").read_text(), script),
                 )
             )
+            for n in REPLICAS:
+                for policy in ("least_conn", "prefix"):
+                    root = base / f"{policy}-{n}"
+                    spec = bench_spec(False, policy)
+                    write_gateway(nginx, spec, root, {pool: [up] for pool in spec.pools} | {"chat": [up, *more][:n]})
+                    what = "prefix affinity" if policy == "prefix" else policy
+                    rows.append(
+                        (
+                            f"the chat pool on {n} replicas: {what}",
+                            *instructions(nginx, root, (root / "nginx.conf").read_text(), script),
+                        )
+                    )
             for name, variant in (
                 ("without the record (no usage line, no counters)", without_record),
                 ("without the usage filter", without_filter),
-                ("its nginx config without Lua (the floor of its nginx features)", without_lua),
+                ("its nginx config without Lua (the floor of its nginx features)", lambda c: without_lua(c, up)),
             ):
-                root = base / variant.__name__
+                root = base / name.split(" (")[0].replace(" ", "-")
                 shutil.copytree(deployed, root, ignore=shutil.ignore_patterns("callgrind.out*", "*.log", "cg.conf"))
                 rows.append((name, *instructions(nginx, root, variant(conf.replace(str(deployed), str(root))), script)))
         finally:
@@ -238,6 +266,13 @@ def main() -> None:
         print(f"{name:<68}{per / 1000:>13.1f}k{requests:>10}{bad:>9}")
     plain = rows[0][1]
     print(f"the gateway: {rows[1][1] / plain:.1f}x plain nginx's instructions per request")
+    per = {name: value for name, value, _, _ in rows}
+    for n in REPLICAS:
+        lc, pf = (
+            per[f"the chat pool on {n} replicas: least_conn"],
+            per[f"the chat pool on {n} replicas: prefix affinity"],
+        )
+        print(f"prefix affinity at {n} replicas: {(pf - lc) / 1000:+.1f}k instructions a request against least_conn")
 
 
 if __name__ == "__main__":

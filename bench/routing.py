@@ -135,8 +135,14 @@ class Workload:
             "stream_options": {"include_usage": True},
         }
 
+    def conversation(self, cid: int) -> Conversation:
+        """Conversation `cid` (a part of a workload keeps its conversations' ids)."""
+        if cid < len(self.conversations) and self.conversations[cid].cid == cid:
+            return self.conversations[cid]
+        return next(c for c in self.conversations if c.cid == cid)
+
     def messages(self, cid: int, turn: int) -> list[dict[str, str]]:
-        c = self.conversations[cid]
+        c = self.conversation(cid)
         out = [{"role": "system", "content": self.systems[c.system]}]
         for t in range(turn + 1):
             user, assistant = c.turns[t]
@@ -234,10 +240,15 @@ class Ring:
             i = (i + 1) % len(self.points)
         return out
 
-    def pick(self, h: int, load: Sequence[int], factor: float = 1.25, floor: int = 4) -> int:
-        """The replica gateway_affinity.lua's balance() picks for hash h with these in-flight counts (all healthy)."""
+    def pick(
+        self, h: int, load: Sequence[int], factor: float = 1.25, floor: int = 4, moved_to: int | None = None
+    ) -> int:
+        """The replica gateway_affinity.lua's balance() picks for hash h with these in-flight counts (all healthy);
+        `moved_to`: the replica an earlier turn of the key was moved to by the bound (tried first)."""
         bound = max(math.ceil(factor * (sum(load) + 1) / len(load)), floor)
         order = self.order(h)
+        if moved_to is not None:
+            order = [moved_to, *(o for o in order if o != moved_to)]
         return next((o for o in order if load[o] + 1 <= bound), order[0])
 
 
@@ -259,7 +270,7 @@ class Segments:
 def prompt_segments(w: Workload, cid: int, turn: int, tokens: dict[str, int], overhead: int = 0) -> Segments:
     """The runs of a request's prompt: its system prompt (shared by the conversations that use it), then each
     message of its own history; `tokens` gives each message's token count (template included)."""
-    c = w.conversations[cid]
+    c = w.conversation(cid)
     msgs = w.messages(cid, turn)
     runs: list[tuple[tuple[int, ...], int]] = [((0, c.system), tokens[msgs[0]["content"]])]
     for m, msg in enumerate(msgs[1:], start=1):
@@ -317,6 +328,7 @@ def simulate(
     floor: int = 4,
     warmup: float = 0.0,
     seed: int = SEED,
+    sticky: bool = True,
 ) -> SimResult:
     """Hit rate (hit tokens / prompt tokens, after the first `warmup` fraction of requests) and requests per
     replica of one policy, the clients taking turns of the open conversations as drive() does; a request's
@@ -337,9 +349,11 @@ def simulate(
     events: list[tuple[float, int, int, int]] = []  # (finish time, client, replica, conversation)
     now = 0.0
     dispatched = 0
+    moved_to: dict[int, int] = {}  # key -> the replica the bound moved it to (sticky)
+    moved = 0
 
     def dispatch(client: int) -> None:
-        nonlocal rr, hits, queries, dispatched
+        nonlocal rr, hits, queries, dispatched, moved
         got_req = sched.next()
         if got_req is None:
             return
@@ -352,7 +366,13 @@ def simulate(
             pick = next(i for i in [(rr + j) % replicas for j in range(replicas)] if in_flight[i] == least)
             rr = (pick + 1) % replicas
         elif policy == "prefix":
-            pick = ring.pick(s.key, in_flight, factor, floor)
+            first = moved_to.get(s.key) if sticky else None
+            pick = ring.pick(s.key, in_flight, factor, floor, first)
+            home = ring.order(s.key)[0] if first is None else first
+            if pick != home:
+                moved += 1
+                if sticky:
+                    moved_to[s.key] = pick
         else:  # oracle
             cands = set(range(replicas))
             for b in blocks[:limit]:
@@ -396,7 +416,7 @@ def simulate(
         # A conversation back in the queue may now serve a client that found it empty.
         while sched.ready and len(events) < clients:
             dispatch(next(k for k in range(clients) if k not in {e[1] for e in events}))
-    return SimResult(hits / max(queries, 1), per)
+    return SimResult(hits / max(queries, 1), per, moved)
 
 
 class Schedule:
@@ -430,7 +450,7 @@ class Schedule:
     def done(self, cid: int) -> None:
         """Turn answered: the conversation's next turn queued, or the next conversation opened."""
         self.turn[cid] += 1
-        if self.turn[cid] < len(self.w.conversations[cid].turns):
+        if self.turn[cid] < len(self.w.conversation(cid).turns):
             self.ready.append(cid)
         else:
             self._open()
@@ -510,11 +530,13 @@ def _http(port: int, method: str, path: str, body: Any = None, timeout: float = 
 def engine_counters(port: int) -> dict[str, float]:
     """A replica's prefix-cache queries and hits and its finished requests, from its own /metrics."""
     _, text = _http(port, "GET", "/metrics")
-    out = {"queries": 0.0, "hits": 0.0, "requests": 0.0}
+    out = {"queries": 0.0, "hits": 0.0, "requests": 0.0, "running": 0.0, "waiting": 0.0}
     names = {
         "vllm:prefix_cache_queries_total": "queries",
         "vllm:prefix_cache_hits_total": "hits",
         "vllm:request_success_total": "requests",
+        "vllm:num_requests_running": "running",
+        "vllm:num_requests_waiting": "waiting",
     }
     for line in text.decode().splitlines():
         if line.startswith("#"):
@@ -555,6 +577,7 @@ class Outcome:
     done: bool = False
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    started_at: float = 0.0
     finished_at: float = 0.0
     error: str = ""
 
@@ -564,7 +587,7 @@ def send(port: int, w: Workload, cid: int, turn: int) -> Outcome:
     out = Outcome(cid, turn)
     body = json.dumps(w.body(cid, turn)).encode()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    t0 = time.monotonic()
+    t0 = out.started_at = time.monotonic()
     try:
         conn.request(
             "POST",
@@ -659,7 +682,7 @@ class Gateway:
         )
         spec = load_stack_config(config, set())
         nginx = deployed_nginx()
-        self.root = root
+        self.root, self.spec, self.nginx = root, spec, nginx
         self.port, self.metrics_port = write_gateway(nginx, spec, root, {"chat": list(ports)})
         self.proc = subprocess.Popen(
             [*nginx.argv, "-p", str(root), "-c", str(root / "nginx.conf"), "-g", "daemon off;"],
@@ -697,6 +720,24 @@ class Gateway:
                 outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
                 out[outcome] = float(line.rsplit(" ", 1)[1])
         return out
+
+    def workers(self) -> set[int]:
+        """The master's worker processes."""
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+        return {int(c) for c in children}
+
+    def reload(self, ports: Sequence[int]) -> None:
+        """The config rewritten for these replicas and reloaded (SIGHUP): new workers route to them only, the
+        old ones finish the requests they hold and exit; returns once they have (the shared zones, in-flight
+        counts and moved conversations, carry over)."""
+        old = self.workers()
+        write_gateway(self.nginx, self.spec, self.root, {"chat": list(ports)}, (self.port, self.metrics_port))
+        self.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 600
+        while old & self.workers():
+            if time.monotonic() > deadline:
+                raise SystemExit(f"nginx's old workers {sorted(old & self.workers())} did not exit")
+            time.sleep(0.05)
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -764,7 +805,10 @@ def measure(policy: str, w: Workload, args: argparse.Namespace, work: Path, log:
         served = gw.served_by()
         routing = gw.routing()
         gw.stop()
-        kill = kill_run(w, args, servers, work, served, log) if policy == "prefix" and args.kill else None
+        kill = drain = None
+        if policy == "prefix" and args.kill:
+            kill = kill_run(w, args, servers, work)
+            drain = drain_run(w, args, [s for s in servers if s is not servers[0]], work)
     finally:
         stop_replicas(servers)
     delta = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
@@ -795,67 +839,119 @@ def measure(policy: str, w: Workload, args: argparse.Namespace, work: Path, log:
         "prompt_tokens": {(r.cid, r.turn): r.prompt_tokens for r in ok},
         "served": served,
         "kill": kill,
+        "drain": drain,
     }
 
 
-def kill_run(
-    w: Workload, args: argparse.Namespace, servers: list[Any], work: Path, homes_run: dict, log: Any
+def stop_run(
+    w: Workload,
+    args: argparse.Namespace,
+    servers: list[Any],
+    victim: Any,
+    gw: Gateway,
+    stop: Any,
 ) -> dict[str, Any]:
-    """The prefix workload again on the same replicas through a fresh gateway; replica 0 killed halfway."""
-    victim = servers[0]
+    """The workload `w` under prefix affinity through `gw` over `servers`; once half its requests are answered,
+    `stop(victim)` runs in a thread of its own (the clients go on). Counted: requests answered whole, cut
+    mid-stream, failed; and each conversation's replica turn by turn (the gateway's usage log)."""
     addr = f"127.0.0.1:{victim.port}"
-    gw = Gateway("prefix", [s.port for s in servers], work / "gw-kill")
-    w = Workload(w.systems, w.conversations[: len(w.conversations) // 2])
     half = w.requests() // 2
-    killed_at: list[float] = []
+    event: list[float] = []
+    threads: list[threading.Thread] = []
 
     def on_answer(n: int) -> None:
-        if n == half and not killed_at:
-            killed_at.append(time.monotonic())
-            os.killpg(victim.proc.pid, signal.SIGKILL)
+        if n == half and not event:
+            event.append(time.monotonic())
+            t = threading.Thread(target=stop, args=(victim,))
+            t.start()
+            threads.append(t)
 
     results, wall = drive(gw.port, w, args.clients, args.active, on_answer)
+    for t in threads:
+        t.join()
     served = gw.served_by()
     routing = gw.routing()
     gw.stop()
-    t_kill = killed_at[0] if killed_at else math.inf
-    whole = [r for r in results if r.status == 200 and r.done]
-    cut = [r for r in results if r.status == 200 and not r.done]
-    failed = [r for r in results if r.status != 200]
-    # The ring's choice for each conversation before the kill (its first replica) and after (the first one
-    # alive): consistent hashing moves only the conversations whose first replica was the killed one.
-    ring = Ring([f"127.0.0.1:{s.port}" for s in servers])
-    first, alive = {}, {}
-    for c in w.conversations:
-        order = [ring.addrs[o] for o in ring.order(zlib.crc32(affinity_key(w.body(c.cid, 0)) or b""))]
-        first[c.cid], alive[c.cid] = order[0], next(a for a in order if a != addr)
-    after = [r for r in whole if r.finished_at >= t_kill and (r.cid, r.turn) in served]
-    of_victim = [r for r in after if first[r.cid] == addr]
-    of_others = [r for r in after if first[r.cid] != addr]
-    # Each conversation's replica (most of its turns) on either side of the kill.
-    sides: dict[int, list[list[str]]] = defaultdict(lambda: [[], []])
-    for r in whole:
-        if (r.cid, r.turn) in served:
-            sides[r.cid][r.finished_at >= t_kill].append(served[(r.cid, r.turn)])
-    spanning = {c: [max(set(v), key=v.count) for v in two] for c, two in sides.items() if all(two)}
-    moved = {c for c, (b, a) in spanning.items() if b != a}
-    return {
+    out = {
         "requests": len(results),
-        "whole": len(whole),
-        "cut": len(cut),
-        "failed": len(failed),
-        "after": len(after),
-        "victim_requests": len(of_victim),
-        "victim_to_successor": sum(served[(r.cid, r.turn)] == alive[r.cid] for r in of_victim),
-        "other_requests": len(of_others),
-        "other_kept": sum(served[(r.cid, r.turn)] == first[r.cid] for r in of_others),
-        "spanning": len(spanning),
-        "spanning_victim": sum(first[c] == addr for c in spanning),
-        "moved_victim": sum(first[c] == addr for c in moved),
-        "moved_others": sum(first[c] != addr for c in moved),
+        "whole": sum(r.status == 200 and r.done for r in results),
+        "cut": sum(r.status == 200 and not r.done for r in results),
+        "failed": sum(r.status != 200 for r in results),
         "routing": routing,
         "wall_s": wall,
+        **turn_moves(results, served, event[0] if event else math.inf, addr),
     }
+    return out
+
+
+def turn_moves(
+    results: list[Outcome], served: dict[tuple[int, int], str], t_event: float, victim: str
+) -> dict[str, int]:
+    """Each turn against its conversation's previous turn: did it change replica? Counted for the turns sent
+    before the event, and after it for the conversations whose previous turn was on the victim and the others'."""
+    started = {(r.cid, r.turn): r.started_at for r in results}
+    out = dict.fromkeys(
+        ("before", "before_moved", "victim", "victim_moved", "victim_on_it", "others", "others_moved"), 0
+    )
+    successors: dict[int, set[str]] = defaultdict(set)
+    for (cid, turn), rep in sorted(served.items()):
+        prev = served.get((cid, turn - 1))
+        if prev is None or (cid, turn) not in started:
+            continue
+        if started[(cid, turn)] < t_event:
+            out["before"] += 1
+            out["before_moved"] += rep != prev
+        elif prev == victim:
+            out["victim"] += 1
+            out["victim_moved"] += rep != prev
+            out["victim_on_it"] += rep == victim
+            successors[cid].add(rep)
+        else:
+            out["others"] += 1
+            out["others_moved"] += rep != prev
+            if cid in successors:
+                successors[cid].add(rep)
+    # The victim's conversations after the event: on how many replicas each (one: its successor kept it).
+    out["victim_convs"] = len(successors)
+    out["victim_convs_one_replica"] = sum(len(v) == 1 for v in successors.values())
+    return out
+
+
+def kill_run(w: Workload, args: argparse.Namespace, servers: list[Any], work: Path) -> dict[str, Any]:
+    """The first half of the conversations again on the prefix run's replicas through a fresh gateway;
+    replica 0 SIGKILLed halfway: a crash (what it was streaming is cut: nginx cannot resend a begun answer)."""
+    gw = Gateway("prefix", [s.port for s in servers], work / "gw-kill")
+    half = Workload(w.systems, w.conversations[: len(w.conversations) // 2])
+    return stop_run(half, args, servers, servers[0], gw, lambda v: os.killpg(v.proc.pid, signal.SIGKILL))
+
+
+def drain_run(w: Workload, args: argparse.Namespace, servers: list[Any], work: Path) -> dict[str, Any]:
+    """The other half of the conversations on the replicas still up, replica 1 stopped the way a rolling
+    restart should: the gateway first (its config rewritten without the replica and reloaded: the new worker
+    never sends to it, the old one finishes what it started), then, once the old worker has exited and the
+    engine runs and queues nothing, SIGTERM to the replica (vLLM 0.19.1 aborts what it still runs on SIGTERM
+    unless --shutdown-timeout is set, and answers a request that arrives while it drains with an aborted
+    stream: the gateway must stop sending first)."""
+    ports = [s.port for s in servers]
+    gw = Gateway("prefix", ports, work / "gw-drain")
+    rest = Workload(w.systems, w.conversations[len(w.conversations) // 2 :])
+    timings: dict[str, float] = {}
+
+    def drain(victim: Any) -> None:
+        t0 = time.monotonic()
+        gw.reload([p for p in ports if p != victim.port])
+        timings["old_worker_s"] = time.monotonic() - t0
+        while True:
+            c = engine_counters(victim.port)
+            if c["running"] + c["waiting"] == 0:
+                break
+            time.sleep(0.1)
+        timings["idle_s"] = time.monotonic() - t0
+        victim.stop()
+        timings["stopped_s"] = time.monotonic() - t0
+
+    out = stop_run(rest, args, servers, servers[1], gw, drain)
+    return {**out, **timings}
 
 
 def inside(args: argparse.Namespace) -> None:
@@ -907,29 +1003,39 @@ def inside(args: argparse.Namespace) -> None:
         p: simulate(w, segs, args.replicas, args.blocks, CPU_BLOCK, p, args.clients, args.active)
         for p in ("least_conn", "prefix", "oracle")
     }
-    unbounded = simulate(
-        w, segs, args.replicas, args.blocks, CPU_BLOCK, "prefix", args.clients, args.active, floor=10**6
-    )
+    one = (w, segs, args.replicas, args.blocks, CPU_BLOCK, "prefix", args.clients, args.active)
+    unbounded = simulate(*one, floor=10**6)
+    unsticky = simulate(*one, sticky=False)
+    batch_floor = simulate(*one, floor=MAX_NUM_SEQS, sticky=False)
     log(
         f"simulated at the bench's scale ({args.replicas} replicas x {args.blocks} blocks of {CPU_BLOCK}): least_conn "
-        f"{sim['least_conn'].hit:.1%}, prefix {sim['prefix'].hit:.1%} (max/mean {sim['prefix'].spread:.2f}), "
-        f"oracle {sim['oracle'].hit:.1%} (the limit: longest cached prefix, load ignored; max/mean "
-        f"{sim['oracle'].spread:.2f}); prefix without the load bound {unbounded.hit:.1%} (max/mean "
-        f"{unbounded.spread:.2f})"
+        f"{sim['least_conn'].hit:.1%}, prefix {sim['prefix'].hit:.1%} (max/mean {sim['prefix'].spread:.2f}, "
+        f"{sim['prefix'].moved} turns moved), oracle {sim['oracle'].hit:.1%} (the limit: longest cached prefix, load "
+        f"ignored; max/mean {sim['oracle'].spread:.2f}); prefix without the load bound {unbounded.hit:.1%} (max/mean "
+        f"{unbounded.spread:.2f}); moved turns sent back (stickySeconds 0) {unsticky.hit:.1%} (max/mean "
+        f"{unsticky.spread:.2f}, {unsticky.moved} moved); the floor at max-num-seqs ({MAX_NUM_SEQS}) instead "
+        f"{batch_floor.hit:.1%} (max/mean {batch_floor.spread:.2f}, {batch_floor.moved} moved)"
     )
-    kill = runs["prefix"]["kill"]
-    if kill:
-        log(
-            f"kill run (prefix, the first {len(w.conversations) // 2} conversations, replica 0 SIGKILLed after "
-            f"{kill['requests'] // 2} answers): {kill['whole']}/{kill['requests']} answered whole, {kill['cut']} cut "
-            f"mid-stream (what the killed replica was streaming), {kill['failed']} failed; after the kill, the killed "
-            f"replica's conversations: {kill['victim_to_successor']}/{kill['victim_requests']} requests on their ring "
-            f"successor; the others': {kill['other_kept']}/{kill['other_requests']} on their own replica (the rest "
-            f"moved by the load bound); conversations spanning the kill {kill['spanning']}, their replica (most turns) "
-            f"changed: {kill['moved_victim']} of the killed replica's {kill['spanning_victim']}, {kill['moved_others']} "
-            f"of the others {kill['spanning'] - kill['spanning_victim']}; gateway "
-            f"{ {k: int(v) for k, v in kill['routing'].items()} }"
-        )
+    for name, what, r in (
+        ("kill run", "replica 0 SIGKILLed (a crash)", runs["prefix"]["kill"]),
+        ("drain run", "replica 1 stopped gateway first (a rolling restart)", runs["prefix"]["drain"]),
+    ):
+        if r:
+            log(
+                f"{name} (prefix, {'the first' if name == 'kill run' else 'the other'} {len(w.conversations) // 2} "
+                f"conversations, {what} after {r['requests'] // 2} answers): {r['whole']}/{r['requests']} answered "
+                f"whole, {r['cut']} cut mid-stream, {r['failed']} failed; turns that changed replica from their "
+                f"conversation's previous turn: before the stop {r['before_moved']}/{r['before']} (the load bound), "
+                f"after it {r['victim_moved']}/{r['victim']} of the stopped replica's conversations ({r['victim_on_it']} "
+                f"still sent to it; {r['victim_convs_one_replica']} of {r['victim_convs']} kept on one successor) and "
+                f"{r['others_moved']}/{r['others']} of the others'; gateway {dict((k, int(v)) for k, v in r['routing'].items())}"
+                + (
+                    f"; reload to the old worker's exit {r['old_worker_s']:.1f} s, engine idle at {r['idle_s']:.1f} s, "
+                    f"stopped at {r['stopped_s']:.1f} s"
+                    if "old_worker_s" in r
+                    else ""
+                )
+            )
     log(f"logs (each replica's output, the gateways' configs and usage files): {work}")
     if not args.no_cluster:
         for line in cluster_table({"systems": len(w.systems)}, args.cluster):

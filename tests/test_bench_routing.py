@@ -68,3 +68,58 @@ def test_the_simulation_keeps_a_conversation_on_its_replica_and_counts_its_histo
     # One replica: every policy is the same.
     one = {p: routing.simulate(w, segs, 1, 10**6, 128, p, 4, 8).hit for p in ("least_conn", "prefix", "oracle")}
     assert len(set(one.values())) == 1
+
+
+def test_a_moved_key_is_tried_first_on_the_replica_it_moved_to() -> None:
+    ring = routing.Ring([f"127.0.0.1:{8000 + i}" for i in range(4)])
+    h = zlib.crc32(b"some key")
+    order = ring.order(h)
+    assert ring.pick(h, [0, 0, 0, 0], moved_to=order[2]) == order[2]
+    # The replica it moved to at the floor: the ring's own order after it, from the start.
+    load = [0, 0, 0, 0]
+    load[order[2]] = 4
+    assert ring.pick(h, load, moved_to=order[2]) == order[0]
+
+
+def test_the_simulation_counts_the_turns_the_bound_moves_and_stickiness_keeps_them_where_they_went() -> None:
+    w = routing.workload(conversations=24, systems=4)
+    tokens = routing.estimated_tokens(w)
+    segs = {
+        (c.cid, t): routing.prompt_segments(w, c.cid, t, tokens, 3)
+        for c in w.conversations
+        for t in range(len(c.turns))
+    }
+    # Without a floor (1) eight clients on four replicas keep moving turns; sent back, a conversation moves
+    # again each time its replica is full, while a sticky one stays where it went.
+    back = routing.simulate(w, segs, 4, 10**6, 128, "prefix", 8, 16, floor=1, sticky=False)
+    kept = routing.simulate(w, segs, 4, 10**6, 128, "prefix", 8, 16, floor=1, sticky=True)
+    assert back.moved > 0 and kept.moved > 0
+    assert kept.hit > back.hit
+    # No bound at all: nothing moves.
+    assert routing.simulate(w, segs, 4, 10**6, 128, "prefix", 8, 16, floor=10**6).moved == 0
+
+
+def test_turn_moves_classifies_each_turn_against_its_conversations_previous_turn() -> None:
+    def outcome(cid: int, turn: int, at: float) -> routing.Outcome:
+        return routing.Outcome(cid, turn, status=200, done=True, started_at=at)
+
+    a, b, c = "127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"
+    served = {
+        (0, 0): a, (0, 1): a, (0, 2): b, (0, 3): b,  # on the victim a until the event, then on b
+        (1, 0): b, (1, 1): c, (1, 2): c, (1, 3): b,  # moved before the event (load), and after it
+        (2, 0): c, (2, 1): c, (2, 2): c,
+    }  # fmt: skip
+    results = [outcome(cid, t, 10.0 if t >= 2 else 1.0) for cid, t in served]
+    out = routing.turn_moves(results, served, 5.0, a)
+    assert out["before"] == 3 and out["before_moved"] == 1  # (1, 1)
+    assert out["victim"] == 1 and out["victim_moved"] == 1 and out["victim_on_it"] == 0  # (0, 2)
+    assert out["others"] == 4 and out["others_moved"] == 1  # (0, 3) stayed on b; (1, 3) moved
+    assert out["victim_convs"] == 1 and out["victim_convs_one_replica"] == 1
+
+
+def test_a_part_of_the_workload_keeps_its_conversations_ids() -> None:
+    w = routing.workload(conversations=6)
+    rest = routing.Workload(w.systems, w.conversations[3:])
+    assert rest.body(4, 1) == w.body(4, 1)
+    sched = routing.Schedule(rest, 2)
+    assert sched.next() == (3, 0) and sched.next() == (4, 0)
