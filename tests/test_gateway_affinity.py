@@ -187,6 +187,7 @@ def test_a_replica_under_its_floor_keeps_its_conversations(
     gw, keys, replicas = pool
     body = chat(9, 1)
     home = served(gw, keys["default"], body)
+    settled(gw)
     # minInFlight 4: four held requests stay home; the fifth, above max(ceil(1.25 x 5 / 4), 4), moves on.
     holders, release = hold(gw, keys["default"], replicas, body, [f"floor-{n}" for n in range(5)])
     try:
@@ -201,6 +202,7 @@ def test_the_load_bound_sends_the_overflow_to_the_next_replica_on_the_ring(
     gw, keys, replicas = strict
     body = chat(7, 1)
     home = served(gw, keys["default"], body)
+    settled(gw)  # its log phase has given its slot back: the first held request is alone
     home_replica = next(r for r in replicas if r.name == home)
     # Hold requests of this conversation on its replica: with 1.25 x (in flight + 1) / 4 as the bound, the
     # second one in flight already exceeds it (ceil(1.25 x 2 / 4) = 1), so it goes to the ring's next.
@@ -235,6 +237,7 @@ def test_a_moved_conversation_goes_back_to_its_ring_replica_once_sticky_seconds_
     gw, keys, replicas = unsticky
     body = chat(8, 1)
     home = served(gw, keys["default"], body)
+    settled(gw)
     holders, release = hold(gw, keys["default"], replicas, body, ["one", "two"])
     try:
         assert holders[0] == home != holders[1], holders
@@ -253,6 +256,7 @@ def test_without_sticky_seconds_a_released_conversation_is_back_on_its_ring_repl
     with own_gateway(spec, replicas, tmp_path) as (gw, keys):
         body = chat(7, 1)
         home = served(gw, keys["default"], body)
+        settled(gw)
         holders, release = hold(gw, keys["default"], chat_replicas, body, ["a", "b"])
         try:
             assert holders[0] == home != holders[1], holders

@@ -68,7 +68,7 @@ def handler_of(endpoint: str, pin: str | None = None) -> str:
 # The reference chat pool's replicas, given to gateway_affinity.lua with the routing settings' defaults.
 AFFINITY_INIT = (
     'require("gateway_affinity").init({factor = 1.25, floor = 4, sticky = 600, chars = 2048, max_fails = 2, '
-    'fail_timeout = 30, '
+    "fail_timeout = 30, "
     'tries = 3, header = "X-Session-Id", upstreams = {llm_pool_chat = {"chat", {"192.168.10.13:8000", '
     '"192.168.10.14:8000", "192.168.10.15:8000", "192.168.10.16:8000"}}}})'
 )

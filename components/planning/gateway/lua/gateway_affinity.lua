@@ -32,12 +32,15 @@ local sub, byte = string.sub, string.byte
 local type = type
 
 local VNODES = 160  -- points per replica on the ring: the spread of keys within a few percent
-local dict  -- lua_shared_dict llm_affinity: "i<addr>" in flight, "f<addr>" recent failures, "e<addr>" ejected
+-- lua_shared_dict llm_affinity: "i<addr>" in flight, "f<addr>" recent failures, "e<addr>" ejected; per upstream
+-- "t<upstream>" its in flight, "E<upstream>" present while one of its replicas may be ejected
+local dict
 local moves  -- lua_shared_dict llm_affinity_moves: "<upstream>#<key hash>" -> the address it moved to
 -- upstream -> {points = sorted hashes, owner = replica index of each point, addrs, index = addr -> replica,
 -- hosts, ports, label}
 local rings = {}
 local cfg
+local header_var
 local use
 local start_at
 
@@ -70,10 +73,12 @@ end
 function M.init(settings)
     cfg = settings
     for name, up in pairs(settings.upstreams) do
-        local r = {label = up[1], addrs = up[2], index = {}, hosts = {}, ports = {}, order_all = {}}
+        local r = {label = up[1], addrs = up[2], index = {}, hosts = {}, ports = {}, order_all = {},
+                   ikeys = {}, fkeys = {}, ekeys = {}, total_key = "t" .. name, any_key = "E" .. name}
         for i, addr in ipairs(up[2]) do
             r.order_all[i] = i
             r.index[addr] = i
+            r.ikeys[i], r.fkeys[i], r.ekeys[i] = "i" .. addr, "f" .. addr, "e" .. addr
             local colon = addr:find(":[^:]*$")
             r.hosts[i], r.ports[i] = sub(addr, 1, colon - 1), tonumber(sub(addr, colon + 1))
         end
@@ -82,6 +87,8 @@ function M.init(settings)
     end
     dict = ngx.shared.llm_affinity
     moves = ngx.shared.llm_affinity_moves
+    -- nginx's variable of the header (its first value): no table of every header built per request.
+    header_var = "http_" .. settings.header:lower():gsub("-", "_")
 end
 
 -- The text of a chat message's content: a string, or the text parts of an array.
@@ -141,10 +148,7 @@ end
 
 -- content phase: $llm_affinity := the hash of the request's affinity key ("" leaves it to the ring's spread).
 function M.key(raw)
-    local session = ngx.req.get_headers()[cfg.header]
-    if type(session) == "table" then
-        session = session[1]
-    end
+    local session = var[header_var]
     local key
     if session and session ~= "" then
         key = "s\0" .. session
@@ -173,15 +177,18 @@ start_at = function(points, h)
     return lo
 end
 
-local function ejected(addr)
-    return dict:get("e" .. addr) ~= nil
+-- Replica k of ring r ejected? (Only looked up while one of the pool's replicas may be: r.any_key set.)
+local function ejected(r, k)
+    return dict:get(r.ekeys[k]) ~= nil
 end
 
-local function failed(addr)
-    local n = dict:incr("f" .. addr, 1, 0, cfg.fail_timeout)
+local function failed(r, k)
+    local n = dict:incr(r.fkeys[k], 1, 0, cfg.fail_timeout)
     if n and n >= cfg.max_fails and cfg.max_fails > 0 then
-        dict:set("e" .. addr, true, cfg.fail_timeout)
-        dict:delete("f" .. addr)
+        dict:set(r.ekeys[k], true, cfg.fail_timeout)
+        -- Lives as long as the pool's latest ejection: while it is absent no replica is ejected.
+        dict:set(r.any_key, true, cfg.fail_timeout)
+        dict:delete(r.fkeys[k])
     end
 end
 
@@ -195,11 +202,18 @@ local function first_untried(order, tried)
     return nil
 end
 
+-- Replica k's slot given back (its in flight and the pool's).
+local function release(r, k)
+    dict:incr(r.ikeys[k], -1, 0)
+    dict:incr(r.total_key, -1, 0)
+end
+
 -- The attempt goes to replica `pick`: one more in flight there until done() or the next attempt.
 use = function(r, ctx, tried, pick)
     tried[pick] = true
     ctx.aff_peer = pick
-    dict:incr("i" .. r.addrs[pick], 1, 0)
+    dict:incr(r.ikeys[pick], 1, 0)
+    dict:incr(r.total_key, 1, 0)
     local ok, err = balancer.set_current_peer(r.hosts[pick], r.ports[pick])
     if not ok then
         ngx.log(ngx.ERR, "gateway_affinity: ", err)
@@ -214,8 +228,8 @@ function M.balance(name)
     if tried then
         -- A retry: the replica before failed this request (error, timeout or a failure status).
         local last = ctx.aff_peer
-        failed(r.addrs[last])
-        dict:incr("i" .. r.addrs[last], -1, 0)
+        failed(r, last)
+        release(r, last)
         ctx.aff_peer = nil
         ctx.aff_failed = true
     else
@@ -225,64 +239,71 @@ function M.balance(name)
         balancer.set_more_tries(cfg.tries - 1)
     end
     local n = #r.addrs
-    local healthy, total = 0, 0
-    local load = {}
-    for k = 1, n do
-        local addr = r.addrs[k]
-        load[k] = dict:get("i" .. addr) or 0
-        total = total + load[k]
-        if not ejected(addr) then
-            healthy = healthy + 1
+    -- The pool's in flight and healthy replicas from two shared entries; each replica's own entries are read
+    -- only as the walk reaches it (the cost stays flat from 4 replicas to 64).
+    local any_ejected = dict:get(r.any_key) ~= nil
+    local healthy = n
+    if any_ejected then
+        for k = 1, n do
+            if ejected(r, k) then
+                healthy = healthy - 1
+            end
         end
     end
     local h = tonumber(var.llm_affinity)
     if not h then
         -- No key (no session, no prompt to hash): the least busy replica, ties taken in turn.
         local from = dict:incr("r" .. name, 1, 0) % n
-        local pick
+        local pick, least
         for j = 0, n - 1 do
             local o = (from + j) % n + 1
-            if not tried[o] and not ejected(r.addrs[o]) and (not pick or load[o] < load[pick]) then
-                pick = o
+            if not tried[o] and not (any_ejected and ejected(r, o)) then
+                local load = dict:get(r.ikeys[o]) or 0
+                if not pick or load < least then
+                    pick, least = o, load
+                end
             end
         end
         pick = pick or first_untried(r.order_all, tried) or 1
         ctx.aff_outcome = ctx.aff_outcome or "unkeyed"
         return use(r, ctx, tried, pick)
     end
-    local points, owner = r.points, r.owner
-    -- The replicas in ring order from the key's point, each once; a key that moved: its new replica first.
-    local order, seen = {}, {}
-    local mkey = cfg.sticky > 0 and (name .. "#" .. h)
-    local moved = mkey and r.index[moves:get(mkey) or ""]
-    if moved then
-        seen[moved] = true
-        order[1] = moved
-    end
-    local i = start_at(points, h)
-    local own = owner[i]
-    while #order < n do
-        local o = owner[i]
-        if not seen[o] then
-            seen[o] = true
-            order[#order + 1] = o
-        end
-        i = i == #points and 1 or i + 1
-    end
-    local bound = ceil(cfg.factor * (total + 1) / (healthy > 0 and healthy or n))
+    local bound = ceil(cfg.factor * ((dict:get(r.total_key) or 0) + 1) / (healthy > 0 and healthy or n))
     if bound < cfg.floor then
         bound = cfg.floor
     end
+    local points, owner = r.points, r.owner
+    local np = #points
+    -- The replicas in ring order from the key's point, each once (a key that moved: its new replica first),
+    -- until one is untried, healthy and within the bound.
+    local mkey = cfg.sticky > 0 and (name .. "#" .. h)
+    local moved = mkey and r.index[moves:get(mkey) or ""]
+    local i = start_at(points, h)
+    local own = owner[i]
+    local o = moved or own
+    if not moved then
+        i = i == np and 1 or i + 1
+    end
+    local order, seen = {}, {}
     local pick, first_healthy, spill
-    for _, o in ipairs(order) do
-        if not tried[o] and not ejected(r.addrs[o]) then
-            first_healthy = first_healthy or o
-            if load[o] + 1 <= bound then
-                pick = o
+    while true do
+        if not seen[o] then
+            seen[o] = true
+            order[#order + 1] = o
+            if not tried[o] and not (any_ejected and ejected(r, o)) then
+                first_healthy = first_healthy or o
+                if (dict:get(r.ikeys[o]) or 0) + 1 <= bound then
+                    pick = o
+                    break
+                end
+                spill = true
+            end
+            if #order == n then
                 break
             end
-            spill = true
         end
+        o = owner[i]
+        i = i == np and 1 or i + 1
     end
     if not pick then
         -- Every replica tried, ejected or above the bound: the first untried one all the same (nginx, too,
@@ -291,7 +312,7 @@ function M.balance(name)
         spill = false
     end
     if ctx.aff_outcome == nil then
-        if order[1] ~= pick and (ejected(r.addrs[order[1]]) or tried[order[1]]) then
+        if order[1] ~= pick and (tried[order[1]] or (any_ejected and ejected(r, order[1]))) then
             ctx.aff_outcome = "failure"
         elseif spill then
             ctx.aff_outcome = "load"
@@ -322,13 +343,12 @@ function M.done(count)
     end
     local peer = ctx.aff_peer
     if peer then
-        local addr = r.addrs[peer]
-        dict:incr("i" .. addr, -1, 0)
+        release(r, peer)
         local status = var.upstream_status
         -- The last attempt's status ("502", or "502, 200" after a retry: only the last counts here).
         local last = status and status:match("(%d%d%d)$")
         if not last or byte(last, 1) == 53 then
-            failed(addr)
+            failed(r, peer)
         end
     end
     local outcome = ctx.aff_failed and "failure" or ctx.aff_outcome or "kept"
