@@ -3,8 +3,9 @@
 Unlike req/s on a shared 2-core machine, the user-space instructions nginx's worker executes for one
 request do not depend on the load. Each target is the bench's request (bench/gateway.py: a small chat
 completion with the bench key, a fake replica answering with `usage`) against one nginx process
-(`master_process off`) under callgrind: 3 s of warm-up, then instrumentation on for 4 s of wrk at 4
-connections; the figure is the worker's instructions over the requests wrk completed. Targets:
+(`master_process off`) under callgrind: warm-up (3-s runs of wrk until 2,000 requests: LuaJIT's traces
+compiled, whatever the machine's load), then instrumentation on for 4 s of wrk at 4 connections; the
+figure is the worker's instructions over the requests wrk completed. Targets:
 
 - plain nginx `proxy_pass` (keepalive), the floor of any nginx gateway;
 - the gateway as deployed (the reference stack's generated config), and with a token budget on the key;
@@ -41,14 +42,18 @@ from bench.gateway import (
     simple_conf,
     write_gateway,
 )
+from bench.routing import workload as routing_workload
 from plan.cli import run as run_cli
 from tests.support import free_port, free_ports
 from tests.support.deployed_nginx import DeployedNginx, deployed_nginx
 
 ROOT = Path(__file__).resolve().parent.parent
 
-WARMUP_SECONDS = 3  # LuaJIT compiles its traces in the first requests
+WARMUP_SECONDS = 3  # LuaJIT compiles its traces in the first requests: warm-up runs of this length ...
+WARMUP_REQUESTS = 2000  # ... until this many requests (under valgrind on a loaded machine 3 s may serve 30)
 MEASURE_SECONDS = 4
+CHAT = routing_workload(conversations=1)  # bench/routing.py's workload: a turn of a real-sized conversation
+CHAT_TURN = 5
 REPLICAS = (4, 64)  # the chat pool's replicas in the routing rows: the reference pool, and a large one
 # The log phase: the record, then (an affinity pool in the stack) the affinity slot given back and counted.
 RECORD = "    log_by_lua_block { package.loaded.gateway_metrics.record()"
@@ -118,6 +123,16 @@ def without_lua(conf: str, up: int) -> str:
     return sub(re.escape(RECORD + AFFINITY_DONE + " }\n"), "", conf)  # no log phase at all: nothing to forget
 
 
+def post_script(path: Path, body: str) -> Path:
+    """wrk's script: POST this body with the bench key."""
+    path.write_text(
+        f'wrk.method = "POST"\nwrk.body = {json.dumps(body)}\n'
+        'wrk.headers["Content-Type"] = "application/json"\n'
+        f'wrk.headers["Authorization"] = "Bearer {KEY}"\n'
+    )
+    return path
+
+
 def wrk(url: str, seconds: int, script: Path) -> tuple[int, int]:
     out = subprocess.run(
         ["wrk", "-t1", "-c4", f"-d{seconds}s", "-s", str(script), url], capture_output=True, text=True, check=True
@@ -159,7 +174,11 @@ def instructions(nginx: DeployedNginx, root: Path, conf: str, script: Path) -> t
                 break
             except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
                 time.sleep(0.2)
-        wrk(url, WARMUP_SECONDS, script)
+        warmed = 0
+        for _ in range(20):
+            warmed += wrk(url, WARMUP_SECONDS, script)[0]
+            if warmed >= WARMUP_REQUESTS:
+                break
         subprocess.run(["callgrind_control", "-i", "on", str(proc.pid)], capture_output=True, check=True)
         requests, bad = wrk(url, MEASURE_SECONDS, script)
         subprocess.run(["callgrind_control", "-d", str(proc.pid)], capture_output=True, check=True)
@@ -185,12 +204,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-gateway-instructions-") as tmp:
         base = Path(tmp)
         base.chmod(0o755)
-        script = base / "post.lua"
-        script.write_text(
-            f'wrk.method = "POST"\nwrk.body = {json.dumps(BODY)}\n'
-            'wrk.headers["Content-Type"] = "application/json"\n'
-            f'wrk.headers["Authorization"] = "Bearer {KEY}"\n'
-        )
+        script = post_script(base / "post.lua", BODY)
+        chat = json.dumps({**CHAT.body(0, CHAT_TURN), "stream": False})
+        chat_script = post_script(base / "chat.lua", chat)
         up, *more = free_ports(max(REPLICAS))
         (base / "replica").mkdir()
         reply = REPLY.replace("'", "")
@@ -234,16 +250,19 @@ def main() -> None:
                     *instructions(nginx, budget, (budget / "nginx.conf").read_text(), script),
                 )
             )
-            for n in REPLICAS:
+            for n, body, size in (
+                *((n, script, "") for n in REPLICAS),
+                (REPLICAS[0], chat_script, f", a {CHAT_TURN + 1}-turn chat of {len(chat) / 1024:.1f} KiB"),
+            ):
                 for policy in ("least_conn", "prefix"):
-                    root = base / f"{policy}-{n}"
+                    root = base / f"{policy}-{n}{'-chat' if size else ''}"
                     spec = bench_spec(False, policy)
                     write_gateway(nginx, spec, root, {pool: [up] for pool in spec.pools} | {"chat": [up, *more][:n]})
                     what = "prefix affinity" if policy == "prefix" else policy
                     rows.append(
                         (
-                            f"the chat pool on {n} replicas: {what}",
-                            *instructions(nginx, root, (root / "nginx.conf").read_text(), script),
+                            f"the chat pool on {n} replicas{size}: {what}",
+                            *instructions(nginx, root, (root / "nginx.conf").read_text(), body),
                         )
                     )
             for name, variant in (
@@ -259,20 +278,19 @@ def main() -> None:
             replica.wait(10)
     print(
         f"gateway instructions per request: {label(nginx)}; valgrind callgrind, one nginx process, "
-        f"{MEASURE_SECONDS}s of wrk at 4 connections after {WARMUP_SECONDS}s of warm-up"
+        f"{MEASURE_SECONDS}s of wrk at 4 connections after {WARMUP_REQUESTS:,} requests of warm-up"
     )
     print(f"{'target':<68}{'instructions':>14}{'requests':>10}{'non-2xx':>9}")
     for name, per, requests, bad in rows:
         print(f"{name:<68}{per / 1000:>13.1f}k{requests:>10}{bad:>9}")
     plain = rows[0][1]
     print(f"the gateway: {rows[1][1] / plain:.1f}x plain nginx's instructions per request")
-    per = {name: value for name, value, _, _ in rows}
-    for n in REPLICAS:
-        lc, pf = (
-            per[f"the chat pool on {n} replicas: least_conn"],
-            per[f"the chat pool on {n} replicas: prefix affinity"],
-        )
-        print(f"prefix affinity at {n} replicas: {(pf - lc) / 1000:+.1f}k instructions a request against least_conn")
+    for lc, pf in zip(rows, rows[1:], strict=False):
+        if lc[0].endswith(": least_conn") and pf[0] == lc[0].replace(": least_conn", ": prefix affinity"):
+            print(
+                f"prefix affinity, {lc[0].removeprefix('the ').removesuffix(': least_conn')}: "
+                f"{(pf[1] - lc[1]) / 1000:+.1f}k instructions a request against least_conn"
+            )
 
 
 if __name__ == "__main__":

@@ -43,16 +43,25 @@ TTFT p50, and the prefix run's max/mean requests per replica).
   counted by a replica's /tokenize in its ChatML frame, the template's remaining tokens calibrated on the
   engines' usage (the error is printed). Policies: least_conn (fewest in flight, ties in turn), prefix (the
   same key, ring and bound as gateway_affinity.lua: 160 points per replica at crc32(`addr#i`), the key's
-  crc32, the first replica within max(ceil(1.25 x (in flight + 1) / n), 4)) and the oracle (the replica
+  crc32, the first replica within max(ceil(1.25 x (in flight + 1) / n), 4), a key the bound moved tried
+  first where it went: stickySeconds, which outlasts the run) and the oracle (the replica
   holding the request's longest cached prefix, load ignored; ties to the one with the fewest requests so
   far). At the bench's scale it stands beside the measured rates; at the reference cluster's scale it uses
   the KV-token capacity the capacity planner computes for Pulumi.prod.yaml's chat pool on V100 (plan.json's
   `capacity`), 4-64 replicas, the same workload shape with the pool's maxNumSeqs clients per replica.
 - **The kill run** (after the prefix run, same replicas, a fresh gateway): the first half of the
-  conversations again under prefix affinity, one replica killed (SIGKILL to its process group) once half the requests are answered; counted: requests
-  answered whole, cut mid-stream (a crash cuts what it was streaming: nginx cannot retry a response already
-  begun), failed; and per conversation its replica before and after the kill (the gateway's usage log):
-  those of the killed replica move, the others should not.
+  conversations again under prefix affinity, replica 0 killed (SIGKILL to its process group: a crash) once
+  half its requests are answered; counted: requests answered whole, cut mid-stream (a crash cuts what it was
+  streaming: nginx cannot retry a response already begun), failed; and each turn against its conversation's
+  previous turn (the gateway's usage log): before the kill, the killed replica's conversations after it (all
+  must move, each to one successor), the others' (moved only by the load bound).
+- **The drain run** (the other half of the conversations, on the three replicas left, a fresh gateway):
+  replica 1 stopped the way a rolling restart should stop it, gateway first: the gateway's config rewritten
+  without it and reloaded (nginx's new worker never sends to it; the old one finishes the streams it holds,
+  then exits), then, the engine idle, SIGTERM. vLLM 0.19.1 on SIGTERM (entrypoints/launcher.py, v1/engine/
+  core.py `_handle_shutdown`): `--shutdown-timeout` 0, its default, aborts every request in flight; above 0
+  it drains them, but a request that arrives meanwhile is aborted (`_reject_add_in_shutdown`) inside a 200
+  stream the gateway cannot retry: the gateway must stop sending first. Counted as the kill run.
 """
 
 from __future__ import annotations
@@ -808,7 +817,10 @@ def measure(policy: str, w: Workload, args: argparse.Namespace, work: Path, log:
         kill = drain = None
         if policy == "prefix" and args.kill:
             kill = kill_run(w, args, servers, work)
-            drain = drain_run(w, args, [s for s in servers if s is not servers[0]], work)
+            try:
+                drain = drain_run(w, args, [s for s in servers if s is not servers[0]], work)
+            except Exception as e:  # the figures above stand without it
+                log(f"drain run failed: {type(e).__name__}: {e}")
     finally:
         stop_replicas(servers)
     delta = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
