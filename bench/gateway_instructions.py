@@ -12,7 +12,9 @@ figure is the worker's instructions over the requests wrk completed. Targets:
 - the routing decision within a pool (issue 34): the chat pool over 4 and over 64 replicas (one fake replica
   nginx listening on that many ports), routed by least_conn and by prefix affinity (gateway_affinity.lua:
   the body's key hashed, the ring walked, the bound checked, the shared in-flight counts kept), side by side
-  in one run; every request carries the same conversation, so affinity keeps it on one replica;
+  in one run; every request carries the same conversation, so affinity keeps it on one replica; and at 4
+  replicas with a real-sized body (a 6-turn chat of bench/routing.py's workload, 11.8 KiB), whose key the
+  decision decodes;
 - what its parts cost, derived from the generated config (each substitution is checked): without the
   log phase's record (no usage line, no counters: the handler only forgets the request's entries);
   without the usage filter; its nginx config without Lua
