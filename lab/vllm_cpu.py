@@ -17,7 +17,7 @@ that has only loopback.
   SIGTERM to its process group. `request()` talks HTTP to a server inside the namespace from this process
   (a socket opened by a thread that joined the namespace).
 - `LinkedHosts`, `serve_across()`: two such namespaces joined by a link named bond0, and the reasoning pool's
-  first instance across them on vLLM's own multi-node launcher (`native_launcher_argv`).
+  first instance across them on vLLM's own multi-node launcher (the plan's `node_argv` of each node).
 
 The argv is the plan's own (`VllmEngine.serve_argv` of Pulumi.prod.yaml's chat pool) with the values
 that name the reference cluster rewritten (model path, address, port, TP size) and the CPU's differences
@@ -70,6 +70,8 @@ CLONE_NEWNET = 0x40000000
 
 # The reference stack whose pools' planned launches the servers here reproduce (chat by default).
 STACK, POOL = REPO / "Pulumi.prod.yaml", "chat"
+# The reference reasoning pool on vLLM's own multi-node launcher (pools.reasoning.vllm.multiNode: native).
+NATIVE_STACK = REPO / "Pulumi.vllm-native-multinode.yaml"
 
 # Every way a server here differs from what the plan writes, with why; nothing else is changed.
 CPU_DIFFERENCES: Mapping[str, str] = {
@@ -290,12 +292,17 @@ def _offline_env() -> dict[str, str]:
     }
 
 
-def _reference():  # type: ignore[no-untyped-def]
+def _reference(path: Path = STACK, name: str = "prod"):  # type: ignore[no-untyped-def]
     from components.planning.load import load_stack_config
     from plan.stackfile import load_stack_file
 
-    stack = load_stack_file(STACK, "prod")
+    stack = load_stack_file(path, name)
     return load_stack_config(stack.config, stack.secret_keys)
+
+
+def native_reference():  # type: ignore[no-untyped-def]
+    """The example stack whose reasoning pool runs on vLLM's own launcher (the reference pool otherwise)."""
+    return _reference(NATIVE_STACK, NATIVE_STACK.stem.removeprefix("Pulumi."))
 
 
 def planned_launch(pool: str = POOL) -> tuple[list[str], dict[str, str], str]:
@@ -643,7 +650,6 @@ MULTI_POOL = "reasoning"  # the reference pool whose TP x PP spans two nodes
 # The hosts' link: a veth pair named as the plan's interface (bond0, so the plan's GLOO/NCCL interface
 # variables stay as written) in 198.18.0.0/15 (reserved for benchmarks), each end in its own namespace.
 LINK, LINK_NET = "bond0", "198.18.33"
-MASTER_PORT = 29501  # vLLM 0.19.1's --master-port default
 
 MULTI_NODE_DIFFERENCES: Mapping[str, str] = {
     "model path": "the tiny DeepSeek-V3-shaped model made here",
@@ -658,24 +664,6 @@ MULTI_NODE_DIFFERENCES: Mapping[str, str] = {
 }
 
 
-def native_launcher_argv(spec, instance, node: str, master_port: int = MASTER_PORT) -> list[str]:  # type: ignore[no-untyped-def]
-    """`vllm serve` on `node` of a multi-node `instance` started by vLLM's own launcher instead of Ray: the
-    plan's argv with the mp executor and --nnodes/--node-rank/--master-addr/--master-port, --headless on
-    every node but the head. Pure; the lab's stand-in for the product's per-node argv until the pool-level
-    multi-node choice exists in the plan (then the lab takes the plan's own)."""
-    from components.engines.registry import engine_for
-
-    argv = engine_for(spec.pools[instance.pool]).serve_argv(spec, instance)
-    _set(argv, "--distributed-executor-backend", "mp")
-    _set(argv, "--nnodes", str(len(instance.nodes)))
-    _set(argv, "--node-rank", str(instance.nodes.index(node)))
-    _set(argv, "--master-addr", spec.nodes[instance.head].address)
-    _set(argv, "--master-port", str(master_port))
-    if node != instance.head:
-        argv.append("--headless")
-    return argv
-
-
 def multinode_launch(
     model_dir: Path,
     node_rank: int,
@@ -686,14 +674,15 @@ def multinode_launch(
     kv_cache_gib: int = 1,
 ) -> tuple[str, list[str], dict[str, str]]:
     """(node, argv, env) of the reasoning pool's first instance on its `node_rank`th node, from
-    native_launcher_argv with exactly MULTI_NODE_DIFFERENCES applied."""
+    the plan's own per-node argv (the engine's node_argv, rank 0 serving, the others --headless) with exactly
+    MULTI_NODE_DIFFERENCES applied."""
     from components.engines.registry import engine_for
     from components.spec.topology import instances
 
-    spec = _reference()
+    spec = native_reference()
     inst = instances(spec, MULTI_POOL)[0]
     node = inst.nodes[node_rank]
-    argv = native_launcher_argv(spec, inst, node)
+    argv = engine_for(spec.pools[MULTI_POOL]).node_argv(spec, inst, node)
     env = engine_for(spec.pools[MULTI_POOL]).serve_env(spec, inst, node)
     path = spec.models[spec.pools[MULTI_POOL].model].path
     lab_address = {spec.nodes[n].address: f"{LINK_NET}.{11 + i}" for i, n in enumerate(inst.nodes)}
