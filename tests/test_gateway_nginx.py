@@ -720,6 +720,109 @@ def test_usage_counts_are_read_from_a_pretty_printed_answer(gw: NginxGateway, ke
     assert (line["prompt_tokens"], line["completion_tokens"], line["total_tokens"], line["events"]) == (11, 7, 18, 0)
 
 
+# Every usage shape the engines' OpenAI servers send, through the gateway's accounting (its usage line).
+# Counts 9 prompt + 5 completion = 14. vLLM writes prompt, total, completion, then prompt_tokens_details
+# (null, or an object with enable_prompt_tokens_details); LMDeploy the same three without details;
+# llama.cpp (nlohmann::json, keys sorted) completion, prompt, total, with `timings` beside `usage`, and
+# in a stream usage and timings in the last chunk, the one with finish_reason. An embedding's usage has no
+# completion_tokens; a stream without include_usage has no usage at all.
+NINE_FIVE = {"prompt_tokens": 9, "total_tokens": 14, "completion_tokens": 5}
+ALPHABETICAL = {"completion_tokens": 5, "prompt_tokens": 9, "total_tokens": 14}
+TIMINGS = {"prompt_n": 9, "prompt_ms": 1.5, "predicted_n": 5, "predicted_ms": 2.5}
+NO_COMPLETION = {"prompt_tokens": 9, "total_tokens": 9}
+LLAMACPP_DETAILS = {
+    "completion_tokens": 5,
+    "completion_tokens_details": {"reasoning_tokens": 0},
+    "prompt_tokens": 9,
+    "prompt_tokens_details": {"cached_tokens": 4},
+    "total_tokens": 14,
+}
+
+
+def _chunk(content: str | None = None, **extra: Any) -> dict[str, Any]:
+    delta = {} if content is None else {"content": content}
+    return {
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
+        **extra,
+    }
+
+
+USAGE_SHAPES: dict[str, tuple[dict[str, Any], tuple[int | None, int | None, int | None, int]]] = {
+    "vllm-json": ({"answer_fields": {"usage": {**NINE_FIVE, "prompt_tokens_details": None}}}, (9, 5, 14, 0)),
+    "vllm-json-cached-details": (
+        {"answer_fields": {"usage": {**NINE_FIVE, "prompt_tokens_details": {"cached_tokens": 4}}}},
+        (9, 5, 14, 0),
+    ),
+    "lmdeploy-json": ({"answer_fields": {"usage": NINE_FIVE}}, (9, 5, 14, 0)),
+    "llamacpp-json": ({"answer_fields": {"usage": ALPHABETICAL, "timings": TIMINGS}}, (9, 5, 14, 0)),
+    # Newer llama-servers: objects inside usage, sorted in before the counts after them.
+    "llamacpp-json-token-details": ({"answer_fields": {"usage": LLAMACPP_DETAILS, "timings": TIMINGS}}, (9, 5, 14, 0)),
+    "json-no-completion": ({"answer_fields": {"usage": NO_COMPLETION}}, (9, None, 9, 0)),
+    "json-no-usage": ({"answer_fields": {}}, (None, None, None, 0)),
+    "vllm-stream-include-usage": (
+        {"events": [_chunk("a", usage=None), _chunk("b", usage=None), {"choices": [], "usage": NINE_FIVE}]},
+        (9, 5, 14, 4),
+    ),
+    "vllm-stream-continuous-usage": (
+        {
+            "events": [
+                _chunk("a", usage={"prompt_tokens": 9, "total_tokens": 10, "completion_tokens": 1}),
+                _chunk("b", usage={"prompt_tokens": 9, "total_tokens": 11, "completion_tokens": 2}),
+                {"choices": [], "usage": NINE_FIVE},
+            ]
+        },
+        (9, 5, 14, 4),
+    ),
+    "lmdeploy-stream-include-usage": (
+        {"events": [_chunk("a"), _chunk("b"), {"choices": [], "usage": NINE_FIVE}]},
+        (9, 5, 14, 4),
+    ),
+    "llamacpp-stream-usage-in-the-last-chunk": (
+        {
+            "events": [
+                _chunk("a"),
+                _chunk("b"),
+                {
+                    "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                    "usage": ALPHABETICAL,
+                    "timings": TIMINGS,
+                },
+            ]
+        },
+        (9, 5, 14, 4),
+    ),
+    "llamacpp-stream-token-details": (
+        {
+            "events": [
+                _chunk("a"),
+                {
+                    "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                    "usage": LLAMACPP_DETAILS,
+                    "timings": TIMINGS,
+                },
+            ]
+        },
+        (9, 5, 14, 3),
+    ),
+    "stream-no-completion": (
+        {"events": [_chunk("a"), {"choices": [], "usage": NO_COMPLETION}]},
+        (9, None, 9, 3),
+    ),
+    "stream-without-include-usage": ({"events": [_chunk("a"), _chunk("b")]}, (None, None, None, 3)),
+}
+
+
+@pytest.mark.parametrize("shape", list(USAGE_SHAPES))
+def test_every_engines_usage_shape_is_counted_as_sent(gw: NginxGateway, keys: dict[str, str], shape: str) -> None:
+    extra, expected = USAGE_SHAPES[shape]
+    body = {"model": CHAT, "stream": "events" in extra, **extra}
+    status, _, _ = gw.call("POST", f"/v1/chat/completions?t=shape-{shape}", body, keys["default"])
+    assert status == 200
+    line = log_line(gw, f"shape-{shape}")
+    assert (line["prompt_tokens"], line["completion_tokens"], line["total_tokens"], line["events"]) == expected
+
+
 # --- failover -----------------------------------------------------------------------------------
 
 

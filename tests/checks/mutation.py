@@ -127,6 +127,14 @@ MUTANTS: list[Mutant] = [
     ),
     # --- gateway -------------------------------------------------------------------------------------
     Mutant(
+        "usage-ends-at-its-first-brace",
+        "components/planning/gateway/lua/gateway.lua",
+        "            close = object_end(buf, open)",
+        "            close = close",
+        ("tests/test_gateway_nginx.py::test_every_engines_usage_shape_is_counted_as_sent",),
+        "a llama.cpp usage object (token details sorted before total_tokens) loses its later counts",
+    ),
+    Mutant(
         "bearer-scheme-unchecked",
         "components/planning/gateway/lua/gateway.lua",
         "    if bor(b, 32) ~= 98 or bor(e, 32) ~= 101 or bor(a, 32) ~= 97 or bor(r, 32) ~= 114 or bor(e2, 32) ~= 101\n"

@@ -223,18 +223,23 @@ class FakeReplica:
                 if isinstance(body, dict) and body.get("stream"):
                     self._stream(body)
                     return
+                answer: dict[str, Any] = {
+                    "id": "cmpl-1",
+                    "object": "chat.completion",
+                    "served_by": replica.name,
+                    "path": self.path,
+                    "model": body.get("model") if isinstance(body, dict) else None,
+                    "rid": body.get("rid") if isinstance(body, dict) else None,
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
+                    "usage": USAGE,
+                }
+                if isinstance(body, dict) and "answer_fields" in body:
+                    # An engine's own answer shape: these top-level fields in place of the usage above.
+                    answer.pop("usage")
+                    answer.update(body["answer_fields"])
                 self._reply(
                     200,
-                    {
-                        "id": "cmpl-1",
-                        "object": "chat.completion",
-                        "served_by": replica.name,
-                        "path": self.path,
-                        "model": body.get("model") if isinstance(body, dict) else None,
-                        "rid": body.get("rid") if isinstance(body, dict) else None,
-                        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
-                        "usage": USAGE,
-                    },
+                    answer,
                     int(body.get("fragment") or 0) if isinstance(body, dict) else 0,
                     body.get("indent") if isinstance(body, dict) else None,
                 )
@@ -274,6 +279,13 @@ class FakeReplica:
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
+                if "events" in body:
+                    # An engine's own stream: these events as they are, then [DONE].
+                    for event in body["events"]:
+                        self._chunk(b"data: " + json.dumps(event).encode() + b"\n\n")
+                    self._chunk(b"data: [DONE]\n\n")
+                    self.wfile.write(b"0\r\n\r\n")
+                    return
                 with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
                 # `fragment`: every event sent in pieces of that many bytes (a TCP stream cut anywhere).
                 fragment = int(body.get("fragment") or 0)

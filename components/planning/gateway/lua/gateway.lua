@@ -781,7 +781,25 @@ local function count_in(buf, key, i, j)
     end
 end
 
--- The token counts of the usage object whose `"usage"` starts at u and whose first '}' is at close
+-- The '}' that closes the '{' at open, nil while it has not arrived: a usage object may hold objects
+-- (llama.cpp's prompt_tokens_details and completion_tokens_details, its keys in sorted order, so before
+-- total_tokens), and its first '}' is then not its end.
+local function object_end(buf, open)
+    local depth, at = 0, open
+    while at do
+        if byte(buf, at) == 123 then
+            depth = depth + 1
+        else
+            depth = depth - 1
+            if depth == 0 then
+                return at
+            end
+        end
+        at = find(buf, "[{}]", at + 1)
+    end
+end
+
+-- The token counts of the usage object whose `"usage"` starts at u and whose last '}' is at close
 -- (`"usage": null`, as every event of a stream with include_usage but the last has, sets nothing).
 local function read_counts(st, buf, u, close)
     local open = skip_blanks(buf, u + 7)
@@ -895,6 +913,10 @@ function M.usage()
     end
     if u then
         local close = find(buf, "}", u, true)
+        local open = close and find(buf, "{", u, true)
+        if open and open < close then
+            close = object_end(buf, open)  -- `"usage": {`: its own '}', past any object inside it
+        end
         if close then
             read_counts(st, buf, u, close)
         elseif n - u < USAGE_WINDOW then
