@@ -769,6 +769,28 @@ def test_every_deployed_engine_has_server_facts_and_nginx_lets_go_first() -> Non
         assert 0 < upstream_keepalive_seconds(engine, {}) < server_keepalive_seconds(engine, {}), engine
 
 
+# Each engine's server facts as read from its source (the facts' `sourced` text says where), whole: a
+# second, unverified entry for an engine (the duplicate-key bug of issue 37) or an edited value fails here.
+SERVER_FACTS = {
+    "vllm": (5, "VLLM_HTTP_TIMEOUT_KEEP_ALIVE", (503,)),
+    "lmdeploy": (5, "UVICORN_TIMEOUT_KEEP_ALIVE", (503,)),
+    "llamacpp": (5, None, (503,)),
+}
+
+
+def test_each_engines_server_facts_are_the_verified_ones() -> None:
+    from components.engines.registry import ENGINES
+    from components.planning.gateway.upstreams import engine_server
+
+    assert {
+        name: (s.keepalive_seconds, s.keepalive_env, s.not_ready_statuses)
+        for name, s in ((name, engine_server(name)) for name in ENGINES)
+    } == SERVER_FACTS
+    for name, (_, env, _) in SERVER_FACTS.items():
+        # The variable is named in the source text it was read from.
+        assert env is None or env in ENGINES[name].http_server.sourced.source, name
+
+
 @pytest.mark.parametrize(
     ("engine", "variable"), [("vllm", "VLLM_HTTP_TIMEOUT_KEEP_ALIVE"), ("lmdeploy", "UVICORN_TIMEOUT_KEEP_ALIVE")]
 )
