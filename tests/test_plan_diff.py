@@ -12,6 +12,7 @@ import pytest
 from components.spec import StackSpec
 from plan import __main__ as cli
 from plan.diff import diff_resources, load_replace_rules, replace_inputs_from_schema, service_impact, summary_line
+from plan.harness import UNKNOWN
 from plan.stackfile import secret_placeholder
 from tests.conftest import prod_config
 from tests.support.plans import plan_twice, write_stack
@@ -315,3 +316,176 @@ def test_an_unreadable_previous_plan_is_said_and_replaced(tmp_path: Path) -> Non
         "against": None,
         "note": f"{out / 'previous' / 'plan.json'} is not a plan.json: nothing to compare against",
     }
+
+
+# --- every replace cause the diff knows, one row each (and the near miss beside it) --------------------
+
+IMG = "docker:index/remoteImage:RemoteImage"
+CMD = "command:remote:Command"
+
+
+def _res(name: str, type_: str, inputs: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {
+        "urn": f"urn:pulumi:s::p::{type_}::{name}",
+        "type": type_,
+        "name": name,
+        "parent": "",
+        "custom": True,
+        "inputs": inputs,
+        "dependencies": [],
+        "propertyDependencies": {},
+        "options": {},
+        **extra,
+    }
+
+
+def _img_urn() -> str:
+    return f"urn:pulumi:s::p::{IMG}::img"
+
+
+# name -> (the resource before, its inputs after (None: unchanged), whether the image is replaced too,
+#          expected (op, replace_because, replace_source, delete_before_replace, [(path, before, after, via)])).
+DOCKER = "docker provider schema: willReplaceOnChanges"
+COMMAND = "command provider schema: replaceOnChanges"
+REPLACE_CAUSES: dict[str, tuple[dict[str, Any], dict[str, Any] | None, bool, tuple[Any, ...] | None]] = {
+    "an input the provider's schema replaces on": (
+        _res("c", CONTAINER_TYPE, {"image": "a", "restart": "no"}),
+        {"image": "b", "restart": "no"},
+        False,
+        ("replace", ["image"], DOCKER, False, [("image", "a", "b", None)]),
+    ),
+    "an input the schema updates in place": (
+        _res("c", CONTAINER_TYPE, {"image": "a", "restart": "no"}),
+        {"image": "a", "restart": "always"},
+        False,
+        ("update", [], None, False, [("restart", "no", "always", None)]),
+    ),
+    "a command's triggers (its schema)": (
+        _res("k", CMD, {"create": "x", "triggers": ["h1"]}),
+        {"create": "x", "triggers": ["h2"]},
+        False,
+        ("replace", ["triggers"], COMMAND, False, [("triggers", '["h1"]', '["h2"]', None)]),
+    ),
+    "a command's script alone (updated in place)": (
+        _res("k", CMD, {"create": "x", "triggers": ["h1"]}),
+        {"create": "y", "triggers": ["h1"]},
+        False,
+        ("update", [], None, False, [("create", "x", "y", None)]),
+    ),
+    "the resource's replaceOnChanges naming the input": (
+        _res("c", CONTAINER_TYPE, {"restart": "no"}, options={"replaceOnChanges": ["restart"]}),
+        {"restart": "always"},
+        False,
+        ("replace", ["restart"], "the resource's replaceOnChanges option", False, [("restart", "no", "always", None)]),
+    ),
+    "replaceOnChanges on a path inside an input (environment.*)": (
+        _res("k", CMD, {"environment": {"A": "1"}}, options={"replaceOnChanges": ["environment.*"]}),
+        {"environment": {"A": "2"}},
+        False,
+        (
+            "replace",
+            ["environment"],
+            "the resource's replaceOnChanges option",
+            False,
+            [("environment.A", "1", "2", None)],
+        ),
+    ),
+    "replaceOnChanges '*'": (
+        _res("c", CONTAINER_TYPE, {"restart": "no"}, options={"replaceOnChanges": ["*"]}),
+        {"restart": "always"},
+        False,
+        ("replace", ["restart"], "the resource's replaceOnChanges option", False, [("restart", "no", "always", None)]),
+    ),
+    "replaceOnChanges naming another input": (
+        _res("c", CONTAINER_TYPE, {"restart": "no"}, options={"replaceOnChanges": ["labels"]}),
+        {"restart": "always"},
+        False,
+        ("update", [], None, False, [("restart", "no", "always", None)]),
+    ),
+    "deleteBeforeReplace": (
+        _res("c", CONTAINER_TYPE, {"image": "a"}, options={"deleteBeforeReplace": True}),
+        {"image": "b"},
+        False,
+        ("replace", ["image"], DOCKER, True, [("image", "a", "b", None)]),
+    ),
+    "an ignored input that would replace": (
+        _res("c", CONTAINER_TYPE, {"image": "a"}, options={"ignoreChanges": ["image"]}),
+        {"image": "b"},
+        False,
+        None,
+    ),
+    "an input unknown at preview": (_res("c", CONTAINER_TYPE, {"image": "a"}), {"image": UNKNOWN}, False, None),
+    "a component (nothing to replace)": (
+        _res("g", "llm-cluster:index:Pool", {"image": "a"}, custom=False, options={"replaceOnChanges": ["*"]}),
+        {"image": "b"},
+        False,
+        ("update", [], None, False, [("image", "a", "b", None)]),
+    ),
+    "replaceWith a replaced resource": (
+        _res("c", CONTAINER_TYPE, {"restart": "no"}, options={"replaceWith": [_img_urn()]}),
+        None,
+        True,
+        ("replace", ["replaceWith img"], "the resource's replaceWith option", False, []),
+    ),
+    "replaceWith a resource that stays": (
+        _res("c", CONTAINER_TYPE, {"restart": "no"}, options={"replaceWith": [_img_urn()]}),
+        None,
+        False,
+        None,
+    ),
+    "reading a replaced resource's output into a forcing input": (
+        _res("c", CONTAINER_TYPE, {"image": "img-id"}, propertyDependencies={"image": [_img_urn()]}),
+        None,
+        True,
+        ("replace", ["image"], DOCKER, False, [("image", None, None, "img")]),
+    ),
+    "reading a replaced resource's output into an in-place input": (
+        _res("c", CONTAINER_TYPE, {"restart": "x"}, propertyDependencies={"restart": [_img_urn()]}),
+        None,
+        True,
+        ("update", [], None, False, [("restart", None, None, "img")]),
+    ),
+    "reading an output of a resource that stays": (
+        _res("c", CONTAINER_TYPE, {"image": "img-id"}, propertyDependencies={"image": [_img_urn()]}),
+        None,
+        False,
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("cause", list(REPLACE_CAUSES))
+def test_each_replace_cause_alone(cause: str) -> None:
+    resource, inputs_after, image_replaced, expected = REPLACE_CAUSES[cause]
+    image = _res("img", IMG, {"name": "repo:1"})
+    before = {"resources": [image, resource]}
+    after = copy.deepcopy(before)
+    if inputs_after is not None:
+        after["resources"][1]["inputs"] = inputs_after
+    if image_replaced:
+        after["resources"][0]["inputs"]["name"] = "repo:2"
+    changes = {c.name: c for c in diff_resources(before, after)}
+    assert ("img" in changes) == image_replaced
+    got = changes.get(resource["name"])
+    assert (
+        None
+        if got is None
+        else (
+            got.op,
+            got.replace_because,
+            got.replace_source,
+            got.delete_before_replace,
+            [(c.path, c.before, c.after, c.via) for c in got.changes],
+        )
+    ) == expected
+
+
+def test_created_and_deleted_resources_keep_their_node_parent_and_kind() -> None:
+    kept = _res("k", CMD, {"create": "x"})
+    gone = _res("old", "llm-cluster:index:Pool", {}, custom=False, node="gpu-01", parent="urn:p")
+    new = _res("new", CONTAINER_TYPE, {}, node="gpu-02", parent="urn:q")
+    changes = diff_resources({"resources": [gone, kept]}, {"resources": [new, kept]})
+    assert [(c.name, c.op, c.node, c.parent, c.custom) for c in changes] == [
+        ("new", "create", "gpu-02", "urn:q", True),
+        ("old", "delete", "gpu-01", "urn:p", False),
+    ]

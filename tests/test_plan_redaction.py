@@ -408,3 +408,75 @@ def test_a_credential_in_a_scripts_json_argv_is_found_and_the_mask_is_not() -> N
     script = 'python3 -c "$CHECK" \'{"argvs": [["serve", "/m", "--api-key", "%s", "--hf-token=%s"]]}\''
     assert secret_findings(None, {}, [script % ("abc123", "tok9")], set()) == ["script --api-key", "script --hf-token"]
     assert secret_findings(None, {}, [script % (REDACTED, REDACTED)], set()) == []
+
+
+def test_every_place_a_credential_is_found_with_its_value_path_and_reason() -> None:
+    """The whole table of places (mutation testing found reasons and paths no other test compared): an env
+    map at any depth, NAME=value with '=' in the value and a lower-case name, a flag's value deep in a
+    list past index 9, --flag=value, one-line and no-space scripts, a shape, a component's outputs; and
+    beside each, the look-alike that is no credential."""
+    deep = ["serve", "/m", "--port", 8000, *["-v"] * 7, "--api-key", "deep-flag-value-01"]
+    one = registration(
+        {
+            "container": {"env": {"MY_API_KEY": "env-map-value-02", "PATH": "/bin", "X_TOKEN": "$FROM_ENV"}},
+            "labels": {"X_TOKEN": "label-not-env-03"},
+            "envs": ["db_password=a=b=c-value-04", "NCCL_DEBUG=WARN"],
+            "containers": [{"command": deep}],
+            "args": ["--hf-token=flag-eq-value-05", "--hf-token=$HF"],
+            "oneline": "export HF_TOKEN=one-line-value-06 && NCCL_DEBUG=INFO run",
+            "nospace": "A=1\nGRAFANA_PASSWORD=no-space-value-07",
+            "flagged": "vllm serve /m --api-key script-flag-value-08",
+            "mirror": "ghp_SHAPEDa1b2C3d4E5f6G7h8I9j0K1l2M3n4",
+        }
+    )
+    one.outputs = {"token": "xoxb-OUTPUTshape-1234567890-abcdefghij"}
+    other = registration({"container": {"env": {"MY_API_KEY": "env-map-value-02"}}})
+    other.name = "d"
+    r = Redactor([one, other])
+    assert [(x.resource, x.path, x.why) for x in r.redactions] == [
+        ("c, d", "inputs.container.env.MY_API_KEY", "env MY_API_KEY"),
+        ("c", "inputs.envs[0]", "env db_password"),
+        ("c", "inputs.containers[0].command[12]", "flag --api-key"),
+        ("c", "inputs.args[0]", "flag --hf-token"),
+        ("c", "inputs.oneline", "script assignment HF_TOKEN"),
+        ("c", "inputs.nospace", "script assignment GRAFANA_PASSWORD"),
+        ("c", "inputs.flagged", "script flag --api-key"),
+        ("c", "inputs.mirror", "shaped like a credential"),
+        ("c", "outputs.token", "shaped like a credential"),
+    ]
+    assert r.values == {
+        "env-map-value-02",
+        "a=b=c-value-04",
+        "deep-flag-value-01",
+        "flag-eq-value-05",
+        "one-line-value-06",
+        "no-space-value-07",
+        "script-flag-value-08",
+        "ghp_SHAPEDa1b2C3d4E5f6G7h8I9j0K1l2M3n4",
+        "xoxb-OUTPUTshape-1234567890-abcdefghij",
+    }
+    assert r.leftovers(["clean", "at no-space-value-07 here", "and env-map-value-02"]) == ["env-…", "no-s…"]
+    assert r.leftovers([r.text("at no-space-value-07 here")]) == []
+
+
+def test_known_values_are_replaced_longest_first_and_from_six_characters() -> None:
+    # "zz-secret" sorts before the longer value that holds it in reverse text order, not by length.
+    r = Redactor([registration({"env": {"A_TOKEN": "zz-secret", "B_TOKEN": "aa-zz-secret-bb", "C_TOKEN": "six666"}})])
+    r6 = Redactor([registration({"env": {"C_TOKEN": "five5"}})])
+    assert r.text("x aa-zz-secret-bb y zz-secret z six666") == f"x {REDACTED} y {REDACTED} z {REDACTED}"
+    # Five characters are redacted only where they sit (NAME=…), not wherever they occur.
+    assert r6.text("five5 C_TOKEN=five5") == f"five5 C_TOKEN={REDACTED}"
+
+
+@pytest.mark.parametrize(
+    ("text", "masked"),
+    [
+        ("--api-key abc12345", f"--api-key {REDACTED}"),
+        ("--api-key=abc12345", f"--api-key={REDACTED}"),
+        ("--api-key 'abc12345'", f"--api-key '{REDACTED}'"),
+        ("--api-key $KEY", "--api-key $KEY"),
+        ("--api-key /run/key", "--api-key /run/key"),
+    ],
+)
+def test_an_unknown_flag_value_is_masked_in_text_with_its_flag_and_quote_kept(text: str, masked: str) -> None:
+    assert Redactor([]).text(text) == masked
