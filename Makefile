@@ -20,7 +20,7 @@ NUMBER ?= 512
 LOADTEST_ARGS ?=
 LOADTEST_VENV ?= .venv-loadtest
 
-.PHONY: plan advise rollout test test-fast lint system-deps mutation flakes bench loadtest clean lab lab-down
+.PHONY: plan advise rollout test test-fast lint system-deps mutation mutation-sweep mutation-planted flakes bench loadtest clean lab lab-down
 
 $(VENV)/.runtime: requirements.txt
 	@test -x $(VENV)/bin/pip || { rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
@@ -68,9 +68,21 @@ test: lint $(VENV)/.test system-deps
 test-fast: $(VENV)/.test
 	$(PY) -m pytest -q -n auto -m "not realtool and not lab" $(PYTEST_ARGS) tests
 
-## mutation: plant known bugs one at a time in a copy of the tree; the tests that must catch each run (score printed)
-mutation: $(VENV)/.test system-deps
-	$(PY) tests/checks/mutation.py
+## mutation: mutmut over one product module (MODULE=plan/redact.py; TESTS= to choose the test files, else those
+## naming it): its mutants, killed, equivalent (tests/checks/mutmut_equivalents.py), survivors and score; exit 1
+## while a survivor is untriaged. Work files in mutants/ (kept: a rerun mutates only changed files)
+mutation: $(VENV)/.test
+	@test -n "$(MODULE)" || { echo "make mutation needs MODULE=<path/to/module.py> (make mutation-sweep: every module; make mutation-planted: the planted-bug list)" >&2; exit 2; }
+	nice -n 10 $(PY) tests/checks/mutmut_module.py $(MODULE) $(if $(TESTS),--tests $(TESTS))
+
+## mutation-sweep: make mutation over every module of tests/checks/mutmut_module.py's SWEEP, one after another
+mutation-sweep: $(VENV)/.test
+	nice -n 10 $(PY) tests/checks/mutmut_module.py --sweep
+
+## mutation-planted: the hand-written planted bugs (Python, and the gateway's Lua per handler on the deployed
+## nginx), one at a time in a copy of the tree; the tests that must catch each run (score printed)
+mutation-planted: $(VENV)/.test system-deps
+	$(PY) tests/checks/mutation.py $(WORDS)
 
 ## flakes: the suite in random order, three runs with both cores kept busy (RUNS=, LOAD= to change)
 flakes: $(VENV)/.test system-deps
@@ -100,4 +112,4 @@ lab-down: $(VENV)/.runtime
 	$(PY) -m lab down
 
 clean:
-	rm -rf build .pytest_cache
+	rm -rf build .pytest_cache mutants

@@ -3,6 +3,8 @@ text leaves the mutant stale, and the bug unchecked. Each must still apply exact
 
 from __future__ import annotations
 
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -24,3 +26,47 @@ def test_each_mutant_applies_once_to_tests_that_exist(mutant: mutation.Mutant) -
 def test_mutant_names_are_unique() -> None:
     names = [m.name for m in mutation.MUTANTS]
     assert len(names) == len(set(names))
+
+
+# --- mutmut (make mutation MODULE=…, make mutation-sweep) ----------------------------------------------
+
+
+def test_every_module_of_the_sweep_exists_and_has_tests_to_select_from() -> None:
+    from tests.checks.mutmut_module import SWEEP, tests_naming
+
+    assert SWEEP[:2] == ["plan/redact.py", "plan/diff.py"]
+    for module in SWEEP:
+        assert (ROOT / module).is_file(), module
+        assert tests_naming(module), f"{module}: no test file names it, its package or the policy pack"
+
+
+def test_tests_are_chosen_by_the_module_they_import() -> None:
+    from tests.checks.mutmut_module import dotted, tests_naming
+
+    assert dotted("components/spec/__init__.py") == "components.spec"
+    assert dotted("plan/redact.py") == "plan.redact"
+    assert tests_naming("plan/redact.py") == ["tests/test_credential_tables.py", "tests/test_plan_redaction.py"]
+    # components.spec re-exports its modules: the files importing the package.
+    assert "tests/test_spec.py" in tests_naming("components/spec/cluster.py")
+    assert "tests/test_policies_rules.py" in tests_naming("policies/rules/capacity.py")
+
+
+def test_each_equivalent_mutant_names_its_line_and_why() -> None:
+    from tests.checks.mutmut_equivalents import EQUIVALENT
+
+    for name, (line, why) in EQUIVALENT.items():
+        assert re.fullmatch(r"[a-z_.]+\.x\S*__mutmut_\d+", name), name
+        assert line.strip() == line and line and len(why) > 20, name
+
+
+def test_mutmut_copies_what_the_tests_read() -> None:
+    import tomllib
+
+    conf = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
+    assert conf["source_paths"] == ["components", "policies", "plan"]
+    for path in conf["also_copy"]:
+        assert (ROOT / path).exists(), path
+    # Every tracked top-level entry (what a clone has) is copied, mutated, or mutmut's own.
+    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    top = {line.split("/", 1)[0] for line in listed.splitlines()} - {".gitignore"}
+    assert top <= {*conf["source_paths"], *conf["also_copy"], "tests", "pyproject.toml"}, top

@@ -1,0 +1,159 @@
+"""Mutation testing of one product module with mutmut (pinned in requirements-test.txt), then its score.
+
+    .venv/bin/python tests/checks/mutmut_module.py plan/redact.py            # the tests that import it
+    .venv/bin/python tests/checks/mutmut_module.py plan/diff.py --tests tests/test_plan_diff.py
+    .venv/bin/python tests/checks/mutmut_module.py --sweep                    # every module of SWEEP
+
+mutmut (configured in pyproject.toml's [tool.mutmut]) copies the tree into mutants/, rewrites every
+function of the product's packages into its mutants, runs the chosen tests once to record which tests
+reach which function, then per mutant runs only those tests. The chosen tests are the fast-tier files
+that name the module (its dotted name or a `from <package> import <module>`), or --tests: a module's run
+then takes minutes, not the whole suite per mutant.
+
+Each survivor is either a missing test (write it), dead code (remove it) or an equivalent mutant: those
+are listed in tests/checks/mutmut_equivalents.py with the line the mutant writes and why it cannot be
+told apart; an entry whose mutant no longer writes that line is reported stale. The score is
+killed / (mutants - equivalents); the exit status is 1 when a survivor is left untriaged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tests.checks.mutmut_equivalents import EQUIVALENT  # noqa: E402
+
+# `make mutation-sweep`: the product's modules in the order the issue ranks them (redaction, the plan
+# diff, the gateway's Python, spec, policies, engines).
+SWEEP = [
+    "plan/redact.py",
+    "plan/diff.py",
+    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "components/planning/gateway").glob("*.py")),
+    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "components/spec").glob("*.py")),
+    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "policies/rules").glob("*.py")),
+    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "components/engines").glob("*/options.py")),
+    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "components/engines").glob("*/engine.py")),
+]
+# The fast tier: realtool and lab tests start servers and namespaces (mutmut forks per mutant).
+FAST = ["-m", "not realtool and not lab"]
+
+
+def dotted(module: str) -> str:
+    name = module.removesuffix(".py").replace("/", ".")
+    return name.removesuffix(".__init__")
+
+
+def tests_naming(module: str) -> list[str]:
+    """The test files that import the module by name; else those importing its package (components.spec
+    re-exports its modules' names); for a policy rule, else those importing the pack."""
+    name = dotted(module)
+    package, _, leaf = name.rpartition(".")
+    patterns = [
+        re.compile(rf"\b{re.escape(name)}\b|from {re.escape(package)} import [^\n]*\b{re.escape(leaf)}\b"),
+        re.compile(rf"from {re.escape(package)} import"),
+        # The policy rules are reached through the pack that lists them (and the tests' helpers that run it).
+        re.compile(r"from (policies\.pack|tests\.support\.policies) import") if name.startswith("policies.") else None,
+    ]
+    for pattern in filter(None, patterns):
+        found = sorted(
+            str(p.relative_to(ROOT))
+            for p in (ROOT / "tests").rglob("test_*.py")
+            if p.name != "test_mutation_targets.py" and pattern.search(p.read_text())  # (this tool's own tests)
+        )
+        if found:
+            return found
+    return []
+
+
+def run_mutmut(module: str, tests: list[str]) -> None:
+    """mutmut's run over the module's mutants, its stats taken from `tests` only (in this process: mutmut
+    reads its settings once, and the test selection is per module)."""
+    from mutmut.__main__ import cli
+    from mutmut.configuration import config
+
+    config().pytest_add_cli_args_test_selection = [*FAST, *tests]
+    try:
+        cli.main(["run", "--max-children", str(os.cpu_count() or 2), dotted(module) + ".*"], standalone_mode=False)
+    except SystemExit as e:
+        if e.code:
+            raise
+
+
+def mutant_line(name: str, module: str) -> str:
+    """The first line the mutant adds (its diff's + line), to check an equivalent entry still fits."""
+    from mutmut.mutation.diff_apply import get_diff_for_mutant
+
+    diff = get_diff_for_mutant(name, path=module)
+    return next(
+        (line[1:].strip() for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")), ""
+    )
+
+
+def score(module: str) -> dict[str, object]:
+    meta = json.loads((ROOT / "mutants" / (module + ".meta")).read_text())
+    codes: dict[str, int | None] = meta["exit_code_by_key"]
+    killed = [k for k, c in codes.items() if c in (1, 3)]
+    survived = [k for k, c in codes.items() if c not in (1, 3)]
+    equivalent, stale = [], []
+    for k in list(survived):
+        if k in EQUIVALENT:
+            line, _why = EQUIVALENT[k]
+            (equivalent if mutant_line(k, module) == line else stale).append(k)
+    left = [k for k in survived if k not in equivalent]
+    counted = len(codes) - len(equivalent)
+    return {
+        "module": module,
+        "mutants": len(codes),
+        "killed": len(killed),
+        "equivalent": len(equivalent),
+        "survived": len(left),
+        "score": round(100 * len(killed) / counted, 1) if counted else 100.0,
+        "survivors": {k: codes[k] for k in left},
+        "stale_equivalents": stale,
+    }
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("modules", nargs="*", help="product modules, as paths (plan/redact.py)")
+    parser.add_argument("--tests", nargs="+", help="test files to select from (default: those naming the module)")
+    parser.add_argument("--sweep", action="store_true", help="every module of SWEEP")
+    parser.add_argument("--score-only", action="store_true", help="print the score of the last run, run nothing")
+    args = parser.parse_args(argv)
+    modules = SWEEP if args.sweep else args.modules
+    if not modules:
+        parser.error("name a module (plan/redact.py) or --sweep")
+    os.chdir(ROOT)
+    untriaged = 0
+    for module in modules:
+        if not (ROOT / module).is_file():
+            parser.error(f"{module}: no such file")
+        tests = args.tests or tests_naming(module)
+        if not args.score_only:
+            if not tests:
+                print(f"{module}: no test file names it; give --tests", file=sys.stderr)
+                return 2
+            run_mutmut(module, tests)
+        result = score(module)
+        untriaged += int(result["survived"]) + len(result["stale_equivalents"])  # type: ignore[arg-type]
+        print(
+            f"{module}: {result['mutants']} mutants, {result['killed']} killed, {result['equivalent']} equivalent, "
+            f"{result['survived']} survived: {result['score']} % ({datetime.now(UTC):%Y-%m-%d}; tests: {' '.join(tests)})"
+        )
+        for name, code in result["survivors"].items():  # type: ignore[union-attr]
+            print(f"  survived ({code}): {name}  [{mutant_line(name, module)}]")
+        for name in result["stale_equivalents"]:  # type: ignore[union-attr]
+            print(f"  stale equivalent entry: {name} no longer writes its line")
+    return 1 if untriaged else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
