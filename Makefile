@@ -69,11 +69,11 @@ test-fast: $(VENV)/.test
 	$(PY) -m pytest -q -n auto -m "not realtool and not lab" $(PYTEST_ARGS) tests
 
 ## mutation: mutmut over one product module (MODULE=plan/redact.py; TESTS= to choose the test files, else those
-## naming it): its mutants, killed, equivalent (tests/checks/mutmut_equivalents.py), survivors and score; exit 1
+## naming it; FUNCTIONS= to run only those functions' mutants): its mutants, killed, equivalent (tests/checks/mutmut_equivalents.py), survivors and score; exit 1
 ## while a survivor is untriaged. Work files in mutants/ (kept: a rerun mutates only changed files)
 mutation: $(VENV)/.test
 	@test -n "$(MODULE)" || { echo "make mutation needs MODULE=<path/to/module.py> (make mutation-sweep: every module; make mutation-planted: the planted-bug list)" >&2; exit 2; }
-	nice -n 10 $(PY) tests/checks/mutmut_module.py $(MODULE) $(if $(TESTS),--tests $(TESTS))
+	nice -n 10 $(PY) tests/checks/mutmut_module.py $(MODULE) $(if $(TESTS),--tests $(TESTS)) $(if $(FUNCTIONS),--functions $(FUNCTIONS))
 
 ## mutation-sweep: make mutation over every module of tests/checks/mutmut_module.py's SWEEP, one after another
 mutation-sweep: $(VENV)/.test
