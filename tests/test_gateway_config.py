@@ -802,6 +802,28 @@ def test_a_pool_env_that_lengthens_the_servers_keepalive_lengthens_nginxs(engine
     assert upstream_keepalive_seconds("llamacpp", {variable: "65"}) == 3
 
 
+@pytest.mark.parametrize(
+    ("value", "server", "upstream"),
+    [
+        ("65", 65, 63),
+        (" 30 ", 30, 28),
+        ("4", 4, 2),
+        ("3", 3, 1),
+        ("2", 2, 1),  # two seconds less would be none: one
+        ("1", 1, 0),  # nothing shorter than the server's 1 s is safe: keepalive off
+        ("0", 0, 0),
+        ("-5", 5, 3),  # not a count of seconds: the server's default
+        ("abc", 5, 3),
+        ("", 5, 3),
+    ],
+)
+def test_keepalive_on_both_sides_of_each_bound(value: str, server: int, upstream: int) -> None:
+    from components.planning.gateway.upstreams import server_keepalive_seconds, upstream_keepalive_seconds
+
+    env = {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": value}
+    assert (server_keepalive_seconds("vllm", env), upstream_keepalive_seconds("vllm", env)) == (server, upstream)
+
+
 def test_request_handlers_read_only_the_modules_init_by_lua_loaded(config: dict[str, Any]) -> None:
     # The handlers take their module from package.loaded (no require() call per request): one that
     # init_by_lua did not load would fail every request with "attempt to index a nil value".

@@ -390,6 +390,30 @@ REPLACE_CAUSES: dict[str, tuple[dict[str, Any], dict[str, Any] | None, bool, tup
             [("environment.A", "1", "2", None)],
         ),
     ),
+    "replaceOnChanges on an input nested two deep": (
+        _res("k", CMD, {"connection": {"host": {"name": "a"}}}, options={"replaceOnChanges": ["connection"]}),
+        {"connection": {"host": {"name": "b"}}},
+        False,
+        (
+            "replace",
+            ["connection"],
+            "the resource's replaceOnChanges option",
+            False,
+            [("connection.host.name", "a", "b", None)],
+        ),
+    ),
+    "an ignored list of objects whose item changed (labels[0].value)": (
+        _res("c", CONTAINER_TYPE, {"labels": [{"label": "a", "value": "1"}]}, options={"ignoreChanges": ["labels"]}),
+        {"labels": [{"label": "a", "value": "2"}]},
+        False,
+        None,
+    ),
+    "reading the output of a resource it did not read before": (
+        _res("c", CONTAINER_TYPE, {"image": "img-id"}),
+        None,
+        False,
+        ("replace", ["image"], DOCKER, False, [("image", None, None, "img")]),
+    ),
     "replaceOnChanges '*'": (
         _res("c", CONTAINER_TYPE, {"restart": "no"}, options={"replaceOnChanges": ["*"]}),
         {"restart": "always"},
@@ -462,6 +486,8 @@ def test_each_replace_cause_alone(cause: str) -> None:
     after = copy.deepcopy(before)
     if inputs_after is not None:
         after["resources"][1]["inputs"] = inputs_after
+    if cause == "reading the output of a resource it did not read before":
+        after["resources"][1]["propertyDependencies"] = {"image": [image["urn"]]}
     if image_replaced:
         after["resources"][0]["inputs"]["name"] = "repo:2"
     changes = {c.name: c for c in diff_resources(before, after)}
@@ -484,8 +510,41 @@ def test_created_and_deleted_resources_keep_their_node_parent_and_kind() -> None
     kept = _res("k", CMD, {"create": "x"})
     gone = _res("old", "llm-cluster:index:Pool", {}, custom=False, node="gpu-01", parent="urn:p")
     new = _res("new", CONTAINER_TYPE, {}, node="gpu-02", parent="urn:q")
-    changes = diff_resources({"resources": [gone, kept]}, {"resources": [new, kept]})
-    assert [(c.name, c.op, c.node, c.parent, c.custom) for c in changes] == [
-        ("new", "create", "gpu-02", "urn:q", True),
-        ("old", "delete", "gpu-01", "urn:p", False),
+    # Written by an older plan: no parent, no custom (a custom resource at the top).
+    bare_new = {k: v for k, v in _res("bare-new", CMD, {}).items() if k not in ("parent", "custom")}
+    bare_gone = {k: v for k, v in _res("bare-gone", CMD, {}).items() if k not in ("parent", "custom")}
+    changes = diff_resources({"resources": [gone, kept, bare_gone]}, {"resources": [new, kept, bare_new]})
+    assert [(c.urn, c.type, c.name, c.op, c.node, c.parent, c.custom) for c in changes] == [
+        (new["urn"], CONTAINER_TYPE, "new", "create", "gpu-02", "urn:q", True),
+        (bare_new["urn"], CMD, "bare-new", "create", None, "", True),
+        (gone["urn"], "llm-cluster:index:Pool", "old", "delete", "gpu-01", "urn:p", False),
+        (bare_gone["urn"], CMD, "bare-gone", "delete", None, "", True),
     ]
+    # A plan with no resources at all (an empty stack), on either side.
+    assert [(c.name, c.op) for c in diff_resources({}, {"resources": [kept]})] == [("k", "create")]
+    assert [(c.name, c.op) for c in diff_resources({"resources": [kept]}, {})] == [("k", "delete")]
+
+
+def test_resources_are_matched_by_type_and_name_whatever_the_stack() -> None:
+    # Two resources share a name across types: only the changed one changes. A URN without '::' is its own key.
+    a, b = _res("same", CONTAINER_TYPE, {"image": "a"}), _res("same", CMD, {"create": "x"})
+    plain = {**_res("p", CMD, {"create": "x"}), "urn": "plain"}
+    after = copy.deepcopy([a, b, plain])
+    after[1]["inputs"]["create"] = "y"
+    after[2]["inputs"]["create"] = "y"
+    changes = diff_resources({"resources": [a, b, plain]}, {"resources": after})
+    assert [(c.type, c.name, c.op) for c in changes] == [(CMD, "same", "update"), (CMD, "p", "update")]
+
+
+def test_the_replace_rules_given_are_the_ones_used() -> None:
+    before = {"resources": [_res("c", CONTAINER_TYPE, {"image": "a"})]}
+    after = {"resources": [_res("c", CONTAINER_TYPE, {"image": "b"})]}
+    assert [c.op for c in diff_resources(before, after, rules={})] == ["update"]
+    assert [c.op for c in diff_resources(before, after, rules={CONTAINER_TYPE: (frozenset({"image"}), "x")})] == [
+        "replace"
+    ]
+
+
+def test_a_schema_without_resources_or_inputs_has_no_replace_inputs() -> None:
+    assert replace_inputs_from_schema({}) == {}
+    assert replace_inputs_from_schema({"resources": {"t": {}}}) == {}

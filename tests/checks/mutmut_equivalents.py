@@ -31,4 +31,53 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         'def data(self, value: Any, key: str = "", parent: str = "XXXX") -> Any:',
         "'XXXX' is no env map name, as '' is not",
     ),
+    # --- plan/diff.py -----------------------------------------------------------------------------------
+    "plan.diff.x__top__mutmut_4": (
+        'return path.split(".", 1)[0].split("[", )[0]',
+        "the first piece is the same whatever the split count",
+    ),
+    "plan.diff.x__top__mutmut_5": (
+        'return path.split(".", 1)[0].rsplit("[", 1)[0]',
+        "a path's first segment holds at most one [ (_diff_values indexes only lists of objects)",
+    ),
+    "plan.diff.x__top__mutmut_9": (
+        'return path.split(".", )[0].split("[", 1)[0]',
+        "the first piece is the same whatever the split count",
+    ),
+    "plan.diff.x__top__mutmut_12": (
+        'return path.split(".", 2)[0].split("[", 1)[0]',
+        "the first piece is the same whatever the split count",
+    ),
+    "plan.diff.x__top__mutmut_15": (
+        'return path.split(".", 1)[0].split("[", 2)[0]',
+        "the first piece is the same whatever the split count",
+    ),
+    "plan.diff.x_diff_resources__mutmut_77": (
+        'change.changes = _diff_values(prev.get("inputs") or {}, r.get("inputs") or {}, None)',
+        "_diff_values treats a false path (None as '') as the root",
+    ),
+    "plan.diff.x_diff_resources__mutmut_121": (
+        'name = _key(via[0]).rsplit("::", )[-1]',
+        "rsplit's last piece is the same whatever the split count",
+    ),
+    "plan.diff.x_diff_resources__mutmut_126": (
+        'name = _key(via[0]).rsplit("::", 2)[-1]',
+        "rsplit's last piece is the same whatever the split count",
+    ),
+    "plan.diff.x_diff_resources__mutmut_127": (
+        'name = _key(via[0]).rsplit("::", 1)[+1]',
+        "a key is project::type::name, so one rsplit gives two pieces and [1] is [-1]",
+    ),
+    "plan.diff.x_diff_resources__mutmut_158": (
+        'with_ = [_key(u).rsplit("::", )[-1] for u in options.get("replaceWith") or [] if _key(u) in replaced]',
+        "rsplit's last piece is the same whatever the split count",
+    ),
+    "plan.diff.x_diff_resources__mutmut_162": (
+        'with_ = [_key(u).rsplit("::", 2)[-1] for u in options.get("replaceWith") or [] if _key(u) in replaced]',
+        "rsplit's last piece is the same whatever the split count",
+    ),
+    "plan.diff.x_diff_resources__mutmut_163": (
+        'with_ = [_key(u).rsplit("::", 1)[+1] for u in options.get("replaceWith") or [] if _key(u) in replaced]',
+        "a key is project::type::name, so one rsplit gives two pieces and [1] is [-1]",
+    ),
 }

@@ -82,7 +82,7 @@ def run_mutmut(module: str, tests: list[str], functions: list[str]) -> None:
 
     config().pytest_add_cli_args_test_selection = [*FAST, *tests]
     # Only this module is mutated: every other product file runs as written (mutmut copies it plain),
-    # without mutmut's trampoline on each call (over the whole product a plan's test ran ten times slower).
+    # without mutmut's trampoline on each call (over the whole product the plan tests crawled).
     config().only_mutate = [module]
     fresh_copy(module)
     try:
