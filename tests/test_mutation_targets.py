@@ -70,3 +70,29 @@ def test_mutmut_copies_what_the_tests_read() -> None:
     listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     top = {line.split("/", 1)[0] for line in listed.splitlines()} - {".gitignore"}
     assert top <= {*conf["source_paths"], *conf["also_copy"], "tests", "pyproject.toml"}, top
+
+
+# Lua handlers nginx calls that have no planted bug yet: this list only shrinks (a handler given one must
+# leave it, and a new handler must come with one).
+LUA_HANDLERS_WITHOUT_PLANTED_BUGS = {
+    "gateway_affinity.balance",
+    "gateway_affinity.done",
+    "gateway_metrics.count_route",
+    "gateway_metrics.serve",
+}
+
+
+def test_each_lua_handler_nginx_calls_has_a_planted_bug() -> None:
+    """The planted Lua bugs, per handler: each handler function nginx.conf calls (package.loaded.M.f) holds
+    the text of at least one mutant (the function its replaced text lies in)."""
+    nginx = (ROOT / "components/planning/gateway/nginx.py").read_text()
+    handlers = set(re.findall(r"package\.loaded\.(\w+\.\w+)", nginx))
+    planted = set()
+    for m in mutation.MUTANTS:
+        if m.path.endswith(".lua"):
+            text = (ROOT / m.path).read_text()
+            at = text.index(m.old)
+            starts = [x for x in re.finditer(r"^(?:local )?function ([\w.]+)", text, re.M) if x.start() < at]
+            if starts and starts[-1].group(1).startswith("M."):
+                planted.add(f"{Path(m.path).stem}.{starts[-1].group(1)[2:]}")
+    assert handlers - planted == LUA_HANDLERS_WITHOUT_PLANTED_BUGS

@@ -127,6 +127,22 @@ MUTANTS: list[Mutant] = [
     ),
     # --- gateway -------------------------------------------------------------------------------------
     Mutant(
+        "models-root-is-the-served-name",
+        "components/planning/gateway/lua/gateway.lua",
+        '"owned_by": "llm-cluster", "root": \' .. json_string(meta[1])',
+        '"owned_by": "llm-cluster", "root": \' .. json_string(name)',
+        ("tests/test_gateway_nginx.py::test_models_list_is_answered_by_the_gateway_per_key_and_prefix",),
+        "GET /v1/models lists each name as its own root, not the model path it serves",
+    ),
+    Mutant(
+        "budget-remaining-is-the-whole-budget",
+        "components/planning/gateway/lua/gateway_budget.lua",
+        'var.llm_tb_remaining = ("%d"):format(limit - used)',
+        'var.llm_tb_remaining = ("%d"):format(limit)',
+        ("tests/test_gateway_budgets.py::test_a_used_up_budget_is_a_429_with_the_headers_clients_read",),
+        "x-ratelimit-remaining-tokens says the whole budget is left whatever was used",
+    ),
+    Mutant(
         "usage-ends-at-its-first-brace",
         "components/planning/gateway/lua/gateway.lua",
         "            close = object_end(buf, open)",

@@ -80,4 +80,9 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         'with_ = [_key(u).rsplit("::", 1)[+1] for u in options.get("replaceWith") or [] if _key(u) in replaced]',
         "a key is project::type::name, so one rsplit gives two pieces and [1] is [-1]",
     ),
+    # --- components/planning/gateway ---------------------------------------------------------------------
+    "components.planning.gateway.upstreams.x_server_keepalive_seconds__mutmut_5": (
+        "value = env.get(server.keepalive_env) if (server.keepalive_env) or True else None",
+        "a pool's env has string keys, so env.get(None) is None, as the else gives",
+    ),
 }
