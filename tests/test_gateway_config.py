@@ -842,3 +842,55 @@ def test_request_handlers_read_only_the_modules_init_by_lua_loaded(config: dict[
         assert "require(" not in "".join(handlers)
         assert used <= loaded and "gateway" in used and "gateway_metrics" in used, (used, loaded)
         assert ("gateway_budget" in used) == (spec is budgeted), used
+
+
+# --- a model shared by pools: the split, the server weights and routes.json, whole ------------------------
+
+
+def _shared(weights: dict[str, int], routing: str | None = None) -> StackSpec:
+    """The chat model on `chat` (gpu-03..05, three instances) and `canary` (gpu-06, one)."""
+    from tests.support.gateway import gateway_config
+
+    config = gateway_config()
+    pools = config["llm-cluster:pools"]
+    pools["canary"] = {**copy.deepcopy(pools["chat"]), "nodes": ["gpu-06"]}
+    pools["chat"]["nodes"] = ["gpu-03", "gpu-04", "gpu-05"]
+    if routing:
+        pools["chat"]["routing"] = routing
+    config["llm-cluster:gateway"]["poolWeights"] = weights
+    return load_stack_config(config, set())
+
+
+@pytest.mark.parametrize(
+    ("weights", "percent", "server"),
+    [
+        ({"chat": 3, "canary": 1}, {"chat": 75.0, "canary": 25.0}, {"chat": 3, "canary": 3}),
+        ({"chat": 2, "canary": 1}, {"chat": 66.7, "canary": 33.3}, {"chat": 2, "canary": 3}),
+        # An unweighted pool counts 1; the three chat servers share its one part.
+        ({"canary": 2}, {"chat": 33.3, "canary": 66.7}, {"chat": 1, "canary": 6}),
+    ],
+)
+def test_a_shared_models_split_and_server_weights(
+    weights: dict[str, int], percent: dict[str, float], server: dict[str, int]
+) -> None:
+    from components.planning.gateway.routing import server_weights, split
+
+    spec = _shared(weights)
+    assert split(spec) == {"qwen3-30b-a3b": percent}
+    assert server_weights(spec, ["chat", "canary"]) == server
+    assert routes(spec)["qwen3-30b-a3b"] == "chat+canary"
+
+
+def test_routes_table_of_a_shared_model_an_alias_and_an_affinity_pool() -> None:
+    table = routes_table(_shared({"chat": 3, "canary": 1}))  # prefix affinity: the gateway's default
+    assert table["models"]["qwen3-30b-a3b"] == [  # type: ignore[index]
+        "chat+canary",
+        {"chat": True, "canary": True},
+        "@llm_model_qwen3-30b-a3b",
+        "",
+    ]
+    assert table["models"]["fast"] == ["chat", {"chat": True}, "@llm_alias_chat", "qwen3-30b-a3b"]  # type: ignore[index]
+    assert table["meta"]["fast"] == ["/data/models/Qwen3-30B-A3B", 32768]  # type: ignore[index]
+    assert table["affinity"] == {"@llm_pool_chat": "chat", "@llm_alias_chat": "chat"}
+    # No pool routed by affinity: no affinity entry at all.
+    assert "affinity" not in routes_table(_shared({"chat": 3, "canary": 1}, routing="least_conn"))

@@ -74,13 +74,16 @@ def tests_naming(module: str) -> list[str]:
     return []
 
 
-def run_mutmut(module: str, tests: list[str], functions: list[str]) -> None:
+def run_mutmut(module: str, tests: list[str], functions: list[str], isolation: str = "fork") -> None:
     """mutmut's run over the module's mutants, its stats taken from `tests` only (in this process: mutmut
     reads its settings once, and the test selection is per module)."""
     from mutmut.__main__ import cli
-    from mutmut.configuration import config
+    from mutmut.configuration import ProcessIsolation, config
 
     config().pytest_add_cli_args_test_selection = [*FAST, *tests]
+    # forkserver: each mutant's process forked from one that imported only pytest (for tests whose
+    # setup is not safe to fork from mutmut's own process).
+    config().process_isolation = ProcessIsolation(isolation)
     # Only this module is mutated: every other product file runs as written (mutmut copies it plain),
     # without mutmut's trampoline on each call (over the whole product the plan tests crawled).
     config().only_mutate = [module]
@@ -153,6 +156,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--functions", nargs="+", default=[], help="only these functions' mutants (diff_resources, Class.method)"
     )
+    parser.add_argument(
+        "--isolation", choices=["fork", "forkserver"], default="fork", help="mutmut's process_isolation"
+    )
     parser.add_argument("--score-only", action="store_true", help="print the score of the last run, run nothing")
     args = parser.parse_args(argv)
     modules = SWEEP if args.sweep else args.modules
@@ -168,7 +174,7 @@ def main(argv: list[str]) -> int:
             if not tests:
                 print(f"{module}: no test file names it; give --tests", file=sys.stderr)
                 return 2
-            run_mutmut(module, tests, args.functions)
+            run_mutmut(module, tests, args.functions, args.isolation)
         result = score(module, args.functions)
         untriaged += int(result["survived"]) + len(result["stale_equivalents"])  # type: ignore[arg-type]
         print(
