@@ -69,15 +69,15 @@ test-fast: $(VENV)/.test
 	$(PY) -m pytest -q -n auto -m "not realtool and not lab" $(PYTEST_ARGS) tests
 
 ## mutation: mutmut over one product module (MODULE=plan/redact.py; TESTS= to choose the test files, else those
-## naming it; FUNCTIONS= to run only those functions' mutants): its mutants, killed, equivalent (tests/checks/mutmut_equivalents.py), survivors and score; exit 1
+## naming it; FUNCTIONS= to run only those functions' mutants; ISOLATION=forkserver for tests not safe to fork): its mutants, killed, equivalent (tests/checks/mutmut_equivalents.py), survivors and score; exit 1
 ## while a survivor is untriaged. Work files in mutants/ (kept: a rerun mutates only changed files)
 mutation: $(VENV)/.test
 	@test -n "$(MODULE)" || { echo "make mutation needs MODULE=<path/to/module.py> (make mutation-sweep: every module; make mutation-planted: the planted-bug list)" >&2; exit 2; }
-	nice -n 10 $(PY) tests/checks/mutmut_module.py $(MODULE) $(if $(TESTS),--tests $(TESTS)) $(if $(FUNCTIONS),--functions $(FUNCTIONS))
+	nice -n 10 $(PY) tests/checks/mutmut_module.py $(MODULE) $(if $(TESTS),--tests $(TESTS)) $(if $(FUNCTIONS),--functions $(FUNCTIONS)) $(if $(ISOLATION),--isolation $(ISOLATION))
 
 ## mutation-sweep: make mutation over every module of tests/checks/mutmut_module.py's SWEEP, one after another
 mutation-sweep: $(VENV)/.test
-	nice -n 10 $(PY) tests/checks/mutmut_module.py --sweep
+	nice -n 10 $(PY) tests/checks/mutmut_module.py --sweep $(if $(ISOLATION),--isolation $(ISOLATION))
 
 ## mutation-planted: the hand-written planted bugs (Python, and the gateway's Lua per handler on the deployed
 ## nginx), one at a time in a copy of the tree; the tests that must catch each run (score printed)

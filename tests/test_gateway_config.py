@@ -877,7 +877,9 @@ def test_a_shared_models_split_and_server_weights(
 
     spec = _shared(weights)
     assert split(spec) == {"qwen3-30b-a3b": percent}
-    assert server_weights(spec, ["chat", "canary"]) == server
+    weights_of = server_weights(spec, ["chat", "canary"])
+    # Whole numbers: nginx reads `weight=3`, and refuses `weight=3.0`.
+    assert weights_of == server and all(type(w) is int for w in weights_of.values())
     assert routes(spec)["qwen3-30b-a3b"] == "chat+canary"
 
 
