@@ -104,6 +104,9 @@ TABLE: list[tuple[str, dict[str, Any], dict[str, tuple[str, ...] | None]]] = [
 NOT_ARGV = {
     ("vllm", "moe_config_files"): "uploaded files and VLLM_TUNED_CONFIG_FOLDER (test_vllm_argv)",
     ("llamacpp", "gguf_header"): "capacity reads the header's tensors (test_engine_llamacpp)",
+    # The chat pool's instances fit one node, where the spec refuses multiNode: native.
+    ("vllm", "multi_node"): "each node's argv of a pool spanning nodes (test_vllm_native_launcher)",
+    ("vllm", "master_port"): "--master-port of a pool spanning nodes on native (test_vllm_native_launcher)",
 }
 
 
