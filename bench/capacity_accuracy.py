@@ -88,13 +88,15 @@ def load_case(path: Path) -> LogCase:
     if _TOTAL.search(text) or settings.get("kv_compared"):  # the GPU memory must be known to compare KV
         if m := _BLOCKS.search(text):
             kv = int(m.group(1)) * LOG_BLOCK_SIZE
-        elif m := _V1_TOKENS.search(text):
-            kv = int(m.group(1).replace(",", ""))
+        elif v1_tokens := _V1_TOKENS.findall(text):
+            # vLLM 0.10.0 prints one line per TP rank, then gives every rank the fewest blocks of any
+            # (kv_cache_utils.unify_kv_cache_configs), so the smallest figure is the one the engine runs with.
+            kv = min(int(t.replace(",", "")) for t in v1_tokens)
         elif "derived_kv_tokens" in settings:
             kv = int(settings["derived_kv_tokens"])  # type: ignore[arg-type]
     non_torch, activation = (float(m.group(1)) if (m := rx.search(text)) else None for rx in (_NON_TORCH, _ACTIVATION))
     stage = settings.get("logged_stage")
-    kv_gib = float(m.group(1)) if (m := _V1_KV_GIB.search(text)) else None
+    kv_gib = min((float(g) for g in _V1_KV_GIB.findall(text)), default=None)  # the fullest rank, as above
     return LogCase(
         path.name,
         _header(lines, "source") or "",

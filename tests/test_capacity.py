@@ -291,13 +291,22 @@ def test_median_errors_are_within_the_issue_targets() -> None:
 
 def test_v1_logs_are_counted_apart_and_the_last_line_is_for_scripts(capsys) -> None:
     v1 = [c for c in CASES if c.engine == "v1" and c.logged_kv_tokens]
-    # vLLM 0.10.1.1 on A100: Qwen2-7B at TP 1 and 2 (tests/fixtures/vllm-startup-logs/SOURCES.md).
-    assert len(v1) == 5 and sum(c.tp_class == "tp>=2" for c in v1) == 3
+    # vLLM 0.10.1.1 on A100 (Qwen2-7B at TP 1 and 2) and 0.10.0 on H100 (Qwen3-32B, Qwen3-235B-A22B-FP8 at
+    # TP 4 and 8): tests/fixtures/vllm-startup-logs/SOURCES.md.
+    assert len(v1) == 8 and sum(c.tp_class == "tp>=2" for c in v1) == 6
     assert all(c.logged_kv_gib is not None for c in v1)
     line = accuracy.v1_line(CASES)
-    assert re.fullmatch(r"v1 logs 5 \(tp>=2 3\): kv median \d+\.\d%, worst optimistic \d+\.\d%", line)
+    assert re.fullmatch(r"v1 logs 8 \(tp>=2 6\): kv median \d+\.\d%, worst optimistic \d+\.\d%", line)
     accuracy.main()
     assert capsys.readouterr().out.rstrip("\n").splitlines()[-1] == line
+
+
+def test_a_log_with_one_kv_line_per_rank_is_compared_on_the_smallest() -> None:
+    # vLLM 0.10.0 prints each TP rank's figures, then runs every rank with the fewest blocks of any.
+    case = next(c for c in CASES if c.name.startswith("qwen3-32b.h100-80gb-x4.tp4."))
+    text = (ROOT / "tests/fixtures/vllm-startup-logs" / case.name).read_text()
+    assert "GPU KV cache size: 855,344 tokens" in text.split("GPU KV cache size: 853,808 tokens")[0]
+    assert (case.logged_kv_tokens, case.logged_kv_gib) == (853_808, 52.11)
 
 
 def test_each_pool_class_range_covers_the_bench_logs_of_its_class() -> None:
