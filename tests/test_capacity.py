@@ -293,10 +293,10 @@ def test_v1_logs_are_counted_apart_and_the_last_line_is_for_scripts(capsys) -> N
     v1 = [c for c in CASES if c.engine == "v1" and c.logged_kv_tokens]
     # vLLM 0.10.1.1 on A100 (Qwen2-7B at TP 1 and 2), 0.10.0-0.17.1 on H100, H200 and A100 (Qwen2.5, Qwen3, Llama 3 at
     # TP 1, 4 and 8): tests/fixtures/vllm-startup-logs/SOURCES.md.
-    assert len(v1) == 18 and sum(c.tp_class == "tp>=2" for c in v1) == 7
+    assert len(v1) == 19 and sum(c.tp_class == "tp>=2" for c in v1) == 7
     assert all(c.logged_kv_gib is not None for c in v1)
     line = accuracy.v1_line(CASES)
-    assert re.fullmatch(r"v1 logs 18 \(tp>=2 7\): kv median \d+\.\d%, worst optimistic \d+\.\d%", line)
+    assert re.fullmatch(r"v1 logs 19 \(tp>=2 7\): kv median \d+\.\d%, worst optimistic \d+\.\d%", line)
     accuracy.main()
     assert capsys.readouterr().out.rstrip("\n").splitlines()[-1] == line
 
