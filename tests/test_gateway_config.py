@@ -274,7 +274,7 @@ def test_usage_log_and_metrics_are_kept_by_lua_in_the_log_phase_at_http_level(pr
 def test_metrics_are_served_by_nginx_on_the_cluster_address_apart_from_the_api(config: dict[str, Any]) -> None:
     conf = lines(gateway_files(spec_with(config, metricsPort=9200))["nginx.conf"])
     server = conf[conf.index("listen 192.168.10.11:9200;") - 1 :]
-    assert server[:12] == [
+    assert server[:16] == [
         "server {",
         "listen 192.168.10.11:9200;",
         "# Scrapes are not gateway requests: neither usage lines nor counted.",
@@ -282,12 +282,23 @@ def test_metrics_are_served_by_nginx_on_the_cluster_address_apart_from_the_api(c
         "location = /metrics {",
         "content_by_lua_block { package.loaded.gateway_metrics.serve() }",
         "}",
+        # The reference stack's chat pool is routed by prefix affinity: its replicas can be drained here.
+        "# Drain (POST), undrain (DELETE), in flight (GET) per replica: ops/rollout.py, never the public port.",
+        "location = /admin/drain {",
+        "content_by_lua_block { package.loaded.gateway_affinity.admin() }",
+        "}",
         "location / {",
         "default_type text/plain;",
         'return 404 "llm-cluster gateway: GET /metrics\\n";',
         "}",
         "}",
     ]
+
+
+def test_without_a_prefix_affinity_pool_the_metrics_listener_has_no_drain_endpoint(config: dict[str, Any]) -> None:
+    spec = spec_with(config, metricsPort=9200, routing={"policy": "least_conn"})
+    conf = gateway_files(spec)["nginx.conf"]
+    assert "location = /metrics {" in conf and "/admin/drain" not in conf and "gateway_affinity" not in conf
 
 
 @pytest.mark.parametrize(

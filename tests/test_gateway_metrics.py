@@ -391,6 +391,7 @@ def test_metrics_listener_answers_404_off_metrics_and_the_text_content_type(tmp_
         # replica (prefix affinity) with nothing in flight.
         assert samples(text) == {
             f'llm_gateway_upstream_in_flight{{pool="chat",upstream="{pools["chat"][0].addr}"}}': 0,
+            f'llm_gateway_upstream_drained{{pool="chat",upstream="{pools["chat"][0].addr}"}}': 0,
             "llm_gateway_log_lines_total": 0,
             "llm_gateway_log_write_errors_total": 0,
             "llm_gateway_series_overflow_total": 0,

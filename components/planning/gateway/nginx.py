@@ -79,6 +79,8 @@ AFFINITY_SOURCE = LUA_SOURCE.with_name("gateway_affinity.lua")
 AFFINITY_ZONE = "llm_affinity"
 AFFINITY_MOVES_ZONE = "llm_affinity_moves"  # ~25k conversations; dropping one only sends it back to its ring replica
 METRICS_ZONE = "llm_metrics"
+# The metrics listener's drain endpoint (gateway_affinity.lua admin()), which ops/rollout.py calls.
+DRAIN_PATH = "/admin/drain"
 # Seconds; LLM requests run from milliseconds (refusals, short embeddings) up to the pools' readTimeoutSeconds.
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0)
 # Each worker writes its usage lines and merges its counts this often (and when it exits).
@@ -449,7 +451,14 @@ def nginx_conf(
                 *(_budget_headers() if budgets else []),
                 "        }",
             ]
-    out += ["", *_error_locations(g.max_body_mib, bool(budgets)), "    }", *_metrics_server(layout), "}", ""]
+    out += [
+        "",
+        *_error_locations(g.max_body_mib, bool(budgets)),
+        "    }",
+        *_metrics_server(layout, admin=bool(affinity)),
+        "}",
+        "",
+    ]
     return "\n".join(out)
 
 
@@ -638,10 +647,21 @@ def _usage_directives(spec: StackSpec, layout: GatewayLayout) -> list[str]:
     ]
 
 
-def _metrics_server(layout: GatewayLayout) -> list[str]:
-    """The Prometheus endpoint: GET /metrics on its own listener (the node's cluster address)."""
+def _metrics_server(layout: GatewayLayout, *, admin: bool = False) -> list[str]:
+    """The Prometheus endpoint: GET /metrics on its own listener (the node's cluster address); with `admin`
+    (prefix-affinity pools), /admin/drain there too: a replica out of rotation and back without a reload."""
     if not layout.metrics_listen:
         return []
+    drain = (
+        [
+            "        # Drain (POST), undrain (DELETE), in flight (GET) per replica: ops/rollout.py, never the public port.",
+            f"        location = {DRAIN_PATH} {{",
+            "            content_by_lua_block { package.loaded.gateway_affinity.admin() }",
+            "        }",
+        ]
+        if admin
+        else []
+    )
     return [
         "",
         "    server {",
@@ -651,6 +671,7 @@ def _metrics_server(layout: GatewayLayout) -> list[str]:
         "        location = /metrics {",
         "            content_by_lua_block { package.loaded.gateway_metrics.serve() }",
         "        }",
+        *drain,
         "        location / {",
         "            default_type text/plain;",
         '            return 404 "llm-cluster gateway: GET /metrics\\n";',

@@ -11,6 +11,9 @@
 -- pool's in flight + 1) / its healthy replicas), never below floor (min_in_flight). A failed attempt (nginx's
 -- proxy_next_upstream) counts against its replica; max_fails of them within fail_timeout eject it for
 -- fail_timeout, so its keys go to their ring successors and no other key moves.
+-- A drained replica (admin(): POST /admin/drain on the metrics listener, before its container is stopped) is
+-- treated as an ejected one until undrained: it gets no new request, its keys go to their ring successors, and
+-- the requests it holds finish.
 -- A key served elsewhere than its own replica (by the bound or a failure) is remembered for sticky seconds
 -- after its last request (lua_shared_dict llm_affinity_moves): its own replica is then the one it moved to,
 -- tried first, the ring after it. The moved turn prefilled the whole conversation there; sent back, the next
@@ -33,12 +36,14 @@ local type = type
 
 local VNODES = 160  -- points per replica on the ring: the spread of keys within a few percent
 -- lua_shared_dict llm_affinity: "i<addr>" in flight, "f<addr>" recent failures, "e<addr>" ejected; per upstream
--- "t<upstream>" its in flight, "E<upstream>" present while one of its replicas may be ejected
+-- "t<upstream>" its in flight, "E<upstream>" present while one of its replicas may be ejected; "d<addr>" drained
+-- (no expiry) and "D<upstream>" how many of its replicas are
 local dict
 local moves  -- lua_shared_dict llm_affinity_moves: "<upstream>#<key hash>" -> the address it moved to
 -- upstream -> {points = sorted hashes, owner = replica index of each point, addrs, index = addr -> replica,
 -- hosts, ports, label}
 local rings = {}
+local by_pool = {}  -- pool label -> its ring (the admin endpoint names pools)
 local cfg
 local header_var
 local use
@@ -74,16 +79,18 @@ function M.init(settings)
     cfg = settings
     for name, up in pairs(settings.upstreams) do
         local r = {label = up[1], addrs = up[2], index = {}, hosts = {}, ports = {}, order_all = {},
-                   ikeys = {}, fkeys = {}, ekeys = {}, total_key = "t" .. name, any_key = "E" .. name}
+                   ikeys = {}, fkeys = {}, ekeys = {}, dkeys = {}, total_key = "t" .. name, any_key = "E" .. name,
+                   drained_key = "D" .. name}
         for i, addr in ipairs(up[2]) do
             r.order_all[i] = i
             r.index[addr] = i
-            r.ikeys[i], r.fkeys[i], r.ekeys[i] = "i" .. addr, "f" .. addr, "e" .. addr
+            r.ikeys[i], r.fkeys[i], r.ekeys[i], r.dkeys[i] = "i" .. addr, "f" .. addr, "e" .. addr, "d" .. addr
             local colon = addr:find(":[^:]*$")
             r.hosts[i], r.ports[i] = sub(addr, 1, colon - 1), tonumber(sub(addr, colon + 1))
         end
         r.points, r.owner = ring_of(up[2])
         rings[name] = r
+        by_pool[up[1]] = r
     end
     dict = ngx.shared.llm_affinity
     moves = ngx.shared.llm_affinity_moves
@@ -177,9 +184,9 @@ start_at = function(points, h)
     return lo
 end
 
--- Replica k of ring r ejected? (Only looked up while one of the pool's replicas may be: r.any_key set.)
+-- Replica k of ring r ejected or drained? (Only looked up while one of the pool's replicas may be.)
 local function ejected(r, k)
-    return dict:get(r.ekeys[k]) ~= nil
+    return dict:get(r.ekeys[k]) ~= nil or dict:get(r.dkeys[k]) ~= nil
 end
 
 local function failed(r, k)
@@ -241,7 +248,7 @@ function M.balance(name)
     local n = #r.addrs
     -- The pool's in flight and healthy replicas from two shared entries; each replica's own entries are read
     -- only as the walk reaches it (the cost stays flat from 4 replicas to 64).
-    local any_ejected = dict:get(r.any_key) ~= nil
+    local any_ejected = dict:get(r.any_key) ~= nil or (dict:get(r.drained_key) or 0) > 0
     local healthy = n
     if any_ejected then
         for k = 1, n do
@@ -365,6 +372,86 @@ function M.in_flight(out, labels)
                 .. " " .. (dict:get("i" .. addr) or 0)
         end
     end
+end
+
+-- 1 for each replica of the affinity upstreams that is drained, else 0, as Prometheus gauge lines.
+function M.drained(out, labels)
+    for _, r in pairs(rings) do
+        for i, addr in ipairs(r.addrs) do
+            out[#out + 1] = "llm_gateway_upstream_drained" .. labels({"pool", "upstream"}, {r.label, addr})
+                .. " " .. (dict:get(r.dkeys[i]) and 1 or 0)
+        end
+    end
+end
+
+local function admin_answer(status, body)
+    ngx.status = status
+    ngx.header["Content-Type"] = "application/json"
+    ngx.print(cjson.encode(body))
+    return ngx.exit(ngx.HTTP_OK)
+end
+
+-- The replicas of ring r: {addr = {in_flight, drained}}.
+local function replicas_of(r)
+    local out = {}
+    for i, addr in ipairs(r.addrs) do
+        out[addr] = {in_flight = dict:get(r.ikeys[i]) or 0, drained = dict:get(r.dkeys[i]) ~= nil}
+    end
+    return out
+end
+
+-- content_by_lua of the metrics listener's /admin/drain (never the public port):
+--   GET                             every affinity pool's replicas: in flight, drained
+--   GET    ?pool=P                  that pool's
+--   POST   ?pool=P&replica=H:PORT   drain it (no new request; those in flight finish); idempotent
+--   DELETE ?pool=P&replica=H:PORT   undrain it; idempotent
+-- An unknown pool or replica: 404 with a message naming what there is.
+function M.admin()
+    local method = ngx.req.get_method()
+    local args = ngx.req.get_uri_args()
+    local pool, replica = args.pool, args.replica
+    if method ~= "GET" and method ~= "POST" and method ~= "DELETE" then
+        ngx.header["Allow"] = "GET, POST, DELETE"
+        return admin_answer(405, {error = "method " .. method .. " not allowed: GET, POST (drain) or DELETE (undrain)"})
+    end
+    if type(pool) ~= "string" then
+        if method ~= "GET" then
+            return admin_answer(400, {error = "pool=<pool>&replica=<host:port> are required to drain or undrain"})
+        end
+        local all = {}
+        for label, r in pairs(by_pool) do
+            all[label] = replicas_of(r)
+        end
+        return admin_answer(200, all)
+    end
+    local r = by_pool[pool]
+    if not r then
+        local known = {}
+        for label in pairs(by_pool) do
+            known[#known + 1] = label
+        end
+        table.sort(known)
+        return admin_answer(404, {error = "no pool '" .. pool .. "' routed by prefix affinity here (drain needs "
+            .. "routing: prefix); these are: " .. table.concat(known, ", ")})
+    end
+    if method == "GET" then
+        return admin_answer(200, {[pool] = replicas_of(r)})
+    end
+    local k = type(replica) == "string" and r.index[replica]
+    if not k then
+        return admin_answer(404, {error = "pool '" .. pool .. "' has no replica '" .. tostring(replica)
+            .. "'; its replicas are: " .. table.concat(r.addrs, ", ")})
+    end
+    if method == "POST" then
+        -- add() fails when already drained: the pool's count moves once per replica.
+        if dict:add(r.dkeys[k], true) then
+            dict:incr(r.drained_key, 1, 0)
+        end
+    elseif dict:get(r.dkeys[k]) ~= nil then
+        dict:delete(r.dkeys[k])
+        dict:incr(r.drained_key, -1, 0)
+    end
+    return admin_answer(200, {[pool] = {[replica] = replicas_of(r)[replica]}})
 end
 
 return M

@@ -63,9 +63,10 @@ local HELP = {
         .. "(nginx's error log says why).",
     llm_gateway_series_overflow_total = "Observations dropped because the gateway already holds maxSeries label sets.",
     llm_gateway_routing_total = "Requests of pools routed by prefix affinity, by pool and outcome: kept (the key's own "
-        .. "replica), load (it was above its load bound), failure (it was ejected or failed the request), unkeyed (no "
+        .. "replica), load (it was above its load bound), failure (it was ejected, drained or failed the request), unkeyed (no "
         .. "session or prompt to hash: the least busy replica).",
     llm_gateway_upstream_in_flight = "Requests in flight on each replica of a pool routed by prefix affinity.",
+    llm_gateway_upstream_drained = "1 while a replica of a pool routed by prefix affinity is drained (no new request).",
 }
 
 local M = {}
@@ -873,6 +874,8 @@ local function render()
     if affinity then
         head(out, "llm_gateway_upstream_in_flight", "gauge")
         affinity.in_flight(out, labels)
+        head(out, "llm_gateway_upstream_drained", "gauge")
+        affinity.drained(out, labels)
     end
     for _, total in ipairs({{"llm_gateway_log_lines_total", LINES}, {"llm_gateway_log_write_errors_total", WRITE_ERRORS},
                             {"llm_gateway_series_overflow_total", OVERFLOW}}) do
