@@ -2,12 +2,15 @@
 
 Through Pulumi's Automation API (which drives the `pulumi` CLI on PATH), per step of at most
 `maxUnavailable` instances:
+0. a pool routed by prefix affinity: the instances are drained at the gateway (POST /admin/drain on its
+   metrics listener): no new request reaches them, and the rollout waits until the requests they hold are
+   done (at most the pool's readTimeoutSeconds), so stopping their containers cuts no stream;
 1. `pulumi up --target <the instances' containers, the images they run on their nodes, the gates that
    check them> --target-dependents`: the old containers go, the new ones start, and the up returns
    only when their health gates (Ray's GPU gate, /health) pass;
 2. the gateway's failTimeoutSeconds (+ 1: nginx counts whole seconds), for nginx to take back the
-   replicas it shunned while they were down, then a check through it: three chat completions in a
-   row for the pool's model must answer 200 (the gateway balances over the pool, so this proves the
+   replicas it shunned while they were down; drained instances are put back in rotation (DELETE
+   /admin/drain); then a check through it: three chat completions in a row for the pool's model must answer 200 (the gateway balances over the pool, so this proves the
    pool serves with the new instances in it); a 502/503/504 or no answer is retried for up to
    failTimeoutSeconds + 30 s before the step fails, naming the logs to read;
 3. the next step — or, on the first failure, stop and say which instance is left in which state.
@@ -26,7 +29,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,9 +37,12 @@ from typing import Any
 from pulumi import automation as auto
 
 from components.node_programs.smoke_client import RETRY_STATUSES
+from components.planning.gateway.layout import metrics_address
+from components.planning.gateway.nginx import DRAIN_PATH
+from components.planning.gateway.routing import upstream_servers
 from components.planning.smoke import retry_seconds, where_to_look
 from components.spec import StackSpec
-from components.spec.topology import instances
+from components.spec.topology import affinity_pools, instances
 from plan.cli import run as run_cli
 from plan.harness import ProgramRun, Registration, run_main_program
 from plan.stackfile import load_spec
@@ -96,6 +102,81 @@ def rollout_steps(run: ProgramRun, spec: StackSpec, pool: str, max_unavailable: 
         Step(tuple(batch), tuple(u for name in batch for u in instance_targets(run, name)))
         for batch in (names[k : k + max_unavailable] for k in range(0, len(names), max_unavailable))
     ]
+
+
+@dataclass(frozen=True)
+class Drain:
+    """How the rollout takes a step's instances out of the gateway before replacing them."""
+
+    url: str  # the gateway's drain endpoint, on its metrics listener
+    pool: str
+    replicas: Mapping[str, str]  # instance -> its replica as the gateway names it (host:port)
+    timeout_s: float  # the pool's readTimeoutSeconds: no request it holds lasts longer
+    poll_s: float = 0.5
+
+    def undrain_command(self, name: str) -> str:
+        return f"curl -X DELETE '{self.url}?pool={self.pool}&replica={self.replicas[name]}'"
+
+
+def pool_drain(spec: StackSpec, pool: str, url: str | None = None) -> Drain | None:
+    """The pool's Drain (its replicas at the gateway's /admin/drain), or None where the gateway cannot drain it:
+    no gateway, or a pool nginx balances itself (least_conn, one instance)."""
+    if spec.gateway is None or pool not in affinity_pools(spec):
+        return None
+    names = [i.name for i in instances(spec, pool)]
+    addrs = [f"{host}:{port}" for host, port in upstream_servers(spec, pool)]
+    return Drain(
+        url or f"http://{metrics_address(spec)}{DRAIN_PATH}",
+        pool,
+        dict(zip(names, addrs, strict=True)),
+        spec.pools[pool].read_timeout_seconds,
+    )
+
+
+def _admin(drain: Drain, method: str, replica: str | None = None) -> dict[str, Any]:
+    """One call of the drain endpoint: its JSON answer, or OSError with what it said."""
+    query = f"pool={drain.pool}" + (f"&replica={replica}" if replica else "")
+    request = urllib.request.Request(f"{drain.url}?{query}", method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:  # noqa: S310 (the stack's own gateway)
+            answer: dict[str, Any] = json.loads(resp.read())
+            return answer
+    except urllib.error.HTTPError as e:
+        detail = e.read()[:300].decode(errors="replace")
+        raise OSError(f"{method} {drain.url}?{query} answered {e.code}: {detail}") from None
+    except (OSError, ValueError) as e:
+        raise OSError(f"{method} {drain.url}?{query} failed: {e}") from None
+
+
+def drain_step(drain: Drain, names: tuple[str, ...], say: Callable[[str], None]) -> None:
+    """Drain the instances at the gateway and wait until none holds a request (at most drain.timeout_s); OSError
+    when the gateway cannot be asked."""
+    for name in names:
+        _admin(drain, "POST", drain.replicas[name])
+    start = time.monotonic()
+    while True:
+        replicas = _admin(drain, "GET").get(drain.pool, {})
+        left = {n: replicas.get(drain.replicas[n], {}).get("in_flight", 0) for n in names}
+        waited = time.monotonic() - start
+        if not any(left.values()):
+            say(f"    {', '.join(names)}: drained at the gateway, nothing in flight after {waited:.1f} s")
+            return
+        if waited >= drain.timeout_s:
+            busy = ", ".join(f"{n} ({c})" for n, c in left.items() if c)
+            say(
+                f"    drained at the gateway, but still in flight after {drain.timeout_s:g} s "
+                f"(pools.{drain.pool}.readTimeoutSeconds): {busy}; replacing all the same"
+            )
+            return
+        time.sleep(drain.poll_s)
+
+
+def _left_drained(drain: Drain, names: tuple[str, ...]) -> str:
+    """What a failed step leaves drained at the gateway, and how to put each back."""
+    return "\n".join(
+        [f"  left drained at the gateway (no new request reaches them): {', '.join(names)}; once they serve, undrain:"]
+        + [f"    {drain.undrain_command(n)}" for n in names]
+    )
 
 
 def gateway_check(
@@ -211,13 +292,15 @@ def rollout(
     settle_s: float = 0,
     gateway_wait_s: float = 60,
     look_at: str = "the gateway's error log",
+    drain: Drain | None = None,
 ) -> int:
     """Run the steps on an Automation API stack; stop at the first failure, naming each instance's state.
 
     `settle_s` (settle_seconds) is waited after each step: nginx keeps a replica that failed while it
     was being replaced out of rotation that long, so the next step would otherwise take a second
     replica out while the first is still shunned. The gateway check then retries for up to
-    `gateway_wait_s`; `look_at` says what to read when it still fails.
+    `gateway_wait_s`; `look_at` says what to read when it still fails. With `drain`, each step's instances are
+    drained at the gateway first (drain_step) and undrained once healthy, before the check.
     """
     total = sum(len(s.instances) for s in steps)
     if any(len(s.instances) == total for s in steps):
@@ -231,6 +314,18 @@ def rollout(
         if not step.targets:
             say(f"rollout stopped: the program registers no container for {names}")
             return EXIT_FAILED
+        if drain is not None:
+            try:
+                drain_step(drain, step.instances, say)
+            except OSError as e:
+                say(f"rollout stopped at {names}: the gateway could not drain it ({e}); nothing replaced")
+                try:
+                    for name in step.instances:
+                        _admin(drain, "DELETE", drain.replicas[name])
+                except OSError:
+                    say(_left_drained(drain, step.instances))
+                say("\n".join(_states(steps, k, "not replaced (still the previous version)")))
+                return EXIT_FAILED
         try:
             result = stack.up(
                 target=list(step.targets),
@@ -252,6 +347,8 @@ def rollout(
                     )
                 )
             )
+            if drain is not None:
+                say(_left_drained(drain, step.instances))
             return EXIT_FAILED
         if settle_s:
             say(
@@ -259,6 +356,15 @@ def rollout(
                 "in nginx's whole seconds)"
             )
             time.sleep(settle_s)
+        if drain is not None:
+            try:
+                for name in step.instances:
+                    _admin(drain, "DELETE", drain.replicas[name])
+            except OSError as e:
+                say(f"rollout stopped at {names}: healthy, but the gateway could not undrain it ({e})")
+                say(_left_drained(drain, step.instances))
+                return EXIT_FAILED
+            say(f"    {names}: back in rotation at the gateway")
         url = _output(result.outputs, "gatewayUrl")
         if url:
             problem = check(url, _first_key(result.outputs), model, insecure=insecure, wait_s=gateway_wait_s, say=say)
@@ -302,6 +408,11 @@ def _parser() -> argparse.ArgumentParser:
         help="how long the gateway check retries a pool that does not answer yet "
         "(default: gateway.failTimeoutSeconds + 30)",
     )
+    p.add_argument(
+        "--gateway-admin",
+        help="the gateway's drain endpoint (default: http://<gateway node>:<gateway.metricsPort>/admin/drain, "
+        "on the cluster network)",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the steps and their targets, change nothing")
     return p
 
@@ -334,6 +445,13 @@ def main(argv: list[str] | None = None) -> int:
     if spec.gateway is None:
         return rollout(stack, steps, model, settle_s=settle)
     wait = args.gateway_wait_seconds if args.gateway_wait_seconds is not None else retry_seconds(spec)
+    drain = pool_drain(spec, args.pool, args.gateway_admin)
+    if drain is None:
+        print(
+            f"note: pool {args.pool!r} is not routed by prefix affinity: it is not drained at the gateway, and the "
+            "streams its replaced instances are sending when they stop are cut",
+            file=sys.stderr,
+        )
     return rollout(
         stack,
         steps,
@@ -342,6 +460,7 @@ def main(argv: list[str] | None = None) -> int:
         settle_s=settle,
         gateway_wait_s=wait,
         look_at=where_to_look(spec, args.pool),
+        drain=drain,
     )
 
 

@@ -23,19 +23,42 @@ from plan.harness import ProgramRun
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = ROOT / "tests" / "fixtures" / "pulumi-standin"
 CHAT = ["chat-gpu-03", "chat-gpu-04", "chat-gpu-05", "chat-gpu-06"]
+CHAT_ADDRS = ["192.168.10.13:8000", "192.168.10.14:8000", "192.168.10.15:8000", "192.168.10.16:8000"]
 
 
 class Gateway(http.server.BaseHTTPRequestHandler):
-    """Answers /v1/chat/completions with the next scripted status; records (ups so far, model, auth)."""
+    """Answers /v1/chat/completions with the next scripted status; records (ups so far, model, auth). Its
+    /admin/drain (the metrics listener's, here on the same port) records (ups so far, method, replica) and
+    answers GET with the next scripted in-flight count for every replica (0 once none is left)."""
 
     statuses: list[int] = []
     seen: list[tuple[int, str, str]] = []
+    drains: list[tuple[int, str, str | None]] = []
+    in_flight: list[int] = []
+    drain_status = 200
     log: Path
 
+    def _ups(self) -> int:
+        return sum(json.loads(line)["argv"][0] == "up" for line in type(self).log.read_text().splitlines())
+
+    def _admin(self) -> None:
+        query = dict(pair.split("=", 1) for pair in self.path.partition("?")[2].split("&"))
+        type(self).drains.append((self._ups(), self.command, query.get("replica")))
+        status = type(self).drain_status
+        count = type(self).in_flight.pop(0) if type(self).in_flight and self.command == "GET" else 0
+        body = json.dumps({query["pool"]: {a: {"in_flight": count, "drained": True} for a in CHAT_ADDRS}})
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body.encode() if status == 200 else b'{"error": "no pool here"}')
+
+    do_GET = do_DELETE = _admin  # noqa: N815 (http.server's names)
+
     def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        if self.path.startswith("/admin/drain"):
+            return self._admin()
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        ups = sum(json.loads(line)["argv"][0] == "up" for line in type(self).log.read_text().splitlines())
-        type(self).seen.append((ups, body["model"], self.headers.get("Authorization", "")))
+        type(self).seen.append((self._ups(), body["model"], self.headers.get("Authorization", "")))
         status = type(self).statuses.pop(0) if type(self).statuses else 200
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -57,6 +80,9 @@ def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, A
     log.write_text("")
     server = http.server.HTTPServer(("127.0.0.1", 0), Gateway)
     Gateway.statuses, Gateway.seen, Gateway.log = [], [], log
+    Gateway.drains, Gateway.in_flight, Gateway.drain_status = [], [], 200
+    # The drain endpoint on loopback (the stack's metrics listener is on the cluster network).
+    monkeypatch.setattr(rollout, "metrics_address", lambda spec: f"127.0.0.1:{server.server_port}")
     threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.setenv("PATH", f"{STANDIN}:{__import__('os').environ['PATH']}")
     monkeypatch.setenv("PULUMI_STANDIN_LOG", str(log))
@@ -114,6 +140,54 @@ def test_each_instance_is_up_targeted_then_checked_through_the_gateway_before_th
     assert "[1/4] chat-gpu-03: pulumi up --target-dependents with 3 targets" in out
     assert "chat-gpu-06: healthy; the gateway serves qwen3-30b-a3b" in out
     assert "rollout done: 4 instance(s)" in out
+    # Each instance drained at the gateway before its up (its in flight read until 0), undrained after it.
+    assert Gateway.drains == [
+        step
+        for n, addr in enumerate(CHAT_ADDRS)
+        for step in ((n, "POST", addr), (n, "GET", None), (n + 1, "DELETE", addr))
+    ]
+    assert "    chat-gpu-03: back in rotation at the gateway" in out
+
+
+def test_the_drain_of_a_prefix_affinity_pool_names_each_replica_as_the_gateway_does(prod_spec: StackSpec) -> None:
+    drain = rollout.pool_drain(prod_spec, "chat")
+    assert drain == rollout.Drain(
+        "http://192.168.10.11:9145/admin/drain", "chat", dict(zip(CHAT, CHAT_ADDRS, strict=True)), 600
+    )
+    assert drain.undrain_command("chat-gpu-04") == (
+        "curl -X DELETE 'http://192.168.10.11:9145/admin/drain?pool=chat&replica=192.168.10.14:8000'"
+    )
+    # One instance: nginx's own least_conn upstream, nothing to drain it from.
+    assert rollout.pool_drain(prod_spec, "reasoning") is None
+
+
+def test_the_rollout_waits_for_the_drained_replicas_requests_to_finish(
+    cli: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    cli["play"]()
+    Gateway.in_flight = [2, 1, 1, 0]
+    assert rollout.main(["--stack", "prod", "--pool", "chat", "--settle-seconds", "0"]) == 0
+    first = [d for d in Gateway.drains if d[0] == 0]
+    assert first == [(0, "POST", CHAT_ADDRS[0])] + [(0, "GET", None)] * 4
+    assert re.search(
+        r"^    chat-gpu-03: drained at the gateway, nothing in flight after \d+\.\d s$", capsys.readouterr().out, re.M
+    )
+
+
+def test_a_gateway_that_cannot_drain_stops_the_rollout_before_any_up(
+    cli: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    cli["play"]()
+    Gateway.drain_status = 404
+    assert rollout.main(["--stack", "prod", "--pool", "chat", "--settle-seconds", "0"]) == 1
+    assert not [a for a in calls(cli["log"]) if a[0] == "up"]
+    out = capsys.readouterr().out
+    url = cli["url"] + "/admin/drain"
+    assert (
+        f"rollout stopped at chat-gpu-03: the gateway could not drain it (POST {url}?pool=chat&replica="
+        f'{CHAT_ADDRS[0]} answered 404: {{"error": "no pool here"}}); nothing replaced\n' in out
+    )
+    assert "  chat-gpu-03: not replaced (still the previous version)" in out
 
 
 def test_an_instance_targets_its_container_its_image_on_that_node_and_its_gate(prod_preview_run: ProgramRun) -> None:
@@ -155,6 +229,12 @@ def test_the_first_failed_up_stops_the_rollout_and_names_each_instance_state(
     assert "  chat-gpu-04: replaced by a failed up: its containers or health gate did not come up" in out
     assert "  chat-gpu-05: not touched (still the previous version, serving)" in out
     assert "  chat-gpu-06: not touched (still the previous version, serving)" in out
+    url = cli["url"] + "/admin/drain"
+    assert (
+        "  left drained at the gateway (no new request reaches them): chat-gpu-04; once they serve, undrain:\n"
+        f"    curl -X DELETE '{url}?pool=chat&replica={CHAT_ADDRS[1]}'\n" in out
+    )
+    assert Gateway.drains[-1] == (1, "GET", None)  # chat-gpu-04 never undrained
 
 
 def test_a_pool_that_does_not_serve_through_the_gateway_stops_the_rollout(
@@ -266,3 +346,4 @@ def test_a_single_instance_pool_is_rolled_with_a_warning(
     assert out.startswith("warning: a step replaces all 1 instance(s) of the pool: it serves nothing until")
     assert [n for n, _, _ in Gateway.seen] == [1, 1, 1]
     assert {model for _, model, _ in Gateway.seen} == {"deepseek-r1"}
+    assert Gateway.drains == []  # one replica, nginx's own upstream: nothing to drain

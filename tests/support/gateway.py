@@ -133,6 +133,8 @@ class FakeReplica:
         """Reset a kept-alive connection when the next request arrives on it, before reading it (an
         engine server closing an idle connection at the moment nginx reuses it)."""
         self.resets = 0
+        self.streaming = 0
+        """Streams this replica is sending now (a stopped container cuts them)."""
         self.server = _Server(("127.0.0.1", 0), self._handler())
         self.port = int(self.server.server_address[1])
         self.addr = f"127.0.0.1:{self.port}"
@@ -275,6 +277,15 @@ class FakeReplica:
                     self.wfile.flush()
 
             def _stream(self, body: dict[str, Any]) -> None:
+                with replica.lock:
+                    replica.streaming += 1
+                try:
+                    self._events(body)
+                finally:
+                    with replica.lock:
+                        replica.streaming -= 1
+
+            def _events(self, body: dict[str, Any]) -> None:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")
@@ -301,6 +312,9 @@ class FakeReplica:
                         self.close_connection = True
                         return
                     self._chunk(data, fragment)
+                    if body.get("pace"):
+                        # A generation's time between tokens: the stream stays open that long per event.
+                        time.sleep(float(body["pace"]))
                     if i == 0 and body.get("gate"):
                         # Nothing more until the client has shown it holds the first chunk.
                         replica.gates[body["gate"]].wait(WAIT)
