@@ -91,6 +91,16 @@ def test_the_attention_backend_goes_by_environment_on_0_11(config: dict[str, Any
     assert "VLLM_ATTENTION_BACKEND" not in engine.serve_env(prod, inst, inst.head)
 
 
+def test_0_11_has_no_shutdown_timeout_so_neither_the_flag_nor_a_stop_timeout_is_planned(
+    config: dict[str, Any],
+) -> None:
+    spec = load_stack_config(chat_on_0_11(config), set())
+    engine = engine_for(spec.pools["chat"])
+    assert "--shutdown-timeout" not in engine.serve_argv(spec, instances(spec, "chat")[0])
+    assert engine.stop_timeout_seconds(spec, "chat") is None
+    assert not IMAGES[V011].shutdown_timeout_flag and IMAGES["vllm/vllm-openai:v0.19.1"].shutdown_timeout_flag
+
+
 def test_the_reference_chat_pool_on_0_11_plans_clean() -> None:
     violations = analyze(run_stack(chat_on_0_11(prod_config()), preview=True).registrations)
     assert [v.policy_name for v in violations if v.enforcement_level == "mandatory"] == []

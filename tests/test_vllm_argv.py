@@ -25,7 +25,7 @@ from components.engines.base import (
 )
 from components.engines.registry import ENGINES
 from components.planning.load import load_stack_config
-from components.spec import StackSpec
+from components.spec import SpecError, StackSpec
 from components.spec.topology import instances
 from tests.support import tool
 
@@ -156,6 +156,8 @@ def test_reasoning_argv_is_exact_and_parses(prod_spec: StackSpec) -> None:
         "gptq",
         "--enforce-eager",
         "--trust-remote-code",
+        "--shutdown-timeout",
+        "60",
     ]
     ns = parse(argv)
     assert ns.model_tag == "/data/models/DeepSeek-R1-GPTQ-Int4"
@@ -197,8 +199,11 @@ def test_chat_replica_argv_is_exact_and_parses(prod_spec: StackSpec) -> None:
         "0.9",
         "--attention-backend",
         "TRITON_ATTN",
+        "--shutdown-timeout",
+        "60",
     ]
     assert parse(argv).max_model_len == 32768
+    assert parse(argv).shutdown_timeout == 60  # pools.chat.drainSeconds' default
 
 
 def test_a_0_9_2_pool_gets_no_flag_its_parser_lacks(config: dict[str, Any]) -> None:
@@ -209,6 +214,33 @@ def test_a_0_9_2_pool_gets_no_flag_its_parser_lacks(config: dict[str, Any]) -> N
     # --attention-backend does not exist in 0.9.2: the typed key is not passed to it.
     assert "--attention-backend" not in argv and argv[-2:] == ["--swap-space", "4"]
     assert parse(argv, "0.9.2").swap_space == 4
+    # Nor --shutdown-timeout (0.9.2's parser has none): docker's own stop timeout stays.
+    assert "--shutdown-timeout" not in argv and VLLM.stop_timeout_seconds(spec, "chat") is None
+    with pytest.raises(ParseError):
+        parse([*argv, "--shutdown-timeout", "60"], "0.9.2")
+
+
+def test_drain_seconds_is_vllms_shutdown_timeout_and_the_stop_timeout_is_above_it(config: dict[str, Any]) -> None:
+    config["llm-cluster:pools"]["chat"]["drainSeconds"] = 120
+    spec = load_stack_config(config, set())
+    argv = VLLM.serve_argv(spec, instances(spec, "chat")[0])
+    assert argv[-2:] == ["--shutdown-timeout", "120"] and parse(argv).shutdown_timeout == 120
+    # The engine core and its workers still exit after the drain: docker waits 30 s more before SIGKILL.
+    assert VLLM.stop_timeout_seconds(spec, "chat") == 150
+    assert VLLM.stop_timeout_seconds(spec, "reasoning") == 90  # its default, 60
+
+
+def test_drain_seconds_0_keeps_vllms_abort_and_dockers_stop_timeout(config: dict[str, Any]) -> None:
+    config["llm-cluster:pools"]["chat"]["drainSeconds"] = 0
+    spec = load_stack_config(config, set())
+    assert "--shutdown-timeout" not in VLLM.serve_argv(spec, instances(spec, "chat")[0])
+    assert VLLM.stop_timeout_seconds(spec, "chat") is None
+
+
+def test_a_negative_drain_seconds_is_refused_naming_the_key(config: dict[str, Any]) -> None:
+    config["llm-cluster:pools"]["chat"]["drainSeconds"] = -1
+    with pytest.raises(SpecError, match=r"pools\.chat\.drainSeconds"):
+        load_stack_config(config, set())
 
 
 def test_every_optional_flag_is_a_real_flag_with_a_valid_value(config: dict[str, Any]) -> None:
@@ -232,6 +264,9 @@ def test_every_optional_flag_is_a_real_flag_with_a_valid_value(config: dict[str,
         "--enable-prefix-caching",
         "--enable-chunked-prefill",
         "--enforce-eager",
+        "--shutdown-timeout",
+        "60",
+        # extraArgs last: a --shutdown-timeout of their own would win (argparse keeps the last).
         "--enable-log-requests",
         "--max-log-len",
         "100",
@@ -414,3 +449,15 @@ def test_health_gate_reports_progress_and_times_out_with_what_to_check(tmp_path:
         r"vllm-chat-gpu-03` \(weights path mounted and complete",
         done.stderr,
     )
+
+
+def test_the_server_containers_stop_timeout_is_planned_above_the_drain(prod_preview_run: Any) -> None:
+    # docker:Container's stopTimeout (an integer, replaces the container; tests/fixtures/schemas/docker-5.2):
+    # the API server's container only (the one `docker stop` sends SIGTERM to vLLM's drain through the watchdog).
+    stop = {
+        r.urn.rsplit("::", 1)[1]: r.display_inputs().get("stopTimeout")
+        for r in prod_preview_run.by_type("docker:index/container:Container")
+    }
+    assert stop["chat-gpu-03-vllm"] == stop["reasoning-gpu-01-ray-head"] == 90
+    assert stop["reasoning-gpu-01-ray-worker-gpu-02"] is None
+    assert all(v is None for k, v in stop.items() if not k.endswith(("-vllm", "-ray-head"))), stop

@@ -309,6 +309,11 @@ class Engine(ABC):
         watchdog): python3 by default; an image without python3 overrides it."""
         return health_probe_argv(url)
 
+    def stop_timeout_seconds(self, spec: StackSpec, pool: str) -> int | None:
+        """Seconds `docker stop` waits before SIGKILL for a server of the pool that drains on SIGTERM (above its
+        own drain timeout), or None: docker's default (the engine does not drain)."""
+        return None
+
     @abstractmethod
     def serve_argv(self, spec: StackSpec, instance: Instance) -> list[str]:
         """The server's full command line for one instance."""

@@ -152,6 +152,8 @@ class ModelServer(Component):
                 command=argv[2:],
                 uploads=server_uploads(spec, inst),
                 healthcheck=server_healthcheck(spec, inst),
+                # Above the engine's own drain on SIGTERM: `docker stop` lets the requests in flight finish.
+                stop_timeout=engine.stop_timeout_seconds(spec, inst.pool),
                 **gpu_container_args(spec, inst, head, inst.head, engine.server_role),
                 opts=self.opts(
                     **gpu_container_opts(head, inst.head, args.weights_ready, before, qualified=args.qualified)

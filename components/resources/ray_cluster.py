@@ -94,6 +94,8 @@ class RayCluster(Component):
                 ),
             ],
             healthcheck=server_healthcheck(spec, inst),
+            # Above the engine's own drain on SIGTERM: `docker stop` lets the requests in flight finish.
+            stop_timeout=engine_for(pool).stop_timeout_seconds(spec, inst.pool),
             **gpu_container_args(spec, inst, head_node, inst.head, "ray-head", [textfile_dir]),
             opts=self.opts(
                 **gpu_container_opts(head_node, inst.head, args.weights_ready, before_head, qualified=args.qualified)

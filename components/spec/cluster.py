@@ -538,6 +538,9 @@ class PoolSpec(Spec):
     nodes. `false` lets them reach the hub (refused when images.airGapped); `env` overrides one variable."""
     read_timeout_seconds: int = Field(default=600, ge=1, le=86400)
     """Gateway read timeout for this pool's upstreams (long generations stream for minutes)."""
+    drain_seconds: int = Field(default=60, ge=0, le=3600)
+    """How long a stopped server lets the requests it holds finish (vLLM `--shutdown-timeout`, where the image
+    has it; the container's stop timeout is set above it). 0: vLLM's own default, which aborts them."""
     load_timeout_minutes: int = Field(default=30, ge=1)
     """How long the readiness gate waits for /health (weights load 5–15 min on local disks)."""
     ray_gate_timeout_seconds: int = Field(default=300, ge=10)

@@ -52,6 +52,9 @@ from components.spec.topology import Instance, nodes_per_instance
 
 # Where the pool's fused-MoE tile configs are written inside the container (VLLM_TUNED_CONFIG_FOLDER).
 TUNED_CONFIG_DIR = "/opt/llm-cluster/moe-configs"
+# After --shutdown-timeout, the engine core and its workers still exit and free the GPUs: docker waits this much
+# longer before SIGKILL.
+STOP_MARGIN_SECONDS = 30
 # fused_moe.py get_config_file_name: "E={E},N={N},device_name={name}{,dtype=…}{,block_shape=[…]}.json".
 _MOE_CONFIG_NAME = re.compile(
     r"E=\d+,N=\d+,device_name=[A-Za-z0-9_.-]+(,dtype=[a-z0-9_]+)?(,block_shape=\[\d+, ?\d+\])?\.json"
@@ -285,6 +288,13 @@ class VllmEngine(Engine):
         assert v is not None  # the spec requires the vllm block with engine: vllm
         return v.max_model_len
 
+    def stop_timeout_seconds(self, spec: StackSpec, pool: str) -> int | None:
+        facts = self.image_facts(spec, pool)
+        drain = spec.pools[pool].drain_seconds
+        if facts is None or not facts.shutdown_timeout_flag or not drain:
+            return None
+        return drain + STOP_MARGIN_SECONDS
+
     def serve_argv(self, spec: StackSpec, instance: Instance) -> list[str]:
         return vllm_argv(spec, instance, self.image_facts(spec, instance.pool))
 
@@ -432,6 +442,9 @@ def vllm_argv(spec: StackSpec, instance: Instance, facts: ImageFacts | None = No
         argv.append("--enforce-eager")
     if model.trust_remote_code:
         argv.append("--trust-remote-code")
+    if facts is not None and facts.shutdown_timeout_flag and pool.drain_seconds:
+        # A stopped container lets the requests in flight finish (vLLM's default, 0, aborts them).
+        argv += ["--shutdown-timeout", str(pool.drain_seconds)]
     return argv + list(v.extra_args)
 
 

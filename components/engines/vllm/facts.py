@@ -166,6 +166,9 @@ class ImageFacts(SourcedImage):
     # vLLM's own multi-node launcher: `vllm serve --nnodes N --node-rank R --master-addr A --master-port P` on
     # every node, `--headless` on all but rank 0 (the mp executor across nodes; pools.<pool>.vllm.multiNode: native).
     native_multi_node: bool = False
+    # `--shutdown-timeout N`: on SIGTERM the server stops taking requests and lets those in flight run up to N
+    # seconds (its default, 0, aborts them): a `docker stop` that lets streams finish.
+    shutdown_timeout_flag: bool = False
     sources: Mapping[str, Sourced] = field(default_factory=dict)
     note: str = ""
 
@@ -361,6 +364,7 @@ _COMMON_092 = {
         "components/engines/vllm/data/vllm-0.9.2-serve-args.json: no --nnodes, --node-rank, --master-addr or "
         "--master-port (only the data-parallel --headless): multi-node needs Ray"
     ),
+    "shutdown_timeout_flag": code("components/engines/vllm/data/vllm-0.9.2-serve-args.json: no --shutdown-timeout"),
 }
 
 _COMMON_0191 = {
@@ -430,6 +434,11 @@ _COMMON_0191 = {
         "29501), --headless (store_true); vllm/entrypoints/cli/serve.py run_headless starts a MultiprocExecutor "
         "on a node of rank > 0 (vllm PR #23691, the mp executor across nodes, after 0.11.0); two such processes "
         "served TP 2 across them on the CPU build of 0.19.1 (issue 33) [obs]"
+    ),
+    "shutdown_timeout_flag": code(
+        "components/engines/vllm/data/vllm-0.19.1-serve-args.json: --shutdown-timeout (int, default 0); vLLM "
+        "0.19.1 vllm/entrypoints/launcher.py (SIGTERM with a timeout above 0: no new request, those in flight "
+        "drained for up to it) and vllm/v1/engine/core.py _handle_shutdown (0: every request in flight aborted)"
     ),
 }
 
@@ -523,6 +532,7 @@ _COMMON_0110 = {
         "components/engines/vllm/data/vllm-0.11.0-serve-args.json: no --nnodes, --node-rank, --master-addr or "
         "--master-port (vllm PR #23691, the mp executor across nodes, is not in this release): multi-node needs Ray"
     ),
+    "shutdown_timeout_flag": code("components/engines/vllm/data/vllm-0.11.0-serve-args.json: no --shutdown-timeout"),
 }
 _KV_0110 = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc")
 
@@ -558,6 +568,7 @@ def _vllm_0191(tag: str, variant: str, arch_list: tuple[int, ...], arch_source: 
         tuned_moe_config_env="VLLM_TUNED_CONFIG_FOLDER",
         serve_refuses_model_flag=False,
         native_multi_node=True,
+        shutdown_timeout_flag=True,
         sources=_sources(_COMMON_0191, torch_arch_list=arch_source),
         note=note,
     )
