@@ -314,16 +314,20 @@ def rollout(
         if not step.targets:
             say(f"rollout stopped: the program registers no container for {names}")
             return EXIT_FAILED
-        if drain is not None:
+        # A step of every instance is not drained: the gateway would have no replica left to send to.
+        drained = drain if drain is not None and len(step.instances) < total else None
+        if drain is not None and drained is None:
+            say(f"    {names}: not drained at the gateway (the step replaces every instance of the pool)")
+        if drained is not None:
             try:
-                drain_step(drain, step.instances, say)
+                drain_step(drained, step.instances, say)
             except OSError as e:
                 say(f"rollout stopped at {names}: the gateway could not drain it ({e}); nothing replaced")
                 try:
                     for name in step.instances:
-                        _admin(drain, "DELETE", drain.replicas[name])
+                        _admin(drained, "DELETE", drained.replicas[name])
                 except OSError:
-                    say(_left_drained(drain, step.instances))
+                    say(_left_drained(drained, step.instances))
                 say("\n".join(_states(steps, k, "not replaced (still the previous version)")))
                 return EXIT_FAILED
         try:
@@ -347,8 +351,8 @@ def rollout(
                     )
                 )
             )
-            if drain is not None:
-                say(_left_drained(drain, step.instances))
+            if drained is not None:
+                say(_left_drained(drained, step.instances))
             return EXIT_FAILED
         if settle_s:
             say(
@@ -356,13 +360,13 @@ def rollout(
                 "in nginx's whole seconds)"
             )
             time.sleep(settle_s)
-        if drain is not None:
+        if drained is not None:
             try:
                 for name in step.instances:
-                    _admin(drain, "DELETE", drain.replicas[name])
+                    _admin(drained, "DELETE", drained.replicas[name])
             except OSError as e:
                 say(f"rollout stopped at {names}: healthy, but the gateway could not undrain it ({e})")
-                say(_left_drained(drain, step.instances))
+                say(_left_drained(drained, step.instances))
                 return EXIT_FAILED
             say(f"    {names}: back in rotation at the gateway")
         url = _output(result.outputs, "gatewayUrl")

@@ -347,3 +347,16 @@ def test_a_single_instance_pool_is_rolled_with_a_warning(
     assert [n for n, _, _ in Gateway.seen] == [1, 1, 1]
     assert {model for _, model, _ in Gateway.seen} == {"deepseek-r1"}
     assert Gateway.drains == []  # one replica, nginx's own upstream: nothing to drain
+
+
+def test_a_step_of_every_instance_is_not_drained(cli: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    # Drained all at once, the pool would have no replica left: the gateway sends to them all the same, and the
+    # wait for their in flight would last readTimeoutSeconds.
+    cli["play"]()
+    assert rollout.main(["--stack", "prod", "--pool", "chat", "--max-unavailable", "4", "--settle-seconds", "0"]) == 0
+    assert Gateway.drains == []
+    out = capsys.readouterr().out
+    assert (
+        "    chat-gpu-03, chat-gpu-04, chat-gpu-05, chat-gpu-06: not drained at the gateway (the step replaces "
+        "every instance of the pool)\n" in out
+    )
