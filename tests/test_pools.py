@@ -58,6 +58,8 @@ REASONING_ARGV = [
     "gptq",
     "--enforce-eager",
     "--trust-remote-code",
+    "--shutdown-timeout",
+    "60",
 ]
 MOE_CONFIG = "E=128,N=96,device_name=Tesla_V100-SXM2-32GB.json"
 
@@ -88,6 +90,8 @@ def chat_argv(node: str) -> list[str]:
         "0.9",
         "--attention-backend",
         "TRITON_ATTN",
+        "--shutdown-timeout",
+        "60",
     ]
 
 

@@ -39,7 +39,7 @@ REFUSED: list[tuple[str, Mutation, list[str]]] = [
         "unknown key lists the allowed ones",
         lambda c: section(c, "pools")["chat"].update(tensorParalel=8),
         [
-            "pools.chat.tensorParalel: unknown key 'tensorParalel'; allowed keys here: engine, env, image, imageFacts, "
+            "pools.chat.tensorParalel: unknown key 'tensorParalel'; allowed keys here: drainSeconds, engine, env, image, imageFacts, "
             "llamacpp, lmdeploy, loadTimeoutMinutes, maxUnavailable, model, nodes, offline, pipelineParallel, port, qualificationGate, rayClientPort, rayDashboardPort, "
             "rayGateTimeoutSeconds, rayPort, readTimeoutSeconds, replicasPerNode, "
             "restartUnhealthyAfterSeconds, routing, shmSizeGib, tensorParallel, vllm"

@@ -93,6 +93,8 @@ TAIL = [
     "gptq",
     "--enforce-eager",
     "--trust-remote-code",
+    "--shutdown-timeout",
+    "60",
 ]
 RENDEZVOUS = ["--master-addr", "192.168.20.11", "--master-port", "29501"]
 RANK0 = [*HEAD, "--node-rank", "0", *RENDEZVOUS, *TAIL]
