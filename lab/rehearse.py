@@ -215,6 +215,7 @@ CONTAINER_INPUTS: dict[str, Callable[[dict, Any], None] | None] = {
     "volumes": _binds,
     "mounts": _mounts,
     "uploads": None,  # PUT /containers/{id}/archive before start
+    "stopTimeout": _set("StopTimeout", int),  # what `docker stop` waits before SIGKILL (the engine's drain)
     "destroyGraceSeconds": None,  # POST /containers/{id}/stop?t= on delete
     "mustRun": None,  # checked after start (default true)
     "wait": None,

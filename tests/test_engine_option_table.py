@@ -123,6 +123,7 @@ BASE: dict[str, dict[str, tuple[str, ...]]] = {
         "--max-model-len": ("32768",),
         "--max-num-seqs": ("128",),
         "--gpu-memory-utilization": ("0.9",),
+        "--shutdown-timeout": ("60",),
     },
     "lmdeploy": {
         "": ("lmdeploy", "serve", "api_server", MODEL),

@@ -288,6 +288,17 @@ MUTANTS: list[Mutant] = [
         "usage lines a worker could not write vanish: llm_gateway_log_write_errors_total stays 0",
     ),
     Mutant(
+        "undrain-keeps-replica-out",
+        "components/planning/gateway/lua/gateway_affinity.lua",
+        "        dict:delete(r.dkeys[k])\n        dict:incr(r.drained_key, -1, 0)\n",
+        "        dict:incr(r.drained_key, -1, 0)\n",
+        (
+            "tests/test_gateway_drain.py::"
+            "test_a_drained_replica_finishes_its_requests_gets_no_new_one_and_only_its_conversations_move",
+        ),
+        "DELETE /admin/drain answers 200 but the replica stays out of rotation after a rollout step",
+    ),
+    Mutant(
         "metrics-full-zone-evicts",
         "components/planning/gateway/lua/gateway_metrics.lua",
         "    local ok, err = dict:safe_add(key, amount)\n",
