@@ -528,8 +528,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "native-worker-not-headless",
         "components/engines/vllm/engine.py",
-        '*argv[at + 1 : at + 5], "--headless", *argv[at + 5 :]]',
-        "*argv[at + 1 :]]",
+        "        if rank > 0:\n            argv.append(\"--headless\")\n",
+        "",
         ("tests/test_vllm_native_launcher.py",),
         "the other nodes start a second API server instead of joining rank 0 headless",
     ),

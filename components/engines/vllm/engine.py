@@ -373,8 +373,9 @@ def moe_configs(spec: StackSpec, pool: str) -> dict[str, str]:
     return out
 
 
-def vllm_argv(spec: StackSpec, instance: Instance, facts: ImageFacts | None = None) -> list[str]:
-    """The full `vllm serve` command line of one instance: flags of the pool's vLLM version, valid values."""
+def vllm_argv(spec: StackSpec, instance: Instance, facts: ImageFacts | None = None, rank: int = 0) -> list[str]:
+    """The full `vllm serve` command line of one instance: flags of the pool's vLLM version, valid values; on
+    vLLM's own multi-node launcher, that of the instance's node `rank` (0 serves the API)."""
     pool = spec.pools[instance.pool]
     model = spec.models[pool.model]
     v = pool.vllm
@@ -402,18 +403,20 @@ def vllm_argv(spec: StackSpec, instance: Instance, facts: ImageFacts | None = No
         # Stated rather than left to vLLM's guess, so the plan shows how the engine will run.
         argv += ["--distributed-executor-backend", "mp"]
     if instance.native_launcher:
-        # vLLM's own launcher across nodes: every node states the world and the head's rendezvous, its own
-        # rank (vllm_node_argv sets the others' and makes them headless).
+        # vLLM's own launcher across nodes: every node states the world, its rank and the head's rendezvous;
+        # the nodes after the head serve no API.
         argv += [
             "--nnodes",
             str(len(instance.nodes)),
             "--node-rank",
-            "0",
+            str(rank),
             "--master-addr",
             spec.node(instance.head).address,
             "--master-port",
             str(instance.master_port),
         ]
+        if rank > 0:
+            argv.append("--headless")
     argv += [
         "--dtype",
         model.dtype,
@@ -452,17 +455,12 @@ def vllm_node_argv(spec: StackSpec, instance: Instance, node: str, facts: ImageF
     """The `vllm serve` argv of one node of an instance on vLLM's own multi-node launcher: the head (rank 0)
     runs vllm_argv and serves the API; node i of the instance runs the same argv with `--node-rank i` and
     `--headless` (no API server: its workers join rank 0 through --master-addr:--master-port)."""
-    argv = vllm_argv(spec, instance, facts)
     if node not in instance.nodes:
         raise ValueError(f"node {node!r} is not one of {instance.name}'s nodes {list(instance.nodes)}")
     rank = instance.nodes.index(node)
-    if rank == 0:
-        return argv
-    if not instance.native_launcher:
+    if rank > 0 and not instance.native_launcher:
         raise ValueError(f"{instance.name} runs on Ray: node {node!r} runs a Ray worker, not vllm serve")
-    at = argv.index("--node-rank") + 1
-    # Right after the launcher's flags, before the pool's extraArgs: the same place on every node.
-    return [*argv[:at], str(rank), *argv[at + 1 : at + 5], "--headless", *argv[at + 5 :]]
+    return vllm_argv(spec, instance, facts, rank)
 
 
 def multi_node_issues(spec: StackSpec, pool: str) -> list[SpecIssue]:
