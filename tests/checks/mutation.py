@@ -528,7 +528,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "native-worker-not-headless",
         "components/engines/vllm/engine.py",
-        "        if rank > 0:\n            argv.append(\"--headless\")\n",
+        '        if rank > 0:\n            argv.append("--headless")\n',
         "",
         ("tests/test_vllm_native_launcher.py",),
         "the other nodes start a second API server instead of joining rank 0 headless",
