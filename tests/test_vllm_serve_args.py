@@ -5,6 +5,8 @@ quantization rules read these values; a value read wrong there is a wrong verdic
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,6 +17,7 @@ from components.engines.vllm.serve_args import (
     SERVE,
     ServeArgs,
     _drop_option,
+    _option_strings,
     _human_readable_int,
     _normalize,
     parse_serve,
@@ -24,6 +27,15 @@ from components.engines.vllm.serve_args import (
 V19 = image_facts("vllm/vllm-openai:v0.19.1")
 V92 = image_facts("vllm/vllm-openai:v0.9.2")
 M = "/data/models/m"
+
+
+@pytest.fixture(autouse=True)
+def fresh_parsers() -> Iterator[None]:
+    """Each test builds the parsers it reads with (they are cached per process), so what it checks is
+    what its own parse built."""
+    serve_parser.cache_clear()
+    _option_strings.cache_clear()
+    yield
 
 
 # vLLM's human_readable_int: decimal suffixes in lower case, binary in upper case (whole numbers only).
@@ -202,6 +214,22 @@ def test_vllm_0_9_2_reads_its_own_choices() -> None:
     assert parse_serve([M, "--block-size", "32"], facts=V92).values == {"model_tag": M, "block_size": 32}
 
 
+def test_an_optional_choice_takes_none_as_vllm_0_9_2_does() -> None:
+    """None among the dump's choices is optional_type's: the word None reads as None and is allowed."""
+    got = parse_serve([M, "--device", "None", "--preemption-mode", "None"], facts=V92)
+    assert (got.values, got.errors) == ({"model_tag": M, "device": None, "preemption_mode": None}, ())
+    assert parse_serve([M, "--device", "cuda"], facts=V92).values == {"model_tag": M, "device": "cuda"}
+    assert parse_serve([M, "--device", "none"], facts=V92).errors == (
+        "argument --device: invalid choice: 'none' (choose from 'auto', 'cpu', 'cuda', 'hpu', 'neuron', 'tpu', "
+        "'xpu', None)",
+    )
+
+
+def test_an_ambiguous_short_flag_stops_the_parse_with_argparses_words() -> None:
+    got = parse_serve([M, "-d"], facts=V19)
+    assert got.errors[0] == "ambiguous option: -d could match -dcp, -dp, -dpn, -dpr, -dpl, -dpa, -dpp, -dpb, -dph, -dpe"
+
+
 def test_the_api_server_takes_the_model_as_a_flag_and_no_positional() -> None:
     got = parse_serve(["--model", "/x", "/y"], program=API_SERVER, facts=V19)
     assert (got.values, got.program, got.model) == ({"model": "/x"}, API_SERVER, "/x")
@@ -226,6 +254,17 @@ def test_an_image_without_facts_is_read_by_the_default_parser_and_says_no_versio
     got = parse_serve([M, "--seed", "1", "--no-such"], facts=None)
     assert (got.values, got.version) == ({"model_tag": M, "seed": 1}, None)
     assert got.errors == ("unrecognized flag --no-such: not a `vllm serve` flag in vLLM 0.19.1",)
+
+
+def test_an_image_whose_facts_have_no_parser_dump_is_read_by_the_default_parser() -> None:
+    declared = dataclasses.replace(V92, serve_args=None)  # a private image declared without a dump
+    got = parse_serve([M, "--model", "/x"], facts=declared)
+    # The default (0.19.1) parser read it, not 0.9.2's: --model beside a positional, no version.
+    assert got.version is None
+    assert got.errors == (
+        "both a positional model (/data/models/m) and --model /x: vLLM 0.19.1 moves --model to the positional, "
+        "and its parser then refuses the second model",
+    )
 
 
 def test_each_programs_parser_is_named_as_vllm_names_it() -> None:

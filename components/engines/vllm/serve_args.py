@@ -141,8 +141,11 @@ def serve_parser(program: str = SERVE, dump: str = _FALLBACK.serve_args) -> argp
         if _entry_type(entry) is not None:
             kw["type"] = _entry_type(entry)
         if entry["choices"]:
-            # Choices typed like the values argparse compares them with ("None" means the option is optional).
-            kw["choices"] = [c for c in (_choice(c) for c in entry["choices"]) if c is not None]
+            # Choices typed like the values argparse compares them with: "None" among them is vLLM's
+            # optional_type, which reads the word None as None (`--device None` on 0.9.2 is accepted).
+            kw["choices"] = [_choice(c) for c in entry["choices"]]
+            if None in kw["choices"]:
+                kw["type"] = _optional(kw.get("type", str))
             if kw.get("nargs") == "+":
                 kw.pop("choices")  # comma-separated multi-values; vLLM validates them later
         parser.add_argument(*opts, **kw)
@@ -155,8 +158,8 @@ def _option_strings(program: str, dump: str) -> tuple[str, ...]:
 
 
 def _default_model(dump: str) -> str:
-    entry = next((e for e in dump_entries(dump) if "--model" in e.get("opts", ())), None)
-    return str(entry["default"]).strip("'") if entry else "a default model"
+    """EngineArgs' default --model (every dump has one: EngineArgs defines it)."""
+    return next(str(e["default"]).strip("'") for e in dump_entries(dump) if "--model" in e.get("opts", ()))
 
 
 def _normalize(token: str) -> str:
@@ -174,15 +177,13 @@ def _drop_option(tokens: list[str], option: str) -> list[str]:
     """
     names = set(option.split("/"))
     out: list[str] = []
-    i = 0
-    while i < len(tokens):
-        token = tokens[i]
-        i += 1
-        if token.partition("=")[0] not in names:
+    dropping = False  # the values after a dropped `--option` (not after `--option=value`)
+    for token in tokens:
+        if token.partition("=")[0] in names:
+            dropping = "=" not in token
+        elif not (dropping and not token.startswith("-")):
+            dropping = False
             out.append(token)
-            continue
-        while "=" not in token and i < len(tokens) and not tokens[i].startswith("-"):
-            i += 1
     return out if len(out) < len(tokens) else tokens[1:]
 
 
