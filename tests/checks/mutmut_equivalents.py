@@ -85,4 +85,53 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         "value = env.get(server.keepalive_env) if (server.keepalive_env) or True else None",
         "a pool's env has string keys, so env.get(None) is None, as the else gives",
     ),
+    # --- components/engines/vllm/serve_args.py ---------------------------------------------------------
+    "components.engines.vllm.serve_args.x__human_readable_int_or_auto__mutmut_6": (
+        'return -1 if value.strip() in ("XX-1XX", "auto", "AUTO", "Auto") else _human_readable_int(value)',
+        'without "-1" in the tuple, human_readable_int reads "-1" as int("-1"), the same -1',
+    ),
+    "components.engines.vllm.serve_args.x__default_model__mutmut_6": (
+        'return next(str(e["default"]).strip("XX\'XX") for e in dump_entries(dump) if "--model" in e.get("opts", ()))',
+        "no dump's default model begins or ends with X (facebook/opt-125m, Qwen/Qwen3-0.6B), so stripping X as well as ' changes none",
+    ),
+    "components.engines.vllm.serve_args.x__drop_option__mutmut_6": (
+        "dropping = None  # the values after a dropped `--option` (not after `--option=value`)",
+        "dropping is only read for its truth, and None is false as False is",
+    ),
+    "components.engines.vllm.serve_args.x__drop_option__mutmut_21": (
+        "dropping = None",
+        "dropping is only read for its truth, and None is false as False is",
+    ),
+    "components.engines.vllm.serve_args.x_parse_serve__mutmut_10": (
+        'dump, version = reader.serve_args or "XXXX", reader.version',
+        "reader is the image's facts only when they have a dump, else the fallback, whose dump is asserted at import: the `or` never applies",
+    ),
+    "components.engines.vllm.serve_args.x_parse_serve__mutmut_22": (
+        "for _ in range(len(remaining) + 2):",
+        "the loop ends by break: each failed try drops at least one token and an empty argv parses, so it never runs len + 1 times",
+    ),
+    "components.engines.vllm.serve_args.x_parse_serve__mutmut_34": (
+        'remaining = _drop_option(remaining, err.argument_name or "XXXX")',
+        "argparse names the argument of every ArgumentError it raises while parsing; '' and 'XXXX' would both name no flag an argv holds",
+    ),
+    "components.engines.vllm.serve_args.x_parse_serve__mutmut_40": (
+        "previous_unknown = None",
+        "previous_unknown is only read for its truth, and None is false as False is",
+    ),
+    "components.engines.vllm.serve_args.x_parse_serve__mutmut_82": (
+        "previous_unknown = None  # the value of the unknown flag before it",
+        "previous_unknown is only read for its truth, and None is false as False is",
+    ),
+    "components.engines.vllm.serve_args.x_parse_serve__mutmut_55": (
+        "close = difflib.get_close_matches(name, _option_strings(program, dump), )",
+        "only the best match is used, and get_close_matches puts the best first whatever n",
+    ),
+    "components.engines.vllm.serve_args.x_parse_serve__mutmut_60": (
+        "close = difflib.get_close_matches(name, _option_strings(program, dump), n=2)",
+        "only the best match is used, and get_close_matches puts the best first whatever n",
+    ),
+    "components.engines.vllm.serve_args.x_parse_serve__mutmut_56": (
+        "close = difflib.get_close_matches(name, _option_strings(None, dump), n=1)",
+        "a program other than vllm serve builds the api_server's parser, which differs only by the positional, which has no option string",
+    ),
 }
