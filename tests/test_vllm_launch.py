@@ -39,6 +39,8 @@ SERVERS: list[tuple[list[str], tuple[str, list[str]] | None]] = [
     (["bash", "-c", f"python3 -m {API_SERVER}\tmore"], (API_SERVER, ["more"])),
     (["bash", "-c", f"python3 -m {API_SERVER}"], (API_SERVER, [])),
     (["bash", "-c", "vllm serve /m && true"], (SERVE, ["/m", "true"])),
+    (["bash", "-c", "vllm serve /m ; true"], (SERVE, ["/m", "true"])),
+    (["bash", "-c", "vllm serve /a\n\nvllm serve /b"], (SERVE, ["/a"])),
     # Another module whose name starts like the api_server's is not it.
     (["bash", "-c", f"python3 -m {API_SERVER}s --model /m"], None),
     (["python3", "-m", API_SERVER + "s"], None),
@@ -173,6 +175,8 @@ def test_a_model_servers_declared_image_facts_are_its_own() -> None:
         "0.9.2",
         "0.9.2",
     )
+    # What it declares is sourced to the pool's key, in every message that cites it.
+    assert launch.facts.note == "declared by pools.chat.imageFacts, based on vllm/vllm-openai:v0.9.2"
 
 
 def test_a_containers_launch_is_read_from_its_command_envs_and_gpu_label() -> None:

@@ -134,4 +134,17 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         "close = difflib.get_close_matches(name, _option_strings(None, dump), n=1)",
         "a program other than vllm serve builds the api_server's parser, which differs only by the positional, which has no option string",
     ),
+    # --- components/engines/vllm/launch.py -------------------------------------------------------------
+    "components.engines.vllm.launch.x_server_tokens__mutmut_8": (
+        'if argv[i].rsplit("/", )[-1] == "vllm" and argv[i + 1] == "serve":',
+        "rsplit's last piece is the same whatever the split count",
+    ),
+    "components.engines.vllm.launch.x_server_tokens__mutmut_11": (
+        'if argv[i].rsplit("/", 2)[-1] == "vllm" and argv[i + 1] == "serve":',
+        "rsplit's last piece is the same whatever the split count",
+    ),
+    "components.engines.vllm.launch.x_server_tokens__mutmut_49": (
+        "if module is None or 0 <= serve_at <= module.start():",
+        '"vllm serve" and "-m vllm…" start with different characters, so they never start at the same index',
+    ),
 }
