@@ -340,3 +340,22 @@ def test_llamacpp_ptx_jit_rule(image: str, gpu: GpuModel, ptx: bool) -> None:
 @pytest.mark.parametrize("rule", [check_llamacpp_split, check_llamacpp_cache, check_llamacpp_jit])
 def test_llamacpp_rules_do_not_judge_an_unknown_image(rule: Any) -> None:
     assert rule(llamacpp(("-sm", "row", "-ctv", "q8_0", "-fa", "off"), image="unknown/llama:1")) == []
+
+
+def test_a_quantization_lmdeploy_does_not_name_is_judged_as_hf() -> None:
+    """Without --model-format, a checkpoint quantization LMDeploy has no format for loads as hf."""
+    s = lmdeploy(quantization="gguf")
+    s.facts = dataclasses.replace(
+        F, model_formats={**F.model_formats, "hf": dataclasses.replace(F.model_formats["hf"], min_capability=75)}
+    )
+    assert check_lmdeploy_model(s) == [
+        f"--model-format hf: TurboMind has no kernels for it on Tesla V100-SXM2-32GB (sm_70) ({F.cite('model_formats')})"
+    ]
+
+
+def test_every_group_size_a_format_takes_is_named() -> None:
+    s = lmdeploy(("--model-format", "compressed-tensors"), groupSize=64)
+    assert check_lmdeploy_model(s) == [
+        "--model-format compressed-tensors with group size 64: TurboMind's converter accepts group size 32, 128 "
+        f"only (it raises 'Unsupported group_size'); quantize with group size 32, 128 ({F.cite('model_formats')})"
+    ]

@@ -147,4 +147,21 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         "if module is None or 0 <= serve_at <= module.start():",
         '"vllm serve" and "-m vllm…" start with different characters, so they never start at the same index',
     ),
+    # --- components/engines/lmdeploy/rules.py ----------------------------------------------------------
+    "components.engines.lmdeploy.rules.x_check_lmdeploy_model__mutmut_19": (
+        'model_type = ""',
+        "neither '' nor 'None' is a model type HF_ARCHITECTURES names",
+    ),
+    "components.engines.lmdeploy.rules.x_check_lmdeploy_kv__mutmut_6": (
+        'policy = getattr(s.args(), "quant_policy", None) or 0',
+        "None or 0 is 0, as the default 0 is",
+    ),
+    "components.engines.lmdeploy.rules.x_check_lmdeploy_kv__mutmut_12": (
+        'policy = getattr(s.args(), "quant_policy", 1) or 0',
+        "the policy reads 0 when no --quant-policy parses; policy 0 has kernels from sm_70, the lowest capability in the GPU facts, and a policy LMDeploy does not know (1) is left to its parser: 0, None and 1 give the same verdict",
+    ),
+    "components.engines.lmdeploy.rules.x_check_lmdeploy_kv__mutmut_13": (
+        'policy = getattr(s.args(), "quant_policy", 0) or 1',
+        "the policy reads 0 when no --quant-policy parses; policy 0 has kernels from sm_70, the lowest capability in the GPU facts, and a policy LMDeploy does not know (1) is left to its parser: 0, None and 1 give the same verdict",
+    ),
 }
