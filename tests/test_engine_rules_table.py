@@ -303,6 +303,8 @@ def _v_cache(v_type: str) -> list[str]:
         (("-ctv", "f32", "-fa", "off"), []),
         (("-ctv", "bf16", "-fa", "off"), []),
         (("-ctk", "q8_0", "-fa", "off"), []),
+        # An empty type is no quantized one (llama-server refuses it itself at start).
+        (("-ctv", "", "-fa", "off"), []),
     ],
 )
 def test_llamacpp_kv_cache_rule(flags: tuple[str, ...], messages: list[str]) -> None:

@@ -164,4 +164,41 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         'policy = getattr(s.args(), "quant_policy", 0) or 1',
         "the policy reads 0 when no --quant-policy parses; policy 0 has kernels from sm_70, the lowest capability in the GPU facts, and a policy LMDeploy does not know (1) is left to its parser: 0, None and 1 give the same verdict",
     ),
+    # --- components/engines/llamacpp/rules.py ----------------------------------------------------------
+    "components.engines.llamacpp.rules.x_check_llamacpp_split__mutmut_7": (
+        'mode = str(getattr(s.args(), "split_mode", None) or "layer")',
+        "None or 'layer' is 'layer', as the default is",
+    ),
+    "components.engines.llamacpp.rules.x_check_llamacpp_split__mutmut_13": (
+        'mode = str(getattr(s.args(), "split_mode", "XXlayerXX") or "layer")',
+        "layer is a production mode and a mode the facts do not know gives no advice either: the verdict is [] whichever default",
+    ),
+    "components.engines.llamacpp.rules.x_check_llamacpp_split__mutmut_14": (
+        'mode = str(getattr(s.args(), "split_mode", "LAYER") or "layer")',
+        "layer is a production mode and a mode the facts do not know gives no advice either: the verdict is [] whichever default",
+    ),
+    "components.engines.llamacpp.rules.x_check_llamacpp_split__mutmut_15": (
+        'mode = str(getattr(s.args(), "split_mode", "layer") or "XXlayerXX")',
+        "reached only for an empty mode, which the parser's choices refuse (args() is then None and the getattr default applies)",
+    ),
+    "components.engines.llamacpp.rules.x_check_llamacpp_split__mutmut_16": (
+        'mode = str(getattr(s.args(), "split_mode", "layer") or "LAYER")',
+        "reached only for an empty mode, which the parser's choices refuse (args() is then None and the getattr default applies)",
+    ),
+    "components.engines.llamacpp.rules.x_check_llamacpp_cache__mutmut_8": (
+        'v_type = str(getattr(args, "cache_type_v", None) or "f16")',
+        "None or 'f16' is 'f16', as the default is",
+    ),
+    "components.engines.llamacpp.rules.x_check_llamacpp_cache__mutmut_28": (
+        'if v_type not in ("f16", "f32", "bf16") and getattr(args, "flash_attn", None) in ("off", "0", "false"):',
+        "the parser keeps unset flags out of the namespace; no default but off, 0 or false turns the rule on, and none of these is",
+    ),
+    "components.engines.llamacpp.rules.x_check_llamacpp_cache__mutmut_34": (
+        'if v_type not in ("f16", "f32", "bf16") and getattr(args, "flash_attn", "XXautoXX") in ("off", "0", "false"):',
+        "the parser keeps unset flags out of the namespace; no default but off, 0 or false turns the rule on, and none of these is",
+    ),
+    "components.engines.llamacpp.rules.x_check_llamacpp_cache__mutmut_35": (
+        'if v_type not in ("f16", "f32", "bf16") and getattr(args, "flash_attn", "AUTO") in ("off", "0", "false"):',
+        "the parser keeps unset flags out of the namespace; no default but off, 0 or false turns the rule on, and none of these is",
+    ),
 }
