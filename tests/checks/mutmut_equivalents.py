@@ -201,4 +201,17 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         'if v_type not in ("f16", "f32", "bf16") and getattr(args, "flash_attn", "AUTO") in ("off", "0", "false"):',
         "the parser keeps unset flags out of the namespace; no default but off, 0 or false turns the rule on, and none of these is",
     ),
+    # --- policies/rules/image.py -----------------------------------------------------------------------
+    "policies.rules.image.x_validate_gate__mutmut_7": (
+        'if props.get("qualificationGate", None) is not False:',
+        "None is not False, as the default True is not: an unset gate is on either way",
+    ),
+    "policies.rules.image.x_validate_gate__mutmut_9": (
+        'if props.get("qualificationGate", ) is not False:',
+        "None is not False, as the default True is not: an unset gate is on either way",
+    ),
+    "policies.rules.image.x_validate_gate__mutmut_26": (
+        ")",
+        "the report without its urn argument: ReportViolation takes urn=None by default, as the None passed",
+    ),
 }
