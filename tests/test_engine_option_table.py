@@ -13,6 +13,7 @@ from components.engines.llamacpp.options import LlamacppOptions
 from components.engines.lmdeploy.options import LmdeployOptions
 from components.engines.registry import ENGINES
 from components.engines.vllm.options import VllmOptions
+from components.spec import SpecError
 from components.spec.topology import instances
 from tests.conftest import prod_config
 from tests.support.engine_stacks import llamacpp_config, lmdeploy_config, spec_of
@@ -185,3 +186,23 @@ def test_the_table_names_every_option_of_every_engine(engine: str) -> None:
     elsewhere = {name for e, name in NOT_ARGV if e == engine}
     assert in_table | elsewhere == set(MODELS[engine].model_fields), engine
     assert not in_table & elsewhere
+
+
+@pytest.mark.parametrize("cache_type", ["bf16", "f16", "f32", "iq4_nl", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0"])
+def test_every_llamacpp_cache_type_of_the_images_is_taken(cache_type: str) -> None:
+    assert (
+        LlamacppOptions.model_validate(
+            {"contextPerSlot": 4096, "ggufFile": "m.gguf", "cacheType": cache_type}
+        ).cache_type
+        == cache_type
+    )
+
+
+@pytest.mark.parametrize("cache_type", ["q9_0", "F16", ""])
+def test_a_cache_type_no_image_knows_is_refused_naming_the_key_and_the_allowed(cache_type: str) -> None:
+    with pytest.raises(SpecError) as err:
+        spec_of(llamacpp_config(cacheType=cache_type))
+    assert str(err.value) == (
+        f"pools.chat.llamacpp.cacheType: {cache_type!r} is not a llama.cpp KV cache type; allowed: bf16, f16, f32, "
+        "iq4_nl, q4_0, q4_1, q5_0, q5_1, q8_0"
+    )
