@@ -17,9 +17,9 @@ from components.engines.vllm.serve_args import (
     SERVE,
     ServeArgs,
     _drop_option,
-    _option_strings,
     _human_readable_int,
     _normalize,
+    _option_strings,
     parse_serve,
     serve_parser,
 )
