@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from components.engines.base import Engine, MultiNode, offline_env, planned_capability
-from components.engines.estimate import GIB, EngineEstimate
+from components.engines.estimate import GIB, KV_ERROR_FLOOR, EngineEstimate, class_kv_error, pool_kind
 from components.engines.gate import GateCheck
 from components.engines.http import EngineServer
 from components.engines.judged import EngineRule
@@ -50,6 +50,15 @@ from components.spec.topology import Instance, instances
 
 RESERVED_GIB = 0.5
 COMPUTE_UBATCH = 512  # llama.cpp's default -ub
+# How far the KV buffer estimate has erred low (optimistic: llama-server allocates more than planned) against
+# real start-up logs, per class of pool (engine, one GPU or more, dense/MoE/MLA): bench/capacity_accuracy.py
+# measures it (docs/perf/capacity.md), tests/test_capacity.py keeps each figure covering its class's logs. The
+# KV buffer is n_ctx x layers x K/V row bytes, exactly as llama.cpp sizes it, so no log errs low; SWA models
+# (gpt-oss) err high, as the estimate caches every layer for the whole context.
+KV_ERROR_BY_CLASS: dict[tuple[str, str, str], float] = {
+    ("llamacpp", "tp1", "moe"): KV_ERROR_FLOOR,  # 3 logs (gpt-oss-20b on a T4), none optimistic
+}
+KV_ERROR_WIDEST = KV_ERROR_FLOOR  # 5 logs, none optimistic
 RULE_OF_THUMB_FACTOR = 1.2
 # Bytes per cached element of each -ctk/-ctv type (ggml block size and bytes: q8_0 34 B per 32, ...).
 CACHE_TYPE_BYTES = {
@@ -82,6 +91,7 @@ class ModelShape:
     input_bytes: int  # token_embd (host memory)
     kv_per_token_per_layer_f16: float  # K+V bytes of one token in one layer at f16
     exact: bool  # weights read from the GGUF header (False: spread from a stated size)
+    kind: str = "dense"  # dense, moe or mla: the class whose measured KV error the plan's range takes
 
     def kv_per_token_per_layer(self, cache_type: str) -> float:
         """K+V bytes of one token in one layer at the cache type."""
@@ -116,6 +126,7 @@ def shape_from_gguf(g: GgufModel, *, total_bytes: int | None = None) -> ModelSha
         input_bytes=inp,
         kv_per_token_per_layer_f16=g.kv_bytes_per_token_per_layer(2.0),
         exact=g.split_count == 1,
+        kind=pool_kind(uses_mla=g.mla, is_moe=g.expert_count > 0),
     )
 
 
@@ -142,6 +153,7 @@ def shape_from_arch(arch: ModelArch, total_bytes: float) -> ModelShape:
         input_bytes=embed,
         kv_per_token_per_layer_f16=kv,
         exact=False,
+        kind=pool_kind(uses_mla=arch.uses_mla, is_moe=arch.is_moe),
     )
 
 
@@ -226,6 +238,13 @@ def llamacpp_estimate(
         notes.append(f"llama.cpp pads each slot's context to {ctx_pad}: {ctx_per_slot} becomes {slot}")
     kv_tokens = n_ctx
     rot = (sum(shape.layer_bytes) + shape.output_bytes + shape.input_bytes) * RULE_OF_THUMB_FACTOR
+    error, error_class = kv_estimate_error(kv_error_class(shape.kind, gpus))
+    # The pessimistic end: every GPU's KV buffer larger by the class's error. -c is allocated whole at start, so
+    # the tokens it holds there are n_ctx when every GPU still fits, else the context the tightest GPU can hold.
+    room = [total - w - c - reserved for w, c in zip(weights, compute)]
+    per_token_high = [s * per_token_layer * (1 + error) for s in share]
+    fit_high = min(int(r // t) if t else n_ctx for r, t in zip(room, per_token_high))
+    tokens_low = min(n_ctx, max(0, fit_high))
     return EngineEstimate(
         engine="llamacpp",
         model=shape.name,
@@ -254,8 +273,25 @@ def llamacpp_estimate(
             "compute_gib_per_gpu": compute[worst] / GIB,
             "host_gib": shape.input_bytes / GIB,
             "weights_exact": shape.exact,
+            "kv_estimate_error": error,
+            "kv_error_class": error_class,
+            "kv_tokens_required": n_ctx,  # llama-server allocates the whole -c at start
+            "kv_tokens_low": tokens_low,
+            "max_concurrency_low": parallel * tokens_low / n_ctx if n_ctx else 0.0,
+            "kv_cache_gib_per_gpu_high": kv[worst] * (1 + error) / GIB,
+            "kv_error_terms": "the KV buffer (n_ctx x layers x K/V row bytes) and, beside it, the compute buffer",
         },
     )
+
+
+def kv_error_class(kind: str, gpus: int) -> tuple[str, str, str]:
+    """The class whose measured error a server's range takes: llama.cpp, one GPU or more, dense/MoE/MLA."""
+    return ("llamacpp", "tp1" if gpus == 1 else "tp>=2", kind)
+
+
+def kv_estimate_error(cls: tuple[str, str, str]) -> tuple[float, str]:
+    """The class's measured optimistic KV error and how it was found, in words for the plan."""
+    return class_kv_error(cls, KV_ERROR_BY_CLASS, KV_ERROR_WIDEST, engine="llama.cpp")
 
 
 # -- the server ------------------------------------------------------------------------------------------
