@@ -4,10 +4,11 @@ Capacity follows llama.cpp at the image's build (sources in components.engines.l
 - `-c` is the whole KV cache: with `-np N` slots each request gets n_ctx / N tokens, padded to 256
   (src/llama-context.cpp); the product passes `-c contextPerSlot x parallel` so contextPerSlot is what
   a request gets.
-- With every layer offloaded (`-ngl 999`) and `-sm layer`, decoder blocks are spread evenly over the
-  server's GPUs and each GPU caches K/V of its own layers; the output layer sits on the last GPU, the
-  token embedding stays in host memory (llama.cpp keeps the input layer on the CPU). A DeepSeek-MLA GGUF
-  caches only K (latent + rope key, no V: src/llama-kv-cache.cpp).
+- With every layer offloaded (`-ngl 999`) and `-sm layer`, decoder blocks are cut over the server's GPUs by
+  their share of the free memory, the output layer counted as one more block on the last GPU, and each GPU
+  caches K/V of its own layers (src/llama-kv-cache.cpp: model.dev_layer); the token embedding stays in host
+  memory (llama.cpp keeps the input layer on the CPU). A DeepSeek-MLA GGUF caches only K (latent + rope
+  key, no V: src/llama-kv-cache.cpp).
 - Weights come from the GGUF header when the pool names one (tensor bytes, exact), else from the model's
   stated sizeGib spread over its layers.
 Assumptions, not measured: RESERVED_GIB per GPU for the CUDA context and cuBLAS; compute buffers of one
@@ -158,9 +159,14 @@ def shape_from_arch(arch: ModelArch, total_bytes: float) -> ModelShape:
 
 
 def layers_per_gpu(layers: int, gpus: int) -> list[int]:
-    """Decoder blocks per GPU with -sm layer over identical GPUs (an even split, remainder to the first)."""
-    base, extra = divmod(layers, gpus)
-    return [base + (1 if i < extra else 0) for i in range(gpus)]
+    """Decoder blocks per GPU with -sm layer over identical GPUs, as llama.cpp places them (src/llama-model.cpp
+    load_tensors): the blocks and the output layer are layers + 1 slots, cut at each GPU's cumulative share of
+    the free memory (equal here); slot i goes to GPU floor(i x gpus / (layers + 1)). The output layer is the
+    last slot, so the first GPUs take the blocks it displaces: 28 blocks on 2 GPUs are 15 + 13, not 14 + 14."""
+    counts = [0] * gpus
+    for block in range(layers):
+        counts[min(gpus - 1, block * gpus // (layers + 1))] += 1
+    return counts
 
 
 def compute_bytes(shape: ModelShape, *, last: bool, ctx_per_slot: int, flash_attention: bool) -> float:
