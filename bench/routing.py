@@ -1077,8 +1077,13 @@ def inside(args: argparse.Namespace) -> None:
     if not args.no_cluster:
         for line in cluster_table({"systems": len(w.systems)}, args.cluster):
             log(line)
-    lc, pf = runs["least_conn"], runs["prefix"]
-    log(
+    log(summary_line(runs["least_conn"], runs["prefix"]))
+
+
+def summary_line(lc: dict[str, Any], pf: dict[str, Any]) -> str:
+    """The bench's last line, for scripts: prefix's engine hit rate and client TTFT p50 over least_conn's, and
+    the prefix run's max/mean requests per replica."""
+    return (
         f"routing: hit-rate {pf['hit'] / max(lc['hit'], 1e-9):.2f}x, ttft-p50 {pf['ttft_p50'] / lc['ttft_p50']:.2f}x, "
         f"max/mean {pf['spread']:.2f}"
     )

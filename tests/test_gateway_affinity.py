@@ -127,6 +127,10 @@ def test_a_session_header_then_the_user_field_come_before_the_prompt(
     by_user = {u: served(gw, key, chat(200 + u, 1, user=f"user-{u}")) for u in range(12)}
     for u in range(12):
         assert served(gw, key, chat(300 + u, 2, user=f"user-{u}")) == by_user[u]
+    # Both sent: the header decides; `user` names another session's replica for some of them.
+    both = {s: served(gw, key, chat(400 + s, 2, user=f"user-{s}"), {"X-Session-Id": f"session-{s}"}) for s in range(12)}
+    assert both == by_session
+    assert any(by_user[s] != by_session[s] for s in range(12)), "widen the sample: user and header agree everywhere"
     assert len(set(by_session.values())) >= 2 and len(set(by_user.values())) >= 2
 
 

@@ -113,11 +113,18 @@ def test_requests_without_a_key_skip_a_drained_replica(
     assert admin(gw, "POST", drain_query(victim))[0] == 200
     try:
         reached = len(victim.requests)
+        counted = outcomes(gw)
         # No messages, no prompt, no session: the least busy replica, never the drained one.
         for _ in range(12):
             status, _, payload = gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["default"])
             assert status == 200 and payload["served_by"] != victim.name
         assert len(victim.requests) == reached
+        after = outcomes(gw)
+        assert {k: after.get(k, 0) - counted.get(k, 0) for k in ("unkeyed", "drain", "kept")} == {
+            "unkeyed": 12,
+            "drain": 0,
+            "kept": 0,
+        }
     finally:
         admin(gw, "DELETE", drain_query(victim))
 
