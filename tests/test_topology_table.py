@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from components.planning.load import load_stack_config
-from components.spec import StackSpec
+from components.spec import SpecError, StackSpec
 from components.spec.topology import (
     affinity_pools,
     host_ports,
@@ -286,3 +286,116 @@ def test_routing_and_affinity_pools() -> None:
     assert [pool_routing(spec, p) for p in spec.pools] == ["prefix", "least_conn"]
     del config[NS + "gateway"]
     assert affinity_pools(load_stack_config(config, set())) == []
+
+
+GPUS_OF_A_NODE = "needs more than the 8 GPUs of a node"
+# The layout rules of the pools (components.spec.stack.check_pools), both sides of each:
+# (layout, chat pool keys, RAM of each chat node or None, the issues; [] = accepted).
+LAYOUT_RULES: list[tuple[str, dict[str, Any], float | None, list[str]]] = [
+    ("4 nodes in instances of 2", {"tensorParallel": 16}, None, []),
+    (
+        "3 nodes in instances of 2",
+        {"tensorParallel": 16, "nodes": ["gpu-03", "gpu-04", "gpu-05"]},
+        None,
+        [
+            "pools.chat.nodes: 3 nodes do not split into instances of 2 node(s) (tensorParallel 16 x "
+            "pipelineParallel 1 on 8 GPUs per node); give a multiple of 2"
+        ],
+    ),
+    (
+        "4 nodes in instances of 4 (PP 4)",
+        {"tensorParallel": 1, "pipelineParallel": 4},
+        None,
+        [],
+    ),
+    (
+        "2 nodes in instances of 4 (PP 4)",
+        {"tensorParallel": 1, "pipelineParallel": 4, "nodes": ["gpu-03", "gpu-04"]},
+        None,
+        [
+            "pools.chat.nodes: 2 nodes do not split into instances of 4 node(s) (tensorParallel 1 x "
+            "pipelineParallel 4 on 8 GPUs per node); give a multiple of 4"
+        ],
+    ),
+    ("4 replicas x TP 2: 8 GPUs of 8", {"tensorParallel": 2, "replicasPerNode": 4}, None, []),
+    ("2 replicas x TP 4: 8 GPUs of 8", {"tensorParallel": 4, "replicasPerNode": 2}, None, []),
+    (
+        "5 replicas x TP 2: 10 GPUs of 8",
+        {"tensorParallel": 2, "replicasPerNode": 5},
+        None,
+        [f"pools.chat.replicasPerNode: 5 replicas x tensorParallel 2 x pipelineParallel 1 {GPUS_OF_A_NODE}"],
+    ),
+    (
+        "3 replicas x TP 3: 9 GPUs of 8",
+        {"tensorParallel": 3, "replicasPerNode": 3},
+        None,
+        [f"pools.chat.replicasPerNode: 3 replicas x tensorParallel 3 x pipelineParallel 1 {GPUS_OF_A_NODE}"],
+    ),
+    (
+        "2 replicas of an instance spanning nodes",
+        {"tensorParallel": 4, "pipelineParallel": 2, "replicasPerNode": 2},
+        None,
+        [f"pools.chat.replicasPerNode: 2 replicas x tensorParallel 4 x pipelineParallel 2 {GPUS_OF_A_NODE}"],
+    ),
+    ("64 GiB of /dev/shm on 64 GiB of RAM", {"shmSizeGib": 64}, 64, []),
+    (
+        "65 GiB of /dev/shm on 64 GiB of RAM",
+        {"shmSizeGib": 65},
+        64,
+        [
+            "pools.chat.shmSizeGib: 65 GiB of /dev/shm per container is more than the 64 GiB of RAM of node gpu-03 "
+            "(nodes.gpu-03.memoryGib); at most 64 fits"
+        ],
+    ),
+    (
+        "2 replicas x 32 GiB of /dev/shm on 64 GiB",
+        {"shmSizeGib": 32, "tensorParallel": 4, "replicasPerNode": 2},
+        64,
+        [],
+    ),
+    (
+        "2 replicas x 33 GiB of /dev/shm on 64 GiB",
+        {"shmSizeGib": 33, "tensorParallel": 4, "replicasPerNode": 2},
+        64,
+        [
+            "pools.chat.shmSizeGib: 33 GiB of /dev/shm per container x 2 replicas is more than the 64 GiB of RAM of "
+            "node gpu-03 (nodes.gpu-03.memoryGib); at most 32 fits"
+        ],
+    ),
+    # An instance across nodes has one container per node: its /dev/shm is not multiplied.
+    ("64 GiB of /dev/shm across nodes on 64 GiB", {"shmSizeGib": 64, "tensorParallel": 16}, 64, []),
+]
+
+
+@pytest.mark.parametrize(("layout", "pool", "ram", "issues"), LAYOUT_RULES, ids=[r[0] for r in LAYOUT_RULES])
+def test_layout_rules_on_both_sides(layout: str, pool: dict[str, Any], ram: float | None, issues: list[str]) -> None:
+    config = prod_config()
+    config[NS + "pools"]["chat"].update(pool)
+    if ram is not None:
+        for n in CHAT_NODES:
+            config[NS + "nodes"][n]["memoryGib"] = ram
+    if not issues:
+        assert load_stack_config(config, set()).pools["chat"].nodes == pool.get("nodes", list(CHAT_NODES)), layout
+        return
+    with pytest.raises(SpecError) as err:
+        load_stack_config(config, set())
+    assert [str(i) for i in err.value.issues] == issues, layout
+
+
+@pytest.mark.parametrize("field", ["hca", "interface"])
+@pytest.mark.parametrize("tensor_parallel", [8, 16])
+def test_nodes_of_an_instance_spanning_nodes_need_an_hca_and_an_interface(field: str, tensor_parallel: int) -> None:
+    config = prod_config()
+    defaults = config[NS + "nodeDefaults"]
+    for n in ("gpu-01", "gpu-02"):  # the reasoning pool spans nodes: its nodes keep theirs
+        config[NS + "nodes"][n][field] = defaults[field]
+    del defaults[field]
+    config[NS + "pools"]["chat"]["tensorParallel"] = tensor_parallel
+    if tensor_parallel == 8:  # one node per instance: neither is needed
+        assert getattr(load_stack_config(config, set()).node("gpu-03"), field) is None
+        return
+    with pytest.raises(SpecError) as err:
+        load_stack_config(config, set())
+    assert [str(i) for i in err.value.issues] == [
+        f"nodes.{n}.{field}: required (here or in nodeDefaults): pool 'chat' spans nodes" for n in CHAT_NODES
+    ]
