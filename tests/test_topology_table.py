@@ -248,6 +248,7 @@ def test_host_ports_of_replicas_without_gateway_or_monitoring() -> None:
         ("/data/models/DeepSeek-R1-GPTQ-Int4", "deepseek-r1-gptq-int4"),
         ("ghcr.io/ggml-org/llama.cpp:server-cuda-b11312", "llama-cpp-server-cuda-b11312"),
         ("-weights_v2.", "weights-v2"),
+        ("/data/models/Mixtral-8x7B-MAX", "mixtral-8x7b-max"),  # an X the trailing-slash strip must keep
         ("plain", "plain"),
     ],
 )
@@ -284,6 +285,11 @@ def test_routing_and_affinity_pools() -> None:
     config[NS + "gateway"]["routing"] = {"policy": "least_conn"}
     spec = load_stack_config(config, set())
     assert [pool_routing(spec, p) for p in spec.pools] == ["prefix", "least_conn"]
+    # Two instances are enough to choose from; one is not.
+    config[NS + "pools"]["chat"].update(routing="prefix", tensorParallel=16)
+    spec = load_stack_config(config, set())
+    assert len(instances(spec, "chat")) == 2
+    assert affinity_pools(spec) == ["chat"]
     del config[NS + "gateway"]
     assert affinity_pools(load_stack_config(config, set())) == []
 
