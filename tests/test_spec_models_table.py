@@ -138,7 +138,8 @@ def test_what_is_read_of_each_config_json_shape(
 ) -> None:
     spec, path = spec_reading(tmp_path)
     path.write_text(json.dumps(cfg))
-    assert model_architecture(spec, QWEN).hf_id == "Qwen/Qwen3-30B-A3B", shape
+    arch = model_architecture(spec, QWEN)
+    assert (arch.name, arch.hf_id, arch.model_type) == (QWEN, "Qwen/Qwen3-30B-A3B", "qwen3_moe"), shape
     assert checkpoint_quantization(spec, QWEN) == method
     assert quantization_config(spec, QWEN) == qconfig
     assert context_window_dict(spec, QWEN) == window
