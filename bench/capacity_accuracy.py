@@ -1,6 +1,7 @@
 """Capacity estimator vs real vLLM start-up logs: weights, non-torch memory and KV tokens per log, the
 medians and the worst optimistic KV error; then the V1-engine logs (vLLM 0.10 and later) on their own, the
-errors per class (engine line, TP, model kind) and one line for scripts.
+errors per class (engine line, TP, model kind); then the other engines' logs (llama.cpp's KV buffer, TurboMind's
+KV blocks), one summary line per engine; and last one line for scripts.
 
 Run: .venv/bin/python -m bench.capacity_accuracy   (figures only; tests/test_capacity.py asserts them)
 """
@@ -13,12 +14,17 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from components.engines.estimate import GIB, EngineEstimate, pool_kind
+from components.engines.llamacpp import engine as llamacpp
+from components.engines.lmdeploy import engine as lmdeploy
 from components.engines.vllm.memory import CapacityEstimate, estimate, kv_estimate_error
 from components.facts.hardware import gpu
 from components.facts.models import ModelArch, arch_from_config_json, model_arch
 from plan.cli import run as run_cli
 
 LOG_DIR = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "vllm-startup-logs"
+# The other engines' logs, `<engine>.<...>.log` (SOURCES.md there).
+ENGINE_LOG_DIR = LOG_DIR.parent / "engine-startup-logs"
 # vLLM writes "GB" in older messages but divides by 2**30, so every figure here is GiB.
 _WEIGHTS = [
     re.compile(r"model weights take\s+([\d.]+)\s*GiB"),
@@ -270,6 +276,127 @@ def print_classes(cases: list[LogCase]) -> None:
         print(f"{cls.name:<8} {len(cls.errors):>5} {cls.median_abs:>17.1f} {cls.worst_optimistic:>+18.1f}")
 
 
+# -- the other engines --------------------------------------------------------------------------------------
+
+# llama.cpp prints each device's KV buffer (one line per cache: an SWA model has two), in MiB.
+_KV_BUFFER = re.compile(r"(\w+) KV buffer size =\s+([\d.]+) MiB")
+# Where a log names no GPU: llama.cpp's KV buffer does not depend on the GPU's memory, only the fit does.
+_UNNAMED_GPU_GIB = 80.0
+_MODEL_BUFFER = re.compile(r"(CUDA\d+) model buffer size =\s+([\d.]+) MiB")
+# The engines the bench compares besides vLLM, and what their logs state.
+ENGINES = ("llamacpp", "lmdeploy")
+
+
+@dataclass(frozen=True)
+class EngineLogCase:
+    """One start-up log of an engine other than vLLM: its settings, the logged KV figure and its source."""
+
+    name: str
+    source: str
+    engine: str
+    arch: ModelArch
+    settings: dict[str, object]
+    logged_kv_mib: float  # llama.cpp: the fullest GPU's KV buffers together
+    logged_weights_mib: float | None  # the fullest GPU's model buffer, where the log prints it
+
+    @property
+    def gpus(self) -> int:
+        return int(self.settings.get("gpus", 1))  # type: ignore[call-overload]
+
+
+def load_engine_case(path: Path) -> EngineLogCase:
+    """Parse one fixture of tests/fixtures/engine-startup-logs: `# source/config/case` headers, then the lines."""
+    lines = path.read_text().splitlines()
+    text = "\n".join(ln for ln in lines if not ln.startswith("# "))
+    settings = json.loads(_header(lines, "case") or "{}")
+    per_device: dict[str, float] = {}
+    for device, mib in _KV_BUFFER.findall(text):
+        if device != "CPU":
+            per_device[device] = per_device.get(device, 0.0) + float(mib)
+    return EngineLogCase(
+        path.name,
+        _header(lines, "source") or "",
+        str(settings["engine"]),
+        arch_from_config_json(json.loads(_header(lines, "config") or "{}"), path.stem),
+        settings,
+        max(per_device.values()),
+        max((float(m) for _, m in _MODEL_BUFFER.findall(text)), default=None),
+    )
+
+
+def load_engine_cases() -> list[EngineLogCase]:
+    """Every other engine's log, sorted by file name."""
+    return [load_engine_case(p) for p in sorted(ENGINE_LOG_DIR.glob("*.log"))]
+
+
+def estimate_engine_case(case: EngineLogCase) -> EngineEstimate:
+    """What the planner computes for the log's model and settings (llama.cpp: its estimate for the server)."""
+    s = case.settings
+    name = s.get("gpu")
+    memory = gpu(str(name)).memory_gib if name else _UNNAMED_GPU_GIB
+    file_gib = float(s.get("file_gib") or 0.0)  # type: ignore[arg-type]
+    parallel = int(s["parallel"])  # type: ignore[call-overload]
+    return llamacpp.llamacpp_estimate(
+        llamacpp.shape_from_arch(case.arch, file_gib * GIB),
+        memory,
+        gpus=case.gpus,
+        split_mode=str(s["split_mode"]),
+        ctx_per_slot=int(s["n_ctx"]) // parallel,  # type: ignore[call-overload]
+        parallel=parallel,
+        cache_type=str(s["cache_type"]),
+        flash_attention=bool(s["flash_attention"]),
+    )
+
+
+def engine_kv_error(case: EngineLogCase) -> float:
+    """Signed error of the KV buffer estimate in percent of the estimate (positive: optimistic, the engine took
+    more than planned), so that the estimate times (1 + error) covers the log."""
+    planned = estimate_engine_case(case).kv_cache_gib_per_gpu * 1024
+    return (case.logged_kv_mib - planned) / planned * 100
+
+
+def engine_pool_classes(cases: list[EngineLogCase]) -> dict[tuple[str, str, str], list[float]]:
+    """KV errors per pool class as each engine ranges a capacity: what its KV_ERROR_BY_CLASS must cover."""
+    out: dict[tuple[str, str, str], list[float]] = {}
+    for c in cases:
+        cls = llamacpp.kv_error_class(pool_kind(uses_mla=c.arch.uses_mla, is_moe=c.arch.is_moe), c.gpus)
+        out.setdefault(cls, []).append(engine_kv_error(c))
+    return out
+
+
+def engine_line(engine: str, cases: list[EngineLogCase]) -> str:
+    """One engine's summary: logs compared, median |error| and worst optimistic error, and the range it plans."""
+    errors = [engine_kv_error(c) for c in cases if c.engine == engine]
+    if engine == "lmdeploy":
+        error, _ = lmdeploy.kv_estimate_error(("turbomind", "tp1", "dense"))
+        return (
+            f"lmdeploy (TurboMind) logs {len(errors)}: no public log states its settings, GPU and block figures "
+            f"(tests/fixtures/engine-startup-logs/SOURCES.md); planned range {error:.1%}, the widest measured"
+        )
+    median = statistics.median(abs(e) for e in errors) if errors else 0.0
+    return f"{engine} logs {len(errors)}: kv buffer median {median:.1f}%, worst optimistic {max([0.0, *errors]):.1f}%"
+
+
+def print_engines(cases: list[EngineLogCase]) -> None:
+    """The other engines' logs: the KV figure per log, estimated vs logged, then each engine's summary line."""
+    print()
+    print(f"{'other engines: log':<78} {'KV MiB/GPU est/log':>20} {'err%':>7} {'weights GiB/GPU est/log':>24}")
+    for case in cases:
+        est = estimate_engine_case(case)
+        kv = f"{est.kv_cache_gib_per_gpu * 1024:.0f}/{case.logged_kv_mib:.0f}"
+        weights = "-"  # a log without the GGUF's size or its model buffer line is compared for KV only
+        if case.settings.get("file_gib") and case.logged_weights_mib is not None:
+            weights = f"{est.weights_gib_per_gpu:.2f}/{case.logged_weights_mib / 1024:.2f}"
+        print(f"{case.name[:78]:<78} {kv:>20} {engine_kv_error(case):+7.1f} {weights:>24}")
+    print()
+    print(f"{'pool class':<30} {'logs':>5} {'worst optimistic%':>18} {'planned range%':>15}")
+    for cls, errors in sorted(engine_pool_classes(cases).items()):
+        planned, how = llamacpp.kv_estimate_error(cls)
+        print(f"{' · '.join(cls):<30} {len(errors):>5} {max([0.0, *errors]):>+18.1f} {planned * 100:>14.1f}  {how}")
+    for engine in ENGINES:
+        print(engine_line(engine, cases))
+
+
 def main() -> None:
     """Print the comparison table, the medians and the worst optimistic KV error, then the V1 logs, the
     classes and the line for scripts (last)."""
@@ -307,6 +434,7 @@ def main() -> None:
     print_v1(cases)
     print_classes(cases)
     print_pool_classes(cases)
+    print_engines(load_engine_cases())
     print(v1_line(cases))
 
 

@@ -304,9 +304,15 @@ def render_text(result: PlanResult) -> str:
                     + ("yes" if est["fits"] else "NO — " + est["reason"])
                 )
                 if "kv_tokens_low" in est and est["fits"]:
+                    # llama.cpp's KV tokens are its -c: what may be larger there is the buffer holding them.
+                    kv_gib = (
+                        f"{est['kv_cache_gib_per_gpu_high']:.1f}G KV cache/GPU at most"
+                        if "kv_cache_gib_per_gpu_high" in est
+                        else f"{est['kv_cache_gib_per_gpu_low']:.1f}G KV cache/GPU"
+                    )
                     out.append(
                         f"  {'':<23}pessimistic end: {est['kv_tokens_low']} KV tokens, "
-                        f"{est['kv_cache_gib_per_gpu_low']:.1f}G KV cache/GPU, {est['max_concurrency_low']:.1f}x "
+                        f"{kv_gib}, {est['max_concurrency_low']:.1f}x "
                         f"(class {est['kv_error_class']}: {est['kv_estimate_error']:.1%} optimistic at worst)"
                     )
         notes = {

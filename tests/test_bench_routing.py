@@ -123,3 +123,9 @@ def test_a_part_of_the_workload_keeps_its_conversations_ids() -> None:
     assert rest.body(4, 1) == w.body(4, 1)
     sched = routing.Schedule(rest, 2)
     assert sched.next() == (3, 0) and sched.next() == (4, 0)
+
+
+def test_the_last_line_is_the_issues_format_prefix_over_least_conn() -> None:
+    lc = {"hit": 0.32, "ttft_p50": 1.6, "spread": 1.02}
+    pf = {"hit": 0.752, "ttft_p50": 0.52, "spread": 1.087}
+    assert routing.summary_line(lc, pf) == "routing: hit-rate 2.35x, ttft-p50 0.33x, max/mean 1.09"

@@ -131,8 +131,12 @@ def test_split_gguf_needs_the_total_size_to_size_its_other_shards(tmp_path: Path
     assert not shape.exact
 
 
-def test_layers_split_evenly_with_the_output_on_the_last_gpu(tmp_path: Path) -> None:
-    assert layers_per_gpu(61, 8) == [8, 8, 8, 8, 8, 7, 7, 7]
+def test_layers_split_as_llama_cpp_cuts_them_with_the_output_on_the_last_gpu(tmp_path: Path) -> None:
+    # src/llama-model.cpp: blocks and the output layer are layers + 1 slots cut at equal shares of the free
+    # memory; slot i goes to GPU floor(i x gpus / (layers + 1)), so the output layer displaces a block forward.
+    assert layers_per_gpu(61, 8) == [8, 8, 8, 7, 8, 8, 8, 6]
+    assert layers_per_gpu(28, 2) == [15, 13]  # an even split would plan GPU 0's KV cache 1/15 short
+    assert layers_per_gpu(64, 2) == [33, 31] and layers_per_gpu(94, 8) == [12] * 7 + [10]
     g = read_gguf(_write_gguf(tmp_path / "m.gguf", arch="qwen3moe", layers=4))
     est = llamacpp_estimate(
         shape_from_gguf(g),
@@ -144,10 +148,11 @@ def test_layers_split_evenly_with_the_output_on_the_last_gpu(tmp_path: Path) -> 
         cache_type="q8_0",
         flash_attention=True,
     ).to_dict()
-    assert est["layers_per_gpu"] == [2, 2] and est["ctx_per_slot"] == 1024 and est["n_ctx"] == 3072
-    assert est["weights_gib_per_gpu"] == pytest.approx((2 * g.layer_bytes(0) + 4 * 64 * 4) / GIB, abs=1e-4)
-    # q8_0 cache: 34 bytes per 32 elements; two layers per GPU.
-    assert est["kv_bytes_per_token_per_gpu"] == pytest.approx(2 * (2 * 2 * 16) * 34 / 32)
+    # 4 blocks + the output layer over 2 GPUs: blocks 0-2 on GPU 0, block 3 and the output layer on GPU 1.
+    assert est["layers_per_gpu"] == [3, 1] and est["ctx_per_slot"] == 1024 and est["n_ctx"] == 3072
+    assert est["weights_gib_per_gpu"] == pytest.approx(3 * g.layer_bytes(0) / GIB, abs=1e-4)
+    # q8_0 cache: 34 bytes per 32 elements; three layers on the fuller GPU.
+    assert est["kv_bytes_per_token_per_gpu"] == pytest.approx(3 * (2 * 2 * 16) * 34 / 32)
     assert est["max_concurrency"] == 3.0 and est["weights_exact"] is True
     assert any("pads each slot's context to 256: 1000 becomes 1024" in n for n in est["notes"])
 

@@ -127,6 +127,10 @@ def test_a_session_header_then_the_user_field_come_before_the_prompt(
     by_user = {u: served(gw, key, chat(200 + u, 1, user=f"user-{u}")) for u in range(12)}
     for u in range(12):
         assert served(gw, key, chat(300 + u, 2, user=f"user-{u}")) == by_user[u]
+    # Both sent: the header decides; `user` names another session's replica for some of them.
+    both = {s: served(gw, key, chat(400 + s, 2, user=f"user-{s}"), {"X-Session-Id": f"session-{s}"}) for s in range(12)}
+    assert both == by_session
+    assert any(by_user[s] != by_session[s] for s in range(12)), "widen the sample: user and header agree everywhere"
     assert len(set(by_session.values())) >= 2 and len(set(by_user.values())) >= 2
 
 
@@ -384,3 +388,18 @@ def test_the_ring_spreads_keys_evenly_and_a_lost_replica_moves_only_its_own(tmp_
     assert all(0.2 <= share <= 0.3 for share in shares), shares
     # Only the lost replica's keys move (to their successors): exactly those it owned.
     assert wrong == 0 and moved == counts[2]
+
+
+def test_a_pool_whose_name_holds_a_hyphen_is_routed_by_affinity(tmp_path: Path) -> None:
+    # Pool names are DNS labels: "chat-a" must be a key of the Lua settings nginx loads, not a syntax error.
+    config = json.loads(json.dumps(gateway_config()).replace('"chat"', '"chat-a"'))
+    spec = load_stack_config(config, set())
+    chat_replicas = [FakeReplica(f"chat-{i}") for i in range(4)]
+    with own_gateway(spec, {"chat-a": chat_replicas, "reasoning": [FakeReplica("reasoning-0")]}, tmp_path) as (
+        gw,
+        keys,
+    ):
+        homes = {c: served(gw, keys["default"], chat(c, 1)) for c in range(12)}
+        assert {c: served(gw, keys["default"], chat(c, 3)) for c in range(12)} == homes
+        assert len(set(homes.values())) >= 2, homes
+        assert 'llm_gateway_routing_total{pool="chat-a",outcome="kept"}' in gw_metrics(gw)

@@ -70,7 +70,9 @@ AFFINITY_INIT = (
     'require("gateway_affinity").init({factor = 1.25, floor = 4, sticky = 600, chars = 2048, max_fails = 2, '
     "fail_timeout = 30, "
     'tries = 3, header = "X-Session-Id", upstreams = {llm_pool_chat = {"chat", {"192.168.10.13:8000", '
-    '"192.168.10.14:8000", "192.168.10.15:8000", "192.168.10.16:8000"}}}})'
+    '"192.168.10.14:8000", "192.168.10.15:8000", "192.168.10.16:8000"}}}, undrainable = {reasoning = '
+    "\"pool 'reasoning' cannot be drained at the gateway: it has one instance (no other replica could take its "
+    'requests)"}})'
 )
 
 
@@ -295,10 +297,13 @@ def test_metrics_are_served_by_nginx_on_the_cluster_address_apart_from_the_api(c
     ]
 
 
-def test_without_a_prefix_affinity_pool_the_metrics_listener_has_no_drain_endpoint(config: dict[str, Any]) -> None:
+def test_without_a_prefix_affinity_pool_the_drain_endpoint_only_says_why(config: dict[str, Any]) -> None:
     spec = spec_with(config, metricsPort=9200, routing={"policy": "least_conn"})
     conf = gateway_files(spec)["nginx.conf"]
-    assert "location = /metrics {" in conf and "/admin/drain" not in conf and "gateway_affinity" not in conf
+    assert "location = /metrics {" in conf and "gateway_affinity" not in conf
+    # A static 409 (its text on the deployed nginx: tests/test_gateway_drain.py); no Lua, nothing drained.
+    drain = block(conf, "location = /admin/drain")
+    assert drain[0] == "default_type application/json;" and drain[1].startswith('return 409 \'{"error": "no pool')
 
 
 @pytest.mark.parametrize(

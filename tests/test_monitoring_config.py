@@ -303,6 +303,18 @@ def test_grafana_provisioning_is_valid_and_covers_the_panels(prod_spec: StackSpe
     assert gateway["targets"][0]["expr"].startswith("sum by (key_id, model, status) (")
 
 
+def test_the_gateways_routing_panels_show_outcomes_in_flight_and_drained_replicas(prod_spec: StackSpec) -> None:
+    queries = {title: q for _, title, q in dashboard_queries(prod_spec) if "prefix affinity" in title}
+    assert queries == {
+        "Gateway routing outcomes (prefix affinity)": "sum by (pool, outcome) "
+        '(rate(llm_gateway_routing_total{job="gateway"}[$__rate_interval]))',
+        "Requests in flight per replica (prefix affinity)": 'llm_gateway_upstream_in_flight{job="gateway"}',
+        "Replicas drained at the gateway (prefix affinity; 1 = no new request)": (
+            'llm_gateway_upstream_drained{job="gateway"}'
+        ),
+    }
+
+
 def test_no_gateway_means_no_gateway_panels_jobs_or_alerts(config: dict[str, Any]) -> None:
     del config[NS + "gateway"]
     spec = load_stack_config(config, set())

@@ -115,3 +115,27 @@ def test_lmdeploy_fixture_list_is_the_real_exporters() -> None:
         if line.strip() and not line.startswith("#")
     }
     assert seen == listed_pairs
+
+
+def hit_rate_queries(spec: StackSpec) -> list[str]:
+    return [q for _, title, q in dashboard_queries(spec) if title == "Prefix cache hit rate per instance"]
+
+
+def test_every_engines_own_prefix_cache_counters_give_its_hit_rate_per_instance(prod_spec: StackSpec) -> None:
+    rate = 'rate({}{{job="{}", pool=~"$pool"}}[$__rate_interval])'
+    vllm = (
+        f"sum by (instance) ({rate.format('vllm:prefix_cache_hits_total', 'vllm')}) / "
+        f"sum by (instance) ({rate.format('vllm:prefix_cache_queries_total', 'vllm')})"
+    )
+    assert hit_rate_queries(prod_spec) == [vllm]
+    # LMDeploy: the cached prompt tokens of finished requests over their whole prompts.
+    lmdeploy = (
+        f"sum by (instance) ({rate.format('lmdeploy:cached_tokens_total', 'lmdeploy')}) / "
+        f"sum by (instance) ({rate.format('lmdeploy:prompt_tokens_total', 'lmdeploy')})"
+    )
+    assert sorted(hit_rate_queries(spec_of(lmdeploy_config()))) == sorted([lmdeploy, vllm])
+    # llama.cpp counts the prompt tokens it computed without the cached ones: hits over both.
+    cached = rate.format("llamacpp:prompt_tokens_cached_total", "llamacpp")
+    computed = rate.format("llamacpp:prompt_tokens_total", "llamacpp")
+    llamacpp = f"sum by (instance) ({cached}) / (sum by (instance) ({cached}) + sum by (instance) ({computed}))"
+    assert sorted(hit_rate_queries(spec_of(llamacpp_config()))) == sorted([vllm, llamacpp])

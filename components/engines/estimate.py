@@ -9,6 +9,36 @@ from typing import Any
 
 GIB = 1024**3
 
+# The measured error of each engine's KV estimate (bench/capacity_accuracy.py, docs/perf/capacity.md) is kept per
+# class of pool (engine line, TP 1 or >= 2, dense/MoE/MLA). A class with fewer than KV_ERROR_MIN_LOGS compared logs
+# takes the widest error measured on its engine's logs; none claims less than the floor.
+KV_ERROR_MIN_LOGS = 3
+KV_ERROR_FLOOR = 0.02
+# An engine none of whose public start-up logs could be compared takes the widest error measured on any engine's
+# logs (vLLM's Llama-3-8B H100 log, +3.45 %): measured nowhere, it claims no better than the worst measured.
+KV_ERROR_UNMEASURED = 0.035
+
+
+def class_kv_error(
+    cls: tuple[str, str, str],
+    by_class: Mapping[tuple[str, str, str], float],
+    widest: float,
+    *,
+    engine: str,
+    widest_how: str = "too few logs, the widest error measured",
+) -> tuple[float, str]:
+    """A class's measured optimistic KV error and how it was found, in words for the plan."""
+    kind = {"moe": "MoE", "mla": "MLA"}.get(cls[2], cls[2])
+    name = f"{engine} · {cls[1].upper()} · {kind}"
+    if cls in by_class:
+        return by_class[cls], f"{name}, measured on its logs"
+    return widest, f"{name}: {widest_how}"
+
+
+def pool_kind(*, uses_mla: bool, is_moe: bool) -> str:
+    """dense, moe or mla (MLA first: DeepSeek's MoE models are classed by their attention)."""
+    return "mla" if uses_mla else "moe" if is_moe else "dense"
+
 
 @dataclass(frozen=True)
 class EngineEstimate:

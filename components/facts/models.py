@@ -417,7 +417,7 @@ def arch_from_config_json(data: dict[str, Any], name: str) -> ModelArch:
 def quantization_from_config_json(data: dict[str, Any]) -> tuple[str, int, int] | None:
     """The checkpoint's (method, bits, group_size) from config.json's quantization_config, if any."""
     q = (data.get("text_config") or {}).get("quantization_config") or data.get("quantization_config")
-    if not q:
+    if not isinstance(q, dict) or not q:
         return None
     method = str(q.get("quant_method", "")).lower()
     bits = int(q.get("bits") or q.get("w_bit") or (4 if q.get("load_in_4bit") else 8))

@@ -28,7 +28,10 @@ def model_architecture(spec: StackSpec, model: str) -> ModelArch:
             raise SpecError([SpecIssue(f"models.{model}.arch", str(e.args[0]))]) from None
     path = Path(m.config_json or "")
     try:
-        return arch_from_config_json(json.loads(path.read_text()), model)
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            raise ValueError(f"holds a JSON {type(data).__name__}, not an object")
+        return arch_from_config_json(data, model)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise SpecError([SpecIssue(f"models.{model}.configJson", f"cannot read {path}: {e}")]) from None
 
@@ -40,7 +43,8 @@ def checkpoint_quantization(spec: StackSpec, model: str) -> str | None:
     if m.config_json is None:
         return None
     try:
-        found = quantization_from_config_json(json.loads(Path(m.config_json).read_text()))
+        data = json.loads(Path(m.config_json).read_text())
+        found = quantization_from_config_json(data) if isinstance(data, dict) else None
     except (OSError, ValueError, TypeError):
         return None  # model_architecture reports an unreadable file
     return found[0] if found else None
@@ -56,6 +60,8 @@ def quantization_config(spec: StackSpec, model: str) -> dict[str, object] | None
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return None  # model_architecture reports an unreadable configJson
+    if not isinstance(data, dict):
+        return None  # and one that is not a JSON object
     q = (data.get("text_config") or {}).get("quantization_config") or data.get("quantization_config")
     if not isinstance(q, dict):
         return None

@@ -83,7 +83,7 @@ def instances(spec: StackSpec, pool_name: str) -> list[Instance]:
                     pool.pipeline_parallel,
                     None,
                     launch.kind,
-                    launch.port if launch.kind == "native" else None,
+                    launch.port,  # set by native launchers only
                 )
             )
             continue

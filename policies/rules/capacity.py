@@ -48,16 +48,23 @@ def validate_margin(args: ResourceValidationArgs, report: ReportViolation) -> No
     low, tokens = number(capacity.get("kv_tokens_low")), number(capacity.get("kv_tokens"))
     error = capacity.get("kv_estimate_error")
     length = number(capacity.get("max_model_len"))
-    if capacity.get("fits") is False or low is None or tokens is None or not length or low >= length:
+    # What the engine must find to start: one sequence of max-model-len (vLLM), or what it allocates whole at start
+    # (llama.cpp's -c over every slot).
+    required = number(capacity.get("kv_tokens_required")) or length
+    if capacity.get("fits") is False or low is None or tokens is None or not required or low >= required:
         return
     cls = capacity.get("kv_error_class")
+    needed = f"one sequence of {length}" if required == length else f"the {required} it allocates at start"
+    terms = capacity.get("kv_error_terms") or (
+        "the activation peak (the sampler over max-num-seqs rows of the vocabulary) and the memory outside torch's "
+        "allocator (NCCL and all-reduce buffers at TP >= 2)"
+    )
     report(
-        f"fits at the central estimate ({tokens} KV tokens for one sequence of {length}) but not at its pessimistic "
+        f"fits at the central estimate ({tokens} KV tokens for {needed}) but not at its pessimistic "
         f"end ({low}: the KV estimate has erred up to {float(error):.1%} on the optimistic side against real "
         f"start-up logs{f' of its class, {cls}' if cls else ''}, bench/capacity_accuracy.py), so the engine may "
-        f"refuse to start for want of {length - low} tokens of KV cache. The uncertain terms are the activation "
-        "peak (the sampler over max-num-seqs rows of the vocabulary) and the memory outside torch's allocator "
-        "(NCCL and all-reduce buffers at TP >= 2); the engine's first start-up log settles it (its KV cache line, "
+        f"refuse to start for want of {required - low} tokens of KV cache. The uncertain terms are {terms}; the "
+        "engine's first start-up log settles it (its KV cache line, "
         "which doctor compares with the plan). Leave room: lower "
         f"{capacity.get('context_option') or '--max-model-len'}, or raise the memory the engine may use.",
         None,

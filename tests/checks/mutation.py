@@ -299,6 +299,17 @@ MUTANTS: list[Mutant] = [
         "DELETE /admin/drain answers 200 but the replica stays out of rotation after a rollout step",
     ),
     Mutant(
+        "drain-counted-as-failure",
+        "components/planning/gateway/lua/gateway_affinity.lua",
+        'and dict:get(r.dkeys[home]) ~= nil and "drain" or "failure"',
+        'and dict:get(r.ekeys[home]) ~= nil and "drain" or "failure"',
+        (
+            "tests/test_gateway_drain.py::"
+            "test_a_drained_replica_finishes_its_requests_gets_no_new_one_and_only_its_conversations_move",
+        ),
+        "a drained replica's moved conversations counted as failures: the dashboard shows a rollout as an outage",
+    ),
+    Mutant(
         "metrics-full-zone-evicts",
         "components/planning/gateway/lua/gateway_metrics.lua",
         "    local ok, err = dict:safe_add(key, amount)\n",

@@ -214,4 +214,23 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         ")",
         "the report without its urn argument: ReportViolation takes urn=None by default, as the None passed",
     ),
+    # --- components/spec ---------------------------------------------------------------------------------
+    "components.spec.topology.x_instances__mutmut_36": (
+        "if span > 2 or pool.replicas_per_node == 1:",
+        "the two differ only at span 2 with replicasPerNode > 1, which check_pools refuses (replicas of an "
+        "instance spanning nodes) before any instance is planned",
+    ),
+    "components.spec.topology.x_host_ports__mutmut_9": (
+        "elif inst.native_launcher or inst.master_port is not None:",
+        "an instance has a master port only from a native launcher across nodes (Launcher.port), so or and and agree",
+    ),
+    "components.spec.topology.x_resource_suffix__mutmut_16": (
+        'return "".join(c if c.isalnum() else "-" for c in last.lower()).strip("XX-XX")',
+        "the text is lowercased first: no X is left for strip to take, only the dashes",
+    ),
+    "components.spec.models.x_model_architecture__mutmut_14": (
+        'path = Path(m.config_json or "XXXX")',
+        "the branch runs only without arch, and ModelSpec takes exactly one of arch or configJson: the fallback "
+        "is for the type checker, never read",
+    ),
 }

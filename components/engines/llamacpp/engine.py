@@ -4,10 +4,11 @@ Capacity follows llama.cpp at the image's build (sources in components.engines.l
 - `-c` is the whole KV cache: with `-np N` slots each request gets n_ctx / N tokens, padded to 256
   (src/llama-context.cpp); the product passes `-c contextPerSlot x parallel` so contextPerSlot is what
   a request gets.
-- With every layer offloaded (`-ngl 999`) and `-sm layer`, decoder blocks are spread evenly over the
-  server's GPUs and each GPU caches K/V of its own layers; the output layer sits on the last GPU, the
-  token embedding stays in host memory (llama.cpp keeps the input layer on the CPU). A DeepSeek-MLA GGUF
-  caches only K (latent + rope key, no V: src/llama-kv-cache.cpp).
+- With every layer offloaded (`-ngl 999`) and `-sm layer`, decoder blocks are cut over the server's GPUs by
+  their share of the free memory, the output layer counted as one more block on the last GPU, and each GPU
+  caches K/V of its own layers (src/llama-kv-cache.cpp: model.dev_layer); the token embedding stays in host
+  memory (llama.cpp keeps the input layer on the CPU). A DeepSeek-MLA GGUF caches only K (latent + rope
+  key, no V: src/llama-kv-cache.cpp).
 - Weights come from the GGUF header when the pool names one (tensor bytes, exact), else from the model's
   stated sizeGib spread over its layers.
 Assumptions, not measured: RESERVED_GIB per GPU for the CUDA context and cuBLAS; compute buffers of one
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from components.engines.base import Engine, MultiNode, offline_env, planned_capability
-from components.engines.estimate import GIB, EngineEstimate
+from components.engines.estimate import GIB, KV_ERROR_FLOOR, EngineEstimate, class_kv_error, pool_kind
 from components.engines.gate import GateCheck
 from components.engines.http import EngineServer
 from components.engines.judged import EngineRule
@@ -50,6 +51,15 @@ from components.spec.topology import Instance, instances
 
 RESERVED_GIB = 0.5
 COMPUTE_UBATCH = 512  # llama.cpp's default -ub
+# How far the KV buffer estimate has erred low (optimistic: llama-server allocates more than planned) against
+# real start-up logs, per class of pool (engine, one GPU or more, dense/MoE/MLA): bench/capacity_accuracy.py
+# measures it (docs/perf/capacity.md), tests/test_capacity.py keeps each figure covering its class's logs. The
+# KV buffer is n_ctx x layers x K/V row bytes, exactly as llama.cpp sizes it, so no log errs low; SWA models
+# (gpt-oss) err high, as the estimate caches every layer for the whole context.
+KV_ERROR_BY_CLASS: dict[tuple[str, str, str], float] = {
+    ("llamacpp", "tp1", "moe"): KV_ERROR_FLOOR,  # 3 logs (gpt-oss-20b on a T4), none optimistic
+}
+KV_ERROR_WIDEST = KV_ERROR_FLOOR  # 5 logs, none optimistic
 RULE_OF_THUMB_FACTOR = 1.2
 # Bytes per cached element of each -ctk/-ctv type (ggml block size and bytes: q8_0 34 B per 32, ...).
 CACHE_TYPE_BYTES = {
@@ -82,6 +92,7 @@ class ModelShape:
     input_bytes: int  # token_embd (host memory)
     kv_per_token_per_layer_f16: float  # K+V bytes of one token in one layer at f16
     exact: bool  # weights read from the GGUF header (False: spread from a stated size)
+    kind: str = "dense"  # dense, moe or mla: the class whose measured KV error the plan's range takes
 
     def kv_per_token_per_layer(self, cache_type: str) -> float:
         """K+V bytes of one token in one layer at the cache type."""
@@ -116,6 +127,7 @@ def shape_from_gguf(g: GgufModel, *, total_bytes: int | None = None) -> ModelSha
         input_bytes=inp,
         kv_per_token_per_layer_f16=g.kv_bytes_per_token_per_layer(2.0),
         exact=g.split_count == 1,
+        kind=pool_kind(uses_mla=g.mla, is_moe=g.expert_count > 0),
     )
 
 
@@ -142,13 +154,19 @@ def shape_from_arch(arch: ModelArch, total_bytes: float) -> ModelShape:
         input_bytes=embed,
         kv_per_token_per_layer_f16=kv,
         exact=False,
+        kind=pool_kind(uses_mla=arch.uses_mla, is_moe=arch.is_moe),
     )
 
 
 def layers_per_gpu(layers: int, gpus: int) -> list[int]:
-    """Decoder blocks per GPU with -sm layer over identical GPUs (an even split, remainder to the first)."""
-    base, extra = divmod(layers, gpus)
-    return [base + (1 if i < extra else 0) for i in range(gpus)]
+    """Decoder blocks per GPU with -sm layer over identical GPUs, as llama.cpp places them (src/llama-model.cpp
+    load_tensors): the blocks and the output layer are layers + 1 slots, cut at each GPU's cumulative share of
+    the free memory (equal here); slot i goes to GPU floor(i x gpus / (layers + 1)). The output layer is the
+    last slot, so the first GPUs take the blocks it displaces: 28 blocks on 2 GPUs are 15 + 13, not 14 + 14."""
+    counts = [0] * gpus
+    for block in range(layers):
+        counts[min(gpus - 1, block * gpus // (layers + 1))] += 1
+    return counts
 
 
 def compute_bytes(shape: ModelShape, *, last: bool, ctx_per_slot: int, flash_attention: bool) -> float:
@@ -226,6 +244,13 @@ def llamacpp_estimate(
         notes.append(f"llama.cpp pads each slot's context to {ctx_pad}: {ctx_per_slot} becomes {slot}")
     kv_tokens = n_ctx
     rot = (sum(shape.layer_bytes) + shape.output_bytes + shape.input_bytes) * RULE_OF_THUMB_FACTOR
+    error, error_class = kv_estimate_error(kv_error_class(shape.kind, gpus))
+    # The pessimistic end: every GPU's KV buffer larger by the class's error. -c is allocated whole at start, so
+    # the tokens it holds there are n_ctx when every GPU still fits, else the context the tightest GPU can hold.
+    room = [total - w - c - reserved for w, c in zip(weights, compute)]
+    per_token_high = [s * per_token_layer * (1 + error) for s in share]
+    fit_high = min(int(r // t) if t else n_ctx for r, t in zip(room, per_token_high))
+    tokens_low = min(n_ctx, max(0, fit_high))
     return EngineEstimate(
         engine="llamacpp",
         model=shape.name,
@@ -254,8 +279,25 @@ def llamacpp_estimate(
             "compute_gib_per_gpu": compute[worst] / GIB,
             "host_gib": shape.input_bytes / GIB,
             "weights_exact": shape.exact,
+            "kv_estimate_error": error,
+            "kv_error_class": error_class,
+            "kv_tokens_required": n_ctx,  # llama-server allocates the whole -c at start
+            "kv_tokens_low": tokens_low,
+            "max_concurrency_low": parallel * tokens_low / n_ctx if n_ctx else 0.0,
+            "kv_cache_gib_per_gpu_high": kv[worst] * (1 + error) / GIB,
+            "kv_error_terms": "the KV buffer (n_ctx x layers x K/V row bytes) and, beside it, the compute buffer",
         },
     )
+
+
+def kv_error_class(kind: str, gpus: int) -> tuple[str, str, str]:
+    """The class whose measured error a server's range takes: llama.cpp, one GPU or more, dense/MoE/MLA."""
+    return ("llamacpp", "tp1" if gpus == 1 else "tp>=2", kind)
+
+
+def kv_estimate_error(cls: tuple[str, str, str]) -> tuple[float, str]:
+    """The class's measured optimistic KV error and how it was found, in words for the plan."""
+    return class_kv_error(cls, KV_ERROR_BY_CLASS, KV_ERROR_WIDEST, engine="llama.cpp")
 
 
 # -- the server ------------------------------------------------------------------------------------------

@@ -92,6 +92,9 @@ _METRICS = MappingProxyType(
         "generation_tokens": "llamacpp:tokens_predicted_total",
         "prompt_throughput": "llamacpp:prompt_tokens_seconds",
         "generation_throughput": "llamacpp:predicted_tokens_seconds",
+        # Prompt tokens reused from a slot's cache, and those computed ("excluding cached tokens", its HELP text).
+        "prefix_cache_hits": "llamacpp:prompt_tokens_cached_total",
+        "prefix_cache_misses": "llamacpp:prompt_tokens_total",
     }
 )
 

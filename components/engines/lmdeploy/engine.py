@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from components.engines.base import Engine, MultiNode, nccl_env, offline_env, planned_capability
-from components.engines.estimate import GIB, EngineEstimate
+from components.engines.estimate import GIB, KV_ERROR_UNMEASURED, EngineEstimate, class_kv_error, pool_kind
 from components.engines.gate import (
     ENGINE_VERSION_CHECK,
     FATBIN_SOURCE,
@@ -63,6 +63,12 @@ COMM_GIB = 0.3
 # TurboMind keeps logits in fp32 for the whole decode batch.
 LOGIT_BYTES = 4
 RULE_OF_THUMB_FACTOR = 1.2
+# How far the KV-token estimate has erred on the optimistic side against real TurboMind start-up logs, per class
+# of pool (bench/capacity_accuracy.py, docs/perf/capacity.md). No public log states the settings, GPU and block
+# figures together (tests/fixtures/engine-startup-logs/SOURCES.md), so no class is measured and every pool takes
+# the widest error measured on any engine's logs.
+KV_ERROR_BY_CLASS: dict[tuple[str, str, str], float] = {}
+KV_ERROR_WIDEST = KV_ERROR_UNMEASURED
 
 
 @dataclass(frozen=True)
@@ -246,6 +252,7 @@ def turbomind_estimate(
         )
     linear_b = weight_bytes_per_param(model_format, group_size)
     rot = model_params(arch) * (2.0 if model_format == "hf" else min(linear_b, 1.0)) * RULE_OF_THUMB_FACTOR
+    error, error_class = kv_estimate_error(kv_error_class(arch, tp))
     return EngineEstimate(
         engine="lmdeploy",
         model=arch.name,
@@ -272,10 +279,34 @@ def turbomind_estimate(
             "free_gib_after_weights": max(0.0, free) / GIB,
             "runtime_gib": runtime / GIB,
             "kv_blocks": blocks,
+            "kv_estimate_error": error,
+            "kv_error_class": error_class,
+            "kv_tokens_required": session_len,  # TurboMind truncates sessionLen to the cache it found
+            "kv_tokens_low": math.floor(kv_tokens * (1 - error)),
+            "max_concurrency_low": concurrency * (1 - error),
+            "kv_cache_gib_per_gpu_low": kv_mem * (1 - error) / GIB,
+            "kv_error_terms": "the memory TurboMind holds before its weights (CUDA context, cuBLAS and NCCL "
+            "workspaces), which sets what cacheMaxEntryCount takes its share of",
             "ffn_padding": {
                 k: {"width": s.width, "group": s.group, "padded": s.padded} for k, s in sorted(splits.items())
             },
         },
+    )
+
+
+def kv_error_class(arch: ModelArch, tp: int) -> tuple[str, str, str]:
+    """The class whose measured error a pool's range takes: TurboMind, TP 1 or >= 2, dense/MoE/MLA."""
+    return ("turbomind", "tp1" if tp == 1 else "tp>=2", pool_kind(uses_mla=arch.uses_mla, is_moe=arch.is_moe))
+
+
+def kv_estimate_error(cls: tuple[str, str, str]) -> tuple[float, str]:
+    """The class's measured optimistic KV error and how it was found, in words for the plan."""
+    return class_kv_error(
+        cls,
+        KV_ERROR_BY_CLASS,
+        KV_ERROR_WIDEST,
+        engine="TurboMind",
+        widest_how="no public TurboMind log to compare, the widest error measured on any engine's logs",
     )
 
 

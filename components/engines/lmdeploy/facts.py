@@ -170,6 +170,10 @@ _METRICS = MappingProxyType(
         "time_to_first_token": "lmdeploy:time_to_first_token_seconds",
         "time_per_output_token": "lmdeploy:time_per_output_token_seconds",
         "e2e_latency": "lmdeploy:e2e_request_latency_seconds",
+        # [whl-0.16.0] metrics/loggers.py: cached_tokens_total adds each finished request's cached prompt tokens;
+        # prompt_tokens_total each request's whole prompt (stats.py: RequestStats(prompt_tokens=input_len)).
+        "prefix_cache_hits": "lmdeploy:cached_tokens_total",
+        "prefix_cache_queries": "lmdeploy:prompt_tokens_total",
     }
 )
 

@@ -53,6 +53,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from components.engines.estimate import KV_ERROR_FLOOR
+from components.engines.estimate import (
+    KV_ERROR_MIN_LOGS as KV_ERROR_MIN_LOGS,  # re-exported: the bench and tests read it here
+)
 from components.engines.vllm.facts import KV_CACHE_DTYPES, kv_cache_bytes
 from components.engines.weights import (
     FP8_WEIGHT_METHODS as FP8_QUANTIZATION_METHODS,
@@ -114,8 +118,6 @@ RULE_OF_THUMB_FACTOR = 1.2
 # KV_ERROR_MIN_LOGS compared logs takes the widest error measured on any log; none claims less than the floor.
 # The plan gives each pool's KV tokens, KV cache and concurrency as a range down to its class's error, and
 # memory-fit-margin warns within it.
-KV_ERROR_MIN_LOGS = 3
-KV_ERROR_FLOOR = 0.02
 KV_ERROR_WIDEST = 0.035  # the Llama-3-8B H100 log (V0, TP 1): +3.45 %, to the tenth of a percent above
 KV_ERROR_BY_CLASS: dict[tuple[str, str, str], float] = {
     ("v1", "tp1", "dense"): KV_ERROR_FLOOR,  # 10 logs, none optimistic (A100, L40S, H100, H200)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -68,7 +69,7 @@ from components.planning.gateway.routing import (
 from components.planning.gateway.upstreams import engine_server, upstream_keepalive_seconds
 from components.planning.nodes.scripts import put_files_lines
 from components.spec.stack import StackSpec
-from components.spec.topology import affinity_pools
+from components.spec.topology import affinity_pools, instances
 
 LUA_SOURCE = Path(__file__).with_name("lua") / "gateway.lua"
 # The token budgets' Lua module (module `gateway_budget`), loaded only when a key has a budget.
@@ -455,7 +456,7 @@ def nginx_conf(
         "",
         *_error_locations(g.max_body_mib, bool(budgets)),
         "    }",
-        *_metrics_server(layout, admin=bool(affinity)),
+        *_metrics_server(layout, admin=bool(affinity), refusals=drain_refusals(spec)),
         "}",
         "",
     ]
@@ -538,7 +539,29 @@ def affinity_settings(spec: StackSpec, servers: Mapping[str, Sequence[tuple[str,
             f"llm_pool_{pool}": [pool, [f"{host}:{port}" for host, port in servers[pool]]]
             for pool in affinity_pools(spec)
         },
+        "undrainable": drain_refusals(spec),
     }
+
+
+def drain_refusals(spec: StackSpec) -> dict[str, str]:
+    """Pool -> why /admin/drain cannot drain it (a 409's message): the pools nginx balances itself."""
+    g = spec.gateway
+    assert g is not None
+    affinity = affinity_pools(spec)
+    out = {}
+    for pool in spec.pools:
+        if pool in affinity:
+            continue
+        if len(instances(spec, pool)) < 2:
+            why = "it has one instance (no other replica could take its requests)"
+        else:
+            key = f"pools.{pool}.routing" if spec.pools[pool].routing else "gateway.routing.policy"
+            why = (
+                f"it is routed by least_conn ({key}), nginx's own balancer, which takes a replica out only by a "
+                f"reload; routing: prefix makes it drainable"
+            )
+        out[pool] = f"pool '{pool}' cannot be drained at the gateway: {why}"
+    return out
 
 
 # The variables the request path sets (ngx.var, set_by_lua) for nginx's own directives (limits, an
@@ -596,7 +619,12 @@ def _lua_value(value: object) -> str:
     if isinstance(value, (list, tuple)):
         return "{" + ", ".join(_lua_value(v) for v in value) + "}"
     assert isinstance(value, dict), value
-    return "{" + ", ".join(f"{k} = {_lua_value(v)}" for k, v in value.items()) + "}"
+    # A pool's name may hold '-' (a DNS label): such a key is written as a string, ["chat-a"] = ...
+    return "{" + ", ".join(f"{_lua_key(k)} = {_lua_value(v)}" for k, v in value.items()) + "}"
+
+
+def _lua_key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key) else f"[{_lua_string(key)}]"
 
 
 def metrics_settings(spec: StackSpec, layout: GatewayLayout) -> dict[str, object]:
@@ -647,21 +675,34 @@ def _usage_directives(spec: StackSpec, layout: GatewayLayout) -> list[str]:
     ]
 
 
-def _metrics_server(layout: GatewayLayout, *, admin: bool = False) -> list[str]:
+def _metrics_server(
+    layout: GatewayLayout, *, admin: bool = False, refusals: Mapping[str, str] | None = None
+) -> list[str]:
     """The Prometheus endpoint: GET /metrics on its own listener (the node's cluster address); with `admin`
-    (prefix-affinity pools), /admin/drain there too: a replica out of rotation and back without a reload."""
+    (prefix-affinity pools), /admin/drain there too: a replica out of rotation and back without a reload.
+    Without, /admin/drain answers 409 with `refusals`: why none of the pools can be drained here."""
     if not layout.metrics_listen:
         return []
-    drain = (
-        [
+    if admin:
+        drain = [
             "        # Drain (POST), undrain (DELETE), in flight (GET) per replica: ops/rollout.py, never the public port.",
             f"        location = {DRAIN_PATH} {{",
             "            content_by_lua_block { package.loaded.gateway_affinity.admin() }",
             "        }",
         ]
-        if admin
-        else []
-    )
+    else:
+        why = "no pool of this gateway can be drained here: " + "; ".join((refusals or {}).values())
+        body = json.dumps({"error": why})
+        # nginx unescapes \' inside a quoted string (the pools' names are quoted so); no other escape in it.
+        assert "\\" not in body and "$" not in body, body
+        body = body.replace("'", "\\'")
+        drain = [
+            "        # No pool routed by prefix affinity: nothing to drain, and the answer says why (ops/rollout.py).",
+            f"        location = {DRAIN_PATH} {{",
+            "            default_type application/json;",
+            f"            return 409 '{body}';",
+            "        }",
+        ]
     return [
         "",
         "    server {",

@@ -104,6 +104,16 @@ def serving_panels(groups: list[ServingMetrics]) -> tuple[Panel, ...]:
                     "{{instance}}",
                 )
                 for g, sel in each("prefix_cache_hits", "prefix_cache_queries")
+            )
+            # An engine that counts the prompt tokens it computed beside those it reused (llama.cpp): hits over both.
+            + tuple(
+                (
+                    f"sum by (instance) ({_rate(g['prefix_cache_hits'], sel)}) / "
+                    f"(sum by (instance) ({_rate(g['prefix_cache_hits'], sel)}) + "
+                    f"sum by (instance) ({_rate(g['prefix_cache_misses'], sel)}))",
+                    "{{instance}}",
+                )
+                for g, sel in each("prefix_cache_hits", "prefix_cache_misses")
             ),
         ),
         Panel(
@@ -181,6 +191,11 @@ GATEWAY_PANELS += (
         "Requests in flight per replica (prefix affinity)",
         "short",
         (('llm_gateway_upstream_in_flight{job="gateway"}', "{{pool}} {{upstream}}"),),
+    ),
+    Panel(
+        "Replicas drained at the gateway (prefix affinity; 1 = no new request)",
+        "short",
+        (('llm_gateway_upstream_drained{job="gateway"}', "{{pool}} {{upstream}}"),),
     ),
 )
 GPU_PANELS: tuple[Panel, ...] = (

@@ -22,6 +22,7 @@
 --   kept      the key's own replica (its ring replica, or the one it moved to) served it
 --   load      its replica was above the bound, a later one served it (and keeps it)
 --   failure   its replica was ejected or failed this request, a later one served it (and keeps it)
+--   drain     its replica was drained (admin()), a later one served it (and keeps it)
 --   unkeyed   the request had no key (no session, no prompt): the least busy replica served it
 local M = {}
 
@@ -74,7 +75,7 @@ function M.owner(points, owner, h)
 end
 
 -- settings: {factor, floor, sticky, chars, max_fails, fail_timeout, tries, header,
--- upstreams = {name = {label, addrs}}}
+-- upstreams = {name = {label, addrs}}, undrainable = {pool = why it cannot be drained here}}
 function M.init(settings)
     cfg = settings
     for name, up in pairs(settings.upstreams) do
@@ -319,8 +320,10 @@ function M.balance(name)
         spill = false
     end
     if ctx.aff_outcome == nil then
-        if order[1] ~= pick and (tried[order[1]] or (any_ejected and ejected(r, order[1]))) then
-            ctx.aff_outcome = "failure"
+        local home = order[1]
+        if home ~= pick and (tried[home] or (any_ejected and ejected(r, home))) then
+            -- Drained (an operator's choice, before a restart) is not failing: counted apart.
+            ctx.aff_outcome = not tried[home] and dict:get(r.dkeys[home]) ~= nil and "drain" or "failure"
         elseif spill then
             ctx.aff_outcome = "load"
         else
@@ -405,7 +408,7 @@ end
 --   GET    ?pool=P                  that pool's
 --   POST   ?pool=P&replica=H:PORT   drain it (no new request; those in flight finish); idempotent
 --   DELETE ?pool=P&replica=H:PORT   undrain it; idempotent
--- An unknown pool or replica: 404 with a message naming what there is.
+-- An unknown pool or replica: 404 with a message naming what there is; a pool nginx balances itself: 409 saying why.
 function M.admin()
     local method = ngx.req.get_method()
     local args = ngx.req.get_uri_args()
@@ -425,6 +428,11 @@ function M.admin()
         return admin_answer(200, all)
     end
     local r = by_pool[pool]
+    local refused = not r and cfg.undrainable[pool]
+    if refused then
+        -- A pool nginx balances itself (least_conn, or one instance): nothing here can take a replica out.
+        return admin_answer(409, {error = refused})
+    end
     if not r then
         local known = {}
         for label in pairs(by_pool) do

@@ -63,8 +63,8 @@ local HELP = {
         .. "(nginx's error log says why).",
     llm_gateway_series_overflow_total = "Observations dropped because the gateway already holds maxSeries label sets.",
     llm_gateway_routing_total = "Requests of pools routed by prefix affinity, by pool and outcome: kept (the key's own "
-        .. "replica), load (it was above its load bound), failure (it was ejected, drained or failed the request), unkeyed (no "
-        .. "session or prompt to hash: the least busy replica).",
+        .. "replica), load (it was above its load bound), failure (it was ejected or failed the request), drain (it was "
+        .. "drained at /admin/drain), unkeyed (no session or prompt to hash: the least busy replica).",
     llm_gateway_upstream_in_flight = "Requests in flight on each replica of a pool routed by prefix affinity.",
     llm_gateway_upstream_drained = "1 while a replica of a pool routed by prefix affinity is drained (no new request).",
 }
