@@ -136,6 +136,14 @@ def test_qwen3_moe_config_json_parses_to_the_catalog_entry() -> None:
     assert parsed.__dict__ | {"hf_id": cat.hf_id, "params_b": cat.params_b} == cat.__dict__
 
 
+def test_qwen3_moe_config_json_saved_by_transformers_5_counts_its_experts_as_num_local_experts() -> None:
+    # transformers 5 saves Qwen3MoeConfig's expert count as num_local_experts (the lab's tiny Qwen3-MoE).
+    saved = {k: v for k, v in QWEN3_30B_A3B_CONFIG.items() if k != "num_experts"} | {"num_local_experts": 128}
+    assert arch_from_config_json(saved, "q") == arch_from_config_json(QWEN3_30B_A3B_CONFIG, "q")
+    with pytest.raises(ValueError, match="has no 'num_experts'"):
+        arch_from_config_json({k: v for k, v in saved.items() if k != "num_local_experts"}, "q")
+
+
 def test_deepseek_config_json_parses_mla_and_moe_fields() -> None:
     parsed = arch_from_config_json(DEEPSEEK_R1_CONFIG, "deepseek-r1")
     cat = model_arch("deepseek-r1")

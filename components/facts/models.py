@@ -403,7 +403,12 @@ def arch_from_config_json(data: dict[str, Any], name: str) -> ModelArch:
             head_dim=head_dim,
             qkv_bias=qkv_bias,
             intermediate_size=int(cfg.get("intermediate_size") or 0),
-            num_experts=int(_required(cfg, "num_experts", name)),
+            # Qwen's checkpoints write num_experts; transformers 5 saves the same count as num_local_experts
+            # (Qwen3MoeConfig.attribute_map maps num_experts to it), which vLLM reads through that map.
+            num_experts=int(
+                cfg["num_local_experts"] if cfg.get("num_experts") is None and cfg.get("num_local_experts") is not None
+                else _required(cfg, "num_experts", name)
+            ),
             experts_per_token=int(_required(cfg, "num_experts_per_tok", name)),
             moe_intermediate_size=int(_required(cfg, "moe_intermediate_size", name)),
             num_shared_experts=1 if shared else 0,
