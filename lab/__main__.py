@@ -11,6 +11,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from lab import hosts
 from lab.config import REPO, LabConfigError, LabStack, load_lab_stack
@@ -22,6 +23,7 @@ def weights(stack: LabStack) -> list[str]:
 
     doc = yaml.safe_load(stack.path.read_text())["config"]
     made = []
+    real = dict(stack.real_vllm)
     for name, model in (doc.get("llm-cluster:models") or {}).items():
         node = (model.get("source") or {}).get("node")
         if not node:
@@ -31,6 +33,10 @@ def weights(stack: LabStack) -> list[str]:
             raise hosts.LabError(f"llm-cluster:models.{name}.path: the lab's hosts keep weights under /data")
         root = stack.host(node).dir / "data" / path.removeprefix("/data/")
         root.mkdir(parents=True, exist_ok=True)
+        if name in real:
+            real_model_files(name, model, real[name], root)
+            made.append(f"{node}:{path} ({real[name]})")
+            continue
         (root / "config.json").write_text(
             json.dumps({"model_type": model.get("arch", name), "lab": True, **engine_model_config(doc, name, model)})
         )
@@ -46,6 +52,47 @@ def weights(stack: LabStack) -> list[str]:
                 shard.write_bytes(block * 64)
         made.append(f"{node}:{path}")
     return made
+
+
+def real_model_files(name: str, model: dict, kind: str, root: Path) -> None:
+    """The tiny model `kind` the real engine loads (lab/vllm_cpu.py model()), copied to `root`; its config.json
+    must be the one the stack plans with (models.<name>.configJson), so the plan sizes the model it serves."""
+    import shutil
+
+    from lab import vllm_cpu
+
+    made = vllm_cpu.model(kind)
+    declared = model.get("configJson")
+    if not declared or (REPO / declared).read_bytes() != (made / "config.json").read_bytes():
+        raise hosts.LabError(
+            f"llm-cluster:models.{name}.configJson: the lab serves its tiny {kind} for this model, so the stack must "
+            f"plan with that model's config.json ({made / 'config.json'}; committed as lab/models/{kind}/config.json)"
+        )
+    for f in made.iterdir():
+        shutil.copy2(f, root / f.name)
+
+
+def real_vllm_images(stack: LabStack) -> list[str]:
+    """The real-engine image loaded onto each host whose plan pulls it (lab/vllm_cpu.py IMAGE_DIFFERENCES:
+    delivery); the hosts it was loaded on. Nothing for a stack without lab:realVllm."""
+    from lab import images, vllm_cpu
+    from lab.rehearse import IMAGE, plan_resources
+
+    if not stack.real_vllm:
+        return []
+    vllm_cpu.engine()
+    tar = images.real_vllm_image()
+    providers = {r.urn: r for r in plan_resources(stack.path, stack.name)[0]}
+    loaded = []
+    for r in plan_resources(stack.path, stack.name)[0]:
+        if r.type == IMAGE and r.inputs.get("name") == vllm_cpu.REAL_IMAGE:
+            address = str((providers[r.provider.rsplit("::", 1)[0]].inputs if r.provider else {}).get("host", ""))
+            host = next((h for h in stack.hosts if urlsplit(address).hostname == h.address), None)
+            if host is None:
+                raise hosts.LabError(f"{r.name}: cannot tell which lab host pulls {vllm_cpu.REAL_IMAGE} ({address!r})")
+            hosts.sh("docker", "-H", f"unix://{host.dir}/run/docker.sock", "load", "-q", "-i", str(tar), timeout=900)
+            loaded.append(host.node)
+    return sorted(loaded)
 
 
 def _pools_of(doc: dict, model: str) -> list[dict]:
@@ -88,11 +135,12 @@ def image_refs(stack: LabStack) -> list[str]:
     every one it builds on a host (the Dockerfile's FROM, pulled by that host's engine)."""
     from lab.debmirror import parse_dockerfile
     from lab.rehearse import IMAGE, plan_resources
+    from lab.vllm_cpu import REAL_IMAGE
 
     pulled = {
         r.inputs["name"]
         for r in plan_resources(stack.path, stack.name)[0]
-        if r.type == IMAGE and not r.inputs.get("build")
+        if r.type == IMAGE and not r.inputs.get("build") and not (stack.real_vllm and r.inputs["name"] == REAL_IMAGE)
     }
     return sorted(pulled | {parse_dockerfile(f.read_text()).base for f in built_dockerfiles(stack)})
 
@@ -185,6 +233,14 @@ def run(action: str, stack: LabStack) -> int:
         print(f"lab: images served by the registry mirror ({time.monotonic() - t0:.0f}s)")
         if mirror := debian_mirror(stack):
             print(f"lab: the Debian packages the stack's image builds install, served at {mirror}")
+        if loaded := real_vllm_images(stack):
+            from lab.vllm_cpu import IMAGE_DIFFERENCES, REAL_IMAGE
+
+            print(
+                f"lab: the real vLLM engine's {REAL_IMAGE} loaded on {', '.join(loaded)}; it differs from the real image in:"
+            )
+            for what, why in IMAGE_DIFFERENCES.items():
+                print(f"lab:   {what}: {why}")
         if action == "images":
             return 0
     agent = hosts.start_agent()

@@ -28,6 +28,11 @@ TOPOLOGIES = ("nvlink", "pcie")
 HCA_STATES = ("roce-active", "down")
 
 
+# The tiny models the real engine serves (lab/vllm_cpu.py KINDS; that module is not imported here: it is the
+# engine's, and tests/lab/test_vllm_image.py checks the two agree).
+REAL_VLLM_MODELS = ("qwen3-tiny", "qwen3-moe-tiny", "deepseek-v3-tiny")
+
+
 class LabConfigError(ValueError):
     """The stack cannot be run in the lab (an address outside the lab subnet, a bad shim choice)."""
 
@@ -60,6 +65,9 @@ class LabStack:
     path: Path
     user: str
     hosts: tuple[LabHost, ...]
+    # lab:realVllm.models: model name -> the tiny model (lab/vllm_cpu.py KINDS) the real engine serves for it;
+    # empty: the stack's vLLM pools run the lab's stand-in.
+    real_vllm: tuple[tuple[str, str], ...] = ()
 
     def host(self, node: str) -> LabHost:
         return next(h for h in self.hosts if h.node == node)
@@ -127,4 +135,13 @@ def load_lab_stack(path: Path) -> LabStack:
     if len({h.address for h in hosts}) != len(hosts):
         raise LabConfigError("llm-cluster:nodes: two lab hosts share an address")
     name = path.name.removeprefix("Pulumi.").removesuffix(".yaml")
-    return LabStack(name, path, str(ssh.get("user", "root")), tuple(hosts))
+    real = (config.get("lab:realVllm") or {}).get("models") or {}
+    models = config.get("llm-cluster:models") or {}
+    for model, kind in real.items():
+        if model not in models:
+            raise LabConfigError(f"lab:realVllm.models.{model}: not a model of llm-cluster:models")
+        if kind not in REAL_VLLM_MODELS:
+            raise LabConfigError(f"lab:realVllm.models.{model}: {kind!r}; the lab makes: {', '.join(REAL_VLLM_MODELS)}")
+    return LabStack(
+        name, path, str(ssh.get("user", "root")), tuple(hosts), tuple((str(m), str(k)) for m, k in real.items())
+    )

@@ -59,6 +59,19 @@ KINDS: dict[str, Kind] = {
         source="vllm-project/vllm docker/Dockerfile (vllm-openai target): "
         'ENTRYPOINT ["python3", "-m", "vllm.entrypoints.openai.api_server"], root',
     ),
+    # Not a stand-in: the real vLLM 0.19.1 (its CPU build) under the real image's name, ENTRYPOINT and layout
+    # (lab/vllm_cpu.py IMAGE_DIFFERENCES says what differs; built by real_vllm_image, not from the registry).
+    "vllm-real": Kind(
+        entrypoint=("vllm", "serve"),
+        workdir="/vllm-workspace",
+        env={"VLLM_USAGE_SOURCE": "production-docker-image"},
+        source="vllm-project/vllm docker/Dockerfile, vllm-openai target (FROM vllm-openai-base): "
+        'ENTRYPOINT ["vllm", "serve"], no CMD, no USER (root; the vllm-openai-nonroot target is opt-in), '
+        "WORKDIR /vllm-workspace, ENV VLLM_USAGE_SOURCE production-docker-image, packages installed with "
+        "uv pip install --system into /usr/local/lib/python3.12/dist-packages, ray from requirements/cuda.txt "
+        "(read at the stored commit dead20ba; the ENTRYPOINT was python3 -m vllm.entrypoints.openai.api_server "
+        "up to v0.9.2, docker/Dockerfile:527)",
+    ),
     "dcgm-exporter": Kind(
         entrypoint=("/usr/local/dcgm/dcgm-exporter-entrypoint.sh",),
         source="NVIDIA/dcgm-exporter docker/Dockerfile: ENTRYPOINT /usr/local/dcgm/dcgm-exporter-entrypoint.sh",
@@ -633,3 +646,54 @@ def ensure(refs: list[str]) -> dict[str, str]:
     shutil.rmtree(work, ignore_errors=True)
     print(f"lab images: {len(stale)} stand-in(s) built and pushed in {time.monotonic() - started:.0f}s", flush=True)
     return {r: known[r]["id"] for r in refs}
+
+
+# --- the real-engine image ------------------------------------------------------------------------------------
+
+
+def real_vllm_image() -> Path:
+    """The lab's real-engine `vllm/vllm-openai:v0.19.1` as a `docker save` tarball (cached by its inputs): the
+    base, a `vllm` command that runs the engine's own CLI entry point with the image's python3, the real
+    image's ENTRYPOINT, WORKDIR and ENV, and an empty IMAGE_SITE_PACKAGES where the engine is bind-mounted
+    (lab/vllm_cpu.py IMAGE_DIFFERENCES)."""
+    from lab import vllm_cpu
+
+    kind = KINDS["vllm-real"]
+    key = hashlib.sha256(
+        Path(__file__).read_bytes() + json.dumps(dict(vllm_cpu.IMAGE_DIFFERENCES), sort_keys=True).encode()
+    ).hexdigest()[:16]
+    tar = CACHE / f"vllm-real-{key}.tar"
+    if tar.exists():
+        return tar
+    for old in CACHE.glob("vllm-real-*.tar"):
+        old.unlink()
+    work = CACHE / "work"
+    ctx = work / "ctx" / "vllm-real"
+    shutil.rmtree(ctx, ignore_errors=True)
+    files = ctx / "files"
+    # The console script vllm's wheel installs (entry point vllm.entrypoints.cli.main:main), for the image's python3.
+    _script(files / "usr/local/bin/vllm", "from vllm.entrypoints.cli.main import main\nsys.exit(main())")
+    (files / vllm_cpu.IMAGE_SITE_PACKAGES.lstrip("/")).mkdir(parents=True)
+    (files / "vllm-workspace").mkdir()
+    lines = [f"FROM lab/base:{SUITE}", "COPY files/ /"]
+    lines.append(f"LABEL {vllm_cpu.REAL_ENGINE_LABEL}={json.dumps(kind.source)}")
+    lines += [f"ENV {k}={json.dumps(v)}" for k, v in sorted(kind.env.items())]
+    lines += [f"WORKDIR {kind.workdir}", f"ENTRYPOINT {json.dumps(list(kind.entrypoint or ()))}"]
+    (ctx / "Dockerfile").write_text("\n".join(lines) + "\n")
+    t0 = time.monotonic()
+    with Builder() as b:
+        sh(*b.docker("import", str(_base()), f"lab/base:{SUITE}"), timeout=900)
+        p = subprocess.run(
+            b.docker("build", "-q", "-t", vllm_cpu.REAL_IMAGE, str(ctx)),
+            capture_output=True,
+            text=True,
+            env={"DOCKER_BUILDKIT": "0", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+            timeout=1800,
+        )
+        if p.returncode:
+            raise LabError(f"building the real-engine image {vllm_cpu.REAL_IMAGE} failed: {p.stderr.strip()[-2000:]}")
+        sh(*b.docker("save", "-o", str(tar) + ".tmp", vllm_cpu.REAL_IMAGE), timeout=900)
+    Path(str(tar) + ".tmp").rename(tar)
+    shutil.rmtree(ctx, ignore_errors=True)
+    print(f"lab images: built the real-engine {vllm_cpu.REAL_IMAGE} in {time.monotonic() - t0:.0f}s")
+    return tar

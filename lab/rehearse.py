@@ -656,6 +656,17 @@ class Rehearsal:
         body = container_body(inputs)
         files = uploads(inputs)
         api = self._docker(self._provider_config(r))
+        from lab.vllm_cpu import IMAGE_SITE_PACKAGES, REAL_ENGINE_LABEL, image_binds
+
+        if inputs.get("image") and REAL_ENGINE_LABEL in (
+            (api.call("GET", f"/images/{inputs['image']}/json").get("Config") or {}).get("Labels") or {}
+        ):
+            # The lab's real-engine image carries no engine of its own: this machine's, read-only
+            # (lab/vllm_cpu.py IMAGE_DIFFERENCES: site-packages), the one input the lab adds.
+            body["HostConfig"].setdefault("Binds", []).extend(image_binds())
+            ADAPTATIONS.append(
+                f"containers of the real-engine image get this machine's vLLM at {IMAGE_SITE_PACKAGES} (read-only bind)"
+            )
         created = api.call("POST", "/containers/create", query={"name": inputs["name"]}, body=body)
         cid = created["Id"]
         try:

