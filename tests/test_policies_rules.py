@@ -1251,22 +1251,52 @@ def api_server_args(dtype: str = "bfloat16") -> list[str]:
 
 
 def image_default_entrypoint(**changes: Any) -> dict[str, Any]:
-    """The runbook's `docker run vllm/vllm-openai:v0.9.2 --model /m …`: no entrypoints, the command is the
-    image ENTRYPOINT's (the api_server's) arguments."""
+    """`docker run vllm/vllm-openai:v0.19.1 --model /m …`: no entrypoints, the command is the arguments of the
+    image's ENTRYPOINT (in 0.19.1 `vllm serve`, which takes --model with a warning)."""
     props = {k: v for k, v in raw_vllm().items() if k != "entrypoints"}
     props["command"] = api_server_args()
     props.update(changes)
     return props
 
 
-def test_the_vllm_images_own_entrypoint_is_read_as_the_api_server() -> None:
-    # --model is the api_server's model flag: not reported; the bf16 on a V100 is.
+def api_server_container(**changes: Any) -> dict[str, Any]:
+    """The api_server module as the container's own entrypoints (the runbook's form on 0.9.2's image)."""
+    return image_default_entrypoint(entrypoints=API_SERVER, **changes)
+
+
+def test_the_vllm_images_own_entrypoint_is_the_one_its_facts_name() -> None:
+    # 0.19.1's ENTRYPOINT is `vllm serve` (IMAGES' entrypoint): --model is taken (a warning), the bf16 on a V100
+    # is reported.
     assert analyze(CONTAINER, "mine", image_default_entrypoint()) == only(*BF16)
+    # The model as the positional: what `docker run vllm/vllm-openai:v0.19.1 /m --dtype …` hands `vllm serve`.
+    positional = image_default_entrypoint(command=["/data/models/Qwen3-30B-A3B", *api_server_args()[2:]])
+    assert analyze(CONTAINER, "mine", positional) == only(*BF16)
+    # `vllm serve` again as the command: `vllm serve vllm serve /m …`, refused as `vllm serve` refuses it.
+    doubled = image_default_entrypoint(command=["vllm", "serve"] + CHAT_ARGV[2:])
+    assert [(v[0], v[2].split("\n", 1)[1]) for v in analyze(CONTAINER, "mine", doubled)] == [
+        (
+            "vllm-serve-flags",
+            f"vllm serve (vLLM 0.19.1): unexpected positional argument {word!r}: `vllm serve` takes one model",
+        )
+        for word in ("serve", "/data/models/Qwen3-30B-A3B")
+    ]
     # The image ref from `image` when there is no label.
     unlabelled = image_default_entrypoint(
         image="vllm/vllm-openai:v0.19.1", labels=[{"label": "llm-cluster.gpu-model", "value": V100}]
     )
     assert analyze(CONTAINER, "mine", unlabelled) == only(*BF16)
+    # 0.9.2's ENTRYPOINT is the api_server: the model positional is what its parser refuses.
+    old = image_default_entrypoint(
+        image="vllm/vllm-openai:v0.9.2",
+        labels=[{"label": "llm-cluster.gpu-model", "value": V100}],
+        command=["/data/models/Qwen3-30B-A3B", "--dtype", "half"],
+    )
+    flags = [v[2].split("\n", 1)[1] for v in analyze(CONTAINER, "mine", old) if v[0] == "vllm-serve-flags"]
+    assert [f.split(":", 2)[1] for f in flags] == [
+        " unexpected positional argument '/data/models/Qwen3-30B-A3B'",
+        " the model is missing",
+    ]
+    assert all(f.startswith("vllm.entrypoints.openai.api_server (vLLM 0.9.2)") for f in flags)
     # Another image's entrypoint is not vLLM's: its command alone starts nothing the rules know.
     other = image_default_entrypoint(image="nginx:1.27.3", labels=[{"label": "llm-cluster.gpu-model", "value": V100}])
     assert analyze(CONTAINER, "mine", other) == []
@@ -1284,14 +1314,14 @@ def test_the_api_server_module_spelled_out_is_a_launch_in_argv_and_in_a_script()
 
 def test_the_api_servers_flags_take_the_model_as_model_and_no_positional() -> None:
     prefix = "vllm.entrypoints.openai.api_server (vLLM 0.19.1): "
-    missing = image_default_entrypoint(command=api_server_args("half")[2:])
+    missing = api_server_container(command=api_server_args("half")[2:])
     assert analyze(CONTAINER, "mine", missing) == only(
         "vllm-serve-flags",
         f"{prefix}the model is missing: the api_server takes it as --model /path/to/model "
         "(without it vLLM 0.19.1 loads its default, Qwen/Qwen3-0.6B, from Hugging Face)",
     )
     # `vllm serve` handed to the image's entrypoint as arguments: the api_server refuses each word.
-    serve = image_default_entrypoint(command=["vllm", "serve"] + CHAT_ARGV[2:])
+    serve = api_server_container(command=["vllm", "serve"] + CHAT_ARGV[2:])
     positional = (
         "the api_server takes no positional argument (the model is --model; to run another program in "
         "the vllm/vllm-openai image, set the container's entrypoints)"
@@ -1303,7 +1333,7 @@ def test_the_api_servers_flags_take_the_model_as_model_and_no_positional() -> No
         f"{prefix}the model is missing: the api_server takes it as --model /path/to/model (without it vLLM "
         "0.19.1 loads its default, Qwen/Qwen3-0.6B, from Hugging Face)",
     ]
-    unknown = image_default_entrypoint(command=api_server_args("half") + ["--enable-prefix-cache"])
+    unknown = api_server_container(command=api_server_args("half") + ["--enable-prefix-cache"])
     assert analyze(CONTAINER, "mine", unknown) == only(
         "vllm-serve-flags",
         f"{prefix}unrecognized flag --enable-prefix-cache: not a "
@@ -1312,7 +1342,7 @@ def test_the_api_servers_flags_take_the_model_as_model_and_no_positional() -> No
 
 
 def test_the_api_server_on_every_interface_is_refused_like_vllm_serve() -> None:
-    props = image_default_entrypoint(command=api_server_args("half"))
+    props = api_server_container(command=api_server_args("half"))
     props["command"] = [t if t != "192.168.10.13" else "0.0.0.0" for t in props["command"]]
     assert analyze(CONTAINER, "mine", props) == only(
         "internal-ports",

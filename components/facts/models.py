@@ -406,7 +406,8 @@ def arch_from_config_json(data: dict[str, Any], name: str) -> ModelArch:
             # Qwen's checkpoints write num_experts; transformers 5 saves the same count as num_local_experts
             # (Qwen3MoeConfig.attribute_map maps num_experts to it), which vLLM reads through that map.
             num_experts=int(
-                cfg["num_local_experts"] if cfg.get("num_experts") is None and cfg.get("num_local_experts") is not None
+                cfg["num_local_experts"]
+                if cfg.get("num_experts") is None and cfg.get("num_local_experts") is not None
                 else _required(cfg, "num_experts", name)
             ),
             experts_per_token=int(_required(cfg, "num_experts_per_tok", name)),

@@ -169,6 +169,8 @@ class ImageFacts(SourcedImage):
     # `--shutdown-timeout N`: on SIGTERM the server stops taking requests and lets those in flight run up to N
     # seconds (its default, 0, aborts them): a `docker stop` that lets streams finish.
     shutdown_timeout_flag: bool = False
+    # The image's ENTRYPOINT: what a container that sets no entrypoint runs, its command appended as arguments.
+    entrypoint: tuple[str, ...] = ("python3", "-m", "vllm.entrypoints.openai.api_server")
     sources: Mapping[str, Sourced] = field(default_factory=dict)
     note: str = ""
 
@@ -365,6 +367,10 @@ _COMMON_092 = {
         "--master-port (only the data-parallel --headless): multi-node needs Ray"
     ),
     "shutdown_timeout_flag": code("components/engines/vllm/data/vllm-0.9.2-serve-args.json: no --shutdown-timeout"),
+    "entrypoint": code(
+        'vLLM 0.9.2 docker/Dockerfile:527 (vllm-openai target): ENTRYPOINT ["python3", "-m", '
+        '"vllm.entrypoints.openai.api_server"]'
+    ),
 }
 
 _COMMON_0191 = {
@@ -439,6 +445,11 @@ _COMMON_0191 = {
         "components/engines/vllm/data/vllm-0.19.1-serve-args.json: --shutdown-timeout (int, default 0); vLLM "
         "0.19.1 vllm/entrypoints/launcher.py (SIGTERM with a timeout above 0: no new request, those in flight "
         "drained for up to it) and vllm/v1/engine/core.py _handle_shutdown (0: every request in flight aborted)"
+    ),
+    "entrypoint": unverified(
+        'vllm-project/vllm docker/Dockerfile, vllm-openai target: ENTRYPOINT ["vllm", "serve"], no CMD, read at '
+        "commit dead20ba (a tree between 0.11 and 0.19: FlashInfer 0.4.1) and quoted from a later tree "
+        "(CUDA 13.0.3, Dockerfile:1088-1096); not read at the v0.19.1 tag itself"
     ),
 }
 
@@ -533,6 +544,10 @@ _COMMON_0110 = {
         "--master-port (vllm PR #23691, the mp executor across nodes, is not in this release): multi-node needs Ray"
     ),
     "shutdown_timeout_flag": code("components/engines/vllm/data/vllm-0.11.0-serve-args.json: no --shutdown-timeout"),
+    "entrypoint": unverified(
+        "assumed as 0.9.2's (the api_server module); the release that turned the vllm-openai target's ENTRYPOINT "
+        'into ["vllm", "serve"] was not pinned down here'
+    ),
 }
 _KV_0110 = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc")
 
@@ -569,6 +584,7 @@ def _vllm_0191(tag: str, variant: str, arch_list: tuple[int, ...], arch_source: 
         serve_refuses_model_flag=False,
         native_multi_node=True,
         shutdown_timeout_flag=True,
+        entrypoint=("vllm", "serve"),
         sources=_sources(_COMMON_0191, torch_arch_list=arch_source),
         note=note,
     )

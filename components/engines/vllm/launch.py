@@ -13,7 +13,7 @@ from typing import Any
 
 from components.engines.containers import GPU_MODEL_LABEL, container_argv, env_of, image_parts, labels
 from components.engines.judged import number
-from components.engines.vllm.facts import VLLM_IMAGE_REPO, ImageFacts, facts_for
+from components.engines.vllm.facts import VLLM_IMAGE_REPO, ImageFacts, facts_for, image_facts
 from components.engines.vllm.serve_args import API_SERVER, SERVE, ServeArgs, parse_serve
 from components.facts.hardware import GPUS, GpuModel
 
@@ -62,12 +62,15 @@ def serve_tokens(argv: list[str]) -> list[str] | None:
 
 def container_server(props: Mapping[str, Any], image: str | None) -> tuple[str, list[str]] | None:
     """The vLLM server a container starts: its entrypoints+command, or, without entrypoints on a
-    vllm/vllm-openai image, the image's ENTRYPOINT (the api_server) with the command as its arguments
-    (`docker run vllm/vllm-openai:v0.9.2 --model /m …`, the runbook's form). `image` is the ref the
-    container states (the pack's container_image)."""
+    vllm/vllm-openai image, the image's ENTRYPOINT with the command as its arguments: the api_server up to
+    0.9.2 (`docker run vllm/vllm-openai:v0.9.2 --model /m …`, the runbook's form), `vllm serve` in 0.19.1
+    (`docker run vllm/vllm-openai:v0.19.1 /m …`; the image facts' `entrypoint`; an image without facts is
+    read as the api_server). `image` is the ref the container states (the pack's container_image)."""
     if not props.get("entrypoints"):
         if image and image_parts(image)[0] == VLLM_IMAGE_REPO:
-            return API_SERVER, [str(t) for t in props.get("command") or []]
+            facts = image_facts(image)
+            entrypoint = facts.entrypoint if facts is not None else ("python3", "-m", API_SERVER)
+            return server_tokens([*entrypoint, *[str(t) for t in props.get("command") or []]])
     return server_tokens(container_argv(props))
 
 
