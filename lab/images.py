@@ -62,6 +62,7 @@ KINDS: dict[str, Kind] = {
     # Not a stand-in: the real vLLM 0.19.1 (its CPU build) under the real image's name, ENTRYPOINT and layout
     # (lab/vllm_cpu.py IMAGE_DIFFERENCES says what differs; built by real_vllm_image, not from the registry).
     "vllm-real": Kind(
+        packages=("libnuma1",),  # the CPU build's vllm/_C*.so link libnuma.so.1 (without it: no CPU ops)
         entrypoint=("vllm", "serve"),
         workdir="/vllm-workspace",
         env={"VLLM_USAGE_SOURCE": "production-docker-image"},
@@ -671,9 +672,10 @@ def real_vllm_image() -> Path:
     ctx = work / "ctx" / "vllm-real"
     shutil.rmtree(ctx, ignore_errors=True)
     files = ctx / "files"
+    shutil.copytree(_packages_layer(kind.packages, work), files, symlinks=True)
     # The console script vllm's wheel installs (entry point vllm.entrypoints.cli.main:main), for the image's python3.
     _script(files / "usr/local/bin/vllm", "from vllm.entrypoints.cli.main import main\nsys.exit(main())")
-    (files / vllm_cpu.IMAGE_SITE_PACKAGES.lstrip("/")).mkdir(parents=True)
+    (files / vllm_cpu.IMAGE_SITE_PACKAGES.lstrip("/")).mkdir(parents=True, exist_ok=True)
     (files / "vllm-workspace").mkdir()
     lines = [f"FROM lab/base:{SUITE}", "COPY files/ /"]
     lines.append(f"LABEL {vllm_cpu.REAL_ENGINE_LABEL}={json.dumps(kind.source)}")
