@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from lab import hosts, images
-from lab.__main__ import debian_mirror, image_refs, weights
+from lab.__main__ import debian_mirror, image_refs, real_vllm_images, weights
 from lab.config import LAB_DIR, REPO, LabHost, LabStack, load_lab_stack
 from lab.config import STATE as STATE_DIR
 from lab.rehearse import Rehearsal, StepLog
@@ -109,6 +109,7 @@ def _lab(
     try:
         t_hosts = time.monotonic() - t0
         images.ensure(image_refs(stack))
+        real_vllm_images(stack)  # the real-engine image on the hosts that pull it (a stack with lab:realVllm)
         t_images = time.monotonic() - t0 - t_hosts
         t2 = time.monotonic()
         debian_mirror(stack)  # what the gateway image's build installs (recorded once per machine)
