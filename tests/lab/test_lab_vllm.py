@@ -85,6 +85,25 @@ def counters(url: str) -> dict[str, float]:
     return out
 
 
+def moved(engine: str, before: dict[str, float], usage: dict[str, int]) -> dict[str, float]:
+    """How far the engine's token counters moved since `before`, once they count `usage` (its stat loggers
+    record an iteration after its outputs go out, so the last tokens may show a moment after the answer)."""
+
+    def delta() -> dict[str, float]:
+        now = counters(engine)
+        return {k: now[k] - before[k] for k in before}
+
+    wait_until(
+        lambda: (
+            delta()["vllm:generation_tokens_total"] >= usage["completion_tokens"]
+            and delta()["vllm:prompt_tokens_total"] >= usage.get("prompt_tokens", 0)
+        ),
+        30,
+        f"{engine}'s token counters counting {usage}",
+    )
+    return delta()
+
+
 def chat(name: str, **extra: Any) -> dict[str, Any]:
     return {
         "model": name,
@@ -162,11 +181,12 @@ def test_a_chat_completion_through_the_gateway_is_generated_by_vllm(lab: Lab, na
     before = counters(engine)
     answer = ask(lab, path, chat(name))
     body = json.loads(answer["body"])
-    after = counters(engine)
     # The engine's own counters moved by exactly the usage the answer carries: vLLM generated these tokens.
     usage = body["usage"]
-    assert after["vllm:prompt_tokens_total"] - before["vllm:prompt_tokens_total"] == usage["prompt_tokens"]
-    assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] == usage["completion_tokens"]
+    assert moved(engine, before, usage) == {
+        "vllm:prompt_tokens_total": usage["prompt_tokens"],
+        "vllm:generation_tokens_total": usage["completion_tokens"],
+    }
     assert (
         0 < usage["completion_tokens"] <= MAX_TOKENS
         and usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
@@ -185,8 +205,10 @@ def test_a_streamed_chat_through_the_gateway_ends_with_vllms_usage(lab: Lab, nam
     chunks = [json.loads(e) for e in events[:-1]]
     assert {c["object"] for c in chunks} == {"chat.completion.chunk"} and {c["model"] for c in chunks} == {name}
     usage = chunks[-1]["usage"]
-    after = counters(engine)
-    assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] == usage["completion_tokens"]
+    assert moved(engine, before, usage) == {
+        "vllm:prompt_tokens_total": usage["prompt_tokens"],
+        "vllm:generation_tokens_total": usage["completion_tokens"],
+    }
     assert 0 < usage["completion_tokens"] <= MAX_TOKENS
 
 
