@@ -673,8 +673,12 @@ def real_vllm_image() -> Path:
     shutil.rmtree(ctx, ignore_errors=True)
     files = ctx / "files"
     shutil.copytree(_packages_layer(kind.packages, work), files, symlinks=True)
-    # The console script vllm's wheel installs (entry point vllm.entrypoints.cli.main:main), for the image's python3.
-    _script(files / "usr/local/bin/vllm", "from vllm.entrypoints.cli.main import main\nsys.exit(main())")
+    # The console script vllm's wheel installs (entry point vllm.entrypoints.cli.main:main), for the image's python3,
+    # guarded as pip writes it: vLLM's spawned engine core and workers import the main module again.
+    _script(
+        files / "usr/local/bin/vllm",
+        "from vllm.entrypoints.cli.main import main\n\nif __name__ == '__main__':\n    sys.exit(main())",
+    )
     (files / vllm_cpu.IMAGE_SITE_PACKAGES.lstrip("/")).mkdir(parents=True, exist_ok=True)
     (files / "vllm-workspace").mkdir()
     lines = [f"FROM lab/base:{SUITE}", "COPY files/ /"]
