@@ -108,12 +108,13 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--rate", type=float, default=10, help="requests started per second, in all")
     p.add_argument("--cacert", help="the CA certificate the gateway's is verified against (PEM file)")
+    p.add_argument("--timeout", type=float, default=30, help="seconds to wait for one answer (request mode)")
     a = p.parse_args()
     global CONTEXT
     if a.cacert:
         CONTEXT = ssl.create_default_context(cafile=a.cacert)
     if a.mode == "request":
-        status, body = request(a.url, a.key, json.loads(a.json) if a.json else None)
+        status, body = request(a.url, a.key, json.loads(a.json) if a.json else None, a.timeout)
         print(json.dumps({"status": status, "body": body}))
     else:
         print(json.dumps(load(a.url, a.key, a.model, a.seconds, a.concurrency, a.rate)))
