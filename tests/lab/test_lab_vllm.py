@@ -12,12 +12,14 @@ bringing the hosts up to taking them down. Figures (up, the first token through 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -174,11 +176,13 @@ def test_each_engine_container_runs_the_plans_argv_in_the_real_engine_image(lab:
         added = [b for b in info["HostConfig"]["Binds"] if not any(b.startswith(p) for p in planned_binds)]
         assert added == vllm_cpu.image_binds(), name
         # The engine process inside runs exactly the plan's `vllm serve …` words (the watchdog execs them).
-        top = [line.split(None, 1)[-1] for line in docker(host, "top", name, "-eo", "pid,args").splitlines()]
-        assert any(line.strip() == "/usr/bin/python3 /usr/local/bin/" + " ".join(inputs["command"]) for line in top), (
-            name,
-            top,
-        )
+        # (/proc of the container's processes: docker top cuts long command lines; the hosts share this PID space)
+        pids = [int(line.split()[0]) for line in docker(host, "top", name, "-eo", "pid").splitlines()[1:]]
+        argvs = []
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                argvs.append([a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]])
+        assert ["/usr/bin/python3", "/usr/local/bin/vllm", *inputs["command"][1:]] in argvs, (name, argvs)
         version = docker(host, "exec", name, "python3", "-c", "import vllm; print(vllm.__version__)")
         assert version.strip() == "0.19.1", name
 
