@@ -49,6 +49,7 @@ from typing import Any
 from lab.config import REPO, STATE
 from lab.debmirror import parse_dockerfile
 from lab.dockerapi import DockerAPI, DockerError
+from lab.vllm_cpu import IMAGE_SITE_PACKAGES, REAL_ENGINE_LABEL, image_binds
 
 COMMAND_REMOTE = "command:remote:Command"
 COMMAND_LOCAL = "command:local:Command"
@@ -656,8 +657,6 @@ class Rehearsal:
         body = container_body(inputs)
         files = uploads(inputs)
         api = self._docker(self._provider_config(r))
-        from lab.vllm_cpu import IMAGE_SITE_PACKAGES, REAL_ENGINE_LABEL, image_binds
-
         if inputs.get("image") and REAL_ENGINE_LABEL in (
             (api.call("GET", f"/images/{inputs['image']}/json").get("Config") or {}).get("Labels") or {}
         ):
