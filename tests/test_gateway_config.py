@@ -252,14 +252,14 @@ def test_usage_log_and_metrics_are_kept_by_lua_in_the_log_phase_at_http_level(pr
         '"/smart/v1/embeddings", "/smart/v1/models"}, usage_dir = "/var/log/llm-gateway", '
         "prune_seconds = 3600, retention_days = 30, max_bytes = 21474836480}) }",
         'exit_worker_by_lua_block { require("gateway_metrics").stop() }',
-        "log_by_lua_block { package.loaded.gateway_metrics.record() "
-        "package.loaded.gateway_affinity.done(package.loaded.gateway_metrics.count_route) }",
+        "log_by_lua_block { package.loaded.gateway_affinity.done(package.loaded.gateway_metrics.count_route) "
+        "package.loaded.gateway_metrics.record() }",
         "access_log off;",
         "log_by_lua_block { return }",
     ]
     assert http.index(
-        "log_by_lua_block { package.loaded.gateway_metrics.record() "
-        "package.loaded.gateway_affinity.done(package.loaded.gateway_metrics.count_route) }"
+        "log_by_lua_block { package.loaded.gateway_affinity.done(package.loaded.gateway_metrics.count_route) "
+        "package.loaded.gateway_metrics.record() }"
     ) < http.index("server {")
     assert "lua_shared_dict llm_metrics 5262k;" in conf
     assert "syslog" not in gateway_files(prod_spec)["nginx.conf"]

@@ -83,7 +83,9 @@ def get(port: int, path: str) -> tuple[int, str, str]:
 
 
 def scrape(gw: NginxGateway, lines: int) -> str:
-    """/metrics once the workers have written `lines` usage lines (they flush once a second)."""
+    """/metrics once the workers have written `lines` usage lines (they flush once a second). Its
+    counts hold those lines' requests: a flush merges its counts before it counts its lines, and
+    /metrics reads the lines' total before the counts (gateway_metrics.lua)."""
     deadline = time.monotonic() + WAIT
     while True:
         text = get(gw.metrics_port, "/metrics")[2]
@@ -403,16 +405,20 @@ def test_metrics_listener_answers_404_off_metrics_and_the_text_content_type(tmp_
         kill_all(pools)
 
 
-def test_a_reload_loses_no_usage_line_and_no_count(tmp_path: Path) -> None:
+def test_a_reload_loses_no_usage_line_and_no_count(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The timer an hour away: what the workers hold reaches the file and the counts only as they exit.
+    monkeypatch.setattr(gateway_planning, "USAGE_FLUSH_SECONDS", 3600)
     gw, keys, pools = own(tmp_path)
     try:
         for _ in range(20):
             assert gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["default"])[0] == 200
-        # The old workers exit with what they have not flushed yet (exit_worker_by_lua), the new
-        # ones start counting in the same shared dict.
+        # Requests while the reload goes on land on old or new workers; the old ones exit with what
+        # they hold (exit_worker_by_lua), the new ones count in the same shared dict. The second
+        # reload returns once every worker that served one of the 40 has exited.
         os.kill(gw.proc.pid, signal.SIGHUP)
         for _ in range(20):
             assert gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["default"])[0] == 200
+        gw.reload()
         text = scrape(gw, 40)
         assert of(text, "llm_gateway_requests_total") == {
             'llm_gateway_requests_total{key_id="default",model="qwen3-30b-a3b",pool="chat",status="200"}': 40
@@ -682,6 +688,10 @@ def test_a_worker_writes_its_lines_once_it_holds_max_pending_without_waiting_for
     try:
         assert [chat() for _ in range(5)] == [200] * 5
         assert len(gw.log(at_least=5)) == 5
+        # Their counts go out with them (the lines' total moves after the counts it stands for).
+        assert of(scrape(gw, 5), "llm_gateway_requests_total") == {
+            'llm_gateway_requests_total{key_id="default",model="qwen3-30b-a3b",pool="chat",status="200"}': 5
+        }
         assert [chat() for _ in range(4)] == [200] * 4
         # Held, not lost: the tenth line makes five again, and the five go out together.
         assert len(gw.log()) == 5

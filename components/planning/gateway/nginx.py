@@ -654,12 +654,13 @@ def metrics_settings(spec: StackSpec, layout: GatewayLayout) -> dict[str, object
 def _usage_directives(spec: StackSpec, layout: GatewayLayout) -> list[str]:
     """The usage record and the metrics (gateway_metrics.lua) at http level: every request is recorded,
     refusals and nginx's own errors too. nginx composes its part of the line (LOG_FORMAT) in C,
-    Lua the rest; Lua keeps lines and counts in the worker, and a timer writes and merges them once
-    a second."""
+    Lua the rest; Lua keeps lines and counts in the worker, and a timer merges the counts and then
+    writes the lines once a second."""
     charge = "package.loaded.gateway_budget.charge" if token_budgets(spec) else ""
-    # An affinity pool's slot given back and its routing outcome counted (gateway_affinity.lua).
+    # An affinity pool's slot given back and its routing outcome counted (gateway_affinity.lua), before
+    # record(): a record() that flushes (max_pending) then flushes this request's outcome with its line.
     done = (
-        " package.loaded.gateway_affinity.done(package.loaded.gateway_metrics.count_route)"
+        "package.loaded.gateway_affinity.done(package.loaded.gateway_metrics.count_route) "
         if affinity_pools(spec)
         else ""
     )
@@ -669,7 +670,7 @@ def _usage_directives(spec: StackSpec, layout: GatewayLayout) -> list[str]:
         f"    lua_shared_dict {METRICS_ZONE} {metrics_zone_kib(spec)}k;",
         f'    init_worker_by_lua_block {{ require("gateway_metrics").start({_lua_value(metrics_settings(spec, layout))}) }}',
         '    exit_worker_by_lua_block { require("gateway_metrics").stop() }',
-        f"    log_by_lua_block {{ package.loaded.gateway_metrics.record({charge}){done} }}",
+        f"    log_by_lua_block {{ {done}package.loaded.gateway_metrics.record({charge}) }}",
         # nginx's own access log would write each request again, one write() apiece.
         "    access_log off;",
     ]

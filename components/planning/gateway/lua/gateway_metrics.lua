@@ -6,6 +6,8 @@
 -- with one write() per second and merges the counts into the lua_shared_dict that serve() renders on
 -- GET /metrics, and stop() (exit_worker_by_lua) does the same at worker exit, so a reload or a stop
 -- loses no line and no count. The shared dict outlives reloads: counters start with the container.
+-- Each flush merges the counts before it counts the lines written (llm_gateway_log_lines_total moves
+-- last): a scrape that sees N lines sees the counts of those N requests, never a line ahead of its count.
 --
 -- Metrics (labels are what the usage line carries; the line holds API key ids, never keys):
 --   llm_gateway_requests_total{key_id,model,pool,status}   requests answered
@@ -92,7 +94,7 @@ local counts, seen = {}, {}        -- shared-dict key -> amount to add; -> obser
 local hists = {}                   -- pool -> {bucket counts..., [n+1] = sum, [n+2] = count}
 local known = {}                   -- keys this worker found in the shared dict (no cap check again)
 local last_prune = 0
-local write_pending                -- defined with the writer below; record() calls it
+local flush                        -- defined with the writer below; record() calls it
 
 -- JSON's escapes of the bytes a string cannot hold as they are.
 local ESCAPES = {[8] = "\\b", [9] = "\\t", [10] = "\\n", [12] = "\\f", [13] = "\\r", [34] = '\\"', [92] = "\\\\"}
@@ -480,7 +482,7 @@ function M.record(charge)
     end
     observe(pool, request_time)
     if nlines >= max_pending then
-        write_pending()
+        flush()
     end
 end
 
@@ -696,9 +698,8 @@ local function prune(today)
     return deleted
 end
 
--- Write the lines, merge the counts; hourly (one worker), prune the old days.
 -- The lines held, to their files, and what that made of them counted.
-write_pending = function()
+local function write_pending()
     local written, lost = write_lines()
     if written > 0 then
         dict:incr(LINES, written)
@@ -708,11 +709,14 @@ write_pending = function()
     end
 end
 
-local function flush()
-    write_pending()
+-- The counts first: the lines' total is what tells a reader (a scrape, the tests) that the requests
+-- behind those lines are counted, so it moves only once they are.
+flush = function()
     merge_counts()
+    write_pending()
 end
 
+-- Each second: flush; hourly (one worker), prune the old days.
 local function tick(premature)
     flush()
     if cfg.usage_dir and not premature and ngx.worker.id() == 0 and ngx.now() - last_prune >= cfg.prune_seconds then
@@ -839,6 +843,13 @@ end
 
 -- Every metric in the Prometheus text format 0.0.4.
 local function render()
+    -- The totals read before any count, written last: a worker's flush may land while this renders,
+    -- and it counts its lines after its counts, so the counts read below hold at least these lines'.
+    local totals = {}
+    for i, total in ipairs({{"llm_gateway_log_lines_total", LINES}, {"llm_gateway_log_write_errors_total", WRITE_ERRORS},
+                            {"llm_gateway_series_overflow_total", OVERFLOW}}) do
+        totals[i] = {total[1], dict:get(total[2]) or 0}
+    end
     local by_family = {r = {}, f = {}, t = {}, a = {}, h = {}}
     for _, key in ipairs(dict:get_keys(0)) do
         local family = by_family[sub(key, 1, 1)]
@@ -877,10 +888,9 @@ local function render()
         head(out, "llm_gateway_upstream_drained", "gauge")
         affinity.drained(out, labels)
     end
-    for _, total in ipairs({{"llm_gateway_log_lines_total", LINES}, {"llm_gateway_log_write_errors_total", WRITE_ERRORS},
-                            {"llm_gateway_series_overflow_total", OVERFLOW}}) do
+    for _, total in ipairs(totals) do
         head(out, total[1], "counter")
-        out[#out + 1] = total[1] .. " " .. number(dict:get(total[2]) or 0)
+        out[#out + 1] = total[1] .. " " .. number(total[2])
     end
     out[#out + 1] = ""
     return concat(out, "\n")
