@@ -221,10 +221,10 @@ def test_the_load_bound_sends_the_overflow_to_the_next_replica_on_the_ring(
     # Released (nothing in flight): the conversation stays where the bound last moved it (stickySeconds), the
     # replica that prefilled its whole history, and that counts as kept.
     settled(gw)
-    kept = gw_metrics(gw).get('llm_gateway_routing_total{pool="chat",outcome="kept"}', 0)
+    kept = gw.metrics().get('llm_gateway_routing_total{pool="chat",outcome="kept"}', 0)
     for _ in range(3):
         assert served(gw, keys["default"], body) == order[2] != home_replica.name
-    assert gw_metrics(gw)['llm_gateway_routing_total{pool="chat",outcome="kept"}'] == kept + 3
+    assert gw.metrics()['llm_gateway_routing_total{pool="chat",outcome="kept"}'] == kept + 3
 
 
 @pytest.fixture(scope="module")
@@ -287,7 +287,7 @@ def test_a_dead_replica_moves_only_its_own_conversations_and_loses_no_request(tm
         assert moved, "the dead replica held no conversation: widen the sample"
         # The moved ones stay on the replica they moved to (stickySeconds), the others on theirs.
         assert {c: served(gw, key, chat(c, 3)) for c in range(40)} == after
-        metrics = gw_metrics(gw)
+        metrics = gw.metrics()
         assert metrics.get('llm_gateway_routing_total{pool="chat",outcome="failure"}', 0) >= 1
         assert metrics.get('llm_gateway_routing_total{pool="chat",outcome="kept"}', 0) >= 40
 
@@ -316,15 +316,9 @@ def settled(gw: NginxGateway) -> None:
     pytest.fail("requests still in flight")
 
 
-def gw_metrics(gw: NginxGateway) -> dict[str, float]:
-    """/metrics once the workers have merged their counts (once a second)."""
-    time.sleep(1.2)
-    return scrape(gw)
-
-
 def test_in_flight_per_replica_is_a_gauge(pool: tuple[NginxGateway, dict[str, str], list[FakeReplica]]) -> None:
     gw, _, replicas = pool
-    metrics = gw_metrics(gw)
+    metrics = gw.metrics()
     for r in replicas:
         assert metrics[f'llm_gateway_upstream_in_flight{{pool="chat",upstream="{r.addr}"}}'] == 0
 

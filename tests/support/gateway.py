@@ -347,6 +347,9 @@ class NginxGateway:
         usage_dir: Path | None = None,
     ):
         self.root = root
+        # Responses call() got: each is a request the gateway records (a usage line, its counts).
+        self.answered = 0
+        self._answered_lock = threading.Lock()
         # The daily usage files, as deployed: nginx's workers (nobody here) write them, so in a
         # directory of their own outside pytest's private tree unless the test gives one.
         self.own_usage = usage_dir is None
@@ -468,6 +471,29 @@ class NginxGateway:
                 return [json.loads(line) for line in lines]
             time.sleep(0.01)
 
+    def metrics(self) -> dict[str, float]:
+        """/metrics as {series: value} once the workers have flushed every request call() got an
+        answer to (they flush once a second): its lines' total has reached them, and a flush counts
+        its lines after their counts, which /metrics reads after that total (gateway_metrics.lua)."""
+        deadline = time.monotonic() + WAIT
+        while True:
+            conn = http.client.HTTPConnection("127.0.0.1", self.metrics_port, timeout=WAIT)
+            try:
+                conn.request("GET", "/metrics")
+                text = conn.getresponse().read().decode()
+            finally:
+                conn.close()
+            got = {}
+            for line in text.splitlines():
+                if line and not line.startswith("#"):
+                    series, _, value = line.rpartition(" ")
+                    got[series] = float(value)
+            lines, answered = got["llm_gateway_log_lines_total"], self.answered
+            if lines >= answered:
+                return got
+            assert time.monotonic() < deadline, f"the gateway wrote {lines} usage lines of {answered} requests"
+            time.sleep(0.05)
+
     def call(
         self,
         method: str,
@@ -495,6 +521,8 @@ class NginxGateway:
             conn.request(method, path, body=data, headers=hdrs)
             resp = conn.getresponse()
             text = resp.read().decode()
+            with self._answered_lock:
+                self.answered += 1
             try:
                 payload: Any = json.loads(text)
             except ValueError:
