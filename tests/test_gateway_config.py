@@ -589,6 +589,62 @@ def test_key_digests_map_sha256_to_ids_and_refuse_gaps() -> None:
         key_digests({"a": "sk-same", "b": "sk-same"}, ["a", "b"])
 
 
+KEY_REFUSALS = [
+    # (keys given, the stack's ids, the whole message): every list joined, "none" for an empty one.
+    (
+        {"a": "sk-one"},
+        ["a", "b"],
+        "gatewayApiKeys must hold one key for each gateway key id (a, b); missing: b, not in the stack: none",
+    ),
+    (
+        {"a": "sk-one", "b": "sk-two", "c": "sk-three"},
+        ["a", "b"],
+        "gatewayApiKeys must hold one key for each gateway key id (a, b); missing: none, not in the stack: c",
+    ),
+    (
+        {"a": "", "d": "sk-four", "c": "sk-three"},
+        ["a", "b"],
+        "gatewayApiKeys must hold one key for each gateway key id (a, b); missing: a, b, not in the stack: c, d",
+    ),
+    (
+        {"a": "sk-same", "b": "sk-same"},
+        ["a", "b"],
+        "gatewayApiKeys gives the same key to two ids; each id needs its own key",
+    ),
+]
+
+
+@pytest.mark.parametrize(("keys", "ids", "message"), KEY_REFUSALS)
+def test_key_digests_refusals_say_what_is_missing_and_extra(keys: dict[str, str], ids: list[str], message: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        key_digests(keys, ids)
+    assert str(refused.value) == message
+
+
+def test_the_digest_file_is_the_same_bytes_for_the_same_keys_in_any_order() -> None:
+    keys = {"a": "sk-one", "b": "sk-two", "c": "sk-three"}
+    digest = {i: hashlib.sha256(k.encode()).hexdigest() for i, k in keys.items()}
+    # The ids given in the reverse of their digests' order: the file is sorted by digest all the same.
+    ids = sorted(keys, key=digest.__getitem__, reverse=True)
+    body = ",\n".join(f' "{digest[i]}": "{i}"' for i in sorted(keys, key=digest.__getitem__))
+    assert key_digests(keys, ids) == key_digests(keys, ids[::-1]) == "{\n" + body + "\n}\n"
+
+
+@pytest.mark.parametrize(
+    ("ids", "keys_dir", "lines"),
+    [
+        (["default"], "/etc/llm-cluster/gateway", ["dir=/etc/llm-cluster/gateway", "ids=(default)"]),
+        (["a", "we'ird"], "/srv/gw keys", ["dir='/srv/gw keys'", "ids=(a 'we'\"'\"'ird')"]),
+    ],
+)
+def test_the_key_scripts_quote_the_ids_and_the_directory(ids: list[str], keys_dir: str, lines: list[str]) -> None:
+    assert [line for line in keys_script(ids, keys_dir).splitlines() if line.startswith(("dir=", "ids="))] == lines
+    assert keys_delete_script(keys_dir).splitlines()[-1] == "rm -rf -- " + lines[0].removeprefix("dir=")
+    # The defaults: the host's directory.
+    assert keys_script(ids) == keys_script(ids, "/etc/llm-cluster/gateway")
+    assert keys_delete_script() == keys_delete_script("/etc/llm-cluster/gateway")
+
+
 def test_no_generated_file_holds_a_key(config: dict[str, Any]) -> None:
     spec = spec_with(config, apiKeys=[{"id": "ops"}, {"id": "analyst", "models": ["chat"]}])
     files = gateway_files(spec)
