@@ -396,4 +396,4 @@ def test_a_pool_whose_name_holds_a_hyphen_is_routed_by_affinity(tmp_path: Path) 
         homes = {c: served(gw, keys["default"], chat(c, 1)) for c in range(12)}
         assert {c: served(gw, keys["default"], chat(c, 3)) for c in range(12)} == homes
         assert len(set(homes.values())) >= 2, homes
-        assert 'llm_gateway_routing_total{pool="chat-a",outcome="kept"}' in gw_metrics(gw)
+        assert 'llm_gateway_routing_total{pool="chat-a",outcome="kept"}' in gw.metrics()

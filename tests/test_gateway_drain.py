@@ -16,7 +16,7 @@ import pytest
 
 from components.planning.load import load_stack_config
 from tests.support.gateway import CHAT, WAIT, FakeReplica, NginxGateway, gateway_config, own_gateway
-from tests.test_gateway_affinity import affinity_gateway, chat, gw_metrics, scrape, served, settled
+from tests.test_gateway_affinity import affinity_gateway, chat, scrape, served, settled
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def admin(gw: NginxGateway, method: str, query: str = "", port: int | None = Non
 def outcomes(gw: NginxGateway) -> dict[str, float]:
     """llm_gateway_routing_total of the chat pool by outcome, once the workers have merged their counts."""
     prefix = 'llm_gateway_routing_total{pool="chat",outcome="'
-    return {k[len(prefix) : -2]: v for k, v in gw_metrics(gw).items() if k.startswith(prefix)}
+    return {k[len(prefix) : -2]: v for k, v in gw.metrics().items() if k.startswith(prefix)}
 
 
 def drain_query(r: FakeReplica) -> str:
