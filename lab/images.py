@@ -633,23 +633,28 @@ def ensure(refs: list[str]) -> dict[str, str]:
             elif kind_of(ref) == "debian":
                 image_id = _import_debian(b, ref, target)
             else:
-                ctx = _context(ref, work)
-                p = subprocess.run(
-                    b.docker("build", "-q", "-t", target, str(ctx)),
-                    capture_output=True,
-                    text=True,
-                    env={"DOCKER_BUILDKIT": "0", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
-                    timeout=1800,
-                )
-                if p.returncode:
-                    raise LabError(f"building the stand-in for {ref} failed: {p.stderr.strip()[-2000:]}")
-                image_id = p.stdout.strip()
+                image_id = _build(b, target, _context(ref, work), f"the stand-in for {ref}")
             sh(*b.docker("push", target), timeout=1800)
             known[ref] = {"inputs": digests[ref], "id": image_id}
             stamp_path.write_text(json.dumps({"built": known}, indent=1, sort_keys=True))
     shutil.rmtree(work, ignore_errors=True)
     print(f"lab images: {len(stale)} stand-in(s) built and pushed in {time.monotonic() - started:.0f}s", flush=True)
     return {r: known[r]["id"] for r in refs}
+
+
+def _build(b: Builder, target: str, ctx: Path, what: str) -> str:
+    """`docker build` of a context on the builder's engine (the classic builder, as the lab's images need no
+    BuildKit): the image id, or a LabError naming `what` with the build's last output."""
+    p = subprocess.run(
+        b.docker("build", "-q", "-t", target, str(ctx)),
+        capture_output=True,
+        text=True,
+        env={"DOCKER_BUILDKIT": "0", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+        timeout=1800,
+    )
+    if p.returncode:
+        raise LabError(f"building {what} failed: {p.stderr.strip()[-2000:]}")
+    return p.stdout.strip()
 
 
 # --- the real-engine image ------------------------------------------------------------------------------------
@@ -692,15 +697,7 @@ def real_vllm_image() -> Path:
     t0 = time.monotonic()
     with Builder() as b:
         sh(*b.docker("import", str(_base()), f"lab/base:{SUITE}"), timeout=900)
-        p = subprocess.run(
-            b.docker("build", "-q", "-t", vllm_cpu.REAL_IMAGE, str(ctx)),
-            capture_output=True,
-            text=True,
-            env={"DOCKER_BUILDKIT": "0", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
-            timeout=1800,
-        )
-        if p.returncode:
-            raise LabError(f"building the real-engine image {vllm_cpu.REAL_IMAGE} failed: {p.stderr.strip()[-2000:]}")
+        _build(b, vllm_cpu.REAL_IMAGE, ctx, f"the real-engine image {vllm_cpu.REAL_IMAGE}")
         sh(*b.docker("save", "-o", str(tar) + ".tmp", vllm_cpu.REAL_IMAGE), timeout=900)
     Path(str(tar) + ".tmp").rename(tar)
     shutil.rmtree(ctx, ignore_errors=True)
