@@ -341,7 +341,21 @@ LAYOUT_RULES: list[tuple[str, dict[str, Any], float | None, list[str]]] = [
         "2 replicas of an instance spanning nodes",
         {"tensorParallel": 4, "pipelineParallel": 2, "replicasPerNode": 2},
         None,
-        [f"pools.chat.replicasPerNode: 2 replicas x tensorParallel 4 x pipelineParallel 2 {GPUS_OF_A_NODE}"],
+        [
+            "pools.chat.replicasPerNode: 2 replicas per node, but an instance of tensorParallel 4 x pipelineParallel 2 "
+            "spans 2 nodes (each pipeline stage on a node of its own, 8 GPUs per node): an instance across nodes is "
+            "the only one on its nodes; give 1"
+        ],
+    ),
+    (
+        "2 replicas of a 2-GPU instance spanning nodes (PP 2): fits by GPUs, refused by span",
+        {"tensorParallel": 1, "pipelineParallel": 2, "replicasPerNode": 2},
+        None,
+        [
+            "pools.chat.replicasPerNode: 2 replicas per node, but an instance of tensorParallel 1 x pipelineParallel 2 "
+            "spans 2 nodes (each pipeline stage on a node of its own, 8 GPUs per node): an instance across nodes is "
+            "the only one on its nodes; give 1"
+        ],
     ),
     ("64 GiB of /dev/shm on 64 GiB of RAM", {"shmSizeGib": 64}, 64, []),
     (

@@ -185,7 +185,16 @@ def check_pools(s: StackSpec) -> list[SpecIssue]:
                 )
             )
         width = p.tensor_parallel * p.pipeline_parallel
-        if p.replicas_per_node > 1 and (span > 1 or width * p.replicas_per_node > per_node):
+        if p.replicas_per_node > 1 and span > 1:
+            issues.append(
+                SpecIssue(
+                    f"pools.{pname}.replicasPerNode",
+                    f"{p.replicas_per_node} replicas per node, but an instance of tensorParallel {p.tensor_parallel} x "
+                    f"pipelineParallel {p.pipeline_parallel} spans {span} nodes (each pipeline stage on a node of its "
+                    f"own, {per_node} GPUs per node): an instance across nodes is the only one on its nodes; give 1",
+                )
+            )
+        elif p.replicas_per_node > 1 and width * p.replicas_per_node > per_node:
             issues.append(
                 SpecIssue(
                     f"pools.{pname}.replicasPerNode",
