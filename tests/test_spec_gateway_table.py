@@ -46,6 +46,12 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
         "gateway.defaultRateLimit.requestsPerSecond: 0.0166669 requests/s is not a whole number of requests per "
         f"minute (1.0000/min); {RATE}",
     ),
+    # Within the tolerance of a whole number of requests per minute, but that number is 0 (nginx `0r/m`).
+    (
+        {"defaultRateLimit": {"requestsPerSecond": 1e-9}},
+        "gateway.defaultRateLimit.requestsPerSecond: 1e-09 requests/s is less than one request per minute; "
+        "nginx's slowest rate is one per minute (0.0166667)",
+    ),
     (
         {"apiKeys": [{"id": "team", "rateLimit": {"requestsPerSecond": 2.001}}]},
         "gateway.apiKeys[0].rateLimit.requestsPerSecond: 2.001 requests/s is not a whole number of requests per "

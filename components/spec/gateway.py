@@ -31,6 +31,12 @@ class RateLimitSpec(Spec):
                 f"({per_minute:.4f}/min); nginx rates are whole requests per second or "
                 "per minute, e.g. 0.5 (= 30/min)"
             )
+        if round(per_minute) < 1:
+            # A whole number of requests per minute, but 0: nginx would be written `0r/m`.
+            raise ValueError(
+                f"{v} requests/s is less than one request per minute; nginx's slowest rate is one per minute "
+                "(0.0166667)"
+            )
         return v
 
 
