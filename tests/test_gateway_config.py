@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from components.planning.gateway.keys import key_digests, key_ids, keys_delete_script, keys_script
-from components.planning.gateway.layout import DIGESTS_FILE, GatewayLayout
+from components.planning.gateway.layout import DIGESTS_FILE, GatewayLayout, nginx_argv
 from components.planning.gateway.limits import (
     BUDGET_ZONE,
     budget_init,
@@ -1027,3 +1027,9 @@ def test_routes_table_of_a_shared_model_an_alias_and_an_affinity_pool() -> None:
     assert table["affinity"] == {"@llm_pool_chat": "chat", "@llm_alias_chat": "chat"}
     # No pool routed by affinity: no affinity entry at all.
     assert "affinity" not in routes_table(_shared({"chat": 3, "canary": 1}, routing="least_conn"))
+
+
+def test_the_gateway_container_runs_nginx_in_the_foreground_on_the_mounted_config() -> None:
+    # The container's command whole: nginx's own flags (-c the config, -g a directive), and `daemon off;`, without
+    # which nginx forks into the background and docker sees its container exit.
+    assert nginx_argv() == ["nginx", "-c", "/etc/llm-gateway/nginx.conf", "-g", "daemon off;"]
