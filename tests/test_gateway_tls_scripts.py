@@ -11,6 +11,7 @@ from components.planning.gateway.tls import (
     CA_DAYS,
     CERT_DAYS,
     CERT_RENEW_DAYS,
+    _indent,
     _is_ipv4,
     tls_delete_script,
     tls_from_stdin_script,
@@ -131,3 +132,16 @@ def test_delete_script_removes_the_certificate_and_the_ca_whole() -> None:
 )
 def test_ipv4_names_go_in_as_ip_the_rest_as_dns(name: str, ipv4: bool) -> None:
     assert _is_ipv4(name) is ipv4
+
+
+@pytest.mark.parametrize(
+    ("text", "block"),
+    [
+        ("a\nb\n", "  a\n  b"),
+        ("a\n\nb", "  a\n\n  b"),  # a blank line stays blank (no trailing spaces in the script)
+        ("echo x \n", "  echo x "),  # only the final newline goes, not a line's own trailing space
+        ("echo X\n", "  echo X"),
+    ],
+)
+def test_a_block_nested_in_an_if_is_indented_two_spaces(text: str, block: str) -> None:
+    assert _indent(text) == block
