@@ -464,6 +464,54 @@ def test_ray_worker_on_a_bridge_network_is_refused() -> None:
     )
 
 
+MISSING_NCCL = (
+    " not set in the container's env: Ray's executor passes only vLLM's own variables to workers, so each container "
+    "needs the NCCL ones itself, or NCCL falls back to the wrong interface or TCP (RoCE needs the GID index, "
+    "usually 3). Set them from the node's hca and interface."
+)
+
+
+def ray_worker_env(drop: tuple[str, ...] = (), **values: str) -> list[str]:
+    """RAY_WORKER's env less the names in `drop`, with `values` set."""
+    kept = [e for e in RAY_WORKER["envs"] if e.split("=", 1)[0] not in drop and e.split("=", 1)[0] not in values]
+    return kept + [f"{k}={v}" for k, v in values.items()]
+
+
+@pytest.mark.parametrize(
+    ("envs", "message"),
+    [
+        # Without NCCL's IB transport (NCCL_IB_DISABLE=1) the HCA and GID index are not needed; the interface is.
+        (ray_worker_env(("NCCL_IB_HCA", "NCCL_IB_GID_INDEX"), NCCL_IB_DISABLE="1"), None),
+        (
+            ray_worker_env(("NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_SOCKET_IFNAME"), NCCL_IB_DISABLE="1"),
+            "NCCL_SOCKET_IFNAME" + MISSING_NCCL,
+        ),
+        # Any other value keeps IB on: both are needed, every missing name listed in order.
+        (
+            ray_worker_env(("NCCL_IB_HCA", "NCCL_IB_GID_INDEX"), NCCL_IB_DISABLE="0"),
+            "NCCL_IB_HCA, NCCL_IB_GID_INDEX" + MISSING_NCCL,
+        ),
+        (
+            ray_worker_env(("NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_SOCKET_IFNAME")),
+            "NCCL_SOCKET_IFNAME, NCCL_IB_HCA, NCCL_IB_GID_INDEX" + MISSING_NCCL,
+        ),
+    ],
+)
+def test_ray_worker_nccl_variables_by_ib_transport(envs: list[str], message: str | None) -> None:
+    got = of("multi-node-network", ray_worker(envs=envs))
+    assert got == ([] if message is None else only("multi-node-network", message))
+
+
+def test_ray_worker_without_a_network_mode_is_on_dockers_bridge() -> None:
+    props = {k: v for k, v in RAY_WORKER.items() if k != "networkMode"}
+    got = analyze(CONTAINER, "reasoning-gpu-01-ray-worker-gpu-02", props, parent_type="llm-cluster:ray:RayCluster")
+    assert of("multi-node-network", got) == only(
+        "multi-node-network",
+        "networkMode is bridge (unset): Ray and NCCL need the node's own addresses and high ports "
+        '(VLLM_HOST_IP, RDMA). Set network_mode="host".',
+    )
+
+
 # --- rule 8: flags -----------------------------------------------------------------------------
 
 
