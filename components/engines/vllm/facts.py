@@ -127,6 +127,10 @@ TRITON: dict[str, TritonFacts] = {
 }
 
 
+# The vllm-openai image's ENTRYPOINT up to 0.9.2 (and what an image without facts is read as).
+API_SERVER_ENTRYPOINT = ("python3", "-m", "vllm.entrypoints.openai.api_server")
+
+
 @dataclass(frozen=True)
 class ImageFacts(SourcedImage):
     """One serving image and what its engine does per compute capability. Capabilities are written
@@ -170,7 +174,7 @@ class ImageFacts(SourcedImage):
     # seconds (its default, 0, aborts them): a `docker stop` that lets streams finish.
     shutdown_timeout_flag: bool = False
     # The image's ENTRYPOINT: what a container that sets no entrypoint runs, its command appended as arguments.
-    entrypoint: tuple[str, ...] = ("python3", "-m", "vllm.entrypoints.openai.api_server")
+    entrypoint: tuple[str, ...] = API_SERVER_ENTRYPOINT
     sources: Mapping[str, Sourced] = field(default_factory=dict)
     note: str = ""
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from components.engines.containers import GPU_MODEL_LABEL, container_argv, env_of, image_parts, labels
 from components.engines.judged import number
-from components.engines.vllm.facts import VLLM_IMAGE_REPO, ImageFacts, facts_for, image_facts
+from components.engines.vllm.facts import API_SERVER_ENTRYPOINT, VLLM_IMAGE_REPO, ImageFacts, facts_for, image_facts
 from components.engines.vllm.serve_args import API_SERVER, SERVE, ServeArgs, parse_serve
 from components.facts.hardware import GPUS, GpuModel
 
@@ -69,7 +69,7 @@ def container_server(props: Mapping[str, Any], image: str | None) -> tuple[str, 
     if not props.get("entrypoints"):
         if image and image_parts(image)[0] == VLLM_IMAGE_REPO:
             facts = image_facts(image)
-            entrypoint = facts.entrypoint if facts is not None else ("python3", "-m", API_SERVER)
+            entrypoint = facts.entrypoint if facts is not None else API_SERVER_ENTRYPOINT
             return server_tokens([*entrypoint, *[str(t) for t in props.get("command") or []]])
     return server_tokens(container_argv(props))
 
