@@ -45,6 +45,8 @@ SWEEP = [
 ]
 # The fast tier: realtool and lab tests start servers and namespaces (mutmut forks per mutant).
 FAST = ["-m", "not realtool and not lab"]
+# How much longer a timed-out mutant's second run may take than its first.
+RETRY_LIMIT_FACTOR = 4
 
 
 def dotted(module: str) -> str:
@@ -79,6 +81,7 @@ def run_mutmut(module: str, tests: list[str], functions: list[str], isolation: s
     reads its settings once, and the test selection is per module)."""
     from mutmut.__main__ import cli
     from mutmut.configuration import ProcessIsolation, config
+    from mutmut.stats import status_by_exit_code
 
     config().pytest_add_cli_args_test_selection = [*FAST, *tests]
     # forkserver: each mutant's process forked from one that imported only pytest (for tests whose
@@ -88,8 +91,19 @@ def run_mutmut(module: str, tests: list[str], functions: list[str], isolation: s
     # without mutmut's trampoline on each call (over the whole product the plan tests crawled).
     config().only_mutate = [module]
     fresh_copy(module)
+    mutmut_run(cli, str(os.cpu_count() or 2), names(module, functions))
+    # mutmut's wall-clock limit is (the tests' measured time + 1 s) x 15: on a machine others load, a mutant
+    # whose tests pass or fail in seconds alone can hit it and read as a timeout, not as killed. Each
+    # timed-out mutant runs again, alone, with four times the limit; what times out then counts as not killed.
+    timed_out = [k for k, c in exit_codes(module, functions).items() if status_by_exit_code[c] == "timeout"]
+    if timed_out:
+        config().timeout_multiplier *= RETRY_LIMIT_FACTOR
+        mutmut_run(cli, "1", timed_out)
+
+
+def mutmut_run(cli: object, children: str, patterns: list[str]) -> None:
     try:
-        cli.main(["run", "--max-children", str(os.cpu_count() or 2), *names(module, functions)], standalone_mode=False)
+        cli.main(["run", "--max-children", children, *patterns], standalone_mode=False)  # type: ignore[attr-defined]
     except SystemExit as e:
         if e.code:
             raise
@@ -121,12 +135,15 @@ def mutant_line(name: str, module: str) -> str:
     )
 
 
-def score(module: str, functions: list[str]) -> dict[str, object]:
+def exit_codes(module: str, functions: list[str]) -> dict[str, int | None]:
+    """mutmut's exit code of each chosen mutant of the module (None: not run)."""
     meta = json.loads((ROOT / "mutants" / (module + ".meta")).read_text())
     chosen = names(module, functions)
-    codes: dict[str, int | None] = {
-        k: c for k, c in meta["exit_code_by_key"].items() if any(fnmatch.fnmatchcase(k, p) for p in chosen)
-    }
+    return {k: c for k, c in meta["exit_code_by_key"].items() if any(fnmatch.fnmatchcase(k, p) for p in chosen)}
+
+
+def score(module: str, functions: list[str]) -> dict[str, object]:
+    codes = exit_codes(module, functions)
     killed = [k for k, c in codes.items() if c in (1, 3)]
     survived = [k for k, c in codes.items() if c not in (1, 3)]
     equivalent, stale = [], []
@@ -165,6 +182,8 @@ def main(argv: list[str]) -> int:
     if not modules:
         parser.error("name a module (plan/redact.py) or --sweep")
     os.chdir(ROOT)
+    from mutmut.stats import status_by_exit_code
+
     untriaged = 0
     for module in modules:
         if not (ROOT / module).is_file():
@@ -184,7 +203,8 @@ def main(argv: list[str]) -> int:
             + ")"
         )
         for name, code in result["survivors"].items():  # type: ignore[union-attr]
-            print(f"  survived ({code}): {name}  [{mutant_line(name, module)}]")
+            said = "timed out twice" if status_by_exit_code[code] == "timeout" else "survived"
+            print(f"  {said} ({code}): {name}  [{mutant_line(name, module)}]")
         for name in result["stale_equivalents"]:  # type: ignore[union-attr]
             print(f"  stale equivalent entry: {name} no longer writes its line")
     return 1 if untriaged else 0
