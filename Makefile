@@ -59,9 +59,10 @@ lint: $(VENV)/.test
 	$(VENV)/bin/ruff format --check --quiet .
 	$(VENV)/bin/lint-imports --no-cache --no-logo
 
-## test: lint, then every test tier, real tools included
+## test: lint, then every test tier, real tools included: the lab tier in its own pytest beside the others (a
+## worker per CPU); tests/checks/tiers.py says how, PYTEST_ARGS go to both
 test: lint $(VENV)/.test system-deps
-	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+	$(PY) tests/checks/tiers.py $(PYTEST_ARGS)
 
 ## test-fast: every tier but the real-tool and lab tiers (markers set in tests/conftest.py), for the edit
 ## loop: no system packages, no lint, a worker per CPU (pytest-xdist), under 3 minutes on two cores

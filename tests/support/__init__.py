@@ -17,10 +17,13 @@ Here: the real tools the tests drive, free loopback ports, and the host scripts'
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import re
 import shutil
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -53,6 +56,16 @@ def tool(name: str) -> str:
             f"(Debian: apt-get install -y {DEBIAN_PACKAGE.get(name, name)})"
         )
     return path
+
+
+@contextlib.contextmanager
+def cache_lock(directory: Path) -> Iterator[None]:
+    """Hold `directory`'s lock while filling a cache in it: test workers and test runs that start together
+    fetch or unpack once, and none reads a half-written file."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def free_ports(n: int) -> list[int]:

@@ -13,7 +13,6 @@ nginx, its Lua module and LuaJIT unchanged. Done once per machine (under a lock;
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -40,6 +39,7 @@ from components.planning.gateway.image import (  # noqa: E402
     TESTED_PACKAGES,
     debian_sources,
 )
+from tests.support import cache_lock  # noqa: E402
 
 CACHE = Path(os.environ.get("LLM_CLUSTER_CACHE", "/var/cache/llm-cluster")) / "gateway-nginx"
 SNAPSHOT = "https://snapshot.debian.org"
@@ -104,9 +104,7 @@ def cache_dir() -> Path:
 def deployed_nginx() -> DeployedNginx:
     """The image's nginx + Lua module on this machine, fetched first if the cache lacks it."""
     target = cache_dir()
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one fetch at a time, however many test runs start together
+    with cache_lock(CACHE):
         found = _load(target)
         if found is not None:
             return found

@@ -10,7 +10,7 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.support import tool
+from tests.support import cache_lock, tool
 
 CACHE = Path("/var/cache/llm-cluster")
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -59,16 +59,17 @@ def unpacked_wheel(requirement: str, root: Path, keep: Callable[[str], bool] = l
     `keep` names, each with the mode the wheel gives it (zipfile does not: Triton's ptxas must stay executable).
     The cache is whole once `root/.unpacked` exists (written last); anything else is unpacked again."""
     marker = root / ".unpacked"
-    if marker.is_file():
-        return root
     dest = root.parent
-    wheel = next(dest.glob(f"{requirement.replace('==', '-')}-*.whl"), None) or _pip_download(requirement, dest)
-    with zipfile.ZipFile(wheel) as z:
-        for info in z.infolist():
-            if not info.is_dir() and keep(info.filename):
-                mode = info.external_attr >> 16 & 0o777
-                Path(z.extract(info, root)).chmod(mode or 0o644)
-    marker.write_text(f"{wheel.name}\n")
+    with cache_lock(dest):
+        if marker.is_file():
+            return root
+        wheel = next(dest.glob(f"{requirement.replace('==', '-')}-*.whl"), None) or _pip_download(requirement, dest)
+        with zipfile.ZipFile(wheel) as z:
+            for info in z.infolist():
+                if not info.is_dir() and keep(info.filename):
+                    mode = info.external_attr >> 16 & 0o777
+                    Path(z.extract(info, root)).chmod(mode or 0o644)
+        marker.write_text(f"{wheel.name}\n")
     return root
 
 
@@ -84,9 +85,10 @@ def triton_dir(version: str) -> Path:
 
 def torch_wheel(version: str) -> Path:
     """The real torch wheel from PyPI (cached)."""
-    return next((CACHE / "torch").glob(f"torch-{version}-*.whl"), None) or _pip_download(
-        f"torch=={version}", CACHE / "torch"
-    )
+    with cache_lock(CACHE / "torch"):
+        return next((CACHE / "torch").glob(f"torch-{version}-*.whl"), None) or _pip_download(
+            f"torch=={version}", CACHE / "torch"
+        )
 
 
 def lint_and_run_gate(script: str, tmp_path: Path, docker: str) -> subprocess.CompletedProcess[str]:
