@@ -676,9 +676,7 @@ def _usage_directives(spec: StackSpec, layout: GatewayLayout) -> list[str]:
     ]
 
 
-def _metrics_server(
-    layout: GatewayLayout, *, admin: bool = False, refusals: Mapping[str, str] | None = None
-) -> list[str]:
+def _metrics_server(layout: GatewayLayout, *, admin: bool, refusals: Mapping[str, str]) -> list[str]:
     """The Prometheus endpoint: GET /metrics on its own listener (the node's cluster address); with `admin`
     (prefix-affinity pools), /admin/drain there too: a replica out of rotation and back without a reload.
     Without, /admin/drain answers 409 with `refusals`: why none of the pools can be drained here."""
@@ -692,7 +690,7 @@ def _metrics_server(
             "        }",
         ]
     else:
-        why = "no pool of this gateway can be drained here: " + "; ".join((refusals or {}).values())
+        why = "no pool of this gateway can be drained here: " + "; ".join(refusals.values())
         body = json.dumps({"error": why})
         # nginx unescapes \' inside a quoted string (the pools' names are quoted so); no other escape in it.
         assert "\\" not in body and "$" not in body, body
