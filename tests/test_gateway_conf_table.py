@@ -394,6 +394,12 @@ def test_a_shared_models_upstream_weighs_each_pools_servers(weights: dict[str, i
     conf = nginx_conf(load_stack_config(config, set()), GatewayLayout(port=80))
     upstream = conf[conf.index("    upstream llm_model_qwen3-30b-a3b {") :].splitlines()
     assert [line.strip() for line in upstream[3:7]] == servers
+    # Its location is a pool's, over the model's upstream; without token budgets, no budget header.
+    location = conf[conf.index("        location @llm_model_qwen3-30b-a3b {") :].splitlines()
+    pool = conf[conf.index("        location @llm_pool_chat {") :].splitlines()
+    assert location[1] == "            proxy_pass http://llm_model_qwen3-30b-a3b;"
+    assert location[2:21] == pool[2:21]
+    assert pool[19:21] == ["            body_filter_by_lua_block { package.loaded.gateway.usage() }", "        }"]
 
 
 def test_given_upstreams_replace_the_stacks_replicas_pool_by_pool() -> None:
