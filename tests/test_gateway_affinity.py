@@ -4,7 +4,6 @@ dead replica's conversations move to their ring successors only, with no request
 
 from __future__ import annotations
 
-import http.client
 import json
 import threading
 import time
@@ -292,25 +291,11 @@ def test_a_dead_replica_moves_only_its_own_conversations_and_loses_no_request(tm
         assert metrics.get('llm_gateway_routing_total{pool="chat",outcome="kept"}', 0) >= 40
 
 
-def scrape(gw: NginxGateway) -> dict[str, float]:
-    """The gateway's /metrics as {series: value}."""
-    conn = http.client.HTTPConnection("127.0.0.1", gw.metrics_port, timeout=WAIT)
-    conn.request("GET", "/metrics")
-    text = conn.getresponse().read().decode()
-    conn.close()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            series, _, value = line.rpartition(" ")
-            out[series] = float(value)
-    return out
-
-
 def settled(gw: NginxGateway) -> None:
     """Wait until no request is in flight on any replica (the in-flight gauge reads the shared zone itself)."""
     deadline = time.monotonic() + WAIT
     while time.monotonic() < deadline:
-        if not any(v for k, v in scrape(gw).items() if k.startswith("llm_gateway_upstream_in_flight")):
+        if not any(v for k, v in gw.scrape().items() if k.startswith("llm_gateway_upstream_in_flight")):
             return
         time.sleep(0.02)
     pytest.fail("requests still in flight")

@@ -16,7 +16,7 @@ import pytest
 
 from components.planning.load import load_stack_config
 from tests.support.gateway import CHAT, WAIT, FakeReplica, NginxGateway, gateway_config, own_gateway
-from tests.test_gateway_affinity import affinity_gateway, chat, scrape, served, settled
+from tests.test_gateway_affinity import affinity_gateway, chat, served, settled
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +84,7 @@ def test_a_drained_replica_finishes_its_requests_gets_no_new_one_and_only_its_co
             "kept": 40 - len(mine),
             "load": 0,
         }
-        metrics = scrape(gw)
+        metrics = gw.scrape()
         assert metrics[f'llm_gateway_upstream_drained{{pool="chat",upstream="{victim.addr}"}}'] == 1
         assert metrics[f'llm_gateway_upstream_in_flight{{pool="chat",upstream="{victim.addr}"}}'] == 1
         others = [r for r in replicas if r is not victim]
@@ -102,7 +102,7 @@ def test_a_drained_replica_finishes_its_requests_gets_no_new_one_and_only_its_co
     )
     assert admin(gw, "DELETE", drain_query(victim))[0] == 200  # idempotent
     assert {c: served(gw, key, chat(c, 3)) for c in range(40)} == before
-    assert scrape(gw)[f'llm_gateway_upstream_drained{{pool="chat",upstream="{victim.addr}"}}'] == 0
+    assert gw.scrape()[f'llm_gateway_upstream_drained{{pool="chat",upstream="{victim.addr}"}}'] == 0
 
 
 def test_requests_without_a_key_skip_a_drained_replica(

@@ -55,21 +55,12 @@ from tests.support.gateway import (
     host_keys,
     lua_layout,
     lua_reports,
+    metric_samples,
     nginx_binary,
 )
 
 NGINX_FIELDS = re.findall(r'"(\w+)":', LOG_FORMAT)  # nginx's part of the line, after the request path's
 LINE_FIELDS = [*USAGE_LINE_FIELDS, *NGINX_FIELDS]
-
-
-def samples(text: str) -> dict[str, float]:
-    """`name{labels}` -> value of every sample line of an exposition."""
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            series, value = line.rsplit(" ", 1)
-            out[series] = float(value)
-    return out
 
 
 def get(port: int, path: str) -> tuple[int, str, str]:
@@ -89,7 +80,7 @@ def scrape(gw: NginxGateway, lines: int) -> str:
     deadline = time.monotonic() + WAIT
     while True:
         text = get(gw.metrics_port, "/metrics")[2]
-        got = samples(text)["llm_gateway_log_lines_total"]
+        got = metric_samples(text)["llm_gateway_log_lines_total"]
         if got >= lines or time.monotonic() > deadline:
             assert got == lines, f"the gateway wrote {got} usage lines, expected {lines}"
             return text
@@ -97,7 +88,7 @@ def scrape(gw: NginxGateway, lines: int) -> str:
 
 
 def of(text: str, name: str) -> dict[str, float]:
-    return {k: v for k, v in samples(text).items() if k.startswith(name + "{")}
+    return {k: v for k, v in metric_samples(text).items() if k.startswith(name + "{")}
 
 
 def kill_all(pools: dict[str, list[FakeReplica]]) -> None:
@@ -221,7 +212,7 @@ def test_tokens_come_from_the_responses_usage_json_and_stream(traffic: Traffic) 
 
 
 def test_durations_are_a_histogram_per_pool_and_every_line_is_counted(traffic: Traffic) -> None:
-    got = samples(traffic.text)
+    got = metric_samples(traffic.text)
     name = "llm_gateway_request_duration_seconds"
     # Refused before routing (400, 401, 403, 404, /v1/models, 429): pool "" (Prometheus drops empty labels).
     assert {pool: got[f'{name}_count{{pool="{pool}"}}'] for pool in ("chat", "reasoning", "")} == {
@@ -391,7 +382,7 @@ def test_metrics_listener_answers_404_off_metrics_and_the_text_content_type(tmp_
         assert (status, content_type) == (200, "text/plain; version=0.0.4; charset=utf-8")
         # A fresh gateway: no label set yet (scrapes are neither counted nor logged); the chat pool's
         # replica (prefix affinity) with nothing in flight.
-        assert samples(text) == {
+        assert metric_samples(text) == {
             f'llm_gateway_upstream_in_flight{{pool="chat",upstream="{pools["chat"][0].addr}"}}': 0,
             f'llm_gateway_upstream_drained{{pool="chat",upstream="{pools["chat"][0].addr}"}}': 0,
             "llm_gateway_log_lines_total": 0,
@@ -423,7 +414,10 @@ def test_a_reload_loses_no_usage_line_and_no_count(tmp_path: Path, monkeypatch: 
         assert of(text, "llm_gateway_requests_total") == {
             'llm_gateway_requests_total{key_id="default",model="qwen3-30b-a3b",pool="chat",status="200"}': 40
         }
-        assert samples(text)['llm_gateway_tokens_total{key_id="default",model="qwen3-30b-a3b",kind="prompt"}'] == 440
+        assert (
+            metric_samples(text)['llm_gateway_tokens_total{key_id="default",model="qwen3-30b-a3b",kind="prompt"}']
+            == 440
+        )
         assert len(gw.log(at_least=40)) == 40
     finally:
         gw.stop()
@@ -453,7 +447,7 @@ def test_label_sets_are_capped_and_the_overflow_counted(tmp_path: Path) -> None:
             == 200
         )
         assert gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["default"])[0] == 200
-        got = samples(scrape(gw, 4))
+        got = metric_samples(scrape(gw, 4))
     finally:
         gw.stop()
         kill_all(pools)
@@ -489,7 +483,7 @@ def test_a_full_metrics_zone_drops_new_label_sets_and_never_a_count(
         for round_ in (1, 2):
             for i in ids:
                 assert gw.call("GET", "/v1/models", key=keys[i])[0] == 200
-            got = samples(scrape(gw, 40 * round_))
+            got = metric_samples(scrape(gw, 40 * round_))
     finally:
         gw.stop()
         kill_all(pools)
@@ -617,7 +611,7 @@ class RecordHarness:
 
     def metrics(self) -> dict[str, float]:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=WAIT) as r:
-            return samples(r.read().decode())
+            return metric_samples(r.read().decode())
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGQUIT)  # graceful: the worker writes what it holds as it exits

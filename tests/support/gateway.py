@@ -334,6 +334,16 @@ class FakeReplica:
 # --- the gateway under test -------------------------------------------------------------------
 
 
+def metric_samples(text: str) -> dict[str, float]:
+    """`name{labels}` -> value of every sample line of a Prometheus exposition (gateway_metrics.lua serve())."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            series, _, value = line.rpartition(" ")
+            out[series] = float(value)
+    return out
+
+
 class NginxGateway:
     """The generated config on the real nginx, bound to 127.0.0.1, its files under `root`."""
 
@@ -471,23 +481,22 @@ class NginxGateway:
                 return [json.loads(line) for line in lines]
             time.sleep(0.01)
 
+    def scrape(self) -> dict[str, float]:
+        """/metrics as {series: value}, as it reads now."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.metrics_port, timeout=WAIT)
+        try:
+            conn.request("GET", "/metrics")
+            return metric_samples(conn.getresponse().read().decode())
+        finally:
+            conn.close()
+
     def metrics(self) -> dict[str, float]:
         """/metrics as {series: value} once the workers have flushed every request call() got an
         answer to (they flush once a second): its lines' total has reached them, and a flush counts
         its lines after their counts, which /metrics reads after that total (gateway_metrics.lua)."""
         deadline = time.monotonic() + WAIT
         while True:
-            conn = http.client.HTTPConnection("127.0.0.1", self.metrics_port, timeout=WAIT)
-            try:
-                conn.request("GET", "/metrics")
-                text = conn.getresponse().read().decode()
-            finally:
-                conn.close()
-            got = {}
-            for line in text.splitlines():
-                if line and not line.startswith("#"):
-                    series, _, value = line.rpartition(" ")
-                    got[series] = float(value)
+            got = self.scrape()
             lines, answered = got["llm_gateway_log_lines_total"], self.answered
             if lines >= answered:
                 return got
