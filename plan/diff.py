@@ -336,7 +336,8 @@ def service_impact(
             entry["removed"].append(inst)
         elif state["restarted"]:
             entry["restarted"].append(inst)
-            entry["waitsForWeights"] += sorted(docs[k]["name"] for k in state["waits"])
+            # Instances on one node (replicasPerNode) wait for the same copy: it is named once.
+            entry["waitsForWeights"] = sorted(set(entry["waitsForWeights"]) | {docs[k]["name"] for k in state["waits"]})
     recommendations: list[str] = []
     pools = {p: e for p, e in pools.items() if e["added"] or e["removed"] or e["restarted"]}
     for pool, entry in pools.items():
@@ -345,15 +346,21 @@ def service_impact(
         entry["servingThroughout"] = entry["instancesBefore"] - down
         entry["downForMinutes"] = _down_minutes(spec, pool) if entry["restarted"] else None
         limit = _max_unavailable(spec, pool)
-        if len(entry["restarted"]) > limit and entry["instancesBefore"] > 1:
+        if len(entry["restarted"]) > limit:  # limit >= 1: so the pool had two instances or more
             recommendations.append(
                 f"pool {pool}: this change restarts {len(entry['restarted'])} of {entry['instancesBefore']} instances "
                 f"at once; roll it out instance by instance instead: make rollout STACK={after.get('stack', '<stack>')} "
                 f"POOL={pool} (maxUnavailable {limit})"
             )
         elif entry["restarted"] and entry["servingThroughout"] == 0:
+            what = (
+                "its only instance restarts"
+                if entry["instancesBefore"] == 1
+                else f"no instance serves throughout ({len(entry['restarted'])} restart, "
+                f"{len(entry['removed'])} removed)"
+            )
             recommendations.append(
-                f"pool {pool}: its only instance restarts, so the pool serves nothing while it reloads; a second "
+                f"pool {pool}: {what}, so the pool serves nothing while it reloads; a second "
                 "pool of the same model (blue/green, see the README) keeps it serving"
             )
         if entry["waitsForWeights"]:
