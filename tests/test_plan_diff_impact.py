@@ -818,6 +818,20 @@ def test_the_diff_section_whole(mode_before: str, note: bool | None, spec: Stack
     assert ordered(plan_diff(before, after, spec, "previous/plan.json")) == ordered(expected)
 
 
+def test_the_diff_section_against_a_plan_without_resources(spec: StackSpec) -> None:
+    # A stack with nothing in it writes no resources key: every resource is created, or deleted.
+    nginx = {k: v for k, v in NGINX.items() if k != "parent"}  # written without a parent (at the top)
+    full = {"mode": "preview", "resources": [nginx, CHAT[0]]}
+    created = plan_diff({"mode": "preview"}, full, spec, "p")
+    assert created["summary"] == {"create": 2, "update": 0, "replace": 0, "delete": 0, "unchanged": 0}
+    assert created["pools"] == {"chat": pool(0, 1, added=["chat-0"])}
+    assert created["services"] == {"gateway": {"create": ["gw-nginx"]}}
+    deleted = plan_diff(full, {"mode": "preview"}, spec, "p")
+    assert deleted["summary"] == {"create": 0, "update": 0, "replace": 0, "delete": 2, "unchanged": 0}
+    assert deleted["pools"] == {"chat": pool(1, 0, removed=["chat-0"])}
+    assert deleted["services"] == {"gateway": {"delete": ["gw-nginx"]}}
+
+
 # --- the diff as printed ------------------------------------------------------------------------------------
 
 
