@@ -296,9 +296,11 @@ def service_impact(
 
     # Pools: an instance is every container labelled with it (vLLM server, Ray head and workers, the
     # native launcher's workers on the other nodes).
-    inst_state: dict[str, dict[str, set[str]]] = defaultdict(
-        lambda: {"before": set(), "after": set(), "restarted": set(), "waits": set()}
-    )
+    # Per instance: whether a container of it is in the old plan, in the new one, goes down; the copies it waits for.
+    was: set[str] = set()
+    stays: set[str] = set()
+    restarts: set[str] = set()
+    waits: dict[str, set[str]] = defaultdict(set)
     pool_of: dict[str, str] = {}
     for key, r in docs.items():
         lbl = _labels(r)
@@ -306,17 +308,16 @@ def service_impact(
             continue
         inst, pool = lbl[LABEL + "instance"], lbl.get(LABEL + "pool", "")
         pool_of[inst] = pool
-        state = inst_state[inst]
         if key in old_keys:
-            state["before"].add(key)
+            was.add(inst)
         if key in new_keys:
-            state["after"].add(key)
+            stays.add(inst)
         if op.get(key) in ("replace", "delete", "create"):
-            state["restarted"].add(key)
+            restarts.add(inst)
             # A container starts only after the weights it depends on are in place: hours for a copy.
-            state["waits"] |= {_key(d) for d in r.get("dependencies") or [] if _key(d) in copying}
+            waits[inst] |= {_key(d) for d in r.get("dependencies") or [] if _key(d) in copying}
     pools: dict[str, Any] = {}
-    for inst, state in sorted(inst_state.items()):
+    for inst in sorted(pool_of):
         entry = pools.setdefault(
             pool_of[inst],
             {
@@ -328,16 +329,16 @@ def service_impact(
                 "waitsForWeights": [],
             },
         )
-        entry["instancesBefore"] += bool(state["before"])
-        entry["instancesAfter"] += bool(state["after"])
-        if not state["before"]:
+        entry["instancesBefore"] += inst in was
+        entry["instancesAfter"] += inst in stays
+        if inst not in was:
             entry["added"].append(inst)
-        elif not state["after"]:
+        elif inst not in stays:
             entry["removed"].append(inst)
-        elif state["restarted"]:
+        elif inst in restarts:
             entry["restarted"].append(inst)
             # Instances on one node (replicasPerNode) wait for the same copy: it is named once.
-            entry["waitsForWeights"] = sorted(set(entry["waitsForWeights"]) | {docs[k]["name"] for k in state["waits"]})
+            entry["waitsForWeights"] = sorted(set(entry["waitsForWeights"]) | {docs[k]["name"] for k in waits[inst]})
     recommendations: list[str] = []
     pools = {p: e for p, e in pools.items() if e["added"] or e["removed"] or e["restarted"]}
     for pool, entry in pools.items():

@@ -44,14 +44,21 @@ W = ModelWeights.TYPE
 GW = "llm-cluster:gateway:Gateway"
 
 
-@pytest.fixture(scope="module")
-def spec() -> StackSpec:
-    """The reference stack with chat at loadTimeoutMinutes 45 and maxUnavailable 2 (reasoning: 30 and 1)."""
+def _spec() -> StackSpec:
     config = prod_config()
     config["llm-cluster:pools"]["chat"] |= {"loadTimeoutMinutes": 45, "maxUnavailable": 2}
-    spec = load_stack_config(config, set())
-    assert (spec.pools["reasoning"].load_timeout_minutes, spec.pools["reasoning"].max_unavailable) == (30, 1)
-    return spec
+    return load_stack_config(config, set())
+
+
+# Built once at import: mutmut's fork server imports this module once, and each mutant's run forks from it.
+SPEC = _spec()
+
+
+@pytest.fixture
+def spec() -> StackSpec:
+    """The reference stack with chat at loadTimeoutMinutes 45 and maxUnavailable 2 (reasoning: 30 and 1)."""
+    assert (SPEC.pools["reasoning"].load_timeout_minutes, SPEC.pools["reasoning"].max_unavailable) == (30, 1)
+    return SPEC
 
 
 def ordered(value: Any) -> Any:
@@ -239,6 +246,31 @@ POOLS: dict[str, tuple[list[Any], list[Any], str | None, dict[str, Any], list[st
         "prod",
         {"reasoning": pool(2, 2, restarted=["reasoning-0"], minutes=30)},
         [],
+    ),
+    "a Ray worker added to a kept instance: the instance restarts": (
+        [REASONING[0], REASONING_1],
+        [*REASONING, REASONING_1],
+        "prod",
+        {"reasoning": pool(2, 2, restarted=["reasoning-0"], minutes=30)},
+        [],
+    ),
+    "a Ray worker taken from a kept instance: the instance restarts": (
+        [*REASONING, REASONING_1],
+        [REASONING[0], REASONING_1],
+        "prod",
+        {"reasoning": pool(2, 2, restarted=["reasoning-0"], minutes=30)},
+        [],
+    ),
+    "a head waiting for a copy, its worker restarting without: the instance waits": (
+        [WEIGHTS, *REASONING, REASONING_1],
+        [WEIGHTS, waiting(replaced(REASONING[0]), COPY_03), replaced(REASONING[1]), REASONING_1, COPY_03],
+        "prod",
+        {"reasoning": pool(2, 2, restarted=["reasoning-0"], waits=["w-gpu-03-copy"], minutes=30)},
+        [
+            "pool reasoning: reasoning-0 goes down when the change starts but serves again only after the weights "
+            "copy (w-gpu-03-copy); copy first: pulumi up with a --target for each URN in plan.json diff.weights, "
+            "then the whole change"
+        ],
     ),
     "a pool's only instance restarts": (
         REASONING,
@@ -704,6 +736,7 @@ LEAVES: dict[str, tuple[Any, Any, list[tuple[str, str | None, str | None]]]] = {
     "an object for nothing": ({"d": {"a": 1}}, {}, [("d", '{"a": 1}', None)]),
     "a line": ({"s": "a"}, {"s": "b"}, [("s", "a", "b")]),
     "a script": ({"s": "a\nb"}, {"s": "a\nc"}, [("s", "<text, 2 lines>", "<text, 2 lines> (-1 +1 lines)")]),
+    "a line grown into a script": ({"s": "a"}, {"s": "a\nb"}, [("s", "a", "<text, 2 lines> (-0 +1 lines)")]),
     "a script cut to a line": ({"s": "a\nb"}, {"s": "a"}, [("s", "<text, 2 lines>", "a (-1 +0 lines)")]),
     "a long line, not a script": ({"s": "a" * 90}, {"s": "b" * 90}, [("s", "<text, 1 lines>", "<text, 1 lines>")]),
 }
@@ -908,7 +941,13 @@ PRINTED = {
     "summary": COUNTS,
     "pools": {
         "chat": pool(
-            4, 4, added=["chat-9"], removed=["chat-3"], restarted=["chat-0", "chat-1"], waits=["w-a", "w-b"], minutes=45
+            6,
+            5,
+            added=["chat-9"],
+            removed=["chat-3", "chat-5"],
+            restarted=["chat-0", "chat-1"],
+            waits=["w-a", "w-b"],
+            minutes=45,
         ),
         "reasoning": pool(1, 1, restarted=["reasoning-0"], minutes=30),
         "fresh": pool(0, 2, added=["fresh-0", "fresh-1"]),
@@ -943,9 +982,9 @@ def test_the_diff_as_printed_whole() -> None:
         "  -  delete  RemoteImage  old-image on gpu-06",
         "  Resources: + 1 to create · ~ 2 to update · +- 2 to replace · - 1 to delete · 90 unchanged",
         "\nService impact",
-        "  pool chat: 2 of 4 instances down at once (chat-0, chat-1) for up to 45 min each (loadTimeoutMinutes: "
-        "weights load, then /health), after the weights copy (w-a, w-b); removed: chat-3; new: chat-9 (serve once "
-        "loaded); 1 of 4 serving throughout",
+        "  pool chat: 2 of 6 instances down at once (chat-0, chat-1) for up to 45 min each (loadTimeoutMinutes: "
+        "weights load, then /health), after the weights copy (w-a, w-b); removed: chat-3, chat-5; new: chat-9 (serve "
+        "once loaded); 2 of 6 serving throughout",
         "  pool reasoning: 1 of 1 instances down at once (reasoning-0) for up to 30 min each (loadTimeoutMinutes: "
         "weights load, then /health); 0 of 1 serving throughout",
         "  pool fresh: new: fresh-0, fresh-1 (serve once loaded)",

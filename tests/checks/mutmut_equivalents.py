@@ -80,6 +80,15 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         'with_ = [_key(u).rsplit("::", 1)[+1] for u in options.get("replaceWith") or [] if _key(u) in replaced]',
         "a key is project::type::name, so one rsplit gives two pieces and [1] is [-1]",
     ),
+    # (the rest of plan/diff.py: service impact, the diff section and its text)
+    "plan.diff.x__text_change__mutmut_5": (
+        "ops = difflib.SequenceMatcher(None, a, b, autojunk=None).get_opcodes()",
+        "SequenceMatcher reads autojunk for its truth only: None is False",
+    ),
+    "plan.diff.x__purpose__mutmut_10": (
+        'for line in str((resource.get("inputs") or {}).get("create") or "XXXX").splitlines():',
+        "a script-less resource's one line 'XXXX' is no '# llm-cluster: ' line, as '' has none: the name either way",
+    ),
     # --- components/planning/gateway ---------------------------------------------------------------------
     "components.planning.gateway.upstreams.x_server_keepalive_seconds__mutmut_5": (
         "value = env.get(server.keepalive_env) if (server.keepalive_env) or True else None",
