@@ -607,6 +607,11 @@ HANDOVERS: dict[str, tuple[list[Any], list[Any], list[str]]] = {
         [],
     ),
     "a new container without GPUs": ([gpu_server("blue", **ALL)], [gpu_server("green")], []),
+    "a new container without GPUs, then one with": (
+        [gpu_server("blue", **ALL)],
+        [gpu_server("green0"), gpu_server("green", **ALL)],
+        [handover("green", "blue")],
+    ),
     "a deleted command, not a container": ([gpu_server("blue", type_=CMD, **ALL)], [gpu_server("green", **ALL)], []),
     "a created command, not a container": ([gpu_server("blue", **ALL)], [gpu_server("green", type_=CMD, **ALL)], []),
     "two holders, two new servers": (

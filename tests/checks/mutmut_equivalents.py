@@ -89,6 +89,10 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         'for line in str((resource.get("inputs") or {}).get("create") or "XXXX").splitlines():',
         "a script-less resource's one line 'XXXX' is no '# llm-cluster: ' line, as '' has none: the name either way",
     ),
+    "plan.diff.x_service_impact__mutmut_54": (
+        'parent = docs.get(_key(r.get("parent", "XXXX")))',
+        "a resource written without a parent finds none under 'XXXX' as under '': every key is a resource's URN",
+    ),
     # --- components/planning/gateway ---------------------------------------------------------------------
     "components.planning.gateway.upstreams.x_server_keepalive_seconds__mutmut_5": (
         "value = env.get(server.keepalive_env) if (server.keepalive_env) or True else None",
