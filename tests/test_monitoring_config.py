@@ -6,7 +6,6 @@ import json
 import os
 import re
 import subprocess
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ import pytest
 import yaml
 
 from components.planning.load import load_stack_config
-from components.planning.monitoring.alerts import AlertRule, alert_groups, alert_rules
+from components.planning.monitoring.alerts import alert_groups, alert_rules
 from components.planning.monitoring.files import monitoring_files
 from components.planning.monitoring.grafana import (
     dashboards,
@@ -33,7 +32,14 @@ from components.planning.nodes.scripts import bash_command
 from components.spec import SpecError, StackSpec
 from components.spec.monitoring import monitoring_issues
 from tests.support import tool
-from tests.support.monitoring import METRICS_DIR, dashboard_queries, metric_names, variable_queries
+from tests.support.monitoring import (
+    METRICS_DIR,
+    Case,
+    dashboard_queries,
+    metric_names,
+    promtool_tests,
+    variable_queries,
+)
 
 NS = "llm-cluster:"
 
@@ -333,17 +339,6 @@ def in_flight(node: int) -> str:
         'llm_gateway_upstream_in_flight{job="gateway", instance="gpu-01", node="gpu-01", pool="chat", '
         f'upstream="192.168.10.{node}:8000"}}'
     )
-
-
-@dataclass
-class Case:
-    """One promtool alert test: input series, an evaluation time, and the alerts expected then."""
-
-    alert: str
-    why: str
-    eval_time: str
-    series: list[tuple[str, str]]
-    fires: list[tuple[dict[str, str], float]] = field(default_factory=list)  # (labels, $value)
 
 
 VLLM03 = 'job="vllm", pool="chat", instance="chat-gpu-03", node="gpu-03"'
@@ -821,66 +816,6 @@ def threshold_cases(gw200: str, upstream: str) -> list[Case]:
     ]
 
 
-def go_value(v: float) -> str:
-    """A float as Go's text/template prints it (%v: shortest form, no trailing .0)."""
-    s = repr(float(v))
-    return s[:-2] if s.endswith(".0") else s
-
-
-def render(template: str, labels: dict[str, str], value: float) -> str:
-    """The templates the rules use: {{ $labels.x }}, {{ $value }}, {{ $value | printf "%.Nf" }}."""
-
-    def one(m: re.Match[str]) -> str:
-        body = m.group(1).strip()
-        if body.startswith("$labels."):
-            return labels[body[len("$labels.") :]]
-        if body == "$value":
-            return go_value(value)
-        fmt = re.fullmatch(r'\$value \| printf "%\.(\d)f"', body)
-        assert fmt, f"test renderer does not know {body!r}"
-        return f"{value:.{fmt.group(1)}f}"
-
-    return re.sub(r"\{\{(.*?)\}\}", one, template)
-
-
-def rule_for(rules: list[AlertRule], labels: dict[str, str]) -> AlertRule:
-    """The rule (of several with one alert name) whose own labels the alert carries."""
-    found = [r for r in rules if r.labels.items() <= labels.items()]
-    assert len(found) == 1, (labels, [r.labels for r in rules])
-    return found[0]
-
-
-def promtool_tests(spec: StackSpec, rules_file: str) -> dict[str, Any]:
-    by_alert: dict[str, list[AlertRule]] = {}
-    for rs in alert_groups(spec).values():
-        for r in rs:
-            by_alert.setdefault(r.alert, []).append(r)
-    tests = []
-    for c in cases(spec):
-        exp = []
-        for labels, value in c.fires:
-            rule = rule_for(by_alert[c.alert], labels)
-            full = {**labels, "severity": rule.severity, **rule.labels}
-            exp.append(
-                {
-                    "exp_labels": full,
-                    "exp_annotations": {
-                        "summary": render(rule.summary, full, value),
-                        "description": render(rule.description, full, value),
-                    },
-                }
-            )
-        tests.append(
-            {
-                "name": f"{c.alert}: {c.why}",
-                "interval": "1m",
-                "input_series": [{"series": s, "values": v} for s, v in c.series],
-                "alert_rule_test": [{"eval_time": c.eval_time, "alertname": c.alert, "exp_alerts": exp}],
-            }
-        )
-    return {"rule_files": [rules_file], "evaluation_interval": "1m", "tests": tests}
-
-
 def test_every_alert_has_a_firing_and_a_quiet_case(prod_spec: StackSpec) -> None:
     names = {r.alert for rs in alert_groups(prod_spec).values() for r in rs}
     firing = {c.alert for c in cases(prod_spec) if c.fires}
@@ -890,7 +825,9 @@ def test_every_alert_has_a_firing_and_a_quiet_case(prod_spec: StackSpec) -> None
 
 def test_alerts_fire_when_they_should_and_only_then(prod_spec: StackSpec, tmp_path: Path) -> None:
     (tmp_path / "rules.yml").write_text(alert_rules(prod_spec))
-    (tmp_path / "tests.yml").write_text(yaml.safe_dump(promtool_tests(prod_spec, "rules.yml"), sort_keys=False))
+    (tmp_path / "tests.yml").write_text(
+        yaml.safe_dump(promtool_tests(prod_spec, "rules.yml", cases(prod_spec)), sort_keys=False)
+    )
     out = run([tool("promtool"), "test", "rules", "tests.yml"], cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "SUCCESS" in out.stdout
@@ -903,7 +840,9 @@ def test_a_broken_rule_fails_its_unit_test(prod_spec: StackSpec, tmp_path: Path)
         "vllm:time_to_first_token_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket"
     )
     (tmp_path / "rules.yml").write_text(text)
-    (tmp_path / "tests.yml").write_text(yaml.safe_dump(promtool_tests(prod_spec, "rules.yml"), sort_keys=False))
+    (tmp_path / "tests.yml").write_text(
+        yaml.safe_dump(promtool_tests(prod_spec, "rules.yml", cases(prod_spec)), sort_keys=False)
+    )
     out = run([tool("promtool"), "test", "rules", "tests.yml"], cwd=tmp_path)
     assert out.returncode != 0
     assert "HighTTFT: every first token between 2.5 s and 5 s" in out.stdout + out.stderr
