@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from components.engines.base import WATCHDOG_SCRIPT, watchdog_script
+from components.engines.base import WATCHDOG_SCRIPT, WorldCheck, watchdog_script
 from components.engines.registry import ENGINES
 from components.planning.load import load_stack_config
 from components.planning.monitoring.alerts import alert_groups
@@ -255,6 +255,16 @@ def test_one_container_per_node_and_no_ray(run: ProgramRun, spec: StackSpec) -> 
     # The worker's watchdog watches rank 0's API: it exits (and docker restarts it) when rank 0 stops serving.
     [upload] = [u for u in worker.inputs["uploads"] if u["file"] == WATCHDOG_SCRIPT]
     assert "url=http://192.168.20.11:8000/health" in upload["content"]
+    # Each node's watchdog also watches its connections with the other node on the rendezvous port (vLLM
+    # itself notices a dead node only when a request times out, and a restarted one cannot rejoin that world).
+    [head_upload] = [u for u in head.inputs["uploads"] if u["file"] == WATCHDOG_SCRIPT]
+    for u, peer in ((head_upload, "192.168.20.12"), (upload, "192.168.20.11")):
+        assert u["content"] == watchdog_script(
+            "http://192.168.20.11:8000/health",
+            load_timeout_s=1800,
+            unhealthy_after_s=300,
+            world=WorldCheck(29501, (peer,)),
+        )
     # Rank 0 first, then the worker on its node's provider; the gate on rank 0's /health waits for both.
     assert head.urn in worker.dependencies and worker.provider != head.provider
     # ib_write_bw between the two nodes before either container starts, as a Ray pool runs it before its head.

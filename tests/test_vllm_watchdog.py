@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from components.engines.base import watchdog_script
+from components.engines.base import WorldCheck, watchdog_script
 from tests.support import free_port
 
 # A stand-in for `vllm serve`: /health answers 200 while the flag file says "ok", 503 otherwise;
@@ -106,7 +107,9 @@ def watchdogs(tmp_path: Path) -> Iterator[Callable[..., Watchdog]]:
     assertion failed half-way."""
     started: list[subprocess.Popen[str]] = []
 
-    def start(state: str, *, load_timeout_s: int = 30, unhealthy_after_s: int = 2) -> Watchdog:
+    def start(
+        state: str, *, load_timeout_s: int = 30, unhealthy_after_s: int = 2, world: WorldCheck | None = None
+    ) -> Watchdog:
         port = free_port()
         flag = tmp_path / "flag"
         flag.write_text(state)
@@ -120,6 +123,7 @@ def watchdogs(tmp_path: Path) -> Iterator[Callable[..., Watchdog]]:
                 load_timeout_s=load_timeout_s,
                 unhealthy_after_s=unhealthy_after_s,
                 interval_s=1,
+                world=world,
             )
         )
         proc = subprocess.Popen(
@@ -148,8 +152,8 @@ def _fake_running(tmp_path: Path) -> bool:
 
 
 def test_script_is_shellcheck_clean() -> None:
-    for after in (300, 0):
-        text = watchdog_script("http://10.0.0.1:8000/health", load_timeout_s=1800, unhealthy_after_s=after)
+    for after, world in ((300, None), (0, None), (300, WorldCheck(29501, ("10.0.0.2", "10.0.0.3")))):
+        text = watchdog_script("http://10.0.0.1:8000/health", load_timeout_s=1800, unhealthy_after_s=after, world=world)
         subprocess.run(["bash", "-n"], input=text, text=True, check=True)
         lint = subprocess.run(["shellcheck", "-s", "bash", "-"], input=text, text=True, capture_output=True)
         assert lint.returncode == 0, lint.stdout
@@ -213,3 +217,93 @@ def test_zero_turns_the_watchdog_off(tmp_path: Path) -> None:
     script.write_text(watchdog_script("http://127.0.0.1:9/health", load_timeout_s=1, unhealthy_after_s=0))
     done = subprocess.run(["bash", str(script), "sh", "-c", "exit 5"], capture_output=True, timeout=BOUND_S)
     assert done.returncode == 5
+
+
+# --- the world check (a node of an instance on vLLM's own launcher): the other node's rendezvous connections ---
+
+
+class Rendezvous:
+    """A listener on a free loopback port (rank 0's store) and client connections to it (the other node's ranks)."""
+
+    def __init__(self) -> None:
+        self.server = socket.socket()
+        self.server.bind(("127.0.0.1", 0))
+        self.server.listen()
+        self.port = self.server.getsockname()[1]
+        self.links: list[tuple[socket.socket, socket.socket]] = []
+
+    def join(self) -> None:
+        client = socket.create_connection(("127.0.0.1", self.port))
+        accepted, _ = self.server.accept()
+        self.links.append((client, accepted))
+
+    def leave(self, i: int) -> None:
+        for s in self.links.pop(i):
+            s.close()
+
+    def close(self) -> None:
+        while self.links:
+            self.leave(0)
+        self.server.close()
+
+
+@pytest.fixture
+def rendezvous() -> Iterator[Rendezvous]:
+    r = Rendezvous()
+    try:
+        yield r
+    finally:
+        r.close()
+
+
+def test_a_rank_of_another_node_leaving_stops_vllm_though_it_stays_healthy(
+    tmp_path: Path, watchdogs: Callable[..., Watchdog], rendezvous: Rendezvous
+) -> None:
+    rendezvous.join()
+    rendezvous.join()  # two ranks on the other node
+    w = watchdogs("ok", unhealthy_after_s=300, world=WorldCheck(rendezvous.port, ("127.0.0.1",)))
+    w.wait_until_served()
+    w.wait_for_probes(200, 3)  # the world recorded, checked again since: nothing closed
+    assert w.proc.poll() is None
+    rendezvous.join()  # a connection that was not there when vLLM first served changes nothing
+    rendezvous.leave(2)
+    w.wait_for_probes(200, 5)
+    assert w.proc.poll() is None
+    rendezvous.leave(0)  # one rank of the other node dies; the server still answers /health
+    _, err = w.proc.communicate(timeout=BOUND_S)
+    assert w.proc.returncode == 70
+    assert (
+        f"watchdog: a connection with 127.0.0.1 on port {rendezvous.port} closed (a node of this instance died" in err
+    )
+    assert "stopping vLLM so docker restarts it and the instance forms again" in err
+    assert not _fake_running(tmp_path)
+
+
+def test_a_rejoined_node_does_not_hide_the_world_it_left(
+    tmp_path: Path, watchdogs: Callable[..., Watchdog], rendezvous: Rendezvous
+) -> None:
+    rendezvous.join()
+    w = watchdogs("ok", unhealthy_after_s=300, world=WorldCheck(rendezvous.port, ("127.0.0.1",)))
+    w.wait_until_served()
+    w.wait_for_probes(200, 2)
+    rendezvous.leave(0)
+    rendezvous.join()  # the restarted node's new launcher, connected to the old world's store at once
+    _, err = w.proc.communicate(timeout=BOUND_S)
+    assert w.proc.returncode == 70 and "closed (a node of this instance died or restarted" in err
+
+
+def test_no_connection_when_first_serving_is_said_not_guessed(
+    watchdogs: Callable[..., Watchdog], rendezvous: Rendezvous
+) -> None:
+    w = watchdogs("ok", unhealthy_after_s=300, world=WorldCheck(rendezvous.port, ("127.0.0.1", "127.0.0.2")))
+    rendezvous.join()  # only 127.0.0.1 is connected
+    w.wait_until_served()
+    w.wait_for_probes(200, 3)
+    assert w.proc.poll() is None
+    os.killpg(w.proc.pid, signal.SIGTERM)
+    _, err = w.proc.communicate(timeout=BOUND_S)
+    assert (
+        f"watchdog: no connection with 127.0.0.2 on port {rendezvous.port} when vLLM first served: a restart of "
+        "that node goes unnoticed here" in err
+    )
+    assert "127.0.0.1 on port" not in err

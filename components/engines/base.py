@@ -649,18 +649,101 @@ def health_probe_argv(url: str) -> list[str]:
     return ["python3", "-c", _PROBE, url]
 
 
+@dataclass(frozen=True)
+class WorldCheck:
+    """What a node of an instance on vLLM's own multi-node launcher watches of the others: its TCP connections
+    with their addresses on the rendezvous port (--master-port, torch.distributed's store on rank 0, which
+    every rank keeps open while it lives). vLLM 0.19.1 notices a dead node only when a request waits
+    VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS (300 s) for its output, and a restarted headless node cannot join a
+    world that formed without it; an idle head keeps answering /health meanwhile."""
+
+    port: int
+    peers: tuple[str, ...]  # the instance's other nodes' addresses
+
+
+# The established TCP connections between this host and the peers on the port: "<peer> <local port>
+# <remote port>" lines, read from /proc/net (the image need not have ss or netstat; IPv4 in tcp6 is ::ffff:).
+_LINKS_PY = """import socket, sys
+port, peers = int(sys.argv[1]), set(sys.argv[2:])
+def ip(h):
+    b = bytes.fromhex(h)
+    if sys.byteorder == "little":
+        b = b"".join(b[i:i + 4][::-1] for i in range(0, len(b), 4))
+    if len(b) == 16 and b[:12] == bytes(10) + b"\\xff\\xff":
+        b = b[12:]
+    return socket.inet_ntop(socket.AF_INET if len(b) == 4 else socket.AF_INET6, b)
+for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    try:
+        rows = open(table).read().splitlines()[1:]
+    except OSError:
+        continue
+    for row in rows:
+        f = row.split()
+        (_, lp), (ra, rp) = f[1].split(":"), f[2].split(":")
+        if f[3] == "01" and ip(ra) in peers and port in (int(lp, 16), int(rp, 16)):
+            print(ip(ra), int(lp, 16), int(rp, 16))
+"""
+
+
+def _world_check_bash(world: WorldCheck) -> tuple[str, str, str]:
+    """(definitions, on first health, each round) of the watchdog's world check."""
+    peers = " ".join(shlex.quote(p) for p in world.peers)
+    defs = f"""world_port={world.port}
+world_peers=({peers})
+world=""  # the connections with the other nodes when vLLM first served
+links() {{
+  python3 - "$world_port" "${{world_peers[@]}}" <<'LINKS_PY'
+{_LINKS_PY}LINKS_PY
+}}
+"""
+    first = """    if [[ -z "$world" ]]; then
+      world=$(links || true)
+      for peer in "${world_peers[@]}"; do
+        if ! awk -v p="$peer" '$1 == p {found = 1} END {exit !found}' <<<"$world"; then
+          echo "watchdog: no connection with $peer on port $world_port when vLLM first served:" \\
+            "a restart of that node goes unnoticed here" >&2
+        fi
+      done
+    fi
+"""
+    each = """  if [[ -n "$world" ]]; then
+    now=$(links || true)
+    for peer in "${world_peers[@]}"; do
+      was=$(awk -v p="$peer" '$1 == p' <<<"$world")
+      # One of them gone is a rank of that node gone: the world cannot serve without it.
+      if [[ -n "$was" ]] && grep -qvxF -f <(printf '%s\\n' "$now") <<<"$was"; then
+        echo "watchdog: a connection with $peer on port $world_port closed (a node of this instance died" \\
+          "or restarted; vLLM does not notice before a request times out); stopping vLLM so docker restarts" \\
+          "it and the instance forms again" >&2
+        stop
+        exit 70
+      fi
+    done
+  fi
+"""
+    return defs, first, each
+
+
 def watchdog_script(
-    url: str, *, load_timeout_s: int, unhealthy_after_s: int, interval_s: int = 15, probe_argv: list[str] | None = None
+    url: str,
+    *,
+    load_timeout_s: int,
+    unhealthy_after_s: int,
+    interval_s: int = 15,
+    probe_argv: list[str] | None = None,
+    world: WorldCheck | None = None,
 ) -> str:
     """vllm-watchdog.sh: run the server; exit, so docker restarts the container, when it hangs.
 
     docker restarts a container whose process exits, not one that is merely unhealthy: a server that
     never finishes loading, or whose engine hangs (an NCCL peer gone), would stay down until a person
-    notices. The watchdog turns both into an exit. `unhealthy_after_s` 0 turns it off (plain exec).
+    notices. The watchdog turns both into an exit; with `world` (a node of an instance on vLLM's own
+    launcher), also the loss of another node of the instance. `unhealthy_after_s` 0 turns it off (plain exec).
     """
     if unhealthy_after_s <= 0:
         return '#!/usr/bin/env bash\n# vLLM watchdog disabled (restartUnhealthyAfterSeconds: 0).\nexec "$@"\n'
     probe = " ".join(shlex.quote(a) for a in (probe_argv or health_probe_argv(url))[:-1])
+    defs, first, each = _world_check_bash(world) if world is not None else ("", "", "")
     return f"""#!/usr/bin/env bash
 # vLLM watchdog: run the server; exit when it is not healthy {load_timeout_s}s after start, or stays
 # unhealthy for {unhealthy_after_s}s after having served, so that docker (restart unless-stopped) starts
@@ -672,7 +755,7 @@ if (( $# == 0 )); then
   exit 2
 fi
 healthy() {{ {probe} "$url" >/dev/null 2>&1; }}
-"$@" &
+{defs}"$@" &
 child=$!
 stop() {{
   kill -TERM "$child" 2>/dev/null || true
@@ -685,7 +768,7 @@ while kill -0 "$child" 2>/dev/null; do
   sleep {int(interval_s)} &
   wait $!
   if healthy; then
-    last_ok=$SECONDS
+{first}    last_ok=$SECONDS
   elif [[ -z "$last_ok" ]] && (( SECONDS - started >= {int(load_timeout_s)} )); then
     echo "watchdog: $url not healthy {load_timeout_s}s after start; stopping vLLM so docker restarts it" \\
       "(check this container's log above: weights, GPU memory; or raise loadTimeoutMinutes)" >&2
@@ -697,21 +780,27 @@ while kill -0 "$child" 2>/dev/null; do
     stop
     exit 70
   fi
-done
+{each}done
 # vLLM exited by itself: pass its status on.
 wait "$child"
 """
 
 
-def instance_watchdog_script(engine: Engine, spec: StackSpec, instance: Instance) -> str:
-    """The watchdog for one instance, with its pool's load timeout and unhealthy limit."""
+def instance_watchdog_script(engine: Engine, spec: StackSpec, instance: Instance, node: str | None = None) -> str:
+    """The watchdog for one instance (on `node`, default its head), with its pool's load timeout and unhealthy
+    limit; on vLLM's own multi-node launcher, watching the instance's other nodes too (WorldCheck)."""
     pool = spec.pools[instance.pool]
     url = ready_url(engine, spec, instance)
+    node = node or instance.head
+    world = None
+    if instance.native_launcher and instance.master_port is not None:
+        world = WorldCheck(instance.master_port, tuple(spec.node(n).address for n in instance.nodes if n != node))
     return watchdog_script(
         url,
         load_timeout_s=pool.load_timeout_minutes * 60,
         unhealthy_after_s=pool.restart_unhealthy_after_seconds,
         probe_argv=engine.probe_argv(url),
+        world=world,
     )
 
 

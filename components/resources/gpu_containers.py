@@ -108,13 +108,13 @@ def server_healthcheck(spec: StackSpec, instance: Instance) -> docker.ContainerH
     )
 
 
-def server_uploads(spec: StackSpec, instance: Instance) -> list[docker.ContainerUploadArgs]:
-    """What the container that runs the server gets written into it: the watchdog, and the files its
-    engine asks for (tuned kernel configs)."""
+def server_uploads(spec: StackSpec, instance: Instance, node: str | None = None) -> list[docker.ContainerUploadArgs]:
+    """What the container that runs the server on `node` (default: the instance's head) gets written into it:
+    the watchdog, and the files its engine asks for (tuned kernel configs)."""
     engine = engine_for(spec.pools[instance.pool])
     return [
         docker.ContainerUploadArgs(
-            file=WATCHDOG_SCRIPT, content=instance_watchdog_script(engine, spec, instance), executable=True
+            file=WATCHDOG_SCRIPT, content=instance_watchdog_script(engine, spec, instance, node), executable=True
         ),
         *(
             docker.ContainerUploadArgs(file=u.path, content=u.content, executable=u.executable)

@@ -161,14 +161,15 @@ class ModelServer(Component):
             )
             # The other nodes of an instance on the engine's own launcher: the same watchdog (on rank 0's
             # readiness URL) runs each node's headless argv, so a worker exits, and docker starts it again to
-            # rejoin, when it dies or when rank 0 stops serving (components.engines.base.watchdog_script).
+            # rejoin, when it dies, when rank 0 stops serving or when its connections with rank 0's node close
+            # (components.engines.base.watchdog_script, WorldCheck; rank 0's watches the workers' the same way).
             for n in inst.nodes[1:] if inst.native_launcher else ():
                 node_argv = ["/bin/bash", WATCHDOG_SCRIPT, *engine.node_argv(spec, inst, n)]
                 self.workers[n] = docker.Container(
                     self.child(f"worker-{n}"),
                     entrypoints=node_argv[:2],
                     command=node_argv[2:],
-                    uploads=server_uploads(spec, inst),
+                    uploads=server_uploads(spec, inst, n),
                     **gpu_container_args(spec, inst, args.nodes[n], n, native_worker_role(engine)),
                     opts=self.opts(
                         **gpu_container_opts(
