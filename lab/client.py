@@ -2,8 +2,8 @@
 """A client outside the cluster (run in the lab-client namespace): one request, or a bounded load.
 
   client.py request URL [--key KEY] [--json BODY] [--cacert PEM]      -> {"status": …, "body": …}
-  client.py load URL --key KEY --model M --seconds S --concurrency C --rate R [--cacert PEM]
-      -> {"ok": n, "failed": n, "errors": [...], "p50_s": …, "max_s": …}
+  client.py load URL --key KEY --model M --seconds S --concurrency C --rate R [--cacert PEM] [--timeout T]
+      -> {"ok": n, "failed": n, "errors": [...], "p50_s": …, "max_s": …, "t0": epoch, "requests": [[start, end, ok]…]}
 Stdlib only: it runs with the machine's python3 inside a namespace that reaches only the lab.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import ssl
 import sys
 import threading
@@ -34,12 +35,15 @@ def request(url: str, key: str | None, body: dict | None, timeout: float = 30) -
         return e.code, e.read().decode(errors="replace")
 
 
-def load(url: str, key: str, model: str, seconds: float, concurrency: int, rate: float) -> dict:
+def load(url: str, key: str, model: str, seconds: float, concurrency: int, rate: float, timeout: float = 30) -> dict:
     """Chat completions from `concurrency` clients for `seconds`, started at most `rate` per second in all
-    (below the key's rate limit: a refusal by the limiter would count as lost); every answer counted."""
+    (below the key's rate limit: a refusal by the limiter would count as lost); every answer counted, each
+    request's start and end (seconds after `t0`, the epoch time the load began) kept."""
     ok, failed, errors, latencies = 0, 0, [], []
     by_host: dict[str, int] = {}
+    records: list[list] = []
     lock = threading.Lock()
+    t0 = time.time()
     start = time.monotonic()
     stop_at = start + seconds
     started = 0
@@ -63,19 +67,24 @@ def load(url: str, key: str, model: str, seconds: float, concurrency: int, rate:
     def worker() -> None:
         nonlocal ok, failed
         while next_slot():
-            t0 = time.monotonic()
+            began = time.monotonic()
             try:
-                status, text = request(url, key, body(started))
-                good = status == 200 and json.loads(text)["choices"][0]["message"]["content"]
-                if good:  # "lab stand-in <model> answers from <host>:<port>": who served it
+                status, text = request(url, key, body(started), timeout)
+                # An answer is a 200 with a choice (a real engine may end its text at once, on its end token).
+                choices = json.loads(text)["choices"] if status == 200 else []
+                good = bool(choices)
+                # The stand-in says who served it: "lab stand-in <model> answers from <host>:<port>".
+                served = re.search(r" answers from (\S+)$", (choices[0]["message"]["content"] or "") if good else "")
+                if served:
                     with lock:
-                        by_host[good.rsplit(" ", 1)[-1]] = by_host.get(good.rsplit(" ", 1)[-1], 0) + 1
+                        by_host[served[1]] = by_host.get(served[1], 0) + 1
             except Exception as e:  # noqa: BLE001 (every failure is counted, whatever it is)
                 status, text, good = 0, repr(e), False
             with lock:
+                records.append([round(began - start, 3), round(time.monotonic() - start, 3), good])
                 if good:
                     ok += 1
-                    latencies.append(time.monotonic() - t0)
+                    latencies.append(time.monotonic() - began)
                 else:
                     failed += 1
                     errors.append(f"{status}: {text[:200]}")
@@ -94,6 +103,8 @@ def load(url: str, key: str, model: str, seconds: float, concurrency: int, rate:
         "by_host": by_host,
         "p50_s": latencies[len(latencies) // 2] if latencies else None,
         "max_s": latencies[-1] if latencies else None,
+        "t0": t0,
+        "requests": sorted(records),
     }
 
 
@@ -108,7 +119,7 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--rate", type=float, default=10, help="requests started per second, in all")
     p.add_argument("--cacert", help="the CA certificate the gateway's is verified against (PEM file)")
-    p.add_argument("--timeout", type=float, default=30, help="seconds to wait for one answer (request mode)")
+    p.add_argument("--timeout", type=float, default=30, help="seconds to wait for one answer")
     a = p.parse_args()
     global CONTEXT
     if a.cacert:
@@ -117,7 +128,7 @@ def main() -> int:
         status, body = request(a.url, a.key, json.loads(a.json) if a.json else None, a.timeout)
         print(json.dumps({"status": status, "body": body}))
     else:
-        print(json.dumps(load(a.url, a.key, a.model, a.seconds, a.concurrency, a.rate)))
+        print(json.dumps(load(a.url, a.key, a.model, a.seconds, a.concurrency, a.rate, a.timeout)))
     return 0
 
 

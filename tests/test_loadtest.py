@@ -12,12 +12,11 @@ from typing import Any
 import pytest
 
 from ops.loadtest import PROMPT, main, parse_results, perf_argv
-from tests.support import tool
+from tests.support import LOADTEST_VENV, tool
 from tests.support.fake_openai import Behaviour, FakeOpenAI, serving
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDED = Path(__file__).parent / "fixtures" / "ops" / "evalscope-1.14.1"
-CACHED_VENV = "/var/cache/llm-cluster/loadtest/venv"
 
 
 def test_the_runbooks_command_with_a_key_and_streaming() -> None:
@@ -90,7 +89,7 @@ def test_no_key_exits_2(capsys: Any, monkeypatch: Any) -> None:
 
 def make_loadtest(url: str, out: Path, extra: str = "", **make: str) -> subprocess.CompletedProcess[str]:
     args = f"--url {url} --key sk-load --max-tokens 8 --out {out} {extra}".strip()
-    settings = {"STACK": "prod", "PARALLEL": "4", "NUMBER": "16", "LOADTEST_VENV": CACHED_VENV, **make}
+    settings = {"STACK": "prod", "PARALLEL": "4", "NUMBER": "16", "LOADTEST_VENV": LOADTEST_VENV, **make}
     cmd = [tool("make"), "-s", "loadtest", f"LOADTEST_ARGS={args}", *(f"{k}={v}" for k, v in settings.items())]
     # Bounded: evalscope starts in a few seconds; installing it when the cache is missing takes minutes.
     return subprocess.run(

@@ -13,7 +13,6 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,10 +22,22 @@ import pytest
 
 from components.engines.registry import ENGINES
 from lab import hosts
-from lab.config import CLIENT_ADDRESS, LAB_DIR, LabHost
+from lab.config import CLIENT_ADDRESS
 from lab.config import STATE as STATE_DIR
 from lab.rehearse import Rehearsal, RehearsalError, dockerfile_of
-from tests.support.lab_tier import STACK, Lab, _lab, client, docker, healthy, http_json, wait_until
+from tests.support.lab_tier import (
+    STACK,
+    Lab,
+    _lab,
+    client,
+    container_log,
+    docker,
+    healthy,
+    http_json,
+    main_process,
+    start_load,
+    wait_until,
+)
 
 # The memory keys the readiness gate of the reference stack's chat pool names.
 VLLM_MEMORY_KEYS = f"pools.chat.{ENGINES['vllm'].memory_keys}"
@@ -49,17 +60,6 @@ def _key_rate_limit() -> float:
 # not refused by the limiter (a 429 counts as lost).
 RATE = _key_rate_limit() / 2
 PROMETHEUS = "http://198.18.0.11:9090"
-
-
-def container_log(host: LabHost, container: str) -> str:
-    """`docker logs` of a container on the host's own engine, stdout and stderr."""
-    p = subprocess.run(
-        ["docker", "-H", f"unix://{host.dir}/run/docker.sock", "logs", container],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    return p.stdout + p.stderr
 
 
 def _in_head(lab: Lab, *argv: str) -> subprocess.CompletedProcess | None:
@@ -296,21 +296,6 @@ def test_a_second_up_runs_nothing(lab: Lab) -> None:
 # --- self-healing and load ------------------------------------------------------------------------
 
 
-def _main_process(host: LabHost, container: str, program: str) -> int:
-    """The pid of the container's process that runs `program` (a python3 program: `vllm serve`, `ray start`),
-    not docker's init nor the shell of a wrapper such as the vLLM watchdog, whose command lines hold it too."""
-    pid = int(docker(host, "inspect", "-f", "{{.State.Pid}}", container).strip())
-    todo = [pid]
-    while todo:
-        p = todo.pop(0)
-        argv = Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace").split("\0")
-        if Path(argv[0]).name.startswith("python") and program in " ".join(Path(a).name for a in argv[1:3]):
-            return p
-        for task in Path(f"/proc/{p}/task").iterdir():
-            todo += [int(c) for c in (task / "children").read_text().split()]
-    raise AssertionError(f"no python3 process running {program!r} in {container} on {host.node}")
-
-
 def test_a_killed_ray_worker_rejoins_by_itself(lab: Lab, figures: dict[str, Any]) -> None:
     host = lab.host("gpu-02")
     name = lab.resource("reasoning-gpu-01-ray-worker-gpu-02").inputs["name"]
@@ -331,7 +316,7 @@ def test_a_killed_ray_worker_rejoins_by_itself(lab: Lab, figures: dict[str, Any]
             out += container_log(h, c).splitlines()[-15:]
         return "\n".join(out + [f"--- Ray nodes: {ray_nodes(lab)}"])
 
-    hosts.sh("kill", "-KILL", str(_main_process(host, name, "ray start")))
+    hosts.sh("kill", "-KILL", str(main_process(host, name, "ray start")))
     t0 = time.monotonic()
     wait_until(
         lambda: int(docker(host, "inspect", "-f", "{{.RestartCount}}", name)) > restarts,
@@ -369,7 +354,7 @@ def test_a_killed_ray_worker_rejoins_by_itself(lab: Lab, figures: dict[str, Any]
 
 def test_a_killed_chat_replica_comes_back_by_itself(lab: Lab, figures: dict[str, Any]) -> None:
     host = lab.host("gpu-04")
-    hosts.sh("kill", "-KILL", str(_main_process(host, lab.resource("chat-gpu-04-vllm").inputs["name"], "vllm serve")))
+    hosts.sh("kill", "-KILL", str(main_process(host, lab.resource("chat-gpu-04-vllm").inputs["name"], "vllm serve")))
     t0 = time.monotonic()
     wait_until(lambda: not healthy("http://198.18.0.14:8000/health"), 30, "the replica going down")
     wait_until(lambda: healthy("http://198.18.0.14:8000/health"), 300, "the chat replica healthy again")
@@ -454,30 +439,7 @@ def test_stopping_a_chat_replica_under_load_loses_no_request(lab: Lab, figures: 
     host = lab.host("gpu-05")
     replica = lab.resource("chat-gpu-05-vllm").inputs["name"]
     seconds = 12.0
-    load = subprocess.Popen(
-        [
-            "nsenter",
-            f"--net=/run/netns/{hosts.CLIENT_NS}",
-            sys.executable,
-            str(LAB_DIR / "client.py"),
-            "load",
-            f"{GATEWAY}/v1/chat/completions",
-            "--key",
-            lab.key(),
-            "--model",
-            "qwen3-30b-a3b",
-            "--seconds",
-            str(seconds),
-            "--concurrency",
-            "4",
-            "--rate",
-            str(RATE),
-            "--cacert",
-            lab.cacert(),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    load = start_load(lab, GATEWAY, "/v1/chat/completions", "qwen3-30b-a3b", seconds, 4, RATE)
     try:
         time.sleep(seconds / 3)
         docker(host, "stop", "-t", "30", replica)

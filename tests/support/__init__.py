@@ -47,6 +47,10 @@ DEBIAN_PACKAGE = {
 }
 
 
+# evalscope's venv for the tests that run `make loadtest` (LOADTEST_VENV=…): cached per machine, made when missing.
+LOADTEST_VENV = "/var/cache/llm-cluster/loadtest/venv"
+
+
 def tool(name: str) -> str:
     """Path of a real tool a test drives; a clear failure (never a skip) when it is missing."""
     path = shutil.which(name)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 import time
 import urllib.request
@@ -67,6 +68,64 @@ def client(*args: str, timeout: float = 120) -> dict[str, Any]:
         timeout=timeout,
     )
     return json.loads(out)
+
+
+def container_log(host: LabHost, container: str) -> str:
+    """`docker logs` of a container on the host's own engine, stdout and stderr."""
+    p = subprocess.run(
+        ["docker", "-H", f"unix://{host.dir}/run/docker.sock", "logs", container],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return p.stdout + p.stderr
+
+
+def main_process(host: LabHost, container: str, program: str) -> int:
+    """The pid of the container's process that runs `program` (a python3 program: `vllm serve`, `ray start`),
+    not docker's init nor the shell of a wrapper such as the vLLM watchdog, whose command lines hold it too."""
+    pid = int(docker(host, "inspect", "-f", "{{.State.Pid}}", container).strip())
+    todo = [pid]
+    while todo:
+        p = todo.pop(0)
+        argv = Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        if Path(argv[0]).name.startswith("python") and program in " ".join(Path(a).name for a in argv[1:3]):
+            return p
+        for task in Path(f"/proc/{p}/task").iterdir():
+            todo += [int(c) for c in (task / "children").read_text().split()]
+    raise AssertionError(f"no python3 process running {program!r} in {container} on {host.node}")
+
+
+def start_load(
+    lab: Lab, gateway: str, path: str, model: str, seconds: float, concurrency: int, rate: float, timeout: float = 30
+) -> subprocess.Popen:
+    """lab/client.py's bounded load through the gateway from the client namespace (its JSON on stdout)."""
+    return subprocess.Popen(
+        [
+            "nsenter",
+            f"--net=/run/netns/{hosts.CLIENT_NS}",
+            sys.executable,
+            str(LAB_DIR / "client.py"),
+            "load",
+            f"{gateway}{path}",
+            "--key",
+            lab.key(),
+            "--model",
+            model,
+            "--seconds",
+            str(seconds),
+            "--concurrency",
+            str(concurrency),
+            "--rate",
+            str(rate),
+            "--timeout",
+            str(timeout),
+            "--cacert",
+            lab.cacert(),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
 
 def http_json(url: str) -> Any:
