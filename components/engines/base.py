@@ -686,30 +686,41 @@ for table in ("/proc/net/tcp", "/proc/net/tcp6"):
 
 
 def _world_check_bash(world: WorldCheck) -> tuple[str, str, str]:
-    """(definitions, on first health, each round) of the watchdog's world check."""
+    """(definitions, on each healthy probe, each round) of the watchdog's world check."""
     peers = " ".join(shlex.quote(p) for p in world.peers)
     defs = f"""world_port={world.port}
 world_peers=({peers})
-world=""  # the connections with the other nodes when vLLM first served
+world=""  # each other node's connections, recorded the first time vLLM served with them open
+warned=" "
 links() {{
   python3 - "$world_port" "${{world_peers[@]}}" <<'LINKS_PY'
 {_LINKS_PY}LINKS_PY
 }}
-"""
-    first = """    if [[ -z "$world" ]]; then
-      world=$(links || true)
-      for peer in "${world_peers[@]}"; do
-        if ! awk -v p="$peer" '$1 == p {found = 1} END {exit !found}' <<<"$world"; then
-          echo "watchdog: no connection with $peer on port $world_port when vLLM first served:" \\
-            "a restart of that node goes unnoticed here" >&2
-        fi
-      done
+of() {{ awk -v p="$1" '$1 == p'; }}
+# A node restarted while the old world still serves connects only later: it is recorded when it does.
+record() {{
+  local now peer seen
+  now=$(links || true)
+  for peer in "${{world_peers[@]}}"; do
+    if [[ -z "$(of "$peer" <<<"$world")" ]]; then
+      seen=$(of "$peer" <<<"$now")
+      if [[ -n "$seen" ]]; then
+        world=$(printf '%s\\n%s\\n' "$world" "$seen" | sed '/^$/d')
+      elif [[ "$warned" != *" $peer "* ]]; then
+        echo "watchdog: no connection with $peer on port $world_port while vLLM serves: a restart of that" \\
+          "node goes unnoticed here until one opens" >&2
+        warned+="$peer "
+      fi
     fi
+  done
+}}
+"""
+    first = """    record
 """
     each = """  if [[ -n "$world" ]]; then
     now=$(links || true)
     for peer in "${world_peers[@]}"; do
-      was=$(awk -v p="$peer" '$1 == p' <<<"$world")
+      was=$(of "$peer" <<<"$world")
       # One of them gone is a rank of that node gone: the world cannot serve without it.
       if [[ -n "$was" ]] && grep -qvxF -f <(printf '%s\\n' "$now") <<<"$was"; then
         echo "watchdog: a connection with $peer on port $world_port closed (a node of this instance died" \\
