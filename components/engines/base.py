@@ -653,9 +653,10 @@ def health_probe_argv(url: str) -> list[str]:
 class WorldCheck:
     """What a node of an instance on vLLM's own multi-node launcher watches of the others: its TCP connections
     with their addresses on the rendezvous port (--master-port, torch.distributed's store on rank 0, which
-    every rank keeps open while it lives). vLLM 0.19.1 notices a dead node only when a request waits
-    VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS (300 s) for its output, and a restarted headless node cannot join a
-    world that formed without it; an idle head keeps answering /health meanwhile."""
+    every rank keeps open while it lives). vLLM 0.19.1 does not notice a dead node: its head keeps answering
+    /health and a request hangs (in the lab, 420 s with no answer and no engine death, past
+    VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS' 300 s), and a restarted headless node cannot join a world that formed
+    without it (Gloo's connectFullMesh refused by the dead ranks' addresses)."""
 
     port: int
     peers: tuple[str, ...]  # the instance's other nodes' addresses
@@ -724,7 +725,7 @@ record() {{
       # One of them gone is a rank of that node gone: the world cannot serve without it.
       if [[ -n "$was" ]] && grep -qvxF -f <(printf '%s\\n' "$now") <<<"$was"; then
         echo "watchdog: a connection with $peer on port $world_port closed (a node of this instance died" \\
-          "or restarted; vLLM does not notice before a request times out); stopping vLLM so docker restarts" \\
+          "or restarted; vLLM itself does not notice: requests would hang); stopping vLLM so docker restarts" \\
           "it and the instance forms again" >&2
         stop
         exit 70
