@@ -25,6 +25,9 @@ from tests.support import free_port
 FAKE_VLLM = r"""
 import http.server, sys, threading, os
 port, flag, log = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+if sys.argv[4:] == ["deaf"]:  # as vLLM's API server waiting for hung connections: SIGTERM changes nothing
+    import signal
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         code = 200 if open(flag).read().strip() == "ok" else 503
@@ -108,7 +111,12 @@ def watchdogs(tmp_path: Path) -> Iterator[Callable[..., Watchdog]]:
     started: list[subprocess.Popen[str]] = []
 
     def start(
-        state: str, *, load_timeout_s: int = 30, unhealthy_after_s: int = 2, world: WorldCheck | None = None
+        state: str,
+        *,
+        load_timeout_s: int = 30,
+        unhealthy_after_s: int = 2,
+        world: WorldCheck | None = None,
+        deaf: bool = False,
     ) -> Watchdog:
         port = free_port()
         flag = tmp_path / "flag"
@@ -124,10 +132,20 @@ def watchdogs(tmp_path: Path) -> Iterator[Callable[..., Watchdog]]:
                 unhealthy_after_s=unhealthy_after_s,
                 interval_s=1,
                 world=world,
+                give_up_grace_s=2,
             )
         )
         proc = subprocess.Popen(
-            ["bash", str(script), sys.executable, str(fake), str(port), str(flag), str(log)],
+            [
+                "bash",
+                str(script),
+                sys.executable,
+                str(fake),
+                str(port),
+                str(flag),
+                str(log),
+                *(["deaf"] if deaf else []),
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -312,3 +330,16 @@ def test_a_node_that_connects_after_vllm_served_is_said_then_watched(
         "node goes unnoticed here until one opens"
     )
     assert err.count(said) == 1 and "a connection with 127.0.0.1 on port" in err
+
+
+def test_a_server_deaf_to_sigterm_is_killed_when_the_watchdog_gives_up(
+    tmp_path: Path, watchdogs: Callable[..., Watchdog]
+) -> None:
+    """vLLM's API server, stopped while the gateway holds requests hung on a dead engine, waits for them (seen in
+    the lab with a TP x PP instance whose worker died): the watchdog's own stop kills it after its grace."""
+    w = watchdogs("ok", deaf=True)
+    w.wait_until_served()
+    w.flag.write_text("hang")
+    _, err = w.proc.communicate(timeout=BOUND_S)
+    assert w.proc.returncode == 70 and "after serving; stopping vLLM so docker restarts it" in err
+    assert not _fake_running(tmp_path)

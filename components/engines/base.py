@@ -640,6 +640,8 @@ echo "$server: $url healthy after $((SECONDS - start))s"
 
 # Uploaded beside ray-head.sh into every server container; ray-head.sh finds it next to itself.
 WATCHDOG_SCRIPT = "/opt/llm-cluster/vllm-watchdog.sh"
+# Seconds the watchdog lets vLLM shut down after SIGTERM when it gives up on it, then SIGKILL.
+GIVE_UP_GRACE_S = 30
 # A probe that needs nothing the image might lack beyond python3 (every engine image here has it).
 _PROBE = "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=10)"
 
@@ -727,7 +729,7 @@ record() {{
         echo "watchdog: a connection with $peer on port $world_port closed (a node of this instance died" \\
           "or restarted; vLLM itself does not notice: requests would hang); stopping vLLM so docker restarts" \\
           "it and the instance forms again" >&2
-        stop
+        give_up
         exit 70
       fi
     done
@@ -744,6 +746,7 @@ def watchdog_script(
     interval_s: int = 15,
     probe_argv: list[str] | None = None,
     world: WorldCheck | None = None,
+    give_up_grace_s: int = GIVE_UP_GRACE_S,
 ) -> str:
     """vllm-watchdog.sh: run the server; exit, so docker restarts the container, when it hangs.
 
@@ -773,6 +776,20 @@ stop() {{
   kill -TERM "$child" 2>/dev/null || true
   wait "$child" 2>/dev/null || true
 }}
+alive() {{ [[ -e /proc/$child && "$(sed 's/.*) //' "/proc/$child/stat" 2>/dev/null | cut -d' ' -f1)" != Z ]]; }}
+# The watchdog's own stop, bounded: vLLM's API server waits on SIGTERM for its open connections to close,
+# and requests hung on a dead engine never do (docker stop, above, has its own bound and lets a drain finish).
+give_up() {{
+  kill -TERM "$child" 2>/dev/null || true
+  local waited=0
+  while alive && (( waited < {int(give_up_grace_s)} )); do
+    sleep 1 &
+    wait $!
+    waited=$((waited + 1))
+  done
+  kill -KILL "$child" 2>/dev/null || true
+  wait "$child" 2>/dev/null || true
+}}
 trap 'stop; exit 143' TERM INT
 started=$SECONDS
 last_ok=""
@@ -784,12 +801,12 @@ while kill -0 "$child" 2>/dev/null; do
   elif [[ -z "$last_ok" ]] && (( SECONDS - started >= {int(load_timeout_s)} )); then
     echo "watchdog: $url not healthy {load_timeout_s}s after start; stopping vLLM so docker restarts it" \\
       "(check this container's log above: weights, GPU memory; or raise loadTimeoutMinutes)" >&2
-    stop
+    give_up
     exit 70
   elif [[ -n "$last_ok" ]] && (( SECONDS - last_ok >= {int(unhealthy_after_s)} )); then
     echo "watchdog: $url unhealthy for $((SECONDS - last_ok))s after serving; stopping vLLM so docker" \\
       "restarts it (look for NCCL errors and Xid events: dmesg, nvidia-smi)" >&2
-    stop
+    give_up
     exit 70
   fi
 {each}done
