@@ -1,13 +1,17 @@
 """The lab stack on the REAL vLLM 0.19.1 (Pulumi.lab-vllm.yaml) on real test hosts: a reasoning pool of one
 instance TP 2 x PP 2 across gpu-01 and gpu-02 on vLLM's own multi-node launcher (a tiny DeepSeek-V3-shaped
 model) and a chat replica on gpu-03 (a tiny Qwen3-MoE), behind the gateway, with monitoring; rehearsed from
-nothing, asked through the gateway, destroyed, taken down.
+nothing, asked through the gateway (chat and completions, streamed or not), watched by Prometheus and the
+generated alert rules (promtool on the real series), driven by the operator's tools (the deploy-time smoke
+test, `make loadtest`, `make lab`'s summary), broken and healed (a chat engine killed, a host's dockerd
+restarted, the multi-node instance's headless worker killed under load), destroyed, taken down.
 
 The engines are vLLM 0.19.1 itself (its CPU build, lab/vllm_cpu.py) in the lab's real-engine image
 (lab/images.py kind vllm-real; lab/vllm_cpu.py IMAGE_DIFFERENCES), started by the containers the plan
 registers, with the argv and env the plan writes. One lab at a time: the module holds /tmp/lab.lock from
 bringing the hosts up to taking them down. Figures (up, the first token through the gateway, each server's
-/health after up) go to build/lab/figures.json with a `vllm_` prefix; none is asserted.
+/health after up, the load test's, each recovery's time and the requests counted) go to build/lab/figures.json
+with a `vllm_` prefix; none is asserted.
 """
 
 from __future__ import annotations
