@@ -147,6 +147,18 @@ def moved(engine: str, before: dict[str, float], usage: dict[str, int]) -> dict[
     return delta()
 
 
+def assert_counted_by_vllm(engine: str, before: dict[str, float], usage: dict[str, int]) -> None:
+    """The engine's own token counters moved by exactly the usage the answer carries: vLLM generated it."""
+    assert moved(engine, before, usage) == {
+        "vllm:prompt_tokens_total": usage["prompt_tokens"],
+        "vllm:generation_tokens_total": usage["completion_tokens"],
+    }
+    assert (
+        0 < usage["completion_tokens"] <= MAX_TOKENS
+        and usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    )
+
+
 def chat(name: str, **extra: Any) -> dict[str, Any]:
     return {
         "model": name,
@@ -226,16 +238,8 @@ def test_a_chat_completion_through_the_gateway_is_generated_by_vllm(lab: Lab, na
     before = counters(engine)
     answer = ask(lab, path, chat(name))
     body = json.loads(answer["body"])
-    # The engine's own counters moved by exactly the usage the answer carries: vLLM generated these tokens.
     usage = body["usage"]
-    assert moved(engine, before, usage) == {
-        "vllm:prompt_tokens_total": usage["prompt_tokens"],
-        "vllm:generation_tokens_total": usage["completion_tokens"],
-    }
-    assert (
-        0 < usage["completion_tokens"] <= MAX_TOKENS
-        and usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
-    )
+    assert_counted_by_vllm(engine, before, usage)
     assert body["model"] == name and body["id"].startswith("chatcmpl-") and body["object"] == "chat.completion"
     assert body["choices"][0]["finish_reason"] in ("length", "stop")
 
@@ -250,11 +254,7 @@ def test_a_streamed_chat_through_the_gateway_ends_with_vllms_usage(lab: Lab, nam
     chunks = [json.loads(e) for e in events[:-1]]
     assert {c["object"] for c in chunks} == {"chat.completion.chunk"} and {c["model"] for c in chunks} == {name}
     usage = chunks[-1]["usage"]
-    assert moved(engine, before, usage) == {
-        "vllm:prompt_tokens_total": usage["prompt_tokens"],
-        "vllm:generation_tokens_total": usage["completion_tokens"],
-    }
-    assert 0 < usage["completion_tokens"] <= MAX_TOKENS
+    assert_counted_by_vllm(engine, before, usage)
 
 
 def completion(name: str, **extra: Any) -> dict[str, Any]:
@@ -272,14 +272,7 @@ def test_a_completion_through_the_gateway_is_generated_by_vllm(lab: Lab, name: s
     before = counters(engine)
     body = json.loads(ask(lab, completions_path(name), completion(name))["body"])
     usage = body["usage"]
-    assert moved(engine, before, usage) == {
-        "vllm:prompt_tokens_total": usage["prompt_tokens"],
-        "vllm:generation_tokens_total": usage["completion_tokens"],
-    }
-    assert (
-        0 < usage["completion_tokens"] <= MAX_TOKENS
-        and usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
-    )
+    assert_counted_by_vllm(engine, before, usage)
     assert body["model"] == name and body["id"].startswith("cmpl-") and body["object"] == "text_completion"
     assert isinstance(body["choices"][0]["text"], str) and body["choices"][0]["finish_reason"] in ("length", "stop")
 
@@ -295,11 +288,7 @@ def test_a_streamed_completion_through_the_gateway_ends_with_vllms_usage(lab: La
     assert {c["object"] for c in chunks} == {"text_completion"} and {c["model"] for c in chunks} == {name}
     assert chunks[-1]["choices"] == []  # the last chunk carries only vLLM's usage
     usage = chunks[-1]["usage"]
-    assert moved(engine, before, usage) == {
-        "vllm:prompt_tokens_total": usage["prompt_tokens"],
-        "vllm:generation_tokens_total": usage["completion_tokens"],
-    }
-    assert 0 < usage["completion_tokens"] <= MAX_TOKENS
+    assert_counted_by_vllm(engine, before, usage)
 
 
 def test_the_gateways_usage_log_counts_what_vllm_reported(lab: Lab) -> None:
