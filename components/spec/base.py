@@ -7,12 +7,14 @@ import math
 import re
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import annotated_types
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
 # Names become container names, hostnames and nginx upstream names: DNS labels.
@@ -36,17 +38,7 @@ class Spec(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _refuse_unknown_keys(cls, data: Any) -> Any:
-        # pydantic's own "extra_forbidden" does not say what *is* allowed; users need that list.
-        if isinstance(data, dict):
-            allowed = cls._allowed_keys()
-            unknown = sorted(str(k) for k in data if k not in allowed)
-            if unknown:
-                raise PydanticCustomError(
-                    "unknown_key",
-                    "unknown key {quoted}; allowed keys here: {allowed}",
-                    {"key": unknown[0], "quoted": repr(unknown[0]), "allowed": ", ".join(sorted(allowed))},
-                )
-        return data
+        return known_keys_only(data, cls._allowed_keys)
 
     @classmethod
     def _allowed_keys(cls) -> set[str]:
@@ -56,25 +48,44 @@ class Spec(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _no_bool_for_number(cls, value: Any, info: ValidationInfo) -> Any:
-        # pydantic's lax mode reads `true` as 1 and `1` as true: in YAML both are typos for the other type.
-        field = cls.model_fields.get(info.field_name or "")
-        kind = scalar_kind(field.annotation) if field is not None else None
-        if kind == "number" and isinstance(value, bool):
-            raise PydanticCustomError("bool_for_number", "expected a number, not true/false")
-        if kind == "bool" and isinstance(value, (int, float)) and not isinstance(value, bool):
-            raise PydanticCustomError("number_for_bool", "expected true or false, not a number")
-        if (
-            kind == "number"
-            and isinstance(value, (int, float))
-            and math.isfinite(value)
-            and value > MAX_NUMBER
-            and not any(isinstance(m, (annotated_types.Le, annotated_types.Lt)) for m in field.metadata)
-        ):
-            # A count, size, rate or time with no bound of its own: 1e18 minutes wraps in bash's arithmetic, is
-            # past a Go duration's 292 years (Docker's start_period), 1e18 r/s is no rate nginx parses -- long
-            # after the plan said it was fine.
-            raise PydanticCustomError("less_than_equal", "must be at most {le}", {"le": MAX_NUMBER})
-        return value
+        return scalar_checked(value, cls.model_fields.get(info.field_name or ""))
+
+
+def known_keys_only(data: Any, allowed_keys: Callable[[], set[str]]) -> Any:
+    """A mapping whose keys are all allowed; else refused naming the first unknown one and every allowed one
+    (pydantic's own "extra_forbidden" does not say what *is* allowed; users need that list)."""
+    if isinstance(data, dict):
+        allowed = allowed_keys()
+        unknown = sorted(str(k) for k in data if k not in allowed)
+        if unknown:
+            raise PydanticCustomError(
+                "unknown_key",
+                "unknown key {quoted}; allowed keys here: {allowed}",
+                {"key": unknown[0], "quoted": repr(unknown[0]), "allowed": ", ".join(sorted(allowed))},
+            )
+    return data
+
+
+def scalar_checked(value: Any, field: FieldInfo | None) -> Any:
+    """A field's value before pydantic reads it. pydantic's lax mode reads `true` as 1 and `1` as true: in YAML
+    both are typos for the other type. A number without a bound of its own is bound by MAX_NUMBER."""
+    kind = scalar_kind(field.annotation) if field is not None else None
+    if kind == "number" and isinstance(value, bool):
+        raise PydanticCustomError("bool_for_number", "expected a number, not true/false")
+    if kind == "bool" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        raise PydanticCustomError("number_for_bool", "expected true or false, not a number")
+    if (
+        kind == "number"
+        and isinstance(value, (int, float))
+        and math.isfinite(value)
+        and value > MAX_NUMBER
+        and not any(isinstance(m, (annotated_types.Le, annotated_types.Lt)) for m in field.metadata)  # type: ignore[union-attr]
+    ):
+        # A count, size, rate or time with no bound of its own: 1e18 minutes wraps in bash's arithmetic, is
+        # past a Go duration's 292 years (Docker's start_period), 1e18 r/s is no rate nginx parses -- long
+        # after the plan said it was fine.
+        raise PydanticCustomError("less_than_equal", "must be at most {le}", {"le": MAX_NUMBER})
+    return value
 
 
 # The largest number a key without a bound of its own takes (a signed 32-bit int): beyond any count,

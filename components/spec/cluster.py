@@ -97,6 +97,17 @@ def ssh_host_key(v: str) -> str:
     return v
 
 
+def posix_user(v: str) -> str:
+    """ssh.user: a POSIX user name. It lands in ssh logins and in the scripts: nothing a shell or a comment line
+    would read twice."""
+    if not re.fullmatch(USER_PATTERN, v):
+        raise ValueError(
+            f"{v!r} is not a POSIX user name (letters, digits, '.', '_', '-', not "
+            "starting with '-', at most 32 characters)"
+        )
+    return v
+
+
 class SshSpec(Spec):
     """How the operator's machine reaches every node."""
 
@@ -128,13 +139,14 @@ class SshSpec(Spec):
     @field_validator("user")
     @classmethod
     def _posix_user(cls, v: str) -> str:
-        # It lands in ssh logins and in the scripts: nothing a shell or a comment line would read twice.
-        if not re.fullmatch(USER_PATTERN, v):
-            raise ValueError(
-                f"{v!r} is not a POSIX user name (letters, digits, '.', '_', '-', not "
-                "starting with '-', at most 32 characters)"
-            )
-        return v
+        return posix_user(v)
+
+
+def known_gpu_model(v: str) -> str:
+    """A GPU model the hardware facts know (components.facts.hardware.GPUS)."""
+    if v not in GPUS:
+        raise ValueError(f"unknown GPU model {v!r}; known: {', '.join(sorted(GPUS))}")
+    return v
 
 
 class GpuSpec(Spec):
@@ -146,9 +158,18 @@ class GpuSpec(Spec):
     @field_validator("model")
     @classmethod
     def _known_model(cls, v: str) -> str:
-        if v not in GPUS:
-            raise ValueError(f"unknown GPU model {v!r}; known: {', '.join(sorted(GPUS))}")
-        return v
+        return known_gpu_model(v)
+
+
+def bandwidth_floor(min_write_bandwidth_gbps: float | None, rate_gbps: int) -> float:
+    """The ib_write_bw average the RDMA preflight requires: the stated floor, else 95 % of the port rate."""
+    return min_write_bandwidth_gbps or round(rate_gbps * 0.95, 1)
+
+
+def roce_gid_index(link_layer: str, gid_index: int | None) -> None:
+    """RoCE (an ethernet link layer) needs its GID index; InfiniBand does not."""
+    if link_layer == "ethernet" and gid_index is None:
+        raise ValueError("gidIndex is required for RoCE (linkLayer: ethernet); RoCEv2 is usually 3")
 
 
 class HcaSpec(Spec):
@@ -168,12 +189,11 @@ class HcaSpec(Spec):
     @property
     def bandwidth_floor_gbps(self) -> float:
         """The ib_write_bw average the RDMA preflight requires."""
-        return self.min_write_bandwidth_gbps or round(self.rate_gbps * 0.95, 1)
+        return bandwidth_floor(self.min_write_bandwidth_gbps, self.rate_gbps)
 
     @model_validator(mode="after")
     def _roce_needs_gid(self) -> HcaSpec:
-        if self.link_layer == "ethernet" and self.gid_index is None:
-            raise ValueError("gidIndex is required for RoCE (linkLayer: ethernet); RoCEv2 is usually 3")
+        roce_gid_index(self.link_layer, self.gid_index)
         return self
 
 
@@ -196,6 +216,16 @@ class NodeDefaults(Spec):
     @classmethod
     def _absolute(cls, v: str) -> str:
         return absolute_path(v, "on the nodes")
+
+
+def ssh_host(v: str) -> str:
+    """nodes.<node>.sshAddress: a host name is fine here (only SSH resolves it); an address must be IPv4 like the
+    cluster's."""
+    if HOST_RE.fullmatch(v) and not v.replace(".", "").isdigit():
+        return v
+    if ":" in v or v.replace(".", "").isdigit():
+        return ipv4_address(v)
+    raise ValueError(f"{v!r} is not a host name or IPv4 address")
 
 
 class NodeSpec(Spec):
@@ -231,12 +261,7 @@ class NodeSpec(Spec):
     @field_validator("ssh_address")
     @classmethod
     def _ssh_host(cls, v: str | None) -> str | None:
-        # A host name is fine here (only SSH resolves it); an address must be IPv4 like the cluster's.
-        if v is None or (HOST_RE.fullmatch(v) and not v.replace(".", "").isdigit()):
-            return v
-        if ":" in v or v.replace(".", "").isdigit():
-            return ipv4_address(v)
-        raise ValueError(f"{v!r} is not a host name or IPv4 address")
+        return v if v is None else ssh_host(v)
 
 
 def cidr(v: str) -> str:
@@ -255,6 +280,13 @@ def cidr(v: str) -> str:
 Cidr = Annotated[str, AfterValidator(cidr)]
 
 
+def port_range(v: tuple[int, int]) -> tuple[int, int]:
+    """[first, last] of a port range, first <= last."""
+    if v[0] > v[1]:
+        raise ValueError(f"{v[0]} > {v[1]}: give [first, last] of the range")
+    return v
+
+
 class FirewallSpec(Spec):
     """The host firewall llm-cluster manages on every node: one nftables table of its own."""
 
@@ -270,9 +302,7 @@ class FirewallSpec(Spec):
     @field_validator("ephemeral_ports")
     @classmethod
     def _ordered(cls, v: tuple[int, int]) -> tuple[int, int]:
-        if v[0] > v[1]:
-            raise ValueError(f"{v[0]} > {v[1]}: give [first, last] of the range")
-        return v
+        return port_range(v)
 
 
 class PreflightSpec(Spec):
@@ -294,6 +324,30 @@ class NcclSpec(Spec):
     extra_env: dict[EnvName, str] = Field(default_factory=dict)
 
 
+def source_node(v: str) -> str:
+    """models.<m>.source.node: a name, not blank (whether it is a node is check_models')."""
+    if not v.strip():
+        raise ValueError("'' is not allowed: name the node that holds the weights, or use sharedMount or present")
+    return v
+
+
+def nfs_share(v: str) -> str:
+    """models.<m>.source.sharedMount: an NFS export server:/path of safe characters only."""
+    if not re.fullmatch(SHARE_PATTERN, v):
+        raise ValueError(
+            f"{v!r} is not an NFS share server:/path (a host name or IPv4 address, then an "
+            "absolute path of letters, digits and . _ + / -)"
+        )
+    return v
+
+
+def one_source(node: str | None, shared_mount: str | None, present: bool) -> None:
+    """A model's weights come from exactly one of a node, a shared mount, or being present."""
+    given = [k for k, v in (("node", node), ("sharedMount", shared_mount), ("present", present or None)) if v]
+    if len(given) != 1:
+        raise ValueError(f"state exactly one of node, sharedMount, present (got {given or 'none'})")
+
+
 class WeightsSource(Spec):
     """Where a model's weights come from: copied from a node that has them, or a shared mount."""
 
@@ -305,32 +359,19 @@ class WeightsSource(Spec):
     @field_validator("node")
     @classmethod
     def _node_named(cls, v: str | None) -> str | None:
-        if v is not None and not v.strip():
-            raise ValueError("'' is not allowed: name the node that holds the weights, or use sharedMount or present")
-        return v
+        return v if v is None else source_node(v)
 
     @field_validator("shared_mount")
     @classmethod
     def _share(cls, v: str | None) -> str | None:
-        if v is not None and not re.fullmatch(SHARE_PATTERN, v):
-            raise ValueError(
-                f"{v!r} is not an NFS share server:/path (a host name or IPv4 address, then an "
-                "absolute path of letters, digits and . _ + / -)"
-            )
-        return v
+        return v if v is None else nfs_share(v)
 
     present: bool = False
     """The weights are already on every node (verified, never copied)."""
 
     @model_validator(mode="after")
     def _exactly_one(self) -> WeightsSource:
-        given = [
-            k
-            for k, v in (("node", self.node), ("sharedMount", self.shared_mount), ("present", self.present or None))
-            if v
-        ]
-        if len(given) != 1:
-            raise ValueError(f"state exactly one of node, sharedMount, present (got {given or 'none'})")
+        one_source(self.node, self.shared_mount, self.present)
         return self
 
 
@@ -345,6 +386,30 @@ def served_name(name: str) -> str:
 
 
 ServedName = Annotated[str, AfterValidator(served_name)]
+
+
+def group_size(v: int) -> int:
+    """models.<m>.groupSize: a group of weights, or -1 for per channel; never 0."""
+    if v == 0:
+        raise ValueError(
+            "0 is not allowed: a group of 0 weights does not exist; give the checkpoint's "
+            "group_size (128, 64, 32), or -1 for per-channel quantization"
+        )
+    return v
+
+
+def quantization_method(v: str) -> str:
+    """models.<m>.quantization: a method one of the deployed engines' known versions takes."""
+    known = deployed_engines.quantization_methods()
+    if v not in known:
+        raise ValueError(f"unknown quantization {v!r}; the known engine versions know: {', '.join(sorted(known))}")
+    return v
+
+
+def one_architecture(arch: str | None, config_json: str | None) -> None:
+    """A model states its architecture by exactly one of a catalog name or a config.json."""
+    if (arch is None) == (config_json is None):
+        raise ValueError("state exactly one of arch (a catalog name) or configJson (a path)")
 
 
 class ModelSpec(Spec):
@@ -379,12 +444,7 @@ class ModelSpec(Spec):
     @field_validator("group_size")
     @classmethod
     def _group(cls, v: int) -> int:
-        if v == 0:
-            raise ValueError(
-                "0 is not allowed: a group of 0 weights does not exist; give the checkpoint's "
-                "group_size (128, 64, 32), or -1 for per-channel quantization"
-            )
-        return v
+        return group_size(v)
 
     @field_validator("served_names")
     @classmethod
@@ -394,15 +454,11 @@ class ModelSpec(Spec):
     @field_validator("quantization")
     @classmethod
     def _known_method(cls, v: str | None) -> str | None:
-        known = deployed_engines.quantization_methods()
-        if v is not None and v not in known:
-            raise ValueError(f"unknown quantization {v!r}; the known engine versions know: {', '.join(sorted(known))}")
-        return v
+        return v if v is None else quantization_method(v)
 
     @model_validator(mode="after")
     def _arch_source(self) -> ModelSpec:
-        if (self.arch is None) == (self.config_json is None):
-            raise ValueError("state exactly one of arch (a catalog name) or configJson (a path)")
+        one_architecture(self.arch, self.config_json)
         return self
 
 
@@ -479,6 +535,13 @@ def absolute_path(v: str, where: str) -> str:
     return v
 
 
+def known_image(v: str) -> str:
+    """pools.<pool>.imageFacts.like: an image whose facts an engine's table holds."""
+    if not deployed_engines.knows_image(v):
+        raise ValueError(f"{v!r} is not a known image; known: {', '.join(deployed_engines.declarable_images())}")
+    return v
+
+
 class ImageFactsSpec(Spec):
     """Facts of a private image build, declared by the stack: a known image's facts with these replaced
     (each replaced fact is marked unverified; the policy pack and the qualification gate hold the image to them)."""
@@ -495,9 +558,7 @@ class ImageFactsSpec(Spec):
     @field_validator("like")
     @classmethod
     def _known(cls, v: str) -> str:
-        if not deployed_engines.knows_image(v):
-            raise ValueError(f"{v!r} is not a known image; known: {', '.join(deployed_engines.declarable_images())}")
-        return v
+        return known_image(v)
 
     def overrides(self) -> dict[str, object]:
         """The declared facts, by ImageFacts field name."""
@@ -572,82 +633,22 @@ class PoolSpec(Spec):
     @model_validator(mode="before")
     @classmethod
     def _refuse_unknown_keys(cls, data: Any) -> Any:
-        # A pool on an engine that is not registered has that engine's options block too: the engine is
-        # the mistake to name (the block is checked again once the engine is known).
-        if (
-            isinstance(data, dict)
-            and isinstance(data.get("engine"), str)
-            and data["engine"] not in deployed_engines.engine_names()
-        ):
-            allowed = cls._allowed_keys()
-            data = {k: v for k, v in data.items() if k in allowed}
-        return super()._refuse_unknown_keys(data)
+        return super()._refuse_unknown_keys(keys_of_a_registered_engine(data, cls._allowed_keys()))
 
     @field_validator("engine")
     @classmethod
     def _known_engine(cls, v: str) -> str:
-        names = deployed_engines.engine_names()
-        if v not in names:
-            quoted = [repr(n) for n in names]
-            raise PydanticCustomError(
-                "literal_error",
-                "Input should be {expected}",
-                {"expected": ", ".join(quoted[:-1]) + " or " + quoted[-1]},
-            )
-        return v
+        return registered_engine(v)
 
     @model_validator(mode="before")
     @classmethod
     def _default_engine_and_image(cls, data: Any) -> Any:
-        # Both depend on the registry (the image on the engine), so they are filled in before the (frozen)
-        # model is built.
-        if isinstance(data, dict):
-            engine = data.get("engine") or deployed_engines.DEFAULT_ENGINE[0]
-            data = {**data, "engine": engine}
-            known = deployed_engines.deployed().get(engine) if isinstance(engine, str) else None
-            if not data.get("image") and known is not None:
-                data = {**data, "image": known.default_image}
-        return data
+        return engine_and_image_filled(data)
 
     @model_validator(mode="wrap")
     @classmethod
     def _engine_options(cls, data: Any, handler: Any) -> PoolSpec:
-        # The options blocks are the registered engines' own models, validated under their own key so an
-        # error names pools.<pool>.<key>.<option>; exactly the block of the pool's engine is allowed.
-        if not isinstance(data, dict):
-            return handler(data)
-        keys = deployed_engines.options_keys()
-        blocks = {k: data[k] for k in keys if k in data}
-        errors: list[Any] = []
-        pool = None
-        try:
-            pool = handler({k: v for k, v in data.items() if k not in blocks})
-        except ValidationError as err:
-            errors += _relayed(err)
-        options: dict[str, Spec] = {}
-        for key, block in blocks.items():
-            try:
-                options[key] = _options_holder(key).model_validate({key: block}).__dict__[key]
-            except ValidationError as err:
-                errors += _relayed(err)
-        if errors:
-            raise ValidationError.from_exception_data(cls.__name__, errors)
-        assert pool is not None
-        engine = deployed_engines.deployed().get(pool.engine)
-        wanted = engine.options_key if engine is not None else None
-        if wanted is not None and wanted not in options:
-            raise ValueError(
-                f"engine {pool.engine} needs its options block `{wanted}` (e.g. {wanted}: "
-                f"{{{engine.required_option}: ...}})"
-            )
-        stray = [k for k in keys if k in options and k != wanted]
-        if stray:
-            raise ValueError(
-                f"`{stray[0]}` options do not apply to engine {pool.engine}; "
-                + (f"state `{wanted}` instead" if wanted else "remove them")
-            )
-        pool.__pydantic_private__["_options"] = options.get(wanted) if wanted else None
-        return pool
+        return pool_with_options(cls.__name__, data, handler)
 
     _options: Spec | None = PrivateAttr(default=None)
 
@@ -662,6 +663,84 @@ class PoolSpec(Spec):
         if not name.startswith("_") and name in deployed_engines.DEPLOYED_KEYS:
             return self._options if deployed_engines.DEPLOYED_KEYS[name] == self.engine else None
         return super().__getattr__(name)  # type: ignore[misc]
+
+
+def keys_of_a_registered_engine(data: Any, allowed: set[str]) -> Any:
+    """A pool's mapping as the unknown-key check reads it. A pool on an engine that is not registered has that
+    engine's options block too: the engine is the mistake to name (the block is checked again once the engine
+    is known), so its keys are not."""
+    if (
+        isinstance(data, dict)
+        and isinstance(data.get("engine"), str)
+        and data["engine"] not in deployed_engines.engine_names()
+    ):
+        return {k: v for k, v in data.items() if k in allowed}
+    return data
+
+
+def registered_engine(v: str) -> str:
+    """pools.<pool>.engine: a registered engine, refused as pydantic refuses a Literal (the words say the names)."""
+    names = deployed_engines.engine_names()
+    if v not in names:
+        quoted = [repr(n) for n in names]
+        raise PydanticCustomError(
+            "literal_error",
+            "Input should be {expected}",
+            {"expected": ", ".join(quoted[:-1]) + " or " + quoted[-1]},
+        )
+    return v
+
+
+def engine_and_image_filled(data: Any) -> Any:
+    """A pool's mapping with its engine and image defaults filled in. Both depend on the registry (the image on
+    the engine), so they are filled in before the (frozen) model is built."""
+    if isinstance(data, dict):
+        engine = data.get("engine") or deployed_engines.DEFAULT_ENGINE[0]
+        data = {**data, "engine": engine}
+        known = deployed_engines.deployed().get(engine) if isinstance(engine, str) else None
+        if not data.get("image") and known is not None:
+            data = {**data, "image": known.default_image}
+    return data
+
+
+def pool_with_options(title: str, data: Any, handler: Any) -> PoolSpec:
+    """The pool `handler` builds, with its engine's options block. The blocks are the registered engines' own
+    models, validated under their own key so an error names pools.<pool>.<key>.<option>; exactly the block of
+    the pool's engine is allowed."""
+    if not isinstance(data, dict):
+        return handler(data)  # type: ignore[no-any-return]
+    keys = deployed_engines.options_keys()
+    blocks = {k: data[k] for k in keys if k in data}
+    errors: list[Any] = []
+    pool = None
+    try:
+        pool = handler({k: v for k, v in data.items() if k not in blocks})
+    except ValidationError as err:
+        errors += _relayed(err)
+    options: dict[str, Spec] = {}
+    for key, block in blocks.items():
+        try:
+            options[key] = _options_holder(key).model_validate({key: block}).__dict__[key]
+        except ValidationError as err:
+            errors += _relayed(err)
+    if errors:
+        raise ValidationError.from_exception_data(title, errors)
+    assert pool is not None
+    engine = deployed_engines.deployed().get(pool.engine)
+    wanted = engine.options_key if engine is not None else None
+    if wanted is not None and wanted not in options:
+        raise ValueError(
+            f"engine {pool.engine} needs its options block `{wanted}` (e.g. {wanted}: "
+            f"{{{engine.required_option}: ...}})"
+        )
+    stray = [k for k in keys if k in options and k != wanted]
+    if stray:
+        raise ValueError(
+            f"`{stray[0]}` options do not apply to engine {pool.engine}; "
+            + (f"state `{wanted}` instead" if wanted else "remove them")
+        )
+    pool.__pydantic_private__["_options"] = options.get(wanted) if wanted else None
+    return pool  # type: ignore[no-any-return]
 
 
 def _relayed(err: ValidationError) -> list[Any]:
