@@ -240,6 +240,9 @@ def _served(s: StackSpec) -> dict[str, str]:
     return served
 
 
+UNSTATED_NAME = " (the model's key, its served name while servedNames is unset)"
+
+
 def check_models(s: StackSpec) -> list[SpecIssue]:
     issues: list[SpecIssue] = []
     for mname, m in s.models.items():
@@ -247,11 +250,14 @@ def check_models(s: StackSpec) -> list[SpecIssue]:
             issues.append(SpecIssue(f"models.{mname}.source.node", _not_one_of(m.source.node, "node", s.nodes)))
     served = _served(s)
     for mname in s.models:
+        # A model without servedNames is served by its key: that key is the one to name.
+        stated = bool(s.models[mname].served_names)
         for i, sn in enumerate(s.served_names(mname)):
             if served[sn] != mname:
                 issues.append(
                     SpecIssue(
-                        f"models.{mname}.servedNames[{i}]", f"{sn!r} is already a served name of model {served[sn]!r}"
+                        f"models.{mname}.servedNames[{i}]" if stated else f"models.{mname}",
+                        f"{sn!r}{'' if stated else UNSTATED_NAME} is already a served name of model {served[sn]!r}",
                     )
                 )
     return issues
@@ -298,7 +304,7 @@ def check_gateway(s: StackSpec) -> list[SpecIssue]:
     if len(tls_secrets) == 1:
         add(
             "gateway.tls",
-            f"the secret {tls_secrets.pop()} is set without its pair: set both gatewayTlsCert and "
+            f"the secret {min(tls_secrets)} is set without its pair: set both gatewayTlsCert and "
             "gatewayTlsKey (pulumi config set --secret gatewayTlsCert < cert.pem), or neither to have a "
             "certificate made on the gateway host",
         )
