@@ -327,7 +327,7 @@ class NcclSpec(Spec):
 def source_node(v: str) -> str:
     """models.<m>.source.node: a name, not blank (whether it is a node is check_models')."""
     if not v.strip():
-        raise ValueError("'' is not allowed: name the node that holds the weights, or use sharedMount or present")
+        raise ValueError(f"{v!r} is not allowed: name the node that holds the weights, or use sharedMount or present")
     return v
 
 
