@@ -196,6 +196,12 @@ WHOLE = "(copy it whole from ssh-keyscan or /etc/ssh/ssh_host_*_key.pub)"
             f"{'ssh-rsa ' + KEY.split()[1]!r} is not allowed: the key after ssh-rsa is not an ssh-rsa key in base64 "
             f"{WHOLE}",
         ),
+        # A character base64 has not: refused, not skipped.
+        (
+            f"ssh-ed25519 {KEY.split()[1][:20]}*{KEY.split()[1][20:]}",
+            f"{'ssh-ed25519 ' + KEY.split()[1][:20] + '*' + KEY.split()[1][20:]!r} is not allowed: the key after "
+            f"ssh-ed25519 is not an ssh-ed25519 key in base64 {WHOLE}",
+        ),
         # One string only (the type, no key), or cut short.
         (
             f"ssh-ed25519 {blob(b'ssh-ed25519')}",
@@ -449,6 +455,14 @@ IMAGE = (
         ),
         # A first component without a dot or port is no registry: lower-cased with the path.
         ("Lab/vllm:TAG", "'Lab/vllm:TAG': Docker refuses it (repository name must be lowercase): write 'lab/vllm:TAG'"),
+        # The registry named like the repository, and a registry's port with a digest: the path is lower-cased.
+        ("Lab.io/Lab:1", "'Lab.io/Lab:1': Docker refuses it (repository name must be lowercase): write 'Lab.io/lab:1'"),
+        ("Reg.io/X:X", "'Reg.io/X:X': Docker refuses it (repository name must be lowercase): write 'Reg.io/x:X'"),
+        (
+            f"reg:5000/X@sha256:{'a' * 64}",
+            f"'reg:5000/X@sha256:{'a' * 64}': Docker refuses it (repository name must be lowercase): write "
+            f"'reg:5000/x@sha256:{'a' * 64}'",
+        ),
         ("vllm/x:", f"'vllm/x:' {IMAGE}"),
         ("vllm//x", f"'vllm//x' {IMAGE}"),
         ("vllm/x@sha256:abc", f"'vllm/x@sha256:abc' {IMAGE}"),
@@ -610,6 +624,14 @@ def test_a_pools_options_block_read_as_an_attribute() -> None:
         ({"vllm": {"maxModelLen": "x"}}, ["pools.chat.vllm.maxModelLen: 'x' is not allowed: expected a whole number"]),
         ({"tensorParallel": 0}, ["pools.chat.tensorParallel: 0 is not allowed: must be at least 1"]),
         ({"vllm": "x"}, ["pools.chat.vllm: 'x' is not allowed: expected a mapping (key: value lines)"]),
+        # A relayed message quoting braces the user wrote keeps them (not read as a template).
+        (
+            {"image": "{x}"},
+            [
+                "pools.chat.image: '{x}' is not an image reference: [registry/]repository[:tag][@sha256:digest], "
+                "the repository of lower-case letters, digits and . _ - separated by /"
+            ],
+        ),
     ],
 )
 def test_a_pools_options_block_refused(values: dict[str, Any], issues: list[str]) -> None:

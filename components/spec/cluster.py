@@ -502,12 +502,14 @@ def image_reference(v: str) -> str:
         raise ValueError(f"{v!r}: an image reference holds no whitespace")
     if IMAGE_REF.match(v):
         return v
-    repo = v.split("@", 1)[0].rsplit(":", 1)[0] if ":" in v.rsplit("/", 1)[-1] else v.split("@", 1)[0]
+    # The repository is what is left without the digest, then without a tag (a ':' in the last segment: one in
+    # the first is a registry's port); its path is after the registry, which keeps its case.
+    named = v.split("@", 1)[0]
+    repo = named.rsplit(":", 1)[0] if ":" in named.rsplit("/", 1)[-1] else named
     path = repo.split("/", 1)[1] if "/" in repo and re.search(r"[.:]|^localhost$", repo.split("/", 1)[0]) else repo
     if path != path.lower():
-        raise ValueError(
-            f"{v!r}: Docker refuses it (repository name must be lowercase): write {v.replace(path, path.lower(), 1)!r}"
-        )
+        fixed = v[: len(repo) - len(path)] + path.lower() + v[len(repo) :]
+        raise ValueError(f"{v!r}: Docker refuses it (repository name must be lowercase): write {fixed!r}")
     raise ValueError(
         f"{v!r} is not an image reference: [registry/]repository[:tag][@sha256:digest], the "
         "repository of lower-case letters, digits and . _ - separated by /"
@@ -747,7 +749,9 @@ def _relayed(err: ValidationError) -> list[Any]:
     """pydantic's errors as line errors for one combined ValidationError, type, location and context kept."""
     return [
         {
-            "type": PydanticCustomError(e["type"], e["msg"].replace("{", "{{").replace("}", "}}"), e.get("ctx")),
+            # The message is already written: pydantic_core fills in only `{<context key>}` and has no `{{` escape
+            # (escaping doubled every brace a relayed message quoted: pools.<pool>.image '{x}' said '{{x}}').
+            "type": PydanticCustomError(e["type"], e["msg"], e.get("ctx")),
             "loc": e["loc"],
             "input": e["input"],
         }
