@@ -143,6 +143,14 @@ def test_names_addresses_gpus_and_host_keys(edit: Edit, issues: list[str]) -> No
             lambda s: pool(s, "chat", nodes=["gpu-03", "gpu-09", "gpu-05", "gpu-06"]),
             [f"pools.chat.nodes[1]: 'gpu-09' is not a node; {NODES}"],
         ),
+        # A pool none of whose nodes exists has no layout to check.
+        (
+            lambda s: pool(s, "chat", nodes=["gpu-07", "gpu-08"]),
+            [
+                f"pools.chat.nodes[0]: 'gpu-07' is not a node; {NODES}",
+                f"pools.chat.nodes[1]: 'gpu-08' is not a node; {NODES}",
+            ],
+        ),
         # A node serves one pool: the second pool naming it is told which pool has it.
         (
             lambda s: pool(s, "chat", nodes=["gpu-03", "gpu-04", "gpu-05", "gpu-02"]),
@@ -171,6 +179,19 @@ def test_names_addresses_gpus_and_host_keys(edit: Edit, issues: list[str]) -> No
             ],
         ),
         (lambda s: s["nodes"]["gpu-06"].update(gpu={"model": V100, "count": 8}), []),
+        # A pool of mixed GPUs is not checked further; the next pool is.
+        (
+            both(
+                lambda s: s["nodes"]["gpu-02"].update(gpu={"model": V100, "count": 4}),
+                lambda s: pool(s, "chat", tensorParallel=4, replicasPerNode=3),
+            ),
+            [
+                "pools.reasoning.nodes: all nodes of a pool need the same GPU model and count; got "
+                f"gpu-01=8x{V100}, gpu-02=4x{V100}",
+                "pools.chat.replicasPerNode: 3 replicas x tensorParallel 4 x pipelineParallel 1 needs more than "
+                "the 8 GPUs of a node",
+            ],
+        ),
         # Instances of TP x PP split the pool's nodes whole.
         (
             both(
@@ -315,6 +336,13 @@ def test_a_pool_across_nodes_needs_their_hca_and_interface(edit: Edit, issues: l
             ],
         ),
         (lambda s: s["nodeDefaults"].update(memoryGib=64), []),
+        (
+            lambda s: [s["nodes"][n].update(memoryGib=16) for n in ("gpu-04", "gpu-05")],
+            [
+                "pools.chat.shmSizeGib: 32 GiB of /dev/shm per container is more than the 16 GiB of RAM of node "
+                "gpu-04 (nodes.gpu-04.memoryGib); at most 16 fits"
+            ],
+        ),
     ],
 )
 def test_dev_shm_fits_each_nodes_ram(edit: Edit, issues: list[str]) -> None:
@@ -723,7 +751,12 @@ def test_config_sections_and_secret_names() -> None:
                     "namespace is the project name, llm-cluster)"
                 ],
             )
-            for namespace, key in (("llm", "nodes"), ("llm-clusters", "images"), ("docker", "sshPrivateKey"))
+            for namespace, key in (
+                ("llm", "nodes"),
+                ("llm-clusters", "images"),
+                ("docker", "sshPrivateKey"),
+                ("org:llm-cluster", "pools"),
+            )
         ),
         ({"docker:host": "x", "docker:registryAuth": "y", "nodes": {}}, set(), []),
         *(
