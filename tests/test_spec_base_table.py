@@ -124,6 +124,9 @@ def issues(data: dict[str, Any], prefix: tuple[Any, ...] = ()) -> list[str]:
         ({"pair": [1]}, ["pair: [1] is not allowed: needs at least 2 item(s)"]),
         ({"mapping": "x"}, ["mapping: 'x' is not allowed: expected a mapping (key: value lines)"]),
         ({"mapping": {"a": "b"}}, ["mapping.a: 'b' is not allowed: expected a whole number"]),
+        # Only pydantic's own tags (a [ and a ]) leave the path; a key holding one bracket stays.
+        ({"mapping": {"a[": "b"}}, ["mapping.a[: 'b' is not allowed: expected a whole number"]),
+        ({"mapping": {"]": "b"}}, ["mapping.]: 'b' is not allowed: expected a whole number"]),
         ({"inner": 3}, ["inner: 3 is not allowed: expected a mapping (key: value lines)"]),
         ({"inner": None}, ["inner: null is not allowed: expected a mapping (key: value lines)"]),
         ({"spots": 3}, ["spots: 3 is not allowed: expected a list"]),
@@ -237,7 +240,7 @@ F = Toy.model_fields
         (MAX_NUMBER, "free"),
         (-(2**40), "free"),  # no lower bound of MAX_NUMBER's: the field's own ge says
         (2**40, "count"),  # a field with its own upper bound: pydantic's le says
-        (3.0, "above"),  # lt bound
+        (2**40, "above"),  # a field with its own lt bound: pydantic's lt says
         (float(MAX_NUMBER), "free_float"),
         (float("inf"), "free_float"),  # not finite: pydantic's finite_number says
         (True, "flag"),

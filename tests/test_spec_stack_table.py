@@ -717,12 +717,12 @@ SECRET_ORDER = (
 
 def test_config_sections_and_secret_names() -> None:
     config = {
+        "docker:host": "ssh://x",  # another namespace's own key: not this project's, and the next keys still read
         NS + "nodes": '{"gpu-01": {"address": "192.168.10.11"}}',  # the engine hands structured values as JSON
         NS + "ssh": "not json {",  # left as written, for the section's model to refuse
         NS + "pools": {"chat": {}},
         NS + "sshPrivateKey": "[secret]",
         NS + "gatewayApiKeys": "[secret]",
-        "docker:host": "ssh://x",  # another namespace's own key: not this project's
         "other:thing": 1,
     }
     sections, secrets = config_sections(config, {NS + "sshPrivateKey", NS + "gatewayApiKeys"})
@@ -802,9 +802,10 @@ def test_a_secret_inside_a_plain_section_names_where() -> None:
 
 
 def test_every_config_key_issue_is_reported_at_once() -> None:
+    config = {"docker:host": "x", NS + "pools": "[secret]", NS + "pool": {}, NS + "sshPrivateKey": "x", "llm:nodes": {}}
     with pytest.raises(SpecError) as err:
-        config_sections({NS + "pool": {}, NS + "sshPrivateKey": "x", "llm:nodes": {}}, set())
-    assert [i.path for i in err.value.issues] == [NS + "pool", NS + "sshPrivateKey", "llm:nodes"]
+        config_sections(config, {NS + "pools"})
+    assert [i.path for i in err.value.issues] == [NS + "pools", NS + "pool", NS + "sshPrivateKey", "llm:nodes"]
 
 
 def test_the_models_own_refusals_come_as_a_spec_error_with_the_secrets_kept() -> None:
