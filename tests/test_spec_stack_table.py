@@ -151,6 +151,18 @@ def test_names_addresses_gpus_and_host_keys(edit: Edit, issues: list[str]) -> No
                 f"pools.chat.nodes[1]: 'gpu-08' is not a node; {NODES}",
             ],
         ),
+        (
+            both(
+                lambda s: pool(s, "reasoning", nodes=["gpu-07", "gpu-08"]),
+                lambda s: pool(s, "chat", tensorParallel=4, replicasPerNode=3),
+            ),
+            [
+                f"pools.reasoning.nodes[0]: 'gpu-07' is not a node; {NODES}",
+                f"pools.reasoning.nodes[1]: 'gpu-08' is not a node; {NODES}",
+                "pools.chat.replicasPerNode: 3 replicas x tensorParallel 4 x pipelineParallel 1 needs more than "
+                "the 8 GPUs of a node",
+            ],
+        ),
         # A node serves one pool: the second pool naming it is told which pool has it.
         (
             lambda s: pool(s, "chat", nodes=["gpu-03", "gpu-04", "gpu-05", "gpu-02"]),
@@ -222,6 +234,13 @@ def test_names_addresses_gpus_and_host_keys(edit: Edit, issues: list[str]) -> No
             ],
         ),
         (lambda s: pool(s, "chat", tensorParallel=1, replicasPerNode=8), []),
+        (
+            lambda s: pool(s, "chat", tensorParallel=8, replicasPerNode=2),
+            [
+                "pools.chat.replicasPerNode: 2 replicas x tensorParallel 8 x pipelineParallel 1 needs more than "
+                "the 8 GPUs of a node"
+            ],
+        ),
         (
             lambda s: pool(s, "chat", tensorParallel=1, replicasPerNode=9),
             [
@@ -309,8 +328,16 @@ def test_a_pool_across_nodes_needs_their_hca_and_interface(edit: Edit, issues: l
                 f"RAM of node gpu-03 (nodes.gpu-03.memoryGib, unset: {REF}); at most 190 fits"
             ],
         ),
-        # An instance across nodes has one container per node.
+        # An instance across nodes has one container per node, even where its replicasPerNode is refused.
         (lambda s: pool(s, "reasoning", shmSizeGib=380), []),
+        (
+            lambda s: pool(s, "reasoning", shmSizeGib=200, replicasPerNode=2),
+            [
+                "pools.reasoning.replicasPerNode: 2 replicas per node, but an instance of tensorParallel 8 x "
+                "pipelineParallel 2 spans 2 nodes (each pipeline stage on a node of its own, 8 GPUs per node): an "
+                "instance across nodes is the only one on its nodes; give 1"
+            ],
+        ),
         (
             lambda s: pool(s, "reasoning", shmSizeGib=381),
             [

@@ -375,7 +375,7 @@ def validate_sections(sections: Mapping[str, Any], secrets: frozenset[str] = fro
     """The stack's sections (YAML names: ssh, nodes, pools, …) as the model; SpecError lists every issue the
     model itself finds. The cross-section checks follow: components.planning.load.parse_stack runs them all."""
     try:
-        return StackSpec.model_validate({**sections, "secrets": secrets}, by_alias=True)
+        return StackSpec.model_validate({**sections, "secrets": secrets})
     except ValidationError as err:
         raise SpecError(issues_from_validation_error(err)) from None
 

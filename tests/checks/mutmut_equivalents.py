@@ -250,4 +250,19 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         "while size <= need:",
         "need is keys x 0.525 KiB, keys x 2^15 / 21 over 1024: never a whole power of two, so < and <= agree",
     ),
+    # --- components/spec/stack.py -----------------------------------------------------------------------
+    "components.spec.stack.x_check_pools__mutmut_82": (
+        "width = p.tensor_parallel / p.pipeline_parallel",
+        "width is read only where an instance is on one node, and nodes_per_instance is at least "
+        "pipelineParallel: there pipelineParallel is 1, so tp / 1 is tp x 1",
+    ),
+    "components.spec.stack.x_check_pools__mutmut_140": (
+        'f"{int(ram / (shm // p.shm_size_gib))} fits",',
+        "RAM is positive and the divisor a whole replica count (1 to 16): int() truncates a positive quotient "
+        "as // floors it (checked at the float just under every multiple up to 5000 x 16)",
+    ),
+    "components.spec.stack.x_check_pools__mutmut_141": (
+        'f"{int(ram // (shm / p.shm_size_gib))} fits",',
+        "shm is shmSizeGib (a whole number) times the replicas: the division is exact, replicas as 2.0 for 2",
+    ),
 }
