@@ -176,6 +176,11 @@ WHOLE = "(copy it whole from ssh-keyscan or /etc/ssh/ssh_host_*_key.pub)"
             "part after it (ssh-ed25519 AAAA…)",
         ),
         (
+            "gpu-01 ssh-ed25519",
+            "'gpu-01 ssh-ed25519' is not allowed: it starts with a host name ('gpu-01'); give the key only, the part "
+            "after it (ssh-ed25519 AAAA…)",
+        ),
+        (
             "AAAAC3Nza",
             "'AAAAC3Nza' is not allowed: a host key starts with its type, one of " + ", ".join(HOST_KEY_TYPES),
         ),
@@ -463,6 +468,15 @@ IMAGE = (
             f"'reg:5000/X@sha256:{'a' * 64}': Docker refuses it (repository name must be lowercase): write "
             f"'reg:5000/x@sha256:{'a' * 64}'",
         ),
+        # Only `localhost` in lower case is a registry without a dot or port (Docker's rule).
+        ("LOCALHOST/X", "'LOCALHOST/X': Docker refuses it (repository name must be lowercase): write 'localhost/x'"),
+        # A tag is a ':' in the last segment only; a digest is cut off first, whatever its case.
+        ("r.io/a:b/X", "'r.io/a:b/X': Docker refuses it (repository name must be lowercase): write 'r.io/a:b/x'"),
+        ("X@Sha256:abc", "'X@Sha256:abc': Docker refuses it (repository name must be lowercase): write 'x@Sha256:abc'"),
+        # The first segment alone says whether there is a registry.
+        ("Lab/a.b/X", "'Lab/a.b/X': Docker refuses it (repository name must be lowercase): write 'lab/a.b/x'"),
+        # The repository ends at the first @.
+        ("Lab@X@y", "'Lab@X@y': Docker refuses it (repository name must be lowercase): write 'lab@X@y'"),
         ("vllm/x:", f"'vllm/x:' {IMAGE}"),
         ("vllm//x", f"'vllm//x' {IMAGE}"),
         ("vllm/x@sha256:abc", f"'vllm/x@sha256:abc' {IMAGE}"),
@@ -495,7 +509,8 @@ def test_listed_once() -> None:
 )
 def test_an_absolute_path_refused(value: str, words: str) -> None:
     assert refused(absolute_path, value, "on the node") == words
-    assert ok(absolute_path, "/data/models/Qwen3-30B-A3B", "on the node") == "/data/models/Qwen3-30B-A3B"
+    for path in ("/data/models/Qwen3-30B-A3B", "/X", "/"):
+        assert ok(absolute_path, path, "on the node") == path
 
 
 # --- images' facts, engines, pools' options blocks -----------------------------------------------------------
@@ -542,6 +557,7 @@ def test_an_engine_the_registry_knows() -> None:
         ({"engine": "vllm", "image": "mine/vllm:1"}, {"engine": "vllm", "image": "mine/vllm:1"}),
         ({"engine": "sglang"}, {"engine": "sglang"}),
         ({"engine": 7}, {"engine": 7}),
+        ({"engine": ["vllm"]}, {"engine": ["vllm"]}),  # no engine name: its own type error says so
         ("chat", "chat"),
     ],
 )

@@ -265,4 +265,73 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         'f"{int(ram // (shm / p.shm_size_gib))} fits",',
         "shm is shmSizeGib (a whole number) times the replicas: the division is exact, replicas as 2.0 for 2",
     ),
+    # --- components/spec/cluster.py ---------------------------------------------------------------
+    "components.spec.cluster.x__ssh_strings__mutmut_8": (
+        "size = int.from_bytes(blob[at : at + 4], )",
+        "int.from_bytes' byte order is big-endian by default (Python 3.11)",
+    ),
+    "components.spec.cluster.x_ssh_host_key__mutmut_33": (
+        'strings = _ssh_strings(base64.b64decode(fields[1] if len(fields) > 1 else "XXXX", validate=True))',
+        "a key line of its type alone decodes to too few bytes for two strings whatever the stand-in: 'XXXX' is 3 bytes, '' none; refused with the same words",
+    ),
+    "components.spec.cluster.x_ssh_host_key__mutmut_35": (
+        'strings = ""',
+        "'' and None are both no strings: refused with the same words",
+    ),
+    "components.spec.cluster.x_cidr__mutmut_5": (
+        "net = ipaddress.ip_network(v, )",
+        "ip_network is strict by default",
+    ),
+    "components.spec.cluster.x_cidr__mutmut_9": (
+        'hint = f"; did you mean {ipaddress.ip_network(v, strict=None)}?"',
+        "strict=None is false, as strict=False",
+    ),
+    "components.spec.cluster.x_image_reference__mutmut_10": (
+        'named = v.split("@", )[0]',
+        "the first piece is the same whatever the split count",
+    ),
+    "components.spec.cluster.xǁPoolSpecǁ__getattr____mutmut_4": (
+        'if not name.startswith("XX_XX") and name in deployed_engines.DEPLOYED_KEYS:',
+        "a name starting with _ is no options key (they are YAML keys), so the in-check refuses it either way",
+    ),
+    "components.spec.cluster.x_pool_with_options__mutmut_7": (
+        'pool = ""',
+        "pool is read only when the handler returned it (any error raises first): its first value is never read",
+    ),
+    "components.spec.cluster.x_pool_with_options__mutmut_11": (
+        "errors = _relayed(err)",
+        "errors is empty before the handler's errors, so += and = agree",
+    ),
+    "components.spec.cluster.x_pool_with_options__mutmut_21": (
+        "raise ValidationError.from_exception_data(None, errors)",
+        "the title is in no error's type, location or message, which are all the spec reads",
+    ),
+    "components.spec.cluster.x_pool_with_options__mutmut_51": (
+        'pool.__pydantic_private__["_options"] = options.get(wanted) if (wanted) or True else None',
+        "without a wanted block options holds nothing: options.get(None) is None",
+    ),
+    "components.spec.cluster.x__relayed__mutmut_25": (
+        "for e in err.errors(include_url=True)",
+        "the url is a key of each error the relay does not copy",
+    ),
+    "components.spec.cluster.x_image_reference__mutmut_13": (
+        'named = v.split("@", 2)[0]',
+        "the first piece is the same whatever the split count",
+    ),
+    "components.spec.cluster.x_image_reference__mutmut_31": (
+        'repo = named.rsplit(":", 1)[0] if ":" in named.rsplit("/", )[-1] else named',
+        "the last piece is the same whatever the split count",
+    ),
+    "components.spec.cluster.x_image_reference__mutmut_34": (
+        'repo = named.rsplit(":", 1)[0] if ":" in named.rsplit("/", 2)[-1] else named',
+        "the last piece is the same whatever the split count",
+    ),
+    "components.spec.cluster.x_image_reference__mutmut_60": (
+        'path = repo.split("/", 1)[1] if "/" in repo and re.search(r"[.:]|^localhost$", repo.split("/", )[0]) else repo',
+        "the first piece is the same whatever the split count",
+    ),
+    "components.spec.cluster.x_image_reference__mutmut_63": (
+        'path = repo.split("/", 1)[1] if "/" in repo and re.search(r"[.:]|^localhost$", repo.split("/", 2)[0]) else repo',
+        "the first piece is the same whatever the split count",
+    ),
 }
