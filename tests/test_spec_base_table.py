@@ -5,6 +5,7 @@ a number without one of its own; how values and paths are written."""
 from __future__ import annotations
 
 import datetime
+import enum
 from typing import Annotated, Any, Literal
 
 import pytest
@@ -37,6 +38,11 @@ def _positive(v: int) -> int:
     return v
 
 
+class Colour(enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
 class Inner(Spec):
     size: int = Field(default=1, ge=0)
 
@@ -58,6 +64,8 @@ class Toy(Spec):
     inners: list[Inner] = Field(default_factory=list)
     odd: Annotated[int, AfterValidator(_odd)] = 1
     odds: dict[str, Annotated[int, AfterValidator(_odd)]] = Field(default_factory=dict)
+    maybe_odd: Annotated[int, AfterValidator(_odd)] | None = None
+    colour: Colour = Colour.RED
     positive: Annotated[int, AfterValidator(_positive)] = 1
     when: str = "now"
     spots: tuple[int, int] = (1, 2)
@@ -75,8 +83,8 @@ def issues(data: dict[str, Any], prefix: tuple[Any, ...] = ()) -> list[str]:
         (
             {"cuont": 1},
             [
-                "cuont: unknown key 'cuont'; allowed keys here: above, code, count, flag, free, freeFloat, inner, "
-                "inners, items, label, link, mapping, name, odd, odds, pair, positive, spots, when"
+                "cuont: unknown key 'cuont'; allowed keys here: above, code, colour, count, flag, free, freeFloat, "
+                "inner, inners, items, label, link, mapping, maybeOdd, name, odd, odds, pair, positive, spots, when"
             ],
         ),
         ({"inner": {"sise": 1}}, ["inner.sise: unknown key 'sise'; allowed keys here: size"]),
@@ -133,6 +141,10 @@ def issues(data: dict[str, Any], prefix: tuple[Any, ...] = ()) -> list[str]:
         # A validator's own words, without pydantic's "Value error, " or its function tag in the path.
         ({"odd": 2}, ["odd: 2 is even"]),
         ({"odds": {"a": 1, "b": 4}}, ["odds.b: 4 is even"]),
+        # A union member's tag (function-after[…]) is pydantic's, not a key.
+        ({"maybeOdd": 2}, ["maybeOdd: 2 is even"]),
+        # An error kind the spec does not map keeps pydantic's words after the value (an enum's "expected" too).
+        ({"colour": "green"}, ["colour: 'green' is not allowed: Input should be 'red' or 'blue'"]),
         ({"positive": 0}, ["positive: Assertion failed, must be positive"]),
         # A date is said as YAML wrote it.
         ({"when": datetime.date(2026, 1, 2)}, ["when: 2026-01-02 is not allowed: expected text"]),
