@@ -250,6 +250,12 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         "while size <= need:",
         "need is keys x 0.525 KiB, keys x 2^15 / 21 over 1024: never a whole power of two, so < and <= agree",
     ),
+    # --- components/spec/base.py ------------------------------------------------------------------------
+    "components.spec.base.x_issues_from_validation_error__mutmut_3": (
+        "for e in err.errors(include_url=True):",
+        "the url is one more key of each error, and the issues read only its type, location, message, input "
+        "and context",
+    ),
     # --- components/spec/stack.py -----------------------------------------------------------------------
     "components.spec.stack.x_check_pools__mutmut_82": (
         "width = p.tensor_parallel / p.pipeline_parallel",
