@@ -46,8 +46,10 @@ def test_tests_are_chosen_by_the_module_they_import() -> None:
     assert dotted("components/spec/__init__.py") == "components.spec"
     assert dotted("plan/redact.py") == "plan.redact"
     assert tests_naming("plan/redact.py") == ["tests/test_credential_tables.py", "tests/test_plan_redaction.py"]
-    # components.spec re-exports its modules: the files importing the package.
-    assert "tests/test_spec.py" in tests_naming("components/spec/cluster.py")
+    # components.spec re-exports its modules: a module no test imports by name takes the files importing the
+    # package; one a table imports by name takes those files only (make mutation's TESTS adds the others).
+    assert "tests/test_spec.py" in tests_naming("components/spec/gateway.py")
+    assert tests_naming("components/spec/cluster.py") == ["tests/test_spec_cluster_table.py"]
     assert "tests/test_policies_rules.py" in tests_naming("policies/rules/capacity.py")
 
 
