@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
+from components.engines.estimate import KV_ERROR_UNMEASURED
 from components.engines.registry import ENGINES
-from components.engines.vllm.memory import KV_ERROR_WIDEST
 from components.engines.weights import GIB, CheckpointFormat, model_params
 from components.facts.models import MODELS, model_arch
 from components.facts.runbook import RUNBOOK_ROWS
@@ -234,8 +234,8 @@ def test_ranking_by_goal_and_the_price_of_spanning_nodes() -> None:
     def option(pp: int, kv: int, reps: int = 1) -> advise.Judged:
         nodes = tuple(f"gpu-0{i}" for i in range(1, pp + 1))
         c = advise.Candidate("m", arch, engine, "img", "code", engine.advice_formats[0], 8, pp, reps, nodes, 1000, 70)
-        low = math.floor(kv * (1 - KV_ERROR_WIDEST))  # the range vLLM's capacity carries (no class measured)
-        capacity = {"kv_tokens": kv, "kv_tokens_low": low, "kv_estimate_error": KV_ERROR_WIDEST}
+        low = math.floor(kv * (1 - KV_ERROR_UNMEASURED))  # the range vLLM's capacity carries (no class measured)
+        capacity = {"kv_tokens": kv, "kv_tokens_low": low, "kv_estimate_error": KV_ERROR_UNMEASURED}
         return advise.Judged(c, capacity={**capacity, "context_window": 400_000})
 
     one, two_less, two_more = option(1, 100_000), option(2, 300_000), option(2, 500_000)
@@ -265,4 +265,4 @@ def test_the_pessimistic_end_covers_the_accuracy_bench() -> None:
     spec.loader.exec_module(bench)
     # The advisor ranks on the capacity's own range; where no class is measured it is the widest error.
     worst = bench.summarise(bench.load_cases()).kv_worst_optimistic / 100
-    assert worst <= KV_ERROR_WIDEST < worst + 0.01
+    assert worst <= KV_ERROR_UNMEASURED < worst + 0.01

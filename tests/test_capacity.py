@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 
 from components.engines import weights
+from components.engines.estimate import KV_ERROR_UNMEASURED
 from components.engines.vllm import memory as capacity
 from components.engines.vllm.capacity import pool_capacity
 from components.engines.vllm.memory import (
     KV_ERROR_BY_CLASS,
     KV_ERROR_FLOOR,
     KV_ERROR_MIN_LOGS,
-    KV_ERROR_WIDEST,
     activation_peak_bytes,
     default_max_num_batched_tokens,
     default_max_num_seqs,
@@ -314,8 +314,8 @@ def test_a_log_with_one_kv_line_per_rank_is_compared_on_the_smallest() -> None:
 def test_each_pool_class_range_covers_the_bench_logs_of_its_class() -> None:
     classes = accuracy.pool_classes(CASES)
     worst_of_all = max(max([0.0, *e]) for e in classes.values()) / 100
-    # The fallback is the widest error measured on any log, to the tenth of a percent.
-    assert worst_of_all <= KV_ERROR_WIDEST < worst_of_all + 0.001
+    # The fallback is the widest error measured on any log (one of vLLM's), to the tenth of a percent.
+    assert worst_of_all <= KV_ERROR_UNMEASURED < worst_of_all + 0.001
     for cls, errors in classes.items():
         worst = max([0.0, *errors]) / 100
         error, how = kv_estimate_error(cls)
@@ -325,7 +325,7 @@ def test_each_pool_class_range_covers_the_bench_logs_of_its_class() -> None:
             assert cls in KV_ERROR_BY_CLASS and error == max(KV_ERROR_FLOOR, round(worst + 0.0005, 3))
             assert how.endswith("measured on its logs")
         else:
-            assert cls not in KV_ERROR_BY_CLASS and error == KV_ERROR_WIDEST
+            assert cls not in KV_ERROR_BY_CLASS and error == KV_ERROR_UNMEASURED
             assert how.endswith("too few logs, the widest error measured")
     # A class no log measures (MoE, MLA, V1 at TP 1 here) takes the widest too, and the estimate carries it.
     est = estimate(
@@ -340,7 +340,7 @@ def test_each_pool_class_range_covers_the_bench_logs_of_its_class() -> None:
         v1_engine=True,
     )
     assert (est.kv_estimate_error, est.kv_error_class) == (
-        KV_ERROR_WIDEST,
+        KV_ERROR_UNMEASURED,
         "V1 · TP>=2 · MoE: too few logs, the widest error measured",
     )
 
@@ -432,9 +432,9 @@ def test_cli_text_report(capsys: pytest.CaptureFixture[str]) -> None:
     assert "layers per stage        31/30" in out and "fits                    yes" in out
     # The range of its class: V0 on these GPUs (the image given), TP 8, MLA: no logs, the widest error measured.
     est = estimate(model_arch("deepseek-r1"), V100_SEEN, **R1_V100)
-    low = math.floor(est.kv_tokens * (1 - KV_ERROR_WIDEST))
+    low = math.floor(est.kv_tokens * (1 - KV_ERROR_UNMEASURED))
     assert (
-        f"  pessimistic end         {low:8d}      KV tokens, {est.max_concurrency * (1 - KV_ERROR_WIDEST):.2f} x "
+        f"  pessimistic end         {low:8d}      KV tokens, {est.max_concurrency * (1 - KV_ERROR_UNMEASURED):.2f} x "
         "(class V0 · TP>=2 · MLA: too few logs, the widest error measured: 3.5% optimistic at worst)\n"
     ) in out
 

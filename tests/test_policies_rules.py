@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from components.engines.base import container_envs
+from components.engines.estimate import KV_ERROR_UNMEASURED
 from components.engines.registry import ENGINES
 from components.engines.vllm.capacity import with_range
-from components.engines.vllm.memory import KV_ERROR_WIDEST
+from components.engines.vllm.memory import KV_ERROR_TERMS
 from components.planning.fabric.ray import RAY_HEAD_SCRIPT, ray_head_script
 from components.planning.monitoring.prometheus import (
     alertmanager_args,
@@ -1130,8 +1131,9 @@ def ranged(kv_tokens: int, max_model_len: int = 32768) -> dict[str, Any]:
             "max_concurrency": kv_tokens / max_model_len,
             "kv_cache_gib_per_gpu": 18.5,
             # The chat pool's class: no log of it yet, so the widest error measured (3.5 %).
-            "kv_estimate_error": KV_ERROR_WIDEST,
+            "kv_estimate_error": KV_ERROR_UNMEASURED,
             "kv_error_class": "V1 · TP>=2 · MoE: too few logs, the widest error measured",
+            "kv_error_terms": KV_ERROR_TERMS,
         }
     )
 

@@ -14,8 +14,9 @@ GIB = 1024**3
 # takes the widest error measured on its engine's logs; none claims less than the floor.
 KV_ERROR_MIN_LOGS = 3
 KV_ERROR_FLOOR = 0.02
-# An engine none of whose public start-up logs could be compared takes the widest error measured on any engine's
-# logs (vLLM's Llama-3-8B H100 log, +3.45 %): measured nowhere, it claims no better than the worst measured.
+# A class of pool with too few compared logs (vLLM's), or an engine none of whose public start-up logs could be
+# compared (TurboMind), takes the widest error measured on any engine's logs: vLLM's Llama-3-8B H100 log (V0,
+# TP 1), +3.45 %, to the tenth of a percent above. Measured nowhere, it claims no better than the worst measured.
 KV_ERROR_UNMEASURED = 0.035
 
 

@@ -55,17 +55,15 @@ def validate_margin(args: ResourceValidationArgs, report: ReportViolation) -> No
         return
     cls = capacity.get("kv_error_class")
     needed = f"one sequence of {length}" if required == length else f"the {required} it allocates at start"
-    terms = capacity.get("kv_error_terms") or (
-        "the activation peak (the sampler over max-num-seqs rows of the vocabulary) and the memory outside torch's "
-        "allocator (NCCL and all-reduce buffers at TP >= 2)"
-    )
+    # Each engine's estimate names the terms its error lies in (vLLM's activation peak, TurboMind's reserve, ...).
+    terms = capacity.get("kv_error_terms")
+    settles = f"The uncertain terms are {terms}; the engine's" if terms else "The engine's"
     report(
         f"fits at the central estimate ({tokens} KV tokens for {needed}) but not at its pessimistic "
         f"end ({low}: the KV estimate has erred up to {float(error):.1%} on the optimistic side against real "
         f"start-up logs{f' of its class, {cls}' if cls else ''}, bench/capacity_accuracy.py), so the engine may "
-        f"refuse to start for want of {required - low} tokens of KV cache. The uncertain terms are {terms}; the "
-        "engine's first start-up log settles it (its KV cache line, "
-        "which doctor compares with the plan). Leave room: lower "
+        f"refuse to start for want of {required - low} tokens of KV cache. {settles} first start-up log settles "
+        "it (its KV cache line, which doctor compares with the plan). Leave room: lower "
         f"{capacity.get('context_option') or '--max-model-len'}, or raise the memory the engine may use.",
         None,
     )

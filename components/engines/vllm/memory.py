@@ -53,7 +53,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from components.engines.estimate import KV_ERROR_FLOOR
+from components.engines.estimate import KV_ERROR_FLOOR, KV_ERROR_UNMEASURED
 from components.engines.estimate import (
     KV_ERROR_MIN_LOGS as KV_ERROR_MIN_LOGS,  # re-exported: the bench and tests read it here
 )
@@ -115,15 +115,20 @@ RULE_OF_THUMB_FACTOR = 1.2
 # How far the KV-token estimate has erred on the optimistic side against real start-up logs, per class of
 # pool (engine line, TP 1 or >= 2, dense/MoE/MLA): bench/capacity_accuracy.py measures it (docs/perf/capacity.md)
 # and tests/test_capacity.py keeps each figure covering the bench's logs of its class. A class with fewer than
-# KV_ERROR_MIN_LOGS compared logs takes the widest error measured on any log; none claims less than the floor.
-# The plan gives each pool's KV tokens, KV cache and concurrency as a range down to its class's error, and
-# memory-fit-margin warns within it.
-KV_ERROR_WIDEST = 0.035  # the Llama-3-8B H100 log (V0, TP 1): +3.45 %, to the tenth of a percent above
+# KV_ERROR_MIN_LOGS compared logs takes the widest error measured on any log (KV_ERROR_UNMEASURED, one of this
+# engine's logs); none claims less than the floor. The plan gives each pool's KV tokens, KV cache and concurrency
+# as a range down to its class's error, and memory-fit-margin warns within it, naming the terms the error lies in.
 KV_ERROR_BY_CLASS: dict[tuple[str, str, str], float] = {
     ("v1", "tp1", "dense"): KV_ERROR_FLOOR,  # 10 logs, none optimistic (A100, L40S, H100, H200)
     # 6 logs, none optimistic (Qwen2-7B on A100, Qwen3-32B on H100, Qwen2.5-72B on L40S)
     ("v1", "tp>=2", "dense"): KV_ERROR_FLOOR,
 }
+# Where that error lies: the terms of vLLM's budget the planner estimates rather than reads (memory-fit-margin's
+# words; every engine's estimate carries its own).
+KV_ERROR_TERMS = (
+    "the activation peak (the sampler over max-num-seqs rows of the vocabulary) and the memory outside torch's "
+    "allocator (NCCL and all-reduce buffers at TP >= 2)"
+)
 
 
 def pessimistic_end(value: float, error: float) -> float:
@@ -144,7 +149,7 @@ def kv_estimate_error(cls: tuple[str, str, str]) -> tuple[float, str]:
     name = f"{cls[0].upper()} · {cls[1].upper()} · {kind}"
     if cls in KV_ERROR_BY_CLASS:
         return KV_ERROR_BY_CLASS[cls], f"{name}, measured on its logs"
-    return KV_ERROR_WIDEST, f"{name}: too few logs, the widest error measured"
+    return KV_ERROR_UNMEASURED, f"{name}: too few logs, the widest error measured"
 
 
 @dataclass(frozen=True)
@@ -183,8 +188,9 @@ class CapacityEstimate:
     startup_free_gib: float | None = None  # free per GPU when vLLM checks its request (images that check)
     advice: str = ""  # what to change when vLLM refuses before the KV cache is sized
     weights_gib_per_stage: tuple[float, ...] = ()  # one GPU of each pipeline stage, first stage first
-    kv_estimate_error: float = KV_ERROR_WIDEST  # the class's measured optimistic error (the range's width)
+    kv_estimate_error: float = KV_ERROR_UNMEASURED  # the class's measured optimistic error (the range's width)
     kv_error_class: str = ""  # which class, and whether measured on its own logs
+    kv_error_terms: str = KV_ERROR_TERMS  # the estimated terms the error lies in
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (plan.json `capacity`, `--json`)."""
