@@ -6,11 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from google.protobuf import struct_pb2
-from pulumi.runtime import proto
 
-from plan.analyze import configured_servicer
-from tests.support.policies import STACK, analyze, model_server, only, server
+from tests.support.policies import analyze, model_server, not_applicable, only, server
 
 
 def gate_message(pool: str, gpu: str) -> str:
@@ -42,15 +39,6 @@ def test_qualification_gate(changes: dict[str, Any], refused: tuple[str, str] | 
 def test_qualification_gate_judges_model_servers_only() -> None:
     props = {"qualificationGate": False, "pool": "chat", "gpuModel": "Tesla V100-SXM2-32GB"}
     assert [d for d in analyze("docker:index/container:Container", "c", props) if d[0] == "qualification-gate"] == []
-
-
-def not_applicable(type_: str, props: dict[str, Any]) -> dict[str, str]:
-    """policy -> the reason it gave for not judging a resource (the servicer's not_applicable list)."""
-    s = struct_pb2.Struct()
-    s.update(props)
-    request = proto.AnalyzeRequest(urn=f"{STACK}{type_}::x", type=type_, name="x", properties=s)
-    response = configured_servicer(None).Analyze(request, None)
-    return {n.policy_name: n.reason for n in response.not_applicable}
 
 
 def test_qualification_gate_says_why_it_does_not_judge_a_container() -> None:

@@ -227,6 +227,19 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         ")",
         "the report without its urn argument: ReportViolation takes urn=None by default, as the None passed",
     ),
+    # --- policies/rules/capacity.py ---------------------------------------------------------------------
+    "policies.rules.capacity.x_validate_fit__mutmut_32": (
+        "report(message, )",
+        "the report without its urn argument: ReportViolation takes urn=None by default, as the None passed",
+    ),
+    "policies.rules.capacity.x_validate_margin__mutmut_60": (
+        ")",
+        "the report without its urn argument: ReportViolation takes urn=None by default, as the None passed",
+    ),
+    "policies.rules.capacity.x_validate_headroom__mutmut_51": (
+        ")",
+        "the report without its urn argument: ReportViolation takes urn=None by default, as the None passed",
+    ),
     # --- components/spec ---------------------------------------------------------------------------------
     "components.spec.topology.x_instances__mutmut_36": (
         "if span > 2 or pool.replicas_per_node == 1:",

@@ -115,6 +115,15 @@ def analyze(
     return [(d.policyName, LEVEL_NAMES[d.enforcementLevel], d.message) for d in diagnostics]
 
 
+def not_applicable(type_: str, props: dict[str, Any]) -> dict[str, str]:
+    """policy -> the reason it gave for not judging a resource (the servicer's not_applicable list)."""
+    s = struct_pb2.Struct()
+    s.update(props)
+    request = proto.AnalyzeRequest(urn=f"{STACK}{type_}::x", type=type_, name="x", properties=s)
+    response = configured_servicer(None).Analyze(request, None)
+    return {n.policy_name: n.reason for n in response.not_applicable}
+
+
 def model_server(props: dict[str, Any], **kw: Any) -> list[tuple[str, str, str]]:
     return analyze("llm-cluster:vllm:ModelServer", "chat-gpu-03", props, **kw)
 
