@@ -246,6 +246,27 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         "the first and the last ] differ only in a value with two, which no service reads as a listen address "
         "(an IPv6 address in brackets holds one)",
     ),
+    # --- policies/rules/airgap.py -----------------------------------------------------------------------
+    "policies.rules.airgap.x__public_source__mutmut_10": (
+        'via, source = s.get("via"), str(s.get("source") or "XXXX")',
+        "every supply the planner writes states its source (ImageSupply.source, a str): the fallback is never read",
+    ),
+    "policies.rules.airgap.x_validate_images__mutmut_39": (
+        ")",
+        "the report without its urn argument: ReportViolation takes urn=None by default, as the None passed",
+    ),
+    "policies.rules.airgap.x_validate_hub__mutmut_35": (
+        ")",
+        "the report without its urn argument: ReportViolation takes urn=None by default, as the None passed",
+    ),
+    "policies.rules.airgap.x_validate_hub__mutmut_50": (
+        ")",
+        "the report without its urn argument: ReportViolation takes urn=None by default, as the None passed",
+    ),
+    "policies.rules.airgap.x_validate_hub__mutmut_65": (
+        ")",
+        "the report without its urn argument: ReportViolation takes urn=None by default, as the None passed",
+    ),
     # --- components/spec ---------------------------------------------------------------------------------
     "components.spec.topology.x_instances__mutmut_36": (
         "if span > 2 or pool.replicas_per_node == 1:",
