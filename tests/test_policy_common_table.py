@@ -114,6 +114,9 @@ def test_role_of(props: dict[str, Any], role: str) -> None:
         ({"command": ["ray", "start", "--head"]}, True),
         ({"entrypoints": ["/usr/local/bin/ray"], "command": ["start", "--address=h:6379"]}, True),
         ({"command": ["ray", "status"]}, False),
+        # The last two words of what it runs.
+        ({"entrypoints": ["ray"], "command": ["start"]}, True),
+        ({"command": ["exec", "ray", "start"]}, True),
         ({"command": ["xray", "start"]}, False),
         ({"command": ["start", "ray"]}, False),
         ({"command": ["ray"]}, False),
@@ -240,6 +243,19 @@ KEYS = {
             "set VLLM_MLA_DISABLE=1. Stack key to edit: pools.chat.env.VLLM_MLA_DISABLE (VLLM_MLA_DISABLE).",
         ),
         ("set VLLM_MLA_DISABLE=1", {"--max-model-len": "k"}, "set VLLM_MLA_DISABLE=1"),
+        # Every prefix of the variables of what the engines run on, by the pool's env.
+        *[
+            (f"set {name}=1", KEYS, f"set {name}=1. Stack key to edit: pools.chat.env.{name} ({name}).")
+            for name in (
+                "NCCL_DEBUG",
+                "GLOO_SOCKET_IFNAME",
+                "HF_HOME",
+                "CUDA_VISIBLE_DEVICES",
+                "TORCH_CUDA_ARCH_LIST",
+                "PYTORCH_CUDA_ALLOC_CONF",
+                "RAY_DEDUP_LOGS",
+            )
+        ],
         ("set X.NCCL_DEBUG and MY_VAR", KEYS, "set X.NCCL_DEBUG and MY_VAR"),
         (
             "env OPENAI_API_KEY is plain",
@@ -256,6 +272,19 @@ KEYS = {
             "unrecognized flag --enable-prefix-cache",
             KEYS,
             "unrecognized flag --enable-prefix-cache. Stack key to edit: pools.chat.vllm.extraArgs[2] (given in extraArgs: --enable-prefix-cache).",
+        ),
+        # A key with its own words after it: the key itself is what the message may already name.
+        (
+            "drop pools.chat.vllm.extraArgs[2]: --enable-prefix-cache",
+            KEYS,
+            "drop pools.chat.vllm.extraArgs[2]: --enable-prefix-cache",
+        ),
+        # A phrase said twice: where it is first said.
+        (
+            "image vllm/vllm-openai:latest, -tp, image vllm/vllm-openai:latest",
+            KEYS,
+            "image vllm/vllm-openai:latest, -tp, image vllm/vllm-openai:latest. Stack keys to edit: pools.chat.image (image), "
+            "pools.chat.tensorParallel (-tp).",
         ),
         # A key the message names already, or named twice: once, in the order the message says them.
         (
@@ -396,6 +425,51 @@ RAY_LABEL = {"labels": [label("llm-cluster.role", "ray-head")], "image": "raypro
         (RAY_RULE, RAY_CLUSTER, {"image": "ok:1"}, None, None, []),
         (RAY_RULE, CONTAINER, RAY_LABEL, None, None, [("ray node on rayproject/ray:2.40.0 at None", None)]),
         (RAY_RULE, MODEL_SERVER, server(), None, None, [("Tesla V100-SXM2-32GB at None", None)]),
+        # A Ray container's image by its label (its `image` is the pulled id); a RayCluster's as it states it.
+        (
+            RAY_RULE,
+            CONTAINER,
+            {**RAY_LABEL, "image": "sha256:0", "labels": [*RAY_LABEL["labels"], label("llm-cluster.image", "r:1")]},
+            None,
+            None,
+            [("ray node on r:1 at None", None)],
+        ),
+        (
+            RAY_RULE,
+            RAY_CLUSTER,
+            {"image": "r:2", "labels": [label("llm-cluster.image", "r:1")]},
+            None,
+            None,
+            [("ray node on r:2 at None", None)],
+        ),
+        # A raw container that runs vLLM, by its argv or by its image's ENTRYPOINT, on the GPU its label names.
+        (
+            RULE,
+            CONTAINER,
+            {
+                "entrypoints": ["vllm"],
+                "command": ["serve", "/m"],
+                "labels": [label("llm-cluster.gpu-model", "Tesla T4")],
+            },
+            None,
+            None,
+            [("Tesla T4 at 3", None)],
+        ),
+        (
+            RULE,
+            CONTAINER,
+            {
+                "command": ["/m"],
+                "image": "sha256:0",
+                "labels": [
+                    label("llm-cluster.gpu-model", "Tesla T4"),
+                    label("llm-cluster.image", "vllm/vllm-openai:v0.19.1"),
+                ],
+            },
+            None,
+            None,
+            [("Tesla T4 at 3", None)],
+        ),
     ],
 )
 def test_launch_policy_judges(
@@ -421,6 +495,20 @@ def test_launch_policy_judges(
         # A Ray container of a component is judged on its RayCluster, not on its own.
         (RAY_RULE, CONTAINER, RAY_LABEL, f"{STACK}{RAY_CLUSTER}${CONTAINER}::head", "not a vLLM server"),
         (RAY_RULE, CONTAINER, {"image": "nginx:1.27"}, None, "not a vLLM server"),
+        # A RayCluster whose props look like a vLLM container's: not a container, so no launch.
+        (RULE, RAY_CLUSTER, {"entrypoints": ["vllm"], "command": ["serve", "/m"]}, None, "not a vLLM server"),
+        # A vLLM container of a component: its ModelServer carries the launch.
+        (
+            RULE,
+            CONTAINER,
+            {
+                "entrypoints": ["vllm"],
+                "command": ["serve", "/m"],
+                "labels": [label("llm-cluster.gpu-model", "Tesla T4")],
+            },
+            f"{STACK}{MODEL_SERVER}${CONTAINER}::c",
+            "not a vLLM server",
+        ),
     ],
 )
 def test_launch_policy_says_why_it_does_not_judge_a_resource(
@@ -456,4 +544,22 @@ def test_launch_policies_list_every_engines_rules_of_a_topic_in_registry_order()
     names = [p.name for p in launch_policies("hardware")]
     expected = [r.name for e in ENGINES.values() for r in e.launch_rules if r.topic == "hardware"]
     assert names == expected and len(names) > 1
+    with pytest.raises(LookupError, match="^not a vLLM server$"):
+        run(launch_policies("hardware")[0].validate, Args(CONTAINER, {}))
+
+
+class ToyEngine:
+    """An engine whose reader takes any ModelServer's props for its launch."""
+
+    name = "toy"
+    title = "Toy"
+
+    def model_server_launch(self, props: Any) -> Any:
+        return type("ToyLaunch", (), {"gpu_name": "Tesla T4", "gpu": object()})()
+
+
+def test_launch_policy_judges_only_its_engines_model_servers() -> None:
+    policy = launch_policy(ToyEngine(), RULE)  # type: ignore[arg-type]
+    with pytest.raises(LookupError, match="^not a Toy server$"):
+        run(policy.validate, Args(MODEL_SERVER, server()))
     assert launch_policies("no-such-topic") == []

@@ -93,27 +93,39 @@ def test_a_pool_by_its_labels_once_naming_its_instances_on_its_first_resource() 
 
 def test_a_pool_by_the_nearest_parent_component_that_names_it() -> None:
     head = urn(RAY_CLUSTER, "chat-ray")
-    ms = urn(MODEL_SERVER, "chat-gpu-03")
+    ms = urn(MODEL_SERVER, "ms-03")
+    part = f"{STACK}{MODEL_SERVER}$llm-cluster:x:Part::part"
     got = stack(
         "container-restart",
         resource(RAY_CLUSTER, "chat-ray", {"pool": "chat"}),
-        resource(MODEL_SERVER, "chat-gpu-03", {"pool": "chat", "instance": "chat-gpu-03"}),
+        # The ModelServer's instance, not its resource name.
+        resource(MODEL_SERVER, "ms-03", {"pool": "chat", "instance": "chat-gpu-03"}),
         resource(MODEL_SERVER, "orphan", {"instance": "orphan"}),
+        resource("llm-cluster:x:Part", "part", {}, ms),
         # The RayCluster names no instance: its name stands for it.
         resource(CONTAINER, "head", down("head", role="ray-head"), head),
         resource(CONTAINER, "srv", down("srv"), ms),
+        # Two levels down: the nearest parent that names a pool.
+        resource(CONTAINER, "deep", down("deep"), part),
         # A parent that names no pool: the resource reports on its own.
         resource(CONTAINER, "lost", down("lost"), urn(MODEL_SERVER, "orphan")),
+        # A remote command's labels (it has none in the provider) are not read.
+        resource(COMMAND, "cmd", {"labels": labels(pool="chat"), "create": "export HF_TOKEN=hf_live_abcdef"}),
     )
     assert got == [
         (stays_down("the container"), f"{STACK}{MODEL_SERVER}${CONTAINER}::lost"),
         (
             "pools.chat, 2 instances (chat-gpu-03, chat-ray): in head: restart is no: ray-head stays down after it exits "
-            "and after a reboot of the node; in srv: restart is no: the container stays down after it exits and after "
-            'a reboot of the node. Set restart="unless-stopped".',
-            f"{STACK}{RAY_CLUSTER}${CONTAINER}::head",
+            "and after a reboot of the node; in deep, srv: restart is no: the container stays down after it exits and "
+            'after a reboot of the node. Set restart="unless-stopped".',
+            f"{STACK}{MODEL_SERVER}$llm-cluster:x:Part${CONTAINER}::deep",
         ),
     ]
+    secrets = stack(
+        "no-plaintext-secrets",
+        resource(COMMAND, "cmd", {"labels": labels(pool="chat"), "create": "export HF_TOKEN=hf_live_abcdef"}),
+    )
+    assert [u for _, u in secrets] == [urn(COMMAND, "cmd")]
 
 
 def test_a_finding_of_some_resources_names_them_and_shared_advice_is_said_once() -> None:
@@ -123,6 +135,8 @@ def test_a_finding_of_some_resources_names_them_and_shared_advice_is_said_once()
         "no-plaintext-secrets",
         resource(MODEL_SERVER, "chat-gpu-03", server("chat", "chat-gpu-03", keys)),
         resource(MODEL_SERVER, "chat-gpu-04", server("chat", "chat-gpu-04", {"HF_TOKEN": "wrong.key"})),
+        # Only a ModelServer's stackKeys are the pool's.
+        resource(RAY_CLUSTER, "ray", server("chat", "chat-gpu-03", {"HF_TOKEN": "wrong.key"})),
         resource(CONTAINER, "a", {"envs": ["HF_TOKEN=hf_live_abcdef"]}, ms),
         resource(CONTAINER, "b", {"envs": ["HF_TOKEN=hf_live_abcdef"]}, ms),
         resource(
@@ -208,7 +222,8 @@ class UnknownLabels(dict):  # type: ignore[type-arg]
 def toy_findings(resource: Any, config: dict[str, Any]) -> list[str]:
     if resource.props.get("unknown"):
         raise UnknownValueError(UNKNOWN, ["unknown"])
-    return [f"{f}. Fix it at {config['level']}" for f in resource.props.get("findings") or []]
+    # A finding ending in ! has no advice after it.
+    return [f if f.endswith("!") else f"{f}. Fix it at {config['level']}" for f in resource.props.get("findings") or []]
 
 
 def test_a_pool_rule_built_now_groups_reports_and_skips_the_unknown() -> None:
@@ -225,13 +240,16 @@ def test_a_pool_rule_built_now_groups_reports_and_skips_the_unknown() -> None:
     resources = [
         ms4,
         ms3,
-        policy_resource(CONTAINER, "b", {"findings": ["set --x"]}, ms4),
-        policy_resource(CONTAINER, "a", {"findings": ["set --x"]}, ms3),
-        policy_resource(CONTAINER, "c", {"findings": ["set --x"], "labels": labels(pool="code", instance="code-1")}),
-        policy_resource(CONTAINER, "lone", {"findings": ["one", "two"]}),
+        # Values unknown at preview: skipped, and the resources after them still judged.
         policy_resource(CONTAINER, "u", {"findings": ["set --x"], "unknown": True}, ms3),
         policy_resource(CONTAINER, "v", UnknownLabels(findings=["set --x"])),
+        policy_resource(CONTAINER, "a", {"findings": ["set --x"]}, ms3),
+        policy_resource(CONTAINER, "b", {"findings": ["set --x"]}, ms4),
+        policy_resource(CONTAINER, "c", {"findings": ["set --x"], "labels": labels(pool="code", instance="code-1")}),
+        policy_resource(CONTAINER, "lone", {"findings": ["one", "two"]}),
         policy_resource(CONTAINER, "clean", {}, ms3),
+        # A finding without advice, beside those with: each part said, one after the other.
+        policy_resource(CONTAINER, "d", {"findings": ["bare!"], "labels": labels(pool="code", instance="code-1")}),
     ]
     for config, level in ((None, 3), ({"level": 5}, 5)):
         reports: list[tuple[str, str | None]] = []
@@ -244,5 +262,5 @@ def test_a_pool_rule_built_now_groups_reports_and_skips_the_unknown() -> None:
                 "pools.chat.x (--x).",
                 urn(CONTAINER, "a"),
             ),
-            (f"pools.code, instance code-1: set --x. Fix it at {level}", urn(CONTAINER, "c")),
+            (f"pools.code, instance code-1: in c: set --x. Fix it at {level} in d: bare!", urn(CONTAINER, "c")),
         ]

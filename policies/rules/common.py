@@ -73,11 +73,7 @@ def role_of(props: Mapping[str, Any]) -> str:
     if role:
         return role
     ref = container_image(props)
-    if ref:
-        role = ROLE_BY_IMAGE.get(image_parts(ref)[0].rsplit("/", 1)[-1], "")
-        if role:
-            return role
-    return ""
+    return ROLE_BY_IMAGE.get(image_parts(ref)[0].rsplit("/", 1)[-1], "") if ref else ""
 
 
 def is_ray_container(props: Mapping[str, Any]) -> bool:
@@ -146,11 +142,8 @@ def name_stack_keys(message: str, keys: Mapping[str, str]) -> str:
     "*env" the pool's env map for variables the pool does not set yet. A key the message already
     names is not repeated."""
     edits: dict[str, str] = {}
-    bare = [
-        m
-        for m in _MESSAGE_BARE_FLAG.finditer(message)
-        if f"--{m.group(1)}" in keys and not message[: m.start()].endswith("--")
-    ]
+    # (A bare word no key knows as a flag finds no key below; one right after dashes is the flag itself.)
+    bare = list(_MESSAGE_BARE_FLAG.finditer(message))
     # Any other variable the pool sets (OPENAI_API_KEY, named by no-plaintext-secrets), by its exact name.
     named = [m for m in _MESSAGE_NAME.finditer(message) if m.group(1) in keys]
     found: list[tuple[int, str, str | None]] = []

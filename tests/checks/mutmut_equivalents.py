@@ -267,6 +267,65 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         ")",
         "the report without its urn argument: ReportViolation takes urn=None by default, as the None passed",
     ),
+    # --- policies/rules/grouped.py ----------------------------------------------------------------------
+    "policies.rules.grouped.x_pool_rule__mutmut_18": (
+        "owner = _owner(resource) if (found) or True else None",
+        "a resource without findings reports nothing whatever its owner; an unknown its owner raises is caught "
+        "and skips only that resource, which had nothing to report",
+    ),
+    # --- policies/rules/common.py -----------------------------------------------------------------------
+    "policies.rules.common.x_role_of__mutmut_15": (
+        'return ROLE_BY_IMAGE.get(image_parts(ref)[0].rsplit("/", )[-1], "") if ref else ""',
+        "the last piece after / is the same whatever the split count",
+    ),
+    "policies.rules.common.x_role_of__mutmut_20": (
+        'return ROLE_BY_IMAGE.get(image_parts(ref)[0].rsplit("/", 2)[-1], "") if ref else ""',
+        "the last piece after / is the same whatever the split count",
+    ),
+    "policies.rules.common.x_is_ray_container__mutmut_12": (
+        'argv[i].rsplit("/", )[-1] == "ray" and argv[i + 1] == "start" for i in range(len(argv) - 1)',
+        "the last piece after / is the same whatever the split count",
+    ),
+    "policies.rules.common.x_is_ray_container__mutmut_15": (
+        'argv[i].rsplit("/", 2)[-1] == "ray" and argv[i + 1] == "start" for i in range(len(argv) - 1)',
+        "the last piece after / is the same whatever the split count",
+    ),
+    "policies.rules.common.x_name_stack_keys__mutmut_42": (
+        "(message.find(phrase), phrase.split(None, 1)[0], key)",
+        "the only phrase a ModelServer's stackKeys hold is `image <ref>` (components/engines/registry.py): one space and a ref without any, so every split's first piece is `image`",
+    ),
+    "policies.rules.common.x_name_stack_keys__mutmut_45": (
+        '(message.find(phrase), phrase.split(" ", )[0], key)',
+        "the only phrase a ModelServer's stackKeys hold is `image <ref>` (components/engines/registry.py): one space and a ref without any, so every split's first piece is `image`",
+    ),
+    "policies.rules.common.x_name_stack_keys__mutmut_46": (
+        '(message.find(phrase), phrase.rsplit(" ", 1)[0], key)',
+        "the only phrase a ModelServer's stackKeys hold is `image <ref>` (components/engines/registry.py): one space and a ref without any, so every split's first piece is `image`",
+    ),
+    "policies.rules.common.x_name_stack_keys__mutmut_48": (
+        '(message.find(phrase), phrase.split(" ", 2)[0], key)',
+        "the only phrase a ModelServer's stackKeys hold is `image <ref>` (components/engines/registry.py): one space and a ref without any, so every split's first piece is `image`",
+    ),
+    "policies.rules.common.x_name_stack_keys__mutmut_55": (
+        "for _, token, key in sorted(found, key=None):",
+        "two matches at one place are the same token read twice (a variable by its prefix and by its exact name), with the same key: whole tuples sort as their positions do",
+    ),
+    "policies.rules.common.x_name_stack_keys__mutmut_57": (
+        "for _, token, key in sorted(found, ):",
+        "two matches at one place are the same token read twice (a variable by its prefix and by its exact name), with the same key: whole tuples sort as their positions do",
+    ),
+    "policies.rules.common.x_name_stack_keys__mutmut_62": (
+        "if key and key.split(None)[0] not in message and key not in edits:",
+        "stack keys are written with single spaces (`pools.chat.vllm.extraArgs[2] (given in extraArgs)`): split(None) and split(' ') agree",
+    ),
+    "policies.rules.common.x_launch_policy__mutmut_36": (
+        "messages = rule.check(launch, settings)",
+        "messages is empty before the check: = and += agree",
+    ),
+    "policies.rules.common.x_launch_policy__mutmut_59": (
+        "report(message, )",
+        "the report without its urn argument: ReportViolation takes urn=None by default, as the None passed",
+    ),
     # --- components/spec ---------------------------------------------------------------------------------
     "components.spec.topology.x_instances__mutmut_36": (
         "if span > 2 or pool.replicas_per_node == 1:",
