@@ -125,7 +125,7 @@ def test_a_pool_by_the_nearest_parent_component_that_names_it() -> None:
         "no-plaintext-secrets",
         resource(COMMAND, "cmd", {"labels": labels(pool="chat"), "create": "export HF_TOKEN=hf_live_abcdef"}),
     )
-    assert [u for _, u in secrets] == [urn(COMMAND, "cmd")]
+    assert [(m.split(":")[0], u) for m, u in secrets] == [("credential in plain text", urn(COMMAND, "cmd"))]
 
 
 def test_a_finding_of_some_resources_names_them_and_shared_advice_is_said_once() -> None:
