@@ -90,6 +90,14 @@ def test_a_server_no_reader_parses_has_its_credential_flags_found_in_the_argv(
             ],
         ),
         ("#!/bin/bash\nexec ray start --head --dashboard-host=10.0.0.5 --block\n", []),
+        # Every `ray start` of the script is read, not only the last.
+        (
+            "#!/bin/bash\nray start --head --dashboard-host=0.0.0.0\nexec ray start --head --block\n",
+            [
+                "ray start --dashboard-host=0.0.0.0 opens Ray's dashboard (job submission = code execution) on every "
+                "interface. Bind it to the node's cluster address or leave it on 127.0.0.1."
+            ],
+        ),
         # A line that does not start Ray is not read for its flags.
         ("#!/bin/bash\necho --dashboard-host=0.0.0.0\nexec ray start --head --block\n", []),
     ],
@@ -104,3 +112,34 @@ def test_a_ray_start_in_an_uploaded_script_is_read(script: str, messages: list[s
         "uploads": [{"file": "/ray-head.sh", "content": script}],
     }
     assert said("internal-ports", props) == messages
+
+
+def test_the_ray_start_of_the_argv_is_read_beside_an_uploaded_script() -> None:
+    props = {
+        "networkMode": "host",
+        "restart": "always",
+        "image": "rayproject/ray:2.40.0",
+        "command": ["ray", "start", "--head", "--dashboard-host=::", "--block"],
+        "uploads": [{"file": "/ray-env.sh", "content": "# sourced before ray start\nexport RAY_DEDUP_LOGS=0\n"}],
+    }
+    assert said("internal-ports", props) == [
+        "ray start --dashboard-host=:: opens Ray's dashboard (job submission = code execution) on every "
+        "interface. Bind it to the node's cluster address or leave it on 127.0.0.1."
+    ]
+
+
+def test_ports_of_a_host_network_container_are_not_read_as_published() -> None:
+    # Docker discards published ports on the host network (with a warning): what the services bind is what is open.
+    props = {
+        "networkMode": "host",
+        "restart": "always",
+        "image": "nginx:1.27",
+        "ports": [{"internal": 8000.0, "external": 8000.0, "ip": "0.0.0.0"}],
+    }
+    assert said("internal-ports", props) == []
+    props["networkMode"] = "bridge"
+    assert said("internal-ports", props) == [
+        "port 8000 of a unlabelled container is published on every interface: vLLM, Ray and metrics ports serve "
+        "without authentication. Publish it on the node's cluster address (ports[].ip) or drop it and let the "
+        "gateway/Prometheus reach it over the cluster network."
+    ]

@@ -225,19 +225,18 @@ def exposure_found(resource: Subject, config: dict[str, Any]) -> list[str]:
     role = role_of(props)
     if role in config["publicRoles"]:
         return []
-    out: list[str] = []
-    for port in props.get("ports") or []:
-        if every_interface(str(port.get("ip") or "")):
-            out.append(
-                f"port {int(float(port.get('internal')))} of a {role or 'unlabelled'} container is published "
-                "on every interface: vLLM, Ray and metrics ports serve without authentication. Publish it "
-                "on the node's cluster address (ports[].ip) or drop it and let the gateway/Prometheus reach "
-                "it over the cluster network."
-            )
     if props.get("networkMode") != "host":
-        return out  # the container's own sockets sit in its network namespace; only `ports` reach the node's
-    argv = container_argv(props)
-    out += binding_problems(role, words(argv), env_of(props.get("envs")))
+        # The container's own sockets sit in its network namespace; only `ports` reach the node's.
+        return [
+            f"port {int(float(port.get('internal')))} of a {role or 'unlabelled'} container is published "
+            "on every interface: vLLM, Ray and metrics ports serve without authentication. Publish it "
+            "on the node's cluster address (ports[].ip) or drop it and let the gateway/Prometheus reach "
+            "it over the cluster network."
+            for port in props.get("ports") or []
+            if every_interface(str(port.get("ip") or ""))
+        ]
+    # On the host network Docker discards `ports` (with a warning): what the services bind is what is open.
+    out = binding_problems(role, words(container_argv(props)), env_of(props.get("envs")))
     server = container_server(props)
     if server is not None:
         _, call = server

@@ -267,6 +267,11 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         ")",
         "the report without its urn argument: ReportViolation takes urn=None by default, as the None passed",
     ),
+    # --- policies/rules/security.py ---------------------------------------------------------------------
+    "policies.rules.security.x_ray_start_words__mutmut_13": (
+        'for line in str(upload.get("content") or "XXXX").splitlines():',
+        "an upload without content starts no Ray: any fallback text without `ray start` in it reads the same",
+    ),
     # --- policies/rules/grouped.py ----------------------------------------------------------------------
     "policies.rules.grouped.x_pool_rule__mutmut_18": (
         "owner = _owner(resource) if (found) or True else None",
