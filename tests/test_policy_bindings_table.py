@@ -9,8 +9,15 @@ from typing import Any
 
 import pytest
 
-from policies.rules import bindings
-from policies.rules.bindings import CLUSTER_ADDRESS, Listener, binding_problems, flag_values, listen_host, listen_port
+from policies.rules.bindings import (
+    CLUSTER_ADDRESS,
+    LISTENERS,
+    Listener,
+    binding_problems,
+    flag_values,
+    listen_host,
+    listen_port,
+)
 from tests.support.policies import analyze
 
 CONTAINER = "docker:index/container:Container"
@@ -444,7 +451,7 @@ def test_a_listener_without_a_default_or_a_port(monkeypatch: pytest.MonkeyPatch)
     # A service that will not start without the setting opens nothing when it is absent; one whose port is
     # unknown is told to add one.
     required = Listener("--listen", None, None, "its API answers")
-    monkeypatch.setitem(bindings.LISTENERS, "toy", (required,))
+    monkeypatch.setitem(LISTENERS, "toy", (required,))
     assert binding_problems("toy", [], {}) == []
     assert binding_problems("toy", ["--listen", "0.0.0.0"], {}) == [
         opened("toy", "--listen=0.0.0.0", "its API answers", f"--listen={CLUSTER_ADDRESS}:<port>")
@@ -454,12 +461,12 @@ def test_a_listener_without_a_default_or_a_port(monkeypatch: pytest.MonkeyPatch)
     ]
     # A setting the service requires, absent: the role's next socket is still judged.
     second = Listener("--second", ":83", 83, "its second API answers")
-    monkeypatch.setitem(bindings.LISTENERS, "toy", (required, second))
+    monkeypatch.setitem(LISTENERS, "toy", (required, second))
     assert binding_problems("toy", [], {}) == [
         opened("toy", "--second unset: the default is :83", "its second API answers", f"--second={CLUSTER_ADDRESS}:83")
     ]
     env = Listener("TOY_ADDR", None, 82, "its API answers")
-    monkeypatch.setitem(bindings.LISTENERS, "toy", (env,))
+    monkeypatch.setitem(LISTENERS, "toy", (env,))
     assert binding_problems("toy", ["--listen=0.0.0.0"], {}) == []
     assert binding_problems("toy", [], {"TOY_ADDR": ""}) == [
         opened("toy", 'TOY_ADDR=""', "its API answers", f"TOY_ADDR={CLUSTER_ADDRESS}:82 in its env")
