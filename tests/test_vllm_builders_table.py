@@ -239,6 +239,15 @@ def test_each_node_on_vllms_own_launcher_states_the_world_its_rank_and_the_heads
     ]
 
 
+def test_the_servers_argv_of_a_native_instance_is_its_heads() -> None:
+    spec = native_spec()
+    instance = spanning("native", master_port=29501)
+    head = vllm_node_argv(spec, instance, "gpu-01", facts(V19))
+    assert vllm_argv(spec, instance, facts(V19)) == head
+    assert "--headless" not in head
+    assert head[head.index("--node-rank") + 1] == "0"
+
+
 def test_a_native_instance_on_three_nodes_states_three_and_the_rank_asked() -> None:
     three = Instance("reasoning", "r3", ("gpu-01", "gpu-02", "gpu-01"), 8000, 8, 3, None, "native", 29600)
     assert vllm_argv(native_spec(), three, None, rank=2) == [
@@ -383,6 +392,13 @@ NATIVE_NO_WATCHDOG = (
         ({"restartUnhealthyAfterSeconds": 1}, []),
         ({"pipelineParallel": 1}, [NATIVE_ONE_NODE]),
         ({"pipelineParallel": 1, "restartUnhealthyAfterSeconds": 0}, [NATIVE_ONE_NODE]),
+        ({"pipelineParallel": 1, "nodes": ["gpu-01"]}, [NATIVE_ONE_NODE]),
+        ({"pipelineParallel": 1, "nodes": ["gpu-02"]}, [NATIVE_ONE_NODE]),
+        # A node the stack does not have is the spec's to name, not this check's.
+        (
+            {"nodes": ["gpu-09", "gpu-01"]},
+            [("pools.reasoning.nodes[0]", "'gpu-09' is not a node; nodes are: gpu-01, gpu-02")],
+        ),
     ],
 )
 def test_native_is_refused_where_instances_fit_one_node_or_the_watchdog_is_off(
