@@ -19,7 +19,9 @@ from components.engines.llamacpp.engine import (
     llamacpp_env,
     threads_per_instance,
 )
-from components.engines.lmdeploy.engine import LmdeployEngine, lmdeploy_argv, lmdeploy_env
+from components.engines.lmdeploy.engine import DTYPES, LmdeployEngine, lmdeploy_argv, lmdeploy_env
+from components.engines.lmdeploy.facts import MODEL_FORMATS
+from components.engines.lmdeploy.options import LMDEPLOY_DTYPES, LMDEPLOY_FORMATS
 from components.spec import SpecError, StackSpec
 from components.spec.topology import Instance, instances
 from tests.support.engine_stacks import llamacpp_config, lmdeploy_config, spec_of
@@ -259,6 +261,12 @@ def test_lmdeploy_refuses_what_turbomind_cannot_serve_naming_the_key(
     with pytest.raises(SpecError) as err:
         lmdeploy_spec(model, pool, **options)
     assert [(i.path, i.message) for i in err.value.issues] == issues
+
+
+def test_lmdeploy_maps_every_dtype_and_format_the_spec_takes() -> None:
+    # The argv indexes these tables: a dtype or format the spec lets through must be in them.
+    assert set(DTYPES) == set(LMDEPLOY_DTYPES)
+    assert set(MODEL_FORMATS) == set(LMDEPLOY_FORMATS)
 
 
 @pytest.mark.parametrize(

@@ -313,6 +313,7 @@ def kv_estimate_error(cls: tuple[str, str, str]) -> tuple[float, str]:
 # -- the server ------------------------------------------------------------------------------------------
 
 # The model spec's dtype (vLLM's names) -> `--dtype` (auto|float16|bfloat16); float32 has no TurboMind path.
+# Its keys are LMDEPLOY_DTYPES, and MODEL_FORMATS' LMDEPLOY_FORMATS: the spec refuses any other (spec_issues).
 DTYPES = {"auto": "auto", "half": "float16", "float16": "float16", "bfloat16": "bfloat16"}
 
 
@@ -342,9 +343,9 @@ def lmdeploy_argv(spec: StackSpec, instance: Instance) -> list[str]:
         "--tp",
         str(instance.tensor_parallel),
         "--dtype",
-        DTYPES.get(model.dtype, model.dtype),
+        DTYPES[model.dtype],
         "--model-format",
-        MODEL_FORMATS.get(model.quantization, str(model.quantization)),
+        MODEL_FORMATS[model.quantization],
         "--session-len",
         str(o.session_len),
         "--max-batch-size",
@@ -434,7 +435,7 @@ class LmdeployEngine(Engine):
             "parallel over the network (--nnodes), which no one has shown on V100 and which "
             "would put every layer's all-reduce on the NIC",
         )
-        if model.quantization == "gguf" or model.quantization not in LMDEPLOY_FORMATS:
+        if model.quantization not in LMDEPLOY_FORMATS:
             issues.append(
                 SpecIssue(
                     f"models.{p.model}.quantization",
