@@ -520,6 +520,12 @@ def test_llamacpp_takes_its_reference_pool() -> None:
     assert LlamacppEngine().spec_issues(spec, "chat") == []
     assert LlamacppEngine().checkpoint_quantizations() == frozenset({"gguf"})
     assert LlamacppEngine().context_length(spec, "chat") == 8192
+    assert LlamacppEngine().context_length(llamacpp_spec(contextPerSlot=4096, parallel=2), "chat") == 4096
+    fmt = LlamacppEngine.advice_formats[0]
+    assert LlamacppEngine().advice_options(16384, fmt, "qwen3-8b") == {
+        "contextPerSlot": 16384,
+        "ggufFile": "qwen3-8b.gguf",
+    }
     assert LlamacppEngine().probe_argv("http://h:1/health") == [
         "curl",
         "-fsS",
