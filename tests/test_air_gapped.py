@@ -552,7 +552,7 @@ def test_each_engine_sets_its_own_offline_variables() -> None:
         if not k.startswith(("NCCL_", "GLOO_"))
     } == {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     ll = spec_of(llamacpp_config())
-    assert llamacpp_env(ll, instances(ll, "chat")[0], "gpu-03") == {"LLAMA_ARG_OFFLINE": "1"}
+    assert llamacpp_env(ll, instances(ll, "chat")[0]) == {"LLAMA_ARG_OFFLINE": "1"}
     assert {e: dict(ENGINES[e].offline_vars) for e in ENGINES} == {
         "vllm": VLLM_OFFLINE,
         "lmdeploy": {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},

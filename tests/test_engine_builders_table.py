@@ -340,6 +340,15 @@ LLAMACPP_ARGVS: list[tuple[dict[str, Any], dict[str, Any], list[str]]] = [
         {},
         [*LLAMACPP_BASE[:2], f"{MODEL}/Qwen3-30B-A3B-Q4_K_M.gguf", *LLAMACPP_BASE[3:], *LLAMACPP_TAIL],
     ),
+    # Only slashes are stripped from the path's end.
+    (
+        {"path": "/data/models/Q-X", "servedNames": ["qwen"]},
+        {},
+        [
+            *replaced(replaced(LLAMACPP_BASE, "-m", "/data/models/Q-X/Qwen3-30B-A3B-Q4_K_M.gguf"), "--alias", "qwen"),
+            *LLAMACPP_TAIL,
+        ],
+    ),
     (
         {},
         {"ggufFile": "q4/m-00001-of-00003.gguf"},
@@ -395,7 +404,7 @@ def test_llamacpp_threads_count_every_instance_on_the_node_whatever_its_pool() -
 )
 def test_llamacpp_env_is_offline_then_the_pools_own(pool: dict[str, Any], env: dict[str, str]) -> None:
     spec = llamacpp_spec(pool=pool)
-    assert llamacpp_env(spec, head(spec), "gpu-03") == env
+    assert llamacpp_env(spec, head(spec)) == env
     assert LlamacppEngine().serve_env(spec, head(spec), "gpu-03") == env
 
 

@@ -361,8 +361,9 @@ def threads_per_instance(spec: StackSpec, node: str) -> int:
 LLAMACPP_OFFLINE_ENV: dict[str, str] = {"LLAMA_ARG_OFFLINE": "1"}
 
 
-def llamacpp_env(spec: StackSpec, instance: Instance, node: str) -> dict[str, str]:
-    """Environment of the server container: offline, then the pool's own (llama.cpp reads its options from argv)."""
+def llamacpp_env(spec: StackSpec, instance: Instance) -> dict[str, str]:
+    """Environment of the server container: offline, then the pool's own (llama.cpp reads its options from argv,
+    and one server on one node talks no NCCL: nothing of the node)."""
     env = offline_env(spec, instance.pool, LLAMACPP_OFFLINE_ENV)
     env.update(spec.pools[instance.pool].env)
     return env
@@ -560,7 +561,7 @@ class LlamacppEngine(Engine):
         return llamacpp_argv(spec, instance)
 
     def serve_env(self, spec: StackSpec, instance: Instance, node: str) -> dict[str, str]:
-        return llamacpp_env(spec, instance, node)
+        return llamacpp_env(spec, instance)
 
     def gate_check(self, spec: StackSpec, pool: str, node: str, argvs: tuple[tuple[str, ...], ...]) -> GateCheck | None:
         facts = self.image_facts(spec, pool)
