@@ -498,3 +498,20 @@ def test_ray_nodes_need_an_image_with_ray(ref: str, config: list[str], ok: bool)
     assert ray_problem(None, {"rayImages": []}) == (
         "no image reference to check for Ray: label the container llm-cluster.image=<image ref>."
     )
+
+
+def test_the_messages_list_every_image_that_would_do_or_say_there_is_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    from components.engines.vllm.rules import image
+
+    found = launch(image=V92)
+    assert found.facts is not None
+    # A facts table whose only image lacks the GPU: no way out to name.
+    monkeypatch.setattr(image, "IMAGES", {V92: found.facts})
+    assert check_arch(found, {})[0].endswith("Use an image whose torch has sm_70: none in the facts table.")
+    # Two repositories with Ray: both named, comma-separated.
+    monkeypatch.setattr(image, "IMAGES_WITH_RAY", frozenset({"vllm/vllm-openai", "registry.example/vllm-ray"}))
+    assert ray_problem("registry.example/other:1", {"rayImages": []}) == (
+        "image registry.example/other:1 is not known to contain Ray and vLLM, which every container of a "
+        "multi-node instance runs (known: registry.example/vllm-ray, vllm/vllm-openai). Use "
+        f"{V19}, or list the image in this policy's rayImages."
+    )
