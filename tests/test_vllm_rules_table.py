@@ -89,6 +89,12 @@ def heads(tp: int, divisors: str, arch: str = "qwen3-30b-a3b", n: int = 32) -> s
 LAYOUTS: list[tuple[int | None, int | None, int, float | None, list[str]]] = [
     (8, None, 1, 8.0, []),
     (None, None, 1, 8.0, []),
+    # Neither the argv nor the props state TP: one GPU, which fits a one-GPU node.
+    (None, None, 1, 1.0, []),
+    (2, None, 1, 1.0, [too_wide(2, 1, 2)]),
+    # No nodes stated: one.
+    (8, None, 0, 8.0, []),
+    (8, None, 0, 4.0, [too_wide(8, 4, 2)]),
     (1, 1, 1, 8.0, []),
     (4, 2, 2, 4.0, []),
     (8, 2, 2, 8.0, []),
@@ -515,3 +521,35 @@ def test_the_messages_list_every_image_that_would_do_or_say_there_is_none(monkey
         "multi-node instance runs (known: registry.example/vllm-ray, vllm/vllm-openai). Use "
         f"{V19}, or list the image in this policy's rayImages."
     )
+
+
+def test_a_model_server_whose_argv_names_no_server_has_no_launcher_flags() -> None:
+    found = launch(image=V011)
+    bare = Launch(
+        resource="ModelServer",
+        args=found.args,
+        env={},
+        gpu_name=None,
+        gpu=None,
+        image=V011,
+        props={"pool": "chat", "argv": ["--nnodes", "2"]},
+        facts=found.facts,
+    )
+    assert check_native_launcher(bare, {}) == []
+
+
+def test_a_model_server_without_a_pool_is_named_by_its_first_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    from components.engines.vllm.rules import topology
+
+    found = launch(image=V011, argv_add=["--nnodes", "2"], pool=None)
+    assert found.facts is not None
+    message = (
+        "--nnodes starts vLLM's own multi-node launcher (--nnodes, --headless on the other nodes), which vLLM "
+        f"0.11.0 of the container's image {V011} does not have ({found.facts.cite('native_multi_node')}): it would "
+        "exit on an unrecognized argument. Keep multiNode: ray on this image, or use one whose vLLM has the "
+        "launcher: "
+    )
+    assert check_native_launcher(found, {}) == [message + f"{V19}, {V19_2404}."]
+    # A facts table without the launcher on any image: none to name.
+    monkeypatch.setattr(topology, "known_images", lambda: [found.facts])
+    assert check_native_launcher(found, {}) == [message + "none in the facts table."]

@@ -443,5 +443,14 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "components.spec.cluster.x_image_reference__mutmut_63": (
         'path = repo.split("/", 1)[1] if "/" in repo and re.search(r"[.:]|^localhost$", repo.split("/", 2)[0]) else repo',
         "the first piece is the same whatever the split count",
+    # --- components/engines/vllm/rules/topology.py ---------------------------------------------------------
+    "components.engines.vllm.rules.topology.x_check_parallelism__mutmut_85": (
+        "elif not tp_too_wide and nodes >= 1 and pp != nodes:",
+        "on one node the branch above takes every pp > 1; only a --pipeline-parallel-size below 1 reaches this "
+        "one, which the plan never writes (pipelineParallel >= 1) and vLLM's ParallelConfig refuses at start",
+    ),
+    "components.engines.vllm.rules.topology.x_check_parallelism__mutmut_109": (
+        "divisors = [d for d in range(1, heads + 2) if heads % d == 0 and (per_node is None or d <= per_node)]",
+        "heads + 1 never divides heads: the divisors are the same",
     ),
 }

@@ -63,7 +63,8 @@ def check_parallelism(launch: Launch, config: dict[str, Any]) -> list[str]:
 
 def _launcher_flags(launch: Launch) -> list[str]:
     """The multi-node launcher's flags the launch gives, read from its tokens (an older parser knows none)."""
-    argv = [str(t) for t in launch.props.get("argv") or []] if launch.resource == "ModelServer" else []
+    # A ModelServer states its argv; a container's props have no `argv`, only docker's command.
+    argv = [str(t) for t in launch.props.get("argv") or []]
     found = server_tokens(argv or container_argv(launch.props))
     tokens = found[1] if found else []
     return list(dict.fromkeys(f for t in tokens if (f := canonical_flag(t)) in LAUNCHER_FLAGS))
