@@ -305,6 +305,27 @@ HOST: list[tuple[str, list[str], dict[str, Any], list[str]]] = [
         [over_ram("gpu-03", "20", ONE, "30", "--kv-offloading-size 30 GiB", 8, "", "0.0")],
     ),
     (V19, ["--kv-offloading-size", "20"], host(**{"gpu-03": (20.0, 1)}), []),
+    # Swap space alone over both limits: vLLM's own refusal and the node's RAM.
+    (
+        V92,
+        ["--swap-space", "4"],
+        host(**{"gpu-03": (30.0, 1)}),
+        [
+            too_large_swap("4", 8, "32", "30", "gpu-03", 2),
+            over_ram("gpu-03", "30", ONE, "32", "--swap-space 4 GiB per GPU", 8, "", "3.8"),
+        ],
+    ),
+    # Three nodes over: the first by name, the others listed.
+    (
+        V92,
+        ["--cpu-offload-gb", "11"],
+        host(**{"gpu-06": (80.0, 1), "gpu-04": (80.0, 1), "gpu-05": (80.0, 1), "gpu-03": (100.0, 1)}),
+        [
+            over_ram(
+                "gpu-04", "80", ONE, "88", "--cpu-offload-gb 11 GiB per GPU", 8, "", "10.0", " (also gpu-05, gpu-06)"
+            )
+        ],
+    ),
     # Two instances, a buffer each: (2 x 8 + 8) x 2 = 48 of 64 GiB fits; (3 x 8 + 8) x 2 = 64 of 60 does not,
     # and what is left per GPU is the node's share less the buffer: (60 / 2 - 8) / 8.
     (V19, ["--cpu-offload-gb", "2", "--kv-offloading-size", "8"], host(**{"gpu-03": (64.0, 2)}), []),
@@ -553,3 +574,18 @@ def test_a_model_server_without_a_pool_is_named_by_its_first_flag(monkeypatch: p
     # A facts table without the launcher on any image: none to name.
     monkeypatch.setattr(topology, "known_images", lambda: [found.facts])
     assert check_native_launcher(found, {}) == [message + "none in the facts table."]
+
+
+@pytest.mark.parametrize(
+    ("value", "gib"), [(None, 0.0), (0, 0.0), ("2.5", 2.5), (4, 4.0), (-1, 0.0), ("x", 0.0), ([1], 0.0)]
+)
+def test_a_memory_flags_value_is_gib_never_below_zero_and_zero_when_unreadable(value: Any, gib: float) -> None:
+    from components.engines.vllm.rules.host_memory import _gib
+
+    assert _gib(value) == gib
+
+
+def test_a_node_whose_instances_are_not_stated_is_not_counted() -> None:
+    memory = {"gpu-03": {"memoryGib": 10.0, "key": "nodes.gpu-03.memoryGib"}}
+    found = launch(image=V92, argv_drop=["--attention-backend"], argv_add=["--cpu-offload-gb", "5"], hostMemory=memory)
+    assert check_host_memory(found, {}) == []
