@@ -589,3 +589,25 @@ def test_a_node_whose_instances_are_not_stated_is_not_counted() -> None:
     memory = {"gpu-03": {"memoryGib": 10.0, "key": "nodes.gpu-03.memoryGib"}}
     found = launch(image=V92, argv_drop=["--attention-backend"], argv_add=["--cpu-offload-gb", "5"], hostMemory=memory)
     assert check_host_memory(found, {}) == []
+
+
+# On a 40 GiB GPU (0.9 and 0.95 of it are exact: 36 and 38 GiB) each threshold is met exactly, where >= and >
+# part: one sequence is 3 GiB (32768 tokens at 96 KiB), activations and non-torch memory 2 GiB.
+EXACT: list[tuple[dict[str, Any], list[str]]] = [
+    # 38 - 33 - 2 = 3: raising to 0.95 holds one sequence exactly.
+    ({"weights_gib_per_gpu": 33.0}, [RAISE, LOWER, spread(2), gptq(33.0)]),
+    # (65 + 3) / 2 = 34 = 36 - 2: two GPUs hold it exactly.
+    ({"weights_gib_per_gpu": 65.0}, [RAISING, LOWER, spread(2), gptq(65.0)]),
+    # 36 - 10 x 0.3 - 2 = 31 GiB: a sequence of 31 GiB fits 4-bit weights exactly.
+    ({"weights_gib_per_gpu": 10.0, "kv_bytes_per_token_per_gpu": 31 * 32768}, [RAISING, LOWER, spread(2), gptq(10.0)]),
+    # Nothing left beside activations (36 - 36 = 0): no spread proposed, however small the model.
+    (
+        {"weights_gib_per_gpu": 0.0, "kv_bytes_per_token_per_gpu": 0, "activation_gib": 35.0},
+        [RAISE, LOWER, gptq(0.0)],
+    ),
+]
+
+
+@pytest.mark.parametrize(("changes", "fixes"), EXACT)
+def test_each_fit_threshold_met_exactly_counts_as_met(changes: dict[str, Any], fixes: list[str]) -> None:
+    assert fit_fixes({**BASE_CAPACITY, "gpu_memory_gib": 40.0, **changes}, "chat", "qwen") == fixes
