@@ -1,0 +1,423 @@
+"""vLLM's hardware rules that need no quantization facts, called directly on a Launch, as tables: the dtype on
+each side of sm_80 (known and unknown images, float32 allowed or not, a model type that refuses float16),
+the V1 switch per image line x GPU x value, an FP8 KV cache and FP8 weights per capability, MLA (by catalog
+arch or by name, the switch's spellings, the capacity without it), the attention backend per GPU, and the
+advisories for an unknown GPU or image: exact messages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from components.engines.vllm.facts import IMAGES
+from components.engines.vllm.launch import Launch
+from components.engines.vllm.rules.hardware import (
+    GPU_RULES,
+    IMAGE_RULES,
+    check_attention_backend,
+    check_dtype,
+    check_fp8,
+    check_gpu_known,
+    check_image_known,
+    check_mla,
+    check_v1,
+    check_v1_ignored,
+)
+from components.facts.hardware import GPUS
+from tests.test_vllm_rules_table import V011, V19, V92, launch
+
+V100 = "Tesla V100-SXM2-32GB"
+A100 = "NVIDIA A100-SXM4-80GB"
+T4 = "Tesla T4"
+PRIVATE = "registry.example/vllm:1"
+NO_F32 = {"allowFloat32": False}
+F32 = {"allowFloat32": True}
+
+
+def at(image: str = V19, gpu: str = V100, **changes: Any) -> Launch:
+    """The chat server on `image` and `gpu` (0.9.2 and 0.11.0 without --attention-backend, which they lack)."""
+    drop = changes.pop("argv_drop", [])
+    if image in (V92, V011):
+        drop = ["--attention-backend", *drop]
+    return launch(image=image, gpuModel=gpu, argv_drop=drop, **changes)
+
+
+def dtype(value: str, image: str = V19, gpu: str = V100, **changes: Any) -> Launch:
+    return at(image, gpu, argv_drop=["--dtype"], argv_add=["--dtype", value], **changes)
+
+
+def bf16(given: str, where: str, source: str, fix: str = "set models.qwen3-30b-a3b.dtype: half") -> str:
+    return (
+        f"--dtype {given}: bfloat16 needs compute capability 8.0; {where} has none (vLLM refuses it at startup; "
+        f"{source}). Instead, {fix}."
+    )
+
+
+F32_MESSAGE = (
+    "--dtype {given}: float32 doubles the weights' memory and runs without tensor cores on {where}. Use --dtype "
+    "half, or set allowFloat32 in this policy's config if meant."
+)
+V100_AT = f"{V100} (sm_70)"
+
+
+def test_bfloat16_below_sm80_names_the_images_source_or_every_version() -> None:
+    found = dtype("bfloat16")
+    assert found.facts is not None
+    assert check_dtype(found, NO_F32) == [bf16("bfloat16", V100_AT, found.facts.cite("bf16_min_capability"))]
+    assert check_dtype(dtype("bfloat16", image=PRIVATE), NO_F32) == [
+        bf16("bfloat16", V100_AT, "every known vLLM version")
+    ]
+    assert check_dtype(dtype("bfloat16", gpu=A100), NO_F32) == []
+    assert check_dtype(dtype("bfloat16", image=PRIVATE, gpu=A100), NO_F32) == []
+    assert check_dtype(dtype("bfloat16", gpu="NVIDIA A10"), NO_F32) == []
+    assert check_dtype(dtype("bfloat16", gpu=T4), NO_F32) == [
+        bf16("bfloat16", f"{T4} (sm_75)", found.facts.cite("bf16_min_capability"))
+    ]
+    # A raw container says the flag to pass, not the stack key.
+    raw = dtype("bfloat16", pool=None, model=None)
+    assert check_dtype(raw, NO_F32)[0].endswith("Instead, pass --dtype half.")
+
+
+@pytest.mark.parametrize("given", ["float32", "float"])
+def test_float32_is_refused_unless_the_policy_allows_it(given: str) -> None:
+    assert check_dtype(dtype(given), NO_F32) == [F32_MESSAGE.format(given=given, where=V100_AT)]
+    assert check_dtype(dtype(given), F32) == []
+    assert check_dtype(dtype(given, gpu=A100), NO_F32) == [F32_MESSAGE.format(given=given, where=f"{A100} (sm_80)")]
+
+
+# A model type that refuses float16 resolves auto to float32 below sm_80 (gemma2 in the catalog).
+AUTO_F32 = (
+    "--dtype auto: model type {t} refuses float16 in vLLM, so on {where} auto resolves to float32 (twice the "
+    "memory, no tensor cores). Serve it on sm_80+ (bfloat16), or set allowFloat32 in this policy's config to "
+    "accept float32."
+)
+
+
+def test_auto_on_a_model_type_that_refuses_float16_is_float32_below_sm80(monkeypatch: pytest.MonkeyPatch) -> None:
+    from components.engines.vllm.rules import hardware
+
+    # No catalog model refuses float16 today: take Qwen3-MoE's type as one that does.
+    monkeypatch.setattr(hardware, "FP16_REFUSING_MODEL_TYPES", frozenset({"qwen3_moe"}))
+    assert check_dtype(dtype("auto"), NO_F32) == [AUTO_F32.format(t="qwen3_moe", where=V100_AT)]
+    assert check_dtype(dtype("auto"), F32) == []
+    assert check_dtype(dtype("auto", gpu=A100), NO_F32) == []
+    assert check_dtype(dtype("auto", arch="deepseek-r1"), NO_F32) == []
+    assert check_dtype(dtype("half"), NO_F32) == []
+    # Unset, --dtype is auto.
+    assert check_dtype(at(V19, argv_drop=["--dtype"]), NO_F32) == [AUTO_F32.format(t="qwen3_moe", where=V100_AT)]
+
+
+def v1_needed(image: str, version: str, where: str, cite: str, state: str) -> str:
+    return (
+        f"VLLM_USE_V1 {state}: the V1 engine of image {image} (vLLM {version}) needs compute capability 8.0 and "
+        f"{where} has less (VLLM_USE_V1=1 raises NotImplementedError; {cite}). Set VLLM_USE_V1=0 in the "
+        "container's env."
+    )
+
+
+# (image, GPU, VLLM_USE_V1, whether vllm-v1-engine refuses it, with which state).
+V1: list[tuple[str, str, str | None, str | None]] = [
+    (V92, V100, None, "is unset (vLLM 0.9.2 reads unset as 1)"),
+    (V92, V100, "1", "is '1'"),
+    (V92, T4, None, "is unset (vLLM 0.9.2 reads unset as 1)"),
+    (V92, V100, "0", None),
+    (V92, A100, None, None),
+    (V92, A100, "0", None),
+    (V011, V100, None, None),
+    (V19, V100, None, None),
+    (V19, V100, "0", None),
+    (PRIVATE, V100, None, None),
+]
+
+
+@pytest.mark.parametrize(("image", "gpu", "value", "state"), V1)
+def test_vllm_use_v1_per_image_line_gpu_and_value(image: str, gpu: str, value: str | None, state: str | None) -> None:
+    found = at(image, gpu, env={"VLLM_USE_V1": value} if value is not None else {})
+    if state is None:
+        assert check_v1(found, {}) == []
+        return
+    assert found.facts is not None
+    where = f"{gpu} ({'sm_70' if gpu == V100 else 'sm_75'})"
+    assert check_v1(found, {}) == [
+        v1_needed(image, found.facts.version, where, found.facts.cite("v1_min_capability"), state)
+    ]
+
+
+def test_vllm_use_v1_0_on_a_line_without_v0_is_refused() -> None:
+    found = at(V011, env={"VLLM_USE_V1": "0"})
+    assert found.facts is not None
+    assert check_v1(found, {}) == [
+        f"VLLM_USE_V1=0 selects the V0 engine, which image {V011} (vLLM 0.11.0) no longer has: it stops at startup "
+        f"({found.facts.cite('v0_engine')}). Remove VLLM_USE_V1 from the container's env (V1 runs on {V100_AT} in "
+        "this image)."
+    ]
+    assert check_v1(at(V011, env={"VLLM_USE_V1": "1"}), {}) == []
+
+
+@pytest.mark.parametrize(
+    ("image", "env", "ignored"),
+    [
+        (V19, {"VLLM_USE_V1": "0"}, True),
+        (V19, {"VLLM_USE_V1": "1"}, True),
+        (V19, {}, False),
+        (V92, {"VLLM_USE_V1": "0"}, False),
+        (PRIVATE, {"VLLM_USE_V1": "0"}, False),
+    ],
+)
+def test_vllm_use_v1_given_to_a_line_that_no_longer_reads_it(image: str, env: dict[str, str], ignored: bool) -> None:
+    found = at(image, env=env)
+    if not ignored:
+        assert check_v1_ignored(found, {}) == []
+        return
+    assert found.facts is not None
+    assert check_v1_ignored(found, {}) == [
+        f"VLLM_USE_V1={env['VLLM_USE_V1']} does nothing in image {V19} (vLLM 0.19.1): its envs.py no longer reads it "
+        f"and the only engine is V1 ({found.facts.cite('reads_vllm_use_v1')}). Remove VLLM_USE_V1."
+    ]
+
+
+def fp8_kv(kv: str, version: str, where: str, source: str) -> str:
+    return (
+        f"--kv-cache-dtype {kv}: vLLM{version} cannot keep an fp8 KV cache on {where} ({source}). Use "
+        "--kv-cache-dtype auto (float16 cache) and lower --max-model-len or --max-num-seqs if the cache does not fit."
+    )
+
+
+@pytest.mark.parametrize(
+    ("image", "gpu", "kv", "refused"),
+    [
+        (V19, V100, "fp8", True),
+        (V19, V100, "fp8_e5m2", True),
+        (V19, V100, "auto", False),
+        (V19, A100, "fp8", False),
+        (V92, T4, "fp8", False),
+        (V92, V100, "fp8", True),
+        (PRIVATE, T4, "fp8_e4m3", True),
+        (PRIVATE, A100, "fp8", False),
+    ],
+)
+def test_an_fp8_kv_cache_per_image_line_and_capability(image: str, gpu: str, kv: str, refused: bool) -> None:
+    found = at(image, gpu, argv_add=["--kv-cache-dtype", kv])
+    if not refused:
+        assert check_fp8(found, {}) == []
+        return
+    where = f"{gpu} ({'sm_70' if gpu == V100 else 'sm_75'})"
+    if found.facts is None:
+        want = fp8_kv(kv, "", where, "no known vLLM version keeps one below sm_80 (compute capability 8.0)")
+    else:
+        want = fp8_kv(kv, f" {found.facts.version}", where, found.facts.cite("fp8_kv_min_capability"))
+    assert check_fp8(found, {}) == [want]
+
+
+def fp8_weights(source: str, need: str, version: str, where: str, why: str) -> str:
+    return (
+        f"{source}: FP8 weights need {need} in vLLM{version} and {where} has no FP8 units ({why}). Serve an fp16 or "
+        "GPTQ checkpoint of the model instead."
+    )
+
+
+def test_fp8_weights_per_image_line_and_capability() -> None:
+    found = at(V19, argv_add=["--quantization", "fp8"])
+    assert found.facts is not None
+    assert check_fp8(found, {}) == [
+        fp8_weights(
+            "--quantization fp8",
+            "sm_75 (compute capability 7.5)",
+            " 0.19.1",
+            V100_AT,
+            found.facts.cite("quantizations"),
+        )
+    ]
+    assert check_fp8(at(V19, T4, argv_add=["--quantization", "fp8"]), {}) == []
+    # The checkpoint's own method, on an image without facts: the strictest line, sm_80.
+    private = at(PRIVATE, T4, quantization="fp8")
+    assert check_fp8(private, {}) == [
+        fp8_weights(
+            "the checkpoint's quantization fp8 (models.qwen3-30b-a3b.quantization)",
+            "sm_80 (compute capability 8.0)",
+            "",
+            f"{T4} (sm_75)",
+            "every known vLLM version",
+        )
+    ]
+    assert check_fp8(at(PRIVATE, A100, quantization="fp8"), {}) == []
+    assert check_fp8(at(V19, argv_add=["--quantization", "gptq"]), {}) == []
+    # Both at once: the cache first.
+    both = at(PRIVATE, V100, argv_add=["--kv-cache-dtype", "fp8", "--quantization", "fp8"])
+    assert len(check_fp8(both, {})) == 2
+
+
+def mla(model: str, where: str, source: str) -> str:
+    return (
+        f"{model} uses MLA attention: its prefill calls FlashAttention-2, which needs compute capability 8.0, with no "
+        f'fallback, so vLLM dies in its startup profile run on {where} ("FlashAttention only supports Ampere GPUs '
+        f"or newer\"; {source}). Set VLLM_MLA_DISABLE=1 in the pool's env (vLLM then keeps the full per-head KV "
+        "cache: check the capacity plan), or serve it on sm_80+."
+    )
+
+
+# (arch, model path, env, image, GPU, the model named, or None: not refused).
+MLA: list[tuple[str | None, str, dict[str, str], str, str, str | None]] = [
+    ("deepseek-r1", "/m", {}, V19, V100, "deepseek_v3"),
+    ("deepseek-r1", "/m", {"VLLM_MLA_DISABLE": "1"}, V19, V100, None),
+    ("deepseek-r1", "/m", {"VLLM_MLA_DISABLE": "true"}, V19, V100, None),
+    ("deepseek-r1", "/m", {"VLLM_MLA_DISABLE": "True"}, V19, V100, None),
+    ("deepseek-r1", "/m", {"VLLM_MLA_DISABLE": "0"}, V19, V100, "deepseek_v3"),
+    ("deepseek-r1", "/m", {"VLLM_MLA_DISABLE": "yes"}, V19, V100, "deepseek_v3"),
+    ("deepseek-r1", "/m", {}, V19, A100, None),
+    ("deepseek-r1", "/m", {}, PRIVATE, T4, "deepseek_v3"),
+    ("qwen3-30b-a3b", "/m", {}, V19, V100, None),
+    # Not in the catalog: read from the name (the arch first, else the model's path); not the R1 distills.
+    ("DeepSeek-V3-0324", "/m", {}, V19, V100, "DeepSeek-V3-0324"),
+    (None, "/data/models/kimi_k2-instruct", {}, V19, V100, "/data/models/kimi_k2-instruct"),
+    (None, "/data/models/DeepSeek-R1-Distill-Qwen-32B", {}, V19, V100, None),
+    (None, "/data/models/deepseek-r1-distill", {}, V19, V100, None),
+    (None, "/data/models/DeepSeek-V2-Lite", {}, V19, V100, "/data/models/DeepSeek-V2-Lite"),
+    (None, "/data/models/deepseek-coder", {}, V19, V100, None),
+]
+
+
+@pytest.mark.parametrize(("arch", "path", "env", "image", "gpu", "model"), MLA)
+def test_mla_below_sm80_by_catalog_or_name_unless_switched_off(
+    arch: str | None, path: str, env: dict[str, str], image: str, gpu: str, model: str | None
+) -> None:
+    found = at(image, gpu, arch=arch, modelPath=path, env=env)
+    if model is None:
+        assert check_mla(found, {}) == []
+        return
+    where = f"{gpu} ({'sm_70' if gpu == V100 else 'sm_75'})"
+    source = (
+        found.facts.cite("mla_min_capability") if found.facts else "vllm#14016 [observed]; every version through 0.19"
+    )
+    assert check_mla(found, {}) == [mla(model, where, source)]
+
+
+@pytest.mark.parametrize(
+    ("without", "tail"),
+    [
+        ({"fits": False, "reason": "the weights alone need 40 GiB"}, " With it, the weights alone need 40 GiB."),
+        (
+            {"fits": True, "kv_tokens": 10000.0, "max_model_len": 4000.0},
+            " With it, the KV cache holds 10000 tokens per instance (2.5 sequences of 4000).",
+        ),
+        (
+            {"fits": True, "kv_tokens": 10000.0},
+            " With it, the KV cache holds 10000 tokens per instance (0.0 sequences of 0).",
+        ),
+        ({"fits": True}, ""),
+        ("not a mapping", ""),
+    ],
+)
+def test_the_mla_message_says_what_the_pool_holds_without_it(without: Any, tail: str) -> None:
+    found = at(arch="deepseek-r1", capacityWithoutMla=without)
+    assert found.facts is not None
+    assert check_mla(found, {}) == [mla("deepseek_v3", V100_AT, found.facts.cite("mla_min_capability")) + tail]
+
+
+def backend(named: str, value: str, need: str, where: str, version: str, picks: str) -> str:
+    return (
+        f"{named} {value}: needs {need}; {where} has less (its supports_compute_capability in vLLM {version}). On this "
+        f"GPU vLLM picks {picks}: set that, or leave the flag out."
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "gpu", "need"),
+    [
+        ("FLASH_ATTN", V100, "sm_80 (compute capability 8.0)"),
+        ("FLASH_ATTN", A100, None),
+        ("FLASHINFER", V100, "sm_75 (compute capability 7.5)"),
+        ("FLASHINFER", T4, None),
+        ("FLASHMLA", A100, "sm_90 (compute capability 9.0)"),
+        ("FLASHMLA", "NVIDIA H100 80GB HBM3", None),
+        ("CUTLASS_MLA", "NVIDIA H100 80GB HBM3", "sm_100 (compute capability 10.0)"),
+        ("TRITON_ATTN", V100, None),
+        ("SOMETHING_NEW", V100, None),
+    ],
+)
+def test_the_attention_backend_flag_per_gpu(value: str, gpu: str, need: str | None) -> None:
+    found = at(V19, gpu, argv_drop=["--attention-backend"], argv_add=["--attention-backend", value])
+    assert found.facts is not None and found.gpu is not None
+    if need is None:
+        assert check_attention_backend(found, {}) == []
+        return
+    where = f"{gpu} (sm_{found.gpu.capability})"
+    picks = found.facts.attention_backend(found.gpu.capability)
+    assert check_attention_backend(found, {}) == [backend("--attention-backend", value, need, where, "0.19.1", picks)]
+
+
+def test_the_attention_backend_from_the_env_on_lines_before_the_flag() -> None:
+    found = at(V92, env={"VLLM_ATTENTION_BACKEND": "FLASH_ATTN"})
+    assert found.facts is not None
+    assert check_attention_backend(found, {}) == [
+        backend(
+            "VLLM_ATTENTION_BACKEND",
+            "FLASH_ATTN",
+            "sm_80 (compute capability 8.0)",
+            V100_AT,
+            "0.9.2",
+            found.facts.attention_backend(70),
+        )
+    ]
+    assert check_attention_backend(at(V92), {}) == []
+    assert check_attention_backend(at(PRIVATE), {}) == []
+    assert check_attention_backend(at(V92, env={"VLLM_ATTENTION_BACKEND": ""}), {}) == []
+
+
+def container(gpu_name: str | None, image: str | None = V19) -> Launch:
+    found = at(V19)
+    return Launch(
+        resource="container",
+        args=found.args,
+        env={},
+        gpu_name=gpu_name,
+        gpu=GPUS.get(gpu_name or ""),
+        image=image,
+        props={},
+        facts=found.facts if image == V19 else None,
+    )
+
+
+def test_a_container_whose_gpu_the_rules_cannot_look_up_is_named() -> None:
+    rules = ", ".join(GPU_RULES)
+    fix = (
+        "Add the label llm-cluster.gpu-model=<nvidia-smi name> (nvidia-smi --query-gpu=name --format=csv,noheader, "
+        "e.g. Tesla V100-SXM2-32GB) so the hardware rules apply."
+    )
+    assert check_gpu_known(container(None), {}) == [
+        f"this vLLM container has no llm-cluster.gpu-model label, so the hardware rules ({rules}) cannot judge it. {fix}"
+    ]
+    assert check_gpu_known(container("Tesla X"), {}) == [
+        f"llm-cluster.gpu-model=Tesla X is not a GPU in this pack's facts table (known: {', '.join(GPUS)}), so the "
+        f"hardware rules ({rules}) cannot judge this vLLM container. Label it with one of the known names."
+    ]
+    assert check_gpu_known(container(V100), {}) == []
+    # A ModelServer always states its GPU: the spec's.
+    assert check_gpu_known(at(V19, "Tesla X"), {}) == []
+
+
+def unknown_image(image: str, how: str, key: str) -> str:
+    return (
+        f"image {image} is not in the facts table (known: {', '.join(sorted(IMAGES))}), so {', '.join(IMAGE_RULES)} "
+        "cannot judge it; only the checks that need no image facts ran (bf16, FP8 and MLA below sm_80). To have it "
+        f"judged, {how}, or use {V19} ({key})."
+    )
+
+
+def test_an_image_without_facts_is_named_with_how_to_declare_them() -> None:
+    assert check_image_known(at(V19), {}) == []
+    assert check_image_known(at(PRIVATE), {}) == [
+        unknown_image(
+            PRIVATE,
+            "declare its facts under pools.<pool>.imageFacts (like: a known image, then version, cuda, torch, "
+            "torchArchList, triton)",
+            "pools.chat.image",
+        )
+    ]
+    assert check_image_known(container(V100, image=PRIVATE), {}) == [
+        unknown_image(PRIVATE, "use a known image", "the container's image")
+    ]
+    assert check_image_known(container(V100, image=None), {}) == [
+        unknown_image("(none stated)", "use a known image", "the container's image")
+    ]
