@@ -611,3 +611,22 @@ EXACT: list[tuple[dict[str, Any], list[str]]] = [
 @pytest.mark.parametrize(("changes", "fixes"), EXACT)
 def test_each_fit_threshold_met_exactly_counts_as_met(changes: dict[str, Any], fixes: list[str]) -> None:
     assert fit_fixes({**BASE_CAPACITY, "gpu_memory_gib": 40.0, **changes}, "chat", "qwen") == fixes
+
+
+@pytest.mark.parametrize(
+    ("argv_tp", "props_tp", "gpus"),
+    [(["--tensor-parallel-size", "4"], 8.0, 4), ([], 2.0, 2), ([], None, 1)],
+)
+def test_host_memory_counts_the_argvs_tp_else_the_props_else_one(
+    argv_tp: list[str], props_tp: float | None, gpus: int
+) -> None:
+    found = launch(
+        image=V92,
+        argv_drop=["--tensor-parallel-size", "--attention-backend"],
+        argv_add=[*argv_tp, "--cpu-offload-gb", "9"],
+        tensorParallel=props_tp,
+        hostMemory=host(**{"gpu-03": (8.0, 1)}),
+    )
+    assert check_host_memory(found, {}) == [
+        over_ram("gpu-03", "8", ONE, f"{9 * gpus}", "--cpu-offload-gb 9 GiB per GPU", gpus, "", f"{8 / gpus:.1f}")
+    ]
