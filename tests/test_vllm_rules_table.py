@@ -461,9 +461,9 @@ def test_the_fit_message_replaces_the_planners_generic_advice_with_the_checked_f
         "with more memory, or a smaller model."
     )
     # A capacity figure that is not a number counts as none.
-    assert fit_fixes({**BASE_CAPACITY, "gpu_memory_gib": True}) == []
-    assert fit_fixes({**BASE_CAPACITY, "gpu_memory_gib": "32"}) == []
-    assert check_fit({"fits": False})[0].startswith(
+    assert fit_fixes({**BASE_CAPACITY, "gpu_memory_gib": True}, "chat", "qwen") == []
+    assert fit_fixes({**BASE_CAPACITY, "gpu_memory_gib": "32"}, "chat", "qwen") == []
+    assert check_fit({"fits": False}, "chat", "qwen")[0].startswith(
         "does not fit: no room for one sequence of max-model-len. No single"
     )
     assert fit_fixes({**BASE_CAPACITY, "tp": 0, "pp": 0}, "chat", "qwen") == [RAISING, LOWER, spread(2), gptq(26.0)]
@@ -600,6 +600,17 @@ EXACT: list[tuple[dict[str, Any], list[str]]] = [
     ({"weights_gib_per_gpu": 65.0}, [RAISING, LOWER, spread(2), gptq(65.0)]),
     # 36 - 10 x 0.3 - 2 = 31 GiB: a sequence of 31 GiB fits 4-bit weights exactly.
     ({"weights_gib_per_gpu": 10.0, "kv_bytes_per_token_per_gpu": 31 * 32768}, [RAISING, LOWER, spread(2), gptq(10.0)]),
+    # Already at 0.95 with room at 0.95: nothing to raise.
+    ({"weights_gib_per_gpu": 33.0, "gpu_memory_utilization": 0.95}, [LOWER, spread(2), gptq(33.0)]),
+    # (70 + 3) / 2 = 36.5 > 34: four GPUs, not two.
+    ({"weights_gib_per_gpu": 70.0}, [RAISING, LOWER, spread(4), gptq(70.0)]),
+    # TP 2: (2 x 67 + 2 x 3) / 4 = 35 > 34, so eight GPUs: the weights and the sequence both count per GPU.
+    ({"tp": 2, "weights_gib_per_gpu": 67.0}, [RAISING, LOWER, spread(8, 2), gptq(67.0)]),
+    # Half a GiB beside activations still holds a model that needs nothing.
+    (
+        {"weights_gib_per_gpu": 0.0, "kv_bytes_per_token_per_gpu": 0, "activation_gib": 34.5},
+        [RAISE, LOWER, spread(2), gptq(0.0)],
+    ),
     # Nothing left beside activations (36 - 36 = 0): no spread proposed, however small the model.
     (
         {"weights_gib_per_gpu": 0.0, "kv_bytes_per_token_per_gpu": 0, "activation_gib": 35.0},

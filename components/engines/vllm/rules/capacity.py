@@ -21,7 +21,7 @@ def _f(capacity: Mapping[str, Any], key: str) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
-def fit_fixes(capacity: Mapping[str, Any], pool: str = "<pool>", model: str = "<model>") -> list[str]:
+def fit_fixes(capacity: Mapping[str, Any], pool: str, model: str) -> list[str]:
     """Changes that would make the pool fit, each checked against the estimate's own figures."""
     gpu, util = _f(capacity, "gpu_memory_gib"), _f(capacity, "gpu_memory_utilization")
     weights, activation, non_torch = (
@@ -66,7 +66,7 @@ def fit_fixes(capacity: Mapping[str, Any], pool: str = "<pool>", model: str = "<
     return fixes
 
 
-def check_fit(capacity: Mapping[str, Any], pool: str = "<pool>", model: str = "<model>") -> list[str]:
+def check_fit(capacity: Mapping[str, Any], pool: str, model: str) -> list[str]:
     """Not one sequence of max-model-len fits in the KV cache left after the weights: the planner's reason
     with the fixes that work (fit_fixes), or that no single change does."""
     if capacity.get("fits") is not False:
