@@ -6,6 +6,7 @@ stacks; this one is what each of its mutants meets in a second."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -95,6 +96,15 @@ def test_chunked_prefill_is_the_flag_else_the_engines_default(
     changes: dict[str, Any], length: int | None, found: tuple[bool, str]
 ) -> None:
     assert chunked_prefill(v92(**changes), length) == found
+
+
+def test_the_v0_threshold_is_the_images_facts() -> None:
+    """A line whose facts name another threshold is judged by it (0.9.2's is 32768, the fallback's value)."""
+    found = v92()
+    assert found.facts is not None
+    lower = replace(found, facts=replace(found.facts, chunked_prefill_auto_above=8192))
+    assert chunked_prefill(lower, 8192) == (False, "the V0 engine's default for --max-model-len up to 8192")
+    assert chunked_prefill(lower, 8193) == (True, "the V0 engine's default for --max-model-len above 8192")
 
 
 def test_an_image_without_facts_on_v0_turns_chunked_prefill_on_above_32768() -> None:
@@ -239,6 +249,14 @@ SCHEDULER: list[tuple[dict[str, Any], list[str]]] = [
     ({"argv_add": ["--max-num-batched-tokens", "32767"]}, [below_length(32767, 32768, V0_OFF)]),
     ({"argv_add": ["--max-num-batched-tokens", "32767", "--enable-chunked-prefill"]}, []),
     ({"argv_add": ["--max-num-batched-tokens", "32767"], "gpuModel": A100}, []),
+    # Above 32768 V0 chunks prefill by default: a batch below the length is then allowed.
+    (
+        {
+            "argv_drop": ["--max-model-len"],
+            "argv_add": ["--max-model-len", "32769", "--max-num-batched-tokens", "32768"],
+        },
+        [],
+    ),
     (
         {"argv_add": ["--max-num-batched-tokens", "127", "--enable-chunked-prefill"]},
         [below_seqs(127, 128)],
@@ -350,6 +368,8 @@ def world(dp: int, tp: int, pp: int, have: int) -> str:
 WORLDS: list[tuple[int | None, int | None, int | None, int, float | None, list[str]]] = [
     (8, None, None, 1, 8.0, []),
     (8, None, 1, 1, 8.0, []),
+    # One data-parallel rank is no data parallelism: a TP too wide for the node is the topology rule's.
+    (16, None, 1, 1, 8.0, []),
     (4, None, 2, 1, 8.0, []),
     (8, None, 2, 1, 8.0, [world(2, 8, 1, 8)]),
     (8, None, 2, 2, 8.0, []),

@@ -453,4 +453,18 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         "divisors = [d for d in range(1, heads + 2) if heads % d == 0 and (per_node is None or d <= per_node)]",
         "heads + 1 never divides heads: the divisors are the same",
     ),
+    # --- components/engines/vllm/rules/engine_args.py ------------------------------------------------------
+    "components.engines.vllm.rules.engine_args.x_engine_version__mutmut_9": (
+        'match = _VERSION.match(tag or "XXXX")',
+        "an image without a tag: 'XXXX' no more starts with a version than '' does, both read as the reference line",
+    ),
+    "components.engines.vllm.rules.engine_args.x_runs_v1__mutmut_6": (
+        "return facts.runs_v1(launch.capability or 1) and not (",
+        "a GPU not in the table read as capability 1 instead of 0: every image line's V1 minimum is 70 or more, "
+        "so both run V0",
+    ),
+    "components.engines.vllm.rules.engine_args.x_runs_v1__mutmut_26": (
+        'return launch.env.get("VLLM_USE_V1") != "0" and (launch.capability or 1) >= 80',
+        "a GPU not in the table read as capability 1 instead of 0: both are below 80",
+    ),
 }

@@ -76,9 +76,9 @@ def check_context(launch: Launch) -> list[str]:
     """max_model_len against the model's context window (ModelServer prop contextWindow)."""
     window = launch.props.get("contextWindow")
     length = _int(launch, "max_model_len")
-    if not isinstance(window, Mapping) or number(window.get("tokens")) is None:
+    if not isinstance(window, Mapping) or (limit := number(window.get("tokens"))) is None:
         return []
-    limit, why = number(window["tokens"]) or 0, str(window.get("derivedFrom") or "")
+    why = str(window.get("derivedFrom") or "")
     out = []
     if length is not None and length > limit and launch.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") not in ("1", "true"):
         out.append(
