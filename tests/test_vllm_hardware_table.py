@@ -6,6 +6,7 @@ advisories for an unknown GPU or image: exact messages."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -77,6 +78,8 @@ def test_bfloat16_below_sm80_names_the_images_source_or_every_version() -> None:
     # A raw container says the flag to pass, not the stack key.
     raw = dtype("bfloat16", pool=None, model=None)
     assert check_dtype(raw, NO_F32)[0].endswith("Instead, pass --dtype half.")
+    # The minimum is the image's facts' (every line's is 8.0 today).
+    assert check_dtype(replace(found, facts=replace(found.facts, bf16_min_capability=70)), NO_F32) == []
 
 
 @pytest.mark.parametrize("given", ["float32", "float"])
@@ -103,6 +106,8 @@ def test_auto_on_a_model_type_that_refuses_float16_is_float32_below_sm80(monkeyp
     assert check_dtype(dtype("auto"), F32) == []
     assert check_dtype(dtype("auto", gpu=A100), NO_F32) == []
     assert check_dtype(dtype("auto", arch="deepseek-r1"), NO_F32) == []
+    # A model not in the catalog has no model type to refuse float16.
+    assert check_dtype(dtype("auto", arch=None), NO_F32) == []
     assert check_dtype(dtype("half"), NO_F32) == []
     # Unset, --dtype is auto.
     assert check_dtype(at(V19, argv_drop=["--dtype"]), NO_F32) == [AUTO_F32.format(t="qwen3_moe", where=V100_AT)]
@@ -273,6 +278,7 @@ MLA: list[tuple[str | None, str, dict[str, str], str, str, str | None]] = [
     (None, "/data/models/kimi_k2-instruct", {}, V19, V100, "/data/models/kimi_k2-instruct"),
     (None, "/data/models/DeepSeek-R1-Distill-Qwen-32B", {}, V19, V100, None),
     (None, "/data/models/deepseek-r1-distill", {}, V19, V100, None),
+    (None, "/data/models/DeepSeek-R1-0528-Distill-Qwen3-8B", {}, V19, V100, None),
     (None, "/data/models/DeepSeek-V2-Lite", {}, V19, V100, "/data/models/DeepSeek-V2-Lite"),
     (None, "/data/models/deepseek-coder", {}, V19, V100, None),
 ]
@@ -293,6 +299,12 @@ def test_mla_below_sm80_by_catalog_or_name_unless_switched_off(
     assert check_mla(found, {}) == [mla(model, where, source)]
 
 
+def test_the_mla_minimum_is_the_images_facts() -> None:
+    found = at(arch="deepseek-r1")
+    assert found.facts is not None
+    assert check_mla(replace(found, facts=replace(found.facts, mla_min_capability=70)), {}) == []
+
+
 @pytest.mark.parametrize(
     ("without", "tail"),
     [
@@ -304,6 +316,10 @@ def test_mla_below_sm80_by_catalog_or_name_unless_switched_off(
         (
             {"fits": True, "kv_tokens": 10000.0},
             " With it, the KV cache holds 10000 tokens per instance (0.0 sequences of 0).",
+        ),
+        (
+            {"fits": True, "kv_tokens": 0, "max_model_len": 4096.0},
+            " With it, the KV cache holds 0 tokens per instance (0.0 sequences of 4096).",
         ),
         ({"fits": True}, ""),
         ("not a mapping", ""),
@@ -362,6 +378,10 @@ def test_the_attention_backend_from_the_env_on_lines_before_the_flag() -> None:
     ]
     assert check_attention_backend(at(V92), {}) == []
     assert check_attention_backend(at(PRIVATE), {}) == []
+    # An image without facts is not judged, whatever it names.
+    flash = at(PRIVATE, argv_drop=["--attention-backend"], argv_add=["--attention-backend", "FLASH_ATTN"])
+    assert flash.args.get("attention_backend") == "FLASH_ATTN"
+    assert check_attention_backend(flash, {}) == []
     assert check_attention_backend(at(V92, env={"VLLM_ATTENTION_BACKEND": ""}), {}) == []
 
 

@@ -467,4 +467,69 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         'return launch.env.get("VLLM_USE_V1") != "0" and (launch.capability or 1) >= 80',
         "a GPU not in the table read as capability 1 instead of 0: both are below 80",
     ),
+    # --- components/engines/vllm/rules/hardware.py ---------------------------------------------------------
+    "components.engines.vllm.rules.hardware.x_image_key__mutmut_7": (
+        'return f"pools.{pool}.image" if launch.resource == "ModelServer" or pool else "the container\'s image"',
+        "only a ModelServer's props carry a pool (a Docker container's inputs have no such key), so or and and agree",
+    ),
+    "components.engines.vllm.rules.hardware.x__dtype__mutmut_12": (
+        "return DTYPE_ALIASES.get(given, None)",
+        "DTYPE_ALIASES' keys are every --dtype choice vLLM takes, and a value outside them is an argv error the parser does not store: the fallback is never read",
+    ),
+    "components.engines.vllm.rules.hardware.x__dtype__mutmut_13": (
+        "return DTYPE_ALIASES.get(given)",
+        "as _dtype's mutant 12: the fallback is never read",
+    ),
+    "components.engines.vllm.rules.hardware.x__dtype__mutmut_14": (
+        "return DTYPE_ALIASES.get(given, )",
+        "as _dtype's mutant 12: the fallback is never read",
+    ),
+    "components.engines.vllm.rules.hardware.x_check_dtype__mutmut_25": (
+        "cap = launch.capability or 1",
+        "a GPU not in the table read as capability 1 instead of 0: every minimum this compares against is 0 or 70 and up, so both fall on the same side",
+    ),
+    "components.engines.vllm.rules.hardware.x_check_v1__mutmut_19": (
+        "if facts.runs_v1(launch.capability or 1):",
+        "a GPU not in the table read as capability 1 instead of 0: every minimum this compares against is 0 or 70 and up, so both fall on the same side",
+    ),
+    "components.engines.vllm.rules.hardware.x_check_v1__mutmut_29": (
+        'f"{(facts.v1_min_capability or 1) / 10:.1f} and {launch.where()} has less (VLLM_USE_V1=1 raises "',
+        "reached only when the line reads VLLM_USE_V1 and V1 does not run: every such line states its V1 minimum (70 or 80), never None",
+    ),
+    "components.engines.vllm.rules.hardware.x__quantization__mutmut_13": (
+        'return None, "XXXX"',
+        "with no method the source is never read: every caller reads it only for a method",
+    ),
+    "components.engines.vllm.rules.hardware.x_check_fp8__mutmut_4": (
+        "cap = launch.capability or 1",
+        "a GPU not in the table read as capability 1 instead of 0: every minimum this compares against is 0 or 70 and up, so both fall on the same side",
+    ),
+    "components.engines.vllm.rules.hardware.x_check_fp8__mutmut_9": (
+        'kv = str(launch.args.get("kv_cache_dtype", None))',
+        "an unset cache dtype read as 'None' instead of 'auto': neither starts with fp8, and the value is shown only when it does",
+    ),
+    "components.engines.vllm.rules.hardware.x_check_fp8__mutmut_11": (
+        'kv = str(launch.args.get("kv_cache_dtype", ))',
+        "as check_fp8's mutant 9",
+    ),
+    "components.engines.vllm.rules.hardware.x_check_fp8__mutmut_14": (
+        'kv = str(launch.args.get("kv_cache_dtype", "XXautoXX"))',
+        "as check_fp8's mutant 9",
+    ),
+    "components.engines.vllm.rules.hardware.x_check_fp8__mutmut_15": (
+        'kv = str(launch.args.get("kv_cache_dtype", "AUTO"))',
+        "as check_fp8's mutant 9",
+    ),
+    "components.engines.vllm.rules.hardware.x__mla_model__mutmut_9": (
+        'name = launch.arch or launch.model_path or "XXXX"',
+        "'XXXX' names no MLA model any more than '' does",
+    ),
+    "components.engines.vllm.rules.hardware.x_check_mla__mutmut_4": (
+        "cap = launch.capability or 1",
+        "a GPU not in the table read as capability 1 instead of 0: every minimum this compares against is 0 or 70 and up, so both fall on the same side",
+    ),
+    "components.engines.vllm.rules.hardware.x_check_attention_backend__mutmut_26": (
+        "cap = launch.capability or 1",
+        "a GPU not in the table read as capability 1 instead of 0: every minimum this compares against is 0 or 70 and up, so both fall on the same side",
+    ),
 }

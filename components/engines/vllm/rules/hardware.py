@@ -17,7 +17,7 @@ from typing import Any
 
 from components.engines.containers import GPU_MODEL_LABEL
 from components.engines.judged import number
-from components.engines.vllm.facts import DEFAULT_IMAGE, FP8_WEIGHT_METHODS, image_facts
+from components.engines.vllm.facts import DEFAULT_IMAGE, FP8_WEIGHT_METHODS, ImageFacts, image_facts
 from components.engines.vllm.launch import Launch
 from components.facts.hardware import (
     DTYPE_ALIASES,
@@ -66,12 +66,9 @@ def set_model(launch: Launch, field: str, value: str) -> str:
     return f"set {key}: {value}" if not key.startswith("--") else f"pass {key} {value}"
 
 
-def _image(launch: Launch) -> str:
-    return (
-        f"image {launch.facts.ref if launch.facts else launch.image} (vLLM {launch.facts.version})"
-        if launch.facts
-        else f"image {launch.image}"
-    )
+def _image(facts: ImageFacts) -> str:
+    """The image, as the rules that need its facts name it (an unknown image is not theirs to judge)."""
+    return f"image {facts.ref} (vLLM {facts.version})"
 
 
 def _dtype(launch: Launch) -> str:
@@ -94,7 +91,7 @@ def check_dtype(launch: Launch, config: dict[str, Any]) -> list[str]:
     """bf16 below sm_80 (every version), and float32 where half was meant."""
     facts = launch.facts
     need = facts.bf16_min_capability if facts else EVERY_VERSION_MIN["bf16"]
-    given = launch.args.get("dtype", "auto")
+    given = launch.args.get("dtype")  # read only where it is bfloat16 or float32: given
     dtype = _dtype(launch)
     arch = model_arch_or_none(launch.arch)
     model_type = getattr(arch, "model_type", None)
@@ -128,7 +125,7 @@ def check_v1(launch: Launch, config: dict[str, Any]) -> list[str]:
     value = launch.env.get("VLLM_USE_V1")
     if value == "0" and not facts.v0_engine:
         return [
-            f"VLLM_USE_V1=0 selects the V0 engine, which {_image(launch)} no longer has: it stops at startup "
+            f"VLLM_USE_V1=0 selects the V0 engine, which {_image(facts)} no longer has: it stops at startup "
             f"({facts.cite('v0_engine')}). Remove VLLM_USE_V1 from the container's env (V1 runs on "
             f"{launch.where()} in this image)."
         ]
@@ -138,7 +135,7 @@ def check_v1(launch: Launch, config: dict[str, Any]) -> list[str]:
         return []
     state = f"is unset (vLLM {facts.version} reads unset as 1)" if value is None else f"is {value!r}"
     return [
-        f"VLLM_USE_V1 {state}: the V1 engine of {_image(launch)} needs compute capability "
+        f"VLLM_USE_V1 {state}: the V1 engine of {_image(facts)} needs compute capability "
         f"{(facts.v1_min_capability or 0) / 10:.1f} and {launch.where()} has less (VLLM_USE_V1=1 raises "
         f"NotImplementedError; {facts.cite('v1_min_capability')}). Set VLLM_USE_V1=0 in the container's env."
     ]
@@ -150,7 +147,7 @@ def check_v1_ignored(launch: Launch, config: dict[str, Any]) -> list[str]:
     if facts is None or facts.reads_vllm_use_v1 or "VLLM_USE_V1" not in launch.env:
         return []
     return [
-        f"VLLM_USE_V1={launch.env['VLLM_USE_V1']} does nothing in {_image(launch)}: its envs.py no longer "
+        f"VLLM_USE_V1={launch.env['VLLM_USE_V1']} does nothing in {_image(facts)}: its envs.py no longer "
         f"reads it and the only engine is V1 ({facts.cite('reads_vllm_use_v1')}). Remove VLLM_USE_V1."
     ]
 
@@ -362,7 +359,7 @@ _MLA_NAME = re.compile(r"deepseek[-_]?(v2|v3|r1)(?![-_]?distill)|kimi[-_]?k2", r
 
 
 def _mla_on(launch: Launch) -> bool:
-    return launch.env.get("VLLM_MLA_DISABLE", "0") not in ("1", "true", "True")
+    return launch.env.get("VLLM_MLA_DISABLE") not in ("1", "true", "True")
 
 
 def _moe_triton(launch: Launch) -> str | None:
@@ -415,7 +412,7 @@ def check_triton(launch: Launch, config: dict[str, Any]) -> list[str]:
     if _moe_triton(launch) and len(kernels) == 1:
         ways.append(f"{set_model(launch, 'dtype', 'float32')} (fp32 dots compile; twice the weights)")
     return [
-        f"{', '.join(kernels)}: Triton {t.version} in {_image(launch)} cannot compile fp16 tl.dot below "
+        f"{', '.join(kernels)}: Triton {t.version} in {_image(facts)} cannot compile fp16 tl.dot below "
         f'sm_{t.fp16_dot_min_capability} ("{t.failure}"; {t.source}), so the engine dies at its startup '
         f"profile run on {launch.where()}. Instead, {' or '.join(ways)}."
     ]
@@ -429,7 +426,7 @@ def check_prefill(launch: Launch, config: dict[str, Any]) -> list[str]:
         return []
     out = []
     why = (
-        f"the prefix-prefill kernel of {_image(launch)} fails on {launch.where()} "
+        f"the prefix-prefill kernel of {_image(facts)} fails on {launch.where()} "
         f"({facts.cite('prefix_prefill_min_capability')})"
     )
     if launch.args.get("enable_prefix_caching"):
