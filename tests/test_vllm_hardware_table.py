@@ -2,7 +2,9 @@
 each side of sm_80 (known and unknown images, float32 allowed or not, a model type that refuses float16),
 the V1 switch per image line x GPU x value, an FP8 KV cache and FP8 weights per capability, MLA (by catalog
 arch or by name, the switch's spellings, the capacity without it), the attention backend per GPU, and the
-advisories for an unknown GPU or image: exact messages."""
+advisories for an unknown GPU or image, and the kernels that die below a minimum: chunked prefill and prefix
+caching per image line x GPU x flag x --max-model-len, the Triton kernels each server runs and Triton without
+fp16 tl.dot: exact messages."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from components.engines.vllm.facts import IMAGES
+from components.engines.vllm.facts import IMAGES, image_facts
 from components.engines.vllm.launch import Launch
 from components.engines.vllm.rules.hardware import (
     GPU_RULES,
@@ -22,8 +24,11 @@ from components.engines.vllm.rules.hardware import (
     check_gpu_known,
     check_image_known,
     check_mla,
+    check_prefill,
+    check_triton,
     check_v1,
     check_v1_ignored,
+    triton_kernels,
 )
 from components.facts.hardware import GPUS
 from tests.test_vllm_rules_table import V011, V19, V92, launch
@@ -441,3 +446,178 @@ def test_an_image_without_facts_is_named_with_how_to_declare_them() -> None:
     assert check_image_known(container(V100, image=None), {}) == [
         unknown_image("(none stated)", "use a known image", "the container's image")
     ]
+
+
+def prefill(kind: str, image: str, where: str, auto: int = 32768, length: int = 0) -> str:
+    facts = image_facts(image)
+    assert facts is not None
+    why = (
+        f"the prefix-prefill kernel of image {facts.ref} (vLLM {facts.version}) fails on {where} "
+        f"({facts.cite('prefix_prefill_min_capability')})"
+    )
+    return {
+        "prefix": f"--enable-prefix-caching: {why}. Remove it (enablePrefixCaching: false).",
+        "chunked": f"--enable-chunked-prefill: {why}. Remove it (enableChunkedPrefill: false).",
+        "unset": f"--max-model-len is unset: vLLM takes the model's context length and turns chunked prefill on by "
+        f"itself above {auto}; {why}. Set --max-model-len <= {auto} or pass --no-enable-chunked-prefill.",
+        "above": f"--max-model-len {length}: above {auto} vLLM {facts.version} turns chunked prefill on by itself; "
+        f"{why}. Set --max-model-len <= {auto} or pass --no-enable-chunked-prefill.",
+    }[kind]
+
+
+BOTH = ["--enable-prefix-caching", "--enable-chunked-prefill"]
+LONGER = ["--max-model-len", "32769"]
+# (image, GPU, flags dropped, flags added, messages): 0.9.2's kernels need sm_80 and it chunks above 32768 by
+# itself; 0.19.1's run from sm_70 (the chat server's --max-model-len is 32768).
+PREFILL: list[tuple[str, str, list[str], list[str], list[str]]] = [
+    (V92, V100, [], [], []),
+    (V92, V100, ["--max-model-len"], LONGER, [prefill("above", V92, V100_AT, length=32769)]),
+    (V92, V100, ["--max-model-len"], [], [prefill("unset", V92, V100_AT)]),
+    (V92, V100, [], ["--enable-prefix-caching"], [prefill("prefix", V92, V100_AT)]),
+    (V92, V100, [], ["--enable-chunked-prefill"], [prefill("chunked", V92, V100_AT)]),
+    (V92, V100, [], BOTH, [prefill("prefix", V92, V100_AT), prefill("chunked", V92, V100_AT)]),
+    (V92, V100, ["--max-model-len"], [*LONGER, "--no-enable-chunked-prefill"], []),
+    (V92, V100, ["--max-model-len"], ["--no-enable-chunked-prefill"], []),
+    (V92, T4, [], ["--enable-prefix-caching"], [prefill("prefix", V92, f"{T4} (sm_75)")]),
+    (V92, A100, ["--max-model-len"], BOTH, []),
+    (V19, V100, ["--max-model-len"], BOTH, []),
+    (PRIVATE, V100, ["--max-model-len"], BOTH, []),
+]
+
+
+@pytest.mark.parametrize(("image", "gpu", "drop", "add", "messages"), PREFILL)
+def test_chunked_prefill_and_prefix_caching_below_the_kernels_minimum(
+    image: str, gpu: str, drop: list[str], add: list[str], messages: list[str]
+) -> None:
+    found = at(image, gpu, argv_drop=drop, argv_add=add)
+    assert found.args.errors == ()
+    assert check_prefill(found, {}) == messages
+
+
+def test_a_line_that_never_chunks_by_itself_is_judged_by_the_flags_alone() -> None:
+    """0.19.1 with a stricter kernel minimum: no --max-model-len is no auto switch, the flag still is."""
+    found = at(V19, argv_drop=["--max-model-len"])
+    assert found.facts is not None and found.facts.chunked_prefill_auto_above is None
+    assert check_prefill(replace(found, facts=replace(found.facts, prefix_prefill_min_capability=80)), {}) == []
+    chunked = at(V19, argv_add=["--enable-chunked-prefill"])
+    assert chunked.facts is not None
+    stricter = replace(chunked, facts=replace(chunked.facts, prefix_prefill_min_capability=80))
+    assert check_prefill(stricter, {}) == [prefill("chunked", V19, V100_AT)]
+
+
+MOE = "the fp16 fused-MoE kernel of qwen3-30b-a3b"
+WNA16 = "the MoeWNA16 int4 fused-MoE Triton kernel of {} (every prefill)"
+PREFILL_KERNEL = "the prefix-prefill attention kernel (chunked prefill / prefix caching)"
+# (image, GPU, changes, the Triton kernels with fp16 tl.dot the server runs).
+KERNELS: list[tuple[str, str, dict[str, Any], list[str]]] = [
+    (V92, V100, {}, [MOE]),
+    (V92, V100, {"arch": "qwen3-32b"}, []),
+    (V92, V100, {"arch": None}, []),
+    (V92, V100, {"argv_drop": ["--dtype"], "argv_add": ["--dtype", "float32"]}, []),
+    # auto is bfloat16 from sm_80 (the MoE kernel runs), float16 below it.
+    (V92, A100, {"argv_drop": ["--dtype"]}, [MOE]),
+    (V92, V100, {"argv_drop": ["--dtype"]}, [MOE]),
+    (V92, V100, {"argv_add": ["--quantization", "moe_wna16"]}, [WNA16.format("qwen3-30b-a3b")]),
+    (V92, V100, {"argv_add": ["--quantization", "gptq"]}, []),
+    (V92, V100, {"quantization": "awq"}, []),
+    (V19, V100, {"argv_add": ["--quantization", "gptq"]}, [WNA16.format("qwen3-30b-a3b"), "TRITON_ATTN attention"]),
+    (V011, V100, {"arch": "qwen3-32b"}, ["FLEX_ATTENTION attention"]),
+    (V19, A100, {"arch": "qwen3-32b", "argv_drop": ["--attention-backend"]}, []),
+    (V92, V100, {"arch": "qwen3-32b", "argv_add": ["--enable-prefix-caching"]}, [PREFILL_KERNEL]),
+    (V92, V100, {"arch": "qwen3-32b", "argv_add": ["--enable-chunked-prefill"]}, [PREFILL_KERNEL]),
+    (
+        V92,
+        V100,
+        {"arch": "deepseek-r1"},
+        ["the fp16 fused-MoE kernel of deepseek-r1", "Triton MLA decode"],
+    ),
+    (
+        V92,
+        V100,
+        {"arch": "deepseek-r1", "env": {"VLLM_MLA_DISABLE": "1"}},
+        ["the fp16 fused-MoE kernel of deepseek-r1"],
+    ),
+    (PRIVATE, V100, {"arch": None, "modelPath": "/data/models/kimi_k2-instruct"}, ["Triton MLA decode"]),
+    # An image without facts: a method that is not moe_wna16 runs no Triton MoE kernel.
+    (PRIVATE, V100, {"argv_add": ["--quantization", "gptq"]}, []),
+]
+
+
+@pytest.mark.parametrize(("image", "gpu", "changes", "kernels"), KERNELS)
+def test_the_triton_kernels_each_server_runs(image: str, gpu: str, changes: dict[str, Any], kernels: list[str]) -> None:
+    found = at(image, gpu, **changes)
+    assert found.args.errors == ()
+    assert triton_kernels(found) == kernels
+
+
+def test_a_moe_model_computing_in_float32_runs_no_fp16_moe_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    from components.engines.vllm.rules import hardware
+
+    # No catalog model refuses float16 today: take Qwen3-MoE's type as one that does.
+    monkeypatch.setattr(hardware, "FP16_REFUSING_MODEL_TYPES", frozenset({"qwen3_moe"}))
+    assert triton_kernels(at(V92, V100, argv_drop=["--dtype"])) == []
+    assert triton_kernels(at(V92, V100, argv_drop=["--dtype"], argv_add=["--dtype", "auto"])) == []
+    assert triton_kernels(at(V92, A100, argv_drop=["--dtype"])) == [MOE]
+    assert triton_kernels(at(V92, V100)) == [MOE]
+    assert triton_kernels(at(V92, V100, arch="deepseek-r1-distill-qwen-32b", argv_drop=["--dtype"])) == []
+    assert triton_kernels(at(V92, V100, argv_drop=["--dtype"], argv_add=["--dtype", "float"])) == []
+
+
+def no_fp16_dot(kernels: list[str], where: str, ways: list[str]) -> str:
+    facts = image_facts(V92)
+    assert facts is not None and facts.triton_facts is not None
+    t = facts.triton_facts
+    return (
+        f"{', '.join(kernels)}: Triton {t.version} in image {facts.ref} (vLLM {facts.version}) cannot compile fp16 "
+        f'tl.dot below sm_{t.fp16_dot_min_capability} ("{t.failure}"; {t.source}), so the engine dies at its '
+        f"startup profile run on {where}. Instead, {' or '.join(ways)}."
+    )
+
+
+VOLTA = "use vllm/vllm-openai:v0.19.1 ({}; Triton 3.6.0 compiles them for sm_70 with FMA, no tensor cores)"
+FP32 = "{} (fp32 dots compile; twice the weights)"
+# (image, GPU, changes, messages): 0.9.2's Triton 3.3 has no fp16 tl.dot below sm_80; 0.11 and 0.19 do.
+TRITON: list[tuple[str, str, dict[str, Any], list[str]]] = [
+    (
+        V92,
+        V100,
+        {},
+        [
+            no_fp16_dot(
+                [MOE],
+                V100_AT,
+                [VOLTA.format("pools.chat.image"), FP32.format("set models.qwen3-30b-a3b.dtype: float32")],
+            )
+        ],
+    ),
+    (
+        V92,
+        T4,
+        {"argv_add": ["--enable-chunked-prefill"]},
+        [no_fp16_dot([MOE, PREFILL_KERNEL], f"{T4} (sm_75)", [VOLTA.format("pools.chat.image")])],
+    ),
+    (
+        V92,
+        V100,
+        {"arch": "qwen3-32b", "argv_add": ["--enable-prefix-caching"]},
+        [no_fp16_dot([PREFILL_KERNEL], V100_AT, [VOLTA.format("pools.chat.image")])],
+    ),
+    (
+        V92,
+        V100,
+        {"pool": None, "model": None},
+        [no_fp16_dot([MOE], V100_AT, [VOLTA.format("the container's image"), FP32.format("pass --dtype float32")])],
+    ),
+    (V92, V100, {"arch": "qwen3-32b"}, []),
+    (V92, A100, {}, []),
+    (V011, V100, {}, []),
+    (V19, V100, {}, []),
+    (PRIVATE, V100, {}, []),
+]
+
+
+@pytest.mark.parametrize(("image", "gpu", "changes", "messages"), TRITON)
+def test_triton_without_fp16_dot_on_the_gpu(image: str, gpu: str, changes: dict[str, Any], messages: list[str]) -> None:
+    found = at(image, gpu, **changes)
+    assert found.args.errors == ()
+    assert check_triton(found, {}) == messages

@@ -468,10 +468,6 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         "a GPU not in the table read as capability 1 instead of 0: both are below 80",
     ),
     # --- components/engines/vllm/rules/hardware.py ---------------------------------------------------------
-    "components.engines.vllm.rules.hardware.x_image_key__mutmut_7": (
-        'return f"pools.{pool}.image" if launch.resource == "ModelServer" or pool else "the container\'s image"',
-        "only a ModelServer's props carry a pool (a Docker container's inputs have no such key), so or and and agree",
-    ),
     "components.engines.vllm.rules.hardware.x__dtype__mutmut_12": (
         "return DTYPE_ALIASES.get(given, None)",
         "DTYPE_ALIASES' keys are every --dtype choice vLLM takes, and a value outside them is an argv error the parser does not store: the fallback is never read",
@@ -530,6 +526,22 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     ),
     "components.engines.vllm.rules.hardware.x_check_attention_backend__mutmut_26": (
         "cap = launch.capability or 1",
+        "a GPU not in the table read as capability 1 instead of 0: every minimum this compares against is 0 or 70 and up, so both fall on the same side",
+    ),
+    "components.engines.vllm.rules.hardware.x_triton_kernels__mutmut_4": (
+        "cap = launch.capability or 1",
+        "a GPU not in the table read as capability 1 instead of 0: every minimum this compares against is 0 or 70 and up, so both fall on the same side",
+    ),
+    "components.engines.vllm.rules.hardware.x_check_triton__mutmut_4": (
+        "cap = launch.capability or 1",
+        "a GPU not in the table read as capability 1 instead of 0: every minimum this compares against is 0 or 70 and up, so both fall on the same side",
+    ),
+    "components.engines.vllm.rules.hardware.x_check_prefill__mutmut_4": (
+        "cap = launch.capability or 1",
+        "a GPU not in the table read as capability 1 instead of 0: every minimum this compares against is 0 or 70 and up, so both fall on the same side",
+    ),
+    "components.engines.vllm.rules.hardware.x__float32__mutmut_11": (
+        'return (launch.capability or 1) < EVERY_VERSION_MIN["bf16"] and model_type in FP16_REFUSING_MODEL_TYPES',
         "a GPU not in the table read as capability 1 instead of 0: every minimum this compares against is 0 or 70 and up, so both fall on the same side",
     ),
 }

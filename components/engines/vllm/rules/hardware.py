@@ -76,15 +76,12 @@ def _dtype(launch: Launch) -> str:
     return DTYPE_ALIASES.get(given, given)
 
 
-def _resolved_dtype(launch: Launch) -> str:
-    """What the weights compute in: auto is float16 below sm_80 (the model types that refuse it: float32)."""
+def _float32(launch: Launch, model_type: str) -> bool:
+    """Whether the weights compute in float32: asked for, or auto below sm_80 on a model type refusing float16."""
     dtype = _dtype(launch)
     if dtype != "auto":
-        return dtype
-    arch = model_arch_or_none(launch.arch)
-    if (launch.capability or 0) >= EVERY_VERSION_MIN["bf16"]:
-        return "bfloat16"
-    return "float32" if getattr(arch, "model_type", None) in FP16_REFUSING_MODEL_TYPES else "float16"
+        return dtype == "float32"
+    return (launch.capability or 0) < EVERY_VERSION_MIN["bf16"] and model_type in FP16_REFUSING_MODEL_TYPES
 
 
 def check_dtype(launch: Launch, config: dict[str, Any]) -> list[str]:
@@ -365,7 +362,7 @@ def _mla_on(launch: Launch) -> bool:
 def _moe_triton(launch: Launch) -> str | None:
     """The Triton fused-MoE kernel the pool runs in fp16, or None (dense model, fp32, or a method without it)."""
     arch = model_arch_or_none(launch.arch)
-    if arch is None or not arch.is_moe or _resolved_dtype(launch) == "float32":
+    if arch is None or not arch.is_moe or _float32(launch, arch.model_type):
         return None
     method, _ = _quantization(launch)
     if method is None:
