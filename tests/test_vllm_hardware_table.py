@@ -25,6 +25,7 @@ from components.engines.vllm.rules.hardware import (
     check_image_known,
     check_mla,
     check_prefill,
+    check_quantization,
     check_triton,
     check_v1,
     check_v1_ignored,
@@ -621,3 +622,99 @@ def test_triton_without_fp16_dot_on_the_gpu(image: str, gpu: str, changes: dict[
     found = at(image, gpu, **changes)
     assert found.args.errors == ()
     assert check_triton(found, {}) == messages
+
+
+def below_method(source: str, image: str, method: str, need: int, where: str, cap: int, way_out: str) -> str:
+    facts = image_facts(image)
+    assert facts is not None
+    return (
+        f"{source}: vLLM {facts.version} needs sm_{need} (compute capability {need / 10:.1f}) for {method}; {where} has "
+        f'less ("Minimum capability: {need}. Current capability: {cap}."; {facts.cite("quantizations")}). '
+        f"Instead, {way_out}."
+    )
+
+
+AWQ_WAY_OUT = (
+    "serve a GPTQ checkpoint of the model (--quantization gptq), or serve the AWQ checkpoint with LMDeploy "
+    "(TurboMind runs AWQ on sm_70)"
+)
+RUNS_HERE = "use a checkpoint in a method that runs here: "
+# (image, GPU, launch changes, messages): each method's minimum in the image's vLLM against the GPU's.
+QUANTIZATION: list[tuple[str, str, dict[str, Any], list[str]]] = [
+    (V92, V100, {}, []),
+    (
+        V92,
+        V100,
+        {"argv_add": ["--quantization", "awq"]},
+        [below_method("--quantization awq", V92, "awq", 75, V100_AT, 70, AWQ_WAY_OUT)],
+    ),
+    (
+        V92,
+        V100,
+        {"quantization": "awq"},
+        [
+            below_method(
+                "the checkpoint's quantization awq (models.qwen3-30b-a3b.quantization)",
+                V92,
+                "awq",
+                75,
+                V100_AT,
+                70,
+                AWQ_WAY_OUT,
+            )
+        ],
+    ),
+    (V92, T4, {"argv_add": ["--quantization", "awq"]}, []),
+    (
+        V92,
+        V100,
+        {"argv_add": ["--quantization", "hqq"]},
+        [
+            below_method(
+                "--quantization hqq",
+                V92,
+                "hqq",
+                80,
+                V100_AT,
+                70,
+                RUNS_HERE + "aqlm, auto-round, bitblas, bitsandbytes, compressed-tensors, deepspeedfp, gguf, gptq, "
+                "moe_wna16, quark",
+            )
+        ],
+    ),
+    # The methods that run here leave out the FP8 ones (gpu-fp8 judges those) and take those at exactly sm_80.
+    (
+        V19,
+        A100,
+        {"argv_add": ["--quantization", "petit_nvfp4"]},
+        [
+            below_method(
+                "--quantization petit_nvfp4",
+                V19,
+                "petit_nvfp4",
+                90,
+                f"{A100} (sm_80)",
+                80,
+                RUNS_HERE + "awq, awq_marlin, bitsandbytes, compressed-tensors, experts_int8, gguf, gptq, gptq_marlin, "
+                "inc, moe_wna16, mxfp4, quark, torchao",
+            )
+        ],
+    ),
+    (
+        V92,
+        V100,
+        {"argv_add": ["--quantization", "tpu_int8"]},
+        ["--quantization tpu_int8: not a CUDA method in vLLM 0.9.2 (it targets TPU, Neuron, Intel or CPU)."],
+    ),
+    (V92, V100, {"argv_add": ["--quantization", "fp8"]}, []),
+    (PRIVATE, V100, {"argv_add": ["--quantization", "awq"]}, []),
+]
+
+
+@pytest.mark.parametrize(("image", "gpu", "changes", "messages"), QUANTIZATION)
+def test_each_quantization_method_against_its_minimum_capability(
+    image: str, gpu: str, changes: dict[str, Any], messages: list[str]
+) -> None:
+    found = at(image, gpu, **changes)
+    assert found.args.errors == ()
+    assert check_quantization(found, {}) == messages
