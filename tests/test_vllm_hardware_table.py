@@ -26,6 +26,7 @@ from components.engines.vllm.rules.hardware import (
     check_mla,
     check_prefill,
     check_quantization,
+    check_quantization_moe,
     check_triton,
     check_v1,
     check_v1_ignored,
@@ -718,3 +719,71 @@ def test_each_quantization_method_against_its_minimum_capability(
     found = at(image, gpu, **changes)
     assert found.args.errors == ()
     assert check_quantization(found, {}) == messages
+
+
+def no_moe_path(method: str, ways: str) -> str:
+    facts = image_facts(V92)
+    assert facts is not None
+    return (
+        f"--quantization {method} on qwen3-30b-a3b (qwen3_moe, a MoE model): vLLM 0.9.2 has no FusedMoE method for "
+        f"{method}, so the model fails to build (AssertionError in FusedMoE; {facts.cite('quantizations')}). "
+        f"Instead, {ways}."
+    )
+
+
+def wna16_way(set_it: str) -> str:
+    return (
+        f"{set_it} moe_wna16 (a GPTQ 4/8-bit checkpoint with desc_act: false; its Triton path needs a Triton that "
+        "compiles for the GPU)"
+    )
+
+
+def later_way(key: str) -> str:
+    facts = image_facts(V19)
+    assert facts is not None
+    return (
+        f"use {V19} ({key}), whose vLLM 0.19.1 routes gptq MoE layers to MoeWNA16 by itself "
+        f"({facts.cite('quantizations')})"
+    )
+
+
+GPTQ = ["--quantization", "gptq"]
+# (image, launch changes, messages): 0.9.2 has no FusedMoE method for gptq or bitblas; 0.19.1 routes gptq to MoeWNA16.
+QUANTIZATION_MOE: list[tuple[str, dict[str, Any], list[str]]] = [
+    (
+        V92,
+        {"argv_add": GPTQ},
+        [
+            no_moe_path(
+                "gptq", wna16_way("set models.qwen3-30b-a3b.quantization:") + " or " + later_way("pools.chat.image")
+            )
+        ],
+    ),
+    (
+        V92,
+        {"argv_add": GPTQ, "pool": None, "model": None},
+        [no_moe_path("gptq", wna16_way("pass --quantization") + " or " + later_way("the container's image"))],
+    ),
+    (V92, {"argv_add": ["--quantization", "bitblas"]}, [no_moe_path("bitblas", "use a method with a MoE path")]),
+    (V92, {"argv_add": GPTQ, "arch": "qwen3-32b"}, []),
+    (V92, {"argv_add": GPTQ, "arch": None}, []),
+    (V92, {"argv_add": ["--quantization", "awq"]}, []),
+    (V92, {}, []),
+    (V19, {"argv_add": GPTQ}, []),
+    (PRIVATE, {"argv_add": GPTQ}, []),
+]
+
+
+@pytest.mark.parametrize(("image", "changes", "messages"), QUANTIZATION_MOE)
+def test_a_method_without_a_moe_path_on_a_moe_model(image: str, changes: dict[str, Any], messages: list[str]) -> None:
+    found = at(image, V100, **changes)
+    assert found.args.errors == ()
+    assert check_quantization_moe(found, {}) == messages
+
+
+def test_the_moe_wna16_way_out_only_where_the_image_has_it() -> None:
+    found = at(V92, V100, argv_add=GPTQ)
+    assert found.facts is not None
+    without = {m: q for m, q in found.facts.quantizations.items() if m != "moe_wna16"}
+    stripped = replace(found, facts=replace(found.facts, quantizations=without))
+    assert check_quantization_moe(stripped, {}) == [no_moe_path("gptq", later_way("pools.chat.image"))]

@@ -544,4 +544,8 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         'return (launch.capability or 1) < EVERY_VERSION_MIN["bf16"] and model_type in FP16_REFUSING_MODEL_TYPES',
         "a GPU not in the table read as capability 1 instead of 0: every minimum this compares against is 0 or 70 and up, so both fall on the same side",
     ),
+    "components.engines.vllm.rules.hardware.x_check_quantization__mutmut_14": (
+        "cap = launch.capability or 1",
+        "a GPU not in the table read as capability 1 instead of 0: every minimum this compares against is 0 or 70 and up, so both fall on the same side",
+    ),
 }
