@@ -787,3 +787,16 @@ def test_the_moe_wna16_way_out_only_where_the_image_has_it() -> None:
     without = {m: q for m, q in found.facts.quantizations.items() if m != "moe_wna16"}
     stripped = replace(found, facts=replace(found.facts, quantizations=without))
     assert check_quantization_moe(stripped, {}) == [no_moe_path("gptq", later_way("pools.chat.image"))]
+
+
+def test_the_newer_line_is_named_only_where_its_method_has_a_moe_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    from components.engines.vllm.rules import hardware
+
+    newer = image_facts(V19)
+    assert newer is not None
+    quants = {**newer.quantizations, "gptq": replace(newer.quantizations["gptq"], moe="none")}
+    monkeypatch.setattr(hardware, "RECOMMENDED", replace(newer, quantizations=quants))
+    found = at(V92, V100, argv_add=GPTQ)
+    assert check_quantization_moe(found, {}) == [
+        no_moe_path("gptq", wna16_way("set models.qwen3-30b-a3b.quantization:"))
+    ]

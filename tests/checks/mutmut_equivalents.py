@@ -548,4 +548,8 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         "cap = launch.capability or 1",
         "a GPU not in the table read as capability 1 instead of 0: every minimum this compares against is 0 or 70 and up, so both fall on the same side",
     ),
+    "components.engines.vllm.rules.hardware.x_check_quantization_moe__mutmut_46": (
+        'if f is not None and f.quantizations.get(method, ) is not None and f.quantizations[method].moe != "none"',
+        "get's default is None either way",
+    ),
 }
