@@ -1,10 +1,11 @@
-"""vLLM's hardware rules that need no quantization facts, called directly on a Launch, as tables: the dtype on
+"""vLLM's hardware rules called directly on a Launch, as tables: the dtype on
 each side of sm_80 (known and unknown images, float32 allowed or not, a model type that refuses float16),
 the V1 switch per image line x GPU x value, an FP8 KV cache and FP8 weights per capability, MLA (by catalog
 arch or by name, the switch's spellings, the capacity without it), the attention backend per GPU, and the
 advisories for an unknown GPU or image, and the kernels that die below a minimum: chunked prefill and prefix
 caching per image line x GPU x flag x --max-model-len, the Triton kernels each server runs and Triton without
-fp16 tl.dot: exact messages."""
+fp16 tl.dot, each quantization method against its minimum, and a method without a MoE path on a MoE model:
+exact messages."""
 
 from __future__ import annotations
 
