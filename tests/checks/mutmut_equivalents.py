@@ -443,6 +443,7 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
     "components.spec.cluster.x_image_reference__mutmut_63": (
         'path = repo.split("/", 1)[1] if "/" in repo and re.search(r"[.:]|^localhost$", repo.split("/", 2)[0]) else repo',
         "the first piece is the same whatever the split count",
+    ),
     # --- components/engines/vllm/rules/topology.py ---------------------------------------------------------
     "components.engines.vllm.rules.topology.x_check_parallelism__mutmut_85": (
         "elif not tp_too_wide and nodes >= 1 and pp != nodes:",
