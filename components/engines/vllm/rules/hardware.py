@@ -195,7 +195,7 @@ CHECKPOINT_OVERRIDES = {"gptq": "gptq_marlin", "awq": "awq_marlin"}
 _DTYPE_FLAG = {"float16": "half", "bfloat16": "bfloat16", "float32": "float32"}
 
 
-def _act_dtypes_used(launch: Launch) -> tuple[str, ...]:
+def _act_dtypes_used(launch: Launch, facts: ImageFacts) -> tuple[str, ...]:
     """The activation dtypes vLLM may start with (ModelConfig.dtype): the one --dtype names; for auto
     (_resolve_auto_dtype) below sm_80 float16, or float32 for a model type that refuses float16, and from sm_80
     the checkpoint's config.json dtype, which the pack does not read (float16 or bfloat16; bfloat16 for those
@@ -205,7 +205,7 @@ def _act_dtypes_used(launch: Launch) -> tuple[str, ...]:
         return (dtype,)
     if launch.capability is None:
         return ()
-    bf16 = launch.capability >= (launch.facts.bf16_min_capability if launch.facts else EVERY_VERSION_MIN["bf16"])
+    bf16 = launch.capability >= facts.bf16_min_capability
     if getattr(model_arch_or_none(launch.arch), "model_type", None) in FP16_REFUSING_MODEL_TYPES:
         return ("bfloat16",) if bf16 else ("float32",)
     return ("float16", "bfloat16") if bf16 else ("float16",)
@@ -231,14 +231,14 @@ def check_quantization_dtype(launch: Launch, config: dict[str, Any]) -> list[str
         need = facts.quantizations[upgrade].min_capability  # type: ignore[index]
         if need is not None and cap >= need:
             methods.append(upgrade)  # type: ignore[arg-type]
-    quants = [facts.quantizations[m] for m in methods]
-    if any(q.min_capability is None or (cap is not None and cap < q.min_capability) for q in quants):
+    quants = {m: facts.quantizations[m] for m in methods}
+    if any(q.min_capability is None or (cap is not None and cap < q.min_capability) for q in quants.values()):
         return []
-    accepted = [q.supported_act_dtypes(cap) for q in quants]
-    used = _act_dtypes_used(launch)
-    if not used or any(not a for a in accepted) or any(d in a for d in used for a in accepted):
+    accepted = {m: q.supported_act_dtypes(cap) for m, q in quants.items()}
+    used = _act_dtypes_used(launch, facts)
+    if not used or any(not a for a in accepted.values()) or any(d in a for d in used for a in accepted.values()):
         return []
-    given = launch.args.get("dtype", "auto")
+    given = launch.args.get("dtype")  # read only where --dtype is given
     dtype = used[0]
     arch = model_arch_or_none(launch.arch)
     if _dtype(launch) != "auto":
@@ -247,23 +247,23 @@ def check_quantization_dtype(launch: Launch, config: dict[str, Any]) -> list[str
         dtype_text = f"--dtype auto (float32 on {launch.where()}: model type {arch.model_type} refuses float16)"
     else:
         dtype_text = f"--dtype auto ({' or '.join(used)} on {launch.where()})"
-    runs = " and ".join(f"{m} in {', '.join(a)} only" for m, a in zip(methods, accepted, strict=True))
+    runs = " and ".join(f"{m} in {', '.join(a)} only" for m, a in accepted.items())
     if len(methods) > 1:
         runs += f" (vLLM swaps in {methods[1]} for the checkpoint when --quantization is unset)"
     says = " or ".join(
         f'"torch.{dtype} is not supported for quantization method {m}. Supported dtypes: {_torch_list(a)}"'
-        for m, a in zip(methods, accepted, strict=True)
+        for m, a in accepted.items()
     )
     defs = ", ".join(
         f"{m}: {q.act_dtypes_source.removeprefix('vllm/model_executor/layers/')}"
-        for m, q in zip(methods, quants, strict=True)
+        for m, q in quants.items()
     )
     bf16_runs = cap is None or cap >= facts.bf16_min_capability
     refuses_fp16 = getattr(arch, "model_type", None) in FP16_REFUSING_MODEL_TYPES
     ways = [
         d
         for d in ("float16", "bfloat16", "float32")
-        if d in accepted[0] and not (d == "bfloat16" and not bf16_runs) and not (d == "float16" and refuses_fp16)
+        if d in accepted[method] and not (d == "bfloat16" and not bf16_runs) and not (d == "float16" and refuses_fp16)
     ]
     fix = (
         set_model(launch, "dtype", _DTYPE_FLAG[ways[0]])
