@@ -4,8 +4,8 @@ the V1 switch per image line x GPU x value, an FP8 KV cache and FP8 weights per 
 arch or by name, the switch's spellings, the capacity without it), the attention backend per GPU, and the
 advisories for an unknown GPU or image, and the kernels that die below a minimum: chunked prefill and prefix
 caching per image line x GPU x flag x --max-model-len, the Triton kernels each server runs and Triton without
-fp16 tl.dot, each quantization method against its minimum, and a method without a MoE path on a MoE model:
-exact messages."""
+fp16 tl.dot, each quantization method against its minimum, a method without a MoE path on a MoE model, and
+the activation dtypes each method accepts per image line x GPU capability x model type: exact messages."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from components.engines.vllm.rules.hardware import (
     check_mla,
     check_prefill,
     check_quantization,
+    check_quantization_dtype,
     check_quantization_moe,
     check_triton,
     check_v1,
@@ -801,3 +802,214 @@ def test_the_newer_line_is_named_only_where_its_method_has_a_moe_path(monkeypatc
     assert check_quantization_moe(found, {}) == [
         no_moe_path("gptq", wna16_way("set models.qwen3-30b-a3b.quantization:"))
     ]
+
+
+def act_refused(source: str, given: str, image: str, runs: list[tuple[str, str]], dtype: str, fix: str) -> str:
+    """quantization-dtype's message: `runs` is each judged method with the torch dtypes it takes, as listed."""
+    facts = image_facts(image)
+    assert facts is not None
+    listed = " and ".join(f"{m} in {', '.join(d.split())} only" for m, d in runs)
+    says = " or ".join(
+        f'"torch.{dtype} is not supported for quantization method {m}. Supported dtypes: '
+        f'[{", ".join("torch." + x for x in d.split())}]"'
+        for m, d in runs
+    )
+    defs = ", ".join(
+        f"{m}: {facts.quantizations[m].act_dtypes_source.removeprefix('vllm/model_executor/layers/')}" for m, _ in runs
+    )
+    return (
+        f"{source} with {given}: vLLM {facts.version} runs {listed}, so it stops at startup ({says}; "
+        f"{facts.cite('quantization_act_dtypes')}; get_supported_act_dtypes of {defs}). Instead, {fix}."
+    )
+
+
+def quant(image: str, gpu: str | None, value: str, *argv: str, **changes: Any) -> Launch:
+    """The chat server with --dtype value and argv added (a checkpoint's method: quantization=...)."""
+    found = at(image, gpu, argv_drop=["--dtype"], argv_add=["--dtype", value, *argv], **changes)  # type: ignore[arg-type]
+    assert found.args.errors == ()
+    return found
+
+
+HALF = "set models.qwen3-30b-a3b.dtype: half"
+BF16 = "set models.qwen3-30b-a3b.dtype: bfloat16"
+NONE_RUNS = "no dtype {} accepts runs here: serve a checkpoint in a method that accepts {}"
+CHECKPOINT_GPTQ = "the checkpoint's quantization gptq (models.qwen3-30b-a3b.quantization)"
+A100_AT = f"{A100} (sm_80)"
+# (image, GPU, --dtype, argv added, launch changes, gemma2: the catalog model read as a type that refuses float16,
+# messages). mxfp4 takes bfloat16 only and starts at sm_80 (the A100 is both boundaries); gptq_marlin starts at
+# sm_75 in 0.19.1 and sm_80 in 0.9.2, where a GPTQ checkpoint without the flag may run as it.
+QUANTIZATION_DTYPE: list[tuple[str, str | None, str, list[str], dict[str, Any], bool, list[str]]] = [
+    (
+        V19,
+        A100,
+        "float16",
+        ["--quantization", "mxfp4"],
+        {},
+        False,
+        [act_refused("--quantization mxfp4", "--dtype float16", V19, [("mxfp4", "bfloat16")], "float16", BF16)],
+    ),
+    (V19, A100, "bfloat16", ["--quantization", "mxfp4"], {}, False, []),
+    # auto from sm_80 may be the checkpoint's bfloat16: not refused.
+    (V19, A100, "auto", ["--quantization", "mxfp4"], {}, False, []),
+    # A type that refuses float16 on a T4: auto is float32, bfloat16 does not run (sm_75), so no way but the method.
+    (
+        V19,
+        T4,
+        "auto",
+        ["--quantization", "gptq_marlin"],
+        {},
+        True,
+        [
+            act_refused(
+                "--quantization gptq_marlin",
+                "--dtype auto (float32 on Tesla T4 (sm_75): model type gemma2 refuses float16)",
+                V19,
+                [("gptq_marlin", "float16 bfloat16")],
+                "float32",
+                NONE_RUNS.format("gptq_marlin", "float32"),
+            )
+        ],
+    ),
+    # The same on an A100: auto is bfloat16, which gptq_marlin takes; float32 is refused, the way out is bfloat16.
+    (V19, A100, "auto", ["--quantization", "gptq_marlin"], {}, True, []),
+    (
+        V19,
+        A100,
+        "float32",
+        ["--quantization", "gptq_marlin"],
+        {},
+        True,
+        [
+            act_refused(
+                "--quantization gptq_marlin",
+                "--dtype float32",
+                V19,
+                [("gptq_marlin", "float16 bfloat16")],
+                "float32",
+                BF16,
+            )
+        ],
+    ),
+    (
+        V19,
+        A100,
+        "auto",
+        ["--quantization", "gptq"],
+        {},
+        True,
+        [
+            act_refused(
+                "--quantization gptq",
+                f"--dtype auto (bfloat16 on {A100_AT})",
+                V19,
+                [("gptq", "float16")],
+                "bfloat16",
+                NONE_RUNS.format("gptq", "bfloat16"),
+            )
+        ],
+    ),
+    # A model outside the catalog: its type is not known to refuse float16.
+    (
+        V19,
+        A100,
+        "bfloat16",
+        ["--quantization", "gptq"],
+        {"arch": None},
+        False,
+        [act_refused("--quantization gptq", "--dtype bfloat16", V19, [("gptq", "float16")], "bfloat16", HALF)],
+    ),
+    (V19, V100, "auto", ["--quantization", "gptq"], {"arch": None}, False, []),
+    # A GPU the pack does not know: an explicit --dtype is still judged (bfloat16 counted as running).
+    (
+        V19,
+        None,
+        "float32",
+        ["--quantization", "gptq"],
+        {},
+        False,
+        [act_refused("--quantization gptq", "--dtype float32", V19, [("gptq", "float16")], "float32", HALF)],
+    ),
+    # A GPTQ checkpoint without the flag: judged with Marlin from its minimum (sm_80 in 0.9.2), plain gptq below.
+    (V92, A100, "bfloat16", [], {"quantization": "gptq"}, False, []),
+    (
+        V92,
+        T4,
+        "bfloat16",
+        [],
+        {"quantization": "gptq"},
+        False,
+        [act_refused(CHECKPOINT_GPTQ, "--dtype bfloat16", V92, [("gptq", "float16")], "bfloat16", HALF)],
+    ),
+    # Not judged: an image without facts, a checkpoint method this line does not have, no method at all.
+    (PRIVATE, A100, "bfloat16", ["--quantization", "gptq"], {}, False, []),
+    (V19, A100, "float32", [], {"quantization": "aqlm"}, False, []),
+    (V19, A100, "float32", [], {}, False, []),
+]
+
+
+@pytest.mark.parametrize(("image", "gpu", "value", "argv", "changes", "gemma2", "messages"), QUANTIZATION_DTYPE)
+def test_the_dtypes_each_quantization_method_accepts(
+    image: str,
+    gpu: str | None,
+    value: str,
+    argv: list[str],
+    changes: dict[str, Any],
+    gemma2: bool,
+    messages: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from components.engines.vllm.rules import hardware
+
+    if gemma2:
+        real = hardware.model_arch_or_none
+        gemma = replace(real("qwen3-30b-a3b"), model_type="gemma2")
+        monkeypatch.setattr(
+            hardware, "model_arch_or_none", lambda name: gemma if name == "qwen3-30b-a3b" else real(name)
+        )
+    assert check_quantization_dtype(quant(image, gpu, value, *argv, **changes), {}) == messages
+
+
+def with_method(found: Launch, method: str, dtypes: tuple[str, ...]) -> Launch:
+    """The launch with its image's method taking other activation dtypes (a line the pack does not list)."""
+    assert found.facts is not None
+    quants = {**found.facts.quantizations, method: replace(found.facts.quantizations[method], act_dtypes=dtypes)}
+    return replace(found, facts=replace(found.facts, quantizations=quants))
+
+
+def test_dtypes_no_listed_line_pairs_with_a_method() -> None:
+    # A method taking float32 only: auto from sm_80 names both dtypes it may start with; the way out is float32.
+    found = with_method(quant(V19, A100, "auto", "--quantization", "gptq"), "gptq", ("float32",))
+    assert check_quantization_dtype(found, {}) == [
+        act_refused(
+            "--quantization gptq",
+            f"--dtype auto (float16 or bfloat16 on {A100_AT})",
+            V19,
+            [("gptq", "float32")],
+            "float16",
+            "set models.qwen3-30b-a3b.dtype: float32",
+        )
+    ]
+    # A method taking bfloat16 only below sm_80: auto is float16 there, and bfloat16 does not run.
+    found = with_method(quant(V19, V100, "auto", "--quantization", "moe_wna16"), "moe_wna16", ("bfloat16",))
+    assert check_quantization_dtype(found, {}) == [
+        act_refused(
+            "--quantization moe_wna16",
+            f"--dtype auto (float16 on {V100_AT})",
+            V19,
+            [("moe_wna16", "bfloat16")],
+            "float16",
+            NONE_RUNS.format("moe_wna16", "float16"),
+        )
+    ]
+
+
+def test_gguf_drops_bfloat16_from_sm_100_in_0_19_1() -> None:
+    """No GPU the pack lists is sm_100+: the H100 given capability 10.0 and 12.0 stands for one."""
+    h100 = quant(V19, "NVIDIA H100 80GB HBM3", "bfloat16", "--quantization", "gguf")
+    assert check_quantization_dtype(h100, {}) == []
+    for cap in (100, 120):
+        assert h100.gpu is not None
+        found = replace(h100, gpu=replace(h100.gpu, capability=cap))
+        assert check_quantization_dtype(found, {}) == [
+            act_refused("--quantization gguf", "--dtype bfloat16", V19, [("gguf", "float16 float32")], "bfloat16", HALF)
+        ]

@@ -255,8 +255,7 @@ def check_quantization_dtype(launch: Launch, config: dict[str, Any]) -> list[str
         for m, a in accepted.items()
     )
     defs = ", ".join(
-        f"{m}: {q.act_dtypes_source.removeprefix('vllm/model_executor/layers/')}"
-        for m, q in quants.items()
+        f"{m}: {q.act_dtypes_source.removeprefix('vllm/model_executor/layers/')}" for m, q in quants.items()
     )
     bf16_runs = cap is None or cap >= facts.bf16_min_capability
     refuses_fp16 = getattr(arch, "model_type", None) in FP16_REFUSING_MODEL_TYPES
