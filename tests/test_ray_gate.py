@@ -1,4 +1,9 @@
-"""Readiness gates against a real Ray on loopback: a head and a worker, each advertising 8 GPUs."""
+"""Readiness gates against a real Ray on loopback: a head and a worker, each advertising 8 GPUs.
+
+Ray reaches out when it starts (the cloud-metadata address 169.254.169.254, usage stats disabled or not), so
+every Ray process here runs inside a network namespace whose only link is `lo` (RAY_NS, no route out; the
+fixture checks it): 127.0.0.1 and 127.0.0.2 are that namespace's loopback, and what Ray tries beyond it fails
+at once. Without root (no namespace) the live-Ray tests skip saying so."""
 
 from __future__ import annotations
 
@@ -31,12 +36,35 @@ from components.planning.fabric.ray import (
 from components.planning.load import parse_stack
 from components.spec import StackSpec
 from components.spec.topology import Instance, instances
+from lab import vllm_cpu
 from tests.support import free_ports, tool
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ray"
 VENV_BIN = Path(sys.executable).parent
-# Upper bounds for waiting on Ray itself: a guard against hanging CI, never a timing assertion.
-SETTLE_S = 120
+# Upper bounds for waiting on Ray itself: a guard against hanging CI, never a timing assertion. 300 s, not
+# 120: a whole cold `make test` (real engines and a llama.cpp build beside it, load 20+) once took longer
+# than 120 s between the worker's `ray start` and the head's gate seeing it.
+SETTLE_S = 300
+WHY_NOT = vllm_cpu.can_run()
+needs_namespace = pytest.mark.skipif(WHY_NOT is not None, reason=f"Ray runs only in a namespace here: {WHY_NOT}")
+
+
+@pytest.fixture(scope="module")
+def ray_ns() -> Iterator[vllm_cpu.Namespace]:
+    """This module's namespace with only loopback; whatever Ray left in it is stopped with it."""
+    if WHY_NOT is not None:
+        pytest.skip(f"Ray runs only in a namespace here: {WHY_NOT}")
+    ns = vllm_cpu.Namespace(f"ray-gate-{os.getpid()}").create()
+    try:
+        assert ns.outside_routes() == [] and [link.split("@")[0] for link in ns.links()] == ["lo"]
+        yield ns
+    finally:
+        ns.delete()
+
+
+def inside(ns: vllm_cpu.Namespace, argv: list[str]) -> list[str]:
+    """`argv` run in the namespace (ip execs it: same pid, same process group, same environment)."""
+    return ["ip", "netns", "exec", ns.ns, *argv]
 
 
 def _ray() -> str:
@@ -133,14 +161,18 @@ def _observe(textfile: Path) -> tuple[str, bool]:
     return text, textfile.stat().st_mtime_ns != before
 
 
-def _run(script: str, tmp: Path, name: str) -> subprocess.CompletedProcess[str]:
+def _run(script: str, tmp: Path, name: str, ns: vllm_cpu.Namespace | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `script` with bash; in `ns` when it talks to Ray."""
     path = tmp / name
     path.write_text(script)
-    return subprocess.run(["bash", str(path)], capture_output=True, text=True, env=_env(), timeout=SETTLE_S)
+    argv = ["bash", str(path)]
+    return subprocess.run(
+        inside(ns, argv) if ns else argv, capture_output=True, text=True, env=_env(), timeout=SETTLE_S
+    )
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackCluster]:
+def cluster(tmp_path_factory: pytest.TempPathFactory, ray_ns: vllm_cpu.Namespace) -> Iterator[LoopbackCluster]:
     """ray-head.sh starts the head and waits; a worker joins; the script then execs its command."""
     _ray()
     tmp = tmp_path_factory.mktemp("ray")
@@ -153,6 +185,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackCluste
     )
     marker = tmp / "exec-args"
     log = tmp / "head.log"
+    worker_log = tmp / "worker.log"
     head: subprocess.Popen[bytes] | None = None
     worker: subprocess.Popen[bytes] | None = None
     try:
@@ -160,17 +193,20 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackCluste
             # The stub stands in for `vllm serve …`: it records the arguments the script exec'd.
             # Its own process group: ray-head.sh polls with no deadline by design, so teardown kills the group.
             head = subprocess.Popen(
-                [
-                    "bash",
-                    str(head_script),
-                    "bash",
-                    "-c",
-                    f'printf "%s\\n" "$@" > {marker}',
-                    "_",
-                    "vllm",
-                    "serve",
-                    "/data/models/m",
-                ],
+                inside(
+                    ray_ns,
+                    [
+                        "bash",
+                        str(head_script),
+                        "bash",
+                        "-c",
+                        f'printf "%s\\n" "$@" > {marker}',
+                        "_",
+                        "vllm",
+                        "serve",
+                        "/data/models/m",
+                    ],
+                ),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=_env(),
@@ -181,14 +217,21 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackCluste
             lambda: "ray: 8/16 GPUs, 1 node(s)" in log.read_text() or head.poll() is not None,
             "the head's first progress line",
         )
-        worker = subprocess.Popen(
-            ray_worker_argv(spec, inst, "worker"),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env=_env(),
-            start_new_session=True,
-        )
-        head_rc = head.wait(timeout=SETTLE_S)
+        with worker_log.open("wb") as out:
+            worker = subprocess.Popen(
+                inside(ray_ns, ray_worker_argv(spec, inst, "worker")),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=_env(),
+                start_new_session=True,
+            )
+        try:
+            head_rc = head.wait(timeout=SETTLE_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(
+                f"the head's gate did not see the worker within {SETTLE_S} s\nhead:\n{log.read_text()[-3000:]}"
+                f"\nworker:\n{worker_log.read_text(errors='replace')[-3000:]}"
+            )
         textfile = Path(ray_textfile(inst, str(textfile_dir)))
         yield LoopbackCluster(
             spec,
@@ -240,25 +283,29 @@ def test_head_script_starts_ray_with_the_planned_head_argv(cluster: LoopbackClus
     ]
 
 
-def test_gate_passes_when_the_wanted_gpus_are_there(cluster: LoopbackCluster, tmp_path: Path) -> None:
+def test_gate_passes_when_the_wanted_gpus_are_there(
+    cluster: LoopbackCluster, tmp_path: Path, ray_ns: vllm_cpu.Namespace
+) -> None:
     want = want_gpus(cluster.spec, cluster.instance)
     assert want == 16
     script = ray_gate_script(
         ray_status_argv(cluster.spec, cluster.instance), want, 30, "loop-head", want_nodes=2, interval_s=1
     )
-    done = _run(script, tmp_path, "gate.sh")
+    done = _run(script, tmp_path, "gate.sh", ray_ns)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == "ray: 16/16 GPUs, 2 node(s)"
     assert lines[-1].startswith("ray gate loop-head: 16 GPUs on 2 node(s) after ")
 
 
-def test_gate_times_out_naming_what_is_missing(cluster: LoopbackCluster, tmp_path: Path) -> None:
+def test_gate_times_out_naming_what_is_missing(
+    cluster: LoopbackCluster, tmp_path: Path, ray_ns: vllm_cpu.Namespace
+) -> None:
     hints = gate_hints(cluster.spec, cluster.instance)
     script = ray_gate_script(
         ray_status_argv(cluster.spec, cluster.instance), 24, 3, "loop-head", want_nodes=3, hints=hints, interval_s=1
     )
-    done = _run(script, tmp_path, "gate.sh")
+    done = _run(script, tmp_path, "gate.sh", ray_ns)
     assert done.returncode == 1
     assert done.stdout.splitlines()[0] == "ray: 16/24 GPUs, 2 node(s)"
     port, client = cluster.spec.pools["loop"].ray_port, cluster.spec.pools["loop"].ray_client_port
@@ -271,9 +318,11 @@ def test_gate_times_out_naming_what_is_missing(cluster: LoopbackCluster, tmp_pat
     )
 
 
-def test_python_parser_reads_the_live_cluster_like_the_gate(cluster: LoopbackCluster) -> None:
+def test_python_parser_reads_the_live_cluster_like_the_gate(
+    cluster: LoopbackCluster, ray_ns: vllm_cpu.Namespace
+) -> None:
     out = subprocess.run(
-        ray_status_argv(cluster.spec, cluster.instance),
+        inside(ray_ns, ray_status_argv(cluster.spec, cluster.instance)),
         capture_output=True,
         text=True,
         env=_env(),
@@ -283,7 +332,9 @@ def test_python_parser_reads_the_live_cluster_like_the_gate(cluster: LoopbackClu
     assert parse_ray_status(out) == RayStatus(nodes=2, gpus_total=16.0, gpus_used=0.0)
 
 
-def test_worker_exits_when_its_head_goes_so_docker_restarts_it_to_rejoin(tmp_path: Path) -> None:
+def test_worker_exits_when_its_head_goes_so_docker_restarts_it_to_rejoin(
+    tmp_path: Path, ray_ns: vllm_cpu.Namespace
+) -> None:
     """The restart chain's link: `ray start --block` on a worker ends when the head's node dies."""
     _ray()
     spec = loopback_spec(*free_ports(3))
@@ -294,7 +345,7 @@ def test_worker_exits_when_its_head_goes_so_docker_restarts_it_to_rejoin(tmp_pat
     head_log = tmp_path / "head.log"
     with head_log.open("wb") as out:
         head = subprocess.Popen(
-            [*ray_head_start_argv(spec, inst), "--block"],
+            inside(ray_ns, [*ray_head_start_argv(spec, inst), "--block"]),
             stdout=out,
             stderr=subprocess.STDOUT,
             env=_env(),
@@ -302,7 +353,7 @@ def test_worker_exits_when_its_head_goes_so_docker_restarts_it_to_rejoin(tmp_pat
         )
     worker = None
     try:
-        status = ray_status_argv(spec, inst)
+        status = inside(ray_ns, ray_status_argv(spec, inst))
 
         def head_answers() -> bool:
             if head.poll() is not None:
@@ -317,7 +368,7 @@ def test_worker_exits_when_its_head_goes_so_docker_restarts_it_to_rejoin(tmp_pat
         # bound also covers the worker raylet's first connection to the GCS, and at 5 s the worker once
         # never joined in a whole-suite run at load 15-22 (the likely reason; its logs were not kept).
         worker = subprocess.Popen(
-            ray_worker_argv(spec, inst, "worker"),
+            inside(ray_ns, ray_worker_argv(spec, inst, "worker")),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
