@@ -119,9 +119,11 @@ def test_pools_sharing_a_model_split_its_requests_by_weight(tmp_path: Path) -> N
             gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["default"])[2]["served_by"]
             for _ in range(100)
         )
-        # 90/10 by pool, the chat pool's share spread over its two replicas.
+        # 90/10 by pool, the chat pool's share spread over its two replicas: each takes a good part of it, not
+        # an exact half (least_conn counts a request until nginx has finished it, which under load can be after
+        # the client has its answer and sent the next: 37/48 in a whole cold `make test`).
         assert 5 <= served["canary"] <= 15 and served["chat-a"] + served["chat-b"] + served["canary"] == 100
-        assert abs(served["chat-a"] - served["chat-b"]) <= 10
+        assert min(served["chat-a"], served["chat-b"]) >= (served["chat-a"] + served["chat-b"]) // 4, served
         # /v1/models lists the shared name once.
         names = [m["id"] for m in gw.call("GET", "/v1/models", key=keys["default"])[2]["data"]]
         assert names.count(CHAT) == 1
