@@ -119,10 +119,13 @@ def test_pools_sharing_a_model_split_its_requests_by_weight(tmp_path: Path) -> N
             gw.call("POST", "/v1/chat/completions", {"model": CHAT}, keys["default"])[2]["served_by"]
             for _ in range(100)
         )
-        # 90/10 by pool, the chat pool's share spread over its two replicas: each takes a good part of it, not
-        # an exact half (least_conn counts a request until nginx has finished it, which under load can be after
-        # the client has its answer and sent the next: 37/48 in a whole cold `make test`).
-        assert 5 <= served["canary"] <= 15 and served["chat-a"] + served["chat-b"] + served["canary"] == 100
+        # About 90/10 by pool, the chat pool's share spread over its two replicas. Not exactly: least_conn counts
+        # a request until nginx has finished it, which under load can be after the client has its answer and
+        # sent the next, and a replica still counted busy sends that one elsewhere (whole `make test` runs gave
+        # 37/48 between the chat replicas and 16 to the canary). The bounds still refuse a split that ignores the
+        # weights (a third each) or inverts them; the exact nginx weights are compared in the conf tables.
+        assert sum(served.values()) == 100 and set(served) == {"chat-a", "chat-b", "canary"}, served
+        assert 3 <= served["canary"] <= 25, served
         assert min(served["chat-a"], served["chat-b"]) >= (served["chat-a"] + served["chat-b"]) // 4, served
         # /v1/models lists the shared name once.
         names = [m["id"] for m in gw.call("GET", "/v1/models", key=keys["default"])[2]["data"]]
