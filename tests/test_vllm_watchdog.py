@@ -332,6 +332,38 @@ def test_a_node_that_connects_after_vllm_served_is_said_then_watched(
     assert err.count(said) == 1 and "a connection with 127.0.0.1 on port" in err
 
 
+def test_a_node_whose_rendezvous_dies_before_vllm_serves_stops_vllm(
+    tmp_path: Path, watchdogs: Callable[..., Watchdog], rendezvous: Rendezvous
+) -> None:
+    """A worker restarted while the head it joins is going down connects to that head's rendezvous, which then
+    dies under it: both sides would wait for each other until the load timeout (seen in the lab)."""
+    w = watchdogs(
+        "loading", load_timeout_s=300, unhealthy_after_s=300, world=WorldCheck(rendezvous.port, ("127.0.0.1",))
+    )
+    rendezvous.join()
+    w.wait_for_probes(503, 3)  # not serving yet; the connection seen
+    assert w.proc.poll() is None
+    rendezvous.leave(0)
+    _, err = w.proc.communicate(timeout=BOUND_S)
+    assert w.proc.returncode == 70
+    assert (
+        f"watchdog: every connection with 127.0.0.1 on port {rendezvous.port} closed (its vLLM ended, or the one "
+        "this node had joined); stopping vLLM so docker restarts it and the instance forms again"
+    ) in err
+    assert not _fake_running(tmp_path)
+
+
+def test_no_connection_yet_before_vllm_serves_is_waited_for(
+    watchdogs: Callable[..., Watchdog], rendezvous: Rendezvous
+) -> None:
+    """The other node not connected yet (still starting) is no reason to stop."""
+    w = watchdogs(
+        "loading", load_timeout_s=300, unhealthy_after_s=300, world=WorldCheck(rendezvous.port, ("127.0.0.1",))
+    )
+    w.wait_for_probes(503, 4)
+    assert w.proc.poll() is None
+
+
 def test_a_server_deaf_to_sigterm_is_killed_when_the_watchdog_gives_up(
     tmp_path: Path, watchdogs: Callable[..., Watchdog]
 ) -> None:

@@ -695,6 +695,7 @@ def _world_check_bash(world: WorldCheck) -> tuple[str, str, str]:
 world_peers=({peers})
 world=""  # each other node's connections, recorded the first time vLLM served with them open
 warned=" "
+joined=" "  # the other nodes this one has had a connection with, served or not
 links() {{
   python3 - "$world_port" "${{world_peers[@]}}" <<'LINKS_PY'
 {_LINKS_PY}LINKS_PY
@@ -720,8 +721,8 @@ record() {{
 """
     first = """    record
 """
-    each = """  if [[ -n "$world" ]]; then
-    now=$(links || true)
+    each = """  now=$(links || true)
+  if [[ -n "$world" ]]; then
     for peer in "${world_peers[@]}"; do
       was=$(of "$peer" <<<"$world")
       # One of them gone is a rank of that node gone: the world cannot serve without it.
@@ -734,6 +735,19 @@ record() {{
       fi
     done
   fi
+  # Before vLLM serves too: a node that restarts while the node it joins is still going down connects to the
+  # old rendezvous, which then dies under it, and both wait for each other until loadTimeoutMinutes (seen in
+  # the lab). Every connection with a node gone, after there were some, is that.
+  for peer in "${world_peers[@]}"; do
+    if [[ -n "$(of "$peer" <<<"$now")" ]]; then
+      [[ "$joined" == *" $peer "* ]] || joined+="$peer "
+    elif [[ "$joined" == *" $peer "* ]]; then
+      echo "watchdog: every connection with $peer on port $world_port closed (its vLLM ended, or the one this" \\
+        "node had joined); stopping vLLM so docker restarts it and the instance forms again" >&2
+      give_up
+      exit 70
+    fi
+  done
 """
     return defs, first, each
 
