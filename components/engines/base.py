@@ -656,8 +656,8 @@ class WorldCheck:
     """What a node of an instance on vLLM's own multi-node launcher watches of the others: its TCP connections
     with their addresses on the rendezvous port (--master-port, torch.distributed's store on rank 0, which
     every rank keeps open while it lives). vLLM 0.19.1 does not notice a dead node: its head keeps answering
-    /health and a request hangs (in the lab, 420 s with no answer and no engine death, past
-    VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS' 300 s), and a restarted headless node cannot join a world that formed
+    /health and a request hangs with no answer and no engine death, past VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS
+    (the lab's figures: docs/perf/lab.md), and a restarted headless node cannot join a world that formed
     without it (Gloo's connectFullMesh refused by the dead ranks' addresses)."""
 
     port: int
@@ -722,23 +722,19 @@ record() {{
     first = """    record
 """
     each = """  now=$(links || true)
-  if [[ -n "$world" ]]; then
-    for peer in "${world_peers[@]}"; do
-      was=$(of "$peer" <<<"$world")
-      # One of them gone is a rank of that node gone: the world cannot serve without it.
-      if [[ -n "$was" ]] && grep -qvxF -f <(printf '%s\\n' "$now") <<<"$was"; then
-        echo "watchdog: a connection with $peer on port $world_port closed (a node of this instance died" \\
-          "or restarted; vLLM itself does not notice: requests would hang); stopping vLLM so docker restarts" \\
-          "it and the instance forms again" >&2
-        give_up
-        exit 70
-      fi
-    done
-  fi
-  # Before vLLM serves too: a node that restarts while the node it joins is still going down connects to the
-  # old rendezvous, which then dies under it, and both wait for each other until loadTimeoutMinutes (seen in
-  # the lab). Every connection with a node gone, after there were some, is that.
   for peer in "${world_peers[@]}"; do
+    was=$(of "$peer" <<<"$world")
+    # One of the connections vLLM served with gone is a rank of that node gone: the world cannot serve without it.
+    if [[ -n "$was" ]] && grep -qvxF -f <(printf '%s\\n' "$now") <<<"$was"; then
+      echo "watchdog: a connection with $peer on port $world_port closed (a node of this instance died" \\
+        "or restarted; vLLM itself does not notice: requests would hang); stopping vLLM so docker restarts" \\
+        "it and the instance forms again" >&2
+      give_up
+      exit 70
+    fi
+    # Before vLLM serves too: a node that restarts while the node it joins is still going down connects to the
+    # old rendezvous, which then dies under it, and both wait for each other until loadTimeoutMinutes (seen in
+    # the lab). Every connection with a node gone, after there were some, is that.
     if [[ -n "$(of "$peer" <<<"$now")" ]]; then
       [[ "$joined" == *" $peer "* ]] || joined+="$peer "
     elif [[ "$joined" == *" $peer "* ]]; then
