@@ -25,16 +25,14 @@ from components.engines.lmdeploy.options import LMDEPLOY_DTYPES, LMDEPLOY_FORMAT
 from components.spec import SpecError, StackSpec
 from components.spec.topology import Instance, instances
 from tests.support.engine_stacks import llamacpp_config, lmdeploy_config, spec_of
+from tests.support.expected_argv import (
+    LLAMACPP_CHAT_TAIL,
+    LMDEPLOY_CHAT_ARGV,
+    REFERENCE_NCCL_ENV,
+    llamacpp_chat_head,
+)
 
 MODEL = "/data/models/Qwen3-30B-A3B"
-NCCL = {
-    "NCCL_IB_DISABLE": "0",
-    "NCCL_IB_HCA": "mlx5_0",
-    "NCCL_IB_GID_INDEX": "3",
-    "NCCL_SOCKET_IFNAME": "bond0",
-    "GLOO_SOCKET_IFNAME": "bond0",
-    "NCCL_DEBUG": "WARN",
-}
 
 
 def lmdeploy_spec(model: dict[str, Any] | None = None, pool: dict[str, Any] | None = None, **options: Any) -> StackSpec:
@@ -48,34 +46,6 @@ def head(spec: StackSpec, pool: str = "chat") -> Instance:
     return instances(spec, pool)[0]
 
 
-LMDEPLOY_BASE = [
-    "lmdeploy",
-    "serve",
-    "api_server",
-    MODEL,
-    "--backend",
-    "turbomind",
-    "--model-name",
-    "qwen3-30b-a3b",
-    "--server-name",
-    "192.168.10.13",
-    "--server-port",
-    "8000",
-    "--tp",
-    "8",
-    "--dtype",
-    "float16",
-    "--model-format",
-    "hf",
-    "--session-len",
-    "32768",
-    "--max-batch-size",
-    "64",
-    "--cache-max-entry-count",
-    "0.8",
-]
-
-
 def replaced(argv: list[str], flag: str, value: str) -> list[str]:
     out = list(argv)
     out[out.index(flag) + 1] = value
@@ -84,30 +54,38 @@ def replaced(argv: list[str], flag: str, value: str) -> list[str]:
 
 # (model changes, lmdeploy block changes, the whole argv).
 LMDEPLOY_ARGVS: list[tuple[dict[str, Any], dict[str, Any], list[str]]] = [
-    ({}, {}, LMDEPLOY_BASE),
+    ({}, {}, LMDEPLOY_CHAT_ARGV),
     # The model's dtype in vLLM's names -> TurboMind's --dtype.
-    ({"dtype": "bfloat16"}, {}, replaced(LMDEPLOY_BASE, "--dtype", "bfloat16")),
-    ({"dtype": "float16"}, {}, LMDEPLOY_BASE),
-    ({"dtype": "auto"}, {}, replaced(LMDEPLOY_BASE, "--dtype", "auto")),
+    ({"dtype": "bfloat16"}, {}, replaced(LMDEPLOY_CHAT_ARGV, "--dtype", "bfloat16")),
+    ({"dtype": "float16"}, {}, LMDEPLOY_CHAT_ARGV),
+    ({"dtype": "auto"}, {}, replaced(LMDEPLOY_CHAT_ARGV, "--dtype", "auto")),
     # The checkpoint's quantization -> --model-format (unset is hf).
-    ({"quantization": "awq", "quantBits": 4, "groupSize": 128}, {}, replaced(LMDEPLOY_BASE, "--model-format", "awq")),
-    ({"quantization": "gptq", "quantBits": 4, "groupSize": 128}, {}, replaced(LMDEPLOY_BASE, "--model-format", "gptq")),
-    ({"quantization": "fp8"}, {}, replaced(LMDEPLOY_BASE, "--model-format", "fp8")),
-    ({"trustRemoteCode": True}, {}, [*LMDEPLOY_BASE, "--trust-remote-code"]),
-    ({}, {"cacheMaxEntryCount": 0.5}, replaced(LMDEPLOY_BASE, "--cache-max-entry-count", "0.5")),
+    (
+        {"quantization": "awq", "quantBits": 4, "groupSize": 128},
+        {},
+        replaced(LMDEPLOY_CHAT_ARGV, "--model-format", "awq"),
+    ),
+    (
+        {"quantization": "gptq", "quantBits": 4, "groupSize": 128},
+        {},
+        replaced(LMDEPLOY_CHAT_ARGV, "--model-format", "gptq"),
+    ),
+    ({"quantization": "fp8"}, {}, replaced(LMDEPLOY_CHAT_ARGV, "--model-format", "fp8")),
+    ({"trustRemoteCode": True}, {}, [*LMDEPLOY_CHAT_ARGV, "--trust-remote-code"]),
+    ({}, {"cacheMaxEntryCount": 0.5}, replaced(LMDEPLOY_CHAT_ARGV, "--cache-max-entry-count", "0.5")),
     # Written as %g: no float noise, no trailing zeros.
-    ({}, {"cacheMaxEntryCount": 0.95}, replaced(LMDEPLOY_BASE, "--cache-max-entry-count", "0.95")),
-    ({}, {"cacheBlockSeqLen": 64}, LMDEPLOY_BASE),
-    ({}, {"cacheBlockSeqLen": 32}, [*LMDEPLOY_BASE, "--cache-block-seq-len", "32"]),
-    ({}, {"cacheBlockSeqLen": 128}, [*LMDEPLOY_BASE, "--cache-block-seq-len", "128"]),
-    ({}, {"maxPrefillTokenNum": 8192}, LMDEPLOY_BASE),
-    ({}, {"maxPrefillTokenNum": 8191}, [*LMDEPLOY_BASE, "--max-prefill-token-num", "8191"]),
-    ({}, {"maxPrefillTokenNum": 8193}, [*LMDEPLOY_BASE, "--max-prefill-token-num", "8193"]),
-    ({}, {"quantPolicy": 0}, LMDEPLOY_BASE),
-    ({}, {"quantPolicy": 4}, [*LMDEPLOY_BASE, "--quant-policy", "4"]),
-    ({}, {"quantPolicy": 8}, [*LMDEPLOY_BASE, "--quant-policy", "8"]),
-    ({}, {"enablePrefixCaching": True}, [*LMDEPLOY_BASE, "--enable-prefix-caching"]),
-    ({}, {"enablePrefixCaching": False}, LMDEPLOY_BASE),
+    ({}, {"cacheMaxEntryCount": 0.95}, replaced(LMDEPLOY_CHAT_ARGV, "--cache-max-entry-count", "0.95")),
+    ({}, {"cacheBlockSeqLen": 64}, LMDEPLOY_CHAT_ARGV),
+    ({}, {"cacheBlockSeqLen": 32}, [*LMDEPLOY_CHAT_ARGV, "--cache-block-seq-len", "32"]),
+    ({}, {"cacheBlockSeqLen": 128}, [*LMDEPLOY_CHAT_ARGV, "--cache-block-seq-len", "128"]),
+    ({}, {"maxPrefillTokenNum": 8192}, LMDEPLOY_CHAT_ARGV),
+    ({}, {"maxPrefillTokenNum": 8191}, [*LMDEPLOY_CHAT_ARGV, "--max-prefill-token-num", "8191"]),
+    ({}, {"maxPrefillTokenNum": 8193}, [*LMDEPLOY_CHAT_ARGV, "--max-prefill-token-num", "8193"]),
+    ({}, {"quantPolicy": 0}, LMDEPLOY_CHAT_ARGV),
+    ({}, {"quantPolicy": 4}, [*LMDEPLOY_CHAT_ARGV, "--quant-policy", "4"]),
+    ({}, {"quantPolicy": 8}, [*LMDEPLOY_CHAT_ARGV, "--quant-policy", "8"]),
+    ({}, {"enablePrefixCaching": True}, [*LMDEPLOY_CHAT_ARGV, "--enable-prefix-caching"]),
+    ({}, {"enablePrefixCaching": False}, LMDEPLOY_CHAT_ARGV),
     # Everything at once, in the builder's order, extraArgs last.
     (
         {"trustRemoteCode": True},
@@ -119,7 +97,7 @@ LMDEPLOY_ARGVS: list[tuple[dict[str, Any], dict[str, Any], list[str]]] = [
             "extraArgs": ["--log-level", "INFO"],
         },
         [
-            *LMDEPLOY_BASE,
+            *LMDEPLOY_CHAT_ARGV,
             "--cache-block-seq-len",
             "32",
             "--max-prefill-token-num",
@@ -164,12 +142,12 @@ def test_lmdeploy_each_instance_binds_its_own_node_and_tp() -> None:
 @pytest.mark.parametrize(
     ("pool", "env"),
     [
-        ({}, {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **NCCL}),
-        ({"offline": False}, NCCL),
+        ({}, {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **REFERENCE_NCCL_ENV}),
+        ({"offline": False}, REFERENCE_NCCL_ENV),
         # The pool's env last: it may override the hub switch and NCCL's.
         (
             {"env": {"HF_HUB_OFFLINE": "0", "NCCL_DEBUG": "INFO", "X": "1"}},
-            {"HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "1", **NCCL, "NCCL_DEBUG": "INFO", "X": "1"},
+            {"HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "1", **REFERENCE_NCCL_ENV, "NCCL_DEBUG": "INFO", "X": "1"},
         ),
     ],
 )
@@ -292,53 +270,36 @@ def llamacpp_spec(
     return spec_of(config)
 
 
-LLAMACPP_BASE = [
-    "/app/llama-server",
-    "-m",
-    f"{MODEL}/Qwen3-30B-A3B-Q4_K_M.gguf",
-    "--alias",
-    f"qwen3-30b-a3b,{MODEL}",
-    "--host",
-    "192.168.10.13",
-    "--port",
-    "8000",
-    "--n-gpu-layers",
-    "999",
-    "--split-mode",
-    "layer",
-    "--ctx-size",
-    "32768",
-    "--parallel",
-    "4",
-    "--flash-attn",
-    "on",
-]
-LLAMACPP_TAIL = ["--fit", "off", "--jinja", "--metrics", "--threads", "10"]
+LLAMACPP_BASE = llamacpp_chat_head(8000)
 
 # (model changes, llamacpp block changes, the whole argv).
 LLAMACPP_ARGVS: list[tuple[dict[str, Any], dict[str, Any], list[str]]] = [
-    ({}, {}, [*LLAMACPP_BASE, *LLAMACPP_TAIL]),
+    ({}, {}, [*LLAMACPP_BASE, *LLAMACPP_CHAT_TAIL]),
     # -c is the whole KV cache shared by the -np slots: contextPerSlot x parallel.
     (
         {},
         {"contextPerSlot": 256, "parallel": 1},
-        [*replaced(replaced(LLAMACPP_BASE, "--ctx-size", "256"), "--parallel", "1"), *LLAMACPP_TAIL],
+        [*replaced(replaced(LLAMACPP_BASE, "--ctx-size", "256"), "--parallel", "1"), *LLAMACPP_CHAT_TAIL],
     ),
     (
         {},
         {"contextPerSlot": 1000, "parallel": 3},
-        [*replaced(replaced(LLAMACPP_BASE, "--ctx-size", "3000"), "--parallel", "3"), *LLAMACPP_TAIL],
+        [*replaced(replaced(LLAMACPP_BASE, "--ctx-size", "3000"), "--parallel", "3"), *LLAMACPP_CHAT_TAIL],
     ),
-    ({}, {"splitMode": "row"}, [*replaced(LLAMACPP_BASE, "--split-mode", "row"), *LLAMACPP_TAIL]),
-    ({}, {"flashAttention": "auto"}, [*replaced(LLAMACPP_BASE, "--flash-attn", "auto"), *LLAMACPP_TAIL]),
-    ({}, {"cacheType": "f16"}, [*LLAMACPP_BASE, *LLAMACPP_TAIL]),
-    ({}, {"cacheType": "q4_0"}, [*LLAMACPP_BASE, "--cache-type-k", "q4_0", "--cache-type-v", "q4_0", *LLAMACPP_TAIL]),
-    ({}, {"cacheType": "f32"}, [*LLAMACPP_BASE, "--cache-type-k", "f32", "--cache-type-v", "f32", *LLAMACPP_TAIL]),
+    ({}, {"splitMode": "row"}, [*replaced(LLAMACPP_BASE, "--split-mode", "row"), *LLAMACPP_CHAT_TAIL]),
+    ({}, {"flashAttention": "auto"}, [*replaced(LLAMACPP_BASE, "--flash-attn", "auto"), *LLAMACPP_CHAT_TAIL]),
+    ({}, {"cacheType": "f16"}, [*LLAMACPP_BASE, *LLAMACPP_CHAT_TAIL]),
+    (
+        {},
+        {"cacheType": "q4_0"},
+        [*LLAMACPP_BASE, "--cache-type-k", "q4_0", "--cache-type-v", "q4_0", *LLAMACPP_CHAT_TAIL],
+    ),
+    ({}, {"cacheType": "f32"}, [*LLAMACPP_BASE, "--cache-type-k", "f32", "--cache-type-v", "f32", *LLAMACPP_CHAT_TAIL]),
     # The GGUF inside the model's path, with one slash whatever the path ends with.
     (
         {"path": f"{MODEL}/"},
         {},
-        [*LLAMACPP_BASE[:2], f"{MODEL}/Qwen3-30B-A3B-Q4_K_M.gguf", *LLAMACPP_BASE[3:], *LLAMACPP_TAIL],
+        [*LLAMACPP_BASE[:2], f"{MODEL}/Qwen3-30B-A3B-Q4_K_M.gguf", *LLAMACPP_BASE[3:], *LLAMACPP_CHAT_TAIL],
     ),
     # Only slashes are stripped from the path's end.
     (
@@ -346,16 +307,16 @@ LLAMACPP_ARGVS: list[tuple[dict[str, Any], dict[str, Any], list[str]]] = [
         {},
         [
             *replaced(replaced(LLAMACPP_BASE, "-m", "/data/models/Q-X/Qwen3-30B-A3B-Q4_K_M.gguf"), "--alias", "qwen"),
-            *LLAMACPP_TAIL,
+            *LLAMACPP_CHAT_TAIL,
         ],
     ),
     (
         {},
         {"ggufFile": "q4/m-00001-of-00003.gguf"},
-        [*replaced(LLAMACPP_BASE, "-m", f"{MODEL}/q4/m-00001-of-00003.gguf"), *LLAMACPP_TAIL],
+        [*replaced(LLAMACPP_BASE, "-m", f"{MODEL}/q4/m-00001-of-00003.gguf"), *LLAMACPP_CHAT_TAIL],
     ),
-    ({"servedNames": ["qwen"]}, {}, [*replaced(LLAMACPP_BASE, "--alias", "qwen"), *LLAMACPP_TAIL]),
-    ({}, {"extraArgs": ["--seed", "7"]}, [*LLAMACPP_BASE, *LLAMACPP_TAIL, "--seed", "7"]),
+    ({"servedNames": ["qwen"]}, {}, [*replaced(LLAMACPP_BASE, "--alias", "qwen"), *LLAMACPP_CHAT_TAIL]),
+    ({}, {"extraArgs": ["--seed", "7"]}, [*LLAMACPP_BASE, *LLAMACPP_CHAT_TAIL, "--seed", "7"]),
 ]
 
 

@@ -22,6 +22,7 @@ from components.facts.models import MODELS
 from components.spec import SpecError
 from components.spec.topology import instances
 from tests.support.engine_stacks import llamacpp_config, spec_of
+from tests.support.expected_argv import LLAMACPP_CHAT_TAIL, llamacpp_chat_head
 
 GIB = 1024**3
 CUDA12 = IMAGES["ghcr.io/ggml-org/llama.cpp:server-cuda-b11312"]
@@ -190,33 +191,7 @@ def test_argv_is_exact_one_server_per_gpu() -> None:
     spec = spec_of(llamacpp_config())
     servers = instances(spec, "chat")
     assert len(servers) == 32 and servers[1].gpu_ids == (1,) and servers[1].port == 8001
-    assert llamacpp_argv(spec, servers[1]) == [
-        "/app/llama-server",
-        "-m",
-        "/data/models/Qwen3-30B-A3B/Qwen3-30B-A3B-Q4_K_M.gguf",
-        "--alias",
-        "qwen3-30b-a3b,/data/models/Qwen3-30B-A3B",
-        "--host",
-        "192.168.10.13",
-        "--port",
-        "8001",
-        "--n-gpu-layers",
-        "999",
-        "--split-mode",
-        "layer",
-        "--ctx-size",
-        "32768",
-        "--parallel",
-        "4",
-        "--flash-attn",
-        "on",
-        "--fit",
-        "off",
-        "--jinja",
-        "--metrics",
-        "--threads",
-        "10",
-    ]  # 80 cores / 8 servers
+    assert llamacpp_argv(spec, servers[1]) == [*llamacpp_chat_head(8001), *LLAMACPP_CHAT_TAIL]
 
 
 def test_the_nodes_cpus_are_split_between_its_servers_and_threads_is_the_stacks_key() -> None:

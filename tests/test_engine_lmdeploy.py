@@ -19,6 +19,7 @@ from components.engines.lmdeploy.facts import DEFAULT_IMAGE, IMAGES, lmdeploy_im
 from components.facts.models import MODELS
 from components.spec.topology import instances
 from tests.support.engine_stacks import lmdeploy_config, spec_of
+from tests.support.expected_argv import LMDEPLOY_CHAT_ARGV
 
 V016 = IMAGES["openmmlab/lmdeploy:v0.16.0-cu12.8"]
 GIB = 1024**3
@@ -64,32 +65,7 @@ def test_argv_is_exact_and_parses_with_lmdeploys_own_parser() -> None:
     spec = spec_of(lmdeploy_config())
     inst = instances(spec, "chat")[0]
     argv = lmdeploy_argv(spec, inst)
-    assert argv == [
-        "lmdeploy",
-        "serve",
-        "api_server",
-        "/data/models/Qwen3-30B-A3B",
-        "--backend",
-        "turbomind",
-        "--model-name",
-        "qwen3-30b-a3b",
-        "--server-name",
-        "192.168.10.13",
-        "--server-port",
-        "8000",
-        "--tp",
-        "8",
-        "--dtype",
-        "float16",
-        "--model-format",
-        "hf",
-        "--session-len",
-        "32768",
-        "--max-batch-size",
-        "64",
-        "--cache-max-entry-count",
-        "0.8",
-    ]
+    assert argv == LMDEPLOY_CHAT_ARGV
     parser = build_parser(V016.serve_args, "lmdeploy serve api_server")
     args = parser.parse_args(argv[3:])
     assert (args.model_path, args.backend, args.tp, args.session_len, args.cache_max_entry_count) == (

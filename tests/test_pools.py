@@ -17,6 +17,7 @@ from components.planning.fabric.ray import RAY_HEAD_SCRIPT
 from plan.harness import SECRET_SIG, SIG, UNKNOWN, ProgramRun, Registration
 from tests.conftest import ROOT
 from tests.support import content_trigger, script_of, tool
+from tests.support.expected_argv import R1_RAY_HEAD_ARGV
 
 CONTAINER = "docker:index/container:Container"
 COMMAND = "command:remote:Command"
@@ -27,40 +28,6 @@ POOL_NODES = {"reasoning": ["gpu-01", "gpu-02"], "chat": ["gpu-03", "gpu-04", "g
 PROBE = health_probe_argv("")[2]
 ADDRESS = {f"gpu-0{i}": f"192.168.10.1{i}" for i in range(1, 7)}
 
-REASONING_ARGV = [
-    "vllm",
-    "serve",
-    "/data/models/DeepSeek-R1-GPTQ-Int4",
-    "--served-model-name",
-    "deepseek-r1",
-    "/data/models/DeepSeek-R1-GPTQ-Int4",
-    "--host",
-    "192.168.10.11",
-    "--port",
-    "8000",
-    "--tensor-parallel-size",
-    "8",
-    "--pipeline-parallel-size",
-    "2",
-    "--distributed-executor-backend",
-    "ray",
-    "--dtype",
-    "half",
-    "--max-model-len",
-    "8192",
-    "--max-num-seqs",
-    "32",
-    "--gpu-memory-utilization",
-    "0.9",
-    "--attention-backend",
-    "TRITON_ATTN",
-    "--quantization",
-    "gptq",
-    "--enforce-eager",
-    "--trust-remote-code",
-    "--shutdown-timeout",
-    "60",
-]
 MOE_CONFIG = "E=128,N=96,device_name=Tesla_V100-SXM2-32GB.json"
 
 
@@ -245,7 +212,7 @@ def test_ray_head_runs_its_script_with_the_vllm_argv_as_command(prod_run: Progra
         "/opt/llm-cluster/nccl/nccl-check.sh",
         "/bin/bash",
         WATCHDOG_SCRIPT,
-        *REASONING_ARGV,
+        *R1_RAY_HEAD_ARGV,
     ]
     assert c["envs"] == env_of("gpu-01")
     assert c["labels"] == labels("ray-head", "reasoning", "reasoning-gpu-01", "gpu-01")
@@ -428,7 +395,7 @@ def test_model_server_props_carry_what_the_policy_pack_reads(prod_run: ProgramRu
         "image": "vllm/vllm-openai:v0.19.1",
         "engine": "vllm",
         "qualificationGate": True,
-        "argv": REASONING_ARGV,
+        "argv": R1_RAY_HEAD_ARGV,
         "poolInstances": ["reasoning-gpu-01"],
         # What engine rules check a checkpoint by (policies.rules.engines); no configJson: no quantizationConfig.
         "groupSize": 128,

@@ -28,6 +28,7 @@ from components.planning.load import load_stack_config
 from components.spec import SpecError, StackSpec
 from components.spec.topology import instances
 from tests.support import tool
+from tests.support.expected_argv import R1_RAY_HEAD_ARGV, REFERENCE_NCCL_ENV
 
 # The memory keys the readiness gate of the reference stack's chat pool names.
 VLLM_MEMORY_KEYS = f"pools.chat.{ENGINES['vllm'].memory_keys}"
@@ -125,40 +126,7 @@ def test_parser_rebuilt_from_the_dump_is_strict() -> None:
 def test_reasoning_argv_is_exact_and_parses(prod_spec: StackSpec) -> None:
     inst = instances(prod_spec, "reasoning")[0]
     argv = VLLM.serve_argv(prod_spec, inst)
-    assert argv == [
-        "vllm",
-        "serve",
-        "/data/models/DeepSeek-R1-GPTQ-Int4",
-        "--served-model-name",
-        "deepseek-r1",
-        "/data/models/DeepSeek-R1-GPTQ-Int4",
-        "--host",
-        "192.168.10.11",
-        "--port",
-        "8000",
-        "--tensor-parallel-size",
-        "8",
-        "--pipeline-parallel-size",
-        "2",
-        "--distributed-executor-backend",
-        "ray",
-        "--dtype",
-        "half",
-        "--max-model-len",
-        "8192",
-        "--max-num-seqs",
-        "32",
-        "--gpu-memory-utilization",
-        "0.9",
-        "--attention-backend",
-        "TRITON_ATTN",
-        "--quantization",
-        "gptq",
-        "--enforce-eager",
-        "--trust-remote-code",
-        "--shutdown-timeout",
-        "60",
-    ]
+    assert argv == R1_RAY_HEAD_ARGV
     ns = parse(argv)
     assert ns.model_tag == "/data/models/DeepSeek-R1-GPTQ-Int4"
     assert ns.served_model_name == ["deepseek-r1", "/data/models/DeepSeek-R1-GPTQ-Int4"]
@@ -311,12 +279,7 @@ def test_env_of_a_reasoning_worker_node(prod_spec: StackSpec) -> None:
     assert VLLM.serve_env(prod_spec, inst, "gpu-02") == {
         "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
         "VLLM_MLA_DISABLE": "1",
-        "NCCL_IB_DISABLE": "0",
-        "NCCL_IB_HCA": "mlx5_0",
-        "NCCL_IB_GID_INDEX": "3",
-        "NCCL_SOCKET_IFNAME": "bond0",
-        "GLOO_SOCKET_IFNAME": "bond0",
-        "NCCL_DEBUG": "WARN",
+        **REFERENCE_NCCL_ENV,
         "VLLM_HOST_IP": "192.168.10.12",
         # The hub and telemetry off (pools.*.offline, default true); Ray's value is exactly "0".
         "HF_HUB_OFFLINE": "1",

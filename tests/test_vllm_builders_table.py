@@ -26,6 +26,7 @@ from components.spec.topology import Instance
 from plan.stackfile import load_stack_file
 from tests.conftest import prod_config
 from tests.support.engine_stacks import spec_of
+from tests.support.expected_argv import R1_PARALLEL, R1_SERVE_TAIL, REFERENCE_NCCL_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 V92 = "vllm/vllm-openai:v0.9.2"
@@ -176,31 +177,12 @@ def test_each_single_node_layout_states_its_parallel_flags(tp: int, pp: int, par
 
 # The reasoning pool (DeepSeek-R1 GPTQ, trustRemoteCode) across gpu-01 and gpu-02, TP 8 x PP 2.
 R1_HEAD = ["vllm", "serve", R1, "--served-model-name", "deepseek-r1", R1, "--host", "192.168.10.11", "--port", "8000"]
-R1_PARALLEL = ["--tensor-parallel-size", "8", "--pipeline-parallel-size", "2"]
-R1_TAIL = [
-    "--dtype",
-    "half",
-    "--max-model-len",
-    "8192",
-    "--max-num-seqs",
-    "32",
-    "--gpu-memory-utilization",
-    "0.9",
-    "--attention-backend",
-    "TRITON_ATTN",
-    "--quantization",
-    "gptq",
-    "--enforce-eager",
-    "--trust-remote-code",
-    "--shutdown-timeout",
-    "60",
-]
 
 
 def test_an_instance_on_ray_runs_the_ray_backend_from_its_head() -> None:
     spec = spec_of(prod_config())
     ray = spanning("ray")
-    expected = [*R1_HEAD, *R1_PARALLEL, "--distributed-executor-backend", "ray", *R1_TAIL]
+    expected = [*R1_HEAD, *R1_PARALLEL, "--distributed-executor-backend", "ray", *R1_SERVE_TAIL]
     assert vllm_argv(spec, ray, facts(V19)) == expected
     assert vllm_node_argv(spec, ray, "gpu-01", facts(V19)) == expected
     with pytest.raises(ValueError) as err:
@@ -235,7 +217,7 @@ def test_each_node_on_vllms_own_launcher_states_the_world_its_rank_and_the_heads
         "mp",
         *launcher,
         *headless,
-        *R1_TAIL,
+        *R1_SERVE_TAIL,
     ]
 
 
@@ -267,7 +249,7 @@ def test_a_native_instance_on_three_nodes_states_three_and_the_rank_asked() -> N
         "--master-port",
         "29600",
         "--headless",
-        *R1_TAIL[:8],
+        *R1_SERVE_TAIL[:8],
         "--quantization",
         "gptq",
         "--enforce-eager",
@@ -285,12 +267,7 @@ ENV_BASE = {
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
     "RAY_USAGE_STATS_ENABLED": "0",
-    "NCCL_IB_DISABLE": "0",
-    "NCCL_IB_HCA": "mlx5_0",
-    "NCCL_IB_GID_INDEX": "3",
-    "NCCL_SOCKET_IFNAME": "bond0",
-    "GLOO_SOCKET_IFNAME": "bond0",
-    "NCCL_DEBUG": "WARN",
+    **REFERENCE_NCCL_ENV,
     "VLLM_HOST_IP": "192.168.10.13",
 }
 OFFLINE = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "RAY_USAGE_STATS_ENABLED")

@@ -28,6 +28,7 @@ from plan.harness import ProgramRun, Registration
 from plan.stackfile import load_stack_file
 from tests.conftest import prod_config, run_stack
 from tests.support import free_port
+from tests.support.expected_argv import R1_SERVE_TAIL, REFERENCE_NCCL_ENV
 from tests.support.policies import DESCRIPTIONS, model_server, server
 from tests.support.schemas import problems_of, provider_resources
 from tests.test_vllm_watchdog import BOUND_S, FAKE_VLLM
@@ -78,27 +79,9 @@ HEAD = [
     "--nnodes",
     "2",
 ]
-TAIL = [
-    "--dtype",
-    "half",
-    "--max-model-len",
-    "8192",
-    "--max-num-seqs",
-    "32",
-    "--gpu-memory-utilization",
-    "0.9",
-    "--attention-backend",
-    "TRITON_ATTN",
-    "--quantization",
-    "gptq",
-    "--enforce-eager",
-    "--trust-remote-code",
-    "--shutdown-timeout",
-    "60",
-]
 RENDEZVOUS = ["--master-addr", "192.168.20.11", "--master-port", "29501"]
-RANK0 = [*HEAD, "--node-rank", "0", *RENDEZVOUS, *TAIL]
-RANK1 = [*HEAD, "--node-rank", "1", *RENDEZVOUS, "--headless", *TAIL]
+RANK0 = [*HEAD, "--node-rank", "0", *RENDEZVOUS, *R1_SERVE_TAIL]
+RANK1 = [*HEAD, "--node-rank", "1", *RENDEZVOUS, "--headless", *R1_SERVE_TAIL]
 
 
 def test_rank_0_serves_the_api_and_the_other_node_joins_it_headless(spec: StackSpec) -> None:
@@ -121,12 +104,7 @@ def test_each_node_gets_its_own_address_and_the_fabric_settings_a_ray_pool_gets(
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "RAY_USAGE_STATS_ENABLED": "0",
-        "NCCL_IB_DISABLE": "0",
-        "NCCL_IB_HCA": "mlx5_0",
-        "NCCL_IB_GID_INDEX": "3",
-        "NCCL_SOCKET_IFNAME": "bond0",
-        "GLOO_SOCKET_IFNAME": "bond0",
-        "NCCL_DEBUG": "WARN",
+        **REFERENCE_NCCL_ENV,
         "VLLM_MLA_DISABLE": "1",
         "VLLM_HOST_IP": "192.168.20.12",
     }

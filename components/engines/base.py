@@ -619,6 +619,11 @@ until curl -fs -o /dev/null --max-time 5 "$url"; do
   if [[ $docker_ok == true ]]; then
     check_deaths
   fi
+  # Reported before the timeout's check: the first line says what it waits for however slow the host.
+  if (( elapsed >= next_report )); then
+    echo "$server: waiting for $url: ${{elapsed}}s elapsed (timeout ${{timeout}}s)"
+    next_report=$((next_report + {int(progress_every_s)}))
+  fi
   if (( elapsed >= timeout )); then
     echo "$server: $url not healthy after ${{elapsed}}s (timeout ${{timeout}}s)." \\
       "Check \\`docker logs $container\\` (weights path mounted and complete, out of GPU memory:" \\
@@ -627,10 +632,6 @@ until curl -fs -o /dev/null --max-time 5 "$url"; do
       docker logs --tail 30 "$container" >&2 2>&1 || true
     fi{say_also}
     exit 1
-  fi
-  if (( elapsed >= next_report )); then
-    echo "$server: waiting for $url: ${{elapsed}}s elapsed (timeout ${{timeout}}s)"
-    next_report=$((next_report + {int(progress_every_s)}))
   fi
   sleep {int(interval_s)}
 done
