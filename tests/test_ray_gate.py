@@ -36,7 +36,7 @@ from components.planning.fabric.ray import (
 from components.planning.load import parse_stack
 from components.spec import StackSpec
 from components.spec.topology import Instance, instances
-from lab import vllm_cpu
+from lab.loopback import Namespace, namespaces_unavailable
 from tests.support import free_ports, tool
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ray"
@@ -45,16 +45,16 @@ VENV_BIN = Path(sys.executable).parent
 # 120: a whole cold `make test` (real engines and a llama.cpp build beside it, load 20+) once took longer
 # than 120 s between the worker's `ray start` and the head's gate seeing it.
 SETTLE_S = 300
-WHY_NOT = vllm_cpu.can_run()
+WHY_NOT = namespaces_unavailable()
 needs_namespace = pytest.mark.skipif(WHY_NOT is not None, reason=f"Ray runs only in a namespace here: {WHY_NOT}")
 
 
 @pytest.fixture(scope="module")
-def ray_ns() -> Iterator[vllm_cpu.Namespace]:
+def ray_ns() -> Iterator[Namespace]:
     """This module's namespace with only loopback; whatever Ray left in it is stopped with it."""
     if WHY_NOT is not None:
         pytest.skip(f"Ray runs only in a namespace here: {WHY_NOT}")
-    ns = vllm_cpu.Namespace(f"ray-gate-{os.getpid()}").create()
+    ns = Namespace(f"ray-gate-{os.getpid()}").create()
     try:
         assert ns.outside_routes() == [] and [link.split("@")[0] for link in ns.links()] == ["lo"]
         yield ns
@@ -62,7 +62,7 @@ def ray_ns() -> Iterator[vllm_cpu.Namespace]:
         ns.delete()
 
 
-def inside(ns: vllm_cpu.Namespace, argv: list[str]) -> list[str]:
+def inside(ns: Namespace, argv: list[str]) -> list[str]:
     """`argv` run in the namespace (ip execs it: same pid, same process group, same environment)."""
     return ["ip", "netns", "exec", ns.ns, *argv]
 
@@ -161,7 +161,7 @@ def _observe(textfile: Path) -> tuple[str, bool]:
     return text, textfile.stat().st_mtime_ns != before
 
 
-def _run(script: str, tmp: Path, name: str, ns: vllm_cpu.Namespace | None = None) -> subprocess.CompletedProcess[str]:
+def _run(script: str, tmp: Path, name: str, ns: Namespace | None = None) -> subprocess.CompletedProcess[str]:
     """Run `script` with bash; in `ns` when it talks to Ray."""
     path = tmp / name
     path.write_text(script)
@@ -172,7 +172,7 @@ def _run(script: str, tmp: Path, name: str, ns: vllm_cpu.Namespace | None = None
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, ray_ns: vllm_cpu.Namespace) -> Iterator[LoopbackCluster]:
+def cluster(tmp_path_factory: pytest.TempPathFactory, ray_ns: Namespace) -> Iterator[LoopbackCluster]:
     """ray-head.sh starts the head and waits; a worker joins; the script then execs its command."""
     _ray()
     tmp = tmp_path_factory.mktemp("ray")
@@ -284,7 +284,7 @@ def test_head_script_starts_ray_with_the_planned_head_argv(cluster: LoopbackClus
 
 
 def test_gate_passes_when_the_wanted_gpus_are_there(
-    cluster: LoopbackCluster, tmp_path: Path, ray_ns: vllm_cpu.Namespace
+    cluster: LoopbackCluster, tmp_path: Path, ray_ns: Namespace
 ) -> None:
     want = want_gpus(cluster.spec, cluster.instance)
     assert want == 16
@@ -298,9 +298,7 @@ def test_gate_passes_when_the_wanted_gpus_are_there(
     assert lines[-1].startswith("ray gate loop-head: 16 GPUs on 2 node(s) after ")
 
 
-def test_gate_times_out_naming_what_is_missing(
-    cluster: LoopbackCluster, tmp_path: Path, ray_ns: vllm_cpu.Namespace
-) -> None:
+def test_gate_times_out_naming_what_is_missing(cluster: LoopbackCluster, tmp_path: Path, ray_ns: Namespace) -> None:
     hints = gate_hints(cluster.spec, cluster.instance)
     script = ray_gate_script(
         ray_status_argv(cluster.spec, cluster.instance), 24, 3, "loop-head", want_nodes=3, hints=hints, interval_s=1
@@ -318,9 +316,7 @@ def test_gate_times_out_naming_what_is_missing(
     )
 
 
-def test_python_parser_reads_the_live_cluster_like_the_gate(
-    cluster: LoopbackCluster, ray_ns: vllm_cpu.Namespace
-) -> None:
+def test_python_parser_reads_the_live_cluster_like_the_gate(cluster: LoopbackCluster, ray_ns: Namespace) -> None:
     out = subprocess.run(
         inside(ray_ns, ray_status_argv(cluster.spec, cluster.instance)),
         capture_output=True,
@@ -332,9 +328,7 @@ def test_python_parser_reads_the_live_cluster_like_the_gate(
     assert parse_ray_status(out) == RayStatus(nodes=2, gpus_total=16.0, gpus_used=0.0)
 
 
-def test_worker_exits_when_its_head_goes_so_docker_restarts_it_to_rejoin(
-    tmp_path: Path, ray_ns: vllm_cpu.Namespace
-) -> None:
+def test_worker_exits_when_its_head_goes_so_docker_restarts_it_to_rejoin(tmp_path: Path, ray_ns: Namespace) -> None:
     """The restart chain's link: `ray start --block` on a worker ends when the head's node dies."""
     _ray()
     spec = loopback_spec(*free_ports(3))

