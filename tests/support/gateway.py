@@ -117,6 +117,15 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 1024  # hundreds of connections from nginx at once under load
 
 
+def _drop(conn: socket.socket) -> None:
+    """Close a connection as a crashed process does: both ways at once."""
+    try:
+        conn.shutdown(socket.SHUT_RDWR)
+        conn.close()
+    except OSError:
+        pass
+
+
 class FakeReplica:
     """A fake vLLM OpenAI server on 127.0.0.1 that records what reaches it and can be killed."""
 
@@ -146,15 +155,13 @@ class FakeReplica:
 
     def kill(self) -> None:
         """Stop like a crashed server: no listener, every connection closed."""
-        self.killed = True
+        with self.lock:
+            self.killed = True
+            conns = list(self.conns)
         self.server.shutdown()
         self.server.server_close()
-        for conn in list(self.conns):
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-                conn.close()
-            except OSError:
-                pass
+        for conn in conns:
+            _drop(conn)
         for gate in self.gates.values():
             gate.set()
 
@@ -167,7 +174,13 @@ class FakeReplica:
             def setup(self) -> None:
                 super().setup()
                 self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                replica.conns.add(self.connection)
+                # Under the lock with kill(): a connection accepted just before it is either closed by it or
+                # sees `killed` here; one left open would keep nginx waiting on a crashed replica.
+                with replica.lock:
+                    replica.conns.add(self.connection)
+                    killed = replica.killed
+                if killed:
+                    _drop(self.connection)
 
             def finish(self) -> None:
                 replica.conns.discard(self.connection)
@@ -203,11 +216,13 @@ class FakeReplica:
                 if isinstance(body, dict) and body.get("delay"):
                     time.sleep(float(body["delay"]))
                     if replica.killed:
+                        _drop(self.connection)  # crashed meanwhile: nothing is sent back
                         return
                 if isinstance(body, dict) and body.get("hold"):
                     replica.gates[body["hold"]].wait(WAIT)
                     if replica.killed:
-                        return  # crashed meanwhile: nothing is sent back
+                        _drop(self.connection)  # crashed meanwhile: nothing is sent back
+                        return
                 if isinstance(body, dict) and body.get("answer"):
                     # This status, Content-Type and body (a replica's own error page, JSON or not).
                     status, ctype, text = body["answer"]
