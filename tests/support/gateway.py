@@ -673,9 +673,8 @@ def self_signed(dir_: Path) -> Path:
     return dir_
 
 
-# 200 requests at once, the client, nginx and the fake replicas sharing 2 cores with a loaded machine:
-# one answer took over WAIT (20 s) in a whole-suite run at load ~10 while it passed every other run.
-# A hang detector, not a measure: an answer that never comes still fails the test.
+# 200 requests at once, the client, nginx and the fake replicas sharing two cores with the rest of the suite:
+# a hang detector with room for a loaded machine, not a measure; an answer that never comes still fails.
 LOAD_WAIT = 3 * WAIT
 
 
