@@ -3,6 +3,7 @@ touching no other file, is planned end to end (spec, containers, gateway, monito
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -121,18 +122,40 @@ class ToyEngine(Engine):
 
 @pytest.fixture
 def toy_registered() -> Iterator[None]:
-    engines, images, deployed = dict(registry.ENGINES), dict(registry.DEFAULT_IMAGES), dict(spec_engines.DEPLOYED)
-    keys = dict(spec_engines.DEPLOYED_KEYS)
+    # Every table register() writes, restored in place: other modules hold these very objects.
+    tables: list[dict[str, Any] | list[str]] = [
+        registry.ENGINES,
+        registry.DEFAULT_IMAGES,
+        registry.SECRET_FLAGS,
+        registry.SECRET_FLAG_NAMES,
+        registry.TYPED_ENV,
+        spec_engines.DEPLOYED,
+        spec_engines.DEPLOYED_KEYS,
+        spec_engines.DEFAULT_ENGINE,
+    ]
+    saved = [copy.copy(t) for t in tables]
     registry.register(ToyEngine())
     yield
-    for table, saved in (
-        (registry.ENGINES, engines),
-        (registry.DEFAULT_IMAGES, images),
-        (spec_engines.DEPLOYED, deployed),
-        (spec_engines.DEPLOYED_KEYS, keys),
-    ):
+    for table, before in zip(tables, saved, strict=True):
         table.clear()
-        table.update(saved)  # type: ignore[attr-defined]
+        if isinstance(table, list):
+            table.extend(before)
+        else:
+            table.update(before)  # type: ignore[call-overload]
+
+
+def test_the_toy_leaves_every_registry_table_as_it_found_it() -> None:
+    before = {
+        t: copy.copy(getattr(registry, t))
+        for t in ("ENGINES", "DEFAULT_IMAGES", "SECRET_FLAGS", "SECRET_FLAG_NAMES", "TYPED_ENV")
+    }
+    spec_before = {t: copy.copy(getattr(spec_engines, t)) for t in ("DEPLOYED", "DEPLOYED_KEYS", "DEFAULT_ENGINE")}
+    fixture = toy_registered.__wrapped__()  # type: ignore[attr-defined]
+    next(fixture)
+    assert "toyserve" in registry.ENGINES and set(ToyEngine.offline_vars) <= set(registry.TYPED_ENV)
+    next(fixture, None)
+    assert {t: getattr(registry, t) for t in before} == before
+    assert {t: getattr(spec_engines, t) for t in spec_before} == spec_before
 
 
 def toy_config(**toy: Any) -> dict[str, Any]:

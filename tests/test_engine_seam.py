@@ -106,6 +106,29 @@ def test_a_declared_image_is_its_base_with_the_declared_facts_unverified() -> No
     assert f.source("triton") == IMAGES["vllm/vllm-openai:v0.19.1"].source("triton")
 
 
+@pytest.mark.parametrize(
+    ("ref", "repo", "tag", "as_written"),
+    [
+        ("registry.local/vllm-volta:v1", "registry.local/vllm-volta", "v1", "registry.local/vllm-volta:v1"),
+        ("registry.local/vllm-volta", "registry.local/vllm-volta", "", "registry.local/vllm-volta"),
+        ("registry.local:5000/vllm-volta", "registry.local:5000/vllm-volta", "", "registry.local:5000/vllm-volta"),
+        (
+            "registry.local:5000/vllm-volta:v1",
+            "registry.local:5000/vllm-volta",
+            "v1",
+            "registry.local:5000/vllm-volta:v1",
+        ),
+        ("docker.io/library/vllm-volta:v1@sha256:" + "0" * 64, "vllm-volta", "v1", "vllm-volta:v1"),
+    ],
+)
+def test_a_declared_images_reference_keeps_its_registry_port_and_names_no_empty_tag(
+    ref: str, repo: str, tag: str, as_written: str
+) -> None:
+    f = declared_facts(ref, "vllm/vllm-openai:v0.19.1", {}, "pools.chat.imageFacts")
+    assert (f.repo, f.tag, f.ref) == (repo, tag, as_written)
+    assert f.note == "declared by pools.chat.imageFacts, based on vllm/vllm-openai:v0.19.1"
+
+
 def _with_chat(config: dict[str, Any], **vllm: Any) -> StackSpec:
     config["llm-cluster:pools"]["chat"]["vllm"].update(vllm)
     return load_stack_config(config, set())

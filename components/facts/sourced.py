@@ -33,8 +33,8 @@ class SourcedImage:
 
     @property
     def ref(self) -> str:
-        """The image reference, `repo:tag`."""
-        return f"{self.repo}:{self.tag}"
+        """The image reference, `repo:tag` (`repo` alone for an untagged one)."""
+        return f"{self.repo}:{self.tag}" if self.tag else self.repo
 
     def source(self, name: str) -> Sourced:
         """Where the fact `name` comes from."""
@@ -52,3 +52,10 @@ def image_ref_key(ref: str) -> str:
         if ref.startswith(prefix):
             ref = ref[len(prefix) :]
     return ref.removeprefix("library/")
+
+
+def split_tag(ref: str) -> tuple[str, str]:
+    """'registry.local:5000/vllm-volta:v1' -> ('registry.local:5000/vllm-volta', 'v1'); an untagged reference
+    has the tag '' (a registry's port is not a tag)."""
+    repo, sep, tag = ref.rpartition(":")
+    return (repo, tag) if sep and "/" not in tag else (ref, "")

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Literal
 from components.engines.http import EngineServer
 from components.engines.weights import FP8_WEIGHT_METHODS  # noqa: F401  (the rules read it with these facts)
 from components.facts.evidence import Sourced, code, observed, unverified
-from components.facts.sourced import SourcedImage, image_ref_key
+from components.facts.sourced import SourcedImage, image_ref_key, split_tag
 
 if TYPE_CHECKING:
     from components.spec import StackSpec
@@ -722,14 +722,14 @@ def declared_facts(ref: str, like: str, overrides: Mapping[str, object], declare
     """Facts a stack declares for a private build: a known image's entry with fields replaced, every
     replaced fact marked unverified and attributed to the stack key that declared it."""
     base = IMAGES[image_ref_key(like)]
-    repo, _, tag = image_ref_key(ref).rpartition(":")
+    repo, tag = split_tag(image_ref_key(ref))
     sources = dict(base.sources)
     for name in overrides:
         sources[name] = unverified(f"declared by {declared_by}")
     return replace(
         base,
-        repo=repo or image_ref_key(ref),
-        tag=tag if repo else "",
+        repo=repo,
+        tag=tag,
         variant="declared",
         sources=MappingProxyType(sources),
         note=f"declared by {declared_by}, based on {base.ref}",
