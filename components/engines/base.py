@@ -192,8 +192,8 @@ class Engine(ABC):
     def format_evidence(self, ref: str, capability: int) -> str | None:
         """The evidence level of the fact that says which weight formats an image loads (its `model_formats`
         source), None when its facts do not say."""
-        facts = self.image_facts_of(ref)
-        source = getattr(facts, "sources", {}).get("model_formats") if facts is not None else None
+        # An image it does not know (None) has no sources either.
+        source = getattr(self.image_facts_of(ref), "sources", {}).get("model_formats")
         return level(source, capability) if source is not None else None
 
     def advice_launcher(self, image: str) -> str | None:
@@ -434,8 +434,8 @@ def _fetched(kind: str, value: str) -> list[str]:
             path = value.partition("=")[2] or value
         return [path] if isinstance(path, str) and path and not path.startswith("/") else []
     if kind == "json-model":
-        try:
-            model = json.loads(value).get("model") if value.strip().startswith("{") else None
+        try:  # not JSON (ValueError), or JSON but no object (AttributeError): nothing named
+            model = json.loads(value).get("model")
         except (ValueError, AttributeError):
             model = None
         return [model] if isinstance(model, str) and model and not model.startswith("/") else []
