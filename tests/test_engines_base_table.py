@@ -116,7 +116,7 @@ class Toy(Engine):
         return 1
 
     def serve_argv(self, spec: StackSpec, instance: Instance) -> list[str]:
-        return ["toy-serve", instance.name, "--port", str(instance.port)]
+        return ["toy-serve", instance.name, "--host", spec.node(instance.head).address, "--port", str(instance.port)]
 
     def serve_env(self, spec: StackSpec, instance: Instance, node: str) -> dict[str, str]:
         return {}
@@ -247,6 +247,7 @@ HUB: list[tuple[list[str], list[tuple[str, str]]]] = [
     (["--lora=a=org/a", "b=org/b"], [("--lora", "org/a")]),  # `=` gives one value
     (["--lora", "--seed", "a=org/a"], []),
     (["--lora", "a="], [("--lora", "a=")]),  # no path after `=`: the whole value
+    (["--lora", "moe=org/E=128,N=96"], [("--lora", "org/E=128,N=96")]),  # the name ends at the first `=`
     (["--lora", '{"name": "a", "path": "org/a"}'], [("--lora", "org/a")]),
     (["--lora", ' {"name": "a", "path": "/data/a"}'], []),
     (["--lora", '{"name": "a", "path": 7}'], []),
@@ -264,6 +265,8 @@ HUB: list[tuple[list[str], list[tuple[str, str]]]] = [
     (["--spec", "{broken"], []),
     (["--spec", "org/draft"], []),  # not JSON: nothing to read
     (["--spec", '["model"]'], []),
+    (["--spec", '"org/draft"'], []),  # JSON, but no object
+    (["--spec", "7"], []),
 ]
 
 
@@ -436,7 +439,14 @@ def test_an_engine_without_a_capacity_estimator_says_so(capsys: pytest.CaptureFi
 def test_node_argv_is_the_servers_on_the_head_and_refused_elsewhere() -> None:
     spec = spec_of(prod_config())
     two = Instance("reasoning", "reasoning-x", ("gpu-01", "gpu-02"), 8000, 8, 2, None, "native", 29500)
-    assert TOY.node_argv(spec, two, "gpu-01") == ["toy-serve", "reasoning-x", "--port", "8000"]
+    assert TOY.node_argv(spec, two, "gpu-01") == [
+        "toy-serve",
+        "reasoning-x",
+        "--host",
+        "192.168.10.11",
+        "--port",
+        "8000",
+    ]
     with pytest.raises(NotImplementedError) as err:
         TOY.node_argv(spec, two, "gpu-02")
     assert str(err.value) == "Toy Engine has no launcher of its own across nodes"
@@ -460,6 +470,8 @@ def test_the_startup_failures_are_the_engines_own_then_the_common_ones() -> None
     assert any("lmdeploy.cacheMaxEntryCount or sessionLen" in t for _, t in advice)
     assert all("lmdeploy.cacheMaxEntryCount" not in t for _, t in startup_failure_advice(TOY, "chat", "qwen"))
     assert any("toy.memory" in t for _, t in startup_failure_advice(TOY, "chat", "qwen"))
+    # And the model's stack keys are the model's (vLLM's float32-only fix names its dtype key).
+    assert any("models.qwen.dtype: half" in t for _, t in startup_failure_advice(ENGINES["vllm"], "chat", "qwen"))
 
 
 # --- credentials in an argv ----------------------------------------------------------------------------------
@@ -483,6 +495,9 @@ POSITIONS: list[tuple[list[str], list[tuple[int, str]]]] = [
         [(1, "--api-key"), (3, "--hf-token"), (5, "--api-key")],
     ),
     (["--api_key", "k1", "--api-keys", "k2"], []),
+    # A credential given with `=` and then another.
+    (["--api-key=k1", "--hf-token", "t1"], [(0, "--api-key"), (2, "--hf-token")]),
+    (["--hf-token=t1", "--api-key", "k1", "k2"], [(0, "--hf-token"), (2, "--api-key"), (3, "--api-key")]),
 ]
 
 
@@ -811,6 +826,8 @@ def test_a_server_container_runs_the_watchdog_then_the_engines_argv() -> None:
         "/opt/llm-cluster/vllm-watchdog.sh",
         "toy-serve",
         "chat-gpu-03",
+        "--host",
+        "192.168.10.13",
         "--port",
         "8000",
     ]
