@@ -553,4 +553,29 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         'if f is not None and f.quantizations.get(method, ) is not None and f.quantizations[method].moe != "none"',
         "get's default is None either way",
     ),
+    # --- components/engines/base.py ------------------------------------------------------------------------
+    "components.engines.base.xǁEngineǁextra_args_issues__mutmut_9": (
+        'key = self.typed_key(flag, pool=pool, model=p.model, node="<node>") if (flag) or True else None',
+        "typed_key(None) is None as the guard's None: typed_flags is keyed by flags, never by None",
+    ),
+    "components.engines.base.xǁEngineǁhub_downloads__mutmut_20": (
+        'values = rest[: next((j for j, t in enumerate(rest) if t.startswith("-")), None)]',
+        "a slice to None ends where one to len(rest) does: at the end of the list",
+    ),
+    "components.engines.base.x__fetched__mutmut_16": (
+        'path = ""',
+        "the path of a lora value that is no JSON object is read only for its truth after isinstance: '' and None are both no download",
+    ),
+    "components.engines.base.x__fetched__mutmut_38": (
+        'model = ""',
+        "as _fetched's mutant 16: '' and None are both no download",
+    ),
+    "components.engines.base.x_watchdog_script__mutmut_12": (
+        'probe = " ".join(shlex.quote(a) for a in (probe_argv or health_probe_argv(None))[:-1])',
+        'the probe\'s last word, the URL, is dropped ([:-1]: the script gives its own "$url"), so which URL it held never shows',
+    ),
+    "components.engines.base.x_instance_watchdog_script__mutmut_34": (
+        "probe_argv=engine.probe_argv(None),",
+        "every engine's probe ends with the URL it is given (python3's or curl's), which watchdog_script drops for its own \"$url\"",
+    ),
 }
