@@ -40,6 +40,27 @@ def test_every_module_of_the_sweep_exists_and_has_tests_to_select_from() -> None
         assert tests_naming(module), f"{module}: no test file names it, its package or the policy pack"
 
 
+def test_the_sweep_takes_every_module_once_in_the_issues_order() -> None:
+    from tests.checks.mutmut_module import SWEEP
+
+    assert len(SWEEP) == len(set(SWEEP))
+    # Every product module of the areas the issue names, the engines' hand-run tools/ dump scripts aside.
+    areas = ["components/planning/gateway", "components/spec", "policies/rules", "components/engines"]
+    wanted = {
+        str(p.relative_to(ROOT)) for area in areas for p in (ROOT / area).rglob("*.py") if "/tools/" not in str(p)
+    }
+    assert set(SWEEP) == {"plan/redact.py", "plan/diff.py"} | wanted
+    # Redaction, the plan diff, the gateway's Python, spec, policies, engines: each area after the one before.
+    rank = [next((i for i, a in enumerate(areas) if m.startswith(a + "/")), -1) for m in SWEEP[2:]]
+    assert rank == sorted(rank) and -1 not in rank
+    # Of the engines, each one's options and argv builders first.
+    engines = [m for m in SWEEP if m.startswith("components/engines/")]
+    firsts = len([m for m in engines if m.endswith(("/options.py", "/engine.py")) and m.count("/") == 3])
+    assert firsts == 6
+    assert all(m.endswith("/options.py") for m in engines[:3]) and all(m.endswith("/engine.py") for m in engines[3:6])
+    assert "components/engines/gate.py" in engines[6:] and "components/engines/vllm/rules/hardware.py" in engines[6:]
+
+
 def test_tests_are_chosen_by_the_module_they_import() -> None:
     from tests.checks.mutmut_module import dotted, tests_naming
 

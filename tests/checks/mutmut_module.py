@@ -25,6 +25,7 @@ import os
 import re
 import sys
 from datetime import UTC, datetime
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,15 +34,25 @@ sys.path.insert(0, str(ROOT))
 from tests.checks.mutmut_equivalents import EQUIVALENT  # noqa: E402
 
 # `make mutation-sweep`: the product's modules in the order the issue ranks them (redaction, the plan
-# diff, the gateway's Python, spec, policies, engines).
+# diff, the gateway's Python, spec, policies, engines); of the engines, each one's options and argv
+# builders first, then every other module of components/engines but the tools/ dump scripts (run by hand
+# on an unpacked wheel or a build's --help to write data/, never imported by the program).
+_ENGINES_FIRST = [
+    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "components/engines").glob("*/options.py")),
+    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "components/engines").glob("*/engine.py")),
+]
 SWEEP = [
     "plan/redact.py",
     "plan/diff.py",
     *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "components/planning/gateway").glob("*.py")),
     *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "components/spec").glob("*.py")),
     *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "policies/rules").glob("*.py")),
-    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "components/engines").glob("*/options.py")),
-    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "components/engines").glob("*/engine.py")),
+    *_ENGINES_FIRST,
+    *sorted(
+        m
+        for m in (str(p.relative_to(ROOT)) for p in (ROOT / "components/engines").rglob("*.py"))
+        if m not in _ENGINES_FIRST and "/tools/" not in m
+    ),
 ]
 # The fast tier: realtool and lab tests start servers and namespaces (mutmut forks per mutant).
 FAST = ["-m", "not realtool and not lab"]
@@ -59,21 +70,37 @@ def tests_naming(module: str) -> list[str]:
     re-exports its modules' names); for a policy rule, else those importing the pack."""
     name = dotted(module)
     package, _, leaf = name.rpartition(".")
+    imports = f"from {package} import"
+    # Each pattern with the words a file must hold for it to match: a cheap test before the regex (the sweep
+    # asks this of every test file for each of its modules).
     patterns = [
-        re.compile(rf"\b{re.escape(name)}\b|from {re.escape(package)} import [^\n]*\b{re.escape(leaf)}\b"),
-        re.compile(rf"from {re.escape(package)} import"),
+        (re.compile(rf"\b{re.escape(name)}\b|{re.escape(imports)} [^\n]*\b{re.escape(leaf)}\b"), (name, imports)),
+        (re.compile(re.escape(imports)), (imports,)),
         # The policy rules are reached through the pack that lists them (and the tests' helpers that run it).
-        re.compile(r"from (policies\.pack|tests\.support\.policies) import") if name.startswith("policies.") else None,
+        (
+            re.compile(r"from (policies\.pack|tests\.support\.policies) import"),
+            ("from policies.pack import", "from tests.support.policies import"),
+        )
+        if name.startswith("policies.")
+        else None,
     ]
-    for pattern in filter(None, patterns):
+    for pattern, words in filter(None, patterns):
         found = sorted(
-            str(p.relative_to(ROOT))
-            for p in (ROOT / "tests").rglob("test_*.py")
-            if p.name != "test_mutation_targets.py" and pattern.search(p.read_text())  # (this tool's own tests)
+            path for path, text in _test_files().items() if any(w in text for w in words) and pattern.search(text)
         )
         if found:
             return found
     return []
+
+
+@cache
+def _test_files() -> dict[str, str]:
+    """Every test file's text by its path (but this tool's own tests), read once per process."""
+    return {
+        str(p.relative_to(ROOT)): p.read_text()
+        for p in (ROOT / "tests").rglob("test_*.py")
+        if p.name != "test_mutation_targets.py"
+    }
 
 
 def run_mutmut(module: str, tests: list[str], functions: list[str], isolation: str = "fork") -> None:
