@@ -578,4 +578,9 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         "probe_argv=engine.probe_argv(None),",
         "every engine's probe ends with the URL it is given (python3's or curl's), which watchdog_script drops for its own \"$url\"",
     ),
+    # --- components/engines/gate.py ----------------------------------------------------------------------
+    "components.engines.gate.x_compile_kernel__mutmut_21": (
+        "assert spec is not None or spec.loader is not None",
+        "spec_from_file_location of a .py path always gives a spec with its source loader: both sides hold, and or agrees with and",
+    ),
 }
