@@ -583,4 +583,13 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         "assert spec is not None or spec.loader is not None",
         "spec_from_file_location of a .py path always gives a spec with its source loader: both sides hold, and or agrees with and",
     ),
+    # --- components/engines/weights.py -------------------------------------------------------------------
+    "components.engines.weights.x_stage_weight_bytes__mutmut_8": (
+        "plain = vocab_slice",
+        "the first stage's embedding is the first thing added to plain, which is 0.0 just before: = and += agree",
+    ),
+    "components.engines.weights.x_checkpoint_bytes__mutmut_20": (
+        "mla_enabled=None,",
+        "mla_enabled reaches only _attention_params, which reads it for its truth (the absorbed copy): None is False there",
+    ),
 }
