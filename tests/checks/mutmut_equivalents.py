@@ -592,4 +592,21 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         "mla_enabled=None,",
         "mla_enabled reaches only _attention_params, which reads it for its truth (the absorbed copy): None is False there",
     ),
+    # --- components/engines/containers.py ----------------------------------------------------------------
+    "components.engines.containers.x_image_parts__mutmut_5": (
+        'ref = ref.split("@", )[0]',
+        "split's first piece is the same whatever the split count",
+    ),
+    "components.engines.containers.x_image_parts__mutmut_8": (
+        'ref = ref.split("@", 2)[0]',
+        "split's first piece is the same whatever the split count",
+    ),
+    "components.engines.containers.x_image_parts__mutmut_16": (
+        'if ":" in ref.rsplit("/", )[-1]:',
+        "rsplit's last piece is the same whatever the split count",
+    ),
+    "components.engines.containers.x_image_parts__mutmut_19": (
+        'if ":" in ref.rsplit("/", 2)[-1]:',
+        "rsplit's last piece is the same whatever the split count",
+    ),
 }
