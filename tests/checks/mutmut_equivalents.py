@@ -609,4 +609,9 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         'if ":" in ref.rsplit("/", 2)[-1]:',
         "rsplit's last piece is the same whatever the split count",
     ),
+    # --- components/engines/cli_dump.py ------------------------------------------------------------------
+    "components.engines.cli_dump.x_build_parser__mutmut_91": (
+        'convert = known.get(e.get("type") or "XXXX")',
+        'an entry without a type looks up a name no type table holds, as "" is not: no conversion either way',
+    ),
 }
