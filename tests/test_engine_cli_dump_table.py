@@ -5,6 +5,7 @@ refuses; then the real dumps' own option lists."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -122,3 +123,28 @@ def test_the_real_dumps_option_lists() -> None:
     assert "model_path" not in lmdeploy  # a positional is no option
     llamacpp = options("llama.cpp-b11312-server-args.json")
     assert {"-m", "--model", "-c", "--ctx-size", "--rpc"} <= llamacpp and "--tp" not in llamacpp
+
+
+def test_a_dump_is_found_in_the_data_of_the_one_engine_that_owns_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # data.parser_dump is cached (@cache: no mutant), so its rule is compared here, uncached.
+    from components.engines import data
+
+    find = data.parser_dump.__wrapped__
+    assert (
+        find("lmdeploy-0.16.0-api_server-args.json")
+        == data.ENGINES_DIR / "lmdeploy/data/lmdeploy-0.16.0-api_server-args.json"
+    )
+    for engine in ("a", "b"):
+        (tmp_path / engine / "data").mkdir(parents=True)
+        (tmp_path / engine / "data" / "x.json").write_text("[]")
+    (tmp_path / "a" / "data" / "y.json").write_text("[]")
+    monkeypatch.setattr(data, "ENGINES_DIR", tmp_path)
+    assert find("y.json") == tmp_path / "a" / "data" / "y.json"
+    with pytest.raises(FileNotFoundError) as two:
+        find("x.json")
+    assert str(two.value) == f"parser dump 'x.json': 2 files under {tmp_path}/*/data"
+    with pytest.raises(FileNotFoundError) as none:
+        find("z.json")
+    assert str(none.value) == f"parser dump 'z.json': 0 files under {tmp_path}/*/data"
