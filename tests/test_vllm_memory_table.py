@@ -71,6 +71,8 @@ MLA = ModelArch(
     qk_nope_head_dim=128,
     v_head_dim=128,
 )
+MOE_DENSE_FIRST = ModelArch(**{**MOE.__dict__, "name": "tiny-moe-k3", "first_k_dense_replace": 3})
+TIED = ModelArch(**{**DENSE.__dict__, "name": "tiny-tied", "tie_word_embeddings": True})
 MLA_MOE = ModelArch(**{**MLA.__dict__, "name": "tiny-mla-moe", "num_experts": 16, "experts_per_token": 2})
 
 
@@ -175,6 +177,7 @@ def test_the_default_sequence_count_is_1024_only_on_v1_and_large_gpus_but_a100s(
 
 def test_the_default_sequence_count_without_arguments_is_v0s() -> None:
     assert default_max_num_seqs() == 256
+    assert default_max_num_seqs(gpu_name="NVIDIA H100 80GB HBM3", gpu_memory_gib=78.37) == 256
 
 
 @pytest.mark.parametrize(
@@ -624,6 +627,86 @@ WHOLE = [
         ),
         id="dense-v0-nccl-outside",
     ),
+    pytest.param(
+        (DENSE, 24),
+        dict(
+            tp=2, pp=1, gpu_memory_utilization=0.9, dtype="float16", max_model_len=4096, max_num_seqs=8, v1_engine=True
+        ),
+        # V1 at TP 2 between GPUs taken to reach each other peer to peer (unless told): the 2 GiB floor.
+        dict(
+            act=2,
+            linear=2.0,
+            peak=(2048 * 4 * 1024 + 2048 * 3 * 4096 // 2) * 2,
+            comm_gib=2.0,
+            comm_in=True,
+            base_gib=0.15,
+            kv_per_token_layer=2048,
+            block=16,
+            mla=True,
+        ),
+        dict(
+            max_num_seqs=8,
+            max_num_batched_tokens=2048,
+            rot_bytes=2,
+            mla_enabled=False,
+            notes=(),
+            startup_free_gib=None,
+            error=(0.02, "V1 · TP>=2 · dense, measured on its logs"),
+        ),
+        id="dense-v1-tp2-p2p-by-default",
+    ),
+    pytest.param(
+        (MOE_DENSE_FIRST, 24),
+        dict(tp=1, pp=3, gpu_memory_utilization=0.9, dtype="float16", max_model_len=4096, max_num_seqs=8),
+        # Stages of layers [0], [1, 2] and [3]: only the last is MoE (the first three keep a dense MLP).
+        dict(
+            act=2,
+            linear=2.0,
+            peak=(4096 * 4 * 1024 + 4096 * 2 * (3 * 512 + 1024)) * 2,
+            comm_gib=0.5,
+            comm_in=True,
+            base_gib=0.05,
+            kv_per_token_layer=2 * 4 * 128 * 2,
+            block=16,
+            mla=True,
+        ),
+        dict(
+            max_num_seqs=8,
+            max_num_batched_tokens=4096,
+            rot_bytes=2,
+            mla_enabled=False,
+            notes=(),
+            startup_free_gib=None,
+            error=(0.035, "V0 · TP1 · MoE: too few logs, the widest error measured"),
+        ),
+        id="moe-dense-first-layers-pp3",
+    ),
+    pytest.param(
+        (TIED, 16),
+        dict(tp=1, pp=1, gpu_memory_utilization=0.9, dtype="float16", max_model_len=1024, max_num_seqs=8),
+        # A tied LM head on one stage shares the embedding.
+        dict(
+            act=2,
+            linear=2.0,
+            peak=(2048 * 4 * 1024 + 2048 * 3 * 4096) * 2,
+            comm_gib=0.0,
+            comm_in=True,
+            base_gib=0.05,
+            kv_per_token_layer=2 * 8 * 128 * 2,
+            block=16,
+            mla=True,
+        ),
+        dict(
+            max_num_seqs=8,
+            max_num_batched_tokens=2048,
+            rot_bytes=2,
+            mla_enabled=False,
+            notes=(),
+            startup_free_gib=None,
+            error=(0.035, "V0 · TP1 · dense: too few logs, the widest error measured"),
+        ),
+        id="tied-head-pp1",
+    ),
 ]
 
 
@@ -910,7 +993,7 @@ def test_the_estimate_as_json_rounds_every_float_to_four_places_and_lists_its_tu
         communicator_in_budget=False,
         startup_free_gib=12.345678,
         advice="x",
-        weights_gib_per_stage=(21.000049, 20.99996),
+        weights_gib_per_stage=(21.12346, 20.99996),
         kv_estimate_error=0.035,
         kv_error_class="c",
     )
@@ -946,8 +1029,48 @@ def test_the_estimate_as_json_rounds_every_float_to_four_places_and_lists_its_tu
         "communicator_in_budget": False,
         "startup_free_gib": 12.3457,
         "advice": "x",
-        "weights_gib_per_stage": [21.0, 21.0],
+        "weights_gib_per_stage": [21.1235, 21.0],
         "kv_estimate_error": 0.035,
         "kv_error_class": "c",
         "kv_error_terms": KV_ERROR_TERMS,
     }
+
+
+# A model small enough that vLLM's budget can be exactly its terms: the non-torch base (0.05 GiB, not a whole
+# number of bytes) adds to the weights and activations without rounding below 64 MiB.
+MICRO = ModelArch(
+    name="micro",
+    hf_id="",
+    model_type="llama",
+    num_layers=1,
+    hidden_size=64,
+    num_attention_heads=1,
+    num_kv_heads=1,
+    head_dim=64,
+    vocab_size=1024,
+    intermediate_size=128,
+)
+MICRO_GPU = dict(
+    tp=1, pp=1, gpu_memory_utilization=1, dtype="float16", max_model_len=16, max_num_seqs=1, max_num_batched_tokens=16
+)
+
+
+def test_a_kv_cache_of_exactly_nothing_is_no_kv_cache_and_a_sliver_is_no_block() -> None:
+    first = estimate(MICRO, 1, **MICRO_GPU)
+    weights, activation = first.weights_gib_per_gpu * GIB, first.activation_gib * GIB
+    assert (weights, activation) == (344448, 38912)
+    exact = (weights + activation + 0.05 * GIB) / GIB
+    est = estimate(MICRO, exact, **MICRO_GPU)
+    assert (est.kv_cache_gib_per_gpu, est.gpu_blocks) == (0.0, 0)
+    assert est.reason.startswith("weights 0.0 GiB + activations 0.0 GiB + non-torch 0.1 GiB leave no KV cache")
+    sliver = estimate(MICRO, math.nextafter(exact * GIB, math.inf) / GIB, **MICRO_GPU)
+    assert 0 < sliver.kv_cache_gib_per_gpu * GIB < 1 and sliver.gpu_blocks == 0
+    assert sliver.reason == (
+        "the KV cache holds 0 tokens, fewer than max-model-len 16: vLLM refuses to start; lower max-model-len to 0 "
+        "or less, or add GPUs"
+    )
+
+
+def test_the_start_up_note_comes_after_the_models_own() -> None:
+    est = estimate(MLA, 16, gpu_memory_utilization=0.953125, **STARTUP)
+    assert est.notes == (MLA_NOTE, SPARE_NOTE.format("0.00"))

@@ -614,4 +614,31 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         'convert = known.get(e.get("type") or "XXXX")',
         'an entry without a type looks up a name no type table holds, as "" is not: no conversion either way',
     ),
+    # --- components/engines/vllm/memory.py -----------------------------------------------------------------
+    "components.engines.vllm.memory.x_default_max_num_seqs__mutmut_2": (
+        'def default_max_num_seqs(*, v1_engine: bool = False, gpu_name: str = "XXXX", gpu_memory_gib: float = 0.0) -> int:',
+        "the name is read only for a GPU of 70 GiB and more, and neither '' nor 'XXXX' names an A100",
+    ),
+    "components.engines.vllm.memory.x_default_max_num_seqs__mutmut_3": (
+        'def default_max_num_seqs(*, v1_engine: bool = False, gpu_name: str = "", gpu_memory_gib: float = 1.0) -> int:',
+        "a GPU of 0 or 1 GiB is under V1's 70 GiB threshold alike",
+    ),
+    "components.engines.vllm.memory.x_default_max_num_batched_tokens__mutmut_2": (
+        'gpu_name: str = "XXXX",',
+        "the name is read only for a GPU of 70 GiB and more, and neither '' nor 'XXXX' names an A100",
+    ),
+    "components.engines.vllm.memory.x_default_max_num_batched_tokens__mutmut_3": (
+        "gpu_memory_gib: float = 1.0,",
+        "a GPU of 0 or 1 GiB is under V1's 70 GiB threshold alike",
+    ),
+    "components.engines.vllm.memory.x_estimate__mutmut_8": (
+        'gpu_name: str = "XXXX",',
+        "the name only picks vLLM's defaults, and neither '' nor 'XXXX' names an A100",
+    ),
+    "components.engines.vllm.memory.x_estimate__mutmut_173": (
+        "blocks.append(max(0, int(free / (block_size * per_token_layer * n))))",
+        "the divisor is a whole number of bytes and k x divisor is exact: a float free below it is at least an ulp "
+        "under, whose quotient rounds below k, so int() of the quotient is the floor for free >= 0; below 0 both "
+        "give 0 blocks through max",
+    ),
 }
