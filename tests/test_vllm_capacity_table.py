@@ -61,7 +61,6 @@ def test_every_setting_of_pool_model_and_node_reaches_the_estimate(config: dict[
     config["llm-cluster:models"]["qwen3-30b-a3b"].update(
         {"quantization": "gptq", "quantBits": 8, "groupSize": 64, "dtype": "auto"}
     )
-    config["llm-cluster:pools"]["chat"]["tensorParallel"] = 4
     config["llm-cluster:pools"]["chat"]["pipelineParallel"] = 2
     spec = chat(
         config,
@@ -76,7 +75,6 @@ def test_every_setting_of_pool_model_and_node_reaches_the_estimate(config: dict[
     )
     expected = {
         **CHAT,
-        "tp": 4,
         "pp": 2,
         "gpu_memory_utilization": 0.85,
         # auto on sm_90 is bfloat16.
@@ -91,9 +89,35 @@ def test_every_setting_of_pool_model_and_node_reaches_the_estimate(config: dict[
         "block_size": 32,
         "gpu_name": "NVIDIA H100 80GB HBM3",
         "chunked_prefill": False,
+        # NVLS: 0.32 GiB for each of 7 TP peers and a pipeline neighbour, over V1's 2 GiB floor.
         "nvls": True,
     }
     assert pool_capacity(spec, "chat") == estimate(model_arch("qwen3-30b-a3b"), 78.37, **expected)
+    assert pool_capacity(spec, "chat").communicator_gib == pytest.approx(8 * 0.32)
+
+
+@pytest.mark.parametrize(
+    ("gpu", "chunked", "batched"),
+    [
+        # V1's default budget: 8192 on >= 70 GiB GPUs but A100s, else 2048; without chunked prefill, the context.
+        ("NVIDIA H100 80GB HBM3", None, 8192),
+        ("NVIDIA A100-SXM4-80GB", None, 2048),
+        ("NVIDIA A100-SXM4-80GB", True, 2048),
+        ("NVIDIA A100-SXM4-80GB", False, 16384),
+    ],
+)
+def test_the_gpus_name_and_chunked_prefill_pick_the_default_budget(
+    config: dict[str, Any], gpu: str, chunked: bool | None, batched: int
+) -> None:
+    settings = {"maxModelLen": 16384} if chunked is None else {"maxModelLen": 16384, "enableChunkedPrefill": chunked}
+    assert pool_capacity(chat(config, gpu=gpu, **settings), "chat").max_num_batched_tokens == batched
+
+
+def test_a_pool_on_one_node_is_estimated_on_that_nodes_gpus(config: dict[str, Any]) -> None:
+    config["llm-cluster:pools"]["chat"]["nodes"] = ["gpu-03"]
+    assert pool_capacity(load_stack_config(config, set()), "chat") == estimate(
+        model_arch("qwen3-30b-a3b"), 31.74, **CHAT
+    )
 
 
 @pytest.mark.parametrize(

@@ -641,4 +641,15 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         "under, whose quotient rounds below k, so int() of the quotient is the floor for free >= 0; below 0 both "
         "give 0 blocks through max",
     ),
+    # --- components/engines/vllm/capacity.py ---------------------------------------------------------------
+    "components.engines.vllm.capacity.x_with_range__mutmut_10": (
+        "assert isinstance(kv, int) and isinstance(conc, (int, float)) or isinstance(gib, (int, float))",
+        "its one caller passes CapacityEstimate.to_dict(), whose kv_tokens is an int and whose figures are numbers: "
+        "every isinstance holds, so `and` and `or` agree",
+    ),
+    "components.engines.vllm.capacity.x_with_range__mutmut_11": (
+        "assert isinstance(kv, int) or isinstance(conc, (int, float)) and isinstance(gib, (int, float))",
+        "its one caller passes CapacityEstimate.to_dict(), whose kv_tokens is an int and whose figures are numbers: "
+        "every isinstance holds, so `and` and `or` agree",
+    ),
 }

@@ -13,7 +13,7 @@ from components.spec.models import model_architecture, resolved_dtype
 
 def mla_enabled(spec: StackSpec, pool: str) -> bool:
     """MLA stays on unless the pool sets VLLM_MLA_DISABLE=1 (vLLM's own switch)."""
-    return spec.pools[pool].env.get("VLLM_MLA_DISABLE", "0") not in ("1", "true", "True")
+    return spec.pools[pool].env.get("VLLM_MLA_DISABLE") not in ("1", "true", "True")
 
 
 def pool_capacity(spec: StackSpec, pool: str, *, mla: bool | None = None) -> CapacityEstimate:
