@@ -241,7 +241,7 @@ def test_the_bounds_of_bits_and_group_size_are_taken(flags: list[str], given: di
 
 def test_every_argument_reaches_the_estimate() -> None:
     argv = [
-        "--model", "qwen3-30b-a3b", "--gpu", "NVIDIA H100 80GB HBM3", "--tensor-parallel-size", "4",
+        "--model", "qwen3-30b-a3b", "--gpu", "NVIDIA H100 80GB HBM3", "--tensor-parallel-size", "8",
         "--pipeline-parallel-size", "2", "--gpu-memory-utilization", "0.8", "--dtype", "bfloat16",
         "--quantization", "GPTQ", "--quant-bits", "8", "--group-size", "64", "--kv-cache-dtype", "fp8",
         "--max-model-len", "4096", "--max-num-seqs", "64", "--max-num-batched-tokens", "4096",
@@ -252,7 +252,7 @@ def test_every_argument_reaches_the_estimate() -> None:
     assert est == estimate(
         model_arch("qwen3-30b-a3b"),
         78.37,
-        tp=4,
+        tp=8,
         pp=2,
         gpu_memory_utilization=0.8,
         dtype="bfloat16",
@@ -270,6 +270,23 @@ def test_every_argument_reaches_the_estimate() -> None:
         nccl_in_budget=False,
         nvls=True,
     )
+    # NVLS: 0.32 GiB for each of 7 TP peers and a pipeline neighbour, over V1's 2 GiB floor.
+    assert est.communicator_gib == pytest.approx(8 * 0.32)
+
+
+@pytest.mark.parametrize(
+    ("gpu", "batched"),
+    [("NVIDIA A100-SXM4-80GB", 2048), ("NVIDIA H100 80GB HBM3", 8192), ("Tesla V100-SXM2-32GB", 2048)],
+)
+def test_the_gpus_name_picks_v1s_default_budget(gpu: str, batched: int) -> None:
+    est, _ = cli.run(["--model", "qwen3-32b", "--gpu", gpu, "--max-model-len", "16384"], "prog")
+    assert est.max_num_batched_tokens == batched
+
+
+def test_a_gpu_given_by_memory_alone_has_no_nvls() -> None:
+    est, _ = cli.run([*BASE, "--tp", "8"], "prog")
+    # Seven TP peers at 0.25 GiB (V0's terms: no engine line is known without the GPU's name).
+    assert (est.communicator_gib, est.max_num_batched_tokens) == (1.75, 2048)
 
 
 @pytest.mark.parametrize(

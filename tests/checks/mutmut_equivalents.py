@@ -652,4 +652,10 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         "its one caller passes CapacityEstimate.to_dict(), whose kv_tokens is an int and whose figures are numbers: "
         "every isinstance holds, so `and` and `or` agree",
     ),
+    # --- components/engines/vllm/capacity_cli.py -----------------------------------------------------------
+    "components.engines.vllm.capacity_cli.x_run__mutmut_123": (
+        'gpu_name=gpu_name or "XXXX",',
+        "the fallback stands in only for a GPU given by its memory, which runs V0's defaults (v1_engine False) "
+        "with max-num-seqs always given: the name is never read, and neither '' nor 'XXXX' names an A100",
+    ),
 }

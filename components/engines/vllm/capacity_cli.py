@@ -28,8 +28,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     mem = p.add_mutually_exclusive_group()
     mem.add_argument("--gpu", help="GPU model as nvidia-smi names it, e.g. 'Tesla V100-SXM2-32GB'")
     mem.add_argument("--gpu-memory-gib", type=float, help="GPU memory in GiB")
-    p.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int, default=1)
-    p.add_argument("--pp", "--pipeline-parallel-size", dest="pp", type=int, default=1)
+    p.add_argument("--tp", "--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--pp", "--pipeline-parallel-size", type=int, default=1)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument(
         "--dtype",
@@ -39,22 +39,18 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--quantization",
-        default=None,
         help="gptq, awq, moe_wna16, bitsandbytes, fp8, ... (default: the config.json's, or none)",
     )
-    p.add_argument(
-        "--quant-bits", type=int, default=None, help="weight bits for gptq/awq, 2..8 (default: the config.json's, or 4)"
-    )
+    p.add_argument("--quant-bits", type=int, help="weight bits for gptq/awq, 2..8 (default: the config.json's, or 4)")
     p.add_argument(
         "--group-size",
         type=int,
-        default=None,
         help="quantization group size, -1 for per-channel (default: the config.json's, or 128)",
     )
     p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--max-num-batched-tokens", type=int)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--no-mla", action="store_true", help="plan as with VLLM_MLA_DISABLE=1 (needed on V100)")
     p.add_argument(
