@@ -292,16 +292,17 @@ def test_a_streamed_completion_through_the_gateway_ends_with_vllms_usage(lab: La
 
 
 def test_the_gateways_usage_log_counts_what_vllm_reported(lab: Lab) -> None:
-    answers = {name: json.loads(ask(lab, SERVED[name][0], chat(name))["body"])["usage"] for name in SERVED}
-
     def logged() -> list[dict[str, Any]]:
         out = docker(lab.host("gpu-01"), "exec", "llm-gateway", "sh", "-c", "cat /var/log/llm-gateway/usage-*.log")
         return [json.loads(line) for line in out.splitlines() if line.strip()]
 
-    wait_until(lambda: len(logged()) >= 2, 30, "the gateway's usage lines")
-    last = {}
-    for line in logged():
-        last[line["model"]] = line
+    # Only these requests' lines: nginx writes a line in its log phase, after the client has its answer, so
+    # the earlier tests' lines are there before this test's are.
+    before = len(logged())
+    answers = {name: json.loads(ask(lab, SERVED[name][0], chat(name))["body"])["usage"] for name in SERVED}
+    wait_until(lambda: len(logged()) >= before + len(answers), 30, "the gateway's usage lines of these requests")
+    last = {line["model"]: line for line in logged()[before:]}
+    assert sorted(last) == sorted(answers), last
     for name, usage in answers.items():
         line = last[name]
         assert (line["prompt_tokens"], line["completion_tokens"], line["total_tokens"]) == (
