@@ -250,7 +250,10 @@ def test_one_gpu_has_no_communicators_to_count() -> None:
 
 def test_a_pool_that_cannot_start_is_left_to_memory_fit() -> None:
     # v0.9.2: 0.984375 + 0.5 / 32 = 1 exactly: memory-fit's, not the alert's; just below it the alert judges.
-    assert ENGINE.alert_issues(stack(chat={"image": V92}, vllm={"gpuMemoryUtilization": 0.984375}, ratio=0.99), "chat") == []
+    assert (
+        ENGINE.alert_issues(stack(chat={"image": V92}, vllm={"gpuMemoryUtilization": 0.984375}, ratio=0.99), "chat")
+        == []
+    )
     [issue] = ENGINE.alert_issues(stack(chat={"image": V92}, vllm={"gpuMemoryUtilization": 0.98}, ratio=0.99), "chat")
     assert issue == floor_message(0.99, "chat", 0.98, CONTEXT, "Tesla V100-SXM2-32GB", "32", 0.9956)
 
@@ -258,8 +261,9 @@ def test_a_pool_that_cannot_start_is_left_to_memory_fit() -> None:
 def test_tp_across_nodes_is_not_modelled_and_tp_of_the_node_is() -> None:
     spec = stack(chat={"tensorParallel": 16, "nodes": ["gpu-03", "gpu-04"]}, ratio=0.5)
     assert ENGINE.alert_issues(spec, "chat") == []
-    spec = stack(chat={"tensorParallel": 4}, nodes={"gpu-03": {"gpu": {"model": "Tesla V100-SXM2-32GB", "count": 4}}},
-                 ratio=0.5)
+    spec = stack(
+        chat={"tensorParallel": 4}, nodes={"gpu-03": {"gpu": {"model": "Tesla V100-SXM2-32GB", "count": 4}}}, ratio=0.5
+    )
     assert [i.path for i in ENGINE.alert_issues(spec, "chat")] == ["monitoring.thresholds.gpuMemoryUsedRatio"]
 
 
@@ -287,7 +291,9 @@ def test_the_floor_reads_the_pools_first_node(monkeypatch: pytest.MonkeyPatch) -
     ("image", "drain", "timeout"),
     [(V19, 60, 90), (V19, 1, 31), (V19, 0, None), (V92, 60, None), (V011, 60, None), (UNKNOWN, 60, None)],
 )
-def test_the_stop_timeout_is_the_drain_plus_a_margin_where_vllm_drains(image: str, drain: int, timeout: int | None) -> None:
+def test_the_stop_timeout_is_the_drain_plus_a_margin_where_vllm_drains(
+    image: str, drain: int, timeout: int | None
+) -> None:
     assert ENGINE.stop_timeout_seconds(stack(chat={"image": image, "drainSeconds": drain}), "chat") == timeout
 
 
@@ -435,7 +441,10 @@ def test_launches_and_servers_are_the_launch_readers() -> None:
     assert ENGINE.container_launch(container, V19) == container_launch(container, V19)
     assert ENGINE.container_launch(container, V19) is not None
     assert ENGINE.container_server(container, V19) == ServerCall("vllm serve", {"model_tag": "/m", "max_model_len": 8})
-    api = {"entrypoints": ["python3", "-m", "vllm.entrypoints.openai.api_server"], "command": ["--model", "/m", "-tp", "2"]}
+    api = {
+        "entrypoints": ["python3", "-m", "vllm.entrypoints.openai.api_server"],
+        "command": ["--model", "/m", "-tp", "2"],
+    }
     assert ENGINE.container_server(api, None) == ServerCall(
         "vllm.entrypoints.openai.api_server", {"model": "/m", "tensor_parallel_size": 2}
     )
