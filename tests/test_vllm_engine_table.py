@@ -112,6 +112,26 @@ def test_an_unknown_triton_is_not_one_that_cannot_dot_fp16(monkeypatch: pytest.M
     assert ENGINE.image_cell(V92, 75) == Cell("deployed", "read from code")
 
 
+def test_each_cell_reads_its_own_facts_evidence_at_the_capability(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An observed fact is observed on the V100 only (sm_70): a deployed or dense-only cell there says so."""
+    base = image_facts(V92)
+    assert base is not None
+    seen = Sourced("seen", Evidence.OBSERVED)
+    sm70 = dataclasses.replace(
+        base, torch_arch_list=(70, *base.torch_arch_list), sources={**base.sources, "triton": seen}
+    )
+    monkeypatch.setattr(vllm_engine, "image_facts", lambda ref: sm70)
+    assert ENGINE.image_cell(V92, 70) == Cell("dense only: no fp16 Triton MoE", "observed")
+    assert ENGINE.image_cell(V92, 75) == Cell("dense only: no fp16 Triton MoE", "read from code")
+    base = image_facts(V011)
+    assert base is not None
+    observed = dataclasses.replace(base, sources={**base.sources, "torch_arch_list": seen})
+    monkeypatch.setattr(vllm_engine, "image_facts", lambda ref: observed)
+    assert ENGINE.image_cell(V011, 70) == Cell("deployed", "observed")
+    assert ENGINE.image_cell(V011, 80) == Cell("deployed", "read from code")
+    assert ENGINE.image_cell(V011, 60) == Cell("no", "read from code")
+
+
 def test_the_image_lists() -> None:
     assert ENGINE.image_refs() == [V011, V19, V19_2404, V92]
     assert ENGINE.declarable_images() == [V011, V19, V19_2404, V92]

@@ -658,4 +658,17 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         "the fallback stands in only for a GPU given by its memory, which runs V0's defaults (v1_engine False) "
         "with max-num-seqs always given: the name is never read, and neither '' nor 'XXXX' names an A100",
     ),
+    # --- components/engines/vllm/engine.py (the rest: $VLLM_REST) -----------------------------------------
+    "components.engines.vllm.engine.xǁVllmEngineǁfit_problems__mutmut_3": (
+        "return super().fit_problems(capacity, None, model) or check_fit(capacity, pool, model)",
+        "Engine.fit_problems reads the capacity alone (advice_fit_problems): the pool it is given is never read",
+    ),
+    "components.engines.vllm.engine.xǁVllmEngineǁfit_problems__mutmut_4": (
+        "return super().fit_problems(capacity, pool, None) or check_fit(capacity, pool, model)",
+        "Engine.fit_problems reads the capacity alone (advice_fit_problems): the model it is given is never read",
+    ),
+    "components.engines.vllm.engine.xǁVllmEngineǁextra_args_issues__mutmut_8": (
+        'key = self.typed_key(flag, pool=pool, model=p.model, node="<node>") if (flag) or True else None',
+        "typed_key looks the flag up in typed_flags, whose keys are all flags: a value token (flag None) is None either way",
+    ),
 }

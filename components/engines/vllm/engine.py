@@ -251,9 +251,9 @@ class VllmEngine(Engine):
         pool = spec.pools[pname]
         g = spec.node(pool.nodes[0]).gpu if pool.nodes[0] in spec.nodes else None
         known = GPUS.get(g.model) if g is not None else None
-        if known is None:
+        if g is None or known is None:
             return []  # the pool's own checks name the missing node or the unknown GPU
-        if g is not None and pool.tensor_parallel > g.count:
+        if pool.tensor_parallel > g.count:
             return []  # TP across nodes: not modelled (the capacity plan says so, the parallelism rule judges it)
         # FB_USED counts more than vLLM's budget: the CUDA context sits outside it, and so do the NCCL
         # communicators on images that start NCCL before they measure free memory (the capacity model's).
