@@ -86,6 +86,10 @@ FFN = [
     (96, 2, 64, 32, 64, 128),
     (96, 2, 48, 32, 96, 192),  # lcm(48, 32) = 96: one group -> 2
     (768, 3, 1, 32, 32, 768),
+    # An image that aligns to 1: the quant group alone, or one weight when there is none.
+    (96, 2, 0, 1, 1, 96),
+    (7, 2, 1, 1, 1, 8),
+    (96, 2, 64, 1, 64, 128),
 ]
 
 
@@ -108,7 +112,8 @@ KV_HEADS = [(8, 8, 1), (4, 8, 1), (8, 3, 3), (6, 4, 2), (16, 2, 8), (1, 1, 1), (
 
 @pytest.mark.parametrize(("heads", "tp", "per_rank"), KV_HEADS)
 def test_kv_heads_per_rank(heads: int, tp: int, per_rank: int) -> None:
-    assert kv_heads_per_rank(heads, tp) == per_rank
+    got = kv_heads_per_rank(heads, tp)
+    assert got == per_rank and type(got) is int
 
 
 # (tp, bits) -> K+V bytes of a token in a layer: 2 x heads per rank x (bits x 16 / 8, + 4 for a quantized cache).
@@ -127,6 +132,7 @@ def test_kv_bytes_per_token_per_layer(tp: int, bits: int, size: int) -> None:
         ("fp8", 128, 1.0 + 4 / (128 * 128)),
         ("fp8", 32, 1.0 + 4 / (128 * 128)),
         ("mxfp4", 128, 0.5 + 1 / 32),
+        ("mxfp4", 64, 0.5 + 1 / 32),  # one scale per 32 whatever the group (int4 at 64 would be 0.5625)
         ("awq", 128, 0.5 + 4 / 128),
         ("gptq", 64, 0.5 + 4 / 64),
         ("compressed-tensors", 32, 0.5 + 4 / 32),
@@ -151,6 +157,10 @@ WEIGHTS = [
     (DENSE, 1, "awq", 64, 60800.0, {"dense": FfnSplit(96, 64, 96)}),
     (DENSE, 1, "gptq", 32, 64640.0, {"dense": FfnSplit(96, 32, 96)}),
     (DENSE, 1, "fp8", 128, 87695.0, {"dense": FfnSplit(96, 128, 96)}),
+    # Each quantized format cuts its FFN in quant groups (96 is no whole group of 128: left as it is).
+    (DENSE, 1, "gptq", 128, 58880.0, {"dense": FfnSplit(96, 128, 96)}),
+    (DENSE, 1, "compressed-tensors", 64, 60800.0, {"dense": FfnSplit(96, 64, 96)}),
+    (DENSE, 1, "mxfp4", 128, 149120.0, {"dense": FfnSplit(96, 128, 96)}),
     # mxfp4 checkpoints keep their non-expert linears in fp16: a dense model weighs as in fp16.
     (DENSE, 1, "mxfp4", 32, 149120.0, {"dense": FfnSplit(96, 32, 96)}),
     (dataclasses.replace(DENSE, qkv_bias=True), 1, "hf", 128, 149632.0, {"dense": FfnSplit(96, 32, 96)}),
@@ -211,6 +221,11 @@ WEIGHTS = [
 @pytest.mark.parametrize(("arch", "tp", "fmt", "group", "size", "splits"), WEIGHTS)
 def test_weights_per_gpu(arch: ModelArch, tp: int, fmt: str, group: int, size: float, splits: dict) -> None:
     assert weights_per_gpu(arch, tp, fmt, group, 32) == (size, splits)
+
+
+def test_an_unquantized_ffn_is_cut_in_the_images_alignment_alone() -> None:
+    assert weights_per_gpu(DENSE, 1, "hf", 128, 1) == (149120.0, {"dense": FfnSplit(96, 1, 96)})
+    assert weights_per_gpu(DENSE, 1, "awq", 64, 1) == (60800.0, {"dense": FfnSplit(96, 64, 96)})
 
 
 def test_runtime_is_a_prefill_chunk_through_a_layer_and_the_batchs_fp32_logits() -> None:

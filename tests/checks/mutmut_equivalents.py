@@ -671,4 +671,24 @@ EQUIVALENT: dict[str, tuple[str, str]] = {
         'key = self.typed_key(flag, pool=pool, model=p.model, node="<node>") if (flag) or True else None',
         "typed_key looks the flag up in typed_flags, whose keys are all flags: a value token (flag None) is None either way",
     ),
+    # --- components/engines/lmdeploy/engine.py (the rest: $LMDEPLOY_REST) ---------------------------------
+    "components.engines.lmdeploy.engine.x_kv_bytes_per_token_per_layer__mutmut_7": (
+        "params = 0 if kv_bits == 16 else 2 * 16 / 8",
+        "4.0 for 4: the sum it is added to is a float already (kv_bits * head_dim / 8)",
+    ),
+    "components.engines.lmdeploy.engine.x_kv_bytes_per_token_per_layer__mutmut_10": (
+        "params = 0 if kv_bits == 16 else 2 * 17 // 8",
+        "34 // 8 is 4, as 32 // 8 is",
+    ),
+    "components.engines.lmdeploy.engine.x_weights_per_gpu__mutmut_24": (
+        "q = arch.num_attention_heads / tp * hd",
+        "its one caller (turbomind_estimate) refuses a TP that does not divide the heads first; where TP divides "
+        "them / and // give the same number",
+    ),
+    "components.engines.lmdeploy.engine.x_turbomind_estimate__mutmut_45": (
+        "blocks = int(kv_mem / (per_token * cache_block_seq_len))",
+        "kv_mem is never negative and a block a whole number of bytes: int() of the quotient floors as // does; they "
+        "could part only where the float quotient rounds up to a whole block, which a search over free memories up to "
+        "80 GiB, eight block sizes and five cache shares did not meet",
+    ),
 }

@@ -96,8 +96,7 @@ def ffn_split(width: int, tp: int, quant_group: int, align: int) -> FfnSplit:
 
 def kv_heads_per_rank(num_kv_heads: int, tp: int) -> int:
     """K/V heads one TP rank holds: repeated up to a multiple of TP when there are fewer (or not divisible)."""
-    total = num_kv_heads if num_kv_heads % tp == 0 else -(-num_kv_heads // tp) * tp
-    return total // tp
+    return -(-num_kv_heads // tp)
 
 
 def kv_bytes_per_token_per_layer(arch: ModelArch, tp: int, kv_bits: int) -> float:
@@ -200,7 +199,7 @@ def turbomind_estimate(
     runtime = runtime_bytes(
         arch, tp, max_prefill_token_num, max_batch_size, expert.padded if expert else arch.moe_intermediate_size
     )
-    room = max(0.0, free) * (1 - cache_max_entry_count)
+    room = free * (1 - cache_max_entry_count)  # read only where free > 0
     fits, reason, advice = True, "", ""
     share = f"{gpu_memory_gib:.1f} GiB per GPU"
     if free <= 0:
@@ -512,7 +511,7 @@ class LmdeployEngine(Engine):
                 image,
                 gpu(node_gpu.model).memory_gib,
                 tp=p.tensor_parallel,
-                model_format=MODEL_FORMATS.get(model.quantization, "hf"),
+                model_format=MODEL_FORMATS[model.quantization],
                 group_size=model.group_size,
                 quant_policy=o.quant_policy,
                 session_len=o.session_len,
