@@ -117,6 +117,22 @@ def test_a_first_shard_with_every_block_spreads_the_rest_over_all() -> None:
     assert got == dataclasses.replace(SHAPE, exact=False)
 
 
+def test_a_first_shard_spreads_the_rest_in_whole_bytes_and_never_below_nothing() -> None:
+    two = {k: v for k, v in TENSORS.items() if not k.startswith("blk.2.")}
+    # 10001 - 1600 - 764 - 1000 = 6637 bytes on the one block it lacks; an odd rest over two blocks floors.
+    got = shape_from_gguf(header(split_count=2, tensor_bytes=two), total_bytes=10001)
+    assert got.layer_bytes == (800, 800, 6637)
+    got = shape_from_gguf(header(split_count=2, tensor_bytes=two), total_bytes=100)
+    assert got.layer_bytes == (800, 800, 0)
+    one = {"token_embd.weight": 1000, "blk.0.attn_q.weight": 500}
+    got = shape_from_gguf(header(split_count=2, tensor_bytes=one), total_bytes=10001)
+    assert got.layer_bytes == (500, 4250, 4250) and all(type(b) is int for b in got.layer_bytes)
+
+
+def test_one_expert_is_a_moe() -> None:
+    assert shape_from_gguf(header(expert_count=1, expert_used_count=1, expert_feed_forward_length=32)).kind == "moe"
+
+
 def test_a_first_shard_without_the_models_size_is_refused() -> None:
     with pytest.raises(ValueError) as err:
         shape_from_gguf(header(split_count=3))
@@ -149,6 +165,12 @@ ARCH_SHAPE = ModelShape("tiny", 2, 64, 100, 4, 96, (43568, 43568), 6464, 6400, 1
         (ARCH, 100001, dataclasses.replace(ARCH_SHAPE, layer_bytes=(43568, 43568))),
         (ARCH, 100002, dataclasses.replace(ARCH_SHAPE, layer_bytes=(43569, 43569))),
         (ARCH, 1000, dataclasses.replace(ARCH_SHAPE, layer_bytes=(0, 0))),
+        # Embeddings over the stated size leave the blocks nothing, not a byte each.
+        (
+            dataclasses.replace(ARCH, num_layers=1),
+            1000,
+            dataclasses.replace(ARCH_SHAPE, layers=1, layer_bytes=(0,)),
+        ),
         (
             dataclasses.replace(ARCH, num_experts=4, experts_per_token=2, moe_intermediate_size=40),
             100000,
@@ -315,6 +337,26 @@ def test_the_refused_gpu_is_the_one_that_needs_the_most() -> None:
     assert e.kv_bytes_per_token_per_gpu == 128.0 and e.notes == ()
 
 
+SEVEN = dataclasses.replace(SHAPE, layers=7, layer_bytes=(100, 200, 300, 400, 500, 600, 700))
+
+
+def test_three_gpus_take_consecutive_blocks() -> None:
+    # 7 blocks on 3 GPUs: 3 + 3 + 1; GPU 2 holds block 6 and the output layer (700 + 764).
+    e = estimate(shape=SEVEN, gpus=3, ctx_per_slot=1024)
+    assert e.extra["layers_per_gpu"] == [3.0, 3.0, 1.0]
+    assert (e.weights_gib_per_gpu, e.weights_gib_total) == (1500 / GIB, (2800 + 764) / GIB)
+    e = estimate(shape=SEVEN, gpus=3, split_mode="row", ctx_per_slot=1024)
+    assert e.extra["layers_per_gpu"] == [2.33, 2.33, 2.33]
+
+
+def test_the_pessimistic_end_floors_the_tokens_that_fit() -> None:
+    """One block of 128 bytes a token: 130.56 at the pessimistic end, stored a hair above itself, so the 3264 bytes
+    left (25 x 130.56) hold 24 of them, not 25: the pessimistic end rounds down."""
+    one = dataclasses.replace(SHAPE, layers=1, layer_bytes=(800,))
+    e = estimate(gib=(HALF + 1564 + 925696 + 3264) / GIB, shape=one, ctx_per_slot=1024)
+    assert e.fits is False and e.extra["kv_tokens_low"] == 24
+
+
 def test_a_quantized_cache_and_a_slot_on_the_padding() -> None:
     e = estimate(cache_type="q8_0", ctx_per_slot=1024)
     assert (e.kv_bytes_per_token_per_gpu, e.notes) == (3 * 64 * 34 / 32, ())
@@ -398,6 +440,16 @@ def test_each_cell_reads_its_own_facts_evidence_at_the_capability(monkeypatch: p
     assert ENGINE.image_cell(CUDA13, 86) == Cell("deployed", "read from code")
 
 
+def test_a_deployed_cell_reads_its_evidence_at_the_capability(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = IMAGES[DEFAULT_IMAGE]
+    seen = dataclasses.replace(
+        base, sass=(70, *base.sass), sources={**base.sources, "sass": Sourced("seen", Evidence.OBSERVED)}
+    )
+    monkeypatch.setattr(ENGINE, "image_facts_of", lambda ref: seen)
+    assert ENGINE.image_cell(DEFAULT_IMAGE, 70) == Cell("deployed", "observed")
+    assert ENGINE.image_cell(DEFAULT_IMAGE, 86) == Cell("deployed", "read from code")
+
+
 def test_the_gate_check_points_each_argv_at_no_model_and_the_loopback() -> None:
     config = llamacpp_config()
     config["llm-cluster:nodeDefaults"]["gpu"]["model"] = "NVIDIA A10"
@@ -475,6 +527,20 @@ def test_the_capacity_from_a_header_reads_that_file(monkeypatch: pytest.MonkeyPa
         "error": "capacity not estimated: /m/tiny.gguf is shard 1 of 2: its header lists only its own tensors; "
         "state the model's sizeGib (all shards) to size the rest"
     }
+
+
+def test_an_unknown_image_is_sized_as_the_default_and_the_images_padding_is_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config = llamacpp_config()
+    config["llm-cluster:pools"]["chat"]["image"] = "registry.example/llama.cpp:private"
+    spec = spec_of(config)
+    shape = shape_from_arch(model_architecture(spec, "qwen3-30b-a3b"), 17.3 * GIB)
+    assert ENGINE.capacity(spec, "chat") == expected(spec, shape)
+    image, gpu = ENGINE.sizing_inputs(spec, "chat", IMAGES[DEFAULT_IMAGE])
+    monkeypatch.setattr(ENGINE, "sizing_inputs", lambda *a: (dataclasses.replace(image, ctx_pad=1000), gpu))
+    got = ENGINE.capacity(spec, "chat")
+    assert got == expected(spec, shape, ctx_pad=1000) and got["ctx_per_slot"] == 9000
 
 
 def test_without_a_header_or_a_size_the_capacity_says_what_to_state() -> None:

@@ -165,7 +165,7 @@ def layers_per_gpu(layers: int, gpus: int) -> list[int]:
     last slot, so the first GPUs take the blocks it displaces: 28 blocks on 2 GPUs are 15 + 13, not 14 + 14."""
     counts = [0] * gpus
     for block in range(layers):
-        counts[min(gpus - 1, block * gpus // (layers + 1))] += 1
+        counts[block * gpus // (layers + 1)] += 1  # below gpus: block < layers + 1
     return counts
 
 
